@@ -1,0 +1,44 @@
+"""The per-example loss convention GNQ is defined with (DESIGN.md §1).
+
+GNQ depends on the scale of each gradient relative to λ, so ℓ_j must not depend on the batch:
+for a causal LM it is example j's mean next-token NLL over its own non-ignored targets.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def per_example_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each sequence's mean next-token NLL over its targets with label != -100; shape [B].
+
+    ``logits`` [B, T, V] predict position t+1 from position t (Hugging Face convention: pass
+    labels = input_ids with padding set to -100; the shift happens here).  A sequence with no
+    target gets loss 0 (and so zero gradient).
+    """
+    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(f"expected logits [B, T, V] and labels [B, T], got "
+                         f"{tuple(logits.shape)} and {tuple(labels.shape)}")
+    shift_logits = logits[:, :-1, :]
+    if shift_logits.dtype not in (torch.float32, torch.float64):
+        shift_logits = shift_logits.float()  # bf16/fp16: NLL in fp32
+    shift_labels = labels[:, 1:]
+    nll = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
+                          shift_labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
+    nll = nll.view(shift_labels.shape)
+    counts = lm_target_counts(labels)
+    return nll.sum(dim=1) / counts.clamp(min=1).to(nll.dtype)
+
+
+def lm_target_counts(labels: torch.Tensor) -> torch.Tensor:
+    """Number of next-token targets per sequence, [B]."""
+    return (labels[:, 1:] != IGNORE_INDEX).sum(dim=1)
+
+
+def lm_token_mean_weights(labels: torch.Tensor) -> torch.Tensor:
+    """w_j = n_j / N: Hugging Face's token-mean loss is Σ_j w_j ℓ_j with these weights."""
+    counts = lm_target_counts(labels).to(torch.float64)
+    return counts / counts.sum()
