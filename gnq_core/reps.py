@@ -68,16 +68,17 @@ def _rows(f: Factor, start: int, stop: int) -> Factor:
 def _factor_gram(f: Factor, h: Factor, dtype: torch.dtype) -> torch.Tensor:
     """(b·T_f) × (B·T_h) matrix of inner products between the rows of two factors."""
     if isinstance(f, Dense) and isinstance(h, Dense):
-        a = f.values.reshape(-1, f.width).to(dtype)
-        b = h.values.reshape(-1, h.width).to(dtype)
-        return a @ b.T
+        return _flat(f.values).to(dtype) @ _flat(h.values).to(dtype).T
     if isinstance(f, OneHot) and isinstance(h, OneHot):
         return (f.tokens.reshape(-1, 1) == h.tokens.reshape(1, -1)).to(dtype)
     if isinstance(f, OneHot):  # ⟨e_tok, v⟩ = v[tok]
-        vals = h.values.reshape(-1, h.width).to(dtype)
-        return vals[:, f.tokens.reshape(-1)].T
-    vals = f.values.reshape(-1, f.width).to(dtype)
-    return vals[:, h.tokens.reshape(-1)]
+        return _flat(h.values).to(dtype)[:, f.tokens.reshape(-1)].T
+    return _flat(f.values).to(dtype)[:, h.tokens.reshape(-1)]
+
+
+def _flat(v: torch.Tensor) -> torch.Tensor:
+    """[B, T, p] -> [B·T, p] (explicit sizes: p may be 0 for a bias-only factor)."""
+    return v.reshape(v.shape[0] * v.shape[1], v.shape[2])
 
 
 @dataclass
