@@ -92,7 +92,7 @@ class UseChecker(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and _differentiable(out):
             for leaf in tree_flatten((args, kwargs))[0]:
                 if isinstance(leaf, nn.Parameter) and id(leaf) in self._owners and leaf.requires_grad:
                     self._check(leaf)
@@ -105,3 +105,8 @@ class UseChecker(TorchFunctionMode):
             return
         where = self._names.get(inner, "code outside any module") if inner else "code outside any module"
         self.violations.setdefault(name, f"the forward of '{where}'")
+
+
+def _differentiable(out) -> bool:
+    """Only uses that carry gradient matter (``weight.dim()`` or ``.shape`` do not)."""
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten(out)[0])
