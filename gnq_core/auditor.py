@@ -28,7 +28,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
 from .kernels import Kernel, hooks_suspended, kernel_for
 from .kernels.base import hooks_are_suspended
-from .reps import DEFAULT_MEMORY_BUDGET, Rep, inner
+from .kernels.embedding import EmbeddingKernel
+from .reps import DEFAULT_MEMORY_BUDGET, OneHot, OuterRep, Rep, inner, restrict_rows
 from .solve import gnq_from_kernel, unweight_kernel
 
 __all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError", "hooks_suspended"]
@@ -83,6 +84,7 @@ class _Pass:
     uses: Counter = field(default_factory=Counter)  # id(param) -> calls that used it
     finished_uses: Counter = field(default_factory=Counter)
     pending: dict[int, list[Rep]] = field(default_factory=dict)  # shared params' earlier uses
+    restricted_rows: dict[int, torch.Tensor] = field(default_factory=dict)
     kernel: torch.Tensor | None = None
     fired: bool = False
     repeated: bool = False
@@ -281,18 +283,48 @@ class GNQAuditor:
             p.add(block)
             paths.add(_path_label(h.kernel, path))
             if len(c.params) == 1 and c.params[0] in split:  # shared: cross terms with other uses
-                pid = ids[c.params[0]]
-                earlier = p.pending.setdefault(pid, [])
-                for other in earlier:
-                    cross, _ = inner(other, c.rep, self._path, self._budget)
-                    p.add(cross + cross.T)
-                    paths.add("tied")
-                earlier.append(c.rep)
+                self._add_cross_terms(p, call, ids[c.params[0]], c.rep)
+                paths.add("tied")
         for n in split:
             pid = ids[n]
             p.finished_uses[pid] += 1
             if p.finished_uses[pid] == p.uses[pid]:
                 p.pending.pop(pid, None)
+
+    def _add_cross_terms(self, p: _Pass, call: _Call, pid: int, rep: Rep) -> None:
+        """⟨a_j, b_k⟩ + ⟨b_j, a_k⟩ between this use of a shared parameter and earlier ones."""
+        rows = p.restricted_rows.get(pid)
+        if rows is not None:
+            rep = restrict_rows(rep, rows) or rep
+        earlier = p.pending.setdefault(pid, [])
+        for other in earlier:
+            cross, _ = inner(other, rep, self._path, self._budget)
+            p.add(cross + cross.T)
+        if rows is None:  # keep only the rows later embedding uses can touch (tied wte/lm_head)
+            rows = self._rows_still_needed(p, call, pid)
+            if rows is not None:
+                kept = [restrict_rows(r, rows) for r in [*earlier, rep]]
+                if all(r is not None for r in kept):
+                    p.restricted_rows[pid] = rows
+                    earlier[:], rep = kept[:-1], kept[-1]
+        earlier.append(rep)
+
+    @staticmethod
+    def _rows_still_needed(p: _Pass, call: _Call, pid: int) -> torch.Tensor | None:
+        """Token rows of the uses of ``pid`` still to come, if they are all embedding lookups."""
+        tokens = []
+        for other in p.calls:
+            if other is call or other.done or pid not in other.hooked.param_ids:
+                continue
+            if not isinstance(other.hooked.kernel, EmbeddingKernel):
+                return None
+            tokens.append(other.saved.reshape(-1))
+        for rep in p.pending.get(pid, []):
+            if isinstance(rep, OuterRep) and isinstance(rep.A, OneHot):
+                tokens.append(rep.A.tokens.reshape(-1))
+        if not tokens:
+            return None
+        return torch.unique(torch.cat([t.to(tokens[0].device) for t in tokens]))
 
     # ------------------------------------------------------------------ API
     def compute(self, weights: torch.Tensor | None = None) -> GNQResult:

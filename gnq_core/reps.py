@@ -213,3 +213,20 @@ def inner(r: Rep, s: Rep, path: Path | None = None, memory_budget: int = DEFAULT
     dtype = torch.promote_types(g_r.dtype, g_s.dtype)
     gram = g_r.to(dtype) @ g_s.to(dtype).T
     return gram.to(torch.float64), ("materialize" if chosen == "materialize" else "dense")
+
+
+def restrict_rows(rep: Rep, rows: torch.Tensor) -> Rep | None:
+    """The same gradients restricted to parameter rows ``rows`` (sorted, unique) of A's side.
+
+    For a tied embedding/head weight, the cross terms with the embedding's uses only involve
+    the rows of tokens that occur, so the head's Δ [B, T, V] can be kept as Δ[..., rows] until
+    the embedding's gradient arrives.  Returns None when the representation cannot be
+    restricted (then it is kept whole).  Every token of a ``OneHot`` factor must be in rows.
+    """
+    if not isinstance(rep, OuterRep):
+        return None
+    if isinstance(rep.A, Dense):
+        A: Factor = Dense(rep.A.values.index_select(-1, rows.to(rep.A.values.device)))
+    else:
+        A = OneHot(torch.searchsorted(rows.to(rep.A.tokens.device), rep.A.tokens), rows.numel())
+    return OuterRep(A, rep.C, rep.bias)
