@@ -1,8 +1,10 @@
 """Batch kernel K -> GNQ, exactly, in float64 (DESIGN.md §1).
 
-GNQ_j = g_jᵀ (Σ_{k≠j} g_k g_kᵀ + λI)⁻¹ g_j.  With M = (K + λI)⁻¹ one has 1 − h_j = λ M_jj,
-so GNQ_j = 1 / (λ M_jj) − 1 with M_jj = ‖L⁻¹ e_j‖², L = cholesky(K + λI).  No clamping:
-the textbook h/(1−h) form loses digits to cancellation and is usually clamped at 1 − 1e-6.
+GNQ_j = g_jᵀ (Σ_{k≠j} g_k g_kᵀ + λI)⁻¹ g_j = h_j / (1 − h_j) with h = diag(K M),
+M = (K + λI)⁻¹ = L⁻ᵀL⁻¹, L = cholesky(K + λI).  Since K M = I − λM, 1 − h_j = λ M_jj =
+λ‖L⁻¹ e_j‖², a sum of squares: large GNQ never needs clamping (the usual h.clamp(max=1−1e-6)
+caps it at 10⁶).  h_j itself is taken from diag(K M), not 1 − λ M_jj, so small GNQ keeps
+its digits too.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ def gnq_from_kernel(kernel: torch.Tensor, lam: float) -> Solution:
             "λ is too small for the scale of the gradients"
         )
     L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
-    m_diag = (L_inv * L_inv).sum(dim=0)  # M_jj = ‖L⁻¹ e_j‖²
-    gnq = 1.0 / (lam * m_diag) - 1.0
+    m_diag = (L_inv * L_inv).sum(dim=0)  # M_jj = ‖L⁻¹ e_j‖² = (1 − h_j)/λ, a sum of squares
+    # h_j = [K M]_jj directly, not as 1 − λM_jj: that difference cancels when GNQ ≪ 1
+    # (well-explained examples, large λ), while this sum keeps full relative precision.
+    h = (K * (L_inv.T @ L_inv)).sum(dim=1)
+    gnq = h / (lam * m_diag)
     condition = (eig[-1] / eig[0]).item()
     return Solution(gnq=gnq, condition=condition)
 

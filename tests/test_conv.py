@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from conftest import PATHS, TOL, kernel_err, rel_err
 from torch import nn
 
-from gnq_core import GNQAuditor, UncoveredParametersError, exact_gnq
+from gnq_core import GNQAuditor, exact_gnq
 
 # torch warns that even-kernel padding='same' makes a padded copy of the input; that is the case
 # under test, not a problem
@@ -94,13 +94,10 @@ def sq_loss(model: nn.Module, batch) -> torch.Tensor:
     return 0.5 * (model(x) - y).pow(2).sum(-1)
 
 
-def audit(model, loss_fn, batch, path, lam=LAM, weights=None, check_uses=False):
-    # check_uses=False: with the use check on, ConvKernel.capture's ``module.weight.dim()``
-    # (run in the forward hook, after the checker has popped the conv off its module stack)
-    # is reported as a use of the conv weight outside its module -- see
-    # test_conv_with_default_use_check below.  The kernels themselves are what this file tests.
+def audit(model, loss_fn, batch, path, lam=LAM, weights=None):
+    """The default auditor (check_uses=True): conv and GroupNorm nets must pass the use check."""
     model.zero_grad(set_to_none=True)
-    with GNQAuditor(model, lam=lam, path=path, check_uses=check_uses) as auditor:
+    with GNQAuditor(model, lam=lam, path=path) as auditor:
         losses = loss_fn(model, batch)
         (losses if weights is None else losses * weights).sum().backward()
         return auditor.compute(weights=weights)
@@ -226,15 +223,3 @@ def test_conv_gradients_do_not_change(path):
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[n], rtol=1e-12, atol=1e-14)
 
-
-@pytest.mark.xfail(raises=UncoveredParametersError, strict=True,
-                   reason="engine bug: ConvKernel.capture reads module.weight.dim() inside the "
-                          "forward hook, which the first-forward UseChecker reports as a use of "
-                          "the weight outside its module; remove this marker once fixed")
-@pytest.mark.parametrize("path", PATHS)
-def test_conv_with_default_use_check(path):
-    """The default auditor (check_uses=True) must accept a plain conv net."""
-    model, batch = batch1d(seed=71, B=4)
-    ref = exact_gnq(model, sq_loss, batch, LAM)
-    res = audit(model, sq_loss, batch, path, check_uses=True)
-    check_against_reference(res, ref)
