@@ -31,50 +31,51 @@ def run(preset: str, batch: int, length: int, repeats: int, device: str) -> dict
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     ids = torch.randint(0, cfg.vocab_size, (batch, length), device=device)
     weights = torch.full((batch,), 1.0 / batch, device=device)
-    auditor = GNQAuditor(model, lam=1e-2)
-    auditor_on = {"flag": False}
-
-    def step(audit: bool) -> None:
-        ctx = auditor.paused() if not audit else _null()
-        with ctx:
-            out = model(input_ids=ids)
-            per_example_lm_loss(out.logits, ids).mean().backward()
-        if audit:
+    def step(auditor: GNQAuditor | None) -> None:
+        out = model(input_ids=ids)
+        per_example_lm_loss(out.logits, ids).mean().backward()
+        if auditor is not None:
             auditor.compute(weights=weights)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    def variant(fused: bool | None):
+        """One training step; the auditor is attached only for the step (hooks off otherwise)."""
+        def fn():
+            if fused is None:
+                return step(None)
+            auditor = GNQAuditor(model, lam=1e-2, fused=fused, check_uses=False)
+            try:
+                step(auditor)
+            finally:
+                auditor.close()
+        return fn
+
+    with GNQAuditor(model, lam=1e-2) as auditor:  # once with the first-forward coverage check
+        step(auditor)
+        coverage = auditor.coverage
+    variants = {"plain": variant(None), "audited": variant(False), "audited_fused": variant(True)}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    step(True)  # first forward runs the coverage check
-    step(False)
-    res = interleaved({"plain": lambda: step(False), "audited": lambda: step(True)}, repeats, sync)
-    memory = {}
-    if device == "cuda":
-        for name, flag in (("plain", False), ("audited", True)):
-            torch.cuda.reset_peak_memory_stats()
-            step(flag)
-            memory[name] = torch.cuda.max_memory_allocated()
-    del auditor_on
-    coverage = auditor.coverage
-    auditor.close()
+    for fn in variants.values():  # warm-up
+        fn()
+    res = interleaved(variants, repeats, sync)
     out = {
         "preset": preset, "batch": batch, "length": length, "repeats": repeats,
         "parameters": coverage.trainable_numel, "covered": coverage.covered_numel,
-        "plain_s": res["plain"]["median_s"], "audited_s": res["audited"]["median_s"],
+        **{f"{k}_s": v["median_s"] for k, v in res.items()},
         "overhead_ratio": res["audited"]["median_s"] / res["plain"]["median_s"],
+        "overhead_ratio_fused": res["audited_fused"]["median_s"] / res["plain"]["median_s"],
     }
-    if memory:
-        out["peak_bytes"] = memory
-        out["extra_peak_memory_ratio"] = memory["audited"] / memory["plain"] - 1
+    if device == "cuda":
+        peak = {}
+        for name, fn in variants.items():
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            peak[name] = torch.cuda.max_memory_allocated()
+        out["peak_bytes"] = peak
+        out["extra_peak_memory_ratio"] = peak["audited"] / peak["plain"] - 1
+        out["extra_peak_memory_ratio_fused"] = peak["audited_fused"] / peak["plain"] - 1
     return out
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main() -> None:
@@ -90,8 +91,9 @@ def main() -> None:
         for t in args.length:
             row = run(args.preset, b, t, args.repeats, args.device)
             rows.append(row)
-            print(f"{args.preset} B={b} T={t}: plain {row['plain_s']:.3f}s audited "
-                  f"{row['audited_s']:.3f}s -> {row['overhead_ratio']:.3f}x")
+            print(f"{args.preset} B={b} T={t}: plain {row['plain_s']:.3f}s, audited "
+                  f"{row['audited_s']:.3f}s ({row['overhead_ratio']:.3f}x), fused "
+                  f"{row['audited_fused_s']:.3f}s ({row['overhead_ratio_fused']:.3f}x)")
     path = write(f"inrun_overhead-{args.preset}", {"rows": rows})
     print(f"wrote {path}")
 

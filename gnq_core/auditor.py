@@ -26,10 +26,12 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
-from .kernels import Kernel, hooks_suspended, kernel_for
-from .kernels.base import hooks_are_suspended
+from .fused import FusedLinearFunction, fused_flops, ghost_flops
+from .kernels import Contribution, Kernel, hooks_suspended, kernel_for
+from .kernels.base import first_input, hooks_are_suspended
 from .kernels.embedding import EmbeddingKernel
-from .reps import DEFAULT_MEMORY_BUDGET, OneHot, OuterRep, Rep, inner, restrict_rows
+from .kernels.linear import Conv1DKernel, LinearKernel
+from .reps import DEFAULT_MEMORY_BUDGET, DenseRep, OneHot, OuterRep, Rep, inner, restrict_rows
 from .solve import gnq_from_kernel, unweight_kernel
 
 __all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError", "hooks_suspended"]
@@ -107,6 +109,10 @@ class GNQAuditor:
         memory_budget: bytes allowed for one Gram intermediate (chunks beyond it).
         check_uses: watch the first forward pass for parameters used outside their owning
             module (costs one slow forward; turn off only for a model already checked).
+        fused: for Linear / HF Conv1D layers where materialising per-example gradients is
+            cheaper, return their sum as the weight gradient so autograd's own weight-gradient
+            matmul is skipped (``gnq_core.fused``).  ``param.grad`` then matches the unfused
+            one to float rounding instead of bitwise.
     """
 
     def __init__(
@@ -117,6 +123,7 @@ class GNQAuditor:
         path: Literal["auto", "ghost", "materialize"] = "auto",
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         check_uses: bool = True,
+        fused: bool = False,
     ) -> None:
         if not lam > 0:
             raise ValueError(f"lam must be > 0, got {lam}")
@@ -130,6 +137,8 @@ class GNQAuditor:
         self._pass: _Pass | None = None
         self._computed_last = False
         self._handles: list[Any] = []
+        self._fused_modules: list[nn.Module] = []
+        self._fused_now: set[int] = set()  # modules whose current call went the fused way
         self._hooked = self._assign_kernels(model)
         self._static_coverage = self._describe(model)
         self._checker: UseChecker | None = None
@@ -147,6 +156,9 @@ class GNQAuditor:
         for h in self._hooked:
             hook = functools.partial(self._on_forward, h)
             self._handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
+            if fused and type(h.kernel) in (LinearKernel, Conv1DKernel) and "forward" not in vars(h.module):
+                h.module.forward = functools.partial(self._fused_forward, h)
+                self._fused_modules.append(h.module)
 
     # ------------------------------------------------------------------ set-up
     @staticmethod
@@ -225,6 +237,9 @@ class GNQAuditor:
         return self._pass
 
     def _on_forward(self, h: _Hooked, module, args, kwargs, output):
+        if id(module) in self._fused_now:  # the fused function reports to the auditor itself
+            self._fused_now.discard(id(module))
+            return None
         if not self._enabled or hooks_are_suspended() or not torch.is_grad_enabled():
             return None
         flat_out, spec = tree_flatten(output)
@@ -272,24 +287,70 @@ class GNQAuditor:
         h = call.hooked
         grads = [g if g is not None else torch.zeros(s, dtype=dt, device=dev)
                  for g, (s, dt, dev) in zip(call.grads, call.out_meta, strict=True)]
-        split = frozenset(n for n, pid in zip(h.params, h.param_ids, strict=True) if p.uses[pid] > 1)
-        contributions = h.kernel.contributions(h.module, call.saved, grads, h.params, split)
-        call.saved, call.grads, call.done = None, None, True
+        contributions = h.kernel.contributions(h.module, call.saved, grads, h.params, self._split(p, h))
+        call.saved, call.grads = None, None
+        self._accumulate(p, call, contributions)
+
+    @staticmethod
+    def _split(p: _Pass, h: _Hooked) -> frozenset[str]:
+        """Parameters of this module that other calls in this pass use too."""
+        return frozenset(n for n, pid in zip(h.params, h.param_ids, strict=True) if p.uses[pid] > 1)
+
+    def _accumulate(self, p: _Pass, call: _Call, contributions: list[Contribution],
+                    label: str | None = None) -> None:
+        """Add one finished call's Gram blocks (and cross terms of shared parameters) to K."""
+        h = call.hooked
+        call.done = True
+        split = self._split(p, h)
         paths = p.paths.setdefault(h.name, set())
         p.call_counts[h.name] += 1
         ids = dict(zip(h.params, h.param_ids, strict=True))
         for c in contributions:
             block, path = inner(c.rep, c.rep, self._path, self._budget)
             p.add(block)
-            paths.add(_path_label(h.kernel, path))
+            paths.add(label or _path_label(h.kernel, path))
             if len(c.params) == 1 and c.params[0] in split:  # shared: cross terms with other uses
                 self._add_cross_terms(p, call, ids[c.params[0]], c.rep)
                 paths.add("tied")
-        for n in split:
-            pid = ids[n]
-            p.finished_uses[pid] += 1
-            if p.finished_uses[pid] == p.uses[pid]:
-                p.pending.pop(pid, None)
+        self._finish_uses(p, call)
+
+    @staticmethod
+    def _finish_uses(p: _Pass, call: _Call) -> None:
+        h = call.hooked
+        for pid in h.param_ids:
+            if p.uses[pid] > 1:
+                p.finished_uses[pid] += 1
+                if p.finished_uses[pid] == p.uses[pid]:
+                    p.pending.pop(pid, None)
+
+    # ------------------------------------------------------------------ fused path
+    def _fused_forward(self, h: _Hooked, *args, **kwargs):
+        module = h.module
+        original = type(module).forward
+        if (not self._enabled or hooks_are_suspended() or not torch.is_grad_enabled()
+                or torch.is_autocast_enabled() or "weight" not in h.params):
+            return original(module, *args, **kwargs)
+        x = first_input(args, kwargs, "x" if type(h.kernel) is Conv1DKernel else "input")
+        p = self._pass or self._start_pass(_leading_dim(args, kwargs))
+        B = p.batch_size
+        weight = module.weight
+        rows, cols = weight.shape
+        T = x.numel() // max(x.shape[0] * x.shape[-1], 1) if x.dim() > 1 else 1
+        # a weight already used in this pass: fuse only behind embedding lookups (tied head)
+        earlier = [c for c in p.calls if set(c.hooked.param_ids) & set(h.param_ids)]
+        tied_ok = all(isinstance(c.hooked.kernel, EmbeddingKernel) for c in earlier)
+        fuse = (x.dim() >= 2 and x.shape[0] == B and tied_ok and self._path != "ghost"
+                and (self._path == "materialize"
+                     or fused_flops(B, rows, cols) <= ghost_flops(B, T, rows, cols)))
+        if not fuse:
+            return original(module, *args, **kwargs)
+        call = _Call(h, None, [], [])
+        p.uses.update(h.param_ids)
+        p.calls.append(call)
+        self._fused_now.add(id(module))
+        sink = _FusedSink(self, p, call)
+        return FusedLinearFunction.apply(x, weight, module.bias, type(h.kernel) is Conv1DKernel, sink,
+                                         self._budget)
 
     def _add_cross_terms(self, p: _Pass, call: _Call, pid: int, rep: Rep) -> None:
         """⟨a_j, b_k⟩ + ⟨b_j, a_k⟩ between this use of a shared parameter and earlier ones."""
@@ -345,7 +406,7 @@ class GNQAuditor:
             raise RuntimeError("backward ran more than once through one forward pass "
                                "(retain_graph=True); GNQ is defined per backward of a batch")
         for call in p.calls:  # outputs of which only some received a gradient
-            if not call.done and call.received:
+            if not call.done and call.received and call.saved is not None:
                 self._process(p, call)
         B = p.batch_size
         K = p.kernel
@@ -379,6 +440,9 @@ class GNQAuditor:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for module in self._fused_modules:
+            del module.forward  # back to the class's own forward
+        self._fused_modules.clear()
         if self._checker is not None:
             if self._checker_active:
                 self._checker.__exit__(None, None, None)
@@ -392,6 +456,57 @@ class GNQAuditor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _FusedSink:
+    """Receives a fused layer's Gram (or gradients) during backward for one call of one pass."""
+
+    def __init__(self, auditor: GNQAuditor, p: _Pass, call: _Call):
+        self.auditor, self.p, self.call = auditor, p, call
+        self.plan_rows: torch.Tensor | None = None
+
+    def _live(self) -> bool:
+        a, p = self.auditor, self.p
+        if not a._enabled or p is not a._pass:
+            return False
+        p.fired = True
+        if self.call.done:
+            p.repeated = True
+            return False
+        return True
+
+    def plan(self) -> tuple[str, torch.Tensor | None]:
+        a, p, call = self.auditor, self.p, self.call
+        split = a._split(p, call.hooked)
+        if not split:
+            return "gram", None
+        pid = dict(zip(call.hooked.params, call.hooked.param_ids, strict=True)).get("weight")
+        if split == {"weight"} and not p.pending.get(pid) and pid not in p.restricted_rows:
+            rows = a._rows_still_needed(p, call, pid)  # a head tied to embeddings still to come
+            if rows is not None:
+                self.plan_rows = rows
+                return "gram", rows
+        return "gradients", None
+
+    def accept_gram(self, gram: torch.Tensor, rows_grad: DenseRep | None) -> None:
+        if not self._live():
+            return
+        a, p, h = self.auditor, self.p, self.call.hooked
+        p.add(gram)
+        if rows_grad is not None:  # cross terms of the tied weight, on the rows that matter
+            pid = dict(zip(h.params, h.param_ids, strict=True))["weight"]
+            p.restricted_rows[pid] = self.plan_rows
+            a._add_cross_terms(p, self.call, pid, rows_grad)
+        a._accumulate(p, self.call, [], label="fused")
+        p.paths[h.name].add("fused")
+        if rows_grad is not None:
+            p.paths[h.name].add("tied")
+
+    def accept_gradients(self, weight: DenseRep | None, bias: DenseRep | None) -> None:
+        if not self._live():
+            return
+        parts = [Contribution((n,), r) for n, r in (("weight", weight), ("bias", bias)) if r is not None]
+        self.auditor._accumulate(self.p, self.call, parts, label="fused")
 
 
 def _leading_dim(args: tuple, kwargs: dict) -> int | None:

@@ -101,8 +101,12 @@ class OuterRep:
     def numel(self) -> int:
         return self.A.width * (self.C.width + int(self.bias))
 
-    def materialize(self) -> torch.Tensor:
-        """Per-example gradients, [B, p0·(p1 + bias)], in the parameter's own layout."""
+    def materialize(self, compact: bool = False) -> torch.Tensor:
+        """Per-example gradients, [B, p0·(p1 + bias)], in the parameter's own layout.
+
+        ``compact``: for one-hot rows keep only the rows of tokens that occur (a Gram with
+        itself is the same; the layout is no longer the parameter's).
+        """
         C = self.C
         if not isinstance(C, Dense):
             raise TypeError("OuterRep.C must be dense to materialise")
@@ -112,8 +116,12 @@ class OuterRep:
             c = torch.cat([c, c.new_ones(*c.shape[:-1], 1)], dim=-1)
         B, T, p1 = c.shape
         if isinstance(self.A, OneHot):
-            G = c.new_zeros(B, self.A.n, p1)
-            G.scatter_add_(1, self.A.tokens.unsqueeze(-1).expand(B, T, p1), c)
+            tokens, n = self.A.tokens, self.A.n
+            if compact:
+                used, tokens = torch.unique(tokens, return_inverse=True)
+                n = used.numel()
+            G = c.new_zeros(B, n, p1)
+            G.scatter_add_(1, tokens.unsqueeze(-1).expand(B, T, p1), c)
         else:
             G = torch.einsum("bta,btc->bac", self.A.values.to(dtype), c)
         return G.reshape(B, -1)
@@ -157,15 +165,23 @@ def ghost_flops(r: OuterRep, s: OuterRep) -> float:
 def materialize_flops(r: OuterRep, s: OuterRep) -> float:
     """FLOPs of materialising both sides' per-example gradients and their Gram."""
     per_ex = 2.0 * (r.batch * r.length + (0 if s is r else s.batch * s.length))
+    numel = _materialized_numel(r, s)
     if isinstance(r.A, OneHot):  # scatter-add: one add per element of C
-        per_ex = per_ex / max(r.A.n, 1)
-    return per_ex * r.numel + 2.0 * r.batch * s.batch * r.numel
+        per_ex = per_ex / max(numel // max(r.C.width + int(r.bias), 1), 1)
+    return per_ex * numel + 2.0 * r.batch * s.batch * numel
+
+
+def _materialized_numel(r: OuterRep, s: OuterRep) -> int:
+    """Size of one materialised gradient; a one-hot Gram with itself needs only used rows."""
+    if s is r and isinstance(r.A, OneHot):
+        return min(r.A.n, r.batch * r.length) * (r.C.width + int(r.bias))
+    return r.numel
 
 
 def choose_path(r: OuterRep, s: OuterRep, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Path:
     """Cheaper of ghost and materialise for this pair, by the cost model of DESIGN.md §3."""
     bytes_per = 8 if compute_dtype(_any_values(r)) == torch.float64 else 4
-    materialize_bytes = (r.batch + (0 if s is r else s.batch)) * r.numel * bytes_per
+    materialize_bytes = (r.batch + (0 if s is r else s.batch)) * _materialized_numel(r, s) * bytes_per
     if materialize_bytes > memory_budget:
         return "ghost"
     return "ghost" if ghost_flops(r, s) <= materialize_flops(r, s) else "materialize"
@@ -206,7 +222,7 @@ def inner(r: Rep, s: Rep, path: Path | None = None, memory_budget: int = DEFAULT
             return ghost_inner(r, s, memory_budget), "ghost"
     else:
         chosen = "dense"
-    g_r = r.materialize()
+    g_r = r.materialize(compact=True) if s is r and isinstance(r, OuterRep) else r.materialize()
     g_s = g_r if s is r else s.materialize()
     if g_r.shape[1] != g_s.shape[1]:
         raise ValueError(f"parameter size mismatch: {g_r.shape[1]} vs {g_s.shape[1]}")

@@ -1,0 +1,91 @@
+"""Fused path: exact GNQ, and param.grad equal to the unfused path up to float rounding."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TOL, rel_err
+from lm_fixtures import lm_batch, tiny_gpt2, tiny_llama
+from test_auditor_behaviour import Reused
+from torch import nn
+
+from gnq_core import GNQAuditor, exact_gnq, per_example_lm_loss
+
+
+def lm_losses(model, batch):
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    return per_example_lm_loss(out.logits, batch["labels"])
+
+
+def ce_losses(model, batch):
+    return F.cross_entropy(model(batch[0]), batch[1], reduction="none")
+
+
+def run(model, loss_fn, batch, fused, path="auto", budget=None, dtype_mean=True):
+    model = copy.deepcopy(model)
+    kwargs = {"memory_budget": budget} if budget else {}
+    with GNQAuditor(model, lam=1e-3, fused=fused, path=path, **kwargs) as auditor:
+        losses = loss_fn(model, batch)
+        B = losses.shape[0]
+        losses.mean().backward()
+        res = auditor.compute(weights=torch.full((B,), 1 / B))
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return res, grads
+
+
+CASES = {
+    "mlp": (lambda: nn.Sequential(nn.Linear(20, 12), nn.Tanh(), nn.Linear(12, 5)), ce_losses,
+            lambda: (torch.randn(9, 20), torch.randint(0, 5, (9,)))),
+    "reused": (Reused, ce_losses, lambda: (torch.randn(7, 6), torch.randint(0, 3, (7,)))),
+    "gpt2": (tiny_gpt2, lm_losses, lambda: lm_batch([12, 7, 12, 4, 9], seed=7)),
+    "llama": (tiny_llama, lm_losses, lambda: lm_batch([10, 6, 10, 3], seed=8)),
+}
+
+
+@pytest.mark.parametrize("path", ["auto", "materialize"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fused_is_exact_and_keeps_gradients(case, path):
+    torch.manual_seed(21)
+    make, loss_fn, make_batch = CASES[case]
+    model, batch = make().eval(), make_batch()
+    res, grads = run(model, loss_fn, batch, fused=True, path=path)
+    _, plain = run(model, loss_fn, batch, fused=False)
+    assert rel_err(res.gnq, exact_gnq(model, loss_fn, batch, 1e-3).gnq) <= TOL
+    for name, g in plain.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-12, atol=1e-15, msg=name)
+    if path == "materialize":
+        assert any("fused" in p for p in res.coverage.paths().values())
+
+
+def test_fused_row_chunks_within_a_tiny_memory_budget():
+    torch.manual_seed(22)
+    make, loss_fn, make_batch = CASES["gpt2"]
+    model, batch = make().eval(), make_batch()
+    res, grads = run(model, loss_fn, batch, fused=True, path="materialize", budget=4096)
+    _, plain = run(model, loss_fn, batch, fused=False)
+    assert rel_err(res.gnq, exact_gnq(model, loss_fn, batch, 1e-3).gnq) <= TOL
+    for name, g in plain.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-12, atol=1e-15, msg=name)
+
+
+def test_fused_float32_gradients_match_to_rounding_and_close_restores_forward():
+    torch.set_default_dtype(torch.float32)
+    torch.manual_seed(23)
+    model = tiny_gpt2(dropout=0.1).train()
+    batch = lm_batch([12, 9, 12, 5], seed=9)
+
+    def grads(fused):
+        m = copy.deepcopy(model)
+        auditor = GNQAuditor(m, lam=1e-2, fused=fused, path="materialize")
+        torch.manual_seed(0)
+        lm_losses(m, batch).sum().backward()
+        auditor.compute()
+        auditor.close()
+        assert all("forward" not in vars(mod) for mod in m.modules())
+        return [p.grad for p in m.parameters()]
+
+    for a, b in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
