@@ -263,3 +263,19 @@ def test_invalid_arguments():
         ce_losses(model, batch).sum().backward()
         with pytest.raises(ValueError, match="non-zero"):
             auditor.compute(weights=torch.tensor([1.0, 0.0, 1.0]))
+
+
+@pytest.mark.parametrize("frozen_bias", [False, True])
+def test_layernorm_closed_form_over_several_normalised_dims(frozen_bias):
+    torch.manual_seed(24)
+    norm = nn.LayerNorm((4, 5))
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    norm.bias.requires_grad_(not frozen_bias)
+    model = nn.Sequential(nn.Linear(5, 5), norm, nn.Tanh())
+    x = torch.randn(6, 3, 4, 5)
+    fn = lambda m, x: m(x).pow(3).sum(dim=(1, 2, 3))  # noqa: E731
+    res = audit(model, x, 1e-2, loss_fn=fn)
+    assert res.coverage.entries[1].kernel == "layernorm"
+    assert rel_err(res.gnq, exact_gnq(model, fn, x, 1e-2).gnq) <= TOL

@@ -3,7 +3,7 @@
 Adding a layer type: write a ``Kernel`` subclass and decorate it with ``@register(MyModule)``.
 """
 
-from . import conv, embedding, generic, linear  # noqa: F401  (importing registers them)
+from . import conv, embedding, generic, linear, norm  # noqa: F401  (importing registers them)
 from .base import Contribution, Kernel, UnsupportedModuleError, hooks_suspended
 from .registry import kernel_for, register, registered_types
 
