@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..reps import Rep
+from ..reps import DenseRep, Rep
 
 _state = threading.local()
 
@@ -97,3 +97,14 @@ def batch_first(x: torch.Tensor, batch_size: int) -> torch.Tensor:
         f"input has leading dimension {x.shape[0]}, but the batch has {batch_size} examples; "
         "per-example gradients need batch-first inputs"
     )
+
+
+def dense_contributions(per_example: dict[str, torch.Tensor], split: frozenset[str]) -> list[Contribution]:
+    """Contributions from explicit per-example gradients {name: [B, ...]}: one joint block
+    for the unshared parameters, one block each for the shared ones."""
+    flat = {n: g.reshape(g.shape[0], -1) for n, g in per_example.items()}
+    out = [Contribution((n,), DenseRep(flat[n])) for n in flat if n in split]
+    joint = [n for n in flat if n not in split]
+    if joint:
+        out.append(Contribution(tuple(joint), DenseRep(torch.cat([flat[n] for n in joint], 1))))
+    return out

@@ -16,8 +16,7 @@ from torch.func import functional_call, vjp, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..reps import DenseRep
-from .base import Contribution, Kernel, UnsupportedModuleError, hooks_suspended
+from .base import Kernel, UnsupportedModuleError, dense_contributions, hooks_suspended
 from .registry import register, register_generic
 
 
@@ -72,14 +71,7 @@ class GenericKernel(Kernel):
             return {n: torch.stack([p[n] for p in per]) for n in params}
 
     def contributions(self, module, saved, grads, params, split):
-        G = self.per_example_grads(module, saved, grads, params)
-        B = saved["batch"]
-        flat = {n: G[n].reshape(B, -1) for n in params}
-        joint = [n for n in params if n not in split]
-        out = [Contribution((n,), DenseRep(flat[n])) for n in params if n in split]
-        if joint:
-            out.append(Contribution(tuple(joint), DenseRep(torch.cat([flat[n] for n in joint], 1))))
-        return out
+        return dense_contributions(self.per_example_grads(module, saved, grads, params), split)
 
 
 @register(nn.MultiheadAttention)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..reps import DenseRep, compute_dtype
-from .base import Contribution, Kernel, batch_first, first_input
+from ..reps import compute_dtype
+from .base import Kernel, batch_first, dense_contributions, first_input
 from .registry import register
 
 
@@ -38,8 +38,4 @@ class LayerNormKernel(Kernel):
             per_example["weight"] = (d * x_hat).sum(dim=1)
         if "bias" in params:
             per_example["bias"] = d.sum(dim=1)
-        joint = [n for n in per_example if n not in split]
-        out = [Contribution((n,), DenseRep(per_example[n])) for n in per_example if n in split]
-        if joint:
-            out.append(Contribution(tuple(joint), DenseRep(torch.cat([per_example[n] for n in joint], 1))))
-        return out
+        return dense_contributions(per_example, split)
