@@ -27,14 +27,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
 from .fused import FusedLinearFunction, fused_flops, ghost_flops
-from .kernels import Contribution, Kernel, hooks_suspended, kernel_for
+from .kernels import Contribution, Kernel, kernel_for
 from .kernels.base import first_input, hooks_are_suspended
 from .kernels.embedding import EmbeddingKernel
 from .kernels.linear import Conv1DKernel, LinearKernel
 from .reps import DEFAULT_MEMORY_BUDGET, DenseRep, OneHot, OuterRep, Rep, inner, restrict_rows
 from .solve import gnq_from_kernel, unweight_kernel
 
-__all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError", "hooks_suspended"]
+__all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
 
 
 class BatchDimensionError(ValueError):
@@ -308,7 +308,7 @@ class GNQAuditor:
         for c in contributions:
             block, path = inner(c.rep, c.rep, self._path, self._budget)
             p.add(block)
-            paths.add(label or _path_label(h.kernel, path))
+            paths.add(label or ("per-example" if path == "dense" else path))
             if len(c.params) == 1 and c.params[0] in split:  # shared: cross terms with other uses
                 self._add_cross_terms(p, call, ids[c.params[0]], c.rep)
                 paths.add("tied")
@@ -514,7 +514,3 @@ def _leading_dim(args: tuple, kwargs: dict) -> int | None:
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
             return int(leaf.shape[0])
     return None
-
-
-def _path_label(kernel: Kernel, path: str) -> str:
-    return "per-example" if path == "dense" else path

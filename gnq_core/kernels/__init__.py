@@ -5,7 +5,7 @@ Adding a layer type: write a ``Kernel`` subclass and decorate it with ``@registe
 
 from . import conv, embedding, generic, linear, norm  # noqa: F401  (importing registers them)
 from .base import Contribution, Kernel, UnsupportedModuleError, hooks_suspended
-from .registry import kernel_for, register, registered_types
+from .registry import kernel_for, register
 
 __all__ = [
     "Contribution",
@@ -14,5 +14,4 @@ __all__ = [
     "hooks_suspended",
     "kernel_for",
     "register",
-    "registered_types",
 ]

@@ -41,7 +41,3 @@ def kernel_for(module: nn.Module) -> Kernel:
             return _KERNELS[base]
     assert _generic is not None, "generic kernel not registered"
     return _generic
-
-
-def registered_types() -> list[str]:
-    return sorted(t.__name__ for t in _KERNELS)
