@@ -1,6 +1,19 @@
-"""The ``gnq`` command."""
+"""The ``gnq`` command: train with in-run GNQ, audit checkpoints, attack, export, list runs, demo.
+
+Every command reads and writes one DuckDB store (``--db``, else ``$GNQ_DB``, else
+data/gnq.duckdb).  User mistakes (a bad file, an unknown run, a busy store) end with one line
+on stderr and exit code 1, never a traceback.
+"""
 
 from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -10,13 +23,256 @@ app = typer.Typer(
     help="GNQ Audit: which training texts has your model encoded? (gradient uniqueness)",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DB_HELP = "DuckDB store (default: $GNQ_DB, else data/gnq.duckdb)."
+DbOption = typer.Option(None, "--db", help=DB_HELP, show_default=False)
+QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars (for scripts).")
+DeviceOption = typer.Option("auto", help="auto, cpu or cuda.")
+
+
+def user_errors(func: F) -> F:
+    """Turn the errors a user can cause into one line on stderr and exit code 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .checkpoints import CheckpointError
+        from .coverage import UncoveredParametersError
+        from .datasets import DatasetError
+        from .store import StoreError
+
+        try:
+            return func(*args, **kwargs)
+        except (DatasetError, CheckpointError, StoreError, UncoveredParametersError, ValueError,
+                FileNotFoundError, PermissionError) as exc:
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            err_console.print(f"[red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(code=1) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted: finished checkpoints/epochs are saved; rerun the same command "
+                              "to resume")
+            raise typer.Exit(code=130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _store(db: Path | None, quiet: bool = False):
+    from .store import Store
+
+    def waiting(message: str) -> None:
+        err_console.print(message)
+
+    return Store(db, on_wait=waiting)
+
+
+def _reporter(store, quiet: bool, run_ref: Callable[[], int | None] | None = None):
+    from .progress import Reporter
+
+    def sink(done: int, total: int, label: str) -> None:
+        run_id = run_ref() if run_ref else None
+        if run_id is not None:
+            store.set_progress(run_id, done, total, label)
+
+    return Reporter(quiet=quiet, sink=sink if run_ref else None)
 
 
 @app.callback()
 def main() -> None:
-    """GNQ Audit command line."""
+    """GNQ Audit command line.
+
+    Typical use: `gnq audit --checkpoints DIR --data FILE` over your saved checkpoints, or
+    `gnq train` to train with in-run GNQ; then `gnq extract`, `gnq export`, and the dashboard
+    (`streamlit run app/main.py`).
+    """
+
+
+@app.command()
+@user_errors
+def train(
+    data: Path = typer.Option(..., help="Training texts: .txt (one per line), .jsonl, .csv or .parquet."),
+    out: Path = typer.Option(..., help="Run folder; a checkpoint is saved per epoch in OUT/epoch-K."),
+    init: Path = typer.Option(None, help="Fine-tune this Hugging Face checkpoint folder."),
+    from_scratch: bool = typer.Option(False, "--from-scratch",
+                                      help="Train a BPE tokenizer on the data and a fresh GPT-2."),
+    preset: str = typer.Option("tiny", help="Model size with --from-scratch: tiny or small."),
+    epochs: int = typer.Option(3, min=1, help="Passes over the data."),
+    batch_size: int = typer.Option(16, min=1, help="Examples per step (also the GNQ batch)."),
+    lr: float = typer.Option(1e-3, min=0.0, help="AdamW learning rate."),
+    lam: float = typer.Option(1e-2, min=0.0, help="GNQ regulariser λ (> 0)."),
+    max_length: int = typer.Option(128, min=2, help="Tokens per example (longer texts are cut)."),
+    seed: int = typer.Option(0, help="Seed for initialisation, shuffling and dropout."),
+    vocab_size: int = typer.Option(2048, min=300, help="Tokenizer vocabulary with --from-scratch."),
+    text_column: str = typer.Option(None, help="Column holding the text (default: 'text')."),
+    group_column: str = typer.Option(None, help="Column with a group label (default: 'group' if present)."),
+    name: str = typer.Option(None, help="Run name (default: the OUT folder's name)."),
+    db: Path = DbOption,
+    device: str = DeviceOption,
+    dtype: str = typer.Option("float32", help="float32 or float64."),
+    quiet: bool = QuietOption,
+) -> None:
+    """Train or fine-tune a causal LM with in-run GNQ on every step, saving a checkpoint per epoch."""
+    from .datasets import load_texts
+    from .train import TrainSettings, run_training
+
+    if (init is None) == (not from_scratch):
+        raise ValueError("give exactly one of --init CHECKPOINT_DIR or --from-scratch")
+    dataset = load_texts(data, text_column=text_column, group_column=group_column)
+    store = _store(db)
+    settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, lam=lam, max_length=max_length,
+                             seed=seed, preset=preset, vocab_size=vocab_size, device=device, dtype=dtype)
+    run_name = name or Path(out).resolve().name
+    run_id = _lazy_run_id(store, run_name)
+    t0 = time.perf_counter()
+    with _reporter(store, quiet, run_id) as reporter:
+        run = run_training(store, dataset, out, name=run_name, init=init, settings=settings,
+                           reporter=reporter)
+    _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {epochs} epochs in "
+                 f"{time.perf_counter() - t0:.1f} s; checkpoints in {Path(out)}; store {store.path}")
+
+
+@app.command()
+@user_errors
+def audit(
+    checkpoints: Path = typer.Option(..., help="A checkpoint folder, or a folder of them "
+                                               "(epoch-*, checkpoint-*, step-*, ...)."),
+    data: Path = typer.Option(..., help="The texts to audit: .txt, .jsonl, .csv or .parquet."),
+    name: str = typer.Option(None, help="Run name (default: the checkpoints folder's name)."),
+    lam: float = typer.Option(1e-2, min=0.0, help="GNQ regulariser λ (> 0)."),
+    batch_size: int = typer.Option(16, min=1, help="Examples per GNQ batch (GNQ is relative to the batch)."),
+    max_length: int = typer.Option(128, min=2, help="Tokens per example (longer texts are cut)."),
+    seed: int = typer.Option(0, help="Seed of the batch partition (the same for every checkpoint)."),
+    text_column: str = typer.Option(None, help="Column holding the text (default: 'text')."),
+    group_column: str = typer.Option(None, help="Column with a group label (default: 'group' if present)."),
+    db: Path = DbOption,
+    device: str = DeviceOption,
+    dtype: str = typer.Option("float32", help="float32 or float64 (exact to float64 rounding)."),
+    quiet: bool = QuietOption,
+) -> None:
+    """GNQ, loss and self-influence of every text at every checkpoint; reruns resume."""
+    from .audit import AuditSettings, run_audit
+    from .datasets import load_texts
+
+    dataset = load_texts(data, text_column=text_column, group_column=group_column)
+    store = _store(db)
+    run_name = name or Path(checkpoints).resolve().name
+    settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
+                             device=device, dtype=dtype)
+    t0 = time.perf_counter()
+    with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
+        run = run_audit(store, checkpoints, dataset, name=run_name, settings=settings, reporter=reporter)
+    points = store.points(run.run_id)
+    _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(points)} checkpoints "
+                 f"in {time.perf_counter() - t0:.1f} s; store {store.path}")
+
+
+@app.command()
+@user_errors
+def extract(
+    run: str = typer.Option(..., help="Run name or id."),
+    checkpoint: str = typer.Option(None, help="Checkpoint label to attack (default: the last)."),
+    prefix_tokens: int = typer.Option(12, min=1, help="Tokens of each text revealed to the model."),
+    threshold: float = typer.Option(1.0, min=0.0, max=1.0,
+                                    help="Success when the match fraction is at least this."),
+    batch_size: int = typer.Option(32, min=1, help="Texts decoded together."),
+    db: Path = DbOption,
+    device: str = DeviceOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Prefix-completion attack: reveal each text's first tokens, greedy-decode, count matches."""
+    from .extraction import run_extraction
+
+    store = _store(db)
+    run_info = store.run(run)
+    t0 = time.perf_counter()
+    with _reporter(store, quiet, lambda: run_info.run_id) as reporter:
+        summary = run_extraction(store, run_info, checkpoint=checkpoint, prefix_tokens=prefix_tokens,
+                                 threshold=threshold, batch_size=batch_size, device=device, reporter=reporter)
+    _done(quiet, f"run {run_info.name!r}, {summary['label']}: {summary['attacked']} texts attacked "
+                 f"({summary['skipped']} too short), {summary['extracted']} extracted at match "
+                 f"≥ {threshold:g} "
+                 f"in {time.perf_counter() - t0:.1f} s")
+
+
+@app.command()
+@user_errors
+def export(
+    run: str = typer.Option(..., help="Run name or id."),
+    format: str = typer.Option(..., "--format", help="csv, jsonl or parquet."),
+    out: Path = typer.Option(..., help="File to write."),
+    top: int = typer.Option(None, min=1, help="Only the K highest GNQ_total."),
+    min_percentile: float = typer.Option(None, min=0.0, max=100.0,
+                                         help="Only texts at or above this percentile."),
+    min_gnq: float = typer.Option(None, help="Only texts with GNQ_total at least this."),
+    group: str = typer.Option(None, help="Only this group."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Write the flagged texts with their GNQ (total, max, last), rank, percentile and attack result."""
+    from .export import FORMATS, export_frame, write_table
+
+    if format not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    store = _store(db)
+    info = store.run(run)
+    flagged = store.flagged(info.run_id, top=top, min_percentile=min_percentile, min_gnq=min_gnq, group=group)
+    has_attack = not store.extractions(info.run_id).empty
+    write_table(export_frame(flagged, has_attack), out, format)
+    _done(quiet, f"{len(flagged)} texts of run {info.name!r} written to {out}")
+
+
+@app.command()
+@user_errors
+def runs(
+    db: Path = DbOption,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """The runs in the store with their settings and status."""
+    store = _store(db)
+    frame = store.runs()
+    if as_json:
+        records = json.loads(frame.to_json(orient="records", date_format="iso"))
+        for r in records:
+            if isinstance(r.get("settings"), str):
+                r["settings"] = json.loads(r["settings"])
+        sys.stdout.write(json.dumps(records, indent=2) + "\n")
+        return
+    if frame.empty:
+        console.print(f"{store.path}: no runs yet (try `gnq demo`)")
+        return
+    table = Table(title=f"Runs in {store.path}")
+    for col in ("id", "name", "kind", "status", "examples", "points", "λ", "B", "seed", "max len",
+                "attacked", "updated"):
+        table.add_column(col)
+    for r in frame.itertuples():
+        table.add_row(str(r.run_id), r.name, r.kind, r.status, str(r.n_examples),
+                      f"{r.points_done}/{r.points_total}", f"{r.lam:g}", str(r.batch_size), str(r.seed),
+                      str(r.max_length), str(r.extraction_rows), str(r.updated_at))
+    console.print(table)
+
+
+@app.command()
+@user_errors
+def demo(
+    db: Path = DbOption,
+    out: Path = typer.Option(None, help="Folder for the demo's checkpoints (default: beside the store)."),
+    epochs: int = typer.Option(12, min=2, help="Training epochs of the demo model."),
+    device: str = DeviceOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
+    from .demo import build_demo
+
+    store = _store(db)
+    t0 = time.perf_counter()
+    names = build_demo(store, out_dir=out, epochs=epochs, device=device,
+                       reporter_factory=lambda ref: _reporter(store, quiet, ref))
+    _done(quiet, f"demo runs {', '.join(repr(n) for n in names)} built in {time.perf_counter() - t0:.0f} s; "
+                 f"store {store.path}. Open the dashboard: streamlit run app/main.py")
 
 
 @app.command()
@@ -38,5 +294,28 @@ def selfcheck(
     console.print(table)
     if not all(r.ok for r in results):
         raise typer.Exit(code=1)
-    console.print("All checks passed. The dashboard arrives with the next release; "
-                  "see README.md for the Python API.")
+    console.print("All checks passed.")
+
+
+def _lazy_run_id(store, name: str) -> Callable[[], int | None]:
+    """The run's id once the job has created it (progress is written to the store from then on)."""
+    cache: dict[str, int] = {}
+
+    def get() -> int | None:
+        if "id" not in cache:
+            run = store.find_run(name)
+            if run is None:
+                return None
+            cache["id"] = run.run_id
+        return cache["id"]
+
+    return get
+
+
+def _done(quiet: bool, message: str) -> None:
+    if not quiet:
+        console.print(message, highlight=False)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,58 @@
+"""Writing flagged texts to CSV, JSONL or Parquet, atomically (never a half-written file)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+FORMATS = ("csv", "jsonl", "parquet")
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, fmt: str) -> Path:
+    """Write ``frame`` as ``fmt`` to ``path`` via a temporary sibling file and a rename."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder; give a file name for the export")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        if fmt == "csv":
+            frame.to_csv(tmp, index=False)
+        elif fmt == "jsonl":
+            frame.to_json(tmp, orient="records", lines=True, force_ascii=False)
+        else:
+            frame.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def to_bytes(frame: pd.DataFrame, fmt: str) -> bytes:
+    """The same formats in memory (the dashboard's download buttons)."""
+    import io
+
+    if fmt == "csv":
+        return frame.to_csv(index=False).encode()
+    if fmt == "jsonl":
+        return frame.to_json(orient="records", lines=True, force_ascii=False).encode()
+    if fmt == "parquet":
+        buf = io.BytesIO()
+        frame.to_parquet(buf, index=False)
+        return buf.getvalue()
+    raise ValueError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
+
+
+EXPORT_COLUMNS = ["example_id", "text", "group", "gnq_total", "gnq_max", "gnq_last", "gnq_mean", "rank",
+                  "percentile", "loss_last", "self_influence_last", "n_points"]
+EXTRACTION_COLUMNS = ["extraction_match", "extracted", "extraction_generated"]
+
+
+def export_frame(totals: pd.DataFrame, with_extraction: bool) -> pd.DataFrame:
+    """The exported columns, in a stable order."""
+    cols = EXPORT_COLUMNS + (EXTRACTION_COLUMNS if with_extraction else [])
+    return totals[cols].reset_index(drop=True)

@@ -1,0 +1,220 @@
+"""End to end through the `gnq` command: train → audit → extract → export, checked against a
+direct GNQAuditor computation; input formats; resume after a kill; clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+from conftest import rel_err
+from lm_fixtures import texts
+from typer.testing import CliRunner
+
+from gnq_core import GNQAuditor, per_example_lm_loss
+from gnq_core.checkpoints import load_checkpoint
+from gnq_core.cli import app
+from gnq_core.store import Store
+from gnq_core.tokens import batch_partition, collate, encode_texts, pad_id
+from gnq_core.train import TRAINER_STATE
+
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+
+
+def gnq(*args: str) -> str:
+    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def fails(*args: str) -> str:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def dataset_csv(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "news.csv"
+    rows = list(texts(40))
+    groups = ["business" if i % 2 else "world" for i in range(len(rows))]
+    pd.DataFrame({"text": rows, "group": groups}).to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, dataset_csv):
+    """One small from-scratch training run, shared by the tests of this module."""
+    root = tmp_path_factory.mktemp("run")
+    db, out = root / "gnq.duckdb", root / "tiny"
+    gnq("train", "--data", dataset_csv, "--from-scratch", "--preset", "tiny", "--epochs", 2,
+        "--batch-size", 8, "--lr", 3e-3, "--max-length", 24, "--vocab-size", 400, "--out", out, "--db", db,
+        "--dtype", "float64", "--quiet")
+    return db, out
+
+
+def test_train_audit_extract_export_match_a_direct_computation(trained, dataset_csv, tmp_path):
+    db, out = trained
+    store = Store(db)
+    train_run = store.run("tiny")
+    assert train_run.status == "done" and train_run.kind == "train"
+    assert sorted(p.name for p in out.iterdir()) == ["epoch-1", "epoch-2"]
+    assert len(store.scores(train_run.run_id)) == 2 * 40
+
+    gnq("audit", "--checkpoints", out, "--data", dataset_csv, "--db", db, "--name", "post", "--lam", 0.05,
+        "--batch-size", 8, "--max-length", 24, "--seed", 3, "--dtype", "float64", "--quiet")
+    run = store.run("post")
+    points = store.points(run.run_id)
+    assert list(points["label"]) == ["epoch-1", "epoch-2"] and set(points["status"]) == {"done"}
+
+    # Post-hoc: the stored GNQ / loss / K_jj of one batch equal a direct GNQAuditor computation.
+    model, tok = load_checkpoint(out / "epoch-2", dtype=torch.float64)
+    data = pd.read_csv(dataset_csv)
+    part = batch_partition(len(data), 8, seed=3)[2]
+    ids = encode_texts(tok, data["text"].tolist(), 24)
+    batch = collate([ids[i] for i in part], part, pad_id(tok))
+    with GNQAuditor(model, lam=0.05) as auditor:
+        losses = per_example_lm_loss(model(input_ids=batch.input_ids,
+                                           attention_mask=batch.attention_mask).logits, batch.labels)
+        losses.sum().backward()
+        res = auditor.compute()
+    stored = store.scores(run.run_id, point=1).set_index("example_id").loc[part]
+    assert rel_err(torch.tensor(stored["gnq"].to_numpy()), res.gnq) < 1e-9
+    assert rel_err(torch.tensor(stored["self_influence"].to_numpy()), res.self_influence) < 1e-9
+    assert rel_err(torch.tensor(stored["loss"].to_numpy()), losses.detach()) < 1e-12
+
+    # In-run: the first step of epoch 2 starts from the epoch-1 weights and RNG state (dropout).
+    model, tok = load_checkpoint(out / "epoch-1", dtype=torch.float64)
+    state = torch.load(out / "epoch-1" / TRAINER_STATE, weights_only=True)
+    part = batch_partition(len(data), 8, seed=0 + 1)[0]
+    batch = collate([ids[i] for i in part], part, pad_id(tok))
+    torch.set_rng_state(state["rng"])
+    model.train()
+    with GNQAuditor(model, lam=train_run.lam) as auditor:
+        losses = per_example_lm_loss(model(input_ids=batch.input_ids,
+                                           attention_mask=batch.attention_mask).logits, batch.labels)
+        losses.sum().backward()
+        res = auditor.compute()
+    stored = store.scores(train_run.run_id, point=1).set_index("example_id").loc[part]
+    assert (stored["step"] == 6).all()  # 5 steps per epoch, first of the second
+    assert rel_err(torch.tensor(stored["gnq"].to_numpy()), res.gnq) < 1e-8
+
+    gnq("extract", "--db", db, "--run", "post", "--prefix-tokens", 4, "--threshold", 0.5, "--quiet")
+    attack = store.extractions(run.run_id)
+    assert len(attack) == 40 and attack["match_fraction"].notna().sum() > 30
+    assert set(attack["point"]) == {1}
+
+    for fmt in ("csv", "jsonl", "parquet"):
+        target = tmp_path / f"flagged.{fmt}"
+        gnq("export", "--db", db, "--run", "post", "--top", 10, "--format", fmt, "--out", target, "--quiet")
+        frame = {"csv": pd.read_csv, "jsonl": lambda p: pd.read_json(p, lines=True),
+                 "parquet": pd.read_parquet}[fmt](target)
+        assert len(frame) == 10 and list(frame["rank"]) == sorted(frame["rank"])
+        for col in ("example_id", "text", "group", "gnq_total", "gnq_max", "gnq_last", "rank", "percentile",
+                    "extraction_match", "extracted"):
+            assert col in frame.columns
+    totals = store.example_totals(run.run_id).set_index("example_id")
+    top = pd.read_parquet(tmp_path / "flagged.parquet")
+    first = top.iloc[0]
+    assert first["gnq_total"] == pytest.approx(totals["gnq_total"].max())
+    assert first["text"] == data["text"][first["example_id"]]
+
+    listing = json.loads(gnq("runs", "--db", db, "--json"))
+    assert {r["name"] for r in listing} == {"tiny", "post"}
+    post = next(r for r in listing if r["name"] == "post")
+    assert post["lam"] == 0.05 and post["seed"] == 3 and post["dataset_hash"] and post["code_version"]
+    assert "post" in gnq("runs", "--db", db)
+
+
+def test_audit_rerun_skips_finished_checkpoints(trained, dataset_csv):
+    db, out = trained
+    args = ["audit", "--checkpoints", out, "--data", dataset_csv, "--db", db, "--name", "again",
+            "--batch-size", 8, "--max-length", 24, "--dtype", "float64", "--quiet"]
+    gnq(*args)
+    before = Store(db).scores(Store(db).run("again").run_id)
+    gnq(*args[:-1])  # not quiet: says what it skipped
+    after = Store(db).scores(Store(db).run("again").run_id)
+    pd.testing.assert_frame_equal(before, after)
+    output = runner.invoke(app, [str(a) for a in args[:-1]]).output
+    assert "already audited" in output
+    # The same name with other settings is refused rather than mixed.
+    assert "different" in fails(*args[:-1], "--lam", 0.5)
+
+
+@pytest.mark.parametrize("fmt", ["txt", "jsonl", "parquet"])
+def test_audit_accepts_each_input_format(trained, tmp_path, fmt):
+    db, out = trained
+    rows = list(texts(12))
+    path = tmp_path / f"texts.{fmt}"
+    if fmt == "txt":
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    elif fmt == "jsonl":
+        path.write_text("\n".join(json.dumps({"body": r, "group": "g"}) for r in rows), encoding="utf-8")
+    else:
+        pd.DataFrame({"text": rows}).to_parquet(path)
+    extra = ["--text-column", "body"] if fmt == "jsonl" else []
+    gnq("audit", "--checkpoints", out / "epoch-2", "--data", path, "--db", tmp_path / "f.duckdb",
+        "--batch-size", 4, "--max-length", 16, "--quiet", *extra)
+    store = Store(tmp_path / "f.duckdb")
+    run = store.run("epoch-2")
+    totals = store.example_totals(run.run_id)
+    assert len(totals) == 12 and totals["gnq_total"].notna().all() and (totals["gnq_total"] > 0).all()
+    assert set(store.examples(run.run_id)["text"]) == set(rows)
+
+
+def test_user_errors_are_one_line(trained, tmp_path):
+    db, out = trained
+    assert "missing.csv" in fails("audit", "--checkpoints", out, "--data", tmp_path / "missing.csv",
+                                  "--db", db)
+    (tmp_path / "empty").mkdir()
+    texts_file = tmp_path / "t.txt"
+    texts_file.write_text("hello world\n")
+    assert "no checkpoint" in fails("audit", "--checkpoints", tmp_path / "empty", "--data", texts_file,
+                                    "--db", db)
+    assert "no run 'nope'" in fails("export", "--db", db, "--run", "nope", "--format", "csv",
+                                    "--out", tmp_path / "x.csv")
+    assert "--format" in fails("export", "--db", db, "--run", "tiny", "--format", "xls",
+                               "--out", tmp_path / "x.xls")
+    assert "exactly one of" in fails("train", "--data", texts_file, "--out", tmp_path / "o", "--db", db)
+    assert not (tmp_path / "x.csv").exists()
+
+
+def _audit_cmd(out, data, db, name):
+    return [sys.executable, "-m", "gnq_core.cli", "audit", "--checkpoints", str(out), "--data", str(data),
+            "--db", str(db), "--name", name, "--batch-size", "4", "--max-length", "24", "--quiet",
+            "--dtype", "float64"]
+
+
+def test_kill_mid_audit_then_rerun_equals_an_uninterrupted_run(trained, dataset_csv, tmp_path):
+    db, out = trained
+    series = tmp_path / "series"
+    series.mkdir()
+    for k in range(1, 5):  # four checkpoints (two distinct models) so there is time to kill mid-way
+        os.symlink(out / f"epoch-{1 + k % 2}", series / f"step-{k}")
+    killed_db, clean_db = tmp_path / "killed.duckdb", tmp_path / "clean.duckdb"
+    proc = subprocess.Popen(_audit_cmd(series, dataset_csv, killed_db, "k"))
+    store = Store(killed_db)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        runs = store.runs() if killed_db.exists() else pd.DataFrame()
+        if not runs.empty and runs["points_done"].iloc[0] >= 1:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_after_kill = int(store.runs()["points_done"].iloc[0])
+    assert 1 <= done_after_kill < 4, "the kill should land mid-audit"
+    subprocess.run(_audit_cmd(series, dataset_csv, killed_db, "k"), check=True)
+    subprocess.run(_audit_cmd(series, dataset_csv, clean_db, "k"), check=True)
+    a = Store(killed_db).scores(1).drop(columns=["run_id"])
+    b = Store(clean_db).scores(1).drop(columns=["run_id"])
+    assert len(a) == 4 * 40
+    pd.testing.assert_frame_equal(a, b)

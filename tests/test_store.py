@@ -1,0 +1,162 @@
+"""The DuckDB store: schema and migrations, atomic writes, queries, waiting for a busy file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import duckdb
+import pandas as pd
+import pytest
+
+from gnq_core.store import SCHEMA_VERSION, Store, StoreError, _apply_migrations, default_db_path
+
+EXAMPLES = pd.DataFrame({"example_id": [0, 1, 2, 3], "text": ["a b", "c d e", "f", "g h"],
+                         "grp": ["common", "surprising", None, "common"], "n_tokens": [2, 3, 1, 2]})
+
+
+def _run(store: Store, name: str = "r"):
+    return store.create_run(name=name, kind="audit", lam=0.01, batch_size=2, seed=0, max_length=8,
+                            model_path="m", dataset_path="d.csv", dataset_hash="abc", n_examples=4,
+                            code_version="test", device="cpu", dtype="float64", examples=EXAMPLES)
+
+
+def _point(store: Store, run_id: int, point: int, gnq: list[float]) -> None:
+    scores = pd.DataFrame({"example_id": [0, 1, 2, 3], "batch_index": [0, 0, 1, 1], "step": None,
+                           "gnq": gnq, "loss": [1.0, 2.0, 3.0, 4.0], "self_influence": [0.5] * 4})
+    batches = pd.DataFrame({"batch_index": [0, 1], "step": None, "size": [2, 2], "condition": [3.0, 4.0],
+                            "finite": [True, True], "seconds": [0.1, 0.1]})
+    store.write_point(run_id, point, scores, batches, 0.2)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path / "gnq.duckdb")
+
+
+def test_fresh_store_is_at_latest_schema_and_reads_empty_without_creating(tmp_path):
+    s = Store(tmp_path / "new.duckdb")
+    assert s.runs().empty and s.schema_version() == 0
+    assert not s.path.exists()  # reading does not create the file
+    _run(s)
+    assert s.schema_version() == SCHEMA_VERSION
+
+
+def test_migration_from_version_1_keeps_data(tmp_path):
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    _apply_migrations(con, 0, target=1)
+    con.execute("""INSERT INTO runs (name, kind, status, created_at, updated_at, lam, loss_convention,
+                   batch_size, seed, max_length, model_path, dataset_path, dataset_hash, n_examples,
+                   code_version) VALUES ('old', 'audit', 'done', now(), now(), 0.1, 'x', 4, 1, 32, 'm', 'd',
+                   'h', 0, 'v0')""")
+    assert "progress_done" not in [r[0] for r in con.execute("DESCRIBE runs").fetchall()]
+    con.close()
+    s = Store(path)
+    assert s.schema_version() == 1
+    s.set_progress(s.run("old").run_id, 3, 10, "migrated")  # a write migrates first
+    assert s.schema_version() == SCHEMA_VERSION
+    row = s.runs().iloc[0]
+    assert (row["name"], row["lam"], row["progress_done"], row["progress_total"]) == ("old", 0.1, 3, 10)
+
+
+def test_newer_or_foreign_files_are_refused(tmp_path):
+    newer = tmp_path / "newer.duckdb"
+    _run(Store(newer))
+    con = duckdb.connect(str(newer))
+    con.execute("INSERT INTO schema_version VALUES (?, now())", [SCHEMA_VERSION + 1])
+    con.close()
+    with pytest.raises(StoreError, match="newer"):
+        Store(newer).runs()
+    foreign = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(foreign))
+    con.execute("CREATE TABLE t (x INT)")
+    con.close()
+    with pytest.raises(StoreError, match="not a GNQ store"):
+        _run(Store(foreign))
+    junk = tmp_path / "junk.duckdb"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="junk.duckdb"):
+        _run(Store(junk))
+
+
+def test_totals_rank_percentile_and_trajectories(store):
+    run = _run(store)
+    store.add_points(run.run_id, [dict(point=p, label=f"epoch-{p + 1}", kind="epoch") for p in range(3)])
+    _point(store, run.run_id, 0, [1.0, 5.0, 0.1, 2.0])
+    _point(store, run.run_id, 1, [2.0, 1.0, 0.2, 2.0])
+    totals = store.example_totals(run.run_id).set_index("example_id")
+    assert totals.loc[1, "gnq_total"] == pytest.approx(6.0) and totals.loc[1, "rank"] == 1
+    assert totals.loc[1, "gnq_max"] == 5.0 and totals.loc[1, "gnq_last"] == 1.0
+    assert totals.loc[2, "rank"] == 4 and totals.loc[1, "percentile"] == pytest.approx(100.0)
+    assert totals.loc[2, "percentile"] == pytest.approx(25.0)
+    assert list(store.flagged(run.run_id, top=2)["example_id"]) == [1, 3]
+    assert list(store.flagged(run.run_id, group="common")["example_id"]) == [3, 0]
+    assert list(store.flagged(run.run_id, min_gnq=3.5)["example_id"]) == [1, 3]
+    traj = store.trajectories(run.run_id, [1])
+    assert list(traj["gnq"]) == [5.0, 1.0] and list(traj["label"]) == ["epoch-1", "epoch-2"]
+    record = store.example_record(run.run_id, 1)
+    assert record["totals"]["text"] == "c d e" and len(record["trajectory"]) == 2
+
+
+def test_rewriting_a_point_replaces_and_a_failed_write_leaves_it_intact(store):
+    run = _run(store)
+    store.add_points(run.run_id, [dict(point=0, label="c", kind="checkpoint")])
+    _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 4.0])
+    _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 5.0])
+    assert len(store.scores(run.run_id)) == 4
+    bad = pd.DataFrame({"example_id": [0, 0], "batch_index": [0, 0], "step": None, "gnq": [9.0, 9.0],
+                        "loss": [1.0, 1.0], "self_influence": [1.0, 1.0]})  # duplicate key
+    with pytest.raises(duckdb.Error):
+        store.write_point(run.run_id, 0, bad, pd.DataFrame(
+            {"batch_index": [0], "step": None, "size": [2], "condition": [1.0], "finite": [True],
+             "seconds": [0.0]}), 0.0)
+    assert list(store.scores(run.run_id)["gnq"]) == [1.0, 2.0, 3.0, 5.0]
+
+
+def test_runs_by_name_or_id_and_unknown_run(store):
+    run = _run(store, "first")
+    assert store.run("first").run_id == run.run_id == store.run(str(run.run_id)).run_id
+    with pytest.raises(StoreError, match="no run 'nope'.*first"):
+        store.run("nope")
+    with pytest.raises(StoreError, match="already exists"):
+        _run(store, "first")
+    store.delete_run("first")
+    assert store.runs().empty
+
+
+def test_gnq_db_environment_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("GNQ_DB", str(tmp_path / "env.duckdb"))
+    assert default_db_path() == tmp_path / "env.duckdb"
+    assert Store().path == tmp_path / "env.duckdb"
+
+
+def test_a_second_writer_waits_for_the_first(store):
+    _run(store)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import duckdb, time, sys
+        con = duckdb.connect({str(store.path)!r})
+        print("locked", flush=True)
+        time.sleep(1.5)
+        con.close()
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    messages = []
+    waiting = Store(store.path, on_wait=messages.append)
+    t0 = time.monotonic()
+    waiting.set_status("r", "done")
+    holder.wait(timeout=30)
+    assert time.monotonic() - t0 > 0.5 and messages and "busy" in messages[0]
+    assert waiting.run("r").status == "done"
+    impatient = Store(store.path, busy_timeout=0.3)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import duckdb, time
+        con = duckdb.connect({str(store.path)!r}); print("locked", flush=True); time.sleep(3)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(StoreError, match="another process"):
+        impatient.runs()
+    holder.kill()
+    holder.wait()
