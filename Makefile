@@ -16,8 +16,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e ".[dev]"
 	touch $(STAMP)
 
+# Builds the demo run on first start (about half a minute on 2 CPU cores), then opens the dashboard.
 app: $(STAMP)
-	$(VENV)/bin/gnq selfcheck
+	$(VENV)/bin/gnq demo
+	$(VENV)/bin/streamlit run app/main.py
 
 test: $(STAMP)
 	$(PY) -m pytest

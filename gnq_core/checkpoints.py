@@ -30,6 +30,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
+from transformers.utils import logging as hf_logging
 
 __all__ = [
     "CheckpointError",
@@ -59,6 +60,9 @@ _CHUNK = 2**20
 
 # Model types whose causal-LM class is an encoder run as a decoder: only causal with is_decoder=True.
 _ENCODER_TYPES = frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) & frozenset(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+# Our own progress bars say what is happening; transformers' per-load bars would only add noise.
+hf_logging.disable_progress_bar()
 
 
 def _class_names(value: str | tuple[str, ...] | list[str]) -> set[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -81,6 +82,10 @@ def _reporter(store, quiet: bool, run_ref: Callable[[], int | None] | None = Non
     return Reporter(quiet=quiet, sink=sink if run_ref else None)
 
 
+def _terminate_as_interrupt(signum, frame) -> None:  # noqa: ARG001
+    raise KeyboardInterrupt
+
+
 @app.callback()
 def main() -> None:
     """GNQ Audit command line.
@@ -89,6 +94,9 @@ def main() -> None:
     `gnq train` to train with in-run GNQ; then `gnq extract`, `gnq export`, and the dashboard
     (`streamlit run app/main.py`).
     """
+    # The dashboard cancels a job with SIGTERM: treat it like Ctrl-C (the run is marked
+    # 'cancelled', finished checkpoints stay, a rerun resumes).
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
 
 
 @app.command()

@@ -166,6 +166,21 @@ def load_texts(
     )
 
 
+def dataset_columns(path: str | Path) -> list[str]:
+    """The columns a text/group column can be picked from ([] for .txt); errors as load_texts."""
+    shown, p = str(path), Path(path)
+    if p.suffix.lower() == ".txt":
+        return []
+    if p.suffix.lower() not in SUFFIXES or not p.is_file():
+        load_texts(p)  # raises the same one-line error a load would
+    data = p.read_bytes()
+    if not data:
+        raise DatasetError(shown, "file is empty")
+    reader = {".jsonl": _read_jsonl, ".csv": _read_csv}.get(p.suffix.lower())
+    columns = reader(shown, data)[0] if reader else _read_parquet(shown, data, None, None)[0]
+    return list(columns)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Readers: each returns (column names, function column -> list of raw values, one per row).
 

@@ -208,8 +208,15 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
         "prefix_text": [r.prefix_text for r in results],
         "generated_text": [r.generated_text for r in results],
         "target_text": [r.target_text for r in results],
+        "target_tokens": [_token_strings(tokenizer, r.target_ids) for r in results],
+        "generated_tokens": [_token_strings(tokenizer, r.generated_ids) for r in results],
     })
     store.write_extractions(run.run_id, int(row["point"]), prefix_tokens, frame, code_version())
     attacked = int(frame["match_fraction"].notna().sum())
     return {"label": row["label"], "attacked": attacked, "skipped": len(frame) - attacked,
             "extracted": int(frame["success"].fillna(False).sum())}
+
+
+def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
+    """Each token decoded on its own (for a token-by-token view of the attack)."""
+    return [tokenizer.decode([i]) for i in ids]

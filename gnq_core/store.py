@@ -250,7 +250,7 @@ class Store:
                                 code_version=code_version, created_at=_now())[
                 ["run_id", "point", "example_id", "prefix_tokens", "threshold", "n_continuation",
                  "match_fraction", "success", "prefix_text", "generated_text", "target_text",
-                 "code_version", "created_at"]]
+                 "code_version", "created_at", "target_tokens", "generated_tokens"]]
             con.register("new_extractions", frame)
             con.execute("INSERT INTO extractions SELECT * FROM new_extractions")
 
@@ -347,6 +347,16 @@ class Store:
             sql += f" AND s.example_id IN ({', '.join('?' * len(ids))})"
             params += ids
         return self._query(sql + " ORDER BY s.example_id, s.point", params)
+
+    def trajectory_quantiles(self, run_id: int) -> pd.DataFrame:
+        """Per point: the 10/50/90% quantiles of GNQ over all examples (aggregated in DuckDB, so a
+        run of 100k examples draws as a band instead of 100k lines)."""
+        return self._query("""
+            SELECT s.point, p.label, quantile_cont(s.gnq, 0.1) AS q10, median(s.gnq) AS q50,
+                   quantile_cont(s.gnq, 0.9) AS q90, count(s.gnq) AS n
+            FROM scores s JOIN points p USING (run_id, point)
+            WHERE s.run_id = ? AND p.status = 'done'
+            GROUP BY s.point, p.label ORDER BY s.point""", [run_id])
 
     def extractions(self, run_id: int, point: int | None = None) -> pd.DataFrame:
         """The latest attack's rows (one point, the largest prefix set written last)."""

@@ -1,0 +1,81 @@
+"""Text drill-down: one example's record — rank, trajectory, loss and self-influence, the attack
+aligned token by token, and its nearest neighbours by GNQ trajectory."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, state
+from gnq_core.analysis import nearest_by_trajectory, token_alignment
+
+
+def _tokens(value) -> list[str]:
+    return [] if value is None else [str(t) for t in value]
+
+
+st.title("Text drill-down")
+run = state.require_run()
+db, version = str(state.db_path()), state.version(run.run_id)
+totals = state.totals(db, run.run_id, version)
+if totals.empty:
+    st.info("This run has no examples.")
+    st.stop()
+
+ids = totals.sort_values(["rank", "example_id"])["example_id"].tolist()
+current = st.session_state.get(state.EXAMPLE_KEY)
+index = ids.index(current) if current in ids else 0
+by_id = totals.set_index("example_id")
+example_id = st.selectbox("Example", ids, index=index,
+                          format_func=lambda i: f"#{i} · rank {by_id.at[i, 'rank']} · "
+                                                f"{state.short(by_id.at[i, 'text'], 70)}")
+st.session_state[state.EXAMPLE_KEY] = example_id
+record = state.store().example_record(run.run_id, example_id)
+row = record["totals"]
+
+st.text_area("Text", row["text"], height=100, disabled=True)  # shown as text, never as Markdown
+c = st.columns(6)
+c[0].metric("Rank", f"{row['rank']} / {len(totals)}" if row["gnq_total"] == row["gnq_total"] else "–")
+c[1].metric("Percentile", f"{row['percentile']:.1f}")
+c[2].metric("GNQ_total", f"{row['gnq_total']:.3g}")
+c[3].metric("GNQ last", f"{row['gnq_last']:.3g}")
+c[4].metric("Loss (last)", f"{row['loss_last']:.3f}")
+c[5].metric("Self-influence K_jj", f"{row['self_influence_last']:.3g}")
+st.caption(f"Group: {row['group'] if row['group'] is not None else '—'} · {row['n_tokens']} tokens")
+
+st.plotly_chart(charts.example_trajectory(record["trajectory"]), width="stretch")
+
+st.subheader("Extraction attempt")
+attempts = record["extractions"]
+if attempts.empty:
+    st.caption("No attack stored for this run.")
+else:
+    a = attempts.iloc[0]
+    if a["match_fraction"] is None or a["match_fraction"] != a["match_fraction"]:
+        st.caption(f"Too short for a {a['prefix_tokens']}-token prefix.")
+    else:
+        verdict = "extracted" if a["success"] else "not extracted"
+        st.markdown(f"Prefix of **{a['prefix_tokens']}** tokens, match **{a['match_fraction']:.0%}** of "
+                    f"{a['n_continuation']} continuation tokens → **{verdict}** "
+                    f"(threshold {a['threshold']:g}).")
+        c1, c2, c3 = st.columns(3)
+        c1.text_area("Prefix given to the model", a["prefix_text"], disabled=True)
+        c2.text_area("Model's continuation", a["generated_text"], disabled=True)
+        c3.text_area("Original continuation", a["target_text"], disabled=True)
+        tokens = token_alignment(_tokens(a["target_tokens"]), _tokens(a["generated_tokens"]))
+        if not tokens.empty:
+            styled = tokens.style.apply(
+                lambda r: [f"background-color: {'#DCFCE7' if r['match'] else '#FEE2E2'}"] * len(r),
+                axis=1)
+            st.dataframe(styled, hide_index=True, width="stretch")
+
+st.subheader("Nearest neighbours by GNQ trajectory")
+traj = state.trajectories(db, run.run_id, version, None)
+near = nearest_by_trajectory(traj, example_id, k=5)
+if near.empty:
+    st.caption("Not enough checkpoints to compare trajectories.")
+else:
+    near = near.merge(totals[["example_id", "rank", "gnq_total", "group", "text"]], on="example_id")
+    event = st.dataframe(near, hide_index=True, width="stretch", on_select="rerun",
+                         selection_mode="single-row", key="near")
+    if sel := state.selected_rows(event, near):
+        state.open_example(sel[0])

@@ -1,0 +1,161 @@
+"""New audit: point at checkpoints and a dataset (upload or local path), set λ and friends, start.
+
+The audit runs as a background `gnq` job (gnq_core.jobs): the page never freezes, the job
+survives a reload, shows progress per checkpoint and can be cancelled.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import streamlit as st
+
+from app import state
+from app.jobs_view import job_panel
+from gnq_core.checkpoints import CheckpointError, find_checkpoints
+from gnq_core.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
+from gnq_core.jobs import list_jobs, new_job_id, safe_relative_path, start_job, uploads_dir
+
+st.title("New audit")
+state.sidebar()
+db = state.db_path()
+
+if "staging" not in st.session_state:
+    st.session_state["staging"] = new_job_id()
+staging_id = st.session_state["staging"]
+
+
+def staging() -> Path:
+    path = db.resolve().parent / "uploads" / staging_id
+    if not path.exists():
+        uploads_dir(db, staging_id)
+    return path
+
+
+def save_uploads(files, into: Path) -> None:
+    """Write uploaded files below ``into``, refusing names that would escape it."""
+    for f in files:
+        rel = safe_relative_path(f.name)
+        target = into / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists() or target.stat().st_size != f.size:
+            target.write_bytes(f.getbuffer())
+
+
+st.subheader("1. Checkpoints")
+ckpt_mode = st.radio("Checkpoints", ["Upload a folder", "Local path"], horizontal=True,
+                     label_visibility="collapsed", key="ckpt_mode")
+checkpoints: Path | None = None
+if ckpt_mode == "Upload a folder":
+    files = st.file_uploader("A Hugging Face checkpoint folder, or a folder of them (epoch-*, checkpoint-*…)",
+                             accept_multiple_files="directory", key="ckpt_upload")
+    if files:
+        try:
+            target = staging() / "checkpoints"
+            save_uploads(files, target)
+            checkpoints = target
+        except ValueError as exc:
+            st.error(str(exc))
+else:
+    typed = st.text_input("Checkpoint folder on this machine", key="ckpt_path",
+                          placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
+    checkpoints = Path(typed).expanduser() if typed.strip() else None
+
+refs = []
+if checkpoints is not None:
+    try:
+        refs = find_checkpoints(checkpoints)
+        st.caption(f"{len(refs)} checkpoint(s): " + ", ".join(r.label for r in refs[:12])
+                   + (" …" if len(refs) > 12 else ""))
+    except CheckpointError as exc:
+        st.error(str(exc))
+
+st.subheader("2. Dataset")
+data_mode = st.radio("Dataset", ["Upload a file", "Local path"], horizontal=True,
+                     label_visibility="collapsed", key="data_mode")
+data_path: Path | None = None
+if data_mode == "Upload a file":
+    upload = st.file_uploader("Texts: .txt (one per line), .jsonl, .csv or .parquet",
+                              type=[s.lstrip(".") for s in SUFFIXES], key="data_upload")
+    if upload is not None:
+        try:
+            folder = staging() / "data"
+            save_uploads([upload], folder)
+            data_path = folder / safe_relative_path(upload.name)
+        except ValueError as exc:
+            st.error(str(exc))
+else:
+    typed = st.text_input("Dataset file on this machine", key="data_path_input")
+    data_path = Path(typed).expanduser() if typed.strip() else None
+
+text_column = group_column = None
+dataset = None
+if data_path is not None:
+    try:
+        columns = dataset_columns(data_path)
+        if columns:
+            c1, c2 = st.columns(2)
+            text_column = c1.selectbox("Text column", columns,
+                                       index=columns.index("text") if "text" in columns else 0)
+            options = ["(none)"] + [c for c in columns if c != text_column]
+            group_column = c2.selectbox("Group column (optional)", options,
+                                        index=options.index("group") if "group" in options else 0)
+            group_column = None if group_column == "(none)" else group_column
+        dataset = load_texts(data_path, text_column=text_column, group_column=group_column)
+        groups = sorted({g for g in dataset.groups if g is not None})
+        st.caption(f"{len(dataset):,} texts" + (f", groups: {', '.join(groups[:8])}" if groups else "")
+                   + (f" ({dataset.dropped} empty rows skipped)" if dataset.dropped else ""))
+    except DatasetError as exc:
+        st.error(str(exc))
+
+st.subheader("3. Settings")
+default_name = refs[0].path.parent.name if len(refs) > 1 else (refs[0].label if refs else "")
+with st.form("settings"):
+    name = st.text_input("Run name", value=default_name or "my-audit")
+    c1, c2, c3, c4 = st.columns(4)
+    lam = c1.number_input("λ", min_value=1e-12, value=1e-2, format="%g",
+                          help="Regulariser of the GNQ solve; see the 2D regression page.")
+    batch_size = c2.number_input("Batch size", min_value=2, value=16, step=1,
+                                 help="GNQ measures each text against the others of its batch.")
+    max_length = c3.number_input("Max length (tokens)", min_value=2, value=128, step=8)
+    seed = c4.number_input("Seed", min_value=0, value=0, step=1, help="Seeds the fixed batch partition.")
+    c1, c2, c3 = st.columns(3)
+    attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True)
+    prefix = c2.number_input("Prefix tokens", min_value=1, value=12, step=1)
+    threshold = c3.slider("Success threshold (match fraction)", 0.0, 1.0, 1.0, 0.01)
+    submitted = st.form_submit_button("Start audit", type="primary",
+                                      disabled=not (refs and dataset is not None))
+
+if submitted:
+    existing = state.runs()
+    if name in set(existing["name"]) and not st.session_state.get("confirm_resume"):
+        st.warning(f"A run named {name!r} exists: starting will resume it if the settings match.")
+    audit = ["audit", "--checkpoints", str(checkpoints), "--data", str(data_path), "--name", name,
+             "--lam", str(lam), "--batch-size", str(int(batch_size)), "--max-length", str(int(max_length)),
+             "--seed", str(int(seed))]
+    if text_column:
+        audit += ["--text-column", text_column]
+    if group_column:
+        audit += ["--group-column", group_column]
+    steps = [audit]
+    if attack:
+        steps.append(["extract", "--run", name, "--prefix-tokens", str(int(prefix)), "--threshold",
+                      str(threshold)])
+    uploaded = db.resolve().parent / "uploads" / staging_id
+    start_job(name, db, steps, cleanup=[uploaded] if uploaded.exists() else [], job_id=staging_id)
+    st.session_state.pop("staging")  # the next audit gets a fresh upload folder
+    st.session_state[state.RUN_KEY] = name
+    st.success(f"Started {name!r}. Progress below; the other pages fill in as checkpoints finish.")
+
+job_panel(db)
+
+with st.expander("Clean up abandoned uploads"):
+    folder = db.resolve().parent / "uploads"
+    busy = {j.job_id for j in list_jobs(db) if j.alive()} | {staging_id}
+    leftovers = [p for p in folder.glob("*") if p.is_dir() and p.name not in busy] if folder.exists() else []
+    st.caption(f"{len(leftovers)} upload folder(s) not used by a running job.")
+    if leftovers and st.button("Delete them"):
+        for p in leftovers:
+            shutil.rmtree(p, ignore_errors=True)
+        st.rerun()

@@ -1,0 +1,68 @@
+"""Runs: what is in the store, a GNQ histogram and the top flagged texts of the selected run."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, state
+from app.jobs_view import job_panel
+from gnq_core.jobs import list_jobs, start_job
+
+st.title("Runs")
+run = state.sidebar()
+frame = state.runs()
+
+if frame.empty:
+    st.markdown("This store has no runs yet. The **demo** trains a tiny GPT-2 on the project's own "
+                "texts (common facts, surprising false claims and a few repeated fake customer records) "
+                "with in-run GNQ, audits its checkpoints and runs the extraction attack — about a minute "
+                "on a laptop CPU.")
+    running = [j for j in list_jobs(state.db_path()) if j.run == "demo" and j.alive()]
+    if not running and st.button("Build the demo run", type="primary"):
+        start_job("demo", state.db_path(), [["demo"]])
+        st.rerun()
+    job_panel(state.db_path(), only_alive=True)
+    st.stop()
+
+cols = ["run_id", "name", "kind", "status", "n_examples", "points_done", "points_total", "lam", "batch_size",
+        "seed", "max_length", "extraction_rows", "dataset_path", "model_path", "code_version", "updated_at"]
+st.dataframe(frame[cols], hide_index=True, width="stretch",
+             column_config={"run_id": "id", "n_examples": "examples", "points_done": "points done",
+                            "points_total": "points", "lam": st.column_config.NumberColumn("λ", format="%g"),
+                            "batch_size": "B", "max_length": "max len", "extraction_rows": "attacked"})
+job_panel(state.db_path(), only_alive=True)
+if run is None:
+    st.stop()
+
+version = state.version(run.run_id)
+totals = state.totals(str(state.db_path()), run.run_id, version)
+scored = totals[totals["gnq_total"].notna()]
+st.subheader(f"Run {run.name!r}")
+c1, c2, c3, c4 = st.columns(4)
+c1.metric("Examples", f"{len(totals):,}")
+c2.metric("Points (checkpoints / epochs)", int(totals["n_points"].max() or 0) if len(scored) else 0)
+c3.metric("Median GNQ_total", f"{scored['gnq_total'].median():.3g}" if len(scored) else "–")
+extracted = totals["extracted"].dropna()
+c4.metric("Extracted by the attack",
+          f"{int(extracted.sum())} / {len(extracted)}" if len(extracted) else "not run")
+
+left, right = st.columns(2)
+with left:
+    st.plotly_chart(charts.gnq_histogram(scored), width="stretch")
+with right:
+    event = st.plotly_chart(charts.gnq_vs_loss(scored), width="stretch", on_select="rerun",
+                            selection_mode="points", key="runs_scatter")
+    if ids := state.selected_points(event):
+        state.open_example(ids[0])
+
+st.subheader("Top flagged texts")
+top = scored.nsmallest(20, "rank")[["example_id", "rank", "percentile", "gnq_total", "gnq_last", "group",
+                                    "extracted", "text"]]
+event = st.dataframe(top, hide_index=True, width="stretch", on_select="rerun",
+                     selection_mode="single-row", key="runs_top",
+                     column_config={"percentile": st.column_config.NumberColumn(format="%.1f"),
+                                    "gnq_total": st.column_config.NumberColumn(format="%.3g"),
+                                    "gnq_last": st.column_config.NumberColumn(format="%.3g")})
+st.caption("Select a row to open the text's drill-down.")
+if ids := state.selected_rows(event, top):
+    state.open_example(ids[0])

@@ -1,0 +1,58 @@
+"""Trajectories: GNQ per example across checkpoints or epochs (paper Fig. 5, Table 4)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, state
+from gnq_core.analysis import top_bottom
+
+MAX_LINES = 300  # above this, the rest of the run is drawn as a quantile band
+
+st.title("Trajectories")
+run = state.require_run()
+db, version = str(state.db_path()), state.version(run.run_id)
+totals = state.totals(db, run.run_id, version)
+scored = totals[totals["gnq_total"].notna()]
+if scored.empty:
+    st.info("No finished checkpoint in this run yet.")
+    st.stop()
+
+c1, c2, c3 = st.columns([1, 1, 2])
+k = c1.number_input("Highlight top/bottom k", min_value=0, max_value=50, value=3)
+by_group = c2.toggle("Colour by group", value=scored["group"].notna().any())
+choices = scored.sort_values("rank")
+text_of = dict(zip(scored["example_id"], scored["text"], strict=True))
+picked = c3.multiselect("Pick examples", choices["example_id"].tolist(),
+                        format_func=lambda i: f"#{i} · {state.short(text_of[i], 50)}",
+                        key="traj_pick")
+top_ids = scored.nsmallest(int(k), "rank")["example_id"].tolist()
+bottom_ids = scored.nlargest(int(k), "rank")["example_id"].tolist()
+
+if len(scored) <= MAX_LINES:
+    ids, band = None, None
+else:  # large run: draw the highlighted lines over the run's 10–90% band
+    ids = tuple(sorted(set(top_ids + bottom_ids + picked)))
+    band = state.trajectory_band(db, run.run_id, version)
+traj = state.trajectories(db, run.run_id, version, ids)
+fig = charts.trajectories(traj, highlight_top=top_ids, highlight_bottom=bottom_ids, selected=picked,
+                          color_by_group=by_group, band=band,
+                          texts=text_of)
+event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points",
+                        key="traj_chart")
+if sel := state.selected_points(event):
+    state.open_example(sel[0])
+st.caption(f"{len(scored):,} examples; "
+           + ("every trajectory drawn." if band is None
+              else "grey band: 10–90% of all examples, line: median."))
+
+st.subheader("Highest and lowest GNQ_total (paper Table 4)")
+high, low = top_bottom(scored, k=2)
+for title, frame in (("Highest", high), ("Lowest", low)):
+    st.markdown(f"**{title}**")
+    show = frame[["example_id", "rank", "gnq_total", "group", "extracted", "text"]]
+    event = st.dataframe(show, hide_index=True, width="stretch", on_select="rerun",
+                         selection_mode="single-row", key=f"tb_{title}",
+                         column_config={"gnq_total": st.column_config.NumberColumn(format="%.3g")})
+    if ids_ := state.selected_rows(event, show):
+        state.open_example(ids_[0])

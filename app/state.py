@@ -1,0 +1,138 @@
+"""What every page shares: the store, the selected run and example, cached reads.
+
+Reads are cached per (store file, run, last update), so a page redraw costs nothing while a
+job that writes to the run invalidates exactly that run's entries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from gnq_core.store import Run, Store, default_db_path
+
+RUN_KEY, EXAMPLE_KEY = "run_name", "example_id"
+PAGES = {}  # filled by main.py: title -> st.Page, so pages can link to each other
+
+
+def db_path() -> Path:
+    return Path(st.session_state.get("db_path") or default_db_path())
+
+
+def store() -> Store:
+    return Store(db_path(), busy_timeout=20)
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def runs_frame(db: str, mtime: float) -> pd.DataFrame:  # noqa: ARG001 (cache key)
+    return Store(db).runs()
+
+
+def runs() -> pd.DataFrame:
+    path = db_path()
+    return runs_frame(str(path), path.stat().st_mtime if path.exists() else 0.0)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def totals(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
+    return Store(db).example_totals(run_id)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def points(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
+    return Store(db).points(run_id)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def trajectories(db: str, run_id: int, version: str, ids: tuple[int, ...] | None) -> pd.DataFrame:  # noqa: ARG001
+    return Store(db).trajectories(run_id, list(ids) if ids is not None else None)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def trajectory_band(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
+    return Store(db).trajectory_quantiles(run_id)
+
+
+def version(run_id: int) -> str:
+    """Changes whenever the run is written to (cache key)."""
+    frame = runs()
+    row = frame[frame["run_id"] == run_id]
+    return "" if row.empty else f"{row['updated_at'].iloc[0]}|{row['extraction_rows'].iloc[0]}"
+
+
+def sidebar() -> Run | None:
+    """Store path and run picker in the sidebar; returns the selected run (or None)."""
+    with st.sidebar:
+        st.text_input("Store (DuckDB file)", value=str(db_path()), key="db_path",
+                      help="Also set by the GNQ_DB environment variable.")
+        frame = runs()
+        if frame.empty:
+            st.caption("No runs in this store yet.")
+            return None
+        names = frame["name"].tolist()
+        current = st.session_state.get(RUN_KEY)
+        index = names.index(current) if current in names else 0
+        name = st.selectbox("Run", names, index=index, key="run_picker",
+                            format_func=lambda n: f"{n} ({_kind(frame, n)})")
+        if name != current:
+            st.session_state[RUN_KEY] = name
+            st.session_state.pop(EXAMPLE_KEY, None)
+        return store().run(name)
+
+
+def _kind(frame: pd.DataFrame, name: str) -> str:
+    row = frame[frame["name"] == name].iloc[0]
+    return f"{row['kind']}, {row['status']}"
+
+
+def require_run() -> Run:
+    """The selected run, or stop the page with a pointer to where runs come from."""
+    run = sidebar()
+    if run is None:
+        st.info("The store has no runs yet. Build the demo run on the **Runs** page, or start one on "
+                "**New audit**.")
+        st.stop()
+    return run
+
+
+def open_example(example_id: int) -> None:
+    """Shared selection: remember the example and go to its drill-down page."""
+    st.session_state[EXAMPLE_KEY] = int(example_id)
+    if "Text drill-down" in PAGES:
+        st.switch_page(PAGES["Text drill-down"])
+
+
+def selected_points(event) -> list[int]:
+    """Example ids from a plotly selection/click event (customdata[0] carries the id)."""
+    if not event:
+        return []
+    selection = event.get("selection") if isinstance(event, dict) else getattr(event, "selection", None)
+    if not selection:
+        return []
+    pts = selection.get("points", []) if isinstance(selection, dict) else getattr(selection, "points", [])
+    ids = []
+    for p in pts:
+        data = p.get("customdata")
+        if data is None:
+            continue
+        value = data[0] if isinstance(data, list | tuple) else data
+        try:
+            ids.append(int(value))
+        except (TypeError, ValueError):
+            continue
+    return ids
+
+
+def selected_rows(event, frame: pd.DataFrame) -> list[int]:
+    """Example ids of the rows selected in an st.dataframe event."""
+    if not event:
+        return []
+    rows = event.selection.rows if hasattr(event, "selection") else event.get("selection", {}).get("rows", [])
+    return [int(frame.iloc[r]["example_id"]) for r in rows if r < len(frame)]
+
+
+def short(text: str, n: int = 80) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"

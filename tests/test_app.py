@@ -1,0 +1,135 @@
+"""Every dashboard page, run headless with streamlit's AppTest against a small real store and an
+empty one: no exception, and the expected widgets and numbers present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from lm_fixtures import texts
+from streamlit.testing.v1 import AppTest
+from typer.testing import CliRunner
+
+from gnq_core.cli import app as cli
+from gnq_core.store import Store
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ["runs", "new_audit", "trajectories", "extraction", "groups", "drilldown", "flagged", "regression"]
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory) -> Path:
+    """A real store: a tiny model trained from scratch with in-run GNQ, audited, attacked."""
+    root = tmp_path_factory.mktemp("app")
+    data = root / "texts.csv"
+    rows = list(texts(32))
+    pd.DataFrame({"text": rows, "group": ["common" if i % 2 else "surprising" for i in range(32)]}).to_csv(
+        data, index=False)
+    db = root / "gnq.duckdb"
+    runner = CliRunner()
+    for args in (["train", "--data", data, "--from-scratch", "--epochs", 2, "--batch-size", 8,
+                  "--max-length", 24, "--vocab-size", 400, "--out", root / "run", "--db", db, "-q"],
+                 ["audit", "--checkpoints", root / "run", "--data", data, "--db", db, "--name", "audited",
+                  "--batch-size", 8, "--max-length", 24, "-q"],
+                 ["extract", "--run", "audited", "--prefix-tokens", 4, "--db", db, "-q"]):
+        result = runner.invoke(cli, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+    return db
+
+
+def page(name: str, db: Path, monkeypatch, **state) -> AppTest:
+    monkeypatch.setenv("GNQ_DB", str(db))
+    at = AppTest.from_file(str(ROOT / "app" / "pages" / f"{name}.py"), default_timeout=60)
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def texts_of(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [c.value for c in at.caption] + [t.value for t in at.title]
+    parts += [str(m.value) for m in at.metric] + [i.value for i in at.info] + [h.value for h in at.subheader]
+    return "\n".join(str(p) for p in parts)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_runs_on_an_empty_store(name, tmp_path, monkeypatch):
+    at = page(name, tmp_path / "empty.duckdb", monkeypatch)
+    if name == "runs":
+        assert any(b.label == "Build the demo run" for b in at.button)
+    elif name not in ("new_audit", "regression"):
+        assert "no runs yet" in texts_of(at)
+    assert not (tmp_path / "empty.duckdb").exists() or name == "new_audit"
+
+
+def test_runs_page(store_path, monkeypatch):
+    at = page("runs", store_path, monkeypatch, run_name="audited")
+    shown = texts_of(at)
+    assert "Top flagged texts" in shown and "audited" in shown
+    assert at.metric[0].value == "32"
+    runs = at.dataframe[0].value
+    assert set(runs["name"]) == {"audited", "run"}
+
+
+def test_trajectories_page(store_path, monkeypatch):
+    at = page("trajectories", store_path, monkeypatch, run_name="audited")
+    assert "Highest and lowest" in texts_of(at)
+    assert len(at.dataframe) == 2 and len(at.dataframe[0].value) == 2
+
+
+def test_extraction_page(store_path, monkeypatch):
+    at = page("extraction", store_path, monkeypatch, run_name="audited")
+    table = at.dataframe[0].value
+    assert list(table["fraction"]) == [0.05, 0.10, 0.20]
+    assert "texts attacked" in texts_of(at)
+    at.slider[1].set_value(0.5).run()
+    assert not at.exception
+    # A run without an attack says how to run one.
+    at = page("extraction", store_path, monkeypatch, run_name="run")
+    assert "gnq extract" in texts_of(at)
+
+
+def test_groups_page(store_path, monkeypatch):
+    at = page("groups", store_path, monkeypatch, run_name="audited")
+    sep = at.dataframe[0].value
+    assert len(sep) == 2 and sep["auc"].between(0, 1).all()
+
+
+def test_drilldown_page_shows_one_example(store_path, monkeypatch):
+    store = Store(store_path)
+    run = store.run("audited")
+    top = store.example_totals(run.run_id).iloc[0]
+    at = page("drilldown", store_path, monkeypatch, run_name="audited", example_id=int(top["example_id"]))
+    assert at.text_area[0].value == top["text"]
+    assert at.metric[0].value.startswith(f"{top['rank']} /")
+    assert "Extraction attempt" in texts_of(at)
+
+
+def test_flagged_page_filters_and_downloads(store_path, monkeypatch):
+    at = page("flagged", store_path, monkeypatch, run_name="audited")
+    assert len(at.dataframe[0].value) == 32  # k defaults to min(50, n)
+    at.number_input[0].set_value(5).run()
+    assert len(at.dataframe[0].value) == 5
+    assert "5 of 32 texts" in texts_of(at)
+
+
+def test_new_audit_page_has_its_inputs(store_path, monkeypatch):
+    at = page("new_audit", store_path, monkeypatch)
+    labels = {r.label for r in at.radio}
+    assert {"Checkpoints", "Dataset"} <= labels
+    at.radio(key="ckpt_mode").set_value("Local path").run()
+    at.text_input(key="ckpt_path").set_value(str(store_path.parent / "run")).run()
+    assert "2 checkpoint(s)" in texts_of(at)
+    at.text_input(key="ckpt_path").set_value(str(store_path.parent / "nowhere")).run()
+    assert at.error and "nowhere" in at.error[0].value
+
+
+def test_regression_page_outlier_is_outside_the_ellipse(tmp_path, monkeypatch):
+    at = page("regression", tmp_path / "none.duckdb", monkeypatch)
+    table = at.dataframe[0].value
+    assert table.loc[table["gnq"].idxmax(), "index"] == 6
+    at.text_area[0].set_value("0, 0\n1, x").run()
+    assert at.error and "line 2" in at.error[0].value
