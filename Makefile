@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: app test install lint clean
+.PHONY: app test install lint clean browser
 
 install: $(STAMP)
 
@@ -21,8 +21,14 @@ app: $(STAMP)
 	$(VENV)/bin/gnq demo
 	$(VENV)/bin/streamlit run app/main.py
 
-test: $(STAMP)
-	$(PY) -m pytest
+# The browser test drives Debian's Chromium (no browser download from a CDN); installed once.
+test: $(STAMP) browser
+	GNQ_REQUIRE_BROWSER=1 $(PY) -m pytest
+
+browser:
+	@command -v chromium >/dev/null || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gnq_core app tests

@@ -1,4 +1,4 @@
-"""GNQ Audit dashboard: navigation only; each page lives in app/pages/."""
+"""GNQ Audit dashboard: navigation only; each page lives in app/views/ (a folder named pages/ would be auto-routed by Streamlit)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import streamlit as st
 
 from app import state
 
-st.set_page_config(page_title="GNQ Audit", page_icon="🔎", layout="wide")
+st.set_page_config(page_title="GNQ Audit", page_icon=":material/policy:", layout="wide")
 
 PAGES = [
-    st.Page("pages/runs.py", title="Runs", icon="🗂️", default=True),
-    st.Page("pages/new_audit.py", title="New audit", icon="➕"),
-    st.Page("pages/trajectories.py", title="Trajectories", icon="📈"),
-    st.Page("pages/extraction.py", title="Extraction vs GNQ", icon="🎯"),
-    st.Page("pages/groups.py", title="Groups", icon="🧩"),
-    st.Page("pages/drilldown.py", title="Text drill-down", icon="🔍"),
-    st.Page("pages/flagged.py", title="Flagged texts", icon="🚩"),
-    st.Page("pages/regression.py", title="GNQ explained: 2D regression", icon="📐"),
+    st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", default=True),
+    st.Page("views/new_audit.py", title="New audit", icon=":material/add_circle:"),
+    st.Page("views/trajectories.py", title="Trajectories", icon=":material/show_chart:"),
+    st.Page("views/extraction.py", title="Extraction vs GNQ", icon=":material/target:"),
+    st.Page("views/groups.py", title="Groups", icon=":material/category:"),
+    st.Page("views/drilldown.py", title="Text drill-down", icon=":material/search:"),
+    st.Page("views/flagged.py", title="Flagged texts", icon=":material/flag:"),
+    st.Page("views/regression.py", title="GNQ explained: 2D regression", icon=":material/function:"),
 ]
 state.PAGES.update({p.title: p for p in PAGES})
 st.navigation(PAGES).run()

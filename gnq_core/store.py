@@ -110,9 +110,16 @@ class Store:
                 con.close()
             return
         con = self._open(read_only)
+        if read_only and not self._ready:
+            # Refuse foreign or newer files on reads too; an older store is migrated first, so
+            # every query sees the current schema.
+            if _current_version(con, self.path) < SCHEMA_VERSION:
+                con.close()
+                self._ensure_schema()
+                con = self._open(read_only)
+            else:
+                self._ready = True
         try:
-            if read_only and not self._ready:
-                _current_version(con, self.path)  # refuse foreign or newer files on reads too
             yield con
         finally:
             con.close()

@@ -41,7 +41,7 @@ def store_path(tmp_path_factory) -> Path:
 
 def page(name: str, db: Path, monkeypatch, **state) -> AppTest:
     monkeypatch.setenv("GNQ_DB", str(db))
-    at = AppTest.from_file(str(ROOT / "app" / "pages" / f"{name}.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "app" / "views" / f"{name}.py"), default_timeout=60)
     for key, value in state.items():
         at.session_state[key] = value
     at.run()

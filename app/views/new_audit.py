@@ -54,6 +54,12 @@ if ckpt_mode == "Upload a folder":
         try:
             target = staging() / "checkpoints"
             save_uploads(files, target)
+            # The browser names files by their path under the picked folder's parent
+            # ("run/epoch-1/config.json"): step into that single top folder.
+            entries = list(target.iterdir())
+            while not (target / "config.json").exists() and len(entries) == 1 and entries[0].is_dir():
+                target = entries[0]
+                entries = list(target.iterdir())
             checkpoints = target
         except ValueError as exc:
             st.error(str(exc))

@@ -3,6 +3,7 @@ aligned token by token, and its nearest neighbours by GNQ trajectory."""
 
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 from app import charts, state
@@ -10,7 +11,8 @@ from gnq_core.analysis import nearest_by_trajectory, token_alignment
 
 
 def _tokens(value) -> list[str]:
-    return [] if value is None else [str(t) for t in value]
+    # None / NA for attacks stored before tokens were recorded (schema < 3)
+    return [str(t) for t in value] if isinstance(value, list | tuple | np.ndarray) else []
 
 
 st.title("Text drill-down")

@@ -1,0 +1,380 @@
+"""End to end in a real browser: upload checkpoints and texts on New audit, run the audit, open every page.
+
+A tiny GPT-2 (two checkpoints) and 40 AG News texts are built in tmp_path; `streamlit run app/main.py`
+serves the dashboard on a free localhost port with GNQ_DB in tmp_path; headless Chromium (Playwright)
+drives it like a user. Every page must render without a Streamlit exception box; a full-page
+screenshot of each is saved under $GNQ_SCREENSHOTS (default tmp_path/shots).
+
+Needs /usr/bin/chromium: skipped when it is missing, unless GNQ_REQUIRE_BROWSER=1 (then it fails).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import lm_fixtures
+import pytest
+import torch
+
+from gnq_core.checkpoints import save_checkpoint
+from gnq_core.models import build_model, train_tokenizer
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+RUN_NAME = "browser-audit"
+N_TEXTS = 40
+
+# (file name, url path of the st.Page — the file's stem; "" for the default page, title, must-show texts)
+PAGES = [
+    ("01-runs.png", "", "Runs", [RUN_NAME, "Top flagged texts"]),
+    ("02-new-audit-done.png", "new_audit", "New audit", [RUN_NAME, "1. Checkpoints"]),
+    ("03-trajectories.png", "trajectories", "Trajectories", [RUN_NAME]),
+    ("04-extraction.png", "extraction", "Extraction vs GNQ", [RUN_NAME]),
+    ("05-groups.png", "groups", "Groups", [RUN_NAME]),
+    ("06-drilldown.png", "drilldown", "Text drill-down", [RUN_NAME]),
+    ("07-flagged.png", "flagged", "Flagged texts", [RUN_NAME]),
+    ("08-regression.png", "regression", "GNQ explained: 2D regression", []),  # no run picker here
+]
+
+
+def _need_browser(reason: str) -> None:
+    if os.environ.get("GNQ_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{reason} (GNQ_REQUIRE_BROWSER=1)")
+    pytest.skip(reason)
+
+
+# ----------------------------------------------------------------------------- test data
+@pytest.fixture
+def audit_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    """ckpts/epoch-1 and ckpts/epoch-2 of a tiny float32 GPT-2, and a text,group CSV."""
+    texts = list(lm_fixtures.texts(N_TEXTS))
+    assert len(texts) == N_TEXTS
+    tok = train_tokenizer(texts, vocab_size=400)
+    model = build_model("tiny", vocab_size=len(tok), max_length=32, seed=0,
+                        eos_token_id=tok.eos_token_id).float()  # conftest makes float64 the default
+    ckpts = tmp_path / "ckpts"
+    save_checkpoint(model, tok, ckpts / "epoch-1")
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    save_checkpoint(model, tok, ckpts / "epoch-2")
+
+    data = tmp_path / "texts.csv"
+    with data.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "group"])
+        for i, text in enumerate(texts):
+            writer.writerow([text, "world" if i % 2 == 0 else "business"])
+    return ckpts, data
+
+
+# ----------------------------------------------------------------------------- the server
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 80) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class Server:
+    def __init__(self, url: str, db: Path, log: Path) -> None:
+        self.url, self.db, self.log = url, db, log
+
+    def report(self) -> str:
+        """The Streamlit log and every job log: printed when the test fails."""
+        parts = [f"--- streamlit log ({self.log}) ---", _tail(self.log, 200)]
+        for job_log in sorted((self.db.parent / "jobs").glob("*.log")):
+            parts += [f"--- job log {job_log.name} ---", _tail(job_log, 60)]
+        return "\n".join(parts)
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    if not CHROMIUM.exists():
+        _need_browser(f"{CHROMIUM} not found: the browser test needs Debian's chromium")
+    port = _free_port()
+    db = tmp_path / "gnq.duckdb"
+    log = tmp_path / "streamlit.log"
+    env = {**os.environ, "GNQ_DB": str(db), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
+           "--server.headless", "true", "--server.address", "127.0.0.1",
+           "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    srv = Server(url, db, log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"streamlit exited with code {proc.returncode}\n{srv.report()}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().decode().strip() == "ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"streamlit not healthy after 60 s\n{srv.report()}")
+            time.sleep(0.5)
+        yield srv
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        _stop_jobs(db)
+
+
+def _stop_jobs(db: Path) -> None:
+    """A job still running when the test ends (it failed half-way) is cancelled, not left behind."""
+    if not (db.parent / "jobs").exists():
+        return
+    from gnq_core.jobs import cancel_job, list_jobs
+    for job in list_jobs(db):
+        if job.alive():
+            cancel_job(job)
+
+
+# ----------------------------------------------------------------------------- browser helpers
+@pytest.fixture
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _need_browser("the playwright package is not installed")
+    if not CHROMIUM.exists():
+        _need_browser(f"{CHROMIUM} not found")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def settle(page, timeout: float = 60.0, quiet: float = 1.0) -> None:
+    """Wait until the app is connected and its script has not been running for `quiet` seconds."""
+    page.wait_for_selector('[data-testid="stApp"][data-test-connection-state="CONNECTED"]',
+                           timeout=timeout * 1000)
+    deadline = time.monotonic() + timeout
+    calm_since = None
+    while time.monotonic() < deadline:
+        busy = page.evaluate("""() => {
+            const app = document.querySelector('[data-testid="stApp"]');
+            const state = app ? app.getAttribute('data-test-script-state') : 'initial';
+            return state !== 'notRunning' || !!document.querySelector('[data-testid="stSkeleton"]');
+        }""")
+        now = time.monotonic()
+        if busy:
+            calm_since = None
+        elif calm_since is None:
+            calm_since = now
+        elif now - calm_since >= quiet:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{page.url}: the script was still running after {timeout:.0f} s")
+
+
+def app_errors(page) -> list[str]:
+    """Text of every Streamlit exception box and st.error alert on the page."""
+    found = []
+    for sel in ('[data-testid="stException"]', '[data-testid="stAlertContentError"]'):
+        loc = page.locator(sel)
+        found += [f"{sel}: {loc.nth(i).inner_text()}" for i in range(loc.count())]
+    return found
+
+
+def full_screenshot(page, path: Path) -> None:
+    """Streamlit scrolls inside its own container, so grow the viewport to the content first."""
+    height = page.evaluate("""() => {
+        let h = document.documentElement.scrollHeight;
+        const sel = '[data-testid="stMain"], [data-testid="stAppViewContainer"], '
+                    + '[data-testid="stAppScrollToBottomContainer"]';
+        for (const el of document.querySelectorAll(sel)) {
+            h = Math.max(h, el.scrollHeight);
+        }
+        return h;
+    }""")
+    width = page.viewport_size["width"]
+    page.set_viewport_size({"width": width, "height": int(min(max(height, 900), 8000))})
+    page.wait_for_timeout(400)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size({"width": width, "height": 900})
+
+
+def body_text(page) -> str:
+    """The page's visible text plus the values of its inputs (a selectbox shows its choice in one)."""
+    return page.evaluate("""() => [document.body.innerText,
+        ...Array.from(document.querySelectorAll('input, textarea'), el => el.value || '')].join('\\n')""")
+
+
+def wait_for_text(page, text: str, timeout: float) -> None:
+    page.get_by_text(text).first.wait_for(state="visible", timeout=timeout * 1000)
+
+
+def wait_for_text_or_error(page, text: str, timeout: float) -> None:
+    """Wait for `text`; an exception box or st.error alert showing up first fails with its message."""
+    errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
+    page.get_by_text(text).first.or_(errors.first).wait_for(state="visible", timeout=timeout * 1000)
+    found = app_errors(page)
+    if found or not page.get_by_text(text).first.is_visible():
+        raise AssertionError(f"{page.url}: expected {text!r}, the page shows an error instead:\n"
+                             + "\n".join(found))
+
+
+def nav_titles(page) -> str:
+    nav = page.locator('[data-testid="stSidebarNav"]')
+    return nav.inner_text() if nav.count() else ""
+
+
+def set_form_value(page, label: str, value: str) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(value)
+    box.press("Tab")  # commit the value without pressing Enter (which would submit the form)
+
+
+def wait_for_store(server: Server, timeout: float) -> dict:
+    """Poll the store (ground truth) until the run is done and attacked; fail fast on a failed job."""
+    from gnq_core.jobs import list_jobs
+    from gnq_core.store import Store
+
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        jobs = [j for j in list_jobs(server.db) if j.run == RUN_NAME]
+        if any(j.status in ("failed", "cancelled") for j in jobs):
+            raise AssertionError(f"the audit job ended {jobs[0].status}:\n{server.report()}")
+        try:
+            runs = Store(server.db, busy_timeout=5).runs()
+        except Exception as exc:  # noqa: BLE001 (the job may hold the file; try again)
+            last = repr(exc)
+        else:
+            row = runs[runs["name"] == RUN_NAME]
+            if not row.empty:
+                last = row.iloc[0].to_dict()
+                if last["status"] == "done" and int(last["extraction_rows"]) > 0 and \
+                        all(j.status == "done" for j in jobs):
+                    return last
+        time.sleep(2)
+    raise AssertionError(f"run {RUN_NAME!r} not done after {timeout:.0f} s (last: {last})\n{server.report()}")
+
+
+# ----------------------------------------------------------------------------- the test
+def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_path):
+    ckpts, data = audit_inputs
+    shots = Path(os.environ.get("GNQ_SCREENSHOTS") or tmp_path / "shots")
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    js_errors: list[str] = []
+    page.on("pageerror", lambda exc: js_errors.append(str(exc)))
+    problems: list[str] = []  # failures that do not stop the walk through the app; asserted at the end
+    try:
+        # --- A bookmark to a page on a freshly started server must still go through app/main.py
+        # (st.navigation: page titles in the sidebar, wide layout), not run the page file alone.
+        page.goto(f"{server.url}/new_audit")
+        page.get_by_role("heading", name="New audit").first.wait_for(timeout=60_000)
+        settle(page)
+        if "GNQ explained: 2D regression" not in nav_titles(page):
+            listed = " ".join(nav_titles(page).split())
+            problems.append("deep link /new_audit as the first visit: the sidebar lists the files of "
+                            f"app/pages/ ({listed!r}) instead of the st.navigation titles, i.e. Streamlit "
+                            "ran app/pages/new_audit.py without app/main.py")
+
+        # --- The way a user starts: the home page, then New audit from the sidebar.
+        page.goto(server.url)
+        page.get_by_role("heading", name="Runs").first.wait_for(timeout=60_000)
+        settle(page)
+        page.locator('[data-testid="stSidebarNav"]').get_by_text("New audit", exact=True).click()
+        page.get_by_role("heading", name="New audit").first.wait_for(timeout=60_000)
+        settle(page)
+        assert page.url.rstrip("/").endswith("/new_audit"), page.url
+
+        # --- Upload the checkpoint folder and the CSV, fill the settings, start.
+        page.get_by_text("Upload a folder", exact=True).click()
+        uploader = page.locator('[data-testid="stFileUploader"]').filter(has_text="checkpoint folder")
+        uploader.locator('input[type="file"]').set_input_files(str(ckpts))  # a webkitdirectory input
+        wait_for_text_or_error(page, "2 checkpoint(s)", 60)
+        settle(page)
+
+        page.get_by_text("Upload a file", exact=True).click()
+        settle(page)
+        uploader = page.locator('[data-testid="stFileUploader"]').filter(has_text="Texts:")
+        uploader.locator('input[type="file"]').set_input_files(str(data))
+        wait_for_text_or_error(page, f"{N_TEXTS} texts", 60)
+        settle(page)
+
+        set_form_value(page, "Run name", RUN_NAME)
+        set_form_value(page, "Batch size", "8")
+        set_form_value(page, "Max length (tokens)", "32")
+        assert page.get_by_label("Run the extraction attack on the last checkpoint").is_checked()
+        set_form_value(page, "Prefix tokens", "4")
+        settle(page)
+        assert not app_errors(page), app_errors(page)
+        full_screenshot(page, shots / "02-new-audit.png")
+
+        start = page.get_by_role("button", name="Start audit")
+        assert start.is_enabled()
+        start.click()
+        wait_for_text_or_error(page, f"Started {RUN_NAME!r}", 60)
+
+        # --- The job: the store is the ground truth, the job panel must say so too.
+        row = wait_for_store(server, timeout=180)
+        assert int(row["batch_size"]) == 8 and int(row["max_length"]) == 32
+        assert int(row["n_examples"]) == N_TEXTS
+        assert int(row["points_done"]) == int(row["points_total"]) == 2
+        wait_for_text_or_error(page, "Finished. Pick the run in the sidebar.", 30)
+        settle(page)
+
+        # --- Every page, with the run selected (the picker defaults to the newest run).
+        for shot, path, title, expected in PAGES:
+            page.goto(f"{server.url}/{path}")
+            try:
+                page.get_by_role("heading", name=title).first.wait_for(timeout=60_000)
+                settle(page)
+            except Exception as exc:  # noqa: BLE001 (collected, reported below)
+                problems.append(f"{title}: did not render ({exc})")
+            full_screenshot(page, shots / shot)
+            errors = app_errors(page)
+            if errors:
+                problems.append(f"{title}: " + "\n".join(errors))
+            text = body_text(page)
+            missing = [t for t in [title, *expected] if t not in text]
+            if missing:
+                problems.append(f"{title}: missing text {missing}")
+        if js_errors:
+            problems.append(f"JavaScript errors: {js_errors}")
+        assert not problems, "\n\n".join(problems)
+    except BaseException:
+        print(server.report())
+        if problems:
+            print("--- also found ---\n" + "\n\n".join(problems))
+        try:
+            full_screenshot(page, tmp_path / "failure.png")
+            print(f"screenshot of the failure: {tmp_path / 'failure.png'}")
+        except Exception:  # noqa: BLE001
+            pass
+        raise
+    finally:
+        page.close()
