@@ -1,4 +1,7 @@
-"""GNQ Audit dashboard: navigation only; each page lives in app/views/ (a folder named pages/ would be auto-routed by Streamlit)."""
+"""GNQ Audit dashboard: navigation only; each page lives in app/views/.
+
+(Not app/pages/: Streamlit auto-routes a folder of that name and deep links would skip this file.)
+"""
 
 from __future__ import annotations
 
