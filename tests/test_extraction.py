@@ -45,7 +45,10 @@ MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama}
 
 
 def mixed_examples(tok, lengths: list[int]) -> list[list[int]]:
-    ids = encode_texts(tok, texts()[40: 40 + len(lengths)], max_length=max(lengths))
+    pool = texts()
+    # Three texts per example, so every one is long enough even with the short fallback texts.
+    long_texts = [" ".join(pool[(40 + 3 * i + j) % len(pool)] for j in range(3)) for i in range(len(lengths))]
+    ids = encode_texts(tok, long_texts, max_length=max(lengths))
     out = [x[:n] for x, n in zip(ids, lengths, strict=True)]
     assert [len(x) for x in out] == lengths
     return out
