@@ -88,8 +88,8 @@ def main() -> None:
     reference = exact_gnq(model, losses, batch, LAM).gnq
     agreement = {"naive_vs_reference": float(((naive - reference).abs() / reference.abs()).max()),
                  "auditor_vs_reference": float(((ghost - reference).abs() / reference.abs()).max())}
-    times = interleaved({"naive": lambda: run_naive(model, batch), "auditor": lambda: run_auditor(model, batch)},
-                        repeats=args.repeats)
+    variants = {"naive": lambda: run_naive(model, batch), "auditor": lambda: run_auditor(model, batch)}
+    times = interleaved(variants, repeats=args.repeats)
     rss = {v: peak_rise_kib(v) for v in ("naive", "auditor")}
     buffers = {"naive": 2 * P * P * 8, "auditor": 2 * B * B * 8}  # S_{-j} and its factor; K and L
     result = {
