@@ -97,6 +97,18 @@ def require_run() -> Run:
     return run
 
 
+def require_scores(run: Run) -> tuple[str, str, pd.DataFrame, pd.DataFrame]:
+    """(store, version, all per-example totals, those with a GNQ), or stop the page when the run
+    has no finished checkpoint yet."""
+    db, ver = str(db_path()), version(run.run_id)
+    frame = totals(db, run.run_id, ver)
+    scored = frame[frame["gnq_total"].notna()]
+    if scored.empty:
+        st.info("No finished checkpoint in this run yet.")
+        st.stop()
+    return db, ver, frame, scored
+
+
 def open_example(example_id: int) -> None:
     """Shared selection: remember the example and go to its drill-down page."""
     st.session_state[EXAMPLE_KEY] = int(example_id)

@@ -102,19 +102,12 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
                                   for i, r in enumerate(refs)])
     done = set(store.points(run.run_id).query("status == 'done'")["point"])
     partition = batch_partition(len(dataset), settings.batch_size, settings.seed)
-    try:
+    with store.tracking(run.run_id):
         for i, ref in enumerate(refs):
             if i in done:
                 reporter.log(f"{ref.label}: already audited, skipped")
                 continue
             _audit_one(store, run, i, ref, dataset, partition, settings, device, dtype, reporter)
-    except KeyboardInterrupt:
-        store.set_status(run.run_id, "cancelled", "interrupted; rerun the same command to resume")
-        raise
-    except Exception as exc:
-        store.set_status(run.run_id, "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        raise
-    store.set_status(run.run_id, "done")
     return store.run(run.run_id)
 
 

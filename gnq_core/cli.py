@@ -35,6 +35,9 @@ DB_HELP = "DuckDB store (default: $GNQ_DB, else data/gnq.duckdb)."
 DbOption = typer.Option(None, "--db", help=DB_HELP, show_default=False)
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars (for scripts).")
 DeviceOption = typer.Option("auto", help="auto, cpu or cuda.")
+TextColumnOption = typer.Option(None, help="Column holding the text (default: 'text').")
+GroupColumnOption = typer.Option(None, help="Column with a group label (default: 'group' if present).")
+MaxLengthOption = typer.Option(128, min=2, help="Tokens per example (longer texts are cut).")
 
 
 def user_errors(func: F) -> F:
@@ -62,7 +65,7 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _store(db: Path | None, quiet: bool = False):
+def _store(db: Path | None):
     from .store import Store
 
     def waiting(message: str) -> None:
@@ -112,11 +115,11 @@ def train(
     batch_size: int = typer.Option(16, min=1, help="Examples per step (also the GNQ batch)."),
     lr: float = typer.Option(1e-3, min=0.0, help="AdamW learning rate."),
     lam: float = typer.Option(1e-2, min=0.0, help="GNQ regulariser λ (> 0)."),
-    max_length: int = typer.Option(128, min=2, help="Tokens per example (longer texts are cut)."),
+    max_length: int = MaxLengthOption,
     seed: int = typer.Option(0, help="Seed for initialisation, shuffling and dropout."),
     vocab_size: int = typer.Option(2048, min=300, help="Tokenizer vocabulary with --from-scratch."),
-    text_column: str = typer.Option(None, help="Column holding the text (default: 'text')."),
-    group_column: str = typer.Option(None, help="Column with a group label (default: 'group' if present)."),
+    text_column: str = TextColumnOption,
+    group_column: str = GroupColumnOption,
     name: str = typer.Option(None, help="Run name (default: the OUT folder's name)."),
     db: Path = DbOption,
     device: str = DeviceOption,
@@ -152,10 +155,10 @@ def audit(
     name: str = typer.Option(None, help="Run name (default: the checkpoints folder's name)."),
     lam: float = typer.Option(1e-2, min=0.0, help="GNQ regulariser λ (> 0)."),
     batch_size: int = typer.Option(16, min=1, help="Examples per GNQ batch (GNQ is relative to the batch)."),
-    max_length: int = typer.Option(128, min=2, help="Tokens per example (longer texts are cut)."),
+    max_length: int = MaxLengthOption,
     seed: int = typer.Option(0, help="Seed of the batch partition (the same for every checkpoint)."),
-    text_column: str = typer.Option(None, help="Column holding the text (default: 'text')."),
-    group_column: str = typer.Option(None, help="Column with a group label (default: 'group' if present)."),
+    text_column: str = TextColumnOption,
+    group_column: str = GroupColumnOption,
     db: Path = DbOption,
     device: str = DeviceOption,
     dtype: str = typer.Option("float32", help="float32 or float64 (exact to float64 rounding)."),

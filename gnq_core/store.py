@@ -209,6 +209,20 @@ class Store:
             con.execute("UPDATE runs SET status = ?, message = ?, updated_at = ? WHERE run_id = ?",
                         [status, message, _now(), run_id])
 
+    @contextlib.contextmanager
+    def tracking(self, run_id: int) -> Iterator[None]:
+        """Mark the run 'done' when the block finishes, 'cancelled' on Ctrl-C/SIGTERM (finished
+        points are kept, a rerun resumes), 'failed' with the error's first line otherwise."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.set_status(run_id, "cancelled", "interrupted; rerun the same command to resume")
+            raise
+        except Exception as exc:
+            self.set_status(run_id, "failed", _first_line(exc))
+            raise
+        self.set_status(run_id, "done")
+
     def set_progress(self, run_id: int, done: int, total: int, note: str | None = None) -> None:
         with self.transaction() as con:
             con.execute("""UPDATE runs SET progress_done = ?, progress_total = ?, progress_note = ?,

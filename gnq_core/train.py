@@ -90,18 +90,10 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
     store.add_points(run.run_id, [dict(point=e, label=f"epoch-{e + 1}", kind="epoch",
                                        path=str(out_dir / f"epoch-{e + 1}")) for e in range(settings.epochs)])
     pad = pad_id(tokenizer)
-    try:
-        with GNQAuditor(model, lam=settings.lam) as auditor:
-            for epoch in range(start_epoch, settings.epochs):
-                _train_epoch(store, run, epoch, model, tokenizer, optimizer, auditor, ids, pad, out_dir,
-                             settings, device, reporter)
-    except KeyboardInterrupt:
-        store.set_status(run.run_id, "cancelled", "interrupted; rerun the same command to resume")
-        raise
-    except Exception as exc:
-        store.set_status(run.run_id, "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        raise
-    store.set_status(run.run_id, "done")
+    with store.tracking(run.run_id), GNQAuditor(model, lam=settings.lam) as auditor:
+        for epoch in range(start_epoch, settings.epochs):
+            _train_epoch(store, run, epoch, model, tokenizer, optimizer, auditor, ids, pad, out_dir,
+                         settings, device, reporter)
     return store.run(run.run_id)
 
 

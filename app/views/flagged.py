@@ -9,12 +9,7 @@ from gnq_core.export import export_frame, to_bytes
 
 st.title("Flagged texts")
 run = state.require_run()
-db, version = str(state.db_path()), state.version(run.run_id)
-totals = state.totals(db, run.run_id, version)
-scored = totals[totals["gnq_total"].notna()]
-if scored.empty:
-    st.info("No finished checkpoint in this run yet.")
-    st.stop()
+scored = state.require_scores(run)[3]
 
 c1, c2, c3 = st.columns(3)
 mode = c1.radio("Flag by", ["top-k", "percentile", "GNQ threshold"], horizontal=True)

@@ -134,8 +134,7 @@ with st.form("settings"):
                                       disabled=not (refs and dataset is not None))
 
 if submitted:
-    existing = state.runs()
-    if name in set(existing["name"]) and not st.session_state.get("confirm_resume"):
+    if name in set(state.runs()["name"]):
         st.warning(f"A run named {name!r} exists: starting will resume it if the settings match.")
     audit = ["audit", "--checkpoints", str(checkpoints), "--data", str(data_path), "--name", name,
              "--lam", str(lam), "--batch-size", str(int(batch_size)), "--max-length", str(int(max_length)),

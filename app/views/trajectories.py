@@ -11,12 +11,7 @@ MAX_LINES = 300  # above this, the rest of the run is drawn as a quantile band
 
 st.title("Trajectories")
 run = state.require_run()
-db, version = str(state.db_path()), state.version(run.run_id)
-totals = state.totals(db, run.run_id, version)
-scored = totals[totals["gnq_total"].notna()]
-if scored.empty:
-    st.info("No finished checkpoint in this run yet.")
-    st.stop()
+db, version, _, scored = state.require_scores(run)
 
 c1, c2, c3 = st.columns([1, 1, 2])
 k = c1.number_input("Highlight top/bottom k", min_value=0, max_value=50, value=3)
