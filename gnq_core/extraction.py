@@ -15,7 +15,7 @@ unpadded forward for each example at every step (tests/test_extraction.py checks
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -97,11 +97,20 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
                       example_ids: Sequence[int], *, prefix_tokens: int = 12, threshold: float = 1.0,
                       batch_size: int = 32, max_new_tokens: int | None = None,
                       device: torch.device | None = None,
-                      progress: Callable[[int], None] | None = None) -> list[ExtractionResult]:
+                      progress: Callable[[int], None] | None = None,
+                      done: Collection[int] = (),
+                      on_batch: Callable[[list[ExtractionResult]], None] | None = None,
+                      ) -> list[ExtractionResult]:
     """Run the prefix-completion attack on already-encoded examples; results in input order.
 
     ``progress(n)`` is called with the number of examples finished by each batch (skipped,
     too-short examples are reported first, in one call), so the calls sum to ``len(token_ids)``.
+
+    Resuming: ``on_batch(results)`` receives each batch's results as soon as they exist (the
+    too-short examples first), so a caller can commit them; a later call with the committed
+    example ids as ``done`` skips every batch made only of those.  Batches are formed from all
+    examples, done or not, so each example is decoded with the same companions (and padding)
+    as in an uninterrupted attack.  The results returned are those computed by this call.
     """
     if len(token_ids) != len(example_ids):
         raise ValueError(f"{len(token_ids)} token lists but {len(example_ids)} example ids")
@@ -114,6 +123,7 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
     device = device if device is not None else _model_device(model)
     pad = pad_id(tokenizer)
 
+    done = set(done)
     results: list[ExtractionResult | None] = [None] * len(token_ids)
     todo: list[int] = []
     for i, (ids, eid) in enumerate(zip(token_ids, example_ids, strict=True)):
@@ -121,10 +131,15 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
         if len(ids) >= prefix_tokens + 1:
             todo.append(i)
             continue
+        if int(eid) in done:
+            continue
         prefix = ids[:prefix_tokens]
         results[i] = ExtractionResult(int(eid), len(prefix), 0, None, None, tokenizer.decode(prefix),
                                       "", "", [], [])
     n_skipped = len(token_ids) - len(todo)
+    short = [r for r in results if r is not None]
+    if on_batch is not None and short:
+        on_batch(short)
     if progress is not None and n_skipped:
         progress(n_skipped)
 
@@ -141,6 +156,10 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
         with torch.inference_mode():
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start: start + batch_size]
+                if all(int(example_ids[i]) in done for i in chunk):
+                    if progress is not None:
+                        progress(len(chunk))
+                    continue
                 prefixes = [[int(t) for t in token_ids[i][:prefix_tokens]] for i in chunk]
                 targets = [target_of(i) for i in chunk]
                 generated = greedy_decode(model, prefixes, max(len(t) for t in targets), pad, device)
@@ -152,12 +171,13 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
                         match_fraction=match, success=match >= threshold,
                         prefix_text=tokenizer.decode(prefix), generated_text=tokenizer.decode(gen),
                         target_text=tokenizer.decode(target), generated_ids=gen, target_ids=target)
+                if on_batch is not None:
+                    on_batch([results[i] for i in sorted(chunk)])  # type: ignore[misc]
                 if progress is not None:
                     progress(len(chunk))
     finally:
         model.train(was_training)
-    assert all(r is not None for r in results)
-    return results  # type: ignore[return-value]
+    return [r for r in results if r is not None]
 
 
 def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: int = 12,
@@ -166,10 +186,11 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     """Attack every example of a stored run with one of its checkpoints; store the results.
 
     ``checkpoint`` is a point label (e.g. 'epoch-3'); default: the run's last finished point.
-    Rerunning with the same prefix length replaces the earlier attack (no duplicates).
+    Each batch's rows are committed as soon as they are decoded, so an interrupted attack resumes
+    where it stopped when rerun with the same prefix length and threshold (and, to decode each
+    text with the same companions, the same batch size); rerunning a finished attack, or one with
+    another threshold, replaces it.  Never duplicates rows.
     """
-    import pandas as pd
-
     from .checkpoints import load_checkpoint
     from .progress import Reporter
     from .runtime import code_version, resolve_device
@@ -192,14 +213,38 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     if not row["path"]:
         raise StoreError(f"{store.path}: checkpoint {row['label']!r} of run {run.name!r} "
                          "has no folder recorded")
+    point = int(row["point"])
     model, tokenizer = load_checkpoint(row["path"], device=resolve_device(device))
     examples = store.examples(run.run_id)
     ids = encode_texts(tokenizer, examples["text"].tolist(), run.max_length)
+    finished = store.attacked_examples(run.run_id, point, prefix_tokens, threshold)
+    if finished is None or len(finished) >= len(examples):
+        store.delete_extractions(run.run_id, point, prefix_tokens)  # a new attack replaces the old one
+        finished = set()
+    elif finished:
+        reporter.log(f"resuming the attack: {len(finished)} of {len(examples)} texts already done")
+    version = code_version()
+
+    def commit(results: list[ExtractionResult]) -> None:
+        store.write_extractions(run.run_id, point, prefix_tokens, _frame(tokenizer, results, threshold),
+                                version)
+
     reporter.stage(f"attack {row['label']} (p={prefix_tokens})", len(ids))
-    results = extraction_attack(model, tokenizer, ids, examples["example_id"].tolist(),
-                                prefix_tokens=prefix_tokens, threshold=threshold, batch_size=batch_size,
-                                device=resolve_device(device), progress=reporter.advance)
-    frame = pd.DataFrame({
+    extraction_attack(model, tokenizer, ids, examples["example_id"].tolist(), prefix_tokens=prefix_tokens,
+                      threshold=threshold, batch_size=batch_size, device=resolve_device(device),
+                      progress=reporter.advance, done=finished, on_batch=commit)
+    stored = store.extractions(run.run_id, point)
+    stored = stored[stored["prefix_tokens"] == prefix_tokens]
+    attacked = int(stored["match_fraction"].notna().sum())
+    return {"label": row["label"], "attacked": attacked, "skipped": len(stored) - attacked,
+            "extracted": int(stored["success"].fillna(False).astype(bool).sum())}
+
+
+def _frame(tokenizer, results: Sequence[ExtractionResult], threshold: float):
+    """Results in the store's layout (one row per example)."""
+    import pandas as pd
+
+    return pd.DataFrame({
         "example_id": [r.example_id for r in results],
         "threshold": threshold,
         "n_continuation": [r.n_continuation for r in results],
@@ -211,10 +256,6 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
         "target_tokens": [_token_strings(tokenizer, r.target_ids) for r in results],
         "generated_tokens": [_token_strings(tokenizer, r.generated_ids) for r in results],
     })
-    store.write_extractions(run.run_id, int(row["point"]), prefix_tokens, frame, code_version())
-    attacked = int(frame["match_fraction"].notna().sum())
-    return {"label": row["label"], "attacked": attacked, "skipped": len(frame) - attacked,
-            "extracted": int(frame["success"].fillna(False).sum())}
 
 
 def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:

@@ -263,17 +263,34 @@ class Store:
 
     def write_extractions(self, run_id: int, point: int, prefix_tokens: int, rows: pd.DataFrame,
                           code_version: str) -> None:
-        """One attack's results (replacing an earlier attack with the same prefix length)."""
+        """Attack results for some examples (replacing those examples' earlier rows with the same
+        prefix length), in one transaction: an attack is committed batch by batch."""
         with self.transaction() as con:
-            con.execute("DELETE FROM extractions WHERE run_id = ? AND point = ? AND prefix_tokens = ?",
-                        [run_id, point, prefix_tokens])
             frame = rows.assign(run_id=run_id, point=point, prefix_tokens=prefix_tokens,
                                 code_version=code_version, created_at=_now())[
                 ["run_id", "point", "example_id", "prefix_tokens", "threshold", "n_continuation",
                  "match_fraction", "success", "prefix_text", "generated_text", "target_text",
                  "code_version", "created_at", "target_tokens", "generated_tokens"]]
             con.register("new_extractions", frame)
+            con.execute("""DELETE FROM extractions WHERE run_id = ? AND point = ? AND prefix_tokens = ?
+                           AND example_id IN (SELECT example_id FROM new_extractions)""",
+                        [run_id, point, prefix_tokens])
             con.execute("INSERT INTO extractions SELECT * FROM new_extractions")
+
+    def delete_extractions(self, run_id: int, point: int, prefix_tokens: int) -> None:
+        with self.transaction() as con:
+            con.execute("DELETE FROM extractions WHERE run_id = ? AND point = ? AND prefix_tokens = ?",
+                        [run_id, point, prefix_tokens])
+
+    def attacked_examples(self, run_id: int, point: int, prefix_tokens: int,
+                          threshold: float) -> set[int] | None:
+        """Examples with a stored attack at this point and prefix length; None when some were
+        attacked with another threshold (the stored attack cannot be resumed, only replaced)."""
+        rows = self._query("SELECT example_id, threshold FROM extractions WHERE run_id = ? AND point = ? "
+                           "AND prefix_tokens = ?", [run_id, point, prefix_tokens])
+        if (rows["threshold"] != threshold).any():
+            return None
+        return set(rows["example_id"].astype(int))
 
     def delete_run(self, run: int | str) -> None:
         run_id = self.run(run).run_id

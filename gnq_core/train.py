@@ -65,8 +65,10 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
         optimizer_state = rng_state = None
     else:
         _check_same_training(store, run, dataset, settings, init)
-        start_epoch = int((store.points(run.run_id).query("status == 'done'")["point"].max() + 1)
-                          if run.status != "done" else settings.epochs)
+        finished = store.points(run.run_id).query("status == 'done'")["point"]
+        # A run killed during its first epoch has no finished epoch: start it over.
+        start_epoch = settings.epochs if run.status == "done" else (
+            int(finished.max()) + 1 if len(finished) else 0)
         if start_epoch >= settings.epochs:
             reporter.log(f"run {run.name!r} has finished all {settings.epochs} epochs; nothing to do")
             store.set_status(run.run_id, "done")

@@ -1,0 +1,115 @@
+"""Shared by the hostile suite: the `gnq` command in-process and as a real subprocess, killing a
+subprocess at a chosen moment, and fingerprints of a store to prove it was left unchanged."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pytest
+import torch
+from lm_fixtures import texts
+from typer.testing import CliRunner
+
+from gnq_core.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLES = ("runs", "examples", "points", "batches", "scores", "extractions")
+
+
+def gnq(*args: object) -> str:
+    """`gnq ARGS` in this process; must succeed."""
+    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def gnq_fails(*args: object) -> str:
+    """`gnq ARGS` in a subprocess (real stderr, real exit code); must fail with one line, no traceback."""
+    proc = subprocess.run(gnq_cmd(*args), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def gnq_cmd(*args: object) -> list[str]:
+    return [sys.executable, "-m", "gnq_core.cli", *(str(a) for a in args)]
+
+
+@contextlib.contextmanager
+def as_a_fresh_process() -> Iterator[None]:
+    """Run in-process code under a new process's default dtype (tests default to float64), so its
+    results are comparable bit for bit with those of a `gnq` subprocess."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str, timeout: float = 240) -> None:
+    """SIGKILL ``proc`` (no cleanup, like a laptop lid or the OOM killer) as soon as ``ready()``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended (exit {proc.returncode}) before {what}; nothing to interrupt")
+        with contextlib.suppress(Exception):  # the store may not exist yet, or be busy for a moment
+            if ready():
+                break
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.03)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def run_row(db: Path, name: str) -> pd.Series | None:
+    """The run's row (status, progress, points done) read straight from the file, or None."""
+    if not db.exists():
+        return None
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        frame = con.execute("""SELECT r.*, (SELECT count(*) FROM points p WHERE p.run_id = r.run_id
+                                             AND p.status = 'done') AS points_done,
+                                    (SELECT count(*) FROM extractions e WHERE e.run_id = r.run_id)
+                                             AS extraction_rows
+                               FROM runs r WHERE name = ?""", [name]).df()
+    finally:
+        con.close()
+    return None if frame.empty else frame.iloc[0]
+
+
+def store_fingerprint(db: Path) -> tuple[str, dict[str, pd.DataFrame]]:
+    """(sha256 of the file's bytes, every table's rows): equal before and after = unchanged."""
+    digest = hashlib.sha256(db.read_bytes()).hexdigest()
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        tables = {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").df() for t in TABLES}
+    finally:
+        con.close()
+    return digest, tables
+
+
+def assert_store_unchanged(db: Path, before: tuple[str, dict[str, pd.DataFrame]]) -> None:
+    after = store_fingerprint(db)
+    for table in TABLES:
+        pd.testing.assert_frame_equal(after[1][table], before[1][table], obj=table)
+    assert after[0] == before[0], "the store file's bytes changed"
+
+
+def write_texts_csv(path: Path, n: int) -> Path:
+    rows = list(texts(n))
+    pd.DataFrame({"text": rows, "group": ["a" if i % 3 else "b" for i in range(n)]}).to_csv(path, index=False)
+    return path
