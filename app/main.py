@@ -8,6 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from gnq_core.store import StoreError
 
 st.set_page_config(page_title="GNQ Audit", page_icon=":material/policy:", layout="wide")
 
@@ -22,4 +23,7 @@ PAGES = [
     st.Page("views/regression.py", title="GNQ explained: 2D regression", icon=":material/function:"),
 ]
 state.PAGES.update({p.title: p for p in PAGES})
-st.navigation(PAGES).run()
+try:
+    st.navigation(PAGES).run()
+except StoreError as exc:  # e.g. a job has held the store for too long: one line, no traceback
+    st.error(str(exc).splitlines()[0])

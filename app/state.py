@@ -6,6 +6,7 @@ job that writes to the run invalidates exactly that run's entries.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -21,13 +22,15 @@ def db_path() -> Path:
     return Path(st.session_state.get("db_path") or default_db_path())
 
 
-def store() -> Store:
-    return Store(db_path(), busy_timeout=20)
+def store(db: str | Path | None = None) -> Store:
+    """The store, waiting at most ``$GNQ_BUSY_TIMEOUT`` (else 20) seconds for a job's write; past
+    that, main.py shows the StoreError as one line (never DuckDB's lock traceback)."""
+    return Store(db or db_path(), busy_timeout=float(os.environ.get("GNQ_BUSY_TIMEOUT") or 20))
 
 
 @st.cache_data(ttl=2, show_spinner=False)
 def runs_frame(db: str, mtime: float) -> pd.DataFrame:  # noqa: ARG001 (cache key)
-    return Store(db).runs()
+    return store(db).runs()
 
 
 def runs() -> pd.DataFrame:
@@ -37,22 +40,22 @@ def runs() -> pd.DataFrame:
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def totals(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
-    return Store(db).example_totals(run_id)
+    return store(db).example_totals(run_id)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def points(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
-    return Store(db).points(run_id)
+    return store(db).points(run_id)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def trajectories(db: str, run_id: int, version: str, ids: tuple[int, ...] | None) -> pd.DataFrame:  # noqa: ARG001
-    return Store(db).trajectories(run_id, list(ids) if ids is not None else None)
+    return store(db).trajectories(run_id, list(ids) if ids is not None else None)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def trajectory_band(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
-    return Store(db).trajectory_quantiles(run_id)
+    return store(db).trajectory_quantiles(run_id)
 
 
 def version(run_id: int) -> str:

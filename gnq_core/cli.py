@@ -69,7 +69,7 @@ def _store(db: Path | None):
     from .store import Store
 
     def waiting(message: str) -> None:
-        err_console.print(message)
+        err_console.print(message, soft_wrap=True, highlight=False, markup=False)
 
     return Store(db, on_wait=waiting)
 

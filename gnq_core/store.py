@@ -27,6 +27,7 @@ import pandas as pd
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 DEFAULT_DB = Path("data") / "gnq.duckdb"
 LOSS_CONVENTION = "per-example mean next-token NLL over the example's own tokens"
+WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
 
 
 class StoreError(RuntimeError):
@@ -87,12 +88,15 @@ class Run:
 class Store:
     """Owns the DuckDB file.  ``Store(path)`` creates and migrates it on first write."""
 
-    def __init__(self, path: str | Path | None = None, *, busy_timeout: float = 120.0,
+    def __init__(self, path: str | Path | None = None, *, busy_timeout: float | None = None,
                  on_wait: Callable[[str], None] | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
-        self.busy_timeout = busy_timeout
+        # How long to wait for another process's write: ``$GNQ_BUSY_TIMEOUT`` seconds, else 120.
+        self.busy_timeout = busy_timeout if busy_timeout is not None else float(
+            os.environ.get("GNQ_BUSY_TIMEOUT") or 120.0)
         self.on_wait = on_wait
         self._ready = False
+        self._told = -WAIT_MESSAGE_EVERY  # when on_wait was last called (monotonic seconds)
 
     # ----------------------------------------------------------------- connections
     @contextlib.contextmanager
@@ -138,7 +142,7 @@ class Store:
 
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.busy_timeout
-        delay, told = 0.05, False
+        delay = 0.05
         while True:
             try:
                 return duckdb.connect(str(self.path), read_only=read_only)
@@ -147,10 +151,11 @@ class Store:
                     raise StoreError(f"{self.path}: cannot open the store ({_first_line(exc)})") from None
                 if time.monotonic() > deadline:
                     raise StoreError(f"{self.path}: another process has held the store for more than "
-                                     f"{self.busy_timeout:.0f} s; try again when it has finished") from None
-                if not told and self.on_wait is not None:
+                                     f"{self.busy_timeout:g} s; try again when it has finished") from None
+                if self.on_wait is not None and time.monotonic() - self._told > WAIT_MESSAGE_EVERY:
+                    # once, not at every short write of a job that commits batch by batch
                     self.on_wait(f"{self.path} is busy (another gnq job is writing); waiting...")
-                    told = True
+                    self._told = time.monotonic()
                 time.sleep(delay)
                 delay = min(delay * 1.5, 1.0)
             except duckdb.Error as exc:

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import torch
 from lm_fixtures import texts
+from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
@@ -113,3 +114,24 @@ def write_texts_csv(path: Path, n: int) -> Path:
     rows = list(texts(n))
     pd.DataFrame({"text": rows, "group": ["a" if i % 3 else "b" for i in range(n)]}).to_csv(path, index=False)
     return path
+
+
+def make_series(folder: Path, n: int, max_length: int = 32) -> Path:
+    """n checkpoints epoch-1..epoch-n of a tiny GPT-2 (different seeds) with a locally trained tokenizer."""
+    from gnq_core.checkpoints import save_checkpoint
+    from gnq_core.models import build_model, train_tokenizer
+
+    tokenizer = train_tokenizer(texts(200), vocab_size=300)
+    for k in range(1, n + 1):
+        model = build_model("tiny", len(tokenizer), max_length, seed=k)
+        save_checkpoint(model, tokenizer, folder / f"epoch-{k}")
+    return folder
+
+
+def app_page(name: str, **state) -> AppTest:
+    """One dashboard page run headless (the store comes from $GNQ_DB)."""
+    path = ROOT / "app" / ("main.py" if name == "main" else f"views/{name}.py")
+    at = AppTest.from_file(str(path), default_timeout=120)
+    for key, value in state.items():
+        at.session_state[key] = value
+    return at.run()
