@@ -74,6 +74,17 @@ def _store(db: Path | None):
     return Store(db, on_wait=waiting)
 
 
+def _load_dataset(data: Path, text_column: str | None, group_column: str | None):
+    """The texts, saying on stderr how many rows were skipped for a missing or empty text."""
+    from .datasets import load_texts
+
+    dataset = load_texts(data, text_column=text_column, group_column=group_column)
+    if dataset.dropped:
+        err_console.print(f"{data}: skipped {dataset.dropped} row(s) whose text is missing, NaN or empty; "
+                          f"{len(dataset)} texts remain", soft_wrap=True, highlight=False, markup=False)
+    return dataset
+
+
 def _reporter(store, quiet: bool, run_ref: Callable[[], int | None] | None = None):
     from .progress import Reporter
 
@@ -127,12 +138,11 @@ def train(
     quiet: bool = QuietOption,
 ) -> None:
     """Train or fine-tune a causal LM with in-run GNQ on every step, saving a checkpoint per epoch."""
-    from .datasets import load_texts
     from .train import TrainSettings, run_training
 
     if (init is None) == (not from_scratch):
         raise ValueError("give exactly one of --init CHECKPOINT_DIR or --from-scratch")
-    dataset = load_texts(data, text_column=text_column, group_column=group_column)
+    dataset = _load_dataset(data, text_column, group_column)
     store = _store(db)
     settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, lam=lam, max_length=max_length,
                              seed=seed, preset=preset, vocab_size=vocab_size, device=device, dtype=dtype)
@@ -166,9 +176,8 @@ def audit(
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume."""
     from .audit import AuditSettings, run_audit
-    from .datasets import load_texts
 
-    dataset = load_texts(data, text_column=text_column, group_column=group_column)
+    dataset = _load_dataset(data, text_column, group_column)
     store = _store(db)
     run_name = name or Path(checkpoints).resolve().name
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,

@@ -18,6 +18,12 @@ dropped (counted in ``TextDataset.dropped``); other non-string texts are convert
 Group values that are missing, NaN or empty become ``None``; others are converted with ``str()``.
 Texts are otherwise kept exactly as stored.
 
+Large files are streamed, never read whole: one pass hashes the bytes and checks the UTF-8 and
+the line lengths, a second parses line by line (.txt, .jsonl), in chunks of rows (.csv) or in
+record batches (.parquet), keeping only the text and group values.  A line or a text longer than
+``max_text_bytes`` (default 8 MiB, or ``$GNQ_MAX_TEXT_BYTES``) is refused with its line or row
+number instead of being tokenised: GNQ reads at most ``--max-length`` tokens of a text anyway.
+
 Every problem raises :class:`DatasetError`, whose message is one line naming the file.
 """
 
@@ -25,11 +31,11 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import io
 import json
 import math
+import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +46,9 @@ SUFFIXES: tuple[str, ...] = (".txt", ".jsonl", ".csv", ".parquet")
 DEFAULT_TEXT_COLUMN = "text"
 DEFAULT_GROUP_COLUMN = "group"
 _CHUNK = 1 << 20  # 1 MiB
+_CSV_ROWS = 50_000  # rows per pandas chunk
+_PARQUET_ROWS = 50_000  # rows per pyarrow record batch
+MAX_TEXT_BYTES = 8 << 20  # default limit on one line / one text (8 MiB)
 _Rows = Callable[[str], list[Any]]  # column name -> its raw value in each row
 
 
@@ -83,7 +92,11 @@ def file_sha256(path: Path) -> str:
 
 
 def load_texts(
-    path: str | Path, text_column: str | None = None, group_column: str | None = None
+    path: str | Path,
+    text_column: str | None = None,
+    group_column: str | None = None,
+    *,
+    max_text_bytes: int | None = None,
 ) -> TextDataset:
     """Load the examples of a .txt, .jsonl, .csv or .parquet file (see the module docstring)."""
     shown = str(path)
@@ -96,38 +109,34 @@ def load_texts(
     if suffix not in SUFFIXES:
         kind = f"unknown extension {p.suffix!r}" if p.suffix else "no file extension"
         raise DatasetError(shown, f"{kind}; supported: {', '.join(SUFFIXES)}")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise DatasetError(shown, f"cannot read file ({e.strerror or e})") from e
-    if not data:
-        raise DatasetError(shown, "file is empty")
+    _check_not_empty(shown, p)
+    if suffix == ".txt" and (text_column is not None or group_column is not None):
+        raise DatasetError(
+            shown, "a .txt file has no columns; text/group columns apply to .csv, .jsonl and .parquet"
+        )
+    limit = max_text_bytes if max_text_bytes is not None else _max_text_bytes()
+    sha256 = _scan(shown, p, limit, text=suffix != ".parquet")
 
     if suffix == ".txt":
-        if text_column is not None or group_column is not None:
-            raise DatasetError(
-                shown, "a .txt file has no columns; text/group columns apply to .csv, .jsonl and .parquet"
-            )
-        lines = _decode(shown, data).split("\n")
-        texts = [line.removesuffix("\r") for line in lines]
-        texts = [t for t in texts if t.strip()]
+        texts = [t for t in _lines(shown, p) if t.strip()]
         if not texts:
             raise DatasetError(shown, "no examples (every line is blank)")
         return TextDataset(
             path=p.resolve(),
             texts=texts,
             groups=[None] * len(texts),
-            sha256=hashlib.sha256(data).hexdigest(),
+            sha256=sha256,
             text_column=None,
             group_column=None,
         )
 
+    wanted = [text_column or DEFAULT_TEXT_COLUMN, group_column or DEFAULT_GROUP_COLUMN]
     if suffix == ".jsonl":
-        columns, rows = _read_jsonl(shown, data)
+        columns, rows = _read_jsonl(shown, p, wanted)
     elif suffix == ".csv":
-        columns, rows = _read_csv(shown, data)
+        columns, rows = _read_csv(shown, p, wanted)
     else:
-        columns, rows = _read_parquet(shown, data, text_column, group_column)
+        columns, rows = _read_parquet(shown, p, wanted)
 
     tcol = text_column if text_column is not None else DEFAULT_TEXT_COLUMN
     if tcol not in columns:
@@ -150,6 +159,10 @@ def load_texts(
         if text is None or not text.strip():
             dropped += 1
             continue
+        if len(text) > limit // 4 and (size := len(text.encode("utf-8", "surrogatepass"))) > limit:
+            raise DatasetError(shown, f"row {i + 1}: the text is {size:,} bytes, above the limit of "
+                                      f"{limit:,} per text (GNQ reads at most --max-length tokens of it; "
+                                      "shorten or split it, or raise GNQ_MAX_TEXT_BYTES)")
         texts.append(text)
         groups.append(_as_group(shown, group, gcol, i))
     if not texts:
@@ -159,7 +172,7 @@ def load_texts(
         path=p.resolve(),
         texts=texts,
         groups=groups,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256,
         text_column=tcol,
         group_column=gcol,
         dropped=dropped,
@@ -173,90 +186,189 @@ def dataset_columns(path: str | Path) -> list[str]:
         return []
     if p.suffix.lower() not in SUFFIXES or not p.is_file():
         load_texts(p)  # raises the same one-line error a load would
-    data = p.read_bytes()
-    if not data:
-        raise DatasetError(shown, "file is empty")
-    reader = {".jsonl": _read_jsonl, ".csv": _read_csv}.get(p.suffix.lower())
-    columns = reader(shown, data)[0] if reader else _read_parquet(shown, data, None, None)[0]
-    return list(columns)
+    _check_not_empty(shown, p)
+    if p.suffix.lower() != ".parquet":
+        _scan(shown, p, _max_text_bytes(), text=True)
+    reader = {".jsonl": _read_jsonl, ".csv": _read_csv}.get(p.suffix.lower(), _read_parquet)
+    return list(reader(shown, p, [])[0])
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Readers: each returns (column names, function column -> list of raw values, one per row).
 
 
-def _read_jsonl(shown: str, data: bytes) -> tuple[list[str], _Rows]:
-    text = _decode(shown, data)
-    objects: list[dict[str, Any]] = []
+def _lines(shown: str, path: Path) -> Iterator[str]:
+    """The file's lines, split on "\\n" only, without the "\\n" or a trailing "\\r" (BOM removed);
+    read and decoded 1 MiB at a time (the file was already checked to be UTF-8 with bounded lines)."""
+    pending = b""  # the line still open at the end of the last chunk
+    try:
+        with open(path, "rb") as f:
+            first = f.read(_CHUNK)
+            chunk = first[len(codecs.BOM_UTF8):] if first.startswith(codecs.BOM_UTF8) else first
+            while chunk:
+                data = pending + chunk
+                cut = data.rfind(b"\n") + 1
+                pending = data[cut:]
+                for line in data[:cut].decode("utf-8").split("\n")[:-1]:
+                    yield line.removesuffix("\r")
+                chunk = f.read(_CHUNK)
+    except OSError as e:
+        raise DatasetError(shown, f"cannot read file ({e.strerror or e})") from e
+    if pending:
+        yield pending.decode("utf-8").removesuffix("\r")
+
+
+def _read_jsonl(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str], _Rows]:
+    values: dict[str, list[Any]] = {c: [] for c in wanted}
     columns: dict[str, None] = {}  # ordered set: keys in order of first appearance
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    n = 0
+    for lineno, line in enumerate(_lines(shown, path), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise DatasetError(shown, f"line {lineno}: invalid JSON ({e.msg} at column {e.colno})") from e
+        except RecursionError as e:
+            raise DatasetError(shown, f"line {lineno}: JSON nested too deeply") from e
         if not isinstance(obj, dict):
             raise DatasetError(shown, f"line {lineno}: expected a JSON object, got {type(obj).__name__}")
-        objects.append(obj)
         columns.update(dict.fromkeys(obj))
-    if not objects:
+        for c, column in values.items():
+            column.append(obj.get(c))
+        n += 1
+    if not n:
         raise DatasetError(shown, "no examples (every line is blank)")
-    return list(columns), lambda col: [obj.get(col) for obj in objects]
+    return list(columns), values.__getitem__
 
 
-def _read_csv(shown: str, data: bytes) -> tuple[list[str], _Rows]:
+def _read_csv(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str], _Rows]:
     import pandas as pd
 
-    text = _decode(shown, data)
+    options: dict[str, Any] = {"dtype": str, "keep_default_na": False, "encoding": "utf-8-sig"}
     try:
-        df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+        header = pd.read_csv(path, nrows=0, **options)
+        columns = [str(c) for c in header.columns]
+        if len(set(columns)) != len(columns):
+            raise DatasetError(shown, f"duplicate column names ({_list_columns(columns)})")
+        by_name = dict(zip(columns, header.columns, strict=True))
+        keep = [c for c in dict.fromkeys(wanted) if c in by_name]
+        values: dict[str, list[Any]] = {c: [] for c in keep}
+        if keep:
+            # All columns are parsed (so a ragged row is still an error), only `keep` are kept.
+            for chunk in pd.read_csv(path, chunksize=_CSV_ROWS, **options):
+                for c in keep:
+                    values[c].extend(chunk[by_name[c]].tolist())
     except pd.errors.EmptyDataError as e:
         raise DatasetError(shown, "no examples (no header or rows)") from e
-    except (pd.errors.ParserError, ValueError) as e:
+    except (pd.errors.ParserError, ValueError, OverflowError) as e:
+        if isinstance(e, DatasetError):
+            raise
         raise DatasetError(shown, f"could not parse CSV ({e})") from e
-    columns = [str(c) for c in df.columns]
-    if len(set(columns)) != len(columns):
-        raise DatasetError(shown, f"duplicate column names ({_list_columns(columns)})")
-    by_name = dict(zip(columns, df.columns, strict=True))
-    return columns, lambda col: df[by_name[col]].tolist()
+    return columns, values.__getitem__
 
 
-def _read_parquet(
-    shown: str, data: bytes, text_column: str | None, group_column: str | None
-) -> tuple[list[str], _Rows]:
+def _read_parquet(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str], _Rows]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(pa.BufferReader(data))
-        columns = list(pf.schema_arrow.names)
-        wanted = [
-            c
-            for c in dict.fromkeys([text_column or DEFAULT_TEXT_COLUMN, group_column or DEFAULT_GROUP_COLUMN])
-            if c in columns
-        ]
-        table = pf.read(columns=wanted)
-    except (pa.ArrowException, OSError) as e:
+        with pq.ParquetFile(path) as pf:
+            columns = list(pf.schema_arrow.names)
+            keep = [c for c in dict.fromkeys(wanted) if c in columns]
+            values: dict[str, list[Any]] = {c: [] for c in keep}
+            if keep:
+                for batch in pf.iter_batches(batch_size=_PARQUET_ROWS, columns=keep):
+                    for c in keep:
+                        values[c].extend(batch.column(c).to_pylist())
+    except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
         raise DatasetError(shown, f"not a readable parquet file ({e})") from e
-    return columns, lambda col: table.column(col).to_pylist()
+    return columns, values.__getitem__
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Helpers.
 
 
-def _decode(shown: str, data: bytes) -> str:
-    """Strict UTF-8 (a leading BOM is allowed); errors name the byte offset in the file."""
-    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+def _max_text_bytes() -> int:
+    value = os.environ.get("GNQ_MAX_TEXT_BYTES")
     try:
-        return data[start:].decode("utf-8", errors="strict")
-    except UnicodeDecodeError as e:
-        offset = start + e.start
-        line = data.count(b"\n", 0, offset) + 1
-        raise DatasetError(
-            shown, f"not valid UTF-8: byte 0x{data[offset]:02x} at byte offset {offset} (line {line})"
-        ) from e
+        return int(value) if value else MAX_TEXT_BYTES
+    except ValueError:
+        raise ValueError(f"GNQ_MAX_TEXT_BYTES must be a number of bytes, got {value!r}") from None
+
+
+def _check_not_empty(shown: str, path: Path) -> None:
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise DatasetError(shown, f"cannot read file ({e.strerror or e})") from e
+    if size == 0:
+        raise DatasetError(shown, "file is empty")
+
+
+def _scan(shown: str, path: Path, limit: int, *, text: bool) -> str:
+    """SHA-256 of the file's bytes, read in 1 MiB chunks.  For a text format also: strict UTF-8
+    (a leading BOM is allowed; an error names the byte offset and line) and no line longer than
+    ``limit`` bytes (refused as soon as one is seen, so a huge line is never held in memory)."""
+    digest = hashlib.sha256()
+    offset = newlines = line_length = 0  # bytes before `chunk`, "\\n" before it, length of the open line
+    carry = b""  # the start of a UTF-8 sequence cut by the chunk boundary
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+                if not text:
+                    continue
+                data = carry + chunk
+                base = offset - len(carry)
+                start = len(codecs.BOM_UTF8) if base == 0 and data.startswith(codecs.BOM_UTF8) else 0
+                try:
+                    data[start:].decode("utf-8")
+                    carry = b""
+                except UnicodeDecodeError as e:
+                    bad = start + e.start
+                    if e.reason == "unexpected end of data" and len(data) - bad < 4:
+                        carry = data[bad:]  # completed by the next chunk (or an error at EOF)
+                    else:
+                        line = newlines + data.count(b"\n", 0, bad) + 1
+                        raise DatasetError(shown, f"not valid UTF-8: byte 0x{data[bad]:02x} at byte offset "
+                                                  f"{base + bad} (line {line})") from e
+                line_length = _check_lines(shown, chunk, line_length, newlines, limit)
+                newlines += chunk.count(b"\n")
+                offset += len(chunk)
+    except OSError as e:
+        raise DatasetError(shown, f"cannot read file ({e.strerror or e})") from e
+    if carry:
+        raise DatasetError(shown, f"not valid UTF-8: byte 0x{carry[0]:02x} at byte offset "
+                                  f"{offset - len(carry)} (line {newlines + 1}; the file ends mid-character)")
+    return digest.hexdigest()
+
+
+def _check_lines(shown: str, chunk: bytes, open_length: int, newlines: int, limit: int) -> int:
+    """Refuse a line longer than ``limit``; returns the length of the line still open after ``chunk``."""
+    first = chunk.find(b"\n")
+    if first < 0 or limit < len(chunk):  # the slow path: every line of the chunk
+        start, lineno = 0, newlines + 1
+        while True:
+            end = chunk.find(b"\n", start)
+            length = open_length + ((end if end >= 0 else len(chunk)) - start)
+            if length > limit:
+                _line_too_long(shown, lineno, limit)
+            if end < 0:
+                return length
+            start, open_length, lineno = end + 1, 0, lineno + 1
+    # Lines wholly inside the chunk are shorter than the chunk, hence than the limit: only the line
+    # the chunk closes and the one it leaves open can be too long.
+    if open_length + first > limit:
+        _line_too_long(shown, newlines + 1, limit)
+    return len(chunk) - chunk.rfind(b"\n") - 1
+
+
+def _line_too_long(shown: str, lineno: int, limit: int) -> None:
+    raise DatasetError(shown, f"line {lineno} is longer than {limit:,} bytes, the limit per line (GNQ reads "
+                              "at most --max-length tokens of a text; shorten or split it, or raise "
+                              "GNQ_MAX_TEXT_BYTES)")
 
 
 def _is_missing(value: Any) -> bool:
