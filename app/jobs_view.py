@@ -24,8 +24,8 @@ def job_panel(db: Path, only_alive: bool = False) -> None:
             row = runs[runs["name"] == job.run]
             with st.container(border=True):
                 head, button = st.columns([5, 1])
-                head.markdown(f"**{job.run}** · {job.status} · step {job.step + 1}/{len(job.steps)} "
-                              f"(`gnq {' '.join(job.steps[job.step][:1])}`)")
+                head.markdown(f"**{state.plain(job.run)}** · {job.status} · step {job.step + 1}/"
+                              f"{len(job.steps)} (`gnq {' '.join(job.steps[job.step][:1])}`)")
                 if job.alive() and button.button("Cancel", key=f"cancel-{job.job_id}"):
                     cancel_job(job)
                     st.rerun()
@@ -33,12 +33,14 @@ def job_panel(db: Path, only_alive: bool = False) -> None:
                     r = row.iloc[0]
                     done, total = int(r["progress_done"] or 0), int(r["progress_total"] or 0)
                     st.progress(done / total if total else 0.0,
-                                text=f"{r['progress_note'] or ''}: {done}/{total} examples · "
+                                text=f"{state.plain(r['progress_note'] or '')}: {done}/{total} examples · "
                                      f"{int(r['points_done'])}/{int(r['points_total'])} checkpoints done")
                 elif job.status == "running":
                     st.progress(0.0, text="starting…")
                 if job.status == "failed":
-                    st.error(f"Job failed (exit code {job.returncode}).")
+                    error = job.error_line()
+                    st.error(f"Job failed: {state.plain(error.removeprefix('error: '))}" if error
+                             else f"Job failed (exit code {job.returncode}).")
                     st.code(job.log_tail(), language=None)
                 if job.status == "done" and not only_alive:
                     st.success("Finished. Pick the run in the sidebar.")

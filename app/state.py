@@ -7,6 +7,7 @@ job that writes to the run invalidates exactly that run's entries.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -146,6 +147,17 @@ def selected_rows(event, frame: pd.DataFrame) -> list[int]:
         return []
     rows = event.selection.rows if hasattr(event, "selection") else event.get("selection", {}).get("rows", [])
     return [int(frame.iloc[r]["example_id"]) for r in rows if r < len(frame)]
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:=&])")
+
+
+def plain(value: object) -> str:
+    """User data (a text, a group, run or folder name, a path) made safe for st.markdown, captions,
+    alerts and progress labels: every Markdown, HTML and Streamlit-directive character is
+    backslash-escaped and line breaks become spaces, so it shows exactly as typed, never as
+    markup (Streamlit never renders raw HTML without unsafe_allow_html, which the app never uses)."""
+    return _MARKDOWN.sub(r"\\\1", " ".join(str(value).splitlines()))
 
 
 def short(text: str, n: int = 80) -> str:

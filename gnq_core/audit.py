@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from .auditor import GNQAuditor
-from .checkpoints import CheckpointRef, checkpoint_hash, find_checkpoints, load_checkpoint
+from .checkpoints import CheckpointRef, check_checkpoint, checkpoint_hash, find_checkpoints, load_checkpoint
 from .datasets import TextDataset
 from .losses import per_example_lm_loss
 from .progress import Reporter
@@ -90,13 +90,15 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
     """Audit every checkpoint under ``checkpoints`` into run ``name``; resumes an unfinished run."""
     reporter = reporter or Reporter()
     refs = find_checkpoints(checkpoints)
+    for ref in refs:  # a broken checkpoint anywhere in the series is refused before anything is written
+        check_checkpoint(ref.path, settings.max_length)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype)
     run = store.find_run(name)
     if run is None:
         run = _create_audit_run(store, refs, dataset, name, settings, device)
     else:
-        _check_same_audit(store, run, dataset, settings, checkpoints)
+        _check_same_audit(store, run, dataset, settings, refs)
         store.set_status(run.run_id, "running")
     store.add_points(run.run_id, [dict(point=i, label=r.label, kind="checkpoint", path=str(r.path))
                                   for i, r in enumerate(refs)])
@@ -142,8 +144,9 @@ def _create_audit_run(store: Store, refs: list[CheckpointRef], dataset: TextData
 
 
 def _check_same_audit(store: Store, run: Run, dataset: TextDataset, settings: AuditSettings,
-                      checkpoints: str | Path) -> None:
-    """Resuming is only meaningful with the same data and settings."""
+                      refs: list[CheckpointRef]) -> None:
+    """Resuming is only meaningful with the same data, settings and checkpoints (more checkpoints
+    after the stored ones are fine: a series that grew as training went on)."""
     mismatches = []
     if run.kind != "audit":
         raise StoreError(f"{store.path}: run {run.name!r} is a {run.kind} run, not an audit; "
@@ -153,6 +156,10 @@ def _check_same_audit(store: Store, run: Run, dataset: TextDataset, settings: Au
     for field in ("lam", "batch_size", "seed", "max_length"):
         if getattr(run, field) != getattr(settings, field):
             mismatches.append(f"{field} ({getattr(run, field)} stored, {getattr(settings, field)} given)")
+    stored = [str(label) for label in run.settings.get("checkpoints", [])]
+    given = [r.label for r in refs]
+    if given[:len(stored)] != stored:
+        mismatches.append(f"checkpoint series ({', '.join(stored)} stored, {', '.join(given)} given)")
     if mismatches:
         raise StoreError(f"{store.path}: run {run.name!r} exists with a different {', '.join(mismatches)}; "
                          "use another --name to start a new audit")

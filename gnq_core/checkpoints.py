@@ -35,6 +35,7 @@ from transformers.utils import logging as hf_logging
 __all__ = [
     "CheckpointError",
     "CheckpointRef",
+    "check_checkpoint",
     "checkpoint_hash",
     "find_checkpoints",
     "load_checkpoint",
@@ -406,6 +407,67 @@ def _allowed_missing(model: PreTrainedModel, config: Any) -> set[str]:
     return keys
 
 
+def _check_vocab(folder: Path, config: Any, tokenizer: PreTrainedTokenizerBase) -> None:
+    vocab_size = _config_vocab_size(config)
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise _error(folder, f"the tokenizer has {len(tokenizer)} tokens but {CONFIG_NAME} has vocab_size "
+                             f"{vocab_size}: token ids past the embedding rows")
+
+
+def check_checkpoint(path: str | Path, max_length: int | None = None) -> None:
+    """What load_checkpoint checks, short of reading the weights: config.json (a causal LM with at
+    least ``max_length`` positions), the weight files (safetensors headers: names and shapes against
+    the config), the tokenizer and its size.  Cheap enough to run on every checkpoint of a series
+    before an audit writes anything."""
+    folder = _checkpoint_dir(path)
+    try:
+        config = _load_config(folder)
+        positions = getattr(config.get_text_config(), "max_position_embeddings", None)
+        if max_length is not None and isinstance(positions, int) and max_length > positions:
+            raise _error(folder, f"--max-length {max_length} is more than the {positions} positions the "
+                                 f"model has (max_position_embeddings in {CONFIG_NAME}); use --max-length "
+                                 f"{positions} or less")
+        kind, files = _weight_files(folder)
+        if kind == "safetensors":
+            for file in files:
+                _check_safetensors(file)
+        else:
+            _load_pickled_weights(files)  # weights-only, memory-mapped: refuses anything but tensors
+        _check_vocab(folder, config, _load_tokenizer(folder))
+        if kind == "safetensors" and (problem := _header_problem(folder, config, files)):
+            raise _error(folder, problem)
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise _error(folder, f"cannot load the checkpoint ({type(exc).__name__}: {_reason(exc)})") from exc
+
+
+def _header_problem(folder: Path, config: Any, files: list[Path]) -> str:
+    """Weights missing or of the wrong shape per the safetensors headers ("" if none).  Only when
+    the file names most weights as the model does: other namings are left to from_pretrained."""
+    from safetensors import safe_open
+
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    with torch.device("meta"):
+        model = model_class._from_config(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    found: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            names = f.keys()
+            found.update({k: tuple(f.get_slice(k).get_shape()) for k in names})
+    if len(expected.keys() & found.keys()) * 2 < len(expected):
+        return ""
+    detail = _shape_mismatches(model_class, config, "safetensors", files, None)
+    if detail:
+        return f"weights do not match {CONFIG_NAME} (shape mismatch{detail})"
+    missing = sorted(set(expected) - set(found) - _allowed_missing(model, config))
+    if missing:
+        more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+        return f"weights do not match {CONFIG_NAME}: missing {', '.join(missing[:3])}{more}"
+    return ""
+
+
 def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                     allow_pickle_weights: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local checkpoint folder, safely.
@@ -437,10 +499,7 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
                              "convert them to safetensors")
 
     tokenizer = _load_tokenizer(folder)
-    vocab_size = _config_vocab_size(config)
-    if vocab_size is not None and len(tokenizer) > vocab_size:
-        raise _error(folder, f"the tokenizer has {len(tokenizer)} tokens but {CONFIG_NAME} has vocab_size "
-                             f"{vocab_size}: token ids past the embedding rows")
+    _check_vocab(folder, config, tokenizer)
 
     model_class: type[PreTrainedModel] = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     common: dict[str, Any] = {

@@ -19,8 +19,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
 
 
 @dataclass
@@ -63,10 +67,19 @@ class Job:
         return True
 
     def log_tail(self, lines: int = 20) -> str:
+        """The end of the job's log (only ever a file in the jobs folder, whatever the job file says)."""
+        log = Path(self.log)
+        if not _inside(log, jobs_dir(self.db)):
+            return ""
         try:
-            return "\n".join(Path(self.log).read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def error_line(self) -> str | None:
+        """The one-line error the failed `gnq` command printed (``error: ...``), if any."""
+        found = [line for line in self.log_tail(200).splitlines() if line.startswith("error: ")]
+        return found[-1] if found else None
 
 
 def jobs_dir(db: str | Path) -> Path:
@@ -75,11 +88,96 @@ def jobs_dir(db: str | Path) -> Path:
     return d
 
 
+def uploads_root(db: str | Path) -> Path:
+    return Path(db).resolve().parent / "uploads"
+
+
 def uploads_dir(db: str | Path, job_id: str) -> Path:
     """A fresh folder for one job's uploaded files (deleted when the job ends)."""
-    d = Path(db).resolve().parent / "uploads" / job_id
+    d = uploads_root(db) / job_id
     d.mkdir(parents=True, exist_ok=False)
     return d
+
+
+def max_upload_bytes() -> int:
+    """The most one job may upload in all: ``$GNQ_MAX_UPLOAD_BYTES``, else 16 GiB."""
+    value = os.environ.get("GNQ_MAX_UPLOAD_BYTES")
+    try:
+        return int(value) if value else DEFAULT_MAX_UPLOAD_BYTES
+    except ValueError:
+        raise ValueError(f"GNQ_MAX_UPLOAD_BYTES must be a number of bytes, got {value!r}") from None
+
+
+class Upload(Protocol):
+    """What save_uploads needs of an uploaded file (streamlit's UploadedFile has it)."""
+
+    name: str
+    size: int
+
+    def getbuffer(self) -> memoryview: ...
+
+
+def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | None = None) -> None:
+    """Write uploaded files below ``into``; refuses names that would escape it ('..', absolute
+    paths), writing through a symlink, more than ``max_total_bytes`` in all (a size bomb) and more
+    than the disk has free.  A file already there with the same size is kept (Streamlit reruns)."""
+    limit = max_upload_bytes() if max_total_bytes is None else max_total_bytes
+    into.mkdir(parents=True, exist_ok=True)
+    root = into.resolve()
+    total = sum(int(f.size) for f in files)
+    if total > limit:
+        raise ValueError(f"the upload is {_size(total)}, above the limit of {_size(limit)} per job "
+                         "(GNQ_MAX_UPLOAD_BYTES); give large checkpoints as a local path instead")
+    pending = [(f, root / safe_relative_path(f.name)) for f in files]
+    needed = sum(int(f.size) for f, target in pending if not _same_size(target, f.size))
+    free = shutil.disk_usage(root).free
+    if needed > free:
+        raise ValueError(f"the upload needs {_size(needed)} but {root} has only {_size(free)} free")
+    for f, target in pending:
+        if _same_size(target, f.size):
+            continue
+        _no_symlink_between(root, target, f.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(f.getbuffer())
+
+
+def check_upload_tree(folder: Path) -> None:
+    """Refuse a symlink in an upload folder that points outside it (uploads never contain links;
+    one there was planted, and would let a job read a file it was not given)."""
+    root = folder.resolve()
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_symlink() and not _inside(path.resolve(), root):
+            raise ValueError(f"{path}: a link to {os.readlink(path)!r}, outside the upload folder; refused")
+
+
+def _same_size(target: Path, size: int) -> bool:
+    return target.is_file() and not target.is_symlink() and target.stat().st_size == size
+
+
+def _no_symlink_between(root: Path, target: Path, name: str) -> None:
+    for part in [target, *target.parents]:
+        if part == root:
+            return
+        if part.is_symlink():
+            raise ValueError(f"{name}: unsafe file name in upload ({part.name} is a link)")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(folder)))
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def _remove_uploads(db: str | Path, folders: Sequence[str]) -> None:
+    """Delete a job's upload folders; only ever folders inside this store's uploads folder."""
+    root = uploads_root(db)
+    for folder in folders:
+        if _inside(Path(folder), root) and Path(folder).resolve() != root.resolve():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def new_job_id() -> str:
@@ -112,9 +210,10 @@ def list_jobs(db: str | Path) -> list[Job]:
             continue
         if job.status in ("queued", "running") and job.pid is not None and not job.alive():
             job = Job.load(path)  # it may have just finished and written its status
-            if job.status in ("queued", "running"):
+            if job.status in ("queued", "running"):  # killed (kill -9, a crash): tidy up after it
                 job.status, job.finished = "failed", time.time()
                 job.save()
+                _remove_uploads(job.db, job.cleanup)
         jobs.append(job)
     return jobs
 
@@ -166,8 +265,7 @@ def _run(job_path: Path) -> int:
     except KeyboardInterrupt:
         cancelled, rc = True, 130
     finally:
-        for folder in job.cleanup:
-            shutil.rmtree(folder, ignore_errors=True)
+        _remove_uploads(job.db, job.cleanup)
     job = Job.load(job_path)
     job.returncode, job.finished = rc, time.time()
     job.status = "cancelled" if cancelled else ("done" if rc == 0 else "failed")

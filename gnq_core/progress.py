@@ -33,6 +33,8 @@ class Reporter:
         self._total = 0
         self._label = ""
         self._last_sink = 0.0
+        self._started = False  # nothing reaches the sink before the first stage (a job that fails
+        # while loading writes nothing to the store)
 
     def __enter__(self) -> Reporter:
         if not self.quiet:
@@ -50,6 +52,7 @@ class Reporter:
     def stage(self, label: str, total: int) -> None:
         """Start a new stage (one checkpoint, one epoch, the attack) with ``total`` units."""
         self._flush(force=True)
+        self._started = True
         self._label, self._done, self._total = label, 0, total
         if self._bar is not None:
             if self._task is not None:
@@ -70,7 +73,7 @@ class Reporter:
             print(message)
 
     def _flush(self, force: bool = False) -> None:
-        if self.sink is None:
+        if self.sink is None or not self._started:
             return
         now = time.monotonic()
         if force or now - self._last_sink >= self.sink_interval:

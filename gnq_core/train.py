@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from .auditor import GNQAuditor
-from .checkpoints import checkpoint_hash, load_checkpoint, save_checkpoint
+from .checkpoints import check_checkpoint, checkpoint_hash, load_checkpoint, save_checkpoint
 from .datasets import TextDataset
 from .losses import per_example_lm_loss
 from .models import build_model, train_tokenizer
@@ -146,6 +146,7 @@ def _train_epoch(store: Store, run: Run, epoch: int, model, tokenizer, optimizer
 
 def _initial_model(dataset: TextDataset, init: str | Path | None, settings: TrainSettings):
     if init is not None:
+        check_checkpoint(init, settings.max_length)
         model, tokenizer = load_checkpoint(init)
         return model, tokenizer, checkpoint_hash(Path(init))
     tokenizer = train_tokenizer(dataset.texts, vocab_size=settings.vocab_size)

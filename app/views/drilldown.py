@@ -42,7 +42,8 @@ c[2].metric("GNQ_total", f"{row['gnq_total']:.3g}")
 c[3].metric("GNQ last", f"{row['gnq_last']:.3g}")
 c[4].metric("Loss (last)", f"{row['loss_last']:.3f}")
 c[5].metric("Self-influence K_jj", f"{row['self_influence_last']:.3g}")
-st.caption(f"Group: {row['group'] if row['group'] is not None else '—'} · {row['n_tokens']} tokens")
+group = state.plain(row["group"]) if row["group"] is not None else "—"
+st.caption(f"Group: {group} · {row['n_tokens']} tokens")
 
 st.plotly_chart(charts.example_trajectory(record["trajectory"]), width="stretch")
 

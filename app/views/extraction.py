@@ -14,7 +14,8 @@ db, version = str(state.db_path()), state.version(run.run_id)
 totals = state.totals(db, run.run_id, version)
 attacked = totals[totals["extraction_match"].notna() & totals["gnq_total"].notna()]
 if attacked.empty:
-    st.info(f"No extraction attack stored for run {run.name!r}. Run `gnq extract --run {run.name}` "
+    st.info(f"No extraction attack stored for run {state.plain(repr(run.name))}. Run "
+            f"`gnq extract --run {run.name.replace('`', '')}` "
             "(or tick the attack on New audit).")
     st.stop()
 

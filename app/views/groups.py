@@ -27,5 +27,6 @@ if len(groups) >= 2:
                        index=0)
     sep = group_separation(traj, positive=pos, negative=neg)
     st.dataframe(sep, hide_index=True, width="stretch")
-    st.caption(f"AUC: the probability that a random '{pos}' text has higher GNQ than a random '{neg}' one "
+    st.caption(f"AUC: the probability that a random '{state.plain(pos)}' text has higher GNQ than a random "
+               f"'{state.plain(neg)}' one "
                "at that checkpoint (0.5 = no separation, 1 = perfect).")

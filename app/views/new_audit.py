@@ -13,9 +13,18 @@ import streamlit as st
 
 from app import state
 from app.jobs_view import job_panel
-from gnq_core.checkpoints import CheckpointError, find_checkpoints
+from gnq_core.checkpoints import CheckpointError, check_checkpoint, find_checkpoints
 from gnq_core.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
-from gnq_core.jobs import list_jobs, new_job_id, safe_relative_path, start_job, uploads_dir
+from gnq_core.jobs import (
+    check_upload_tree,
+    list_jobs,
+    new_job_id,
+    safe_relative_path,
+    save_uploads,
+    start_job,
+    uploads_dir,
+    uploads_root,
+)
 
 st.title("New audit")
 state.sidebar()
@@ -27,20 +36,21 @@ staging_id = st.session_state["staging"]
 
 
 def staging() -> Path:
-    path = db.resolve().parent / "uploads" / staging_id
+    path = uploads_root(db) / staging_id
     if not path.exists():
         uploads_dir(db, staging_id)
     return path
 
 
-def save_uploads(files, into: Path) -> None:
-    """Write uploaded files below ``into``, refusing names that would escape it."""
-    for f in files:
-        rel = safe_relative_path(f.name)
-        target = into / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists() or target.stat().st_size != f.size:
-            target.write_bytes(f.getbuffer())
+@st.cache_data(ttl=30, show_spinner=False, max_entries=256)
+def checkpoint_problem(path: str, mtime: float) -> str | None:  # noqa: ARG001 (cache key)
+    """Why a checkpoint cannot be audited (one line naming the file), or None: shown before the
+    audit starts, instead of as a failed job."""
+    try:
+        check_checkpoint(path)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
 
 
 st.subheader("1. Checkpoints")
@@ -54,6 +64,7 @@ if ckpt_mode == "Upload a folder":
         try:
             target = staging() / "checkpoints"
             save_uploads(files, target)
+            check_upload_tree(staging())
             # The browser names files by their path under the picked folder's parent
             # ("run/epoch-1/config.json"): step into that single top folder.
             entries = list(target.iterdir())
@@ -62,7 +73,7 @@ if ckpt_mode == "Upload a folder":
                 entries = list(target.iterdir())
             checkpoints = target
         except ValueError as exc:
-            st.error(str(exc))
+            st.error(state.plain(exc))
 else:
     typed = st.text_input("Checkpoint folder on this machine", key="ckpt_path",
                           placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
@@ -72,10 +83,14 @@ refs = []
 if checkpoints is not None:
     try:
         refs = find_checkpoints(checkpoints)
-        st.caption(f"{len(refs)} checkpoint(s): " + ", ".join(r.label for r in refs[:12])
+        st.caption(f"{len(refs)} checkpoint(s): " + ", ".join(state.plain(r.label) for r in refs[:12])
                    + (" …" if len(refs) > 12 else ""))
     except CheckpointError as exc:
-        st.error(str(exc))
+        st.error(state.plain(exc))
+    problems = [p for r in refs if (p := checkpoint_problem(str(r.path), r.path.stat().st_mtime))]
+    if problems:
+        st.error(state.plain(problems[0]) + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        refs = []
 
 st.subheader("2. Dataset")
 data_mode = st.radio("Dataset", ["Upload a file", "Local path"], horizontal=True,
@@ -90,7 +105,7 @@ if data_mode == "Upload a file":
             save_uploads([upload], folder)
             data_path = folder / safe_relative_path(upload.name)
         except ValueError as exc:
-            st.error(str(exc))
+            st.error(state.plain(exc))
 else:
     typed = st.text_input("Dataset file on this machine", key="data_path_input")
     data_path = Path(typed).expanduser() if typed.strip() else None
@@ -110,10 +125,12 @@ if data_path is not None:
             group_column = None if group_column == "(none)" else group_column
         dataset = load_texts(data_path, text_column=text_column, group_column=group_column)
         groups = sorted({g for g in dataset.groups if g is not None})
-        st.caption(f"{len(dataset):,} texts" + (f", groups: {', '.join(groups[:8])}" if groups else "")
-                   + (f" ({dataset.dropped} empty rows skipped)" if dataset.dropped else ""))
+        st.caption(f"{len(dataset):,} texts"
+                   + (f", groups: {', '.join(state.plain(g) for g in groups[:8])}" if groups else "")
+                   + (f" ({dataset.dropped} rows with a missing or empty text skipped)" if dataset.dropped
+                      else ""))
     except DatasetError as exc:
-        st.error(str(exc))
+        st.error(state.plain(exc))
 
 st.subheader("3. Settings")
 default_name = refs[0].path.parent.name if len(refs) > 1 else (refs[0].label if refs else "")
@@ -135,7 +152,8 @@ with st.form("settings"):
 
 if submitted:
     if name in set(state.runs()["name"]):
-        st.warning(f"A run named {name!r} exists: starting will resume it if the settings match.")
+        st.warning(f"A run named {state.plain(repr(name))} exists: starting will resume it if the settings "
+                   "match.")
     audit = ["audit", "--checkpoints", str(checkpoints), "--data", str(data_path), "--name", name,
              "--lam", str(lam), "--batch-size", str(int(batch_size)), "--max-length", str(int(max_length)),
              "--seed", str(int(seed))]
@@ -147,16 +165,17 @@ if submitted:
     if attack:
         steps.append(["extract", "--run", name, "--prefix-tokens", str(int(prefix)), "--threshold",
                       str(threshold)])
-    uploaded = db.resolve().parent / "uploads" / staging_id
+    uploaded = uploads_root(db) / staging_id
     start_job(name, db, steps, cleanup=[uploaded] if uploaded.exists() else [], job_id=staging_id)
     st.session_state.pop("staging")  # the next audit gets a fresh upload folder
     st.session_state[state.RUN_KEY] = name
-    st.success(f"Started {name!r}. Progress below; the other pages fill in as checkpoints finish.")
+    st.success(f"Started {state.plain(repr(name))}. Progress below; the other pages fill in as checkpoints "
+               "finish.")
 
 job_panel(db)
 
 with st.expander("Clean up abandoned uploads"):
-    folder = db.resolve().parent / "uploads"
+    folder = uploads_root(db)
     busy = {j.job_id for j in list_jobs(db) if j.alive()} | {staging_id}
     leftovers = [p for p in folder.glob("*") if p.is_dir() and p.name not in busy] if folder.exists() else []
     st.caption(f"{len(leftovers)} upload folder(s) not used by a running job.")

@@ -37,7 +37,7 @@ if run is None:
 version = state.version(run.run_id)
 totals = state.totals(str(state.db_path()), run.run_id, version)
 scored = totals[totals["gnq_total"].notna()]
-st.subheader(f"Run {run.name!r}")
+st.subheader(f"Run {state.plain(repr(run.name))}")
 c1, c2, c3, c4 = st.columns(4)
 c1.metric("Examples", f"{len(totals):,}")
 c2.metric("Points (checkpoints / epochs)", int(totals["n_points"].max() or 0) if len(scored) else 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import signal
 import subprocess
 import sys
@@ -135,3 +136,8 @@ def app_page(name: str, **state) -> AppTest:
     for key, value in state.items():
         at.session_state[key] = value
     return at.run()
+
+
+def rendered(markdown: str) -> str:
+    """What a reader sees of a Markdown string whose user data was backslash-escaped."""
+    return re.sub(r"\\(.)", r"\1", markdown)
