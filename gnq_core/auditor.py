@@ -32,7 +32,7 @@ from .kernels.base import first_input, hooks_are_suspended
 from .kernels.embedding import EmbeddingKernel
 from .kernels.linear import Conv1DKernel, LinearKernel
 from .reps import DEFAULT_MEMORY_BUDGET, DenseRep, OneHot, OuterRep, Rep, inner, restrict_rows
-from .solve import gnq_from_kernel, unweight_kernel
+from .solve import GNQNumericalError, gnq_from_kernel, unweight_kernel
 
 __all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
 
@@ -416,7 +416,11 @@ class GNQAuditor:
             raise BatchDimensionError(f"kernel has shape {tuple(K.shape)} for a batch of {B}")
         if weights is not None:
             K = unweight_kernel(K, weights)
-        solution = gnq_from_kernel(K, self.lam)
+        try:
+            solution = gnq_from_kernel(K, self.lam)
+        except GNQNumericalError:
+            self._pass = None  # this pass is spent (a NaN batch): the next one starts without a warning
+            raise
         coverage = replace(self._static_coverage, entries=[
             replace(e, paths=set(p.paths.get(e.module, set())), calls=p.call_counts[e.module])
             for e in self._static_coverage.entries])
