@@ -58,6 +58,11 @@ class Job:
     def alive(self) -> bool:
         if self.pid is None or self.status not in ("queued", "running"):
             return False
+        try:  # started by this process (the dashboard): reap it if it died, or it lingers as a zombie
+            if os.waitpid(self.pid, os.WNOHANG)[0] == self.pid:
+                return False
+        except ChildProcessError:
+            pass
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -229,7 +234,7 @@ def safe_relative_path(name: str) -> PurePosixPath:
     normalized = name.replace("\\", "/")
     path = PurePosixPath(normalized)
     escapes = any(p in ("..", "") for p in path.parts)
-    if not normalized or path.is_absolute() or escapes or ":" in path.parts[0]:
+    if not path.parts or path.is_absolute() or escapes or ":" in path.parts[0]:
         raise ValueError(f"{name}: unsafe file name in upload (absolute or '..' paths are refused)")
     return path
 
