@@ -290,12 +290,17 @@ def _read_parquet(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[s
 # Helpers.
 
 
-def _max_text_bytes() -> int:
-    value = os.environ.get("GNQ_MAX_TEXT_BYTES")
+def env_bytes(name: str, default: int) -> int:
+    """A size limit from the environment variable ``name`` (a number of bytes), else ``default``."""
+    value = os.environ.get(name)
     try:
-        return int(value) if value else MAX_TEXT_BYTES
+        return int(value) if value else default
     except ValueError:
-        raise ValueError(f"GNQ_MAX_TEXT_BYTES must be a number of bytes, got {value!r}") from None
+        raise ValueError(f"{name} must be a number of bytes, got {value!r}") from None
+
+
+def _max_text_bytes() -> int:
+    return env_bytes("GNQ_MAX_TEXT_BYTES", MAX_TEXT_BYTES)
 
 
 def _check_not_empty(shown: str, path: Path) -> None:

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+from .datasets import env_bytes
+
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
 
 
@@ -106,11 +108,7 @@ def uploads_dir(db: str | Path, job_id: str) -> Path:
 
 def max_upload_bytes() -> int:
     """The most one job may upload in all: ``$GNQ_MAX_UPLOAD_BYTES``, else 16 GiB."""
-    value = os.environ.get("GNQ_MAX_UPLOAD_BYTES")
-    try:
-        return int(value) if value else DEFAULT_MAX_UPLOAD_BYTES
-    except ValueError:
-        raise ValueError(f"GNQ_MAX_UPLOAD_BYTES must be a number of bytes, got {value!r}") from None
+    return env_bytes("GNQ_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES)
 
 
 class Upload(Protocol):
