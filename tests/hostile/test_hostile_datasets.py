@@ -165,13 +165,14 @@ def test_bad_datasets_fail_in_one_line_and_leave_the_store_unchanged(tmp_path, c
     db = tmp_path / "gnq.duckdb"
     good = tmp_path / "good.txt"
     good.write_text("one text\nanother text\n")
-    gnq("audit", "--checkpoints", checkpoint, "--data", good, "--db", db, "--name", "ok", "--quiet")
+    gnq("audit", "--checkpoints", checkpoint, "--data", good, "--db", db, "--name", "ok", "--max-length", 16,
+        "--quiet")
     before = store_fingerprint(db)
     for name, data in BAD_DATASETS.items():
         path = tmp_path / name
         path.write_bytes(data)
         result = CliRunner().invoke(app, ["audit", "--checkpoints", str(checkpoint), "--data", str(path),
-                                          "--db", str(db), "--name", "bad", "--quiet"])
+                                          "--db", str(db), "--name", "bad", "--max-length", "16", "--quiet"])
         lines = result.output.strip().splitlines()
         assert result.exit_code == 1 and len(lines) == 1, (name, result.output)
         assert lines[0].startswith(f"error: {path}"), lines[0]
@@ -189,7 +190,7 @@ def test_nan_and_empty_texts_are_dropped_counted_and_reported(tmp_path, checkpoi
     csv.write_text('text,group\nkept,a\n,b\n"",c\n"   ",d\nNaN,e\n')
     assert load_texts(csv).texts == ["kept", "NaN"] and load_texts(csv).dropped == 3
     result = CliRunner().invoke(app, ["audit", "--checkpoints", str(checkpoint), "--data", str(path),
-                                      "--db", str(tmp_path / "g.duckdb"), "--quiet"])
+                                      "--db", str(tmp_path / "g.duckdb"), "--max-length", "16", "--quiet"])
     assert result.exit_code == 0, result.output
     assert f"{path}: skipped 5 row(s) whose text is missing, NaN or empty; 3 texts remain" in " ".join(
         result.output.split())
