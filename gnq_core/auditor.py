@@ -26,11 +26,12 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
-from .fused import FusedLinearFunction, fused_flops, ghost_flops
+from .fused import FusedLayerNormFunction, FusedLinearFunction, fused_flops, ghost_flops
 from .kernels import Contribution, Kernel, kernel_for
 from .kernels.base import first_input, hooks_are_suspended
 from .kernels.embedding import EmbeddingKernel
 from .kernels.linear import Conv1DKernel, LinearKernel
+from .kernels.norm import LayerNormKernel
 from .reps import DEFAULT_MEMORY_BUDGET, DenseRep, OneHot, OuterRep, Rep, inner, restrict_rows
 from .solve import gnq_from_kernel, unweight_kernel
 
@@ -111,8 +112,9 @@ class GNQAuditor:
             module (costs one slow forward; turn off only for a model already checked).
         fused: for Linear / HF Conv1D layers where materialising per-example gradients is
             cheaper, return their sum as the weight gradient so autograd's own weight-gradient
-            matmul is skipped (``gnq_core.fused``).  ``param.grad`` then matches the unfused
-            one to float rounding instead of bitwise.
+            matmul is skipped, and for LayerNorm reuse the forward's statistics
+            (``gnq_core.fused``).  ``param.grad`` then matches the unfused one to float
+            rounding instead of bitwise.
     """
 
     def __init__(
@@ -156,7 +158,7 @@ class GNQAuditor:
         for h in self._hooked:
             hook = functools.partial(self._on_forward, h)
             self._handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
-            if fused and type(h.kernel) in (LinearKernel, Conv1DKernel) and "forward" not in vars(h.module):
+            if fused and type(h.kernel) in _FUSABLE and "forward" not in vars(h.module):
                 h.module.forward = functools.partial(self._fused_forward, h)
                 self._fused_modules.append(h.module)
 
@@ -328,7 +330,11 @@ class GNQAuditor:
         module = h.module
         original = type(module).forward
         if (not self._enabled or hooks_are_suspended() or not torch.is_grad_enabled()
-                or torch.is_autocast_enabled() or "weight" not in h.params):
+                or torch.is_autocast_enabled()):
+            return original(module, *args, **kwargs)
+        if type(h.kernel) is LayerNormKernel:
+            return self._fused_layernorm(h, *args, **kwargs)
+        if "weight" not in h.params:
             return original(module, *args, **kwargs)
         x = first_input(args, kwargs, "x" if type(h.kernel) is Conv1DKernel else "input")
         p = self._pass or self._start_pass(_leading_dim(args, kwargs))
@@ -344,13 +350,28 @@ class GNQAuditor:
                      or fused_flops(B, rows, cols) <= ghost_flops(B, T, rows, cols)))
         if not fuse:
             return original(module, *args, **kwargs)
+        sink = self._fused_call(h, p)
+        return FusedLinearFunction.apply(x, weight, module.bias, type(h.kernel) is Conv1DKernel, sink,
+                                         self._budget)
+
+    def _fused_layernorm(self, h: _Hooked, *args, **kwargs):
+        """LayerNorm's per-example gradients are B×d, so they are always formed (no cost choice)."""
+        module = h.module
+        x = first_input(args, kwargs)
+        p = self._pass or self._start_pass(_leading_dim(args, kwargs))
+        if x.dim() < 2 or x.shape[0] != p.batch_size or not h.params:
+            return type(module).forward(module, *args, **kwargs)
+        sink = self._fused_call(h, p)
+        return FusedLayerNormFunction.apply(x, module.weight, module.bias, module.normalized_shape,
+                                            module.eps, sink)
+
+    def _fused_call(self, h: _Hooked, p: _Pass) -> _FusedSink:
+        """Register a call that reports to the auditor from its own backward (no output hook)."""
         call = _Call(h, None, [], [])
         p.uses.update(h.param_ids)
         p.calls.append(call)
-        self._fused_now.add(id(module))
-        sink = _FusedSink(self, p, call)
-        return FusedLinearFunction.apply(x, weight, module.bias, type(h.kernel) is Conv1DKernel, sink,
-                                         self._budget)
+        self._fused_now.add(id(h.module))
+        return _FusedSink(self, p, call)
 
     def _add_cross_terms(self, p: _Pass, call: _Call, pid: int, rep: Rep) -> None:
         """⟨a_j, b_k⟩ + ⟨b_j, a_k⟩ between this use of a shared parameter and earlier ones."""
@@ -507,6 +528,9 @@ class _FusedSink:
             return
         parts = [Contribution((n,), r) for n, r in (("weight", weight), ("bias", bias)) if r is not None]
         self.auditor._accumulate(self.p, self.call, parts, label="fused")
+
+
+_FUSABLE = (LinearKernel, Conv1DKernel, LayerNormKernel)
 
 
 def _leading_dim(args: tuple, kwargs: dict) -> int | None:

@@ -68,19 +68,28 @@ class FusedLinearFunction(torch.autograd.Function):
             gram = torch.zeros(B, B, dtype=torch.float64, device=dy.device)
             kept = None
             if want_weight:
-                grad_w = torch.empty(rows, cols, dtype=dtype, device=dy.device)
                 if keep_rows is not None:
                     keep_rows = keep_rows.to(dy.device)
-                    kept = torch.empty(B, keep_rows.numel(), cols, dtype=dtype, device=dy.device)
                 step = max(1, ctx.budget // max(B * cols * left.element_size(), 1))
-                for start in range(0, rows, step):  # chunks of parameter rows bound G's memory
-                    G = torch.bmm(left[..., start:start + step].transpose(1, 2), right)
-                    grad_w[start:start + step] = G.sum(0)
+                if step >= rows:  # one chunk: no copies into preallocated buffers
+                    G = torch.bmm(left.transpose(1, 2), right)
+                    grad_w = G.sum(0)
                     flat = G.reshape(B, -1)
                     gram += (flat @ flat.T).to(torch.float64)
-                    if kept is not None:
-                        inside = (keep_rows >= start) & (keep_rows < start + G.shape[1])
-                        kept[:, inside] = G[:, keep_rows[inside] - start]
+                    if keep_rows is not None:
+                        kept = G.index_select(1, keep_rows)
+                else:
+                    grad_w = torch.empty(rows, cols, dtype=dtype, device=dy.device)
+                    if keep_rows is not None:
+                        kept = torch.empty(B, keep_rows.numel(), cols, dtype=dtype, device=dy.device)
+                    for start in range(0, rows, step):  # chunks of parameter rows bound G's memory
+                        G = torch.bmm(left[..., start:start + step].transpose(1, 2), right)
+                        torch.sum(G, 0, out=grad_w[start:start + step])
+                        flat = G.reshape(B, -1)
+                        gram += (flat @ flat.T).to(torch.float64)
+                        if kept is not None:
+                            inside = ((keep_rows >= start) & (keep_rows < start + G.shape[1])).nonzero()[:, 0]
+                            kept[:, inside] = G.index_select(1, keep_rows[inside] - start)
             if ctx.needs_input_grad[2]:
                 gram += (grad_b @ grad_b.T).to(torch.float64)
             sink.accept_gram(gram, DenseRep(kept.reshape(B, -1)) if kept is not None else None)
@@ -98,3 +107,40 @@ def fused_flops(batch: int, rows: int, cols: int) -> float:
 def ghost_flops(batch: int, length: int, rows: int, cols: int) -> float:
     """Extra FLOPs of the ghost path for the same layer (autograd keeps its own matmul)."""
     return 2.0 * (batch * length) ** 2 * (rows + cols + 1)
+
+
+class FusedLayerNormFunction(torch.autograd.Function):
+    """nn.LayerNorm whose backward hands the per-example weight and bias gradients to the sink.
+
+    ∇w_j = Σ_t Δ_jt ⊙ x̂_jt and ∇b_j = Σ_t Δ_jt reuse the forward's saved mean and 1/σ, so
+    neither the statistics nor autograd's own batch reduction for w and b are computed twice.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, normalized_shape, eps: float, sink: GradientSink):
+        out, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.normalized_shape, ctx.sink = normalized_shape, sink
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_x = None
+        if need_x:
+            grad_x = torch.ops.aten.native_layer_norm_backward(
+                dy, x, ctx.normalized_shape, mean, rstd, weight, bias, [True, False, False])[0]
+        B, width = x.shape[0], weight.numel() if weight is not None else bias.numel()
+        dtype = compute_dtype(dy)
+        D = dy.reshape(B, -1, width).to(dtype)
+        per_w = per_b = None
+        if need_w:
+            x_hat = ((x - mean) * rstd).reshape(B, -1, width).to(dtype)
+            per_w = (D * x_hat).sum(dim=1)
+        if need_b:
+            per_b = D.sum(dim=1)
+        ctx.sink.accept_gradients(DenseRep(per_w) if need_w else None, DenseRep(per_b) if need_b else None)
+        grad_w = per_w.sum(0).view_as(weight).to(weight.dtype) if need_w else None
+        grad_b = per_b.sum(0).view_as(bias).to(bias.dtype) if need_b else None
+        return grad_x, grad_w, grad_b, None, None, None

@@ -56,8 +56,11 @@ def test_fused_is_exact_and_keeps_gradients(case, path):
     assert rel_err(res.gnq, exact_gnq(model, loss_fn, batch, 1e-3).gnq) <= TOL
     for name, g in plain.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-12, atol=1e-15, msg=name)
+    paths = res.coverage.paths()
     if path == "materialize":
-        assert any("fused" in p for p in res.coverage.paths().values())
+        assert any("fused" in p for p in paths.values())
+    norms = [n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    assert all(paths[n] == {"fused"} for n in norms), {n: paths[n] for n in norms}
 
 
 def test_fused_row_chunks_within_a_tiny_memory_budget():
