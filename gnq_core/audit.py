@@ -55,7 +55,7 @@ def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, de
             losses = per_example_lm_loss(logits, b.labels)
             finite = bool(torch.isfinite(losses).all())
             gnq = kjj = condition = None
-            losses.sum().backward()
+            auditor.backward(losses.sum())  # output gradients only: no weight-gradient matmuls
             try:
                 res = auditor.compute()  # raises on a non-finite kernel (e.g. from a NaN loss)
                 if finite:

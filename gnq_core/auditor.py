@@ -93,6 +93,7 @@ class _Pass:
     repeated: bool = False
     paths: dict[str, set[str]] = field(default_factory=dict)
     call_counts: Counter = field(default_factory=Counter)
+    frontier: list[torch.Tensor] = field(default_factory=list)  # outputs of input-end modules
 
     def add(self, block: torch.Tensor) -> None:
         self.kernel = block.clone() if self.kernel is None else self.kernel + block
@@ -263,6 +264,8 @@ class GNQAuditor:
             if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
                 flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen
                 expanded = True
+        if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten((args, kwargs))[0]):
+            p.frontier.extend(flat_out[i] for i in diff)  # nothing upstream needs a gradient
         saved = h.kernel.capture(module, args, kwargs, output, B)
         call = _Call(h, saved, [(flat_out[i].shape, flat_out[i].dtype, flat_out[i].device)
                                 for i in diff], [None] * len(diff))
@@ -409,6 +412,21 @@ class GNQAuditor:
         return torch.unique(torch.cat([t.to(tokens[0].device) for t in tokens]))
 
     # ------------------------------------------------------------------ API
+    def backward(self, loss: torch.Tensor) -> None:
+        """The backward a post-hoc audit needs: every covered module's output gradient, no ``.grad``.
+
+        Differentiates only w.r.t. the outputs of the modules at the input end of the graph
+        (those whose inputs need no gradient, e.g. embeddings), so autograd skips every
+        weight-gradient matmul — about half of a training backward — while every module's
+        output gradient, all the kernels use, is still formed.  ``param.grad`` is left alone.
+        """
+        p = self._pass
+        if p is None or not p.frontier:
+            loss.backward()
+            return
+        torch.autograd.grad(loss, p.frontier, allow_unused=True)
+        p.frontier.clear()
+
     def compute(self, weights: torch.Tensor | None = None) -> GNQResult:
         """GNQ of every example of the last backward pass.
 
