@@ -3,7 +3,8 @@
 Every scenario starts from the same initial weights, wraps the model in DDP, runs one forward,
 ``losses.mean().backward()`` and one AdamW step, and saves what the test compares: the GNQ
 result of each scope/strategy and the parameters after the step (also without any auditor).
-The ranks' micro-batches differ in size and padded length.
+The ranks' micro-batches differ in size and padded length.  The GPT-2 also runs under FSDP2
+(``fully_shard``), plain and with the global-scope auditor.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from lm_fixtures import lm_batch, tiny_gpt2
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gnq_core import per_example_lm_loss
@@ -51,10 +53,21 @@ def mlp_losses(model: nn.Module, batch) -> torch.Tensor:
     return nn.functional.cross_entropy(model(x), y, reduction="none")
 
 
-def scenario(build, init_state, loss_fn, batch, audit: dict | None) -> dict:
+def fsdp(model: nn.Module) -> nn.Module:
+    """FSDP2: every transformer block its own unit, then the root (parameters become DTensor shards)."""
+    for block in model.transformer.h:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def full(p: torch.Tensor) -> torch.Tensor:
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def scenario(build, init_state, loss_fn, batch, audit: dict | None, wrap=DDP) -> dict:
     model = build()
     model.load_state_dict(init_state)
-    ddp = DDP(model)
+    ddp = wrap(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     auditor = DistributedGNQAuditor(ddp, lam=LAM, **audit) if audit is not None else None
     try:
@@ -72,7 +85,7 @@ def scenario(build, init_state, loss_fn, batch, audit: dict | None) -> dict:
     finally:
         if auditor is not None:
             auditor.close()
-    return {"result": res, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    return {"result": res, "params": {n: full(p.detach()).clone() for n, p in model.named_parameters()}}
 
 
 def main(out: Path) -> None:
@@ -95,6 +108,8 @@ def main(out: Path) -> None:
     for name, audit in audits.items():
         saved["lm"][name] = scenario(tiny_gpt2, lm_init, lm_losses, lm, audit)
         saved["mlp"][name] = scenario(mlp, mlp_init, mlp_losses, xy, audit)
+    for name in ("plain", "global"):  # FSDP: sharded parameters, the same GNQ
+        saved["lm"][f"fsdp-{name}"] = scenario(tiny_gpt2, lm_init, lm_losses, lm, audits[name], wrap=fsdp)
     torch.save(saved, out / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()

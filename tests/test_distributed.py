@@ -111,6 +111,19 @@ def test_global_scope_equals_single_process_on_concatenated_batch(ranks, kind, s
     assert (ranks[0][kind][scenario]["result"]["gnq"][: len(local)] < local).all()
 
 
+def test_fsdp_global_scope_equals_single_process_and_keeps_the_step(ranks):
+    build, loss_fn = models(ranks)["lm"]
+    ref = single_process(build(), loss_fn, concat_lm([s["lm_batch"] for s in ranks]))
+    for saved in ranks:
+        res = saved["lm"]["fsdp-global"]["result"]
+        assert rel_err(res["gnq"], ref.gnq) <= TOL
+        assert kernel_err(res["kernel"], ref.kernel) <= TOL
+        plain, audited = saved["lm"]["fsdp-plain"]["params"], saved["lm"]["fsdp-global"]["params"]
+        assert all(torch.equal(audited[n], plain[n]) for n in plain)
+        ddp = saved["lm"]["plain"]["params"]  # FSDP's step is DDP's step up to float rounding
+        assert all(torch.allclose(plain[n], ddp[n], rtol=0, atol=1e-12) for n in plain)
+
+
 def test_strategies_send_what_they_say(ranks):
     res = {s: ranks[0]["lm"][s]["result"] for s in SCENARIOS[1:]}
     assert set(res["global-factors"]["layers"]) == {"factors"}
