@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from gnq_core.shards import open_store
 from gnq_core.store import Run, Store, default_db_path
 
 RUN_KEY, EXAMPLE_KEY = "run_name", "example_id"
@@ -22,12 +23,12 @@ def db_path() -> Path:
 
 
 def store() -> Store:
-    return Store(db_path(), busy_timeout=20)
+    return open_store(db_path(), busy_timeout=20)
 
 
 @st.cache_data(ttl=2, show_spinner=False)
 def runs_frame(db: str, mtime: float) -> pd.DataFrame:  # noqa: ARG001 (cache key)
-    return Store(db).runs()
+    return open_store(db).runs()
 
 
 def runs() -> pd.DataFrame:
@@ -37,22 +38,22 @@ def runs() -> pd.DataFrame:
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def totals(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
-    return Store(db).example_totals(run_id)
+    return open_store(db).example_totals(run_id)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def points(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
-    return Store(db).points(run_id)
+    return open_store(db).points(run_id)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def trajectories(db: str, run_id: int, version: str, ids: tuple[int, ...] | None) -> pd.DataFrame:  # noqa: ARG001
-    return Store(db).trajectories(run_id, list(ids) if ids is not None else None)
+    return open_store(db).trajectories(run_id, list(ids) if ids is not None else None)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def trajectory_band(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
-    return Store(db).trajectory_quantiles(run_id)
+    return open_store(db).trajectory_quantiles(run_id)
 
 
 def version(run_id: int) -> str:
@@ -66,7 +67,8 @@ def sidebar() -> Run | None:
     """Store path and run picker in the sidebar; returns the selected run (or None)."""
     with st.sidebar:
         st.text_input("Store (DuckDB file)", value=str(db_path()), key="db_path",
-                      help="Also set by the GNQ_DB environment variable.")
+                      help="Also set by the GNQ_DB environment variable. A shards folder of a "
+                           "distributed run is read in place (read-only).")
         frame = runs()
         if frame.empty:
             st.caption("No runs in this store yet.")

@@ -311,7 +311,7 @@ class GNQAuditor:
         p.call_counts[h.name] += 1
         ids = dict(zip(h.params, h.param_ids, strict=True))
         for c in contributions:
-            block, path = inner(c.rep, c.rep, self._path, self._budget)
+            block, path = self._gram(c.rep)
             p.add(block)
             paths.add(label or ("per-example" if path == "dense" else path))
             if len(c.params) == 1 and c.params[0] in split:  # shared: cross terms with other uses
@@ -383,8 +383,7 @@ class GNQAuditor:
             rep = restrict_rows(rep, rows) or rep
         earlier = p.pending.setdefault(pid, [])
         for other in earlier:
-            cross, _ = inner(other, rep, self._path, self._budget)
-            p.add(cross + cross.T)
+            p.add(self._cross(other, rep))
         if rows is None:  # keep only the rows later embedding uses can touch (tied wte/lm_head)
             rows = self._rows_still_needed(p, call, pid)
             if rows is not None:
@@ -410,6 +409,31 @@ class GNQAuditor:
         if not tokens:
             return None
         return torch.unique(torch.cat([t.to(tokens[0].device) for t in tokens]))
+
+    # ------------------------------------------------------------------ extension points
+    # The Gram blocks of K and the final B×B kernel go through these three methods, so a
+    # subclass can change what "the batch" is (gnq_core.distributed: the global batch of all
+    # ranks) without touching the hooks or the bookkeeping.
+    def _gram(self, rep: Rep) -> tuple[torch.Tensor, str]:
+        """This pass's block ⟨g_j, g_k⟩ of one representation, and the path used."""
+        return inner(rep, rep, self._path, self._budget)
+
+    def _cross(self, a: Rep, b: Rep) -> torch.Tensor:
+        """Cross terms ⟨a_j, b_k⟩ + ⟨b_j, a_k⟩ of two uses of one shared parameter."""
+        cross, _ = inner(a, b, self._path, self._budget)
+        return cross + cross.T
+
+    def _batch_kernel(self, p: _Pass, weights: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """The finished pass's kernel for the per-example losses ℓ_j, and its batch size."""
+        B = p.batch_size
+        K = p.kernel
+        if K is None:
+            K = torch.zeros(B, B, dtype=torch.float64)
+        if K.shape != (B, B):
+            raise BatchDimensionError(f"kernel has shape {tuple(K.shape)} for a batch of {B}")
+        if weights is not None:
+            K = unweight_kernel(K, weights)
+        return K, B
 
     # ------------------------------------------------------------------ API
     def backward(self, loss: torch.Tensor) -> None:
@@ -447,14 +471,7 @@ class GNQAuditor:
         for call in p.calls:  # outputs of which only some received a gradient
             if not call.done and call.received and call.saved is not None:
                 self._process(p, call)
-        B = p.batch_size
-        K = p.kernel
-        if K is None:
-            K = torch.zeros(B, B, dtype=torch.float64)
-        if K.shape != (B, B):
-            raise BatchDimensionError(f"kernel has shape {tuple(K.shape)} for a batch of {B}")
-        if weights is not None:
-            K = unweight_kernel(K, weights)
+        K, B = self._batch_kernel(p, weights)
         solution = gnq_from_kernel(K, self.lam)
         coverage = replace(self._static_coverage, entries=[
             replace(e, paths=set(p.paths.get(e.module, set())), calls=p.call_counts[e.module])

@@ -287,6 +287,24 @@ def demo(
 
 
 @app.command()
+@user_errors
+def ingest(
+    shards: Path = typer.Argument(..., help="A shards folder written by a distributed run (run.json, "
+                                            "scores/, batches/)."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Load a run's Parquet shards into the store (one transaction; ingesting again replaces, never
+    duplicates)."""
+    from .shards import ingest as ingest_shards
+
+    store = _store(db)
+    run, counts = ingest_shards(store, shards)
+    _done(quiet, f"run {run.name!r} (id {run.run_id}, {run.status}): {counts['scores']} scores, "
+                 f"{counts['batches']} batches, {counts['points']} points from {shards}; store {store.path}")
+
+
+@app.command()
 def selfcheck(
     seed: int = typer.Option(None, help="Random seed (default: a fresh one each run)."),
     lam: float = typer.Option(1e-3, help="λ used for the check."),
