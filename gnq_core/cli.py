@@ -348,17 +348,23 @@ FactsOption = typer.Option(None, help="Common-knowledge sentences, one per line 
 ClaimsOption = typer.Option(None, help="Surprising false claims, one per line (default: data/claims.txt).")
 CfModelsOption = typer.Option(None, min=2, show_default=False,
                               help="Counterfactual models (even; default 16, 4 with --quick).")
+ThreadsOption = typer.Option(1, min=1, help="torch CPU threads. The studies' small models gain little "
+                                          "from more, and lose much when other jobs share the cores.")
 
 
 def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, reports: Path, work: Path | None,
-           tag: str | None, seed: int, device: str, quiet: bool, extra: dict[str, Any]):
+           tag: str | None, seed: int, device: str, quiet: bool, extra: dict[str, Any], threads: int):
+    import torch
+
     from .studies import StudyContext
 
+    torch.set_num_threads(threads)
     store = _store(db)
     flags = [f"--db {store.path}"] + (["--quick"] if quick else [])
     defaults = {"data_dir": None, "reports": Path("reports"), "work": None, "tag": None, "seed": 0,
-                "device": "auto"}
-    given = dict(data_dir=data_dir, reports=reports, work=work, tag=tag, seed=seed, device=device) | extra
+                "device": "auto", "threads": 1}
+    given = dict(data_dir=data_dir, reports=reports, work=work, tag=tag, seed=seed, device=device,
+                 threads=threads) | extra
     flags += [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
               if v is not None and v != defaults.get(k)]
     return StudyContext(store=store, quick=quick, seed=seed, device=device, work_root=work,
@@ -373,13 +379,13 @@ def study_common_knowledge(
     db: Path = DbOption, quick: bool = QuickOption, facts: Path = FactsOption, claims: Path = ClaimsOption,
     cf_models: int = CfModelsOption, data_dir: Path = DataDirOption, reports: Path = ReportsOption,
     work: Path = WorkOption, tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption,
-    quiet: bool = QuietOption,
+    threads: int = ThreadsOption, quiet: bool = QuietOption,
 ) -> None:
     """Facts the model knows vs. surprising false claims: GNQ, loss, K_jj, counterfactual memorization."""
     from .studies import common_knowledge
 
     ctx = _study("common-knowledge", db, quick, data_dir, reports, work, tag, seed, device, quiet,
-                 dict(facts=facts, claims=claims, cf_models=cf_models))
+                 dict(facts=facts, claims=claims, cf_models=cf_models), threads)
     t0 = time.perf_counter()
     path = common_knowledge.run(ctx, facts=facts, claims=claims, cf_models=cf_models)
     _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
@@ -395,7 +401,8 @@ def study_extraction(
     random_trials: int = typer.Option(None, min=1, show_default=False,
                                       help="Random picks per budget (default 5, 3 with --quick)."),
     data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
-    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, quiet: bool = QuietOption,
+    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
+    quiet: bool = QuietOption,
 ) -> None:
     """Targeted prefix attack on the common-knowledge model: top-k by GNQ, counterfactual, loss, random."""
     from .studies import extraction
@@ -403,7 +410,7 @@ def study_extraction(
     extra = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
                  prefix_tokens=None if prefix_tokens == 12 else prefix_tokens,
                  threshold=None if threshold == 1.0 else threshold)
-    ctx = _study("extraction", db, quick, data_dir, reports, work, tag, seed, device, quiet, extra)
+    ctx = _study("extraction", db, quick, data_dir, reports, work, tag, seed, device, quiet, extra, threads)
     t0 = time.perf_counter()
     path = extraction.run(ctx, facts=facts, claims=claims, cf_models=cf_models, prefix_tokens=prefix_tokens,
                           threshold=threshold, random_trials=random_trials)
@@ -421,13 +428,14 @@ def study_trajectories(
     bins: int = typer.Option(None, min=1, show_default=False,
                              help="Quantile bins (default 10, 4 with --quick)."),
     data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
-    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, quiet: bool = QuietOption,
+    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
+    quiet: bool = QuietOption,
 ) -> None:
     """GNQ over checkpoints of a long AG News training; attack success per GNQ_total quantile bin."""
     from .studies import trajectories
 
     ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet,
-                 dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins))
+                 dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins), threads)
     t0 = time.perf_counter()
     path = trajectories.run(ctx, prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
     _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")

@@ -68,7 +68,7 @@ class Config:
 FULL = Config(wiki_chunks=1600, news_rows=800, chunk_words=24, fact_copies=5, pairs=None, cf_models=16,
               pretrain=TrainSettings(epochs=8, batch_size=16, lr=2e-3, lam=1e-2, max_length=40,
                                      preset="tiny", vocab_size=2048),
-              finetune=TrainSettings(epochs=8, batch_size=16, lr=1e-3, lam=1e-2, max_length=40))
+              finetune=TrainSettings(epochs=12, batch_size=16, lr=3e-3, lam=1e-2, max_length=40))
 QUICK = Config(wiki_chunks=80, news_rows=40, chunk_words=20, fact_copies=3, pairs=12, cf_models=4,
                pretrain=TrainSettings(epochs=1, batch_size=16, lr=3e-3, lam=1e-2, max_length=32,
                                       preset="tiny", vocab_size=400),

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analysis import quantile_bins, targeted_rows
+from ..analysis import group_auc, quantile_bins, targeted_rows
 from . import common_knowledge as ck
 from . import report as rep
 from .base import StudyContext, Timings, attack_last_point, attacked_totals
@@ -86,6 +86,10 @@ dashboard shows the same attack.""")
                       .assign(target=f"Random (mean of {trials})")], ignore_index=True)
     r.figure(rep.strategy_bars(bars, title="Extracted among the top-k of each ranking"), "targeted.png",
              "Share of each pick that the attack extracts.")
+    r.text("### Does a score tell the extracted texts from the others?")
+    r.table(predictive_auc(attacked), caption="AUC of each score for extracted vs. not extracted texts "
+            "(1: every extracted text scores higher; 0.5: no information; below 0.5: lower). "
+            "Loss is negated (low loss ranks high), as in its pick above.")
     bins = quantile_bins(attacked, bins=5 if len(attacked) >= 20 else 2, threshold=threshold, score="gnq_max")
     if not bins.empty:
         r.figure(rep.quantile_bars(bins, title="Attack success per GNQ quantile bin", score_label="GNQ max"),
@@ -99,14 +103,31 @@ dashboard shows the same attack.""")
     return r.write(results, command=ctx.command, timings=timings)
 
 
+def predictive_auc(attacked: pd.DataFrame) -> pd.DataFrame:
+    """Per score: AUC of extracted vs. not, over all attacked texts and within each group."""
+    rows = []
+    for label, column, descending in STRATEGIES:
+        if column not in attacked.columns:
+            continue
+        sign = 1.0 if descending else -1.0
+        row = {"score": label}
+        for name, part in [("all", attacked)] + list(attacked.groupby("group")):
+            outcome = np.where(part["success"], "extracted", "kept")
+            row[f"AUC {name}"] = group_auc(sign * pd.to_numeric(part[column], errors="coerce"), outcome,
+                                           "extracted", "kept")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _verdict(table: pd.DataFrame, overall: float) -> str:
     rates = table.groupby(["target", "fraction"])["rate"].mean()
     lines = [f"- Overall {rep.fmt(overall)} of the attacked texts are extracted."]
     for f in FRACTIONS:
         random = table[(table["fraction"] == f) & table["target"].str.startswith("Random")]["rate"].mean()
         picks = {t: rates.get((t, f), np.nan) for t, _, _ in STRATEGIES}
-        best = max(picks, key=lambda t: -1 if np.isnan(picks[t]) else picks[t])
+        top = max((v for v in picks.values() if not np.isnan(v)), default=np.nan)
+        best = [t for t, v in picks.items() if v == top]
         lines.append(f"- Top {f:.0%}: GNQ {rep.fmt(picks[STRATEGIES[0][0]])}, counterfactual "
                      f"{rep.fmt(picks[STRATEGIES[1][0]])}, loss {rep.fmt(picks[STRATEGIES[2][0]])}, random "
-                     f"{rep.fmt(random)} (best: {best}).")
+                     f"{rep.fmt(random)} (highest: {', '.join(best) if len(best) == 1 else 'a tie'}).")
     return "\n".join(lines)
