@@ -373,6 +373,12 @@ def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, repor
                         reporter_factory=lambda ref: _reporter(store, quiet, ref))
 
 
+def _run_study(ctx, quiet: bool, run: Callable[..., Path], **options: Any) -> None:
+    t0 = time.perf_counter()
+    path = run(ctx, **options)
+    _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
+
+
 @study_app.command("common-knowledge")
 @user_errors
 def study_common_knowledge(
@@ -384,11 +390,10 @@ def study_common_knowledge(
     """Facts the model knows vs. surprising false claims: GNQ, loss, K_jj, counterfactual memorization."""
     from .studies import common_knowledge
 
-    ctx = _study("common-knowledge", db, quick, data_dir, reports, work, tag, seed, device, quiet,
-                 dict(facts=facts, claims=claims, cf_models=cf_models), threads)
-    t0 = time.perf_counter()
-    path = common_knowledge.run(ctx, facts=facts, claims=claims, cf_models=cf_models)
-    _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
+    options = dict(facts=facts, claims=claims, cf_models=cf_models)
+    ctx = _study("common-knowledge", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
+                 threads)
+    _run_study(ctx, quiet, common_knowledge.run, **options)
 
 
 @study_app.command("extraction")
@@ -407,14 +412,12 @@ def study_extraction(
     """Targeted prefix attack on the common-knowledge model: top-k by GNQ, counterfactual, loss, random."""
     from .studies import extraction
 
-    extra = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
-                 prefix_tokens=None if prefix_tokens == 12 else prefix_tokens,
-                 threshold=None if threshold == 1.0 else threshold)
-    ctx = _study("extraction", db, quick, data_dir, reports, work, tag, seed, device, quiet, extra, threads)
-    t0 = time.perf_counter()
-    path = extraction.run(ctx, facts=facts, claims=claims, cf_models=cf_models, prefix_tokens=prefix_tokens,
-                          threshold=threshold, random_trials=random_trials)
-    _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
+    options = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
+                   prefix_tokens=prefix_tokens, threshold=threshold)
+    shown = options | dict(prefix_tokens=None if prefix_tokens == 12 else prefix_tokens,
+                           threshold=None if threshold == 1.0 else threshold)
+    ctx = _study("extraction", db, quick, data_dir, reports, work, tag, seed, device, quiet, shown, threads)
+    _run_study(ctx, quiet, extraction.run, **options)
 
 
 @study_app.command("trajectories")
@@ -434,11 +437,10 @@ def study_trajectories(
     """GNQ over checkpoints of a long AG News training; attack success per GNQ_total quantile bin."""
     from .studies import trajectories
 
-    ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet,
-                 dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins), threads)
-    t0 = time.perf_counter()
-    path = trajectories.run(ctx, prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
-    _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
+    options = dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
+    ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
+                 threads)
+    _run_study(ctx, quiet, trajectories.run, **options)
 
 
 if __name__ == "__main__":

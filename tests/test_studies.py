@@ -65,6 +65,13 @@ def built(tmp_path_factory):
                            seconds=seconds, root=root)
 
 
+def finished(built, name: str, run: str):
+    """The study's report text, the store and its main run (finished)."""
+    info = built.store.run(run)
+    assert info.status == "done"
+    return report(built, name), built.store, info
+
+
 def report(built, name: str) -> str:
     folder = built.reports / f"{name}-quick"
     assert (folder / "report.md").is_file() and (folder / "results.json").is_file()
@@ -78,10 +85,8 @@ def report(built, name: str) -> str:
 @pytest.mark.slow
 @needs_data
 def test_common_knowledge_report_shows_the_stores_numbers(built):
-    text = report(built, "common-knowledge")
-    store = built.store
-    run = store.run("common-knowledge-quick.finetune")
-    assert run.status == "done" and run.kind == "train"
+    text, store, run = finished(built, "common-knowledge", "common-knowledge-quick.finetune")
+    assert run.kind == "train"
     traj = store.trajectories(run.run_id)
     assert sorted(traj["group"].unique()) == ["common", "surprising"]
     assert traj.groupby("group")["example_id"].nunique().tolist() == [12, 12]
@@ -101,9 +106,7 @@ def test_common_knowledge_report_shows_the_stores_numbers(built):
 @pytest.mark.slow
 @needs_data
 def test_extraction_report_is_table_3_of_the_stored_attack(built):
-    text = report(built, "extraction")
-    store = built.store
-    run = store.run("common-knowledge-quick.finetune")
+    text, store, run = finished(built, "extraction", "common-knowledge-quick.finetune")
     attack = store.extractions(run.run_id)
     assert set(attack["prefix_tokens"]) == {12} and len(attack) == 24
     totals = store.example_totals(run.run_id)[["example_id", "gnq_max", "loss_last", "group"]]
@@ -125,9 +128,7 @@ def test_extraction_report_is_table_3_of_the_stored_attack(built):
 @pytest.mark.slow
 @needs_data
 def test_trajectories_report_bins_match_the_store(built):
-    text = report(built, "trajectories")
-    store = built.store
-    audit = store.run("trajectories-quick.audit")
+    text, store, audit = finished(built, "trajectories", "trajectories-quick.audit")
     points = store.points(audit.run_id)
     assert list(points["label"]) == ["epoch-1", "epoch-2", "epoch-4"] and set(points["status"]) == {"done"}
     totals = store.example_totals(audit.run_id).sort_values(["gnq_total", "example_id"])

@@ -331,7 +331,11 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
                     "AUC of the mean over epochs": cf_auc,
                     "median common": cf_values[cf["group"] == NEGATIVE].median(),
                     "median surprising": cf_values[cf["group"] == POSITIVE].median()})
+    lam = prep.finetune.lam
+    relation = {"spearman": float(last["gnq"].rank().corr(last["self_influence"].rank())),
+                "ratio": float((last["gnq"] * lam / last["self_influence"]).median()), "lam": lam}
     return {"traj": traj, "both": both, "per_point": per_point, "summary": pd.DataFrame(summary),
+            "relation": relation,
             "cf": cf.assign(cf=cf_values)}
 
 
@@ -367,6 +371,13 @@ AUC is the probability that a random surprising claim scores higher than a rando
     r.table(t["summary"], {"median common": ".4g", "median surprising": ".4g"},
             caption="Separation of the groups at the last fine-tuning epoch, and of each text's mean "
                     "over the epochs. Counterfactual memorization has one value per text.")
+    rel = t["relation"]
+    r.text(f"""GNQ and self-influence rank the texts almost alike here: at the last epoch their Spearman
+correlation is {rep.fmt(rel['spearman'])}, and the median of GNQ·λ/K_jj is {rep.fmt(rel['ratio'])}
+(λ = {rel['lam']:g}). GNQ_j = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: with far more parameters than
+batch companions (P ≫ B), most of g_j lies outside the span of the other {prep.config.finetune.batch_size - 1}
+gradients and contributes ‖g_j,⊥‖²/λ, so a ratio near 1 means the companions remove little and
+GNQ ≈ K_jj/λ on this model.""")
 
     r.text("## Did the pretrained model learn the facts?")
     r.text("Mean loss of the pretrained model (before fine-tuning): "
@@ -406,6 +417,7 @@ AUC is the probability that a random surprising claim scores higher than a rando
 metric `{CF_METRIC}` of run `{prep.finetune.name}`. Counterfactual memorization needs these
 {cfg.cf_models} extra trainings; GNQ came from the one fine-tune's own backward passes.""")
     results = {"summary": t["summary"], "per_point": t["per_point"], "pairs": prep.pairs,
+               "gnq_vs_self_influence": t["relation"],
                "config": asdict(cfg), "runs": [prep.before.name, prep.finetune.name]}
     return r.write(results, command=ctx.command, timings=prep.timings)
 

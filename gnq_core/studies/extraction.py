@@ -23,6 +23,7 @@ from .base import StudyContext, Timings, attack_last_point, attacked_totals
 STUDY = "extraction"
 FRACTIONS = (0.05, 0.10, 0.20)
 STRATEGIES = [("GNQ (max over epochs)", "gnq_max", True),
+              ("GNQ (last epoch)", "gnq_last", True),
               ("Counterfactual memorization", ck.CF_METRIC, True),
               ("Loss (lowest, last epoch)", "loss_last", False),
               ("Self-influence K_jj (last epoch)", "self_influence_last", True)]
@@ -128,6 +129,6 @@ def _verdict(table: pd.DataFrame, overall: float) -> str:
         top = max((v for v in picks.values() if not np.isnan(v)), default=np.nan)
         best = [t for t, v in picks.items() if v == top]
         lines.append(f"- Top {f:.0%}: GNQ {rep.fmt(picks[STRATEGIES[0][0]])}, counterfactual "
-                     f"{rep.fmt(picks[STRATEGIES[1][0]])}, loss {rep.fmt(picks[STRATEGIES[2][0]])}, random "
+                     f"{rep.fmt(picks[STRATEGIES[2][0]])}, loss {rep.fmt(picks[STRATEGIES[3][0]])}, random "
                      f"{rep.fmt(random)} (highest: {', '.join(best) if len(best) == 1 else 'a tie'}).")
     return "\n".join(lines)
