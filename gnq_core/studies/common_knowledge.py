@@ -372,7 +372,8 @@ AUC is the probability that a random surprising claim scores higher than a rando
             caption="Separation of the groups at the last fine-tuning epoch, and of each text's mean "
                     "over the epochs. Counterfactual memorization has one value per text.")
     rel = t["relation"]
-    r.text(f"""GNQ and self-influence rank the texts almost alike here: at the last epoch their Spearman
+    alike = "almost alike" if rel["spearman"] > 0.95 else "differently"
+    r.text(f"""GNQ and self-influence rank the texts {alike} here: at the last epoch their Spearman
 correlation is {rep.fmt(rel['spearman'])}, and the median of GNQ·λ/K_jj is {rep.fmt(rel['ratio'])}
 (λ = {rel['lam']:g}). GNQ_j = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: with far more parameters than
 batch companions (P ≫ B), most of g_j lies outside the span of the other {prep.config.finetune.batch_size - 1}

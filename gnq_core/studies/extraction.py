@@ -63,8 +63,9 @@ dashboard shows the same attack.""")
                 .reset_index())
     by_group["rate"] = by_group["extracted"] / by_group["texts"]
     overall = float(attacked["success"].mean()) if len(attacked) else float("nan")
+    aucs = predictive_auc(attacked)
     r.text("## Result")
-    r.text(_verdict(table, overall))
+    r.text(_verdict(table, overall) + "\n" + _reading(by_group, aucs))
     show = table.assign(Budget=[("top-" if not t.startswith("Random") else "") + f"{f:.0%}"
                                 for t, f in zip(table["target"], table["fraction"], strict=True)])
     show = show.rename(columns={"target": "Target set", "k": "k", "extracted": "Extracted",
@@ -88,7 +89,7 @@ dashboard shows the same attack.""")
     r.figure(rep.strategy_bars(bars, title="Extracted among the top-k of each ranking"), "targeted.png",
              "Share of each pick that the attack extracts.")
     r.text("### Does a score tell the extracted texts from the others?")
-    r.table(predictive_auc(attacked), caption="AUC of each score for extracted vs. not extracted texts "
+    r.table(aucs, caption="AUC of each score for extracted vs. not extracted texts "
             "(1: every extracted text scores higher; 0.5: no information; below 0.5: lower). "
             "Loss is negated (low loss ranks high), as in its pick above.")
     bins = quantile_bins(attacked, bins=5 if len(attacked) >= 20 else 2, threshold=threshold, score="gnq_max")
@@ -120,9 +121,26 @@ def predictive_auc(attacked: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _reading(by_group: pd.DataFrame, aucs: pd.DataFrame) -> str:
+    """What the group rates and the within-group AUCs say, in words chosen by the numbers."""
+    rates = dict(zip(by_group["group"], by_group["rate"], strict=True))
+    lines = ["- By group: " + ", ".join(f"{g} {rep.fmt(v)}" for g, v in rates.items()) + " extracted."]
+    common, surprising = rates.get(ck.NEGATIVE, np.nan), rates.get(ck.POSITIVE, np.nan)
+    if common > surprising:
+        lines.append("  The facts were in the pretraining data verbatim, so the attack recovers them more "
+                     "often than the claims although their GNQ is lower: extraction measures what the model "
+                     "can reproduce, GNQ what the fine-tuning update encoded (paper §6.2).")
+    gnq = aucs.set_index("score").loc[STRATEGIES[0][0]]
+    within = ", ".join(f"{c.removeprefix('AUC ')} {rep.fmt(v)}" for c, v in gnq.items() if c != "AUC all")
+    lines.append(f"- GNQ (max) as a predictor of extraction: AUC {rep.fmt(gnq['AUC all'])} over all texts; "
+                 f"within groups {within}.")
+    return "\n".join(lines)
+
+
 def _verdict(table: pd.DataFrame, overall: float) -> str:
     rates = table.groupby(["target", "fraction"])["rate"].mean()
     lines = [f"- Overall {rep.fmt(overall)} of the attacked texts are extracted."]
+    better = 0
     for f in FRACTIONS:
         random = table[(table["fraction"] == f) & table["target"].str.startswith("Random")]["rate"].mean()
         picks = {t: rates.get((t, f), np.nan) for t, _, _ in STRATEGIES}
@@ -131,4 +149,9 @@ def _verdict(table: pd.DataFrame, overall: float) -> str:
         lines.append(f"- Top {f:.0%}: GNQ {rep.fmt(picks[STRATEGIES[0][0]])}, counterfactual "
                      f"{rep.fmt(picks[STRATEGIES[2][0]])}, loss {rep.fmt(picks[STRATEGIES[3][0]])}, random "
                      f"{rep.fmt(random)} (highest: {', '.join(best) if len(best) == 1 else 'a tie'}).")
+        better += picks[STRATEGIES[0][0]] > random
+    verdict = {0: "at no budget", len(FRACTIONS): "at every budget"}.get(better, f"at {better} of "
+                                                                                f"{len(FRACTIONS)} budgets")
+    lines.append(f"- GNQ's picks are extracted more often than random picks {verdict} "
+                 f"(paper Table 3: at every budget, far more).")
     return "\n".join(lines)
