@@ -110,6 +110,7 @@ def write_report(ctx: StudyContext, cfg: Config, trained, audit, point: pd.Serie
     top10 = max(1, int(round(0.1 * len(totals_sorted))))
     share_top10 = float(totals_sorted[:top10].sum() / totals_sorted.sum())
     spearman = float(attacked["gnq_total"].rank().corr(attacked["extraction_match"].rank()))
+    spearman_last = float(attacked["gnq_last"].rank().corr(attacked["extraction_match"].rank()))
     success = attacked["extraction_match"] >= cfg.threshold
     per_point = (traj.groupby(["point", "label"])["gnq"].quantile([0.1, 0.5, 0.9]).unstack().reset_index()
                  .rename(columns={0.1: "GNQ 10%", 0.5: "GNQ median", 0.9: "GNQ 90%"}).drop(columns="point"))
@@ -132,7 +133,8 @@ and Extraction pages on the dashboard show the same data.""")
 - Success rate in the highest GNQ_total bin {rep.fmt(top)}, in the lowest {rep.fmt(bottom)}; Spearman
   correlation of GNQ_total with the match fraction {rep.fmt(spearman)}.
 - Concentration: the top 10% of texts by GNQ_total hold {rep.fmt(share_top10)} of all GNQ_total
-  (an even spread would be 0.100).""")
+  (an even spread would be 0.100).
+- {_trend(spearman, spearman_last, labels[-1])}""")
     r.table(bins.drop(columns=["example_ids"]), {"lo": ".4g", "hi": ".4g", "mean_score": ".4g"},
             caption=f"Attack success per GNQ_total quantile bin (Fig. 6): {cfg.bins} bins, 1 = lowest.")
     r.figure(rep.quantile_bars(bins, title="Extraction success per GNQ_total quantile bin",
@@ -154,10 +156,28 @@ and Extraction pages on the dashboard show the same data.""")
                     "texts.")
     r.table(per_point, {c: ".4g" for c in per_point.columns if c != "label"},
             caption="GNQ over all texts per checkpoint.")
-    results = {"bins": bins.drop(columns=["example_ids"]), "spearman": spearman, "share_top10": share_top10,
+    results = {"bins": bins.drop(columns=["example_ids"]), "spearman": spearman,
+               "spearman_last": spearman_last, "share_top10": share_top10,
                "attacked": len(attacked), "extracted": int(success.sum()), "config": asdict(cfg),
                "runs": [trained.name, audit.name], "plotted": picked}
     return r.write(results, command=ctx.command, timings=timings)
+
+
+def _trend(spearman: float, spearman_last: float, last: str) -> str:
+    if np.isnan(spearman):
+        return "Every attacked text had the same outcome: no relation to GNQ_total can show."
+    if abs(spearman) < 0.1:
+        return (f"Attack success does not change with GNQ_total on this model (Spearman {rep.fmt(spearman)}; "
+                "the paper's Fig. 6 rises with it).")
+    if spearman > 0:
+        return (f"Attack success rises with GNQ_total (Spearman {rep.fmt(spearman)}), as in the paper's "
+                "Fig. 6.")
+    text = (f"Attack success *falls* with GNQ_total on this model (Spearman {rep.fmt(spearman)}), unlike "
+            f"the paper's Fig. 6. GNQ at {last} alone gives Spearman {rep.fmt(spearman_last)}")
+    if spearman_last < spearman:
+        text += (": a text the model already reproduces has a small gradient, hence a small GNQ, at the "
+                 "late checkpoints, while the texts still being learned keep large ones")
+    return text + "."
 
 
 def labels_to_points(traj: pd.DataFrame, labels: list[str]) -> list[int]:
