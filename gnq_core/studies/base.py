@@ -189,7 +189,7 @@ class Timings:
 
 def machine() -> str:
     return (f"{platform.machine()} CPU, {os.cpu_count()} cores visible, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads")
+            f"torch threads: {torch.get_num_threads()}")
 
 
 # ----------------------------------------------------------------------------------------- attacks
