@@ -180,6 +180,28 @@ def test_dashboard_pages_show_the_study_runs(built, view, run, monkeypatch):
 
 
 @pytest.mark.slow
+@needs_data
+def test_any_pair_of_sentence_files(tmp_path):
+    facts = [f"The {c} river of the old valley flows calmly into the northern sea every day." for c in
+             ("first", "second", "third", "fourth", "fifth", "sixth")]
+    claims = [f"The {c} mountain of the old valley was carried away by friendly geese in 1850." for c in
+              ("first", "second", "third", "fourth", "fifth", "sixth", "seventh")]
+    (tmp_path / "f.txt").write_text("\n".join(facts) + "\n")
+    pd.DataFrame({"text": claims}).to_csv(tmp_path / "c.csv", index=False)
+    threads = torch.get_num_threads()
+    gnq("study", "common-knowledge", "--quick", "--db", tmp_path / "gnq.duckdb", "--data-dir", SHARED_DATA,
+        "--reports", tmp_path / "reports", "--facts", tmp_path / "f.txt", "--claims", tmp_path / "c.csv",
+        "--cf-models", 2, "--tag", "mine", "--quiet")
+    torch.set_num_threads(threads)
+    store = Store(tmp_path / "gnq.duckdb")
+    examples = store.examples(store.run("common-knowledge-quick-mine.finetune").run_id)
+    assert examples["text"].tolist() == facts + claims[:6]  # equal numbers of each
+    assert examples["grp"].tolist() == ["common"] * 6 + ["surprising"] * 6
+    text = (tmp_path / "reports" / "common-knowledge-quick-mine" / "report.md").read_text()
+    assert "`f.txt`" in text and "`c.csv`" in text and "--tag mine" in text
+
+
+@pytest.mark.slow
 def test_clear_errors(tmp_path):
     db = tmp_path / "gnq.duckdb"
     out = fails("study", "common-knowledge", "--quick", "--db", db, "--data-dir", tmp_path / "nowhere")
