@@ -300,10 +300,22 @@ class Store:
             con.register("new_extractions", frame)
             con.execute("INSERT INTO extractions SELECT * FROM new_extractions")
 
+    def write_metric(self, run_id: int, metric: str, values: pd.DataFrame,
+                     settings: dict[str, Any] | None = None) -> None:
+        """One per-example metric (columns example_id, value), replacing that metric's earlier rows."""
+        with self.transaction() as con:
+            con.execute("DELETE FROM example_metrics WHERE run_id = ? AND metric = ?", [run_id, metric])
+            frame = values.assign(run_id=run_id, metric=metric, settings=json.dumps(settings or {}),
+                                  created_at=_now())[
+                ["run_id", "example_id", "metric", "value", "settings", "created_at"]]
+            con.register("new_metrics", frame)
+            con.execute("INSERT INTO example_metrics SELECT * FROM new_metrics")
+
     def delete_run(self, run: int | str) -> None:
         run_id = self.run(run).run_id
         with self.transaction() as con:
-            for table in ("extractions", "scores", "batches", "points", "examples", "runs"):
+            for table in ("example_metrics", "extractions", "scores", "batches", "points", "examples",
+                          "runs"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
     # ----------------------------------------------------------------- reading
@@ -412,6 +424,16 @@ class Store:
             sql += " AND point = ?"
             params.append(point)
         return self._query(sql + " ORDER BY created_at DESC, example_id", params)
+
+    def metrics(self, run_id: int) -> pd.DataFrame:
+        """Per-example metrics of a run, wide: example_id plus one column per metric."""
+        long = self._query("SELECT example_id, metric, value FROM example_metrics WHERE run_id = ? "
+                           "ORDER BY example_id, metric", [run_id])
+        if long.empty:
+            return pd.DataFrame(columns=["example_id"])
+        wide = long.pivot(index="example_id", columns="metric", values="value").reset_index()
+        wide.columns.name = None
+        return wide
 
     def example_record(self, run_id: int, example_id: int) -> dict[str, Any]:
         """Everything about one example: its totals row, trajectory and extraction attempts."""
