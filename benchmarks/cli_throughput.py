@@ -55,7 +55,8 @@ def run(preset: str, n: int, checkpoints: int, batch: int, length: int, prefix: 
     tokenizer = train_tokenizer(texts, vocab_size=4096)
     folder = work / f"ckpt-{preset}"
     for k in range(checkpoints):
-        save_checkpoint(build_model(preset, len(tokenizer), length, seed=k), tokenizer, folder / f"epoch-{k + 1}")
+        model = build_model(preset, len(tokenizer), length, seed=k)
+        save_checkpoint(model, tokenizer, folder / f"epoch-{k + 1}")
     store = Store(work / f"{preset}.duckdb")
     settings = AuditSettings(batch_size=batch, max_length=length, device="cpu")
     start = time.perf_counter()
