@@ -142,6 +142,7 @@ class GNQAuditor:
         self._handles: list[Any] = []
         self._fused_modules: list[nn.Module] = []
         self._fused_now: set[int] = set()  # modules whose current call went the fused way
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}  # fused path's CPU buffers, reused
         self._hooked = self._assign_kernels(model)
         self._static_coverage = self._describe(model)
         self._checker: UseChecker | None = None
@@ -499,6 +500,7 @@ class GNQAuditor:
         for module in self._fused_modules:
             del module.forward  # back to the class's own forward
         self._fused_modules.clear()
+        self._scratch.clear()
         if self._checker is not None:
             if self._checker_active:
                 self._checker.__exit__(None, None, None)
@@ -557,6 +559,15 @@ class _FusedSink:
         p.paths[h.name].add("fused")
         if rows_grad is not None:
             p.paths[h.name].add("tied")
+
+    def workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
+            return torch.empty(numel, dtype=dtype, device=device)
+        scratch = self.auditor._scratch
+        buf = scratch.get(dtype)
+        if buf is None or buf.numel() < numel:
+            buf = scratch[dtype] = torch.empty(numel, dtype=dtype)
+        return buf[:numel]
 
     def accept_gradients(self, weight: DenseRep | None, bias: DenseRep | None) -> None:
         if not self._live():
