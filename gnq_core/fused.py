@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from .reps import DenseRep, compute_dtype
+from .reps import MATERIALIZE_ELEMENT_FLOPS, DenseRep, compute_dtype
 
 # On CPU, G is formed in chunks of about this size in one reused buffer: a fresh 100+ MB tensor
 # per step costs more in page faults than the Gram itself, and small chunks stay in cache
@@ -103,8 +103,8 @@ class FusedLinearFunction(torch.autograd.Function):
 
 
 def fused_flops(batch: int, rows: int, cols: int) -> float:
-    """Extra FLOPs of the fused path: only the Gram of the per-example gradients."""
-    return 2.0 * batch * batch * rows * cols
+    """Extra cost of the fused path: the Gram of the per-example gradients and their memory."""
+    return (2.0 * batch + MATERIALIZE_ELEMENT_FLOPS) * batch * rows * cols
 
 
 def ghost_flops(batch: int, length: int, rows: int, cols: int) -> float:
