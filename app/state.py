@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from gnq_core.shards import open_store
 from gnq_core.store import Run, Store, default_db_path
 
 RUN_KEY, EXAMPLE_KEY = "run_name", "example_id"
@@ -26,7 +27,7 @@ def db_path() -> Path:
 def store(db: str | Path | None = None) -> Store:
     """The store, waiting at most ``$GNQ_BUSY_TIMEOUT`` (else 20) seconds for a job's write; past
     that, main.py shows the StoreError as one line (never DuckDB's lock traceback)."""
-    return Store(db or db_path(), busy_timeout=float(os.environ.get("GNQ_BUSY_TIMEOUT") or 20))
+    return open_store(db or db_path(), busy_timeout=float(os.environ.get("GNQ_BUSY_TIMEOUT") or 20))
 
 
 @st.cache_data(ttl=2, show_spinner=False)
@@ -70,7 +71,8 @@ def sidebar() -> Run | None:
     """Store path and run picker in the sidebar; returns the selected run (or None)."""
     with st.sidebar:
         st.text_input("Store (DuckDB file)", value=str(db_path()), key="db_path",
-                      help="Also set by the GNQ_DB environment variable.")
+                      help="Also set by the GNQ_DB environment variable. A shards folder of a "
+                           "distributed run is read in place (read-only).")
         frame = runs()
         if frame.empty:
             st.caption("No runs in this store yet.")

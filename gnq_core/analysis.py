@@ -7,6 +7,7 @@ frame (with its usual columns) or NaN when there is nothing to compute on.
 Paper references (gradient-uniqueness.tex):
   * ``quantile_bins``          — Fig. 6, extraction success per GNQ_total quantile bin (§6.4);
   * ``targeted_attack_table``  — Table 3, targeted extraction by top-k budget (§6.3);
+  * ``targeted_rows``          — Table 3 in the paper's own row layout, any ranking columns;
   * ``group_auc`` / ``group_separation`` — Fig. 3, surprising vs. common-knowledge texts (§6.2);
   * ``top_bottom``             — Table 4, highest and lowest GNQ texts (§6.4).
 """
@@ -142,6 +143,50 @@ def targeted_attack_table(totals: pd.DataFrame, fractions: Sequence[float] = (0.
         row["random_std"] = float(np.std(rates)) if rates else np.nan
         rows.append(row)
     return pd.DataFrame(rows, columns=TARGETED_COLUMNS)
+
+
+TARGETED_ROW_COLUMNS = ["target", "fraction", "k", "extracted", "rate", "groups"]
+
+
+def targeted_rows(totals: pd.DataFrame, strategies: Sequence[tuple[str, str, bool]],
+                  fractions: Sequence[float] = (0.05, 0.10, 0.20), threshold: float = 1.0,
+                  random_trials: int = 3, seed: int = 0) -> pd.DataFrame:
+    """Paper Table 3 in its own layout: one row per (target set, budget).
+
+    ``strategies`` are (label, ranking column, highest first?); each picks the top k of the rows
+    with an extraction match (k = max(1, round(f·n)) as in ``targeted_attack_table``).  Then
+    ``random_trials`` rows "Random (trial t)" per budget, each a seeded random k-subset.
+    Columns: target, fraction, k, extracted (count), rate (extracted / k) and groups, the
+    per-group breakdown of the extracted texts ("common=0, surprising=20"); a strategy whose
+    column is missing or all-null is left out.
+    """
+    match = _numeric(totals, "extraction_match") if not totals.empty else pd.Series(dtype=float)
+    pool = totals.loc[match.notna()] if not totals.empty else totals
+    if pool.empty:
+        return pd.DataFrame(columns=TARGETED_ROW_COLUMNS)
+    if "example_id" not in pool.columns:
+        pool = pool.assign(example_id=pool.index)
+    success = _successes(match[pool.index], threshold)
+    groups = (sorted(pool["group"].fillna("(none)").astype(str).unique())
+              if "group" in pool.columns and pool["group"].notna().any() else [])
+    n, rows = len(pool), []
+
+    def add(label: str, f: float, picked: pd.DataFrame) -> None:
+        count = int(success[picked.index].sum())
+        rows.append({"target": label, "fraction": float(f), "k": len(picked), "extracted": count,
+                     "rate": count / len(picked), "groups": _group_breakdown(picked, success, groups)})
+
+    budgets = [(float(f), min(n, max(1, int(round(float(f) * n))))) for f in fractions]
+    for label, column, descending in strategies:
+        for f, k in budgets:
+            picked = _top_k(pool, column, k, descending)
+            if not picked.empty:
+                add(label, f, picked)
+    rng = np.random.default_rng(seed)
+    for trial in range(1, random_trials + 1):
+        for f, k in budgets:
+            add(f"Random (trial {trial})", f, pool.iloc[rng.choice(n, size=k, replace=False)])
+    return pd.DataFrame(rows, columns=TARGETED_ROW_COLUMNS)
 
 
 # --------------------------------------------------------------------------- Fig. 3

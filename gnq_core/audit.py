@@ -55,7 +55,7 @@ def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, de
             losses = per_example_lm_loss(logits, b.labels)
             finite = bool(torch.isfinite(losses).all())
             gnq = kjj = condition = None
-            losses.sum().backward()
+            auditor.backward(losses.sum())  # output gradients only: no weight-gradient matmuls
             try:
                 res = auditor.compute()  # raises on a non-finite kernel (e.g. from a NaN loss)
                 if finite:
@@ -90,15 +90,19 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
     """Audit every checkpoint under ``checkpoints`` into run ``name``; resumes an unfinished run."""
     reporter = reporter or Reporter()
     refs = find_checkpoints(checkpoints)
-    for ref in refs:  # a broken checkpoint anywhere in the series is refused before anything is written
-        check_checkpoint(ref.path, settings.max_length)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype)
     run = store.find_run(name)
+    finished: set[int] = set()
+    if run is not None:
+        _check_same_audit(store, run, dataset, settings, refs)
+        finished = set(store.points(run.run_id).query("status == 'done'")["point"])
+    for i, ref in enumerate(refs):  # a broken checkpoint still to audit is refused before anything is written
+        if i not in finished:
+            check_checkpoint(ref.path, settings.max_length)
     if run is None:
         run = _create_audit_run(store, refs, dataset, name, settings, device)
     else:
-        _check_same_audit(store, run, dataset, settings, refs)
         store.set_status(run.run_id, "running")
     store.add_points(run.run_id, [dict(point=i, label=r.label, kind="checkpoint", path=str(r.path))
                                   for i, r in enumerate(refs)])

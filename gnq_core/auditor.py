@@ -26,11 +26,12 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
-from .fused import FusedLinearFunction, fused_flops, ghost_flops
+from .fused import FusedLayerNormFunction, FusedLinearFunction, fused_flops, ghost_flops
 from .kernels import Contribution, Kernel, kernel_for
 from .kernels.base import first_input, hooks_are_suspended
 from .kernels.embedding import EmbeddingKernel
 from .kernels.linear import Conv1DKernel, LinearKernel
+from .kernels.norm import LayerNormKernel
 from .reps import DEFAULT_MEMORY_BUDGET, DenseRep, OneHot, OuterRep, Rep, inner, restrict_rows
 from .solve import GNQNumericalError, gnq_from_kernel, unweight_kernel
 
@@ -92,6 +93,7 @@ class _Pass:
     repeated: bool = False
     paths: dict[str, set[str]] = field(default_factory=dict)
     call_counts: Counter = field(default_factory=Counter)
+    frontier: list[torch.Tensor] = field(default_factory=list)  # outputs of input-end modules
 
     def add(self, block: torch.Tensor) -> None:
         self.kernel = block.clone() if self.kernel is None else self.kernel + block
@@ -111,8 +113,9 @@ class GNQAuditor:
             module (costs one slow forward; turn off only for a model already checked).
         fused: for Linear / HF Conv1D layers where materialising per-example gradients is
             cheaper, return their sum as the weight gradient so autograd's own weight-gradient
-            matmul is skipped (``gnq_core.fused``).  ``param.grad`` then matches the unfused
-            one to float rounding instead of bitwise.
+            matmul is skipped, and for LayerNorm reuse the forward's statistics
+            (``gnq_core.fused``).  ``param.grad`` then matches the unfused one to float
+            rounding instead of bitwise.
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class GNQAuditor:
         self._handles: list[Any] = []
         self._fused_modules: list[nn.Module] = []
         self._fused_now: set[int] = set()  # modules whose current call went the fused way
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}  # fused path's CPU buffers, reused
         self._hooked = self._assign_kernels(model)
         self._static_coverage = self._describe(model)
         self._checker: UseChecker | None = None
@@ -156,7 +160,7 @@ class GNQAuditor:
         for h in self._hooked:
             hook = functools.partial(self._on_forward, h)
             self._handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
-            if fused and type(h.kernel) in (LinearKernel, Conv1DKernel) and "forward" not in vars(h.module):
+            if fused and type(h.kernel) in _FUSABLE and "forward" not in vars(h.module):
                 h.module.forward = functools.partial(self._fused_forward, h)
                 self._fused_modules.append(h.module)
 
@@ -261,6 +265,8 @@ class GNQAuditor:
             if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
                 flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen
                 expanded = True
+        if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten((args, kwargs))[0]):
+            p.frontier.extend(flat_out[i] for i in diff)  # nothing upstream needs a gradient
         saved = h.kernel.capture(module, args, kwargs, output, B)
         call = _Call(h, saved, [(flat_out[i].shape, flat_out[i].dtype, flat_out[i].device)
                                 for i in diff], [None] * len(diff))
@@ -306,7 +312,7 @@ class GNQAuditor:
         p.call_counts[h.name] += 1
         ids = dict(zip(h.params, h.param_ids, strict=True))
         for c in contributions:
-            block, path = inner(c.rep, c.rep, self._path, self._budget)
+            block, path = self._gram(c.rep)
             p.add(block)
             paths.add(label or ("per-example" if path == "dense" else path))
             if len(c.params) == 1 and c.params[0] in split:  # shared: cross terms with other uses
@@ -328,7 +334,11 @@ class GNQAuditor:
         module = h.module
         original = type(module).forward
         if (not self._enabled or hooks_are_suspended() or not torch.is_grad_enabled()
-                or torch.is_autocast_enabled() or "weight" not in h.params):
+                or torch.is_autocast_enabled()):
+            return original(module, *args, **kwargs)
+        if type(h.kernel) is LayerNormKernel:
+            return self._fused_layernorm(h, *args, **kwargs)
+        if "weight" not in h.params:
             return original(module, *args, **kwargs)
         x = first_input(args, kwargs, "x" if type(h.kernel) is Conv1DKernel else "input")
         p = self._pass or self._start_pass(_leading_dim(args, kwargs))
@@ -344,13 +354,28 @@ class GNQAuditor:
                      or fused_flops(B, rows, cols) <= ghost_flops(B, T, rows, cols)))
         if not fuse:
             return original(module, *args, **kwargs)
+        sink = self._fused_call(h, p)
+        return FusedLinearFunction.apply(x, weight, module.bias, type(h.kernel) is Conv1DKernel, sink,
+                                         self._budget)
+
+    def _fused_layernorm(self, h: _Hooked, *args, **kwargs):
+        """LayerNorm's per-example gradients are B×d, so they are always formed (no cost choice)."""
+        module = h.module
+        x = first_input(args, kwargs)
+        p = self._pass or self._start_pass(_leading_dim(args, kwargs))
+        if x.dim() < 2 or x.shape[0] != p.batch_size or not h.params:
+            return type(module).forward(module, *args, **kwargs)
+        sink = self._fused_call(h, p)
+        return FusedLayerNormFunction.apply(x, module.weight, module.bias, module.normalized_shape,
+                                            module.eps, sink)
+
+    def _fused_call(self, h: _Hooked, p: _Pass) -> _FusedSink:
+        """Register a call that reports to the auditor from its own backward (no output hook)."""
         call = _Call(h, None, [], [])
         p.uses.update(h.param_ids)
         p.calls.append(call)
-        self._fused_now.add(id(module))
-        sink = _FusedSink(self, p, call)
-        return FusedLinearFunction.apply(x, weight, module.bias, type(h.kernel) is Conv1DKernel, sink,
-                                         self._budget)
+        self._fused_now.add(id(h.module))
+        return _FusedSink(self, p, call)
 
     def _add_cross_terms(self, p: _Pass, call: _Call, pid: int, rep: Rep) -> None:
         """⟨a_j, b_k⟩ + ⟨b_j, a_k⟩ between this use of a shared parameter and earlier ones."""
@@ -359,8 +384,7 @@ class GNQAuditor:
             rep = restrict_rows(rep, rows) or rep
         earlier = p.pending.setdefault(pid, [])
         for other in earlier:
-            cross, _ = inner(other, rep, self._path, self._budget)
-            p.add(cross + cross.T)
+            p.add(self._cross(other, rep))
         if rows is None:  # keep only the rows later embedding uses can touch (tied wte/lm_head)
             rows = self._rows_still_needed(p, call, pid)
             if rows is not None:
@@ -387,7 +411,47 @@ class GNQAuditor:
             return None
         return torch.unique(torch.cat([t.to(tokens[0].device) for t in tokens]))
 
+    # ------------------------------------------------------------------ extension points
+    # The Gram blocks of K and the final B×B kernel go through these three methods, so a
+    # subclass can change what "the batch" is (gnq_core.distributed: the global batch of all
+    # ranks) without touching the hooks or the bookkeeping.
+    def _gram(self, rep: Rep) -> tuple[torch.Tensor, str]:
+        """This pass's block ⟨g_j, g_k⟩ of one representation, and the path used."""
+        return inner(rep, rep, self._path, self._budget)
+
+    def _cross(self, a: Rep, b: Rep) -> torch.Tensor:
+        """Cross terms ⟨a_j, b_k⟩ + ⟨b_j, a_k⟩ of two uses of one shared parameter."""
+        cross, _ = inner(a, b, self._path, self._budget)
+        return cross + cross.T
+
+    def _batch_kernel(self, p: _Pass, weights: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """The finished pass's kernel for the per-example losses ℓ_j, and its batch size."""
+        B = p.batch_size
+        K = p.kernel
+        if K is None:
+            K = torch.zeros(B, B, dtype=torch.float64)
+        if K.shape != (B, B):
+            raise BatchDimensionError(f"kernel has shape {tuple(K.shape)} for a batch of {B}")
+        if weights is not None:
+            K = unweight_kernel(K, weights)
+        return K, B
+
     # ------------------------------------------------------------------ API
+    def backward(self, loss: torch.Tensor) -> None:
+        """The backward a post-hoc audit needs: every covered module's output gradient, no ``.grad``.
+
+        Differentiates only w.r.t. the outputs of the modules at the input end of the graph
+        (those whose inputs need no gradient, e.g. embeddings), so autograd skips every
+        weight-gradient matmul — about half of a training backward — while every module's
+        output gradient, all the kernels use, is still formed.  ``param.grad`` is left alone.
+        """
+        p = self._pass
+        if p is None or not p.frontier:
+            loss.backward()
+            return
+        torch.autograd.grad(loss, p.frontier, allow_unused=True)
+        p.frontier.clear()
+
     def compute(self, weights: torch.Tensor | None = None) -> GNQResult:
         """GNQ of every example of the last backward pass.
 
@@ -408,14 +472,7 @@ class GNQAuditor:
         for call in p.calls:  # outputs of which only some received a gradient
             if not call.done and call.received and call.saved is not None:
                 self._process(p, call)
-        B = p.batch_size
-        K = p.kernel
-        if K is None:
-            K = torch.zeros(B, B, dtype=torch.float64)
-        if K.shape != (B, B):
-            raise BatchDimensionError(f"kernel has shape {tuple(K.shape)} for a batch of {B}")
-        if weights is not None:
-            K = unweight_kernel(K, weights)
+        K, B = self._batch_kernel(p, weights)
         try:
             solution = gnq_from_kernel(K, self.lam)
         except GNQNumericalError:
@@ -447,6 +504,7 @@ class GNQAuditor:
         for module in self._fused_modules:
             del module.forward  # back to the class's own forward
         self._fused_modules.clear()
+        self._scratch.clear()
         if self._checker is not None:
             if self._checker_active:
                 self._checker.__exit__(None, None, None)
@@ -506,11 +564,23 @@ class _FusedSink:
         if rows_grad is not None:
             p.paths[h.name].add("tied")
 
+    def workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
+            return torch.empty(numel, dtype=dtype, device=device)
+        scratch = self.auditor._scratch
+        buf = scratch.get(dtype)
+        if buf is None or buf.numel() < numel:
+            buf = scratch[dtype] = torch.empty(numel, dtype=dtype)
+        return buf[:numel]
+
     def accept_gradients(self, weight: DenseRep | None, bias: DenseRep | None) -> None:
         if not self._live():
             return
         parts = [Contribution((n,), r) for n, r in (("weight", weight), ("bias", bias)) if r is not None]
         self.auditor._accumulate(self.p, self.call, parts, label="fused")
+
+
+_FUSABLE = (LinearKernel, Conv1DKernel, LayerNormKernel)
 
 
 def _leading_dim(args: tuple, kwargs: dict) -> int | None:

@@ -296,6 +296,24 @@ def demo(
 
 
 @app.command()
+@user_errors
+def ingest(
+    shards: Path = typer.Argument(..., help="A shards folder written by a distributed run (run.json, "
+                                            "scores/, batches/)."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Load a run's Parquet shards into the store (one transaction; ingesting again replaces, never
+    duplicates)."""
+    from .shards import ingest as ingest_shards
+
+    store = _store(db)
+    run, counts = ingest_shards(store, shards)
+    _done(quiet, f"run {run.name!r} (id {run.run_id}, {run.status}): {counts['scores']} scores, "
+                 f"{counts['batches']} batches, {counts['points']} points from {shards}; store {store.path}")
+
+
+@app.command()
 def selfcheck(
     seed: int = typer.Option(None, help="Random seed (default: a fresh one each run)."),
     lam: float = typer.Option(1e-3, help="λ used for the check."),
@@ -335,6 +353,121 @@ def _lazy_run_id(store, name: str) -> Callable[[], int | None]:
 def _done(quiet: bool, message: str) -> None:
     if not quiet:
         console.print(message, highlight=False)
+
+
+# ----------------------------------------------------------------------------------------- gnq study
+study_app = typer.Typer(
+    help="Reproduce the paper's findings (§6) on small models trained here; each study is a set of "
+         "runs in the store plus a Markdown report with figures in REPORTS/NAME/. Reruns resume.",
+    no_args_is_help=True)
+app.add_typer(study_app, name="study")
+QuickOption = typer.Option(False, "--quick", help="Tiny sizes for tests (well under a minute).")
+DataDirOption = typer.Option(None, "--data-dir", show_default=False,
+                             help="Real-text folder with wikitext2/ and ag_news/ (default: ../shared/data "
+                                  "next to the repository).")
+ReportsOption = typer.Option(Path("reports"), help="Reports go to REPORTS/NAME/report.md.")
+WorkOption = typer.Option(None, show_default=False,
+                          help="Checkpoints and intermediate files (default: studies/ beside the store).")
+TagOption = typer.Option(None, help="Suffix for the study's run names and folders (to keep several "
+                                    "versions, e.g. with other --facts/--claims).")
+SeedOption = typer.Option(0, help="Seed for data order, initialisation, subsets and random picks.")
+FactsOption = typer.Option(None, help="Common-knowledge sentences, one per line (default: data/facts.txt).")
+ClaimsOption = typer.Option(None, help="Surprising false claims, one per line (default: data/claims.txt).")
+CfModelsOption = typer.Option(None, min=2, show_default=False,
+                              help="Counterfactual models (even; default 16, 4 with --quick).")
+ThreadsOption = typer.Option(1, min=1, help="torch CPU threads. The studies' small models gain little "
+                                          "from more, and lose much when other jobs share the cores.")
+
+
+def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, reports: Path, work: Path | None,
+           tag: str | None, seed: int, device: str, quiet: bool, extra: dict[str, Any], threads: int):
+    import torch
+
+    from .studies import StudyContext
+
+    torch.set_num_threads(threads)
+    store = _store(db)
+    flags = [f"--db {store.path}"] + (["--quick"] if quick else [])
+    defaults = {"data_dir": None, "reports": Path("reports"), "work": None, "tag": None, "seed": 0,
+                "device": "auto", "threads": 1}
+    given = dict(data_dir=data_dir, reports=reports, work=work, tag=tag, seed=seed, device=device,
+                 threads=threads) | extra
+    flags += [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
+              if v is not None and v != defaults.get(k)]
+    return StudyContext(store=store, quick=quick, seed=seed, device=device, work_root=work,
+                        reports_root=reports,
+                        data_dir=data_dir, tag=tag, command=" ".join(["gnq study", name, *flags]),
+                        reporter_factory=lambda ref: _reporter(store, quiet, ref))
+
+
+def _run_study(ctx, quiet: bool, run: Callable[..., Path], **options: Any) -> None:
+    t0 = time.perf_counter()
+    path = run(ctx, **options)
+    _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
+
+
+@study_app.command("common-knowledge")
+@user_errors
+def study_common_knowledge(
+    db: Path = DbOption, quick: bool = QuickOption, facts: Path = FactsOption, claims: Path = ClaimsOption,
+    cf_models: int = CfModelsOption, data_dir: Path = DataDirOption, reports: Path = ReportsOption,
+    work: Path = WorkOption, tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption,
+    threads: int = ThreadsOption, quiet: bool = QuietOption,
+) -> None:
+    """Facts the model knows vs. surprising false claims: GNQ, loss, K_jj, counterfactual memorization."""
+    from .studies import common_knowledge
+
+    options = dict(facts=facts, claims=claims, cf_models=cf_models)
+    ctx = _study("common-knowledge", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
+                 threads)
+    _run_study(ctx, quiet, common_knowledge.run, **options)
+
+
+@study_app.command("extraction")
+@user_errors
+def study_extraction(
+    db: Path = DbOption, quick: bool = QuickOption, facts: Path = FactsOption, claims: Path = ClaimsOption,
+    cf_models: int = CfModelsOption,
+    prefix_tokens: int = typer.Option(12, min=1, help="Tokens revealed to the model."),
+    threshold: float = typer.Option(1.0, min=0.0, max=1.0, help="Success at this match fraction (1: exact)."),
+    random_trials: int = typer.Option(None, min=1, show_default=False,
+                                      help="Random picks per budget (default 5, 3 with --quick)."),
+    data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
+    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Targeted prefix attack on the common-knowledge model: top-k by GNQ, counterfactual, loss, random."""
+    from .studies import extraction
+
+    options = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
+                   prefix_tokens=prefix_tokens, threshold=threshold)
+    shown = options | dict(prefix_tokens=None if prefix_tokens == 12 else prefix_tokens,
+                           threshold=None if threshold == 1.0 else threshold)
+    ctx = _study("extraction", db, quick, data_dir, reports, work, tag, seed, device, quiet, shown, threads)
+    _run_study(ctx, quiet, extraction.run, **options)
+
+
+@study_app.command("trajectories")
+@user_errors
+def study_trajectories(
+    db: Path = DbOption, quick: bool = QuickOption,
+    prefix_tokens: int = typer.Option(None, min=1, show_default=False,
+                                      help="Tokens revealed (default 32 of 64, 12 of 32 with --quick)."),
+    threshold: float = typer.Option(None, min=0.0, max=1.0, show_default=False,
+                                    help="Success at this match fraction (default 0.98)."),
+    bins: int = typer.Option(None, min=1, show_default=False,
+                             help="Quantile bins (default 10, 4 with --quick)."),
+    data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
+    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """GNQ over checkpoints of a long AG News training; attack success per GNQ_total quantile bin."""
+    from .studies import trajectories
+
+    options = dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
+    ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
+                 threads)
+    _run_study(ctx, quiet, trajectories.run, **options)
 
 
 if __name__ == "__main__":

@@ -162,13 +162,21 @@ def ghost_flops(r: OuterRep, s: OuterRep) -> float:
     return 2.0 * rows * cols * (_factor_cost(r.A) + _factor_cost(r.C) + 1)
 
 
+# What writing one element of a materialised per-example gradient and reading it back for the
+# Gram costs, in FLOPs of a large matmul.  Calibrated on CPU by `python -m benchmarks.crossover`:
+# with it the model's ghost/materialise crossover matches the measured one for d = 64, 256 and
+# 1024 (without it, materialising looked cheaper than it is for wide layers at moderate T).
+MATERIALIZE_ELEMENT_FLOPS = 128.0
+
+
 def materialize_flops(r: OuterRep, s: OuterRep) -> float:
-    """FLOPs of materialising both sides' per-example gradients and their Gram."""
+    """FLOPs (matmul-equivalent) of materialising both sides' per-example gradients and their Gram."""
     per_ex = 2.0 * (r.batch * r.length + (0 if s is r else s.batch * s.length))
     numel = _materialized_numel(r, s)
     if isinstance(r.A, OneHot):  # scatter-add: one add per element of C
         per_ex = per_ex / max(numel // max(r.C.width + int(r.bias), 1), 1)
-    return per_ex * numel + 2.0 * r.batch * s.batch * numel
+    memory = MATERIALIZE_ELEMENT_FLOPS * (r.batch + (0 if s is r else s.batch)) * numel
+    return per_ex * numel + 2.0 * r.batch * s.batch * numel + memory
 
 
 def _materialized_numel(r: OuterRep, s: OuterRep) -> int:

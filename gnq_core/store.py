@@ -188,24 +188,49 @@ class Store:
                    code_version: str, device: str | None, dtype: str | None, model_hash: str | None = None,
                    settings: dict[str, Any] | None = None, examples: pd.DataFrame | None = None) -> Run:
         """Insert a run and its examples (columns example_id, text, grp, n_tokens) in one transaction."""
-        now = _now()
         with self.transaction() as con:
             if con.execute("SELECT 1 FROM runs WHERE name = ?", [name]).fetchone():
                 raise StoreError(f"{self.path}: a run named {name!r} already exists")
-            run_id = con.execute(
-                """INSERT INTO runs (name, kind, status, created_at, updated_at, lam, loss_convention,
-                       batch_size, seed, max_length, model_path, model_hash, dataset_path, dataset_hash,
-                       n_examples, code_version, device, dtype, settings, pid)
-                   VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                   RETURNING run_id""",
-                [name, kind, now, now, lam, LOSS_CONVENTION, batch_size, seed, max_length, model_path,
-                 model_hash, dataset_path, dataset_hash, n_examples, code_version, device, dtype,
-                 json.dumps(settings or {}), os.getpid()]).fetchone()[0]
-            if examples is not None and len(examples):
-                frame = examples.assign(run_id=run_id)[["run_id", "example_id", "text", "grp", "n_tokens"]]
-                con.register("new_examples", frame)
-                con.execute("INSERT INTO examples SELECT * FROM new_examples")
-                con.unregister("new_examples")
+            run_id = _insert_run(con, dict(
+                name=name, kind=kind, lam=lam, batch_size=batch_size, seed=seed, max_length=max_length,
+                model_path=model_path, model_hash=model_hash, dataset_path=dataset_path,
+                dataset_hash=dataset_hash, n_examples=n_examples, code_version=code_version, device=device,
+                dtype=dtype, settings=settings))
+            _insert_examples(con, run_id, examples)
+        return self.run(run_id)
+
+    def import_run(self, fields: dict[str, Any], examples: pd.DataFrame, points: pd.DataFrame,
+                   score_files: Sequence[str], batch_files: Sequence[str], *, status: str) -> Run:
+        """A run written elsewhere as Parquet shards (gnq_core.shards), in one transaction.
+
+        ``fields``: the runs columns (as ``create_run``), whose ``settings['shard_id']`` names the
+        shards; a rerun on the same shards replaces the run's examples, points, scores and
+        batches (idempotent; its id and extraction attacks are kept).  ``points``: point, label,
+        kind, status.  Scores and batches are read by DuckDB straight from the files.
+        """
+        shard_id = (fields.get("settings") or {}).get("shard_id")
+        with self.transaction() as con:
+            row = con.execute("SELECT run_id, settings FROM runs WHERE name = ?", [fields["name"]]).fetchone()
+            if row is None:
+                run_id = _insert_run(con, fields)
+            else:
+                run_id, settings = row
+                if not shard_id or json.loads(settings or "{}").get("shard_id") != shard_id:
+                    raise StoreError(f"{self.path}: a run named {fields['name']!r} already exists and was "
+                                     "not ingested from these shards")
+                for table in ("examples", "points", "scores", "batches"):
+                    con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+            _insert_examples(con, run_id, examples)
+            frame = points.assign(run_id=run_id)[["run_id", "point", "label", "kind", "status"]]
+            con.register("new_points", frame)
+            con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM new_points")
+            con.unregister("new_points")
+            if score_files:
+                con.execute(f"INSERT INTO scores {shard_select('scores', score_files, run_id)}")
+            if batch_files:
+                con.execute(f"INSERT INTO batches {shard_select('batches', batch_files, run_id)}")
+            con.execute("UPDATE runs SET status = ?, updated_at = ?, settings = ? WHERE run_id = ?",
+                        [status, _now(), json.dumps(fields.get("settings") or {}), run_id])
         return self.run(run_id)
 
     def set_status(self, run: int | str, status: str, message: str | None = None) -> None:
@@ -297,10 +322,22 @@ class Store:
             return None
         return set(rows["example_id"].astype(int))
 
+    def write_metric(self, run_id: int, metric: str, values: pd.DataFrame,
+                     settings: dict[str, Any] | None = None) -> None:
+        """One per-example metric (columns example_id, value), replacing that metric's earlier rows."""
+        with self.transaction() as con:
+            con.execute("DELETE FROM example_metrics WHERE run_id = ? AND metric = ?", [run_id, metric])
+            frame = values.assign(run_id=run_id, metric=metric, settings=json.dumps(settings or {}),
+                                  created_at=_now())[
+                ["run_id", "example_id", "metric", "value", "settings", "created_at"]]
+            con.register("new_metrics", frame)
+            con.execute("INSERT INTO example_metrics SELECT * FROM new_metrics")
+
     def delete_run(self, run: int | str) -> None:
         run_id = self.run(run).run_id
         with self.transaction() as con:
-            for table in ("extractions", "scores", "batches", "points", "examples", "runs"):
+            for table in ("example_metrics", "extractions", "scores", "batches", "points", "examples",
+                          "runs"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
     # ----------------------------------------------------------------- reading
@@ -410,6 +447,16 @@ class Store:
             params.append(point)
         return self._query(sql + " ORDER BY created_at DESC, example_id", params)
 
+    def metrics(self, run_id: int) -> pd.DataFrame:
+        """Per-example metrics of a run, wide: example_id plus one column per metric."""
+        long = self._query("SELECT example_id, metric, value FROM example_metrics WHERE run_id = ? "
+                           "ORDER BY example_id, metric", [run_id])
+        if long.empty:
+            return pd.DataFrame(columns=["example_id"])
+        wide = long.pivot(index="example_id", columns="metric", values="value").reset_index()
+        wide.columns.name = None
+        return wide
+
     def example_record(self, run_id: int, example_id: int) -> dict[str, Any]:
         """Everything about one example: its totals row, trajectory and extraction attempts."""
         totals = self._query(_TOTALS_SQL + " SELECT * FROM totals WHERE example_id = ?",
@@ -453,6 +500,48 @@ totals AS (
     LEFT JOIN latest_attack x USING (example_id)
     WHERE e.run_id = ?)
 """
+
+
+def _insert_run(con: duckdb.DuckDBPyConnection, f: dict[str, Any]) -> int:
+    now = _now()
+    return con.execute(
+        """INSERT INTO runs (name, kind, status, created_at, updated_at, lam, loss_convention,
+               batch_size, seed, max_length, model_path, model_hash, dataset_path, dataset_hash,
+               n_examples, code_version, device, dtype, settings, pid)
+           VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+           RETURNING run_id""",
+        [f["name"], f["kind"], now, now, f["lam"], LOSS_CONVENTION, f["batch_size"], f["seed"],
+         f["max_length"], f["model_path"], f.get("model_hash"), f["dataset_path"], f["dataset_hash"],
+         f["n_examples"], f["code_version"], f.get("device"), f.get("dtype"),
+         json.dumps(f.get("settings") or {}), os.getpid()]).fetchone()[0]
+
+
+def _insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:
+    if examples is not None and len(examples):
+        frame = examples.assign(run_id=run_id)[["run_id", "example_id", "text", "grp", "n_tokens"]]
+        con.register("new_examples", frame)
+        con.execute("INSERT INTO examples SELECT * FROM new_examples")
+        con.unregister("new_examples")
+
+
+# Columns of the scores / batches tables that a Parquet shard carries (all but run_id).
+SHARD_COLUMNS = {
+    "scores": ["point", "example_id", "batch_index", "step", "gnq", "loss", "self_influence"],
+    "batches": ["point", "batch_index", "step", "size", "condition", "finite", "seconds"],
+}
+_SHARD_KEYS = {"scores": "point, example_id", "batches": "point, batch_index"}
+
+
+def shard_select(table: str, files: Sequence[str], run_id: int) -> str:
+    """SELECT of a table's rows straight from Parquet shards, as run ``run_id``.
+
+    An example can appear twice in one point (a distributed sampler pads the last batches by
+    repeating examples): its first occurrence (lowest step) is kept, as the table's key wants.
+    """
+    paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+    columns = ", ".join(SHARD_COLUMNS[table])
+    return (f"SELECT {int(run_id)} AS run_id, {columns} FROM read_parquet([{paths}]) "
+            f"QUALIFY row_number() OVER (PARTITION BY {_SHARD_KEYS[table]} ORDER BY step, batch_index) = 1")
 
 
 def _current_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:

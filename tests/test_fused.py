@@ -56,8 +56,11 @@ def test_fused_is_exact_and_keeps_gradients(case, path):
     assert rel_err(res.gnq, exact_gnq(model, loss_fn, batch, 1e-3).gnq) <= TOL
     for name, g in plain.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-12, atol=1e-15, msg=name)
+    paths = res.coverage.paths()
     if path == "materialize":
-        assert any("fused" in p for p in res.coverage.paths().values())
+        assert any("fused" in p for p in paths.values())
+    norms = [n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    assert all(paths[n] == {"fused"} for n in norms), {n: paths[n] for n in norms}
 
 
 def test_fused_row_chunks_within_a_tiny_memory_budget():
@@ -89,3 +92,18 @@ def test_fused_float32_gradients_match_to_rounding_and_close_restores_forward():
 
     for a, b in zip(grads(True), grads(False), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_audit_backward_skips_parameter_gradients_and_keeps_gnq_exact(case):
+    """auditor.backward differentiates only w.r.t. input-end outputs: same K, no param.grad."""
+    torch.manual_seed(24)
+    make, loss_fn, make_batch = CASES[case]
+    model, batch = make().eval(), make_batch()
+    with GNQAuditor(model, lam=1e-3) as auditor:
+        auditor.backward(loss_fn(model, batch).sum())
+        res = auditor.compute()
+    assert all(p.grad is None for p in model.parameters())
+    exact = exact_gnq(model, loss_fn, batch, 1e-3)
+    assert rel_err(res.gnq, exact.gnq) <= TOL
+    assert rel_err(res.kernel, exact.kernel) <= TOL

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from gnq_core.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLES = ("runs", "examples", "points", "batches", "scores", "extractions")
+TABLES = ("runs", "examples", "points", "batches", "scores", "extractions", "example_metrics")
 
 
 def gnq(*args: object) -> str:

@@ -1,0 +1,270 @@
+"""`gnq study`: the three paper studies end to end in --quick mode (reports checked against the
+store), resume without duplicates, clear errors; and the studies' pure helpers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from lm_fixtures import SHARED_DATA
+from streamlit.testing.v1 import AppTest
+from typer.testing import CliRunner
+
+from gnq_core.analysis import group_auc, targeted_rows
+from gnq_core.cli import app
+from gnq_core.store import Store
+from gnq_core.studies.base import wikitext_chunks
+from gnq_core.studies.common_knowledge import CF_METRIC, cf_subset, counterfactual_memorization
+from gnq_core.studies.report import fmt, markdown_table
+from gnq_core.studies.trajectories import audit_epochs
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+HAS_DATA = (SHARED_DATA / "ag_news" / "train_2000.csv").is_file()
+needs_data = pytest.mark.skipif(not HAS_DATA, reason="../shared/data (WikiText-2, AG News) is not here")
+STUDIES = ("common-knowledge", "extraction", "trajectories")
+
+
+def gnq(*args) -> str:
+    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def fails(*args) -> str:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    return result.output
+
+
+def counts(store: Store) -> dict[str, int]:
+    with store.connect(read_only=True) as con:
+        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("runs", "examples", "points", "scores", "batches", "extractions",
+                          "example_metrics")}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("studies")
+    args = ["--quick", "--db", root / "gnq.duckdb", "--reports", root / "reports",
+            "--data-dir", SHARED_DATA, "--quiet"]
+    seconds, threads = {}, torch.get_num_threads()
+    for name in STUDIES:
+        t0 = time.perf_counter()
+        gnq("study", name, *args)
+        seconds[name] = time.perf_counter() - t0
+    torch.set_num_threads(threads)  # `gnq study` sets 1 thread (--threads) for this process
+    return SimpleNamespace(store=Store(root / "gnq.duckdb"), reports=root / "reports", args=args,
+                           seconds=seconds, root=root)
+
+
+def finished(built, name: str, run: str):
+    """The study's report text, the store and its main run (finished)."""
+    info = built.store.run(run)
+    assert info.status == "done"
+    return report(built, name), built.store, info
+
+
+def report(built, name: str) -> str:
+    folder = built.reports / f"{name}-quick"
+    assert (folder / "report.md").is_file() and (folder / "results.json").is_file()
+    text = (folder / "report.md").read_text()
+    for image in [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]:
+        assert (folder / image).stat().st_size > 1000  # a real PNG
+    assert "gnq study " + name in text and "--quick" in text  # the command that reproduces it
+    return text
+
+
+@pytest.mark.slow
+@needs_data
+def test_common_knowledge_report_shows_the_stores_numbers(built):
+    text, store, run = finished(built, "common-knowledge", "common-knowledge-quick.finetune")
+    assert run.kind == "train"
+    traj = store.trajectories(run.run_id)
+    assert sorted(traj["group"].unique()) == ["common", "surprising"]
+    assert traj.groupby("group")["example_id"].nunique().tolist() == [12, 12]
+    last = traj[traj["point"] == traj["point"].max()]
+    for value, name in (("gnq", "GNQ"), ("loss", "loss"), ("self_influence", "self-influence K_jj")):
+        auc = group_auc(last[value], last["group"], "surprising", "common")
+        assert f"| {name} | {fmt(auc)} |" in text
+    # Counterfactual memorization: 4 models in complementary pairs, one value per text, in the store.
+    metrics = store.metrics(run.run_id).merge(store.examples(run.run_id), on="example_id")
+    assert len(metrics) == 24 and metrics[CF_METRIC].notna().all()
+    cf_auc = group_auc(metrics[CF_METRIC], metrics["grp"], "surprising", "common")
+    assert f"| counterfactual memorization | {fmt(cf_auc)} |" in text
+    before = store.run("common-knowledge-quick.before")
+    assert before.kind == "audit" and len(store.scores(before.run_id)) == 24
+
+
+@pytest.mark.slow
+@needs_data
+def test_extraction_report_is_table_3_of_the_stored_attack(built):
+    text, store, run = finished(built, "extraction", "common-knowledge-quick.finetune")
+    attack = store.extractions(run.run_id)
+    assert set(attack["prefix_tokens"]) == {12} and len(attack) == 24
+    totals = store.example_totals(run.run_id)[["example_id", "gnq_max", "loss_last", "group"]]
+    frame = (totals.merge(attack[["example_id", "match_fraction"]], on="example_id")
+             .merge(store.metrics(run.run_id), on="example_id").dropna(subset=["match_fraction"]))
+    n = len(frame)
+    for label, column, descending in (("GNQ (max over epochs)", "gnq_max", True),
+                                      ("Counterfactual memorization", CF_METRIC, True),
+                                      ("Loss (lowest, last epoch)", "loss_last", False)):
+        for f in (0.05, 0.10, 0.20):
+            k = max(1, round(f * n))
+            key = -frame[column] if descending else frame[column]
+            top = frame.assign(key=key).sort_values(["key", "example_id"]).head(k)
+            extracted = int((top["match_fraction"] >= 1.0).sum())
+            assert f"| {label} | top-{f:.0%} | {k} | {extracted} |" in text
+    assert text.count("| Random (trial ") == 3 * 3
+
+
+@pytest.mark.slow
+@needs_data
+def test_trajectories_report_bins_match_the_store(built):
+    text, store, audit = finished(built, "trajectories", "trajectories-quick.audit")
+    points = store.points(audit.run_id)
+    assert list(points["label"]) == ["epoch-1", "epoch-2", "epoch-4"] and set(points["status"]) == {"done"}
+    totals = store.example_totals(audit.run_id).sort_values(["gnq_total", "example_id"])
+    attack = store.extractions(audit.run_id).set_index("example_id")["match_fraction"]
+    totals = totals.assign(match=totals["example_id"].map(attack)).dropna(subset=["match"])
+    n = len(totals)
+    assert n > 0
+    totals["bin"] = np.arange(n) * 4 // n + 1  # equal-count bins over the GNQ_total ranks
+    for b, part in totals.groupby("bin"):
+        assert len(part) in (n // 4, n // 4 + 1)
+        rate = float((part["match"] >= 0.98).mean())
+        assert f"| {b} | {len(part)} | {fmt(part['gnq_total'].min(), '.4g')} |" in text
+        row = next(line for line in text.splitlines() if line.startswith(f"| {b} | {len(part)} |"))
+        assert f"| {fmt(rate)} |" in row
+
+
+@pytest.mark.slow
+@needs_data
+def test_rerun_resumes_without_duplicates(built):
+    before = counts(built.store)
+    finished = {name: built.store.points(built.store.run(name).run_id)["finished_at"].tolist()
+                for name in ("common-knowledge-quick.finetune", "trajectories-quick.audit")}
+    for name in STUDIES:
+        t0 = time.perf_counter()
+        gnq("study", name, *built.args)
+        assert time.perf_counter() - t0 < built.seconds[name], name  # nothing trained again
+    assert counts(built.store) == before
+    for name, stamps in finished.items():
+        assert built.store.points(built.store.run(name).run_id)["finished_at"].tolist() == stamps
+
+
+@pytest.mark.slow
+@needs_data
+@pytest.mark.parametrize("view, run", [("groups", "common-knowledge-quick.finetune"),
+                                       ("extraction", "common-knowledge-quick.finetune"),
+                                       ("trajectories", "trajectories-quick.audit"),
+                                       ("extraction", "trajectories-quick.audit")])
+def test_dashboard_pages_show_the_study_runs(built, view, run, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(built.store.path))
+    at = AppTest.from_file(str(ROOT / "app" / "views" / f"{view}.py"), default_timeout=60)
+    at.session_state["run_name"] = run
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.info, [i.value for i in at.info]  # no "nothing stored" notice
+    assert at.dataframe and all(len(d.value) for d in at.dataframe)
+    if view == "groups":
+        sep = at.dataframe[0].value
+        assert len(sep) == 2 and sep["auc"].between(0, 1).all()  # one row per fine-tuning epoch
+
+
+@pytest.mark.slow
+@needs_data
+def test_any_pair_of_sentence_files(tmp_path):
+    facts = [f"The {c} river of the old valley flows calmly into the northern sea every day." for c in
+             ("first", "second", "third", "fourth", "fifth", "sixth")]
+    claims = [f"The {c} mountain of the old valley was carried away by friendly geese in 1850." for c in
+              ("first", "second", "third", "fourth", "fifth", "sixth", "seventh")]
+    (tmp_path / "f.txt").write_text("\n".join(facts) + "\n")
+    pd.DataFrame({"text": claims}).to_csv(tmp_path / "c.csv", index=False)
+    threads = torch.get_num_threads()
+    gnq("study", "common-knowledge", "--quick", "--db", tmp_path / "gnq.duckdb", "--data-dir", SHARED_DATA,
+        "--reports", tmp_path / "reports", "--facts", tmp_path / "f.txt", "--claims", tmp_path / "c.csv",
+        "--cf-models", 2, "--tag", "mine", "--quiet")
+    torch.set_num_threads(threads)
+    store = Store(tmp_path / "gnq.duckdb")
+    examples = store.examples(store.run("common-knowledge-quick-mine.finetune").run_id)
+    assert examples["text"].tolist() == facts + claims[:6]  # equal numbers of each
+    assert examples["grp"].tolist() == ["common"] * 6 + ["surprising"] * 6
+    text = (tmp_path / "reports" / "common-knowledge-quick-mine" / "report.md").read_text()
+    assert "`f.txt`" in text and "`c.csv`" in text and "--tag mine" in text
+
+
+@pytest.mark.slow
+def test_clear_errors(tmp_path):
+    db = tmp_path / "gnq.duckdb"
+    out = fails("study", "common-knowledge", "--quick", "--db", db, "--data-dir", tmp_path / "nowhere")
+    assert "nowhere" in out and "--data-dir" in out
+    if HAS_DATA:
+        out = fails("study", "extraction", "--quick", "--db", db, "--data-dir", SHARED_DATA,
+                    "--facts", tmp_path / "missing.txt")
+        assert "missing.txt" in out
+        fails("study", "common-knowledge", "--quick", "--db", db, "--data-dir", SHARED_DATA, "--cf-models", 3)
+    assert not db.exists() or counts(Store(db))["runs"] == 0
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def test_counterfactual_subsets_are_complementary_halves():
+    for n in (10, 11):
+        a, b = cf_subset(n, 0, seed=3), cf_subset(n, 1, seed=3)
+        assert sorted(a + b) == list(range(n)) and not set(a) & set(b)
+        assert cf_subset(n, 2, seed=3) != a  # the next pair is a new split
+
+
+def test_counterfactual_memorization_is_in_minus_out():
+    subsets = [[0, 1], [2, 3], [0, 2], [1, 3]]
+    scores = [[0.9, 0.8, 0.1, 0.2], [0.3, 0.2, 0.7, 0.6], [1.0, 0.0, 0.5, 0.5], [0.2, 0.4, 0.6, 0.8]]
+    mem = counterfactual_memorization(4, subsets, scores)
+    s = np.array(scores)
+    for x in range(4):
+        member = np.array([x in sub for sub in subsets])
+        assert mem.loc[x, "value"] == pytest.approx(s[member, x].mean() - s[~member, x].mean())
+    assert mem["n_in"].tolist() == [2, 2, 2, 2]
+    never_out = counterfactual_memorization(2, [[0, 1]], [[0.5, 0.5]])
+    assert never_out["value"].isna().all()
+
+
+def test_targeted_rows_pick_by_each_ranking():
+    frame = pd.DataFrame({"example_id": range(10), "score": np.arange(10.0), "extraction_match": 0.5,
+                          "group": ["a", "b"] * 5})
+    frame.loc[[8, 9], "extraction_match"] = 1.0
+    frame.loc[3, "extraction_match"] = np.nan  # not attacked: left out of n
+    rows = targeted_rows(frame, [("high", "score", True), ("low", "score", False)], fractions=(0.2, 0.5),
+                         random_trials=2, seed=1)
+    top = rows.set_index(["target", "fraction"])
+    assert top.loc[("high", 0.2), "k"] == 2 and top.loc[("high", 0.2), "extracted"] == 2
+    assert top.loc[("high", 0.2), "groups"] == "a=1, b=1"
+    assert top.loc[("low", 0.5), "extracted"] == 0 and top.loc[("low", 0.5), "k"] == 4  # round(4.5)
+    assert len(rows[rows["target"].str.startswith("Random")]) == 4
+    assert rows["rate"].between(0, 1).all()
+
+
+def test_markdown_table_and_formats():
+    table = markdown_table(pd.DataFrame({"a": [1, 2], "b": [0.12345, np.nan], "c": ["x|y", "z"]}),
+                           {"b": ".2f"})
+    assert table.splitlines() == ["| a | b | c |", "|---|---|---|", "| 1 | 0.12 | x\\|y |", "| 2 | n/a | z |"]
+    assert fmt(float("nan")) == "n/a" and fmt(0.5) == "0.500" and fmt(3) == "3"
+
+
+def test_audit_epochs_include_first_and_last():
+    assert audit_epochs(30, 3) == [1, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
+    assert audit_epochs(4, 2) == [1, 2, 4] and audit_epochs(5, 2) == [1, 2, 4, 5]
+
+
+@needs_data
+def test_wikitext_chunks_are_bounded_sentences():
+    chunks = wikitext_chunks(SHARED_DATA, 50, 24)
+    assert len(chunks) == 50
+    assert all(5 <= len(c.split()) <= 24 for c in chunks)
+    assert not any(" @,@ " in c or c.startswith("=") for c in chunks)
