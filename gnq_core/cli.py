@@ -35,6 +35,9 @@ DB_HELP = "DuckDB store (default: $GNQ_DB, else data/gnq.duckdb)."
 DbOption = typer.Option(None, "--db", help=DB_HELP, show_default=False)
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars (for scripts).")
 DeviceOption = typer.Option("auto", help="auto, cpu or cuda.")
+CpuThreadsOption = typer.Option(None, "--threads", min=1,
+                                help="torch CPU threads (default: torch's choice). Use 1 when other jobs "
+                                     "share the cores: competing OpenMP threads can slow a step 10x.")
 TextColumnOption = typer.Option(None, help="Column holding the text (default: 'text').")
 GroupColumnOption = typer.Option(None, help="Column with a group label (default: 'group' if present).")
 MaxLengthOption = typer.Option(128, min=2, help="Tokens per example (longer texts are cut).")
@@ -63,6 +66,13 @@ def user_errors(func: F) -> F:
             raise typer.Exit(code=130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _store(db: Path | None):
@@ -135,9 +145,11 @@ def train(
     db: Path = DbOption,
     device: str = DeviceOption,
     dtype: str = typer.Option("float32", help="float32 or float64."),
+    threads: int = CpuThreadsOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Train or fine-tune a causal LM with in-run GNQ on every step, saving a checkpoint per epoch."""
+    _set_threads(threads)
     from .train import TrainSettings, run_training
 
     if (init is None) == (not from_scratch):
@@ -172,9 +184,11 @@ def audit(
     db: Path = DbOption,
     device: str = DeviceOption,
     dtype: str = typer.Option("float32", help="float32 or float64 (exact to float64 rounding)."),
+    threads: int = CpuThreadsOption,
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume."""
+    _set_threads(threads)
     from .audit import AuditSettings, run_audit
 
     dataset = _load_dataset(data, text_column, group_column)
@@ -201,9 +215,11 @@ def extract(
     batch_size: int = typer.Option(32, min=1, help="Texts decoded together."),
     db: Path = DbOption,
     device: str = DeviceOption,
+    threads: int = CpuThreadsOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Prefix-completion attack: reveal each text's first tokens, greedy-decode, count matches."""
+    _set_threads(threads)
     from .extraction import run_extraction
 
     store = _store(db)

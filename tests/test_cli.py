@@ -103,7 +103,13 @@ def test_train_audit_extract_export_match_a_direct_computation(trained, dataset_
     assert (stored["step"] == 6).all()  # 5 steps per epoch, first of the second
     assert rel_err(torch.tensor(stored["gnq"].to_numpy()), res.gnq) < 1e-8
 
-    gnq("extract", "--db", db, "--run", "post", "--prefix-tokens", 4, "--threshold", 0.5, "--quiet")
+    threads = torch.get_num_threads()
+    try:
+        gnq("extract", "--db", db, "--run", "post", "--prefix-tokens", 4, "--threshold", 0.5, "--threads", 1,
+            "--quiet")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
     attack = store.extractions(run.run_id)
     assert len(attack) == 40 and attack["match_fraction"].notna().sum() > 30
     assert set(attack["point"]) == {1}
