@@ -377,13 +377,17 @@ class Store:
         return self._query("SELECT example_id, text, grp, n_tokens FROM examples WHERE run_id = ? "
                            "ORDER BY example_id", [run_id])
 
-    def scores(self, run_id: int, point: int | None = None) -> pd.DataFrame:
-        sql = "SELECT * FROM scores WHERE run_id = ?"
+    def _rows_of(self, table: str, run_id: int, point: int | None, order_by: str) -> pd.DataFrame:
+        """All of a run's rows in ``table``, or one point's."""
+        sql = f"SELECT * FROM {table} WHERE run_id = ?"
         params: list[Any] = [run_id]
         if point is not None:
             sql += " AND point = ?"
             params.append(point)
-        return self._query(sql + " ORDER BY point, example_id", params)
+        return self._query(f"{sql} ORDER BY {order_by}", params)
+
+    def scores(self, run_id: int, point: int | None = None) -> pd.DataFrame:
+        return self._rows_of("scores", run_id, point, "point, example_id")
 
     def batches(self, run_id: int) -> pd.DataFrame:
         return self._query("SELECT * FROM batches WHERE run_id = ? ORDER BY point, batch_index", [run_id])
@@ -440,12 +444,7 @@ class Store:
 
     def extractions(self, run_id: int, point: int | None = None) -> pd.DataFrame:
         """The latest attack's rows (one point, the largest prefix set written last)."""
-        sql = "SELECT * FROM extractions WHERE run_id = ?"
-        params: list[Any] = [run_id]
-        if point is not None:
-            sql += " AND point = ?"
-            params.append(point)
-        return self._query(sql + " ORDER BY created_at DESC, example_id", params)
+        return self._rows_of("extractions", run_id, point, "created_at DESC, example_id")
 
     def metrics(self, run_id: int) -> pd.DataFrame:
         """Per-example metrics of a run, wide: example_id plus one column per metric."""
