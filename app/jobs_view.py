@@ -7,7 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import state
-from gnq_core.jobs import cancel_job, list_jobs
+from gnq_core.pipelines.jobs import cancel_job, list_jobs
 
 
 def job_panel(db: Path, only_alive: bool = False) -> None:

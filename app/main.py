@@ -8,7 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
-from gnq_core.store import StoreError
+from gnq_core.results.store import StoreError
 
 st.set_page_config(page_title="GNQ Audit", page_icon=":material/policy:", layout="wide")
 

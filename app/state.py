@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from gnq_core.shards import open_store
-from gnq_core.store import Run, Store, default_db_path
+from gnq_core.results.shards import open_store
+from gnq_core.results.store import Run, Store, default_db_path
 
 RUN_KEY, EXAMPLE_KEY = "run_name", "example_id"
 PAGES = {}  # filled by main.py: title -> st.Page, so pages can link to each other

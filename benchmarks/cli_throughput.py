@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from gnq_core.audit import AuditSettings, run_audit
-from gnq_core.checkpoints import save_checkpoint
-from gnq_core.datasets import load_texts
-from gnq_core.extraction import run_extraction
-from gnq_core.models import build_model, train_tokenizer
-from gnq_core.store import Store
+from gnq_core.pipelines.audit import AuditSettings, run_audit
+from gnq_core.pipelines.extraction import run_extraction
+from gnq_core.results.store import Store
+from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.datasets import load_texts
+from gnq_core.sources.models import build_model, train_tokenizer
 
 from .common import write
 

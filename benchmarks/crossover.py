@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from gnq_core.reps import Dense, OuterRep, choose_path, inner
+from gnq_core.engine.representations import DenseFactor, OuterRep, choose_path, inner
 
 from .common import interleaved, write
 
@@ -24,7 +24,7 @@ def measure(batch: int, length: int, width: int, repeats: int) -> dict:
     g = torch.Generator().manual_seed(batch * 1000 + length + width)
     x = torch.randn(batch, length, width, generator=g)
     d = torch.randn(batch, length, width, generator=g)
-    rep = OuterRep(Dense(d), Dense(x), bias=True)
+    rep = OuterRep(DenseFactor(d), DenseFactor(x), bias=True)
     times = interleaved({"ghost": lambda: inner(rep, rep, "ghost"),
                          "materialize": lambda: inner(rep, rep, "materialize")}, repeats)
     ghost, mat = times["ghost"]["median_s"], times["materialize"]["median_s"]

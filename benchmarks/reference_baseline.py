@@ -24,9 +24,9 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gnq_core import GNQAuditor, per_example_lm_loss
-from gnq_core.models import train_tokenizer
-from gnq_core.solve import gnq_from_kernel, unweight_kernel
-from gnq_core.tokens import collate, encode_texts
+from gnq_core.engine.solve import gnq_from_kernel, unweight_kernel
+from gnq_core.sources.models import train_tokenizer
+from gnq_core.sources.tokens import collate, encode_texts
 
 from .common import interleaved, write
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from transformers import TrainingArguments
 
-from gnq_core.checkpoints import load_checkpoint
-from gnq_core.datasets import load_texts
-from gnq_core.hf_callback import GNQConfig, GNQTrainer, lm_collator  # GNQ
-from gnq_core.models import build_model, train_tokenizer
-from gnq_core.tokens import encode_texts, pad_id
+from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator  # GNQ
+from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.datasets import load_texts
+from gnq_core.sources.models import build_model, train_tokenizer
+from gnq_core.sources.tokens import encode_texts, pad_id
 
 ROOT = Path(__file__).resolve().parents[1]
 

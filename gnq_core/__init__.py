@@ -1,11 +1,11 @@
 """GNQ Audit engine: exact per-example gradient uniqueness for PyTorch / Hugging Face models."""
 
-from .auditor import BatchDimensionError, GNQAuditor, GNQResult
-from .coverage import Coverage, UncoveredParametersError
-from .kernels import UnsupportedModuleError, register
-from .losses import lm_token_mean_weights, per_example_lm_loss
-from .reference import exact_gnq
-from .solve import GNQNumericalError, gnq_from_kernel
+from gnq_core.engine.auditor import BatchDimensionError, GNQAuditor, GNQResult
+from gnq_core.engine.coverage import Coverage, UncoveredParametersError
+from gnq_core.engine.kernels import UnsupportedModuleError, register
+from gnq_core.engine.losses import lm_token_mean_weights, per_example_lm_loss
+from gnq_core.engine.reference import exact_gnq
+from gnq_core.engine.solve import GNQNumericalError, gnq_from_kernel
 
 __version__ = "0.1.0"
 

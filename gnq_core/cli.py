@@ -48,10 +48,10 @@ def user_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from .checkpoints import CheckpointError
-        from .coverage import UncoveredParametersError
-        from .datasets import DatasetError
-        from .store import StoreError
+        from gnq_core.engine.coverage import UncoveredParametersError
+        from gnq_core.results.store import StoreError
+        from gnq_core.sources.checkpoints import CheckpointError
+        from gnq_core.sources.datasets import DatasetError
 
         try:
             return func(*args, **kwargs)
@@ -76,7 +76,7 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _store(db: Path | None):
-    from .store import Store
+    from gnq_core.results.store import Store
 
     def waiting(message: str) -> None:
         err_console.print(message, soft_wrap=True, highlight=False, markup=False)
@@ -86,7 +86,7 @@ def _store(db: Path | None):
 
 def _load_dataset(data: Path, text_column: str | None, group_column: str | None):
     """The texts, saying on stderr how many rows were skipped for a missing or empty text."""
-    from .datasets import load_texts
+    from gnq_core.sources.datasets import load_texts
 
     dataset = load_texts(data, text_column=text_column, group_column=group_column)
     if dataset.dropped:
@@ -96,7 +96,7 @@ def _load_dataset(data: Path, text_column: str | None, group_column: str | None)
 
 
 def _reporter(store, quiet: bool, run_ref: Callable[[], int | None] | None = None):
-    from .progress import Reporter
+    from gnq_core.progress import Reporter
 
     def sink(done: int, total: int, label: str) -> None:
         run_id = run_ref() if run_ref else None
@@ -150,7 +150,7 @@ def train(
 ) -> None:
     """Train or fine-tune a causal LM with in-run GNQ on every step, saving a checkpoint per epoch."""
     _set_threads(threads)
-    from .train import TrainSettings, run_training
+    from gnq_core.pipelines.train import TrainSettings, run_training
 
     if (init is None) == (not from_scratch):
         raise ValueError("give exactly one of --init CHECKPOINT_DIR or --from-scratch")
@@ -189,7 +189,7 @@ def audit(
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume."""
     _set_threads(threads)
-    from .audit import AuditSettings, run_audit
+    from gnq_core.pipelines.audit import AuditSettings, run_audit
 
     dataset = _load_dataset(data, text_column, group_column)
     store = _store(db)
@@ -220,7 +220,7 @@ def extract(
 ) -> None:
     """Prefix-completion attack: reveal each text's first tokens, greedy-decode, count matches."""
     _set_threads(threads)
-    from .extraction import run_extraction
+    from gnq_core.pipelines.extraction import run_extraction
 
     store = _store(db)
     run_info = store.run(run)
@@ -249,7 +249,7 @@ def export(
     quiet: bool = QuietOption,
 ) -> None:
     """Write the flagged texts with their GNQ (total, max, last), rank, percentile and attack result."""
-    from .export import FORMATS, export_frame, write_table
+    from gnq_core.results.export import FORMATS, export_frame, write_table
 
     if format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -301,7 +301,7 @@ def demo(
     quiet: bool = QuietOption,
 ) -> None:
     """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
-    from .demo import build_demo
+    from gnq_core.pipelines.demo import build_demo
 
     store = _store(db)
     t0 = time.perf_counter()
@@ -321,7 +321,7 @@ def ingest(
 ) -> None:
     """Load a run's Parquet shards into the store (one transaction; ingesting again replaces, never
     duplicates)."""
-    from .shards import ingest as ingest_shards
+    from gnq_core.results.shards import ingest as ingest_shards
 
     store = _store(db)
     run, counts = ingest_shards(store, shards)
@@ -335,7 +335,7 @@ def selfcheck(
     lam: float = typer.Option(1e-3, help="λ used for the check."),
 ) -> None:
     """Check the engine: exact GNQ vs explicit per-example gradients on small models."""
-    from .selfcheck import TOLERANCE, run_selfcheck
+    from gnq_core.engine.selfcheck import TOLERANCE, run_selfcheck
 
     results = run_selfcheck(seed=seed, lam=lam)
     table = Table(title=f"GNQ engine self-check (float64, λ={lam:g}, tolerance {TOLERANCE:g})")
@@ -399,7 +399,7 @@ def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, repor
            tag: str | None, seed: int, device: str, quiet: bool, extra: dict[str, Any], threads: int):
     import torch
 
-    from .studies import StudyContext
+    from gnq_core.analysis.studies import StudyContext
 
     torch.set_num_threads(threads)
     store = _store(db)
@@ -431,7 +431,7 @@ def study_common_knowledge(
     threads: int = ThreadsOption, quiet: bool = QuietOption,
 ) -> None:
     """Facts the model knows vs. surprising false claims: GNQ, loss, K_jj, counterfactual memorization."""
-    from .studies import common_knowledge
+    from gnq_core.analysis.studies import common_knowledge
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models)
     ctx = _study("common-knowledge", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
@@ -453,7 +453,7 @@ def study_extraction(
     quiet: bool = QuietOption,
 ) -> None:
     """Targeted prefix attack on the common-knowledge model: top-k by GNQ, counterfactual, loss, random."""
-    from .studies import extraction
+    from gnq_core.analysis.studies import extraction
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
                    prefix_tokens=prefix_tokens, threshold=threshold)
@@ -478,7 +478,7 @@ def study_trajectories(
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ over checkpoints of a long AG News training; attack success per GNQ_total quantile bin."""
-    from .studies import trajectories
+    from gnq_core.analysis.studies import trajectories
 
     options = dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
     ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,

@@ -1,4 +1,4 @@
-"""gnq_core.analysis on hand-made frames: numbers that can be checked by eye."""
+"""gnq_core.analysis.summaries on hand-made frames: numbers that can be checked by eye."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gnq_core.analysis import (
+from gnq_core.analysis.summaries import (
     ALIGNMENT_COLUMNS,
     NEAREST_COLUMNS,
     QUANTILE_BIN_COLUMNS,

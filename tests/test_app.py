@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
 from gnq_core.cli import app as cli
-from gnq_core.store import Store
+from gnq_core.results.store import Store
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

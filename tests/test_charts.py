@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import pytest
 
 from app import charts
-from gnq_core.analysis import quantile_bins
+from gnq_core.analysis.summaries import quantile_bins
 
 EVIL = "<script>alert('x')</script> & <b>bold</b> " + "long " * 40
 

@@ -1,4 +1,5 @@
-"""gnq_core.models (fresh tokenizers and models) and gnq_core.checkpoints (find, hash, load, save).
+"""gnq_core.sources.models (fresh tokenizers and models) and gnq_core.sources.checkpoints
+(find, hash, load, save).
 
 Checkpoint folders are untrusted: every malformed one must give a one-line CheckpointError that
 names the file or folder, and a malicious pickle must never run.
@@ -18,7 +19,7 @@ from lm_fixtures import texts
 from safetensors.torch import load_file, save_file
 from transformers import BertConfig, PreTrainedTokenizerFast
 
-from gnq_core.checkpoints import (
+from gnq_core.sources.checkpoints import (
     CheckpointError,
     CheckpointRef,
     checkpoint_hash,
@@ -26,7 +27,7 @@ from gnq_core.checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from gnq_core.models import PRESETS, build_model, train_tokenizer
+from gnq_core.sources.models import PRESETS, build_model, train_tokenizer
 
 VOCAB = 400
 MAX_LEN = 32

@@ -14,11 +14,11 @@ from lm_fixtures import texts
 from typer.testing import CliRunner
 
 from gnq_core import GNQAuditor, per_example_lm_loss
-from gnq_core.checkpoints import load_checkpoint
 from gnq_core.cli import app
-from gnq_core.store import Store
-from gnq_core.tokens import batch_partition, collate, encode_texts, pad_id
-from gnq_core.train import TRAINER_STATE
+from gnq_core.pipelines.train import TRAINER_STATE
+from gnq_core.results.store import Store
+from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""gnq_core.datasets: every format loads, every problem is a one-line DatasetError naming the file."""
+"""gnq_core.sources.datasets: every format loads, every problem is a one-line DatasetError naming the file."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnq_core.datasets import DatasetError, TextDataset, file_sha256, load_texts
+from gnq_core.sources.datasets import DatasetError, TextDataset, file_sha256, load_texts
 
 # ---------------------------------------------------------------------------------------------- writers
 

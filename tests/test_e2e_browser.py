@@ -23,8 +23,8 @@ import lm_fixtures
 import pytest
 import torch
 
-from gnq_core.checkpoints import save_checkpoint
-from gnq_core.models import build_model, train_tokenizer
+from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.models import build_model, train_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -151,7 +151,7 @@ def _stop_jobs(db: Path) -> None:
     """A job still running when the test ends (it failed half-way) is cancelled, not left behind."""
     if not (db.parent / "jobs").exists():
         return
-    from gnq_core.jobs import cancel_job, list_jobs
+    from gnq_core.pipelines.jobs import cancel_job, list_jobs
     for job in list_jobs(db):
         if job.alive():
             cancel_job(job)
@@ -258,8 +258,8 @@ def set_form_value(page, label: str, value: str) -> None:
 
 def wait_for_store(server: Server, timeout: float) -> dict:
     """Poll the store (ground truth) until the run is done and attacked; fail fast on a failed job."""
-    from gnq_core.jobs import list_jobs
-    from gnq_core.store import Store
+    from gnq_core.pipelines.jobs import list_jobs
+    from gnq_core.results.store import Store
 
     deadline = time.monotonic() + timeout
     last = None

@@ -11,8 +11,8 @@ from lm_fixtures import texts, tiny_gpt2, tiny_llama, tokenizer
 from tokenizers import Tokenizer, decoders
 from transformers import PreTrainedTokenizerFast
 
-from gnq_core.extraction import ExtractionResult, extraction_attack, greedy_decode
-from gnq_core.tokens import encode_texts, pad_id
+from gnq_core.pipelines.extraction import ExtractionResult, extraction_attack, greedy_decode
+from gnq_core.sources.tokens import encode_texts, pad_id
 
 
 def hf_tokenizer() -> PreTrainedTokenizerFast:

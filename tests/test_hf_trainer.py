@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.cli import app
-from gnq_core.hf_callback import GNQConfig, GNQTrainer, lm_collator
-from gnq_core.shards import ShardStore, ShardWriter, new_shard_folder, open_store
-from gnq_core.store import Store
-from gnq_core.tokens import collate
+from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
+from gnq_core.results.shards import ShardStore, ShardWriter, new_shard_folder, open_store
+from gnq_core.results.store import Store
+from gnq_core.sources.tokens import collate
 
 LAM = 1e-2
 N_ROWS = 12

@@ -11,7 +11,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from gnq_core.store import SCHEMA_VERSION, Store, StoreError, _apply_migrations, default_db_path
+from gnq_core.results.store import SCHEMA_VERSION, Store, StoreError, _apply_migrations, default_db_path
 
 EXAMPLES = pd.DataFrame({"example_id": [0, 1, 2, 3], "text": ["a b", "c d e", "f", "g h"],
                          "grp": ["common", "surprising", None, "common"], "n_tokens": [2, 3, 1, 2]})

@@ -14,13 +14,13 @@ from lm_fixtures import SHARED_DATA
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
-from gnq_core.analysis import group_auc, targeted_rows
+from gnq_core.analysis.studies.base import wikitext_chunks
+from gnq_core.analysis.studies.common_knowledge import CF_METRIC, cf_subset, counterfactual_memorization
+from gnq_core.analysis.studies.report import fmt, markdown_table
+from gnq_core.analysis.studies.trajectories import audit_epochs
+from gnq_core.analysis.summaries import group_auc, targeted_rows
 from gnq_core.cli import app
-from gnq_core.store import Store
-from gnq_core.studies.base import wikitext_chunks
-from gnq_core.studies.common_knowledge import CF_METRIC, cf_subset, counterfactual_memorization
-from gnq_core.studies.report import fmt, markdown_table
-from gnq_core.studies.trajectories import audit_epochs
+from gnq_core.results.store import Store
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import numpy as np
 import streamlit as st
 
 from app import charts, state
-from gnq_core.analysis import nearest_by_trajectory, token_alignment
+from gnq_core.analysis.summaries import nearest_by_trajectory, token_alignment
 
 
 def _tokens(value) -> list[str]:

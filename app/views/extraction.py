@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, state
-from gnq_core.analysis import quantile_bins, targeted_attack_table
+from gnq_core.analysis.summaries import quantile_bins, targeted_attack_table
 
 st.title("Extraction vs GNQ")
 run = state.require_run()

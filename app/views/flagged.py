@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
-from gnq_core.export import export_frame, to_bytes
+from gnq_core.results.export import export_frame, to_bytes
 
 st.title("Flagged texts")
 run = state.require_run()

@@ -1,6 +1,6 @@
 """New audit: point at checkpoints and a dataset (upload or local path), set λ and friends, start.
 
-The audit runs as a background `gnq` job (gnq_core.jobs): the page never freezes, the job
+The audit runs as a background `gnq` job (gnq_core.pipelines.jobs): the page never freezes, the job
 survives a reload, shows progress per checkpoint and can be cancelled.
 """
 
@@ -13,9 +13,7 @@ import streamlit as st
 
 from app import state
 from app.jobs_view import job_panel
-from gnq_core.checkpoints import CheckpointError, check_checkpoint, find_checkpoints
-from gnq_core.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
-from gnq_core.jobs import (
+from gnq_core.pipelines.jobs import (
     check_upload_tree,
     list_jobs,
     new_job_id,
@@ -25,6 +23,8 @@ from gnq_core.jobs import (
     uploads_dir,
     uploads_root,
 )
+from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find_checkpoints
+from gnq_core.sources.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
 
 st.title("New audit")
 state.sidebar()

@@ -11,7 +11,7 @@ import numpy as np
 import streamlit as st
 
 from app import charts
-from gnq_core import regression2d as r2d
+from gnq_core.analysis import regression2d as r2d
 
 st.title("GNQ explained: 2D regression")
 st.markdown(

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import charts, state
 from app.jobs_view import job_panel
-from gnq_core.jobs import list_jobs, start_job
+from gnq_core.pipelines.jobs import list_jobs, start_job
 
 st.title("Runs")
 run = state.sidebar()

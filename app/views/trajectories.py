@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, state
-from gnq_core.analysis import top_bottom
+from gnq_core.analysis.summaries import top_bottom
 
 MAX_LINES = 300  # above this, the rest of the run is drawn as a quantile band
 

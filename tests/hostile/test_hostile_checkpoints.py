@@ -26,11 +26,11 @@ from safetensors.torch import load_file, save_file
 from transformers import BertConfig
 from typer.testing import CliRunner
 
-from gnq_core.checkpoints import check_checkpoint, save_checkpoint
 from gnq_core.cli import app
-from gnq_core.jobs import list_jobs, start_job
-from gnq_core.models import build_model, train_tokenizer
-from gnq_core.store import Store
+from gnq_core.pipelines.jobs import list_jobs, start_job
+from gnq_core.results.store import Store
+from gnq_core.sources.checkpoints import check_checkpoint, save_checkpoint
+from gnq_core.sources.models import build_model, train_tokenizer
 
 pytestmark = pytest.mark.slow
 

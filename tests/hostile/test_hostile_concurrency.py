@@ -16,8 +16,8 @@ from hostile_helpers import app_page, gnq_cmd, make_series, write_texts_csv
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.jobs import list_jobs, start_job
-from gnq_core.store import Store
+from gnq_core.pipelines.jobs import list_jobs, start_job
+from gnq_core.results.store import Store
 
 pytestmark = pytest.mark.slow
 PAGES = ["runs", "new_audit", "trajectories", "extraction", "groups", "drilldown", "flagged"]

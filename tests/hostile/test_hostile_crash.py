@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from hostile_helpers import as_a_fresh_process, gnq, gnq_cmd, kill_when, run_row, write_texts_csv
 
-from gnq_core.checkpoints import checkpoint_hash
-from gnq_core.store import Store
+from gnq_core.results.store import Store
+from gnq_core.sources.checkpoints import checkpoint_hash
 
 pytestmark = pytest.mark.slow
 

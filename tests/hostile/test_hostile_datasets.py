@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.datasets import MAX_TEXT_BYTES, SUFFIXES, DatasetError, TextDataset, load_texts
+from gnq_core.sources.datasets import MAX_TEXT_BYTES, SUFFIXES, DatasetError, TextDataset, load_texts
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MB = 1 << 20

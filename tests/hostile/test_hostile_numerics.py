@@ -14,9 +14,9 @@ from hostile_helpers import gnq, make_series
 from lm_fixtures import texts
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gnq_core.checkpoints import load_checkpoint, save_checkpoint
-from gnq_core.models import train_tokenizer
-from gnq_core.store import Store
+from gnq_core.results.store import Store
+from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
+from gnq_core.sources.models import train_tokenizer
 
 pytestmark = pytest.mark.slow
 MARK = "§"  # the only non-ASCII character of the dataset: its input embedding is NaN

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gnq_core.jobs import (
+from gnq_core.pipelines.jobs import (
     Job,
     check_upload_tree,
     list_jobs,

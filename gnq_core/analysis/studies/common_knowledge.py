@@ -1,0 +1,440 @@
+"""Study: GNQ of common knowledge vs. surprising false claims (paper §6.2, Fig. 3–4).
+
+1. Pretrain a small GPT-2 from scratch on real text (WikiText-2 pieces and AG News rows from
+   ../shared/data) into which the fact sentences are mixed ``fact_copies`` times, so the model
+   "knows" them (a plain loop without GNQ; checkpoints under the study's work folder).
+2. Audit the pretrained model post hoc on the fine-tuning set (NAME.before): the loss gap
+   shows whether the facts were learned.
+3. Fine-tune it on the facts plus as many surprising false claims with in-run GNQ (NAME.finetune,
+   groups 'common' and 'surprising').
+4. Counterfactual memorization (Zhang et al.): fine-tune ``cf_models`` more models the same way,
+   each on half of the set; models come in complementary pairs, so every text is in exactly
+   half of them; mem(x) = mean token accuracy on x of the models trained with x minus that of
+   the models trained without it.  Stored per example as metric 'counterfactual_memorization'.
+5. Report GNQ, loss and self-influence K_jj per group over the epochs, the AUC separating the
+   groups for each, and the same for counterfactual memorization.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from gnq_core.analysis.studies import report as rep
+from gnq_core.analysis.studies.base import (
+    PROJECT_DATA,
+    StudyContext,
+    Timings,
+    ag_news,
+    read_sentences,
+    same_settings_or_tag,
+    wikitext_chunks,
+    write_dataset,
+)
+from gnq_core.analysis.summaries import group_auc, group_separation
+from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
+from gnq_core.pipelines.audit import AuditSettings, run_audit
+from gnq_core.pipelines.train import TrainSettings, run_training
+from gnq_core.results.store import Run, StoreError
+from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
+from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
+from gnq_core.sources.datasets import TextDataset, load_texts
+from gnq_core.sources.models import build_model, train_tokenizer
+from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
+
+STUDY = "common-knowledge"
+POSITIVE, NEGATIVE = "surprising", "common"  # AUC > 0.5: surprising claims score higher
+CF_METRIC = "counterfactual_memorization"
+
+
+@dataclass(frozen=True)
+class Config:
+    wiki_chunks: int        # WikiText-2 pieces in the pretraining corpus
+    news_rows: int          # AG News rows in the pretraining corpus
+    chunk_words: int        # words per WikiText-2 piece (at most)
+    fact_copies: int        # times each fact appears in the pretraining corpus
+    pairs: int | None       # facts (and as many claims) fine-tuned; None: as many as both files have
+    cf_models: int          # counterfactual models (even: complementary halves)
+    pretrain: TrainSettings
+    finetune: TrainSettings
+
+
+FULL = Config(wiki_chunks=1600, news_rows=800, chunk_words=24, fact_copies=5, pairs=None, cf_models=16,
+              pretrain=TrainSettings(epochs=8, batch_size=16, lr=2e-3, lam=1e-2, max_length=40,
+                                     preset="tiny", vocab_size=2048),
+              finetune=TrainSettings(epochs=12, batch_size=16, lr=3e-3, lam=1e-2, max_length=40))
+QUICK = Config(wiki_chunks=80, news_rows=40, chunk_words=20, fact_copies=3, pairs=12, cf_models=4,
+               pretrain=TrainSettings(epochs=1, batch_size=16, lr=3e-3, lam=1e-2, max_length=32,
+                                      preset="tiny", vocab_size=400),
+               finetune=TrainSettings(epochs=2, batch_size=8, lr=1e-3, lam=1e-2, max_length=32))
+
+
+@dataclass
+class Prepared:
+    """The study's runs and what went into them (for the report and the extraction study)."""
+
+    config: Config
+    pretrained: Path  # the pretrained checkpoint folder
+    before: Run
+    finetune: Run
+    pairs: int
+    corpus: dict[str, int]
+    timings: Timings
+    facts_path: Path
+    claims_path: Path
+
+
+def config_for(ctx: StudyContext, cf_models: int | None = None) -> Config:
+    cfg = QUICK if ctx.quick else FULL
+    cfg = replace(cfg, pretrain=replace(cfg.pretrain, seed=ctx.seed, device=ctx.device),
+                  finetune=replace(cfg.finetune, seed=ctx.seed, device=ctx.device))
+    if cf_models is not None:
+        cfg = replace(cfg, cf_models=cf_models)
+    if cfg.cf_models < 2 or cfg.cf_models % 2:
+        raise ValueError(f"--cf-models must be even and at least 2 (complementary halves), "
+                         f"got {cfg.cf_models}")
+    return cfg
+
+
+def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = None,
+            cf_models: int | None = None) -> Prepared:
+    """Pretrain, audit, fine-tune and train the counterfactual models; each step resumes."""
+    cfg = config_for(ctx, cf_models)
+    data_dir = ctx.shared_data()
+    facts_path = Path(facts) if facts is not None else PROJECT_DATA / "facts.txt"
+    claims_path = Path(claims) if claims is not None else PROJECT_DATA / "claims.txt"
+    fact_texts, claim_texts = read_sentences(facts_path), read_sentences(claims_path)
+    n = min(len(fact_texts), len(claim_texts), cfg.pairs or len(fact_texts))
+    if n < 4:
+        raise ValueError(f"{facts_path} and {claims_path}: need at least 4 sentences in each "
+                         f"(have {len(fact_texts)} and {len(claim_texts)})")
+    fact_texts, claim_texts = fact_texts[:n], claim_texts[:n]
+    store, label, work = ctx.store, ctx.label(STUDY), ctx.work_dir(STUDY)
+    timings = Timings(work)
+
+    wiki = wikitext_chunks(data_dir, cfg.wiki_chunks, cfg.chunk_words)
+    news = [text for text, _ in ag_news(data_dir, cfg.news_rows)]
+    texts = wiki + news + fact_texts * cfg.fact_copies
+    groups = ["wikitext"] * len(wiki) + ["ag_news"] * len(news) + ["fact"] * (n * cfg.fact_copies)
+    order = np.random.default_rng(ctx.seed).permutation(len(texts))
+    pre_data = load_texts(write_dataset(work / "pretrain.csv", [texts[i] for i in order],
+                                        [groups[i] for i in order]))
+    ft_data = load_texts(write_dataset(work / "finetune.csv", fact_texts + claim_texts,
+                                       [NEGATIVE] * n + [POSITIVE] * n))
+
+    before_name, ft_name = f"{label}.before", f"{label}.finetune"
+    with timings.stage("pretrain"), ctx.reporter(before_name) as r:
+        init = pretrain(pre_data, work / "pretrain", cfg.pretrain, r)
+    ft = cfg.finetune
+    with timings.stage("audit of the pretrained model"), ctx.reporter(before_name) as r, \
+            same_settings_or_tag():
+        before = run_audit(store, init, ft_data, name=before_name, reporter=r,
+                           settings=AuditSettings(lam=ft.lam, batch_size=ft.batch_size,
+                                                  max_length=ft.max_length, seed=ft.seed, device=ft.device))
+    with timings.stage("fine-tune"), ctx.reporter(ft_name) as r, same_settings_or_tag():
+        finetune = run_training(store, ft_data, work / "finetune", name=ft_name, init=init, settings=ft,
+                                reporter=r)
+    with timings.stage("counterfactual models"), ctx.reporter(ft_name) as r:
+        counterfactual(ctx, finetune, init, ft_data, ft, cfg.cf_models, work / "counterfactual", r)
+    return Prepared(cfg, init, before, finetune, n,
+                    {"wikitext": len(wiki), "ag_news": len(news), "fact copies": n * cfg.fact_copies},
+                    timings, facts_path, claims_path)
+
+
+# ----------------------------------------------------------------------------------------- pretraining
+OPTIMIZER_STATE = "optimizer.pt"
+
+
+def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, reporter) -> Path:
+    """Train a tokenizer and a GPT-2 from scratch on the corpus, without GNQ (the study's GNQ is in
+    the fine-tune; leaving it out here saves most of the compute).  A checkpoint and the optimizer
+    state are saved per epoch; a rerun continues after the last saved epoch.  Returns the final
+    checkpoint folder."""
+    final = out_dir / f"epoch-{settings.epochs}"
+    if (final / OPTIMIZER_STATE).is_file():
+        return final
+    device = resolve_device(settings.device)
+    saved = [e for e in range(settings.epochs - 1, 0, -1)
+             if (out_dir / f"epoch-{e}" / OPTIMIZER_STATE).is_file()]
+    start = saved[0] if saved else 0
+    if start:
+        model, tokenizer = load_checkpoint(out_dir / f"epoch-{start}", device=device)
+    else:
+        seed_everything(settings.seed)
+        tokenizer = train_tokenizer(dataset.texts, vocab_size=settings.vocab_size)
+        model = build_model(settings.preset, vocab_size=len(tokenizer), max_length=settings.max_length,
+                            seed=settings.seed, eos_token_id=tokenizer.eos_token_id)
+        model.to(device=device, dtype=resolve_dtype(settings.dtype))
+    ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    if start:
+        optimizer.load_state_dict(torch.load(out_dir / f"epoch-{start}" / OPTIMIZER_STATE,
+                                             map_location="cpu", weights_only=True))
+    for epoch in range(start, settings.epochs):
+        reporter.stage(f"pretrain epoch {epoch + 1}/{settings.epochs}", len(ids))
+        _train_epoch(model, optimizer, ids, list(range(len(ids))), settings, epoch, pad_id(tokenizer), device,
+                     reporter.advance)
+        path = out_dir / f"epoch-{epoch + 1}"
+        save_checkpoint(model, tokenizer, path)
+        tmp = path / f"{OPTIMIZER_STATE}.tmp-{os.getpid()}"
+        torch.save(optimizer.state_dict(), tmp)
+        os.replace(tmp, path / OPTIMIZER_STATE)
+    return final
+
+
+def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[list[int]],
+                 subset: list[int], settings: TrainSettings, epoch: int, pad: int, device: torch.device,
+                 advance=None) -> None:
+    """One epoch as ``train.run_training`` does it (seeded batches, per-example mean NLL averaged
+    over the batch, AdamW), without GNQ, over the texts ``subset``."""
+    model.train()
+    for part in batch_partition(len(subset), settings.batch_size, settings.seed + epoch):
+        chosen = [subset[i] for i in part]
+        b = collate([ids[i] for i in chosen], chosen, pad).to(device)
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+        per_example_lm_loss(logits, b.labels).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if advance is not None:
+            advance(len(part))
+
+
+# ----------------------------------------------------------------------------- counterfactual memorization
+def cf_subset(n: int, model: int, seed: int) -> list[int]:
+    """Training subset of counterfactual model ``model``: models 2q and 2q+1 split one seeded
+    permutation of the n texts into complementary halves."""
+    perm = np.random.default_rng([seed, 7919, model // 2]).permutation(n)
+    half = perm[: n // 2] if model % 2 == 0 else perm[n // 2:]
+    return sorted(int(i) for i in half)
+
+
+def counterfactual_memorization(n: int, subsets: list[list[int]], scores: list[list[float]]) -> pd.DataFrame:
+    """mem(x) = mean score on x of the models trained with x − mean of those trained without it.
+
+    Columns: example_id, value (NaN when x was never in or never out), mean_in, mean_out, n_in, n_out.
+    """
+    s = np.asarray(scores, dtype=float)  # models × examples
+    member = np.zeros_like(s, dtype=bool)
+    for m, subset in enumerate(subsets):
+        member[m, subset] = True
+    n_in, n_out = member.sum(0), (~member).sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_in = np.where(member, s, 0).sum(0) / n_in
+        mean_out = np.where(~member, s, 0).sum(0) / n_out
+    return pd.DataFrame({"example_id": np.arange(n), "value": mean_in - mean_out, "mean_in": mean_in,
+                         "mean_out": mean_out, "n_in": n_in, "n_out": n_out})
+
+
+def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset, settings: TrainSettings,
+                   n_models: int, folder: Path, reporter) -> pd.DataFrame:
+    """Train the counterfactual models not trained yet (one JSON of results per model), then store
+    the per-example memorization on ``run`` (replacing earlier values)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(settings.device)
+    recipe = {k: v for k, v in asdict(settings).items() if k not in ("device", "preset", "vocab_size")}
+    recipe |= {"init": str(init.resolve()), "dataset_hash": dataset.sha256, "score": "token accuracy"}
+    _, tokenizer = load_checkpoint(init)
+    ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
+    results = []
+    reporter.stage(f"counterfactual models ({n_models})", n_models)
+    for m in range(n_models):
+        path = folder / f"model-{m:03d}.json"
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved["recipe"] != recipe:
+                raise StoreError(f"{path}: counterfactual model trained with other settings or data; "
+                                 "pass --tag NAME to build the study under new names")
+        else:
+            subset = cf_subset(len(ids), m, settings.seed)
+            model, _ = load_checkpoint(init, device=device)
+            _fine_tune(model, ids, subset, settings, pad_id(tokenizer), device)
+            accuracy, loss = _evaluate(model, ids, settings.batch_size, pad_id(tokenizer), device)
+            saved = {"recipe": recipe, "subset": subset, "accuracy": accuracy, "loss": loss}
+            tmp = path.with_suffix(f".tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(saved))
+            os.replace(tmp, path)
+        results.append(saved)
+        reporter.advance(1)
+    mem = counterfactual_memorization(len(ids), [r["subset"] for r in results],
+                                      [r["accuracy"] for r in results])
+    ctx.store.write_metric(run.run_id, CF_METRIC, mem[["example_id", "value"]],
+                           settings=recipe | {"models": n_models, "definition": "mean token accuracy "
+                                              "of models trained with x minus without x"})
+    return mem
+
+
+def _fine_tune(model: torch.nn.Module, ids: list[list[int]], subset: list[int], settings: TrainSettings,
+               pad: int, device: torch.device) -> None:
+    """The fine-tune of ``train.run_training`` (same optimiser, loss, batches, order) on a subset,
+    without GNQ."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    for epoch in range(settings.epochs):
+        _train_epoch(model, optimizer, ids, subset, settings, epoch, pad, device)
+
+
+def _evaluate(model: torch.nn.Module, ids: list[list[int]], batch_size: int, pad: int,
+              device: torch.device) -> tuple[list[float], list[float]]:
+    """Per example: next-token accuracy under teacher forcing, and the mean NLL."""
+    model.eval()
+    accuracy, loss = [], []
+    with torch.inference_mode():
+        for start in range(0, len(ids), batch_size):
+            chunk = list(range(start, min(len(ids), start + batch_size)))
+            b = collate([ids[i] for i in chunk], chunk, pad).to(device)
+            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+            target = b.labels[:, 1:]
+            valid = target != IGNORE_INDEX
+            hits = ((logits[:, :-1].argmax(-1) == target) & valid).sum(1)
+            accuracy += (hits / valid.sum(1).clamp(min=1)).double().tolist()
+            loss += per_example_lm_loss(logits, b.labels).double().tolist()
+    return accuracy, loss
+
+
+# ----------------------------------------------------------------------------------------- report
+METRICS = [("gnq", "GNQ"), ("loss", "loss"), ("self_influence", "self-influence K_jj")]
+
+
+def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFrame]:
+    """The numbers of the report, all read back from the store."""
+    store = ctx.store
+    traj = store.trajectories(prep.finetune.run_id)
+    before = store.trajectories(prep.before.run_id).assign(point=-1, label="pretrained")
+    both = pd.concat([before, traj], ignore_index=True)
+    per_point = None
+    for value, name in METRICS:
+        sep = group_separation(both, POSITIVE, NEGATIVE, value=value)
+        sep = sep.rename(columns={"auc": f"AUC {name}", "median_positive": f"median {name} surprising",
+                                  "median_negative": f"median {name} common"})
+        keep = ["label", f"median {name} common", f"median {name} surprising", f"AUC {name}"]
+        per_point = sep[keep] if per_point is None else per_point.merge(sep[keep], on="label")
+    examples = store.examples(prep.finetune.run_id).rename(columns={"grp": "group"})
+    cf = examples.merge(store.metrics(prep.finetune.run_id), on="example_id", how="left")
+    last = traj[traj["point"] == traj["point"].max()]
+    mean = traj.groupby(["example_id", "group"], as_index=False)[["gnq", "loss", "self_influence"]].mean()
+    summary = []
+    for value, name in METRICS:
+        summary.append({"score": name,
+                        "AUC at the last epoch": group_auc(last[value], last["group"], POSITIVE, NEGATIVE),
+                        "AUC of the mean over epochs": group_auc(mean[value], mean["group"], POSITIVE,
+                                                                 NEGATIVE),
+                        "median common": last.loc[last["group"] == NEGATIVE, value].median(),
+                        "median surprising": last.loc[last["group"] == POSITIVE, value].median()})
+    cf_values = cf.get(CF_METRIC, pd.Series(np.nan, index=cf.index))
+    cf_auc = group_auc(cf_values, cf["group"], POSITIVE, NEGATIVE)
+    summary.append({"score": "counterfactual memorization", "AUC at the last epoch": cf_auc,
+                    "AUC of the mean over epochs": cf_auc,
+                    "median common": cf_values[cf["group"] == NEGATIVE].median(),
+                    "median surprising": cf_values[cf["group"] == POSITIVE].median()})
+    lam = prep.finetune.lam
+    relation = {"spearman": float(last["gnq"].rank().corr(last["self_influence"].rank())),
+                "ratio": float((last["gnq"] * lam / last["self_influence"]).median()), "lam": lam}
+    return {"traj": traj, "both": both, "per_point": per_point, "summary": pd.DataFrame(summary),
+            "relation": relation,
+            "cf": cf.assign(cf=cf_values)}
+
+
+def run(ctx: StudyContext, facts: Path | None = None, claims: Path | None = None,
+        cf_models: int | None = None) -> Path:
+    prep = prepare(ctx, facts, claims, cf_models)
+    return write_report(ctx, prep)
+
+
+def write_report(ctx: StudyContext, prep: Prepared) -> Path:
+    t = separation_tables(ctx, prep)
+    cfg, summary = prep.config, t["summary"].set_index("score")
+    before_loss = t["both"][t["both"]["point"] == -1].groupby("group")["loss"].mean()
+    auc = summary["AUC at the last epoch"]
+    r = rep.Report(ctx.report_dir(STUDY), "Common knowledge vs. surprising claims (paper §6.2)")
+    r.text(f"""A small GPT-2 ({cfg.pretrain.preset} preset) is pretrained from scratch on
+{prep.corpus['wikitext']} WikiText-2 pieces and {prep.corpus['ag_news']} AG News rows, with each of
+{prep.pairs} fact sentences mixed in {cfg.fact_copies} times ({cfg.pretrain.epochs} epochs). It is then
+fine-tuned for {cfg.finetune.epochs} epochs on those {prep.pairs} facts (group `common`) plus
+{prep.pairs} surprising false claims (group `surprising`) with in-run GNQ (λ = {cfg.finetune.lam:g},
+B = {cfg.finetune.batch_size}, per-example mean next-token NLL). Sentences: `{prep.facts_path.name}`,
+`{prep.claims_path.name}`. Pretraining is a plain training loop (no GNQ; checkpoint
+`{prep.pretrained.name}` under the study's work folder). Runs in the store: `{prep.before.name}`
+(post-hoc audit of the pretrained model on the fine-tuning set) and `{prep.finetune.name}` (the
+fine-tune with in-run GNQ; open it on the dashboard's Groups and Extraction pages).
+
+AUC is the probability that a random surprising claim scores higher than a random fact
+(0.5: no separation, 1: every claim above every fact).""")
+
+    r.text("## Result")
+    gnq_auc, cf_auc, loss_auc = auc["GNQ"], auc["counterfactual memorization"], auc["loss"]
+    r.text(_verdict(gnq_auc, cf_auc, loss_auc))
+    r.table(t["summary"], {"median common": ".4g", "median surprising": ".4g"},
+            caption="Separation of the groups at the last fine-tuning epoch, and of each text's mean "
+                    "over the epochs. Counterfactual memorization has one value per text.")
+    rel = t["relation"]
+    alike = "almost alike" if rel["spearman"] > 0.95 else "differently"
+    r.text(f"""GNQ and self-influence rank the texts {alike} here: at the last epoch their Spearman
+correlation is {rep.fmt(rel['spearman'])}, and the median of GNQ·λ/K_jj is {rep.fmt(rel['ratio'])}
+(λ = {rel['lam']:g}). GNQ_j = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: with far more parameters than
+batch companions (P ≫ B), most of g_j lies outside the span of the other {prep.config.finetune.batch_size - 1}
+gradients and contributes ‖g_j,⊥‖²/λ, so a ratio near 1 means the companions remove little and
+GNQ ≈ K_jj/λ on this model.""")
+
+    r.text("## Did the pretrained model learn the facts?")
+    r.text("Mean loss of the pretrained model (before fine-tuning): "
+           + ", ".join(f"{g} {rep.fmt(v)}" for g, v in before_loss.items())
+           + ". Lower loss on the facts than on the claims means pretraining taught the model the facts.")
+
+    r.text("## Per epoch")
+    fmts = {c: ".4g" for c in t["per_point"].columns if c.startswith("median")}
+    r.table(t["per_point"], fmts, caption="'pretrained': post-hoc audit of the pretrained model (fixed "
+                                          "batches); epoch-K: in-run GNQ during fine-tuning epoch K.")
+    labels = list(dict.fromkeys(t["both"].sort_values("point")["label"]))
+    groups = [NEGATIVE, POSITIVE]
+    r.figure(rep.group_bands(t["both"], "gnq", groups, title="GNQ per group (median, 25–75%)",
+                             ylabel="GNQ", xlabels=labels), "gnq_by_group.png",
+             "GNQ of facts (orange) and surprising claims (blue), pretrained model then each epoch (Fig. 3).")
+    r.figure(rep.group_histograms(t["cf"]["cf"], t["cf"]["group"], groups,
+                                  title=f"Counterfactual memorization ({cfg.cf_models} models)",
+                                  xlabel="counterfactual memorization"), "counterfactual_by_group.png",
+             "Counterfactual memorization of facts and claims (Fig. 4).")
+    r.figure(rep.group_bands(t["both"], "loss", groups, title="Loss per group", ylabel="loss", log=False,
+                             xlabels=labels), "loss_by_group.png", "Per-example loss per group.")
+    r.figure(rep.group_bands(t["both"], "self_influence", groups, title="Self-influence K_jj per group",
+                             ylabel="K_jj", xlabels=labels), "self_influence_by_group.png",
+             "Self-influence K_jj = ‖g_j‖² per group.")
+    seps = {name: group_separation(t["both"], POSITIVE, NEGATIVE, value=v).sort_values("point")
+            for v, name in METRICS}
+    r.figure(rep.auc_lines(seps, {"counterfactual memorization": cf_auc},
+                           title="AUC separating surprising claims from facts"), "auc.png",
+             "AUC per epoch for GNQ, loss and K_jj; counterfactual memorization as a line.")
+
+    r.text(f"""## Counterfactual memorization budget
+
+{cfg.cf_models} extra fine-tunes from the same pretrained model with the same recipe
+({cfg.finetune.epochs} epochs, lr {cfg.finetune.lr:g}, B = {cfg.finetune.batch_size}), each on half of the
+{2 * prep.pairs} texts; models come in complementary pairs, so every text is in exactly
+{cfg.cf_models // 2} of them. Score: next-token accuracy under teacher forcing. Stored per text as
+metric `{CF_METRIC}` of run `{prep.finetune.name}`. Counterfactual memorization needs these
+{cfg.cf_models} extra trainings; GNQ came from the one fine-tune's own backward passes.""")
+    results = {"summary": t["summary"], "per_point": t["per_point"], "pairs": prep.pairs,
+               "gnq_vs_self_influence": t["relation"],
+               "config": asdict(cfg), "runs": [prep.before.name, prep.finetune.name]}
+    return r.write(results, command=ctx.command, timings=prep.timings)
+
+
+def _verdict(gnq_auc: float, cf_auc: float, loss_auc: float) -> str:
+    def strength(a: float) -> str:
+        d = abs(a - 0.5)
+        return "no" if d < 0.05 else "weak" if d < 0.15 else "moderate" if d < 0.3 else "strong"
+
+    lines = [f"- GNQ: {strength(gnq_auc)} separation at the last epoch (AUC {rep.fmt(gnq_auc)}"
+             + ("; claims score *lower* than facts)" if gnq_auc < 0.45 else ")") + ".",
+             f"- Counterfactual memorization: {strength(cf_auc)} separation (AUC {rep.fmt(cf_auc)}).",
+             f"- Loss: AUC {rep.fmt(loss_auc)} — the facts were in the pretraining data, so a loss gap "
+             "is expected; it measures fit, not what the update encodes."]
+    if not (np.isnan(gnq_auc) or np.isnan(cf_auc)):
+        more = abs(gnq_auc - 0.5) > abs(cf_auc - 0.5)
+        lines.append(f"- On this model GNQ separates the groups {'more' if more else 'less'} than "
+                     f"counterfactual memorization ({'as' if more else 'unlike'} the paper's Fig. 3–4).")
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""Study: which texts does a targeted prefix-completion attack extract? (paper §6.3, Table 3)
+
+On the fine-tuned model of the common-knowledge study (built or resumed first): reveal the first
+p = 12 tokens of each of the facts and claims, greedy-decode the rest, and count an exact match
+as extracted.  Then pick the top 5/10/20% of texts by GNQ (max over the fine-tuning epochs, as
+the paper), by counterfactual memorization, by loss (lowest first, the membership-inference
+pick) and by self-influence K_jj, and k random texts (several seeded trials); report how many of
+each pick were extracted and from which group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gnq_core.analysis.studies import common_knowledge as ck
+from gnq_core.analysis.studies import report as rep
+from gnq_core.analysis.studies.base import StudyContext, Timings, attack_last_point, attacked_totals
+from gnq_core.analysis.summaries import group_auc, quantile_bins, targeted_rows
+
+STUDY = "extraction"
+FRACTIONS = (0.05, 0.10, 0.20)
+STRATEGIES = [("GNQ (max over epochs)", "gnq_max", True),
+              ("GNQ (last epoch)", "gnq_last", True),
+              ("Counterfactual memorization", ck.CF_METRIC, True),
+              ("Loss (lowest, last epoch)", "loss_last", False),
+              ("Self-influence K_jj (last epoch)", "self_influence_last", True)]
+
+
+def attack_table(totals: pd.DataFrame, threshold: float, random_trials: int, seed: int) -> pd.DataFrame:
+    """The paper's Table 3 rows for these attacked texts."""
+    return targeted_rows(totals, STRATEGIES, FRACTIONS, threshold=threshold, random_trials=random_trials,
+                         seed=seed)
+
+
+def run(ctx: StudyContext, facts: Path | None = None, claims: Path | None = None,
+        cf_models: int | None = None, prefix_tokens: int = 12, threshold: float = 1.0,
+        random_trials: int | None = None) -> Path:
+    prep = ck.prepare(ctx, facts, claims, cf_models)
+    timings = Timings(ctx.work_dir(STUDY))
+    trials = random_trials if random_trials is not None else (3 if ctx.quick else 5)
+    if trials < 1:
+        raise ValueError("--random-trials must be at least 1")
+    run_ = prep.finetune
+    point = attack_last_point(ctx, run_, prefix_tokens, threshold, timings)
+    totals = attacked_totals(ctx.store, run_.run_id, int(point["point"]), prefix_tokens)
+    attacked = totals[totals["extraction_match"].notna()].copy()
+    attacked["success"] = attacked["extraction_match"] >= threshold
+    table = attack_table(attacked, threshold, trials, ctx.seed)
+
+    r = rep.Report(ctx.report_dir(STUDY), "Targeted extraction by GNQ (paper §6.3, Table 3)")
+    r.text(f"""The model is the fine-tuned GPT-2 of the common-knowledge study (run `{run_.name}`,
+checkpoint `{point['label']}`). Attack: reveal the first p = {prefix_tokens} tokens of each training
+text, greedy-decode the rest, success when the match fraction of the continuation is at least
+{threshold:g}{' (exact match)' if threshold >= 1 else ''}. {len(attacked)} of {len(totals)} texts are long
+enough to attack. Budgets are fractions of the attacked texts; GNQ is each text's maximum over the
+{prep.config.finetune.epochs} fine-tuning epochs (in-run, as the paper), counterfactual
+memorization comes from {prep.config.cf_models} subset models. The run's Extraction page on the
+dashboard shows the same attack.""")
+    by_group = (attacked.groupby("group").agg(texts=("example_id", "size"), extracted=("success", "sum"))
+                .reset_index())
+    by_group["rate"] = by_group["extracted"] / by_group["texts"]
+    overall = float(attacked["success"].mean()) if len(attacked) else float("nan")
+    aucs = predictive_auc(attacked)
+    r.text("## Result")
+    r.text(_verdict(table, overall) + "\n" + _reading(by_group, aucs))
+    show = table.assign(Budget=[("top-" if not t.startswith("Random") else "") + f"{f:.0%}"
+                                for t, f in zip(table["target"], table["fraction"], strict=True)])
+    show = show.rename(columns={"target": "Target set", "k": "k", "extracted": "Extracted",
+                                "groups": "Group breakdown"})[
+        ["Target set", "Budget", "k", "Extracted", "Group breakdown"]]
+    r.table(show, caption=f"Targeted prefix-completion exact recovery (n = {len(attacked)}; paper Table 3 "
+                          "layout). Random: seeded trials.")
+    r.text("### Per group")
+    r.table(by_group, {"rate": ".3f"}, caption=f"Overall: {int(attacked['success'].sum())} of "
+                                               f"{len(attacked)} extracted ({rep.fmt(overall)}).")
+    randoms = table[table["target"].str.startswith("Random")]
+    summary = (table[~table["target"].str.startswith("Random")][["target", "fraction", "rate"]]
+               .pivot(index="target", columns="fraction", values="rate"))
+    summary.loc[f"Random (mean of {trials})"] = randoms.groupby("fraction")["rate"].mean()
+    summary = summary.reset_index()
+    summary.columns = ["target"] + [f"rate top-{f:.0%}" for f in summary.columns[1:]]
+    r.table(summary, caption="Share extracted among each pick.")
+    bars = table[~table["target"].str.startswith("Random")]
+    bars = pd.concat([bars, randoms.groupby("fraction", as_index=False)["rate"].mean()
+                      .assign(target=f"Random (mean of {trials})")], ignore_index=True)
+    r.figure(rep.strategy_bars(bars, title="Extracted among the top-k of each ranking"), "targeted.png",
+             "Share of each pick that the attack extracts.")
+    r.text("### Does a score tell the extracted texts from the others?")
+    r.table(aucs, caption="AUC of each score for extracted vs. not extracted texts "
+            "(1: every extracted text scores higher; 0.5: no information; below 0.5: lower). "
+            "Loss is negated (low loss ranks high), as in its pick above.")
+    bins = quantile_bins(attacked, bins=5 if len(attacked) >= 20 else 2, threshold=threshold, score="gnq_max")
+    if not bins.empty:
+        r.figure(rep.quantile_bars(bins, title="Attack success per GNQ quantile bin", score_label="GNQ max"),
+                 "success_by_gnq_bin.png", "Attack success per quantile bin of GNQ (max over epochs).")
+        r.table(bins.drop(columns=["example_ids"]), {"lo": ".4g", "hi": ".4g", "mean_score": ".4g"},
+                caption="Quantile bins of GNQ (max over epochs).")
+    results = {"table": table, "by_group": by_group, "overall_rate": overall, "attacked": len(attacked),
+               "prefix_tokens": prefix_tokens, "threshold": threshold, "run": run_.name,
+               "checkpoint": str(point["label"])}
+    timings.data |= {f"common-knowledge: {k}": v for k, v in prep.timings.data.items()}
+    return r.write(results, command=ctx.command, timings=timings)
+
+
+def predictive_auc(attacked: pd.DataFrame) -> pd.DataFrame:
+    """Per score: AUC of extracted vs. not, over all attacked texts and within each group."""
+    rows = []
+    for label, column, descending in STRATEGIES:
+        if column not in attacked.columns:
+            continue
+        sign = 1.0 if descending else -1.0
+        row = {"score": label}
+        for name, part in [("all", attacked)] + list(attacked.groupby("group")):
+            outcome = np.where(part["success"], "extracted", "kept")
+            row[f"AUC {name}"] = group_auc(sign * pd.to_numeric(part[column], errors="coerce"), outcome,
+                                           "extracted", "kept")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _reading(by_group: pd.DataFrame, aucs: pd.DataFrame) -> str:
+    """What the group rates and the within-group AUCs say, in words chosen by the numbers."""
+    rates = dict(zip(by_group["group"], by_group["rate"], strict=True))
+    lines = ["- By group: " + ", ".join(f"{g} {rep.fmt(v)}" for g, v in rates.items()) + " extracted."]
+    common, surprising = rates.get(ck.NEGATIVE, np.nan), rates.get(ck.POSITIVE, np.nan)
+    if common > surprising:
+        lines.append("  The facts were in the pretraining data verbatim, so the attack recovers them more "
+                     "often than the claims although their GNQ is lower: extraction measures what the model "
+                     "can reproduce, GNQ what the fine-tuning update encoded (paper §6.2).")
+    gnq = aucs.set_index("score").loc[STRATEGIES[0][0]]
+    within = ", ".join(f"{c.removeprefix('AUC ')} {rep.fmt(v)}" for c, v in gnq.items() if c != "AUC all")
+    lines.append(f"- GNQ (max) as a predictor of extraction: AUC {rep.fmt(gnq['AUC all'])} over all texts; "
+                 f"within groups {within}.")
+    return "\n".join(lines)
+
+
+def _verdict(table: pd.DataFrame, overall: float) -> str:
+    rates = table.groupby(["target", "fraction"])["rate"].mean()
+    lines = [f"- Overall {rep.fmt(overall)} of the attacked texts are extracted."]
+    better = 0
+    for f in FRACTIONS:
+        random = table[(table["fraction"] == f) & table["target"].str.startswith("Random")]["rate"].mean()
+        picks = {t: rates.get((t, f), np.nan) for t, _, _ in STRATEGIES}
+        top = max((v for v in picks.values() if not np.isnan(v)), default=np.nan)
+        best = [t for t, v in picks.items() if v == top]
+        lines.append(f"- Top {f:.0%}: GNQ {rep.fmt(picks[STRATEGIES[0][0]])}, counterfactual "
+                     f"{rep.fmt(picks[STRATEGIES[2][0]])}, loss {rep.fmt(picks[STRATEGIES[3][0]])}, random "
+                     f"{rep.fmt(random)} (highest: {', '.join(best) if len(best) == 1 else 'a tie'}).")
+        better += picks[STRATEGIES[0][0]] > random
+    verdict = {0: "at no budget", len(FRACTIONS): "at every budget"}.get(better, f"at {better} of "
+                                                                                f"{len(FRACTIONS)} budgets")
+    lines.append(f"- GNQ's picks are extracted more often than random picks {verdict} "
+                 f"(paper Table 3: at every budget, far more).")
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+"""The studies' report: Markdown with tables and static PNG figures (matplotlib, Agg backend).
+
+Numbers are formatted by one function (``fmt``) so a test can recompute a value from the store
+and find it in the report.  Every report ends with the command that reproduces it, the compute
+time and the machine; ``results.json`` beside it holds the same numbers for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gnq_core.analysis.studies.base import Timings, machine
+
+Format = str | Callable[[Any], str]
+GROUP_COLOURS = {"common": "tab:orange", "surprising": "tab:blue"}  # as in the paper's Fig. 3–4
+
+
+def fmt(value: Any, spec: str = ".3f") -> str:
+    """A number as the report prints it; 'n/a' for missing or NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return "n/a"
+    if isinstance(value, bool | np.bool_):
+        return "yes" if value else "no"
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        return format(float(value), spec)
+    return str(value)
+
+
+def markdown_table(frame: pd.DataFrame, formats: Mapping[str, Format] | None = None) -> str:
+    """A GitHub-flavoured Markdown table; floats as ``fmt`` (per-column format specs or callables)."""
+    formats = dict(formats or {})
+
+    def cell(column: str, value: Any) -> str:
+        f = formats.get(column, ".3f")
+        text = f(value) if callable(f) else fmt(value, f)
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(cell(c, v) for c, v in zip(frame.columns, row, strict=True)) + " |"
+            for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+class Report:
+    """Collects Markdown blocks and figures; ``write`` puts report.md and results.json in ``folder``."""
+
+    def __init__(self, folder: Path, title: str) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.blocks: list[str] = [f"# {title}"]
+
+    def text(self, markdown: str) -> None:
+        self.blocks.append(markdown.strip())
+
+    def table(self, frame: pd.DataFrame, formats: Mapping[str, Format] | None = None,
+              caption: str | None = None) -> None:
+        self.blocks.append(markdown_table(frame, formats) + (f"\n\n*{caption}*" if caption else ""))
+
+    def figure(self, fig, filename: str, caption: str) -> None:
+        import matplotlib.pyplot as plt
+
+        fig.savefig(self.folder / filename, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        self.blocks.append(f"![{caption}]({filename})\n\n*{caption}*")
+
+    def write(self, results: dict[str, Any], *, command: str, timings: Timings) -> Path:
+        self.text(f"""## Reproduce
+
+```
+{command}
+```
+
+Compute time: {timings.total / 60:.1f} min summed over the invocations that built these results
+(stages: {', '.join(f'{k} {v:.0f} s' for k, v in timings.data.items())}); this invocation
+{timings.this_invocation():.0f} s. Machine: {machine()}. Every stage resumes: rerunning the
+command skips what is finished and rewrites this report from the store.""")
+        path = self.folder / "report.md"
+        path.write_text("\n\n".join(self.blocks) + "\n", encoding="utf-8")
+        (self.folder / "results.json").write_text(json.dumps(results, indent=2, default=_jsonable) + "\n")
+        return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return None if np.isnan(value) else float(value)
+    if isinstance(value, pd.DataFrame):
+        return json.loads(value.to_json(orient="records"))
+    return str(value)
+
+
+# ----------------------------------------------------------------------------------------- figures
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def group_bands(traj: pd.DataFrame, value: str, groups: Sequence[str], *, title: str, ylabel: str,
+                log: bool = True, xlabels: Sequence[str] | None = None):
+    """Per group: the median of ``value`` over the points (line) and its 25–75% range (band)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    points = sorted(traj["point"].unique())
+    for g in groups:
+        part = traj[traj["group"] == g]
+        q = part.groupby("point")[value].quantile([0.25, 0.5, 0.75]).unstack().reindex(points)
+        colour = GROUP_COLOURS.get(g)
+        ax.plot(points, q[0.5], marker="o", label=f"{g} (median)", color=colour)
+        ax.fill_between(points, q[0.25], q[0.75], alpha=0.25, color=colour)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xticks(points, list(xlabels) if xlabels is not None else [str(p) for p in points],
+                  rotation=45 if len(points) > 8 else 0)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def group_histograms(values: pd.Series, groups: pd.Series, order: Sequence[str], *, title: str,
+                     xlabel: str, log: bool = False):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    v = values.astype(float)
+    if log:
+        v = np.log10(v.where(v > 0))
+        xlabel = f"log10 {xlabel}"
+    finite = v[np.isfinite(v)]
+    edges = np.histogram_bin_edges(finite, bins=30) if len(finite) else 10
+    for g in order:
+        ax.hist(v[(groups == g) & np.isfinite(v)], bins=edges, alpha=0.55, label=g,
+                color=GROUP_COLOURS.get(g))
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("texts")
+    ax.legend()
+    return fig
+
+
+def auc_lines(series: Mapping[str, pd.DataFrame], constants: Mapping[str, float], *, title: str):
+    """AUC per point for each metric (frames from ``analysis.group_separation``), constants as lines."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, frame in series.items():
+        ax.plot(frame["label"], frame["auc"], marker="o", label=name)
+    for (name, value), style in zip(constants.items(), ["--", ":", "-."], strict=False):
+        if not math.isnan(value):
+            ax.axhline(value, linestyle=style, color="grey", label=f"{name} ({value:.3f})")
+    ax.axhline(0.5, color="black", linewidth=0.5)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("AUC (surprising > common)")
+    ax.set_title(title)
+    ax.tick_params(axis="x", rotation=45)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def strategy_bars(table: pd.DataFrame, *, title: str):
+    """Extraction rate per target set and budget (rows of ``analysis.targeted_rows``)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    targets = list(dict.fromkeys(table["target"]))
+    fractions = sorted(table["fraction"].unique())
+    width = 0.8 / max(1, len(fractions))
+    for i, f in enumerate(fractions):
+        part = table[table["fraction"] == f].set_index("target").reindex(targets)
+        ax.bar(np.arange(len(targets)) + i * width, part["rate"], width, label=f"top {f:.0%}")
+    ax.set_xticks(np.arange(len(targets)) + width * (len(fractions) - 1) / 2, targets, rotation=30,
+                  ha="right")
+    ax.set_ylabel("extracted / k")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(title)
+    ax.legend()
+    return fig
+
+
+def trajectory_lines(matrix: pd.DataFrame, labels: Sequence[str], *, title: str, highlight: Sequence[int]):
+    """One GNQ line per example (rows of an example × point matrix), log scale."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    x = np.arange(matrix.shape[1])
+    for example_id, row in matrix.iterrows():
+        strong = example_id in highlight
+        ax.plot(x, row.to_numpy(dtype=float), marker="o" if strong else None, linewidth=2 if strong else 0.8,
+                alpha=1.0 if strong else 0.6, label=f"#{example_id}" if strong else None)
+    ax.set_yscale("log")
+    ax.set_xticks(x, list(labels), rotation=45 if len(labels) > 8 else 0)
+    ax.set_ylabel("GNQ")
+    ax.set_title(title)
+    if highlight:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def quantile_bars(bins: pd.DataFrame, *, title: str, score_label: str):
+    """Attack success per quantile bin (bars) with the bin's mean score (line, right axis)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(bins["bin"], bins["success_rate"], color="tab:blue", alpha=0.7, label="attack success rate")
+    ax.set_xlabel(f"{score_label} quantile bin (1 = lowest)")
+    ax.set_ylabel("success rate")
+    ax.set_ylim(0, 1.05)
+    ax.set_xticks(bins["bin"])
+    right = ax.twinx()
+    right.plot(bins["bin"], bins["mean_score"], color="tab:red", marker="o", label=f"mean {score_label}")
+    right.set_yscale("log")
+    right.set_ylabel(f"mean {score_label}")
+    ax.set_title(title)
+    fig.legend(loc="upper left", bbox_to_anchor=(0.12, 0.88), fontsize=8)
+    return fig

@@ -1,0 +1,149 @@
+"""Fused path (DESIGN.md §3): per-example weight gradients that also serve as the batch gradient.
+
+When a Linear-like layer materialises its per-example gradients G_j = Δ_jᵀ X_j anyway, their
+sum *is* the batch weight gradient.  ``FusedLinearFunction`` computes the layer's forward like
+the module does and, in backward, forms G (in row chunks within a memory budget), returns
+Σ_j G_j as the weight gradient — so autograd's own weight-gradient matmul never runs — and
+hands the B×B Gram (or, for a parameter used twice, G itself) to the auditor.
+``param.grad`` equals the unfused one up to float rounding (a sum of B matmuls instead of one).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from gnq_core.engine.representations import MATERIALIZE_ELEMENT_FLOPS, DenseRep, compute_dtype
+
+# On CPU, G is formed in chunks of about this size in one reused buffer: a fresh 100+ MB tensor
+# per step costs more in page faults than the Gram itself, and small chunks stay in cache
+# (measured on the GPT-2 head, 8192×256, B=16, one thread: 126 ms vs 193 ms for one fresh tensor).
+CPU_CHUNK_BYTES = 8 * 2**20
+
+
+class GradientSink(Protocol):
+    def plan(self) -> tuple[str, torch.Tensor | None]:
+        """("gram", None): only the Gram is needed; ("gram", rows): also the gradients'
+        parameter rows ``rows`` (a tied weight's cross terms with an embedding); ("gradients",
+        None): the per-example gradients themselves (a weight used twice)."""
+
+    def accept_gram(self, gram: torch.Tensor, rows_grad: DenseRep | None) -> None: ...
+
+    def accept_gradients(self, weight: DenseRep | None, bias: DenseRep | None) -> None: ...
+
+    def workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A scratch buffer of ``numel`` elements (may be reused across calls)."""
+
+
+class FusedLinearFunction(torch.autograd.Function):
+    """y = x Wᵀ + b (nn.Linear) or y = x W + b (HF Conv1D, ``in_out=True``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, in_out: bool, sink: GradientSink, budget: int):
+        ctx.save_for_backward(x, weight)
+        ctx.in_out, ctx.sink, ctx.budget, ctx.has_bias = in_out, sink, budget, bias is not None
+        if not in_out:
+            return F.linear(x, weight, bias)
+        size_out = x.shape[:-1] + (weight.shape[-1],)  # exactly HF Conv1D's forward
+        return torch.addmm(bias, x.view(-1, x.shape[-1]), weight).view(size_out)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        in_out, sink = ctx.in_out, ctx.sink
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = dy.matmul(weight.T) if in_out else dy.matmul(weight)
+        B = x.shape[0]
+        dtype = compute_dtype(dy)
+        X = x.reshape(B, -1, x.shape[-1]).to(dtype)
+        D = dy.reshape(B, -1, dy.shape[-1]).to(dtype)
+        # parameter layout [rows, cols]: Linear [out, in] = Δᵀ X; Conv1D [in, out] = Xᵀ Δ
+        left, right = (X, D) if in_out else (D, X)
+        grad_b = D.sum(dim=1) if ctx.has_bias else None  # per-example bias gradients [B, out]
+        want_weight = ctx.needs_input_grad[1]
+        grad_w = None
+        mode, keep_rows = sink.plan()
+        if mode == "gradients":
+            G = torch.bmm(left.transpose(1, 2), right)
+            grad_w = G.sum(0) if want_weight else None
+            sink.accept_gradients(DenseRep(G.reshape(B, -1)) if want_weight else None,
+                                  DenseRep(grad_b) if ctx.needs_input_grad[2] else None)
+        else:
+            rows, cols = left.shape[-1], right.shape[-1]
+            gram = torch.zeros(B, B, dtype=torch.float64, device=dy.device)
+            kept = None
+            if want_weight:
+                grad_w = torch.empty(rows, cols, dtype=dtype, device=dy.device)
+                if keep_rows is not None:
+                    keep_rows = keep_rows.to(dy.device)
+                    kept = torch.empty(B, keep_rows.numel(), cols, dtype=dtype, device=dy.device)
+                limit = ctx.budget if dy.is_cuda else min(ctx.budget, CPU_CHUNK_BYTES)
+                step = max(1, min(rows, limit // max(B * cols * left.element_size(), 1)))
+                buffer = sink.workspace(B * step * cols, dtype, dy.device)
+                for start in range(0, rows, step):  # chunks of parameter rows bound G's memory
+                    n = min(step, rows - start)
+                    G = torch.bmm(left[..., start:start + n].transpose(1, 2), right,
+                                  out=buffer[:B * n * cols].view(B, n, cols))
+                    torch.sum(G, 0, out=grad_w[start:start + n])
+                    flat = G.view(B, -1)
+                    gram += (flat @ flat.T).to(torch.float64)
+                    if kept is not None:
+                        inside = ((keep_rows >= start) & (keep_rows < start + n)).nonzero()[:, 0]
+                        kept[:, inside] = G.index_select(1, keep_rows[inside] - start)
+            if ctx.needs_input_grad[2]:
+                gram += (grad_b @ grad_b.T).to(torch.float64)
+            sink.accept_gram(gram, DenseRep(kept.reshape(B, -1)) if kept is not None else None)
+        if grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        bias_grad = grad_b.sum(0).to(weight.dtype) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, bias_grad, None, None, None
+
+
+def fused_flops(batch: int, rows: int, cols: int) -> float:
+    """Extra cost of the fused path: the Gram of the per-example gradients and their memory."""
+    return (2.0 * batch + MATERIALIZE_ELEMENT_FLOPS) * batch * rows * cols
+
+
+def ghost_linear_flops(batch: int, length: int, rows: int, cols: int) -> float:
+    """Extra FLOPs of the ghost path for the same layer (autograd keeps its own matmul)."""
+    return 2.0 * (batch * length) ** 2 * (rows + cols + 1)
+
+
+class FusedLayerNormFunction(torch.autograd.Function):
+    """nn.LayerNorm whose backward hands the per-example weight and bias gradients to the sink.
+
+    ∇w_j = Σ_t Δ_jt ⊙ x̂_jt and ∇b_j = Σ_t Δ_jt reuse the forward's saved mean and 1/σ, so
+    neither the statistics nor autograd's own batch reduction for w and b are computed twice.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, normalized_shape, eps: float, sink: GradientSink):
+        out, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        ctx.normalized_shape, ctx.sink = normalized_shape, sink
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_x = None
+        if need_x:
+            grad_x = torch.ops.aten.native_layer_norm_backward(
+                dy, x, ctx.normalized_shape, mean, rstd, weight, bias, [True, False, False])[0]
+        B, width = x.shape[0], weight.numel() if weight is not None else bias.numel()
+        dtype = compute_dtype(dy)
+        D = dy.reshape(B, -1, width).to(dtype)
+        per_w = per_b = None
+        if need_w:
+            x_hat = ((x - mean) * rstd).reshape(B, -1, width).to(dtype)
+            per_w = (D * x_hat).sum(dim=1)
+        if need_b:
+            per_b = D.sum(dim=1)
+        ctx.sink.accept_gradients(DenseRep(per_w) if need_w else None, DenseRep(per_b) if need_b else None)
+        grad_w = per_w.sum(0).view_as(weight).to(weight.dtype) if need_w else None
+        grad_b = per_b.sum(0).view_as(bias).to(bias.dtype) if need_b else None
+        return grad_x, grad_w, grad_b, None, None, None

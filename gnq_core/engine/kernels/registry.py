@@ -1,0 +1,43 @@
+"""Which kernel handles which module type (extension point: ``@register(MyModule)``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from gnq_core.engine.kernels.base import Kernel
+
+_KERNELS: dict[type, Kernel] = {}
+_generic: Kernel | None = None
+
+
+def register(*module_types: type) -> Callable[[type[Kernel]], type[Kernel]]:
+    """Class decorator: use this kernel for modules of these exact types."""
+
+    def deco(cls: type[Kernel]) -> type[Kernel]:
+        instance = cls()
+        for t in module_types:
+            _KERNELS[t] = instance
+        return cls
+
+    return deco
+
+
+def register_generic(cls: type[Kernel]) -> type[Kernel]:
+    global _generic
+    _generic = cls()
+    return cls
+
+
+def kernel_for(module: nn.Module) -> Kernel:
+    """The registered kernel for the module's type; a subclass inherits it only if it keeps
+    its base's forward (a LoRA layer that subclasses Linear does not compute x Wᵀ + b)."""
+    t = type(module)
+    if t in _KERNELS:
+        return _KERNELS[t]
+    for base in t.__mro__[1:]:
+        if base in _KERNELS and getattr(t, "forward", None) is getattr(base, "forward", None):
+            return _KERNELS[base]
+    assert _generic is not None, "generic kernel not registered"
+    return _generic

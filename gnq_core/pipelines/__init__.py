@@ -1,0 +1,1 @@
+"""Pipelines: in-run training, post-hoc audits, the extraction attack, distributed and Trainer runs, jobs."""

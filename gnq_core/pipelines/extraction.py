@@ -1,0 +1,263 @@
+"""Prefix-completion extraction attack: reveal the first p tokens of a training text,
+greedy-decode the rest, and measure the fraction of continuation tokens that match.
+
+Token convention as in ``tokens``: each example is its text's tokens without special tokens
+(``tokens.encode_texts``). An example needs at least ``prefix_tokens + 1`` tokens; its target is
+``tokens[p:]`` (capped at ``max_new_tokens``). Decoding is greedy and never stops at EOS: each
+example generates exactly as many tokens as its target and is compared position by position.
+
+Decoding is a hand-written loop (not ``model.generate``): prompts are left-padded, with an
+attention mask and explicit position ids from that mask so padding does not shift positions,
+and a KV cache feeds one new token per step. It gives the same ids as recomputing the full,
+unpadded forward for each example at every step (tests/test_extraction.py checks this).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gnq_core.sources.tokens import pad_id
+
+
+@dataclass
+class ExtractionResult:
+    example_id: int
+    n_prefix: int  # p actually used
+    n_continuation: int  # number of target tokens compared (0 if the text is too short -> skipped)
+    match_fraction: float | None  # fraction of positions i with generated[i] == target[i]; None if skipped
+    success: bool | None  # match_fraction >= threshold; None if skipped
+    prefix_text: str  # tokenizer.decode of the prefix ids
+    generated_text: str  # decode of the generated continuation ids
+    target_text: str  # decode of the original continuation ids
+    generated_ids: list[int]
+    target_ids: list[int]
+
+    @property
+    def skipped(self) -> bool:
+        return self.match_fraction is None
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], n_new: int, pad: int,
+                  device: torch.device | None = None) -> list[list[int]]:
+    """Greedily generate ``n_new`` tokens after each prompt, batched (left padding + KV cache).
+
+    Prompts may differ in length (each needs at least one token). No EOS stopping. Call inside
+    ``torch.inference_mode()`` with the model in eval mode (``extraction_attack`` does both).
+    """
+    if not prompts or n_new <= 0:
+        return [[] for _ in prompts]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    device = device if device is not None else _model_device(model)
+    B, width = len(prompts), max(len(p) for p in prompts)
+    input_ids = torch.full((B, width), pad, dtype=torch.long)
+    mask = torch.zeros((B, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    # Positions count real tokens only: the first real token of every row is position 0.
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+    extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+
+    out_ids = torch.empty((B, n_new), dtype=torch.long, device=device)
+    past = None
+    for step in range(n_new):
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                    past_key_values=past, use_cache=True, **extra)
+        nxt = out.logits[:, -1, :].argmax(dim=-1)
+        out_ids[:, step] = nxt
+        if step == n_new - 1:
+            break
+        past = out.past_key_values
+        input_ids = nxt[:, None]
+        position_ids = position_ids[:, -1:] + 1
+        mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
+    return out_ids.tolist()
+
+
+def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Sequence[int]],
+                      example_ids: Sequence[int], *, prefix_tokens: int = 12, threshold: float = 1.0,
+                      batch_size: int = 32, max_new_tokens: int | None = None,
+                      device: torch.device | None = None,
+                      progress: Callable[[int], None] | None = None,
+                      done: Collection[int] = (),
+                      on_batch: Callable[[list[ExtractionResult]], None] | None = None,
+                      ) -> list[ExtractionResult]:
+    """Run the prefix-completion attack on already-encoded examples; results in input order.
+
+    ``progress(n)`` is called with the number of examples finished by each batch (skipped,
+    too-short examples are reported first, in one call), so the calls sum to ``len(token_ids)``.
+
+    Resuming: ``on_batch(results)`` receives each batch's results as soon as they exist (the
+    too-short examples first), so a caller can commit them; a later call with the committed
+    example ids as ``done`` skips every batch made only of those.  Batches are formed from all
+    examples, done or not, so each example is decoded with the same companions (and padding)
+    as in an uninterrupted attack.  The results returned are those computed by this call.
+    """
+    if len(token_ids) != len(example_ids):
+        raise ValueError(f"{len(token_ids)} token lists but {len(example_ids)} example ids")
+    if prefix_tokens < 1:
+        raise ValueError("prefix_tokens must be at least 1")
+    if batch_size < 1:
+        raise ValueError("batch size must be at least 1")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be at least 1 (or None for the whole continuation)")
+    device = device if device is not None else _model_device(model)
+    pad = pad_id(tokenizer)
+
+    done = set(done)
+    results: list[ExtractionResult | None] = [None] * len(token_ids)
+    todo: list[int] = []
+    for i, (ids, eid) in enumerate(zip(token_ids, example_ids, strict=True)):
+        ids = [int(t) for t in ids]
+        if len(ids) >= prefix_tokens + 1:
+            todo.append(i)
+            continue
+        if int(eid) in done:
+            continue
+        prefix = ids[:prefix_tokens]
+        results[i] = ExtractionResult(int(eid), len(prefix), 0, None, None, tokenizer.decode(prefix),
+                                      "", "", [], [])
+    n_skipped = len(token_ids) - len(todo)
+    short = [r for r in results if r is not None]
+    if on_batch is not None and short:
+        on_batch(short)
+    if progress is not None and n_skipped:
+        progress(n_skipped)
+
+    def target_of(i: int) -> list[int]:
+        tgt = [int(t) for t in token_ids[i][prefix_tokens:]]
+        return tgt if max_new_tokens is None else tgt[:max_new_tokens]
+
+    # Longest targets first: similar lengths share a batch, so little generation is wasted.
+    todo.sort(key=lambda i: len(target_of(i)), reverse=True)
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(todo), batch_size):
+                chunk = todo[start: start + batch_size]
+                if all(int(example_ids[i]) in done for i in chunk):
+                    if progress is not None:
+                        progress(len(chunk))
+                    continue
+                prefixes = [[int(t) for t in token_ids[i][:prefix_tokens]] for i in chunk]
+                targets = [target_of(i) for i in chunk]
+                generated = greedy_decode(model, prefixes, max(len(t) for t in targets), pad, device)
+                for i, prefix, target, gen in zip(chunk, prefixes, targets, generated, strict=True):
+                    gen = gen[: len(target)]
+                    match = sum(g == t for g, t in zip(gen, target, strict=True)) / len(target)
+                    results[i] = ExtractionResult(
+                        example_id=int(example_ids[i]), n_prefix=len(prefix), n_continuation=len(target),
+                        match_fraction=match, success=match >= threshold,
+                        prefix_text=tokenizer.decode(prefix), generated_text=tokenizer.decode(gen),
+                        target_text=tokenizer.decode(target), generated_ids=gen, target_ids=target)
+                if on_batch is not None:
+                    on_batch([results[i] for i in sorted(chunk)])  # type: ignore[misc]
+                if progress is not None:
+                    progress(len(chunk))
+    finally:
+        model.train(was_training)
+    return [r for r in results if r is not None]
+
+
+def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: int = 12,
+                   threshold: float = 1.0, batch_size: int = 32, device: str = "auto",
+                   reporter=None) -> dict:
+    """Attack every example of a stored run with one of its checkpoints; store the results.
+
+    ``checkpoint`` is a point label (e.g. 'epoch-3'); default: the run's last finished point.
+    Each batch's rows are committed as soon as they are decoded, so an interrupted attack resumes
+    where it stopped when rerun with the same prefix length and threshold (and, to decode each
+    text with the same companions, the same batch size); rerunning a finished attack, or one with
+    another threshold, replaces it.  Never duplicates rows.
+    """
+    from gnq_core.progress import Reporter
+    from gnq_core.results.store import StoreError
+    from gnq_core.runtime import code_version, resolve_device
+    from gnq_core.sources.checkpoints import load_checkpoint
+    from gnq_core.sources.tokens import encode_texts
+
+    reporter = reporter or Reporter()
+    points = store.points(run.run_id)
+    done = points[points["status"] == "done"]
+    if done.empty:
+        raise StoreError(f"{store.path}: run {run.name!r} has no finished checkpoint to attack yet")
+    if checkpoint is None:
+        row = done.iloc[-1]
+    else:
+        match = points[points["label"] == checkpoint]
+        if match.empty:
+            raise StoreError(f"{store.path}: run {run.name!r} has no checkpoint {checkpoint!r} "
+                             f"(has: {', '.join(points['label'])})")
+        row = match.iloc[0]
+    if not row["path"]:
+        raise StoreError(f"{store.path}: checkpoint {row['label']!r} of run {run.name!r} "
+                         "has no folder recorded")
+    point = int(row["point"])
+    model, tokenizer = load_checkpoint(row["path"], device=resolve_device(device))
+    examples = store.examples(run.run_id)
+    ids = encode_texts(tokenizer, examples["text"].tolist(), run.max_length)
+    finished = store.attacked_examples(run.run_id, point, prefix_tokens, threshold)
+    if finished is None or len(finished) >= len(examples):
+        store.delete_extractions(run.run_id, point, prefix_tokens)  # a new attack replaces the old one
+        finished = set()
+    elif finished:
+        reporter.log(f"resuming the attack: {len(finished)} of {len(examples)} texts already done")
+    version = code_version()
+
+    def commit(results: list[ExtractionResult]) -> None:
+        store.write_extractions(run.run_id, point, prefix_tokens, _frame(tokenizer, results, threshold),
+                                version)
+
+    reporter.stage(f"attack {row['label']} (p={prefix_tokens})", len(ids))
+    extraction_attack(model, tokenizer, ids, examples["example_id"].tolist(), prefix_tokens=prefix_tokens,
+                      threshold=threshold, batch_size=batch_size, device=resolve_device(device),
+                      progress=reporter.advance, done=finished, on_batch=commit)
+    stored = store.extractions(run.run_id, point)
+    stored = stored[stored["prefix_tokens"] == prefix_tokens]
+    attacked = int(stored["match_fraction"].notna().sum())
+    return {"label": row["label"], "attacked": attacked, "skipped": len(stored) - attacked,
+            "extracted": int(stored["success"].fillna(False).astype(bool).sum())}
+
+
+def _frame(tokenizer, results: Sequence[ExtractionResult], threshold: float):
+    """Results in the store's layout (one row per example)."""
+    import pandas as pd
+
+    return pd.DataFrame({
+        "example_id": [r.example_id for r in results],
+        "threshold": threshold,
+        "n_continuation": [r.n_continuation for r in results],
+        "match_fraction": [r.match_fraction for r in results],
+        "success": pd.array([r.success for r in results], dtype="boolean"),
+        "prefix_text": [r.prefix_text for r in results],
+        "generated_text": [r.generated_text for r in results],
+        "target_text": [r.target_text for r in results],
+        "target_tokens": [_token_strings(tokenizer, r.target_ids) for r in results],
+        "generated_tokens": [_token_strings(tokenizer, r.generated_ids) for r in results],
+    })
+
+
+def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
+    """Each token decoded on its own (for a token-by-token view of the attack)."""
+    return [tokenizer.decode([i]) for i in ids]

@@ -1,0 +1,275 @@
+"""Hugging Face Trainer integration: GNQ of every example of every micro-batch, as Parquet shards.
+
+    from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
+
+    trainer = GNQTrainer(model=model, args=args, train_dataset=rows,      # rows: input_ids, example_id
+                         data_collator=lm_collator(pad_id),
+                         gnq=GNQConfig(out="runs/ft-shards", lam=1e-2, scope="global"))
+    trainer.train()
+    # gnq ingest runs/ft-shards --db data/gnq.duckdb   (or GNQConfig(db=...): rank 0 ingests at the end)
+
+**Why a Trainer subclass.**  GNQ needs each example's own loss ℓ_j, but the stock Trainer
+backpropagates the model's token-mean loss and never exposes per-example losses; it also drops
+dataset columns the model's forward does not take (so ``example_id`` would never reach the
+loss), and runs backward inside ``training_step`` with no callback event between one
+micro-batch's backward and the next one's forward other than ones that differ between the last
+micro-batch and the others.  A callback alone would need the user to also pass a
+``compute_loss_func``, set ``remove_unused_columns=False`` and strip ``example_id`` before the
+model; the subclass does all of it, so user code changes one class name and adds ``gnq=``.
+The bookkeeping itself (auditor lifetime, shards, points, final ingest) is ``GNQCallback``,
+which ``GNQTrainer`` installs.
+
+**The objective is unchanged**: Σ_j n_j ℓ_j / N with n_j example j's target tokens and N the
+Trainer's ``num_items_in_batch`` (tokens over all micro-batches of the step, and over the ranks
+with ``average_tokens_across_devices``) — the model's own token-mean loss, computed from the
+per-example losses (equal to float rounding, not bitwise).  Whatever the Trainer then does to
+that loss (divide by the accumulation steps, multiply by the number of processes, AMP loss
+scaling) is read back exactly: a hook on the per-example losses receives ∂objective/∂ℓ_j, the
+very weights w_j that scale the captured gradients, and ``compute(weights=w)`` undoes them.
+
+**The batch of the GNQ** is one micro-batch: with ``gradient_accumulation_steps = k`` each of
+the k forward/backward passes of an optimizer step is its own GNQ batch.  ``scope="rank"``: the
+rank's micro-batch (``per_device_train_batch_size`` examples); ``scope="global"``: the same
+micro-batch index on every rank, concatenated (``per_device_train_batch_size × world_size``).
+
+Shard rows: ``point`` is the epoch (0-based), ``step`` the optimizer step the micro-batch
+belongs to (1-based, as ``state.global_step`` after it), ``batch_index`` the GNQ batch within
+the epoch (scope "rank": micro-batch × world + rank; "global": micro-batch).  Each rank writes
+its own examples; a global batch's ``batches`` row is written by rank 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+from transformers import Trainer, TrainerCallback
+
+from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
+from gnq_core.engine.solve import GNQNumericalError
+from gnq_core.pipelines.distributed import DistributedGNQAuditor, Scope, Strategy
+from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
+from gnq_core.runtime import code_version
+from gnq_core.sources.tokens import collate
+
+__all__ = ["GNQCallback", "GNQConfig", "GNQTrainer", "lm_collator"]
+
+EXAMPLE_ID = "example_id"
+
+
+@dataclass
+class GNQConfig:
+    out: str | Path  # the shards folder (one per training run)
+    lam: float = 1e-2
+    scope: Scope = "rank"
+    strategy: Strategy = "auto"
+    flush_every: int = 50  # optimizer steps per shard file (and at every epoch end)
+    name: str | None = None  # run name (default: the shards folder's name)
+    texts: Sequence[str] | None = None  # texts by example_id, for the store's examples table
+    groups: Sequence[str | None] | None = None
+    dataset_path: str = "(in memory)"
+    max_length: int | None = None  # recorded; default: the model's n_positions
+    db: str | Path | None = None  # ingest the shards into this store when training ends (rank 0)
+    check_uses: bool = True
+
+
+def lm_collator(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
+    """Right-pad rows {input_ids, example_id} into input_ids, attention_mask, labels (−100 on
+    padding) and example_id, the convention of ``per_example_lm_loss``."""
+
+    def collate_rows(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        missing = [i for i, r in enumerate(rows) if EXAMPLE_ID not in r]
+        if missing:
+            raise ValueError(f"GNQTrainer needs an '{EXAMPLE_ID}' in every training row (row {missing[0]} "
+                             "has none)")
+        ids = [int(r[EXAMPLE_ID]) for r in rows]
+        b = collate([list(r["input_ids"]) for r in rows], ids, pad_id)
+        return {"input_ids": b.input_ids, "attention_mask": b.attention_mask, "labels": b.labels,
+                EXAMPLE_ID: torch.tensor(ids, dtype=torch.long)}
+
+    return collate_rows
+
+
+class GNQCallback(TrainerCallback):
+    """Audits each micro-batch of a ``GNQTrainer`` and writes this rank's shards."""
+
+    def __init__(self, config: GNQConfig, trainer: Trainer) -> None:
+        self.config, self.trainer = config, trainer
+        self.auditor: DistributedGNQAuditor | None = None
+        self.writer: ShardWriter | None = None
+        self.meta: dict[str, Any] | None = None
+        self.rank, self.world = 0, 1
+        self.point, self.micro = -1, 0
+        self.results: list[dict[str, Any]] = []  # this process's rows, also kept in memory
+        self._ids: torch.Tensor | None = None
+        self._losses: torch.Tensor | None = None
+        self._weights: torch.Tensor | None = None
+        self._t0 = 0.0
+
+    # ------------------------------------------------------------------ trainer events
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.rank, self.world = args.process_index, args.world_size
+        c = self.config
+        self.auditor = DistributedGNQAuditor(model, lam=c.lam, scope=c.scope, strategy=c.strategy,
+                                             check_uses=c.check_uses)
+        self.writer = ShardWriter(c.out, self.rank, self.world)
+        if self.rank == 0:
+            examples = self._examples_frame()
+            self.meta = new_shard_folder(c.out, self._run_fields(args, model, examples), examples, self.world)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.point, self.micro = self.point + 1, 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.config.flush_every == 0:
+            self.writer.flush()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.writer.flush()
+        if self.meta is not None:
+            self.meta["points"].append({"point": self.point, "label": f"epoch-{self.point + 1}",
+                                        "kind": "epoch", "done": True})
+            write_run_file(self.config.out, self.meta)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.writer.flush()
+        if self.auditor is not None:
+            self.auditor.close()
+            self.auditor = None
+        if self.meta is not None:
+            self.meta["status"] = "done"
+            write_run_file(self.config.out, self.meta)
+        if self.config.db is not None:
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier()  # every rank's last shard is on disk
+            if self.rank == 0:
+                from gnq_core.results.shards import ingest
+                from gnq_core.results.store import Store
+
+                ingest(Store(self.config.db), self.config.out)
+
+    # ------------------------------------------------------------------ per micro-batch
+    def before_forward(self, example_ids: torch.Tensor | None) -> None:
+        if example_ids is None:
+            raise ValueError(f"GNQTrainer: the batch has no '{EXAMPLE_ID}'; add it to every training "
+                             "row and use gnq_core.pipelines.hf_callback.lm_collator"
+                             " (or a collator that keeps it)")
+        self._ids, self._weights, self._t0 = example_ids.detach().cpu(), None, time.perf_counter()
+
+    def watch_losses(self, losses: torch.Tensor, counts: torch.Tensor) -> None:
+        """Keep ℓ_j; the hook receives ∂objective/∂ℓ_j in the backward: the weights w_j."""
+        self._losses = losses.detach()
+        if losses.requires_grad:
+            def keep(grad: torch.Tensor) -> None:
+                w = grad.detach().to(torch.float64)
+                # an example without targets has ℓ_j ≡ 0 and no gradient: its weight is immaterial
+                self._weights = torch.where(counts.to(w.device) == 0, torch.ones_like(w), w)
+            losses.register_hook(keep)
+
+    def after_backward(self, state) -> None:
+        if self.auditor is None or self._weights is None:
+            return
+        finite = bool(torch.isfinite(self._losses).all())
+        gnq = kjj = None
+        condition = None
+        try:
+            res = self.auditor.compute(weights=self._weights)
+            if finite:
+                gnq, kjj = res.local_gnq.tolist(), res.kernel.diagonal()[res.local].tolist()
+                condition = res.condition
+            size = res.batch_size
+        except GNQNumericalError:
+            finite, size = False, len(self._ids)
+        step, seconds = state.global_step + 1, time.perf_counter() - self._t0
+        index = self.micro if self.config.scope == "global" else self.micro * self.world + self.rank
+        losses = self._losses.detach().double().cpu().tolist()
+        scores = [(self.point, int(e), index, step, gnq[i] if gnq else None, losses[i],
+                   kjj[i] if kjj else None) for i, e in enumerate(self._ids.tolist())]
+        batches = [] if self.config.scope == "global" and self.rank != 0 else \
+            [(self.point, index, step, size, condition, finite, seconds)]
+        self.writer.add(step, scores, batches)
+        self.results.extend({"point": self.point, "batch_index": index, "step": step, "example_id": s[1],
+                             "gnq": s[4], "loss": s[5], "self_influence": s[6]} for s in scores)
+        self.micro += 1
+        self._weights = None
+
+    # ------------------------------------------------------------------ run description
+    def _examples_frame(self) -> pd.DataFrame:
+        ds, c = self.trainer.train_dataset, self.config
+        rows = []
+        for i in range(len(ds)):
+            row = ds[i]
+            eid = int(row[EXAMPLE_ID])
+            text = c.texts[eid] if c.texts is not None else str(row.get("text", ""))
+            group = c.groups[eid] if c.groups is not None else row.get("group")
+            rows.append((eid, text, group, len(row["input_ids"])))
+        return pd.DataFrame(rows, columns=["example_id", "text", "grp", "n_tokens"])
+
+    def _run_fields(self, args, model, examples: pd.DataFrame) -> dict[str, Any]:
+        c = self.config
+        content = examples[["example_id", "text"]].to_json(orient="values")
+        digest = hashlib.sha256(content.encode()).hexdigest()
+        micro = args.per_device_train_batch_size
+        return {
+            "name": c.name or Path(c.out).resolve().name, "kind": "train", "lam": c.lam,
+            "batch_size": micro * (self.world if c.scope == "global" else 1), "seed": args.seed,
+            "max_length": c.max_length or int(getattr(model.config, "n_positions", 0) or 0),
+            "model_path": str(args.output_dir), "model_hash": None, "dataset_path": c.dataset_path,
+            "dataset_hash": digest, "n_examples": len(examples), "code_version": code_version(),
+            "device": str(args.device), "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "settings": {"trainer": "transformers.Trainer (GNQTrainer)", "scope": c.scope,
+                         "strategy": c.strategy, "world_size": self.world,
+                         "gnq_batch": "one micro-batch" + (" of every rank" if c.scope == "global" else ""),
+                         "per_device_train_batch_size": micro,
+                         "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                         "learning_rate": args.learning_rate, "epochs": args.num_train_epochs,
+                         "flush_every": c.flush_every},
+        }
+
+
+class GNQTrainer(Trainer):
+    """``transformers.Trainer`` with in-run GNQ on every micro-batch (see the module doc)."""
+
+    def __init__(self, *args: Any, gnq: GNQConfig, **kwargs: Any) -> None:
+        if kwargs.get("compute_loss_func") is not None:
+            raise ValueError("GNQTrainer computes the loss from per-example losses itself; "
+                             "compute_loss_func cannot be combined with it")
+        super().__init__(*args, compute_loss_func=self._objective, **kwargs)
+        self.gnq = GNQCallback(gnq, self)
+        self.add_callback(self.gnq)
+
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        if EXAMPLE_ID not in self._signature_columns:  # keep it through RemoveColumnsCollator
+            self._signature_columns.append(EXAMPLE_ID)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        ids = inputs.pop(EXAMPLE_ID, None)
+        if model.training and torch.is_grad_enabled():
+            self.gnq.before_forward(ids)
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
+
+    def _objective(self, outputs, labels, num_items_in_batch=None) -> torch.Tensor:
+        """Σ_j n_j ℓ_j / N: the token-mean loss, from per-example losses."""
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        losses = per_example_lm_loss(logits, labels)
+        counts = lm_target_counts(labels)
+        n = counts.to(losses.dtype)
+        total = num_items_in_batch if num_items_in_batch is not None else n.sum()
+        if torch.is_tensor(total):
+            total = total.to(device=losses.device, dtype=losses.dtype)
+        self.gnq.watch_losses(losses, counts)
+        return (losses * n).sum() / total
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.gnq.after_backward(self.state)
+        return loss

@@ -1,0 +1,1 @@
+"""Results: the DuckDB store (it owns every SQL statement), shards and exports."""

@@ -1,0 +1,305 @@
+"""Sharded results: every rank writes Parquet files, nobody waits on the database.
+
+A shards folder (one training run)::
+
+    SHARDS/run.json                                   the run's identity (rank 0, atomic rewrite)
+    SHARDS/examples.parquet                           example_id, text, grp, n_tokens (rank 0)
+    SHARDS/scores/rank-00001.steps-00000051-00000100.parquet
+    SHARDS/batches/rank-00001.steps-00000051-00000100.parquet
+
+Scores and batches shards have the store's columns (``store.SHARD_COLUMNS``: all but run_id);
+each rank writes one pair per step range, each file atomically (a temporary name, then
+``os.replace``).  ``gnq ingest SHARDS --db DB`` loads a folder into the DuckDB store in one
+transaction, idempotently; ``ShardStore`` answers every ``Store`` query straight from the
+files through DuckDB's Parquet reader (the dashboard can open a shards folder as a store).
+A folder whose ranks have not all written the same step ranges (a job still running or one
+that died) is refused with one line naming what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow.parquet as pq
+
+from gnq_core.results.store import (
+    SHARD_COLUMNS,
+    Run,
+    Store,
+    StoreError,
+    _apply_migrations,
+    _first_line,
+    _insert_examples,
+    _insert_run,
+    shard_select,
+)
+
+RUN_FILE = "run.json"
+EXAMPLES_FILE = "examples.parquet"
+FORMAT = "gnq-shards/1"
+_NAME = re.compile(r"rank-(\d{5})\.steps-(\d{8})-(\d{8})\.parquet")
+_RUN_FIELDS = ("name", "kind", "lam", "batch_size", "seed", "max_length", "model_path", "dataset_path",
+               "dataset_hash", "n_examples", "code_version")
+
+
+class ShardError(StoreError):
+    """A shards folder that cannot be read or is incomplete."""
+
+
+# ---------------------------------------------------------------------- writing (every rank)
+class ShardWriter:
+    """Buffers one rank's rows and writes them as one Parquet pair per step range."""
+
+    def __init__(self, root: str | Path, rank: int = 0, world_size: int = 1) -> None:
+        self.root = Path(root)
+        self.rank, self.world_size = rank, world_size
+        self._rows: dict[str, list[tuple]] = {"scores": [], "batches": []}
+        self._first_step: int | None = None
+        self._last_step: int | None = None
+
+    def add(self, step: int, scores: Sequence[tuple], batches: Sequence[tuple]) -> None:
+        """Rows in ``SHARD_COLUMNS`` order for one optimizer step."""
+        self._rows["scores"].extend(scores)
+        self._rows["batches"].extend(batches)
+        self._first_step = step if self._first_step is None else self._first_step
+        self._last_step = step
+
+    def flush(self) -> list[Path]:
+        """Write what is buffered (every rank flushes at the same steps, even with no rows)."""
+        if self._first_step is None:
+            return []
+        written = []
+        for table, rows in self._rows.items():
+            name = f"rank-{self.rank:05d}.steps-{self._first_step:08d}-{self._last_step:08d}.parquet"
+            frame = pd.DataFrame(rows, columns=SHARD_COLUMNS[table])
+            written.append(_write_parquet(_typed(frame, table), self.root / table / name))
+            rows.clear()
+        self._first_step = self._last_step = None
+        return written
+
+
+def _typed(frame: pd.DataFrame, table: str) -> pd.DataFrame:
+    ints = ["point", "batch_index", "step"] + (["example_id"] if table == "scores" else ["size"])
+    floats = ["gnq", "loss", "self_influence"] if table == "scores" else ["condition", "seconds"]
+    out = frame.astype({c: "int64" for c in ints} | {c: "float64" for c in floats})
+    return out.astype({"finite": "bool"}) if table == "batches" else out
+
+
+def _write_parquet(frame: pd.DataFrame, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+def new_shard_folder(root: str | Path, run: dict[str, Any], examples: pd.DataFrame | None,
+                     world_size: int) -> dict[str, Any]:
+    """Rank 0 at the start of training: run.json (+ examples.parquet).  Refuses a used folder."""
+    root = Path(root)
+    if (root / RUN_FILE).exists():
+        raise ShardError(f"{root}: already holds the shards of a run; give each training its own folder")
+    missing = [k for k in _RUN_FIELDS if k not in run]
+    if missing:
+        raise ValueError(f"run description lacks {', '.join(missing)}")
+    meta = {"format": FORMAT, "world_size": world_size, "status": "running", "points": [],
+            "run": run | {"settings": (run.get("settings") or {}) | {"shard_id": uuid.uuid4().hex}}}
+    if examples is not None:
+        _write_parquet(examples[["example_id", "text", "grp", "n_tokens"]], root / EXAMPLES_FILE)
+    write_run_file(root, meta)
+    return meta
+
+
+def write_run_file(root: str | Path, meta: dict[str, Any]) -> None:
+    path = Path(root) / RUN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{RUN_FILE}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------- reading
+@dataclass
+class ShardSet:
+    root: Path
+    meta: dict[str, Any]
+    examples: pd.DataFrame
+    points: pd.DataFrame  # point, label, kind, status
+    files: dict[str, list[str]]  # scores / batches -> Parquet files
+
+    @property
+    def run(self) -> dict[str, Any]:
+        return self.meta["run"]
+
+    @property
+    def status(self) -> str:
+        return "done" if self.meta.get("status") == "done" else "running"
+
+
+def read_shards(root: str | Path) -> ShardSet:
+    """Validate a shards folder (run.json, file names, completeness, Parquet schemas)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ShardError(f"{root}: no such shards folder")
+    run_path = root / RUN_FILE
+    try:
+        meta = json.loads(run_path.read_text())
+    except FileNotFoundError:
+        raise ShardError(f"{root}: not a shards folder ({RUN_FILE} is missing)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ShardError(f"{run_path}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("run"), dict):
+        raise ShardError(f"{run_path}: not a GNQ shards description (format {FORMAT!r} expected)")
+    missing = [k for k in _RUN_FIELDS if k not in meta["run"]]
+    if missing:
+        raise ShardError(f"{run_path}: lacks {', '.join(missing)}")
+    world = int(meta.get("world_size", 1))
+    files = {table: _table_files(root, table, world) for table in SHARD_COLUMNS}
+    scores_ranges, batches_ranges = ({k[1:] for k in files[t]} for t in SHARD_COLUMNS)
+    if scores_ranges != batches_ranges:
+        odd = sorted(scores_ranges ^ batches_ranges)[0]
+        raise ShardError(f"{root}: incomplete: steps {odd[0]}-{odd[1]} have a scores or a batches shard "
+                         "but not both")
+    examples = _read_examples(root)
+    points = pd.DataFrame(meta.get("points") or [], columns=["point", "label", "kind", "done"])
+    seen = _points_in(files["scores"].values())
+    extra = [p for p in seen if p not in set(points["point"])]
+    points = pd.concat([points, pd.DataFrame({"point": extra, "label": [f"epoch-{p + 1}" for p in extra],
+                                              "kind": "epoch", "done": False})], ignore_index=True)
+    points["status"] = ["done" if d else "pending" for d in points["done"]]
+    return ShardSet(root, meta, examples, points[["point", "label", "kind", "status"]],
+                    {t: [str(files[t][k]) for k in sorted(files[t])] for t in files})
+
+
+def _table_files(root: Path, table: str, world: int) -> dict[tuple[int, int, int], Path]:
+    found: dict[tuple[int, int, int], Path] = {}
+    folder = root / table
+    for path in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
+        m = _NAME.fullmatch(path.name)
+        if m is None:
+            raise ShardError(f"{path}: unexpected file name (rank-RRRRR.steps-AAAAAAAA-BBBBBBBB.parquet)")
+        rank, first, last = (int(g) for g in m.groups())
+        if rank >= world:
+            raise ShardError(f"{path}: rank {rank}, but {RUN_FILE} says the run had {world} ranks")
+        _check_schema(path, table)
+        found[(rank, first, last)] = path
+    ranges = {(a, b) for _, a, b in found}
+    for first, last in sorted(ranges):
+        absent = [r for r in range(world) if (r, first, last) not in found]
+        if absent:
+            raise ShardError(f"{root}: incomplete: rank {absent[0]} has no {table} shard for steps "
+                             f"{first}-{last} (a rank still running, or one that failed)")
+    return found
+
+
+def _check_schema(path: Path, table: str) -> None:
+    try:
+        names = set(pq.read_schema(path).names)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise ShardError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+    lacking = [c for c in SHARD_COLUMNS[table] if c not in names]
+    if lacking:
+        raise ShardError(f"{path}: lacks the column(s) {', '.join(lacking)}")
+
+
+def _read_examples(root: Path) -> pd.DataFrame:
+    path = root / EXAMPLES_FILE
+    if not path.exists():
+        return pd.DataFrame(columns=["example_id", "text", "grp", "n_tokens"])
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:
+        raise ShardError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+    lacking = [c for c in ("example_id", "text", "grp", "n_tokens") if c not in frame.columns]
+    if lacking:
+        raise ShardError(f"{path}: lacks the column(s) {', '.join(lacking)}")
+    return frame
+
+
+def _points_in(paths) -> list[int]:
+    points: set[int] = set()
+    for path in paths:
+        try:
+            column = pq.read_table(path, columns=["point"]).column(0)
+            points.update(int(p) for p in column.unique().to_pylist())
+        except Exception as exc:
+            raise ShardError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+    return sorted(points)
+
+
+def ingest(store: Store, root: str | Path) -> tuple[Run, dict[str, int]]:
+    """Load a shards folder into the store (one transaction; a rerun replaces, never duplicates)."""
+    shards = read_shards(root)
+    try:
+        run = store.import_run(shards.run, shards.examples, shards.points, shards.files["scores"],
+                               shards.files["batches"], status=shards.status)
+    except duckdb.Error as exc:  # a Parquet file damaged past its footer
+        raise ShardError(f"{shards.root}: cannot read the shards ({_first_line(exc)})") from None
+    with store.connect(read_only=True) as con:
+        counts = {t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run.run_id]).fetchone()[0]
+                  for t in ("scores", "batches", "points")}
+    return run, counts
+
+
+# ---------------------------------------------------------------------- querying without ingesting
+class ShardStore(Store):
+    """A read-only ``Store`` over a shards folder: the run is run 1; scores and batches are views
+    over the Parquet files (DuckDB reads them at query time, nothing is copied)."""
+
+    def __init__(self, root: str | Path) -> None:
+        super().__init__(Path(root))
+        self.shards = read_shards(root)
+
+    @contextlib.contextmanager
+    def connect(self, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        if not read_only:
+            raise StoreError(f"{self.path}: a shards folder is read-only; load it into a store with "
+                             f"`gnq ingest {self.path} --db FILE`")
+        s = self.shards
+        con = duckdb.connect(":memory:")
+        try:
+            _apply_migrations(con, 0)
+            run_id = _insert_run(con, s.run)
+            con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [s.status, run_id])
+            _insert_examples(con, run_id, s.examples)
+            points = s.points.assign(run_id=run_id)[["run_id", "point", "label", "kind", "status"]]
+            con.register("shard_points", points)
+            con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")
+            for table, files in s.files.items():
+                con.execute(f"DROP TABLE {table}")
+                select = shard_select(table, files, run_id) if files else \
+                    f"SELECT {run_id} AS run_id, {', '.join(_empty(table))} WHERE FALSE"
+                con.execute(f"CREATE VIEW {table} AS {select}")
+            yield con
+        finally:
+            con.close()
+
+    def schema_version(self) -> int:
+        return 0
+
+
+def _empty(table: str) -> list[str]:
+    types = {"finite": "BOOLEAN", "gnq": "DOUBLE", "loss": "DOUBLE", "self_influence": "DOUBLE",
+             "condition": "DOUBLE", "seconds": "DOUBLE"}
+    return [f"NULL::{types.get(c, 'BIGINT')} AS {c}" for c in SHARD_COLUMNS[table]]
+
+
+def is_shard_folder(path: str | Path) -> bool:
+    return (Path(path) / RUN_FILE).is_file()
+
+
+def open_store(path: str | Path | None = None, **kwargs: Any) -> Store:
+    """The store at ``path``: a DuckDB file, or a shards folder read in place (read-only)."""
+    if path is not None and is_shard_folder(path):
+        return ShardStore(path)
+    return Store(path, **kwargs)

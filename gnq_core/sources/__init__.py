@@ -1,0 +1,1 @@
+"""Sources: checkpoints, datasets, tokenisation and tiny models built from config."""
