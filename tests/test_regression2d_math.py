@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gnq_core.analysis.summaries import regression2d as r2
+from gnq_core.analysis import regression2d as r2
 
 LAMS = [1e-6, 1e-2, 1.0, 100.0]
 X, Y, W, B = r2.DEFAULT_X, r2.DEFAULT_Y, r2.DEFAULT_W, r2.DEFAULT_B
