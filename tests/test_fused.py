@@ -107,3 +107,43 @@ def test_audit_backward_skips_parameter_gradients_and_keeps_gnq_exact(case):
     exact = exact_gnq(model, loss_fn, batch, 1e-3)
     assert rel_err(res.gnq, exact.gnq) <= TOL
     assert rel_err(res.kernel, exact.kernel) <= TOL
+
+
+class _Scaled(nn.Linear):
+    """A Linear subclass with its own forward: the registry gives it no kernel by inheritance."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def test_fusing_is_a_capability_the_registered_kernel_declares():
+    from gnq_core.engine.kernels import can_fuse, register
+    from gnq_core.engine.kernels.linear import LinearKernel, linear_contributions
+    from gnq_core.engine.kernels.registry import _KERNELS
+
+    class ScaledKernel(LinearKernel):  # y = 2(x Wᵀ + b): the same layer with Δ doubled
+        name = "scaled-linear"
+
+        def contributions(self, module, saved, grads, params, split):
+            return linear_contributions(saved, 2 * grads[0], params, split, False)
+
+        def fused_forward(self, module, args, kwargs, request):
+            out = super().fused_forward(module, args, kwargs, request)
+            return out if out is NotImplemented else 2 * out
+
+    torch.manual_seed(25)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), _Scaled(5, 3))
+    batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    assert not can_fuse(model[2])  # the generic kernel has no fused path
+    register(_Scaled)(ScaledKernel)
+    try:
+        assert can_fuse(model[2]) and can_fuse(model[0]) and not can_fuse(model[1])
+        res, _ = run(model, ce_losses, batch, fused=True, path="materialize")
+        assert res.coverage.paths()["2"] == {"fused"}
+        assert rel_err(res.gnq, exact_gnq(model, ce_losses, batch, 1e-3).gnq) <= TOL
+        ScaledKernel.fusable = False  # declared off: the same kernel runs through its hooks
+        res, _ = run(model, ce_losses, batch, fused=True, path="materialize")
+        assert res.coverage.paths()["2"] == {"materialize"}
+        assert rel_err(res.gnq, exact_gnq(model, ce_losses, batch, 1e-3).gnq) <= TOL
+    finally:
+        _KERNELS.pop(_Scaled, None)

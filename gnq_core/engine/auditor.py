@@ -26,12 +26,9 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
-from gnq_core.engine.fused import FusedLayerNormFunction, FusedLinearFunction, fused_flops, ghost_linear_flops
-from gnq_core.engine.kernels import Contribution, Kernel, kernel_for
-from gnq_core.engine.kernels.base import first_input, hooks_are_suspended
-from gnq_core.engine.kernels.embedding import EmbeddingKernel
-from gnq_core.engine.kernels.linear import Conv1DKernel, LinearKernel
-from gnq_core.engine.kernels.norm import LayerNormKernel
+from gnq_core.engine.fused import FuseRequest
+from gnq_core.engine.kernels import Contribution, Kernel, can_fuse, kernel_for
+from gnq_core.engine.kernels.base import hooks_are_suspended
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,
     DenseRep,
@@ -168,7 +165,7 @@ class GNQAuditor:
         for h in self._hooked:
             hook = functools.partial(self._on_forward, h)
             self._handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
-            if fused and type(h.kernel) in _FUSABLE and "forward" not in vars(h.module):
+            if fused and can_fuse(h.module) and "forward" not in vars(h.module):
                 h.module.forward = functools.partial(self._fused_forward, h)
                 self._fused_modules.append(h.module)
 
@@ -246,6 +243,7 @@ class GNQAuditor:
             raise BatchDimensionError("cannot tell the batch size: the model got no tensor input")
         self._pass = _Pass(batch_size)
         self._computed_last = False
+        self.on_pass_start(batch_size)
         return self._pass
 
     def _on_forward(self, h: _Hooked, module, args, kwargs, output):
@@ -320,7 +318,7 @@ class GNQAuditor:
         p.call_counts[h.name] += 1
         ids = dict(zip(h.params, h.param_ids, strict=True))
         for c in contributions:
-            block, path = self._gram(c.rep)
+            block, path = self.gram_block(c.rep)
             p.add(block)
             paths.add(label or ("per-example" if path == "dense" else path))
             if len(c.params) == 1 and c.params[0] in split:  # shared: cross terms with other uses
@@ -339,43 +337,19 @@ class GNQAuditor:
 
     # ------------------------------------------------------------------ fused path
     def _fused_forward(self, h: _Hooked, *args, **kwargs):
+        """The module's forward through its kernel's fused function, when the kernel takes it."""
         module = h.module
-        original = type(module).forward
-        if (not self._enabled or hooks_are_suspended() or not torch.is_grad_enabled()
-                or torch.is_autocast_enabled()):
-            return original(module, *args, **kwargs)
-        if type(h.kernel) is LayerNormKernel:
-            return self._fused_layernorm(h, *args, **kwargs)
-        if "weight" not in h.params:
-            return original(module, *args, **kwargs)
-        x = first_input(args, kwargs, "x" if type(h.kernel) is Conv1DKernel else "input")
-        p = self._pass or self._start_pass(_leading_dim(args, kwargs))
-        B = p.batch_size
-        weight = module.weight
-        rows, cols = weight.shape
-        T = x.numel() // max(x.shape[0] * x.shape[-1], 1) if x.dim() > 1 else 1
-        # a weight already used in this pass: fuse only behind embedding lookups (tied head)
-        earlier = [c for c in p.calls if set(c.hooked.param_ids) & set(h.param_ids)]
-        tied_ok = all(isinstance(c.hooked.kernel, EmbeddingKernel) for c in earlier)
-        fuse = (x.dim() >= 2 and x.shape[0] == B and tied_ok and self._path != "ghost"
-                and (self._path == "materialize"
-                     or fused_flops(B, rows, cols) <= ghost_linear_flops(B, T, rows, cols)))
-        if not fuse:
-            return original(module, *args, **kwargs)
-        sink = self._fused_call(h, p)
-        return FusedLinearFunction.apply(x, weight, module.bias, type(h.kernel) is Conv1DKernel, sink,
-                                         self._budget)
-
-    def _fused_layernorm(self, h: _Hooked, *args, **kwargs):
-        """LayerNorm's per-example gradients are B×d, so they are always formed (no cost choice)."""
-        module = h.module
-        x = first_input(args, kwargs)
-        p = self._pass or self._start_pass(_leading_dim(args, kwargs))
-        if x.dim() < 2 or x.shape[0] != p.batch_size or not h.params:
-            return type(module).forward(module, *args, **kwargs)
-        sink = self._fused_call(h, p)
-        return FusedLayerNormFunction.apply(x, module.weight, module.bias, module.normalized_shape,
-                                            module.eps, sink)
+        if (self._enabled and not hooks_are_suspended() and torch.is_grad_enabled()
+                and not torch.is_autocast_enabled()):
+            p = self._pass or self._start_pass(_leading_dim(args, kwargs))
+            mine = set(h.param_ids)
+            shared = any(not c.hooked.kernel.row_lookup for c in p.calls if mine & set(c.hooked.param_ids))
+            request = FuseRequest(p.batch_size, tuple(h.params), self._path, self._budget, shared,
+                                  functools.partial(self._fused_call, h, p))
+            out = h.kernel.fused_forward(module, args, kwargs, request)
+            if out is not NotImplemented:
+                return out
+        return type(module).forward(module, *args, **kwargs)
 
     def _fused_call(self, h: _Hooked, p: _Pass) -> _FusedSink:
         """Register a call that reports to the auditor from its own backward (no output hook)."""
@@ -385,6 +359,57 @@ class GNQAuditor:
         self._fused_now.add(id(h.module))
         return _FusedSink(self, p, call)
 
+    def _sink_live(self, p: _Pass, call: _Call) -> bool:
+        """A fused call's backward reached its sink: False if that pass is no longer current."""
+        if not self._enabled or p is not self._pass:
+            return False
+        p.fired = True
+        if call.done:
+            p.repeated = True
+            return False
+        return True
+
+    def _sink_plan(self, p: _Pass, call: _Call) -> tuple[str, torch.Tensor | None]:
+        """What a fused call must hand back (``GradientSink.plan``)."""
+        split = self._split(p, call.hooked)
+        if not split:
+            return "gram", None
+        pid = dict(zip(call.hooked.params, call.hooked.param_ids, strict=True)).get("weight")
+        if split == {"weight"} and not p.pending.get(pid) and pid not in p.restricted_rows:
+            rows = self._rows_still_needed(p, call, pid)  # a head tied to embeddings still to come
+            if rows is not None:
+                return "gram", rows
+        return "gradients", None
+
+    def _sink_gram(self, p: _Pass, call: _Call, gram: torch.Tensor, rows: torch.Tensor | None,
+                   rows_grad: DenseRep | None) -> None:
+        if not self._sink_live(p, call):
+            return
+        h = call.hooked
+        p.add(gram)
+        if rows_grad is not None:  # cross terms of the tied weight, on the rows that matter
+            pid = dict(zip(h.params, h.param_ids, strict=True))["weight"]
+            p.restricted_rows[pid] = rows
+            self._add_cross_terms(p, call, pid, rows_grad)
+        self._accumulate(p, call, [], label="fused")
+        p.paths[h.name].add("fused")
+        if rows_grad is not None:
+            p.paths[h.name].add("tied")
+
+    def _sink_gradients(self, p: _Pass, call: _Call, weight: DenseRep | None, bias: DenseRep | None) -> None:
+        if not self._sink_live(p, call):
+            return
+        parts = [Contribution((n,), r) for n, r in (("weight", weight), ("bias", bias)) if r is not None]
+        self._accumulate(p, call, parts, label="fused")
+
+    def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
+            return torch.empty(numel, dtype=dtype, device=device)
+        buf = self._scratch.get(dtype)
+        if buf is None or buf.numel() < numel:
+            buf = self._scratch[dtype] = torch.empty(numel, dtype=dtype)
+        return buf[:numel]
+
     def _add_cross_terms(self, p: _Pass, call: _Call, pid: int, rep: Rep) -> None:
         """⟨a_j, b_k⟩ + ⟨b_j, a_k⟩ between this use of a shared parameter and earlier ones."""
         rows = p.restricted_rows.get(pid)
@@ -392,7 +417,7 @@ class GNQAuditor:
             rep = restrict_rows(rep, rows) or rep
         earlier = p.pending.setdefault(pid, [])
         for other in earlier:
-            p.add(self._cross(other, rep))
+            p.add(self.cross_block(other, rep))
         if rows is None:  # keep only the rows later embedding uses can touch (tied wte/lm_head)
             rows = self._rows_still_needed(p, call, pid)
             if rows is not None:
@@ -402,40 +427,55 @@ class GNQAuditor:
                     earlier[:], rep = kept[:-1], kept[-1]
         earlier.append(rep)
 
-    @staticmethod
-    def _rows_still_needed(p: _Pass, call: _Call, pid: int) -> torch.Tensor | None:
-        """Token rows of the uses of ``pid`` still to come, if they are all embedding lookups."""
+    def _rows_still_needed(self, p: _Pass, call: _Call, pid: int) -> torch.Tensor | None:
+        """Token rows of the uses of ``pid`` still to come, if they are all row lookups."""
         tokens = []
         for other in p.calls:
             if other is call or other.done or pid not in other.hooked.param_ids:
                 continue
-            if not isinstance(other.hooked.kernel, EmbeddingKernel):
-                return None
-            tokens.append(other.saved.reshape(-1))
+            touched = other.hooked.kernel.rows_touched(other.saved)
+            if touched is None:
+                return self.merge_rows(None, call.hooked.module.get_parameter(call.hooked.params[0]).device)
+            tokens.append(touched)
         for rep in p.pending.get(pid, []):
             if isinstance(rep, OuterRep) and isinstance(rep.A, OneHotFactor):
                 tokens.append(rep.A.tokens.reshape(-1))
-        if not tokens:
-            return None
-        return torch.unique(torch.cat([t.to(tokens[0].device) for t in tokens]))
+        rows = None
+        if tokens:
+            rows = torch.unique(torch.cat([t.to(tokens[0].device) for t in tokens]))
+        return self.merge_rows(rows, call.hooked.module.get_parameter(call.hooked.params[0]).device)
 
     # ------------------------------------------------------------------ extension points
-    # The Gram blocks of K and the final B×B kernel go through these three methods, so a
-    # subclass can change what "the batch" is (gnq_core.pipelines.distributed: the global batch of all
-    # ranks) without touching the hooks or the bookkeeping.
-    def _gram(self, rep: Rep) -> tuple[torch.Tensor, str]:
-        """This pass's block ⟨g_j, g_k⟩ of one representation, and the path used."""
-        return inner(rep, rep, self._path, self._budget)
+    # The Gram blocks of K, a tied weight's rows and the final B×B kernel go through these
+    # public methods, so a subclass can change what "the batch" is (gnq_core.pipelines.distributed:
+    # the global batch of all ranks) without touching the hooks or the bookkeeping.
+    def on_pass_start(self, batch_size: int) -> None:
+        """Called when a forward pass of ``batch_size`` examples starts being audited."""
 
-    def _cross(self, a: Rep, b: Rep) -> torch.Tensor:
+    def pair_gram(self, a: Rep, b: Rep) -> tuple[torch.Tensor, str]:
+        """⟨a_j, b_k⟩ for all j, k by this auditor's path choice and memory budget, and the path."""
+        return inner(a, b, self._path, self._budget)
+
+    def gram_block(self, rep: Rep) -> tuple[torch.Tensor, str]:
+        """This pass's block ⟨g_j, g_k⟩ of one representation, and the path used."""
+        return self.pair_gram(rep, rep)
+
+    def cross_block(self, a: Rep, b: Rep) -> torch.Tensor:
         """Cross terms ⟨a_j, b_k⟩ + ⟨b_j, a_k⟩ of two uses of one shared parameter."""
-        cross, _ = inner(a, b, self._path, self._budget)
+        cross, _ = self.pair_gram(a, b)
         return cross + cross.T
 
-    def _batch_kernel(self, p: _Pass, weights: torch.Tensor | None) -> tuple[torch.Tensor, int]:
-        """The finished pass's kernel for the per-example losses ℓ_j, and its batch size."""
-        B = p.batch_size
-        K = p.kernel
+    def merge_rows(self, rows: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+        """The rows of a tied weight (on ``device``) to keep for its later lookups, from this
+        process's rows (None: all rows are needed)."""
+        return rows
+
+    def batch_kernel(self, kernel: torch.Tensor | None, batch_size: int, weights: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, int]:
+        """The finished pass's kernel for the per-example losses ℓ_j, and its batch size, from
+        the accumulated Gram blocks (None: no block was added)."""
+        B = batch_size
+        K = kernel
         if K is None:
             K = torch.zeros(B, B, dtype=torch.float64)
         if K.shape != (B, B):
@@ -480,7 +520,7 @@ class GNQAuditor:
         for call in p.calls:  # outputs of which only some received a gradient
             if not call.done and call.received and call.saved is not None:
                 self._process(p, call)
-        K, B = self._batch_kernel(p, weights)
+        K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
         try:
             solution = gnq_from_kernel(K, self.lam)
         except GNQNumericalError:
@@ -529,66 +569,25 @@ class GNQAuditor:
 
 
 class _FusedSink:
-    """Receives a fused layer's Gram (or gradients) during backward for one call of one pass."""
+    """The ``GradientSink`` of one fused call of one pass: hands what its backward formed to the
+    auditor that registered the call."""
 
     def __init__(self, auditor: GNQAuditor, p: _Pass, call: _Call):
         self.auditor, self.p, self.call = auditor, p, call
-        self.plan_rows: torch.Tensor | None = None
-
-    def _live(self) -> bool:
-        a, p = self.auditor, self.p
-        if not a._enabled or p is not a._pass:
-            return False
-        p.fired = True
-        if self.call.done:
-            p.repeated = True
-            return False
-        return True
+        self.rows: torch.Tensor | None = None
 
     def plan(self) -> tuple[str, torch.Tensor | None]:
-        a, p, call = self.auditor, self.p, self.call
-        split = a._split(p, call.hooked)
-        if not split:
-            return "gram", None
-        pid = dict(zip(call.hooked.params, call.hooked.param_ids, strict=True)).get("weight")
-        if split == {"weight"} and not p.pending.get(pid) and pid not in p.restricted_rows:
-            rows = a._rows_still_needed(p, call, pid)  # a head tied to embeddings still to come
-            if rows is not None:
-                self.plan_rows = rows
-                return "gram", rows
-        return "gradients", None
+        mode, self.rows = self.auditor._sink_plan(self.p, self.call)
+        return mode, self.rows
 
     def accept_gram(self, gram: torch.Tensor, rows_grad: DenseRep | None) -> None:
-        if not self._live():
-            return
-        a, p, h = self.auditor, self.p, self.call.hooked
-        p.add(gram)
-        if rows_grad is not None:  # cross terms of the tied weight, on the rows that matter
-            pid = dict(zip(h.params, h.param_ids, strict=True))["weight"]
-            p.restricted_rows[pid] = self.plan_rows
-            a._add_cross_terms(p, self.call, pid, rows_grad)
-        a._accumulate(p, self.call, [], label="fused")
-        p.paths[h.name].add("fused")
-        if rows_grad is not None:
-            p.paths[h.name].add("tied")
-
-    def workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
-            return torch.empty(numel, dtype=dtype, device=device)
-        scratch = self.auditor._scratch
-        buf = scratch.get(dtype)
-        if buf is None or buf.numel() < numel:
-            buf = scratch[dtype] = torch.empty(numel, dtype=dtype)
-        return buf[:numel]
+        self.auditor._sink_gram(self.p, self.call, gram, self.rows, rows_grad)
 
     def accept_gradients(self, weight: DenseRep | None, bias: DenseRep | None) -> None:
-        if not self._live():
-            return
-        parts = [Contribution((n,), r) for n, r in (("weight", weight), ("bias", bias)) if r is not None]
-        self.auditor._accumulate(self.p, self.call, parts, label="fused")
+        self.auditor._sink_gradients(self.p, self.call, weight, bias)
 
-
-_FUSABLE = (LinearKernel, Conv1DKernel, LayerNormKernel)
+    def workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.auditor._workspace(numel, dtype, device)
 
 
 def _leading_dim(args: tuple, kwargs: dict) -> int | None:

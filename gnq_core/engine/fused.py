@@ -10,6 +10,8 @@ hands the B×B Gram (or, for a parameter used twice, G itself) to the auditor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -35,6 +37,22 @@ class GradientSink(Protocol):
 
     def workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A scratch buffer of ``numel`` elements (may be reused across calls)."""
+
+
+@dataclass(frozen=True)
+class FuseRequest:
+    """What a kernel's ``fused_forward`` may know about one call of its module.
+
+    ``open_sink()`` registers the call with the auditor and returns the sink its backward must
+    report to; call it only when the fused function is really applied.
+    """
+
+    batch_size: int
+    params: tuple[str, ...]  # local names of the trainable parameters the module covers
+    path: str | None  # "ghost" / "materialize" when forced, None: the cost model decides
+    memory_budget: int
+    shared_beyond_lookups: bool  # a parameter of this call was used earlier by a non-lookup call
+    open_sink: Callable[[], GradientSink]
 
 
 class FusedLinearFunction(torch.autograd.Function):

@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gnq_core.engine.auditor import BatchDimensionError, GNQAuditor, GNQResult, _Call, _Pass
+from gnq_core.engine.auditor import BatchDimensionError, GNQAuditor, GNQResult
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,
     DenseFactor,
@@ -62,7 +62,6 @@ from gnq_core.engine.representations import (
     OuterRep,
     Rep,
     compute_dtype,
-    inner,
 )
 from gnq_core.engine.solve import unweight_kernel
 
@@ -166,37 +165,34 @@ class DistributedGNQAuditor(GNQAuditor):
         return self.scope == "global" and self._comm.world > 1
 
     # ------------------------------------------------------------------ extension points
-    def _start_pass(self, batch_size: int | None) -> _Pass:
+    def on_pass_start(self, batch_size: int) -> None:
         self._comm.stats = CommStats()
-        return super()._start_pass(batch_size)
 
-    def _gram(self, rep: Rep) -> tuple[torch.Tensor, str]:
+    def gram_block(self, rep: Rep) -> tuple[torch.Tensor, str]:
         if not self._global:
-            return super()._gram(rep)
+            return super().gram_block(rep)
         local, remote = self._gather(rep)
-        own, path = inner(local, local, self._path, self._budget)
-        blocks = [own if r == self.rank else inner(local, other, self._path, self._budget)[0]
+        own, path = self.pair_gram(local, local)
+        blocks = [own if r == self.rank else self.pair_gram(local, other)[0]
                   for r, other in enumerate(remote)]
         return torch.cat(blocks, dim=1), path
 
-    def _cross(self, a: Rep, b: Rep) -> torch.Tensor:
+    def cross_block(self, a: Rep, b: Rep) -> torch.Tensor:
         if not self._global:
-            return super()._cross(a, b)
+            return super().cross_block(a, b)
         a_local, a_all = self._gather(a)
         b_local, b_all = self._gather(b)
         blocks = []
         for r in range(self.world_size):
-            ab = inner(a_local, b_all[r], self._path, self._budget)[0]
-            ba = inner(b_local, a_all[r], self._path, self._budget)[0]
+            ab = self.pair_gram(a_local, b_all[r])[0]
+            ba = self.pair_gram(b_local, a_all[r])[0]
             blocks.append(ab + ba)
         return torch.cat(blocks, dim=1)
 
-    def _rows_still_needed(self, p: _Pass, call: _Call, pid: int) -> torch.Tensor | None:
+    def merge_rows(self, rows: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
         """A tied weight's rows still needed by any rank (the union of their token rows)."""
-        rows = GNQAuditor._rows_still_needed(p, call, pid)
         if not self._global:
             return rows
-        device = next(iter(call.hooked.module.parameters())).device
         mine = rows if rows is not None else torch.zeros(0, dtype=torch.long, device=device)
         flag = torch.tensor([int(rows is not None)], dtype=torch.long, device=device)
         flags = self._comm.gather(flag, "meta")
@@ -204,19 +200,20 @@ class DistributedGNQAuditor(GNQAuditor):
             return None
         return torch.unique(torch.cat([t.to(mine.device) for t in self._comm.gather(mine, "meta")]))
 
-    def _batch_kernel(self, p: _Pass, weights: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    def batch_kernel(self, kernel: torch.Tensor | None, batch_size: int, weights: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, int]:
         if not self._global:
-            self._sizes = [p.batch_size]
-            return super()._batch_kernel(p, weights)
-        B = p.batch_size
-        device = p.kernel.device if p.kernel is not None else None
+            self._sizes = [batch_size]
+            return super().batch_kernel(kernel, batch_size, weights)
+        B = batch_size
+        device = kernel.device if kernel is not None else None
         head = torch.tensor([B, int(weights is not None)], dtype=torch.long, device=device)
         heads = self._comm.gather(head, "meta")
         self._sizes = sizes = [int(h[0]) for h in heads]
         if len({int(h[1]) for h in heads}) != 1:
             raise ValueError("compute(weights=...) was given weights on some ranks but not on others")
         total = sum(sizes)
-        rows = p.kernel if p.kernel is not None else torch.zeros(B, total, dtype=torch.float64,
+        rows = kernel if kernel is not None else torch.zeros(B, total, dtype=torch.float64,
                                                                     device=device)
         if rows.shape != (B, total):
             raise BatchDimensionError(f"kernel rows have shape {tuple(rows.shape)}; expected "

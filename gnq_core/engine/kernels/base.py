@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gnq_core.engine.fused import FuseRequest
 from gnq_core.engine.representations import DenseRep, Rep
 
 _state = threading.local()
@@ -54,6 +55,18 @@ class Kernel:
 
     name = "kernel"
     recurse = False  # True: the kernel also owns its submodules' parameters (they get no hooks)
+    fusable = False  # True: ``fused_forward`` can run the module so its backward reports itself
+    row_lookup = False  # True: a call's gradient touches only the rows ``rows_touched`` names
+
+    def rows_touched(self, saved: Any) -> torch.Tensor | None:
+        """Parameter rows (flat ids) a call's gradient can be non-zero on; None: any row."""
+        return None
+
+    def fused_forward(self, module: nn.Module, args: tuple, kwargs: dict, request: FuseRequest) -> Any:
+        """The module's output from a function whose backward hands this call's per-example
+        gradients (or their Gram) to ``request.open_sink()``, or ``NotImplemented`` to run the
+        ordinary forward with hooks.  Only called when ``fusable`` is True."""
+        return NotImplemented
 
     def capture(
         self, module: nn.Module, args: tuple, kwargs: dict, output: Any, batch_size: int

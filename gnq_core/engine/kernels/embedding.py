@@ -23,6 +23,10 @@ from gnq_core.engine.representations import DenseFactor, OneHotFactor, OuterRep
 @register(nn.Embedding)
 class EmbeddingKernel(Kernel):
     name = "embedding"
+    row_lookup = True
+
+    def rows_touched(self, saved):
+        return saved.reshape(-1)  # the looked-up token ids
 
     def capture(self, module, args, kwargs, output, batch_size):
         if module.scale_grad_by_freq:

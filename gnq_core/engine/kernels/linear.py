@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from gnq_core.engine.fused import FusedLinearFunction, fused_flops, ghost_linear_flops
 from gnq_core.engine.kernels.base import Contribution, Kernel, batch_first, first_input
 from gnq_core.engine.kernels.registry import register
 from gnq_core.engine.representations import DenseFactor, OuterRep
@@ -53,9 +54,28 @@ def linear_contributions(
 class LinearKernel(Kernel):
     name = "linear"
     weight_is_in_out = False
+    input_name = "input"
+    fusable = True
 
     def capture(self, module, args, kwargs, output, batch_size):
-        return batch_first(first_input(args, kwargs).detach(), batch_size)
+        return batch_first(first_input(args, kwargs, self.input_name).detach(), batch_size)
+
+    def fused_forward(self, module, args, kwargs, request):
+        """Fuse where materialising G is cheaper than the ghost Gram (the cost model), and for a
+        weight already used in this pass only behind embedding lookups (a tied head)."""
+        if "weight" not in request.params or request.shared_beyond_lookups or request.path == "ghost":
+            return NotImplemented
+        x = first_input(args, kwargs, self.input_name)
+        B = request.batch_size
+        if x.dim() < 2 or x.shape[0] != B:
+            return NotImplemented
+        rows, cols = module.weight.shape
+        T = x.numel() // max(B * x.shape[-1], 1)
+        cheaper = fused_flops(B, rows, cols) <= ghost_linear_flops(B, T, rows, cols)
+        if request.path != "materialize" and not cheaper:
+            return NotImplemented
+        return FusedLinearFunction.apply(x, module.weight, module.bias, self.weight_is_in_out,
+                                         request.open_sink(), request.memory_budget)
 
     def contributions(self, module, saved, grads, params, split):
         if grads[0] is None:  # the output did not reach the loss: zero gradient
@@ -71,6 +91,4 @@ if HFConv1D is not None:
 
         name = "hf-conv1d"
         weight_is_in_out = True
-
-        def capture(self, module, args, kwargs, output, batch_size):
-            return batch_first(first_input(args, kwargs, "x").detach(), batch_size)
+        input_name = "x"

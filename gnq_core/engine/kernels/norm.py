@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gnq_core.engine.fused import FusedLayerNormFunction
 from gnq_core.engine.kernels.base import Kernel, batch_first, dense_contributions, first_input
 from gnq_core.engine.kernels.registry import register
 from gnq_core.engine.representations import compute_dtype
@@ -17,6 +18,7 @@ from gnq_core.engine.representations import compute_dtype
 @register(nn.LayerNorm)
 class LayerNormKernel(Kernel):
     name = "layernorm"
+    fusable = True
 
     def capture(self, module, args, kwargs, output, batch_size):
         return batch_first(first_input(args, kwargs).detach(), batch_size)
@@ -39,3 +41,11 @@ class LayerNormKernel(Kernel):
         if "bias" in params:
             per_example["bias"] = d.sum(dim=1)
         return dense_contributions(per_example, split)
+
+    def fused_forward(self, module, args, kwargs, request):
+        """Per-example LayerNorm gradients are B×d: always formed, reusing the forward's statistics."""
+        x = first_input(args, kwargs)
+        if x.dim() < 2 or x.shape[0] != request.batch_size or not request.params:
+            return NotImplemented
+        return FusedLayerNormFunction.apply(x, module.weight, module.bias, module.normalized_shape,
+                                            module.eps, request.open_sink())

@@ -13,7 +13,11 @@ _generic: Kernel | None = None
 
 
 def register(*module_types: type) -> Callable[[type[Kernel]], type[Kernel]]:
-    """Class decorator: use this kernel for modules of these exact types."""
+    """Class decorator: use this kernel for modules of these exact types.
+
+    A kernel with a fused path declares it with ``fusable = True`` and ``fused_forward``
+    (like Opacus registers one grad-sampler per layer type, the auditor asks the registry).
+    """
 
     def deco(cls: type[Kernel]) -> type[Kernel]:
         instance = cls()
@@ -41,3 +45,8 @@ def kernel_for(module: nn.Module) -> Kernel:
             return _KERNELS[base]
     assert _generic is not None, "generic kernel not registered"
     return _generic
+
+
+def can_fuse(module: nn.Module) -> bool:
+    """Whether the module's kernel declares a fused path (``Kernel.fusable``)."""
+    return kernel_for(module).fusable
