@@ -119,6 +119,9 @@ class RunSpec:
             raise ValueError(f"max length must be at least 2 tokens, got {self.max_length}")
 
 
+_LABELS = {"checkpoints": "checkpoint series", "init": "--init"}
+
+
 def resume_mismatches(stored: Any, spec: RunSpec, *, ignore: Sequence[str] = ("device",),
                       growing: Sequence[str] = ("checkpoints",)) -> list[str]:
     """What differs between a stored run (``store.Run``) and the spec of its rerun."""
@@ -129,10 +132,11 @@ def resume_mismatches(stored: Any, spec: RunSpec, *, ignore: Sequence[str] = ("d
     for key, value in spec.settings.items():
         if key in ignore or key in ("lam", "batch_size", "seed", "max_length") or key not in stored.settings:
             continue
-        old = stored.settings[key]
+        old, label = stored.settings[key], _LABELS.get(key, key)
         if key in growing and isinstance(old, list) and isinstance(value, list | tuple):
             if [str(v) for v in value[:len(old)]] != [str(v) for v in old]:
-                found.append(f"{key} ({', '.join(map(str, old))} stored, {', '.join(map(str, value))} given)")
+                shown = ", ".join(map(str, old)), ", ".join(map(str, value))
+                found.append(f"{label} ({shown[0]} stored, {shown[1]} given)")
         elif old != (list(value) if isinstance(value, tuple) else value):
-            found.append(f"{key} ({old} stored, {value} given)")
+            found.append(f"{label} ({old} stored, {value} given)")
     return found
