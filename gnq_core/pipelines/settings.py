@@ -1,4 +1,4 @@
-"""The settings of each job kind (train, audit, extract, demo), validated when built.
+"""The settings of each job kind (train, audit, extract, demo; DESIGN.md §6), validated when built.
 
 The CLI builds them from its options and the dashboard from its forms, so both refuse the same
 values with the same one-line message, before anything is written.  A background job receives

@@ -1,4 +1,4 @@
-"""The results contract: one text's result, one batch's, and the description of their run.
+"""The results contract (DESIGN.md §6): one text's result, one batch's, and their run.
 
 Every producer (``gnq train``, ``gnq audit``, the Trainer integration and its shards) builds
 these records; ``score_frame`` / ``batch_frame`` are the one place they become table rows, for
@@ -81,7 +81,7 @@ def _columns(fixed: list[str], rows: list[dict[str, Any]]) -> list[str]:
 
 
 def check_gnq_settings(lam: float, batch_size: int) -> None:
-    """The one rule for a GNQ run's λ and batch size (λ > 0 makes K + λI invertible)."""
+    """The one rule for a GNQ run's λ and batch size (DESIGN.md §1)."""
     if not (math.isfinite(float(lam)) and float(lam) > 0):
         raise ValueError(f"λ (--lam) must be a finite number > 0, got {lam}")
     if int(batch_size) != batch_size or batch_size < MIN_BATCH_SIZE:
