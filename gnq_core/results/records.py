@@ -63,7 +63,7 @@ def batch_results(example_ids: Sequence[int], losses: Sequence[float], gnq: Sequ
 def score_frame(texts: Sequence[TextResult], point: int) -> pd.DataFrame:
     """``scores`` rows (all columns but run_id), typed; extra columns after the fixed ones."""
     rows = [{"point": point, **{c: getattr(t, c) for c in SCORE_COLUMNS}, **t.extra} for t in texts]
-    frame = pd.DataFrame(rows, columns=_columns(["point", *SCORE_COLUMNS], rows))
+    frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["point", *SCORE_COLUMNS])
     return frame.astype({"point": "int64", "example_id": "int64", "batch_index": "int64", "step": "Int64",
                          "gnq": "float64", "loss": "float64", "self_influence": "float64"})
 
@@ -73,11 +73,6 @@ def batch_frame(batches: Sequence[BatchResult], point: int) -> pd.DataFrame:
     frame = pd.DataFrame([{"point": point} | asdict(b) for b in batches], columns=["point", *BATCH_COLUMNS])
     return frame.astype({"point": "int64", "batch_index": "int64", "step": "Int64", "size": "int64",
                          "condition": "float64", "finite": "bool", "seconds": "float64"})
-
-
-def _columns(fixed: list[str], rows: list[dict[str, Any]]) -> list[str]:
-    extra = dict.fromkeys(k for r in rows for k in r if k not in fixed)
-    return fixed + list(extra)
 
 
 def check_gnq_settings(lam: float, batch_size: int) -> None:
