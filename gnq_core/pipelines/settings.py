@@ -7,24 +7,22 @@ them as JSON (``job_dict`` / ``job_from_dict``), never as a command line.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from gnq_core.results.records import check_gnq_settings
-from gnq_core.runtime import DTYPES
+from gnq_core.runtime import resolve_device, resolve_dtype
 
 
-def _check_run(max_length: int, device: str, dtype: str) -> None:
-    if max_length < 2:
-        raise ValueError(f"--max-length must be at least 2 tokens, got {max_length}")
-    if device not in ("auto", "cpu") and not device.startswith("cuda"):
-        raise ValueError(f"unknown device {device!r} (use auto, cpu or cuda)")
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r} (use one of {', '.join(DTYPES)})")
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
 
 
 @dataclass(frozen=True)
 class AuditSettings:
+    """How GNQ is measured (also the part of ``TrainSettings`` that says it)."""
+
     lam: float = 1e-2
     batch_size: int = 16
     max_length: int = 128
@@ -34,37 +32,26 @@ class AuditSettings:
 
     def __post_init__(self) -> None:
         check_gnq_settings(self.lam, self.batch_size)
-        _check_run(self.max_length, self.device, self.dtype)
+        _require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
+        resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
 
 
 @dataclass(frozen=True)
-class TrainSettings:
+class TrainSettings(AuditSettings):
     epochs: int = 3
-    batch_size: int = 16
     lr: float = 1e-3
     weight_decay: float = 0.0
-    lam: float = 1e-2
-    max_length: int = 128
-    seed: int = 0
     preset: str = "tiny"      # from scratch only
     vocab_size: int = 2048    # from scratch only
-    device: str = "auto"
-    dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        check_gnq_settings(self.lam, self.batch_size)
-        _check_run(self.max_length, self.device, self.dtype)
-        if self.epochs < 1:
-            raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
-        if not (self.lr >= 0 and self.weight_decay >= 0):
-            raise ValueError(f"the learning rate and weight decay must be ≥ 0, got {self.lr}, "
-                             f"{self.weight_decay}")
         from gnq_core.sources.models import PRESETS  # here: transformers is slow to import
 
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown model preset {self.preset!r}; presets: {', '.join(sorted(PRESETS))}")
-        if self.vocab_size < 300:  # the byte alphabet plus special tokens
-            raise ValueError(f"--vocab-size must be at least 300, got {self.vocab_size}")
+        super().__post_init__()
+        _require(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
+        _require(self.lr >= 0 and self.weight_decay >= 0, "the learning rate and weight decay must be ≥ 0")
+        _require(self.preset in PRESETS, f"unknown model preset {self.preset!r} ({', '.join(PRESETS)})")
+        _require(self.vocab_size >= 300, f"--vocab-size must be at least 300, got {self.vocab_size}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,10 +94,9 @@ class ExtractJob:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.prefix_tokens < 1 or self.batch_size < 1:
-            raise ValueError("--prefix-tokens and --batch-size must be at least 1")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"--threshold is a match fraction in [0, 1], got {self.threshold}")
+        _require(self.prefix_tokens >= 1 and self.batch_size >= 1, "--prefix-tokens and --batch-size: ≥ 1")
+        _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")
+        resolve_device(self.device)
 
 
 @dataclass(frozen=True)
@@ -123,8 +109,8 @@ class DemoJob:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.epochs < 2:
-            raise ValueError(f"the demo needs at least 2 epochs (a trajectory), got {self.epochs}")
+        _require(self.epochs >= 2, f"the demo needs at least 2 epochs (a trajectory), got {self.epochs}")
+        resolve_device(self.device)
 
 
 JobSettings = TrainJob | AuditJob | ExtractJob | DemoJob
@@ -139,14 +125,12 @@ def job_dict(job: JobSettings) -> dict[str, Any]:
 def job_from_dict(data: Any) -> JobSettings:
     """Settings from their JSON form, validated; ValueError with one line when they are not."""
     kind = data.get("kind") if isinstance(data, dict) else None
-    if kind not in JOB_KINDS:
-        raise ValueError(f"not job settings: kind must be one of {', '.join(JOB_KINDS)}, got {kind!r}")
-    cls = JOB_KINDS[kind]
-    values = {k: v for k, v in data.items() if k != "kind"}
-    nested = {f.name: f.default_factory for f in fields(cls) if f.name == "settings"}
+    _require(kind in JOB_KINDS, f"not job settings: kind must be one of {', '.join(JOB_KINDS)}, not {kind!r}")
+    cls, values = JOB_KINDS[kind], {k: v for k, v in data.items() if k != "kind"}
+    nested = getattr(cls.__dataclass_fields__.get("settings"), "default_factory", None)  # Train/AuditSettings
     try:
-        if nested and isinstance(values.get("settings"), dict):
-            values["settings"] = nested["settings"](**values["settings"])
+        if nested is not None and isinstance(values.get("settings"), dict):
+            values["settings"] = nested(**values["settings"])
         return cls(**values)
     except TypeError as exc:
         raise ValueError(f"{kind} settings: {exc}") from None

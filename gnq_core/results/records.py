@@ -80,8 +80,8 @@ def check_gnq_settings(lam: float, batch_size: int) -> None:
     if not (math.isfinite(float(lam)) and float(lam) > 0):
         raise ValueError(f"λ (--lam) must be a finite number > 0, got {lam}")
     if int(batch_size) != batch_size or batch_size < MIN_BATCH_SIZE:
-        raise ValueError(f"the batch size must be a whole number of at least {MIN_BATCH_SIZE} (GNQ compares "
-                         f"each text with the others of its batch), got {batch_size}")
+        raise ValueError(f"the batch size must be a whole number ≥ {MIN_BATCH_SIZE} (GNQ compares each text "
+                         f"with the others of its batch), got {batch_size}")
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,7 @@ class RunSpec:
             raise ValueError(f"max length must be at least 2 tokens, got {self.max_length}")
 
 
+_CORE = ("lam", "batch_size", "seed", "max_length")  # runs columns
 _LABELS = {"checkpoints": "checkpoint series", "init": "--init"}
 
 
@@ -121,17 +122,18 @@ def resume_mismatches(stored: Any, spec: RunSpec, *, ignore: Sequence[str] = ("d
                       growing: Sequence[str] = ("checkpoints",)) -> list[str]:
     """What differs between a stored run (``store.Run``) and the spec of its rerun."""
     found = [] if stored.dataset_hash == spec.dataset_hash else ["dataset content"]
-    for key in ("lam", "batch_size", "seed", "max_length"):
-        if getattr(stored, key) != getattr(spec, key):
-            found.append(f"{key} ({getattr(stored, key)} stored, {getattr(spec, key)} given)")
-    for key, value in spec.settings.items():
-        if key in ignore or key in ("lam", "batch_size", "seed", "max_length") or key not in stored.settings:
-            continue
-        old, label = stored.settings[key], _LABELS.get(key, key)
-        if key in growing and isinstance(old, list) and isinstance(value, list | tuple):
-            if [str(v) for v in value[:len(old)]] != [str(v) for v in old]:
-                shown = ", ".join(map(str, old)), ", ".join(map(str, value))
-                found.append(f"{label} ({shown[0]} stored, {shown[1]} given)")
-        elif old != (list(value) if isinstance(value, tuple) else value):
-            found.append(f"{label} ({old} stored, {value} given)")
+    pairs = [(k, getattr(stored, k), getattr(spec, k)) for k in _CORE] + [
+        (k, stored.settings[k], list(v) if isinstance(v, tuple) else v) for k, v in spec.settings.items()
+        if k in stored.settings and k not in (*_CORE, *ignore)]
+    for key, old, new in pairs:
+        if key in growing and isinstance(old, list) and isinstance(new, list):
+            same = [str(v) for v in new[:len(old)]] == [str(v) for v in old]
+        else:
+            same = old == new
+        if not same:
+            found.append(f"{_LABELS.get(key, key)} ({_show(old)} stored, {_show(new)} given)")
     return found
+
+
+def _show(value: Any) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)

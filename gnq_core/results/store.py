@@ -134,14 +134,8 @@ class Store:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A write connection inside BEGIN/COMMIT; rolled back on any exception."""
-        with self.connect() as con:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                yield con
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
+        with self.connect() as con, _atomically(con):
+            yield con
 
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.busy_timeout
@@ -591,17 +585,23 @@ def _apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int 
     for version, path in migrations():
         if version <= current or (target is not None and version > target):
             continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with _atomically(con):
             if version == 1:
                 con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
                             "applied_at TIMESTAMP NOT NULL)")
             con.execute(path.read_text())
             con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("COMMIT")
+
+
+@contextlib.contextmanager
+def _atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
 def first_line(exc: BaseException) -> str:
