@@ -4,6 +4,7 @@ CLI and from a job file (the dashboard's jobs)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -75,3 +76,29 @@ def test_gnq_job_runs_a_step_of_a_job_file_and_refuses_a_bad_one(tmp_path):
     job.path.write_text(json.dumps(job.__dict__ | bad))
     result = CliRunner().invoke(app, ["job", str(job.path), "--db", str(db)])
     assert result.exit_code == 1 and "--threshold" in result.output
+
+
+@pytest.mark.slow
+def test_the_new_audit_page_starts_a_job_with_validated_settings(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from gnq_core.pipelines import jobs
+    from tests.hostile.hostile_helpers import make_series, write_texts_csv
+
+    series, data = make_series(tmp_path / "series", 2), write_texts_csv(tmp_path / "texts.csv", 12)
+    monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
+    started = []
+    monkeypatch.setattr(jobs, "start_job", lambda run, db, steps, **kw: started.append((run, steps)))
+    page = Path(__file__).resolve().parents[1] / "app" / "views" / "new_audit.py"
+    at = AppTest.from_file(str(page), default_timeout=120).run()
+    at.radio(key="ckpt_mode").set_value("Local path").run()
+    at.text_input(key="ckpt_path").set_value(str(series)).run()
+    at.radio(key="data_mode").set_value("Local path").run()
+    at.text_input(key="data_path_input").set_value(str(data)).run()
+    at.number_input[1].set_value(4)  # batch size
+    at.button[0].click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    (run, steps), = started
+    assert steps == [AuditJob(checkpoints=str(series), data=str(data), name=run, text_column="text",
+                              group_column="group", settings=AuditSettings(batch_size=4)),
+                     ExtractJob(run=run)]
