@@ -109,9 +109,7 @@ class RunSpec:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_gnq_settings(self.lam, self.batch_size)
-        if self.max_length < 2:
-            raise ValueError(f"max length must be at least 2 tokens, got {self.max_length}")
+        check_gnq_settings(self.lam, self.batch_size)  # max_length is only recorded here (0: unknown)
 
 
 _CORE = ("lam", "batch_size", "seed", "max_length")  # runs columns
