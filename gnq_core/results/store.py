@@ -134,14 +134,8 @@ class Store:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A write connection inside BEGIN/COMMIT; rolled back on any exception."""
-        with self.connect() as con:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                yield con
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
+        with self.connect() as con, _atomically(con):
+            yield con
 
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.busy_timeout
@@ -243,9 +237,9 @@ class Store:
             con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM new_points")
             con.unregister("new_points")
             if score_files:
-                con.execute(f"INSERT INTO scores {shard_select('scores', score_files, run_id)}")
+                con.execute(f"INSERT INTO scores BY NAME {shard_select('scores', score_files, run_id)}")
             if batch_files:
-                con.execute(f"INSERT INTO batches {shard_select('batches', batch_files, run_id)}")
+                con.execute(f"INSERT INTO batches BY NAME {shard_select('batches', batch_files, run_id)}")
             con.execute("UPDATE runs SET status = ?, updated_at = ?, settings = ? WHERE run_id = ?",
                         [status, _now(), json.dumps(spec.settings), run_id])
         return self.run(run_id)
@@ -410,21 +404,12 @@ class Store:
     def flagged(self, run_id: int, *, top: int | None = None, min_percentile: float | None = None,
                 min_gnq: float | None = None, group: str | None = None) -> pd.DataFrame:
         """The texts to export: filters combine (all must hold); ordered by rank."""
-        where, params = ["TRUE"], [run_id] * 4
-        if top is not None:
-            where.append("rank <= ?")
-            params.append(top)
-        if min_percentile is not None:
-            where.append("percentile >= ?")
-            params.append(min_percentile)
-        if min_gnq is not None:
-            where.append("gnq_total >= ?")
-            params.append(min_gnq)
-        if group is not None:
-            where.append("\"group\" = ?")
-            params.append(group)
-        return self._query(_TOTALS_SQL + f" SELECT * FROM totals WHERE {' AND '.join(where)} "
-                           "ORDER BY rank, example_id", params)
+        given = [(sql, v) for sql, v in (("rank <= ?", top), ("percentile >= ?", min_percentile),
+                                         ("gnq_total >= ?", min_gnq), ('"group" = ?', group))
+                 if v is not None]
+        where = " AND ".join(["TRUE", *(sql for sql, _ in given)])
+        return self._query(_TOTALS_SQL + f" SELECT * FROM totals WHERE {where} ORDER BY rank, example_id",
+                           [run_id] * 4 + [value for _, value in given])
 
     def trajectories(self, run_id: int, example_ids: Sequence[int] | None = None) -> pd.DataFrame:
         """Long format: example_id, point, label, gnq, loss, self_influence, group."""
@@ -543,10 +528,10 @@ def shard_select(table: str, files: Sequence[str], run_id: int) -> str:
 
     An example can appear twice in one point (a distributed sampler pads the last batches by
     repeating examples): its first occurrence (lowest step) is kept, as the table's key wants.
+    Columns beyond ``SHARD_COLUMNS`` (``TextResult.extra``) come along, matched by name.
     """
     paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
-    columns = ", ".join(SHARD_COLUMNS[table])
-    return (f"SELECT {int(run_id)} AS run_id, {columns} FROM read_parquet([{paths}]) "
+    return (f"SELECT {int(run_id)} AS run_id, * FROM read_parquet([{paths}], union_by_name = true) "
             f"QUALIFY row_number() OVER (PARTITION BY {_SHARD_KEYS[table]} ORDER BY step, batch_index) = 1")
 
 
@@ -600,17 +585,23 @@ def _apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int 
     for version, path in migrations():
         if version <= current or (target is not None and version > target):
             continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with _atomically(con):
             if version == 1:
                 con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
                             "applied_at TIMESTAMP NOT NULL)")
             con.execute(path.read_text())
             con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("COMMIT")
+
+
+@contextlib.contextmanager
+def _atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
 def first_line(exc: BaseException) -> str:
