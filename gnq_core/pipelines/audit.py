@@ -2,8 +2,9 @@
 
 The batch partition is seeded and the same for every checkpoint, so an example's GNQ is
 measured against the same companions each time and GNQ is comparable along the trajectory
-(DESIGN.md §4).  Each checkpoint's results are written in one transaction; a rerun skips the
-checkpoints already done.
+(DESIGN.md §4); copies of a text go to different batches whenever the data allow it, since
+copies in one batch explain each other's gradient (sources/copies.py).  Each checkpoint's
+results are written in one transaction; a rerun skips the checkpoints already done.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.solve import GNQNumericalError
+from gnq_core.pipelines.text_labels import ensure_text_labels, text_labels
 from gnq_core.progress import Reporter
 from gnq_core.results.store import Run, Store, StoreError
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype
@@ -30,6 +32,8 @@ from gnq_core.sources.checkpoints import (
 )
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.tokens import LMBatch, batch_partition, collate, encode_texts, pad_id
+
+COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partition"] of new audits
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,11 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
     store.add_points(run.run_id, [dict(point=i, label=r.label, kind="checkpoint", path=str(r.path))
                                   for i, r in enumerate(refs)])
     done = set(store.points(run.run_id).query("status == 'done'")["point"])
-    partition = batch_partition(len(dataset), settings.batch_size, settings.seed)
+    examples = ensure_text_labels(store, run)
+    # Copies in one batch explain each other (GNQ ≈ 1): keep them apart.  A run audited before
+    # this rule keeps its plain partition, so all its checkpoints share one partition.
+    clusters = examples["cluster_id"].tolist() if run.settings.get("partition") == COPIES_APART else None
+    partition = batch_partition(len(dataset), settings.batch_size, settings.seed, clusters)
     with store.tracking(run.run_id):
         for i, ref in enumerate(refs):
             if i in done:
@@ -142,6 +150,7 @@ def _create_audit_run(store: Store, refs: list[CheckpointRef], dataset: TextData
     n_tokens = [len(x) for x in encode_texts(tokenizer, dataset.texts, settings.max_length)]
     examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
                              "grp": dataset.groups, "n_tokens": n_tokens})
+    examples = pd.concat([examples, text_labels(dataset.texts)], axis=1)
     return store.create_run(
         name=name, kind="audit", lam=settings.lam, batch_size=settings.batch_size, seed=settings.seed,
         max_length=settings.max_length, model_path=str(Path(refs[0].path).parent if len(refs) > 1
@@ -149,7 +158,7 @@ def _create_audit_run(store: Store, refs: list[CheckpointRef], dataset: TextData
         dataset_path=str(dataset.path), dataset_hash=dataset.sha256, n_examples=len(dataset),
         code_version=code_version(), device=str(device), dtype=settings.dtype,
         settings={"checkpoints": [r.label for r in refs], "text_column": dataset.text_column,
-                  "group_column": dataset.group_column},
+                  "group_column": dataset.group_column, "partition": COPIES_APART},
         examples=examples)
 
 

@@ -4,7 +4,10 @@ A nanoGPT-style loop, kept readable: seeded shuffles per epoch, AdamW, per-examp
 (losses.py) averaged over the batch, and the auditor reading the same backward that produces
 the update (weights 1/B undo the batch mean, DESIGN.md §1).  After each epoch the model is
 saved under RUN_DIR/epoch-K (safetensors + tokenizer + trainer state) and the epoch's scores are
-committed; a rerun of an unfinished run continues after its last finished epoch.
+committed; a rerun of an unfinished run continues after its last finished epoch.  The batches
+are the training's own (plain seeded shuffles); when two copies of a text share one, the store
+shows that text's GNQ as measured with a copy in the batch (``gnq_with_copy``) and ``gnq train``
+reports how many steps had one (``Store.steps_with_copies``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.solve import GNQNumericalError
+from gnq_core.pipelines.text_labels import text_labels
 from gnq_core.progress import Reporter
 from gnq_core.results.store import Run, Store, StoreError
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype, seed_everything
@@ -177,6 +181,7 @@ def _create_train_run(store: Store, dataset: TextDataset, out_dir: Path, name: s
                       settings: TrainSettings, device: torch.device, ids: list[list[int]]) -> Run:
     examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
                              "grp": dataset.groups, "n_tokens": [len(x) for x in ids]})
+    examples = pd.concat([examples, text_labels(dataset.texts)], axis=1)
     extra = asdict(settings) | {"init": str(Path(init).resolve()) if init else None,
                                 "from_scratch": init is None, "text_column": dataset.text_column,
                                 "group_column": dataset.group_column}
