@@ -306,6 +306,7 @@ def _summary(stored, threshold: float) -> dict:
     ref_hit = (ref >= threshold) if ref is not None else reproduced & False
     return {"attacked": len(attackable), "skipped": len(stored) - len(attackable),
             "reproduced": int(reproduced.sum()), "reference_reproduced": int(ref_hit.sum()),
+            "both_reproduced": int((reproduced & ref_hit).sum()),
             "extracted": int((reproduced & ~ref_hit).sum()),
             "mean_match": float(attackable["match_fraction"].mean()) if len(attackable) else None,
             "reference_mean_match": float(ref.mean()) if ref is not None and ref.notna().any() else None}
