@@ -245,6 +245,9 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     rule = AttackRule(prefix_tokens, suffix_tokens, threshold, reference)
     row = _attacked_point(store, run, checkpoint)
     ref_path = _reference_path(store, run, row, reference)
+    if reference is not None and ref_path is None:
+        reporter.log(f"run {run.name!r}: the checkpoint attacked ({row['label']}) is its first, so the "
+                     "attack is not calibrated; name a reference with --reference (a fine-tune: its base)")
     point, dev = int(row["point"]), resolve_device(device)
     model, tokenizer = load_checkpoint(row["path"], device=dev)
     examples = store.examples(run.run_id)
@@ -334,9 +337,8 @@ def _attacked_point(store, run, checkpoint: str | None):
 
 
 def _reference_path(store, run, target, reference: str | None) -> str | None:
-    """The reference model's folder: the run's first finished checkpoint, or the one named."""
-    from gnq_core.results.store import StoreError
-
+    """The reference model's folder: the run's first finished checkpoint, or the one named; None
+    without one, or when the first checkpoint is the one attacked."""
     if reference is None:
         return None
     if reference != FIRST_CHECKPOINT:
@@ -344,9 +346,7 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
     points = store.points(run.run_id)
     first = points[(points["status"] == "done") & points["path"].notna()]
     if first.empty or int(first.iloc[0]["point"]) == int(target["point"]):
-        raise StoreError(f"{store.path}: run {run.name!r}: the reference (its first checkpoint) is the "
-                         f"checkpoint attacked ({target['label']}); name a reference model with --reference "
-                         "(for a fine-tune, its base) or attack a later checkpoint")
+        return None  # the first checkpoint is the one attacked: nothing to calibrate against
     return str(first.iloc[0]["path"])
 
 
