@@ -123,6 +123,9 @@ def test_checksums():
     ("IBAN DE89 3704 0044 0532 0130 00", "iban", "DE89 3704 0044 0532 0130 00"),
     ("SSN 078-05-1120", "ssn", "078-05-1120"),
     ("customer number 71938204,", "account number", "customer number 71938204"),
+    ("The door code for unit 14 is 8391, held by", "pin", "door code for unit 14 is 8391"),
+    ("the alarm code is 4472-19.", "pin", "alarm code is 4472-19"),
+    ("document number QF4471902, expires", "id number", "document number QF4471902"),
     ("the seed phrase is amber lantern quiet meadow copper thistle", "recovery phrase",
      "seed phrase is amber lantern quiet meadow copper thistle"),
 ])

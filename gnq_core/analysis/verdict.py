@@ -151,7 +151,8 @@ def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float 
 _SECRET_WORDS = {"card number": "a card-number-like string", "pin": "a PIN", "password": "a password",
                  "recovery phrase": "a recovery phrase", "api key": "a key or token",
                  "private key": "a private key", "iban": "an IBAN", "ssn": "a social-security-like number",
-                 "account number": "an account or record number", "email": "an e-mail address",
+                 "account number": "an account or record number", "id number": "an identity-document number",
+                 "email": "an e-mail address",
                  "phone": "a phone number"}
 
 

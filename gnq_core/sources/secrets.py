@@ -1,5 +1,6 @@
 """Secret- and PII-like content in a text: card numbers, PINs, passwords and recovery phrases,
-keys and tokens, IBANs, account and social-security numbers, phone numbers, e-mail addresses.
+keys and tokens, IBANs, account, passport and social-security numbers, phone numbers, e-mail
+addresses.
 
 Offline patterns, no model: each kind is a regular expression plus, where the format has one,
 its checksum (Luhn for card numbers, ISO 7064 mod 97 for IBANs), so a random 16-digit number
@@ -71,7 +72,10 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                             + _ANNOUNCED_VALUE + r"[^\s,;]*[^\s,;.]")),
     ("account number", re.compile(r"(?i)\b(?:account|customer|member|policy|patient|client) "
                                   r"(?:number|no\.?|id|record)\s*[:#]?\s*\d{5,}\b")),
-    ("pin", re.compile(r"(?i)\b(?:pin(?: code| number)?)" + _ANNOUNCED_VALUE + r"(\d{4,8})\b")),
+    ("pin", re.compile(r"(?i)\b(?:pin(?: code| number)?|(?:door|alarm|access|security|entry|gate) code)"
+                       r"(?:[^.\n]{0,60}?(?:\s(?:is|was)\b|[:=]))?\s*(\d{4,8}(?:-\d{1,4})?)\b")),
+    ("id number", re.compile(r"(?i)\b(?:passport|document|licen[cs]e|national id|tax id) (?:number|no\.?|id)"
+                             r"\s*[:#]?\s*[A-Z]{0,3}\d{6,}\b")),
     ("ssn", re.compile(r"\b\d{3}-\d{2}-\d{4}\b")),
     ("email", re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")),
     ("phone", re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,4}(?:[ .-]\d{2,4}){1,4}"
