@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.cli import app
 from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
+from gnq_core.results.records import RunSpec, batch_results
 from gnq_core.results.shards import ShardStore, ShardWriter, new_shard_folder, open_store
 from gnq_core.results.store import Store
 from gnq_core.sources.tokens import collate
@@ -143,8 +144,8 @@ def _snapshot(db) -> dict:
 
 def two_rank_shards(root) -> None:
     """A small shards folder as two ranks would write it (one example twice: sampler padding)."""
-    run = {"name": "two-ranks", "kind": "train", "lam": LAM, "batch_size": 2, "seed": 0, "max_length": 16,
-           "model_path": "m", "dataset_path": "d", "dataset_hash": "h", "n_examples": 6, "code_version": "t"}
+    run = RunSpec(name="two-ranks", kind="train", lam=LAM, batch_size=2, seed=0, max_length=16,
+                  model_path="m", dataset_path="d", dataset_hash="h", n_examples=6, code_version="t")
     examples = pd.DataFrame({"example_id": range(6), "text": [f"t{i}" for i in range(6)], "grp": None,
                              "n_tokens": 5})
     new_shard_folder(root, run, examples, world_size=2)
@@ -152,8 +153,10 @@ def two_rank_shards(root) -> None:
         w = ShardWriter(root, rank, 2)
         for step in (1, 2):
             ids = [(2 * (step - 1) + rank) % 6, (2 * (step - 1) + rank + 4) % 6]
-            w.add(step, [(0, e, 2 * (step - 1) + rank, step, 1.0 + e, 2.0, 3.0) for e in ids],
-                  [(0, 2 * (step - 1) + rank, step, 2, 10.0, True, 0.1)])
+            texts, batch = batch_results(ids, [2.0, 2.0], [1.0 + e for e in ids], [3.0, 3.0],
+                                         batch_index=2 * (step - 1) + rank, step=step, condition=10.0,
+                                         finite=True, seconds=0.1)
+            w.add(step, 0, texts, [batch])
         w.flush()
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from gnq_core.analysis.verdict import flag, rank_texts
+from gnq_core.results.records import BatchResult, RunSpec, TextResult
 from gnq_core.results.store import SCHEMA_VERSION, Store, StoreError, _apply_migrations, default_db_path
 
 EXAMPLES = pd.DataFrame({"example_id": [0, 1, 2, 3], "text": ["a b", "c d e", "f", "g h"],
@@ -19,17 +20,15 @@ EXAMPLES = pd.DataFrame({"example_id": [0, 1, 2, 3], "text": ["a b", "c d e", "f
 
 
 def _run(store: Store, name: str = "r"):
-    return store.create_run(name=name, kind="audit", lam=0.01, batch_size=2, seed=0, max_length=8,
-                            model_path="m", dataset_path="d.csv", dataset_hash="abc", n_examples=4,
-                            code_version="test", device="cpu", dtype="float64", examples=EXAMPLES)
+    return store.create_run(RunSpec(name=name, kind="audit", lam=0.01, batch_size=2, seed=0, max_length=8,
+                                    model_path="m", dataset_path="d.csv", dataset_hash="abc", n_examples=4,
+                                    code_version="test", device="cpu", dtype="float64"), EXAMPLES)
 
 
 def _point(store: Store, run_id: int, point: int, gnq: list[float]) -> None:
-    scores = pd.DataFrame({"example_id": [0, 1, 2, 3], "batch_index": [0, 0, 1, 1], "step": None,
-                           "gnq": gnq, "loss": [1.0, 2.0, 3.0, 4.0], "self_influence": [0.5] * 4})
-    batches = pd.DataFrame({"batch_index": [0, 1], "step": None, "size": [2, 2], "condition": [3.0, 4.0],
-                            "finite": [True, True], "seconds": [0.1, 0.1]})
-    store.write_point(run_id, point, scores, batches, 0.2)
+    texts = [TextResult(e, e // 2, None, g, 1.0 + e, 0.5) for e, g in enumerate(gnq)]
+    batches = [BatchResult(i, None, 2, 3.0 + i, True, 0.1) for i in (0, 1)]
+    store.write_point(run_id, point, texts, batches, 0.2)
 
 
 @pytest.fixture
@@ -109,12 +108,9 @@ def test_rewriting_a_point_replaces_and_a_failed_write_leaves_it_intact(store):
     _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 4.0])
     _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 5.0])
     assert len(store.scores(run.run_id)) == 4
-    bad = pd.DataFrame({"example_id": [0, 0], "batch_index": [0, 0], "step": None, "gnq": [9.0, 9.0],
-                        "loss": [1.0, 1.0], "self_influence": [1.0, 1.0]})  # duplicate key
+    bad = [TextResult(0, 0, None, 9.0, 1.0, 1.0)] * 2  # duplicate key
     with pytest.raises(duckdb.Error):
-        store.write_point(run.run_id, 0, bad, pd.DataFrame(
-            {"batch_index": [0], "step": None, "size": [2], "condition": [1.0], "finite": [True],
-             "seconds": [0.0]}), 0.0)
+        store.write_point(run.run_id, 0, bad, [BatchResult(0, None, 2, 1.0, True, 0.0)], 0.0)
     assert list(store.scores(run.run_id)["gnq"]) == [1.0, 2.0, 3.0, 5.0]
 
 

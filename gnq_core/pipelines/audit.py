@@ -18,10 +18,11 @@ import torch
 
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.solve import GNQNumericalError
+from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.text_labels import ensure_text_labels, text_labels
 from gnq_core.progress import Reporter
-from gnq_core.results.store import Run, Store, StoreError
+from gnq_core.results.records import BatchResult, RunSpec, TextResult
+from gnq_core.results.store import Run, Store
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype
 from gnq_core.sources.checkpoints import (
     CheckpointRef,
@@ -47,13 +48,9 @@ class AuditSettings:
 
 
 def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, device: torch.device,
-                  reporter: Reporter | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights.
-
-    Returns (scores, batches) frames in the store's layout.  A batch whose loss or kernel is not
-    finite is recorded with ``finite = False`` and NULL scores instead of stopping the audit.
-    """
-    score_rows, batch_rows = [], []
+                  reporter: Reporter | None = None) -> tuple[list[TextResult], list[BatchResult]]:
+    """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights."""
+    texts, results = [], []
     model.eval()  # the gradient at a checkpoint, without dropout noise
     for p in model.parameters():
         p.requires_grad_(True)
@@ -63,29 +60,15 @@ def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, de
             b = batch.to(device)
             logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
             losses = per_example_lm_loss(logits, b.labels)
-            finite = bool(torch.isfinite(losses).all())
-            gnq = kjj = condition = None
             auditor.backward(losses.sum())  # output gradients only: no weight-gradient matmuls
-            try:
-                res = auditor.compute()  # raises on a non-finite kernel (e.g. from a NaN loss)
-                if finite:
-                    gnq, kjj, condition = res.gnq.tolist(), res.self_influence.tolist(), res.condition
-            except GNQNumericalError:
-                finite = False
+            rows, result = score_batch(lambda: scores_of(auditor.compute()), losses, batch.example_ids,
+                                       batch_index=index, step=None, started=t0)
             model.zero_grad(set_to_none=True)
-            loss_values = losses.detach().double().tolist()
-            for i, example_id in enumerate(batch.example_ids):
-                score_rows.append((example_id, index, None, gnq[i] if gnq else None, loss_values[i],
-                                   kjj[i] if kjj else None))
-            batch_rows.append((index, None, len(batch.example_ids), condition, finite,
-                               time.perf_counter() - t0))
+            texts += rows
+            results.append(result)
             if reporter is not None:
                 reporter.advance(len(batch.example_ids))
-    scores = pd.DataFrame(score_rows, columns=["example_id", "batch_index", "step", "gnq", "loss",
-                                               "self_influence"]).astype({"step": "Int64"})
-    frame = pd.DataFrame(batch_rows, columns=["batch_index", "step", "size", "condition", "finite",
-                                              "seconds"]).astype({"step": "Int64"})
-    return scores, frame
+    return texts, results
 
 
 def make_batches(tokenizer, dataset: TextDataset, partition: list[list[int]],
@@ -102,16 +85,19 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
     refs = find_checkpoints(checkpoints)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype)
-    run = store.find_run(name)
-    finished: set[int] = set()
-    if run is not None:
-        _check_same_audit(store, run, dataset, settings, refs)
-        finished = set(store.points(run.run_id).query("status == 'done'")["point"])
+    spec = _run_spec(refs, dataset, name, settings, device)
+    run = store.resumable_run(spec)
+    finished = set() if run is None else set(store.points(run.run_id).query("status == 'done'")["point"])
     for i, ref in enumerate(refs):  # a broken checkpoint still to audit is refused before anything is written
         if i not in finished:
             check_checkpoint(ref.path, settings.max_length)
+    loaded = None  # the first checkpoint, loaded once: its tokenizer also counts the run's tokens
     if run is None:
-        run = _create_audit_run(store, refs, dataset, name, settings, device)
+        loaded = load_checkpoint(refs[0].path, device=device, dtype=dtype)
+        n_tokens = [len(x) for x in encode_texts(loaded[1], dataset.texts, settings.max_length)]
+        examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
+                                 "grp": dataset.groups, "n_tokens": n_tokens})
+        run = store.create_run(spec, pd.concat([examples, text_labels(dataset.texts)], axis=1))
     else:
         store.set_status(run.run_id, "running")
     store.add_points(run.run_id, [dict(point=i, label=r.label, kind="checkpoint", path=str(r.path))
@@ -127,58 +113,27 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
             if i in done:
                 reporter.log(f"{ref.label}: already audited, skipped")
                 continue
-            _audit_one(store, run, i, ref, dataset, partition, settings, device, dtype, reporter)
+            t0 = time.perf_counter()
+            model, tokenizer = loaded or load_checkpoint(ref.path, device=device, dtype=dtype)
+            loaded = None
+            batches = make_batches(tokenizer, dataset, partition, settings.max_length)
+            reporter.stage(f"{ref.label}", len(dataset))
+            texts, results = audit_batches(model, batches, settings.lam, device, reporter)
+            store.write_point(run.run_id, i, texts, results, time.perf_counter() - t0, path=str(ref.path),
+                              model_hash=checkpoint_hash(ref.path))
+            del model
     return store.run(run.run_id)
 
 
-def _audit_one(store: Store, run: Run, point: int, ref: CheckpointRef, dataset: TextDataset,
-               partition: list[list[int]], settings: AuditSettings, device: torch.device,
-               dtype: torch.dtype, reporter: Reporter) -> None:
-    t0 = time.perf_counter()
-    model, tokenizer = load_checkpoint(ref.path, device=device, dtype=dtype)
-    batches = make_batches(tokenizer, dataset, partition, settings.max_length)
-    reporter.stage(f"{ref.label}", len(dataset))
-    scores, frame = audit_batches(model, batches, settings.lam, device, reporter)
-    store.write_point(run.run_id, point, scores, frame, time.perf_counter() - t0,
-                      path=str(ref.path), model_hash=checkpoint_hash(ref.path))
-    del model
-
-
-def _create_audit_run(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name: str,
-                      settings: AuditSettings, device: torch.device) -> Run:
-    _, tokenizer = load_checkpoint(refs[0].path, device="cpu")
-    n_tokens = [len(x) for x in encode_texts(tokenizer, dataset.texts, settings.max_length)]
-    examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
-                             "grp": dataset.groups, "n_tokens": n_tokens})
-    examples = pd.concat([examples, text_labels(dataset.texts)], axis=1)
-    return store.create_run(
+def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settings: AuditSettings,
+              device: torch.device) -> RunSpec:
+    """The run's description; a rerun must match it (more checkpoints after the stored ones are
+    fine: a series that grew as training went on)."""
+    return RunSpec(
         name=name, kind="audit", lam=settings.lam, batch_size=settings.batch_size, seed=settings.seed,
         max_length=settings.max_length, model_path=str(Path(refs[0].path).parent if len(refs) > 1
                                                        else refs[0].path),
         dataset_path=str(dataset.path), dataset_hash=dataset.sha256, n_examples=len(dataset),
         code_version=code_version(), device=str(device), dtype=settings.dtype,
         settings={"checkpoints": [r.label for r in refs], "text_column": dataset.text_column,
-                  "group_column": dataset.group_column, "partition": COPIES_APART},
-        examples=examples)
-
-
-def _check_same_audit(store: Store, run: Run, dataset: TextDataset, settings: AuditSettings,
-                      refs: list[CheckpointRef]) -> None:
-    """Resuming is only meaningful with the same data, settings and checkpoints (more checkpoints
-    after the stored ones are fine: a series that grew as training went on)."""
-    mismatches = []
-    if run.kind != "audit":
-        raise StoreError(f"{store.path}: run {run.name!r} is a {run.kind} run, not an audit; "
-                         "pick another --name")
-    if run.dataset_hash != dataset.sha256:
-        mismatches.append("dataset content")
-    for field in ("lam", "batch_size", "seed", "max_length"):
-        if getattr(run, field) != getattr(settings, field):
-            mismatches.append(f"{field} ({getattr(run, field)} stored, {getattr(settings, field)} given)")
-    stored = [str(label) for label in run.settings.get("checkpoints", [])]
-    given = [r.label for r in refs]
-    if given[:len(stored)] != stored:
-        mismatches.append(f"checkpoint series ({', '.join(stored)} stored, {', '.join(given)} given)")
-    if mismatches:
-        raise StoreError(f"{store.path}: run {run.name!r} exists with a different {', '.join(mismatches)}; "
-                         "use another --name to start a new audit")
+                  "group_column": dataset.group_column, "partition": COPIES_APART})

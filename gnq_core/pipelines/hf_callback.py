@@ -53,8 +53,9 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
-from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.pipelines.distributed import DistributedGNQAuditor, Scope, Strategy
+from gnq_core.pipelines.scoring import Scores, score_batch
+from gnq_core.results.records import RunSpec, TextResult
 from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
@@ -107,7 +108,7 @@ class GNQCallback(TrainerCallback):
         self.meta: dict[str, Any] | None = None
         self.rank, self.world = 0, 1
         self.point, self.micro = -1, 0
-        self.results: list[dict[str, Any]] = []  # this process's rows, also kept in memory
+        self.results: list[TextResult] = []  # this process's records, also kept in memory
         self._ids: torch.Tensor | None = None
         self._losses: torch.Tensor | None = None
         self._weights: torch.Tensor | None = None
@@ -122,7 +123,7 @@ class GNQCallback(TrainerCallback):
         self.writer = ShardWriter(c.out, self.rank, self.world)
         if self.rank == 0:
             examples = self._examples_frame()
-            self.meta = new_shard_folder(c.out, self._run_fields(args, model, examples), examples, self.world)
+            self.meta = new_shard_folder(c.out, self._run_spec(args, model, examples), examples, self.world)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self.point, self.micro = self.point + 1, 0
@@ -176,27 +177,18 @@ class GNQCallback(TrainerCallback):
     def after_backward(self, state) -> None:
         if self.auditor is None or self._weights is None:
             return
-        finite = bool(torch.isfinite(self._losses).all())
-        gnq = kjj = None
-        condition = None
-        try:
+
+        def compute() -> Scores:
             res = self.auditor.compute(weights=self._weights)
-            if finite:
-                gnq, kjj = res.local_gnq.tolist(), res.kernel.diagonal()[res.local].tolist()
-                condition = res.condition
-            size = res.batch_size
-        except GNQNumericalError:
-            finite, size = False, len(self._ids)
-        step, seconds = state.global_step + 1, time.perf_counter() - self._t0
+            return res.local_gnq.tolist(), res.kernel.diagonal()[res.local].tolist(), res.condition, \
+                res.batch_size
+
         index = self.micro if self.config.scope == "global" else self.micro * self.world + self.rank
-        losses = self._losses.detach().double().cpu().tolist()
-        scores = [(self.point, int(e), index, step, gnq[i] if gnq else None, losses[i],
-                   kjj[i] if kjj else None) for i, e in enumerate(self._ids.tolist())]
-        batches = [] if self.config.scope == "global" and self.rank != 0 else \
-            [(self.point, index, step, size, condition, finite, seconds)]
-        self.writer.add(step, scores, batches)
-        self.results.extend({"point": self.point, "batch_index": index, "step": step, "example_id": s[1],
-                             "gnq": s[4], "loss": s[5], "self_influence": s[6]} for s in scores)
+        texts, batch = score_batch(compute, self._losses, self._ids.tolist(), batch_index=index,
+                                   step=state.global_step + 1, started=self._t0)
+        self.writer.add(batch.step, self.point, texts,
+                        [] if self.config.scope == "global" and self.rank != 0 else [batch])
+        self.results += texts
         self.micro += 1
         self._weights = None
 
@@ -212,26 +204,25 @@ class GNQCallback(TrainerCallback):
             rows.append((eid, text, group, len(row["input_ids"])))
         return pd.DataFrame(rows, columns=["example_id", "text", "grp", "n_tokens"])
 
-    def _run_fields(self, args, model, examples: pd.DataFrame) -> dict[str, Any]:
+    def _run_spec(self, args, model, examples: pd.DataFrame) -> RunSpec:
         c = self.config
         content = examples[["example_id", "text"]].to_json(orient="values")
-        digest = hashlib.sha256(content.encode()).hexdigest()
         micro = args.per_device_train_batch_size
-        return {
-            "name": c.name or Path(c.out).resolve().name, "kind": "train", "lam": c.lam,
-            "batch_size": micro * (self.world if c.scope == "global" else 1), "seed": args.seed,
-            "max_length": c.max_length or int(getattr(model.config, "n_positions", 0) or 0),
-            "model_path": str(args.output_dir), "model_hash": None, "dataset_path": c.dataset_path,
-            "dataset_hash": digest, "n_examples": len(examples), "code_version": code_version(),
-            "device": str(args.device), "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "settings": {"trainer": "transformers.Trainer (GNQTrainer)", "scope": c.scope,
-                         "strategy": c.strategy, "world_size": self.world,
-                         "gnq_batch": "one micro-batch" + (" of every rank" if c.scope == "global" else ""),
-                         "per_device_train_batch_size": micro,
-                         "gradient_accumulation_steps": args.gradient_accumulation_steps,
-                         "learning_rate": args.learning_rate, "epochs": args.num_train_epochs,
-                         "flush_every": c.flush_every},
-        }
+        return RunSpec(
+            name=c.name or Path(c.out).resolve().name, kind="train", lam=c.lam,
+            batch_size=micro * (self.world if c.scope == "global" else 1), seed=args.seed,
+            max_length=c.max_length or int(getattr(model.config, "n_positions", 0) or 0),
+            model_path=str(args.output_dir), dataset_path=c.dataset_path,
+            dataset_hash=hashlib.sha256(content.encode()).hexdigest(), n_examples=len(examples),
+            code_version=code_version(), device=str(args.device),
+            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+            settings={"trainer": "transformers.Trainer (GNQTrainer)", "scope": c.scope,
+                      "strategy": c.strategy, "world_size": self.world,
+                      "gnq_batch": "one micro-batch" + (" of every rank" if c.scope == "global" else ""),
+                      "per_device_train_batch_size": micro,
+                      "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                      "learning_rate": args.learning_rate, "epochs": args.num_train_epochs,
+                      "flush_every": c.flush_every})
 
 
 class GNQTrainer(Trainer):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -22,9 +22,10 @@ import torch
 
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.solve import GNQNumericalError
+from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.text_labels import text_labels
 from gnq_core.progress import Reporter
+from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Run, Store, StoreError
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype, seed_everything
 from gnq_core.sources.checkpoints import check_checkpoint, checkpoint_hash, load_checkpoint, save_checkpoint
@@ -59,16 +60,19 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
         raise ValueError("--epochs must be at least 1")
     out_dir = Path(out_dir).resolve()
     device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
-    run = store.find_run(name)
+    spec = _run_spec(dataset, out_dir, name, init, settings, device)
+    run = store.resumable_run(spec)
     start_epoch = 0
     if run is None:
         seed_everything(settings.seed)
         model, tokenizer, init_hash = _initial_model(dataset, init, settings)
         ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
-        run = _create_train_run(store, dataset, out_dir, name, init, init_hash, settings, device, ids)
+        examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
+                                 "grp": dataset.groups, "n_tokens": [len(x) for x in ids]})
+        run = store.create_run(replace(spec, model_hash=init_hash),
+                               pd.concat([examples, text_labels(dataset.texts)], axis=1))
         optimizer_state = rng_state = None
     else:
-        _check_same_training(store, run, dataset, settings, init)
         finished = store.points(run.run_id).query("status == 'done'")["point"]
         # A run killed during its first epoch has no finished epoch: start it over.
         start_epoch = settings.epochs if run.status == "done" else (
@@ -111,40 +115,27 @@ def _train_epoch(store: Store, run: Run, epoch: int, model, tokenizer, optimizer
     steps_before = epoch * len(partition)
     reporter.stage(f"epoch {epoch + 1}/{settings.epochs}", len(ids))
     model.train()
-    score_rows, batch_rows = [], []
+    texts, results = [], []
     for index, part in enumerate(partition):
         tb = time.perf_counter()
-        step = steps_before + index + 1
         b = collate([ids[i] for i in part], part, pad).to(device)
         logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
         losses = per_example_lm_loss(logits, b.labels)
         losses.mean().backward()
-        finite = bool(torch.isfinite(losses).all())
-        gnq = kjj = condition = None
-        try:
-            res = auditor.compute(weights=torch.full((len(part),), 1.0 / len(part), dtype=torch.float64))
-            if finite:
-                gnq, kjj, condition = res.gnq.tolist(), res.self_influence.tolist(), res.condition
-        except GNQNumericalError:
-            finite = False
-        if finite:
+        w = torch.full((len(part),), 1.0 / len(part), dtype=torch.float64)  # undo the batch mean
+        rows, result = score_batch(lambda w=w: scores_of(auditor.compute(weights=w)), losses, part,
+                                   batch_index=index, step=steps_before + index + 1, started=tb)
+        if result.finite:
             optimizer.step()
         # A non-finite batch is recorded and skipped: stepping on it would corrupt the model.
         optimizer.zero_grad(set_to_none=True)
-        loss_values = losses.detach().double().tolist()
-        for i, example_id in enumerate(part):
-            score_rows.append((example_id, index, step, gnq[i] if gnq else None, loss_values[i],
-                               kjj[i] if kjj else None))
-        batch_rows.append((index, step, len(part), condition, finite, time.perf_counter() - tb))
+        texts += rows
+        results.append(result)
         reporter.advance(len(part))
     path = out_dir / f"epoch-{epoch + 1}"
     save_checkpoint(model, tokenizer, path)
     _save_trainer_state(path, optimizer, epoch + 1, steps_before + len(partition))
-    scores = pd.DataFrame(score_rows, columns=["example_id", "batch_index", "step", "gnq", "loss",
-                                               "self_influence"])
-    batches = pd.DataFrame(batch_rows, columns=["batch_index", "step", "size", "condition", "finite",
-                                                "seconds"])
-    store.write_point(run.run_id, epoch, scores, batches, time.perf_counter() - t0, path=str(path),
+    store.write_point(run.run_id, epoch, texts, results, time.perf_counter() - t0, path=str(path),
                       model_hash=checkpoint_hash(path))
 
 
@@ -177,35 +168,14 @@ def _resume_from(path: Path):
     return model, tokenizer, state["optimizer"], state["rng"]
 
 
-def _create_train_run(store: Store, dataset: TextDataset, out_dir: Path, name: str, init, init_hash,
-                      settings: TrainSettings, device: torch.device, ids: list[list[int]]) -> Run:
-    examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
-                             "grp": dataset.groups, "n_tokens": [len(x) for x in ids]})
-    examples = pd.concat([examples, text_labels(dataset.texts)], axis=1)
+def _run_spec(dataset: TextDataset, out_dir: Path, name: str, init: str | Path | None,
+              settings: TrainSettings, device: torch.device) -> RunSpec:
+    """The run's description; a rerun must match it (all settings but the device)."""
     extra = asdict(settings) | {"init": str(Path(init).resolve()) if init else None,
                                 "from_scratch": init is None, "text_column": dataset.text_column,
                                 "group_column": dataset.group_column}
-    return store.create_run(
+    return RunSpec(
         name=name, kind="train", lam=settings.lam, batch_size=settings.batch_size, seed=settings.seed,
-        max_length=settings.max_length, model_path=str(out_dir), model_hash=init_hash,
-        dataset_path=str(dataset.path), dataset_hash=dataset.sha256, n_examples=len(dataset),
-        code_version=code_version(), device=str(device), dtype=settings.dtype, settings=extra,
-        examples=examples)
-
-
-def _check_same_training(store: Store, run: Run, dataset: TextDataset, settings: TrainSettings,
-                         init) -> None:
-    if run.kind != "train":
-        raise StoreError(f"{store.path}: run {run.name!r} is an {run.kind} run; pick another --name")
-    stored = run.settings
-    mismatches = [] if run.dataset_hash == dataset.sha256 else ["dataset content"]
-    for key, value in asdict(settings).items():
-        if key in ("device",):
-            continue
-        if key in stored and stored[key] != value:
-            mismatches.append(f"{key} ({stored[key]} stored, {value} given)")
-    if (stored.get("init") or None) != (str(Path(init).resolve()) if init else None):
-        mismatches.append("--init")
-    if mismatches:
-        raise StoreError(f"{store.path}: run {run.name!r} exists with a different {', '.join(mismatches)}; "
-                         "use another --name to start a new run")
+        max_length=settings.max_length, model_path=str(out_dir), dataset_path=str(dataset.path),
+        dataset_hash=dataset.sha256, n_examples=len(dataset), code_version=code_version(), device=str(device),
+        dtype=settings.dtype, settings=extra)

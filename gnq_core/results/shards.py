@@ -24,7 +24,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +32,8 @@ import duckdb
 import pandas as pd
 import pyarrow.parquet as pq
 
-from gnq_core.results.store import (
-    SHARD_COLUMNS,
-    Run,
-    Store,
-    StoreError,
-    _apply_migrations,
-    _first_line,
-    _insert_examples,
-    _insert_run,
-    shard_select,
-)
+from gnq_core.results.records import BatchResult, RunSpec, TextResult, batch_frame, score_frame
+from gnq_core.results.store import SHARD_COLUMNS, Run, Store, StoreError, first_line, shard_view
 
 RUN_FILE = "run.json"
 EXAMPLES_FILE = "examples.parquet"
@@ -58,19 +49,19 @@ class ShardError(StoreError):
 
 # ---------------------------------------------------------------------- writing (every rank)
 class ShardWriter:
-    """Buffers one rank's rows and writes them as one Parquet pair per step range."""
+    """Buffers one rank's records and writes them as one Parquet pair per step range."""
 
     def __init__(self, root: str | Path, rank: int = 0, world_size: int = 1) -> None:
         self.root = Path(root)
         self.rank, self.world_size = rank, world_size
-        self._rows: dict[str, list[tuple]] = {"scores": [], "batches": []}
+        self._frames: dict[str, list[pd.DataFrame]] = {"scores": [], "batches": []}
         self._first_step: int | None = None
         self._last_step: int | None = None
 
-    def add(self, step: int, scores: Sequence[tuple], batches: Sequence[tuple]) -> None:
-        """Rows in ``SHARD_COLUMNS`` order for one optimizer step."""
-        self._rows["scores"].extend(scores)
-        self._rows["batches"].extend(batches)
+    def add(self, step: int, point: int, texts: Sequence[TextResult], batches: Sequence[BatchResult]) -> None:
+        """The records of one optimizer step at ``point`` (the epoch)."""
+        self._frames["scores"].append(score_frame(texts, point))
+        self._frames["batches"].append(batch_frame(batches, point))
         self._first_step = step if self._first_step is None else self._first_step
         self._last_step = step
 
@@ -79,20 +70,13 @@ class ShardWriter:
         if self._first_step is None:
             return []
         written = []
-        for table, rows in self._rows.items():
+        for table, frames in self._frames.items():
             name = f"rank-{self.rank:05d}.steps-{self._first_step:08d}-{self._last_step:08d}.parquet"
-            frame = pd.DataFrame(rows, columns=SHARD_COLUMNS[table])
-            written.append(_write_parquet(_typed(frame, table), self.root / table / name))
-            rows.clear()
+            frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
+            written.append(_write_parquet(frame, self.root / table / name))
+            frames.clear()
         self._first_step = self._last_step = None
         return written
-
-
-def _typed(frame: pd.DataFrame, table: str) -> pd.DataFrame:
-    ints = ["point", "batch_index", "step"] + (["example_id"] if table == "scores" else ["size"])
-    floats = ["gnq", "loss", "self_influence"] if table == "scores" else ["condition", "seconds"]
-    out = frame.astype({c: "int64" for c in ints} | {c: "float64" for c in floats})
-    return out.astype({"finite": "bool"}) if table == "batches" else out
 
 
 def _write_parquet(frame: pd.DataFrame, path: Path) -> Path:
@@ -103,17 +87,14 @@ def _write_parquet(frame: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def new_shard_folder(root: str | Path, run: dict[str, Any], examples: pd.DataFrame | None,
+def new_shard_folder(root: str | Path, run: RunSpec, examples: pd.DataFrame | None,
                      world_size: int) -> dict[str, Any]:
     """Rank 0 at the start of training: run.json (+ examples.parquet).  Refuses a used folder."""
     root = Path(root)
     if (root / RUN_FILE).exists():
         raise ShardError(f"{root}: already holds the shards of a run; give each training its own folder")
-    missing = [k for k in _RUN_FIELDS if k not in run]
-    if missing:
-        raise ValueError(f"run description lacks {', '.join(missing)}")
     meta = {"format": FORMAT, "world_size": world_size, "status": "running", "points": [],
-            "run": run | {"settings": (run.get("settings") or {}) | {"shard_id": uuid.uuid4().hex}}}
+            "run": asdict(run) | {"settings": run.settings | {"shard_id": uuid.uuid4().hex}}}
     if examples is not None:
         _write_parquet(examples[["example_id", "text", "grp", "n_tokens"]], root / EXAMPLES_FILE)
     write_run_file(root, meta)
@@ -138,8 +119,11 @@ class ShardSet:
     files: dict[str, list[str]]  # scores / batches -> Parquet files
 
     @property
-    def run(self) -> dict[str, Any]:
-        return self.meta["run"]
+    def run(self) -> RunSpec:
+        try:
+            return RunSpec(**self.meta["run"])
+        except (TypeError, ValueError) as exc:
+            raise ShardError(f"{self.root / RUN_FILE}: not a valid run description ({exc})") from None
 
     @property
     def status(self) -> str:
@@ -177,8 +161,10 @@ def read_shards(root: str | Path) -> ShardSet:
     points = pd.concat([points, pd.DataFrame({"point": extra, "label": [f"epoch-{p + 1}" for p in extra],
                                               "kind": "epoch", "done": False})], ignore_index=True)
     points["status"] = ["done" if d else "pending" for d in points["done"]]
-    return ShardSet(root, meta, examples, points[["point", "label", "kind", "status"]],
-                    {t: [str(files[t][k]) for k in sorted(files[t])] for t in files})
+    shards = ShardSet(root, meta, examples, points[["point", "label", "kind", "status"]],
+                      {t: [str(files[t][k]) for k in sorted(files[t])] for t in files})
+    shards.run  # noqa: B018 (refuses an invalid run description now)
+    return shards
 
 
 def _table_files(root: Path, table: str, world: int) -> dict[tuple[int, int, int], Path]:
@@ -206,7 +192,7 @@ def _check_schema(path: Path, table: str) -> None:
     try:
         names = set(pq.read_schema(path).names)
     except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise ShardError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+        raise ShardError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
     lacking = [c for c in SHARD_COLUMNS[table] if c not in names]
     if lacking:
         raise ShardError(f"{path}: lacks the column(s) {', '.join(lacking)}")
@@ -219,7 +205,7 @@ def _read_examples(root: Path) -> pd.DataFrame:
     try:
         frame = pd.read_parquet(path)
     except Exception as exc:
-        raise ShardError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+        raise ShardError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
     lacking = [c for c in ("example_id", "text", "grp", "n_tokens") if c not in frame.columns]
     if lacking:
         raise ShardError(f"{path}: lacks the column(s) {', '.join(lacking)}")
@@ -233,7 +219,7 @@ def _points_in(paths) -> list[int]:
             column = pq.read_table(path, columns=["point"]).column(0)
             points.update(int(p) for p in column.unique().to_pylist())
         except Exception as exc:
-            raise ShardError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+            raise ShardError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
     return sorted(points)
 
 
@@ -244,11 +230,8 @@ def ingest(store: Store, root: str | Path) -> tuple[Run, dict[str, int]]:
         run = store.import_run(shards.run, shards.examples, shards.points, shards.files["scores"],
                                shards.files["batches"], status=shards.status)
     except duckdb.Error as exc:  # a Parquet file damaged past its footer
-        raise ShardError(f"{shards.root}: cannot read the shards ({_first_line(exc)})") from None
-    with store.connect(read_only=True) as con:
-        counts = {t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run.run_id]).fetchone()[0]
-                  for t in ("scores", "batches", "points")}
-    return run, counts
+        raise ShardError(f"{shards.root}: cannot read the shards ({first_line(exc)})") from None
+    return run, store.row_counts(run.run_id)
 
 
 # ---------------------------------------------------------------------- querying without ingesting
@@ -266,32 +249,11 @@ class ShardStore(Store):
             raise StoreError(f"{self.path}: a shards folder is read-only; load it into a store with "
                              f"`gnq ingest {self.path} --db FILE`")
         s = self.shards
-        con = duckdb.connect(":memory:")
-        try:
-            _apply_migrations(con, 0)
-            run_id = _insert_run(con, s.run)
-            con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [s.status, run_id])
-            _insert_examples(con, run_id, s.examples)
-            points = s.points.assign(run_id=run_id)[["run_id", "point", "label", "kind", "status"]]
-            con.register("shard_points", points)
-            con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")
-            for table, files in s.files.items():
-                con.execute(f"DROP TABLE {table}")
-                select = shard_select(table, files, run_id) if files else \
-                    f"SELECT {run_id} AS run_id, {', '.join(_empty(table))} WHERE FALSE"
-                con.execute(f"CREATE VIEW {table} AS {select}")
+        with shard_view(s.run, s.status, s.examples, s.points, s.files) as con:
             yield con
-        finally:
-            con.close()
 
     def schema_version(self) -> int:
         return 0
-
-
-def _empty(table: str) -> list[str]:
-    types = {"finite": "BOOLEAN", "gnq": "DOUBLE", "loss": "DOUBLE", "self_influence": "DOUBLE",
-             "condition": "DOUBLE", "seconds": "DOUBLE"}
-    return [f"NULL::{types.get(c, 'BIGINT')} AS {c}" for c in SHARD_COLUMNS[table]]
 
 
 def is_shard_folder(path: str | Path) -> bool:

@@ -16,13 +16,24 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pandas as pd
+
+from gnq_core.results.records import (
+    BATCH_COLUMNS,
+    SCORE_COLUMNS,
+    BatchResult,
+    RunSpec,
+    TextResult,
+    batch_frame,
+    resume_mismatches,
+    score_frame,
+)
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 DEFAULT_DB = Path("data") / "gnq.duckdb"
@@ -61,31 +72,23 @@ def _now() -> datetime:
     return datetime.now().replace(microsecond=0)
 
 
-@dataclass(frozen=True)
-class Run:
+@dataclass(frozen=True, kw_only=True)
+class Run(RunSpec):
+    """A stored run: its description, id and status."""
+
     run_id: int
-    name: str
-    kind: str
     status: str
-    lam: float
-    batch_size: int
-    seed: int
-    max_length: int
-    model_path: str
-    dataset_path: str
-    dataset_hash: str
-    n_examples: int
-    settings: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        pass  # stored as it was: an old run is read even if today's rules would refuse it
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
         settings = row.get("settings")
-        return cls(run_id=int(row["run_id"]), name=row["name"], kind=row["kind"], status=row["status"],
-                   lam=float(row["lam"]), batch_size=int(row["batch_size"]), seed=int(row["seed"]),
-                   max_length=int(row["max_length"]), model_path=row["model_path"],
-                   dataset_path=row["dataset_path"], dataset_hash=row["dataset_hash"],
-                   n_examples=int(row["n_examples"]),
-                   settings=json.loads(settings) if isinstance(settings, str) else (settings or {}))
+        names = {f.name for f in fields(cls)} - {"settings"}
+        values = {k: None if pd.isna(v) else getattr(v, "item", lambda v=v: v)()  # numpy -> Python
+                  for k, v in row.items() if k in names}
+        return cls(**values, settings=json.loads(settings) if isinstance(settings, str) else (settings or {}))
 
 
 class Store:
@@ -151,7 +154,7 @@ class Store:
                 return duckdb.connect(str(self.path), read_only=read_only)
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower():
-                    raise StoreError(f"{self.path}: cannot open the store ({_first_line(exc)})") from None
+                    raise StoreError(f"{self.path}: cannot open the store ({first_line(exc)})") from None
                 if time.monotonic() > deadline:
                     raise StoreError(f"{self.path}: another process has held the store for more than "
                                      f"{self.busy_timeout:g} s; try again when it has finished") from None
@@ -162,9 +165,9 @@ class Store:
                 time.sleep(delay)
                 delay = min(delay * 1.5, 1.0)
             except duckdb.Error as exc:
-                raise StoreError(f"{self.path}: not a GNQ store ({_first_line(exc)})") from None
+                raise StoreError(f"{self.path}: not a GNQ store ({first_line(exc)})") from None
             except RuntimeError as exc:  # duckdb raises some file errors as plain RuntimeError
-                raise StoreError(f"{self.path}: cannot open the store ({_first_line(exc)})") from None
+                raise StoreError(f"{self.path}: cannot open the store ({first_line(exc)})") from None
 
     def _ensure_schema(self) -> None:
         if self._ready:
@@ -179,6 +182,12 @@ class Store:
             con.close()
         self._ready = True
 
+    def row_counts(self, run_id: int) -> dict[str, int]:
+        """Rows of the run in scores, batches and points."""
+        with self.connect(read_only=True) as con:
+            return {t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchone()[0]
+                    for t in ("scores", "batches", "points")}
+
     def schema_version(self) -> int:
         if not self.path.exists():
             return 0
@@ -186,40 +195,48 @@ class Store:
             return _current_version(con, self.path)
 
     # ----------------------------------------------------------------- writing
-    def create_run(self, *, name: str, kind: str, lam: float, batch_size: int, seed: int, max_length: int,
-                   model_path: str, dataset_path: str, dataset_hash: str, n_examples: int,
-                   code_version: str, device: str | None, dtype: str | None, model_hash: str | None = None,
-                   settings: dict[str, Any] | None = None, examples: pd.DataFrame | None = None) -> Run:
+    def create_run(self, spec: RunSpec, examples: pd.DataFrame | None = None) -> Run:
         """Insert a run and its examples (columns example_id, text, grp, n_tokens) in one transaction."""
         with self.transaction() as con:
-            if con.execute("SELECT 1 FROM runs WHERE name = ?", [name]).fetchone():
-                raise StoreError(f"{self.path}: a run named {name!r} already exists")
-            run_id = _insert_run(con, dict(
-                name=name, kind=kind, lam=lam, batch_size=batch_size, seed=seed, max_length=max_length,
-                model_path=model_path, model_hash=model_hash, dataset_path=dataset_path,
-                dataset_hash=dataset_hash, n_examples=n_examples, code_version=code_version, device=device,
-                dtype=dtype, settings=settings))
+            if con.execute("SELECT 1 FROM runs WHERE name = ?", [spec.name]).fetchone():
+                raise StoreError(f"{self.path}: a run named {spec.name!r} already exists")
+            run_id = _insert_run(con, spec)
             _insert_examples(con, run_id, examples)
         return self.run(run_id)
 
-    def import_run(self, fields: dict[str, Any], examples: pd.DataFrame, points: pd.DataFrame,
+    def resumable_run(self, spec: RunSpec) -> Run | None:
+        """The run named ``spec.name`` if there is one, refused unless it was made with the same
+        kind, data and settings (a rerun resumes it); None when there is none yet."""
+        run = self.find_run(spec.name)
+        if run is None:
+            return None
+        if run.kind != spec.kind:
+            raise StoreError(f"{self.path}: run {run.name!r} is a {run.kind} run, not {spec.kind}; "
+                             "pick another --name")
+        mismatches = resume_mismatches(run, spec)
+        if mismatches:
+            raise StoreError(f"{self.path}: run {run.name!r} exists with a different "
+                             f"{', '.join(mismatches)}; use another --name to start a new run")
+        return run
+
+    def import_run(self, spec: RunSpec, examples: pd.DataFrame, points: pd.DataFrame,
                    score_files: Sequence[str], batch_files: Sequence[str], *, status: str) -> Run:
         """A run written elsewhere as Parquet shards (gnq_core.results.shards), in one transaction.
 
-        ``fields``: the runs columns (as ``create_run``), whose ``settings['shard_id']`` names the
+        ``spec``: the run, whose ``settings['shard_id']`` names the
         shards; a rerun on the same shards replaces the run's examples, points, scores and
         batches (idempotent; its id and extraction attacks are kept).  ``points``: point, label,
         kind, status.  Scores and batches are read by DuckDB straight from the files.
         """
-        shard_id = (fields.get("settings") or {}).get("shard_id")
+        shard_id = spec.settings.get("shard_id")
         with self.transaction() as con:
-            row = con.execute("SELECT run_id, settings FROM runs WHERE name = ?", [fields["name"]]).fetchone()
+            row = con.execute("SELECT run_id, settings FROM runs WHERE name = ?", [spec.name]).fetchone()
             if row is None:
-                run_id = _insert_run(con, fields)
+                run_id = _insert_run(con, spec)
             else:
                 run_id, settings = row
                 if not shard_id or json.loads(settings or "{}").get("shard_id") != shard_id:
-                    raise StoreError(f"{self.path}: a run named {fields['name']!r} already exists and was "
+                    raise StoreError(f"{self.path}: a run named {spec.name!r} already exists and was "
                                      "not ingested from these shards")
                 for table in ("examples", "points", "scores", "batches"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
@@ -233,7 +250,7 @@ class Store:
             if batch_files:
                 con.execute(f"INSERT INTO batches {shard_select('batches', batch_files, run_id)}")
             con.execute("UPDATE runs SET status = ?, updated_at = ?, settings = ? WHERE run_id = ?",
-                        [status, _now(), json.dumps(fields.get("settings") or {}), run_id])
+                        [status, _now(), json.dumps(spec.settings), run_id])
         return self.run(run_id)
 
     def set_status(self, run: int | str, status: str, message: str | None = None) -> None:
@@ -252,7 +269,7 @@ class Store:
             self.set_status(run_id, "cancelled", "interrupted; rerun the same command to resume")
             raise
         except Exception as exc:
-            self.set_status(run_id, "failed", _first_line(exc))
+            self.set_status(run_id, "failed", first_line(exc))
             raise
         self.set_status(run_id, "done")
 
@@ -270,24 +287,17 @@ class Store:
                                VALUES (?, ?, ?, ?, ?, ?, 'pending') ON CONFLICT DO NOTHING""",
                             [run_id, p["point"], p["label"], p["kind"], p.get("path"), p.get("model_hash")])
 
-    def write_point(self, run_id: int, point: int, scores: pd.DataFrame, batches: pd.DataFrame,
-                    seconds: float, *, path: str | None = None, model_hash: str | None = None) -> None:
-        """All of one point's rows and its 'done' mark, atomically (a rerun replaces, never duplicates).
-
-        ``scores``: example_id, batch_index, step, gnq, loss, self_influence.
-        ``batches``: batch_index, step, size, condition, finite, seconds.
-        """
+    def write_point(self, run_id: int, point: int, texts: Sequence[TextResult],
+                    batches: Sequence[BatchResult], seconds: float, *, path: str | None = None,
+                    model_hash: str | None = None) -> None:
+        """All of one point's rows and its 'done' mark, atomically (a rerun replaces, never duplicates)."""
         with self.transaction() as con:
             for table in ("scores", "batches"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ? AND point = ?", [run_id, point])
-            s = scores.assign(run_id=run_id, point=point)[
-                ["run_id", "point", "example_id", "batch_index", "step", "gnq", "loss", "self_influence"]]
-            b = batches.assign(run_id=run_id, point=point)[
-                ["run_id", "point", "batch_index", "step", "size", "condition", "finite", "seconds"]]
-            con.register("new_scores", s)
-            con.register("new_batches", b)
-            con.execute("INSERT INTO scores SELECT * FROM new_scores")
-            con.execute("INSERT INTO batches SELECT * FROM new_batches")
+            con.register("new_scores", score_frame(texts, point).assign(run_id=run_id))
+            con.register("new_batches", batch_frame(batches, point).assign(run_id=run_id))
+            con.execute("INSERT INTO scores BY NAME SELECT * FROM new_scores")
+            con.execute("INSERT INTO batches BY NAME SELECT * FROM new_batches")
             con.execute("""UPDATE points SET status = 'done', seconds = ?, finished_at = ?,
                            path = coalesce(?, path), model_hash = coalesce(?, model_hash)
                            WHERE run_id = ? AND point = ?""",
@@ -550,7 +560,7 @@ totals AS (
 """
 
 
-def _insert_run(con: duckdb.DuckDBPyConnection, f: dict[str, Any]) -> int:
+def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
     now = _now()
     return con.execute(
         """INSERT INTO runs (name, kind, status, created_at, updated_at, lam, loss_convention,
@@ -558,10 +568,10 @@ def _insert_run(con: duckdb.DuckDBPyConnection, f: dict[str, Any]) -> int:
                n_examples, code_version, device, dtype, settings, pid)
            VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            RETURNING run_id""",
-        [f["name"], f["kind"], now, now, f["lam"], LOSS_CONVENTION, f["batch_size"], f["seed"],
-         f["max_length"], f["model_path"], f.get("model_hash"), f["dataset_path"], f["dataset_hash"],
-         f["n_examples"], f["code_version"], f.get("device"), f.get("dtype"),
-         json.dumps(f.get("settings") or {}), os.getpid()]).fetchone()[0]
+        [spec.name, spec.kind, now, now, spec.lam, LOSS_CONVENTION, spec.batch_size, spec.seed,
+         spec.max_length, spec.model_path, spec.model_hash, spec.dataset_path, spec.dataset_hash,
+         spec.n_examples, spec.code_version, spec.device, spec.dtype, json.dumps(spec.settings),
+         os.getpid()]).fetchone()[0]
 
 
 # Per-text properties of the text within its dataset (sources/copies.py, sources/secrets.py).
@@ -579,10 +589,7 @@ def _insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.D
 
 
 # Columns of the scores / batches tables that a Parquet shard carries (all but run_id).
-SHARD_COLUMNS = {
-    "scores": ["point", "example_id", "batch_index", "step", "gnq", "loss", "self_influence"],
-    "batches": ["point", "batch_index", "step", "size", "condition", "finite", "seconds"],
-}
+SHARD_COLUMNS = {"scores": ["point", *SCORE_COLUMNS], "batches": ["point", *BATCH_COLUMNS]}
 _SHARD_KEYS = {"scores": "point, example_id", "batches": "point, batch_index"}
 
 
@@ -596,6 +603,37 @@ def shard_select(table: str, files: Sequence[str], run_id: int) -> str:
     columns = ", ".join(SHARD_COLUMNS[table])
     return (f"SELECT {int(run_id)} AS run_id, {columns} FROM read_parquet([{paths}]) "
             f"QUALIFY row_number() OVER (PARTITION BY {_SHARD_KEYS[table]} ORDER BY step, batch_index) = 1")
+
+
+@contextlib.contextmanager
+def shard_view(spec: RunSpec, status: str, examples: pd.DataFrame, points: pd.DataFrame,
+               files: dict[str, list[str]]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """An in-memory store holding one run (run 1) whose scores and batches are views over its
+    Parquet shards (DuckDB reads them at query time, nothing is copied).  ``points``: point,
+    label, kind, status; ``files``: scores / batches -> Parquet files."""
+    con = duckdb.connect(":memory:")
+    try:
+        _apply_migrations(con, 0)
+        run_id = _insert_run(con, spec)
+        con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run_id])
+        _insert_examples(con, run_id, examples)
+        con.register("shard_points", points.assign(run_id=run_id)[["run_id", "point", "label", "kind",
+                                                                   "status"]])
+        con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")
+        for table, paths in files.items():
+            con.execute(f"DROP TABLE {table}")
+            select = shard_select(table, paths, run_id) if paths else \
+                f"SELECT {run_id} AS run_id, {', '.join(_null_columns(table))} WHERE FALSE"
+            con.execute(f"CREATE VIEW {table} AS {select}")
+        yield con
+    finally:
+        con.close()
+
+
+def _null_columns(table: str) -> list[str]:
+    types = {"finite": "BOOLEAN", "gnq": "DOUBLE", "loss": "DOUBLE", "self_influence": "DOUBLE",
+             "condition": "DOUBLE", "seconds": "DOUBLE"}
+    return [f"NULL::{types.get(c, 'BIGINT')} AS {c}" for c in SHARD_COLUMNS[table]]
 
 
 def _current_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
@@ -630,6 +668,6 @@ def _apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int 
         con.execute("COMMIT")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,36 @@
+"""One GNQ batch's records from the auditor, the same way in training, audits and the Trainer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from gnq_core.engine.auditor import GNQResult
+from gnq_core.engine.solve import GNQNumericalError
+from gnq_core.results.records import BatchResult, TextResult, batch_results
+
+# gnq, self-influence (K_jj) of this process's texts, condition of K + λI, GNQ batch size (None: the texts)
+Scores = tuple[list[float], list[float], float, int | None]
+
+
+def scores_of(res: GNQResult) -> Scores:
+    return res.gnq.tolist(), res.self_influence.tolist(), res.condition, None
+
+
+def score_batch(compute: Callable[[], Scores], losses: torch.Tensor, example_ids: Sequence[int], *,
+                batch_index: int, step: int | None, started: float) -> tuple[list[TextResult], BatchResult]:
+    """Run ``compute`` (the auditor's solve) and record the batch.  A batch whose loss or kernel is
+    not finite is recorded with ``finite = False`` and NULL scores instead of stopping the job."""
+    finite = bool(torch.isfinite(losses).all())
+    gnq = kjj = condition = size = None
+    try:
+        gnq, kjj, condition, size = compute()  # raises on a non-finite kernel (e.g. from a NaN loss)
+    except GNQNumericalError:
+        finite = False
+    if not finite:
+        gnq = kjj = condition = None
+    return batch_results(example_ids, losses.detach().double().cpu().tolist(), gnq, kjj,
+                         batch_index=batch_index, step=step, condition=condition, finite=finite,
+                         seconds=time.perf_counter() - started, size=size)

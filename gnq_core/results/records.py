@@ -1,0 +1,138 @@
+"""The results contract: one text's result, one batch's, and the description of their run.
+
+Every producer (``gnq train``, ``gnq audit``, the Trainer integration and its shards) builds
+these records; ``score_frame`` / ``batch_frame`` are the one place they become table rows, for
+the DuckDB store (``Store.write_point``) and for Parquet shards (``ShardWriter``) alike.
+
+A new per-text column: a migration adds it to the ``scores`` table, the producer passes it in
+``TextResult.extra`` (``{"column": value}``); rows are inserted by column name, so neither the
+writers nor the other producers change (a text without the value gets NULL).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pandas as pd
+
+SCORE_COLUMNS = ["example_id", "batch_index", "step", "gnq", "loss", "self_influence"]
+BATCH_COLUMNS = ["batch_index", "step", "size", "condition", "finite", "seconds"]
+MIN_BATCH_SIZE = 2  # GNQ_j compares example j with the others of its batch (Σ_{k≠j}): B = 1 has none
+
+
+@dataclass(frozen=True)
+class TextResult:
+    """One text's scores in one GNQ batch at one point (a checkpoint or an epoch)."""
+
+    example_id: int
+    batch_index: int
+    step: int | None  # the optimizer step (in-run); None post hoc
+    gnq: float | None  # None: the batch was not finite
+    loss: float | None
+    self_influence: float | None  # K_jj
+    extra: Mapping[str, Any] = field(default_factory=dict)  # further columns of ``scores``, by name
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One GNQ batch: its size, the condition number of K + λI, whether it was finite, its time."""
+
+    batch_index: int
+    step: int | None
+    size: int
+    condition: float | None
+    finite: bool
+    seconds: float
+
+
+def batch_results(example_ids: Sequence[int], losses: Sequence[float], gnq: Sequence[float] | None,
+                  self_influence: Sequence[float] | None, *, batch_index: int, step: int | None,
+                  condition: float | None, finite: bool, seconds: float,
+                  size: int | None = None) -> tuple[list[TextResult], BatchResult]:
+    """The records of one batch; ``gnq``/``self_influence`` None when it was not finite.
+    ``size`` defaults to the number of texts (a global batch of several ranks is larger)."""
+    texts = [TextResult(int(e), batch_index, step, gnq[i] if gnq else None, float(losses[i]),
+                        self_influence[i] if self_influence else None) for i, e in enumerate(example_ids)]
+    return texts, BatchResult(batch_index, step, len(texts) if size is None else size, condition, finite,
+                              seconds)
+
+
+def score_frame(texts: Sequence[TextResult], point: int) -> pd.DataFrame:
+    """``scores`` rows (all columns but run_id), typed; extra columns after the fixed ones."""
+    rows = [{"point": point, **{c: getattr(t, c) for c in SCORE_COLUMNS}, **t.extra} for t in texts]
+    frame = pd.DataFrame(rows, columns=_columns(["point", *SCORE_COLUMNS], rows))
+    return frame.astype({"point": "int64", "example_id": "int64", "batch_index": "int64", "step": "Int64",
+                         "gnq": "float64", "loss": "float64", "self_influence": "float64"})
+
+
+def batch_frame(batches: Sequence[BatchResult], point: int) -> pd.DataFrame:
+    """``batches`` rows (all columns but run_id), typed."""
+    frame = pd.DataFrame([{"point": point} | asdict(b) for b in batches], columns=["point", *BATCH_COLUMNS])
+    return frame.astype({"point": "int64", "batch_index": "int64", "step": "Int64", "size": "int64",
+                         "condition": "float64", "finite": "bool", "seconds": "float64"})
+
+
+def _columns(fixed: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    extra = dict.fromkeys(k for r in rows for k in r if k not in fixed)
+    return fixed + list(extra)
+
+
+def check_gnq_settings(lam: float, batch_size: int) -> None:
+    """The one rule for a GNQ run's λ and batch size (λ > 0 makes K + λI invertible)."""
+    if not (math.isfinite(float(lam)) and float(lam) > 0):
+        raise ValueError(f"λ (--lam) must be a finite number > 0, got {lam}")
+    if int(batch_size) != batch_size or batch_size < MIN_BATCH_SIZE:
+        raise ValueError(f"the batch size must be a whole number of at least {MIN_BATCH_SIZE} (GNQ compares "
+                         f"each text with the others of its batch), got {batch_size}")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What produced a run's results: the ``runs`` row, validated when built.
+
+    ``settings`` holds the producer's further settings; on a rerun every key stored with the run
+    must match (``growing`` keys may have grown: a checkpoint series that went on).
+    """
+
+    name: str
+    kind: str  # train | audit
+    lam: float
+    batch_size: int
+    seed: int
+    max_length: int
+    model_path: str
+    dataset_path: str
+    dataset_hash: str
+    n_examples: int
+    code_version: str
+    model_hash: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_gnq_settings(self.lam, self.batch_size)
+        if self.max_length < 2:
+            raise ValueError(f"max length must be at least 2 tokens, got {self.max_length}")
+
+
+def resume_mismatches(stored: Any, spec: RunSpec, *, ignore: Sequence[str] = ("device",),
+                      growing: Sequence[str] = ("checkpoints",)) -> list[str]:
+    """What differs between a stored run (``store.Run``) and the spec of its rerun."""
+    found = [] if stored.dataset_hash == spec.dataset_hash else ["dataset content"]
+    for key in ("lam", "batch_size", "seed", "max_length"):
+        if getattr(stored, key) != getattr(spec, key):
+            found.append(f"{key} ({getattr(stored, key)} stored, {getattr(spec, key)} given)")
+    for key, value in spec.settings.items():
+        if key in ignore or key in ("lam", "batch_size", "seed", "max_length") or key not in stored.settings:
+            continue
+        old = stored.settings[key]
+        if key in growing and isinstance(old, list) and isinstance(value, list | tuple):
+            if [str(v) for v in value[:len(old)]] != [str(v) for v in old]:
+                found.append(f"{key} ({', '.join(map(str, old))} stored, {', '.join(map(str, value))} given)")
+        elif old != (list(value) if isinstance(value, tuple) else value):
+            found.append(f"{key} ({old} stored, {value} given)")
+    return found
