@@ -25,7 +25,7 @@ def job_panel(db: Path, only_alive: bool = False) -> None:
             with st.container(border=True):
                 head, button = st.columns([5, 1])
                 head.markdown(f"**{state.plain(job.run)}** · {job.status} · step {job.step + 1}/"
-                              f"{len(job.steps)} (`gnq {' '.join(job.steps[job.step][:1])}`)")
+                              f"{len(job.steps)} (`{state.plain(job.step_kind())}`)")
                 if job.alive() and button.button("Cancel", key=f"cancel-{job.job_id}"):
                     cancel_job(job)
                     st.rerun()

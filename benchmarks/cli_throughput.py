@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from gnq_core.pipelines.audit import AuditSettings, run_audit
+from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.extraction import run_extraction
+from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints import save_checkpoint
 from gnq_core.sources.datasets import load_texts

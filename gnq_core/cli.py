@@ -14,11 +14,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, TrainJob
 
 app = typer.Typer(
     help="GNQ Audit: which training texts has your model encoded? (gradient uniqueness)",
@@ -40,7 +43,7 @@ CpuThreadsOption = typer.Option(None, "--threads", min=1,
                                      "share the cores: competing OpenMP threads can slow a step 10x.")
 TextColumnOption = typer.Option(None, help="Column holding the text (default: 'text').")
 GroupColumnOption = typer.Option(None, help="Column with a group label (default: 'group' if present).")
-MaxLengthOption = typer.Option(128, min=2, help="Tokens per example (longer texts are cut).")
+MaxLengthOption = typer.Option(128, help="Tokens per example (longer texts are cut).")
 
 
 def user_errors(func: F) -> F:
@@ -132,13 +135,13 @@ def train(
     from_scratch: bool = typer.Option(False, "--from-scratch",
                                       help="Train a BPE tokenizer on the data and a fresh GPT-2."),
     preset: str = typer.Option("tiny", help="Model size with --from-scratch: tiny or small."),
-    epochs: int = typer.Option(3, min=1, help="Passes over the data."),
-    batch_size: int = typer.Option(16, min=1, help="Examples per step (also the GNQ batch)."),
-    lr: float = typer.Option(1e-3, min=0.0, help="AdamW learning rate."),
-    lam: float = typer.Option(1e-2, min=0.0, help="GNQ regulariser λ (> 0)."),
+    epochs: int = typer.Option(3, help="Passes over the data."),
+    batch_size: int = typer.Option(16, help="Examples per step (also the GNQ batch; at least 2)."),
+    lr: float = typer.Option(1e-3, help="AdamW learning rate."),
+    lam: float = typer.Option(1e-2, help="GNQ regulariser λ (> 0)."),
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(0, help="Seed for initialisation, shuffling and dropout."),
-    vocab_size: int = typer.Option(2048, min=300, help="Tokenizer vocabulary with --from-scratch."),
+    vocab_size: int = typer.Option(2048, help="Tokenizer vocabulary with --from-scratch."),
     text_column: str = TextColumnOption,
     group_column: str = GroupColumnOption,
     name: str = typer.Option(None, help="Run name (default: the OUT folder's name)."),
@@ -150,22 +153,28 @@ def train(
 ) -> None:
     """Train or fine-tune a causal LM with in-run GNQ on every step, saving a checkpoint per epoch."""
     _set_threads(threads)
-    from gnq_core.pipelines.train import TrainSettings, run_training
+    from gnq_core.pipelines.settings import TrainJob, TrainSettings
 
     if (init is None) == (not from_scratch):
         raise ValueError("give exactly one of --init CHECKPOINT_DIR or --from-scratch")
-    dataset = _load_dataset(data, text_column, group_column)
-    store = _store(db)
     settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, lam=lam, max_length=max_length,
                              seed=seed, preset=preset, vocab_size=vocab_size, device=device, dtype=dtype)
-    run_name = name or Path(out).resolve().name
-    run_id = _lazy_run_id(store, run_name)
+    _run_train(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
+                        text_column=text_column, group_column=group_column, settings=settings), db, quiet)
+
+
+def _run_train(job: TrainJob, db: Path | None, quiet: bool) -> None:
+    from gnq_core.pipelines.train import run_training
+
+    dataset = _load_dataset(Path(job.data), job.text_column, job.group_column)
+    store = _store(db)
+    run_name = job.name or Path(job.out).resolve().name
     t0 = time.perf_counter()
-    with _reporter(store, quiet, run_id) as reporter:
-        run = run_training(store, dataset, out, name=run_name, init=init, settings=settings,
+    with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
+        run = run_training(store, dataset, job.out, name=run_name, init=job.init, settings=job.settings,
                            reporter=reporter)
-    _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {epochs} epochs in "
-                 f"{time.perf_counter() - t0:.1f} s; checkpoints in {Path(out)}; store {store.path}")
+    _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {job.settings.epochs} "
+                 f"epochs in {time.perf_counter() - t0:.1f} s; checkpoints in {job.out}; store {store.path}")
     shared, steps = store.steps_with_copies(run.run_id)
     if shared:
         _done(quiet, f"{shared} of {steps} steps had two copies of a text in one batch; those texts' GNQ is "
@@ -179,8 +188,8 @@ def audit(
                                                "(epoch-*, checkpoint-*, step-*, ...)."),
     data: Path = typer.Option(..., help="The texts to audit: .txt, .jsonl, .csv or .parquet."),
     name: str = typer.Option(None, help="Run name (default: the checkpoints folder's name)."),
-    lam: float = typer.Option(1e-2, min=0.0, help="GNQ regulariser λ (> 0)."),
-    batch_size: int = typer.Option(16, min=1, help="Examples per GNQ batch (GNQ is relative to the batch)."),
+    lam: float = typer.Option(1e-2, help="GNQ regulariser λ (> 0)."),
+    batch_size: int = typer.Option(16, help="Examples per GNQ batch (≥ 2; GNQ is relative to the batch)."),
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(0, help="Seed of the batch partition (the same for every checkpoint)."),
     text_column: str = TextColumnOption,
@@ -193,16 +202,24 @@ def audit(
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume."""
     _set_threads(threads)
-    from gnq_core.pipelines.audit import AuditSettings, run_audit
+    from gnq_core.pipelines.settings import AuditJob, AuditSettings
 
-    dataset = _load_dataset(data, text_column, group_column)
-    store = _store(db)
-    run_name = name or Path(checkpoints).resolve().name
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype)
+    _run_audit(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
+                        group_column=group_column, settings=settings), db, quiet)
+
+
+def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
+    from gnq_core.pipelines.audit import run_audit
+
+    dataset = _load_dataset(Path(job.data), job.text_column, job.group_column)
+    store = _store(db)
+    run_name = job.name or Path(job.checkpoints).resolve().name
     t0 = time.perf_counter()
     with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
-        run = run_audit(store, checkpoints, dataset, name=run_name, settings=settings, reporter=reporter)
+        run = run_audit(store, job.checkpoints, dataset, name=run_name, settings=job.settings,
+                        reporter=reporter)
     points = store.points(run.run_id)
     _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(points)} checkpoints "
                  f"in {time.perf_counter() - t0:.1f} s; store {store.path}")
@@ -213,15 +230,15 @@ def audit(
 def extract(
     run: str = typer.Option(..., help="Run name or id."),
     checkpoint: str = typer.Option(None, help="Checkpoint label to attack (default: the last)."),
-    prefix_tokens: int = typer.Option(12, min=1, help="Tokens of each text revealed to the model (p)."),
-    suffix_tokens: int = typer.Option(8, min=1, help="Tokens that must follow exactly (s); texts shorter "
-                                                    "than p + s are not attackable."),
-    threshold: float = typer.Option(1.0, min=0.0, max=1.0,
+    prefix_tokens: int = typer.Option(12, help="Tokens of each text revealed to the model (p)."),
+    suffix_tokens: int = typer.Option(8, help="Tokens that must follow exactly (s); texts shorter than p + s "
+                                              "are not attackable."),
+    threshold: float = typer.Option(1.0,
                                     help="Reproduced when this share of the s tokens matches (1: exactly)."),
     reference: str = typer.Option("first", help="Reference model: 'first' (the run's first checkpoint), a "
                                                 "checkpoint folder (for a fine-tune, its base), or 'none'. "
                                                 "A text the reference also reproduces is not extracted."),
-    batch_size: int = typer.Option(32, min=1, help="Texts decoded together."),
+    batch_size: int = typer.Option(32, help="Texts decoded together."),
     db: Path = DbOption,
     device: str = DeviceOption,
     threads: int = CpuThreadsOption,
@@ -230,20 +247,28 @@ def extract(
     """Calibrated extraction attack: reveal each text's first p tokens, greedy-decode s more; extracted
     when they match exactly and the reference model does not produce them too."""
     _set_threads(threads)
+    from gnq_core.pipelines.settings import ExtractJob
+
+    _run_extract(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
+                            batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
+                            reference=None if reference == "none" else reference), db, quiet)
+
+
+def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
     from gnq_core.pipelines.extraction import run_extraction
     from gnq_core.pipelines.text_labels import ensure_text_labels
 
     store = _store(db)
-    run_info = store.run(run)
+    run_info = store.run(job.run)
     t0 = time.perf_counter()
     with _reporter(store, quiet, lambda: run_info.run_id) as reporter:
-        summary = run_extraction(store, run_info, checkpoint=checkpoint, prefix_tokens=prefix_tokens,
-                                 suffix_tokens=suffix_tokens, threshold=threshold,
-                                 reference=None if reference == "none" else reference,
-                                 batch_size=batch_size, device=device, reporter=reporter)
+        summary = run_extraction(store, run_info, checkpoint=job.checkpoint, prefix_tokens=job.prefix_tokens,
+                                 suffix_tokens=job.suffix_tokens, threshold=job.threshold,
+                                 reference=job.reference, batch_size=job.batch_size, device=job.device,
+                                 reporter=reporter)
     ensure_text_labels(store, run_info)
     _done(quiet, f"run {run_info.name!r}, {summary['label']}: {summary['attacked']} texts attacked "
-                 f"({summary['skipped']} shorter than {prefix_tokens} + {suffix_tokens} tokens), "
+                 f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "
                  f"{summary['reproduced']} reproduced, {summary['both_reproduced']} of them also by the "
                  f"reference: {summary['extracted']} extracted in {time.perf_counter() - t0:.1f} s")
 
@@ -315,19 +340,41 @@ def runs(
 def demo(
     db: Path = DbOption,
     out: Path = typer.Option(None, help="Folder for the demo's checkpoints (default: beside the store)."),
-    epochs: int = typer.Option(12, min=2, help="Training epochs of the demo model."),
+    epochs: int = typer.Option(12, help="Training epochs of the demo model."),
     device: str = DeviceOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
+    from gnq_core.pipelines.settings import DemoJob
+
+    _run_demo(DemoJob(out=str(out) if out else None, epochs=epochs, device=device), db, quiet)
+
+
+def _run_demo(job: DemoJob, db: Path | None, quiet: bool) -> None:
     from gnq_core.pipelines.demo import build_demo
 
     store = _store(db)
     t0 = time.perf_counter()
-    names = build_demo(store, out_dir=out, epochs=epochs, device=device,
+    names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device,
                        reporter_factory=lambda ref: _reporter(store, quiet, ref))
     _done(quiet, f"demo runs {', '.join(repr(n) for n in names)} built in {time.perf_counter() - t0:.0f} s; "
                  f"store {store.path}. Open the dashboard: streamlit run app/main.py")
+
+
+@app.command()
+@user_errors
+def job(
+    file: Path = typer.Argument(..., help="A job file written by the dashboard (gnq_core.pipelines.jobs)."),
+    step: int = typer.Option(0, min=0, help="Which of its steps to run."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Run one step of a dashboard job: its settings are read from the job file, not a command line."""
+    from gnq_core.pipelines.jobs import Job
+
+    settings = Job.load(file).settings(step)
+    runners = {"train": _run_train, "audit": _run_audit, "extract": _run_extract, "demo": _run_demo}
+    runners[settings.kind](settings, db, quiet)
 
 
 @app.command()

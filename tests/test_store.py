@@ -168,3 +168,28 @@ def test_reading_an_older_store_migrates_it_first(tmp_path):
     frame = Store(path).extractions(1)  # a query that needs the newest columns
     assert "target_tokens" in frame.columns
     assert Store(path).schema_version() == SCHEMA_VERSION
+
+
+def test_an_extra_per_text_column_lands_by_name_once_the_table_has_it(store, tmp_path):
+    run = _run(store)
+    store.add_points(run.run_id, [dict(point=0, label="c", kind="checkpoint")])
+    texts = [TextResult(e, 0, None, 1.0, 1.0, 0.5, extra={"copies": 3 - e}) for e in range(4)]
+    batch = [BatchResult(0, None, 4, 2.0, True, 0.1)]
+    with pytest.raises(duckdb.Error, match="copies"):  # no such column yet: refused, nothing written
+        store.write_point(run.run_id, 0, texts, batch, 0.1)
+    assert store.scores(run.run_id).empty
+    with store.transaction() as con:  # what a migration adding the column does
+        con.execute("ALTER TABLE scores ADD COLUMN copies INTEGER")
+    store.write_point(run.run_id, 0, texts, batch, 0.1)
+    assert store.scores(run.run_id)["copies"].tolist() == [3, 2, 1, 0]
+    # the same records through Parquet shards (the Trainer's path) keep the column on ingest
+    from gnq_core.results.shards import ShardWriter, ingest, new_shard_folder
+
+    spec = RunSpec(name="sharded", kind="train", lam=0.01, batch_size=4, seed=0, max_length=8, model_path="m",
+                   dataset_path="d", dataset_hash="h", n_examples=4, code_version="t")
+    new_shard_folder(tmp_path / "s", spec, EXAMPLES, world_size=1)
+    writer = ShardWriter(tmp_path / "s")
+    writer.add(1, 0, texts, batch)
+    writer.flush()
+    sharded, _ = ingest(store, tmp_path / "s")
+    assert store.scores(sharded.run_id)["copies"].tolist() == [3, 2, 1, 0]

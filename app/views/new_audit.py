@@ -1,7 +1,7 @@
 """New audit: point at checkpoints and a dataset (upload or local path), set λ and friends, start.
 
-The audit runs as a background `gnq` job (gnq_core.pipelines.jobs): the page never freezes, the job
-survives a reload, shows progress per checkpoint and can be cancelled.
+The audit runs as a background job (gnq_core.pipelines.jobs) given validated settings: the page
+never freezes, the job survives a reload, shows progress per checkpoint and can be cancelled.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from gnq_core.pipelines.jobs import (
     uploads_dir,
     uploads_root,
 )
+from gnq_core.pipelines.settings import AuditJob, AuditSettings, ExtractJob
+from gnq_core.results.records import MIN_BATCH_SIZE
 from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find_checkpoints
 from gnq_core.sources.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
 
@@ -139,7 +141,7 @@ with st.form("settings"):
     c1, c2, c3, c4 = st.columns(4)
     lam = c1.number_input("λ", min_value=1e-12, value=1e-2, format="%g",
                           help="Regulariser of the GNQ solve; see the 2D regression page.")
-    batch_size = c2.number_input("Batch size", min_value=2, value=16, step=1,
+    batch_size = c2.number_input("Batch size", min_value=MIN_BATCH_SIZE, value=16, step=1,
                                  help="GNQ measures each text against the others of its batch.")
     max_length = c3.number_input("Max length (tokens)", min_value=2, value=128, step=8)
     seed = c4.number_input("Seed", min_value=0, value=0, step=1, help="Seeds the fixed batch partition.")
@@ -159,17 +161,16 @@ if submitted:
     if name in set(state.runs()["name"]):
         st.warning(f"A run named {state.plain(repr(name))} exists: starting will resume it if the settings "
                    "match.")
-    audit = ["audit", "--checkpoints", str(checkpoints), "--data", str(data_path), "--name", name,
-             "--lam", str(lam), "--batch-size", str(int(batch_size)), "--max-length", str(int(max_length)),
-             "--seed", str(int(seed))]
-    if text_column:
-        audit += ["--text-column", text_column]
-    if group_column:
-        audit += ["--group-column", group_column]
-    steps = [audit]
-    if attack:
-        steps.append(["extract", "--run", name, "--prefix-tokens", str(int(prefix)), "--suffix-tokens",
-                      str(int(suffix)), "--threshold", str(threshold)])
+    steps = []
+    try:  # validated here, so a bad value is refused on the page rather than as a failed job
+        audit = AuditSettings(lam=lam, batch_size=int(batch_size), max_length=int(max_length), seed=int(seed))
+        steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
+                          text_column=text_column, group_column=group_column, settings=audit)]
+        steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
+                             threshold=threshold)] if attack else []
+    except ValueError as exc:
+        st.error(state.plain(exc))
+if submitted and steps:
     uploaded = uploads_root(db) / staging_id
     start_job(name, db, steps, cleanup=[uploaded] if uploaded.exists() else [], job_id=staging_id)
     st.session_state.pop("staging")  # the next audit gets a fresh upload folder

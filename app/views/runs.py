@@ -9,6 +9,7 @@ from app import charts, state
 from app.columns import column_config
 from app.jobs_view import job_panel
 from gnq_core.pipelines.jobs import list_jobs, start_job
+from gnq_core.pipelines.settings import DemoJob
 
 
 def leaked_texts(run) -> None:
@@ -45,7 +46,7 @@ if frame.empty:
                 "on a laptop CPU.")
     running = [j for j in list_jobs(state.db_path()) if j.run == "demo" and j.alive()]
     if not running and st.button("Build the demo run", type="primary"):
-        start_job("demo", state.db_path(), [["demo"]])
+        start_job("demo", state.db_path(), [DemoJob()])
         st.rerun()
     job_panel(state.db_path(), only_alive=True)
     st.stop()

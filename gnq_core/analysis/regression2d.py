@@ -1,28 +1,8 @@
 """The paper's §4 / Fig. 1 example, in numpy: 2D linear regression with one outlier.
 
-Model y = w·x + b with the squared loss ℓ_j = r_j² / 2, residual r_j = y_j − (w x_j + b), so the
-per-point gradient in parameter space (w, b) is g_j = −r_j·[x_j, 1].  With the leave-one-out
-matrix S_{−j} = Σ_{k≠j} g_k g_kᵀ + λI (positive definite for λ > 0), the gradient uniqueness is
-
-    GNQ_j = g_jᵀ S_{−j}⁻¹ g_j,
-
-the squared Mahalanobis length of g_j measured by the other points' (regularised) gradient
-second moment.  The ellipse E_{−j} = {g : gᵀ S_{−j}⁻¹ g = 1} is exactly the unit level set of that
-quadratic form, so GNQ_j > 1 ⇔ g_j lies strictly outside E_{−j} (and GNQ_j ≤ 1 ⇔ inside or on
-it): a point is "unique" when the others' gradients do not already account for its direction and
-size.  Since the level sets scale as √GNQ, g_j lies on the ellipse √GNQ_j·E_{−j}.
-
-The membership-inference baseline thresholds the loss instead: ℓ_j ≤ τ ⇔ |r_j| ≤ √(2τ), and as
-∂ℓ_j/∂b = −r_j this is the horizontal strip |g_b| ≤ √(2τ) in gradient space.  The strip looks at
-one coordinate of g_j in isolation (how badly the point is fit); the ellipse compares the whole
-vector g_j with everyone else's gradients, so a small-loss point with a direction nobody else
-has (high leverage) can have GNQ > 1, and a large-loss point whose gradient is echoed by other
-points can have GNQ < 1.
-
-``gnq`` uses the batch-space (B×B) form GNQ_j = h_j / (λ M_jj) with K = G Gᵀ, M = (K + λI)⁻¹,
-h = diag(K M) = 1 − λ diag(M).  K and M are taken from the full SVD of G (K = U Σ² Uᵀ exactly,
-M = U (Σ² + λ)⁻¹ Uᵀ with 1/λ on the null space of K): inverting a rounded K + λI directly loses
-about cond(K + λI)·ε (≈ 1e-9 relative at λ = 1e-6 on the default data), the SVD route does not.
+The math — GNQ as a squared Mahalanobis length, the ellipse E_{−j} = {g : gᵀ S_{−j}⁻¹ g = 1}
+(GNQ_j > 1 ⇔ g_j lies outside it), the loss threshold as a strip, and why ``gnq`` goes through
+the SVD of G — is in DESIGN.md §4.
 """
 
 from __future__ import annotations

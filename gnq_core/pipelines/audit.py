@@ -10,7 +10,6 @@ results are written in one transaction; a rerun skips the checkpoints already do
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +18,7 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.scoring import score_batch, scores_of
+from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.pipelines.text_labels import ensure_text_labels, text_labels
 from gnq_core.progress import Reporter
 from gnq_core.results.records import BatchResult, RunSpec, TextResult
@@ -35,16 +35,6 @@ from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.tokens import LMBatch, batch_partition, collate, encode_texts, pad_id
 
 COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partition"] of new audits
-
-
-@dataclass(frozen=True)
-class AuditSettings:
-    lam: float = 1e-2
-    batch_size: int = 16
-    max_length: int = 128
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "float32"
 
 
 def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, device: torch.device,

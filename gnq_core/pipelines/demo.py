@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from gnq_core.pipelines.audit import AuditSettings, run_audit
+from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.extraction import DEFAULT_PREFIX, DEFAULT_SUFFIX, FIRST_CHECKPOINT, run_extraction
-from gnq_core.pipelines.train import TrainSettings, run_training
+from gnq_core.pipelines.settings import AuditSettings, TrainSettings
+from gnq_core.pipelines.train import run_training
 from gnq_core.progress import Reporter
 from gnq_core.results.store import Store
 from gnq_core.sources.datasets import load_texts

@@ -8,34 +8,8 @@
     trainer.train()
     # gnq ingest runs/ft-shards --db data/gnq.duckdb   (or GNQConfig(db=...): rank 0 ingests at the end)
 
-**Why a Trainer subclass.**  GNQ needs each example's own loss ℓ_j, but the stock Trainer
-backpropagates the model's token-mean loss and never exposes per-example losses; it also drops
-dataset columns the model's forward does not take (so ``example_id`` would never reach the
-loss), and runs backward inside ``training_step`` with no callback event between one
-micro-batch's backward and the next one's forward other than ones that differ between the last
-micro-batch and the others.  A callback alone would need the user to also pass a
-``compute_loss_func``, set ``remove_unused_columns=False`` and strip ``example_id`` before the
-model; the subclass does all of it, so user code changes one class name and adds ``gnq=``.
-The bookkeeping itself (auditor lifetime, shards, points, final ingest) is ``GNQCallback``,
-which ``GNQTrainer`` installs.
-
-**The objective is unchanged**: Σ_j n_j ℓ_j / N with n_j example j's target tokens and N the
-Trainer's ``num_items_in_batch`` (tokens over all micro-batches of the step, and over the ranks
-with ``average_tokens_across_devices``) — the model's own token-mean loss, computed from the
-per-example losses (equal to float rounding, not bitwise).  Whatever the Trainer then does to
-that loss (divide by the accumulation steps, multiply by the number of processes, AMP loss
-scaling) is read back exactly: a hook on the per-example losses receives ∂objective/∂ℓ_j, the
-very weights w_j that scale the captured gradients, and ``compute(weights=w)`` undoes them.
-
-**The batch of the GNQ** is one micro-batch: with ``gradient_accumulation_steps = k`` each of
-the k forward/backward passes of an optimizer step is its own GNQ batch.  ``scope="rank"``: the
-rank's micro-batch (``per_device_train_batch_size`` examples); ``scope="global"``: the same
-micro-batch index on every rank, concatenated (``per_device_train_batch_size × world_size``).
-
-Shard rows: ``point`` is the epoch (0-based), ``step`` the optimizer step the micro-batch
-belongs to (1-based, as ``state.global_step`` after it), ``batch_index`` the GNQ batch within
-the epoch (scope "rank": micro-batch × world + rank; "global": micro-batch).  Each rank writes
-its own examples; a global batch's ``batches`` row is written by rank 0.
+Why a Trainer subclass, why the objective and the gradients are the stock Trainer's, what the
+batch of the GNQ is and what the shard rows mean: DESIGN.md §7.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""Background jobs for the dashboard: `gnq` commands run in their own process.
+"""Background jobs for the dashboard: validated settings run by `gnq job` in their own process.
 
-A job is a JSON file in ``<store folder>/jobs/`` listing the commands to run in order (e.g. an
-audit, then the attack) and folders to delete at the end (uploads).  ``start_job`` launches
-``python -m gnq_core.pipelines.jobs JOBFILE`` in a new session, so the job outlives a page reload or the
-Streamlit script; the page polls the job file and the run's progress in the store.  Cancelling
-sends SIGTERM to the job's process group; the `gnq` commands treat it like Ctrl-C (run marked
-'cancelled', finished checkpoints kept, a rerun resumes).
+A job is a JSON file in ``<store folder>/jobs/`` listing the settings of its steps in order (e.g.
+an audit, then the attack; ``gnq_core.pipelines.settings``) and folders to delete at the end
+(uploads).  ``start_job`` launches ``python -m gnq_core.pipelines.jobs JOBFILE`` in a new session,
+so the job outlives a page reload or the Streamlit script; it runs each step as ``gnq job JOBFILE
+--step I``.  The page polls the job file and the run's progress in the store.  Cancelling sends
+SIGTERM to the job's process group; `gnq` treats it like Ctrl-C (run marked 'cancelled', finished
+checkpoints kept, a rerun resumes).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Protocol
+from typing import Any, Protocol
 
+from gnq_core.atomic import write_text_atomic
+from gnq_core.pipelines.settings import JobSettings, job_dict, job_from_dict
 from gnq_core.sources.datasets import env_bytes
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
@@ -34,7 +37,7 @@ class Job:
     job_id: str
     run: str
     db: str
-    steps: list[list[str]]
+    steps: list[dict[str, Any]]  # settings as JSON (settings.job_dict)
     cleanup: list[str] = field(default_factory=list)
     status: str = "queued"  # queued | running | done | failed | cancelled
     step: int = 0
@@ -49,13 +52,20 @@ class Job:
         return jobs_dir(self.db) / f"{self.job_id}.json"
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, path: Path) -> Job:
         return cls(**json.loads(path.read_text()))
+
+    def settings(self, step: int) -> JobSettings:
+        if not 0 <= step < len(self.steps):
+            raise ValueError(f"{self.path}: the job has {len(self.steps)} step(s), no step {step}")
+        return job_from_dict(self.steps[step])
+
+    def step_kind(self) -> str:
+        step = self.steps[self.step] if self.step < len(self.steps) else {}
+        return str(step.get("kind")) if isinstance(step, dict) else str(step[:1])  # an older job: argv
 
     def alive(self) -> bool:
         if self.pid is None or self.status not in ("queued", "running"):
@@ -187,11 +197,12 @@ def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-def start_job(run: str, db: str | Path, steps: list[list[str]], cleanup: list[str | Path] = (),
+def start_job(run: str, db: str | Path, steps: Sequence[JobSettings], cleanup: Sequence[str | Path] = (),
               job_id: str | None = None) -> Job:
     """Write the job file and launch its runner in a new session (detached from Streamlit)."""
     job = Job(job_id=job_id or new_job_id(), run=run, db=str(Path(db).resolve()),
-              steps=[[str(a) for a in s] for s in steps], cleanup=[str(c) for c in cleanup])
+              steps=[json.loads(json.dumps(job_dict(s), default=str)) for s in steps],
+              cleanup=[str(c) for c in cleanup])
     job.log = str(job.path.with_suffix(".log"))
     job.save()
     with open(job.log, "ab") as log:
@@ -238,7 +249,7 @@ def safe_relative_path(name: str) -> PurePosixPath:
 
 
 def _run(job_path: Path) -> int:
-    """The job process: run each step as `gnq ...`, record the outcome, clean up uploads."""
+    """The job process: run each step as `gnq job`, record the outcome, clean up uploads."""
     job = Job.load(job_path)
     job.pid, job.status = os.getpid(), "running"
     job.save()
@@ -252,11 +263,12 @@ def _run(job_path: Path) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        for i, args in enumerate(job.steps):
+        for i, step in enumerate(job.steps):
             job.step = i
             job.save()
-            print(f"$ gnq {' '.join(args)}", flush=True)
-            child = subprocess.Popen([sys.executable, "-m", "gnq_core.cli", *args, "--db", job.db, "--quiet"])
+            print(f"$ gnq job {job_path} --step {i}  # {json.dumps(step)}", flush=True)
+            child = subprocess.Popen([sys.executable, "-m", "gnq_core.cli", "job", str(job_path),
+                                      "--step", str(i), "--db", job.db, "--quiet"])
             try:
                 rc = child.wait()
             except KeyboardInterrupt:

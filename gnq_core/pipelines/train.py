@@ -12,17 +12,18 @@ reports how many steps had one (``Store.steps_with_copies``).
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from gnq_core.atomic import atomic_path
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.scoring import score_batch, scores_of
+from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.text_labels import text_labels
 from gnq_core.progress import Reporter
 from gnq_core.results.records import RunSpec
@@ -36,28 +37,11 @@ from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_
 TRAINER_STATE = "trainer_state.pt"
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    epochs: int = 3
-    batch_size: int = 16
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    lam: float = 1e-2
-    max_length: int = 128
-    seed: int = 0
-    preset: str = "tiny"      # from scratch only
-    vocab_size: int = 2048    # from scratch only
-    device: str = "auto"
-    dtype: str = "float32"
-
-
 def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, name: str,
                  init: str | Path | None = None, settings: TrainSettings = TrainSettings(),
                  reporter: Reporter | None = None) -> Run:
     """Train (from scratch, or fine-tune ``init``) with in-run GNQ; resumes an unfinished run."""
     reporter = reporter or Reporter()
-    if settings.epochs < 1:
-        raise ValueError("--epochs must be at least 1")
     out_dir = Path(out_dir).resolve()
     device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
     spec = _run_spec(dataset, out_dir, name, init, settings, device)
@@ -152,10 +136,9 @@ def _initial_model(dataset: TextDataset, init: str | Path | None, settings: Trai
 
 def _save_trainer_state(path: Path, optimizer: torch.optim.Optimizer, epochs_done: int, step: int) -> None:
     """Optimizer and RNG state beside the weights, so a rerun continues exactly where this left off."""
-    tmp = path / f"{TRAINER_STATE}.tmp-{os.getpid()}"
-    torch.save({"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
-                "epochs_done": epochs_done, "step": step}, tmp)
-    os.replace(tmp, path / TRAINER_STATE)
+    with atomic_path(path / TRAINER_STATE) as tmp:
+        torch.save({"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+                    "epochs_done": epochs_done, "step": step}, tmp)
 
 
 def _resume_from(path: Path):

@@ -2,33 +2,29 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pandas as pd
+
+from gnq_core.atomic import atomic_path
 
 FORMATS = ("csv", "jsonl", "parquet")
 
 
 def write_table(frame: pd.DataFrame, path: str | Path, fmt: str) -> Path:
-    """Write ``frame`` as ``fmt`` to ``path`` via a temporary sibling file and a rename."""
+    """Write ``frame`` as ``fmt`` to ``path``, atomically."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path}: is a folder; give a file name for the export")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         if fmt == "csv":
             frame.to_csv(tmp, index=False)
         elif fmt == "jsonl":
             frame.to_json(tmp, orient="records", lines=True, force_ascii=False)
         else:
             frame.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 

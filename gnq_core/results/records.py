@@ -1,4 +1,4 @@
-"""The results contract: one text's result, one batch's, and the description of their run.
+"""The results contract (DESIGN.md §6): one text's result, one batch's, and their run.
 
 Every producer (``gnq train``, ``gnq audit``, the Trainer integration and its shards) builds
 these records; ``score_frame`` / ``batch_frame`` are the one place they become table rows, for
@@ -63,7 +63,7 @@ def batch_results(example_ids: Sequence[int], losses: Sequence[float], gnq: Sequ
 def score_frame(texts: Sequence[TextResult], point: int) -> pd.DataFrame:
     """``scores`` rows (all columns but run_id), typed; extra columns after the fixed ones."""
     rows = [{"point": point, **{c: getattr(t, c) for c in SCORE_COLUMNS}, **t.extra} for t in texts]
-    frame = pd.DataFrame(rows, columns=_columns(["point", *SCORE_COLUMNS], rows))
+    frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["point", *SCORE_COLUMNS])
     return frame.astype({"point": "int64", "example_id": "int64", "batch_index": "int64", "step": "Int64",
                          "gnq": "float64", "loss": "float64", "self_influence": "float64"})
 
@@ -75,18 +75,13 @@ def batch_frame(batches: Sequence[BatchResult], point: int) -> pd.DataFrame:
                          "condition": "float64", "finite": "bool", "seconds": "float64"})
 
 
-def _columns(fixed: list[str], rows: list[dict[str, Any]]) -> list[str]:
-    extra = dict.fromkeys(k for r in rows for k in r if k not in fixed)
-    return fixed + list(extra)
-
-
 def check_gnq_settings(lam: float, batch_size: int) -> None:
-    """The one rule for a GNQ run's λ and batch size (λ > 0 makes K + λI invertible)."""
+    """The one rule for a GNQ run's λ and batch size (DESIGN.md §1)."""
     if not (math.isfinite(float(lam)) and float(lam) > 0):
         raise ValueError(f"λ (--lam) must be a finite number > 0, got {lam}")
     if int(batch_size) != batch_size or batch_size < MIN_BATCH_SIZE:
-        raise ValueError(f"the batch size must be a whole number of at least {MIN_BATCH_SIZE} (GNQ compares "
-                         f"each text with the others of its batch), got {batch_size}")
+        raise ValueError(f"the batch size must be a whole number ≥ {MIN_BATCH_SIZE} (GNQ compares each text "
+                         f"with the others of its batch), got {batch_size}")
 
 
 @dataclass(frozen=True)
@@ -114,25 +109,29 @@ class RunSpec:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_gnq_settings(self.lam, self.batch_size)
-        if self.max_length < 2:
-            raise ValueError(f"max length must be at least 2 tokens, got {self.max_length}")
+        check_gnq_settings(self.lam, self.batch_size)  # max_length is only recorded here (0: unknown)
+
+
+_CORE = ("lam", "batch_size", "seed", "max_length")  # runs columns
+_LABELS = {"checkpoints": "checkpoint series", "init": "--init"}
 
 
 def resume_mismatches(stored: Any, spec: RunSpec, *, ignore: Sequence[str] = ("device",),
                       growing: Sequence[str] = ("checkpoints",)) -> list[str]:
     """What differs between a stored run (``store.Run``) and the spec of its rerun."""
     found = [] if stored.dataset_hash == spec.dataset_hash else ["dataset content"]
-    for key in ("lam", "batch_size", "seed", "max_length"):
-        if getattr(stored, key) != getattr(spec, key):
-            found.append(f"{key} ({getattr(stored, key)} stored, {getattr(spec, key)} given)")
-    for key, value in spec.settings.items():
-        if key in ignore or key in ("lam", "batch_size", "seed", "max_length") or key not in stored.settings:
-            continue
-        old = stored.settings[key]
-        if key in growing and isinstance(old, list) and isinstance(value, list | tuple):
-            if [str(v) for v in value[:len(old)]] != [str(v) for v in old]:
-                found.append(f"{key} ({', '.join(map(str, old))} stored, {', '.join(map(str, value))} given)")
-        elif old != (list(value) if isinstance(value, tuple) else value):
-            found.append(f"{key} ({old} stored, {value} given)")
+    pairs = [(k, getattr(stored, k), getattr(spec, k)) for k in _CORE] + [
+        (k, stored.settings[k], list(v) if isinstance(v, tuple) else v) for k, v in spec.settings.items()
+        if k in stored.settings and k not in (*_CORE, *ignore)]
+    for key, old, new in pairs:
+        if key in growing and isinstance(old, list) and isinstance(new, list):
+            same = [str(v) for v in new[:len(old)]] == [str(v) for v in old]
+        else:
+            same = old == new
+        if not same:
+            found.append(f"{_LABELS.get(key, key)} ({_show(old)} stored, {_show(new)} given)")
     return found
+
+
+def _show(value: Any) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)

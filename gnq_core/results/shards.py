@@ -8,9 +8,9 @@ A shards folder (one training run)::
     SHARDS/batches/rank-00001.steps-00000051-00000100.parquet
 
 Scores and batches shards have the store's columns (``store.SHARD_COLUMNS``: all but run_id);
-each rank writes one pair per step range, each file atomically (a temporary name, then
-``os.replace``).  ``gnq ingest SHARDS --db DB`` loads a folder into the DuckDB store in one
-transaction, idempotently; ``ShardStore`` answers every ``Store`` query straight from the
+each rank writes one pair per step range, each file atomically (``gnq_core.atomic``).
+``gnq ingest SHARDS --db DB`` loads a folder into the DuckDB store in one transaction,
+idempotently; ``ShardStore`` answers every ``Store`` query straight from the
 files through DuckDB's Parquet reader (the dashboard can open a shards folder as a store).
 A folder whose ranks have not all written the same step ranges (a job still running or one
 that died) is refused with one line naming what is missing.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import uuid
 from collections.abc import Iterator, Sequence
@@ -32,6 +31,7 @@ import duckdb
 import pandas as pd
 import pyarrow.parquet as pq
 
+from gnq_core.atomic import atomic_path, write_text_atomic
 from gnq_core.results.records import BatchResult, RunSpec, TextResult, batch_frame, score_frame
 from gnq_core.results.store import SHARD_COLUMNS, Run, Store, StoreError, first_line, shard_view
 
@@ -80,10 +80,8 @@ class ShardWriter:
 
 
 def _write_parquet(frame: pd.DataFrame, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)
     return path
 
 
@@ -102,11 +100,7 @@ def new_shard_folder(root: str | Path, run: RunSpec, examples: pd.DataFrame | No
 
 
 def write_run_file(root: str | Path, meta: dict[str, Any]) -> None:
-    path = Path(root) / RUN_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{RUN_FILE}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(Path(root) / RUN_FILE, json.dumps(meta, indent=2, default=str) + "\n")
 
 
 # ---------------------------------------------------------------------- reading

@@ -137,14 +137,8 @@ class Store:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A write connection inside BEGIN/COMMIT; rolled back on any exception."""
-        with self.connect() as con:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                yield con
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
+        with self.connect() as con, _atomically(con):
+            yield con
 
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.busy_timeout
@@ -246,9 +240,9 @@ class Store:
             con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM new_points")
             con.unregister("new_points")
             if score_files:
-                con.execute(f"INSERT INTO scores {shard_select('scores', score_files, run_id)}")
+                con.execute(f"INSERT INTO scores BY NAME {shard_select('scores', score_files, run_id)}")
             if batch_files:
-                con.execute(f"INSERT INTO batches {shard_select('batches', batch_files, run_id)}")
+                con.execute(f"INSERT INTO batches BY NAME {shard_select('batches', batch_files, run_id)}")
             con.execute("UPDATE runs SET status = ?, updated_at = ?, settings = ? WHERE run_id = ?",
                         [status, _now(), json.dumps(spec.settings), run_id])
         return self.run(run_id)
@@ -598,10 +592,10 @@ def shard_select(table: str, files: Sequence[str], run_id: int) -> str:
 
     An example can appear twice in one point (a distributed sampler pads the last batches by
     repeating examples): its first occurrence (lowest step) is kept, as the table's key wants.
+    Columns beyond ``SHARD_COLUMNS`` (``TextResult.extra``) come along, matched by name.
     """
     paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
-    columns = ", ".join(SHARD_COLUMNS[table])
-    return (f"SELECT {int(run_id)} AS run_id, {columns} FROM read_parquet([{paths}]) "
+    return (f"SELECT {int(run_id)} AS run_id, * FROM read_parquet([{paths}], union_by_name = true) "
             f"QUALIFY row_number() OVER (PARTITION BY {_SHARD_KEYS[table]} ORDER BY step, batch_index) = 1")
 
 
@@ -655,17 +649,23 @@ def _apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int 
     for version, path in migrations():
         if version <= current or (target is not None and version > target):
             continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with _atomically(con):
             if version == 1:
                 con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
                             "applied_at TIMESTAMP NOT NULL)")
             con.execute(path.read_text())
             con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("COMMIT")
+
+
+@contextlib.contextmanager
+def _atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
 
 
 def first_line(exc: BaseException) -> str:

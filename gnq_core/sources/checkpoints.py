@@ -9,6 +9,7 @@ file or folder.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -569,7 +570,8 @@ def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     old = target.with_name(f"{target.name}.old-{os.getpid()}")
-    for stale in (tmp, old):
+    # an earlier save killed outright (kill -9) leaves its "<name>.tmp-<pid>": incomplete by definition
+    for stale in (*target.parent.glob(f"{glob.escape(target.name)}.tmp-*"), old):
         _remove(stale)
     try:
         tmp.mkdir()

@@ -168,15 +168,8 @@ def load_texts(
     if not texts:
         what = f"all {dropped} rows have an empty text" if dropped else "no rows"
         raise DatasetError(shown, f"no examples ({what} in column {tcol!r})")
-    return TextDataset(
-        path=p.resolve(),
-        texts=texts,
-        groups=groups,
-        sha256=sha256,
-        text_column=tcol,
-        group_column=gcol,
-        dropped=dropped,
-    )
+    return TextDataset(path=p.resolve(), texts=texts, groups=groups, sha256=sha256, text_column=tcol,
+                       group_column=gcol, dropped=dropped)
 
 
 def dataset_columns(path: str | Path) -> list[str]:

@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from gnq_core.cli import app
 from gnq_core.pipelines.jobs import list_jobs, start_job
+from gnq_core.pipelines.settings import AuditJob, AuditSettings
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints import check_checkpoint, save_checkpoint
 from gnq_core.sources.models import build_model, train_tokenizer
@@ -202,8 +203,8 @@ def test_the_app_shows_an_error_box_before_and_after_a_job(tmp_path, monkeypatch
     # A job that fails anyway (started from elsewhere): the job panel shows its one-line error.
     data = tmp_path / "texts.txt"
     data.write_text("a text\nanother\n")
-    job = start_job("bad", db, [["audit", "--checkpoints", str(series / "epoch-2"), "--data", str(data),
-                                 "--name", "bad", "--max-length", "16"]])
+    job = start_job("bad", db, [AuditJob(checkpoints=str(series / "epoch-2"), data=str(data), name="bad",
+                                         settings=AuditSettings(max_length=16))])
     deadline = time.monotonic() + 120
     while list_jobs(db)[0].status == "running":
         assert time.monotonic() < deadline

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from gnq_core.cli import app
 from gnq_core.pipelines.jobs import list_jobs, start_job
+from gnq_core.pipelines.settings import AuditJob, AuditSettings
 from gnq_core.results.store import Store
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,10 @@ def test_dashboard_stays_usable_and_shows_live_progress_while_an_audit_writes(tm
     db = tmp_path / "gnq.duckdb"
     monkeypatch.setenv("GNQ_DB", str(db))
     assert not app_page("runs").exception  # warm up (imports) before the job starts
-    job = start_job("live", db, [audit_args(inputs, "live")])
+    series, data = inputs
+    settings = AuditSettings(batch_size=3, max_length=16, dtype="float64")
+    job = start_job("live", db, [AuditJob(checkpoints=str(series), data=str(data), name="live",
+                                          settings=settings)])
     progress: list[str] = []
     renders = 0
     deadline = time.monotonic() + 300

@@ -21,6 +21,7 @@ from gnq_core.pipelines.jobs import (
     start_job,
     uploads_dir,
 )
+from gnq_core.pipelines.settings import DemoJob, ExtractJob, TrainJob, TrainSettings, job_dict
 
 
 @dataclass
@@ -108,9 +109,8 @@ def test_a_jobs_upload_folder_is_deleted_when_it_ends_or_dies(tmp_path):
     db = tmp_path / "gnq.duckdb"
     keep = tmp_path / "not-an-upload"
     keep.mkdir()
-    export = ["export", "--format", "csv", "--out", str(tmp_path / "x.csv"), "--run"]
     # (The folders are removed in a `finally`: the same path whether the job succeeds or fails.)
-    for steps, status in (([[*export, "nope"]], "failed"),):
+    for steps, status in (([ExtractJob(run="nope")], "failed"),):
         folder = uploads_dir(db, f"job-{status}")
         save_uploads([Uploaded("data/texts.txt", b"a text\n")], folder)
         # A job file naming a folder outside the uploads folder must not make the job delete it.
@@ -123,7 +123,7 @@ def test_a_jobs_upload_folder_is_deleted_when_it_ends_or_dies(tmp_path):
     save_uploads([Uploaded("data/texts.txt", b"a text\n")], folder)
     data = tmp_path / "texts.txt"
     data.write_text("a text\n" * 50)
-    long_job = ["train", "--data", str(data), "--from-scratch", "--epochs", "99", "--out", str(tmp_path)]
+    long_job = TrainJob(data=str(data), out=str(tmp_path), settings=TrainSettings(epochs=99))
     job = start_job("r", db, [long_job], cleanup=[folder], job_id="job-killed")
     os.killpg(job.pid, signal.SIGKILL)
     job = wait_for(db)
@@ -133,8 +133,9 @@ def test_a_jobs_upload_folder_is_deleted_when_it_ends_or_dies(tmp_path):
 def test_the_job_log_shown_is_only_ever_read_from_the_jobs_folder(tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("error: the contents of a file the app must not show\n")
-    job = Job(job_id="j", run="r", db=str(tmp_path / "gnq.duckdb"), steps=[["runs"]], log=str(secret))
+    job = Job(job_id="j", run="r", db=str(tmp_path / "gnq.duckdb"), steps=[job_dict(DemoJob())],
+              log=str(secret))
     assert job.log_tail() == "" and job.error_line() is None
     job.log = str(job.path.with_suffix(".log"))
-    Path(job.log).write_text("$ gnq runs\nerror: something went wrong\n")
+    Path(job.log).write_text("$ gnq job\nerror: something went wrong\n")
     assert job.error_line() == "error: something went wrong"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from gnq_core.atomic import write_text_atomic
 from gnq_core.progress import Reporter
 from gnq_core.results.store import Store, StoreError
 from gnq_core.sources.datasets import DatasetError, load_texts
@@ -153,9 +154,7 @@ def write_dataset(path: Path, texts: Sequence[str], groups: Sequence[str]) -> Pa
     and the same hash, and resumes)."""
     content = pd.DataFrame({"text": list(texts), "group": list(groups)}).to_csv(index=False)
     if not path.is_file() or path.read_text(encoding="utf-8") != content:
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(content, encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, content)
     return path
 
 
@@ -175,9 +174,7 @@ class Timings:
             yield
         finally:
             self.data[name] = self.data.get(name, 0.0) + time.perf_counter() - t0
-            tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(self.data, indent=2))
-            os.replace(tmp, self.path)
+            write_text_atomic(self.path, json.dumps(self.data, indent=2))
 
     @property
     def total(self) -> float:

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -38,9 +37,11 @@ from gnq_core.analysis.studies.base import (
     write_dataset,
 )
 from gnq_core.analysis.summaries import group_auc, group_separation
+from gnq_core.atomic import atomic_path, write_text_atomic
 from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
-from gnq_core.pipelines.audit import AuditSettings, run_audit
-from gnq_core.pipelines.train import TrainSettings, run_training
+from gnq_core.pipelines.audit import run_audit
+from gnq_core.pipelines.settings import AuditSettings, TrainSettings
+from gnq_core.pipelines.train import run_training
 from gnq_core.results.store import Run, StoreError
 from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
 from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
@@ -182,9 +183,8 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
                      reporter.advance)
         path = out_dir / f"epoch-{epoch + 1}"
         save_checkpoint(model, tokenizer, path)
-        tmp = path / f"{OPTIMIZER_STATE}.tmp-{os.getpid()}"
-        torch.save(optimizer.state_dict(), tmp)
-        os.replace(tmp, path / OPTIMIZER_STATE)
+        with atomic_path(path / OPTIMIZER_STATE) as tmp:
+            torch.save(optimizer.state_dict(), tmp)
     return final
 
 
@@ -256,9 +256,7 @@ def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset
             _fine_tune(model, ids, subset, settings, pad_id(tokenizer), device)
             accuracy, loss = _evaluate(model, ids, settings.batch_size, pad_id(tokenizer), device)
             saved = {"recipe": recipe, "subset": subset, "accuracy": accuracy, "loss": loss}
-            tmp = path.with_suffix(f".tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(saved))
-            os.replace(tmp, path)
+            write_text_atomic(path, json.dumps(saved))
         results.append(saved)
         reporter.advance(1)
     mem = counterfactual_memorization(len(ids), [r["subset"] for r in results],

@@ -28,8 +28,9 @@ from gnq_core.analysis.studies.base import (
     write_dataset,
 )
 from gnq_core.analysis.summaries import log_trajectory_matrix, quantile_bins
-from gnq_core.pipelines.audit import AuditSettings, run_audit
-from gnq_core.pipelines.train import TrainSettings, run_training
+from gnq_core.pipelines.audit import run_audit
+from gnq_core.pipelines.settings import AuditSettings, TrainSettings
+from gnq_core.pipelines.train import run_training
 from gnq_core.sources.datasets import load_texts
 
 STUDY = "trajectories"

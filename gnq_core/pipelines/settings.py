@@ -1,0 +1,139 @@
+"""The settings of each job kind (train, audit, extract, demo; DESIGN.md §6), validated when built.
+
+The CLI builds them from its options and the dashboard from its forms, so both refuse the same
+values with the same one-line message, before anything is written.  A background job receives
+them as JSON (``job_dict`` / ``job_from_dict``), never as a command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from gnq_core.results.records import check_gnq_settings
+from gnq_core.runtime import resolve_device, resolve_dtype
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """How GNQ is measured (also the part of ``TrainSettings`` that says it)."""
+
+    lam: float = 1e-2
+    batch_size: int = 16
+    max_length: int = 128
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        check_gnq_settings(self.lam, self.batch_size)
+        _require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
+        resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
+
+
+@dataclass(frozen=True)
+class TrainSettings(AuditSettings):
+    epochs: int = 3
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    preset: str = "tiny"      # from scratch only
+    vocab_size: int = 2048    # from scratch only
+
+    def __post_init__(self) -> None:
+        from gnq_core.sources.models import PRESETS  # here: transformers is slow to import
+
+        super().__post_init__()
+        _require(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
+        _require(self.lr >= 0 and self.weight_decay >= 0, "the learning rate and weight decay must be ≥ 0")
+        _require(self.preset in PRESETS, f"unknown model preset {self.preset!r} ({', '.join(PRESETS)})")
+        _require(self.vocab_size >= 300, f"--vocab-size must be at least 300, got {self.vocab_size}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TextsJob:
+    data: str  # the texts: .txt, .jsonl, .csv or .parquet
+    name: str | None = None  # the run; default: the out / checkpoints folder's name
+    text_column: str | None = None
+    group_column: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJob(_TextsJob):
+    """``gnq train``: train or fine-tune with in-run GNQ."""
+
+    kind: ClassVar[str] = "train"
+    out: str
+    init: str | None = None  # a checkpoint to fine-tune; None: from scratch
+    settings: TrainSettings = field(default_factory=TrainSettings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditJob(_TextsJob):
+    """``gnq audit``: GNQ of every text at every checkpoint under ``checkpoints``."""
+
+    kind: ClassVar[str] = "audit"
+    checkpoints: str
+    settings: AuditSettings = field(default_factory=AuditSettings)
+
+
+@dataclass(frozen=True)
+class ExtractJob:
+    """``gnq extract``: the calibrated prefix-completion attack on a stored run."""
+
+    kind: ClassVar[str] = "extract"
+    run: str
+    checkpoint: str | None = None  # a point label; default: the last
+    prefix_tokens: int = 12
+    threshold: float = 1.0
+    batch_size: int = 32
+    device: str = "auto"
+    suffix_tokens: int = 8  # exactly s tokens must follow (pipelines/extraction.py)
+    reference: str | None = "first"  # "first" checkpoint, a model folder, or None: no calibration
+
+    def __post_init__(self) -> None:
+        _require(self.prefix_tokens >= 1 and self.batch_size >= 1 and self.suffix_tokens >= 1,
+                 "--prefix-tokens, --suffix-tokens and --batch-size: ≥ 1")
+        _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")
+        resolve_device(self.device)
+
+
+@dataclass(frozen=True)
+class DemoJob:
+    """``gnq demo``: train, audit and attack the demo model."""
+
+    kind: ClassVar[str] = "demo"
+    out: str | None = None
+    epochs: int = 12
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        _require(self.epochs >= 2, f"the demo needs at least 2 epochs (a trajectory), got {self.epochs}")
+        resolve_device(self.device)
+
+
+JobSettings = TrainJob | AuditJob | ExtractJob | DemoJob
+JOB_KINDS: dict[str, type] = {cls.kind: cls for cls in (TrainJob, AuditJob, ExtractJob, DemoJob)}
+
+
+def job_dict(job: JobSettings) -> dict[str, Any]:
+    """The JSON-ready form of a job's settings (``kind`` names the type)."""
+    return {"kind": job.kind} | asdict(job)
+
+
+def job_from_dict(data: Any) -> JobSettings:
+    """Settings from their JSON form, validated; ValueError with one line when they are not."""
+    kind = data.get("kind") if isinstance(data, dict) else None
+    _require(kind in JOB_KINDS, f"not job settings: kind must be one of {', '.join(JOB_KINDS)}, not {kind!r}")
+    cls, values = JOB_KINDS[kind], {k: v for k, v in data.items() if k != "kind"}
+    nested = getattr(cls.__dataclass_fields__.get("settings"), "default_factory", None)  # Train/AuditSettings
+    try:
+        if nested is not None and isinstance(values.get("settings"), dict):
+            values["settings"] = nested(**values["settings"])
+        return cls(**values)
+    except TypeError as exc:
+        raise ValueError(f"{kind} settings: {exc}") from None
