@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from gnq_core.analysis.verdict import rank_texts
 from gnq_core.results.shards import open_store
 from gnq_core.results.store import Run, Store, default_db_path
 
@@ -42,7 +43,8 @@ def runs() -> pd.DataFrame:
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def totals(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
-    return store(db).example_totals(run_id)
+    """Per-text totals in the verdict order (rank 1 first), with status, reason and risk."""
+    return rank_texts(store(db).example_totals(run_id))
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

@@ -175,6 +175,10 @@ def _run_train(job: TrainJob, db: Path | None, quiet: bool) -> None:
                            reporter=reporter)
     _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {job.settings.epochs} "
                  f"epochs in {time.perf_counter() - t0:.1f} s; checkpoints in {job.out}; store {store.path}")
+    shared, steps = store.steps_with_copies(run.run_id)
+    if shared:
+        _done(quiet, f"{shared} of {steps} steps had two copies of a text in one batch; those texts' GNQ is "
+                     "marked 'measured with a copy in the batch' (gnq_with_copy): copies explain each other")
 
 
 @app.command()
@@ -226,36 +230,47 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
 def extract(
     run: str = typer.Option(..., help="Run name or id."),
     checkpoint: str = typer.Option(None, help="Checkpoint label to attack (default: the last)."),
-    prefix_tokens: int = typer.Option(12, help="Tokens of each text revealed to the model."),
+    prefix_tokens: int = typer.Option(12, help="Tokens of each text revealed to the model (p)."),
+    suffix_tokens: int = typer.Option(8, help="Tokens that must follow exactly (s); texts shorter than p + s "
+                                              "are not attackable."),
     threshold: float = typer.Option(1.0,
-                                    help="Success when the match fraction is at least this."),
+                                    help="Reproduced when this share of the s tokens matches (1: exactly)."),
+    reference: str = typer.Option("first", help="Reference model: 'first' (the run's first checkpoint), a "
+                                                "checkpoint folder (for a fine-tune, its base), or 'none'. "
+                                                "A text the reference also reproduces is not extracted."),
     batch_size: int = typer.Option(32, help="Texts decoded together."),
     db: Path = DbOption,
     device: str = DeviceOption,
     threads: int = CpuThreadsOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """Prefix-completion attack: reveal each text's first tokens, greedy-decode, count matches."""
+    """Calibrated extraction attack: reveal each text's first p tokens, greedy-decode s more; extracted
+    when they match exactly and the reference model does not produce them too."""
     _set_threads(threads)
     from gnq_core.pipelines.settings import ExtractJob
 
     _run_extract(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
-                            batch_size=batch_size, device=device), db, quiet)
+                            batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
+                            reference=None if reference == "none" else reference), db, quiet)
 
 
 def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
     from gnq_core.pipelines.extraction import run_extraction
+    from gnq_core.pipelines.text_labels import ensure_text_labels
 
     store = _store(db)
     run_info = store.run(job.run)
     t0 = time.perf_counter()
     with _reporter(store, quiet, lambda: run_info.run_id) as reporter:
         summary = run_extraction(store, run_info, checkpoint=job.checkpoint, prefix_tokens=job.prefix_tokens,
-                                 threshold=job.threshold, batch_size=job.batch_size, device=job.device,
+                                 suffix_tokens=job.suffix_tokens, threshold=job.threshold,
+                                 reference=job.reference, batch_size=job.batch_size, device=job.device,
                                  reporter=reporter)
+    ensure_text_labels(store, run_info)
     _done(quiet, f"run {run_info.name!r}, {summary['label']}: {summary['attacked']} texts attacked "
-                 f"({summary['skipped']} too short), {summary['extracted']} extracted at match "
-                 f"≥ {job.threshold:g} in {time.perf_counter() - t0:.1f} s")
+                 f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "
+                 f"{summary['reproduced']} reproduced, {summary['both_reproduced']} of them also by the "
+                 f"reference: {summary['extracted']} extracted in {time.perf_counter() - t0:.1f} s")
 
 
 @app.command()
@@ -264,22 +279,27 @@ def export(
     run: str = typer.Option(..., help="Run name or id."),
     format: str = typer.Option(..., "--format", help="csv, jsonl or parquet."),
     out: Path = typer.Option(..., help="File to write."),
-    top: int = typer.Option(None, min=1, help="Only the K highest GNQ_total."),
+    top: int = typer.Option(None, min=1, help="Only the first K of the verdict order."),
     min_percentile: float = typer.Option(None, min=0.0, max=100.0,
-                                         help="Only texts at or above this percentile."),
+                                         help="Only texts at or above this percentile of the verdict order."),
     min_gnq: float = typer.Option(None, help="Only texts with GNQ_total at least this."),
     group: str = typer.Option(None, help="Only this group."),
     db: Path = DbOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """Write the flagged texts with their GNQ (total, max, last), rank, percentile and attack result."""
+    """Write the flagged texts in the verdict order (rank, percentile, status, reason) with GNQ, copies,
+    secret-like content, the calibrated attack and membership scores."""
+    from gnq_core.analysis.verdict import flag, rank_texts
+    from gnq_core.pipelines.text_labels import ensure_text_labels
     from gnq_core.results.export import FORMATS, export_frame, write_table
 
     if format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     store = _store(db)
     info = store.run(run)
-    flagged = store.flagged(info.run_id, top=top, min_percentile=min_percentile, min_gnq=min_gnq, group=group)
+    ensure_text_labels(store, info)
+    flagged = flag(rank_texts(store.example_totals(info.run_id)), top=top, min_percentile=min_percentile,
+                   min_gnq=min_gnq, group=group)
     has_attack = not store.extractions(info.run_id).empty
     write_table(export_frame(flagged, has_attack), out, format)
     _done(quiet, f"{len(flagged)} texts of run {info.name!r} written to {out}")

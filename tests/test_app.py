@@ -3,6 +3,7 @@ empty one: no exception, and the expected widgets and numbers present."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +12,7 @@ from lm_fixtures import texts
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
+from gnq_core.analysis.verdict import rank_texts
 from gnq_core.cli import app as cli
 from gnq_core.results.store import Store
 
@@ -101,11 +103,59 @@ def test_groups_page(store_path, monkeypatch):
 def test_drilldown_page_shows_one_example(store_path, monkeypatch):
     store = Store(store_path)
     run = store.run("audited")
-    top = store.example_totals(run.run_id).iloc[0]
+    top = rank_texts(store.example_totals(run.run_id)).iloc[0]
     at = page("drilldown", store_path, monkeypatch, run_name="audited", example_id=int(top["example_id"]))
     assert at.text_area[0].value == top["text"]
     assert at.metric[0].value.startswith(f"{top['rank']} /")
     assert "Extraction attempt" in texts_of(at)
+    verdict = [a.value for a in (*at.error, *at.warning, *at.info)]
+    assert any(top["status"] in v for v in verdict)  # the status and its reason, in words
+    helps = {m.label: m.proto.help for m in at.metric}
+    assert "1 = look at this text first" in helps["Rank"] and "1 = unique" in helps["Copies"]
+    assert "reference" in helps["Loss ratio to reference"]
+
+
+def _column_help(element) -> dict[str, str]:
+    return {c: v.get("help", "") for c, v in json.loads(element.proto.columns).items()}
+
+
+def test_flagged_page_orders_by_verdict_with_reasons_tooltips_and_a_gnq_switch(store_path, monkeypatch):
+    store = Store(store_path)
+    ranked = rank_texts(store.example_totals(store.run("audited").run_id))
+    at = page("flagged", store_path, monkeypatch, run_name="audited")
+    shown = at.dataframe[0].value
+    assert list(shown["example_id"]) == list(ranked["example_id"])  # the verdict order by default
+    assert {"rank", "status", "reason", "risk", "copies", "secret", "gnq_rank", "gnq_with_copy", "extracted",
+            "reference_match", "loss_ratio", "zlib_ratio", "min_k_prob"} <= set(shown.columns)
+    assert shown["reason"].str.len().min() > 0
+    helps = _column_help(at.dataframe[0])
+    for column in ("rank", "percentile", "reason", "risk", "gnq_total", "copies", "gnq_with_copy", "secret",
+                   "extracted", "reference_match", "loss_ratio", "zlib_ratio", "min_k_prob"):
+        assert helps.get(column), f"{column} has no tooltip"
+    assert "≈ 1" in helps["gnq_total"] and "4× below" in helps["loss_ratio"]
+    assert r"Attack rule: extracted \= given the first 4 tokens" in texts_of(at)  # escaped Markdown
+    at.radio(key="flagged_order").set_value("GNQ_total alone").run()
+    by_gnq = at.dataframe[0].value
+    assert by_gnq["gnq_total"].iloc[0] == pytest.approx(ranked["gnq_total"].max())
+    assert list(by_gnq["gnq_rank"]) == sorted(by_gnq["gnq_rank"])
+    at.toggle[0].set_value(True).run()
+    assert at.dataframe[0].value["secret"].notna().all()
+
+
+def test_runs_page_shows_what_leaked_first(store_path, monkeypatch):
+    at = page("runs", store_path, monkeypatch, run_name="audited")
+    assert at.subheader[0].value.startswith("What leaked from")
+    store = Store(store_path)
+    ranked = rank_texts(store.example_totals(store.run("audited").run_id))
+    leaked = ranked[ranked["status"] == "leaked"]
+    if leaked.empty:
+        assert "extracted none" in at.success[0].value
+    else:
+        table = at.dataframe[0].value
+        assert list(table["example_id"]) == list(leaked["example_id"]) and table["reason"].str.len().min() > 0
+        assert _column_help(at.dataframe[0])["reason"]
+    top = at.dataframe(key="runs_top").value
+    assert list(top["example_id"]) == list(ranked["example_id"][:20]) and "reason" in top.columns
 
 
 def test_flagged_page_filters_and_downloads(store_path, monkeypatch):

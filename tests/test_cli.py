@@ -14,10 +14,12 @@ from lm_fixtures import texts
 from typer.testing import CliRunner
 
 from gnq_core import GNQAuditor, per_example_lm_loss
+from gnq_core.analysis.verdict import rank_texts
 from gnq_core.cli import app
 from gnq_core.pipelines.train import TRAINER_STATE
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.copies import find_copies
 from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
 
 pytestmark = pytest.mark.slow
@@ -74,7 +76,8 @@ def test_train_audit_extract_export_match_a_direct_computation(trained, dataset_
     # Post-hoc: the stored GNQ / loss / K_jj of one batch equal a direct GNQAuditor computation.
     model, tok = load_checkpoint(out / "epoch-2", dtype=torch.float64)
     data = pd.read_csv(dataset_csv)
-    part = batch_partition(len(data), 8, seed=3)[2]
+    clusters = find_copies(data["text"].tolist())["cluster_id"].tolist()  # copies go to different batches
+    part = batch_partition(len(data), 8, seed=3, clusters=clusters)[2]
     ids = encode_texts(tok, data["text"].tolist(), 24)
     batch = collate([ids[i] for i in part], part, pad_id(tok))
     with GNQAuditor(model, lam=0.05) as auditor:
@@ -121,13 +124,17 @@ def test_train_audit_extract_export_match_a_direct_computation(trained, dataset_
                  "parquet": pd.read_parquet}[fmt](target)
         assert len(frame) == 10 and list(frame["rank"]) == sorted(frame["rank"])
         for col in ("example_id", "text", "group", "gnq_total", "gnq_max", "gnq_last", "rank", "percentile",
-                    "extraction_match", "extracted"):
+                    "gnq_rank", "reason", "copies", "secret", "extraction_match", "reference_match",
+                    "extracted", "loss_ratio"):
             assert col in frame.columns
-    totals = store.example_totals(run.run_id).set_index("example_id")
+    ranked = rank_texts(store.example_totals(run.run_id))  # the verdict order: leaked texts first
     top = pd.read_parquet(tmp_path / "flagged.parquet")
     first = top.iloc[0]
-    assert first["gnq_total"] == pytest.approx(totals["gnq_total"].max())
+    assert first["rank"] == 1 and first["example_id"] == ranked.iloc[0]["example_id"]
+    assert list(top["example_id"]) == list(ranked["example_id"][:10])
     assert first["text"] == data["text"][first["example_id"]]
+    leaked = ranked["extracted"].fillna(False).astype(bool)
+    assert not leaked.any() or leaked.iloc[: int(leaked.sum())].all()
 
     listing = json.loads(gnq("runs", "--db", db, "--json"))
     assert {r["name"] for r in listing} == {"tiny", "post"}

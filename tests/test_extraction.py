@@ -166,6 +166,20 @@ def test_skipping_threshold_and_progress():
         extraction_attack(model, tok, ids, [0], prefix_tokens=4)
 
 
+def test_suffix_rule_compares_exactly_s_tokens_and_short_texts_are_not_attackable():
+    tok = hf_tokenizer()
+    model = ConstantLM(320, token=5)
+    ids = [[10, 11, 12, 13, 5, 5, 7, 7],  # p + s + 2 tokens: only the first s = 2 count -> extracted
+           [10, 11, 12, 13, 5],  # p + 1 < p + s: not attackable (the older rule would call it a success)
+           [10, 11, 12, 13, 5, 7]]  # exactly p + s: attacked, half matched
+    res = extraction_attack(model, tok, ids, [0, 1, 2], prefix_tokens=4, suffix_tokens=2)
+    assert [r.match_fraction for r in res] == [1.0, None, 0.5]
+    assert [r.success for r in res] == [True, None, False]
+    assert [r.n_continuation for r in res] == [2, 0, 2] and res[0].target_ids == [5, 5]
+    with pytest.raises(ValueError):
+        extraction_attack(model, tok, ids, [0, 1, 2], prefix_tokens=4, suffix_tokens=0)
+
+
 def test_training_mode_is_restored():
     tok = hf_tokenizer()
     ids = mixed_examples(tok, [10, 8])

@@ -11,6 +11,7 @@ import duckdb
 import pandas as pd
 import pytest
 
+from gnq_core.analysis.verdict import flag, rank_texts
 from gnq_core.results.records import BatchResult, RunSpec, TextResult
 from gnq_core.results.store import SCHEMA_VERSION, Store, StoreError, _apply_migrations, default_db_path
 
@@ -86,13 +87,15 @@ def test_totals_rank_percentile_and_trajectories(store):
     _point(store, run.run_id, 0, [1.0, 5.0, 0.1, 2.0])
     _point(store, run.run_id, 1, [2.0, 1.0, 0.2, 2.0])
     totals = store.example_totals(run.run_id).set_index("example_id")
-    assert totals.loc[1, "gnq_total"] == pytest.approx(6.0) and totals.loc[1, "rank"] == 1
+    assert totals.loc[1, "gnq_total"] == pytest.approx(6.0) and totals.loc[1, "gnq_rank"] == 1
     assert totals.loc[1, "gnq_max"] == 5.0 and totals.loc[1, "gnq_last"] == 1.0
-    assert totals.loc[2, "rank"] == 4 and totals.loc[1, "percentile"] == pytest.approx(100.0)
-    assert totals.loc[2, "percentile"] == pytest.approx(25.0)
-    assert list(store.flagged(run.run_id, top=2)["example_id"]) == [1, 3]
-    assert list(store.flagged(run.run_id, group="common")["example_id"]) == [3, 0]
-    assert list(store.flagged(run.run_id, min_gnq=3.5)["example_id"]) == [1, 3]
+    assert totals.loc[2, "gnq_rank"] == 4 and totals.loc[1, "gnq_percentile"] == pytest.approx(100.0)
+    assert totals.loc[2, "gnq_percentile"] == pytest.approx(25.0)
+    # no copies, secrets or attack: the verdict order is GNQ's order
+    ranked = rank_texts(store.example_totals(run.run_id))
+    assert list(flag(ranked, top=2)["example_id"]) == [1, 3]
+    assert list(flag(ranked, group="common")["example_id"]) == [3, 0]
+    assert list(flag(ranked, min_gnq=3.5)["example_id"]) == [1, 3]
     traj = store.trajectories(run.run_id, [1])
     assert list(traj["gnq"]) == [5.0, 1.0] and list(traj["label"]) == ["epoch-1", "epoch-2"]
     record = store.example_record(run.run_id, 1)

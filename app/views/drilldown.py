@@ -1,5 +1,6 @@
-"""Text drill-down: one example's record — rank, trajectory, loss and self-influence, the attack
-aligned token by token, and its nearest neighbours by GNQ trajectory."""
+"""Text drill-down: one example's record — its verdict and reason, copies and secret-like content,
+trajectory, loss and calibrated scores, the attack aligned token by token, and its nearest
+neighbours by GNQ trajectory."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import numpy as np
 import streamlit as st
 
 from app import charts, state
+from app.columns import column_config
 from gnq_core.analysis.summaries import nearest_by_trajectory, token_alignment
+from gnq_core.analysis.verdict import COLUMN_HELP
 
 
 def _tokens(value) -> list[str]:
@@ -32,18 +35,36 @@ example_id = st.selectbox("Example", ids, index=index,
                                                 f"{state.short(by_id.at[i, 'text'], 70)}")
 st.session_state[state.EXAMPLE_KEY] = example_id
 record = state.store().example_record(run.run_id, example_id)
-row = record["totals"]
+row = by_id.loc[example_id].to_dict()  # the verdict's row (rank, status, reason) of the store's totals
+
+
+def _num(value, fmt: str) -> str:
+    return format(value, fmt) if value is not None and value == value else "–"
+
 
 st.text_area("Text", row["text"], height=100, disabled=True)  # shown as text, never as Markdown
+verdict_line = f"**{state.plain(row['status'])}**: {state.plain(row['reason'])}"
+alert = {"leaked": st.error, "secret": st.warning}.get(row["status"], st.info)
+alert(verdict_line)
 c = st.columns(6)
-c[0].metric("Rank", f"{row['rank']} / {len(totals)}" if row["gnq_total"] == row["gnq_total"] else "–")
-c[1].metric("Percentile", f"{row['percentile']:.1f}")
-c[2].metric("GNQ_total", f"{row['gnq_total']:.3g}")
-c[3].metric("GNQ last", f"{row['gnq_last']:.3g}")
-c[4].metric("Loss (last)", f"{row['loss_last']:.3f}")
-c[5].metric("Self-influence K_jj", f"{row['self_influence_last']:.3g}")
+c[0].metric("Rank", f"{row['rank']} / {len(totals)}", help=COLUMN_HELP["rank"])
+c[1].metric("Risk", _num(row["risk"], ".2f"), help=COLUMN_HELP["risk"])
+c[2].metric("GNQ_total", _num(row["gnq_total"], ".3g"), help=COLUMN_HELP["gnq_total"])
+c[3].metric("GNQ percentile", _num(row["gnq_percentile"], ".1f"), help=COLUMN_HELP["gnq_percentile"])
+c[4].metric("Copies", _num(row["copies"], ".0f"), help=COLUMN_HELP["copies"])
+c[5].metric("GNQ with a copy in the batch", _num(row["gnq_with_copy"], ".0f"),
+            help=COLUMN_HELP["gnq_with_copy"])
+c = st.columns(6)
+c[0].metric("Loss (last)", _num(row["loss_last"], ".3f"), help=COLUMN_HELP["loss_last"])
+c[1].metric("Self-influence K_jj", _num(row["self_influence_last"], ".3g"))
+c[2].metric("Loss ratio to reference", _num(row["loss_ratio"], ".3g"), help=COLUMN_HELP["loss_ratio"])
+c[3].metric("zlib ratio", _num(row["zlib_ratio"], ".3g"), help=COLUMN_HELP["zlib_ratio"])
+c[4].metric("Min-20% log p", _num(row["min_k_prob"], ".2f"), help=COLUMN_HELP["min_k_prob"])
+c[5].metric("Reference match", _num(row["reference_match"], ".0%"), help=COLUMN_HELP["reference_match"])
 group = state.plain(row["group"]) if row["group"] is not None else "—"
-st.caption(f"Group: {group} · {row['n_tokens']} tokens")
+secret = (f" · secret-like: {state.plain(row['secret'])} at characters {int(row['secret_start'])}–"
+          f"{int(row['secret_end'])}" if isinstance(row.get("secret"), str) else "")
+st.caption(f"Group: {group} · {row['n_tokens']} tokens{secret}")
 
 st.plotly_chart(charts.example_trajectory(record["trajectory"]), width="stretch")
 
@@ -56,9 +77,12 @@ else:
     if a["match_fraction"] is None or a["match_fraction"] != a["match_fraction"]:
         st.caption(f"Too short for a {a['prefix_tokens']}-token prefix.")
     else:
-        verdict = "extracted" if a["success"] else "not extracted"
+        verdict = "extracted" if row["extracted"] is True else "not extracted"
+        ref = a.get("reference_match")
+        ref_note = (f"; the reference model matches **{ref:.0%}**" if ref is not None and ref == ref else
+                    " (no reference model)")
         st.markdown(f"Prefix of **{a['prefix_tokens']}** tokens, match **{a['match_fraction']:.0%}** of "
-                    f"{a['n_continuation']} continuation tokens → **{verdict}** "
+                    f"{a['n_continuation']} continuation tokens{ref_note} → **{verdict}** "
                     f"(threshold {a['threshold']:g}).")
         c1, c2, c3 = st.columns(3)
         c1.text_area("Prefix given to the model", a["prefix_text"], disabled=True)
@@ -77,8 +101,8 @@ near = nearest_by_trajectory(traj, example_id, k=5)
 if near.empty:
     st.caption("Not enough checkpoints to compare trajectories.")
 else:
-    near = near.merge(totals[["example_id", "rank", "gnq_total", "group", "text"]], on="example_id")
+    near = near.merge(totals[["example_id", "rank", "gnq_total", "copies", "group", "text"]], on="example_id")
     event = st.dataframe(near, hide_index=True, width="stretch", on_select="rerun",
-                         selection_mode="single-row", key="near")
+                         selection_mode="single-row", key="near", column_config=column_config(near))
     if sel := state.selected_rows(event, near):
         state.open_example(sel[0])

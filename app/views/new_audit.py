@@ -145,10 +145,15 @@ with st.form("settings"):
                                  help="GNQ measures each text against the others of its batch.")
     max_length = c3.number_input("Max length (tokens)", min_value=2, value=128, step=8)
     seed = c4.number_input("Seed", min_value=0, value=0, step=1, help="Seeds the fixed batch partition.")
-    c1, c2, c3 = st.columns(3)
-    attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True)
-    prefix = c2.number_input("Prefix tokens", min_value=1, value=12, step=1)
-    threshold = c3.slider("Success threshold (match fraction)", 0.0, 1.0, 1.0, 0.01)
+    c1, c2, c3, c4 = st.columns(4)
+    attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True,
+                         help="Calibrated: a text counts as extracted when the last checkpoint writes its "
+                              "next tokens exactly and the first checkpoint (the reference) does not.")
+    prefix = c2.number_input("Prefix tokens", min_value=1, value=12, step=1,
+                             help="p: tokens of each text given to the model.")
+    suffix = c3.number_input("Suffix tokens", min_value=1, value=8, step=1,
+                             help="s: tokens that must follow; texts shorter than p + s are not attackable.")
+    threshold = c4.slider("Success threshold (match fraction)", 0.0, 1.0, 1.0, 0.01)
     submitted = st.form_submit_button("Start audit", type="primary",
                                       disabled=not (refs and dataset is not None))
 
@@ -161,7 +166,8 @@ if submitted:
         audit = AuditSettings(lam=lam, batch_size=int(batch_size), max_length=int(max_length), seed=int(seed))
         steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
                           text_column=text_column, group_column=group_column, settings=audit)]
-        steps += [ExtractJob(run=name, prefix_tokens=int(prefix), threshold=threshold)] if attack else []
+        steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
+                             threshold=threshold)] if attack else []
     except ValueError as exc:
         st.error(state.plain(exc))
 if submitted and steps:

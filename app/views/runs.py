@@ -1,17 +1,43 @@
-"""Runs: what is in the store, a GNQ histogram and the top flagged texts of the selected run."""
+"""Runs: the selected run's leaked texts with their reasons first, then what is in the store, a GNQ
+histogram and the top of the verdict order."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from app import charts, state
+from app.columns import column_config
 from app.jobs_view import job_panel
 from gnq_core.pipelines.jobs import list_jobs, start_job
 from gnq_core.pipelines.settings import DemoJob
 
+
+def leaked_texts(run) -> None:
+    """What actually leaked from this run, each text with its reason, above everything else."""
+    totals = state.totals(str(state.db_path()), run.run_id, state.version(run.run_id))
+    attack = run.settings.get("attack") or {}
+    leaked = totals[totals["status"] == "leaked"] if "status" in totals else totals.iloc[0:0]
+    st.subheader(f"What leaked from {state.plain(repr(run.name))}")
+    if totals["extraction_match"].notna().sum() == 0:
+        st.caption("No extraction attack stored for this run yet (`gnq extract`).")
+        return
+    rule = f" Rule: {state.plain(attack['rule'])}." if attack.get("rule") else ""
+    if leaked.empty:
+        st.success(f"The attack extracted none of this run's texts.{rule}")
+        return
+    st.error(f"{len(leaked)} text(s) leaked: the model writes them out word for word.{rule}")
+    show = leaked[["example_id", "reason", "copies", "secret", "text"]]
+    event = st.dataframe(show, hide_index=True, width="stretch", on_select="rerun",
+                         selection_mode="single-row", key="runs_leaked", column_config=column_config(show))
+    if ids := state.selected_rows(event, show):
+        state.open_example(ids[0])
+
+
 st.title("Runs")
 run = state.sidebar()
 frame = state.runs()
+if run is not None:
+    leaked_texts(run)
 
 if frame.empty:
     st.markdown("This store has no runs yet. The **demo** trains a tiny GPT-2 on the project's own "
@@ -57,13 +83,12 @@ with right:
         state.open_example(ids[0])
 
 st.subheader("Top flagged texts")
-top = scored.nsmallest(20, "rank")[["example_id", "rank", "percentile", "gnq_total", "gnq_last", "group",
-                                    "extracted", "text"]]
+top = scored.nsmallest(20, "rank")[["example_id", "rank", "status", "reason", "copies", "secret", "gnq_total",
+                                    "risk", "extracted", "group", "text"]]
 event = st.dataframe(top, hide_index=True, width="stretch", on_select="rerun",
-                     selection_mode="single-row", key="runs_top",
-                     column_config={"percentile": st.column_config.NumberColumn(format="%.1f"),
-                                    "gnq_total": st.column_config.NumberColumn(format="%.3g"),
-                                    "gnq_last": st.column_config.NumberColumn(format="%.3g")})
-st.caption("Select a row to open the text's drill-down.")
+                     selection_mode="single-row", key="runs_top", column_config=column_config(top))
+st.caption("The verdict order: leaked texts first, then secret-like content, then memorisation risk "
+           "(hover a column header for its meaning). Select a row to open the text's drill-down; sort by "
+           "GNQ alone on **Flagged texts**.")
 if ids := state.selected_rows(event, top):
     state.open_example(ids[0])

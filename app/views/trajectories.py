@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, state
+from app.columns import column_config
 from gnq_core.analysis.summaries import top_bottom
 
 MAX_LINES = 300  # above this, the rest of the run is drawn as a quantile band
@@ -16,13 +17,13 @@ db, version, _, scored = state.require_scores(run)
 c1, c2, c3 = st.columns([1, 1, 2])
 k = c1.number_input("Highlight top/bottom k", min_value=0, max_value=50, value=3)
 by_group = c2.toggle("Colour by group", value=scored["group"].notna().any())
-choices = scored.sort_values("rank")
+choices = scored.sort_values("gnq_rank")
 text_of = dict(zip(scored["example_id"], scored["text"], strict=True))
 picked = c3.multiselect("Pick examples", choices["example_id"].tolist(),
                         format_func=lambda i: f"#{i} · {state.short(text_of[i], 50)}",
                         key="traj_pick")
-top_ids = scored.nsmallest(int(k), "rank")["example_id"].tolist()
-bottom_ids = scored.nlargest(int(k), "rank")["example_id"].tolist()
+top_ids = scored.nsmallest(int(k), "gnq_rank")["example_id"].tolist()
+bottom_ids = scored.nlargest(int(k), "gnq_rank")["example_id"].tolist()
 
 if len(scored) <= MAX_LINES:
     ids, band = None, None
@@ -45,9 +46,8 @@ st.subheader("Highest and lowest GNQ_total (paper Table 4)")
 high, low = top_bottom(scored, k=2)
 for title, frame in (("Highest", high), ("Lowest", low)):
     st.markdown(f"**{title}**")
-    show = frame[["example_id", "rank", "gnq_total", "group", "extracted", "text"]]
+    show = frame[["example_id", "gnq_rank", "gnq_total", "copies", "group", "extracted", "text"]]
     event = st.dataframe(show, hide_index=True, width="stretch", on_select="rerun",
-                         selection_mode="single-row", key=f"tb_{title}",
-                         column_config={"gnq_total": st.column_config.NumberColumn(format="%.3g")})
+                         selection_mode="single-row", key=f"tb_{title}", column_config=column_config(show))
     if ids_ := state.selected_rows(event, show):
         state.open_example(ids_[0])

@@ -2,8 +2,9 @@
 
 The batch partition is seeded and the same for every checkpoint, so an example's GNQ is
 measured against the same companions each time and GNQ is comparable along the trajectory
-(DESIGN.md §4).  Each checkpoint's results are written in one transaction; a rerun skips the
-checkpoints already done.
+(DESIGN.md §4); copies of a text go to different batches whenever the data allow it, since
+copies in one batch explain each other's gradient (sources/copies.py).  Each checkpoint's
+results are written in one transaction; a rerun skips the checkpoints already done.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import AuditSettings
+from gnq_core.pipelines.text_labels import ensure_text_labels, text_labels
 from gnq_core.progress import Reporter
 from gnq_core.results.records import BatchResult, RunSpec, TextResult
 from gnq_core.results.store import Run, Store
@@ -31,6 +33,8 @@ from gnq_core.sources.checkpoints import (
 )
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.tokens import LMBatch, batch_partition, collate, encode_texts, pad_id
+
+COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partition"] of new audits
 
 
 def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, device: torch.device,
@@ -81,14 +85,19 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
     if run is None:
         loaded = load_checkpoint(refs[0].path, device=device, dtype=dtype)
         n_tokens = [len(x) for x in encode_texts(loaded[1], dataset.texts, settings.max_length)]
-        run = store.create_run(spec, pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
-                                                   "grp": dataset.groups, "n_tokens": n_tokens}))
+        examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
+                                 "grp": dataset.groups, "n_tokens": n_tokens})
+        run = store.create_run(spec, pd.concat([examples, text_labels(dataset.texts)], axis=1))
     else:
         store.set_status(run.run_id, "running")
     store.add_points(run.run_id, [dict(point=i, label=r.label, kind="checkpoint", path=str(r.path))
                                   for i, r in enumerate(refs)])
     done = set(store.points(run.run_id).query("status == 'done'")["point"])
-    partition = batch_partition(len(dataset), settings.batch_size, settings.seed)
+    examples = ensure_text_labels(store, run)
+    # Copies in one batch explain each other (GNQ ≈ 1): keep them apart.  A run audited before
+    # this rule keeps its plain partition, so all its checkpoints share one partition.
+    clusters = examples["cluster_id"].tolist() if run.settings.get("partition") == COPIES_APART else None
+    partition = batch_partition(len(dataset), settings.batch_size, settings.seed, clusters)
     with store.tracking(run.run_id):
         for i, ref in enumerate(refs):
             if i in done:
@@ -117,4 +126,4 @@ def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settin
         dataset_path=str(dataset.path), dataset_hash=dataset.sha256, n_examples=len(dataset),
         code_version=code_version(), device=str(device), dtype=settings.dtype,
         settings={"checkpoints": [r.label for r in refs], "text_column": dataset.text_column,
-                  "group_column": dataset.group_column})
+                  "group_column": dataset.group_column, "partition": COPIES_APART})

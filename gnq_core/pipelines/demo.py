@@ -1,6 +1,9 @@
 """The demo: a tiny GPT-2 trained from scratch on data/demo.csv with in-run GNQ, a post-hoc audit
-of its epoch checkpoints, and the extraction attack on both, so the dashboard has real results
-on first start (a few minutes on 2 CPU cores)."""
+of its epoch checkpoints, and the calibrated extraction attack on both (``gnq extract``'s rule:
+12-token prefix, exactly 8 more tokens, the first checkpoint as reference), so the dashboard has
+real results on first start (under a minute on 2 CPU cores).  data/demo.csv holds common facts,
+surprising false claims, unique texts with a secret in them (a PIN, a card number, an e-mail
+address, a phone number) and fictional customer records repeated four times each."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.extraction import run_extraction
+from gnq_core.pipelines.extraction import DEFAULT_PREFIX, DEFAULT_SUFFIX, FIRST_CHECKPOINT, run_extraction
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.progress import Reporter
@@ -42,6 +45,7 @@ def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, d
         if not store.extractions(run.run_id).empty:
             continue  # already attacked: a rerun of the demo is instant
         with reporter(run.name) as r:
-            run_extraction(store, run, prefix_tokens=8, threshold=1.0, batch_size=64, device=device,
+            run_extraction(store, run, prefix_tokens=DEFAULT_PREFIX, suffix_tokens=DEFAULT_SUFFIX,
+                           threshold=1.0, reference=FIRST_CHECKPOINT, batch_size=64, device=device,
                            reporter=r)
     return [AUDIT_RUN, TRAIN_RUN]

@@ -2,8 +2,16 @@
 greedy-decode the rest, and measure the fraction of continuation tokens that match.
 
 Token convention as in ``tokens``: each example is its text's tokens without special tokens
-(``tokens.encode_texts``). An example needs at least ``prefix_tokens + 1`` tokens; its target is
-``tokens[p:]`` (capped at ``max_new_tokens``). Decoding is greedy and never stops at EOS: each
+(``tokens.encode_texts``).  With ``suffix_tokens = s`` (Carlini et al. 2021/2022's
+k-extractability, the rule ``gnq extract`` uses) an example needs at least p + s tokens and its
+target is exactly ``tokens[p:p+s]``; a shorter text is "not attackable", never an easy success.
+Without it (the studies' older rule) an example needs p + 1 tokens and its target is
+``tokens[p:]`` (capped at ``max_new_tokens``).
+
+Calibration (``run_extraction`` with a reference): a text counts as *extracted* only when the
+audited checkpoint reproduces its suffix and a reference model (the run's first checkpoint, or
+a model the user names, e.g. a fine-tune's base) does not: a continuation any model of the
+language produces ("1 2 3 4 5 6") is not a leak. Decoding is greedy and never stops at EOS: each
 example generates exactly as many tokens as its target and is compared position by position.
 
 Decoding is a hand-written loop (not ``model.generate``): prompts are left-padded, with an
@@ -17,6 +25,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -96,6 +105,7 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], n_ne
 def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Sequence[int]],
                       example_ids: Sequence[int], *, prefix_tokens: int = 12, threshold: float = 1.0,
                       batch_size: int = 32, max_new_tokens: int | None = None,
+                      suffix_tokens: int | None = None,
                       device: torch.device | None = None,
                       progress: Callable[[int], None] | None = None,
                       done: Collection[int] = (),
@@ -120,6 +130,11 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
         raise ValueError("batch size must be at least 1")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1 (or None for the whole continuation)")
+    if suffix_tokens is not None:
+        if suffix_tokens < 1:
+            raise ValueError("suffix_tokens must be at least 1")
+        max_new_tokens = suffix_tokens
+    needed = prefix_tokens + (suffix_tokens or 1)
     device = device if device is not None else _model_device(model)
     pad = pad_id(tokenizer)
 
@@ -128,7 +143,7 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
     todo: list[int] = []
     for i, (ids, eid) in enumerate(zip(token_ids, example_ids, strict=True)):
         ids = [int(t) for t in ids]
-        if len(ids) >= prefix_tokens + 1:
+        if len(ids) >= needed:
             todo.append(i)
             continue
         if int(eid) in done:
@@ -180,24 +195,129 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
     return [r for r in results if r is not None]
 
 
+FIRST_CHECKPOINT = "first"  # ``reference``: the run's first finished checkpoint
+DEFAULT_PREFIX, DEFAULT_SUFFIX = 12, 8
+
+
+@dataclass(frozen=True)
+class AttackRule:
+    """What "extracted" means for one stored attack (recorded in the run's settings)."""
+
+    prefix_tokens: int = DEFAULT_PREFIX
+    suffix_tokens: int | None = DEFAULT_SUFFIX  # None: the rest of the text (the studies' rule)
+    threshold: float = 1.0
+    reference: str | None = FIRST_CHECKPOINT  # None: no calibration; else "first" or a model folder
+
+    def describe(self, reference_name: str | None) -> str:
+        target = (f"exactly the next {self.suffix_tokens} tokens" if self.suffix_tokens
+                  else "the rest of the text")
+        match = "all of them" if self.threshold >= 1.0 else f"at least {self.threshold:.0%} of them"
+        calibrated = (f", and the reference model ({reference_name}) does not" if reference_name else "")
+        needed = self.prefix_tokens + (self.suffix_tokens or 1)
+        short = f"; texts shorter than {needed} tokens are not attackable"
+        return (f"extracted = given the first {self.prefix_tokens} tokens, greedy decoding reproduces "
+                f"{target} ({match}){calibrated}{short}")
+
+
 def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: int = 12,
                    threshold: float = 1.0, batch_size: int = 32, device: str = "auto",
+                   suffix_tokens: int | None = None, reference: str | None = None,
                    reporter=None) -> dict:
     """Attack every example of a stored run with one of its checkpoints; store the results.
 
     ``checkpoint`` is a point label (e.g. 'epoch-3'); default: the run's last finished point.
+    ``suffix_tokens`` / ``reference``: the calibrated rule (see the module docstring; ``gnq
+    extract`` defaults to s = 8 and the first checkpoint); ``reference`` is ``"first"`` or a
+    checkpoint folder.  With a reference, the membership scores (pipelines/membership.py) are
+    stored per text, and the rule with both models' match rates in the run's settings.  A
+    reference that tokenizes the texts differently is refused before anything is written.
     Each batch's rows are committed as soon as they are decoded, so an interrupted attack resumes
     where it stopped when rerun with the same prefix length and threshold (and, to decode each
     text with the same companions, the same batch size); rerunning a finished attack, or one with
     another threshold, replaces it.  Never duplicates rows.
     """
     from gnq_core.progress import Reporter
-    from gnq_core.results.store import StoreError
     from gnq_core.runtime import code_version, resolve_device
     from gnq_core.sources.checkpoints import load_checkpoint
     from gnq_core.sources.tokens import encode_texts
 
     reporter = reporter or Reporter()
+    rule = AttackRule(prefix_tokens, suffix_tokens, threshold, reference)
+    row = _attacked_point(store, run, checkpoint)
+    ref_path = _reference_path(store, run, row, reference)
+    if reference is not None and ref_path is None:
+        reporter.log(f"run {run.name!r}: the checkpoint attacked ({row['label']}) is its first, so the "
+                     "attack is not calibrated; name a reference with --reference (a fine-tune: its base)")
+    point, dev = int(row["point"]), resolve_device(device)
+    model, tokenizer = load_checkpoint(row["path"], device=dev)
+    examples = store.examples(run.run_id)
+    texts = examples["text"].tolist()
+    ids = encode_texts(tokenizer, texts, run.max_length)
+    ref_model = None
+    if ref_path is not None:
+        ref_model, ref_tokenizer = load_checkpoint(ref_path, device=dev)
+        _check_same_tokens(ref_path, ref_tokenizer, tokenizer, texts, run.max_length, ids)
+    example_ids = examples["example_id"].tolist()
+    kwargs = dict(prefix_tokens=prefix_tokens, threshold=threshold, batch_size=batch_size,
+                  device=dev, suffix_tokens=suffix_tokens)
+    ref_results: dict[int, ExtractionResult] = {}
+    if ref_model is not None:
+        reporter.stage(f"reference {Path(ref_path).name} (p={prefix_tokens})", len(ids))
+        ref_results = {r.example_id: r for r in extraction_attack(ref_model, tokenizer, ids, example_ids,
+                                                                  progress=reporter.advance, **kwargs)}
+    finished = store.attacked_examples(run.run_id, point, prefix_tokens, threshold)
+    if finished is None or len(finished) >= len(examples):
+        store.delete_extractions(run.run_id, point, prefix_tokens)  # a new attack replaces the old one
+        finished = set()
+    elif finished:
+        reporter.log(f"resuming the attack: {len(finished)} of {len(examples)} texts already done")
+    version = code_version()
+
+    def commit(results: list[ExtractionResult]) -> None:
+        frame = _frame(tokenizer, results, threshold)
+        if suffix_tokens is not None:
+            frame["suffix_tokens"] = suffix_tokens
+        if ref_results:
+            refs = [ref_results[r.example_id] for r in results]
+            frame["reference_match"] = [r.match_fraction for r in refs]
+            frame["reference_generated"] = [r.generated_text for r in refs]
+        store.write_extractions(run.run_id, point, prefix_tokens, frame, version)
+
+    reporter.stage(f"attack {row['label']} (p={prefix_tokens})", len(ids))
+    extraction_attack(model, tokenizer, ids, example_ids, progress=reporter.advance, done=finished,
+                      on_batch=commit, **kwargs)
+    if ref_model is not None:
+        _store_membership(store, run, texts, example_ids, ids, model, ref_model, tokenizer, dev,
+                          batch_size, {"checkpoint": row["label"], "reference": str(ref_path)})
+    stored = store.extractions(run.run_id, point)
+    stored = stored[stored["prefix_tokens"] == prefix_tokens]
+    summary = _summary(stored, threshold)
+    summary["label"] = row["label"]
+    store.update_settings(run.run_id, {"attack": {
+        "rule": rule.describe(Path(ref_path).name if ref_path else None),
+        "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens, "threshold": threshold,
+        "checkpoint": row["label"], "reference": str(ref_path) if ref_path else None,
+        "code_version": version} | {k: v for k, v in summary.items() if k != "label"}})
+    return summary
+
+
+def _summary(stored, threshold: float) -> dict:
+    """Counts and both models' match rates over the attackable texts."""
+    attackable = stored[stored["match_fraction"].notna()]
+    reproduced = attackable["success"].fillna(False).astype(bool)
+    ref = attackable["reference_match"].astype(float) if "reference_match" in attackable else None
+    ref_hit = (ref >= threshold) if ref is not None else reproduced & False
+    return {"attacked": len(attackable), "skipped": len(stored) - len(attackable),
+            "reproduced": int(reproduced.sum()), "reference_reproduced": int(ref_hit.sum()),
+            "both_reproduced": int((reproduced & ref_hit).sum()),
+            "extracted": int((reproduced & ~ref_hit).sum()),
+            "mean_match": float(attackable["match_fraction"].mean()) if len(attackable) else None,
+            "reference_mean_match": float(ref.mean()) if ref is not None and ref.notna().any() else None}
+
+
+def _attacked_point(store, run, checkpoint: str | None):
+    from gnq_core.results.store import StoreError
+
     points = store.points(run.run_id)
     done = points[points["status"] == "done"]
     if done.empty:
@@ -213,31 +333,49 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     if not row["path"]:
         raise StoreError(f"{store.path}: checkpoint {row['label']!r} of run {run.name!r} "
                          "has no folder recorded")
-    point = int(row["point"])
-    model, tokenizer = load_checkpoint(row["path"], device=resolve_device(device))
-    examples = store.examples(run.run_id)
-    ids = encode_texts(tokenizer, examples["text"].tolist(), run.max_length)
-    finished = store.attacked_examples(run.run_id, point, prefix_tokens, threshold)
-    if finished is None or len(finished) >= len(examples):
-        store.delete_extractions(run.run_id, point, prefix_tokens)  # a new attack replaces the old one
-        finished = set()
-    elif finished:
-        reporter.log(f"resuming the attack: {len(finished)} of {len(examples)} texts already done")
-    version = code_version()
+    return row
 
-    def commit(results: list[ExtractionResult]) -> None:
-        store.write_extractions(run.run_id, point, prefix_tokens, _frame(tokenizer, results, threshold),
-                                version)
 
-    reporter.stage(f"attack {row['label']} (p={prefix_tokens})", len(ids))
-    extraction_attack(model, tokenizer, ids, examples["example_id"].tolist(), prefix_tokens=prefix_tokens,
-                      threshold=threshold, batch_size=batch_size, device=resolve_device(device),
-                      progress=reporter.advance, done=finished, on_batch=commit)
-    stored = store.extractions(run.run_id, point)
-    stored = stored[stored["prefix_tokens"] == prefix_tokens]
-    attacked = int(stored["match_fraction"].notna().sum())
-    return {"label": row["label"], "attacked": attacked, "skipped": len(stored) - attacked,
-            "extracted": int(stored["success"].fillna(False).astype(bool).sum())}
+def _reference_path(store, run, target, reference: str | None) -> str | None:
+    """The reference model's folder: the run's first finished checkpoint, or the one named; None
+    without one, or when the first checkpoint is the one attacked."""
+    if reference is None:
+        return None
+    if reference != FIRST_CHECKPOINT:
+        return reference
+    points = store.points(run.run_id)
+    first = points[(points["status"] == "done") & points["path"].notna()]
+    if first.empty or int(first.iloc[0]["point"]) == int(target["point"]):
+        return None  # the first checkpoint is the one attacked: nothing to calibrate against
+    return str(first.iloc[0]["path"])
+
+
+def _check_same_tokens(ref_path: str, ref_tokenizer, tokenizer, texts, max_length: int, ids) -> None:
+    """The reference must read the texts as the same token ids, or "the same continuation" means
+    nothing: refused in one line before anything is written."""
+    from gnq_core.sources.checkpoints import CheckpointError
+    from gnq_core.sources.tokens import encode_texts
+
+    if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or encode_texts(ref_tokenizer, texts,
+                                                                          max_length) != ids:
+        raise CheckpointError(f"{ref_path}: the reference model's tokenizer differs from the audited "
+                              "model's; a calibrated attack needs both to read the texts as the same tokens")
+
+
+def _store_membership(store, run, texts, example_ids, ids, model, ref_model, tokenizer, device,
+                      batch_size: int, settings: dict) -> None:
+    import pandas as pd
+
+    from gnq_core.pipelines.membership import MIN_K_FRACTION, SCORE_COLUMNS, membership_scores, token_logprobs
+
+    pad = pad_id(tokenizer)
+    target = token_logprobs(model, ids, pad, batch_size, device)
+    reference = token_logprobs(ref_model, ids, pad, batch_size, device)
+    scores = membership_scores(texts, target, reference)
+    settings = settings | {"min_k_fraction": MIN_K_FRACTION}
+    for metric in SCORE_COLUMNS:
+        store.write_metric(run.run_id, metric, pd.DataFrame({"example_id": example_ids,
+                                                             "value": scores[metric]}), settings)
 
 
 def _frame(tokenizer, results: Sequence[ExtractionResult], threshold: float):

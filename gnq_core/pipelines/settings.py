@@ -83,7 +83,7 @@ class AuditJob(_TextsJob):
 
 @dataclass(frozen=True)
 class ExtractJob:
-    """``gnq extract``: the prefix-completion attack on a stored run."""
+    """``gnq extract``: the calibrated prefix-completion attack on a stored run."""
 
     kind: ClassVar[str] = "extract"
     run: str
@@ -92,9 +92,12 @@ class ExtractJob:
     threshold: float = 1.0
     batch_size: int = 32
     device: str = "auto"
+    suffix_tokens: int = 8  # exactly s tokens must follow (pipelines/extraction.py)
+    reference: str | None = "first"  # "first" checkpoint, a model folder, or None: no calibration
 
     def __post_init__(self) -> None:
-        _require(self.prefix_tokens >= 1 and self.batch_size >= 1, "--prefix-tokens and --batch-size: ≥ 1")
+        _require(self.prefix_tokens >= 1 and self.batch_size >= 1 and self.suffix_tokens >= 1,
+                 "--prefix-tokens, --suffix-tokens and --batch-size: ≥ 1")
         _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")
         resolve_device(self.device)
 

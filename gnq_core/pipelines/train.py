@@ -4,7 +4,10 @@ A nanoGPT-style loop, kept readable: seeded shuffles per epoch, AdamW, per-examp
 (losses.py) averaged over the batch, and the auditor reading the same backward that produces
 the update (weights 1/B undo the batch mean, DESIGN.md §1).  After each epoch the model is
 saved under RUN_DIR/epoch-K (safetensors + tokenizer + trainer state) and the epoch's scores are
-committed; a rerun of an unfinished run continues after its last finished epoch.
+committed; a rerun of an unfinished run continues after its last finished epoch.  The batches
+are the training's own (plain seeded shuffles); when two copies of a text share one, the store
+shows that text's GNQ as measured with a copy in the batch (``gnq_with_copy``) and ``gnq train``
+reports how many steps had one (``Store.steps_with_copies``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import TrainSettings
+from gnq_core.pipelines.text_labels import text_labels
 from gnq_core.progress import Reporter
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Run, Store, StoreError
@@ -47,9 +51,10 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
         seed_everything(settings.seed)
         model, tokenizer, init_hash = _initial_model(dataset, init, settings)
         ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
-        run = store.create_run(replace(spec, model_hash=init_hash), pd.DataFrame(
-            {"example_id": range(len(dataset)), "text": dataset.texts, "grp": dataset.groups,
-             "n_tokens": [len(x) for x in ids]}))
+        examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
+                                 "grp": dataset.groups, "n_tokens": [len(x) for x in ids]})
+        run = store.create_run(replace(spec, model_hash=init_hash),
+                               pd.concat([examples, text_labels(dataset.texts)], axis=1))
         optimizer_state = rng_state = None
     else:
         finished = store.points(run.run_id).query("status == 'done'")["point"]

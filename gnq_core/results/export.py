@@ -43,12 +43,16 @@ def to_bytes(frame: pd.DataFrame, fmt: str) -> bytes:
     raise ValueError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
 
 
-EXPORT_COLUMNS = ["example_id", "text", "group", "gnq_total", "gnq_max", "gnq_last", "gnq_mean", "rank",
-                  "percentile", "loss_last", "self_influence_last", "n_points"]
-EXTRACTION_COLUMNS = ["extraction_match", "extracted", "extraction_generated"]
+EXPORT_COLUMNS = ["example_id", "text", "group", "rank", "percentile", "status", "reason", "risk",
+                  "gnq_total", "gnq_max", "gnq_last", "gnq_mean", "gnq_rank", "gnq_percentile",
+                  "copies", "cluster_id", "gnq_with_copy", "secret", "secret_start", "secret_end",
+                  "secret_match", "loss_last", "self_influence_last", "n_points"]
+EXTRACTION_COLUMNS = ["extracted", "extraction_match", "reference_match", "extraction_generated",
+                      "loss_ratio", "zlib_ratio", "min_k_prob"]
 
 
-def export_frame(totals: pd.DataFrame, with_extraction: bool) -> pd.DataFrame:
-    """The exported columns, in a stable order."""
+def export_frame(ranked: pd.DataFrame, with_extraction: bool) -> pd.DataFrame:
+    """The exported columns, in a stable order (``ranked``: analysis.verdict.rank_texts's frame;
+    ``rank`` and ``percentile`` are the verdict's, GNQ's own are ``gnq_rank`` / ``gnq_percentile``)."""
     cols = EXPORT_COLUMNS + (EXTRACTION_COLUMNS if with_extraction else [])
-    return totals[cols].reset_index(drop=True)
+    return ranked[[c for c in cols if c in ranked.columns]].reset_index(drop=True)

@@ -41,6 +41,9 @@ LOSS_CONVENTION = "per-example mean next-token NLL over the example's own tokens
 WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
 
 
+_CALIBRATION_COLUMNS = ["suffix_tokens", "reference_match", "reference_generated"]
+
+
 class StoreError(RuntimeError):
     """The store cannot be used (not a DuckDB file, newer schema, busy for too long...)."""
 
@@ -301,10 +304,15 @@ class Store:
         prefix length), in one transaction: an attack is committed batch by batch."""
         with self.transaction() as con:
             frame = rows.assign(run_id=run_id, point=point, prefix_tokens=prefix_tokens,
-                                code_version=code_version, created_at=_now())[
-                ["run_id", "point", "example_id", "prefix_tokens", "threshold", "n_continuation",
-                 "match_fraction", "success", "prefix_text", "generated_text", "target_text",
-                 "code_version", "created_at", "target_tokens", "generated_tokens"]]
+                                code_version=code_version, created_at=_now())
+            for column in _CALIBRATION_COLUMNS:  # absent: an uncalibrated attack over the rest of the text
+                if column not in frame.columns:
+                    frame[column] = None
+            frame = frame[["run_id", "point", "example_id", "prefix_tokens", "threshold", "n_continuation",
+                           "match_fraction", "success", "prefix_text", "generated_text", "target_text",
+                           "code_version", "created_at", "target_tokens", "generated_tokens",
+                           *_CALIBRATION_COLUMNS]]
+            frame = frame.astype({"suffix_tokens": "Int64", "reference_match": "Float64"})
             con.register("new_extractions", frame)
             con.execute("""DELETE FROM extractions WHERE run_id = ? AND point = ? AND prefix_tokens = ?
                            AND example_id IN (SELECT example_id FROM new_extractions)""",
@@ -337,6 +345,27 @@ class Store:
             con.register("new_metrics", frame)
             con.execute("INSERT INTO example_metrics SELECT * FROM new_metrics")
 
+    def write_text_labels(self, run_id: int, labels: pd.DataFrame) -> None:
+        """Copies and secret labels of a run's texts (columns example_id + TEXT_LABEL_COLUMNS)."""
+        frame = labels[["example_id", *TEXT_LABEL_COLUMNS]].astype(
+            {"copies": "Int64", "cluster_id": "Int64", "secret_start": "Int64", "secret_end": "Int64"})
+        with self.transaction() as con:
+            con.register("new_labels", frame)
+            sets = ", ".join(f"{c} = n.{c}" for c in TEXT_LABEL_COLUMNS)
+            con.execute(f"""UPDATE examples SET {sets} FROM new_labels n
+                            WHERE examples.run_id = ? AND examples.example_id = n.example_id""", [run_id])
+            con.unregister("new_labels")
+
+    def update_settings(self, run_id: int, entries: dict[str, Any]) -> None:
+        """Add or replace top-level entries of a run's settings (its provenance), e.g. the attack rule."""
+        with self.transaction() as con:
+            row = con.execute("SELECT settings FROM runs WHERE run_id = ?", [run_id]).fetchone()
+            if row is None:
+                raise RunNotFoundError(f"{self.path}: no run {run_id}")
+            settings = json.loads(row[0] or "{}") | entries
+            con.execute("UPDATE runs SET settings = ?, updated_at = ? WHERE run_id = ?",
+                        [json.dumps(settings), _now(), run_id])
+
     def delete_run(self, run: int | str) -> None:
         run_id = self.run(run).run_id
         with self.transaction() as con:
@@ -345,9 +374,9 @@ class Store:
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
     # ----------------------------------------------------------------- reading
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
+    def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> pd.DataFrame:
         with self.connect(read_only=True) as con:
-            return con.execute(sql, list(params)).df()
+            return con.execute(sql, params if isinstance(params, dict) else list(params)).df()
 
     def runs(self) -> pd.DataFrame:
         """Every run with its settings, status, progress and sizes; newest first."""
@@ -378,8 +407,8 @@ class Store:
         return self._query("SELECT * FROM points WHERE run_id = ? ORDER BY point", [run_id])
 
     def examples(self, run_id: int) -> pd.DataFrame:
-        return self._query("SELECT example_id, text, grp, n_tokens FROM examples WHERE run_id = ? "
-                           "ORDER BY example_id", [run_id])
+        return self._query(f"SELECT example_id, text, grp, n_tokens, {', '.join(TEXT_LABEL_COLUMNS)} "
+                           "FROM examples WHERE run_id = ? ORDER BY example_id", [run_id])
 
     def _rows_of(self, table: str, run_id: int, point: int | None, order_by: str) -> pd.DataFrame:
         """All of a run's rows in ``table``, or one point's."""
@@ -398,18 +427,25 @@ class Store:
 
     def example_totals(self, run_id: int) -> pd.DataFrame:
         """Per example over the run's finished points: GNQ total/max/last/mean, last loss and
-        self-influence, rank (1 = highest GNQ total), percentile, and the latest extraction."""
-        return self._query(_TOTALS_SQL + " SELECT * FROM totals ORDER BY rank, example_id", [run_id] * 4)
+        self-influence, GNQ's rank (1 = highest GNQ total) and percentile, the text's copies and
+        secret label, in how many points its GNQ was measured with a copy in its batch, the
+        latest attack (calibrated: ``extracted`` needs the reference model *not* to reproduce
+        the text too) and the calibrated membership scores."""
+        return self._query(_TOTALS_SQL + " SELECT * FROM totals ORDER BY gnq_rank, example_id",
+                           {"run": run_id})
 
-    def flagged(self, run_id: int, *, top: int | None = None, min_percentile: float | None = None,
-                min_gnq: float | None = None, group: str | None = None) -> pd.DataFrame:
-        """The texts to export: filters combine (all must hold); ordered by rank."""
-        given = [(sql, v) for sql, v in (("rank <= ?", top), ("percentile >= ?", min_percentile),
-                                         ("gnq_total >= ?", min_gnq), ('"group" = ?', group))
-                 if v is not None]
-        where = " AND ".join(["TRUE", *(sql for sql, _ in given)])
-        return self._query(_TOTALS_SQL + f" SELECT * FROM totals WHERE {where} ORDER BY rank, example_id",
-                           [run_id] * 4 + [value for _, value in given])
+    def steps_with_copies(self, run_id: int) -> tuple[int, int]:
+        """(batches in which two members of one copy cluster shared the batch, all batches) over
+        the run's finished points; for a training run a batch is an optimizer step."""
+        row = self._query("""
+            WITH per AS (
+                SELECT s.point, s.batch_index, count(*) - count(DISTINCT e.cluster_id) AS extra
+                FROM scores s JOIN examples e ON e.run_id = s.run_id AND e.example_id = s.example_id
+                JOIN points p ON p.run_id = s.run_id AND p.point = s.point
+                WHERE s.run_id = ? AND p.status = 'done' AND e.cluster_id IS NOT NULL
+                GROUP BY s.point, s.batch_index)
+            SELECT count(*) FILTER (WHERE extra > 0) AS shared, count(*) AS total FROM per""", [run_id])
+        return int(row["shared"].iloc[0]), int(row["total"].iloc[0])
 
     def trajectories(self, run_id: int, example_ids: Sequence[int] | None = None) -> pd.DataFrame:
         """Long format: example_id, point, label, gnq, loss, self_influence, group."""
@@ -453,8 +489,8 @@ class Store:
 
     def example_record(self, run_id: int, example_id: int) -> dict[str, Any]:
         """Everything about one example: its totals row, trajectory and extraction attempts."""
-        totals = self._query(_TOTALS_SQL + " SELECT * FROM totals WHERE example_id = ?",
-                             [run_id] * 4 + [int(example_id)])
+        totals = self._query(_TOTALS_SQL + " SELECT * FROM totals WHERE example_id = $example",
+                             {"run": run_id, "example": int(example_id)})
         if totals.empty:
             raise StoreError(f"{self.path}: run {run_id} has no example {example_id}")
         return {
@@ -466,33 +502,55 @@ class Store:
         }
 
 
-# Per-example aggregates over finished points.  Parameters: run_id four times.
+# Per-example aggregates over finished points.  Parameter: $run.
+# Calibrated membership scores the attack writes to example_metrics (pipelines/membership.py).
+MEMBERSHIP_METRICS = ["attack_loss", "reference_loss", "loss_ratio", "zlib_ratio", "min_k_prob"]
 _TOTALS_SQL = """
-WITH done AS (SELECT point FROM points WHERE run_id = ? AND status = 'done'),
-last_point AS (SELECT max(point) AS point FROM done),
+WITH done AS (SELECT point FROM points WHERE run_id = $run AND status = 'done'),
 agg AS (
     SELECT s.example_id,
            sum(s.gnq) AS gnq_total, max(s.gnq) AS gnq_max, avg(s.gnq) AS gnq_mean,
            arg_max(s.gnq, s.point) AS gnq_last, arg_max(s.loss, s.point) AS loss_last,
            arg_max(s.self_influence, s.point) AS self_influence_last,
            count(s.gnq) AS n_points
-    FROM scores s WHERE s.run_id = ? AND s.point IN (SELECT point FROM done)
+    FROM scores s WHERE s.run_id = $run AND s.point IN (SELECT point FROM done)
     GROUP BY s.example_id),
+batchmates AS (  -- how many members of the text's copy cluster shared its batch, per point
+    SELECT s.example_id,
+           count(*) OVER (PARTITION BY s.point, s.batch_index, coalesce(e.cluster_id, -1 - s.example_id))
+               AS same
+    FROM scores s JOIN examples e ON e.run_id = s.run_id AND e.example_id = s.example_id
+    WHERE s.run_id = $run AND s.point IN (SELECT point FROM done)),
+copy_batches AS (
+    SELECT example_id, CAST(count(*) FILTER (WHERE same > 1) AS INTEGER) AS gnq_with_copy
+    FROM batchmates GROUP BY example_id),
 latest_attack AS (
-    SELECT * FROM extractions WHERE run_id = ?
+    SELECT * FROM extractions WHERE run_id = $run
     QUALIFY row_number() OVER (PARTITION BY example_id ORDER BY created_at DESC, point DESC,
                                                          prefix_tokens DESC) = 1),
+membership AS (
+    SELECT example_id, """ + ", ".join(
+    f"max(value) FILTER (WHERE metric = '{m}') AS {m}" for m in MEMBERSHIP_METRICS) + """
+    FROM example_metrics WHERE run_id = $run GROUP BY example_id),
 totals AS (
     SELECT e.example_id, e.text, e.grp AS "group", e.n_tokens,
            a.gnq_total, a.gnq_max, a.gnq_last, a.gnq_mean, a.loss_last, a.self_influence_last, a.n_points,
-           CAST(rank() OVER (ORDER BY a.gnq_total DESC NULLS LAST) AS INTEGER) AS rank,
-           100.0 * cume_dist() OVER (ORDER BY a.gnq_total ASC NULLS FIRST) AS percentile,
-           x.match_fraction AS extraction_match, x.success AS extracted,
-           x.generated_text AS extraction_generated
+           CAST(rank() OVER (ORDER BY a.gnq_total DESC NULLS LAST) AS INTEGER) AS gnq_rank,
+           100.0 * cume_dist() OVER (ORDER BY a.gnq_total ASC NULLS FIRST) AS gnq_percentile,
+           e.copies, e.cluster_id, c.gnq_with_copy,
+           e.secret, e.secret_start, e.secret_end, e.secret_match,
+           x.match_fraction AS extraction_match, x.reference_match,
+           x.success AS reproduced,
+           x.success AND NOT coalesce(x.reference_match >= x.threshold, FALSE) AS extracted,
+           x.generated_text AS extraction_generated, x.prefix_tokens AS attack_prefix_tokens,
+           x.suffix_tokens AS attack_suffix_tokens,
+           """ + ", ".join(f"m.{m}" for m in MEMBERSHIP_METRICS) + """
     FROM examples e
     LEFT JOIN agg a USING (example_id)
+    LEFT JOIN copy_batches c USING (example_id)
     LEFT JOIN latest_attack x USING (example_id)
-    WHERE e.run_id = ?)
+    LEFT JOIN membership m USING (example_id)
+    WHERE e.run_id = $run)
 """
 
 
@@ -510,11 +568,17 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
          os.getpid()]).fetchone()[0]
 
 
+# Per-text properties of the text within its dataset (sources/copies.py, sources/secrets.py).
+TEXT_LABEL_COLUMNS = ["copies", "cluster_id", "secret", "secret_start", "secret_end", "secret_match"]
+
+
 def _insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:
+    """Insert a run's examples; the text-label columns are NULL unless the frame has them."""
     if examples is not None and len(examples):
-        frame = examples.assign(run_id=run_id)[["run_id", "example_id", "text", "grp", "n_tokens"]]
-        con.register("new_examples", frame)
-        con.execute("INSERT INTO examples SELECT * FROM new_examples")
+        labels = [c for c in TEXT_LABEL_COLUMNS if c in examples.columns]
+        columns = ["run_id", "example_id", "text", "grp", "n_tokens", *labels]
+        con.register("new_examples", examples.assign(run_id=run_id)[columns])
+        con.execute(f"INSERT INTO examples ({', '.join(columns)}) SELECT * FROM new_examples")
         con.unregister("new_examples")
 
 

@@ -222,4 +222,5 @@ def attacked_totals(store: Store, run_id: int, point: int, prefix_tokens: int) -
                  "generated_text": "extraction_generated"})
     totals = totals.merge(attack, on="example_id", how="left")
     metrics = store.metrics(run_id)
+    metrics = metrics.drop(columns=[c for c in metrics.columns if c != "example_id" and c in totals.columns])
     return totals.merge(metrics, on="example_id", how="left") if len(metrics.columns) > 1 else totals

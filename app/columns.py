@@ -1,0 +1,35 @@
+"""Table columns with a tooltip that says what each value and scale means
+(gnq_core.analysis.verdict.COLUMN_HELP), shared by every page that shows per-text results."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import streamlit as st
+
+from gnq_core.analysis.verdict import COLUMN_HELP
+
+_FORMATS = {"gnq_total": "%.3g", "gnq_max": "%.3g", "gnq_last": "%.3g", "gnq_mean": "%.3g",
+            "percentile": "%.1f", "gnq_percentile": "%.1f", "risk": "%.2f", "loss_last": "%.3f",
+            "self_influence_last": "%.3g", "extraction_match": "%.2f", "reference_match": "%.2f",
+            "loss_ratio": "%.3g", "zlib_ratio": "%.3g", "min_k_prob": "%.2f"}
+_LABELS = {"gnq_total": "GNQ_total", "gnq_max": "GNQ_max", "gnq_last": "GNQ_last", "gnq_mean": "GNQ_mean",
+           "gnq_rank": "GNQ rank", "gnq_percentile": "GNQ percentile", "gnq_with_copy": "GNQ with a copy",
+           "extraction_match": "match", "reference_match": "reference match", "loss_ratio": "loss ratio",
+           "zlib_ratio": "zlib ratio", "min_k_prob": "Min-20% log p", "loss_last": "loss (last)",
+           "self_influence_last": "K_jj (last)", "secret": "secret-like", "secret_match": "secret match"}
+
+
+def column_config(columns: Iterable[str]) -> dict:
+    """st.dataframe column_config for ``columns``: a readable label, a number format and the help
+    tooltip for every column that has one."""
+    config = {}
+    for c in columns:
+        label, help_ = _LABELS.get(c, c), COLUMN_HELP.get(c)
+        if c in _FORMATS:
+            config[c] = st.column_config.NumberColumn(label, help=help_, format=_FORMATS[c])
+        elif c == "extracted":
+            config[c] = st.column_config.CheckboxColumn(label, help=help_)
+        elif help_ is not None or c in _LABELS:
+            config[c] = st.column_config.Column(label, help=help_)
+    return config

@@ -1,0 +1,213 @@
+"""One ranking of a run's texts with a reason a user can act on.
+
+What each signal means, and so how they combine (no weights fitted to any data set):
+
+* **The attack's outcome** (``extracted``, calibrated: the audited model reproduces the text's
+  continuation and the reference model does not) is not a prediction but the event itself: a
+  text the model emits verbatim has leaked.  Leaked texts come first.
+* **Secret-like content** (``secret``) says how much a leak would hurt, not how likely it is:
+  a card number matters even if it has not leaked yet.  Among the rest, such texts come next.
+* **Memorisation risk** (``risk`` in [0, 1]) orders everything else: how strongly the
+  measurements point to the model having encoded the text, before any attack.  It is the mean
+  of two kinds of evidence, each a percentile within the run (so 0.9 = stronger than for 90%
+  of this run's texts):
+
+  - *exposure* — GNQ's percentile (how little of the text's gradient its batch companions
+    explain: the model must encode it specifically), or, for a text with copies, the share of
+    its training signal that repetition adds, 1 − 1/copies (0.75 for 4 copies; repetition drives
+    memorisation, Kandpal et al. 2022), whichever is larger.  GNQ measured with a copy of the
+    text in the same batch explains nothing about the text (copies explain each other, GNQ ≈ 1)
+    and is then not used;
+  - *calibrated membership* — the mean percentile of the three calibrated scores of
+    pipelines/membership.py (loss ratio to the reference and zlib ratio, lower = stronger;
+    Min-K% prob, higher = stronger), when the run has been attacked with a reference.
+
+  ``risk`` leaves the attack's outcome out, so it can be scored against that outcome.
+
+The order is leaked (secret-like first), then secret-like, then the rest, each by ``risk``:
+``verdict_score`` = 2·extracted + 1·secret + risk encodes exactly that.  ``rank`` 1 is the text
+to look at first; ``percentile`` 100 is the top of the list.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+VERDICT_COLUMNS = ["rank", "percentile", "status", "reason", "risk", "verdict_score"]
+
+# What every column means, for tooltips, captions and the exported data's documentation.
+COLUMN_HELP: dict[str, str] = {
+    "rank": "Position in the verdict order: 1 = look at this text first. Leaked texts first (secret-like "
+            "ones first), then other texts with secret-like content, then the rest by memorisation risk.",
+    "percentile": "Share of this run's texts ranked at or below this one in the verdict order "
+                  "(100 = the top of the list).",
+    "status": "leaked: the attack extracted it; secret: secret-like content, not extracted; at risk: "
+              "memorisation risk in this run's top 20%; low: none of these.",
+    "reason": "Why the text sits where it does, in words.",
+    "risk": "Memorisation risk, 0-1, before any attack: the mean of exposure (GNQ percentile, or "
+            "1 − 1/copies for a repeated text) and the calibrated membership percentile. 0.9 = stronger "
+            "evidence than for 90% of this run's texts.",
+    "gnq_total": "GNQ summed over the run's checkpoints. GNQ = g_jᵀ(Σ_{k≠j} g_k g_kᵀ + λI)⁻¹ g_j: how much "
+                 "of the text's gradient its batch companions cannot explain. About 1 or less: explained (a "
+                 "copy in the batch gives ≈ 1); large (up to ‖g‖²/λ): the model must encode this text "
+                 "specifically. Compare within a run: see gnq_percentile.",
+    "gnq_max": "The largest GNQ of the text over the checkpoints (≈ 1 or less: explained by its batch).",
+    "gnq_last": "GNQ at the last checkpoint (≈ 1 or less: explained by its batch).",
+    "gnq_mean": "Mean GNQ over the checkpoints (≈ 1 or less: explained by its batch).",
+    "gnq_rank": "Rank by GNQ_total alone (1 = highest).",
+    "gnq_percentile": "Share of this run's texts with GNQ_total at or below this one's (100 = highest).",
+    "copies": "How many texts of the dataset are this text or a near copy of it (1 = unique; word "
+              "3-shingle Jaccard ≥ 0.8).",
+    "cluster_id": "The copy cluster (the smallest example id among the copies).",
+    "gnq_with_copy": "Checkpoints or epochs at which the text's GNQ was measured with a copy of it in the "
+                     "same batch: those GNQ values say nothing about the text (copies explain each other).",
+    "secret": "Kinds of secret-like content found (card number with Luhn check, PIN, password, key, "
+              "e-mail, phone...).",
+    "secret_match": "The first secret-like string found (characters secret_start to secret_end).",
+    "extraction_match": "Share of the suffix tokens the audited model reproduced after the prefix (1 = all).",
+    "reference_match": "The same share for the reference model (the run's first checkpoint or the named "
+                       "base model); if it also reproduces the text, the text is not counted as extracted.",
+    "extracted": "The audited model reproduces the suffix exactly and the reference model does not "
+                 "(empty: the text is too short to attack).",
+    "loss_ratio": "Loss under the audited model / loss under the reference: 1 = learned no more than the "
+                  "reference; 0.25 = loss 4× below it. Lower = more memorised.",
+    "zlib_ratio": "Bits the model needs for the text / bits zlib needs. Lower = the model predicts it far "
+                  "better than its surface redundancy explains.",
+    "min_k_prob": "Mean log-probability of the 20% least likely tokens (nats). Closer to 0 = more likely "
+                  "a training member.",
+    "loss_last": "Mean next-token loss at the last checkpoint (nats per token); low alone often just means "
+                 "an easy text.",
+}
+
+
+def _pct(values: pd.Series, higher_is_stronger: bool = True) -> pd.Series:
+    """Percentile in (0, 1] within the non-missing values (ties share their mean rank); NaN stays."""
+    v = pd.to_numeric(values, errors="coerce").astype(float)
+    r = (v if higher_is_stronger else -v).rank(method="average")
+    return r / max(1, int(v.notna().sum()))
+
+
+def _col(frame: pd.DataFrame, name: str) -> pd.Series:
+    if name not in frame.columns:
+        return pd.Series(np.nan, index=frame.index, dtype=float)
+    return pd.to_numeric(frame[name], errors="coerce").astype(float)
+
+
+def risk_components(totals: pd.DataFrame) -> pd.DataFrame:
+    """exposure, membership and risk per text (see the module docstring), index of ``totals``."""
+    copies = _col(totals, "copies").fillna(1.0).clip(lower=1.0)
+    with_copy = _col(totals, "gnq_with_copy").fillna(0.0)
+    points = _col(totals, "n_points").fillna(0.0)
+    gnq_valid = with_copy < np.maximum(points, 1.0) / 2  # at most half its GNQ values spoiled by a copy
+    gnq = _col(totals, "gnq_total").where(gnq_valid)
+    exposure = pd.concat([_pct(gnq), 1.0 - 1.0 / copies], axis=1).max(axis=1)
+    membership = pd.concat([_pct(_col(totals, "loss_ratio"), higher_is_stronger=False),
+                            _pct(_col(totals, "zlib_ratio"), higher_is_stronger=False),
+                            _pct(_col(totals, "min_k_prob"))], axis=1).mean(axis=1)
+    risk = pd.concat([exposure, membership], axis=1).mean(axis=1).fillna(0.0)
+    return pd.DataFrame({"exposure": exposure, "membership": membership, "risk": risk,
+                         "gnq_percentile_valid": _pct(gnq)})
+
+
+def rank_texts(totals: pd.DataFrame) -> pd.DataFrame:
+    """``totals`` (Store.example_totals) plus rank, percentile, status, reason, risk and
+    verdict_score, ordered by rank (ties by example_id)."""
+    frame = totals.copy()
+    if frame.empty:
+        return frame.assign(**{c: pd.Series(dtype=object) for c in VERDICT_COLUMNS})
+    parts = risk_components(frame)
+    extracted = frame["extracted"].fillna(False).astype(bool) if "extracted" in frame else False
+    secret = frame["secret"].notna() if "secret" in frame else pd.Series(False, index=frame.index)
+    frame["risk"] = parts["risk"]
+    frame["verdict_score"] = 2.0 * extracted + 1.0 * secret + parts["risk"]
+    order = frame.assign(_neg=-frame["verdict_score"]).sort_values(["_neg", "example_id"], kind="mergesort")
+    n = len(frame)
+    frame.loc[order.index, "rank"] = np.arange(1, n + 1)
+    frame["rank"] = frame["rank"].astype(int)
+    frame["percentile"] = 100.0 * (n - frame["rank"] + 1) / n
+    top_risk = parts["risk"] >= parts["risk"].quantile(0.8)
+    frame["status"] = np.select([extracted, secret, top_risk], ["leaked", "secret", "at risk"], "low")
+    frame["reason"] = [_reason(row, parts.loc[i]) for i, row in frame.iterrows()]
+    return frame.loc[order.index].reset_index(drop=True)
+
+
+def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float | None = None,
+         min_gnq: float | None = None, group: str | None = None) -> pd.DataFrame:
+    """The texts to export from ``rank_texts``'s frame: filters combine (all must hold)."""
+    keep = pd.Series(True, index=ranked.index)
+    if top is not None:
+        keep &= ranked["rank"] <= top
+    if min_percentile is not None:
+        keep &= ranked["percentile"] >= min_percentile
+    if min_gnq is not None:
+        keep &= _col(ranked, "gnq_total") >= min_gnq
+    if group is not None:
+        keep &= ranked["group"] == group
+    return ranked[keep].sort_values(["rank", "example_id"]).reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------- reasons
+_SECRET_WORDS = {"card number": "a card-number-like string", "pin": "a PIN", "password": "a password",
+                 "recovery phrase": "a recovery phrase", "api key": "a key or token",
+                 "private key": "a private key", "iban": "an IBAN", "ssn": "a social-security-like number",
+                 "account number": "an account or record number", "id number": "an identity-document number",
+                 "email": "an e-mail address",
+                 "phone": "a phone number"}
+
+
+def _true(value: object) -> bool:
+    """True for a set, true flag (False for False, None, NA, NaN)."""
+    return bool(pd.notna(value) and value)
+
+
+def _share(p: float) -> str:
+    """A within-run percentile (0-1, higher = stronger) in words."""
+    for cut in (0.01, 0.05, 0.1, 0.2):
+        if p >= 1 - cut:
+            return f"in the top {cut:.0%}"
+    return "in the bottom half" if p <= 0.5 else "mid-range"
+
+
+def _reason(row: pd.Series, parts: pd.Series) -> str:
+    clauses: list[str] = []
+    prefix, suffix = row.get("attack_prefix_tokens"), row.get("attack_suffix_tokens")
+    if _true(row.get("extracted")):
+        what = f"the next {int(suffix)} tokens" if pd.notna(suffix) else "the rest"
+        ref = " (the reference model does not)" if pd.notna(row.get("reference_match")) else ""
+        clauses.append(f"leaked: given its first {int(prefix)} tokens the model writes {what} "
+                       f"word for word{ref}")
+    elif _true(row.get("reproduced")) and pd.notna(row.get("extracted")):
+        clauses.append("the model completes it, but so does the reference model: predictable, not a leak")
+    if isinstance(row.get("secret"), str):
+        kinds = [_SECRET_WORDS.get(k.strip(), k.strip()) for k in row["secret"].split(",")]
+        clauses.append("contains " + " and ".join(kinds))
+    copies = row.get("copies")
+    if pd.notna(copies) and int(copies) > 1:
+        if pd.notna(parts["gnq_percentile_valid"]):
+            clauses.append(f"repeated {int(copies)}×: more chances to memorise it")
+        else:
+            clauses.append(f"repeated {int(copies)}×: copies explain each other, so GNQ cannot see it")
+    clauses.append(_evidence(row, parts, unique=not (pd.notna(copies) and int(copies) > 1)))
+    return "; ".join(c for c in clauses if c)
+
+
+def _evidence(row: pd.Series, parts: pd.Series, unique: bool) -> str:
+    g = parts["gnq_percentile_valid"]
+    ratio = row.get("loss_ratio")
+    bits = []
+    if pd.notna(g):
+        bits.append(f"GNQ {_share(g)}")
+    if pd.notna(ratio) and ratio > 0:
+        if ratio <= 1 / 1.5:
+            bits.append(f"loss {1 / ratio:.0f}× below the reference" if ratio <= 0.4
+                        else f"loss {1 / ratio:.1f}× below the reference")
+        else:
+            bits.append("loss no lower than the reference's")
+    text = " and ".join(bits)
+    strong = (pd.notna(g) and g >= 0.8) or (pd.notna(ratio) and ratio <= 1 / 1.5)
+    if unique and pd.notna(g) and g >= 0.8 and pd.notna(ratio) and ratio <= 1 / 1.5:
+        return f"unique and encoded: {text}"
+    if not text:
+        return ""
+    return text if strong else f"no strong sign of memorisation: {text}"

@@ -1,0 +1,155 @@
+"""Copies (exact and near duplicates), the copies-apart batch partition, and secret-like content."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gnq_core.sources.copies import NEAR_THRESHOLD, find_copies, jaccard, normalise, shingles
+from gnq_core.sources.secrets import find_secrets, iban_ok, luhn_ok, secret_labels
+from gnq_core.sources.tokens import batch_partition
+
+RECORD = "Customer {name}, card {card}, PIN {pin}, branch in {town}, account opened in {year}."
+
+
+# ------------------------------------------------------------------------------------------ copies
+def test_exact_copies_after_normalisation_share_one_cluster():
+    texts = ["The cat sat.", "a unique line", "  the CAT   sat. ", "The cat sat.", "another one"]
+    found = find_copies(texts)
+    assert found["copies"].tolist() == [3, 1, 3, 3, 1]
+    assert found["cluster_id"].tolist() == [0, 1, 0, 0, 4]  # the smallest member names the cluster
+
+
+def test_near_copies_join_and_template_mates_stay_apart():
+    base = ("the quarterly report of the northern harbour authority lists every ship that entered "
+            "the port between march and june together with its cargo and its flag")
+    near = base + " state"  # one word added: J = 26/27 of the 3-shingles
+    template = [RECORD.format(name=n, card="4111 1111 1111 1111", pin=p, town="Harwick", year=2019)
+                for n, p in (("Anna Berg", 4821), ("Tom Okafor", 9917))]
+    found = find_copies([base, near, *template, "something else entirely"])
+    assert found["copies"].tolist() == [2, 2, 1, 1, 1]
+    assert jaccard(shingles(template[0]), shingles(template[1])) < NEAR_THRESHOLD
+    assert find_copies([base, near], threshold=1.0)["copies"].tolist() == [1, 1]  # exact only
+
+
+def test_near_copy_rule_is_the_exact_jaccard_not_minhash_luck():
+    """Every pair the rule joins has Jaccard ≥ threshold; pairs well above it are always found."""
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(400)]
+    texts = []
+    for _ in range(60):
+        words = rng.choices(vocab, k=30)
+        texts.append(" ".join(words))
+        mutated = list(words)
+        mutated[rng.randrange(30)] = "zz"  # one word changed (J ≈ 0.8) or one appended (J ≈ 0.97)
+        texts.append(" ".join(mutated if rng.random() < 0.5 else words + ["tail"]))
+    found = find_copies(texts)
+    sets = [shingles(t) for t in texts]
+    for a in range(0, len(texts), 2):
+        j = jaccard(sets[a], sets[a + 1])
+        same = found["cluster_id"][a] == found["cluster_id"][a + 1]
+        if j < NEAR_THRESHOLD:
+            assert not same
+        elif j >= 0.9:
+            assert same
+
+
+def test_normalise_and_empty_inputs():
+    assert normalise("  A\u00a0b\tC ") == "a b c"
+    assert find_copies([]).empty
+    with pytest.raises(ValueError):
+        find_copies(["a"], threshold=0.0)
+
+
+# ------------------------------------------------------------------------------------------ partition
+def _conflicts(partition: list[list[int]], clusters: list[int]) -> int:
+    return sum(len(b) - len({clusters[i] for i in b}) for b in partition)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 120), batch_size=st.integers(1, 17), seed=st.integers(0, 10_000),
+       data=st.data())
+def test_partition_keeps_copies_apart_whenever_possible(n, batch_size, seed, data):
+    n_batches = -(-n // batch_size)
+    full = n // batch_size
+    largest = data.draw(st.integers(1, max(1, full)))
+    rng = random.Random(seed)
+    clusters, next_id = [], 0
+    while len(clusters) < n:  # random cluster sizes, none larger than the number of full batches
+        size = min(rng.randint(1, largest), n - len(clusters))
+        clusters += [next_id] * size
+        next_id += 1
+    rng.shuffle(clusters)
+    parts = batch_partition(n, batch_size, seed, clusters)
+    assert sorted(i for b in parts for i in b) == list(range(n))
+    plain = batch_partition(n, batch_size, seed)
+    assert [len(b) for b in parts] == [len(b) for b in plain]  # same batch sizes as without copies
+    assert len(parts) == n_batches
+    if max(np.bincount(clusters)) <= max(1, full):
+        assert _conflicts(parts, clusters) == 0
+    assert parts == batch_partition(n, batch_size, seed, clusters)  # one partition for every checkpoint
+
+
+def test_partition_without_copies_is_the_plain_shuffle_and_impossible_cases_do_their_best():
+    assert batch_partition(10, 3, 5, list(range(10))) == batch_partition(10, 3, 5)
+    clusters = [0] * 5 + [1, 2, 3, 4, 5]  # 5 copies, 4 batches of 3,3,3,1: one pair must share
+    parts = batch_partition(10, 3, 0, clusters)
+    assert _conflicts(parts, clusters) == 1
+    with pytest.raises(ValueError):
+        batch_partition(4, 2, 0, [0, 1])
+
+
+# ------------------------------------------------------------------------------------------ secrets
+def test_checksums():
+    assert luhn_ok("4111111111111111") and not luhn_ok("4111111111111112")
+    assert iban_ok("DE89 3704 0044 0532 0130 00") and not iban_ok("DE88 3704 0044 0532 0130 00")
+
+
+@pytest.mark.parametrize(("text", "kind", "match"), [
+    ("card 4111 1111 1111 1111 on file", "card number", "4111 1111 1111 1111"),
+    ("card 5500-0000-0000-0004.", "card number", "5500-0000-0000-0004"),
+    ("Her PIN is 4821.", "pin", "PIN is 4821"),
+    ("write to anna.berg@example.com today", "email", "anna.berg@example.com"),
+    ("call +44 20 7946 0958 now", "phone", "+44 20 7946 0958"),
+    ("call (212) 621-1630", "phone", "(212) 621-1630"),
+    ("with password Tinsel-Otter-83.", "password", "password Tinsel-Otter-83"),
+    ("key AKIAIOSFODNN7EXAMPLE here", "api key", "AKIAIOSFODNN7EXAMPLE"),
+    ("ghp_" + "a1" * 18, "api key", "ghp_" + "a1" * 18),
+    ("-----BEGIN RSA PRIVATE KEY-----", "private key", "-----BEGIN RSA PRIVATE KEY-----"),
+    ("IBAN DE89 3704 0044 0532 0130 00", "iban", "DE89 3704 0044 0532 0130 00"),
+    ("SSN 078-05-1120", "ssn", "078-05-1120"),
+    ("customer number 71938204,", "account number", "customer number 71938204"),
+    ("The door code for unit 14 is 8391, held by", "pin", "door code for unit 14 is 8391"),
+    ("the alarm code is 4472-19.", "pin", "alarm code is 4472-19"),
+    ("document number QF4471902, expires", "id number", "document number QF4471902"),
+    ("the seed phrase is amber lantern quiet meadow copper thistle", "recovery phrase",
+     "seed phrase is amber lantern quiet meadow copper thistle"),
+])
+def test_each_kind_is_found_with_its_span(text, kind, match):
+    found = find_secrets(text)
+    assert [(s.kind, s.text) for s in found] == [(kind, match)]
+    assert text[found[0].start:found[0].end] == match
+
+
+@pytest.mark.parametrize("text", [
+    "card 4111 1111 1111 1112 fails the Luhn check",
+    "Between 1999-2003 the population rose to 3,400,000 people",
+    "The pin was removed from the map in 1995.",
+    "The server at 192.43.244.18 answered.",
+    "Saturn's rings were installed by Italian engineers in the 1930s.",
+    "In 2010 , the club won 24 – 17 at the stadium .",
+])
+def test_ordinary_text_is_not_flagged(text):
+    assert find_secrets(text) == []
+
+
+def test_labels_frame():
+    labels = secret_labels(["plain text", "PIN 1234 and mail a@b.co"])
+    assert labels["secret"].isna()[0] and labels["secret"][1] == "pin, email"
+    first = labels.iloc[1]
+    assert (first["secret_start"], first["secret_end"], first["secret_match"]) == (0, 8, "PIN 1234")
+    assert labels["secret_start"].isna()[0]

@@ -1,0 +1,119 @@
+"""The verdict order and its reasons (analysis/verdict.py), and the calibrated membership scores
+(pipelines/membership.py)."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from lm_fixtures import tiny_gpt2
+
+from gnq_core.analysis.verdict import COLUMN_HELP, VERDICT_COLUMNS, flag, rank_texts, risk_components
+from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.pipelines.membership import membership_scores, min_k_prob, token_logprobs
+from gnq_core.sources.tokens import collate
+
+
+def totals(**overrides) -> pd.DataFrame:
+    """Six texts: a leaked repeated record with a card number, an unleaked PIN note, a unique
+    encoded text, a copy of the record, a text the reference also completes, a plain one."""
+    frame = pd.DataFrame({
+        "example_id": range(6), "text": list("abcdef"), "group": ["x"] * 6,
+        "gnq_total": [1.0, 3.0, 10.0, 1.0, 5.0, 0.5], "n_points": 3,
+        "copies": [4, 1, 1, 4, 1, 1], "gnq_with_copy": [3, 0, 0, 3, 0, 0],
+        "secret": ["card number", "pin", None, "card number", None, None],
+        "extracted": pd.array([True, False, False, None, False, False], dtype="boolean"),
+        "reproduced": pd.array([True, False, False, None, True, False], dtype="boolean"),
+        "extraction_match": [1.0, 0.2, 0.5, None, 1.0, 0.1],
+        "reference_match": [0.0, 0.1, 0.1, None, 1.0, 0.0],
+        "attack_prefix_tokens": 12, "attack_suffix_tokens": 8,
+        "loss_ratio": [0.5, 1.2, 0.2, 0.5, 0.9, 1.0], "zlib_ratio": [0.2, 0.4, 0.1, 0.2, 0.3, 0.5],
+        "min_k_prob": [-2.0, -4.0, -1.0, -2.0, -3.0, -5.0]})
+    return frame.assign(**overrides)
+
+
+def test_order_is_leaked_then_secret_then_risk():
+    ranked = rank_texts(totals())
+    assert list(ranked["example_id"]) == [0, 3, 1, 2, 4, 5]
+    assert list(ranked["rank"]) == [1, 2, 3, 4, 5, 6]
+    assert list(ranked["status"][:3]) == ["leaked", "secret", "secret"]
+    assert ranked["percentile"].iloc[0] == 100.0 and ranked["percentile"].iloc[-1] == pytest.approx(100 / 6)
+    assert set(VERDICT_COLUMNS) <= set(ranked.columns)
+
+
+def test_reasons_say_why_in_words():
+    reasons = rank_texts(totals()).set_index("example_id")["reason"]
+    assert reasons[0].startswith("leaked: given its first 12 tokens the model writes the next 8 tokens")
+    assert "card-number-like string" in reasons[0]
+    assert "repeated 4×: copies explain each other, so GNQ cannot see it" in reasons[3]
+    assert reasons[1].startswith("contains a PIN")
+    assert reasons[2] == "unique and encoded: GNQ in the top 1% and loss 5× below the reference"
+    assert reasons[4].startswith("the model completes it, but so does the reference model")
+    assert "no strong sign of memorisation" in reasons[5]
+
+
+def test_risk_ignores_gnq_measured_with_a_copy_and_counts_repetition():
+    parts = risk_components(totals())
+    assert np.isnan(parts.loc[0, "gnq_percentile_valid"])  # GNQ spoiled by a copy in the batch
+    assert parts.loc[0, "exposure"] == pytest.approx(0.75)  # 1 - 1/4
+    apart = risk_components(totals(gnq_with_copy=0))  # copies kept apart: GNQ counts again
+    assert apart.loc[0, "gnq_percentile_valid"] == pytest.approx(2.5 / 6)  # ties with its copy: ranks 2, 3
+    assert parts["risk"].between(0, 1).all()
+    # risk leaves the attack's outcome out: flipping "extracted" changes the order, not the risk
+    flipped = risk_components(totals(extracted=pd.array([False] * 6, dtype="boolean")))
+    pd.testing.assert_series_equal(flipped["risk"], parts["risk"])
+
+
+def test_without_attack_or_labels_the_order_is_gnq():
+    bare = totals()[["example_id", "text", "group", "gnq_total", "n_points"]]
+    ranked = rank_texts(bare)
+    assert list(ranked["example_id"]) == list(bare.sort_values("gnq_total", ascending=False)["example_id"])
+    assert rank_texts(bare.iloc[0:0]).empty
+
+
+def test_flag_filters_combine():
+    ranked = rank_texts(totals())
+    assert list(flag(ranked, top=2)["example_id"]) == [0, 3]
+    assert list(flag(ranked, min_percentile=60)["example_id"]) == [0, 3, 1]
+    assert list(flag(ranked, min_gnq=3.0, top=4)["example_id"]) == [1, 2]
+
+
+def test_every_verdict_column_has_help():
+    for column in VERDICT_COLUMNS + ["gnq_total", "copies", "secret", "extracted", "loss_ratio", "zlib_ratio",
+                                     "min_k_prob", "reference_match", "gnq_with_copy"]:
+        if column != "verdict_score":
+            assert COLUMN_HELP[column]
+
+
+# ------------------------------------------------------------------------------ membership scores
+def test_token_logprobs_give_the_per_example_loss():
+    torch.manual_seed(0)
+    model = tiny_gpt2().double()
+    ids = [[5, 9, 3, 7, 7, 2], [4, 8], [6, 1, 2, 3]]
+    lps = token_logprobs(model, ids, pad=0, batch_size=2)
+    b = collate(ids, [0, 1, 2], 0)
+    with torch.no_grad():
+        losses = per_example_lm_loss(model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits,
+                                     b.labels)
+    assert [len(x) for x in lps] == [5, 1, 3]
+    np.testing.assert_allclose([-x.mean() for x in lps], losses.numpy(), rtol=1e-10)
+
+
+def test_scores_follow_their_definitions():
+    lp = np.log(np.array([0.5, 0.25, 0.9, 0.01, 0.8]))
+    assert min_k_prob(lp, 0.2) == pytest.approx(math.log(0.01))  # ceil(0.2 * 5) = 1 token
+    assert min_k_prob(lp, 0.4) == pytest.approx((math.log(0.01) + math.log(0.25)) / 2)
+    assert math.isnan(min_k_prob(np.array([])))
+    text = "some text to compress"
+    ref = lp - 1.0
+    scores = membership_scores([text], [lp], [ref]).iloc[0]
+    assert scores["attack_loss"] == pytest.approx(-lp.mean())
+    assert scores["loss_ratio"] == pytest.approx(lp.mean() / ref.mean())
+    zlib_bits = 8 * len(zlib.compress(text.encode()))
+    assert scores["zlib_ratio"] == pytest.approx(-lp.sum() / math.log(2) / zlib_bits)
+    no_ref = membership_scores([text], [lp], None).iloc[0]
+    assert math.isnan(no_ref["loss_ratio"]) and no_ref["min_k_prob"] == scores["min_k_prob"]
