@@ -38,7 +38,13 @@ from gnq_core.engine.representations import (
     inner,
     restrict_rows,
 )
-from gnq_core.engine.solve import GNQNumericalError, gnq_from_kernel, unweight_kernel
+from gnq_core.engine.solve import (
+    WEIGHTS_MESSAGE,
+    GNQNumericalError,
+    gnq_from_kernel,
+    unweight_kernel,
+    weights_valid,
+)
 
 __all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
 
@@ -441,8 +447,8 @@ class GNQAuditor:
             if isinstance(rep, OuterRep) and isinstance(rep.A, OneHotFactor):
                 tokens.append(rep.A.tokens.reshape(-1))
         rows = None
-        if tokens:
-            rows = torch.unique(torch.cat([t.to(tokens[0].device) for t in tokens]))
+        if tokens:  # sorted, with repeats: counting distinct tokens would wait for the device
+            rows = torch.sort(torch.cat([t.to(tokens[0].device) for t in tokens])).values
         return self.merge_rows(rows, call.hooked.module.get_parameter(call.hooked.params[0]).device)
 
     # ------------------------------------------------------------------ extension points
@@ -481,7 +487,7 @@ class GNQAuditor:
         if K.shape != (B, B):
             raise BatchDimensionError(f"kernel has shape {tuple(K.shape)} for a batch of {B}")
         if weights is not None:
-            K = unweight_kernel(K, weights)
+            K = unweight_kernel(K, weights, validate=False)  # checked with the solve, in one read
         return K, B
 
     # ------------------------------------------------------------------ API
@@ -521,8 +527,10 @@ class GNQAuditor:
             if not call.done and call.received and call.saved is not None:
                 self._process(p, call)
         K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
+        extra = [] if weights is None else [(weights_valid(weights.detach().to(K.device)), WEIGHTS_MESSAGE)]
+        solution = gnq_from_kernel(K, self.lam, check=False)
         try:
-            solution = gnq_from_kernel(K, self.lam)
+            condition = solution.check(extra)  # the step's one device-to-host read
         except GNQNumericalError:
             self._pass = None  # this pass is spent (a NaN batch): the next one starts without a warning
             raise
@@ -532,7 +540,7 @@ class GNQAuditor:
         self._pass = None
         self._computed_last = True
         return GNQResult(gnq=solution.gnq, kernel=K, coverage=coverage, lam=self.lam,
-                         condition=solution.condition, batch_size=B)
+                         condition=condition, batch_size=B)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

@@ -95,9 +95,9 @@ class FusedLinearFunction(torch.autograd.Function):
             kept = None
             if want_weight:
                 grad_w = torch.empty(rows, cols, dtype=dtype, device=dy.device)
-                if keep_rows is not None:
-                    keep_rows = keep_rows.to(dy.device)
-                    kept = torch.empty(B, keep_rows.numel(), cols, dtype=dtype, device=dy.device)
+                if keep_rows is not None:  # G's rows keep_rows, straight from the factors
+                    picked = left.index_select(-1, keep_rows.to(dy.device))
+                    kept = torch.bmm(picked.transpose(1, 2), right)
                 limit = ctx.budget if dy.is_cuda else min(ctx.budget, CPU_CHUNK_BYTES)
                 step = max(1, min(rows, limit // max(B * cols * left.element_size(), 1)))
                 buffer = sink.workspace(B * step * cols, dtype, dy.device)
@@ -108,9 +108,6 @@ class FusedLinearFunction(torch.autograd.Function):
                     torch.sum(G, 0, out=grad_w[start:start + n])
                     flat = G.view(B, -1)
                     gram += (flat @ flat.T).to(torch.float64)
-                    if kept is not None:
-                        inside = ((keep_rows >= start) & (keep_rows < start + n)).nonzero()[:, 0]
-                        kept[:, inside] = G.index_select(1, keep_rows[inside] - start)
             if ctx.needs_input_grad[2]:
                 gram += (grad_b @ grad_b.T).to(torch.float64)
             sink.accept_gram(gram, DenseRep(kept.reshape(B, -1)) if kept is not None else None)

@@ -104,8 +104,9 @@ class OuterRep:
     def materialize(self, compact: bool = False) -> torch.Tensor:
         """Per-example gradients, [B, p0·(p1 + bias)], in the parameter's own layout.
 
-        ``compact``: for one-hot rows keep only the rows of tokens that occur (a Gram with
-        itself is the same; the layout is no longer the parameter's).
+        ``compact``: for one-hot rows keep at most B·T rows, those of tokens that occur (a Gram
+        with itself is the same; the layout is no longer the parameter's).  Their number is
+        fixed by the shape, not counted, so nothing waits for the device.
         """
         C = self.C
         if not isinstance(C, DenseFactor):
@@ -117,14 +118,21 @@ class OuterRep:
         B, T, p1 = c.shape
         if isinstance(self.A, OneHotFactor):
             tokens, n = self.A.tokens, self.A.n
-            if compact:
-                used, tokens = torch.unique(tokens, return_inverse=True)
-                n = used.numel()
+            if compact and n > B * T:  # rows of tokens that occur: each token's first sorted slot
+                tokens = _first_slots(tokens)
+                n = B * T
             G = c.new_zeros(B, n, p1)
             G.scatter_add_(1, tokens.unsqueeze(-1).expand(B, T, p1), c)
         else:
             G = torch.einsum("bta,btc->bac", self.A.values.to(dtype), c)
         return G.reshape(B, -1)
+
+
+def _first_slots(tokens: torch.Tensor) -> torch.Tensor:
+    """Each token's index in the sorted token list (its first copy): distinct tokens get
+    distinct slots in [0, B·T) without counting them (torch.unique would sync)."""
+    flat = tokens.reshape(-1)
+    return torch.searchsorted(torch.sort(flat).values, flat).view(tokens.shape)
 
 
 @dataclass
@@ -240,12 +248,16 @@ def inner(r: Rep, s: Rep, path: InnerPath | None = None, memory_budget: int = DE
 
 
 def restrict_rows(rep: Rep, rows: torch.Tensor) -> Rep | None:
-    """The same gradients restricted to parameter rows ``rows`` (sorted, unique) of A's side.
+    """The same gradients restricted to parameter rows ``rows`` (sorted) of A's side.
 
     For a tied embedding/head weight, the cross terms with the embedding's uses only involve
     the rows of tokens that occur, so the head's Δ [B, T, V] can be kept as Δ[..., rows] until
     the embedding's gradient arrives.  Returns None when the representation cannot be
     restricted (then it is kept whole).  Every token of a ``OneHotFactor`` factor must be in rows.
+    ``rows`` may repeat (their number is fixed by the shapes, not counted on the device): a
+    one-hot factor maps each token to its first copy, so an inner product of a restricted dense
+    side with a restricted one-hot side counts each row once.  Two restricted dense sides
+    would count repeats twice; the auditor only pairs them before restricting.
     """
     if not isinstance(rep, OuterRep):
         return None
