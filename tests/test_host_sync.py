@@ -2,7 +2,9 @@
 
 On CPU the ops that would make the host wait for a CUDA device are caught by name
 (tests/sync_guard.py); on CUDA ``set_sync_debug_mode("error")`` catches the rest.  The one
-read per step is ``Solution.check()`` in ``compute()``, outside the guarded blocks.
+read per step is ``Solution.check()`` in ``compute()``, outside the guarded blocks.  Where CPU
+code takes a cheaper data-dependent route (nothing waits on CPU), the tests force the device
+route (``fused.DEVICE_PATHS_ON_CPU``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sync_guard import HostSyncError, no_host_sync
 from test_fused import CASES
 
 from gnq_core import GNQAuditor, GNQNumericalError, exact_gnq, gnq_from_kernel
+from gnq_core.engine import fused as fused_module
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -47,7 +50,8 @@ def test_the_guard_lets_device_only_work_pass():
 @pytest.mark.parametrize("path", ["auto", "ghost", "materialize"])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_inrun_backward_and_solve_never_wait_for_the_device(case, fused, path, device):
+def test_inrun_backward_and_solve_never_wait_for_the_device(case, fused, path, device, monkeypatch):
+    monkeypatch.setattr(fused_module, "DEVICE_PATHS_ON_CPU", True)  # the CUDA code path, on CPU
     torch.manual_seed(31)
     make, loss_fn, make_batch = CASES[case]
     model, batch = make().eval(), make_batch()

@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
 from gnq_core.engine.fused import FuseRequest
 from gnq_core.engine.kernels import Contribution, Kernel, can_fuse, kernel_for
-from gnq_core.engine.kernels.base import hooks_are_suspended
+from gnq_core.engine.kernels.base import dense_contributions, hooks_are_suspended
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,
     DenseRep,
@@ -76,6 +76,10 @@ class _Hooked:
     params: list[str]  # local names of the trainable parameters this module covers
     param_ids: list[int]
 
+    @functools.cached_property
+    def ids(self) -> dict[str, int]:
+        return dict(zip(self.params, self.param_ids, strict=True))
+
 
 @dataclass
 class _Call:
@@ -105,9 +109,20 @@ class _Pass:
     paths: dict[str, set[str]] = field(default_factory=dict)
     call_counts: Counter = field(default_factory=Counter)
     frontier: list[torch.Tensor] = field(default_factory=list)  # outputs of input-end modules
+    used_beyond_lookups: set[int] = field(default_factory=set)  # params used by non-lookup calls
+
+    def register(self, call: _Call) -> None:
+        h = call.hooked
+        self.uses.update(h.param_ids)
+        if not h.kernel.row_lookup:
+            self.used_beyond_lookups.update(h.param_ids)
+        self.calls.append(call)
 
     def add(self, block: torch.Tensor) -> None:
-        self.kernel = block.clone() if self.kernel is None else self.kernel + block
+        if self.kernel is None:
+            self.kernel = block.clone()
+        else:
+            self.kernel.add_(block)
 
 
 class GNQAuditor:
@@ -258,7 +273,10 @@ class GNQAuditor:
             return None
         if not self._enabled or hooks_are_suspended() or not torch.is_grad_enabled():
             return None
-        flat_out, spec = tree_flatten(output)
+        if isinstance(output, torch.Tensor):  # the common case, without pytree's walk
+            flat_out, spec = [output], None
+        else:
+            flat_out, spec = tree_flatten(output)
         diff = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
         if not diff:
             return None
@@ -277,16 +295,19 @@ class GNQAuditor:
             if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
                 flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen
                 expanded = True
-        if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten((args, kwargs))[0]):
+        inputs = args if not kwargs and all(isinstance(a, torch.Tensor) for a in args) \
+            else tree_flatten((args, kwargs))[0]
+        if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
             p.frontier.extend(flat_out[i] for i in diff)  # nothing upstream needs a gradient
         saved = h.kernel.capture(module, args, kwargs, output, B)
         call = _Call(h, saved, [(flat_out[i].shape, flat_out[i].dtype, flat_out[i].device)
                                 for i in diff], [None] * len(diff))
-        p.uses.update(h.param_ids)
-        p.calls.append(call)
+        p.register(call)
         for k, i in enumerate(diff):
             flat_out[i].register_hook(functools.partial(self._on_grad, p, call, k))
-        return tree_unflatten(flat_out, spec) if expanded else None
+        if not expanded:
+            return None
+        return flat_out[0] if spec is None else tree_unflatten(flat_out, spec)
 
     def _on_grad(self, p: _Pass, call: _Call, k: int, grad: torch.Tensor) -> None:
         if not self._enabled or p is not self._pass:
@@ -322,7 +343,7 @@ class GNQAuditor:
         split = self._split(p, h)
         paths = p.paths.setdefault(h.name, set())
         p.call_counts[h.name] += 1
-        ids = dict(zip(h.params, h.param_ids, strict=True))
+        ids = h.ids
         for c in contributions:
             block, path = self.gram_block(c.rep)
             p.add(block)
@@ -345,11 +366,9 @@ class GNQAuditor:
     def _fused_forward(self, h: _Hooked, *args, **kwargs):
         """The module's forward through its kernel's fused function, when the kernel takes it."""
         module = h.module
-        if (self._enabled and not hooks_are_suspended() and torch.is_grad_enabled()
-                and not torch.is_autocast_enabled()):
+        if self._enabled and not hooks_are_suspended() and torch.is_grad_enabled():
             p = self._pass or self._start_pass(_leading_dim(args, kwargs))
-            mine = set(h.param_ids)
-            shared = any(not c.hooked.kernel.row_lookup for c in p.calls if mine & set(c.hooked.param_ids))
+            shared = any(pid in p.used_beyond_lookups for pid in h.param_ids)
             request = FuseRequest(p.batch_size, tuple(h.params), self._path, self._budget, shared,
                                   functools.partial(self._fused_call, h, p))
             out = h.kernel.fused_forward(module, args, kwargs, request)
@@ -360,8 +379,7 @@ class GNQAuditor:
     def _fused_call(self, h: _Hooked, p: _Pass) -> _FusedSink:
         """Register a call that reports to the auditor from its own backward (no output hook)."""
         call = _Call(h, None, [], [])
-        p.uses.update(h.param_ids)
-        p.calls.append(call)
+        p.register(call)
         self._fused_now.add(id(h.module))
         return _FusedSink(self, p, call)
 
@@ -380,7 +398,7 @@ class GNQAuditor:
         split = self._split(p, call.hooked)
         if not split:
             return "gram", None
-        pid = dict(zip(call.hooked.params, call.hooked.param_ids, strict=True)).get("weight")
+        pid = call.hooked.ids.get("weight")
         if split == {"weight"} and not p.pending.get(pid) and pid not in p.restricted_rows:
             rows = self._rows_still_needed(p, call, pid)  # a head tied to embeddings still to come
             if rows is not None:
@@ -394,7 +412,7 @@ class GNQAuditor:
         h = call.hooked
         p.add(gram)
         if rows_grad is not None:  # cross terms of the tied weight, on the rows that matter
-            pid = dict(zip(h.params, h.param_ids, strict=True))["weight"]
+            pid = h.ids["weight"]
             p.restricted_rows[pid] = rows
             self._add_cross_terms(p, call, pid, rows_grad)
         self._accumulate(p, call, [], label="fused")
@@ -405,8 +423,8 @@ class GNQAuditor:
     def _sink_gradients(self, p: _Pass, call: _Call, weight: DenseRep | None, bias: DenseRep | None) -> None:
         if not self._sink_live(p, call):
             return
-        parts = [Contribution((n,), r) for n, r in (("weight", weight), ("bias", bias)) if r is not None]
-        self._accumulate(p, call, parts, label="fused")
+        given = {n: r.G for n, r in (("weight", weight), ("bias", bias)) if r is not None}
+        self._accumulate(p, call, dense_contributions(given, self._split(p, call.hooked)), label="fused")
 
     def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
