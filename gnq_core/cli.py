@@ -187,18 +187,27 @@ def audit(
     threads: int = CpuThreadsOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """GNQ, loss and self-influence of every text at every checkpoint; reruns resume."""
+    """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
+
+    Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
+    batches and rank 0 writes the rows (the same rows as one process)."""
     _set_threads(threads)
     from gnq_core.pipelines.audit import AuditSettings, run_audit
+    from gnq_core.pipelines.ranks import Ranks
 
+    ranks = Ranks.from_env()
     dataset = _load_dataset(data, text_column, group_column)
-    store = _store(db)
     run_name = name or Path(checkpoints).resolve().name
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype)
+    if not ranks.lead:  # rank 0 alone opens the store and reports
+        run_audit(None, checkpoints, dataset, name=run_name, settings=settings, ranks=ranks)
+        return
+    store = _store(db)
     t0 = time.perf_counter()
     with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
-        run = run_audit(store, checkpoints, dataset, name=run_name, settings=settings, reporter=reporter)
+        run = run_audit(store, checkpoints, dataset, name=run_name, settings=settings, reporter=reporter,
+                        ranks=ranks)
     points = store.points(run.run_id)
     _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(points)} checkpoints "
                  f"in {time.perf_counter() - t0:.1f} s; store {store.path}")
