@@ -49,6 +49,12 @@ from gnq_core.engine.solve import (
 __all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
 
 
+# Per-example gradients at most this wide (elements per example) are not turned into a Gram
+# block at once but kept for one joint Gram per step; more than DEFER_TOTAL kept are flushed.
+DEFER_WIDTH = 2**16
+DEFER_TOTAL = 2**18
+
+
 class BatchDimensionError(ValueError):
     """A covered module saw a tensor whose leading dimension is not the batch."""
 
@@ -110,6 +116,7 @@ class _Pass:
     call_counts: Counter = field(default_factory=Counter)
     frontier: list[torch.Tensor] = field(default_factory=list)  # outputs of input-end modules
     used_beyond_lookups: set[int] = field(default_factory=set)  # params used by non-lookup calls
+    deferred: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # narrow G, one Gram later
 
     def register(self, call: _Call) -> None:
         h = call.hooked
@@ -345,13 +352,32 @@ class GNQAuditor:
         p.call_counts[h.name] += 1
         ids = h.ids
         for c in contributions:
-            block, path = self.gram_block(c.rep)
-            p.add(block)
+            shared = len(c.params) == 1 and c.params[0] in split
+            if not shared and isinstance(c.rep, DenseRep) and c.rep.G.shape[1] <= DEFER_WIDTH:
+                self._defer(p, c.rep.G)  # narrow (norm layers, biases): one Gram for all of them
+                path = "dense"
+            else:
+                block, path = self.gram_block(c.rep)
+                p.add(block)
             paths.add(label or ("per-example" if path == "dense" else path))
-            if len(c.params) == 1 and c.params[0] in split:  # shared: cross terms with other uses
+            if shared:  # cross terms with the parameter's other uses
                 self._add_cross_terms(p, call, ids[c.params[0]], c.rep)
                 paths.add("tied")
         self._finish_uses(p, call)
+
+    def _defer(self, p: _Pass, G: torch.Tensor) -> None:
+        """Keep narrow per-example gradients [B, n] for one joint Gram (fewer launches per step:
+        the Gram of their concatenation is the sum of their Grams)."""
+        key = (G.dtype, G.device)
+        p.deferred.setdefault(key, []).append(G)
+        if sum(g.shape[1] for g in p.deferred[key]) > DEFER_TOTAL:
+            self._flush_deferred(p)
+
+    def _flush_deferred(self, p: _Pass) -> None:
+        for parts in p.deferred.values():
+            block, _ = self.gram_block(DenseRep(torch.cat(parts, dim=1)))
+            p.add(block)
+        p.deferred.clear()
 
     @staticmethod
     def _finish_uses(p: _Pass, call: _Call) -> None:
@@ -544,6 +570,7 @@ class GNQAuditor:
         for call in p.calls:  # outputs of which only some received a gradient
             if not call.done and call.received and call.saved is not None:
                 self._process(p, call)
+        self._flush_deferred(p)
         K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
         extra = [] if weights is None else [(weights_valid(weights.detach().to(K.device)), WEIGHTS_MESSAGE)]
         solution = gnq_from_kernel(K, self.lam, check=False)
