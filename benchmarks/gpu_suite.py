@@ -112,9 +112,10 @@ def audit_throughput(work: Path, n: int, batch: int, length: int, layers: int, w
     store = Store(db)
     point_s = store.points(store.run("bench").run_id)["seconds"].tolist()
     per_point = sum(point_s) / len(point_s)
-    return {"texts": source, "examples": len(texts), "batch": batch, "max_length": length, "layers": layers, "width": width,
-            "vocab": len(tokenizer), "checkpoints": len(point_s), "floor_forward_s": forward_s,
-            "floor_forward_backward_s": forward_backward_s, "audit_point_s": point_s,
+    return {"texts": source, "examples": len(texts), "batch": batch, "max_length": length, "layers": layers,
+            "width": width, "vocab": len(tokenizer), "checkpoints": len(point_s),
+            "floor_forward_s": forward_s, "floor_forward_backward_s": forward_backward_s,
+            "audit_point_s": point_s,
             "audit_examples_per_s_per_checkpoint": len(texts) / per_point,
             "throughput_vs_forward_backward": forward_backward_s / per_point,
             "command_wall_s": wall, "startup_s": wall - sum(point_s)}

@@ -94,6 +94,7 @@ def run(preset: str, batch: int, length: int, repeats: int, device: str, precisi
         **{f"{k}_s": v["median_s"] for k, v in res.items()},
         "overhead_ratio": res["audited"]["median_s"] / res["plain"]["median_s"],
         "overhead_ratio_fused": res["audited_fused"]["median_s"] / res["plain"]["median_s"],
+        "all_s": {k: v["all_s"] for k, v in res.items()},
     }
     if device == "cuda":
         peak = {}
