@@ -200,7 +200,10 @@ def audit(
     threads: int = CpuThreadsOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """GNQ, loss and self-influence of every text at every checkpoint; reruns resume."""
+    """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
+
+    Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
+    batches and rank 0 writes the rows (the same rows as one process)."""
     _set_threads(threads)
     from gnq_core.pipelines.settings import AuditJob, AuditSettings
 
@@ -212,14 +215,19 @@ def audit(
 
 def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     from gnq_core.pipelines.audit import run_audit
+    from gnq_core.pipelines.ranks import Ranks
 
+    ranks = Ranks.from_env()
     dataset = _load_dataset(Path(job.data), job.text_column, job.group_column)
-    store = _store(db)
     run_name = job.name or Path(job.checkpoints).resolve().name
+    if not ranks.lead:  # rank 0 alone opens the store and reports
+        run_audit(None, job.checkpoints, dataset, name=run_name, settings=job.settings, ranks=ranks)
+        return
+    store = _store(db)
     t0 = time.perf_counter()
     with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
         run = run_audit(store, job.checkpoints, dataset, name=run_name, settings=job.settings,
-                        reporter=reporter)
+                        reporter=reporter, ranks=ranks)
     points = store.points(run.run_id)
     _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(points)} checkpoints "
                  f"in {time.perf_counter() - t0:.1f} s; store {store.path}")

@@ -131,6 +131,11 @@ def test_fusing_is_a_capability_the_registered_kernel_declares():
             out = super().fused_forward(module, args, kwargs, request)
             return out if out is NotImplemented else 2 * out
 
+    from gnq_core.engine.kernels import Kernel
+
+    declared = {type(k) for k in _KERNELS.values() if k.fusable}
+    assert {"LinearKernel", "Conv1DKernel", "LayerNormKernel"} <= {k.__name__ for k in declared}
+    assert all(k.fused_forward is not Kernel.fused_forward for k in declared)
     torch.manual_seed(25)
     model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), _Scaled(5, 3))
     batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))

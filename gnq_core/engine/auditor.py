@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
 from gnq_core.engine.fused import FuseRequest
 from gnq_core.engine.kernels import Contribution, Kernel, can_fuse, kernel_for
-from gnq_core.engine.kernels.base import hooks_are_suspended
+from gnq_core.engine.kernels.base import dense_contributions, hooks_are_suspended
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,
     DenseRep,
@@ -38,9 +38,21 @@ from gnq_core.engine.representations import (
     inner,
     restrict_rows,
 )
-from gnq_core.engine.solve import GNQNumericalError, gnq_from_kernel, unweight_kernel
+from gnq_core.engine.solve import (
+    WEIGHTS_MESSAGE,
+    GNQNumericalError,
+    gnq_from_kernel,
+    unweight_kernel,
+    weights_valid,
+)
 
 __all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
+
+
+# Per-example gradients at most this wide (elements per example) are not turned into a Gram
+# block at once but kept for one joint Gram per step; more than DEFER_TOTAL kept are flushed.
+DEFER_WIDTH = 2**16
+DEFER_TOTAL = 2**18
 
 
 class BatchDimensionError(ValueError):
@@ -69,6 +81,10 @@ class _Hooked:
     kernel: Kernel
     params: list[str]  # local names of the trainable parameters this module covers
     param_ids: list[int]
+
+    @functools.cached_property
+    def ids(self) -> dict[str, int]:
+        return dict(zip(self.params, self.param_ids, strict=True))
 
 
 @dataclass
@@ -99,9 +115,21 @@ class _Pass:
     paths: dict[str, set[str]] = field(default_factory=dict)
     call_counts: Counter = field(default_factory=Counter)
     frontier: list[torch.Tensor] = field(default_factory=list)  # outputs of input-end modules
+    used_beyond_lookups: set[int] = field(default_factory=set)  # params used by non-lookup calls
+    deferred: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # narrow G, one Gram later
+
+    def register(self, call: _Call) -> None:
+        h = call.hooked
+        self.uses.update(h.param_ids)
+        if not h.kernel.row_lookup:
+            self.used_beyond_lookups.update(h.param_ids)
+        self.calls.append(call)
 
     def add(self, block: torch.Tensor) -> None:
-        self.kernel = block.clone() if self.kernel is None else self.kernel + block
+        if self.kernel is None:
+            self.kernel = block.clone()
+        else:
+            self.kernel.add_(block)
 
 
 class GNQAuditor:
@@ -252,7 +280,10 @@ class GNQAuditor:
             return None
         if not self._enabled or hooks_are_suspended() or not torch.is_grad_enabled():
             return None
-        flat_out, spec = tree_flatten(output)
+        if isinstance(output, torch.Tensor):  # the common case, without pytree's walk
+            flat_out, spec = [output], None
+        else:
+            flat_out, spec = tree_flatten(output)
         diff = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
         if not diff:
             return None
@@ -271,16 +302,19 @@ class GNQAuditor:
             if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
                 flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen
                 expanded = True
-        if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten((args, kwargs))[0]):
+        inputs = args if not kwargs and all(isinstance(a, torch.Tensor) for a in args) \
+            else tree_flatten((args, kwargs))[0]
+        if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
             p.frontier.extend(flat_out[i] for i in diff)  # nothing upstream needs a gradient
         saved = h.kernel.capture(module, args, kwargs, output, B)
         call = _Call(h, saved, [(flat_out[i].shape, flat_out[i].dtype, flat_out[i].device)
                                 for i in diff], [None] * len(diff))
-        p.uses.update(h.param_ids)
-        p.calls.append(call)
+        p.register(call)
         for k, i in enumerate(diff):
             flat_out[i].register_hook(functools.partial(self._on_grad, p, call, k))
-        return tree_unflatten(flat_out, spec) if expanded else None
+        if not expanded:
+            return None
+        return flat_out[0] if spec is None else tree_unflatten(flat_out, spec)
 
     def _on_grad(self, p: _Pass, call: _Call, k: int, grad: torch.Tensor) -> None:
         if not self._enabled or p is not self._pass:
@@ -316,15 +350,34 @@ class GNQAuditor:
         split = self._split(p, h)
         paths = p.paths.setdefault(h.name, set())
         p.call_counts[h.name] += 1
-        ids = dict(zip(h.params, h.param_ids, strict=True))
+        ids = h.ids
         for c in contributions:
-            block, path = self.gram_block(c.rep)
-            p.add(block)
+            shared = len(c.params) == 1 and c.params[0] in split
+            if not shared and isinstance(c.rep, DenseRep) and c.rep.G.shape[1] <= DEFER_WIDTH:
+                self._defer(p, c.rep.G)  # narrow (norm layers, biases): one Gram for all of them
+                path = "dense"
+            else:
+                block, path = self.gram_block(c.rep)
+                p.add(block)
             paths.add(label or ("per-example" if path == "dense" else path))
-            if len(c.params) == 1 and c.params[0] in split:  # shared: cross terms with other uses
+            if shared:  # cross terms with the parameter's other uses
                 self._add_cross_terms(p, call, ids[c.params[0]], c.rep)
                 paths.add("tied")
         self._finish_uses(p, call)
+
+    def _defer(self, p: _Pass, G: torch.Tensor) -> None:
+        """Keep narrow per-example gradients [B, n] for one joint Gram (fewer launches per step:
+        the Gram of their concatenation is the sum of their Grams)."""
+        key = (G.dtype, G.device)
+        p.deferred.setdefault(key, []).append(G)
+        if sum(g.shape[1] for g in p.deferred[key]) > DEFER_TOTAL:
+            self._flush_deferred(p)
+
+    def _flush_deferred(self, p: _Pass) -> None:
+        for parts in p.deferred.values():
+            block, _ = self.gram_block(DenseRep(torch.cat(parts, dim=1)))
+            p.add(block)
+        p.deferred.clear()
 
     @staticmethod
     def _finish_uses(p: _Pass, call: _Call) -> None:
@@ -339,11 +392,9 @@ class GNQAuditor:
     def _fused_forward(self, h: _Hooked, *args, **kwargs):
         """The module's forward through its kernel's fused function, when the kernel takes it."""
         module = h.module
-        if (self._enabled and not hooks_are_suspended() and torch.is_grad_enabled()
-                and not torch.is_autocast_enabled()):
+        if self._enabled and not hooks_are_suspended() and torch.is_grad_enabled():
             p = self._pass or self._start_pass(_leading_dim(args, kwargs))
-            mine = set(h.param_ids)
-            shared = any(not c.hooked.kernel.row_lookup for c in p.calls if mine & set(c.hooked.param_ids))
+            shared = any(pid in p.used_beyond_lookups for pid in h.param_ids)
             request = FuseRequest(p.batch_size, tuple(h.params), self._path, self._budget, shared,
                                   functools.partial(self._fused_call, h, p))
             out = h.kernel.fused_forward(module, args, kwargs, request)
@@ -354,8 +405,7 @@ class GNQAuditor:
     def _fused_call(self, h: _Hooked, p: _Pass) -> _FusedSink:
         """Register a call that reports to the auditor from its own backward (no output hook)."""
         call = _Call(h, None, [], [])
-        p.uses.update(h.param_ids)
-        p.calls.append(call)
+        p.register(call)
         self._fused_now.add(id(h.module))
         return _FusedSink(self, p, call)
 
@@ -374,7 +424,7 @@ class GNQAuditor:
         split = self._split(p, call.hooked)
         if not split:
             return "gram", None
-        pid = dict(zip(call.hooked.params, call.hooked.param_ids, strict=True)).get("weight")
+        pid = call.hooked.ids.get("weight")
         if split == {"weight"} and not p.pending.get(pid) and pid not in p.restricted_rows:
             rows = self._rows_still_needed(p, call, pid)  # a head tied to embeddings still to come
             if rows is not None:
@@ -388,7 +438,7 @@ class GNQAuditor:
         h = call.hooked
         p.add(gram)
         if rows_grad is not None:  # cross terms of the tied weight, on the rows that matter
-            pid = dict(zip(h.params, h.param_ids, strict=True))["weight"]
+            pid = h.ids["weight"]
             p.restricted_rows[pid] = rows
             self._add_cross_terms(p, call, pid, rows_grad)
         self._accumulate(p, call, [], label="fused")
@@ -399,8 +449,8 @@ class GNQAuditor:
     def _sink_gradients(self, p: _Pass, call: _Call, weight: DenseRep | None, bias: DenseRep | None) -> None:
         if not self._sink_live(p, call):
             return
-        parts = [Contribution((n,), r) for n, r in (("weight", weight), ("bias", bias)) if r is not None]
-        self._accumulate(p, call, parts, label="fused")
+        given = {n: r.G for n, r in (("weight", weight), ("bias", bias)) if r is not None}
+        self._accumulate(p, call, dense_contributions(given, self._split(p, call.hooked)), label="fused")
 
     def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
@@ -441,8 +491,8 @@ class GNQAuditor:
             if isinstance(rep, OuterRep) and isinstance(rep.A, OneHotFactor):
                 tokens.append(rep.A.tokens.reshape(-1))
         rows = None
-        if tokens:
-            rows = torch.unique(torch.cat([t.to(tokens[0].device) for t in tokens]))
+        if tokens:  # sorted, with repeats: counting distinct tokens would wait for the device
+            rows = torch.sort(torch.cat([t.to(tokens[0].device) for t in tokens])).values
         return self.merge_rows(rows, call.hooked.module.get_parameter(call.hooked.params[0]).device)
 
     # ------------------------------------------------------------------ extension points
@@ -481,7 +531,7 @@ class GNQAuditor:
         if K.shape != (B, B):
             raise BatchDimensionError(f"kernel has shape {tuple(K.shape)} for a batch of {B}")
         if weights is not None:
-            K = unweight_kernel(K, weights)
+            K = unweight_kernel(K, weights, validate=False)  # checked with the solve, in one read
         return K, B
 
     # ------------------------------------------------------------------ API
@@ -520,9 +570,12 @@ class GNQAuditor:
         for call in p.calls:  # outputs of which only some received a gradient
             if not call.done and call.received and call.saved is not None:
                 self._process(p, call)
+        self._flush_deferred(p)
         K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
+        extra = [] if weights is None else [(weights_valid(weights.detach().to(K.device)), WEIGHTS_MESSAGE)]
+        solution = gnq_from_kernel(K, self.lam, check=False)
         try:
-            solution = gnq_from_kernel(K, self.lam)
+            condition = solution.check(extra)  # the step's one device-to-host read
         except GNQNumericalError:
             self._pass = None  # this pass is spent (a NaN batch): the next one starts without a warning
             raise
@@ -532,7 +585,7 @@ class GNQAuditor:
         self._pass = None
         self._computed_last = True
         return GNQResult(gnq=solution.gnq, kernel=K, coverage=coverage, lam=self.lam,
-                         condition=solution.condition, batch_size=B)
+                         condition=condition, batch_size=B)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

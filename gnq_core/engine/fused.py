@@ -25,6 +25,17 @@ from gnq_core.engine.representations import MATERIALIZE_ELEMENT_FLOPS, DenseRep,
 CPU_CHUNK_BYTES = 8 * 2**20
 
 
+# On a CUDA device the backward never waits for the device (no nonzero/unique/item), at the
+# price of fixed-shape work; on CPU nothing waits anyway and the data-dependent gather is
+# cheaper.  Tests set this True to run the device code path on CPU (tests/test_host_sync.py).
+DEVICE_PATHS_ON_CPU = False
+
+
+def sync_free(t: torch.Tensor) -> bool:
+    """Whether work on ``t`` must avoid data-dependent shapes (device-to-host syncs)."""
+    return t.device.type != "cpu" or DEVICE_PATHS_ON_CPU
+
+
 class GradientSink(Protocol):
     def plan(self) -> tuple[str, torch.Tensor | None]:
         """("gram", None): only the Gram is needed; ("gram", rows): also the gradients'
@@ -62,6 +73,7 @@ class FusedLinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, in_out: bool, sink: GradientSink, budget: int):
         ctx.save_for_backward(x, weight)
         ctx.in_out, ctx.sink, ctx.budget, ctx.has_bias = in_out, sink, budget, bias is not None
+        ctx.param_dtype = weight.dtype
         if not in_out:
             return F.linear(x, weight, bias)
         size_out = x.shape[:-1] + (weight.shape[-1],)  # exactly HF Conv1D's forward
@@ -71,53 +83,109 @@ class FusedLinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         in_out, sink = ctx.in_out, ctx.sink
+        if dy.dtype != weight.dtype:  # autocast: the forward multiplied x and W in dy's dtype
+            x, weight = x.to(dy.dtype), weight.to(dy.dtype)
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = dy.matmul(weight.T) if in_out else dy.matmul(weight)
         B = x.shape[0]
         dtype = compute_dtype(dy)
-        X = x.reshape(B, -1, x.shape[-1]).to(dtype)
-        D = dy.reshape(B, -1, dy.shape[-1]).to(dtype)
+        # bf16/fp16 factors stay as they are on CUDA (tensor cores, fp32 accumulation and output)
+        factor_dtype = dy.dtype if _tensor_core_products(dy) else dtype
+        X = _as(x.reshape(B, -1, x.shape[-1]), factor_dtype)
+        D = _as(dy.reshape(B, -1, dy.shape[-1]), factor_dtype)
         # parameter layout [rows, cols]: Linear [out, in] = Δᵀ X; Conv1D [in, out] = Xᵀ Δ
         left, right = (X, D) if in_out else (D, X)
-        grad_b = D.sum(dim=1) if ctx.has_bias else None  # per-example bias gradients [B, out]
+        grad_b = D.sum(dim=1, dtype=dtype) if ctx.has_bias else None  # per-example bias gradients [B, out]
         want_weight = ctx.needs_input_grad[1]
         grad_w = None
         mode, keep_rows = sink.plan()
         if mode == "gradients":
-            G = torch.bmm(left.transpose(1, 2), right)
+            G = _products(left.transpose(1, 2), right, dtype)
             grad_w = G.sum(0) if want_weight else None
             sink.accept_gradients(DenseRep(G.reshape(B, -1)) if want_weight else None,
                                   DenseRep(grad_b) if ctx.needs_input_grad[2] else None)
         else:
-            rows, cols = left.shape[-1], right.shape[-1]
-            gram = torch.zeros(B, B, dtype=torch.float64, device=dy.device)
-            kept = None
+            gram = kept = None
             if want_weight:
-                grad_w = torch.empty(rows, cols, dtype=dtype, device=dy.device)
-                if keep_rows is not None:
-                    keep_rows = keep_rows.to(dy.device)
-                    kept = torch.empty(B, keep_rows.numel(), cols, dtype=dtype, device=dy.device)
-                limit = ctx.budget if dy.is_cuda else min(ctx.budget, CPU_CHUNK_BYTES)
-                step = max(1, min(rows, limit // max(B * cols * left.element_size(), 1)))
-                buffer = sink.workspace(B * step * cols, dtype, dy.device)
-                for start in range(0, rows, step):  # chunks of parameter rows bound G's memory
-                    n = min(step, rows - start)
-                    G = torch.bmm(left[..., start:start + n].transpose(1, 2), right,
-                                  out=buffer[:B * n * cols].view(B, n, cols))
-                    torch.sum(G, 0, out=grad_w[start:start + n])
-                    flat = G.view(B, -1)
-                    gram += (flat @ flat.T).to(torch.float64)
-                    if kept is not None:
-                        inside = ((keep_rows >= start) & (keep_rows < start + n)).nonzero()[:, 0]
-                        kept[:, inside] = G.index_select(1, keep_rows[inside] - start)
+                grad_w, gram, kept = _weight_gram(left, right, keep_rows, dtype, ctx.budget, sink)
             if ctx.needs_input_grad[2]:
-                gram += (grad_b @ grad_b.T).to(torch.float64)
-            sink.accept_gram(gram, DenseRep(kept.reshape(B, -1)) if kept is not None else None)
+                gram = grad_b @ grad_b.T if gram is None else gram.addmm_(grad_b, grad_b.T)
+            if gram is None:
+                gram = torch.zeros(B, B, dtype=dtype, device=dy.device)
+            kept_rep = DenseRep(kept.reshape(B, -1)) if kept is not None else None
+            sink.accept_gram(gram.to(torch.float64), kept_rep)
+        param_dtype = ctx.param_dtype
         if grad_w is not None:
-            grad_w = grad_w.to(weight.dtype)
-        bias_grad = grad_b.sum(0).to(weight.dtype) if ctx.needs_input_grad[2] else None
+            grad_w = _as(grad_w, param_dtype)
+        bias_grad = _as(grad_b.sum(0), param_dtype) if ctx.needs_input_grad[2] else None
         return grad_x, grad_w, bias_grad, None, None, None
+
+
+def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tensor | None, dtype: torch.dtype,
+                 budget: int, sink: GradientSink) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Σ_j G_j (the weight gradient), the Gram G Gᵀ (in ``dtype``) and, when asked, G's rows
+    ``keep_rows``, with G_j = left_jᵀ right_j formed in chunks of parameter rows within
+    ``budget`` bytes (on CPU in one reused buffer of ``CPU_CHUNK_BYTES`` at most)."""
+    B, rows, cols = left.shape[0], left.shape[-1], right.shape[-1]
+    device = right.device
+    limit = budget if device.type == "cuda" else min(budget, CPU_CHUNK_BYTES)
+    step = max(1, min(rows, limit // max(B * cols * (8 if dtype == torch.float64 else 4), 1)))
+    kept, gather_rows = None, False
+    if keep_rows is not None:
+        keep_rows = keep_rows.to(device)
+        if sync_free(right):  # G's rows keep_rows straight from the factors: fixed shapes
+            kept = _products(left.index_select(-1, keep_rows).transpose(1, 2), right, dtype)
+        else:  # copied out of each chunk of G (cheaper where nothing waits for a device)
+            kept = torch.empty(B, keep_rows.numel(), cols, dtype=dtype, device=device)
+            gather_rows = True
+    if step >= rows:  # one chunk (most layers): no buffer, no slicing
+        G = _products(left.transpose(1, 2), right, dtype)
+        flat = G.view(B, -1)
+        if gather_rows:
+            kept = G.index_select(1, keep_rows)
+        return G.sum(0), flat @ flat.T, kept
+    grad_w = torch.empty(rows, cols, dtype=dtype, device=device)
+    gram = None
+    buffer = sink.workspace(B * step * cols, dtype, device)
+    for start in range(0, rows, step):
+        n = min(step, rows - start)
+        G = _products(left[..., start:start + n].transpose(1, 2), right, dtype,
+                      out=buffer[:B * n * cols].view(B, n, cols))
+        torch.sum(G, 0, out=grad_w[start:start + n])
+        flat = G.view(B, -1)
+        gram = flat @ flat.T if gram is None else gram.addmm_(flat, flat.T)
+        if gather_rows:
+            inside = ((keep_rows >= start) & (keep_rows < start + n)).nonzero()[:, 0]
+            kept[:, inside] = G.index_select(1, keep_rows[inside] - start)
+    return grad_w, gram, kept
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in ``dtype`` (no dispatch at all when it already is: this runs per layer per step)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+_out_dtype_bmm = True  # torch.bmm(..., out_dtype=float32) works here (set False at its first failure)
+
+
+def _tensor_core_products(dy: torch.Tensor) -> bool:
+    return dy.is_cuda and dy.dtype in _LOW_PRECISION and _out_dtype_bmm
+
+
+def _products(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """Per-example a_j @ b_j in ``dtype``.  Low-precision CUDA inputs are multiplied on tensor
+    cores with fp32 accumulation and output — the same numbers as upcasting first, since a
+    product of two bf16/fp16 numbers is exact in fp32; everything else is upcast."""
+    global _out_dtype_bmm
+    if a.dtype in _LOW_PRECISION and a.is_cuda and _out_dtype_bmm:
+        try:
+            return torch.bmm(a, b, out_dtype=dtype)
+        except (RuntimeError, TypeError, NotImplementedError):  # an older torch: upcast from now on
+            _out_dtype_bmm = False
+    return torch.bmm(_as(a, dtype), _as(b, dtype), out=out)
 
 
 def fused_flops(batch: int, rows: int, cols: int) -> float:
@@ -154,14 +222,14 @@ class FusedLayerNormFunction(torch.autograd.Function):
                 dy, x, ctx.normalized_shape, mean, rstd, weight, bias, [True, False, False])[0]
         B, width = x.shape[0], weight.numel() if weight is not None else bias.numel()
         dtype = compute_dtype(dy)
-        D = dy.reshape(B, -1, width).to(dtype)
+        D = _as(dy.reshape(B, -1, width), dtype)
         per_w = per_b = None
         if need_w:
-            x_hat = ((x - mean) * rstd).reshape(B, -1, width).to(dtype)
+            x_hat = _as(((x - mean) * rstd).reshape(B, -1, width), dtype)
             per_w = (D * x_hat).sum(dim=1)
         if need_b:
             per_b = D.sum(dim=1)
         ctx.sink.accept_gradients(DenseRep(per_w) if need_w else None, DenseRep(per_b) if need_b else None)
-        grad_w = per_w.sum(0).view_as(weight).to(weight.dtype) if need_w else None
-        grad_b = per_b.sum(0).view_as(bias).to(bias.dtype) if need_b else None
+        grad_w = _as(per_w.sum(0).view_as(weight), weight.dtype) if need_w else None
+        grad_b = _as(per_b.sum(0).view_as(bias), bias.dtype) if need_b else None
         return grad_x, grad_w, grad_b, None, None, None

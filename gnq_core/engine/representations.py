@@ -104,8 +104,9 @@ class OuterRep:
     def materialize(self, compact: bool = False) -> torch.Tensor:
         """Per-example gradients, [B, p0·(p1 + bias)], in the parameter's own layout.
 
-        ``compact``: for one-hot rows keep only the rows of tokens that occur (a Gram with
-        itself is the same; the layout is no longer the parameter's).
+        ``compact``: for one-hot rows keep at most B·T rows, those of tokens that occur (a Gram
+        with itself is the same; the layout is no longer the parameter's).  Their number is
+        fixed by the shape, not counted, so nothing waits for the device.
         """
         C = self.C
         if not isinstance(C, DenseFactor):
@@ -117,14 +118,21 @@ class OuterRep:
         B, T, p1 = c.shape
         if isinstance(self.A, OneHotFactor):
             tokens, n = self.A.tokens, self.A.n
-            if compact:
-                used, tokens = torch.unique(tokens, return_inverse=True)
-                n = used.numel()
+            if compact and n > B * T:  # rows of tokens that occur: each token's first sorted slot
+                tokens = _first_slots(tokens)
+                n = B * T
             G = c.new_zeros(B, n, p1)
             G.scatter_add_(1, tokens.unsqueeze(-1).expand(B, T, p1), c)
         else:
             G = torch.einsum("bta,btc->bac", self.A.values.to(dtype), c)
         return G.reshape(B, -1)
+
+
+def _first_slots(tokens: torch.Tensor) -> torch.Tensor:
+    """Each token's index in the sorted token list (its first copy): distinct tokens get
+    distinct slots in [0, B·T) without counting them (torch.unique would sync)."""
+    flat = tokens.reshape(-1)
+    return torch.searchsorted(torch.sort(flat).values, flat).view(tokens.shape)
 
 
 @dataclass
@@ -186,8 +194,28 @@ def _materialized_numel(r: OuterRep, s: OuterRep) -> int:
     return r.numel
 
 
+def _signature(r: OuterRep) -> tuple:
+    """What the cost model of a representation depends on: factor kinds, shapes, dtype."""
+    def factor(f: Factor) -> tuple:
+        return (f.values.shape, f.values.dtype) if isinstance(f, DenseFactor) else (f.tokens.shape, f.n)
+    return factor(r.A), factor(r.C), r.bias
+
+
+_PATHS: dict[tuple, InnerPath] = {}  # cost-model decisions by shape: a step asks the same ones
+
+
 def choose_path(r: OuterRep, s: OuterRep, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> InnerPath:
     """Cheaper of ghost and materialise for this pair, by the cost model of DESIGN.md §3."""
+    key = (_signature(r), None if s is r else _signature(s), memory_budget)
+    path = _PATHS.get(key)
+    if path is None:
+        if len(_PATHS) > 4096:
+            _PATHS.clear()
+        path = _PATHS[key] = _choose_path(r, s, memory_budget)
+    return path
+
+
+def _choose_path(r: OuterRep, s: OuterRep, memory_budget: int) -> InnerPath:
     bytes_per = 8 if compute_dtype(_any_values(r)) == torch.float64 else 4
     materialize_bytes = (r.batch + (0 if s is r else s.batch)) * _materialized_numel(r, s) * bytes_per
     if materialize_bytes > memory_budget:
@@ -207,15 +235,18 @@ def ghost_inner(
     B_r, T_r, B_s, T_s = r.batch, r.length, s.batch, s.length
     bytes_per_row = T_r * B_s * T_s * (8 if dtype == torch.float64 else 4) * 2
     chunk = max(1, min(B_r, memory_budget // max(bytes_per_row, 1)))
+
+    def rows(A: Factor, C: Factor) -> torch.Tensor:
+        a, c = _factor_gram(A, s.A, dtype), _factor_gram(C, s.C, dtype)
+        prod = a * (c + 1) if r.bias else a * c
+        return prod.view(-1, T_r, B_s, T_s).sum(dim=(1, 3)).to(torch.float64)
+
+    if chunk >= B_r:  # one chunk (the usual case): no slicing, no output buffer
+        return rows(r.A, r.C)
     out = torch.empty(B_r, B_s, dtype=torch.float64, device=_any_values(r).device)
     for start in range(0, B_r, chunk):
         stop = min(B_r, start + chunk)
-        a = _factor_gram(_rows(r.A, start, stop), s.A, dtype)
-        c = _factor_gram(_rows(r.C, start, stop), s.C, dtype)
-        if r.bias:
-            c = c + 1
-        prod = (a * c).reshape(stop - start, T_r, B_s, T_s)
-        out[start:stop] = prod.sum(dim=(1, 3)).to(torch.float64)
+        out[start:stop] = rows(_rows(r.A, start, stop), _rows(r.C, start, stop))
     return out
 
 
@@ -240,12 +271,16 @@ def inner(r: Rep, s: Rep, path: InnerPath | None = None, memory_budget: int = DE
 
 
 def restrict_rows(rep: Rep, rows: torch.Tensor) -> Rep | None:
-    """The same gradients restricted to parameter rows ``rows`` (sorted, unique) of A's side.
+    """The same gradients restricted to parameter rows ``rows`` (sorted) of A's side.
 
     For a tied embedding/head weight, the cross terms with the embedding's uses only involve
     the rows of tokens that occur, so the head's Δ [B, T, V] can be kept as Δ[..., rows] until
     the embedding's gradient arrives.  Returns None when the representation cannot be
     restricted (then it is kept whole).  Every token of a ``OneHotFactor`` factor must be in rows.
+    ``rows`` may repeat (their number is fixed by the shapes, not counted on the device): a
+    one-hot factor maps each token to its first copy, so an inner product of a restricted dense
+    side with a restricted one-hot side counts each row once.  Two restricted dense sides
+    would count repeats twice; the auditor only pairs them before restricting.
     """
     if not isinstance(rep, OuterRep):
         return None

@@ -9,7 +9,8 @@ its digits too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,47 +19,96 @@ class GNQNumericalError(ArithmeticError):
     """K + λI could not be factorised (non-finite entries or not positive definite)."""
 
 
-@dataclass(frozen=True)
+WEIGHTS_MESSAGE = "weights must be finite and non-zero (w_j scales example j's gradient)"
+
+
+@dataclass
 class Solution:
+    """GNQ of a batch, with its checks still on the device until ``check()`` reads them.
+
+    Nothing here waits for the device: the finite check, the Cholesky status and K + λI (for
+    the condition number) are fetched together by one host read in ``check()``.
+    """
+
     gnq: torch.Tensor  # float64 [B]
-    condition: float  # 2-norm condition number of K + λI
+    system: torch.Tensor  # K + λI, float64 [B, B], on the kernel's device
+    finite: torch.Tensor  # bool scalar: K had no NaN/Inf
+    info: torch.Tensor  # Cholesky status (0: positive definite)
+    lam: float
+    _condition: float | None = field(default=None, repr=False)
+
+    def check(self, extra: Sequence[tuple[torch.Tensor, str]] = ()) -> float:
+        """Raise if the solve failed (or an ``extra`` (ok, message) condition is False, as
+        ValueError); else the 2-norm condition number of K + λI.  One device-to-host read."""
+        if self._condition is not None and not extra:
+            return self._condition
+        flags = [ok.reshape(1).to(torch.float64) for ok, _ in extra]
+        status = torch.stack([self.finite.to(torch.float64), self.info.to(torch.float64)])
+        host = torch.cat([*flags, status, self.system.reshape(-1)]).cpu()
+        n = len(flags)
+        values = host[:n + 2].tolist()
+        for (_, message), ok in zip(extra, values, strict=False):
+            if not ok:
+                raise ValueError(message)
+        if not values[n]:
+            raise GNQNumericalError("the gradient kernel has NaN/Inf entries (non-finite loss or gradient)")
+        eig = torch.linalg.eigvalsh(host[n + 2:].view(self.system.shape)).tolist()  # host, B×B
+        if values[n + 1] != 0:
+            raise GNQNumericalError(
+                f"K + λI is not positive definite (λ={self.lam:g}, smallest eigenvalue "
+                f"{eig[0]:.3e}); λ is too small for the scale of the gradients")
+        self._condition = eig[-1] / eig[0]
+        return self._condition
+
+    @property
+    def condition(self) -> float:
+        """2-norm condition number of K + λI (reads the checks, see ``check``)."""
+        return self.check()
 
 
-def gnq_from_kernel(kernel: torch.Tensor, lam: float) -> Solution:
-    """GNQ of every example of a batch from its B×B gradient kernel K = G Gᵀ."""
+def gnq_from_kernel(kernel: torch.Tensor, lam: float, *, check: bool = True) -> Solution:
+    """GNQ of every example of a batch from its B×B gradient kernel K = G Gᵀ.
+
+    ``check=False``: return without waiting for the device; call ``Solution.check()`` later
+    (a non-finite or indefinite K then gives NaN/garbage GNQ until checked).
+    """
     if lam <= 0:
         raise ValueError(f"lam must be > 0, got {lam}")
     if kernel.ndim != 2 or kernel.shape[0] != kernel.shape[1]:
         raise ValueError(f"kernel must be square, got shape {tuple(kernel.shape)}")
     K = kernel.to(torch.float64)
-    if not torch.isfinite(K).all():
-        raise GNQNumericalError("the gradient kernel has NaN/Inf entries (non-finite loss or gradient)")
+    finite = torch.isfinite(K).all()
     K = 0.5 * (K + K.T)  # symmetric up to rounding already; make it exactly so for Cholesky
     eye = torch.eye(K.shape[0], dtype=torch.float64, device=K.device)
     A = K + lam * eye
     L, info = torch.linalg.cholesky_ex(A)
-    eig = torch.linalg.eigvalsh(A)
-    if int(info) != 0:
-        raise GNQNumericalError(
-            f"K + λI is not positive definite (λ={lam:g}, smallest eigenvalue {eig[0].item():.3e}); "
-            "λ is too small for the scale of the gradients"
-        )
     L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
     m_diag = (L_inv * L_inv).sum(dim=0)  # M_jj = ‖L⁻¹ e_j‖² = (1 − h_j)/λ, a sum of squares
     # h_j = [K M]_jj directly, not as 1 − λM_jj: that difference cancels when GNQ ≪ 1
     # (well-explained examples, large λ), while this sum keeps full relative precision.
     h = (K * (L_inv.T @ L_inv)).sum(dim=1)
     gnq = h / (lam * m_diag)
-    condition = (eig[-1] / eig[0]).item()
-    return Solution(gnq=gnq, condition=condition)
+    solution = Solution(gnq=gnq, system=A, finite=finite, info=info, lam=float(lam))
+    if check:
+        solution.check()
+    return solution
 
 
-def unweight_kernel(kernel: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """K_true = W⁻¹ K W⁻¹ for a training objective Σ_j w_j ℓ_j (DESIGN.md §1)."""
+def weights_valid(weights: torch.Tensor) -> torch.Tensor:
+    """Bool scalar on the weights' device: all finite and non-zero."""
+    return torch.isfinite(weights).all() & (weights != 0).all()
+
+
+def unweight_kernel(kernel: torch.Tensor, weights: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+    """K_true = W⁻¹ K W⁻¹ for a training objective Σ_j w_j ℓ_j (DESIGN.md §1).
+
+    ``validate=False``: leave the finite/non-zero check of the weights to the caller
+    (``weights_valid``), so nothing waits for the device here.
+    """
     w = weights.detach().to(device=kernel.device, dtype=torch.float64).reshape(-1)
     if w.shape[0] != kernel.shape[0]:
         raise ValueError(f"weights has {w.shape[0]} entries but the batch has {kernel.shape[0]}")
-    if not torch.isfinite(w).all() or (w == 0).any():
-        raise ValueError("weights must be finite and non-zero (w_j scales example j's gradient)")
+    if validate and not bool(weights_valid(w)):
+        raise ValueError(WEIGHTS_MESSAGE)
     inv = 1.0 / w
     return kernel * inv[:, None] * inv[None, :]

@@ -9,14 +9,19 @@ results are written in one transaction; a rerun skips the checkpoints already do
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
 
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.pipelines.text_labels import ensure_text_labels, text_labels
@@ -30,6 +35,8 @@ from gnq_core.sources.checkpoints import (
     checkpoint_hash,
     find_checkpoints,
     load_checkpoint,
+    load_tokenizer,
+    tokenizer_fingerprint,
 )
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.tokens import LMBatch, batch_partition, collate, encode_texts, pad_id
@@ -38,14 +45,18 @@ COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partit
 
 
 def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, device: torch.device,
-                  reporter: Reporter | None = None) -> tuple[list[TextResult], list[BatchResult]]:
-    """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights."""
+                  reporter: Reporter | None = None, indices: Sequence[int] | None = None
+                  ) -> tuple[list[TextResult], list[BatchResult]]:
+    """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights.
+
+    ``indices``: the batches' numbers in the audit's partition (default 0, 1, ...)."""
     texts, results = [], []
+    indices = range(len(batches)) if indices is None else indices
     model.eval()  # the gradient at a checkpoint, without dropout noise
     for p in model.parameters():
         p.requires_grad_(True)
     with GNQAuditor(model, lam=lam) as auditor:
-        for index, batch in enumerate(batches):
+        for index, batch in zip(indices, batches, strict=True):
             t0 = time.perf_counter()
             b = batch.to(device)
             logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
@@ -61,30 +72,87 @@ def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, de
     return texts, results
 
 
-def make_batches(tokenizer, dataset: TextDataset, partition: list[list[int]],
-                 max_length: int) -> list[LMBatch]:
-    ids = encode_texts(tokenizer, dataset.texts, max_length)
-    pad = pad_id(tokenizer)
-    return [collate([ids[i] for i in part], part, pad) for part in partition]
+class _Tokenised:
+    """The audit's texts as token ids, once per distinct tokenizer of the series."""
+
+    def __init__(self, dataset: TextDataset, max_length: int) -> None:
+        self.dataset, self.max_length = dataset, max_length
+        self._ids: dict[str, list[list[int]]] = {}
+
+    def ids(self, tokenizer, checkpoint: str | Path) -> list[list[int]]:
+        key = tokenizer_fingerprint(checkpoint)
+        if key not in self._ids:
+            self._ids[key] = encode_texts(tokenizer, self.dataset.texts, self.max_length)
+        return self._ids[key]
+
+    def batches(self, tokenizer, checkpoint: str | Path, partition: list[list[int]]) -> list[LMBatch]:
+        ids, pad = self.ids(tokenizer, checkpoint), pad_id(tokenizer)
+        return [collate([ids[i] for i in part], part, pad) for part in partition]
 
 
-def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, name: str,
-              settings: AuditSettings = AuditSettings(), reporter: Reporter | None = None) -> Run:
-    """Audit every checkpoint under ``checkpoints`` into run ``name``; resumes an unfinished run."""
+def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset, *, name: str,
+              settings: AuditSettings = AuditSettings(), reporter: Reporter | None = None,
+              ranks: Ranks | None = None) -> Run | None:
+    """Audit every checkpoint under ``checkpoints`` into run ``name``; resumes an unfinished run.
+
+    Under torchrun every rank calls this with its ``Ranks``: the lead (rank 0) alone opens the
+    store (the others pass ``store=None`` and get None back), each rank audits every N-th batch
+    of each checkpoint, and the lead writes the gathered rows — the rows one process writes.
+    The next checkpoint is loaded in a thread while the current one is audited.
+    """
     reporter = reporter or Reporter()
+    ranks = ranks or Ranks()
     refs = find_checkpoints(checkpoints)
-    device = resolve_device(settings.device)
+    device = ranks.device(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype)
+    tokens = _Tokenised(dataset, settings.max_length)
+    run = None
+    if ranks.lead:
+        assert store is not None, "the lead rank writes the rows: it needs the store"
+        try:
+            run, todo, partition = _prepare(store, refs, dataset, name, settings, device, tokens, reporter)
+        except Exception as exc:
+            ranks.broadcast(exc)  # the other ranks stop with the same one-line error
+            raise
+        ranks.broadcast((todo, partition))
+    else:
+        todo, partition = ranks.broadcast(None)
+
+    def load(point: int) -> tuple[torch.nn.Module, Any, str | None]:
+        path = refs[point].path
+        model, tokenizer = load_checkpoint(path, device=device, dtype=dtype)
+        return model, tokenizer, checkpoint_hash(path) if ranks.lead else None
+
+    tracking = store.tracking(run.run_id) if run is not None else contextlib.nullcontext()
+    with tracking, ThreadPoolExecutor(max_workers=1) as loader:
+        upcoming = loader.submit(load, todo[0]) if todo else None
+        for n, point in enumerate(todo):
+            t0 = time.perf_counter()
+            model, tokenizer, model_hash = upcoming.result()
+            upcoming = loader.submit(load, todo[n + 1]) if n + 1 < len(todo) else None
+            ref = refs[point]
+            batches = tokens.batches(tokenizer, ref.path, partition)
+            texts, results = _audit_share(model, batches, ref, settings, device, reporter, ranks)
+            del model
+            if run is not None:
+                store.write_point(run.run_id, point, texts, results, time.perf_counter() - t0,
+                                  path=str(ref.path), model_hash=model_hash)
+    return store.run(run.run_id) if run is not None else None
+
+
+def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name: str,
+             settings: AuditSettings, device: torch.device, tokens: _Tokenised,
+             reporter: Reporter) -> tuple[Run, list[int], list[list[int]]]:
+    """The run (created or resumed), the checkpoints still to audit and the batch partition,
+    after every check."""
     spec = _run_spec(refs, dataset, name, settings, device)
     run = store.resumable_run(spec)
     finished = set() if run is None else set(store.points(run.run_id).query("status == 'done'")["point"])
     for i, ref in enumerate(refs):  # a broken checkpoint still to audit is refused before anything is written
         if i not in finished:
             check_checkpoint(ref.path, settings.max_length)
-    loaded = None  # the first checkpoint, loaded once: its tokenizer also counts the run's tokens
     if run is None:
-        loaded = load_checkpoint(refs[0].path, device=device, dtype=dtype)
-        n_tokens = [len(x) for x in encode_texts(loaded[1], dataset.texts, settings.max_length)]
+        n_tokens = [len(x) for x in tokens.ids(load_tokenizer(refs[0].path), refs[0].path)]
         examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": n_tokens})
         run = store.create_run(spec, pd.concat([examples, text_labels(dataset.texts)], axis=1))
@@ -93,26 +161,30 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
     store.add_points(run.run_id, [dict(point=i, label=r.label, kind="checkpoint", path=str(r.path))
                                   for i, r in enumerate(refs)])
     done = set(store.points(run.run_id).query("status == 'done'")["point"])
+    for i, ref in enumerate(refs):
+        if i in done:
+            reporter.log(f"{ref.label}: already audited, skipped")
     examples = ensure_text_labels(store, run)
     # Copies in one batch explain each other (GNQ ≈ 1): keep them apart.  A run audited before
     # this rule keeps its plain partition, so all its checkpoints share one partition.
     clusters = examples["cluster_id"].tolist() if run.settings.get("partition") == COPIES_APART else None
     partition = batch_partition(len(dataset), settings.batch_size, settings.seed, clusters)
-    with store.tracking(run.run_id):
-        for i, ref in enumerate(refs):
-            if i in done:
-                reporter.log(f"{ref.label}: already audited, skipped")
-                continue
-            t0 = time.perf_counter()
-            model, tokenizer = loaded or load_checkpoint(ref.path, device=device, dtype=dtype)
-            loaded = None
-            batches = make_batches(tokenizer, dataset, partition, settings.max_length)
-            reporter.stage(f"{ref.label}", len(dataset))
-            texts, results = audit_batches(model, batches, settings.lam, device, reporter)
-            store.write_point(run.run_id, i, texts, results, time.perf_counter() - t0, path=str(ref.path),
-                              model_hash=checkpoint_hash(ref.path))
-            del model
-    return store.run(run.run_id)
+    return run, [i for i in range(len(refs)) if i not in done], partition
+
+
+def _audit_share(model: torch.nn.Module, batches: list[LMBatch], ref: CheckpointRef, settings: AuditSettings,
+                 device: torch.device, reporter: Reporter, ranks: Ranks
+                 ) -> tuple[list[TextResult], list[BatchResult]]:
+    """This rank's batches of one checkpoint; on the lead, every rank's records in batch order."""
+    mine = ranks.share(len(batches))
+    reporter.stage(f"{ref.label}", sum(len(batches[k].example_ids) for k in mine))
+    rows = audit_batches(model, [batches[k] for k in mine], settings.lam, device, reporter, indices=mine)
+    parts = ranks.gather(rows)
+    if not ranks.lead:
+        return rows
+    texts = sorted((t for p in parts for t in p[0]), key=lambda t: t.batch_index)
+    results = sorted((r for p in parts for r in p[1]), key=lambda r: r.batch_index)
+    return texts, results
 
 
 def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settings: AuditSettings,

@@ -198,7 +198,7 @@ class DistributedGNQAuditor(GNQAuditor):
         flags = self._comm.gather(flag, "meta")
         if not all(int(f) for f in flags):  # some rank keeps the rows whole: so must all
             return None
-        return torch.unique(torch.cat([t.to(mine.device) for t in self._comm.gather(mine, "meta")]))
+        return torch.sort(torch.cat([t.to(mine.device) for t in self._comm.gather(mine, "meta")])).values
 
     def batch_kernel(self, kernel: torch.Tensor | None, batch_size: int, weights: torch.Tensor | None
                      ) -> tuple[torch.Tensor, int]:

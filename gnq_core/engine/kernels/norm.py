@@ -45,6 +45,8 @@ class LayerNormKernel(Kernel):
     def fused_forward(self, module, args, kwargs, request):
         """Per-example LayerNorm gradients are B×d: always formed, reusing the forward's statistics."""
         x = first_input(args, kwargs)
+        if torch.is_autocast_enabled(x.device.type):  # autocast picks LayerNorm's dtype: its own path
+            return NotImplemented
         if x.dim() < 2 or x.shape[0] != request.batch_size or not request.params:
             return NotImplemented
         return FusedLayerNormFunction.apply(x, module.weight, module.bias, module.normalized_shape,
