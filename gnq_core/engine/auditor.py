@@ -26,12 +26,15 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
+from gnq_core.engine.frontier import backward_targets, depends_on
 from gnq_core.engine.fused import FusedLayerNormFunction, FusedLinearFunction, fused_flops, ghost_linear_flops
 from gnq_core.engine.kernels import Contribution, Kernel, kernel_for
 from gnq_core.engine.kernels.base import first_input, hooks_are_suspended
 from gnq_core.engine.kernels.embedding import EmbeddingKernel
+from gnq_core.engine.kernels.generic import planned_kernel
 from gnq_core.engine.kernels.linear import Conv1DKernel, LinearKernel
 from gnq_core.engine.kernels.norm import LayerNormKernel
+from gnq_core.engine.planning import Plan, probe, probeable
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,
     DenseRep,
@@ -101,7 +104,8 @@ class _Pass:
     repeated: bool = False
     paths: dict[str, set[str]] = field(default_factory=dict)
     call_counts: Counter = field(default_factory=Counter)
-    frontier: list[torch.Tensor] = field(default_factory=list)  # outputs of input-end modules
+    # outputs of input-end modules, with their version when the hook saw them and their module
+    frontier: list[tuple[torch.Tensor, int, list[torch.Tensor]]] = field(default_factory=list)
 
     def add(self, block: torch.Tensor) -> None:
         self.kernel = block.clone() if self.kernel is None else self.kernel + block
@@ -155,26 +159,69 @@ class GNQAuditor:
         self._static_coverage = self._describe(model)
         self._checker: UseChecker | None = None
         self._checker_active = False
+        self._planned = not check_uses  # check_uses: plan from a probe of the first batch
         if check_uses:
-            owners: dict[int, tuple[str, set[int], bool]] = {}
-            names = {id(p): n for n, p in model.named_parameters()}
-            for h in self._hooked:
-                for pid in h.param_ids:
-                    _, allowed, nested = owners.get(pid, (names[pid], set(), False))
-                    owners[pid] = (names[pid], allowed | {id(h.module)}, nested or h.kernel.recurse)
-            self._checker = UseChecker(model, owners)
+            self._checker = UseChecker(model, self._owners())
         self._handles.append(model.register_forward_pre_hook(self._on_root_forward, with_kwargs=True))
         self._handles.append(model.register_forward_hook(self._on_root_done, always_call=True))
+        self._fused = fused
+        self._module_handles: list[Any] = []
+        self._install_module_hooks()
+
+    def _owners(self) -> dict[int, tuple[str, set[int], bool]]:
+        """id(param) -> (name, ids of the modules allowed to use it, whether nested uses are ok)."""
+        owners: dict[int, tuple[str, set[int], bool]] = {}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for h in self._hooked:
+            for pid in h.param_ids:
+                _, allowed, nested = owners.get(pid, (names[pid], set(), False))
+                owners[pid] = (names[pid], allowed | {id(h.module)}, nested or h.kernel.recurse)
+        return owners
+
+    def _install_module_hooks(self) -> None:
         for h in self._hooked:
             hook = functools.partial(self._on_forward, h)
-            self._handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
-            if fused and type(h.kernel) in _FUSABLE and "forward" not in vars(h.module):
+            self._module_handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
+            if self._fused and type(h.kernel) in _FUSABLE and "forward" not in vars(h.module):
                 h.module.forward = functools.partial(self._fused_forward, h)
                 self._fused_modules.append(h.module)
 
+    def _remove_module_hooks(self) -> None:
+        for handle in self._module_handles:
+            handle.remove()
+        self._module_handles.clear()
+        for module in self._fused_modules:
+            del module.forward  # back to the class's own forward
+        self._fused_modules.clear()
+
+    def _plan(self, args: tuple, kwargs: dict) -> None:
+        """Probe the first batch (gnq_core.engine.planning) and re-assign kernels by its plan."""
+        self._planned = True
+        if self._checker is not None:  # the probe checks parameter uses itself
+            self._checker.remove_hooks()
+            self._checker = None
+        B = _leading_dim(args, kwargs)
+        if B is None:
+            return
+        covered = {h.name: h.param_ids for h in self._hooked}
+        plan = probe(self.model, args, kwargs, B, covered, self._owners())
+        if plan.violations:
+            raise UncoveredParametersError(plan.violations)
+        if plan.refused:
+            name, why = next(iter(plan.refused.items()))
+            module = self.model.get_submodule(name)
+            raise BatchDimensionError(
+                f"{_family(self.model)}: module '{name}' ({type(module).__name__}) {why}, and no "
+                "enclosing module sees batch-first tensors, so its per-example gradients cannot be "
+                "attributed")
+        self._remove_module_hooks()
+        self._hooked = self._assign_kernels(self.model, plan)
+        self._static_coverage = self._describe(self.model)
+        self._install_module_hooks()
+
     # ------------------------------------------------------------------ set-up
     @staticmethod
-    def _assign_kernels(model: nn.Module) -> list[_Hooked]:
+    def _assign_kernels(model: nn.Module, plan: Plan | None = None) -> list[_Hooked]:
         trainable = {id(p) for p in model.parameters() if p.requires_grad}
         if not trainable:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
@@ -182,7 +229,7 @@ class GNQAuditor:
         for name, module in model.named_modules():
             if id(module) in claimed:
                 continue
-            kernel = kernel_for(module)
+            kernel = planned_kernel(name, kernel_for(module), plan)
             params = module.named_parameters(recurse=kernel.recurse)
             mine = [(n, p) for n, p in params if p.requires_grad]
             if kernel.recurse:
@@ -195,7 +242,8 @@ class GNQAuditor:
         if missing:  # cannot happen for registered parameters; kept as a guard
             names = {id(p): n for n, p in model.named_parameters()}
             raise UncoveredParametersError({names[i]: "no module" for i in missing})
-        return hooked
+        bound = {id(h.module): h.param_ids for h in hooked}
+        return [h for h in (_without_inner_aliases(h, bound) for h in hooked) if h.params]
 
     def _describe(self, model: nn.Module) -> Coverage:
         entries, seen = [], set()
@@ -222,6 +270,8 @@ class GNQAuditor:
             self._checker = None
         if not self._enabled or hooks_are_suspended() or not torch.is_grad_enabled():
             return
+        if not self._planned and probeable(args, kwargs):
+            self._plan(args, kwargs)
         self._start_pass(_leading_dim(args, kwargs))
         if self._checker is not None and not self._checker.done:
             self._checker_active = True
@@ -273,8 +323,10 @@ class GNQAuditor:
             if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
                 flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen
                 expanded = True
-        if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten((args, kwargs))[0]):
-            p.frontier.extend(flat_out[i] for i in diff)  # nothing upstream needs a gradient
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if not depends_on([flat_out[i] for i in diff], inputs):  # nothing upstream needs a gradient
+            params = [module.get_parameter(n) for n in h.params]
+            p.frontier.extend((flat_out[i], flat_out[i]._version, params) for i in diff)
         saved = h.kernel.capture(module, args, kwargs, output, B)
         call = _Call(h, saved, [(flat_out[i].shape, flat_out[i].dtype, flat_out[i].device)
                                 for i in diff], [None] * len(diff))
@@ -457,7 +509,7 @@ class GNQAuditor:
         if p is None or not p.frontier:
             loss.backward()
             return
-        torch.autograd.grad(loss, p.frontier, allow_unused=True)
+        torch.autograd.grad(loss, backward_targets(p.frontier), allow_unused=True)
         p.frontier.clear()
 
     def compute(self, weights: torch.Tensor | None = None) -> GNQResult:
@@ -509,9 +561,7 @@ class GNQAuditor:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for module in self._fused_modules:
-            del module.forward  # back to the class's own forward
-        self._fused_modules.clear()
+        self._remove_module_hooks()
         self._scratch.clear()
         if self._checker is not None:
             if self._checker_active:
@@ -589,6 +639,23 @@ class _FusedSink:
 
 
 _FUSABLE = (LinearKernel, Conv1DKernel, LayerNormKernel)
+
+
+def _without_inner_aliases(h: _Hooked, bound: dict[int, list[int]]) -> _Hooked:
+    """``h`` without the parameters that a module inside it also binds (BERT's
+    ``cls.predictions.bias`` is ``cls.predictions.decoder.bias``).  The inner module's own
+    kernel covers such a parameter; kept on the outer one too, its gradient would count twice.
+    A direct use by the outer module is then reported by the UseChecker."""
+    inner_ids = {pid for m in h.module.modules() if m is not h.module for pid in bound.get(id(m), ())}
+    keep = [i for i, pid in enumerate(h.param_ids) if pid not in inner_ids]
+    if len(keep) == len(h.params):
+        return h
+    return replace(h, params=[h.params[i] for i in keep], param_ids=[h.param_ids[i] for i in keep])
+
+
+def _family(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    return str(getattr(config, "model_type", None) or type(model).__name__)
 
 
 def _leading_dim(args: tuple, kwargs: dict) -> int | None:

@@ -8,7 +8,8 @@ only.  Its forward must be deterministic (no dropout inside) and treat examples 
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -17,7 +18,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.kernels.base import Kernel, UnsupportedModuleError, dense_contributions, hooks_suspended
+from gnq_core.engine.kernels.registry import generic_kernel as registry_generic
 from gnq_core.engine.kernels.registry import register, register_generic
+
+if TYPE_CHECKING:
+    from gnq_core.engine.planning import Plan
 
 
 def _detach(x: Any) -> Any:
@@ -28,18 +33,35 @@ def _detach(x: Any) -> Any:
 class GenericKernel(Kernel):
     name = "generic-vjp"
 
+    in_dims: list[int | None] | None = None  # per flat input leaf, from the first batch's probe
+
+    def __init__(self) -> None:
+        self._vmap_trusted: dict[type, bool] = {}  # module type -> vmap agreed with a plain vjp
+
+    def bound(self, in_dims: list[int | None] | None, enclosing: bool = False) -> GenericKernel:
+        """This kernel for one module: its inputs' batch dimensions as the probe found them
+        (never guessed from shapes); ``enclosing``: it also owns its submodules' parameters."""
+        kernel = copy.copy(self)  # shares _vmap_trusted
+        kernel.in_dims = in_dims
+        if enclosing:
+            kernel.recurse, kernel.name = True, "enclosing-vjp"
+        return kernel
+
     def capture(self, module, args, kwargs, output, batch_size):
         flat_in, in_spec = tree_flatten((args, kwargs))
         flat_out, _ = tree_flatten(output)
         diff = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if self.in_dims is not None and len(self.in_dims) == len(flat_in):
+            dims = self.in_dims
+        else:  # no probe (check_uses=False): a leading dimension of B is taken as the batch
+            dims = [0 if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch_size else None
+                    for t in flat_in]
         return {"inputs": [_detach(t) for t in flat_in], "spec": in_spec, "diff": diff,
-                "batch": batch_size}
+                "batch": batch_size, "dims": dims}
 
     def per_example_grads(self, module: nn.Module, saved: dict, grads, params) -> dict:
         B, spec, diff = saved["batch"], saved["spec"], saved["diff"]
-        inputs = saved["inputs"]
-        dims = [0 if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == B else None
-                for t in inputs]
+        inputs, dims = saved["inputs"], saved["dims"]
         theta = {n: module.get_parameter(n).detach() for n in params}
 
         def one(inputs_j, grads_j):
@@ -55,9 +77,17 @@ class GenericKernel(Kernel):
             return g
 
         grads = tuple(grads)
+
+        def loop():  # ops without a batching rule: same computation, one example at a time
+            per = [one([t[j] if d == 0 else t for t, d in zip(inputs, dims, strict=True)],
+                       tuple(g[j] for g in grads)) for j in range(B)]
+            return {n: torch.stack([p[n] for p in per]) for n in params}
+
         with hooks_suspended():
+            if self._vmap_trusted.get(type(module)) is False:
+                return loop()
             try:
-                return vmap(one, in_dims=(dims, 0), randomness="error")(inputs, grads)
+                batched = vmap(one, in_dims=(dims, 0), randomness="error")(inputs, grads)
             except RuntimeError as err:
                 if "random" in str(err).lower():
                     raise UnsupportedModuleError(
@@ -65,13 +95,37 @@ class GenericKernel(Kernel):
                         "inside a module with its own parameters); its per-example gradients "
                         "cannot be recomputed exactly"
                     ) from err
-            # some ops have no batching rule: same computation, one example at a time
-            per = [one([t[j] if d == 0 else t for t, d in zip(inputs, dims, strict=True)],
-                       tuple(g[j] for g in grads)) for j in range(B)]
-            return {n: torch.stack([p[n] for p in per]) for n in params}
+                return loop()
+            if type(module) not in self._vmap_trusted:
+                self._vmap_trusted[type(module)] = self._agrees(batched, one, inputs, dims, grads)
+                if not self._vmap_trusted[type(module)]:
+                    return loop()
+            return batched
+
+    @staticmethod
+    def _agrees(batched: dict, one, inputs: list, dims: list, grads: tuple) -> bool:
+        """vmap's first row against the same vjp run without vmap.  Some batching rules are
+        wrong (torch 2.13: an expanded parameter concatenated to batched scores, FLINT's
+        attention sinks, came out doubled), so a module type is trusted only after this check."""
+        first = one([t[0] if d == 0 else t for t, d in zip(inputs, dims, strict=True)],
+                    tuple(g[0] for g in grads))
+        return all(torch.allclose(batched[n][0], first[n], rtol=1e-6, atol=0) or
+                   torch.equal(batched[n][0], first[n]) for n in first)
 
     def contributions(self, module, saved, grads, params, split):
         return dense_contributions(self.per_example_grads(module, saved, grads, params), split)
+
+
+def planned_kernel(name: str, kernel: Kernel, plan: Plan | None) -> Kernel:
+    """The kernel the first batch's plan gives module ``name`` (``kernel``: its registered one)."""
+    if plan is None:
+        return kernel
+    if name in plan.enclose:
+        base = kernel if isinstance(kernel, GenericKernel) else registry_generic()
+        return base.bound(plan.in_dims.get(name), enclosing=True)
+    if isinstance(kernel, GenericKernel):
+        return kernel.bound(plan.in_dims.get(name))
+    return kernel
 
 
 @register(nn.MultiheadAttention)

@@ -41,3 +41,9 @@ def kernel_for(module: nn.Module) -> Kernel:
             return _KERNELS[base]
     assert _generic is not None, "generic kernel not registered"
     return _generic
+
+
+def generic_kernel() -> Kernel:
+    """The fallback kernel (per-example vjp of a module's forward)."""
+    assert _generic is not None, "generic kernel not registered"
+    return _generic
