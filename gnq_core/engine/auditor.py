@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
-from gnq_core.engine.frontier import backward_targets, depends_on
+from gnq_core.engine.frontier import backward_targets, depends_on, used_inside
 from gnq_core.engine.fused import FusedLayerNormFunction, FusedLinearFunction, fused_flops, ghost_linear_flops
 from gnq_core.engine.kernels import Contribution, Kernel, kernel_for
 from gnq_core.engine.kernels.base import first_input, hooks_are_suspended
@@ -323,10 +323,14 @@ class GNQAuditor:
             if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
                 flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen
                 expanded = True
+        for i in used_inside(flat_out, diff):  # the hook must see only the uses outside the module
+            flat_out[i] = flat_out[i].view_as(flat_out[i])
+            expanded = True
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if not depends_on([flat_out[i] for i in diff], inputs):  # nothing upstream needs a gradient
+        ends = [i for i in diff if not depends_on([flat_out[i]], inputs)]  # nothing upstream needs a gradient
+        if ends:
             params = [module.get_parameter(n) for n in h.params]
-            p.frontier.extend((flat_out[i], flat_out[i]._version, params) for i in diff)
+            p.frontier.extend((flat_out[i], flat_out[i]._version, params) for i in ends)
         saved = h.kernel.capture(module, args, kwargs, output, B)
         call = _Call(h, saved, [(flat_out[i].shape, flat_out[i].dtype, flat_out[i].device)
                                 for i in diff], [None] * len(diff))

@@ -42,6 +42,20 @@ def depends_on(outputs: Sequence[torch.Tensor], inputs: Iterable[torch.Tensor]) 
     return False
 
 
+def used_inside(outputs: list, diff: list[int]) -> list[int]:
+    """Indices (of ``diff``) of outputs from which another output of the same call was computed.
+
+    LongT5's local attention returns its position bias and the attention output computed from
+    it; a hook on the bias would receive both the gradient from later layers and the one through
+    the attention output, and the kernel's vjp would count the second twice.  Such an output
+    is handed on as an alias, so its hook sees the uses outside the module only.
+    """
+    if len(diff) < 2:
+        return []
+    return [i for i in diff if outputs[i].grad_fn is not None
+            and depends_on([outputs[k] for k in diff if k != i], [outputs[i]])]
+
+
 Frontier = Iterable[tuple[torch.Tensor, int, Sequence[torch.Tensor]]]
 
 

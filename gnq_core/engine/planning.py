@@ -82,8 +82,16 @@ class _Tracker(UseChecker):
         B, problem = self.batch_size, None
         dims: list[int | None] = []
         for x in ins:
-            if not isinstance(x, torch.Tensor) or x not in self.tags:
+            if not isinstance(x, torch.Tensor):
                 dims.append(None)
+            elif x not in self.tags:  # the same for every example, or built to the batch's size
+                if x.dim() > 0 and x.shape[0] == B > 1:
+                    if x.stride(0) != 0:  # T5's [T, T] bucket ids when T = B: cannot tell
+                        problem = problem or (f"takes a tensor of shape {list(x.shape)} that does not "
+                                              "come from the batch but has the batch's size first")
+                    dims.append(0)  # expand(B, ...) of one row: row j is example j's
+                else:
+                    dims.append(None)
             elif x.dim() > 0 and x.shape[0] == B:
                 dims.append(0)
             else:

@@ -128,12 +128,25 @@ def _audit_one(store: Store, run: Run, point: int, ref: CheckpointRef, dataset: 
                dtype: torch.dtype, reporter: Reporter) -> None:
     t0 = time.perf_counter()
     model, tokenizer = load_checkpoint(ref.path, device=device, dtype=dtype)
+    _prepare_for_audit(model, dtype)
     batches = make_batches(tokenizer, dataset, partition, settings.max_length)
     reporter.stage(f"{ref.label}", len(dataset))
     scores, frame = audit_batches(model, batches, settings.lam, device, reporter)
     store.write_point(run.run_id, point, scores, frame, time.perf_counter() - t0,
                       path=str(ref.path), model_hash=checkpoint_hash(ref.path))
     del model
+
+
+def _prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """No key/value or recurrent cache: an audit never decodes, and a cache updated in place
+    (RWKV's state) breaks the backward.  Mixture-of-experts layers as per-expert loops in float64:
+    transformers' grouped-matmul kernels take float32/bf16/fp16 only."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "use_cache", False):
+        config.use_cache = False
+    implementation = getattr(config, "_experts_implementation", None)
+    if dtype == torch.float64 and implementation not in (None, "eager"):
+        model.set_experts_implementation("eager")
 
 
 def _create_audit_run(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name: str,

@@ -64,7 +64,7 @@ class GenericKernel(Kernel):
         inputs, dims = saved["inputs"], saved["dims"]
         theta = {n: module.get_parameter(n).detach() for n in params}
 
-        def one(inputs_j, grads_j):
+        def one(inputs_j, grads_j, func: bool = True):
             leaves = [t.unsqueeze(0) if d == 0 else t for t, d in zip(inputs_j, dims, strict=True)]
             args, kwargs = tree_unflatten(leaves, spec)
 
@@ -72,16 +72,37 @@ class GenericKernel(Kernel):
                 flat_out, _ = tree_flatten(functional_call(module, p, args, kwargs))
                 return tuple(flat_out[i] for i in diff)
 
-            _, pull = vjp(f, theta)
-            (g,) = pull(tuple(gj.unsqueeze(0) for gj in grads_j))
-            return g
+            cotangents = tuple(gj.unsqueeze(0) for gj in grads_j)
+            if func:
+                _, pull = vjp(f, theta)
+                (g,) = pull(cotangents)
+                return g
+            # plain autograd: for autograd.Functions torch.func cannot transform (RecurrentGemma)
+            leaves_p = {n: t.clone().requires_grad_() for n, t in theta.items()}
+            with torch.enable_grad():
+                got = torch.autograd.grad(f(leaves_p), list(leaves_p.values()), cotangents,
+                                          allow_unused=True)
+            return {n: torch.zeros_like(t) if g is None else g
+                    for (n, t), g in zip(leaves_p.items(), got, strict=True)}
 
         grads = tuple(grads)
 
         def loop():  # ops without a batching rule: same computation, one example at a time
-            per = [one([t[j] if d == 0 else t for t, d in zip(inputs, dims, strict=True)],
-                       tuple(g[j] for g in grads)) for j in range(B)]
-            return {n: torch.stack([p[n] for p in per]) for n in params}
+            def run(func: bool):
+                per = [one([t[j] if d == 0 else t for t, d in zip(inputs, dims, strict=True)],
+                           tuple(g[j] for g in grads), func) for j in range(B)]
+                return {n: torch.stack([p[n] for p in per]) for n in params}
+            try:
+                return run(func=True)
+            except RuntimeError:
+                pass
+            try:
+                return run(func=False)
+            except RuntimeError as err:
+                raise UnsupportedModuleError(
+                    f"{type(module).__name__}: re-running its forward for one example at a time "
+                    f"failed ({str(err).splitlines()[0][:160]}); it keeps state between calls or "
+                    "mixes the examples, so its per-example gradients cannot be recomputed") from err
 
         with hooks_suspended():
             if self._vmap_trusted.get(type(module)) is False:

@@ -1,0 +1,74 @@
+"""`gnq audit` on checkpoints of other families, written with transformers' own save_pretrained:
+GPT-NeoX in the Pythia layout (its head is saved as `embed_out`) and Mixtral (experts saved one
+by one, fused when loaded).  The stored GNQ equals explicit per-example gradients (float64).
+A family the engine cannot cover is refused in one line on stderr with exit code 1."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from conftest import rel_err
+from lm_fixtures import texts
+from safetensors import safe_open
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, MixtralConfig, MixtralForCausalLM
+from typer.testing import CliRunner
+
+from gnq_core.cli import app
+from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.engine.reference import loo_gnq, per_example_gradients
+from gnq_core.results.store import Store
+from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.models import train_tokenizer
+from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
+
+pytestmark = pytest.mark.slow
+VOCAB, LAM, B, T = 300, 0.05, 4, 16
+
+
+def pythia(vocab: int) -> GPTNeoXForCausalLM:
+    return GPTNeoXForCausalLM(GPTNeoXConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, tie_word_embeddings=False, use_parallel_residual=True,
+        bos_token_id=0, eos_token_id=0))
+
+
+def mixtral(vocab: int) -> MixtralForCausalLM:
+    return MixtralForCausalLM(MixtralConfig(
+        vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0))
+
+
+@pytest.mark.parametrize("build, saved_key", [(pythia, "embed_out.weight"),
+                                              (mixtral, "model.layers.0.block_sparse_moe.experts.0.w1.weight")])
+def test_audit_of_a_save_pretrained_checkpoint_is_exact(tmp_path, build, saved_key):
+    rows = list(texts(12))
+    data = tmp_path / "texts.csv"
+    pd.DataFrame({"text": rows}).to_csv(data, index=False)
+    tok = train_tokenizer(rows, vocab_size=VOCAB)
+    torch.manual_seed(0)
+    ckpt = tmp_path / "ckpt"
+    build(len(tok)).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
+        assert saved_key in f.keys()  # noqa: SIM118  (the saved layout differs from the model's)
+
+    db = tmp_path / "gnq.duckdb"
+    result = CliRunner().invoke(app, ["audit", "--checkpoints", str(ckpt), "--data", str(data), "--db", str(db),
+                                      "--lam", str(LAM), "--batch-size", str(B), "--max-length", str(T),
+                                      "--dtype", "float64", "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+    model, tok = load_checkpoint(ckpt, dtype=torch.float64)
+    if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+        model.set_experts_implementation("eager")  # grouped matmuls take no float64
+    part = batch_partition(len(rows), B, seed=0)[1]
+    ids = encode_texts(tok, rows, T)
+    batch = collate([ids[i] for i in part], part, pad_id(tok))
+    losses = per_example_lm_loss(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+                                 batch.labels)
+    G = per_example_gradients(losses, [p for p in model.parameters()])
+    store = Store(db)
+    stored = store.scores(store.run("ckpt").run_id).set_index("example_id").loc[part]
+    assert rel_err(torch.tensor(stored["gnq"].to_numpy()), loo_gnq(G, LAM)) < 1e-9
