@@ -58,6 +58,20 @@ _TINY: dict[str, Any] = {
 _ALWAYS: dict[str, Any] = {"experts_implementation": "eager"}
 
 
+# Families whose tiny config needs more than the common names (routing groups, rotary widths...).
+_FAMILY: dict[str, dict[str, Any]] = {
+    **dict.fromkeys(["deepseek_v2", "deepseek_v3", "axk1", "axk2", "glm4_moe_lite", "minicpm3", "youtu"],
+                    {"n_group": 1, "topk_group": 1, "num_key_value_heads": 2}),
+    "codegen": {"rotary_dim": 4, "n_head": 4},
+    "gptj": {"rotary_dim": 8},
+    "ernie4_5_moe": {"moe_k": 2},
+    **dict.fromkeys(["longformer", "led"], {"attention_window": 4}),
+    "diffllama": {"num_key_value_heads": 2},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "mamba2": {"head_dim": 16, "n_groups": 1, "num_heads": 4},
+}
+
+
 class NotBuildable(Exception):
     """The family cannot be built tiny from its config alone (vision towers, audio, ...)."""
 
@@ -85,7 +99,7 @@ def _overrides(config_class: type) -> dict[str, Any]:
 def build(family: str, task: str) -> torch.nn.Module:
     config_class = CONFIG_MAPPING[family]
     try:
-        config = config_class(**_overrides(config_class), **_ALWAYS)
+        config = config_class(**{**_overrides(config_class), **_FAMILY.get(family, {})}, **_ALWAYS)
     except Exception as exc:  # noqa: BLE001  (any config error: the family needs more than widths)
         raise NotBuildable(f"config: {type(exc).__name__}: {exc}") from exc
     auto = {"causal": AutoModelForCausalLM, "masked": AutoModelForMaskedLM,

@@ -215,7 +215,9 @@ def test_parameter_used_by_its_parent_is_covered_on_the_parent():
     assert [e.kernel for e in res.coverage.entries] == ["enclosing-vjp"]
 
 
-def test_parameter_used_by_a_module_outside_its_owner_is_named():
+def test_parameter_used_by_a_module_outside_its_owner_is_covered_on_both():
+    """A module that uses a sibling's weight: the generic kernel on the module enclosing both
+    (here the root) covers it exactly."""
     class UsesSibling(nn.Module):
         def __init__(self, sibling: nn.Linear):
             super().__init__()
@@ -230,11 +232,26 @@ def test_parameter_used_by_a_module_outside_its_owner_is_named():
             super().__init__()
             self.enc = nn.Linear(4, 4)
             self.user = UsesSibling(self.enc)
+            self.head = nn.Linear(4, 2)
 
         def forward(self, x):
-            return self.user(self.enc(x))
+            return self.head(self.user(self.enc(x)))
 
+    torch.manual_seed(4)
     model = Model()
+    batch = (torch.randn(5, 4), torch.randint(0, 2, (5,)))
+    res = audit(model, batch, 1e-2)
+    assert rel_err(res.gnq, exact_gnq(model, ce_losses, batch, 1e-2).gnq) <= TOL
+    assert [e.kernel for e in res.coverage.entries] == ["enclosing-vjp"]
+
+
+def test_parameter_used_where_nothing_encloses_it_is_named():
+    """The root returns a scalar (no batch dimension): nothing can enclose the direct use."""
+    class ScalarOut(Sneaky):
+        def forward(self, x):
+            return super().forward(x).sum()
+
+    model = ScalarOut()
     with GNQAuditor(model, lam=1e-2), pytest.raises(UncoveredParametersError, match="enc.weight"):
         model(torch.randn(3, 4))
 

@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
 from gnq_core.engine.frontier import backward_targets, depends_on, used_inside
 from gnq_core.engine.fused import FusedLayerNormFunction, FusedLinearFunction, fused_flops, ghost_linear_flops
-from gnq_core.engine.kernels import Contribution, Kernel, kernel_for
+from gnq_core.engine.kernels import Contribution, Kernel, UnsupportedModuleError, kernel_for
 from gnq_core.engine.kernels.base import first_input, hooks_are_suspended
 from gnq_core.engine.kernels.embedding import EmbeddingKernel
 from gnq_core.engine.kernels.generic import planned_kernel
@@ -318,7 +318,7 @@ class GNQAuditor:
             o = flat_out[i]
             if o.dim() == 0 or o.shape[0] not in (1, B):
                 raise BatchDimensionError(
-                    f"module '{h.name}' ({type(module).__name__}) returned shape {tuple(o.shape)}; "
+                    f"{_family(self.model)}: module '{h.name}' ({type(module).__name__}) returned shape {tuple(o.shape)}; "
                     f"per-example gradients need batch-first outputs [B={B}, ...]")
             if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
                 flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen
@@ -331,7 +331,8 @@ class GNQAuditor:
         if ends:
             params = [module.get_parameter(n) for n in h.params]
             p.frontier.extend((flat_out[i], flat_out[i]._version, params) for i in ends)
-        saved = h.kernel.capture(module, args, kwargs, output, B)
+        with self._named(h):
+            saved = h.kernel.capture(module, args, kwargs, output, B)
         call = _Call(h, saved, [(flat_out[i].shape, flat_out[i].dtype, flat_out[i].device)
                                 for i in diff], [None] * len(diff))
         p.uses.update(h.param_ids)
@@ -357,9 +358,19 @@ class GNQAuditor:
         h = call.hooked
         grads = [g if g is not None else torch.zeros(s, dtype=dt, device=dev)
                  for g, (s, dt, dev) in zip(call.grads, call.out_meta, strict=True)]
-        contributions = h.kernel.contributions(h.module, call.saved, grads, h.params, self._split(p, h))
+        with self._named(h):
+            contributions = h.kernel.contributions(h.module, call.saved, grads, h.params, self._split(p, h))
         call.saved, call.grads = None, None
         self._accumulate(p, call, contributions)
+
+    @contextlib.contextmanager
+    def _named(self, h: _Hooked) -> Iterator[None]:
+        """A kernel's refusal, in one line naming the model family and the module."""
+        try:
+            yield
+        except UnsupportedModuleError as exc:
+            raise UnsupportedModuleError(
+                f"{_family(self.model)}: module '{h.name}' ({type(h.module).__name__}): {exc}") from exc
 
     @staticmethod
     def _split(p: _Pass, h: _Hooked) -> frozenset[str]:

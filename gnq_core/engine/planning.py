@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
@@ -115,9 +114,10 @@ def probeable(args: tuple, kwargs: dict) -> bool:
 
 @contextlib.contextmanager
 def _no_side_effects(model: nn.Module) -> Iterator[None]:
-    """Same random numbers afterwards, and BatchNorm running statistics left as they were."""
-    saved = {id(m): {k: v.clone() for k, v in m.named_buffers(recurse=False)}
-             for m in model.modules() if isinstance(m, _BatchNorm) and m.training}
+    """Same random numbers afterwards, and buffers (BatchNorm statistics, spectral_norm's power
+    iteration vectors) left as they were."""
+    saved = {id(m): {k: v.clone() for k, v in m.named_buffers(recurse=False) if v is not None}
+             for m in model.modules()}
     devices = sorted({p.device.index for p in model.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices), hooks_suspended():
         try:
@@ -150,6 +150,14 @@ def _ancestors(name: str) -> Iterator[str]:
         yield name
 
 
+def _common_ancestor(a: str, b: str) -> str:
+    """The innermost module containing both (by qualified name; "" is the root)."""
+    for name in (a, *_ancestors(a)):
+        if b == name or b.startswith(f"{name}.") or name == "":
+            return name
+    return ""
+
+
 def _decide(model: nn.Module, tracker: _Tracker, covered: dict[str, list[int]]) -> Plan:
     plan = Plan()
     records = tracker.records
@@ -174,11 +182,12 @@ def _decide(model: nn.Module, tracker: _Tracker, covered: dict[str, list[int]]) 
     names = {id(p): n for n, p in model.named_parameters()}
     for param_name, user in tracker.users.items():
         pid = next(i for i, n in names.items() if n == param_name)
-        owner = by_param.get(pid, "")
-        if user is not None and (owner.startswith(f"{user}.") or (user == "" and owner)):
-            outer = user if problem_of(user) is None and user in records else enclosing(user)
+        owner = by_param.get(pid)
+        if user is not None and owner is not None:  # both inside the model: enclose both
+            common = _common_ancestor(user, owner)
+            outer = common if common in records and problem_of(common) is None else enclosing(common)
             if outer is not None:
-                wanted.setdefault(outer, f"it uses '{param_name}' directly")
+                wanted.setdefault(outer, f"it uses '{param_name}' in '{user or '<root>'}'")
                 continue
         plan.violations[param_name] = tracker.violations[param_name]
     for name in wanted:  # an enclosing module inside another one is covered by the outer one

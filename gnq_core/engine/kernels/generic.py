@@ -100,7 +100,7 @@ class GenericKernel(Kernel):
                 return run(func=False)
             except RuntimeError as err:
                 raise UnsupportedModuleError(
-                    f"{type(module).__name__}: re-running its forward for one example at a time "
+                    "re-running its forward for one example at a time "
                     f"failed ({str(err).splitlines()[0][:160]}); it keeps state between calls or "
                     "mixes the examples, so its per-example gradients cannot be recomputed") from err
 
@@ -134,7 +134,15 @@ class GenericKernel(Kernel):
                    torch.equal(batched[n][0], first[n]) for n in first)
 
     def contributions(self, module, saved, grads, params, split):
-        return dense_contributions(self.per_example_grads(module, saved, grads, params), split)
+        per_example = self.per_example_grads(module, saved, grads, params)
+        if self.recurse and not all(bool(torch.isfinite(g).all()) for g in per_example.values()):
+            # an enclosing module's replay (one example alone) went non-finite where the batch
+            # did not (Longformer's padded windows): refuse rather than report a NaN batch
+            if all(bool(torch.isfinite(g).all()) for g in grads if g is not None):
+                raise UnsupportedModuleError(
+                    "re-running its forward for one example at a time gave "
+                    "non-finite gradients where the batch's are finite")
+        return dense_contributions(per_example, split)
 
 
 def planned_kernel(name: str, kernel: Kernel, plan: Plan | None) -> Kernel:
