@@ -40,8 +40,10 @@ def mixtral(vocab: int) -> MixtralForCausalLM:
         bos_token_id=0, eos_token_id=0, pad_token_id=0))
 
 
-@pytest.mark.parametrize("build, saved_key", [(pythia, "embed_out.weight"),
-                                              (mixtral, "model.layers.0.block_sparse_moe.experts.0.w1.weight")])
+EXPERT_0 = "model.layers.0.block_sparse_moe.experts.0.w1.weight"
+
+
+@pytest.mark.parametrize("build, saved_key", [(pythia, "embed_out.weight"), (mixtral, EXPERT_0)])
 def test_audit_of_a_save_pretrained_checkpoint_is_exact(tmp_path, build, saved_key):
     rows = list(texts(12))
     data = tmp_path / "texts.csv"
@@ -55,9 +57,9 @@ def test_audit_of_a_save_pretrained_checkpoint_is_exact(tmp_path, build, saved_k
         assert saved_key in f.keys()  # noqa: SIM118  (the saved layout differs from the model's)
 
     db = tmp_path / "gnq.duckdb"
-    result = CliRunner().invoke(app, ["audit", "--checkpoints", str(ckpt), "--data", str(data), "--db", str(db),
-                                      "--lam", str(LAM), "--batch-size", str(B), "--max-length", str(T),
-                                      "--dtype", "float64", "--quiet"], catch_exceptions=False)
+    args = ["audit", "--checkpoints", ckpt, "--data", data, "--db", db, "--lam", LAM, "--batch-size", B,
+            "--max-length", T, "--dtype", "float64", "--quiet"]
+    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
 
     model, tok = load_checkpoint(ckpt, dtype=torch.float64)

@@ -83,7 +83,8 @@ LAYERS = {
     "MultiheadAttention seq-first": (
         lambda: Head(SelfAttention(nn.MultiheadAttention(D, 2)), D, seq_first=True), channels((T, D))),
     "TransformerEncoderLayer batch-first": (
-        lambda: Head(nn.TransformerEncoderLayer(D, 2, 8, dropout=0.0, batch_first=True), D), channels((T, D))),
+        lambda: Head(nn.TransformerEncoderLayer(D, 2, 8, dropout=0.0, batch_first=True), D),
+        channels((T, D))),
     "TransformerEncoderLayer seq-first": (
         lambda: Head(nn.TransformerEncoderLayer(D, 2, 8, dropout=0.0), D, seq_first=True), channels((T, D))),
     **{f"{rnn.__name__} {layout}": (

@@ -318,7 +318,8 @@ class GNQAuditor:
             o = flat_out[i]
             if o.dim() == 0 or o.shape[0] not in (1, B):
                 raise BatchDimensionError(
-                    f"{_family(self.model)}: module '{h.name}' ({type(module).__name__}) returned shape {tuple(o.shape)}; "
+                    f"{_family(self.model)}: module '{h.name}' ({type(module).__name__}) returned shape "
+                    f"{tuple(o.shape)}; "
                     f"per-example gradients need batch-first outputs [B={B}, ...]")
             if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
                 flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen

@@ -475,7 +475,8 @@ def _header_problem(folder: Path, config: Any, files: list[Path]) -> str:
     return ""
 
 
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                       "BF16": torch.bfloat16,
                        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
                        "U8": torch.uint8, "BOOL": torch.bool}
 
