@@ -135,13 +135,13 @@ class GenericKernel(Kernel):
 
     def contributions(self, module, saved, grads, params, split):
         per_example = self.per_example_grads(module, saved, grads, params)
-        if self.recurse and not all(bool(torch.isfinite(g).all()) for g in per_example.values()):
-            # an enclosing module's replay (one example alone) went non-finite where the batch
-            # did not (Longformer's padded windows): refuse rather than report a NaN batch
-            if all(bool(torch.isfinite(g).all()) for g in grads if g is not None):
-                raise UnsupportedModuleError(
-                    "re-running its forward for one example at a time gave "
-                    "non-finite gradients where the batch's are finite")
+        # an enclosing module's replay (one example alone) went non-finite where the batch did
+        # not (Longformer's padded windows): refuse rather than report a NaN batch
+        if (self.recurse and not all(bool(torch.isfinite(g).all()) for g in per_example.values())
+                and all(bool(torch.isfinite(g).all()) for g in grads if g is not None)):
+            raise UnsupportedModuleError(
+                "re-running its forward for one example at a time gave non-finite gradients where "
+                "the batch's are finite")
         return dense_contributions(per_example, split)
 
 
