@@ -121,8 +121,11 @@ class GNQAuditor:
         path: "auto" picks ghost or materialise per layer by the cost model; "ghost" /
             "materialize" force one (for tests and benchmarks).
         memory_budget: bytes allowed for one Gram intermediate (chunks beyond it).
-        check_uses: watch the first forward pass for parameters used outside their owning
-            module (costs one slow forward; turn off only for a model already checked).
+        check_uses: probe the first batch once more, hooks off (``gnq_core.engine.planning``):
+            follow the batch through the forward by provenance and cover modules that do not
+            see batch-first tensors, or whose parameters another module uses, by the generic
+            kernel on the innermost enclosing module that does (one extra forward; turn off only
+            for a model already checked: then shapes are trusted).
         fused: for Linear / HF Conv1D layers where materialising per-example gradients is
             cheaper, return their sum as the weight gradient so autograd's own weight-gradient
             matmul is skipped, and for LayerNorm reuse the forward's statistics
