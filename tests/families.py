@@ -1,7 +1,8 @@
 """Every language-model family of the installed transformers, built tiny from its config.
 
 `families()` lists the model types of the causal, masked and sequence-to-sequence LM auto
-mappings; `build(family)` makes a seeded float64 model with tiny widths (one layer, two where a family needs them, width 32,
+mappings; `build(family)` makes a seeded float64 model with tiny widths (one layer, two where a
+family needs them, width 32,
 vocabulary 64, no dropout) or raises `NotBuildable` saying why; `check(family, path)` audits one
 batch (B=3, T=5) on one path and compares with explicit per-example gradients.  Used by
 tests/test_family_matrix.py and by `python -m tests.families` (writes README's family table).
@@ -193,22 +194,24 @@ def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref) -> Cell:
     return Cell(family, path, err <= 1e-9, error=err)
 
 
-def render(exact: dict[str, str], expected: dict[str, tuple[str, str]], tolerance: dict[str, tuple[float, str]]
-           ) -> str:
+def render(exact: dict[str, str], expected: dict[str, tuple[str, str]],
+           tolerance: dict[str, tuple[float, str]]) -> str:
     """README's family table, from the matrix test's own lists (tests/test_family_matrix.py)."""
     tasks = {"causal": "causal LM", "masked": "masked LM", "seq2seq": "sequence-to-sequence LM"}
     checked = [f for f, _ in exact.items()] + [f for f, (kind, _) in expected.items() if kind == "refused"]
     lines = [f"{len(exact)} of the {len(checked)} LM families that transformers "
              f"{transformers.__version__} can build tiny are exact on every path (unfused, fused, post-hoc) "
              "against explicit per-example gradients in float64 "
-             f"(tests/test_family_matrix.py; {len(expected) - (len(checked) - len(exact))} more cannot be built "
+             f"(tests/test_family_matrix.py; {len(expected) - (len(checked) - len(exact))} more cannot be "
+             "built "
              "tiny from their config alone or do not run in float64, and are not checked).", ""]
     for task, title in tasks.items():
         names = sorted(f for f, t in exact.items() if t == task)
         lines += [f"**Exact, {title} ({len(names)}):** " + ", ".join(
             f"{n}†" if n in tolerance else n for n in names), ""]
     if tolerance:
-        lines += ["† " + "; ".join(f"{n}: {why} (agreement {tol:g})" for n, (tol, why) in sorted(tolerance.items())),
+        notes = [f"{n}: {why} (agreement {tol:g})" for n, (tol, why) in sorted(tolerance.items())]
+        lines += ["† " + "; ".join(notes),
                   ""]
     refused = {f: why for f, (kind, why) in expected.items() if kind == "refused"}
     lines += ["| refused (one line, exit code 1) | why |", "|---|---|"]

@@ -77,12 +77,12 @@ _FLOAT32 = "unbuildable", "mixes float32 and float64 internally: no float64 refe
 #   ("refused", why): every path raises a typed error in one line naming the family and module;
 #   ("unbuildable", why): not built tiny from its config alone, so not checked.
 EXPECTED: dict[str, tuple[str, str]] = {
-    "led": ("refused", "UnsupportedModuleError: the encoder's per-example replay of its padded attention windows "
-                       "gives non-finite gradients"),
-    "longformer": ("refused", "UnsupportedModuleError: the model's per-example replay of its padded attention "
-                              "windows gives non-finite gradients"),
-    "recurrent_gemma": ("refused", "UnsupportedModuleError: the RG-LRU keeps its recurrent state between calls, "
-                                   "so a per-example replay is not the batch's computation"),
+    "led": ("refused", "UnsupportedModuleError: the encoder's per-example replay of its padded attention "
+                       "windows gives non-finite gradients"),
+    "longformer": ("refused", "UnsupportedModuleError: the model's per-example replay of its padded "
+                              "attention windows gives non-finite gradients"),
+    "recurrent_gemma": ("refused", "UnsupportedModuleError: the RG-LRU keeps its recurrent state between "
+                                   "calls, so a per-example replay is not the batch's computation"),
     **dict.fromkeys(["inkling2_text", "mra", "xlnet"], _FLOAT32),
     "xmod": ("unbuildable", "needs a default language set before its forward runs"),
     "gemma3n": ("unbuildable", "needs the timm library (vision tower)"),
@@ -103,7 +103,8 @@ EXPECTED: dict[str, tuple[str, str]] = {
 
 # Families whose three audited passes take seconds each on CPU (chunked linear-attention and
 # state-space reference kernels): checked in the slow set.
-SLOW = {"kimi_linear", "qwen3_5_moe_text", "nemotron_h", "qwen4_exp_text", "qwen3_next", "qwen3_5_text", "afmoe"}
+SLOW = {"kimi_linear", "qwen3_5_moe_text", "nemotron_h", "qwen4_exp_text", "qwen3_next", "qwen3_5_text",
+        "afmoe"}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -159,4 +160,5 @@ def test_slow_family(family):
 def test_readme_table_is_current():
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     section = text[text.index(README_START) + len(README_START):text.index(README_END)]
-    assert section.strip() == render(EXACT, EXPECTED, TOLERANCE).strip(), "run: cd tests && python -m families"
+    expected = render(EXACT, EXPECTED, TOLERANCE).strip()
+    assert section.strip() == expected, "README's family table is stale: cd tests && python -m families"
