@@ -75,10 +75,11 @@ class _Tracker(UseChecker):
     def _record(self, name: str, args: tuple, kwargs: dict, output: Any) -> None:
         ins = [x for x in tree_flatten((args, kwargs))[0]]
         outs = [o for o in tree_flatten(output)[0] if isinstance(o, torch.Tensor)]
-        if any(isinstance(x, torch.Tensor) and x in self.tags for x in ins):
-            for o in outs:  # a custom autograd.Function inside still depends on its inputs
-                self.tags[o] = True
         B, problem = self.batch_size, None
+        if any(isinstance(x, torch.Tensor) and x in self.tags for x in ins):
+            for o in outs:  # batch-sized outputs of code the mode did not see (autograd.Functions)
+                if o.dim() > 0 and o.shape[0] == B:
+                    self.tags[o] = True
         dims: list[int | None] = []
         for x in ins:
             if not isinstance(x, torch.Tensor):
@@ -88,7 +89,10 @@ class _Tracker(UseChecker):
                     if x.stride(0) != 0:  # T5's [T, T] bucket ids when T = B: cannot tell
                         problem = problem or (f"takes a tensor of shape {list(x.shape)} that does not "
                                               "come from the batch but has the batch's size first")
-                    dims.append(0)  # expand(B, ...) of one row: row j is example j's
+                    else:  # expand(B, ...) of one row (BERT's token types): row j is example j's
+                        for o in outs:
+                            self.tags[o] = True
+                    dims.append(0)
                 else:
                     dims.append(None)
             elif x.dim() > 0 and x.shape[0] == B:
