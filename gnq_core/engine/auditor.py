@@ -664,7 +664,8 @@ def _without_inner_aliases(h: _Hooked, bound: dict[int, list[int]]) -> _Hooked:
     """``h`` without the parameters that a module inside it also binds (BERT's
     ``cls.predictions.bias`` is ``cls.predictions.decoder.bias``).  The inner module's own
     kernel covers such a parameter; kept on the outer one too, its gradient would count twice.
-    A direct use by the outer module is then reported by the UseChecker."""
+    A direct use by the outer module is then found by the first batch's probe, which covers
+    the outer module by the enclosing kernel."""
     inner_ids = {pid for m in h.module.modules() if m is not h.module for pid in bound.get(id(m), ())}
     keep = [i for i, pid in enumerate(h.param_ids) if pid not in inner_ids]
     if len(keep) == len(h.params):
