@@ -52,14 +52,15 @@ def user_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gnq_core.engine.coverage import UncoveredParametersError
+        from gnq_core.engine.kernels import UnsupportedModuleError
         from gnq_core.results.store import StoreError
         from gnq_core.sources.checkpoints import CheckpointError
         from gnq_core.sources.datasets import DatasetError
 
         try:
             return func(*args, **kwargs)
-        except (DatasetError, CheckpointError, StoreError, UncoveredParametersError, ValueError,
-                FileNotFoundError, PermissionError) as exc:
+        except (DatasetError, CheckpointError, StoreError, UncoveredParametersError, UnsupportedModuleError,
+                ValueError, FileNotFoundError, PermissionError) as exc:
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             err_console.print(f"[red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(code=1) from None

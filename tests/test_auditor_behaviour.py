@@ -193,18 +193,65 @@ def test_batchnorm_train_mode_is_refused_eval_mode_is_exact():
     assert rel_err(res.gnq, exact_gnq(model, ce_losses, batch, 1e-2).gnq) <= TOL
 
 
-def test_parameter_used_outside_its_module_is_named():
-    class Sneaky(nn.Module):
+class Sneaky(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = F.linear(x, self.enc.weight)  # enc.weight used in Sneaky.forward, not enc's
+        return self.head(h)
+
+
+def test_parameter_used_by_its_parent_is_covered_on_the_parent():
+    """The generic kernel on the enclosing module (here the root) covers a child's weight
+    that the parent uses directly: exact, not refused."""
+    torch.manual_seed(3)
+    model = Sneaky()
+    batch = (torch.randn(5, 4), torch.randint(0, 2, (5,)))
+    res = audit(model, batch, 1e-2)
+    assert rel_err(res.gnq, exact_gnq(model, ce_losses, batch, 1e-2).gnq) <= TOL
+    assert [e.kernel for e in res.coverage.entries] == ["enclosing-vjp"]
+
+
+def test_parameter_used_by_a_module_outside_its_owner_is_covered_on_both():
+    """A module that uses a sibling's weight: the generic kernel on the module enclosing both
+    (here the root) covers it exactly."""
+    class UsesSibling(nn.Module):
+        def __init__(self, sibling: nn.Linear):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self._sibling = [sibling]  # not a submodule: its weight is used from outside
+
+        def forward(self, x):
+            return self.proj(x) @ self._sibling[0].weight.T
+
+    class Model(nn.Module):
         def __init__(self):
             super().__init__()
             self.enc = nn.Linear(4, 4)
+            self.user = UsesSibling(self.enc)
             self.head = nn.Linear(4, 2)
 
         def forward(self, x):
-            h = F.linear(x, self.enc.weight)  # enc.weight used in Sneaky.forward, not enc's
-            return self.head(h)
+            return self.head(self.user(self.enc(x)))
 
-    model = Sneaky()
+    torch.manual_seed(4)
+    model = Model()
+    batch = (torch.randn(5, 4), torch.randint(0, 2, (5,)))
+    res = audit(model, batch, 1e-2)
+    assert rel_err(res.gnq, exact_gnq(model, ce_losses, batch, 1e-2).gnq) <= TOL
+    assert [e.kernel for e in res.coverage.entries] == ["enclosing-vjp"]
+
+
+def test_parameter_used_where_nothing_encloses_it_is_named():
+    """The root returns a scalar (no batch dimension): nothing can enclose the direct use."""
+    class ScalarOut(Sneaky):
+        def forward(self, x):
+            return super().forward(x).sum()
+
+    model = ScalarOut()
     with GNQAuditor(model, lam=1e-2), pytest.raises(UncoveredParametersError, match="enc.weight"):
         model(torch.randn(3, 4))
 

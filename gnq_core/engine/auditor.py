@@ -26,9 +26,12 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
+from gnq_core.engine.frontier import backward_targets, depends_on, used_inside
 from gnq_core.engine.fused import FuseRequest
-from gnq_core.engine.kernels import Contribution, Kernel, can_fuse, kernel_for
+from gnq_core.engine.kernels import Contribution, Kernel, UnsupportedModuleError, can_fuse, kernel_for
 from gnq_core.engine.kernels.base import dense_contributions, hooks_are_suspended
+from gnq_core.engine.kernels.generic import planned_kernel
+from gnq_core.engine.planning import Plan, probe, probeable
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,
     DenseRep,
@@ -114,7 +117,8 @@ class _Pass:
     repeated: bool = False
     paths: dict[str, set[str]] = field(default_factory=dict)
     call_counts: Counter = field(default_factory=Counter)
-    frontier: list[torch.Tensor] = field(default_factory=list)  # outputs of input-end modules
+    # outputs of input-end modules, with their version when the hook saw them and their module
+    frontier: list[tuple[torch.Tensor, int, list[torch.Tensor]]] = field(default_factory=list)
     used_beyond_lookups: set[int] = field(default_factory=set)  # params used by non-lookup calls
     deferred: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # narrow G, one Gram later
 
@@ -142,8 +146,11 @@ class GNQAuditor:
         path: "auto" picks ghost or materialise per layer by the cost model; "ghost" /
             "materialize" force one (for tests and benchmarks).
         memory_budget: bytes allowed for one Gram intermediate (chunks beyond it).
-        check_uses: watch the first forward pass for parameters used outside their owning
-            module (costs one slow forward; turn off only for a model already checked).
+        check_uses: probe the first batch once more, hooks off (``gnq_core.engine.planning``):
+            follow the batch through the forward by provenance and cover modules that do not
+            see batch-first tensors, or whose parameters another module uses, by the generic
+            kernel on the innermost enclosing module that does (one extra forward; turn off only
+            for a model already checked: then shapes are trusted).
         fused: for Linear / HF Conv1D layers where materialising per-example gradients is
             cheaper, return their sum as the weight gradient so autograd's own weight-gradient
             matmul is skipped, and for LayerNorm reuse the forward's statistics
@@ -180,26 +187,69 @@ class GNQAuditor:
         self._static_coverage = self._describe(model)
         self._checker: UseChecker | None = None
         self._checker_active = False
+        self._planned = not check_uses  # check_uses: plan from a probe of the first batch
         if check_uses:
-            owners: dict[int, tuple[str, set[int], bool]] = {}
-            names = {id(p): n for n, p in model.named_parameters()}
-            for h in self._hooked:
-                for pid in h.param_ids:
-                    _, allowed, nested = owners.get(pid, (names[pid], set(), False))
-                    owners[pid] = (names[pid], allowed | {id(h.module)}, nested or h.kernel.recurse)
-            self._checker = UseChecker(model, owners)
+            self._checker = UseChecker(model, self._owners())
         self._handles.append(model.register_forward_pre_hook(self._on_root_forward, with_kwargs=True))
         self._handles.append(model.register_forward_hook(self._on_root_done, always_call=True))
+        self._fused = fused
+        self._module_handles: list[Any] = []
+        self._install_module_hooks()
+
+    def _owners(self) -> dict[int, tuple[str, set[int], bool]]:
+        """id(param) -> (name, ids of the modules allowed to use it, whether nested uses are ok)."""
+        owners: dict[int, tuple[str, set[int], bool]] = {}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for h in self._hooked:
+            for pid in h.param_ids:
+                _, allowed, nested = owners.get(pid, (names[pid], set(), False))
+                owners[pid] = (names[pid], allowed | {id(h.module)}, nested or h.kernel.recurse)
+        return owners
+
+    def _install_module_hooks(self) -> None:
         for h in self._hooked:
             hook = functools.partial(self._on_forward, h)
-            self._handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
-            if fused and can_fuse(h.module) and "forward" not in vars(h.module):
+            self._module_handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
+            if self._fused and can_fuse(h.module) and "forward" not in vars(h.module):
                 h.module.forward = functools.partial(self._fused_forward, h)
                 self._fused_modules.append(h.module)
 
+    def _remove_module_hooks(self) -> None:
+        for handle in self._module_handles:
+            handle.remove()
+        self._module_handles.clear()
+        for module in self._fused_modules:
+            del module.forward  # back to the class's own forward
+        self._fused_modules.clear()
+
+    def _plan(self, args: tuple, kwargs: dict) -> None:
+        """Probe the first batch (gnq_core.engine.planning) and re-assign kernels by its plan."""
+        self._planned = True
+        if self._checker is not None:  # the probe checks parameter uses itself
+            self._checker.remove_hooks()
+            self._checker = None
+        B = _leading_dim(args, kwargs)
+        if B is None:
+            return
+        covered = {h.name: h.param_ids for h in self._hooked}
+        plan = probe(self.model, args, kwargs, B, covered, self._owners())
+        if plan.violations:
+            raise UncoveredParametersError(plan.violations)
+        if plan.refused:
+            name, why = next(iter(plan.refused.items()))
+            module = self.model.get_submodule(name)
+            raise BatchDimensionError(
+                f"{_family(self.model)}: module '{name}' ({type(module).__name__}) {why}, and no "
+                "enclosing module sees batch-first tensors, so its per-example gradients cannot be "
+                "attributed")
+        self._remove_module_hooks()
+        self._hooked = self._assign_kernels(self.model, plan)
+        self._static_coverage = self._describe(self.model)
+        self._install_module_hooks()
+
     # ------------------------------------------------------------------ set-up
     @staticmethod
-    def _assign_kernels(model: nn.Module) -> list[_Hooked]:
+    def _assign_kernels(model: nn.Module, plan: Plan | None = None) -> list[_Hooked]:
         trainable = {id(p) for p in model.parameters() if p.requires_grad}
         if not trainable:
             raise ValueError("the model has no trainable parameters (requires_grad=True)")
@@ -207,7 +257,7 @@ class GNQAuditor:
         for name, module in model.named_modules():
             if id(module) in claimed:
                 continue
-            kernel = kernel_for(module)
+            kernel = planned_kernel(name, kernel_for(module), plan)
             params = module.named_parameters(recurse=kernel.recurse)
             mine = [(n, p) for n, p in params if p.requires_grad]
             if kernel.recurse:
@@ -220,7 +270,8 @@ class GNQAuditor:
         if missing:  # cannot happen for registered parameters; kept as a guard
             names = {id(p): n for n, p in model.named_parameters()}
             raise UncoveredParametersError({names[i]: "no module" for i in missing})
-        return hooked
+        bound = {id(h.module): h.param_ids for h in hooked}
+        return [h for h in (_without_inner_aliases(h, bound) for h in hooked) if h.params]
 
     def _describe(self, model: nn.Module) -> Coverage:
         entries, seen = [], set()
@@ -247,6 +298,8 @@ class GNQAuditor:
             self._checker = None
         if not self._enabled or hooks_are_suspended() or not torch.is_grad_enabled():
             return
+        if not self._planned and probeable(args, kwargs):
+            self._plan(args, kwargs)
         self._start_pass(_leading_dim(args, kwargs))
         if self._checker is not None and not self._checker.done:
             self._checker_active = True
@@ -297,16 +350,22 @@ class GNQAuditor:
             o = flat_out[i]
             if o.dim() == 0 or o.shape[0] not in (1, B):
                 raise BatchDimensionError(
-                    f"module '{h.name}' ({type(module).__name__}) returned shape {tuple(o.shape)}; "
+                    f"{_family(self.model)}: module '{h.name}' ({type(module).__name__}) returned shape "
+                    f"{tuple(o.shape)}; "
                     f"per-example gradients need batch-first outputs [B={B}, ...]")
             if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
                 flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen
                 expanded = True
-        inputs = args if not kwargs and all(isinstance(a, torch.Tensor) for a in args) \
-            else tree_flatten((args, kwargs))[0]
-        if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
-            p.frontier.extend(flat_out[i] for i in diff)  # nothing upstream needs a gradient
-        saved = h.kernel.capture(module, args, kwargs, output, B)
+        for i in used_inside(flat_out, diff):  # the hook must see only the uses outside the module
+            flat_out[i] = flat_out[i].view_as(flat_out[i])
+            expanded = True
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        ends = [i for i in diff if not depends_on([flat_out[i]], inputs)]  # nothing upstream needs a gradient
+        if ends:
+            params = [module.get_parameter(n) for n in h.params]
+            p.frontier.extend((flat_out[i], flat_out[i]._version, params) for i in ends)
+        with self._named(h):
+            saved = h.kernel.capture(module, args, kwargs, output, B)
         call = _Call(h, saved, [(flat_out[i].shape, flat_out[i].dtype, flat_out[i].device)
                                 for i in diff], [None] * len(diff))
         p.register(call)
@@ -333,9 +392,19 @@ class GNQAuditor:
         h = call.hooked
         grads = [g if g is not None else torch.zeros(s, dtype=dt, device=dev)
                  for g, (s, dt, dev) in zip(call.grads, call.out_meta, strict=True)]
-        contributions = h.kernel.contributions(h.module, call.saved, grads, h.params, self._split(p, h))
+        with self._named(h):
+            contributions = h.kernel.contributions(h.module, call.saved, grads, h.params, self._split(p, h))
         call.saved, call.grads = None, None
         self._accumulate(p, call, contributions)
+
+    @contextlib.contextmanager
+    def _named(self, h: _Hooked) -> Iterator[None]:
+        """A kernel's refusal, in one line naming the model family and the module."""
+        try:
+            yield
+        except UnsupportedModuleError as exc:
+            raise UnsupportedModuleError(
+                f"{_family(self.model)}: module '{h.name}' ({type(h.module).__name__}): {exc}") from exc
 
     @staticmethod
     def _split(p: _Pass, h: _Hooked) -> frozenset[str]:
@@ -547,7 +616,7 @@ class GNQAuditor:
         if p is None or not p.frontier:
             loss.backward()
             return
-        torch.autograd.grad(loss, p.frontier, allow_unused=True)
+        torch.autograd.grad(loss, backward_targets(p.frontier), allow_unused=True)
         p.frontier.clear()
 
     def compute(self, weights: torch.Tensor | None = None) -> GNQResult:
@@ -602,9 +671,7 @@ class GNQAuditor:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for module in self._fused_modules:
-            del module.forward  # back to the class's own forward
-        self._fused_modules.clear()
+        self._remove_module_hooks()
         self._scratch.clear()
         if self._checker is not None:
             if self._checker_active:
@@ -641,6 +708,24 @@ class _FusedSink:
 
     def workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return self.auditor._workspace(numel, dtype, device)
+
+
+def _without_inner_aliases(h: _Hooked, bound: dict[int, list[int]]) -> _Hooked:
+    """``h`` without the parameters that a module inside it also binds (BERT's
+    ``cls.predictions.bias`` is ``cls.predictions.decoder.bias``).  The inner module's own
+    kernel covers such a parameter; kept on the outer one too, its gradient would count twice.
+    A direct use by the outer module is then found by the first batch's probe, which covers
+    the outer module by the enclosing kernel."""
+    inner_ids = {pid for m in h.module.modules() if m is not h.module for pid in bound.get(id(m), ())}
+    keep = [i for i, pid in enumerate(h.param_ids) if pid not in inner_ids]
+    if len(keep) == len(h.params):
+        return h
+    return replace(h, params=[h.params[i] for i in keep], param_ids=[h.param_ids[i] for i in keep])
+
+
+def _family(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    return str(getattr(config, "model_type", None) or type(model).__name__)
 
 
 def _leading_dim(args: tuple, kwargs: dict) -> int | None:

@@ -71,7 +71,9 @@ class UseChecker(TorchFunctionMode):
         self._owners = owners
         self._stack: list[int] = []
         self._names = {id(m): n or "<root>" for n, m in model.named_modules()}
+        self._qualified = {id(m): n for n, m in model.named_modules()}
         self.violations: dict[str, str] = {}
+        self.users: dict[str, str | None] = {}  # parameter -> innermost module using it (None: no module)
         self.done = False  # set once one forward pass has been watched
         self._handles = []
         for m in model.modules():
@@ -105,6 +107,7 @@ class UseChecker(TorchFunctionMode):
             return
         where = self._names.get(inner, "code outside any module") if inner else "code outside any module"
         self.violations.setdefault(name, f"the forward of '{where}'")
+        self.users.setdefault(name, self._qualified.get(inner) if inner else None)
 
 
 def _differentiable(out) -> bool:

@@ -121,6 +121,7 @@ def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset
     def load(point: int) -> tuple[torch.nn.Module, Any, str | None]:
         path = refs[point].path
         model, tokenizer = load_checkpoint(path, device=device, dtype=dtype)
+        _prepare_for_audit(model, dtype)
         return model, tokenizer, checkpoint_hash(path) if ranks.lead else None
 
     tracking = store.tracking(run.run_id) if run is not None else contextlib.nullcontext()
@@ -170,6 +171,18 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
     clusters = examples["cluster_id"].tolist() if run.settings.get("partition") == COPIES_APART else None
     partition = batch_partition(len(dataset), settings.batch_size, settings.seed, clusters)
     return run, [i for i in range(len(refs)) if i not in done], partition
+
+
+def _prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """No key/value or recurrent cache: an audit never decodes, and a cache updated in place
+    (RWKV's state) breaks the backward.  Mixture-of-experts layers as per-expert loops in float64:
+    transformers' grouped-matmul kernels take float32/bf16/fp16 only."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "use_cache", False):
+        config.use_cache = False
+    implementation = getattr(config, "_experts_implementation", None)
+    if dtype == torch.float64 and implementation not in (None, "eager"):
+        model.set_experts_implementation("eager")
 
 
 def _audit_share(model: torch.nn.Module, batches: list[LMBatch], ref: CheckpointRef, settings: AuditSettings,

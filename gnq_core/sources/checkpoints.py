@@ -461,29 +461,56 @@ def check_checkpoint(path: str | Path, max_length: int | None = None) -> None:
 
 
 def _header_problem(folder: Path, config: Any, files: list[Path]) -> str:
-    """Weights missing or of the wrong shape per the safetensors headers ("" if none).  Only when
-    the file names most weights as the model does: other namings are left to from_pretrained."""
-    from safetensors import safe_open
+    """Weights transformers would not load cleanly, per the safetensors headers ("" if none).
 
+    Asks transformers itself: ``from_pretrained`` on the meta device with empty meta tensors
+    named and shaped as in the files, so its own key renames (GPT-NeoX's ``embed_out``), weight
+    conversions (Mixtral's per-expert layout) and tied weights apply, and nothing is allocated.
+    A weight it would have to initialise (missing) or cannot convert is a problem; weights it
+    does not use are left to the load (a warning)."""
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    with torch.device("meta"):
-        model = model_class._from_config(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    found: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            names = f.keys()
-            found.update({k: tuple(f.get_slice(k).get_shape()) for k in names})
-    if len(expected.keys() & found.keys()) * 2 < len(expected):
-        return ""
-    detail = _shape_mismatches(model_class, config, "safetensors", files, None)
-    if detail:
-        return f"weights do not match {CONFIG_NAME} (shape mismatch{detail})"
-    missing = sorted(set(expected) - set(found) - _allowed_missing(model, config))
+    state = _meta_state(files)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its loading report is ours to word, in one line
+    try:
+        model, info = model_class.from_pretrained(None, config=config, state_dict=state, device_map="meta",
+                                                  output_loading_info=True, ignore_mismatched_sizes=False)
+    except Exception as exc:
+        text = str(exc).lower()
+        if "ignore_mismatched_sizes" in text or "size mismatch" in text:
+            detail = _shape_mismatches(model_class, config, "safetensors", files, None)
+            return f"weights do not match {CONFIG_NAME} (shape mismatch{detail})"
+        return f"weights do not match {CONFIG_NAME} ({type(exc).__name__}: {_reason(exc)})"
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if info.get("mismatched_keys"):
+        keys = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info["mismatched_keys"])
+        return f"weights do not match {CONFIG_NAME} (shape mismatch: {', '.join(keys[:3])})"
+    missing = sorted(set(map(str, info.get("missing_keys") or ())) - _allowed_missing(model, config))
     if missing:
         more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
         return f"weights do not match {CONFIG_NAME}: missing {', '.join(missing[:3])}{more}"
     return ""
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                       "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _meta_state(files: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors files as an empty meta tensor of its shape and dtype."""
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118  (safe_open objects are not iterable)
+                piece = f.get_slice(key)
+                dtype = _SAFETENSORS_DTYPES.get(piece.get_dtype(), torch.float32)
+                state[key] = torch.empty(piece.get_shape(), dtype=dtype, device="meta")
+    return state
 
 
 def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,

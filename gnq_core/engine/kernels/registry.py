@@ -50,3 +50,9 @@ def kernel_for(module: nn.Module) -> Kernel:
 def can_fuse(module: nn.Module) -> bool:
     """Whether the module's kernel declares a fused path (``Kernel.fusable``)."""
     return kernel_for(module).fusable
+
+
+def generic_kernel() -> Kernel:
+    """The fallback kernel (per-example vjp of a module's forward)."""
+    assert _generic is not None, "generic kernel not registered"
+    return _generic

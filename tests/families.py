@@ -1,0 +1,235 @@
+"""Every language-model family of the installed transformers, built tiny from its config.
+
+`families()` lists the model types of the causal, masked and sequence-to-sequence LM auto
+mappings; `build(family)` makes a seeded float64 model with tiny widths (one layer, two where a
+family needs them, width 32,
+vocabulary 64, no dropout) or raises `NotBuildable` saying why; `check(family, path)` audits one
+batch (B=3, T=5) on one path and compares with explicit per-example gradients.  Used by
+tests/test_family_matrix.py and by `python -m tests.families` (writes README's family table).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+)
+
+from gnq_core.engine.reference import loo_gnq, per_example_gradients
+
+VOCAB, WIDTH, B, T = 64, 32, 3, 5
+PATHS = ("unfused", "fused", "posthoc")
+
+# Config fields set wherever a family's config has them (names differ between families).
+_TINY: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    **dict.fromkeys(["hidden_size", "n_embd", "d_model", "dim", "embed_dim", "n_embed",
+                     "embedding_size", "word_embed_proj_dim", "d_embed"], WIDTH),
+    **dict.fromkeys(["num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers",
+                     "decoder_layers", "num_decoder_layers"], 1),
+    **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "encoder_attention_heads",
+                     "decoder_attention_heads", "num_heads"], 2),
+    **dict.fromkeys(["num_key_value_heads", "multi_query_group_num", "num_kv_heads"], 1),
+    **dict.fromkeys(["intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim",
+                     "d_ff", "ffn_hidden_size", "moe_intermediate_size",
+                     "shared_expert_intermediate_size", "expert_intermediate_size",
+                     "dense_intermediate_size", "d_inner"], 32),
+    **dict.fromkeys(["head_dim", "d_kv", "kv_channels", "attention_head_size"], 16),
+    **dict.fromkeys(["max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
+                     "seq_length"], 64),
+    **dict.fromkeys(["num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"], 4),
+    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k"], 2),
+    **dict.fromkeys(["mamba_chunk_size", "chunk_size", "ssm_chunk_size"], 8),
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0,
+    "use_cache": False,
+}
+# Config keyword arguments every family accepts: mixture-of-experts layers as plain per-expert
+# loops (the grouped-matmul kernels take no float64).
+_ALWAYS: dict[str, Any] = {"experts_implementation": "eager"}
+
+
+# Families whose tiny config needs more than the common names (routing groups, rotary widths...).
+_FAMILY: dict[str, dict[str, Any]] = {
+    **dict.fromkeys(["deepseek_v2", "deepseek_v3", "axk1", "axk2", "glm4_moe_lite", "minicpm3", "youtu"],
+                    {"n_group": 1, "topk_group": 1, "num_key_value_heads": 2}),
+    "codegen": {"rotary_dim": 4, "n_head": 4},
+    "gptj": {"rotary_dim": 8},
+    "ernie4_5_moe": {"moe_k": 2},
+    **dict.fromkeys(["longformer", "led"], {"attention_window": 4}),
+    "diffllama": {"num_key_value_heads": 2},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "num_layers": 2},
+    **dict.fromkeys(["rwkv", "olmo_hybrid"], {"num_hidden_layers": 2}),
+    "mamba2": {"head_dim": 16, "n_groups": 1, "num_heads": 4},
+}
+
+
+class NotBuildable(Exception):
+    """The family cannot be built tiny from its config alone (vision towers, audio, ...)."""
+
+
+def families() -> dict[str, str]:
+    """{model_type: task} for every LM family the installed transformers registers."""
+    out = {}
+    for task, names in (("seq2seq", MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
+                        ("masked", MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+                        ("causal", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)):
+        for family in names:
+            out.setdefault(family, task)
+    return dict(sorted(out.items()))
+
+
+def _overrides(config_class: type) -> dict[str, Any]:
+    names = set(inspect.signature(config_class.__init__).parameters)
+    over = {k: v for k, v in _TINY.items() if k in names}
+    for name in names:  # no dropout anywhere: the reference must see the same forward
+        if "dropout" in name or "pdrop" in name or name.endswith("_drop"):
+            over[name] = 0.0
+    return over
+
+
+def build(family: str, task: str) -> torch.nn.Module:
+    config_class = CONFIG_MAPPING[family]
+    try:
+        config = config_class(**{**_overrides(config_class), **_FAMILY.get(family, {})}, **_ALWAYS)
+    except Exception as exc:  # noqa: BLE001  (any config error: the family needs more than widths)
+        raise NotBuildable(f"config: {type(exc).__name__}: {exc}") from exc
+    auto = {"causal": AutoModelForCausalLM, "masked": AutoModelForMaskedLM,
+            "seq2seq": AutoModelForSeq2SeqLM}[task]
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            with torch.device("meta"):  # count first: a default-sized tower would not fit
+                size = sum(p.numel() for p in auto.from_config(config).parameters())
+            if size > 3_000_000:
+                raise NotBuildable(f"not tiny ({size:,} parameters): sizes beyond the common width names")
+            torch.manual_seed(0)
+            model = auto.from_config(config, dtype=torch.float64)
+    except NotBuildable:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise NotBuildable(f"model: {type(exc).__name__}: {exc}") from exc
+    return model.eval()
+
+
+def batch(task: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (B, T), generator=gen)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, -2:] = 0  # one right-padded example
+    out = {"input_ids": ids, "attention_mask": mask}
+    if task == "seq2seq":
+        out["decoder_input_ids"] = torch.randint(3, VOCAB, (B, T - 1), generator=gen)
+    return out
+
+
+def losses(model: torch.nn.Module, task: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """ℓ_j: mean token NLL of example j (next token for causal, the token itself otherwise)."""
+    out = model(**inputs)
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    if task == "causal":
+        targets = inputs["input_ids"][:, 1:].masked_fill(inputs["attention_mask"][:, 1:] == 0, -100)
+        logits = logits[:, :-1]
+    elif task == "masked":
+        targets = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+    else:
+        targets = inputs["decoder_input_ids"].roll(-1, 1)
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                          ignore_index=-100, reduction="none").view(targets.shape)
+    return nll.sum(1) / (targets != -100).sum(1).clamp(min=1)
+
+
+@dataclass
+class Cell:
+    family: str
+    path: str
+    exact: bool
+    error: float | None = None  # relative kernel error against the reference
+    refusal: str | None = None  # "ExceptionType: message" when the auditor refused
+
+
+def check(model: torch.nn.Module, family: str, task: str, lam: float = 1e-2) -> list[Cell]:
+    """One batch on every path against explicit per-example gradients (float64)."""
+    inputs = batch(task)
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        G = per_example_gradients(losses(model, task, inputs), params)
+    except Exception as exc:  # noqa: BLE001  (the model itself does not run tiny in float64)
+        raise NotBuildable(f"float64 forward: {type(exc).__name__}: {exc}".split("\n")[0]) from exc
+    K_ref, gnq_ref = G @ G.T, loo_gnq(G, lam)
+    return [_one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref) for path in PATHS]
+
+
+def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref) -> Cell:
+    from gnq_core import GNQAuditor
+
+    model.zero_grad(set_to_none=True)
+    try:
+        with GNQAuditor(model, lam=lam, fused=path == "fused") as auditor:
+            objective = losses(model, task, inputs).sum()
+            if path == "posthoc":
+                auditor.backward(objective)
+            else:
+                objective.backward()
+            res = auditor.compute()
+    except Exception as exc:  # noqa: BLE001  (a refusal is any exception; the test checks its type)
+        return Cell(family, path, False, refusal=f"{type(exc).__name__}: {exc}".split("\n")[0])
+    finally:
+        model.zero_grad(set_to_none=True)
+    err = ((res.kernel - K_ref).abs().max() / K_ref.abs().max()).item()
+    err = max(err, ((res.gnq - gnq_ref).abs() / gnq_ref.abs()).max().item())
+    return Cell(family, path, err <= 1e-9, error=err)
+
+
+def render(exact: dict[str, str], expected: dict[str, tuple[str, str]],
+           tolerance: dict[str, tuple[float, str]]) -> str:
+    """README's family table, from the matrix test's own lists (tests/test_family_matrix.py)."""
+    tasks = {"causal": "causal LM", "masked": "masked LM", "seq2seq": "sequence-to-sequence LM"}
+    checked = [f for f, _ in exact.items()] + [f for f, (kind, _) in expected.items() if kind == "refused"]
+    lines = [f"{len(exact)} of the {len(checked)} LM families that transformers "
+             f"{transformers.__version__} can build tiny are exact on every path (unfused, fused, post-hoc) "
+             "against explicit per-example gradients in float64 "
+             f"(tests/test_family_matrix.py; {len(expected) - (len(checked) - len(exact))} more cannot be "
+             "built "
+             "tiny from their config alone or do not run in float64, and are not checked).", ""]
+    for task, title in tasks.items():
+        names = sorted(f for f, t in exact.items() if t == task)
+        lines += [f"**Exact, {title} ({len(names)}):** " + ", ".join(
+            f"{n}†" if n in tolerance else n for n in names), ""]
+    if tolerance:
+        notes = [f"{n}: {why} (agreement {tol:g})" for n, (tol, why) in sorted(tolerance.items())]
+        lines += ["† " + "; ".join(notes),
+                  ""]
+    refused = {f: why for f, (kind, why) in expected.items() if kind == "refused"}
+    lines += ["| refused (one line, exit code 1) | why |", "|---|---|"]
+    lines += [f"| {f} | {why} |" for f, why in sorted(refused.items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_readme() -> None:
+    """Replace README's family section (between its markers) with ``render``'s table."""
+    from test_family_matrix import EXACT, EXPECTED, TOLERANCE
+
+    path = Path(__file__).resolve().parents[1] / "README.md"
+    text = path.read_text(encoding="utf-8")
+    start, end = text.index(README_START) + len(README_START), text.index(README_END)
+    path.write_text(text[:start] + "\n" + render(EXACT, EXPECTED, TOLERANCE) + text[end:], encoding="utf-8")
+
+
+README_START, README_END = "<!-- families:start -->", "<!-- families:end -->"
+
+if __name__ == "__main__":
+    write_readme()
