@@ -48,7 +48,10 @@ def test_point_estimates_equal_scikit_learn_with_ties():
         s = rng.integers(0, 6, n).astype(float)  # many ties
         m = pr.metrics_matrix(s, y)
         assert m["auc"][0] == pytest.approx(roc_auc_score(y, s), abs=1e-12)
-        fpr, tpr, _ = roc_curve(y, s)
+        fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
+        ours = pr.roc_curve_points(s, y)
+        np.testing.assert_allclose(ours[0], fpr)
+        np.testing.assert_allclose(ours[1], tpr)
         for alpha in pr.FPR_LEVELS:
             assert m[f"tpr@{alpha:g}"][0] == pytest.approx(tpr[fpr <= alpha + 1e-12].max(), abs=1e-12)
 

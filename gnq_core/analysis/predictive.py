@@ -23,9 +23,10 @@ short text is easier to reproduce, so length alone can predict extraction, and a
 only tracks length should lose its power within a bin).
 
 The direction of each signal is fixed before looking at the outcome (``SIGNALS``); choosing it
-from the data would inflate every AUC above 0.5.  The point estimates equal scikit-learn's
-``roc_auc_score``/``roc_curve`` (tested); the bootstrap evaluates thousands of resamples at once in
-NumPy, which scikit-learn's per-call validation would make too slow for a dashboard page.
+from the data would inflate every AUC above 0.5.  The numbers equal scikit-learn's
+``roc_auc_score``/``roc_curve`` (the tests' reference); here they are NumPy, because the bootstrap
+evaluates a thousand resamples at once (scikit-learn's per-call validation would make a dashboard
+page wait) and importing scikit-learn costs seconds on a busy machine.
 """
 
 from __future__ import annotations
@@ -133,8 +134,7 @@ def metrics_matrix(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray |
     w = np.ones((1, n)) if weights is None else np.asarray(weights, dtype=float)
     order = np.argsort(-s, kind="stable")
     s, y, w = s[order], y[order], w[:, order]
-    last = np.ones(n, dtype=bool)
-    last[:-1] = s[1:] != s[:-1]
+    last = _group_ends(s)
     end = np.minimum.accumulate(np.where(last, np.arange(n), n - 1)[::-1])[::-1]  # tie group's end
     first = np.ones(n, dtype=bool)
     first[1:] = last[:-1]
@@ -161,6 +161,24 @@ def metrics_matrix(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray |
         tied, pos_tied = total[rows, g1] - above, tp[rows, g1] - pos_above
         out[f"precision@{q:g}"] = (pos_above + (k - above) * pos_tied / tied) / k
     return out
+
+
+def _group_ends(sorted_scores: np.ndarray) -> np.ndarray:
+    """True where a tie group of the (descending) sorted scores ends: the only places a threshold fits."""
+    last = np.ones(len(sorted_scores), dtype=bool)
+    last[:-1] = sorted_scores[1:] != sorted_scores[:-1]
+    return last
+
+
+def roc_curve_points(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(FPR, TPR) at every threshold, from (0, 0) to (1, 1): scikit-learn's ``roc_curve`` with
+    ``drop_intermediate=False`` (tested), without importing scikit-learn (seconds on a busy machine)."""
+    s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    order = np.argsort(-s, kind="stable")
+    s, y = s[order], y[order]
+    last = _group_ends(s)
+    tp, fp = np.cumsum(y)[last], np.cumsum(~y)[last]
+    return (np.concatenate([[0.0], fp / max(1, fp[-1])]), np.concatenate([[0.0], tp / max(1, tp[-1])]))
 
 
 def top_k(n: int, fraction: float) -> int:
@@ -349,10 +367,8 @@ def _paired_difference(result: Predictive, scope: str, a: str, b: str) -> tuple[
 
 def roc_points(frame: pd.DataFrame, signals: Sequence[Signal] | None = None,
                outcome: str = OUTCOME) -> pd.DataFrame:
-    """Long frame (signal, label, fpr, tpr) of each signal's ROC curve over the attacked texts
-    (scikit-learn's roc_curve, in the signal's stated direction)."""
-    from sklearn.metrics import roc_curve
-
+    """Long frame (signal, label, fpr, tpr) of each signal's ROC curve over the attacked texts, in
+    the signal's stated direction."""
     attacked = frame[frame[outcome].notna()] if outcome in frame.columns else frame.iloc[0:0]
     parts = []
     for signal in signals if signals is not None else signals_in(attacked):
@@ -360,7 +376,7 @@ def roc_points(frame: pd.DataFrame, signals: Sequence[Signal] | None = None,
         keep = np.isfinite(s)
         y = attacked[outcome].astype(bool).to_numpy()[keep]
         if 0 < y.sum() < len(y):
-            fpr, tpr, _ = roc_curve(y, s[keep], drop_intermediate=True)
+            fpr, tpr = roc_curve_points(s[keep], y)
             parts.append(pd.DataFrame({"signal": signal.column, "label": signal.label, "fpr": fpr,
                                        "tpr": tpr}))
     columns = ["signal", "label", "fpr", "tpr"]
