@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_e2e_browser import browser  # noqa: F401 (the headless Chromium fixture)
 from typer.testing import CliRunner
 
 from gnq_core.analysis.signals import signal_frame
@@ -135,3 +136,30 @@ def test_report_bad_input_is_one_line(db, tmp_path):
     if Path("/proc/self").is_dir():  # a folder nobody can create files in, not even root
         assert "cannot write" in fails("--run", "audited", "--out", "/proc/gnq-report.html", "--db", db)
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "missing.duckdb").exists()
+
+
+@pytest.mark.slow
+def test_report_opens_offline_in_a_real_browser(db, tmp_path, browser):  # noqa: F811 (the fixture)
+    """Headless Chromium, network off: the ROC chart draws from the inlined plotly.js, nothing is
+    requested from anywhere, and the hostile text is shown as text (no alert fires)."""
+    out = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", "--run", "audited", "--out", str(out), "--db", str(db),
+                                 "--resamples", "50"])
+    assert result.exit_code == 0, result.output
+    context = browser.new_context(offline=True)
+    page = context.new_page()
+    requests, dialogs, errors = [], [], []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(out.as_uri())
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=60_000)
+        legend = page.text_content(".js-plotly-plot .legend") or ""
+        body = page.inner_text("body")
+    finally:
+        context.close()
+    assert "GNQ_total" in legend and "chance" in legend
+    assert "<script>alert('x')</script>" in body  # shown, not run
+    assert not dialogs and not errors, (dialogs, errors)
+    assert all(u.startswith(("file:", "data:", "blob:", "about:")) for u in requests), requests

@@ -65,8 +65,6 @@ st.plotly_chart(roc_figure(roc, result, log_fpr=log_fpr), width="stretch")
 bins = result.table[result.table["scope"] != pr.ALL]
 if len(bins):
     with st.expander("Within length bins (does a signal only track text length?)"):
-        best = result.table[result.table["scope"] == pr.ALL].sort_values("auc", ascending=False)
-        st.markdown(pr.within_bins_sentence(result, list(dict.fromkeys(
-            ["gnq_total", *best["signal"].head(2)]))))
+        st.markdown(pr.within_bins_sentence(result))
         table = pr.display_table(result, scope=None)
         st.dataframe(table[table["scope"] != pr.ALL], hide_index=True, width="stretch")

@@ -168,21 +168,15 @@ def _predictive(frame: pd.DataFrame, attacks: pd.DataFrame, resamples: int, seed
     points = pr.roc_points(frame)
     figure = roc_figure(points, result).to_html(full_html=False, include_plotlyjs=True,
                                                 config={"displaylogo": False})
-    gnq_and_best = list(dict.fromkeys(["gnq_total", *_best(result)]))
     bins = result.table[result.table["scope"] != pr.ALL]
     parts = [f"<p class='sentence'>{e(pr.best_signal_sentence(result))}</p>",
              _table(pr.display_table(result)),
              f"<p class='caption'>{e(result.method())}</p>", figure]
     if len(bins):
         parts += ["<h3>Within length bins</h3>",
-                  f"<p>{e(pr.within_bins_sentence(result, gnq_and_best))}</p>",
+                  f"<p>{e(pr.within_bins_sentence(result))}</p>",
                   _table(pr.display_table(result, scope=None)[lambda d: d["scope"] != pr.ALL])]
     return "\n".join(parts)
-
-
-def _best(result: pr.Predictive) -> list[str]:
-    overall = result.table[(result.table["scope"] == pr.ALL) & result.table["auc"].notna()]
-    return overall.sort_values("auc", ascending=False)["signal"].head(2).tolist()
 
 
 def _texts_in_full(top: pd.DataFrame) -> str:

@@ -344,8 +344,13 @@ def best_signal_sentence(result: Predictive, scope: str = ALL) -> str:
     return " ".join(words)
 
 
-def within_bins_sentence(result: Predictive, columns: Sequence[str]) -> str:
-    """The AUC range of each named signal across the length bins (where scorable)."""
+def within_bins_sentence(result: Predictive, columns: Sequence[str] | None = None) -> str:
+    """The AUC range of each named signal across the length bins (where scorable); by default
+    GNQ_total and the two best signals over all texts."""
+    if columns is None:
+        overall = result.table[(result.table["scope"] == ALL) & result.table["auc"].notna()]
+        best = overall.sort_values("auc", ascending=False)["signal"][:2]
+        columns = list(dict.fromkeys(["gnq_total", *best]))
     bins = result.table[(result.table["scope"] != ALL) & result.table["auc"].notna()]
     parts = []
     for column in columns:
