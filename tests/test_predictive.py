@@ -142,7 +142,7 @@ def test_length_bins_missing_signals_and_one_class():
     result = pr.evaluate(f, resamples=100, bins=3)
     scopes = list(dict.fromkeys(result.table["scope"]))
     assert scopes[0] == pr.ALL and len(scopes) == 4 and all(s.startswith("n_tokens ") for s in scopes[1:])
-    assert len(result.length_edges) == 4 and "quantile bins" in result.method()
+    assert len(result.bins) == 3 and "quantile bins" in result.method()
     assert "risk" not in set(result.table["signal"])  # absent column: absent row
     only_kept = f.assign(extracted=False)
     none = pr.evaluate(only_kept, resamples=100, bins=0)
@@ -151,6 +151,21 @@ def test_length_bins_missing_signals_and_one_class():
     partial = f.assign(loss_ratio=np.where(np.arange(len(f)) % 2, np.nan, f["gnq_total"]))
     row = pr.evaluate(partial, resamples=100, bins=0).table.set_index("signal").loc["loss_ratio"]
     assert row["n"] == len(f) // 2
+
+
+def test_length_bins_give_a_common_length_its_own_bin():
+    lengths = pd.Series([64] * 70 + list(range(20, 50)))  # most texts cut to the maximum length
+    names = pr.length_bins(lengths, 3)
+    assert set(names[:70]) == {"n_tokens 64"}
+    rest = names[70:]
+    assert rest.nunique() == 2 and not rest.str.contains("64").any()
+    assert pr.bin_order(names)[-1] == "n_tokens 64"
+    for name in rest.unique():  # equal lengths never split across two bins
+        assert lengths[names == name].min() > lengths[(names != name) & (names != "n_tokens 64")].max() \
+            or lengths[names == name].max() < lengths[(names != name) & (names != "n_tokens 64")].min()
+    assert pr.length_bins(pd.Series([10] * 5), 3).isna().all()  # one length: no bins
+    one_bin = pr.evaluate(_frame().assign(n_tokens=12), resamples=50)
+    assert set(one_bin.table["scope"]) == {pr.ALL} and "No length bins" in one_bin.method()
 
 
 def test_sentences_are_honest_about_overlap():

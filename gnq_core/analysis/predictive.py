@@ -88,20 +88,24 @@ class Predictive:
     seed: int
     level: float
     outcome: str
-    length_edges: list[float]
+    bins: list[str]     # the length bins scored (empty: none formed)
+    bins_asked: int
     boot_auc: dict[tuple[str, str], np.ndarray] = field(repr=False, default_factory=dict)
     rows_of: dict[tuple[str, str], tuple[int, ...]] = field(repr=False, default_factory=dict)
 
     def method(self) -> str:
         """How the numbers were made, in one paragraph (for captions and reports)."""
-        edges = ", ".join(f"{e:g}" for e in self.length_edges)
+        if self.bins:
+            bins = (f"Length bins: quantile bins of the token count over the attacked texts, a length shared "
+                    f"by at least 1/{self.bins_asked} of them a bin of its own ({', '.join(self.bins)}).")
+        else:
+            bins = "No length bins: the attacked texts do not fall into two or more length bins."
         return (f"Outcome: `{self.outcome}` of the run's latest attack (texts not attackable are left out). "
                 f"AUC: P(an extracted text scores higher than a kept one, ties ½) in the stated direction. "
                 f"TPR at x% FPR: largest share of extracted texts caught while flagging at most x% of the "
                 f"kept ones. Precision at top q: share extracted among the round(q·n) highest-scoring texts "
                 f"(ties at the cut shared in expectation). Intervals: {self.level:.0%} percentile intervals "
-                f"over {self.resamples} stratified bootstrap resamples (seed {self.seed}). Length bins: "
-                f"quantile bins of the text's token count over the attacked texts (edges {edges}).")
+                f"over {self.resamples} stratified bootstrap resamples (seed {self.seed}). " + bins)
 
 
 def signals_in(frame: pd.DataFrame) -> list[Signal]:
@@ -215,19 +219,32 @@ def interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
 
 
 # ----------------------------------------------------------------------------------------- tables
-def length_bins(n_tokens: pd.Series, bins: int = LENGTH_BINS) -> tuple[pd.Series, list[float]]:
-    """Each text's length bin label ("n_tokens 5–12") and the bin edges: quantile bins of the
-    token count (fewer when many texts share a length)."""
+def length_bins(n_tokens: pd.Series, bins: int = LENGTH_BINS) -> pd.Series:
+    """Each text's length bin ("n_tokens 5–12"; NaN: no bins): quantile bins of the token count,
+    except that a length shared by at least 1/bins of the texts (texts cut to the maximum length)
+    is a bin of its own, so a bin never mixes that length with others by accident of the cut."""
     values = pd.to_numeric(n_tokens, errors="coerce")
+    names = pd.Series(np.nan, index=n_tokens.index, dtype=object)
     if bins < 2 or values.nunique() < 2:
-        return pd.Series(np.nan, index=n_tokens.index, dtype=object), []
-    codes, edges = pd.qcut(values, bins, labels=False, retbins=True, duplicates="drop")
-    names = []
-    for i in range(len(edges) - 1):
-        inside = values[codes == i]
-        names.append(f"n_tokens {int(inside.min())}–{int(inside.max())}" if len(inside) else "")
-    label_of = dict(enumerate(names))
-    return codes.map(label_of), [float(e) for e in edges]
+        return names
+    counts = values.value_counts()
+    heavy = sorted(counts[counts >= len(values) / bins].index)
+    groups = [values[values == v] for v in heavy]
+    rest = values[values.notna() & ~values.isin(heavy)]
+    if rest.nunique() > 1:  # equal lengths share a rank, hence a bin
+        codes = pd.qcut(rest.rank(method="min"), max(1, bins - len(heavy)), labels=False, duplicates="drop")
+        groups += [rest[codes == c] for c in codes.unique()]
+    elif len(rest):
+        groups.append(rest)
+    for group in groups:
+        lo, hi = int(group.min()), int(group.max())
+        names[group.index] = f"n_tokens {lo}" if lo == hi else f"n_tokens {lo}–{hi}"
+    return names
+
+
+def bin_order(names: pd.Series) -> list[str]:
+    """The bins' names, shortest texts first."""
+    return sorted(names.dropna().unique(), key=lambda n: int(n.split()[1].split("–")[0]))
 
 
 def evaluate(frame: pd.DataFrame, *, outcome: str = OUTCOME, resamples: int = RESAMPLES, seed: int = 0,
@@ -241,12 +258,13 @@ def evaluate(frame: pd.DataFrame, *, outcome: str = OUTCOME, resamples: int = RE
     attacked = frame[frame[outcome].notna()] if outcome in frame.columns else frame.iloc[0:0]
     chosen = list(signals) if signals is not None else signals_in(attacked)
     scopes: list[tuple[str, pd.DataFrame]] = [(ALL, attacked)]
-    edges: list[float] = []
-    if "n_tokens" in attacked.columns and len(attacked):
-        names, edges = length_bins(attacked["n_tokens"], bins)
-        scopes += [(str(name), attacked[names == name]) for name in dict.fromkeys(names.dropna())]
+    names = length_bins(attacked["n_tokens"], bins) if "n_tokens" in attacked.columns else pd.Series(
+        np.nan, index=attacked.index, dtype=object)
+    order = bin_order(names)
+    if len(order) > 1:  # one bin would only repeat "all texts"
+        scopes += [(name, attacked[names == name]) for name in order]
     result = Predictive(table=pd.DataFrame(), resamples=resamples, seed=seed, level=level, outcome=outcome,
-                        length_edges=edges)
+                        bins=order if len(order) > 1 else [], bins_asked=bins)
     rows = []
     for scope, part in scopes:
         y_all = part[outcome].astype(bool).to_numpy()
@@ -359,8 +377,9 @@ def within_bins_sentence(result: Predictive, columns: Sequence[str] | None = Non
             parts.append(f"{rows['label'].iloc[0]} {rows['auc'].min():.2f}–{rows['auc'].max():.2f}")
     if not parts:
         return "Within length bins no signal can be scored (a bin needs both extracted and kept texts)."
-    return (f"Within the {bins['scope'].nunique()} length bins that hold both outcomes, AUC ranges: "
-            + "; ".join(parts) + ".")
+    k = bins["scope"].nunique()
+    where = "the one length bin that holds" if k == 1 else f"the {k} length bins that hold"
+    return f"Within {where} both outcomes, AUC ranges: " + "; ".join(parts) + "."
 
 
 def _paired_difference(result: Predictive, scope: str, a: str, b: str) -> tuple[float, float] | None:
