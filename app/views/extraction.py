@@ -17,7 +17,7 @@ db, version = str(state.db_path()), state.version(run.run_id)
 report_key = f"report:{db}:{run.run_id}:{version}"
 if st.button("Prepare the run's report (HTML)", help="One self-contained file: provenance, verdict table, "
              "predictive power and the top flagged texts; opens offline, to hand on."):
-    st.session_state[report_key] = state.report_html(db, run.run_id, version)
+    st.session_state[report_key] = state.report_html(db, run.name, version)
 if report_key in st.session_state:
     st.download_button("Download the report", st.session_state[report_key], mime="text/html",
                        file_name=f"{run.name}-report.html".replace("/", "_"))
@@ -52,7 +52,7 @@ if attacked["group"].notna().any():
     st.dataframe(by_group, hide_index=True)
 
 st.subheader("Which signal predicts extraction?")
-result, roc, provenance = state.predictive(db, run.run_id, version)
+result, roc, provenance = state.predictive(db, run.name, version)
 st.markdown(pr.best_signal_sentence(result))
 st.dataframe(pr.display_table(result), hide_index=True, width="stretch",
              column_config={"direction": st.column_config.TextColumn(

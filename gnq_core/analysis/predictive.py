@@ -357,8 +357,10 @@ def best_signal_sentence(result: Predictive, scope: str = ALL) -> str:
         words.append(f"GNQ_total: AUC {_ci(gnq.iloc[0])}.")
     reversed_ = scored[scored["auc hi"] < 0.5]
     if len(reversed_):
-        words.append("Pointing the other way than assumed (interval below 0.5): "
-                     + ", ".join(f"{r['label']} ({_ci(r)})" for _, r in reversed_.iterrows()) + ".")
+        words.append("Pointing the other way than assumed (interval below 0.5; the low end marks the "
+                     "extracted texts, with AUC 1 − x when read reversed): "
+                     + ", ".join(f"{r['label']} ({_ci(r)}, reversed {1 - r['auc']:.2f})"
+                                 for _, r in reversed_.iterrows()) + ".")
     return " ".join(words)
 
 

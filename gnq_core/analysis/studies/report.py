@@ -262,6 +262,9 @@ def roc_lines(points: pd.DataFrame, result: pr.Predictive):
     ax.set_xlabel("false-positive rate (kept texts flagged)")
     ax.set_ylabel("true-positive rate (extracted texts flagged)")
     ax.set_title("Which signal tells the extracted texts apart?")
-    ax.legend(fontsize=7, loc="lower right")
+    if len(overall):
+        ax.legend(fontsize=7, loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no signal can be scored:\nthe attack needs extracted and kept texts", ha="center")
     ax.grid(alpha=0.3)
     return fig
