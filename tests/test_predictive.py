@@ -164,6 +164,12 @@ def test_length_bins_give_a_common_length_its_own_bin():
         assert lengths[names == name].min() > lengths[(names != name) & (names != "n_tokens 64")].max() \
             or lengths[names == name].max() < lengths[(names != name) & (names != "n_tokens 64")].min()
     assert pr.length_bins(pd.Series([10] * 5), 3).isna().all()  # one length: no bins
+    f = _frame(300).assign(n_tokens=np.repeat([10, 20, 30], 100))
+    f.loc[f["n_tokens"] == 10, "extracted"] = False  # the short bin has one outcome only
+    three = pr.evaluate(f, resamples=50)
+    assert three.bins == ["n_tokens 10", "n_tokens 20", "n_tokens 30"]
+    assert set(pr.display_bins(three)["scope"]) == {"n_tokens 20", "n_tokens 30"}
+    assert "one outcome only: n_tokens 10 (0 of 100 extracted)" in pr.within_bins_sentence(three)
     one_bin = pr.evaluate(_frame().assign(n_tokens=12), resamples=50)
     assert set(one_bin.table["scope"]) == {pr.ALL} and "No length bins" in one_bin.method()
 

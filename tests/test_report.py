@@ -104,6 +104,18 @@ def test_report_is_one_self_contained_html_file(db, tmp_path):
     assert "AUC" in text and "50 stratified bootstrap resamples (seed 0)" in text
 
 
+def test_a_run_without_attack_or_points_still_reports(db, tmp_path):
+    from gnq_core.analysis.html_report import build_report
+
+    store = Store(db)
+    text = build_report(store, store.run("trained"), resamples=20)
+    assert "No extraction attack is stored for this run" in text and "Provenance" in text
+    hostile = _run(store, "<i>run</i>", "audit")  # a name is user data too
+    text = build_report(store, hostile, resamples=20)
+    assert "<i>run</i>" not in text and "&lt;i&gt;run&lt;/i&gt;" in text
+    assert "0 of 0" in text  # no finished point
+
+
 def test_report_picks_up_a_verdict_order(db):
     from gnq_core.analysis.html_report import ordered
 

@@ -62,9 +62,7 @@ st.caption("Outcome: the stored attack's own rule (not the slider above). " + re
            + provenance)
 log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=False)
 st.plotly_chart(roc_figure(roc, result, log_fpr=log_fpr), width="stretch")
-bins = result.table[result.table["scope"] != pr.ALL]
-if len(bins):
+if result.bins:
     with st.expander("Within length bins (does a signal only track text length?)"):
         st.markdown(pr.within_bins_sentence(result))
-        table = pr.display_table(result, scope=None)
-        st.dataframe(table[table["scope"] != pr.ALL], hide_index=True, width="stretch")
+        st.dataframe(pr.display_bins(result), hide_index=True, width="stretch")

@@ -168,14 +168,13 @@ def _predictive(frame: pd.DataFrame, attacks: pd.DataFrame, resamples: int, seed
     points = pr.roc_points(frame)
     figure = roc_figure(points, result).to_html(full_html=False, include_plotlyjs=True,
                                                 config={"displaylogo": False})
-    bins = result.table[result.table["scope"] != pr.ALL]
     parts = [f"<p class='sentence'>{e(pr.best_signal_sentence(result))}</p>",
              _table(pr.display_table(result)),
              f"<p class='caption'>{e(result.method())}</p>", figure]
-    if len(bins):
+    if result.bins:
         parts += ["<h3>Within length bins</h3>",
                   f"<p>{e(pr.within_bins_sentence(result))}</p>",
-                  _table(pr.display_table(result, scope=None)[lambda d: d["scope"] != pr.ALL])]
+                  _table(pr.display_bins(result))]
     return "\n".join(parts)
 
 

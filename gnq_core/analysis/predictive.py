@@ -298,6 +298,17 @@ METRIC_TITLES = {"auc": "AUC", **{f"tpr@{a:g}": f"TPR @ {a:.0%} FPR" for a in FP
 def display_table(result: Predictive, scope: str | None = ALL, digits: int = 2) -> pd.DataFrame:
     """One row per signal (and scope when ``scope`` is None): "value [lo, hi]" strings, best AUC first."""
     table = result.table if scope is None else result.table[result.table["scope"] == scope]
+    return _display(result, table, digits, with_scope=scope is None)
+
+
+def display_bins(result: Predictive, digits: int = 2) -> pd.DataFrame:
+    """``display_table``'s rows of the length bins that can be scored (a bin whose texts all share
+    one outcome is left out: ``within_bins_sentence`` names it)."""
+    table = result.table
+    return _display(result, table[(table["scope"] != ALL) & table["auc"].notna()], digits, with_scope=True)
+
+
+def _display(result: Predictive, table: pd.DataFrame, digits: int, with_scope: bool) -> pd.DataFrame:
     order = {s: i for i, s in enumerate(dict.fromkeys(result.table["scope"]))}
     table = (table.assign(_scope=table["scope"].map(order))
              .sort_values(["_scope", "auc"], ascending=[True, False], na_position="last"))
@@ -314,7 +325,7 @@ def display_table(result: Predictive, scope: str | None = ALL, digits: int = 2) 
                         "texts": table["n"], "extracted": table["extracted"]})
     for metric in METRICS:
         out[METRIC_TITLES[metric]] = [cell(r, metric) for _, r in table.iterrows()]
-    if scope is None:
+    if with_scope:
         out.insert(0, "scope", table["scope"])
     return out.reset_index(drop=True)
 
@@ -371,17 +382,22 @@ def within_bins_sentence(result: Predictive, columns: Sequence[str] | None = Non
         overall = result.table[(result.table["scope"] == ALL) & result.table["auc"].notna()]
         best = overall.sort_values("auc", ascending=False)["signal"][:2]
         columns = list(dict.fromkeys(["gnq_total", *best]))
-    bins = result.table[(result.table["scope"] != ALL) & result.table["auc"].notna()]
+    all_bins = result.table[result.table["scope"] != ALL]
+    bins = all_bins[all_bins["auc"].notna()]
+    one_outcome = [f"{scope} ({int(rows['extracted'].max())} of {int(rows['n'].max())} extracted)"
+                   for scope, rows in all_bins.groupby("scope", sort=False) if rows["auc"].isna().all()]
+    left_out = (" Not scored, one outcome only: " + ", ".join(one_outcome) + ".") if one_outcome else ""
     parts = []
     for column in columns:
         rows = bins[bins["signal"] == column]
         if len(rows):
             parts.append(f"{rows['label'].iloc[0]} {rows['auc'].min():.2f}–{rows['auc'].max():.2f}")
     if not parts:
-        return "Within length bins no signal can be scored (a bin needs both extracted and kept texts)."
+        return ("Within length bins no signal can be scored (a bin needs both extracted and kept texts)."
+                + left_out)
     k = bins["scope"].nunique()
     where = "the one length bin that holds" if k == 1 else f"the {k} length bins that hold"
-    return f"Within {where} both outcomes, AUC ranges: " + "; ".join(parts) + "."
+    return f"Within {where} both outcomes, AUC ranges: " + "; ".join(parts) + "." + left_out
 
 
 def _paired_difference(result: Predictive, scope: str, a: str, b: str) -> tuple[float, float] | None:

@@ -242,10 +242,8 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
                                               + result.method())
     r.figure(roc_lines(pr.roc_points(frame), result), filename,
              "ROC curve of each signal against the attack's outcome (legend: AUC); dotted: chance.")
-    table = pr.display_table(result, scope=None)
-    if (table["scope"] != pr.ALL).any():
-        r.table(table[table["scope"] != pr.ALL], caption="The same within length bins (texts of similar "
-                                                         "length).")
+    if result.bins:
+        r.table(pr.display_bins(result), caption="The same within length bins (texts of similar length).")
     return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": bins_sentence}
 
 
