@@ -59,7 +59,7 @@ st.dataframe(pr.display_table(result), hide_index=True, width="stretch",
                  help="Fixed before looking at the outcome: which end of the signal should mean 'extracted'. "
                       "AUC below 0.5 means the signal points the other way on this run.")})
 st.caption("Outcome: the stored attack's own rule (not the slider above). " + result.method() + " "
-           + provenance)
+           + state.plain(provenance))  # provenance names runs: user data
 log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=False)
 st.plotly_chart(roc_figure(roc, result, log_fpr=log_fpr), width="stretch")
 if result.bins:
