@@ -65,4 +65,6 @@ st.plotly_chart(roc_figure(roc, result, log_fpr=log_fpr), width="stretch")
 if result.bins:
     with st.expander("Within length bins (does a signal only track text length?)"):
         st.markdown(pr.within_bins_sentence(result))
-        st.dataframe(pr.display_bins(result), hide_index=True, width="stretch")
+        by_bin = pr.display_bins(result)
+        if len(by_bin):  # empty when every bin's texts share one outcome (the sentence says so)
+            st.dataframe(by_bin, hide_index=True, width="stretch")

@@ -172,9 +172,9 @@ def _predictive(frame: pd.DataFrame, attacks: pd.DataFrame, resamples: int, seed
              _table(pr.display_table(result)),
              f"<p class='caption'>{e(result.method())}</p>", figure]
     if result.bins:
-        parts += ["<h3>Within length bins</h3>",
-                  f"<p>{e(pr.within_bins_sentence(result))}</p>",
-                  _table(pr.display_bins(result))]
+        by_bin = pr.display_bins(result)
+        parts += ["<h3>Within length bins</h3>", f"<p>{e(pr.within_bins_sentence(result))}</p>",
+                  _table(by_bin) if len(by_bin) else ""]
     return "\n".join(parts)
 
 

@@ -242,8 +242,9 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
                                               + result.method())
     r.figure(roc_lines(pr.roc_points(frame), result), filename,
              "ROC curve of each signal against the attack's outcome (legend: AUC); dotted: chance.")
-    if result.bins:
-        r.table(pr.display_bins(result), caption="The same within length bins (texts of similar length).")
+    by_bin = pr.display_bins(result)
+    if len(by_bin):
+        r.table(by_bin, caption="The same within length bins (texts of similar length).")
     return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": bins_sentence}
 
 
