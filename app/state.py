@@ -62,6 +62,26 @@ def trajectory_band(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa
     return store(db).trajectory_quantiles(run_id)
 
 
+@st.cache_data(max_entries=16, show_spinner="Scoring every signal against the attack (bootstrap)...")
+def predictive(db: str, run_name: str, version: str):  # noqa: ARG001
+    """(analysis.predictive result, ROC points, where the GNQ columns come from) of a run."""
+    from gnq_core.analysis import predictive as pr
+    from gnq_core.analysis.signals import gnq_provenance, signal_frame
+
+    s = store(db)
+    run = s.run(run_name)
+    frame = signal_frame(s, run)
+    return pr.evaluate(frame), pr.roc_points(frame), gnq_provenance(s, run)
+
+
+@st.cache_data(max_entries=4, show_spinner="Writing the report...")
+def report_html(db: str, run_name: str, version: str) -> str:  # noqa: ARG001
+    from gnq_core.analysis.html_report import build_report
+
+    s = store(db)
+    return build_report(s, s.run(run_name), command="dashboard download")
+
+
 def version(run_id: int) -> str:
     """Changes whenever the run is written to (cache key)."""
     frame = runs()

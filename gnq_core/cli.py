@@ -316,6 +316,33 @@ def export(
 
 @app.command()
 @user_errors
+def report(
+    run: str = typer.Option(..., help="Run name or id."),
+    out: Path = typer.Option(..., help="HTML file to write (one self-contained file; opens offline)."),
+    top: int = typer.Option(50, min=1, help="Rows of the verdict table."),
+    resamples: int = typer.Option(1000, min=10, help="Bootstrap resamples of the predictive-power "
+                                                     "intervals."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Write a run's report to hand on: provenance, verdict table, predictive power, top texts."""
+    from gnq_core.analysis.html_report import build_report, check_writable, write_report
+    from gnq_core.results.store import StoreError
+
+    store = _store(db)
+    if not store.path.is_file():
+        raise StoreError(f"{store.path}: no store here (build one with gnq train/audit/demo, or pass --db)")
+    info = store.run(run)
+    check_writable(out)
+    text = build_report(store, info, top=top, resamples=resamples, seed=seed,
+                        command=" ".join(["gnq", *sys.argv[1:]]))
+    write_report(text, out)
+    _done(quiet, f"report of run {info.name!r} written to {out} ({len(text) / 1e6:.1f} MB)")
+
+
+@app.command()
+@user_errors
 def runs(
     db: Path = DbOption,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),

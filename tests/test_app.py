@@ -89,6 +89,17 @@ def test_extraction_page(store_path, monkeypatch):
     assert "texts attacked" in texts_of(at)
     at.slider[1].set_value(0.5).run()
     assert not at.exception
+    # The predictive-power table: one row per signal, with its direction and intervals.
+    assert "Which signal predicts extraction?" in texts_of(at)
+    power = next(d.value for d in at.dataframe if "AUC" in d.value.columns)
+    assert {"GNQ_total", "loss", "text length (tokens)"} <= set(power["signal"])
+    assert set(power["direction"]) <= {"higher = extracted", "lower = extracted"}
+    assert (power["texts"] == 32).all()
+    assert "stratified bootstrap resamples" in texts_of(at)
+    # The report: prepared on a click, then offered as a download of one HTML file.
+    at.button[0].click().run()
+    assert not at.exception
+    assert any("Download the report" in str(b.proto.label) for b in at.get("download_button"))
     # A run without an attack says how to run one.
     at = page("extraction", store_path, monkeypatch, run_name="run")
     assert "gnq extract" in texts_of(at)

@@ -14,6 +14,8 @@ from lm_fixtures import SHARED_DATA
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
+from gnq_core.analysis import predictive as pr
+from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.studies.base import wikitext_chunks
 from gnq_core.analysis.studies.common_knowledge import CF_METRIC, cf_subset, counterfactual_memorization
 from gnq_core.analysis.studies.report import fmt, markdown_table
@@ -79,6 +81,15 @@ def report(built, name: str) -> str:
     return text
 
 
+def assert_predictive_table(text: str, store: Store, run) -> None:
+    """The report's predictive-power table is the one analysis.predictive makes from the store."""
+    assert "### Which signal predicts extraction?" in text
+    result = pr.evaluate(signal_frame(store, run))  # the study's seed (0) and resamples
+    assert pr.best_signal_sentence(result) in text
+    for _, row in pr.display_table(result).iterrows():
+        assert "| " + " | ".join(str(v) for v in row) + " |" in text
+
+
 @pytest.mark.slow
 @needs_data
 def test_common_knowledge_report_shows_the_stores_numbers(built):
@@ -120,6 +131,7 @@ def test_extraction_report_is_table_3_of_the_stored_attack(built):
             extracted = int((top["match_fraction"] >= 1.0).sum())
             assert f"| {label} | top-{f:.0%} | {k} | {extracted} |" in text
     assert text.count("| Random (trial ") == 3 * 3
+    assert_predictive_table(text, store, run)
 
 
 @pytest.mark.slow
@@ -140,6 +152,8 @@ def test_trajectories_report_bins_match_the_store(built):
         assert f"| {b} | {len(part)} | {fmt(part['gnq_total'].min(), '.4g')} |" in text
         row = next(line for line in text.splitlines() if line.startswith(f"| {b} | {len(part)} |"))
         assert f"| {fmt(rate)} |" in row
+    assert_predictive_table(text, store, audit)
+    assert "GNQ in-run" in text  # the training run's accumulated GNQ, found through the weights hashes
 
 
 @pytest.mark.slow
@@ -153,6 +167,9 @@ def test_rerun_resumes_without_duplicates(built):
     assert counts(built.store) == before
     for name, stamps in finished.items():
         assert built.store.points(built.store.run(name).run_id)["finished_at"].tolist() == stamps
+    # the rerun of common-knowledge finds the extraction study's attack and adds its table
+    assert_predictive_table(report(built, "common-knowledge"), built.store,
+                            built.store.run("common-knowledge-quick.finetune"))
 
 
 @pytest.mark.slow

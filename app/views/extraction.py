@@ -1,16 +1,26 @@
-"""Extraction vs GNQ: attack success per GNQ_total quantile bin (paper Fig. 6) and the targeted
-attack table: extracted among the top-k by GNQ vs by loss vs random (paper Table 3)."""
+"""Extraction vs GNQ: attack success per GNQ_total quantile bin (paper Fig. 6), the targeted
+attack table: extracted among the top-k by GNQ vs by loss vs random (paper Table 3), and how
+well each signal predicts the attack's outcome (analysis.predictive); the run's HTML report."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from app import charts, state
+from gnq_core.analysis import predictive as pr
+from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.summaries import quantile_bins, targeted_attack_table
 
 st.title("Extraction vs GNQ")
 run = state.require_run()
 db, version = str(state.db_path()), state.version(run.run_id)
+report_key = f"report:{db}:{run.run_id}:{version}"
+if st.button("Prepare the run's report (HTML)", help="One self-contained file: provenance, verdict table, "
+             "predictive power and the top flagged texts; opens offline, to hand on."):
+    st.session_state[report_key] = state.report_html(db, run.name, version)
+if report_key in st.session_state:
+    st.download_button("Download the report", st.session_state[report_key], mime="text/html",
+                       file_name=f"{run.name}-report.html".replace("/", "_"))
 totals = state.totals(db, run.run_id, version)
 attacked = totals[totals["extraction_match"].notna() & totals["gnq_total"].notna()]
 if attacked.empty:
@@ -40,3 +50,21 @@ if attacked["group"].notna().any():
                 .groupby("group").agg(texts=("example_id", "size"), success_rate=("success", "mean"),
                                       median_gnq_total=("gnq_total", "median")).reset_index())
     st.dataframe(by_group, hide_index=True)
+
+st.subheader("Which signal predicts extraction?")
+result, roc, provenance = state.predictive(db, run.name, version)
+st.markdown(pr.best_signal_sentence(result))
+st.dataframe(pr.display_table(result), hide_index=True, width="stretch",
+             column_config={"direction": st.column_config.TextColumn(
+                 help="Fixed before looking at the outcome: which end of the signal should mean 'extracted'. "
+                      "AUC below 0.5 means the signal points the other way on this run.")})
+st.caption("Outcome: the stored attack's own rule (not the slider above). " + result.method() + " "
+           + state.plain(provenance))  # provenance names runs: user data
+log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=False)
+st.plotly_chart(roc_figure(roc, result, log_fpr=log_fpr), width="stretch")
+if result.bins:
+    with st.expander("Within length bins (does a signal only track text length?)"):
+        st.markdown(pr.within_bins_sentence(result))
+        by_bin = pr.display_bins(result)
+        if len(by_bin):  # empty when every bin's texts share one outcome (the sentence says so)
+            st.dataframe(by_bin, hide_index=True, width="stretch")

@@ -403,6 +403,20 @@ class Store:
         rows = self._query("SELECT * FROM runs WHERE name = ?", [name])
         return None if rows.empty else Run.from_row(rows.iloc[0].to_dict())
 
+    def training_run_of(self, run_id: int) -> Run | None:
+        """The in-run training run whose epoch checkpoints this run audited (a point with the same
+        weights hash, and the same dataset), or None: its in-run GNQ is the same texts' GNQ
+        accumulated over every training step."""
+        rows = self._query("""
+            SELECT DISTINCT rt.* FROM points a
+            JOIN points t ON t.model_hash = a.model_hash AND t.run_id <> a.run_id
+            JOIN runs ra ON ra.run_id = a.run_id
+            JOIN runs rt ON rt.run_id = t.run_id
+            WHERE a.run_id = ? AND a.model_hash IS NOT NULL AND rt.kind = 'train'
+              AND rt.dataset_hash = ra.dataset_hash AND rt.n_examples = ra.n_examples
+            ORDER BY rt.run_id DESC LIMIT 1""", [run_id])
+        return None if rows.empty else Run.from_row(rows.iloc[0].to_dict())
+
     def points(self, run_id: int) -> pd.DataFrame:
         return self._query("SELECT * FROM points WHERE run_id = ? ORDER BY point", [run_id])
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.studies import report as rep
 from gnq_core.analysis.studies.base import (
     PROJECT_DATA,
@@ -418,6 +419,14 @@ metric `{CF_METRIC}` of run `{prep.finetune.name}`. Counterfactual memorization 
     results = {"summary": t["summary"], "per_point": t["per_point"], "pairs": prep.pairs,
                "gnq_vs_self_influence": t["relation"],
                "config": asdict(cfg), "runs": [prep.before.name, prep.finetune.name]}
+    r.text("## Does any of these scores predict extraction?")
+    if ctx.store.extractions(prep.finetune.run_id).empty:
+        r.text(f"No attack on `{prep.finetune.name}` is stored yet: `gnq study extraction` attacks it, and a "
+               "rerun of this study then adds the table here.")
+    else:
+        results |= rep.predictive_section(
+            r, signal_frame(ctx.store, prep.finetune), filename="predictive_roc.png", seed=ctx.seed,
+            what=f"The latest prefix attack stored for `{prep.finetune.name}` (the extraction study's).")
     return r.write(results, command=ctx.command, timings=prep.timings)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.studies import common_knowledge as ck
 from gnq_core.analysis.studies import report as rep
 from gnq_core.analysis.studies.base import StudyContext, Timings, attack_last_point, attacked_totals
@@ -101,6 +102,10 @@ dashboard shows the same attack.""")
     results = {"table": table, "by_group": by_group, "overall_rate": overall, "attacked": len(attacked),
                "prefix_tokens": prefix_tokens, "threshold": threshold, "run": run_.name,
                "checkpoint": str(point["label"])}
+    results |= rep.predictive_section(
+        r, signal_frame(ctx.store, run_, totals), filename="predictive_roc.png", seed=ctx.seed,
+        what=f"This attack (p = {prefix_tokens}, match ≥ {threshold:g}); GNQ is in-run, over the fine-tuning "
+             "epochs.")
     timings.data |= {f"common-knowledge: {k}": v for k, v in prep.timings.data.items()}
     return r.write(results, command=ctx.command, timings=timings)
 

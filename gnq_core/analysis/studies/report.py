@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.studies.base import Timings, machine
 
 Format = str | Callable[[Any], str]
@@ -225,4 +226,44 @@ def quantile_bars(bins: pd.DataFrame, *, title: str, score_label: str):
     right.set_ylabel(f"mean {score_label}")
     ax.set_title(title)
     fig.legend(loc="upper left", bbox_to_anchor=(0.12, 0.88), fontsize=8)
+    return fig
+
+
+def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: str, seed: int = 0,
+                       resamples: int = pr.RESAMPLES) -> dict[str, Any]:
+    """Add the predictive-power table of every signal in ``frame`` (analysis.signals'
+    frame of the attacked run) against its ``extracted`` outcome, its ROC chart and the length-bin
+    table; returns the numbers for results.json."""
+    result = pr.evaluate(frame, resamples=resamples, seed=seed)
+    sentence, bins_sentence = pr.best_signal_sentence(result), pr.within_bins_sentence(result)
+    r.text("### Which signal predicts extraction?")
+    r.text(f"{sentence}\n\n{bins_sentence}")
+    r.table(pr.display_table(result), caption=f"{what} Each cell: estimate [{result.level:.0%} interval]. "
+                                              + result.method())
+    r.figure(roc_lines(pr.roc_points(frame), result), filename,
+             "ROC curve of each signal against the attack's outcome (legend: AUC); dotted: chance.")
+    by_bin = pr.display_bins(result)
+    if len(by_bin):
+        r.table(by_bin, caption="The same within length bins (texts of similar length).")
+    return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": bins_sentence}
+
+
+def roc_lines(points: pd.DataFrame, result: pr.Predictive):
+    """The ROC curves of ``predictive.roc_points``, legend ordered by AUC."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    overall = result.table[(result.table["scope"] == pr.ALL) & result.table["auc"].notna()]
+    for i, (_, row) in enumerate(overall.sort_values("auc", ascending=False).iterrows()):
+        curve = points[points["signal"] == row["signal"]]
+        ax.step(curve["fpr"], curve["tpr"], where="post", linewidth=2.2 if i == 0 else 1.1,
+                label=f"{row['label']} ({row['auc']:.2f})")
+    ax.plot([0, 1], [0, 1], ":", color="grey")
+    ax.set_xlabel("false-positive rate (kept texts flagged)")
+    ax.set_ylabel("true-positive rate (extracted texts flagged)")
+    ax.set_title("Which signal tells the extracted texts apart?")
+    if len(overall):
+        ax.legend(fontsize=7, loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no signal can be scored:\nthe attack needs extracted and kept texts", ha="center")
+    ax.grid(alpha=0.3)
     return fig

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.studies import report as rep
 from gnq_core.analysis.studies.base import (
     StudyContext,
@@ -161,6 +162,10 @@ and Extraction pages on the dashboard show the same data.""")
                "spearman_last": spearman_last, "share_top10": share_top10,
                "attacked": len(attacked), "extracted": int(success.sum()), "config": asdict(cfg),
                "runs": [trained.name, audit.name], "plotted": picked}
+    results |= rep.predictive_section(
+        r, signal_frame(store, audit, totals), filename="predictive_roc.png", seed=ctx.seed,
+        what=f"The attack on {point['label']} (p = {cfg.prefix_tokens}, match ≥ {cfg.threshold:g}); GNQ "
+             f"post hoc over the audited checkpoints, GNQ in-run from `{trained.name}`.")
     return r.write(results, command=ctx.command, timings=timings)
 
 

@@ -1,0 +1,203 @@
+"""A run's report to hand on: one self-contained HTML file (``gnq report``, the dashboard's download).
+
+Sections: what produced the run (provenance), the verdict table (the run's ranking: the
+combined verdict's ``rank`` when the frame carries one, else GNQ_total), the predictive-power
+table with its ROC chart, and the top flagged texts in full.  Plotly's JavaScript is inlined, so
+the file opens offline and loads nothing from the network.  Every text from the data (texts,
+group names, run names, settings) is HTML-escaped: a hostile training text cannot inject markup.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gnq_core.analysis import predictive as pr
+from gnq_core.analysis.predictive_figures import roc_figure
+from gnq_core.analysis.signals import gnq_provenance, signal_frame
+from gnq_core.results.store import Run, Store
+
+TOP = 50           # rows of the verdict table
+TEXTS_IN_FULL = 10  # top flagged texts shown with their whole text and the model's continuation
+TABLE_TEXT = 160   # characters of a text in the verdict table
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;
+     padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em}h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f4f4f4}.caption{color:#555;font-size:.85em;max-width:1000px}
+.text{white-space:pre-wrap;background:#fafafa;border-left:3px solid #b2182b;padding:.4em .7em;
+      font-family:ui-monospace,monospace;font-size:.85em}
+.sentence{font-size:1.05em;background:#eef4fb;padding:.6em .9em;border-radius:4px}
+"""
+
+
+def ordered(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The texts in the run's flagged order and a phrase naming it: the combined verdict's
+    ``rank`` when present (analysis.verdict), else GNQ_total (highest first)."""
+    if "verdict_score" in frame.columns and "rank" in frame.columns:
+        return frame.sort_values(["rank", "example_id"]), "the combined verdict (rank 1 = look first)"
+    return (frame.sort_values(["gnq_total", "example_id"], ascending=[False, True], na_position="last"),
+            "GNQ_total, highest first (no combined verdict in this run's frame)")
+
+
+def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, top: int = TOP,
+                 resamples: int = pr.RESAMPLES, seed: int = 0, command: str = "") -> str:
+    """The whole report as one HTML string."""
+    frame = signal_frame(store, run, totals)
+    ranked, order_name = ordered(frame)
+    attacks = store.extractions(run.run_id)
+    e = html.escape
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+             f"<title>GNQ Audit report: {e(run.name)}</title><style>{_STYLE}</style></head><body>",
+             f"<h1>GNQ Audit report: run <code>{e(run.name)}</code></h1>",
+             f"<p class='caption'>Generated {datetime.now():%Y-%m-%d %H:%M} from the store "
+             f"<code>{e(str(store.path))}</code>"
+             + (f" by <code>{e(command)}</code>" if command else "") + ". One file, no network needed.</p>",
+             "<h2>Provenance</h2>", _provenance(store, run, attacks),
+             f"<p class='caption'>{e(gnq_provenance(store, run))} GNQ = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: "
+             "how much of a text's gradient its batch companions cannot explain; about 1 or less: explained "
+             "(a copy in the same batch gives ≈ 1), large: the model must encode this text specifically. "
+             "Compare values within a run.</p>",
+             f"<h2>Verdict: the {min(top, len(ranked))} texts to look at first</h2>",
+             f"<p class='caption'>Ordered by {e(order_name)}. Of {len(ranked)} texts.</p>",
+             _verdict_table(ranked.head(top)),
+             "<h2>Which signal predicts extraction?</h2>", _predictive(frame, attacks, resamples, seed),
+             f"<h2>Top {min(TEXTS_IN_FULL, len(ranked))} flagged texts in full</h2>",
+             _texts_in_full(ranked.head(TEXTS_IN_FULL)),
+             "</body></html>"]
+    return "\n".join(parts)
+
+
+def write_report(text: str, out: str | Path) -> Path:
+    """Write atomically (a temporary sibling, then a rename): never a half-written report."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def check_writable(out: str | Path) -> Path:
+    """Refuse, before any work, an output path that is a folder or cannot be written."""
+    out = Path(out)
+    if out.is_dir():
+        raise ValueError(f"{out}: is a folder; give a file name for the report")
+    if not out.parent.is_dir():
+        raise ValueError(f"{out}: the folder {out.parent} does not exist")
+    probe = out.with_name(f".{out.name}.probe-{os.getpid()}")
+    try:
+        probe.write_text("")
+    except OSError as exc:
+        raise ValueError(f"{out}: cannot write the report here ({exc.strerror or exc})") from None
+    probe.unlink(missing_ok=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- sections
+def _table(frame: pd.DataFrame) -> str:
+    """pandas' HTML table; cells escaped (its default), floats to 4 significant digits."""
+    return frame.to_html(index=False, escape=True, border=0, na_rep="",
+                         float_format=lambda v: f"{v:.4g}")
+
+
+def _provenance(store: Store, run: Run, attacks: pd.DataFrame) -> str:
+    points = store.points(run.run_id)
+    done = points[points["status"] == "done"]
+    info = store.runs()
+    row = info[info["run_id"] == run.run_id].iloc[0]
+    fields: list[tuple[str, Any]] = [
+        ("kind", run.kind), ("status", run.status), ("texts", run.n_examples),
+        ("points done", f"{len(done)} of {len(points)}" + (f" ({', '.join(done['label'].astype(str))})"
+                                                          if 0 < len(done) <= 40 else "")),
+        ("λ", f"{run.lam:g}"), ("loss convention", row.get("loss_convention")),
+        ("batch size", run.batch_size), ("seed", run.seed), ("max length (tokens)", run.max_length),
+        ("model", run.model_path), ("model hash", row.get("model_hash")), ("dataset", run.dataset_path),
+        ("dataset hash", run.dataset_hash), ("code version", row.get("code_version")),
+        ("device", row.get("device")), ("dtype", row.get("dtype")),
+        ("created", row.get("created_at")), ("updated", row.get("updated_at")),
+    ]
+    if not attacks.empty:
+        latest = attacks.sort_values("created_at").iloc[-1]
+        label = points.set_index("point")["label"].get(latest["point"], latest["point"])
+        rule = (f"checkpoint {label}, reveal {int(latest['prefix_tokens'])} tokens, greedy decoding, "
+                f"success at match ≥ {latest['threshold']:g}")
+        if pd.notna(latest.get("suffix_tokens")):
+            rule += f" over exactly {int(latest['suffix_tokens'])} suffix tokens"
+        fields.append(("attack", rule))
+    fields.append(("settings", json.dumps(run.settings, sort_keys=True, default=str)))
+    frame = pd.DataFrame([(k, "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))
+                          for k, v in fields], columns=["field", "value"])
+    return _table(frame)
+
+
+VERDICT_COLUMNS = ["rank", "status", "reason", "risk", "example_id", "group", "gnq_total", "gnq_percentile",
+                   "percentile", "loss_last", "copies", "secret", "extracted", "extraction_match",
+                   "reference_match", "text"]
+
+
+def _verdict_table(top: pd.DataFrame) -> str:
+    if top.empty:
+        return "<p>No texts in this run.</p>"
+    shown = top.assign(text=top["text"].map(lambda t: _short(t, TABLE_TEXT)))
+    if "verdict_score" not in shown.columns:
+        shown = shown.drop(columns=[c for c in ("rank", "percentile") if c in shown.columns])
+        shown.insert(0, "position", range(1, len(shown) + 1))
+    columns = [c for c in ["position", *VERDICT_COLUMNS] if c in shown.columns
+               and (c == "text" or shown[c].notna().any())]
+    return _table(shown[columns])
+
+
+def _predictive(frame: pd.DataFrame, attacks: pd.DataFrame, resamples: int, seed: int) -> str:
+    e = html.escape
+    if attacks.empty or "extracted" not in frame.columns or frame["extracted"].notna().sum() == 0:
+        return ("<p>No extraction attack is stored for this run, so no signal can be scored against it. "
+                "Run <code>gnq extract --run NAME</code> and make the report again.</p>")
+    result = pr.evaluate(frame, resamples=resamples, seed=seed)
+    points = pr.roc_points(frame)
+    figure = roc_figure(points, result).to_html(full_html=False, include_plotlyjs=True,
+                                                config={"displaylogo": False})
+    parts = [f"<p class='sentence'>{e(pr.best_signal_sentence(result))}</p>",
+             _table(pr.display_table(result)),
+             f"<p class='caption'>{e(result.method())}</p>", figure]
+    if result.bins:
+        by_bin = pr.display_bins(result)
+        parts += ["<h3>Within length bins</h3>", f"<p>{e(pr.within_bins_sentence(result))}</p>",
+                  _table(by_bin) if len(by_bin) else ""]
+    return "\n".join(parts)
+
+
+def _texts_in_full(top: pd.DataFrame) -> str:
+    e = html.escape
+    blocks = []
+    for position, (_, row) in enumerate(top.iterrows(), start=1):
+        head = [f"#{position}", f"example {int(row['example_id'])}"]
+        if "reason" in row and pd.notna(row.get("reason")):
+            head.append(str(row["reason"]))
+        if pd.notna(row.get("gnq_total")):
+            head.append(f"GNQ_total {row['gnq_total']:.4g}")
+        if pd.notna(row.get("extraction_match")):
+            head.append(f"attack match {row['extraction_match']:.2f}"
+                        + (" — extracted" if bool(row.get("extracted")) else ""))
+        block = [f"<h3>{e(' · '.join(head))}</h3>", f"<div class='text'>{e(str(row['text']))}</div>"]
+        if pd.notna(row.get("extraction_generated")):
+            block.append("<p class='caption'>The model's continuation after the revealed prefix:</p>"
+                         f"<div class='text'>{e(str(row['extraction_generated']))}</div>")
+        blocks.append("\n".join(block))
+    return "\n".join(blocks) or "<p>No texts in this run.</p>"
+
+
+def _short(text: Any, limit: int) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

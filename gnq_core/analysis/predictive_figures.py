@@ -1,0 +1,46 @@
+"""Plotly figures of the predictive-power analysis, shared by the dashboard's Extraction page and
+the HTML report (``gnq report``): pure functions from analysis.predictive's frames to figures."""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from gnq_core.analysis.predictive import ALL, Predictive
+
+TEMPLATE = "plotly_white"
+
+
+def roc_figure(points: pd.DataFrame, result: Predictive, *, log_fpr: bool = False) -> go.Figure:
+    """One ROC curve per signal (``predictive.roc_points``), legend ordered by AUC with its
+    interval; the diagonal is chance.  ``log_fpr``: the low-FPR region the attack literature reads."""
+    fig = go.Figure()
+    overall = result.table[(result.table["scope"] == ALL) & result.table["auc"].notna()]
+    overall = overall.sort_values("auc", ascending=False)
+    for rank, (_, row) in enumerate(overall.iterrows()):
+        curve = points[points["signal"] == row["signal"]]
+        if curve.empty:
+            continue
+        auc = f"AUC {row['auc']:.2f} [{row['auc lo']:.2f}, {row['auc hi']:.2f}]"
+        name = html.escape(f"{row['label']} ({auc})", quote=False)
+        fig.add_trace(go.Scatter(x=curve["fpr"], y=curve["tpr"], mode="lines", name=name,
+                                 line={"width": 3 if rank == 0 else 1.5, "shape": "hv"},
+                                 hovertemplate="FPR %{x:.3f}<br>TPR %{y:.3f}<extra>" + name + "</extra>"))
+    lo = 1e-3 if log_fpr else 0.0
+    fig.add_trace(go.Scatter(x=[lo, 1], y=[lo, 1], mode="lines", name="chance",
+                             line={"dash": "dot", "color": "grey", "width": 1}, hoverinfo="skip"))
+    fig.update_layout(template=TEMPLATE, title="Which signal tells the extracted texts apart? (ROC)",
+                      xaxis_title="false-positive rate (share of kept texts flagged)",
+                      yaxis_title="true-positive rate (share of extracted texts flagged)",
+                      legend={"font": {"size": 10}}, height=460, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+    if log_fpr:
+        fig.update_xaxes(type="log", range=[-3, 0])
+    else:
+        fig.update_xaxes(range=[0, 1])
+    fig.update_yaxes(range=[0, 1.02])
+    if not fig.data or len(fig.data) == 1:
+        fig.add_annotation(text="no signal can be scored (the attack needs both extracted and kept texts)",
+                           showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    return fig
