@@ -25,6 +25,7 @@ from gnq_core.pipelines.jobs import (
 )
 from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find_checkpoints
 from gnq_core.sources.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
+from gnq_core.sources.links import LinkError, check_link
 
 st.title("New audit")
 state.sidebar()
@@ -72,8 +73,8 @@ if ckpt_mode == "Upload a folder":
                 target = entries[0]
                 entries = list(target.iterdir())
             checkpoints = target
-        except ValueError as exc:
-            st.error(state.plain(exc))
+        except (ValueError, OSError) as exc:
+            st.error(state.plain(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
 else:
     typed = st.text_input("Checkpoint folder on this machine", key="ckpt_path",
                           placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
@@ -104,8 +105,8 @@ if data_mode == "Upload a file":
             folder = staging() / "data"
             save_uploads([upload], folder)
             data_path = folder / safe_relative_path(upload.name)
-        except ValueError as exc:
-            st.error(state.plain(exc))
+        except (ValueError, OSError) as exc:
+            st.error(state.plain(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
 else:
     typed = st.text_input("Dataset file on this machine", key="data_path_input")
     data_path = Path(typed).expanduser() if typed.strip() else None
@@ -114,6 +115,7 @@ text_column = group_column = None
 dataset = None
 if data_path is not None:
     try:
+        check_link(data_path)  # a typed path that is a link out of its folder (to /etc/passwd, say)
         columns = dataset_columns(data_path)
         if columns:
             c1, c2 = st.columns(2)
@@ -129,7 +131,7 @@ if data_path is not None:
                    + (f", groups: {', '.join(state.plain(g) for g in groups[:8])}" if groups else "")
                    + (f" ({dataset.dropped} rows with a missing or empty text skipped)" if dataset.dropped
                       else ""))
-    except DatasetError as exc:
+    except (DatasetError, LinkError) as exc:
         st.error(state.plain(exc))
 
 st.subheader("3. Settings")

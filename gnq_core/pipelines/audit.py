@@ -105,7 +105,7 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
         finished = set(store.points(run.run_id).query("status == 'done'")["point"])
     for i, ref in enumerate(refs):  # a broken checkpoint still to audit is refused before anything is written
         if i not in finished:
-            check_checkpoint(ref.path, settings.max_length)
+            check_checkpoint(ref.path, settings.max_length, dtype)
     if run is None:
         run = _create_audit_run(store, refs, dataset, name, settings, device)
     else:
