@@ -448,11 +448,11 @@ def check_checkpoint(path: str | Path, max_length: int | None = None,
                                  f"model has (max_position_embeddings in {CONFIG_NAME}); use --max-length "
                                  f"{positions} or less")
         kind, files = _weight_files(folder)
+        _check_memory(folder, kind, files, dtype)  # before safetensors maps the file
         if kind == "safetensors":
             for file in files:
                 _check_safetensors(file)
-        _check_memory(folder, kind, files, dtype)
-        if kind != "safetensors":
+        else:
             _load_pickled_weights(files)  # weights-only, memory-mapped: refuses anything but tensors
         _check_vocab(folder, config, _load_tokenizer(folder, config))
         if kind == "safetensors" and (problem := _header_problem(folder, config, files)):
@@ -537,11 +537,10 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
     }
     state: dict[str, torch.Tensor] | None = None
     try:
+        _check_memory(folder, kind, files, dtype)
         if kind == "safetensors":
             for file in files:
                 _check_safetensors(file)
-        _check_memory(folder, kind, files, dtype)
-        if kind == "safetensors":
             model, info = model_class.from_pretrained(folder, use_safetensors=True, **common)
         else:
             state = _load_pickled_weights(files)
