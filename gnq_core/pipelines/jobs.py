@@ -142,8 +142,8 @@ def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | Non
     for f, target in pending:
         if _same_size(target, f.size):
             continue
-        _no_symlink_between(root, target, f.name)
         with _one_line(f.name):
+            _no_symlink_between(root, target, f.name)
             target.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as out:

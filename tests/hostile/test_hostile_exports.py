@@ -44,7 +44,8 @@ def fails(*args: object) -> str:
     result = CliRunner().invoke(app, [str(a) for a in args])
     assert result.exit_code == 1, (result.exit_code, result.output)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
+    assert "Traceback" not in result.output, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     return lines[0]
 
 
@@ -137,8 +138,8 @@ def test_an_export_to_a_fifo_or_a_device_is_refused_and_the_fifo_stays(db, tmp_p
 
 def test_an_export_under_an_existing_file_is_one_line(db, tmp_path):
     (tmp_path / "file").write_text("x")
-    line = fails("export", "--run", "=evil()", "--format", "csv", "--out", tmp_path / "file" / "sub" / "x.csv",
-                 "--db", db)
+    out = tmp_path / "file" / "sub" / "x.csv"
+    line = fails("export", "--run", "=evil()", "--format", "csv", "--out", out, "--db", db)
     assert "x.csv" in line and ("Not a directory" in line or "File exists" in line)
 
 
