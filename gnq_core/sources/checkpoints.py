@@ -384,11 +384,15 @@ def _load_tokenizer(folder: Path, config: Any) -> PreTrainedTokenizerBase:
 
 
 def _shape_mismatches(model_class: type[PreTrainedModel], config: Any, kind: str, files: list[Path],
-                      state: dict[str, torch.Tensor] | None) -> str:
-    """Best-effort description of the first weights whose shape differs from what config.json builds."""
+                      state: dict[str, torch.Tensor] | None,
+                      expected: dict[str, tuple[int, ...]] | None = None) -> str:
+    """Best-effort description of the first weights whose shape differs from what config.json builds
+    (``expected``: the shapes, when the caller has already built the model on the meta device)."""
     try:
-        with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in model_class._from_config(config).state_dict().items()}
+        if expected is None:
+            with torch.device("meta"):
+                built = model_class._from_config(config)
+            expected = {k: tuple(v.shape) for k, v in built.state_dict().items()}
         found: dict[str, tuple[int, ...]] = {}
         if state is not None:
             found = {k: tuple(v.shape) for k, v in state.items()}
@@ -481,7 +485,7 @@ def _header_problem(folder: Path, config: Any, files: list[Path]) -> str:
             found.update({k: tuple(f.get_slice(k).get_shape()) for k in names})
     if len(expected.keys() & found.keys()) * 2 < len(expected):
         return ""
-    detail = _shape_mismatches(model_class, config, "safetensors", files, None)
+    detail = _shape_mismatches(model_class, config, "safetensors", files, None, expected)  # no second build
     if detail:
         return f"weights do not match {CONFIG_NAME} (shape mismatch{detail})"
     missing = sorted(set(expected) - set(found) - _allowed_missing(model, config))

@@ -182,3 +182,18 @@ def test_links_inside_the_folder_and_the_hub_cache_layout_are_accepted(good, tmp
     (snapshot / "tokenizer.json").rename(snapshot / "tok.json")
     (snapshot / "tokenizer.json").symlink_to("tok.json")
     check_checkpoint(snapshot)
+
+
+def test_the_check_builds_the_model_once(good, monkeypatch):
+    from transformers import GPT2LMHeadModel
+
+    built = []
+    original = GPT2LMHeadModel._from_config.__func__
+
+    def counting(cls, config, **kwargs):
+        built.append(config)
+        return original(cls, config, **kwargs)
+
+    monkeypatch.setattr(GPT2LMHeadModel, "_from_config", classmethod(counting))
+    check_checkpoint(good)
+    assert len(built) == 1
