@@ -60,9 +60,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "voc
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "added_tokens.json",
                    "special_tokens_map.json")
 # Real tokenizers take < 130 bytes per vocabulary entry (Gemma 3: 33 MB for 262k entries) and
-# < 20 MB for small vocabularies.  Beyond this the file holds far more than the model can use.
-TOKENIZER_BYTES_PER_ENTRY = 1024
+# < 20 MB for small vocabularies.  Beyond this the file holds far more than the model can use;
+# parsing a 2M-entry vocabulary took 1.37 GB of memory (issue 21).
+TOKENIZER_BYTES_PER_ENTRY = 256
 TOKENIZER_MIN_BYTES = 32 * 2**20
+TOKENIZER_MAX_BYTES = 128 * 2**20
 
 _SAFETENSORS_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
                          "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
@@ -116,11 +118,13 @@ def check_config_sizes(raw: dict[str, Any], config_path: Path) -> None:
 
 
 def check_tokenizer_size(folder: Path, vocab_size: int | None) -> None:
-    """The tokenizer files together are at most ``GNQ_MAX_TOKENIZER_BYTES`` (default: 1 KiB per
-    vocabulary entry of config.json, at least 32 MiB), checked before any is parsed."""
+    """The tokenizer files together are at most ``GNQ_MAX_TOKENIZER_BYTES`` (default: 256 bytes
+    per vocabulary entry of config.json, at least 32 MiB, at most 128 MiB), checked before any is
+    parsed."""
     files = [(folder / name) for name in TOKENIZER_FILES if (folder / name).is_file()]
     total = sum(f.stat().st_size for f in files)
-    default = max(TOKENIZER_MIN_BYTES, TOKENIZER_BYTES_PER_ENTRY * (vocab_size or 0))
+    scaled = min(TOKENIZER_MAX_BYTES, TOKENIZER_BYTES_PER_ENTRY * (vocab_size or 0))
+    default = max(TOKENIZER_MIN_BYTES, scaled)
     limit = _env_int("GNQ_MAX_TOKENIZER_BYTES", default)
     if total > limit:
         biggest = max(files, key=lambda f: f.stat().st_size)
