@@ -293,6 +293,10 @@ def export(
                                          help="Only texts at or above this percentile of the verdict order."),
     min_gnq: float = typer.Option(None, help="Only texts with GNQ_total at least this."),
     group: str = typer.Option(None, help="Only this group."),
+    exact_csv: bool = typer.Option(False, "--exact-csv",
+                                   help="CSV: write texts exactly, without the ' put before cells starting "
+                                        "with = + - @ tab or newline (for programs; unsafe to open in a "
+                                        "spreadsheet)."),
     db: Path = DbOption,
     quiet: bool = QuietOption,
 ) -> None:
@@ -310,8 +314,22 @@ def export(
     flagged = flag(rank_texts(store.example_totals(info.run_id)), top=top, min_percentile=min_percentile,
                    min_gnq=min_gnq, group=group)
     has_attack = not store.extractions(info.run_id).empty
-    write_table(export_frame(flagged, has_attack), out, format)
+    write_table(export_frame(flagged, has_attack), out, format, neutralise=not exact_csv)
     _done(quiet, f"{len(flagged)} texts of run {info.name!r} written to {out}")
+
+
+@app.command()
+def dashboard(
+    port: int = typer.Option(8501, min=1, max=65535, help="Port on localhost."),
+) -> None:
+    """Open the dashboard on localhost, with usage statistics off, from any folder."""
+    import subprocess
+
+    main_py = Path(__file__).resolve().parents[1] / "app" / "main.py"
+    # Flags, not only app/.streamlit/config.toml: they win over any config file or variable.
+    cmd = [sys.executable, "-m", "streamlit", "run", str(main_py), "--server.address", "localhost",
+           "--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.headless", "true"]
+    raise typer.Exit(subprocess.call(cmd))
 
 
 @app.command()

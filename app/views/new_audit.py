@@ -27,6 +27,7 @@ from gnq_core.pipelines.settings import AuditJob, AuditSettings, ExtractJob
 from gnq_core.results.records import MIN_BATCH_SIZE
 from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find_checkpoints
 from gnq_core.sources.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
+from gnq_core.sources.links import LinkError, check_link
 
 st.title("New audit")
 state.sidebar()
@@ -74,8 +75,8 @@ if ckpt_mode == "Upload a folder":
                 target = entries[0]
                 entries = list(target.iterdir())
             checkpoints = target
-        except ValueError as exc:
-            st.error(state.plain(exc))
+        except (ValueError, OSError) as exc:
+            st.error(state.plain(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
 else:
     typed = st.text_input("Checkpoint folder on this machine", key="ckpt_path",
                           placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
@@ -106,8 +107,8 @@ if data_mode == "Upload a file":
             folder = staging() / "data"
             save_uploads([upload], folder)
             data_path = folder / safe_relative_path(upload.name)
-        except ValueError as exc:
-            st.error(state.plain(exc))
+        except (ValueError, OSError) as exc:
+            st.error(state.plain(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
 else:
     typed = st.text_input("Dataset file on this machine", key="data_path_input")
     data_path = Path(typed).expanduser() if typed.strip() else None
@@ -116,6 +117,7 @@ text_column = group_column = None
 dataset = None
 if data_path is not None:
     try:
+        check_link(data_path)  # a typed path that is a link out of its folder (to /etc/passwd, say)
         columns = dataset_columns(data_path)
         if columns:
             c1, c2 = st.columns(2)
@@ -131,7 +133,7 @@ if data_path is not None:
                    + (f", groups: {', '.join(state.plain(g) for g in groups[:8])}" if groups else "")
                    + (f" ({dataset.dropped} rows with a missing or empty text skipped)" if dataset.dropped
                       else ""))
-    except DatasetError as exc:
+    except (DatasetError, LinkError) as exc:
         st.error(state.plain(exc))
 
 st.subheader("3. Settings")

@@ -151,7 +151,7 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
     finished = set() if run is None else set(store.points(run.run_id).query("status == 'done'")["point"])
     for i, ref in enumerate(refs):  # a broken checkpoint still to audit is refused before anything is written
         if i not in finished:
-            check_checkpoint(ref.path, settings.max_length)
+            check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype))
     if run is None:
         n_tokens = [len(x) for x in tokens.ids(load_tokenizer(refs[0].path), refs[0].path)]
         examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -133,9 +133,12 @@ class Upload(Protocol):
 def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | None = None) -> None:
     """Write uploaded files below ``into``; refuses names that would escape it ('..', absolute
     paths), writing through a symlink, more than ``max_total_bytes`` in all (a size bomb) and more
-    than the disk has free.  A file already there with the same size is kept (Streamlit reruns)."""
+    than the disk has free.  A file already there with the same size is kept (Streamlit reruns).
+    Any OS failure (a name too long, a file where a folder must go, a read-only disk) is one
+    ValueError line naming the file."""
     limit = max_upload_bytes() if max_total_bytes is None else max_total_bytes
-    into.mkdir(parents=True, exist_ok=True)
+    with _one_line(str(into)):
+        into.mkdir(parents=True, exist_ok=True)
     root = into.resolve()
     total = sum(int(f.size) for f in files)
     if total > limit:
@@ -149,11 +152,22 @@ def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | Non
     for f, target in pending:
         if _same_size(target, f.size):
             continue
-        _no_symlink_between(root, target, f.name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(f.getbuffer())
+        with _one_line(f.name):
+            _no_symlink_between(root, target, f.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(f.getbuffer())
+
+
+@contextlib.contextmanager
+def _one_line(name: str) -> Iterator[None]:
+    """An OSError (a name too long, a file where a folder must go, a full disk) as one ValueError line."""
+    try:
+        yield
+    except OSError as exc:
+        shown = name if len(name) <= 80 else name[:79] + "…"
+        raise ValueError(f"{shown}: cannot save the upload ({exc.strerror or exc})") from None
 
 
 def check_upload_tree(folder: Path) -> None:
@@ -166,7 +180,10 @@ def check_upload_tree(folder: Path) -> None:
 
 
 def _same_size(target: Path, size: int) -> bool:
-    return target.is_file() and not target.is_symlink() and target.stat().st_size == size
+    try:
+        return target.is_file() and not target.is_symlink() and target.stat().st_size == size
+    except OSError:  # a name too long, say: the write says so, naming the file
+        return False
 
 
 def _no_symlink_between(root: Path, target: Path, name: str) -> None:

@@ -1,7 +1,21 @@
-"""Writing flagged texts to CSV, JSONL or Parquet, atomically (never a half-written file)."""
+"""Writing flagged texts to CSV, JSONL or Parquet, atomically (never a half-written file).
+
+CSV is written so that every text reads back exactly (every cell quoted, so a carriage return,
+newline, quote or comma inside a text never splits a row) and, by default, safe to open in a
+spreadsheet: a text cell that begins with ``=``, ``+``, ``-``, ``@``, a tab, a carriage return or a
+newline (or the full-width ``＝ ＋ － ＠``) would be run as a formula by Excel or LibreOffice ("CSV
+injection"), so it gets one ``'`` in front, as OWASP recommends.  A cell that already begins with
+``'`` gets one too, so removing one leading ``'`` from every cell that has one gives back the exact
+text (``strip_formula_guard``).  ``neutralise=False`` (``gnq export --exact-csv``) writes the texts
+as they are, for programs that read the CSV.  JSONL and Parquet are typed formats: written as is.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import os
+import stat
 from pathlib import Path
 
 import pandas as pd
@@ -9,37 +23,90 @@ import pandas as pd
 from gnq_core.atomic import atomic_path
 
 FORMATS = ("csv", "jsonl", "parquet")
+# Cells starting with one of these are escaped with FORMULA_GUARD in CSV exports.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+FORMULA_GUARD = "'"
 
 
-def write_table(frame: pd.DataFrame, path: str | Path, fmt: str) -> Path:
-    """Write ``frame`` as ``fmt`` to ``path``, atomically."""
+class ExportError(ValueError):
+    """An export that cannot be written; the message is one line naming the file."""
+
+
+def neutralise_formulas(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``frame`` whose text cells (every column) cannot start a spreadsheet formula."""
+    def guard(value: object) -> object:
+        if isinstance(value, str) and value.startswith((*FORMULA_STARTS, FORMULA_GUARD)):
+            return FORMULA_GUARD + value
+        return value
+
+    out = frame.copy()
+    for column in out.columns:
+        if not (pd.api.types.is_numeric_dtype(out[column]) or pd.api.types.is_bool_dtype(out[column])):
+            out[column] = out[column].map(guard)
+    return out
+
+
+def strip_formula_guard(text: str) -> str:
+    """The exact text of a cell written with the formula guard."""
+    return text[1:] if text.startswith(FORMULA_GUARD) else text
+
+
+def _csv(frame: pd.DataFrame, target: str | Path | io.StringIO, neutralise: bool) -> None:
+    (neutralise_formulas(frame) if neutralise else frame).to_csv(target, index=False, quoting=csv.QUOTE_ALL,
+                                                                lineterminator="\n")
+
+
+def _check_target(path: Path) -> None:
+    """Refuse to replace anything but a regular file (a device such as /dev/full, a FIFO, a socket)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot write the export ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
+        raise ExportError(f"{path}: is a folder; give a file name for the export")
+    if not stat.S_ISREG(mode):
+        raise ExportError(f"{path}: exists and is not a regular file (a device, FIFO or socket); refused")
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, neutralise: bool = True) -> Path:
+    """Write ``frame`` as ``fmt`` to ``path`` via a temporary sibling file and a rename.  Any
+    failure (a read-only folder, a full disk, a path under a file) is one ExportError line and
+    leaves neither the temporary file nor a changed target."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
     path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path}: is a folder; give a file name for the export")
-    with atomic_path(path) as tmp:
-        if fmt == "csv":
-            frame.to_csv(tmp, index=False)
-        elif fmt == "jsonl":
-            frame.to_json(tmp, orient="records", lines=True, force_ascii=False)
-        else:
-            frame.to_parquet(tmp, index=False)
+    _check_target(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot create its folder {path.parent} ({exc.strerror or exc})") from None
+    try:
+        with atomic_path(path) as tmp:
+            if fmt == "csv":
+                _csv(frame, tmp, neutralise)
+            elif fmt == "jsonl":
+                frame.to_json(tmp, orient="records", lines=True, force_ascii=False)
+            else:
+                frame.to_parquet(tmp, index=False)
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot write the export ({exc.strerror or exc})") from None
     return path
 
 
-def to_bytes(frame: pd.DataFrame, fmt: str) -> bytes:
+def to_bytes(frame: pd.DataFrame, fmt: str, *, neutralise: bool = True) -> bytes:
     """The same formats in memory (the dashboard's download buttons)."""
-    import io
-
     if fmt == "csv":
-        return frame.to_csv(index=False).encode()
+        buf = io.StringIO()
+        _csv(frame, buf, neutralise)
+        return buf.getvalue().encode()
     if fmt == "jsonl":
         return frame.to_json(orient="records", lines=True, force_ascii=False).encode()
     if fmt == "parquet":
-        buf = io.BytesIO()
-        frame.to_parquet(buf, index=False)
-        return buf.getvalue()
+        out = io.BytesIO()
+        frame.to_parquet(out, index=False)
+        return out.getvalue()
     raise ValueError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
 
 

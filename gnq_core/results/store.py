@@ -141,6 +141,8 @@ class Store:
             yield con
 
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        if self.path.exists() and not self.path.is_file():  # a folder, FIFO or device: never write into it
+            raise StoreError(f"{self.path}: not a store file (a folder, device, FIFO or socket); refused")
         deadline = time.monotonic() + self.busy_timeout
         delay = 0.05
         while True:

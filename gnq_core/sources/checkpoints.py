@@ -33,6 +33,9 @@ from transformers.models.auto.modeling_auto import (
 )
 from transformers.utils import logging as hf_logging
 
+from gnq_core.sources import limits
+from gnq_core.sources.links import LinkError, check_folder_links
+
 __all__ = [
     "CheckpointError",
     "CheckpointRef",
@@ -172,6 +175,10 @@ def _checkpoint_dir(path: str | Path) -> Path:
         raise _error(folder, "no such checkpoint folder")
     if not folder.is_dir():
         raise _error(folder, "not a checkpoint folder (not a directory)")
+    try:
+        check_folder_links(folder)
+    except LinkError as exc:
+        raise CheckpointError(str(exc)) from exc
     return folder
 
 
@@ -319,6 +326,7 @@ def _load_config(folder: Path) -> Any:
         raise _error(config_path, f"not valid JSON ({_reason(exc)})") from exc
     if not isinstance(raw, dict):
         raise _error(config_path, "not a JSON object")
+    limits.check_config_sizes(raw, config_path)  # before transformers builds anything from it
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise _error(config_path, "no 'model_type'")
@@ -368,12 +376,21 @@ def tokenizer_fingerprint(path: str | Path) -> str:
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer alone (no weights read), as load_checkpoint returns it."""
-    return _load_tokenizer(_checkpoint_dir(path))
+    folder = _checkpoint_dir(path)
+    return _load_tokenizer(folder, _load_config(folder))
 
 
-def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+def _check_memory(folder: Path, kind: str, files: list[Path], dtype: torch.dtype | None) -> None:
+    """The weights' size in memory (safetensors headers; converted to ``dtype`` if given) against
+    the memory available, before anything is allocated."""
+    itemsize = torch.empty((), dtype=dtype).element_size() if dtype is not None else None
+    limits.check_memory(folder, kind, files, itemsize)
+
+
+def _load_tokenizer(folder: Path, config: Any) -> PreTrainedTokenizerBase:
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise _error(folder, f"no tokenizer files (none of {', '.join(TOKENIZER_FILES)})")
+    limits.check_tokenizer_size(folder, _config_vocab_size(config))
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as exc:
@@ -386,11 +403,15 @@ def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
 
 
 def _shape_mismatches(model_class: type[PreTrainedModel], config: Any, kind: str, files: list[Path],
-                      state: dict[str, torch.Tensor] | None) -> str:
-    """Best-effort description of the first weights whose shape differs from what config.json builds."""
+                      state: dict[str, torch.Tensor] | None,
+                      expected: dict[str, tuple[int, ...]] | None = None) -> str:
+    """Best-effort description of the first weights whose shape differs from what config.json builds
+    (``expected``: the shapes, when the caller has already built the model on the meta device)."""
     try:
-        with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in model_class._from_config(config).state_dict().items()}
+        if expected is None:
+            with torch.device("meta"):
+                built = model_class._from_config(config)
+            expected = {k: tuple(v.shape) for k, v in built.state_dict().items()}
         found: dict[str, tuple[int, ...]] = {}
         if state is not None:
             found = {k: tuple(v.shape) for k, v in state.items()}
@@ -430,13 +451,17 @@ def _check_vocab(folder: Path, config: Any, tokenizer: PreTrainedTokenizerBase) 
     if vocab_size is not None and len(tokenizer) > vocab_size:
         raise _error(folder, f"the tokenizer has {len(tokenizer)} tokens but {CONFIG_NAME} has vocab_size "
                              f"{vocab_size}: token ids past the embedding rows")
+    limits.check_token_ids(folder, tokenizer.get_vocab(), vocab_size, f"vocab_size in {CONFIG_NAME}")
 
 
-def check_checkpoint(path: str | Path, max_length: int | None = None) -> None:
+def check_checkpoint(path: str | Path, max_length: int | None = None,
+                     dtype: torch.dtype | None = None) -> None:
     """What load_checkpoint checks, short of reading the weights: config.json (a causal LM with at
     least ``max_length`` positions), the weight files (safetensors headers: names and shapes against
     the config), the tokenizer and its size.  Cheap enough to run on every checkpoint of a series
-    before an audit writes anything."""
+    before an audit writes anything.  Also the sanity bounds of gnq_core.sources.limits: sizes in
+    config.json, tokenizer file size and ids, and the weights' memory (in ``dtype``, if given)
+    against the memory available."""
     folder = _checkpoint_dir(path)
     try:
         config = _load_config(folder)
@@ -446,16 +471,19 @@ def check_checkpoint(path: str | Path, max_length: int | None = None) -> None:
                                  f"model has (max_position_embeddings in {CONFIG_NAME}); use --max-length "
                                  f"{positions} or less")
         kind, files = _weight_files(folder)
+        _check_memory(folder, kind, files, dtype)  # before safetensors maps the file
         if kind == "safetensors":
             for file in files:
                 _check_safetensors(file)
         else:
             _load_pickled_weights(files)  # weights-only, memory-mapped: refuses anything but tensors
-        _check_vocab(folder, config, _load_tokenizer(folder))
+        _check_vocab(folder, config, _load_tokenizer(folder, config))
         if kind == "safetensors" and (problem := _header_problem(folder, config, files)):
             raise _error(folder, problem)
     except CheckpointError:
         raise
+    except limits.LimitError as exc:
+        raise CheckpointError(str(exc)) from exc
     except Exception as exc:
         raise _error(folder, f"cannot load the checkpoint ({type(exc).__name__}: {_reason(exc)})") from exc
 
@@ -530,6 +558,8 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dty
         return _load(folder, device=device, dtype=dtype, allow_pickle_weights=allow_pickle_weights)
     except CheckpointError:
         raise
+    except limits.LimitError as exc:
+        raise CheckpointError(str(exc)) from exc
     except Exception as exc:
         raise _error(folder, f"cannot load the checkpoint ({type(exc).__name__}: {_reason(exc)})") from exc
 
@@ -543,7 +573,7 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
         raise _error(folder, f"only pickled weights ({names}) and allow_pickle_weights=False; "
                              "convert them to safetensors")
 
-    tokenizer = _load_tokenizer(folder)
+    tokenizer = _load_tokenizer(folder, config)
     _check_vocab(folder, config, tokenizer)
 
     model_class: type[PreTrainedModel] = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
@@ -557,6 +587,7 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
     }
     state: dict[str, torch.Tensor] | None = None
     try:
+        _check_memory(folder, kind, files, dtype)
         if kind == "safetensors":
             for file in files:
                 _check_safetensors(file)
@@ -564,7 +595,7 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
         else:
             state = _load_pickled_weights(files)
             model, info = model_class.from_pretrained(None, state_dict=state, **common)
-    except CheckpointError:
+    except (CheckpointError, limits.LimitError):
         raise
     except Exception as exc:
         text = str(exc).lower()
@@ -591,6 +622,7 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
     if len(tokenizer) > rows:
         raise _error(folder, f"the tokenizer has {len(tokenizer)} tokens but the model has {rows} "
                              "embedding rows")
+    limits.check_token_ids(folder, tokenizer.get_vocab(), rows, "the model's number of embedding rows")
 
     model = model.to(device=device) if dtype is None else model.to(device=device, dtype=dtype)
     model.eval()

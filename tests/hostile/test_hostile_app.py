@@ -22,11 +22,12 @@ MARKERS = [re.compile(r"(?<!\\)" + m)
 
 
 def test_the_server_listens_on_localhost_only():
-    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    config = tomllib.loads((ROOT / "app" / ".streamlit" / "config.toml").read_text())
     assert config["server"]["address"] == "localhost"
     assert config["browser"]["gatherUsageStats"] is False
     # Streamlit itself, started from the project folder (as `make app` does), reads it.
-    code = "from streamlit import config; config.get_config_options(force_reparse=True); " \
+    code = "from streamlit import config; config._main_script_path = 'app/main.py'; " \
+           "config.get_config_options(force_reparse=True); " \
            "print(config.get_option('server.address'))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "localhost", out.stderr
