@@ -29,7 +29,7 @@ from transformers import Trainer, TrainerCallback
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
 from gnq_core.pipelines.distributed import DistributedGNQAuditor, Scope, Strategy
 from gnq_core.pipelines.scoring import Scores, score_batch
-from gnq_core.results.records import RunSpec, TextResult
+from gnq_core.results.records import RunSpec, TextResult, check_gnq_settings
 from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
@@ -80,7 +80,7 @@ class GNQCallback(TrainerCallback):
         self.auditor: DistributedGNQAuditor | None = None
         self.writer: ShardWriter | None = None
         self.meta: dict[str, Any] | None = None
-        self.rank, self.world = 0, 1
+        self.rank, self.world, self.batch_size = 0, 1, 0
         self.point, self.micro = -1, 0
         self.results: list[TextResult] = []  # this process's records, also kept in memory
         self._ids: torch.Tensor | None = None
@@ -92,6 +92,8 @@ class GNQCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.rank, self.world = args.process_index, args.world_size
         c = self.config
+        self.batch_size = args.per_device_train_batch_size * (self.world if c.scope == "global" else 1)
+        check_gnq_settings(c.lam, self.batch_size)  # on every rank, before anything is written
         self.auditor = DistributedGNQAuditor(model, lam=c.lam, scope=c.scope, strategy=c.strategy,
                                              check_uses=c.check_uses)
         self.writer = ShardWriter(c.out, self.rank, self.world)
@@ -184,7 +186,7 @@ class GNQCallback(TrainerCallback):
         micro = args.per_device_train_batch_size
         return RunSpec(
             name=c.name or Path(c.out).resolve().name, kind="train", lam=c.lam,
-            batch_size=micro * (self.world if c.scope == "global" else 1), seed=args.seed,
+            batch_size=self.batch_size, seed=args.seed,
             max_length=c.max_length or int(getattr(model.config, "n_positions", 0) or 0),
             model_path=str(args.output_dir), dataset_path=c.dataset_path,
             dataset_hash=hashlib.sha256(content.encode()).hexdigest(), n_examples=len(examples),
