@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.cli import app
+from gnq_core.results.records import BatchResult, RunSpec, TextResult
 from gnq_core.results.store import Store
 
 runner = CliRunner()
@@ -29,21 +30,20 @@ def _examples() -> pd.DataFrame:
 
 
 def _run(store: Store, name: str, kind: str):
-    return store.create_run(name=name, kind=kind, lam=0.01, batch_size=4, seed=0, max_length=16,
-                            model_path=f"/models/{name}", dataset_path="d.csv", dataset_hash="h",
-                            n_examples=N, code_version="test", device="cpu", dtype="float64",
-                            examples=_examples())
+    return store.create_run(RunSpec(name=name, kind=kind, lam=0.01, batch_size=4, seed=0, max_length=16,
+                                    model_path=f"/models/{name}", dataset_path="d.csv", dataset_hash="h",
+                                    n_examples=N, code_version="test", device="cpu", dtype="float64"),
+                            _examples())
 
 
 def _points(store: Store, run_id: int, gnq: np.ndarray, hashes: list[str]) -> None:
     for point, model_hash in enumerate(hashes):
         store.add_points(run_id, [{"point": point, "label": f"epoch-{point + 1}", "kind": "epoch",
                                    "model_hash": model_hash}])
-        scores = pd.DataFrame({"example_id": range(N), "batch_index": np.arange(N) // 4, "step": None,
-                               "gnq": gnq * (point + 1), "loss": 3.0 - gnq / gnq.max(),
-                               "self_influence": 1.0})
-        batches = pd.DataFrame({"batch_index": range(N // 4), "step": None, "size": 4, "condition": 2.0,
-                                "finite": True, "seconds": 0.1})
+        loss = 3.0 - gnq / gnq.max()
+        scores = [TextResult(e, e // 4, None, float(gnq[e] * (point + 1)), float(loss[e]), 1.0)
+                  for e in range(N)]
+        batches = [BatchResult(b, None, 4, 2.0, True, 0.1) for b in range(N // 4)]
         store.write_point(run_id, point, scores, batches, 0.1, model_hash=model_hash)
 
 
@@ -99,7 +99,7 @@ def test_report_is_one_self_contained_html_file(db, tmp_path):
     assert parser.tags.count("img") == 0
     for heading in ("Provenance", "Verdict", "Which signal predicts extraction?", "flagged texts in full"):
         assert heading in text
-    assert "GNQ_total, highest first" in text  # no combined verdict in this frame yet
+    assert "the combined verdict (rank 1 = look first)" in text  # the report follows the verdict order
     assert "GNQ in-run (accumulated)" in text and "trained" in text  # found through the weights hashes
     assert "AUC" in text and "50 stratified bootstrap resamples (seed 0)" in text
 

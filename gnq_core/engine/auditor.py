@@ -196,12 +196,15 @@ class GNQAuditor:
         self._module_handles: list[Any] = []
         self._install_module_hooks()
 
-    def _owners(self) -> dict[int, tuple[str, set[int], bool]]:
-        """id(param) -> (name, ids of the modules allowed to use it, whether nested uses are ok)."""
+    def _owners(self, ids: dict[str, list[int]] | None = None) -> dict[int, tuple[str, set[int], bool]]:
+        """id(param) -> (name, ids of the modules allowed to use it, whether nested uses are ok).
+
+        ``ids``: each hooked module's parameter ids now (FSDP2 swaps the registered parameters
+        for unsharded ones during the forward)."""
         owners: dict[int, tuple[str, set[int], bool]] = {}
         names = {id(p): n for n, p in self.model.named_parameters()}
         for h in self._hooked:
-            for pid in h.param_ids:
+            for pid in (ids or {}).get(h.name, h.param_ids):
                 _, allowed, nested = owners.get(pid, (names[pid], set(), False))
                 owners[pid] = (names[pid], allowed | {id(h.module)}, nested or h.kernel.recurse)
         return owners
@@ -231,8 +234,8 @@ class GNQAuditor:
         B = _leading_dim(args, kwargs)
         if B is None:
             return
-        covered = {h.name: h.param_ids for h in self._hooked}
-        plan = probe(self.model, args, kwargs, B, covered, self._owners())
+        covered = {h.name: [id(h.module.get_parameter(n)) for n in h.params] for h in self._hooked}
+        plan = probe(self.model, args, kwargs, B, covered, self._owners(covered))
         if plan.violations:
             raise UncoveredParametersError(plan.violations)
         if plan.refused:
