@@ -29,7 +29,7 @@ from gnq_core.engine.reference import loo_gnq, per_example_gradients
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints import load_checkpoint
 from gnq_core.sources.models import train_tokenizer
-from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
+from gnq_core.sources.tokens import collate, encode_texts, pad_id
 
 pytestmark = pytest.mark.slow
 VOCAB, LAM, B, T = 300, 0.05, 4, 16
@@ -101,14 +101,16 @@ def test_audit_of_a_save_pretrained_checkpoint_is_exact(tmp_path, build, saved_k
     model.config.use_cache = False  # as the audit does (RWKV's state cache is updated in place)
     if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
         model.set_experts_implementation("eager")  # grouped matmuls take no float64
-    part = batch_partition(len(rows), B, seed=0)[1]
+    store = Store(db)
+    scores = store.scores(store.run("ckpt").run_id)
+    part = scores.query("batch_index == 1")["example_id"].tolist()  # the audit's batch (copies apart)
+    assert len(part) == B
     ids = encode_texts(tok, rows, T)
     batch = collate([ids[i] for i in part], part, pad_id(tok))
     losses = per_example_lm_loss(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
                                  batch.labels)
     G = per_example_gradients(losses, [p for p in model.parameters()])
-    store = Store(db)
-    stored = store.scores(store.run("ckpt").run_id).set_index("example_id").loc[part]
+    stored = scores.set_index("example_id").loc[part]
     K = G @ G.T
     assert rel_err(torch.tensor(stored["self_influence"].to_numpy()), K.diagonal()) < 1e-9
     # GNQ through the solve: RWKV's untrained gradients give GNQ ~ 1e8 here, and K + λI a condition

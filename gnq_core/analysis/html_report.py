@@ -21,6 +21,7 @@ import pandas as pd
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
+from gnq_core.analysis.verdict import rank_texts
 from gnq_core.results.store import Run, Store
 
 TOP = 50           # rows of the verdict table
@@ -52,6 +53,8 @@ def ordered(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, top: int = TOP,
                  resamples: int = pr.RESAMPLES, seed: int = 0, command: str = "") -> str:
     """The whole report as one HTML string."""
+    if totals is None:  # the run's texts in the verdict's order, its risk tested with the rest
+        totals = rank_texts(store.example_totals(run.run_id))
     frame = signal_frame(store, run, totals)
     ranked, order_name = ordered(frame)
     attacks = store.extractions(run.run_id)

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from gnq_core.analysis.verdict import rank_texts
 from gnq_core.results.store import Run, Store
 
 
 def signal_frame(store: Store, run: Run, totals: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``totals`` (default: the run's totals ranked by the verdict, so its ``risk`` is tested too)
-    plus the run's per-example metrics and, for an audit of a training run's
+    """``totals`` (default: ``store.example_totals``; pass the verdict-ranked frame to test its
+    risk too) plus the run's per-example metrics and, for an audit of a training run's
     checkpoints, that training run's in-run GNQ accumulated over every epoch
     (``gnq_inrun_total``).  For a training run, ``gnq_total`` already is the in-run GNQ."""
-    frame = rank_texts(store.example_totals(run.run_id)) if totals is None else totals.copy()
+    frame = store.example_totals(run.run_id) if totals is None else totals.copy()
     metrics = store.metrics(run.run_id)
     extra = [c for c in metrics.columns if c != "example_id" and c not in frame.columns]
     if extra:
