@@ -56,16 +56,30 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except (DatasetError, CheckpointError, StoreError, UncoveredParametersError, ValueError,
-                FileNotFoundError, PermissionError) as exc:
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            err_console.print(f"[red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
-            raise typer.Exit(code=1) from None
+                OSError) as exc:
+            _fail(_io_message(exc) if isinstance(exc, OSError) else exc)
         except KeyboardInterrupt:
             err_console.print("interrupted: finished checkpoints/epochs are saved; rerun the same command "
                               "to resume")
             raise typer.Exit(code=130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _fail(message: object) -> None:
+    text = str(message).strip()
+    line = text.splitlines()[0] if text else type(message).__name__
+    err_console.print(f"[red]error:[/] {line}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(code=1) from None
+
+
+def _io_message(exc: OSError) -> str:
+    """Disk full, read-only folder, permission...: the file and the cause, e.g.
+    ``out/epoch-2/model.safetensors: No space left on device``."""
+    if exc.filename is None or not exc.strerror:
+        return str(exc)
+    target = f" -> {exc.filename2}" if exc.filename2 else ""
+    return f"{exc.filename}{target}: {exc.strerror}"
 
 
 def _set_threads(threads: int | None) -> None:
