@@ -9,9 +9,11 @@ checkpoints already done.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -29,7 +31,7 @@ from gnq_core.sources.checkpoints import (
     load_checkpoint,
 )
 from gnq_core.sources.datasets import TextDataset
-from gnq_core.sources.tokens import LMBatch, batch_partition, collate, encode_texts, pad_id
+from gnq_core.sources.tokens import LMBatch, partition_order, stream_batches, token_counts
 
 
 @dataclass(frozen=True)
@@ -42,14 +44,18 @@ class AuditSettings:
     dtype: str = "float32"
 
 
-def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, device: torch.device,
-                  reporter: Reporter | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float, device: torch.device,
+                  reporter: Reporter | None = None, n_examples: int | None = None
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights.
 
     Returns (scores, batches) frames in the store's layout.  A batch whose loss or kernel is not
     finite is recorded with ``finite = False`` and NULL scores instead of stopping the audit.
+    Batches are consumed one at a time; with ``n_examples`` the scores go straight into numpy
+    columns (about 40 bytes per example) instead of a Python tuple per example.
     """
-    score_rows, batch_rows = [], []
+    scores = _ScoreColumns(n_examples)
+    batch_rows = []
     model.eval()  # the gradient at a checkpoint, without dropout noise
     for p in model.parameters():
         p.requires_grad_(True)
@@ -69,26 +75,51 @@ def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, de
             except GNQNumericalError:
                 finite = False
             model.zero_grad(set_to_none=True)
-            loss_values = losses.detach().double().tolist()
-            for i, example_id in enumerate(batch.example_ids):
-                score_rows.append((example_id, index, None, gnq[i] if gnq else None, loss_values[i],
-                                   kjj[i] if kjj else None))
+            scores.add(batch.example_ids, index, gnq, losses.detach().double().tolist(), kjj)
             batch_rows.append((index, None, len(batch.example_ids), condition, finite,
                                time.perf_counter() - t0))
             if reporter is not None:
                 reporter.advance(len(batch.example_ids))
-    scores = pd.DataFrame(score_rows, columns=["example_id", "batch_index", "step", "gnq", "loss",
-                                               "self_influence"]).astype({"step": "Int64"})
     frame = pd.DataFrame(batch_rows, columns=["batch_index", "step", "size", "condition", "finite",
                                               "seconds"]).astype({"step": "Int64"})
-    return scores, frame
+    return scores.frame(), frame
 
 
-def make_batches(tokenizer, dataset: TextDataset, partition: list[list[int]],
-                 max_length: int) -> list[LMBatch]:
-    ids = encode_texts(tokenizer, dataset.texts, max_length)
-    pad = pad_id(tokenizer)
-    return [collate([ids[i] for i in part], part, pad) for part in partition]
+class _ScoreColumns:
+    """One point's scores as numpy columns, filled batch by batch; GNQ and self-influence are NULL
+    (masked) for a batch that was not finite, as the store wants."""
+
+    def __init__(self, n: int | None) -> None:
+        self.n = 0
+        size = n or 1024
+        self.ids = np.empty(size, np.int64)
+        self.batch = np.empty(size, np.int32)
+        self.values = np.empty((size, 3), np.float64)  # gnq, loss, self_influence
+        self.known = np.empty(size, bool)  # False: GNQ and self-influence are NULL
+
+    def add(self, example_ids: list[int], index: int, gnq: list[float] | None, loss: list[float],
+            kjj: list[float] | None) -> None:
+        k = len(example_ids)
+        if self.n + k > len(self.ids):  # no size given: grow geometrically
+            grow = max(2 * len(self.ids), self.n + k)
+            self.ids, self.batch = np.resize(self.ids, grow), np.resize(self.batch, grow)
+            self.values, self.known = np.resize(self.values, (grow, 3)), np.resize(self.known, grow)
+        rows = slice(self.n, self.n + k)
+        self.ids[rows], self.batch[rows] = example_ids, index
+        self.values[rows, 0] = gnq if gnq else 0.0
+        self.values[rows, 1] = loss
+        self.values[rows, 2] = kjj if kjj else 0.0
+        self.known[rows] = bool(gnq)
+        self.n += k
+
+    def frame(self) -> pd.DataFrame:
+        n, unknown = self.n, ~self.known[:self.n]
+        return pd.DataFrame({
+            "example_id": self.ids[:n], "batch_index": self.batch[:n],
+            "step": pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool)),
+            "gnq": pd.arrays.FloatingArray(self.values[:n, 0].copy(), unknown.copy()),
+            "loss": self.values[:n, 1], "self_influence": pd.arrays.FloatingArray(self.values[:n, 2].copy(),
+                                                                                  unknown.copy())})
 
 
 def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, name: str,
@@ -113,24 +144,24 @@ def run_audit(store: Store, checkpoints: str | Path, dataset: TextDataset, *, na
     store.add_points(run.run_id, [dict(point=i, label=r.label, kind="checkpoint", path=str(r.path))
                                   for i, r in enumerate(refs)])
     done = set(store.points(run.run_id).query("status == 'done'")["point"])
-    partition = batch_partition(len(dataset), settings.batch_size, settings.seed)
+    order = partition_order(len(dataset), settings.seed)
     with store.tracking(run.run_id):
         for i, ref in enumerate(refs):
             if i in done:
                 reporter.log(f"{ref.label}: already audited, skipped")
                 continue
-            _audit_one(store, run, i, ref, dataset, partition, settings, device, dtype, reporter)
+            _audit_one(store, run, i, ref, dataset, order, settings, device, dtype, reporter)
     return store.run(run.run_id)
 
 
 def _audit_one(store: Store, run: Run, point: int, ref: CheckpointRef, dataset: TextDataset,
-               partition: list[list[int]], settings: AuditSettings, device: torch.device,
+               order: np.ndarray, settings: AuditSettings, device: torch.device,
                dtype: torch.dtype, reporter: Reporter) -> None:
     t0 = time.perf_counter()
     model, tokenizer = load_checkpoint(ref.path, device=device, dtype=dtype)
-    batches = make_batches(tokenizer, dataset, partition, settings.max_length)
+    batches = stream_batches(tokenizer, dataset.texts, order, settings.batch_size, settings.max_length)
     reporter.stage(f"{ref.label}", len(dataset))
-    scores, frame = audit_batches(model, batches, settings.lam, device, reporter)
+    scores, frame = audit_batches(model, batches, settings.lam, device, reporter, n_examples=len(dataset))
     store.write_point(run.run_id, point, scores, frame, time.perf_counter() - t0,
                       path=str(ref.path), model_hash=checkpoint_hash(ref.path))
     del model
@@ -139,7 +170,7 @@ def _audit_one(store: Store, run: Run, point: int, ref: CheckpointRef, dataset: 
 def _create_audit_run(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name: str,
                       settings: AuditSettings, device: torch.device) -> Run:
     _, tokenizer = load_checkpoint(refs[0].path, device="cpu")
-    n_tokens = [len(x) for x in encode_texts(tokenizer, dataset.texts, settings.max_length)]
+    n_tokens = token_counts(tokenizer, dataset.texts, settings.max_length)
     examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
                              "grp": dataset.groups, "n_tokens": n_tokens})
     return store.create_run(

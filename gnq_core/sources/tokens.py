@@ -7,7 +7,7 @@ example's loss is its mean next-token NLL over its own tokens (losses.per_exampl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,9 +54,36 @@ def collate(ids: Sequence[Sequence[int]], example_ids: Sequence[int], pad: int) 
     return LMBatch(list(example_ids), input_ids, mask, labels)
 
 
+def partition_order(n_examples: int, seed: int) -> np.ndarray:
+    """The seeded shuffle of 0..n-1 that batch_partition cuts into batches (8 bytes per example,
+    instead of a Python list per batch)."""
+    return np.random.default_rng(seed).permutation(n_examples)
+
+
 def batch_partition(n_examples: int, batch_size: int, seed: int) -> list[list[int]]:
     """A seeded shuffle of 0..n-1 cut into batches; the same for every checkpoint of an audit."""
     if batch_size < 1:
         raise ValueError("batch size must be at least 1")
-    order = np.random.default_rng(seed).permutation(n_examples).tolist()
+    order = partition_order(n_examples, seed).tolist()
     return [order[i: i + batch_size] for i in range(0, n_examples, batch_size)]
+
+
+def stream_batches(tokenizer, texts: Sequence[str], order: np.ndarray, batch_size: int,
+                   max_length: int) -> Iterator[LMBatch]:
+    """The batches of batch_partition, tokenised one batch at a time as they are consumed, so the
+    token ids of a whole dataset are never held at once."""
+    if batch_size < 1:
+        raise ValueError("batch size must be at least 1")
+    pad = pad_id(tokenizer)
+    for start in range(0, len(order), batch_size):
+        part = order[start: start + batch_size].tolist()
+        yield collate(encode_texts(tokenizer, [texts[i] for i in part], max_length), part, pad)
+
+
+def token_counts(tokenizer, texts: Sequence[str], max_length: int, chunk: int = 4096) -> np.ndarray:
+    """Tokens per text after truncation (int32), tokenised ``chunk`` texts at a time."""
+    counts = np.empty(len(texts), dtype=np.int32)
+    for start in range(0, len(texts), chunk):
+        ids = encode_texts(tokenizer, texts[start: start + chunk], max_length)
+        counts[start: start + len(ids)] = [len(x) for x in ids]
+    return counts
