@@ -277,6 +277,28 @@ def export(
 
 @app.command()
 @user_errors
+def dashboard(
+    address: str = typer.Option("127.0.0.1", help="Interface to listen on; anything but localhost "
+                                                  "makes the dashboard ask for a token."),
+    port: int = typer.Option(8501, min=1, max=65535, help="Port."),
+    token: bool = typer.Option(None, "--token/--no-token",
+                               help="Require an access token (default: only when not on localhost)."),
+) -> None:
+    """Start the dashboard (streamlit); served beyond localhost it prints a URL with a token, and
+    local paths are accepted only under $GNQ_DATA_ROOTS (default: the working folder)."""
+    import subprocess
+
+    from gnq_core.access import dashboard_command
+
+    app_file = Path(__file__).resolve().parents[1] / "app" / "main.py"
+    argv, env, made = dashboard_command(app_file, address, port, token)
+    if made:
+        console.print(f"Open http://{address}:{port}/?token={made}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code=subprocess.call(argv, env=env))
+
+
+@app.command()
+@user_errors
 def runs(
     db: Path = DbOption,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
