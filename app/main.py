@@ -8,9 +8,18 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from gnq_core.access import token_ok
 from gnq_core.results.store import StoreError
 
 st.set_page_config(page_title="GNQ Audit", page_icon=":material/policy:", layout="wide")
+
+# Served remotely (`gnq dashboard --address 0.0.0.0`), the dashboard asks for the token it printed.
+if not st.session_state.get("authorised"):
+    if not token_ok(st.query_params.get("token")):
+        st.error("This dashboard needs its access token: open the address `gnq dashboard` printed "
+                 "(it ends in ?token=…).")
+        st.stop()
+    st.session_state["authorised"] = True
 
 PAGES = [
     st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", default=True),

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.analysis.verdict import rank_texts
 from gnq_core.results.shards import open_store
 from gnq_core.results.store import Run, Store, default_db_path
@@ -22,7 +23,15 @@ PAGES = {}  # filled by main.py: title -> st.Page, so pages can link to each oth
 
 
 def db_path() -> Path:
-    return Path(st.session_state.get("db_path") or default_db_path())
+    """The store typed in the sidebar (refused outside the data roots when they apply), else the
+    one the dashboard was started with ($GNQ_DB)."""
+    typed = st.session_state.get("db_path")
+    if typed and str(typed) != str(default_db_path()):
+        try:
+            return local_path(typed)
+        except OutsideRootsError as exc:
+            st.error(plain(exc))
+    return default_db_path()
 
 
 def store(db: str | Path | None = None) -> Store:

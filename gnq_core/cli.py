@@ -60,16 +60,30 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except (DatasetError, CheckpointError, StoreError, UncoveredParametersError, UnsupportedModuleError,
-                ValueError, FileNotFoundError, PermissionError) as exc:
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            err_console.print(f"[red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
-            raise typer.Exit(code=1) from None
+                ValueError, OSError) as exc:
+            _fail(_io_message(exc) if isinstance(exc, OSError) else exc)
         except KeyboardInterrupt:
             err_console.print("interrupted: finished checkpoints/epochs are saved; rerun the same command "
                               "to resume")
             raise typer.Exit(code=130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _fail(message: object) -> None:
+    text = str(message).strip()
+    line = text.splitlines()[0] if text else type(message).__name__
+    err_console.print(f"[red]error:[/] {line}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(code=1) from None
+
+
+def _io_message(exc: OSError) -> str:
+    """Disk full, read-only folder, permission...: the file and the cause, e.g.
+    ``out/epoch-2/model.safetensors: No space left on device``."""
+    if exc.filename is None or not exc.strerror:
+        return str(exc)
+    target = f" -> {exc.filename2}" if exc.filename2 else ""
+    return f"{exc.filename}{target}: {exc.strerror}"
 
 
 def _set_threads(threads: int | None) -> None:
@@ -319,20 +333,6 @@ def export(
 
 
 @app.command()
-def dashboard(
-    port: int = typer.Option(8501, min=1, max=65535, help="Port on localhost."),
-) -> None:
-    """Open the dashboard on localhost, with usage statistics off, from any folder."""
-    import subprocess
-
-    main_py = Path(__file__).resolve().parents[1] / "app" / "main.py"
-    # Flags, not only app/.streamlit/config.toml: they win over any config file or variable.
-    cmd = [sys.executable, "-m", "streamlit", "run", str(main_py), "--server.address", "localhost",
-           "--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.headless", "true"]
-    raise typer.Exit(subprocess.call(cmd))
-
-
-@app.command()
 @user_errors
 def report(
     run: str = typer.Option(..., help="Run name or id."),
@@ -357,6 +357,28 @@ def report(
                         command=" ".join(["gnq", *sys.argv[1:]]))
     write_report(text, out)
     _done(quiet, f"report of run {info.name!r} written to {out} ({len(text) / 1e6:.1f} MB)")
+
+
+@app.command()
+@user_errors
+def dashboard(
+    address: str = typer.Option("127.0.0.1", help="Interface to listen on; anything but localhost "
+                                                  "makes the dashboard ask for a token."),
+    port: int = typer.Option(8501, min=1, max=65535, help="Port."),
+    token: bool = typer.Option(None, "--token/--no-token",
+                               help="Require an access token (default: only when not on localhost)."),
+) -> None:
+    """Start the dashboard (streamlit); served beyond localhost it prints a URL with a token, and
+    local paths are accepted only under $GNQ_DATA_ROOTS (default: the working folder)."""
+    import subprocess
+
+    from gnq_core.access import dashboard_command
+
+    app_file = Path(__file__).resolve().parents[1] / "app" / "main.py"
+    argv, env, made = dashboard_command(app_file, address, port, token)
+    if made:
+        console.print(f"Open http://{address}:{port}/?token={made}", soft_wrap=True, highlight=False)
+    raise typer.Exit(code=subprocess.call(argv, env=env))
 
 
 @app.command()

@@ -274,10 +274,24 @@ def test_error_columns_for_txt(tmp_path: Path) -> None:
     assert_error(path, "no columns", group_column="group")
 
 
+def test_ragged_csv_refused_with_line_number(tmp_path: Path) -> None:
+    """Issue 20 item 2: an unquoted comma in the first data row made pandas take the first field as
+    the index and drop 6 of 7 texts; now the row is refused by line, whatever its position."""
+    path = tmp_path / "texts.csv"
+    path.write_text("text\nhello, world\n" + "".join(f"text {i}\n" for i in range(6)), encoding="utf-8")
+    assert_error(path, "texts.csv:2: 2 fields, header has 1")
+    short = tmp_path / "short.csv"
+    short.write_text("text,group\na,1\n\"two\nlines\",2\nonly\n", encoding="utf-8")
+    assert_error(short, "short.csv:5: 1 field, header has 2")  # line counted past the quoted newline
+    quotes = tmp_path / "quotes.csv"
+    quotes.write_text('text\n"ok"\n"bad"tail\n', encoding="utf-8")
+    assert_error(quotes, "quotes.csv:3: malformed CSV")
+
+
 def test_error_malformed_csv_and_parquet(tmp_path: Path) -> None:
     path = tmp_path / "ragged.csv"
     path.write_text("text,group\na,b\nc,d,e,f\n", encoding="utf-8")
-    assert_error(path, "could not parse CSV")
+    assert_error(path, "ragged.csv:3: 4 fields, header has 2")
     fake = tmp_path / "fake.parquet"
     fake.write_bytes(b"this is not parquet at all\n" * 4)
     assert_error(fake, "not a readable parquet file")

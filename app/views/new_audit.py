@@ -13,6 +13,7 @@ import streamlit as st
 
 from app import state
 from app.jobs_view import job_panel
+from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.pipelines.jobs import (
     check_upload_tree,
     list_jobs,
@@ -36,6 +37,17 @@ db = state.db_path()
 if "staging" not in st.session_state:
     st.session_state["staging"] = new_job_id()
 staging_id = st.session_state["staging"]
+
+
+def _local(typed: str) -> Path | None:
+    """A typed local path; refused (shown, None) outside the data roots when they apply."""
+    if not typed.strip():
+        return None
+    try:
+        return local_path(typed)
+    except OutsideRootsError as exc:
+        st.error(state.plain(exc))
+        return None
 
 
 def staging() -> Path:
@@ -80,7 +92,7 @@ if ckpt_mode == "Upload a folder":
 else:
     typed = st.text_input("Checkpoint folder on this machine", key="ckpt_path",
                           placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
-    checkpoints = Path(typed).expanduser() if typed.strip() else None
+    checkpoints = _local(typed)
 
 refs = []
 if checkpoints is not None:
@@ -111,7 +123,7 @@ if data_mode == "Upload a file":
             st.error(state.plain(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
 else:
     typed = st.text_input("Dataset file on this machine", key="data_path_input")
-    data_path = Path(typed).expanduser() if typed.strip() else None
+    data_path = _local(typed)
 
 text_column = group_column = None
 dataset = None

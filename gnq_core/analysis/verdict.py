@@ -115,7 +115,8 @@ def rank_texts(totals: pd.DataFrame) -> pd.DataFrame:
     verdict_score, ordered by rank (ties by example_id)."""
     frame = totals.copy()
     if frame.empty:
-        return frame.assign(**{c: pd.Series(dtype=object) for c in VERDICT_COLUMNS})
+        numeric = {"rank": "int64", "percentile": "float64", "risk": "float64", "verdict_score": "float64"}
+        return frame.assign(**{c: pd.Series(dtype=numeric.get(c, object)) for c in VERDICT_COLUMNS})
     parts = risk_components(frame)
     extracted = frame["extracted"].fillna(False).astype(bool) if "extracted" in frame else False
     secret = frame["secret"].notna() if "secret" in frame else pd.Series(False, index=frame.index)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -39,6 +40,10 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 DEFAULT_DB = Path("data") / "gnq.duckdb"
 LOSS_CONVENTION = "per-example mean next-token NLL over the example's own tokens"
 WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
+# DuckDB's errors for a failing file (disk full, read-only, out of memory; a failed commit comes as a
+# TransactionException): shown as one line naming the store.  Others (a constraint broken) are bugs.
+_IO_ERRORS = (duckdb.IOException, duckdb.TransactionException, duckdb.PermissionException,
+              duckdb.OutOfMemoryException, duckdb.FatalException)
 
 
 _CALIBRATION_COLUMNS = ["suffix_tokens", "reference_match", "reference_generated"]
@@ -131,6 +136,9 @@ class Store:
                 self._ready = True
         try:
             yield con
+        except _IO_ERRORS as exc:  # disk full, read-only folder, ...: one line naming the file
+            raise StoreError(f"{self.path}: {'cannot read' if read_only else 'cannot write'} the store "
+                             f"({first_line(exc)})") from None
         finally:
             con.close()
 
@@ -170,10 +178,15 @@ class Store:
             return
         if self.path.is_dir():
             raise StoreError(f"{self.path}: is a folder, not a DuckDB file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot create its folder ({exc.strerror or exc})") from None
         con = self._open(read_only=False)
         try:
             _apply_migrations(con, _current_version(con, self.path))
+        except _IO_ERRORS as exc:
+            raise StoreError(f"{self.path}: cannot write the store ({first_line(exc)})") from None
         finally:
             con.close()
         self._ready = True
@@ -250,10 +263,12 @@ class Store:
         return self.run(run_id)
 
     def set_status(self, run: int | str, status: str, message: str | None = None) -> None:
+        """The run's status; 'running' also records this process as its owner (see liveness)."""
         run_id = self.run(run).run_id
         with self.transaction() as con:
-            con.execute("UPDATE runs SET status = ?, message = ?, updated_at = ? WHERE run_id = ?",
-                        [status, message, _now(), run_id])
+            con.execute("""UPDATE runs SET status = ?, message = ?, updated_at = ?, pid = ?, host = ?,
+                           heartbeat_at = ? WHERE run_id = ?""",
+                        [status, message, _now(), os.getpid(), socket.gethostname(), _now(), run_id])
 
     @contextlib.contextmanager
     def tracking(self, run_id: int) -> Iterator[None]:
@@ -262,18 +277,24 @@ class Store:
         try:
             yield
         except KeyboardInterrupt:
-            self.set_status(run_id, "cancelled", "interrupted; rerun the same command to resume")
+            self._mark(run_id, "cancelled", "interrupted; rerun the same command to resume")
             raise
         except Exception as exc:
-            self.set_status(run_id, "failed", first_line(exc))
+            self._mark(run_id, "failed", first_line(exc))
             raise
         self.set_status(run_id, "done")
+
+    def _mark(self, run_id: int, status: str, message: str) -> None:
+        """The final status of a failed run, if the store can still be written: on a full disk it
+        cannot, and the run then shows as interrupted (its process is gone) instead of a second error."""
+        with contextlib.suppress(StoreError):
+            self.set_status(run_id, status, message)
 
     def set_progress(self, run_id: int, done: int, total: int, note: str | None = None) -> None:
         with self.transaction() as con:
             con.execute("""UPDATE runs SET progress_done = ?, progress_total = ?, progress_note = ?,
-                           updated_at = ?, pid = ? WHERE run_id = ?""",
-                        [done, total, note, _now(), os.getpid(), run_id])
+                           updated_at = ?, pid = ?, host = ?, heartbeat_at = ? WHERE run_id = ?""",
+                        [done, total, note, _now(), os.getpid(), socket.gethostname(), _now(), run_id])
 
     def add_points(self, run_id: int, points: Sequence[dict[str, Any]]) -> None:
         """Register trajectory points (label, kind, path, model_hash) as pending; existing ones are kept."""
@@ -381,14 +402,15 @@ class Store:
             return con.execute(sql, params if isinstance(params, dict) else list(params)).df()
 
     def runs(self) -> pd.DataFrame:
-        """Every run with its settings, status, progress and sizes; newest first."""
-        return self._query("""
+        """Every run with its settings, status, progress and sizes; newest first.  A 'running' run
+        whose process is gone is shown as 'interrupted' (see :func:`run_is_alive`)."""
+        return _with_liveness(self._query("""
             SELECT r.*,
                    (SELECT count(*) FROM points p WHERE p.run_id = r.run_id AND p.status = 'done')
                        AS points_done,
                    (SELECT count(*) FROM points p WHERE p.run_id = r.run_id) AS points_total,
                    (SELECT count(*) FROM extractions e WHERE e.run_id = r.run_id) AS extraction_rows
-            FROM runs r ORDER BY r.run_id DESC""")
+            FROM runs r ORDER BY r.run_id DESC"""))
 
     def run(self, ref: int | str) -> Run:
         """A run by id or by name (a name that is all digits is tried as a name first)."""
@@ -399,11 +421,11 @@ class Store:
             names = self._query("SELECT name FROM runs ORDER BY run_id")["name"].tolist()
             known = f" (runs: {', '.join(names)})" if names else " (the store has no runs yet)"
             raise RunNotFoundError(f"{self.path}: no run {ref!r}{known}")
-        return Run.from_row(rows.iloc[0].to_dict())
+        return Run.from_row(_with_liveness(rows).iloc[0].to_dict())
 
     def find_run(self, name: str) -> Run | None:
         rows = self._query("SELECT * FROM runs WHERE name = ?", [name])
-        return None if rows.empty else Run.from_row(rows.iloc[0].to_dict())
+        return None if rows.empty else Run.from_row(_with_liveness(rows).iloc[0].to_dict())
 
     def training_run_of(self, run_id: int) -> Run | None:
         """The in-run training run whose epoch checkpoints this run audited (a point with the same
@@ -570,18 +592,58 @@ totals AS (
 """
 
 
+HEARTBEAT_STALE = 900.0  # seconds without a report after which another host's job counts as gone
+
+
+def run_is_alive(pid: Any, host: Any, heartbeat_at: Any, *, now: datetime | None = None) -> bool:
+    """Whether the process that owns a 'running' run still exists.  On this host: its pid exists
+    and is not a zombie.  On another host (a shared store): it reported within ``$GNQ_HEARTBEAT_STALE``
+    seconds (default 900).  A run written before host was recorded is checked as local."""
+    if host is not None and not pd.isna(host) and host != socket.gethostname():
+        if heartbeat_at is None or pd.isna(heartbeat_at):
+            return True  # nothing to judge by; never call another machine's job dead on a guess
+        stale = float(os.environ.get("GNQ_HEARTBEAT_STALE") or HEARTBEAT_STALE)
+        return ((now or _now()) - pd.Timestamp(heartbeat_at).to_pydatetime()).total_seconds() < stale
+    if pid is None or pd.isna(pid):
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # exists, owned by someone else
+    try:  # a dead child not yet reaped by its parent (the dashboard) still has a pid: a zombie
+        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _with_liveness(rows: pd.DataFrame) -> pd.DataFrame:
+    """'running' rows whose process is gone become 'interrupted', with a message saying so."""
+    if rows.empty:
+        return rows
+    rows = rows.copy()
+    for i, r in rows[rows["status"] == "running"].iterrows():
+        if not run_is_alive(r.get("pid"), r.get("host"), r.get("heartbeat_at")):
+            rows.at[i, "status"] = "interrupted"
+            where = f" on {r['host']}" if isinstance(r.get("host"), str) else ""
+            rows.at[i, "message"] = (f"its process (pid {int(r['pid'])}{where}) is gone; rerun the same "
+                                     "command to resume")
+    return rows
+
+
 def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
     now = _now()
     return con.execute(
         """INSERT INTO runs (name, kind, status, created_at, updated_at, lam, loss_convention,
                batch_size, seed, max_length, model_path, model_hash, dataset_path, dataset_hash,
-               n_examples, code_version, device, dtype, settings, pid)
-           VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+               n_examples, code_version, device, dtype, settings, pid, host, heartbeat_at)
+           VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            RETURNING run_id""",
         [spec.name, spec.kind, now, now, spec.lam, LOSS_CONVENTION, spec.batch_size, spec.seed,
          spec.max_length, spec.model_path, spec.model_hash, spec.dataset_path, spec.dataset_hash,
          spec.n_examples, spec.code_version, spec.device, spec.dtype, json.dumps(spec.settings),
-         os.getpid()]).fetchone()[0]
+         os.getpid(), socket.gethostname(), now]).fetchone()[0]
 
 
 # Per-text properties of the text within its dataset (sources/copies.py, sources/secrets.py).
@@ -679,7 +741,8 @@ def _atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
     try:
         yield con
     except BaseException:
-        con.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.Error):  # a failed write may have aborted it already
+            con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
 

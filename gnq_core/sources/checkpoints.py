@@ -657,12 +657,21 @@ def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
         if target.exists() or target.is_symlink():
             os.replace(target, old)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         _remove(tmp)
         if old.exists() and not target.exists():
             os.replace(old, target)  # put the previous checkpoint back
+        if not isinstance(exc, OSError) and (code := _os_error_code(exc)) is not None:
+            # safetensors reports a full disk as SafetensorError("... (os error 28)"): make it the
+            # OSError it is, so the CLI says "<checkpoint>: No space left on device" in one line
+            raise OSError(code, os.strerror(code), str(target)) from exc
         raise
     _remove(old)
+
+
+def _os_error_code(exc: BaseException) -> int | None:
+    match = re.search(r"\(os error (\d+)\)", str(exc))
+    return int(match.group(1)) if match else None
 
 
 def _remove(path: Path) -> None:

@@ -8,8 +8,10 @@ Formats, chosen by extension (case-insensitive):
 * ``.txt``: one example per line (split on ``"\\n"`` only; a trailing ``"\\r"`` is removed).
   Blank or whitespace-only lines are skipped and not counted as dropped. No columns, no groups.
 * ``.jsonl``: one JSON object per line; blank lines skipped. A line that is not a JSON object is an error.
-* ``.csv``: read with pandas (quoted fields may hold newlines, quotes and commas). Every field is
-  read as a string, so ``"NA"`` or ``"007"`` stay as written.
+* ``.csv``: read with Python's csv module, strictly (quoted fields may hold newlines, quotes and
+  commas). Every field is read as a string, so ``"NA"`` or ``"007"`` stay as written. A record
+  whose field count differs from the header's, or malformed quoting, is refused with its line
+  (``file.csv:2: 2 fields, header has 1``) rather than guessed at.
 * ``.parquet``: read with pyarrow.
 
 The text column is ``text_column`` or ``"text"``; the group column is ``group_column``, else
@@ -19,7 +21,7 @@ Group values that are missing, NaN or empty become ``None``; others are converte
 Texts are otherwise kept exactly as stored.
 
 Large files are streamed, never read whole: one pass hashes the bytes and checks the UTF-8 and
-the line lengths, a second parses line by line (.txt, .jsonl), in chunks of rows (.csv) or in
+the line lengths, a second parses record by record (.txt, .jsonl, .csv) or in
 record batches (.parquet), keeping only the text and group values.  A line or a text longer than
 ``max_text_bytes`` (default 8 MiB, or ``$GNQ_MAX_TEXT_BYTES``) is refused with its line or row
 number instead of being tokenised: GNQ reads at most ``--max-length`` tokens of a text anyway.
@@ -46,7 +48,6 @@ SUFFIXES: tuple[str, ...] = (".txt", ".jsonl", ".csv", ".parquet")
 DEFAULT_TEXT_COLUMN = "text"
 DEFAULT_GROUP_COLUMN = "group"
 _CHUNK = 1 << 20  # 1 MiB
-_CSV_ROWS = 50_000  # rows per pandas chunk
 _PARQUET_ROWS = 50_000  # rows per pyarrow record batch
 MAX_TEXT_BYTES = 8 << 20  # default limit on one line / one text (8 MiB)
 _Rows = Callable[[str], list[Any]]  # column name -> its raw value in each row
@@ -55,10 +56,12 @@ _Rows = Callable[[str], list[Any]]  # column name -> its raw value in each row
 class DatasetError(ValueError):
     """A dataset file could not be loaded. ``str()`` is one line: ``"<file>: <problem>"``."""
 
-    def __init__(self, path: str | Path, problem: str) -> None:
+    def __init__(self, path: str | Path, problem: str, *, line: int | None = None) -> None:
         self.path = str(path)
         self.problem = problem
-        super().__init__(_one_line(f"{self.path}: {problem}"))
+        self.line = line
+        where = self.path if line is None else f"{self.path}:{line}"  # file.csv:2: as compilers do
+        super().__init__(_one_line(f"{where}: {problem}"))
 
 
 @dataclass(frozen=True)
@@ -236,29 +239,51 @@ def _read_jsonl(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str
 
 
 def _read_csv(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str], _Rows]:
-    import pandas as pd
+    """Python's csv module, strict: every record must have as many fields as the header (a ragged
+    row is refused with its line number, never reinterpreted), quotes must be well formed.  Blank
+    lines are skipped.  Fields are kept as written (no NA guessing)."""
+    import csv
 
-    options: dict[str, Any] = {"dtype": str, "keep_default_na": False, "encoding": "utf-8-sig"}
+    limit = _max_text_bytes()
+    csv.field_size_limit(max(csv.field_size_limit(), limit))  # a quoted field may span many lines
     try:
-        header = pd.read_csv(path, nrows=0, **options)
-        columns = [str(c) for c in header.columns]
-        if len(set(columns)) != len(columns):
-            raise DatasetError(shown, f"duplicate column names ({_list_columns(columns)})")
-        by_name = dict(zip(columns, header.columns, strict=True))
-        keep = [c for c in dict.fromkeys(wanted) if c in by_name]
-        values: dict[str, list[Any]] = {c: [] for c in keep}
-        if keep:
-            # All columns are parsed (so a ragged row is still an error), only `keep` are kept.
-            for chunk in pd.read_csv(path, chunksize=_CSV_ROWS, **options):
-                for c in keep:
-                    values[c].extend(chunk[by_name[c]].tolist())
-    except pd.errors.EmptyDataError as e:
-        raise DatasetError(shown, "no examples (no header or rows)") from e
-    except (pd.errors.ParserError, ValueError, OverflowError) as e:
-        if isinstance(e, DatasetError):
-            raise
-        raise DatasetError(shown, f"could not parse CSV ({e})") from e
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f, strict=True)
+            start = 1  # physical line where the record being read starts
+            try:
+                columns = next(reader, None)
+                while columns is not None and _blank(columns):  # blank lines before the header
+                    start = reader.line_num + 1
+                    columns = next(reader, None)
+                if columns is None:
+                    raise DatasetError(shown, "no examples (no header or rows)")
+                if len(set(columns)) != len(columns):
+                    raise DatasetError(shown, f"duplicate column names ({_list_columns(columns)})")
+                keep = {c: columns.index(c) for c in dict.fromkeys(wanted) if c in columns}
+                values: dict[str, list[Any]] = {c: [] for c in keep}
+                start = reader.line_num + 1
+                for record in reader:
+                    if not _blank(record):
+                        if len(record) != len(columns):
+                            raise DatasetError(shown, f"{_fields(len(record))}, header has "
+                                                      f"{len(columns)}", line=start)
+                        for c, i in keep.items():
+                            values[c].append(record[i])
+                    start = reader.line_num + 1
+            except csv.Error as e:
+                raise DatasetError(shown, f"malformed CSV ({e})", line=start) from e
+    except OSError as e:
+        raise DatasetError(shown, f"cannot read file ({e.strerror or e})") from e
     return columns, values.__getitem__
+
+
+def _blank(record: list[str]) -> bool:
+    """A blank or whitespace-only line (skipped, as pandas and the .txt/.jsonl readers do)."""
+    return len(record) <= 1 and not "".join(record).strip()
+
+
+def _fields(n: int) -> str:
+    return f"{n} field" + ("" if n == 1 else "s")
 
 
 def _read_parquet(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str], _Rows]:
