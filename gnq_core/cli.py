@@ -41,6 +41,7 @@ CpuThreadsOption = typer.Option(None, "--threads", min=1,
 TextColumnOption = typer.Option(None, help="Column holding the text (default: 'text').")
 GroupColumnOption = typer.Option(None, help="Column with a group label (default: 'group' if present).")
 MaxLengthOption = typer.Option(128, min=2, help="Tokens per example (longer texts are cut).")
+LamOption = typer.Option(1e-2, help="GNQ regulariser λ (must be > 0).")
 
 
 def user_errors(func: F) -> F:
@@ -75,13 +76,15 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _store(db: Path | None):
+def _store(db: Path | None, *, create: bool = True):
+    """The store; ``create=False`` (reading commands) refuses one that does not exist yet."""
     from gnq_core.results.store import Store
 
     def waiting(message: str) -> None:
         err_console.print(message, soft_wrap=True, highlight=False, markup=False)
 
-    return Store(db, on_wait=waiting)
+    store = Store(db, on_wait=waiting)
+    return store if create else store.require_existing()
 
 
 def _load_dataset(data: Path, text_column: str | None, group_column: str | None):
@@ -135,7 +138,7 @@ def train(
     epochs: int = typer.Option(3, min=1, help="Passes over the data."),
     batch_size: int = typer.Option(16, min=1, help="Examples per step (also the GNQ batch)."),
     lr: float = typer.Option(1e-3, min=0.0, help="AdamW learning rate."),
-    lam: float = typer.Option(1e-2, min=0.0, help="GNQ regulariser λ (> 0)."),
+    lam: float = LamOption,
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(0, help="Seed for initialisation, shuffling and dropout."),
     vocab_size: int = typer.Option(2048, min=300, help="Tokenizer vocabulary with --from-scratch."),
@@ -175,7 +178,7 @@ def audit(
                                                "(epoch-*, checkpoint-*, step-*, ...)."),
     data: Path = typer.Option(..., help="The texts to audit: .txt, .jsonl, .csv or .parquet."),
     name: str = typer.Option(None, help="Run name (default: the checkpoints folder's name)."),
-    lam: float = typer.Option(1e-2, min=0.0, help="GNQ regulariser λ (> 0)."),
+    lam: float = LamOption,
     batch_size: int = typer.Option(16, min=1, help="Examples per GNQ batch (GNQ is relative to the batch)."),
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(0, help="Seed of the batch partition (the same for every checkpoint)."),
@@ -222,7 +225,7 @@ def extract(
     _set_threads(threads)
     from gnq_core.pipelines.extraction import run_extraction
 
-    store = _store(db)
+    store = _store(db, create=False)
     run_info = store.run(run)
     t0 = time.perf_counter()
     with _reporter(store, quiet, lambda: run_info.run_id) as reporter:
@@ -238,7 +241,8 @@ def extract(
 @user_errors
 def export(
     run: str = typer.Option(..., help="Run name or id."),
-    format: str = typer.Option(..., "--format", help="csv, jsonl or parquet."),
+    format: str = typer.Option(None, "--format", show_default=False,
+                               help="csv, jsonl or parquet (default: from --out's suffix)."),
     out: Path = typer.Option(..., help="File to write."),
     top: int = typer.Option(None, min=1, help="Only the K highest GNQ_total."),
     min_percentile: float = typer.Option(None, min=0.0, max=100.0,
@@ -251,9 +255,14 @@ def export(
     """Write the flagged texts with their GNQ (total, max, last), rank, percentile and attack result."""
     from gnq_core.results.export import FORMATS, export_frame, write_table
 
+    if format is None:
+        format = out.suffix.lstrip(".").lower()
+        if format not in FORMATS:
+            raise ValueError(f"{out}: cannot tell the format from the suffix; give --format "
+                             f"({', '.join(FORMATS)})")
     if format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
-    store = _store(db)
+    store = _store(db, create=False)
     info = store.run(run)
     flagged = store.flagged(info.run_id, top=top, min_percentile=min_percentile, min_gnq=min_gnq, group=group)
     has_attack = not store.extractions(info.run_id).empty
@@ -268,7 +277,7 @@ def runs(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """The runs in the store with their settings and status."""
-    store = _store(db)
+    store = _store(db, create=False)
     frame = store.runs()
     if as_json:
         records = json.loads(frame.to_json(orient="records", date_format="iso"))
@@ -284,6 +293,9 @@ def runs(
     for col in ("id", "name", "kind", "status", "examples", "points", "λ", "B", "seed", "max len",
                 "attacked", "updated"):
         table.add_column(col)
+    # A run name is what the other commands take: shown whole, never cut to "demo-aud…"
+    table.columns[1].no_wrap = True
+    table.columns[1].min_width = max(map(len, frame["name"]))
     for r in frame.itertuples():
         table.add_row(str(r.run_id), r.name, r.kind, r.status, str(r.n_examples),
                       f"{r.points_done}/{r.points_total}", f"{r.lam:g}", str(r.batch_size), str(r.seed),

@@ -43,7 +43,14 @@ from gnq_core.engine.representations import (
 )
 from gnq_core.engine.solve import GNQNumericalError, gnq_from_kernel, unweight_kernel
 
-__all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
+__all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError", "check_lam"]
+
+
+def check_lam(lam: float) -> float:
+    """λ, refused unless a finite number > 0 (λ = 0 leaves S_{-j} singular whenever B − 1 < P)."""
+    if not (lam > 0 and lam < float("inf")):
+        raise ValueError(f"λ (--lam) must be a finite number > 0, got {lam:g}")
+    return float(lam)
 
 
 class BatchDimensionError(ValueError):
@@ -136,8 +143,7 @@ class GNQAuditor:
         check_uses: bool = True,
         fused: bool = False,
     ) -> None:
-        if not lam > 0:
-            raise ValueError(f"lam must be > 0, got {lam}")
+        check_lam(lam)
         if path not in ("auto", "ghost", "materialize"):
             raise ValueError(f"path must be 'auto', 'ghost' or 'materialize', got {path!r}")
         self.model = model

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from gnq_core.engine.auditor import GNQAuditor
+from gnq_core.engine.auditor import GNQAuditor, check_lam
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.progress import Reporter
@@ -40,6 +40,9 @@ class AuditSettings:
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
+
+    def __post_init__(self) -> None:  # refused before a run is created: no failed run left behind
+        check_lam(self.lam)
 
 
 def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, device: torch.device,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from gnq_core.engine.auditor import GNQAuditor
+from gnq_core.engine.auditor import GNQAuditor, check_lam
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.progress import Reporter
@@ -44,6 +44,9 @@ class TrainSettings:
     vocab_size: int = 2048    # from scratch only
     device: str = "auto"
     dtype: str = "float32"
+
+    def __post_init__(self) -> None:  # refused before a run is created: no failed run left behind
+        check_lam(self.lam)
 
 
 def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, name: str,

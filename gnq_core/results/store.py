@@ -176,6 +176,14 @@ class Store:
             con.close()
         self._ready = True
 
+    def require_existing(self) -> Store:
+        """This store, refused in one line when its file does not exist: reading commands and pages
+        never create one (a typo in the path would otherwise look like a new, empty store)."""
+        if not self.path.exists():
+            raise StoreError(f"{self.path}: no such store (check the path; gnq train, audit, demo and "
+                             "ingest create one)")
+        return self
+
     def schema_version(self) -> int:
         if not self.path.exists():
             return 0
