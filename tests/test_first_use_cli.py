@@ -91,3 +91,26 @@ def test_a_trainer_output_folder_lists_its_checkpoints(audited, tmp_path):
         shutil.copy(f, out / f.name)
     shutil.rmtree(out / "final")
     assert [r.label for r in find_checkpoints(out)] == ["checkpoint-10", "checkpoint-20", out.name]
+
+
+def test_an_audit_of_uploaded_checkpoints_can_be_attacked_after_the_job(audited, tmp_path):
+    """The dashboard deletes a job's uploads when it ends: the last checkpoint is kept for the
+    attack, the others are recorded as gone and an attack on one says so in one line."""
+    import time
+
+    from gnq_core.pipelines.jobs import list_jobs, start_job, uploads_dir
+
+    _, series, data, _ = audited
+    db = tmp_path / "gnq.duckdb"
+    upload = uploads_dir(db, "job-1")
+    shutil.copytree(series, upload / "checkpoints")
+    gnq("audit", "--checkpoints", upload / "checkpoints", "--data", data, "--db", db, "--name", "up",
+        "--batch-size", 4, "--max-length", 16, "-q")
+    start_job("up", db, [], cleanup=[upload], job_id="job-1")  # a job whose steps are done: clean up
+    deadline = time.monotonic() + 60
+    while list_jobs(db)[0].status == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list_jobs(db)[0].status == "done" and not upload.exists()
+    out = gnq("extract", "--run", "up", "--prefix-tokens", 2, "--db", db)
+    assert "epoch-2: 12 texts attacked" in " ".join(out.split())
+    assert "deleted after the audit" in fails("extract", "--run", "up", "--checkpoint", "epoch-1", "--db", db)

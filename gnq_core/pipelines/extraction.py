@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -210,9 +211,13 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
             raise StoreError(f"{store.path}: run {run.name!r} has no checkpoint {checkpoint!r} "
                              f"(has: {', '.join(points['label'])})")
         row = match.iloc[0]
-    if not row["path"]:
-        raise StoreError(f"{store.path}: checkpoint {row['label']!r} of run {run.name!r} "
-                         "has no folder recorded")
+    if not isinstance(row["path"], str) or not row["path"]:  # NULL reads as None or NaN
+        raise StoreError(f"{store.path}: checkpoint {row['label']!r} of run {run.name!r} has no folder "
+                         "recorded (uploaded checkpoints are deleted after the audit, all but the last); "
+                         "audit from a local path to attack it")
+    if not Path(row["path"]).exists():
+        raise StoreError(f"{row['path']}: checkpoint {row['label']!r} of run {run.name!r} is no longer "
+                         "there (moved or deleted since the audit)")
     point = int(row["point"])
     model, tokenizer = load_checkpoint(row["path"], device=resolve_device(device))
     examples = store.examples(run.run_id)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+from gnq_core.pipelines.kept import keep_last_checkpoint
 from gnq_core.sources.datasets import env_bytes
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
@@ -183,6 +184,17 @@ def _remove_uploads(db: str | Path, folders: Sequence[str]) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def _finish_uploads(job: Job) -> None:
+    """Keep the run's last audited checkpoint out of the uploads (later attacks need it), then
+    delete the uploads."""
+    if job.cleanup:
+        try:
+            keep_last_checkpoint(job.db, job.run, job.cleanup)
+        except Exception as exc:  # noqa: BLE001 (the uploads are deleted all the same)
+            print(f"error: could not keep the last checkpoint of {job.run!r} ({exc})", flush=True)
+    _remove_uploads(job.db, job.cleanup)
+
+
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
@@ -216,7 +228,7 @@ def list_jobs(db: str | Path) -> list[Job]:
             if job.status in ("queued", "running"):  # killed (kill -9, a crash): tidy up after it
                 job.status, job.finished = "failed", time.time()
                 job.save()
-                _remove_uploads(job.db, job.cleanup)
+                _finish_uploads(job)
         jobs.append(job)
     return jobs
 
@@ -268,7 +280,7 @@ def _run(job_path: Path) -> int:
     except KeyboardInterrupt:
         cancelled, rc = True, 130
     finally:
-        _remove_uploads(job.db, job.cleanup)
+        _finish_uploads(job)
     job = Job.load(job_path)
     job.returncode, job.finished = rc, time.time()
     job.status = "cancelled" if cancelled else ("done" if rc == 0 else "failed")

@@ -299,6 +299,13 @@ class Store:
                         [seconds, _now(), path, model_hash, run_id, point])
             con.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", [_now(), run_id])
 
+    def set_point_paths(self, run_id: int, paths: dict[int, str | None]) -> None:
+        """Where points' checkpoint folders are now (None: deleted), in one transaction."""
+        with self.transaction() as con:
+            for point, path in paths.items():
+                con.execute("UPDATE points SET path = ? WHERE run_id = ? AND point = ?",
+                            [path, run_id, point])
+
     def write_extractions(self, run_id: int, point: int, prefix_tokens: int, rows: pd.DataFrame,
                           code_version: str) -> None:
         """Attack results for some examples (replacing those examples' earlier rows with the same
