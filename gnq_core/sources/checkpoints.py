@@ -172,6 +172,17 @@ def find_checkpoints(directory: str | Path) -> list[CheckpointRef]:
     return refs
 
 
+def max_positions(path: str | Path) -> int | None:
+    """The most tokens the checkpoint's model can read (max_position_embeddings in its config.json),
+    or None when the config does not say (or cannot be read: check_checkpoint reports that)."""
+    try:
+        config = _load_config(_checkpoint_dir(path))
+    except (CheckpointError, OSError):
+        return None
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return positions if isinstance(positions, int) and positions > 0 else None
+
+
 def _has_weights(folder: Path) -> bool:
     try:
         return bool(_weight_files(folder)[1])

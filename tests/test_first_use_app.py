@@ -1,0 +1,24 @@
+"""What a first audit ran into on the dashboard (issue 18), each page run headless with AppTest."""
+
+from __future__ import annotations
+
+import pytest
+from hostile.hostile_helpers import app_page, make_series
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    """Two tiny checkpoints with 24 positions."""
+    return make_series(tmp_path_factory.mktemp("series") / "run", 2, max_length=24)
+
+
+def test_the_form_offers_no_more_tokens_than_the_model_has(series, tmp_path, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
+    at = app_page("new_audit", ckpt_mode="Local path", ckpt_path=str(series))
+    assert not at.exception, [e.message for e in at.exception]
+    field = next(n for n in at.number_input if n.label == "Max length (tokens)")
+    assert field.value <= 24 and field.max == 24
+    shown = " ".join(c.value for c in at.caption)
+    assert "24 positions" in shown and "--max-length" not in shown
