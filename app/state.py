@@ -67,12 +67,23 @@ def version(run_id: int) -> str:
     return "" if row.empty else f"{row['updated_at'].iloc[0]}|{row['extraction_rows'].iloc[0]}"
 
 
-def sidebar() -> Run | None:
-    """Store path and run picker in the sidebar; returns the selected run (or None)."""
+def sidebar(creates: bool = False) -> Run | None:
+    """Store path and run picker in the sidebar; returns the selected run (or None).
+
+    A store path that was typed and does not exist stops the page with one line (a typo must not
+    read as a new, empty store), except on a page that ``creates`` one (New audit)."""
     with st.sidebar:
         st.text_input("Store (DuckDB file)", value=str(db_path()), key="db_path",
                       help="Also set by the GNQ_DB environment variable. A shards folder of a "
                            "distributed run is read in place (read-only).")
+        path = db_path()
+        if not path.exists() and path != default_db_path():
+            if creates:
+                st.caption(f"No store at {plain(path)} yet: starting an audit creates it.")
+                return None
+            st.error(f"No store at {plain(path)}. Check the path; a new store is created only by "
+                     "starting an audit (New audit) or the demo.")
+            st.stop()
         frame = runs()
         if frame.empty:
             st.caption("No runs in this store yet.")

@@ -22,3 +22,16 @@ def test_the_form_offers_no_more_tokens_than_the_model_has(series, tmp_path, mon
     assert field.value <= 24 and field.max == 24
     shown = " ".join(c.value for c in at.caption)
     assert "24 positions" in shown and "--max-length" not in shown
+
+
+@pytest.mark.parametrize("name", ["runs", "trajectories", "flagged"])
+def test_a_typo_in_the_store_path_is_refused_not_created(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
+    typo = tmp_path / "gnq-typo" / "gnq.duckdb"
+    at = app_page(name, db_path=str(typo))
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("No store at" in e.value for e in at.error)
+    assert not at.button and not (tmp_path / "gnq-typo").exists()
+    new_audit = app_page("new_audit", db_path=str(typo))  # the page that creates a store says so
+    assert any("starting an audit creates it" in c.value for c in new_audit.caption)
+    assert not (tmp_path / "gnq-typo").exists()

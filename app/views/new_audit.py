@@ -27,7 +27,7 @@ from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find
 from gnq_core.sources.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
 
 st.title("New audit")
-state.sidebar()
+state.sidebar(creates=True)
 db = state.db_path()
 
 if "staging" not in st.session_state:

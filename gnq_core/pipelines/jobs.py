@@ -90,9 +90,10 @@ class Job:
         return found[-1] if found else None
 
 
-def jobs_dir(db: str | Path) -> Path:
+def jobs_dir(db: str | Path, create: bool = True) -> Path:
     d = Path(db).resolve().parent / "jobs"
-    d.mkdir(parents=True, exist_ok=True)
+    if create:
+        d.mkdir(parents=True, exist_ok=True)
     return d
 
 
@@ -218,7 +219,7 @@ def start_job(run: str, db: str | Path, steps: list[list[str]], cleanup: list[st
 def list_jobs(db: str | Path) -> list[Job]:
     """Jobs of this store, newest first; a job whose process died without a word is marked failed."""
     jobs = []
-    for path in sorted(jobs_dir(db).glob("*.json"), reverse=True):
+    for path in sorted(jobs_dir(db, create=False).glob("*.json"), reverse=True):  # none: no folder made
         try:
             job = Job.load(path)
         except (OSError, ValueError, TypeError):
