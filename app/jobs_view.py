@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import streamlit as st
@@ -24,8 +25,12 @@ def job_panel(db: Path, only_alive: bool = False) -> None:
             row = runs[runs["name"] == job.run]
             with st.container(border=True):
                 head, button = st.columns([5, 1])
-                head.markdown(f"**{state.plain(job.run)}** · {job.status} · step {job.step + 1}/"
-                              f"{len(job.steps)} (`gnq {' '.join(job.steps[job.step][:1])}`)")
+                step = (f" · step {job.step + 1}/{len(job.steps)} (`gnq {' '.join(job.steps[job.step][:1])}`)"
+                        if job.steps else "")
+                head.markdown(f"**{state.plain(job.run)}** · {job.status}{step}  \n"
+                              f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.started))}"
+                              f" · {'took' if job.finished else 'running for'} "
+                              f"{duration((job.finished or time.time()) - job.started)}")
                 if job.alive() and button.button("Cancel", key=f"cancel-{job.job_id}"):
                     cancel_job(job)
                     st.rerun()
@@ -43,10 +48,31 @@ def job_panel(db: Path, only_alive: bool = False) -> None:
                              else f"Job failed (exit code {job.returncode}).")
                     st.code(job.log_tail(), language=None)
                 if job.status == "done" and not only_alive:
-                    st.success("Finished. Pick the run in the sidebar.")
+                    results_link(job.run, key=f"open-{job.job_id}")
         if any(j.status in ("done", "cancelled", "failed") and j.finished and
                j.finished > st.session_state.get("_jobs_seen", 0) for j in jobs):
             st.session_state["_jobs_seen"] = max(j.finished or 0 for j in jobs)
             st.rerun(scope="app")
 
     panel()
+
+
+def duration(seconds: float) -> str:
+    """42 s, 3 min 05 s, 1 h 02 min."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def results_link(run: str, key: str) -> None:
+    """A link to the finished run's results (the Runs page with the run picked, as a URL)."""
+    if "Runs" in state.PAGES:
+        st.page_link(state.PAGES["Runs"], label=f"Open the results of {state.plain(run)}",
+                     icon=":material/arrow_forward:", query_params={"run": run})
+    elif st.button(f"Open the results of {state.plain(run)}", key=key):  # a page run on its own (tests)
+        st.session_state[state.RUN_KEY] = run
+        st.query_params["run"] = run
+        st.rerun(scope="app")

@@ -90,12 +90,17 @@ def sidebar(creates: bool = False) -> Run | None:
             return None
         names = frame["name"].tolist()
         current = st.session_state.get(RUN_KEY)
+        linked = st.query_params.get("run")  # a link to a run (e.g. a finished job's) picks it
+        if linked in names and linked != st.session_state.get("_linked_run"):
+            st.session_state["_linked_run"] = current = linked
+            st.session_state["run_picker"] = linked
         index = names.index(current) if current in names else 0
         name = st.selectbox("Run", names, index=index, key="run_picker",
                             format_func=lambda n: f"{n} ({_kind(frame, n)})")
         if name != current:
             st.session_state[RUN_KEY] = name
             st.session_state.pop(EXAMPLE_KEY, None)
+        st.query_params["run"] = st.session_state["_linked_run"] = name  # the address shows the run
         return store().run(name)
 
 

@@ -35,3 +35,19 @@ def test_a_typo_in_the_store_path_is_refused_not_created(name, tmp_path, monkeyp
     new_audit = app_page("new_audit", db_path=str(typo))  # the page that creates a store says so
     assert any("starting an audit creates it" in c.value for c in new_audit.caption)
     assert not (tmp_path / "gnq-typo").exists()
+
+
+def test_a_finished_job_links_to_its_results_with_start_and_duration(tmp_path, monkeypatch):
+    from gnq_core.pipelines.jobs import Job
+
+    db = tmp_path / "gnq.duckdb"
+    monkeypatch.setenv("GNQ_DB", str(db))
+    started = 1_700_000_000.0
+    Job(job_id="20231114-221320-abcdef", run="my-audit", db=str(db), steps=[["audit"], ["extract"]],
+        status="done", step=1, returncode=0, started=started, finished=started + 135).save()
+    at = app_page("new_audit")
+    shown = " ".join(m.value for m in at.markdown)
+    assert "started 2023-11-1" in shown and "took 2 min 15 s" in shown
+    link = next(b for b in at.button if b.label == "Open the results of my\\-audit")
+    link.click().run()
+    assert at.session_state["run_name"] == "my-audit" and at.query_params["run"] in ("my-audit", ["my-audit"])
