@@ -31,7 +31,7 @@ GROUP_PALETTE: list[str] = list(plotly.colors.qualitative.D3)
 ROLE_COLORS = {"top": "#B2182B", "bottom": "#2166AC", "selected": "#111111"}
 ROLE_DASH = {"top": "solid", "bottom": "dot", "selected": "dash"}
 OTHER_COLOR = "rgba(150, 150, 150, 0.35)"
-BAND_COLOR = "rgba(31, 119, 180, 0.18)"
+BAND_COLOR = "rgba(150, 150, 150, 0.25)"  # grey, as the pages say
 NO_GROUP = "(none)"
 TEXT_LIMIT = 80
 LOG_SPAN = 100.0
@@ -590,7 +590,11 @@ def regression_data(x: Any, y: Any, w: float, b: float, selected: int | None, gn
                                  hovertemplate="%{customdata[1]} (selected)<extra></extra>",
                                  marker={"symbol": "circle-open", "size": float(size[j]) + 12,
                                          "color": ROLE_COLORS["selected"], "line": {"width": 3}}))
-    return _layout(fig, title, "x", "y")
+    fig = _layout(fig, title, "x", "y")
+    # the colour bar takes the right edge: the legend goes above the plot, not on top of it
+    fig.update_layout(legend={"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"},
+                      margin={"t": 90})
+    return fig
 
 
 def gradient_space(G: Any, selected: int | None, ellipse_selected: Any,

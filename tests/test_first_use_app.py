@@ -51,3 +51,72 @@ def test_a_finished_job_links_to_its_results_with_start_and_duration(tmp_path, m
     link = next(b for b in at.button if b.label == "Open the results of my\\-audit")
     link.click().run()
     assert at.session_state["run_name"] == "my-audit" and at.query_params["run"] in ("my-audit", ["my-audit"])
+
+
+@pytest.fixture(scope="module")
+def scored_store(tmp_path_factory):
+    """A store with one audit of 12 texts over 3 checkpoints (numbers made up, written through the
+    store's own API); texts 0 and 1 have the same GNQ trajectory up to rounding."""
+    import numpy as np
+    import pandas as pd
+
+    from gnq_core.results.store import Store
+
+    db = tmp_path_factory.mktemp("scored") / "gnq.duckdb"
+    store = Store(db)
+    n = 12
+    examples = pd.DataFrame({"example_id": range(n), "text": [f"text number {i}" for i in range(n)],
+                             "grp": ["common" if i % 2 else "surprising" for i in range(n)],
+                             "n_tokens": [5] * n})
+    run = store.create_run(name="made-up", kind="audit", lam=0.01, batch_size=4, seed=0, max_length=8,
+                           model_path="m", dataset_path="d.csv", dataset_hash="abc", n_examples=n,
+                           code_version="test", device="cpu", dtype="float64", examples=examples)
+    store.add_points(run.run_id, [dict(point=p, label=f"epoch-{p + 1}", kind="checkpoint") for p in range(3)])
+    rng = np.random.default_rng(0)
+    for p in range(3):
+        gnq = rng.lognormal(size=n) / 3
+        gnq[1] = gnq[0] * (1 + 1e-12)  # the same trajectory but for float rounding
+        scores = pd.DataFrame({"example_id": range(n), "batch_index": [i // 4 for i in range(n)],
+                               "step": None, "gnq": gnq, "loss": rng.uniform(1, 3, n),
+                               "self_influence": rng.uniform(size=n)})
+        batches = pd.DataFrame({"batch_index": range(3), "step": None, "size": [4] * 3,
+                                "condition": [3.0] * 3, "finite": [True] * 3, "seconds": [0.1] * 3})
+        store.write_point(run.run_id, p, scores, batches, 0.1)
+    return db
+
+
+def test_small_things_on_the_pages(scored_store, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(scored_store))
+    # the uploader's label shows its '*' (Markdown would turn "epoch-*, checkpoint-*" into italics)
+    at = app_page("new_audit")
+    label = at.get("file_uploader")[0].proto.label
+    assert "epoch-\\*" in label and "checkpoint-\\*" in label
+    # "Highlight top/bottom k" = 3 lists 3 highest and 3 lowest
+    at = app_page("trajectories")
+    assert [len(d.value) for d in at.dataframe] == [3, 3]
+    # Groups: checkpoints named as in the run, not numbered from 0
+    at = app_page("groups")
+    assert at.dataframe[0].value["checkpoint"].tolist() == ["epoch-1", "epoch-2", "epoch-3"]
+    assert "point" not in at.dataframe[0].value.columns
+    # drill-down: the identical trajectory's distance is 0, not 4e-13
+    at = app_page("drilldown", run_name="made-up", example_id=0)
+    near = at.dataframe[-1].value
+    assert near.loc[near["example_id"] == 1, "distance"].item() == 0
+
+
+def test_the_band_is_grey_as_the_caption_says_and_the_legend_clears_the_colour_bar():
+    import re
+
+    import pandas as pd
+
+    from app import charts
+
+    band = pd.DataFrame({"point": [0, 1], "label": ["a", "b"], "q10": [1, 1], "q50": [2, 2], "q90": [3, 3]})
+    fig = charts.trajectories(pd.DataFrame(), band=band)
+    fill = next(t.fillcolor for t in fig.data if t.fill == "tonexty")
+    r, g, b = map(int, re.findall(r"\d+", fill)[:3])
+    assert r == g == b  # grey
+    fig = charts.regression_data([0, 1, 2], [1, 2, 0], 0.5, 0.5, 1, [0.1, 0.2, 3.0])
+    colorbar_x = fig.data[-1].marker.colorbar.x
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.y >= 1
+    assert colorbar_x is None or colorbar_x >= 1

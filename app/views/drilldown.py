@@ -78,7 +78,11 @@ if near.empty:
     st.caption("Not enough checkpoints to compare trajectories.")
 else:
     near = near.merge(totals[["example_id", "rank", "gnq_total", "group", "text"]], on="example_id")
+    # log10 units: 4e-13 is float rounding of an identical trajectory, shown as 0
+    near["distance"] = near["distance"].round(4)
     event = st.dataframe(near, hide_index=True, width="stretch", on_select="rerun",
-                         selection_mode="single-row", key="near")
+                         selection_mode="single-row", key="near",
+                         column_config={"distance": st.column_config.NumberColumn(
+                             "distance", format="%.3f", help="Euclidean, in decades of GNQ (log10)")})
     if sel := state.selected_rows(event, near):
         state.open_example(sel[0])

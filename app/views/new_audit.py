@@ -63,7 +63,8 @@ ckpt_mode = st.radio("Checkpoints", ["Upload a folder", "Local path"], horizonta
                      label_visibility="collapsed", key="ckpt_mode")
 checkpoints: Path | None = None
 if ckpt_mode == "Upload a folder":
-    files = st.file_uploader("A Hugging Face checkpoint folder, or a folder of them (epoch-*, checkpoint-*…)",
+    files = st.file_uploader("A Hugging Face checkpoint folder, or a folder of them "
+                             "(epoch-\\*, checkpoint-\\*…)",  # \\*: Markdown would eat a '*' pair
                              accept_multiple_files="directory", key="ckpt_upload")
     if files:
         try:
