@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 import time
@@ -98,15 +99,32 @@ def _load_dataset(data: Path, text_column: str | None, group_column: str | None)
     return dataset
 
 
+_PROGRESS_FILES: list = []  # this process's ProgressFile, when a dashboard job asked for one
+
+
+def _progress_file(planned_stages: int | None = None):
+    """The job's progress file ($GNQ_PROGRESS_FILE, set by the dashboard's job runner), or None."""
+    from gnq_core.progress import ProgressFile
+
+    path = os.environ.get("GNQ_PROGRESS_FILE")
+    if path and not _PROGRESS_FILES:
+        _PROGRESS_FILES.append(ProgressFile(path, planned_stages))
+    return _PROGRESS_FILES[0] if path else None
+
+
 def _reporter(store, quiet: bool, run_ref: Callable[[], int | None] | None = None):
     from gnq_core.progress import Reporter
+
+    progress = _progress_file()
 
     def sink(done: int, total: int, label: str) -> None:
         run_id = run_ref() if run_ref else None
         if run_id is not None:
             store.set_progress(run_id, done, total, label)
+        if progress is not None:
+            progress(done, total, label)
 
-    return Reporter(quiet=quiet, sink=sink if run_ref else None)
+    return Reporter(quiet=quiet, sink=sink if run_ref or progress else None)
 
 
 def _terminate_as_interrupt(signum, frame) -> None:  # noqa: ARG001
@@ -316,6 +334,7 @@ def demo(
     from gnq_core.pipelines.demo import build_demo
 
     store = _store(db)
+    _progress_file(planned_stages=2 * epochs + 2)  # train and audit each epoch, attack both runs
     t0 = time.perf_counter()
     names = build_demo(store, out_dir=out, epochs=epochs, device=device,
                        reporter_factory=lambda ref: _reporter(store, quiet, ref))

@@ -120,3 +120,44 @@ def test_the_band_is_grey_as_the_caption_says_and_the_legend_clears_the_colour_b
     colorbar_x = fig.data[-1].marker.colorbar.x
     assert fig.layout.legend.orientation == "h" and fig.layout.legend.y >= 1
     assert colorbar_x is None or colorbar_x >= 1
+
+
+def test_the_landing_page_shows_the_demo_build_at_once_while_the_store_is_busy(tmp_path, monkeypatch):
+    """A demo job is running and another process holds the store (as the demo's writes do on a
+    busy machine): the Runs page answers within 2 s with the stage, the count and an estimate."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import duckdb
+
+    from gnq_core.pipelines.jobs import Job
+
+    db = tmp_path / "gnq.duckdb"
+    duckdb.connect(str(db)).close()
+    monkeypatch.setenv("GNQ_DB", str(db))
+    hold = ("import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('held', flush=True); "
+            "time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        now = time.time()
+        job = Job(job_id="20261123-090000-abcdef", run="demo", db=str(db), steps=[["demo"]],
+                  status="running", pid=holder.pid, started=now - 40)
+        job.save()
+        job.progress_path.write_text(json.dumps({
+            "label": "epoch 3/12", "done": 32, "total": 64, "stage": 3, "planned_stages": 26,
+            "started": now - 40, "stage_started": now - 5, "updated": now}))
+        t0 = time.perf_counter()
+        at = app_page("runs")
+        seconds = time.perf_counter() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert seconds < 2.0, seconds
+    bar = at.get("progress")[0].proto
+    assert "epoch 3/12: 32/64" in bar.text and "stage 3 of 26" in bar.text and "left" in bar.text
+    assert "about 6 min" in bar.text  # 2.5 of 26 stages in 40 s: 376 s to go
+    assert os.path.exists(db)

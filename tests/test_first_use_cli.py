@@ -114,3 +114,17 @@ def test_an_audit_of_uploaded_checkpoints_can_be_attacked_after_the_job(audited,
     out = gnq("extract", "--run", "up", "--prefix-tokens", 2, "--db", db)
     assert "epoch-2: 12 texts attacked" in " ".join(out.split())
     assert "deleted after the audit" in fails("extract", "--run", "up", "--checkpoint", "epoch-1", "--db", db)
+
+
+def test_a_job_step_writes_its_progress_where_the_dashboard_reads_it(audited, tmp_path, monkeypatch):
+    import gnq_core.cli as cli
+    from gnq_core.progress import read_progress, seconds_left
+
+    _, series, data, _ = audited
+    monkeypatch.setenv("GNQ_PROGRESS_FILE", str(tmp_path / "job.progress.json"))
+    monkeypatch.setattr(cli, "_PROGRESS_FILES", [])
+    gnq("audit", "--checkpoints", series, "--data", data, "--db", tmp_path / "gnq.duckdb", "--batch-size", 4,
+        "--max-length", 16, "-q")
+    state = read_progress(tmp_path / "job.progress.json")
+    assert (state["label"], state["done"], state["total"], state["stage"]) == ("epoch-2", 12, 12, 2)
+    assert seconds_left(state, now=state["updated"]) == 0

@@ -9,6 +9,13 @@ from app.jobs_view import job_panel
 from gnq_core.pipelines.jobs import list_jobs, start_job
 
 st.title("Runs")
+if any(j.run == "demo" and j.alive() for j in list_jobs(state.db_path())):
+    # The demo job is writing the store: show its progress from the job's own file, without
+    # waiting for the store in between its writes (the page answers at once on a busy machine).
+    st.info("Building the demo: a tiny GPT-2 trained with in-run GNQ, its checkpoints audited, then "
+            "attacked. This page fills in when it is done.")
+    job_panel(state.db_path(), only_alive=True)
+    st.stop()
 run = state.sidebar()
 frame = state.runs()
 
@@ -17,8 +24,7 @@ if frame.empty:
                 "texts (common facts, surprising false claims and a few repeated fake customer records) "
                 "with in-run GNQ, audits its checkpoints and runs the extraction attack — about a minute "
                 "on a laptop CPU.")
-    running = [j for j in list_jobs(state.db_path()) if j.run == "demo" and j.alive()]
-    if not running and st.button("Build the demo run", type="primary"):
+    if st.button("Build the demo run", type="primary"):
         start_job("demo", state.db_path(), [["demo"]])
         st.rerun()
     job_panel(state.db_path(), only_alive=True)

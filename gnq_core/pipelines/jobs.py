@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from gnq_core.pipelines.kept import keep_last_checkpoint
+from gnq_core.progress import read_progress
 from gnq_core.sources.datasets import env_bytes
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
@@ -73,6 +74,14 @@ class Job:
         except PermissionError:
             return True
         return True
+
+    @property
+    def progress_path(self) -> Path:
+        return self.path.with_suffix(".progress.json")
+
+    def progress(self) -> dict | None:
+        """The running step's progress (gnq_core.progress.ProgressFile), read without the store."""
+        return read_progress(self.progress_path)
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of the job's log (only ever a file in the jobs folder, whatever the job file says)."""
@@ -220,6 +229,8 @@ def list_jobs(db: str | Path) -> list[Job]:
     """Jobs of this store, newest first; a job whose process died without a word is marked failed."""
     jobs = []
     for path in sorted(jobs_dir(db, create=False).glob("*.json"), reverse=True):  # none: no folder made
+        if path.name.endswith(".progress.json"):
+            continue
         try:
             job = Job.load(path)
         except (OSError, ValueError, TypeError):
@@ -269,7 +280,8 @@ def _run(job_path: Path) -> int:
             job.step = i
             job.save()
             print(f"$ gnq {' '.join(args)}", flush=True)
-            child = subprocess.Popen([sys.executable, "-m", "gnq_core.cli", *args, "--db", job.db, "--quiet"])
+            child = subprocess.Popen([sys.executable, "-m", "gnq_core.cli", *args, "--db", job.db, "--quiet"],
+                                     env=dict(os.environ, GNQ_PROGRESS_FILE=str(job.progress_path)))
             try:
                 rc = child.wait()
             except KeyboardInterrupt:
