@@ -161,3 +161,15 @@ def test_the_landing_page_shows_the_demo_build_at_once_while_the_store_is_busy(t
     assert "epoch 3/12: 32/64" in bar.text and "stage 3 of 26" in bar.text and "left" in bar.text
     assert "about 6 min" in bar.text  # 2.5 of 26 stages in 40 s: 376 s to go
     assert os.path.exists(db)
+
+
+def test_the_dataset_map_filters_its_table_to_the_selected_points(scored_store, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(scored_store))
+    at = app_page("dataset_map")
+    assert not at.exception and len(at.dataframe[0].value) == 12
+    # a lasso selection on the map arrives as plotly points whose customdata[0] is the example id
+    selection = {"points": [{"customdata": [3, "t"]}, {"customdata": [5, "t"]}], "point_indices": [],
+                 "box": [], "lasso": [{"x": [0, 1, 1], "y": [0, 0, 1]}]}
+    at = app_page("dataset_map", map_chart={"selection": selection})
+    assert sorted(at.dataframe[0].value["example_id"]) == [3, 5]
+    assert "2 texts selected" in at.caption[0].value
