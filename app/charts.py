@@ -702,3 +702,32 @@ def ranking_comparison(gnq_values: Any, loss_values: Any, *, label_offset: int =
     fig.update_yaxes(title_text="point", row=1, col=1)
     fig.update_layout(template=TEMPLATE, title=title, hovermode="closest", bargap=0.25)
     return fig
+
+
+def run_comparison(pairs: pd.DataFrame, name_a: str, name_b: str, top: int) -> go.Figure:
+    """GNQ_total of each text in run a (x) against run b (y), the diagonal y = x, texts in either
+    run's top ``top`` ringed.  customdata: [example id in b, text, rank a, rank b]."""
+    title = f"GNQ_total: {escape(name_a)} vs. {escape(name_b)}"
+    if pairs.empty:
+        return empty_figure(title)
+    groups = pairs["group"].map(group_name)
+    colors = group_colors(groups)
+    fig = go.Figure()
+    lo = float(min(pairs["gnq_a"].min(), pairs["gnq_b"].min()))
+    hi = float(max(pairs["gnq_a"].max(), pairs["gnq_b"].max()))
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="same GNQ in both", hoverinfo="skip",
+                             line={"color": "#888888", "width": 1, "dash": "dot"}))
+    for g in sorted(groups.unique()):
+        part = pairs[groups == g]
+        top_either = (part["rank_a"] <= top) | (part["rank_b"] <= top)
+        custom = [[int(r.example_id_b), short_text(r.text), int(r.rank_a), int(r.rank_b)]
+                  for r in part.itertuples(index=False)]
+        fig.add_trace(_scatter_cls(len(part))(
+            x=part["gnq_a"], y=part["gnq_b"], mode="markers", name=escape(g), customdata=custom,
+            marker={"color": colors.get(g, OTHER_COLOR), "size": np.where(top_either, 10, 6),
+                    "line": {"width": np.where(top_either, 1.5, 0), "color": "#222222"}},
+            hovertemplate="#%{customdata[0]} %{customdata[1]}<br>rank %{customdata[2]} → %{customdata[3]}"
+                          "<extra></extra>"))
+    log = use_log(pd.concat([pairs["gnq_a"], pairs["gnq_b"]]))
+    return _layout(fig, title, f"GNQ_total in {escape(name_a)}", f"GNQ_total in {escape(name_b)}",
+                   log_x=log, log_y=log)

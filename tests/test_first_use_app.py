@@ -55,8 +55,8 @@ def test_a_finished_job_links_to_its_results_with_start_and_duration(tmp_path, m
 
 @pytest.fixture(scope="module")
 def scored_store(tmp_path_factory):
-    """A store with one audit of 12 texts over 3 checkpoints (numbers made up, written through the
-    store's own API); texts 0 and 1 have the same GNQ trajectory up to rounding."""
+    """A store with two audits of the same 12 texts over 3 checkpoints (numbers made up, written
+    through the store's own API); texts 0 and 1 have the same GNQ trajectory up to rounding."""
     import numpy as np
     import pandas as pd
 
@@ -68,20 +68,22 @@ def scored_store(tmp_path_factory):
     examples = pd.DataFrame({"example_id": range(n), "text": [f"text number {i}" for i in range(n)],
                              "grp": ["common" if i % 2 else "surprising" for i in range(n)],
                              "n_tokens": [5] * n})
-    run = store.create_run(name="made-up", kind="audit", lam=0.01, batch_size=4, seed=0, max_length=8,
-                           model_path="m", dataset_path="d.csv", dataset_hash="abc", n_examples=n,
-                           code_version="test", device="cpu", dtype="float64", examples=examples)
-    store.add_points(run.run_id, [dict(point=p, label=f"epoch-{p + 1}", kind="checkpoint") for p in range(3)])
-    rng = np.random.default_rng(0)
-    for p in range(3):
-        gnq = rng.lognormal(size=n) / 3
-        gnq[1] = gnq[0] * (1 + 1e-12)  # the same trajectory but for float rounding
-        scores = pd.DataFrame({"example_id": range(n), "batch_index": [i // 4 for i in range(n)],
-                               "step": None, "gnq": gnq, "loss": rng.uniform(1, 3, n),
-                               "self_influence": rng.uniform(size=n)})
-        batches = pd.DataFrame({"batch_index": range(3), "step": None, "size": [4] * 3,
-                                "condition": [3.0] * 3, "finite": [True] * 3, "seconds": [0.1] * 3})
-        store.write_point(run.run_id, p, scores, batches, 0.1)
+    for seed, name in enumerate(("made-up-2", "made-up")):  # the second one is the newest, picked first
+        run = store.create_run(name=name, kind="audit", lam=0.01, batch_size=4, seed=0, max_length=8,
+                               model_path="m", dataset_path="d.csv", dataset_hash="abc", n_examples=n,
+                               code_version="test", device="cpu", dtype="float64", examples=examples)
+        store.add_points(run.run_id, [dict(point=p, label=f"epoch-{p + 1}", kind="checkpoint")
+                                      for p in range(3)])
+        rng = np.random.default_rng(seed)
+        for p in range(3):
+            gnq = rng.lognormal(size=n) / 3
+            gnq[1] = gnq[0] * (1 + 1e-12)  # the same trajectory but for float rounding
+            scores = pd.DataFrame({"example_id": range(n), "batch_index": [i // 4 for i in range(n)],
+                                   "step": None, "gnq": gnq, "loss": rng.uniform(1, 3, n),
+                                   "self_influence": rng.uniform(size=n)})
+            batches = pd.DataFrame({"batch_index": range(3), "step": None, "size": [4] * 3,
+                                    "condition": [3.0] * 3, "finite": [True] * 3, "seconds": [0.1] * 3})
+            store.write_point(run.run_id, p, scores, batches, 0.1)
     return db
 
 
@@ -173,3 +175,23 @@ def test_the_dataset_map_filters_its_table_to_the_selected_points(scored_store, 
     at = app_page("dataset_map", map_chart={"selection": selection})
     assert sorted(at.dataframe[0].value["example_id"]) == [3, 5]
     assert "2 texts selected" in at.caption[0].value
+
+
+def test_compare_two_runs_and_share_the_view_by_its_address(scored_store, monkeypatch):
+    from gnq_core.analysis.compare import compare_runs
+    from gnq_core.results.store import Store
+
+    monkeypatch.setenv("GNQ_DB", str(scored_store))
+    at = app_page("compare", compare_top=3)
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="compare_vs").value == "made-up-2"
+    store = Store(scored_store)
+    expected = compare_runs(store.example_totals(store.run("made-up").run_id),
+                            store.example_totals(store.run("made-up-2").run_id), top=3)
+    entered, left = at.dataframe[0].value, at.dataframe[1].value
+    assert sorted(entered["example_id_b"]) == sorted(expected.entered["example_id_b"])
+    assert sorted(left["example_id_b"]) == sorted(expected.left["example_id_b"])
+    assert [m.value for m in at.metric][:1] == ["12"]
+    # the address carries the view: run and the run compared with
+    assert at.query_params["run"] in ("made-up", ["made-up"])
+    assert at.query_params["vs"] in ("made-up-2", ["made-up-2"])
