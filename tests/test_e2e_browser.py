@@ -344,8 +344,25 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         assert int(row["batch_size"]) == 8 and int(row["max_length"]) == 32
         assert int(row["n_examples"]) == N_TEXTS
         assert int(row["points_done"]) == int(row["points_total"]) == 2
-        wait_for_text_or_error(page, "Finished. Pick the run in the sidebar.", 30)
+        # --- The finished job shows when it started and how long it took, and links to its results.
+        link = f"Open the results of {RUN_NAME}"
+        wait_for_text_or_error(page, link, 30)
         settle(page)
+        if "started " not in body_text(page) or "took " not in body_text(page):
+            problems.append("the finished job does not show its start time and duration")
+        page.get_by_text(link).first.click()
+        page.get_by_role("heading", name="Runs").first.wait_for(timeout=60_000)
+        settle(page)
+        if f"run={RUN_NAME}" not in page.url:
+            problems.append(f"the results link did not put the run in the address: {page.url}")
+        # --- The address is a link to this view: opened in a new page it shows the same run.
+        shared = browser.new_page(viewport={"width": 1400, "height": 900})
+        shared.goto(page.url)
+        shared.get_by_role("heading", name="Runs").first.wait_for(timeout=60_000)
+        settle(shared)
+        if f"Run '{RUN_NAME}'" not in body_text(shared):
+            problems.append("the shared address did not open the same run")
+        shared.close()
 
         # --- Every page, with the run selected (the picker defaults to the newest run).
         for shot, path, title, expected in PAGES:
