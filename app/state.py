@@ -135,7 +135,9 @@ def open_example(example_id: int) -> None:
     """Shared selection: remember the example and go to its drill-down page."""
     st.session_state[EXAMPLE_KEY] = int(example_id)
     if "Text drill-down" in PAGES:
-        st.switch_page(PAGES["Text drill-down"])
+        run = st.session_state.get(RUN_KEY)
+        st.switch_page(PAGES["Text drill-down"],
+                       query_params={"text": str(int(example_id))} | ({"run": run} if run else {}))
 
 
 def selected_points(event) -> list[int]:

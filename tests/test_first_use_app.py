@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hostile.hostile_helpers import app_page, make_series
+from hostile.hostile_helpers import ROOT, app_page, make_series
+from streamlit.testing.v1 import AppTest
 
 pytestmark = pytest.mark.slow
 
@@ -195,3 +196,16 @@ def test_compare_two_runs_and_share_the_view_by_its_address(scored_store, monkey
     # the address carries the view: run and the run compared with
     assert at.query_params["run"] in ("made-up", ["made-up"])
     assert at.query_params["vs"] in ("made-up-2", ["made-up-2"])
+
+
+def test_a_shared_address_opens_the_same_text(scored_store, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(scored_store))
+    at = AppTest.from_file(str(ROOT / "app" / "views" / "drilldown.py"), default_timeout=60)
+    at.query_params["run"] = "made-up-2"
+    at.query_params["text"] = "7"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="run_picker").value == "made-up-2"
+    assert next(s for s in at.selectbox if s.label == "Example").value == 7
+    assert at.session_state["example_id"] == 7
+    assert at.query_params["text"] in ("7", ["7"])

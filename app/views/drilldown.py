@@ -25,12 +25,17 @@ if totals.empty:
 
 ids = totals.sort_values(["rank", "example_id"])["example_id"].tolist()
 current = st.session_state.get(state.EXAMPLE_KEY)
+linked = st.query_params.get("text")  # a shared address names the text
+if linked and linked.isdigit() and int(linked) in ids and linked != st.session_state.get("_linked_text"):
+    st.session_state["_linked_text"] = linked
+    current = int(linked)
 index = ids.index(current) if current in ids else 0
 by_id = totals.set_index("example_id")
 example_id = st.selectbox("Example", ids, index=index,
                           format_func=lambda i: f"#{i} · rank {by_id.at[i, 'rank']} · "
                                                 f"{state.short(by_id.at[i, 'text'], 70)}")
 st.session_state[state.EXAMPLE_KEY] = example_id
+st.query_params["text"] = st.session_state["_linked_text"] = str(example_id)  # the address shows it
 record = state.store().example_record(run.run_id, example_id)
 row = record["totals"]
 
