@@ -59,7 +59,7 @@ def progress_bar(progress: dict | None) -> None:
     done, total = int(progress.get("done") or 0), int(progress.get("total") or 0)
     planned, stage = progress.get("planned_stages"), progress.get("stage") or 0
     left = seconds_left(progress)
-    text = (f"{state.plain(progress.get('label') or '')}: {done}/{total}"
+    text = (f"{state.plain(progress.get('label') or '')}: {done}/{total} examples"
             + (f" · stage {stage} of {planned}" if planned else "")
             + (f" · about {duration(left)} left" if left is not None else " · estimating time left…"))
     fraction = (stage - 1 + (done / total if total else 0)) / planned if planned and stage else (

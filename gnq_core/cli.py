@@ -211,6 +211,9 @@ def audit(
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume."""
     _set_threads(threads)
     from gnq_core.pipelines.audit import AuditSettings, run_audit
+    from gnq_core.sources.checkpoints import find_checkpoints
+
+    _progress_file(planned_stages=len(find_checkpoints(checkpoints)))  # one stage per checkpoint
 
     dataset = _load_dataset(data, text_column, group_column)
     store = _store(db)

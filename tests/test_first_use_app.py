@@ -161,7 +161,7 @@ def test_the_landing_page_shows_the_demo_build_at_once_while_the_store_is_busy(t
         holder.wait()
     assert seconds < 2.0, seconds
     bar = at.get("progress")[0].proto
-    assert "epoch 3/12: 32/64" in bar.text and "stage 3 of 26" in bar.text and "left" in bar.text
+    assert "epoch 3/12: 32/64 examples" in bar.text and "stage 3 of 26" in bar.text and "left" in bar.text
     assert "about 6 min" in bar.text  # 2.5 of 26 stages in 40 s: 376 s to go
     assert os.path.exists(db)
 
