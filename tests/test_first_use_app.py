@@ -39,10 +39,13 @@ def test_a_typo_in_the_store_path_is_refused_not_created(name, tmp_path, monkeyp
 
 
 def test_a_finished_job_links_to_its_results_with_start_and_duration(tmp_path, monkeypatch):
+    from app import state
     from gnq_core.pipelines.jobs import Job
 
     db = tmp_path / "gnq.duckdb"
     monkeypatch.setenv("GNQ_DB", str(db))
+    # the page on its own (no app/main.py, whose st.Page links another AppTest may have left here)
+    monkeypatch.setattr(state, "PAGES", {})
     started = 1_700_000_000.0
     Job(job_id="20231114-221320-abcdef", run="my-audit", db=str(db), steps=[["audit"], ["extract"]],
         status="done", step=1, returncode=0, started=started, finished=started + 135).save()
