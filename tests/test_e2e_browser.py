@@ -345,7 +345,8 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         set_form_value(page, "Run name", RUN_NAME)
         set_form_value(page, "Batch size", "8")
         set_form_value(page, "Max length (tokens)", "32")
-        assert page.get_by_label("Run the extraction attack on the last checkpoint").is_checked()
+        attack = "Run the extraction attack on the last checkpoint"
+        assert page.get_by_role("checkbox", name=attack).is_checked()  # its label names a help button too
         set_form_value(page, "Prefix tokens", "4")
         settle(page)
         assert not app_errors(page), app_errors(page)

@@ -106,5 +106,5 @@ def test_the_new_audit_page_starts_a_job_with_validated_settings(tmp_path, monke
     (run, steps), = started
     assert steps == [AuditJob(checkpoints=str(series), data=str(data), name=run, text_column="text",
                               group_column="group",
-                              settings=AuditSettings(batch_size=4, max_length=32)),  # the model's 32 positions
+                              settings=AuditSettings(batch_size=4, max_length=32)),  # the model's positions
                      ExtractJob(run=run)]
