@@ -29,6 +29,8 @@ PAGES = [
     st.Page("views/groups.py", title="Groups", icon=":material/category:"),
     st.Page("views/drilldown.py", title="Text drill-down", icon=":material/search:"),
     st.Page("views/flagged.py", title="Flagged texts", icon=":material/flag:"),
+    st.Page("views/dataset_map.py", title="Dataset map", icon=":material/scatter_plot:"),
+    st.Page("views/compare.py", title="Compare runs", icon=":material/compare_arrows:"),
     st.Page("views/regression.py", title="GNQ explained: 2D regression", icon=":material/function:"),
 ]
 state.PAGES.update({p.title: p for p in PAGES})

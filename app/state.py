@@ -98,24 +98,40 @@ def version(run_id: int) -> str:
     return "" if row.empty else f"{row['updated_at'].iloc[0]}|{row['extraction_rows'].iloc[0]}"
 
 
-def sidebar() -> Run | None:
-    """Store path and run picker in the sidebar; returns the selected run (or None)."""
+def sidebar(creates: bool = False) -> Run | None:
+    """Store path and run picker in the sidebar; returns the selected run (or None).
+
+    A store path that was typed and does not exist stops the page with one line (a typo must not
+    read as a new, empty store), except on a page that ``creates`` one (New audit)."""
     with st.sidebar:
         st.text_input("Store (DuckDB file)", value=str(db_path()), key="db_path",
                       help="Also set by the GNQ_DB environment variable. A shards folder of a "
                            "distributed run is read in place (read-only).")
+        path = db_path()
+        if not path.exists() and path != default_db_path():
+            if creates:
+                st.caption(f"No store at {plain(path)} yet: starting an audit creates it.")
+                return None
+            st.error(f"No store at {plain(path)}. Check the path; a new store is created only by "
+                     "starting an audit (New audit) or the demo.")
+            st.stop()
         frame = runs()
         if frame.empty:
             st.caption("No runs in this store yet.")
             return None
         names = frame["name"].tolist()
         current = st.session_state.get(RUN_KEY)
+        linked = st.query_params.get("run")  # a link to a run (e.g. a finished job's) picks it
+        if linked in names and linked != st.session_state.get("_linked_run"):
+            st.session_state["_linked_run"] = current = linked
+            st.session_state["run_picker"] = linked
         index = names.index(current) if current in names else 0
         name = st.selectbox("Run", names, index=index, key="run_picker",
                             format_func=lambda n: f"{n} ({_kind(frame, n)})")
         if name != current:
             st.session_state[RUN_KEY] = name
             st.session_state.pop(EXAMPLE_KEY, None)
+        st.query_params["run"] = st.session_state["_linked_run"] = name  # the address shows the run
         return store().run(name)
 
 
@@ -150,7 +166,9 @@ def open_example(example_id: int) -> None:
     """Shared selection: remember the example and go to its drill-down page."""
     st.session_state[EXAMPLE_KEY] = int(example_id)
     if "Text drill-down" in PAGES:
-        st.switch_page(PAGES["Text drill-down"])
+        run = st.session_state.get(RUN_KEY)
+        st.switch_page(PAGES["Text drill-down"],
+                       query_params={"text": str(int(example_id))} | ({"run": run} if run else {}))
 
 
 def selected_points(event) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 import time
@@ -93,13 +94,15 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _store(db: Path | None):
+def _store(db: Path | None, *, create: bool = True):
+    """The store; ``create=False`` (reading commands) refuses one that does not exist yet."""
     from gnq_core.results.store import Store
 
     def waiting(message: str) -> None:
         err_console.print(message, soft_wrap=True, highlight=False, markup=False)
 
-    return Store(db, on_wait=waiting)
+    store = Store(db, on_wait=waiting)
+    return store if create else store.require_existing()
 
 
 def _load_dataset(data: Path, text_column: str | None, group_column: str | None):
@@ -113,15 +116,32 @@ def _load_dataset(data: Path, text_column: str | None, group_column: str | None)
     return dataset
 
 
+_PROGRESS_FILES: list = []  # this process's ProgressFile, when a dashboard job asked for one
+
+
+def _progress_file(planned_stages: int | None = None):
+    """The job's progress file ($GNQ_PROGRESS_FILE, set by the dashboard's job runner), or None."""
+    from gnq_core.progress import ProgressFile
+
+    path = os.environ.get("GNQ_PROGRESS_FILE")
+    if path and not _PROGRESS_FILES:
+        _PROGRESS_FILES.append(ProgressFile(path, planned_stages))
+    return _PROGRESS_FILES[0] if path else None
+
+
 def _reporter(store, quiet: bool, run_ref: Callable[[], int | None] | None = None):
     from gnq_core.progress import Reporter
+
+    progress = _progress_file()
 
     def sink(done: int, total: int, label: str) -> None:
         run_id = run_ref() if run_ref else None
         if run_id is not None:
             store.set_progress(run_id, done, total, label)
+        if progress is not None:
+            progress(done, total, label)
 
-    return Reporter(quiet=quiet, sink=sink if run_ref else None)
+    return Reporter(quiet=quiet, sink=sink if run_ref or progress else None)
 
 
 def _terminate_as_interrupt(signum, frame) -> None:  # noqa: ARG001
@@ -231,6 +251,7 @@ def audit(
 def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     from gnq_core.pipelines.audit import run_audit
     from gnq_core.pipelines.ranks import Ranks
+    from gnq_core.sources.checkpoints import find_checkpoints
 
     ranks = Ranks.from_env()
     dataset = _load_dataset(Path(job.data), job.text_column, job.group_column)
@@ -238,6 +259,7 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     if not ranks.lead:  # rank 0 alone opens the store and reports
         run_audit(None, job.checkpoints, dataset, name=run_name, settings=job.settings, ranks=ranks)
         return
+    _progress_file(planned_stages=len(find_checkpoints(job.checkpoints)))  # one stage per checkpoint
     store = _store(db)
     t0 = time.perf_counter()
     with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
@@ -281,7 +303,7 @@ def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
     from gnq_core.pipelines.extraction import run_extraction
     from gnq_core.pipelines.text_labels import ensure_text_labels
 
-    store = _store(db)
+    store = _store(db, create=False)
     run_info = store.run(job.run)
     t0 = time.perf_counter()
     with _reporter(store, quiet, lambda: run_info.run_id) as reporter:
@@ -300,7 +322,8 @@ def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
 @user_errors
 def export(
     run: str = typer.Option(..., help="Run name or id."),
-    format: str = typer.Option(..., "--format", help="csv, jsonl or parquet."),
+    format: str = typer.Option(None, "--format", show_default=False,
+                               help="csv, jsonl or parquet (default: from --out's suffix)."),
     out: Path = typer.Option(..., help="File to write."),
     top: int = typer.Option(None, min=1, help="Only the first K of the verdict order."),
     min_percentile: float = typer.Option(None, min=0.0, max=100.0,
@@ -320,9 +343,14 @@ def export(
     from gnq_core.pipelines.text_labels import ensure_text_labels
     from gnq_core.results.export import FORMATS, export_frame, write_table
 
+    if format is None:
+        format = out.suffix.lstrip(".").lower()
+        if format not in FORMATS:
+            raise ValueError(f"{out}: cannot tell the format from the suffix; give --format "
+                             f"({', '.join(FORMATS)})")
     if format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
-    store = _store(db)
+    store = _store(db, create=False)
     info = store.run(run)
     ensure_text_labels(store, info)
     flagged = flag(rank_texts(store.example_totals(info.run_id)), top=top, min_percentile=min_percentile,
@@ -388,7 +416,7 @@ def runs(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """The runs in the store with their settings and status."""
-    store = _store(db)
+    store = _store(db, create=False)
     frame = store.runs()
     if as_json:
         records = json.loads(frame.to_json(orient="records", date_format="iso"))
@@ -404,6 +432,9 @@ def runs(
     for col in ("id", "name", "kind", "status", "examples", "points", "λ", "B", "seed", "max len",
                 "attacked", "updated"):
         table.add_column(col)
+    # A run name is what the other commands take: shown whole, never cut to "demo-aud…"
+    table.columns[1].no_wrap = True
+    table.columns[1].min_width = max(map(len, frame["name"]))
     for r in frame.itertuples():
         table.add_row(str(r.run_id), r.name, r.kind, r.status, str(r.n_examples),
                       f"{r.points_done}/{r.points_total}", f"{r.lam:g}", str(r.batch_size), str(r.seed),
@@ -430,6 +461,7 @@ def _run_demo(job: DemoJob, db: Path | None, quiet: bool) -> None:
     from gnq_core.pipelines.demo import build_demo
 
     store = _store(db)
+    _progress_file(planned_stages=2 * job.epochs + 2)  # train and audit each epoch, attack both runs
     t0 = time.perf_counter()
     names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device,
                        reporter_factory=lambda ref: _reporter(store, quiet, ref))

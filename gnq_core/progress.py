@@ -6,8 +6,12 @@ Engine code only calls ``reporter.stage(...)`` and ``reporter.advance(...)``; wh
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from rich.progress import (
     BarColumn,
@@ -79,3 +83,56 @@ class Reporter:
         if force or now - self._last_sink >= self.sink_interval:
             self._last_sink = now
             self.sink(self._done, self._total, self._label)
+
+
+class ProgressFile:
+    """A Reporter sink that keeps a job's progress in a small JSON file, so the dashboard can show
+    it (with an estimate) without opening the store the job is writing to.  One instance serves
+    every Reporter of a process: it counts stages across them (``planned_stages``, when known,
+    gives an estimate for the whole job)."""
+
+    def __init__(self, path: str | Path, planned_stages: int | None = None) -> None:
+        self.path = Path(path)
+        self.planned_stages = planned_stages
+        self.started = time.time()
+        self._stage, self._label, self._stage_started = 0, None, self.started
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        now = time.time()
+        if label != self._label:
+            self._stage, self._label, self._stage_started = self._stage + 1, label, now
+        state = {"label": label, "done": done, "total": total, "stage": self._stage,
+                 "planned_stages": self.planned_stages, "started": self.started,
+                 "stage_started": self._stage_started, "updated": now}
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, self.path)
+        except OSError:  # progress is a courtesy: never fail the job over it
+            tmp.unlink(missing_ok=True)
+
+
+def read_progress(path: str | Path) -> dict[str, Any] | None:
+    """What a ProgressFile last wrote, or None."""
+    try:
+        state = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def seconds_left(state: dict[str, Any], now: float | None = None) -> float | None:
+    """Estimated seconds until the job ends (all planned stages), else until the current stage ends,
+    from the rate so far; None before there is a rate to go by."""
+    now = time.time() if now is None else now
+    done, total, stage = state.get("done") or 0, state.get("total") or 0, state.get("stage") or 0
+    planned = state.get("planned_stages")
+    in_stage = done / total if total else 0.0
+    if planned and stage:
+        fraction = min(1.0, (stage - 1 + in_stage) / planned)
+        elapsed = now - state["started"]
+    else:
+        fraction, elapsed = in_stage, now - state.get("stage_started", now)
+    if fraction <= 0.01:
+        return None
+    return max(0.0, elapsed * (1 - fraction) / fraction)

@@ -79,7 +79,7 @@ def test_runs_page(store_path, monkeypatch):
 def test_trajectories_page(store_path, monkeypatch):
     at = page("trajectories", store_path, monkeypatch, run_name="audited")
     assert "Highest and lowest" in texts_of(at)
-    assert len(at.dataframe) == 2 and len(at.dataframe[0].value) == 2
+    assert len(at.dataframe) == 2 and len(at.dataframe[0].value) == 3  # the k = 3 highlighted
 
 
 def test_extraction_page(store_path, monkeypatch):

@@ -45,6 +45,8 @@ PAGES = [
     ("06-drilldown.png", "drilldown", "Text drill-down", [RUN_NAME]),
     ("07-flagged.png", "flagged", "Flagged texts", [RUN_NAME]),
     ("08-regression.png", "regression", "GNQ explained: 2D regression", []),  # no run picker here
+    ("09-dataset-map.png", "dataset_map", "Dataset map", [RUN_NAME, f"All {N_TEXTS} texts"]),
+    ("10-compare.png", "compare", "Compare runs", [RUN_NAME, "compare needs a second one"]),
 ]
 
 
@@ -250,6 +252,21 @@ def nav_titles(page) -> str:
     return nav.inner_text() if nav.count() else ""
 
 
+def lasso_left_half(page) -> None:
+    """Pick the lasso in the first Plotly chart's toolbar and draw a loop around the left half of
+    its plot area."""
+    chart = page.locator('[data-testid="stPlotlyChart"]').first
+    chart.hover()
+    chart.locator('.modebar-btn[data-val="lasso"]').first.click()
+    box = chart.locator(".nsewdrag").first.bounding_box()
+    x0, y0, x1, y1 = box["x"] + 3, box["y"] + 3, box["x"] + box["width"] / 2, box["y"] + box["height"] - 3
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    for x, y in ((x1, y0), (x1, y1), (x0, y1), (x0, y0 + 5)):
+        page.mouse.move(x, y, steps=12)
+    page.mouse.up()
+
+
 def set_form_value(page, label: str, value: str) -> None:
     box = page.get_by_label(label, exact=True)
     box.fill(value)
@@ -328,7 +345,8 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         set_form_value(page, "Run name", RUN_NAME)
         set_form_value(page, "Batch size", "8")
         set_form_value(page, "Max length (tokens)", "32")
-        assert page.get_by_label("Run the extraction attack on the last checkpoint").is_checked()
+        attack = "Run the extraction attack on the last checkpoint"
+        assert page.get_by_role("checkbox", name=attack).is_checked()  # its label names a help button too
         set_form_value(page, "Prefix tokens", "4")
         settle(page)
         assert not app_errors(page), app_errors(page)
@@ -344,8 +362,25 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         assert int(row["batch_size"]) == 8 and int(row["max_length"]) == 32
         assert int(row["n_examples"]) == N_TEXTS
         assert int(row["points_done"]) == int(row["points_total"]) == 2
-        wait_for_text_or_error(page, "Finished. Pick the run in the sidebar.", 30)
+        # --- The finished job shows when it started and how long it took, and links to its results.
+        link = f"Open the results of {RUN_NAME}"
+        wait_for_text_or_error(page, link, 30)
         settle(page)
+        if "started " not in body_text(page) or "took " not in body_text(page):
+            problems.append("the finished job does not show its start time and duration")
+        page.get_by_text(link).first.click()
+        page.get_by_role("heading", name="Runs").first.wait_for(timeout=60_000)
+        settle(page)
+        if f"run={RUN_NAME}" not in page.url:
+            problems.append(f"the results link did not put the run in the address: {page.url}")
+        # --- The address is a link to this view: opened in a new page it shows the same run.
+        shared = browser.new_page(viewport={"width": 1400, "height": 900})
+        shared.goto(page.url, timeout=60_000)
+        shared.get_by_role("heading", name="Runs").first.wait_for(timeout=60_000)
+        settle(shared)
+        if f"Run '{RUN_NAME}'" not in body_text(shared):
+            problems.append("the shared address did not open the same run")
+        shared.close()
 
         # --- Every page, with the run selected (the picker defaults to the newest run).
         for shot, path, title, expected in PAGES:
@@ -363,6 +398,27 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
             missing = [t for t in [title, *expected] if t not in text]
             if missing:
                 problems.append(f"{title}: missing text {missing}")
+        # --- Lasso-select on the dataset map: the table lists only the selected texts.
+        page.goto(f"{server.url}/dataset_map")
+        page.get_by_role("heading", name="Dataset map").first.wait_for(timeout=60_000)
+        settle(page)
+        try:
+            lasso_left_half(page)
+            wait_for_text_or_error(page, "texts selected on the map", 30)
+            settle(page)
+            full_screenshot(page, shots / "09-dataset-map-lasso.png")
+            caption = page.get_by_text("texts selected on the map").first.inner_text()
+            selected = int(caption.split()[0].replace(",", ""))
+            if not 0 < selected < N_TEXTS:
+                problems.append(f"Dataset map: a lasso around half the plot selected {caption!r}")
+        except Exception as exc:  # noqa: BLE001 (collected, reported below)
+            problems.append(f"Dataset map: lasso selection did not filter the table ({exc})")
+        # --- A drill-down address opened in a new page shows the same text.
+        page.goto(f"{server.url}/drilldown?run={RUN_NAME}&text=5")
+        page.get_by_role("heading", name="Text drill-down").first.wait_for(timeout=60_000)
+        settle(page)
+        if "#5 · rank" not in body_text(page):
+            problems.append("the drill-down address ?text=5 did not open text #5")
         if js_errors:
             problems.append(f"JavaScript errors: {js_errors}")
         assert not problems, "\n\n".join(problems)

@@ -22,6 +22,7 @@ from gnq_core.pipelines.settings import (
     job_from_dict,
 )
 from gnq_core.results.records import RunSpec
+from gnq_core.results.store import Store
 
 
 @pytest.mark.parametrize("bad", [dict(lam=0.0), dict(lam=-1.0), dict(lam=float("nan")), dict(batch_size=1),
@@ -69,6 +70,10 @@ def test_gnq_job_runs_a_step_of_a_job_file_and_refuses_a_bad_one(tmp_path):
     job = Job(job_id="j", run="r", db=str(db), steps=[job_dict(ExtractJob(run="nope"))])
     job.path.write_text(json.dumps(job.__dict__))
     result = CliRunner().invoke(app, ["job", str(job.path), "--step", "0", "--db", str(db)])
+    assert result.exit_code == 1 and "no such store" in result.output  # the extract step reads, never creates
+    with Store(db).transaction():  # an empty store
+        pass
+    result = CliRunner().invoke(app, ["job", str(job.path), "--step", "0", "--db", str(db)])
     assert result.exit_code == 1 and "no run 'nope'" in result.output  # it ran the extract step
     result = CliRunner().invoke(app, ["job", str(job.path), "--step", "3", "--db", str(db)])
     assert result.exit_code == 1 and "no step 3" in result.output
@@ -100,5 +105,6 @@ def test_the_new_audit_page_starts_a_job_with_validated_settings(tmp_path, monke
     assert not at.exception and not at.error, [e.value for e in at.error]
     (run, steps), = started
     assert steps == [AuditJob(checkpoints=str(series), data=str(data), name=run, text_column="text",
-                              group_column="group", settings=AuditSettings(batch_size=4)),
+                              group_column="group",
+                              settings=AuditSettings(batch_size=4, max_length=32)),  # the model's positions
                      ExtractJob(run=run)]

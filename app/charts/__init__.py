@@ -29,6 +29,7 @@ from app.charts.base import (
     short_text,
     use_log,
 )
+from app.charts.compare import run_comparison
 from app.charts.extraction import extraction_vs_quantile
 from app.charts.groups import group_distributions
 from app.charts.regression import gradient_space, ranking_comparison, regression_data
@@ -38,4 +39,4 @@ from app.charts.trajectories import example_trajectory, trajectories
 __all__ = ["LABELS", "NO_GROUP", "OTHER_COLOR", "ROLE_COLORS", "TEMPLATE", "TEXT_LIMIT", "empty_figure",
            "escape", "example_trajectory", "extraction_vs_quantile", "gnq_histogram", "gnq_vs_loss",
            "gradient_space", "group_colors", "group_distributions", "group_name", "label",
-           "ranking_comparison", "regression_data", "short_text", "trajectories", "use_log"]
+           "ranking_comparison", "regression_data", "run_comparison", "short_text", "trajectories", "use_log"]

@@ -71,7 +71,11 @@ def regression_data(x: Any, y: Any, w: float, b: float, selected: int | None, gn
                                  hovertemplate="%{customdata[1]} (selected)<extra></extra>",
                                  marker={"symbol": "circle-open", "size": float(size[j]) + 12,
                                          "color": base.ROLE_COLORS["selected"], "line": {"width": 3}}))
-    return base.layout(fig, title, "x", "y")
+    fig = base.layout(fig, title, "x", "y")
+    # the colour bar takes the right edge: the legend goes above the plot, not on top of it
+    fig.update_layout(legend={"orientation": "h", "x": 0, "y": 1.02, "xanchor": "left", "yanchor": "bottom"},
+                      margin={"t": 90})
+    return fig
 
 
 def gradient_space(G: Any, selected: int | None, ellipse_selected: Any,

@@ -28,12 +28,17 @@ if totals.empty:
 
 ids = totals.sort_values(["rank", "example_id"])["example_id"].tolist()
 current = st.session_state.get(state.EXAMPLE_KEY)
+linked = st.query_params.get("text")  # a shared address names the text
+if linked and linked.isdigit() and int(linked) in ids and linked != st.session_state.get("_linked_text"):
+    st.session_state["_linked_text"] = linked
+    current = int(linked)
 index = ids.index(current) if current in ids else 0
 by_id = totals.set_index("example_id")
 example_id = st.selectbox("Example", ids, index=index,
                           format_func=lambda i: f"#{i} · rank {by_id.at[i, 'rank']} · "
                                                 f"{state.short(by_id.at[i, 'text'], 70)}")
 st.session_state[state.EXAMPLE_KEY] = example_id
+st.query_params["text"] = st.session_state["_linked_text"] = str(example_id)  # the address shows it
 record = state.store().example_record(run.run_id, example_id)
 row = by_id.loc[example_id].to_dict()  # the verdict's row (rank, status, reason) of the store's totals
 
@@ -102,7 +107,11 @@ if near.empty:
     st.caption("Not enough checkpoints to compare trajectories.")
 else:
     near = near.merge(totals[["example_id", "rank", "gnq_total", "copies", "group", "text"]], on="example_id")
+    # log10 units: 4e-13 is float rounding of an identical trajectory, shown as 0
+    near["distance"] = near["distance"].round(4)
     event = st.dataframe(near, hide_index=True, width="stretch", on_select="rerun",
-                         selection_mode="single-row", key="near", column_config=column_config(near))
+                         selection_mode="single-row", key="near",
+                         column_config={**column_config(near), "distance": st.column_config.NumberColumn(
+                             "distance", format="%.3f", help="Euclidean, in decades of GNQ (log10)")})
     if sel := state.selected_rows(event, near):
         state.open_example(sel[0])

@@ -26,7 +26,8 @@ if len(groups) >= 2:
     neg = c2.selectbox("Expected lower GNQ", [g for g in groups if g != pos],
                        index=0)
     sep = group_separation(traj, positive=pos, negative=neg)
-    st.dataframe(sep, hide_index=True, width="stretch")
+    st.dataframe(sep.drop(columns="point").rename(columns={"label": "checkpoint"}), hide_index=True,
+                 width="stretch")
     st.caption(f"AUC: the probability that a random '{state.plain(pos)}' text has higher GNQ than a random "
                f"'{state.plain(neg)}' one "
                "at that checkpoint (0.5 = no separation, 1 = perfect).")

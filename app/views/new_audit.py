@@ -26,12 +26,12 @@ from gnq_core.pipelines.jobs import (
 )
 from gnq_core.pipelines.settings import AuditJob, AuditSettings, ExtractJob
 from gnq_core.results.records import MIN_BATCH_SIZE
-from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find_checkpoints
+from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find_checkpoints, max_positions
 from gnq_core.sources.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
 from gnq_core.sources.links import LinkError, check_link
 
 st.title("New audit")
-state.sidebar()
+state.sidebar(creates=True)
 db = state.db_path()
 
 if "staging" not in st.session_state:
@@ -68,12 +68,18 @@ def checkpoint_problem(path: str, mtime: float) -> str | None:  # noqa: ARG001 (
     return None
 
 
+@st.cache_data(ttl=30, show_spinner=False, max_entries=256)
+def positions_of(path: str, mtime: float) -> int | None:  # noqa: ARG001 (cache key)
+    return max_positions(path)
+
+
 st.subheader("1. Checkpoints")
 ckpt_mode = st.radio("Checkpoints", ["Upload a folder", "Local path"], horizontal=True,
                      label_visibility="collapsed", key="ckpt_mode")
 checkpoints: Path | None = None
 if ckpt_mode == "Upload a folder":
-    files = st.file_uploader("A Hugging Face checkpoint folder, or a folder of them (epoch-*, checkpoint-*…)",
+    files = st.file_uploader("A Hugging Face checkpoint folder, or a folder of them "
+                             "(epoch-\\*, checkpoint-\\*…)",  # \\*: Markdown would eat a '*' pair
                              accept_multiple_files="directory", key="ckpt_upload")
     if files:
         try:
@@ -149,6 +155,9 @@ if data_path is not None:
         st.error(state.plain(exc))
 
 st.subheader("3. Settings")
+# The model reads at most this many tokens: the form offers no more (the job would fail at once).
+limits = [n for r in refs if (n := positions_of(str(r.path), r.path.stat().st_mtime))]
+token_limit = min(limits) if limits else None
 default_name = refs[0].path.parent.name if len(refs) > 1 else (refs[0].label if refs else "")
 with st.form("settings"):
     name = st.text_input("Run name", value=default_name or "my-audit")
@@ -157,7 +166,10 @@ with st.form("settings"):
                           help="Regulariser of the GNQ solve; see the 2D regression page.")
     batch_size = c2.number_input("Batch size", min_value=MIN_BATCH_SIZE, value=16, step=1,
                                  help="GNQ measures each text against the others of its batch.")
-    max_length = c3.number_input("Max length (tokens)", min_value=2, value=128, step=8)
+    max_length = c3.number_input(
+        "Max length (tokens)", min_value=2, max_value=token_limit, value=min(128, token_limit or 128), step=8,
+        help="Tokens of each text that GNQ reads; longer texts are cut."
+             + (f" This model reads at most {token_limit} tokens." if token_limit else ""))
     seed = c4.number_input("Seed", min_value=0, value=0, step=1, help="Seeds the fixed batch partition.")
     c1, c2, c3, c4 = st.columns(4)
     attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True,
@@ -170,6 +182,8 @@ with st.form("settings"):
     threshold = c4.slider("Success threshold (match fraction)", 0.0, 1.0, 1.0, 0.01)
     submitted = st.form_submit_button("Start audit", type="primary",
                                       disabled=not (refs and dataset is not None))
+if token_limit:
+    st.caption(f"The model has {token_limit} positions: Max length can be at most {token_limit} tokens.")
 
 if submitted:
     if name in set(state.runs()["name"]):

@@ -34,6 +34,13 @@ def leaked_texts(run) -> None:
 
 
 st.title("Runs")
+if any(j.run == "demo" and j.alive() for j in list_jobs(state.db_path())):
+    # The demo job is writing the store: show its progress from the job's own file, without
+    # waiting for the store in between its writes (the page answers at once on a busy machine).
+    st.info("Building the demo: a tiny GPT-2 trained with in-run GNQ, its checkpoints audited, then "
+            "attacked. This page fills in when it is done.")
+    job_panel(state.db_path(), only_alive=True)
+    st.stop()
 run = state.sidebar()
 frame = state.runs()
 if run is not None:

@@ -43,7 +43,7 @@ st.caption(f"{len(scored):,} examples; "
               else "grey band: 10–90% of all examples, line: median."))
 
 st.subheader("Highest and lowest GNQ_total (paper Table 4)")
-high, low = top_bottom(scored, k=2)
+high, low = top_bottom(scored, k=max(int(k), 1))  # the k highlighted above
 for title, frame in (("Highest", high), ("Lowest", low)):
     st.markdown(f"**{title}**")
     show = frame[["example_id", "gnq_rank", "gnq_total", "copies", "group", "extracted", "text"]]

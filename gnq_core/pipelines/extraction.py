@@ -330,9 +330,13 @@ def _attacked_point(store, run, checkpoint: str | None):
             raise StoreError(f"{store.path}: run {run.name!r} has no checkpoint {checkpoint!r} "
                              f"(has: {', '.join(points['label'])})")
         row = match.iloc[0]
-    if not row["path"]:
-        raise StoreError(f"{store.path}: checkpoint {row['label']!r} of run {run.name!r} "
-                         "has no folder recorded")
+    if not isinstance(row["path"], str) or not row["path"]:  # NULL reads as None or NaN
+        raise StoreError(f"{store.path}: checkpoint {row['label']!r} of run {run.name!r} has no folder "
+                         "recorded (uploaded checkpoints are deleted after the audit, all but the last); "
+                         "audit from a local path to attack it")
+    if not Path(row["path"]).exists():
+        raise StoreError(f"{row['path']}: checkpoint {row['label']!r} of run {run.name!r} is no longer "
+                         "there (moved or deleted since the audit)")
     return row
 
 

@@ -26,7 +26,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from gnq_core.atomic import write_text_atomic
+from gnq_core.pipelines.kept import keep_last_checkpoint
 from gnq_core.pipelines.settings import JobSettings, job_dict, job_from_dict
+from gnq_core.progress import read_progress
 from gnq_core.sources.datasets import env_bytes
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
@@ -83,6 +85,14 @@ class Job:
             return True
         return True
 
+    @property
+    def progress_path(self) -> Path:
+        return self.path.with_suffix(".progress.json")
+
+    def progress(self) -> dict | None:
+        """The running step's progress (gnq_core.progress.ProgressFile), read without the store."""
+        return read_progress(self.progress_path)
+
     def log_tail(self, lines: int = 20) -> str:
         """The end of the job's log (only ever a file in the jobs folder, whatever the job file says)."""
         log = Path(self.log)
@@ -99,9 +109,10 @@ class Job:
         return found[-1] if found else None
 
 
-def jobs_dir(db: str | Path) -> Path:
+def jobs_dir(db: str | Path, create: bool = True) -> Path:
     d = Path(db).resolve().parent / "jobs"
-    d.mkdir(parents=True, exist_ok=True)
+    if create:
+        d.mkdir(parents=True, exist_ok=True)
     return d
 
 
@@ -210,6 +221,17 @@ def _remove_uploads(db: str | Path, folders: Sequence[str]) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def _finish_uploads(job: Job) -> None:
+    """Keep the run's last audited checkpoint out of the uploads (later attacks need it), then
+    delete the uploads."""
+    if job.cleanup:
+        try:
+            keep_last_checkpoint(job.db, job.run, job.cleanup)
+        except Exception as exc:  # noqa: BLE001 (the uploads are deleted all the same)
+            print(f"error: could not keep the last checkpoint of {job.run!r} ({exc})", flush=True)
+    _remove_uploads(job.db, job.cleanup)
+
+
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
@@ -234,7 +256,9 @@ def start_job(run: str, db: str | Path, steps: Sequence[JobSettings], cleanup: S
 def list_jobs(db: str | Path) -> list[Job]:
     """Jobs of this store, newest first; a job whose process died without a word is marked failed."""
     jobs = []
-    for path in sorted(jobs_dir(db).glob("*.json"), reverse=True):
+    for path in sorted(jobs_dir(db, create=False).glob("*.json"), reverse=True):  # none: no folder made
+        if path.name.endswith(".progress.json"):
+            continue
         try:
             job = Job.load(path)
         except (OSError, ValueError, TypeError):
@@ -244,7 +268,7 @@ def list_jobs(db: str | Path) -> list[Job]:
             if job.status in ("queued", "running"):  # killed (kill -9, a crash): tidy up after it
                 job.status, job.finished = "failed", time.time()
                 job.save()
-                _remove_uploads(job.db, job.cleanup)
+                _finish_uploads(job)
         jobs.append(job)
     return jobs
 
@@ -285,7 +309,8 @@ def _run(job_path: Path) -> int:
             job.save()
             print(f"$ gnq job {job_path} --step {i}  # {json.dumps(step)}", flush=True)
             child = subprocess.Popen([sys.executable, "-m", "gnq_core.cli", "job", str(job_path),
-                                      "--step", str(i), "--db", job.db, "--quiet"])
+                                      "--step", str(i), "--db", job.db, "--quiet"],
+                                     env=dict(os.environ, GNQ_PROGRESS_FILE=str(job.progress_path)))
             try:
                 rc = child.wait()
             except KeyboardInterrupt:
@@ -297,7 +322,7 @@ def _run(job_path: Path) -> int:
     except KeyboardInterrupt:
         cancelled, rc = True, 130
     finally:
-        _remove_uploads(job.db, job.cleanup)
+        _finish_uploads(job)
     job = Job.load(job_path)
     job.returncode, job.finished = rc, time.time()
     job.status = "cancelled" if cancelled else ("done" if rc == 0 else "failed")

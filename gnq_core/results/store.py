@@ -197,6 +197,14 @@ class Store:
             return {t: con.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", [run_id]).fetchone()[0]
                     for t in ("scores", "batches", "points")}
 
+    def require_existing(self) -> Store:
+        """This store, refused in one line when its file does not exist: reading commands and pages
+        never create one (a typo in the path would otherwise look like a new, empty store)."""
+        if not self.path.exists():
+            raise StoreError(f"{self.path}: no such store (check the path; gnq train, audit, demo and "
+                             "ingest create one)")
+        return self
+
     def schema_version(self) -> int:
         if not self.path.exists():
             return 0
@@ -320,6 +328,13 @@ class Store:
                            WHERE run_id = ? AND point = ?""",
                         [seconds, _now(), path, model_hash, run_id, point])
             con.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", [_now(), run_id])
+
+    def set_point_paths(self, run_id: int, paths: dict[int, str | None]) -> None:
+        """Where points' checkpoint folders are now (None: deleted), in one transaction."""
+        with self.transaction() as con:
+            for point, path in paths.items():
+                con.execute("UPDATE points SET path = ? WHERE run_id = ? AND point = ?",
+                            [path, run_id, point])
 
     def write_extractions(self, run_id: int, point: int, prefix_tokens: int, rows: pd.DataFrame,
                           code_version: str) -> None:

@@ -124,10 +124,13 @@ def _trailing_number(name: str) -> int | None:
 def find_checkpoints(directory: str | Path) -> list[CheckpointRef]:
     """The checkpoints in `directory`, in training order.
 
-    A folder with a config.json is itself the one checkpoint. Otherwise its immediate subfolders
-    that contain a config.json are returned, ordered by the number their name ends with (natural
-    sort: epoch-2 before epoch-10), the unnumbered ones after them in name order. Hidden folders
-    and the temporary folders of an unfinished `save_checkpoint` are skipped.
+    The immediate subfolders that contain a config.json are returned, ordered by the number their
+    name ends with (natural sort: epoch-2 before epoch-10), the unnumbered ones after them in name
+    order. Hidden folders and the temporary folders of an unfinished `save_checkpoint` are skipped.
+    A folder with a config.json and no such subfolders is itself the one checkpoint.  A Hugging
+    Face Trainer's output folder has both: checkpoint-*/ and the final model at its top (often
+    also in final/); a top-level or unnumbered model with the same weights as the last numbered
+    checkpoint is that checkpoint again and is not listed twice, a different one comes last.
     """
     directory = Path(directory)
     if not directory.exists():
@@ -135,9 +138,8 @@ def find_checkpoints(directory: str | Path) -> list[CheckpointRef]:
     if not directory.is_dir():
         raise _error(directory, "not a directory")
     root = directory.resolve()
-    if (root / CONFIG_NAME).is_file():
-        return [CheckpointRef(label=root.name, path=root, order=_trailing_number(root.name) or 0)]
-
+    itself = CheckpointRef(label=root.name, path=root, order=_trailing_number(root.name) or 0)
+    top_level = (root / CONFIG_NAME).is_file()
     numbered: list[tuple[int, str, Path]] = []
     unnumbered: list[tuple[str, Path]] = []
     try:
@@ -150,20 +152,57 @@ def find_checkpoints(directory: str | Path) -> list[CheckpointRef]:
             continue
         if not (sub.is_dir() and (sub / CONFIG_NAME).is_file()):
             continue
+        if top_level and not _has_weights(sub):  # beside a model: only folders that hold one too
+            continue
         number = _trailing_number(name)
         if number is None:
             unnumbered.append((name, sub.resolve()))
         else:
             numbered.append((number, name, sub.resolve()))
     if not numbered and not unnumbered:
+        if top_level:
+            return [itself]
         raise _error(directory, "no checkpoint folders (no config.json here or in any subfolder)")
 
     numbered.sort(key=lambda t: (t[0], t[1]))
     refs = [CheckpointRef(label=name, path=path, order=number) for number, name, path in numbered]
+    last = numbered[-1][2] if numbered else None
+    extra = [(name, path) for name, path in unnumbered if last is None or not _same_model(path, last)]
+    listed = [r.path for r in refs[-1:]] + [path for _, path in extra]
+    if top_level and not any(_same_model(root, path) for path in listed):
+        extra.append((root.name, root))
     start = numbered[-1][0] + 1 if numbered else 0
-    refs += [CheckpointRef(label=name, path=path, order=start + i)
-             for i, (name, path) in enumerate(unnumbered)]
+    refs += [CheckpointRef(label=name, path=path, order=start + i) for i, (name, path) in enumerate(extra)]
     return refs
+
+
+def max_positions(path: str | Path) -> int | None:
+    """The most tokens the checkpoint's model can read (max_position_embeddings in its config.json),
+    or None when the config does not say (or cannot be read: check_checkpoint reports that)."""
+    try:
+        config = _load_config(_checkpoint_dir(path))
+    except (CheckpointError, OSError):
+        return None
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return positions if isinstance(positions, int) and positions > 0 else None
+
+
+def _has_weights(folder: Path) -> bool:
+    try:
+        return bool(_weight_files(folder)[1])
+    except (CheckpointError, OSError):
+        return False
+
+
+def _same_model(a: Path, b: Path) -> bool:
+    """Whether two checkpoint folders hold the same weights and config (sizes first: only folders
+    that could be copies are read in full)."""
+    try:
+        files_a, files_b = _weight_files(a)[1], _weight_files(b)[1]
+        sizes = [sorted((f.name, f.stat().st_size) for f in files) for files in (files_a, files_b)]
+        return sizes[0] == sizes[1] and checkpoint_hash(a) == checkpoint_hash(b)
+    except (CheckpointError, OSError):
+        return False
 
 
 # --------------------------------------------------------------------------------------------- weights

@@ -1,0 +1,53 @@
+"""Compare two runs over the same texts: GNQ_total in each, rank changes, and the texts that
+entered or left the top k."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import charts, state
+from gnq_core.analysis.compare import compare_runs
+
+st.title("Compare runs")
+run = state.require_run()
+db = str(state.db_path())
+names = [n for n in state.runs()["name"] if n != run.name]
+if not names:
+    st.info("The store has one run; compare needs a second one over the same texts.")
+    st.stop()
+linked = st.query_params.get("vs")
+other = st.selectbox("Compare with", names, index=names.index(linked) if linked in names else 0,
+                     key="compare_vs")
+st.query_params["vs"] = other
+top = int(st.number_input("Top k", min_value=1, max_value=1000, value=20, key="compare_top"))
+other_run = state.store().run(other)
+a = state.totals(db, run.run_id, state.version(run.run_id))
+b = state.totals(db, other_run.run_id, state.version(other_run.run_id))
+result = compare_runs(a, b, top=top)
+if result.pairs.empty:
+    st.info(f"No text is scored in both {state.plain(repr(run.name))} and {state.plain(repr(other))}.")
+    st.stop()
+
+c = st.columns(4)
+c[0].metric("Texts in both", f"{len(result.pairs):,}")
+c[1].metric("Rank correlation", f"{result.spearman:.2f}")
+c[2].metric(f"Entered the top {top}", len(result.entered))
+c[3].metric(f"Left the top {top}", len(result.left))
+if result.only_a or result.only_b:
+    st.caption(f"{result.only_a} text(s) only in {state.plain(run.name)}, {result.only_b} only in "
+               f"{state.plain(other)} (texts are matched exactly).")
+event = st.plotly_chart(charts.run_comparison(result.pairs, run.name, other, top), width="stretch",
+                        on_select="rerun", selection_mode="points", key="compare_chart")
+columns = ["example_id_b", "rank_a", "rank_b", "rank_change", "gnq_a", "gnq_b", "group", "text"]
+config = {"example_id_b": "example", "rank_a": f"rank in {run.name}", "rank_b": f"rank in {other}",
+          "rank_change": st.column_config.NumberColumn("rank change", help="> 0: higher in the second run"),
+          "gnq_a": st.column_config.NumberColumn(f"GNQ in {run.name}", format="%.3g"),
+          "gnq_b": st.column_config.NumberColumn(f"GNQ in {other}", format="%.3g")}
+left, right = st.columns(2)
+for col, title, frame in ((left, f"Entered the top {top}", result.entered),
+                          (right, f"Left the top {top}", result.left)):
+    col.markdown(f"**{title}**")
+    col.dataframe(frame[columns], hide_index=True, width="stretch", column_config=config)
+st.markdown("**Largest rank changes**")
+moved = result.pairs.reindex(result.pairs["rank_change"].abs().sort_values(ascending=False).index).head(50)
+st.dataframe(moved[columns], hide_index=True, width="stretch", column_config=config)

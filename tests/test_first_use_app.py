@@ -1,0 +1,218 @@
+"""What a first audit ran into on the dashboard (issue 18), each page run headless with AppTest."""
+
+from __future__ import annotations
+
+import pytest
+from hostile.hostile_helpers import ROOT, app_page, make_series
+from streamlit.testing.v1 import AppTest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    """Two tiny checkpoints with 24 positions."""
+    return make_series(tmp_path_factory.mktemp("series") / "run", 2, max_length=24)
+
+
+def test_the_form_offers_no_more_tokens_than_the_model_has(series, tmp_path, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
+    at = app_page("new_audit", ckpt_mode="Local path", ckpt_path=str(series))
+    assert not at.exception, [e.message for e in at.exception]
+    field = next(n for n in at.number_input if n.label == "Max length (tokens)")
+    assert field.value <= 24 and field.max == 24
+    shown = " ".join(c.value for c in at.caption)
+    assert "24 positions" in shown and "--max-length" not in shown
+
+
+@pytest.mark.parametrize("name", ["runs", "trajectories", "flagged"])
+def test_a_typo_in_the_store_path_is_refused_not_created(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
+    typo = tmp_path / "gnq-typo" / "gnq.duckdb"
+    at = app_page(name, db_path=str(typo))
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("No store at" in e.value for e in at.error)
+    assert not at.button and not (tmp_path / "gnq-typo").exists()
+    new_audit = app_page("new_audit", db_path=str(typo))  # the page that creates a store says so
+    assert any("starting an audit creates it" in c.value for c in new_audit.caption)
+    assert not (tmp_path / "gnq-typo").exists()
+
+
+def test_a_finished_job_links_to_its_results_with_start_and_duration(tmp_path, monkeypatch):
+    from app import state
+    from gnq_core.pipelines.jobs import Job
+
+    db = tmp_path / "gnq.duckdb"
+    monkeypatch.setenv("GNQ_DB", str(db))
+    # the page on its own (no app/main.py, whose st.Page links another AppTest may have left here)
+    monkeypatch.setattr(state, "PAGES", {})
+    started = 1_700_000_000.0
+    Job(job_id="20231114-221320-abcdef", run="my-audit", db=str(db), steps=[["audit"], ["extract"]],
+        status="done", step=1, returncode=0, started=started, finished=started + 135).save()
+    at = app_page("new_audit")
+    shown = " ".join(m.value for m in at.markdown)
+    assert "started 2023-11-1" in shown and "took 2 min 15 s" in shown
+    link = next(b for b in at.button if b.label == "Open the results of my\\-audit")
+    link.click().run()
+    assert at.session_state["run_name"] == "my-audit" and at.query_params["run"] in ("my-audit", ["my-audit"])
+
+
+@pytest.fixture(scope="module")
+def scored_store(tmp_path_factory):
+    """A store with two audits of the same 12 texts over 3 checkpoints (numbers made up, written
+    through the store's own API); texts 0 and 1 have the same GNQ trajectory up to rounding."""
+    import numpy as np
+    import pandas as pd
+
+    from gnq_core.results.records import RunSpec, batch_results
+    from gnq_core.results.store import Store
+
+    db = tmp_path_factory.mktemp("scored") / "gnq.duckdb"
+    store = Store(db)
+    n = 12
+    examples = pd.DataFrame({"example_id": range(n), "text": [f"text number {i}" for i in range(n)],
+                             "grp": ["common" if i % 2 else "surprising" for i in range(n)],
+                             "n_tokens": [5] * n})
+    for seed, name in enumerate(("made-up-2", "made-up")):  # the second one is the newest, picked first
+        run = store.create_run(RunSpec(name=name, kind="audit", lam=0.01, batch_size=4, seed=0, max_length=8,
+                                       model_path="m", dataset_path="d.csv", dataset_hash="abc", n_examples=n,
+                                       code_version="test", device="cpu", dtype="float64"), examples)
+        store.add_points(run.run_id, [dict(point=p, label=f"epoch-{p + 1}", kind="checkpoint")
+                                      for p in range(3)])
+        rng = np.random.default_rng(seed)
+        for p in range(3):
+            gnq = rng.lognormal(size=n) / 3
+            gnq[1] = gnq[0] * (1 + 1e-12)  # the same trajectory but for float rounding
+            loss, influence = rng.uniform(1, 3, n), rng.uniform(size=n)
+            texts, batches = [], []
+            for b in range(3):
+                ids = list(range(4 * b, 4 * b + 4))
+                t, batch = batch_results(ids, loss[ids].tolist(), gnq[ids].tolist(), influence[ids].tolist(),
+                                         batch_index=b, step=None, condition=3.0, finite=True, seconds=0.1)
+                texts += t
+                batches.append(batch)
+            store.write_point(run.run_id, p, texts, batches, 0.1)
+    return db
+
+
+def test_small_things_on_the_pages(scored_store, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(scored_store))
+    # the uploader's label shows its '*' (Markdown would turn "epoch-*, checkpoint-*" into italics)
+    at = app_page("new_audit")
+    label = at.get("file_uploader")[0].proto.label
+    assert "epoch-\\*" in label and "checkpoint-\\*" in label
+    # "Highlight top/bottom k" = 3 lists 3 highest and 3 lowest
+    at = app_page("trajectories")
+    assert [len(d.value) for d in at.dataframe] == [3, 3]
+    # Groups: checkpoints named as in the run, not numbered from 0
+    at = app_page("groups")
+    assert at.dataframe[0].value["checkpoint"].tolist() == ["epoch-1", "epoch-2", "epoch-3"]
+    assert "point" not in at.dataframe[0].value.columns
+    # drill-down: the identical trajectory's distance is 0, not 4e-13
+    at = app_page("drilldown", run_name="made-up", example_id=0)
+    near = at.dataframe[-1].value
+    assert near.loc[near["example_id"] == 1, "distance"].item() == 0
+
+
+def test_the_band_is_grey_as_the_caption_says_and_the_legend_clears_the_colour_bar():
+    import re
+
+    import pandas as pd
+
+    from app import charts
+
+    band = pd.DataFrame({"point": [0, 1], "label": ["a", "b"], "q10": [1, 1], "q50": [2, 2], "q90": [3, 3]})
+    fig = charts.trajectories(pd.DataFrame(), band=band)
+    fill = next(t.fillcolor for t in fig.data if t.fill == "tonexty")
+    r, g, b = map(int, re.findall(r"\d+", fill)[:3])
+    assert r == g == b  # grey
+    fig = charts.regression_data([0, 1, 2], [1, 2, 0], 0.5, 0.5, 1, [0.1, 0.2, 3.0])
+    colorbar_x = fig.data[-1].marker.colorbar.x
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.y >= 1
+    assert colorbar_x is None or colorbar_x >= 1
+
+
+def test_the_landing_page_shows_the_demo_build_at_once_while_the_store_is_busy(tmp_path, monkeypatch):
+    """A demo job is running and another process holds the store (as the demo's writes do on a
+    busy machine): the Runs page answers within 2 s with the stage, the count and an estimate."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import duckdb
+
+    from gnq_core.pipelines.jobs import Job
+
+    db = tmp_path / "gnq.duckdb"
+    duckdb.connect(str(db)).close()
+    monkeypatch.setenv("GNQ_DB", str(db))
+    hold = ("import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('held', flush=True); "
+            "time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        now = time.time()
+        job = Job(job_id="20261123-090000-abcdef", run="demo", db=str(db), steps=[["demo"]],
+                  status="running", pid=holder.pid, started=now - 40)
+        job.save()
+        job.progress_path.write_text(json.dumps({
+            "label": "epoch 3/12", "done": 32, "total": 64, "stage": 3, "planned_stages": 26,
+            "started": now - 40, "stage_started": now - 5, "updated": now}))
+        t0 = time.perf_counter()
+        at = app_page("runs")
+        seconds = time.perf_counter() - t0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert seconds < 2.0, seconds
+    bar = at.get("progress")[0].proto
+    assert "epoch 3/12: 32/64 examples" in bar.text and "stage 3 of 26" in bar.text and "left" in bar.text
+    assert "about 6 min" in bar.text  # 2.5 of 26 stages in 40 s: 376 s to go
+    assert os.path.exists(db)
+
+
+def test_the_dataset_map_filters_its_table_to_the_selected_points(scored_store, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(scored_store))
+    at = app_page("dataset_map")
+    assert not at.exception and len(at.dataframe[0].value) == 12
+    # a lasso selection on the map arrives as plotly points whose customdata[0] is the example id
+    selection = {"points": [{"customdata": [3, "t"]}, {"customdata": [5, "t"]}], "point_indices": [],
+                 "box": [], "lasso": [{"x": [0, 1, 1], "y": [0, 0, 1]}]}
+    at = app_page("dataset_map", map_chart={"selection": selection})
+    assert sorted(at.dataframe[0].value["example_id"]) == [3, 5]
+    assert "2 texts selected" in at.caption[0].value
+
+
+def test_compare_two_runs_and_share_the_view_by_its_address(scored_store, monkeypatch):
+    from gnq_core.analysis.compare import compare_runs
+    from gnq_core.results.store import Store
+
+    monkeypatch.setenv("GNQ_DB", str(scored_store))
+    at = app_page("compare", compare_top=3)
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="compare_vs").value == "made-up-2"
+    store = Store(scored_store)
+    expected = compare_runs(store.example_totals(store.run("made-up").run_id),
+                            store.example_totals(store.run("made-up-2").run_id), top=3)
+    entered, left = at.dataframe[0].value, at.dataframe[1].value
+    assert sorted(entered["example_id_b"]) == sorted(expected.entered["example_id_b"])
+    assert sorted(left["example_id_b"]) == sorted(expected.left["example_id_b"])
+    assert [m.value for m in at.metric][:1] == ["12"]
+    # the address carries the view: run and the run compared with
+    assert at.query_params["run"] in ("made-up", ["made-up"])
+    assert at.query_params["vs"] in ("made-up-2", ["made-up-2"])
+
+
+def test_a_shared_address_opens_the_same_text(scored_store, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(scored_store))
+    at = AppTest.from_file(str(ROOT / "app" / "views" / "drilldown.py"), default_timeout=60)
+    at.query_params["run"] = "made-up-2"
+    at.query_params["text"] = "7"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="run_picker").value == "made-up-2"
+    assert next(s for s in at.selectbox if s.label == "Example").value == 7
+    assert at.session_state["example_id"] == 7
+    assert at.query_params["text"] in ("7", ["7"])
