@@ -9,6 +9,7 @@ file or folder.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -502,7 +503,7 @@ def check_checkpoint(path: str | Path, max_length: int | None = None,
     config.json, tokenizer file size and ids, and the weights' memory (in ``dtype``, if given)
     against the memory available."""
     folder = _checkpoint_dir(path)
-    try:
+    with _as_checkpoint_error(folder):
         config = _load_config(folder)
         positions = getattr(config.get_text_config(), "max_position_embeddings", None)
         if max_length is not None and isinstance(positions, int) and max_length > positions:
@@ -519,6 +520,13 @@ def check_checkpoint(path: str | Path, max_length: int | None = None,
         _check_vocab(folder, config, _load_tokenizer(folder, config))
         if kind == "safetensors" and (problem := _header_problem(folder, config, files)):
             raise _error(folder, problem)
+
+
+@contextlib.contextmanager
+def _as_checkpoint_error(folder: Path) -> Iterator[None]:
+    """Any failure inside becomes one CheckpointError line naming the folder."""
+    try:
+        yield
     except CheckpointError:
         raise
     except limits.LimitError as exc:
@@ -593,14 +601,8 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dty
     a tokenizer without a pad token gets pad = eos. Any problem raises CheckpointError.
     """
     folder = _checkpoint_dir(path)
-    try:
+    with _as_checkpoint_error(folder):
         return _load(folder, device=device, dtype=dtype, allow_pickle_weights=allow_pickle_weights)
-    except CheckpointError:
-        raise
-    except limits.LimitError as exc:
-        raise CheckpointError(str(exc)) from exc
-    except Exception as exc:
-        raise _error(folder, f"cannot load the checkpoint ({type(exc).__name__}: {_reason(exc)})") from exc
 
 
 def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None,
