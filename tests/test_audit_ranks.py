@@ -1,5 +1,5 @@
 """`torchrun --nproc-per-node 2 gnq audit ...` (gloo on CPU) writes the rows one process writes;
-the audit tokenises once per tokenizer and loads the next checkpoint while one is audited."""
+the audit tokenises batch by batch and loads the next checkpoint while one is audited."""
 
 from __future__ import annotations
 
@@ -63,23 +63,33 @@ def test_two_ranks_write_exactly_the_rows_of_one_process(series, tmp_path):
     pd.testing.assert_frame_equal(ranked_batches, single_batches, check_exact=False, rtol=1e-12)
 
 
-def test_an_audit_tokenises_once_and_loads_each_checkpoint_once(series, tmp_path, monkeypatch):
+def test_an_audit_tokenises_batch_by_batch_and_loads_each_checkpoint_once(series, tmp_path, monkeypatch):
+    """Token ids are never held for the whole dataset (issue 20: bounded memory): the token
+    counts are taken in chunks, then each checkpoint tokenises one batch at a time."""
     from gnq_core.pipelines import audit
+    from gnq_core.sources import tokens
     from gnq_core.sources.datasets import load_texts
 
     checkpoints, data = series
-    calls = {"encode": 0, "load": 0}
+    sizes, loads = [], []
+    encode = tokens.encode_texts
 
-    def counted(name, fn):
-        def wrapper(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-        return wrapper
+    def counted_encode(tokenizer, texts, max_length):
+        sizes.append(len(texts))
+        return encode(tokenizer, texts, max_length)
 
-    monkeypatch.setattr(audit, "encode_texts", counted("encode", audit.encode_texts))
-    monkeypatch.setattr(audit, "load_checkpoint", counted("load", audit.load_checkpoint))
+    def counted_load(*args, **kwargs):
+        loads.append(args[0])
+        return load(*args, **kwargs)
+
+    load = audit.load_checkpoint
+    monkeypatch.setattr(tokens, "encode_texts", counted_encode)
+    monkeypatch.setattr(audit, "load_checkpoint", counted_load)
+    monkeypatch.setattr(tokens.token_counts, "__defaults__", (10,))
     store = Store(tmp_path / "gnq.duckdb")
     settings = audit.AuditSettings(lam=0.05, batch_size=4, max_length=24, seed=5, dtype="float64")
     run = audit.run_audit(store, checkpoints, load_texts(data), name="once", settings=settings)
     assert run.status == "done" and len(store.scores(run.run_id)) == 2 * 26
-    assert calls == {"encode": 1, "load": 2}
+    assert sizes[:3] == [10, 10, 6]  # token counts, in chunks
+    assert sizes[3:] == [4] * 6 + [2] + [4] * 6 + [2]  # then one batch at a time, per checkpoint
+    assert len(loads) == 2

@@ -10,12 +10,14 @@ results are written in one transaction; a rerun skips the checkpoints already do
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -24,9 +26,9 @@ from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import AuditSettings
-from gnq_core.pipelines.text_labels import ensure_text_labels, text_labels
+from gnq_core.pipelines.text_labels import cluster_ids, text_labels
 from gnq_core.progress import Reporter
-from gnq_core.results.records import BatchResult, RunSpec, TextResult
+from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
 from gnq_core.results.store import Run, Store
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype
 from gnq_core.sources.checkpoints import (
@@ -36,27 +38,28 @@ from gnq_core.sources.checkpoints import (
     find_checkpoints,
     load_checkpoint,
     load_tokenizer,
-    tokenizer_fingerprint,
 )
 from gnq_core.sources.datasets import TextDataset
-from gnq_core.sources.tokens import LMBatch, batch_partition, collate, encode_texts, pad_id
+from gnq_core.sources.tokens import LMBatch, Partition, seeded_partition, stream_batches, token_counts
 
 COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partition"] of new audits
 
 
-def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, device: torch.device,
-                  reporter: Reporter | None = None, indices: Sequence[int] | None = None
-                  ) -> tuple[list[TextResult], list[BatchResult]]:
+def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float, device: torch.device,
+                  reporter: Reporter | None = None, indices: Iterable[int] | None = None,
+                  capacity: int = 1024) -> tuple[ScoreColumns, list[BatchResult]]:
     """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights.
 
+    ``batches`` are consumed one at a time (a generator tokenises each as it is needed) and the
+    texts' results go into numpy columns (``capacity``: the number of texts expected).
     ``indices``: the batches' numbers in the audit's partition (default 0, 1, ...)."""
-    texts, results = [], []
-    indices = range(len(batches)) if indices is None else indices
+    texts, results = ScoreColumns(capacity), []
+    indices = itertools.count() if indices is None else indices
     model.eval()  # the gradient at a checkpoint, without dropout noise
     for p in model.parameters():
         p.requires_grad_(True)
     with GNQAuditor(model, lam=lam) as auditor:
-        for index, batch in zip(indices, batches, strict=True):
+        for index, batch in zip(indices, batches, strict=False):  # indices may be endless
             t0 = time.perf_counter()
             b = batch.to(device)
             logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
@@ -65,29 +68,11 @@ def audit_batches(model: torch.nn.Module, batches: list[LMBatch], lam: float, de
             rows, result = score_batch(lambda: scores_of(auditor.compute()), losses, batch.example_ids,
                                        batch_index=index, step=None, started=t0)
             model.zero_grad(set_to_none=True)
-            texts += rows
+            texts.add(rows)
             results.append(result)
             if reporter is not None:
                 reporter.advance(len(batch.example_ids))
     return texts, results
-
-
-class _Tokenised:
-    """The audit's texts as token ids, once per distinct tokenizer of the series."""
-
-    def __init__(self, dataset: TextDataset, max_length: int) -> None:
-        self.dataset, self.max_length = dataset, max_length
-        self._ids: dict[str, list[list[int]]] = {}
-
-    def ids(self, tokenizer, checkpoint: str | Path) -> list[list[int]]:
-        key = tokenizer_fingerprint(checkpoint)
-        if key not in self._ids:
-            self._ids[key] = encode_texts(tokenizer, self.dataset.texts, self.max_length)
-        return self._ids[key]
-
-    def batches(self, tokenizer, checkpoint: str | Path, partition: list[list[int]]) -> list[LMBatch]:
-        ids, pad = self.ids(tokenizer, checkpoint), pad_id(tokenizer)
-        return [collate([ids[i] for i in part], part, pad) for part in partition]
 
 
 def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset, *, name: str,
@@ -105,12 +90,11 @@ def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset
     refs = find_checkpoints(checkpoints)
     device = ranks.device(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype)
-    tokens = _Tokenised(dataset, settings.max_length)
     run = None
     if ranks.lead:
         assert store is not None, "the lead rank writes the rows: it needs the store"
         try:
-            run, todo, partition = _prepare(store, refs, dataset, name, settings, device, tokens, reporter)
+            run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter)
         except Exception as exc:
             ranks.broadcast(exc)  # the other ranks stop with the same one-line error
             raise
@@ -132,8 +116,8 @@ def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset
             model, tokenizer, model_hash = upcoming.result()
             upcoming = loader.submit(load, todo[n + 1]) if n + 1 < len(todo) else None
             ref = refs[point]
-            batches = tokens.batches(tokenizer, ref.path, partition)
-            texts, results = _audit_share(model, batches, ref, settings, device, reporter, ranks)
+            texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
+                                          reporter, ranks)
             del model
             if run is not None:
                 store.write_point(run.run_id, point, texts, results, time.perf_counter() - t0,
@@ -142,8 +126,8 @@ def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset
 
 
 def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name: str,
-             settings: AuditSettings, device: torch.device, tokens: _Tokenised,
-             reporter: Reporter) -> tuple[Run, list[int], list[list[int]]]:
+             settings: AuditSettings, device: torch.device,
+             reporter: Reporter) -> tuple[Run, list[int], Partition]:
     """The run (created or resumed), the checkpoints still to audit and the batch partition,
     after every check."""
     spec = _run_spec(refs, dataset, name, settings, device)
@@ -153,8 +137,8 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
         if i not in finished:
             check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype))
     if run is None:
-        n_tokens = [len(x) for x in tokens.ids(load_tokenizer(refs[0].path), refs[0].path)]
-        examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
+        n_tokens = token_counts(load_tokenizer(refs[0].path), dataset.texts, settings.max_length)
+        examples = pd.DataFrame({"example_id": np.arange(len(dataset), dtype=np.int64), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": n_tokens})
         run = store.create_run(spec, pd.concat([examples, text_labels(dataset.texts)], axis=1))
     else:
@@ -165,11 +149,10 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
     for i, ref in enumerate(refs):
         if i in done:
             reporter.log(f"{ref.label}: already audited, skipped")
-    examples = ensure_text_labels(store, run)
     # Copies in one batch explain each other (GNQ ≈ 1): keep them apart.  A run audited before
     # this rule keeps its plain partition, so all its checkpoints share one partition.
-    clusters = examples["cluster_id"].tolist() if run.settings.get("partition") == COPIES_APART else None
-    partition = batch_partition(len(dataset), settings.batch_size, settings.seed, clusters)
+    clusters = cluster_ids(store, run) if run.settings.get("partition") == COPIES_APART else None
+    partition = seeded_partition(len(dataset), settings.batch_size, settings.seed, clusters)
     return run, [i for i in range(len(refs)) if i not in done], partition
 
 
@@ -185,19 +168,23 @@ def _prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
         model.set_experts_implementation("eager")
 
 
-def _audit_share(model: torch.nn.Module, batches: list[LMBatch], ref: CheckpointRef, settings: AuditSettings,
-                 device: torch.device, reporter: Reporter, ranks: Ranks
-                 ) -> tuple[list[TextResult], list[BatchResult]]:
-    """This rank's batches of one checkpoint; on the lead, every rank's records in batch order."""
-    mine = ranks.share(len(batches))
-    reporter.stage(f"{ref.label}", sum(len(batches[k].example_ids) for k in mine))
-    rows = audit_batches(model, [batches[k] for k in mine], settings.lam, device, reporter, indices=mine)
+def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, partition: Partition,
+                 ref: CheckpointRef, settings: AuditSettings, device: torch.device, reporter: Reporter,
+                 ranks: Ranks) -> tuple[ScoreColumns, list[BatchResult]]:
+    """This rank's batches of one checkpoint, tokenised batch by batch; on the lead, every rank's
+    records in batch order."""
+    mine = ranks.share(len(partition))
+    size = sum(partition.size(k) for k in mine)
+    reporter.stage(f"{ref.label}", size)
+    batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length)
+    rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size)
     parts = ranks.gather(rows)
     if not ranks.lead:
         return rows
-    texts = sorted((t for p in parts for t in p[0]), key=lambda t: t.batch_index)
+    if len(parts) == 1:
+        return rows
     results = sorted((r for p in parts for r in p[1]), key=lambda r: r.batch_index)
-    return texts, results
+    return ScoreColumns.joined([p[0] for p in parts]), results
 
 
 def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settings: AuditSettings,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from gnq_core.results.store import Run, Store
@@ -20,9 +21,19 @@ def text_labels(texts: Sequence[str]) -> pd.DataFrame:
 def ensure_text_labels(store: Store, run: Run) -> pd.DataFrame:
     """The run's examples with their labels, computing and storing them if missing (runs created
     before the labels existed, or by the Trainer integration)."""
-    examples = store.examples(run.run_id)
-    if len(examples) and examples["copies"].isna().any():
+    _label_if_missing(store, run)
+    return store.examples(run.run_id)
+
+
+def cluster_ids(store: Store, run: Run) -> np.ndarray:
+    """Each example's copy cluster (labelling the texts first if needed), without reading the
+    texts when their labels are stored."""
+    _label_if_missing(store, run)
+    return store.cluster_ids(run.run_id)
+
+
+def _label_if_missing(store: Store, run: Run) -> None:
+    if store.text_labels_missing(run.run_id):
+        examples = store.examples(run.run_id)
         labels = text_labels(examples["text"].tolist())
         store.write_text_labels(run.run_id, labels.assign(example_id=examples["example_id"].to_numpy()))
-        examples = store.examples(run.run_id)
-    return examples

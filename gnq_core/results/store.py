@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 from gnq_core.results.records import (
@@ -30,10 +31,11 @@ from gnq_core.results.records import (
     SCORE_COLUMNS,
     BatchResult,
     RunSpec,
+    ScoreColumns,
     TextResult,
     batch_frame,
     resume_mismatches,
-    score_frame,
+    score_frames,
 )
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -312,16 +314,18 @@ class Store:
                                VALUES (?, ?, ?, ?, ?, ?, 'pending') ON CONFLICT DO NOTHING""",
                             [run_id, p["point"], p["label"], p["kind"], p.get("path"), p.get("model_hash")])
 
-    def write_point(self, run_id: int, point: int, texts: Sequence[TextResult],
+    def write_point(self, run_id: int, point: int, texts: Sequence[TextResult] | ScoreColumns,
                     batches: Sequence[BatchResult], seconds: float, *, path: str | None = None,
                     model_hash: str | None = None) -> None:
         """All of one point's rows and its 'done' mark, atomically (a rerun replaces, never duplicates)."""
         with self.transaction() as con:
             for table in ("scores", "batches"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ? AND point = ?", [run_id, point])
-            con.register("new_scores", score_frame(texts, point).assign(run_id=run_id))
+            for frame in score_frames(texts, point):  # ScoreColumns: in chunks, never one frame of all
+                con.register("new_scores", frame.assign(run_id=run_id))
+                con.execute("INSERT INTO scores BY NAME SELECT * FROM new_scores")
+                con.unregister("new_scores")
             con.register("new_batches", batch_frame(batches, point).assign(run_id=run_id))
-            con.execute("INSERT INTO scores BY NAME SELECT * FROM new_scores")
             con.execute("INSERT INTO batches BY NAME SELECT * FROM new_batches")
             con.execute("""UPDATE points SET status = 'done', seconds = ?, finished_at = ?,
                            path = coalesce(?, path), model_hash = coalesce(?, model_hash)
@@ -462,6 +466,19 @@ class Store:
     def examples(self, run_id: int) -> pd.DataFrame:
         return self._query(f"SELECT example_id, text, grp, n_tokens, {', '.join(TEXT_LABEL_COLUMNS)} "
                            "FROM examples WHERE run_id = ? ORDER BY example_id", [run_id])
+
+    def text_labels_missing(self, run_id: int) -> bool:
+        """Whether some of a run's examples have no copy/secret labels yet (ensure_text_labels)."""
+        with self.connect(read_only=True) as con:
+            return con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND copies IS NULL",
+                               [run_id]).fetchone()[0] > 0
+
+    def cluster_ids(self, run_id: int) -> np.ndarray:
+        """Each example's copy cluster (int64, in example_id order), without reading the texts."""
+        with self.connect(read_only=True) as con:
+            got = con.execute("SELECT cluster_id FROM examples WHERE run_id = ? ORDER BY example_id",
+                              [run_id]).fetchnumpy()["cluster_id"]
+        return np.asarray(got, dtype=np.int64)
 
     def _rows_of(self, table: str, run_id: int, point: int | None, order_by: str) -> pd.DataFrame:
         """All of a run's rows in ``table``, or one point's."""

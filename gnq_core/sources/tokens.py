@@ -7,7 +7,7 @@ example's loss is its mean next-token NLL over its own tokens (losses.per_exampl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,8 +54,57 @@ def collate(ids: Sequence[Sequence[int]], example_ids: Sequence[int], pad: int) 
     return LMBatch(list(example_ids), input_ids, mask, labels)
 
 
+TOKEN_CHUNK = 4096  # texts tokenised per call when only their token counts are wanted
+
+
+def token_counts(tokenizer, texts: Sequence[str], max_length: int, chunk: int = TOKEN_CHUNK) -> np.ndarray:
+    """Tokens per text after truncation (int32), ``chunk`` texts tokenised at a time, so the token
+    ids of a whole dataset are never held at once."""
+    counts = np.empty(len(texts), dtype=np.int32)
+    for start in range(0, len(texts), chunk):
+        ids = encode_texts(tokenizer, texts[start: start + chunk], max_length)
+        counts[start: start + len(ids)] = [len(x) for x in ids]
+    return counts
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A batch partition as two numpy arrays (8 bytes per example, not a Python list per batch):
+    batch k is ``order[bounds[k]:bounds[k + 1]]``."""
+
+    order: np.ndarray  # example indices, batch after batch (int64)
+    bounds: np.ndarray  # len(self) + 1 offsets into order
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def batch(self, k: int) -> list[int]:
+        return self.order[self.bounds[k]: self.bounds[k + 1]].tolist()
+
+    def size(self, k: int) -> int:
+        return int(self.bounds[k + 1] - self.bounds[k])
+
+    def lists(self) -> list[list[int]]:
+        return [self.batch(k) for k in range(len(self))]
+
+
+def stream_batches(tokenizer, texts: Sequence[str], partition: Partition, indices: Iterable[int],
+                   max_length: int) -> Iterator[LMBatch]:
+    """The batches ``indices`` of ``partition``, tokenised one batch at a time as they are consumed."""
+    pad = pad_id(tokenizer)
+    for k in indices:
+        part = partition.batch(k)
+        yield collate(encode_texts(tokenizer, [texts[i] for i in part], max_length), part, pad)
+
+
 def batch_partition(n_examples: int, batch_size: int, seed: int,
-                    clusters: Sequence[int] | None = None) -> list[list[int]]:
+                    clusters: Sequence[int] | np.ndarray | None = None) -> list[list[int]]:
+    """``seeded_partition(...)`` as a list of batches, each a list of example indices."""
+    return seeded_partition(n_examples, batch_size, seed, clusters).lists()
+
+
+def seeded_partition(n_examples: int, batch_size: int, seed: int,
+              clusters: Sequence[int] | np.ndarray | None = None) -> Partition:
     """A seeded shuffle of 0..n-1 cut into batches; the same for every checkpoint of an audit.
 
     ``clusters`` (one id per example, e.g. ``copies.find_copies(texts)["cluster_id"]``): copies
@@ -66,41 +115,41 @@ def batch_partition(n_examples: int, batch_size: int, seed: int,
     """
     if batch_size < 1:
         raise ValueError("batch size must be at least 1")
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n_examples).tolist()
-    plain = [order[i: i + batch_size] for i in range(0, n_examples, batch_size)]
+    order = np.random.default_rng(seed).permutation(n_examples).astype(np.int64)
+    bounds = np.append(np.arange(0, n_examples, batch_size, dtype=np.int64), n_examples)
+    plain = Partition(order, bounds)
     if clusters is None:
         return plain
     if len(clusters) != n_examples:
         raise ValueError(f"{len(clusters)} cluster ids for {n_examples} examples")
-    members: dict[int, list[int]] = {}
-    for i in order:  # members in shuffled order, so the dealing below stays seeded-random
-        members.setdefault(int(clusters[i]), []).append(i)
-    if all(len(m) == 1 for m in members.values()):
+    shuffled = np.asarray(clusters, dtype=np.int64)[order]  # each shuffled position's cluster
+    _, first, inverse, counts = np.unique(shuffled, return_index=True, return_inverse=True,
+                                          return_counts=True)
+    if n_examples == 0 or counts.max() == 1:
         return plain
-    return _deal_apart(members, [len(b) for b in plain])
+    return Partition(_deal_apart(order, counts[inverse], first[inverse], np.diff(bounds)), bounds)
 
 
-def _deal_apart(members: dict[int, list[int]], capacities: list[int]) -> list[list[int]]:
+def _deal_apart(order: np.ndarray, size: np.ndarray, first: np.ndarray, capacities: np.ndarray) -> np.ndarray:
     """Deal clusters, largest first, round-robin over the batches that still have room.
 
-    A cluster's members are dealt one after another, so they land in distinct batches whenever
-    the cluster is no larger than the number of batches open when its dealing starts.  Batches
-    fill evenly and close (when full) only in the last round, so this separates every cluster
-    when no cluster is larger than the number of full-size batches; a cluster as large as the
-    number of batches also gets one member per batch while the last, smaller batch has room.
+    ``size`` / ``first``: per shuffled position, its cluster's size and the position of the
+    cluster's first member.  Clusters are dealt largest first (ties: the cluster met first in the
+    shuffled order), a cluster's members in shuffled order, one after another, so they land in
+    distinct batches whenever the cluster is no larger than the number of batches open when its
+    dealing starts.  Batches fill evenly and close (when full) only in the last round, so this
+    separates every cluster when no cluster is larger than the number of full-size batches; a
+    cluster as large as the number of batches also gets one member per batch while the last,
+    smaller batch has room.
+
+    Round-robin over the open batches has a closed form: the k-th member dealt goes to batch
+    k mod n_batches while every batch is open, i.e. for the first ``last * n_batches`` members
+    (``last``: the last batch's capacity, which it reaches first), then round-robin over the
+    other batches.  Returns the dealt example indices batch after batch, each batch in dealing order.
     """
-    batches: list[list[int]] = [[] for _ in capacities]
-    open_batches = list(range(len(capacities)))
-    at = 0  # index into open_batches of the batch that gets the next member
-    for cluster in sorted(members.values(), key=len, reverse=True):  # stable: ties keep shuffled order
-        for i in cluster:
-            b = open_batches[at]
-            batches[b].append(i)
-            if len(batches[b]) == capacities[b]:
-                open_batches.pop(at)  # the next open batch slides into this index
-            else:
-                at += 1
-            if open_batches:
-                at %= len(open_batches)
-    return batches
+    n, n_batches, last = len(order), len(capacities), int(capacities[-1])
+    dealt = order[np.lexsort((np.arange(n), first, -size))]
+    k = np.arange(n, dtype=np.int64)
+    every = last * n_batches
+    batch = np.where(k < every, k % n_batches, (k - every) % max(n_batches - 1, 1))
+    return dealt[np.argsort(batch, kind="stable")]
