@@ -85,7 +85,7 @@ def test_an_audit_tokenises_batch_by_batch_and_loads_each_checkpoint_once(series
     load = audit.load_checkpoint
     monkeypatch.setattr(tokens, "encode_texts", counted_encode)
     monkeypatch.setattr(audit, "load_checkpoint", counted_load)
-    monkeypatch.setattr(tokens.token_counts, "__defaults__", (10,))
+    monkeypatch.setattr(tokens, "TOKEN_CHUNK", 10)
     store = Store(tmp_path / "gnq.duckdb")
     settings = audit.AuditSettings(lam=0.05, batch_size=4, max_length=24, seed=5, dtype="float64")
     run = audit.run_audit(store, checkpoints, load_texts(data), name="once", settings=settings)

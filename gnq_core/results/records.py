@@ -21,6 +21,7 @@ import pandas as pd
 
 SCORE_COLUMNS = ["example_id", "batch_index", "step", "gnq", "loss", "self_influence"]
 BATCH_COLUMNS = ["batch_index", "step", "size", "condition", "finite", "seconds"]
+WRITE_CHUNK = 100_000  # score rows per frame when ScoreColumns are written
 MIN_BATCH_SIZE = 2  # GNQ_j compares example j with the others of its batch (Σ_{k≠j}): B = 1 has none
 
 
@@ -126,8 +127,10 @@ class ScoreColumns:
                 setattr(out, name, getattr(out, name)[keep])
         return out
 
-    def frames(self, point: int, chunk: int = 100_000) -> Iterator[pd.DataFrame]:
-        """``score_frame`` of these rows, ``chunk`` rows at a time (one empty frame when there are none)."""
+    def frames(self, point: int, chunk: int | None = None) -> Iterator[pd.DataFrame]:
+        """``score_frame`` of these rows, ``chunk`` (default ``WRITE_CHUNK``) rows at a time (one
+        empty frame when there are none)."""
+        chunk = chunk or WRITE_CHUNK
         for start in range(0, max(self.n, 1), chunk):
             rows = slice(start, min(start + chunk, self.n))
             n = rows.stop - rows.start

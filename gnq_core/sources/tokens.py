@@ -57,9 +57,10 @@ def collate(ids: Sequence[Sequence[int]], example_ids: Sequence[int], pad: int) 
 TOKEN_CHUNK = 4096  # texts tokenised per call when only their token counts are wanted
 
 
-def token_counts(tokenizer, texts: Sequence[str], max_length: int, chunk: int = TOKEN_CHUNK) -> np.ndarray:
-    """Tokens per text after truncation (int32), ``chunk`` texts tokenised at a time, so the token
-    ids of a whole dataset are never held at once."""
+def token_counts(tokenizer, texts: Sequence[str], max_length: int, chunk: int | None = None) -> np.ndarray:
+    """Tokens per text after truncation (int32), ``chunk`` (default ``TOKEN_CHUNK``) texts
+    tokenised at a time, so the token ids of a whole dataset are never held at once."""
+    chunk = chunk or TOKEN_CHUNK
     counts = np.empty(len(texts), dtype=np.int32)
     for start in range(0, len(texts), chunk):
         ids = encode_texts(tokenizer, texts[start: start + chunk], max_length)

@@ -1,0 +1,96 @@
+"""Bounded memory of `gnq audit` (issue 20): what an audit holds beyond the texts themselves
+grows by a small per-text index (numpy columns), never by Python objects or token lists per text.
+
+The full-size number (2,000,000 texts under 2 GB max RSS) is benchmarks/audit_memory.py; here
+the pipeline runs in-process on two dataset sizes and tracemalloc's peak (Python objects and
+numpy arrays; the texts are loaded before tracing starts) must grow by at most ``PER_TEXT`` bytes
+a text.  Before the streaming audit the slope was about 10 KB a text (every text's MinHash
+signature, token ids, result objects and rows held at once).
+"""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gnq_core.pipelines.audit import run_audit
+from gnq_core.pipelines.settings import AuditSettings
+from gnq_core.results import records
+from gnq_core.results.records import ScoreColumns, TextResult, score_frame
+from gnq_core.results.store import Store
+from gnq_core.sources import copies, tokens
+from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.datasets import load_texts
+from gnq_core.sources.models import build_model, train_tokenizer
+
+PER_TEXT = 1500  # bytes of traced peak per extra text (measured ~0.5 KB streaming, ~10 KB before)
+WORDS = [f"{a}{b}" for a in "bdfgklmnprstv" for b in ("a", "e", "i", "o", "u", "an", "el", "or")]
+
+
+def short_texts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    out = [" ".join(rng.choices(WORDS, k=rng.randint(4, 8))) + f" {rng.randint(0, 99999)}" for _ in range(n)]
+    return [out[i - 7] if i % 50 == 49 else t for i, t in enumerate(out)]  # some exact copies
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("memory")
+    tok = train_tokenizer(short_texts(300, seed=9), vocab_size=300)
+    save_checkpoint(build_model("tiny", len(tok), 16, seed=0), tok, root / "tiny")
+    return root / "tiny"
+
+
+def traced_peak(checkpoint: Path, folder: Path, n: int) -> int:
+    """tracemalloc's peak while auditing n short texts (dataset loaded before tracing)."""
+    data = folder / f"texts-{n}.txt"
+    data.write_text("\n".join(short_texts(n, seed=n)) + "\n", encoding="utf-8")
+    dataset = load_texts(data)
+    settings = AuditSettings(lam=0.05, batch_size=16, max_length=16, device="cpu")
+    tracemalloc.start()
+    try:
+        run = run_audit(Store(folder / f"gnq-{n}.duckdb"), checkpoint, dataset, name="m", settings=settings)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert run.status == "done"
+    return peak
+
+
+def test_audit_memory_grows_by_a_small_per_text_index(checkpoint, tmp_path, monkeypatch):
+    # What is held a chunk at a time stays the same from one size to the other with small chunks.
+    monkeypatch.setattr(tokens, "TOKEN_CHUNK", 50)
+    monkeypatch.setattr(copies, "LSH_CHUNK", 50)
+    monkeypatch.setattr(records, "WRITE_CHUNK", 50)
+    traced_peak(checkpoint, tmp_path, 64)  # imports and caches of a first audit, outside the slope
+    small, large = 300, 1500
+    grown = traced_peak(checkpoint, tmp_path, large) - traced_peak(checkpoint, tmp_path, small)
+    slope = grown / (large - small)
+    assert slope < PER_TEXT, f"{slope:.0f} bytes of traced peak per text"
+
+
+def test_score_columns_write_the_rows_of_score_frame():
+    rng = np.random.default_rng(0)
+    texts = [TextResult(int(e), k // 3, None if k % 4 else k, None if k % 5 == 0 else float(rng.random()),
+                        float(rng.random()), None if k % 5 == 0 else float(rng.random()))
+             for k, e in enumerate(rng.permutation(40))]
+    columns = ScoreColumns(4)  # grows past its first capacity
+    for start in range(0, 40, 3):
+        columns.add(texts[start: start + 3])
+    frames = list(columns.frames(point=2, chunk=7))
+    assert len(frames) == 6
+    pd.testing.assert_frame_equal(pd.concat(frames, ignore_index=True), score_frame(texts, 2))
+    pd.testing.assert_frame_equal(next(ScoreColumns().frames(point=2)), score_frame([], 2))
+    shuffled = ScoreColumns.joined([_columns(texts[21:]), _columns(texts[:21])])  # ranks' parts: batch order
+    pd.testing.assert_frame_equal(next(shuffled.frames(point=2)), score_frame(texts, 2))
+
+
+def _columns(texts: list[TextResult]) -> ScoreColumns:
+    out = ScoreColumns()
+    out.add(texts)
+    return out
