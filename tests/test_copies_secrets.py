@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gnq_core.sources.copies import NEAR_THRESHOLD, find_copies, jaccard, normalise, shingles
+from gnq_core.sources import copies
+from gnq_core.sources.copies import (
+    LSH_MARGIN,
+    MINHASH_SEED,
+    NEAR_THRESHOLD,
+    NUM_PERM,
+    find_copies,
+    jaccard,
+    normalise,
+    shingles,
+)
 from gnq_core.sources.secrets import find_secrets, iban_ok, luhn_ok, secret_labels
 from gnq_core.sources.tokens import batch_partition
 
@@ -101,6 +111,98 @@ def test_partition_without_copies_is_the_plain_shuffle_and_impossible_cases_do_t
     assert _conflicts(parts, clusters) == 1
     with pytest.raises(ValueError):
         batch_partition(4, 2, 0, [0, 1])
+
+
+def _dealt_round_robin(n: int, batch_size: int, seed: int, clusters: list[int]) -> list[list[int]]:
+    """The copies-apart partition as first written (Python lists, an explicit round-robin over the
+    open batches): the reference the numpy closed form must equal."""
+    order = np.random.default_rng(seed).permutation(n).tolist()
+    capacities = [len(order[i: i + batch_size]) for i in range(0, n, batch_size)]
+    members: dict[int, list[int]] = {}
+    for i in order:
+        members.setdefault(clusters[i], []).append(i)
+    if all(len(m) == 1 for m in members.values()):
+        return [order[i: i + batch_size] for i in range(0, n, batch_size)]
+    batches: list[list[int]] = [[] for _ in capacities]
+    open_batches, at = list(range(len(capacities))), 0
+    for cluster in sorted(members.values(), key=len, reverse=True):
+        for i in cluster:
+            b = open_batches[at]
+            batches[b].append(i)
+            if len(batches[b]) == capacities[b]:
+                open_batches.pop(at)
+            else:
+                at += 1
+            if open_batches:
+                at %= len(open_batches)
+    return batches
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 90), batch_size=st.integers(1, 12), seed=st.integers(0, 10_000),
+       n_clusters=st.integers(1, 90))
+def test_numpy_partition_deals_exactly_as_the_round_robin(n, batch_size, seed, n_clusters):
+    clusters = np.random.default_rng(seed + 1).integers(0, n_clusters, n).tolist()
+    expected = _dealt_round_robin(n, batch_size, seed, clusters)
+    assert batch_partition(n, batch_size, seed, clusters) == expected
+
+
+def _copies_with_lsh_index(texts: list[str], threshold: float = NEAR_THRESHOLD) -> list[int]:
+    """Cluster ids as first written (a dict of normalised texts, datasketch's MinHashLSH index):
+    the reference the bounded-memory find_copies must equal."""
+    from datasketch import MinHash, MinHashLSH
+
+    parent = list(range(len(texts)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    def union(i: int, j: int) -> None:
+        a, b = find(i), find(j)
+        parent[max(a, b)] = min(a, b)
+
+    first: dict[str, int] = {}
+    for i, text in enumerate(texts):
+        first.setdefault(normalise(text), i)
+        union(first[normalise(text)], i)
+    if threshold == 1.0:  # exact copies only
+        return [find(i) for i in range(len(texts))]
+    distinct = sorted(first.values())
+    sets = {i: shingles(texts[i]) for i in distinct}
+    encoded = [[s.encode() for s in sets[i]] for i in distinct]
+    hashes = MinHash.bulk(encoded, num_perm=NUM_PERM, seed=MINHASH_SEED)
+    lsh = MinHashLSH(threshold=threshold * LSH_MARGIN, num_perm=NUM_PERM)
+    for i, h in zip(distinct, hashes, strict=True):
+        for j in lsh.query(h):
+            if jaccard(sets[i], sets[j]) >= threshold:
+                union(i, j)
+        lsh.insert(i, h)
+    return [find(i) for i in range(len(texts))]
+
+
+def test_bounded_memory_copies_equal_the_lsh_index(monkeypatch):
+    monkeypatch.setattr(copies, "LSH_CHUNK", 7)  # signatures taken in several chunks
+    rng = random.Random(4)
+    words = [f"w{i}" for i in range(30)]
+    base = [" ".join(rng.choices(words, k=rng.randint(0, 12))) for _ in range(25)]
+    texts = []
+    for _ in range(300):  # exact copies (case, spaces), one-word edits, additions, no words at all
+        t = rng.choice(base).split()
+        r = rng.random()
+        if r < 0.3 and t:
+            t[rng.randrange(len(t))] = rng.choice(words)
+        elif r < 0.45:
+            t = [*t, rng.choice(words)]
+        elif r < 0.55:
+            t = [w.upper() for w in t]
+        elif r < 0.6:
+            t = ["?!"]
+        texts.append(" ".join(t) + " " * rng.randint(0, 1))
+    for threshold in (NEAR_THRESHOLD, 0.5, 1.0):
+        found = find_copies(texts, threshold)["cluster_id"].tolist()
+        assert found == _copies_with_lsh_index(texts, threshold)
 
 
 # ------------------------------------------------------------------------------------------ secrets
