@@ -62,6 +62,7 @@ def traced_peak(checkpoint: Path, folder: Path, n: int) -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_audit_memory_grows_by_a_small_per_text_index(checkpoint, tmp_path, monkeypatch):
     # What is held a chunk at a time stays the same from one size to the other with small chunks.
     monkeypatch.setattr(tokens, "TOKEN_CHUNK", 50)
