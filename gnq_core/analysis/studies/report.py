@@ -242,10 +242,15 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
                                               + result.method())
     r.figure(roc_lines(pr.roc_points(frame), result), filename,
              "ROC curve of each signal against the attack's outcome (legend: AUC); dotted: chance.")
+    r.table(pr.display_stratified(result),
+            caption="Controlled for text length: each signal's AUC over all attacked texts next to its AUC "
+                    "within length bins, averaged over the bins that hold both outcomes (each bin once; "
+                    "bootstrap within each bin). A signal that only tracks length drops to 0.5 here.")
     by_bin = pr.display_bins(result)
     if len(by_bin):
         r.table(by_bin, caption="The same within length bins (texts of similar length).")
-    return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": bins_sentence}
+    return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": bins_sentence,
+            "predictive_stratified": result.stratified}
 
 
 def roc_lines(points: pd.DataFrame, result: pr.Predictive):
