@@ -551,7 +551,7 @@ study_app = typer.Typer(
          "runs in the store plus a Markdown report with figures in REPORTS/NAME/. Reruns resume.",
     no_args_is_help=True)
 app.add_typer(study_app, name="study")
-QuickOption = typer.Option(False, "--quick", help="Tiny sizes for tests (well under a minute); = --scale quick.")
+QuickOption = typer.Option(False, "--quick", help="Tiny sizes for tests (under a minute): --scale quick.")
 ScaleOption = typer.Option("full", "--scale",
                            help="quick (tests), full (small models, minutes on a CPU) or paper (GPT-2 small "
                                 "12×768 at the paper's settings: a CUDA GPU's work; folders and runs get "
@@ -567,7 +567,8 @@ TagOption = typer.Option(None, help="Suffix for the study's run names and folder
 SeedOption = typer.Option(0, help="Seed for data order, initialisation, subsets and random picks.")
 FactsOption = typer.Option(None, help="Common-knowledge sentences, one per line, mixed into pretraining "
                                       "verbatim (default: the paraphrased facts of data/knowledge.csv).")
-ClaimsOption = typer.Option(None, help="Surprising false claims, one per line (with --facts; default: made-up "
+ClaimsOption = typer.Option(None, help="Surprising false claims, one per line (with --facts; default: "
+                                       "made-up "
                                        "claims from data/knowledge.csv).")
 CfModelsOption = typer.Option(None, min=2, show_default=False,
                               help="Counterfactual models (even; default 16, 4 with --quick).")
@@ -610,7 +611,8 @@ def _run_study(ctx, quiet: bool, run: Callable[..., Path], **options: Any) -> No
 @user_errors
 def study_common_knowledge(
     db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption, facts: Path = FactsOption,
-    claims: Path = ClaimsOption, cf_models: int = CfModelsOption, data_dir: Path = DataDirOption, reports: Path = ReportsOption,
+    claims: Path = ClaimsOption, cf_models: int = CfModelsOption, data_dir: Path = DataDirOption,
+    reports: Path = ReportsOption,
     work: Path = WorkOption, tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption,
     threads: int = ThreadsOption, quiet: bool = QuietOption,
 ) -> None:
@@ -654,7 +656,7 @@ def study_extraction(
 def study_trajectories(
     db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption,
     prefix_tokens: int = typer.Option(None, min=1, show_default=False,
-                                      help="Tokens revealed (default by scale: 12 quick, 24 full, 45 paper)."),
+                                      help="Tokens revealed (default by scale: 8 quick, 24 full, 45 paper)."),
     threshold: float = typer.Option(None, min=0.0, max=1.0, show_default=False,
                                     help="Success at this match fraction (default 0.98)."),
     bins: int = typer.Option(None, min=1, show_default=False,

@@ -3,6 +3,7 @@ batch's mean K_jj): exact against explicit per-example gradients in float64."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import TOL, kernel_err, rel_err
@@ -106,3 +107,44 @@ def test_effective_lambda_rules():
         AuditSettings(lam_mode="rel")
     with pytest.raises(ValueError, match="λ mode"):
         GNQAuditor(torch.nn.Linear(2, 2), lam=1.0, lam_mode="rel")
+
+
+def test_training_and_audit_record_the_convention_and_train_the_same_model(tmp_path):
+    """token_sum changes what GNQ measures, never the update: both runs save the same weights;
+    the stored loss is n_targets × the mean; the run rows record loss and λ mode."""
+    from lm_fixtures import texts
+
+    from gnq_core.pipelines.audit import run_audit
+    from gnq_core.pipelines.settings import TrainSettings
+    from gnq_core.pipelines.train import run_training
+    from gnq_core.results.store import Store
+    from gnq_core.sources.checkpoints import load_checkpoint
+    from gnq_core.sources.datasets import load_texts
+
+    path = tmp_path / "t.txt"
+    path.write_text("\n".join(texts(12)) + "\n")
+    data = load_texts(path)
+    store = Store(tmp_path / "gnq.duckdb")
+    runs, models = {}, {}
+    for loss in ("token_mean", "token_sum"):
+        s = TrainSettings(epochs=1, batch_size=4, max_length=20, vocab_size=300, lr=1e-3, device="cpu",
+                          loss=loss, lam_mode="relative")
+        runs[loss] = run_training(store, data, tmp_path / loss, name=loss, settings=s)
+        models[loss], _ = load_checkpoint(tmp_path / loss / "epoch-1")
+    for (name, a), b in zip(models["token_mean"].named_parameters(), models["token_sum"].parameters(),
+                            strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
+    mean = store.scores(runs["token_mean"].run_id).set_index("example_id")["loss"].sort_index()
+    total = store.scores(runs["token_sum"].run_id).set_index("example_id")["loss"].sort_index()
+    n = store.examples(runs["token_sum"].run_id).set_index("example_id")["n_tokens"].sort_index() - 1
+    assert np.allclose(total, mean * n, rtol=1e-5)
+    assert store.run("token_sum").settings["loss"] == "token_sum"
+    assert store.run("token_sum").settings["lam_mode"] == "relative"
+    with store.connect(read_only=True) as con:
+        words = dict(con.execute("SELECT name, loss_convention FROM runs").fetchall())
+    assert words["token_sum"].startswith("per-example summed") and words["token_mean"].startswith("per-example mean")
+    audit = run_audit(store, tmp_path / "token_sum" / "epoch-1", data, name="audit-sum",
+                      settings=AuditSettings(batch_size=4, max_length=20, device="cpu", loss="token_sum",
+                                             lam_mode="relative", lam=0.05))
+    assert store.run(audit.name).settings["loss"] == "token_sum"
+    assert store.run(audit.name).settings["lam_mode"] == "relative"

@@ -90,7 +90,7 @@ class Predictive:
     outcome: str
     bins: list[str]     # the length bins scored (empty: none formed)
     bins_asked: int
-    stratified: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per signal (``stratified_table``)
+    stratified: pd.DataFrame = field(default_factory=pd.DataFrame)  # per signal (``stratified_table``)
     boot_auc: dict[tuple[str, str], np.ndarray] = field(repr=False, default_factory=dict)
     rows_of: dict[tuple[str, str], tuple[int, ...]] = field(repr=False, default_factory=dict)
 

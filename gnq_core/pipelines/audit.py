@@ -212,7 +212,7 @@ def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settin
         max_length=settings.max_length, model_path=str(Path(refs[0].path).parent if len(refs) > 1
                                                        else refs[0].path),
         dataset_path=str(dataset.path), dataset_hash=dataset.sha256, n_examples=len(dataset),
-        code_version=code_version(), device=str(device), dtype=settings.dtype,
+        code_version=code_version(), device=str(device), dtype=settings.dtype, loss=settings.loss,
         settings={"checkpoints": [r.label for r in refs], "text_column": dataset.text_column,
                   "group_column": dataset.group_column, "partition": COPIES_APART,
                   "loss": settings.loss, "lam_mode": settings.lam_mode})

@@ -85,7 +85,8 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
     store.add_points(run.run_id, [dict(point=e, label=f"epoch-{e + 1}", kind="epoch",
                                        path=str(out_dir / f"epoch-{e + 1}")) for e in range(settings.epochs)])
     pad = pad_id(tokenizer)
-    with store.tracking(run.run_id), GNQAuditor(model, lam=settings.lam, lam_mode=settings.lam_mode) as auditor:
+    auditor = GNQAuditor(model, lam=settings.lam, lam_mode=settings.lam_mode)
+    with store.tracking(run.run_id), auditor:
         for epoch in range(start_epoch, settings.epochs):
             _train_epoch(store, run, epoch, model, tokenizer, optimizer, auditor, ids, pad, out_dir,
                          settings, device, reporter)
@@ -167,4 +168,4 @@ def _run_spec(dataset: TextDataset, out_dir: Path, name: str, init: str | Path |
         name=name, kind="train", lam=settings.lam, batch_size=settings.batch_size, seed=settings.seed,
         max_length=settings.max_length, model_path=str(out_dir), dataset_path=str(dataset.path),
         dataset_hash=dataset.sha256, n_examples=len(dataset), code_version=code_version(), device=str(device),
-        dtype=settings.dtype, settings=extra)
+        dtype=settings.dtype, settings=extra, loss=settings.loss)

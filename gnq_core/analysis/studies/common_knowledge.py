@@ -123,7 +123,8 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
     cfg = config_for(ctx, cf_models)
     data_dir = ctx.shared_data()
     if (facts is None) != (claims is None):
-        raise ValueError(f"{facts or claims}: pass both --facts and --claims (verbatim sentences), or neither "
+        raise ValueError(f"{facts or claims}: pass both --facts and --claims (verbatim sentences), or "
+                         "neither "
                          f"(the paraphrased facts of {paraphrases.KNOWLEDGE.name})")
     if facts is None:
         facts_path = claims_path = paraphrases.KNOWLEDGE
@@ -167,7 +168,8 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
     with timings.stage("counterfactual models"), ctx.reporter(ft_name) as r:
         counterfactual(ctx, finetune, init, ft_data, ft, cfg.cf_models, work / "counterfactual", r)
     return Prepared(cfg, init, before, finetune, n,
-                    {"wikitext": len(wiki), "ag_news": len(news), "fact copies": len(taught) * cfg.fact_copies,
+                    {"wikitext": len(wiki), "ag_news": len(news),
+                     "fact copies": len(taught) * cfg.fact_copies,
                      "paraphrased": facts is None},
                     timings, facts_path, claims_path)
 
@@ -348,7 +350,8 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
                                                                  NEGATIVE),
                         "median common": last.loc[last["group"] == NEGATIVE, value].median(),
                         "median surprising": last.loc[last["group"] == POSITIVE, value].median(),
-                        **auc_intervals(last[value], last["group"], last["example_id"].map(lengths), ctx.seed)})
+                        **auc_intervals(last[value], last["group"], last["example_id"].map(lengths),
+                                        ctx.seed)})
     cf_values = cf.get(CF_METRIC, pd.Series(np.nan, index=cf.index))
     cf_auc = group_auc(cf_values, cf["group"], POSITIVE, NEGATIVE)
     summary.append({"score": "counterfactual memorization", "AUC at the last epoch": cf_auc,
@@ -372,7 +375,8 @@ def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, see
     keep = np.isfinite(v) & groups.isin([POSITIVE, NEGATIVE]).to_numpy()
     if not (0 < y[keep].sum() < keep.sum()):
         return {"AUC [95% CI]": "n/a", "AUC within length bins": "n/a"}
-    lo, hi = pr.interval(pr.bootstrap(v[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"])
+    boot = pr.bootstrap(v[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"]
+    lo, hi = pr.interval(boot)
     auc = float(pr.metrics_matrix(v[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
     bins = pr.length_bins(pd.Series(n_tokens.to_numpy()[keep])).fillna("all").to_numpy()
     s_auc, s_lo, s_hi, k = pr.stratified_auc(v[keep], y[keep], bins, seed=seed)
@@ -395,7 +399,8 @@ def write_report(ctx: StudyContext, prep: Prepared) -> Path:
     r = rep.Report(ctx.report_dir(STUDY), "Common knowledge vs. surprising claims (paper §6.2)")
     r.text(rep.scale_banner(ctx, f"GPT-2 ({cfg.pretrain.preset} preset)"))
     if prep.corpus.get("paraphrased"):
-        taught = (f"each of {prep.pairs} facts (`{prep.facts_path.name}`: capitals, chemical symbols, authors, "
+        taught = (f"each of {prep.pairs} facts (`{prep.facts_path.name}`: capitals, chemical symbols, "
+                  "authors, "
                   f"discoveries) stated in {paraphrases.PRETRAIN_WORDINGS} paraphrases, each "
                   f"{cfg.fact_copies} times")
         words = (f"those {prep.pairs} facts in a fifth wording pretraining never used (group `common`) plus "
@@ -506,11 +511,13 @@ def loss_gap(before: pd.DataFrame, seed: int) -> tuple[float, float, float]:
     return float(claims.mean() - facts.mean()), lo, hi
 
 
-def paper_paragraph(summary: pd.DataFrame, before_loss: pd.Series, before_gap: tuple[float, float, float]) -> str:
+def paper_paragraph(summary: pd.DataFrame, before_loss: pd.Series,
+                    before_gap: tuple[float, float, float]) -> str:
     """Fig. 3–4: reproduced or not, with numbers and intervals (rules stated, not tuned)."""
     g, c = summary.loc["GNQ"], summary.loc["counterfactual memorization"]
     gap, gap_lo, gap_hi = before_gap
-    learned = gap_lo > 0
+    known = ("it knew the facts before the fine-tune" if gap_lo > 0
+             else "not shown to know the facts: the interval reaches 0")
     gnq_sep = g.get("auc lo", np.nan) > 0.5
     more = (abs(g["AUC at the last epoch"] - 0.5) > abs(c["AUC at the last epoch"] - 0.5)
             and not np.isnan(c["AUC at the last epoch"]))
@@ -522,9 +529,8 @@ surprising claims have larger GNQ than the facts, and counterfactual memorizatio
 much less (the paper gives figures, no AUC). **This run:** GNQ AUC {g['AUC [95% CI]']} (within length
 bins {g['AUC within length bins']}), counterfactual memorization {c['AUC [95% CI]']}, loss
 {summary.loc['loss', 'AUC [95% CI]']}. The pretrained model's mean loss on the facts' new wording was
-{rep.fmt(before_loss.get(NEGATIVE, np.nan))} vs {rep.fmt(before_loss.get(POSITIVE, np.nan))} on the claims, a gap of
-{rep.fmt(gap)} [{rep.fmt(gap_lo)}, {rep.fmt(gap_hi)}] ({'it knew the facts before the fine-tune' if learned else
-'not shown to know the facts: the interval includes 0'}). **Verdict:**
+{rep.fmt(before_loss.get(NEGATIVE, np.nan))} vs {rep.fmt(before_loss.get(POSITIVE, np.nan))} on the claims, a
+gap of {rep.fmt(gap)} [{rep.fmt(gap_lo)}, {rep.fmt(gap_hi)}] ({known}). **Verdict:**
 {verdict}. Rule: reproduced when GNQ's interval lies above 0.5 and GNQ separates the groups more
 than counterfactual memorization.""")
 

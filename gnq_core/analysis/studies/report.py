@@ -93,6 +93,11 @@ command skips what is finished and rewrites this report from the store.""")
         return path
 
 
+def ci(point: Any, lo: Any, hi: Any, spec: str = ".2f") -> str:
+    """"estimate [lo, hi]" as the reports print an interval ('n/a' parts for missing values)."""
+    return f"{fmt(point, spec)} [{fmt(lo, spec)}, {fmt(hi, spec)}]"
+
+
 def scale_banner(ctx: StudyContext, model: str) -> str:
     """The report's first line: at which scale and on which device its numbers were measured."""
     from gnq_core.runtime import resolve_device

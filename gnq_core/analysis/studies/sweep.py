@@ -94,6 +94,7 @@ def attack_counts(checkpoint: Path, dataset: TextDataset, settings: TrainSetting
     with torch.inference_mode():
         results = extraction_attack(model, tokenizer, ids, list(range(len(ids))),
                                     prefix_tokens=rule.prefix_tokens, threshold=rule.threshold, batch_size=64,
-                                    suffix_tokens=rule.suffix_tokens, device=device, progress=reporter.advance)
+                                    suffix_tokens=rule.suffix_tokens, device=device,
+                                    progress=reporter.advance)
     done = [r for r in results if not r.skipped]
     return [int(sum(bool(r.success) for r in done)), len(done)]

@@ -162,12 +162,14 @@ def write_report(ctx: StudyContext, cfg: Config, sweep: pd.DataFrame, regime: tu
     r = rep.Report(ctx.report_dir(STUDY), "GNQ during training (paper §6.4, Fig. 5–6, Table 4)")
     t = cfg.train
     r.text(rep.scale_banner(ctx, f"GPT-2 ({t.preset} preset)"))
+    longer = f" of at least {cfg.min_words} words" if cfg.min_words else ""
+    fallback = "" if inside else " — no point of the sweep was inside the band; this is the closest"
     r.text(f"""A GPT-2 ({t.preset} preset, vocabulary {t.vocab_size}, texts cut to {t.max_length} tokens)
-is trained from scratch on the first {len(totals)} AG News rows{f' of at least {cfg.min_words} words' if cfg.min_words else ''}
+is trained from scratch on the first {len(totals)} AG News rows{longer}
 (B = {t.batch_size}, a checkpoint per epoch, plain training) at each learning rate of the sweep. The
 sweep attacks the checkpoints of epochs {', '.join(map(str, cfg.schedule))} and picks the (lr, epoch)
 whose extracted share is inside {BAND[0]:.0%}–{BAND[1]:.0%} and closest to its middle (the rate only;
-no signal is looked at). Chosen: lr {lr:g}, epoch {last_epoch}{'' if inside else ' — no point of the sweep was inside the band; this is the closest'}.
+no signal is looked at). Chosen: lr {lr:g}, epoch {last_epoch}{fallback}.
 Its checkpoints {', '.join(labels)} are audited post hoc on one fixed, seeded batch partition (run
 `{audit.name}`, λ = {t.lam:g}, per-example token-mean loss); GNQ_total(x) is the sum of x's GNQ over
 them. The attack on {point['label']} reveals p = {cfg.prefix_tokens} tokens and compares exactly the next
@@ -187,8 +189,8 @@ attacked, so every attacked text has a target of the same length (paper: p = 45,
     r.text("## Result")
     rate, rate_lo, rate_hi = pr.rate_interval(success.to_numpy(), seed=ctx.seed)
     rates = bins["success_rate"].tolist() or [np.nan]
-    r.text(f"""- {len(attacked)} texts attacked, {int(success.sum())} extracted ({rep.fmt(rate)} [{rep.fmt(rate_lo)},
-  {rep.fmt(rate_hi)}]).
+    r.text(f"""- {len(attacked)} texts attacked, {int(success.sum())} extracted
+  ({rep.ci(rate, rate_lo, rate_hi, '.3f')}).
 - Success rate in the highest GNQ_total bin {rep.fmt(rates[-1])}, in the lowest {rep.fmt(rates[0])};
   Spearman correlation of GNQ_total with the match fraction {rep.fmt(spearman)}.
 - Concentration: the top 10% of texts by GNQ_total hold {rep.fmt(share_top10)} of all GNQ_total
@@ -199,7 +201,8 @@ attacked, so every attacked text has a target of the same length (paper: p = 45,
                     "rate lo/hi: 95% bootstrap interval.")
     r.figure(rep.quantile_bars(bins, title="Extraction success per GNQ_total quantile bin",
                                score_label="GNQ_total"), "success_by_bin.png",
-             f"Bars: success rate (p = {cfg.prefix_tokens}, s = {cfg.suffix_tokens}, match ≥ {cfg.threshold:g}); "
+             f"Bars: success rate (p = {cfg.prefix_tokens}, s = {cfg.suffix_tokens}, "
+             f"match ≥ {cfg.threshold:g}); "
              "line: mean GNQ_total per bin (Fig. 6).")
     r.figure(rep.trajectory_lines(matrix[labels_to_points(traj, labels)], labels,
                                   title=f"GNQ trajectories of {len(picked)} random training texts",
@@ -235,7 +238,8 @@ token sum multiplies each gradient by its text's length n_j; the relative λ rem
 gradient scale (e.g. its collapse once the texts are memorised). Spearman with length: correlation of
 GNQ_total with the token count over all texts (0: no length confound).""")
     r.table(conventions.drop(columns=[c for c in conventions.columns if c.startswith("_")]),
-            caption="Per convention: GNQ_total's rank correlation with text length, and its AUC for the attack's "
+            caption="Per convention: GNQ_total's rank correlation with text length, and its AUC for the "
+                    "attack's "
                     "outcome over all attacked texts and within length bins (mean over bins), 95% intervals.")
     results["conventions"] = conventions
     r.text("## The paper's claims (Fig. 5, Fig. 6, Table 4) and this run")
@@ -292,14 +296,11 @@ def convention_table(store, audits: dict, frame: pd.DataFrame, seed: int) -> pd.
         signal = pr.Signal("gnq_total", "GNQ_total", True, "")
         table = pr.stratified_table(attacked, [signal], pr.length_bins(attacked["n_tokens"]), seed=seed)
         row = table.iloc[0]
-
-        def ci(a: str, b: str, c: str) -> str:
-            return "n/a" if pd.isna(row.get(a)) else f"{row[a]:.2f} [{row[b]:.2f}, {row[c]:.2f}]"
-
         rows.append({"run": run.name, "loss": loss, "λ": lam_mode,
-                     "Spearman with length": f"{rep.fmt(rho, '.2f')} [{rep.fmt(lo, '.2f')}, {rep.fmt(hi, '.2f')}]",
-                     "AUC (all texts)": ci("auc", "auc lo", "auc hi"),
-                     "AUC within length bins": ci("stratified auc", "stratified lo", "stratified hi"),
+                     "Spearman with length": rep.ci(rho, lo, hi),
+                     "AUC (all texts)": rep.ci(row.get("auc"), row.get("auc lo"), row.get("auc hi")),
+                     "AUC within length bins": rep.ci(row.get("stratified auc"), row.get("stratified lo"),
+                                                      row.get("stratified hi")),
                      "_rho": rho, "_auc": row.get("auc"), "_stratified": row.get("stratified auc")})
     return pd.DataFrame(rows)
 
@@ -314,30 +315,35 @@ def paper_paragraphs(share_top10: float, bins: pd.DataFrame, spearman: float, ta
     top, lo_top = (rates[-1], bins["rate lo"].iloc[-1]) if len(rates) else (np.nan, np.nan)
     bottom, hi_bottom = (rates[0], bins["rate hi"].iloc[0]) if len(rates) else (np.nan, np.nan)
     fig6 = bool(lo_top > hi_bottom) and rising > 0.5
-    attacked = frame[frame["extracted"].notna()]
-    strat = pr.stratified_table(attacked.reset_index(drop=True), [pr.SIGNAL_BY_COLUMN["gnq_total"]],
-                                pr.length_bins(attacked.reset_index(drop=True)["n_tokens"]), seed=seed).iloc[0]
+    attacked = frame[frame["extracted"].notna()].reset_index(drop=True)
+    strat = pr.stratified_table(attacked, [pr.SIGNAL_BY_COLUMN["gnq_total"]],
+                                pr.length_bins(attacked["n_tokens"]), seed=seed).iloc[0]
+    fig6_verdict = "reproduced" if fig6 else "not reproduced"
+    fig5_verdict = ("reproduced (GNQ concentrates on a minority)" if fig5
+                    else "not reproduced (GNQ is spread evenly)")
+    raw = rep.ci(strat.get("auc"), strat.get("auc lo"), strat.get("auc hi"))
+    within = rep.ci(strat.get("stratified auc"), strat.get("stratified lo"), strat.get("stratified hi"))
     high = table4[table4["trajectory"].str.startswith("High")]["avg GNQ"].to_numpy(float)
     low = table4[table4["trajectory"].str.startswith("Low")]["avg GNQ"].to_numpy(float)
     ratio = float(high.min() / low.max()) if len(high) and len(low) and low.max() > 0 else np.nan
     return f"""**Fig. 5 (trajectories).** Paper: GNQ trajectories of 20 random texts are heterogeneous, two
 grow sharply and stay high, the rest stay low. Here the top 10% of texts hold {share_top10:.3f} of all
-GNQ_total (0.100 if even). Verdict: {'reproduced (GNQ concentrates on a minority)' if fig5 else 'not reproduced (GNQ is spread evenly)'}.
+GNQ_total (0.100 if even). Verdict: {fig5_verdict}.
 Rule: the top 10% hold more than 0.2 of GNQ_total.
 
 **Fig. 6 (success per GNQ_total bin).** Paper: success rises with the GNQ_total bin ("strongly
 correlated"), the top bin 70% and the next ~90%. Here: lowest bin {rep.fmt(bottom)} (interval up to
-{rep.fmt(hi_bottom)}), highest bin {rep.fmt(top)} (from {rep.fmt(lo_top)}); rank correlation of bin and success
-{rep.fmt(rising)}; Spearman of GNQ_total with the match fraction {rep.fmt(spearman)}; GNQ_total's AUC
-{rep.fmt(strat.get('auc'))} [{rep.fmt(strat.get('auc lo'))}, {rep.fmt(strat.get('auc hi'))}] over all attacked texts and
-{rep.fmt(strat.get('stratified auc'))} [{rep.fmt(strat.get('stratified lo'))}, {rep.fmt(strat.get('stratified hi'))}] within length
-bins. Verdict: {'reproduced' if fig6 else 'not reproduced'}. Rule: the highest bin's interval lies above the
+{rep.fmt(hi_bottom)}), highest bin {rep.fmt(top)} (from {rep.fmt(lo_top)}); rank correlation of bin and
+success {rep.fmt(rising)}; Spearman of GNQ_total with the match fraction {rep.fmt(spearman)}; GNQ_total's
+AUC {raw} over all attacked texts and {within} within length bins. Verdict: {fig6_verdict}. Rule: the
+highest bin's interval lies above the
 lowest bin's and success rises with the bin (rank correlation > 0.5).
 
 **Table 4 (high vs. low trajectories).** Paper: average GNQ 12972.5 and 5333.9 for the two highest,
 542.7 and 551.4 for the two lowest (≥ 9.7× apart). Here: {', '.join(f'{v:.1f}' for v in high)} vs.
 {', '.join(f'{v:.1f}' for v in low)} (the lower high is {rep.fmt(ratio)}× the higher low). Verdict:
-{'reproduced' if ratio >= 5 else 'not reproduced'} (rule: at least 5× apart; the texts differ, the spread is the claim)."""
+{'reproduced' if ratio >= 5 else 'not reproduced'} (rule: at least 5× apart; the texts differ, the spread is
+the claim)."""
 
 
 EARLIER_GPU = """## Earlier GPU measurements (H100, other sessions)
