@@ -142,7 +142,8 @@ def test_training_and_audit_record_the_convention_and_train_the_same_model(tmp_p
     assert store.run("token_sum").settings["lam_mode"] == "relative"
     with store.connect(read_only=True) as con:
         words = dict(con.execute("SELECT name, loss_convention FROM runs").fetchall())
-    assert words["token_sum"].startswith("per-example summed") and words["token_mean"].startswith("per-example mean")
+    assert words["token_sum"].startswith("per-example summed")
+    assert words["token_mean"].startswith("per-example mean")
     audit = run_audit(store, tmp_path / "token_sum" / "epoch-1", data, name="audit-sum",
                       settings=AuditSettings(batch_size=4, max_length=20, device="cpu", loss="token_sum",
                                              lam_mode="relative", lam=0.05))
