@@ -336,3 +336,25 @@ def test_wikitext_chunks_are_bounded_sentences():
     assert len(chunks) == 50
     assert all(5 <= len(c.split()) <= 24 for c in chunks)
     assert not any(" @,@ " in c or c.startswith("=") for c in chunks)
+
+
+def test_paper_scale_is_the_papers_setup(tmp_path):
+    from gnq_core.analysis.studies import common_knowledge as ck
+    from gnq_core.analysis.studies import trajectories as tr
+    from gnq_core.analysis.studies.base import StudyContext
+    from gnq_core.sources.models import PRESETS
+
+    ctx = StudyContext(store=Store(tmp_path / "gnq.duckdb"), scale="paper")
+    assert ctx.label("trajectories") == "trajectories-paper" and ctx.pick(1, 2, 3) == 3
+    cfg = ctx.pick(tr.QUICK, tr.FULL, tr.PAPER)
+    assert cfg.schedule == (1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100)  # the paper's checkpoints
+    assert (cfg.prefix_tokens, cfg.threshold, cfg.examples) == (45, 0.98, 500)
+    assert cfg.prefix_tokens + cfg.suffix_tokens <= cfg.train.max_length
+    assert PRESETS[cfg.train.preset] == PRESETS[ck.PAPER.pretrain.preset] == {"n_layer": 12, "n_embd": 768,
+                                                                             "n_head": 12}
+    if HAS_DATA:
+        from gnq_core.analysis.studies.base import ag_news
+
+        assert sum(len(t.split()) >= cfg.min_words for t, _ in ag_news(SHARED_DATA)) >= cfg.examples
+    with pytest.raises(ValueError, match="scale"):
+        StudyContext(store=ctx.store, scale="huge")
