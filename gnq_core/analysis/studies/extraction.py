@@ -70,9 +70,10 @@ dashboard shows the same attack.""")
     aucs = predictive_auc(attacked)
     rate, rate_lo, rate_hi = pr.rate_interval(attacked["success"].to_numpy(), seed=ctx.seed)
     r.text("## Result")
-    r.text(_verdict(table, overall) + "\n" + _reading(by_group, aucs))
+    r.text(_verdict(table, overall) + "\n" + _reading(by_group, aucs, bool(prep.corpus.get("paraphrased"))))
     r.text("## The paper's claim (Table 3) and this run")
     r.text(paper_paragraph(table, (rate, rate_lo, rate_hi)))
+    r.text(EARLIER)
     show = table.assign(Budget=[("top-" if not t.startswith("Random") else "") + f"{f:.0%}"
                                 for t, f in zip(table["target"], table["fraction"], strict=True)])
     show = show.rename(columns={"target": "Target set", "k": "k", "extracted": "Extracted",
@@ -121,6 +122,12 @@ dashboard shows the same attack.""")
 PAPER_TABLE3 = {("GNQ", 0.05): (20, 20), ("GNQ", 0.10): (35, 40), ("GNQ", 0.20): (64, 80),
                 ("Counterfactual", 0.05): (7, 20), ("Counterfactual", 0.10): (19, 40),
                 ("Counterfactual", 0.20): (41, 80)}
+
+
+EARLIER = """Earlier runs of this study (quoted from issue 19 and the reports at commit d876b60; CPU, tiny
+GPT-2, the older design with the facts mixed into pretraining verbatim, no intervals): the top
+5/10/20% by GNQ were extracted at 0.375/0.375/0.453, random picks at 0.525/0.456/0.553 — GNQ picked
+worse than chance there. No GPU run of this study exists yet."""
 
 
 def with_rate_intervals(table: pd.DataFrame, seed: int) -> pd.DataFrame:
@@ -176,15 +183,16 @@ def predictive_auc(attacked: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _reading(by_group: pd.DataFrame, aucs: pd.DataFrame) -> str:
+def _reading(by_group: pd.DataFrame, aucs: pd.DataFrame, paraphrased: bool = False) -> str:
     """What the group rates and the within-group AUCs say, in words chosen by the numbers."""
     rates = dict(zip(by_group["group"], by_group["rate"], strict=True))
     lines = ["- By group: " + ", ".join(f"{g} {rep.fmt(v)}" for g, v in rates.items()) + " extracted."]
     common, surprising = rates.get(ck.NEGATIVE, np.nan), rates.get(ck.POSITIVE, np.nan)
     if common > surprising:
-        lines.append("  The facts were in the pretraining data verbatim, so the attack recovers them more "
-                     "often than the claims although their GNQ is lower: extraction measures what the model "
-                     "can reproduce, GNQ what the fine-tuning update encoded (paper §6.2).")
+        how = "in other words" if paraphrased else "verbatim"
+        lines.append(f"  The facts were in the pretraining data ({how}), which can explain why the attack "
+                     "recovers them more often than the claims: extraction measures what the model can "
+                     "reproduce, GNQ what the fine-tuning update encoded (paper §6.2).")
     gnq = aucs.set_index("score").loc[STRATEGIES[0][0]]
     within = ", ".join(f"{c.removeprefix('AUC ')} {rep.fmt(v)}" for c, v in gnq.items() if c != "AUC all")
     lines.append(f"- GNQ (max) as a predictor of extraction: AUC {rep.fmt(gnq['AUC all'])} over all texts; "
