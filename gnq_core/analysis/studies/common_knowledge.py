@@ -103,6 +103,7 @@ class Prepared:
     timings: Timings
     facts_path: Path
     claims_path: Path
+    words: paraphrases.Bank | None = None  # the paraphrased facts (None: --facts/--claims verbatim)
 
 
 def config_for(ctx: StudyContext, cf_models: int | None = None) -> Config:
@@ -131,6 +132,7 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
         words = paraphrases.bank(cfg.pairs, ctx.seed)
         fact_texts, claim_texts, taught = words.facts, words.claims, words.pretrain
     else:
+        words = None
         facts_path, claims_path = Path(facts), Path(claims)
         fact_texts, claim_texts = read_sentences(facts_path), read_sentences(claims_path)
         taught = None
@@ -171,7 +173,7 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
                     {"wikitext": len(wiki), "ag_news": len(news),
                      "fact copies": len(taught) * cfg.fact_copies,
                      "paraphrased": facts is None},
-                    timings, facts_path, claims_path)
+                    timings, facts_path, claims_path, words)
 
 
 # ----------------------------------------------------------------------------------------- pretraining
@@ -385,6 +387,24 @@ def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, see
             "auc": auc, "auc lo": lo, "auc hi": hi, "stratified auc": s_auc}
 
 
+def with_auc_intervals(per_point: pd.DataFrame, both: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """``per_point`` with each "AUC name" cell as "AUC [lo, hi]" (bootstrap over that point's texts)."""
+    out = per_point.copy()
+    for value, name in METRICS:
+        cells = []
+        for label, auc in zip(out["label"], out[f"AUC {name}"], strict=True):
+            part = both[both["label"] == label]
+            v, y = part[value].to_numpy(float), (part["group"] == POSITIVE).to_numpy()
+            keep = np.isfinite(v)
+            if 0 < y[keep].sum() < keep.sum():
+                boot = pr.bootstrap(v[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"]
+                cells.append(rep.ci(auc, *pr.interval(boot), ".3f"))
+            else:
+                cells.append(rep.fmt(auc))
+        out[f"AUC {name}"] = cells
+    return out
+
+
 def run(ctx: StudyContext, facts: Path | None = None, claims: Path | None = None,
         cf_models: int | None = None) -> Path:
     prep = prepare(ctx, facts, claims, cf_models)
@@ -435,7 +455,8 @@ AUC is the probability that a random surprising claim scores higher than a rando
                     "bins: the AUC inside each token-count bin, averaged over the bins.")
     r.text("## The paper's claim (Fig. 3–4) and this run")
     gap = loss_gap(t["both"][t["both"]["point"] == -1], ctx.seed)
-    r.text(paper_paragraph(summary, before_loss, gap))
+    knowledge = knowledge_table(prep, ctx.seed, ctx.device)
+    r.text(paper_paragraph(summary, before_loss, gap, knowledge))
     r.text("""Earlier run of this study (quoted from issue 19 and the report at commit d876b60; CPU, tiny
 GPT-2, the older design with the facts mixed into pretraining verbatim, no intervals): AUC of
 surprising over common GNQ 0.849, counterfactual memorization 0.772, loss 0.970 — the loss
@@ -454,11 +475,20 @@ GNQ ≈ K_jj/λ on this model.""")
     r.text("Mean loss of the pretrained model (before fine-tuning): "
            + ", ".join(f"{g} {rep.fmt(v)}" for g, v in before_loss.items())
            + ". Lower loss on the facts than on the claims means pretraining taught the model the facts.")
+    if knowledge is not None:
+        r.table(knowledge.drop(columns=["_gap_lo"]),
+                {"object NLL facts": ".2f", "object NLL claims": ".2f"},
+                caption="Object NLL: the summed next-token NLL of the object (and what follows it) "
+                "after the sentence's own prefix, under the pretrained model; each fact is paired with its "
+                "claim (same subject, same wording, another object). Gap: claim minus fact, mean over the pairs "
+                "[95% bootstrap interval over pairs]; a gap above 0 in the new wording means the model knows "
+                "the fact in words it never saw.")
 
     r.text("## Per epoch")
     fmts = {c: ".4g" for c in t["per_point"].columns if c.startswith("median")}
-    r.table(t["per_point"], fmts, caption="'pretrained': post-hoc audit of the pretrained model (fixed "
-                                          "batches); epoch-K: in-run GNQ during fine-tuning epoch K.")
+    r.table(with_auc_intervals(t["per_point"], t["both"], ctx.seed), fmts,
+            caption="'pretrained': post-hoc audit of the pretrained model (fixed batches); epoch-K: in-run "
+                    "GNQ during fine-tuning epoch K. AUC [95% bootstrap interval].")
     labels = list(dict.fromkeys(t["both"].sort_values("point")["label"]))
     groups = [NEGATIVE, POSITIVE]
     r.figure(rep.group_bands(t["both"], "gnq", groups, title="GNQ per group (median, 25–75%)",
@@ -488,7 +518,7 @@ GNQ ≈ K_jj/λ on this model.""")
 metric `{CF_METRIC}` of run `{prep.finetune.name}`. Counterfactual memorization needs these
 {cfg.cf_models} extra trainings; GNQ came from the one fine-tune's own backward passes.""")
     results = {"summary": t["summary"], "per_point": t["per_point"], "pairs": prep.pairs,
-               "pretrained_loss_gap": list(gap),
+               "pretrained_loss_gap": list(gap), "knowledge": knowledge,
                "gnq_vs_self_influence": t["relation"],
                "config": asdict(cfg), "runs": [prep.before.name, prep.finetune.name]}
     r.text("## Does any of these scores predict extraction?")
@@ -516,19 +546,58 @@ def loss_gap(before: pd.DataFrame, seed: int) -> tuple[float, float, float]:
     return float(claims.mean() - facts.mean()), lo, hi
 
 
+def knowledge_table(prep: Prepared, seed: int, device: str = "auto") -> pd.DataFrame | None:
+    """Does the pretrained model expect each fact's object more than its claim's? In the wording
+    it was taught (seen) and in the audit's wording (new); None for verbatim --facts files."""
+    words = prep.words
+    if words is None:
+        return None
+    dev = resolve_device(device)
+    model, tokenizer = load_checkpoint(prep.pretrained, device=dev)
+    n = prep.pairs
+    rows = []
+    for wording, facts, claims, heads in (
+            ("seen in pretraining", words.seen_facts, words.seen_claims, words.seen_prefixes),
+            ("new (the audit's)", words.facts, words.claims, words.prefixes)):
+        length = prep.config.pretrain.max_length
+        f = np.asarray(paraphrases.object_nll(model, tokenizer, facts[:n], heads[:n], length, dev))
+        c = np.asarray(paraphrases.object_nll(model, tokenizer, claims[:n], heads[:n], length, dev))
+        d = (c - f)[np.isfinite(c - f)]
+        idx = np.random.default_rng(seed).integers(0, len(d), (pr.RESAMPLES, len(d)))
+        lo, hi = pr.interval(d[idx].mean(1)) if len(d) else (np.nan, np.nan)
+        share, s_lo, s_hi = pr.rate_interval(d > 0, seed=seed)
+        rows.append({"wording": wording, "pairs": len(d), "object NLL facts": float(np.nanmean(f)),
+                     "object NLL claims": float(np.nanmean(c)),
+                     "gap [95% CI]": rep.ci(d.mean() if len(d) else np.nan, lo, hi),
+                     "pairs with the fact's object more expected": rep.ci(share, s_lo, s_hi),
+                     "_gap_lo": lo})
+    return pd.DataFrame(rows)
+
+
 def paper_paragraph(summary: pd.DataFrame, before_loss: pd.Series,
-                    before_gap: tuple[float, float, float]) -> str:
+                    before_gap: tuple[float, float, float], knowledge: pd.DataFrame | None = None) -> str:
     """Fig. 3–4: reproduced or not, with numbers and intervals (rules stated, not tuned)."""
     g, c = summary.loc["GNQ"], summary.loc["counterfactual memorization"]
     gap, gap_lo, gap_hi = before_gap
     known = ("it knew the facts before the fine-tune" if gap_lo > 0
              else "not shown to know the facts: the interval reaches 0")
+    if knowledge is not None:
+        seen, new = knowledge.iloc[0], knowledge.iloc[1]
+        known += (f"; object NLL gap, claim minus fact: {seen['gap [95% CI]']} in the wording seen in "
+                  f"pretraining, {new['gap [95% CI]']} in the new wording — "
+                  + ("the model knows the facts in other words, the paper's premise"
+                     if new["_gap_lo"] > 0 else
+                     "the model learned the facts only in the words it saw, so the paper's premise (facts "
+                     "known in other words) does not hold for this model"))
     gnq_sep = g.get("auc lo", np.nan) > 0.5
     more = (abs(g["AUC at the last epoch"] - 0.5) > abs(c["AUC at the last epoch"] - 0.5)
             and not np.isnan(c["AUC at the last epoch"]))
     verdict = ("reproduced" if gnq_sep and more else
                "partly reproduced (GNQ separates the groups, but not more than counterfactual memorization)"
                if gnq_sep else "not reproduced")
+    if knowledge is not None and not knowledge.iloc[1]["_gap_lo"] > 0:
+        verdict = ("not testable at this scale — the model does not know the facts in other words, so "
+                   f"'common knowledge' is not common to it; as measured: {verdict}")
     return (f"""**Paper (§6.2, Fig. 3–4; GPT-2 fine-tuned on 200 facts + 200 surprising claims, P100):** the
 surprising claims have larger GNQ than the facts, and counterfactual memorization separates the groups
 much less (the paper gives figures, no AUC). **This run:** GNQ AUC {g['AUC [95% CI]']} (within length

@@ -97,8 +97,9 @@ dashboard shows the same attack.""")
     r.figure(rep.strategy_bars(bars, title="Extracted among the top-k of each ranking"), "targeted.png",
              "Share of each pick that the attack extracts.")
     r.text("### Does a score tell the extracted texts from the others?")
-    r.table(aucs, caption="AUC of each score for extracted vs. not extracted texts "
-            "(1: every extracted text scores higher; 0.5: no information; below 0.5: lower). "
+    r.table(predictive_auc(attacked, ctx.seed),
+            caption="AUC [95% bootstrap interval] of each score for extracted vs. not extracted texts "
+                    "(1: every extracted text scores higher; 0.5: no information; below 0.5: lower). "
             "Loss is negated (low loss ranks high), as in its pick above.")
     bins = quantile_bins(attacked, bins=5 if len(attacked) >= 20 else 2, threshold=threshold, score="gnq_max")
     if not bins.empty:
@@ -167,8 +168,9 @@ def paper_paragraph(table: pd.DataFrame, overall: tuple[float, float, float]) ->
             "counterfactual memorization's, at every budget.")
 
 
-def predictive_auc(attacked: pd.DataFrame) -> pd.DataFrame:
-    """Per score: AUC of extracted vs. not, over all attacked texts and within each group."""
+def predictive_auc(attacked: pd.DataFrame, seed: int | None = None) -> pd.DataFrame:
+    """Per score: AUC of extracted vs. not, over all attacked texts and within each group; with a
+    ``seed``, each cell is "AUC [95% bootstrap interval]" text instead of the number."""
     rows = []
     for label, column, descending in STRATEGIES:
         if column not in attacked.columns:
@@ -176,11 +178,21 @@ def predictive_auc(attacked: pd.DataFrame) -> pd.DataFrame:
         sign = 1.0 if descending else -1.0
         row = {"score": label}
         for name, part in [("all", attacked)] + list(attacked.groupby("group")):
+            values = sign * pd.to_numeric(part[column], errors="coerce")
             outcome = np.where(part["success"], "extracted", "kept")
-            row[f"AUC {name}"] = group_auc(sign * pd.to_numeric(part[column], errors="coerce"), outcome,
-                                           "extracted", "kept")
+            auc = group_auc(values, outcome, "extracted", "kept")
+            row[f"AUC {name}"] = auc if seed is None else _with_interval(auc, values, part["success"], seed)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _with_interval(auc: float, values: pd.Series, success: pd.Series, seed: int) -> str:
+    v, y = values.to_numpy(float), success.to_numpy(bool)
+    keep = np.isfinite(v)
+    if not 0 < y[keep].sum() < keep.sum():
+        return rep.fmt(auc)
+    lo, hi = pr.interval(pr.bootstrap(v[keep], y[keep], seed=seed, fpr_levels=(), fractions=())["auc"])
+    return rep.ci(auc, lo, hi, ".3f")
 
 
 def _reading(by_group: pd.DataFrame, aucs: pd.DataFrame, paraphrased: bool = False) -> str:

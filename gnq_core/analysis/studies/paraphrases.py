@@ -60,6 +60,10 @@ class Bank:
     facts: list[str]       # each fact in the held-out wording
     claims: list[str]      # a made-up claim per fact, in the same wording
     claim_objects: list[str]
+    prefixes: list[str]    # the held-out wording up to its object (the same for a fact and its claim)
+    seen_facts: list[str]  # each fact in the first pretraining wording
+    seen_claims: list[str]  # its claim in that wording (never in pretraining either)
+    seen_prefixes: list[str]
 
 
 def load_facts(path: Path = KNOWLEDGE) -> list[Fact]:
@@ -74,6 +78,11 @@ def load_facts(path: Path = KNOWLEDGE) -> list[Fact]:
 def say(template: str, subject: str, obj: str) -> str:
     text = template.format(s=subject, o=obj)
     return text[0].upper() + text[1:]
+
+
+def prefix(template: str, subject: str) -> str:
+    """The sentence up to (not including) the space before its object."""
+    return say(template, subject, "\0").split("\0")[0].rstrip(" ")
 
 
 def derangement(objects: list[str], seed: int) -> list[str]:
@@ -110,10 +119,43 @@ def bank(n: int | None = None, seed: int = 0, path: Path = KNOWLEDGE) -> Bank:
         for f, o in zip(group, derangement([f.object for f in group], seed + k), strict=True):
             claim_object[f] = o
     pretrain = [say(t, f.subject, f.object) for f in chosen for t in TEMPLATES[f.relation][:-1]]
+    held_out, seen = (lambda f: TEMPLATES[f.relation][-1]), (lambda f: TEMPLATES[f.relation][0])
     return Bank(pretrain=pretrain,
-                facts=[say(TEMPLATES[f.relation][-1], f.subject, f.object) for f in chosen],
-                claims=[say(TEMPLATES[f.relation][-1], f.subject, claim_object[f]) for f in chosen],
-                claim_objects=[claim_object[f] for f in chosen])
+                facts=[say(held_out(f), f.subject, f.object) for f in chosen],
+                claims=[say(held_out(f), f.subject, claim_object[f]) for f in chosen],
+                claim_objects=[claim_object[f] for f in chosen],
+                prefixes=[prefix(held_out(f), f.subject) for f in chosen],
+                seen_facts=[say(seen(f), f.subject, f.object) for f in chosen],
+                seen_claims=[say(seen(f), f.subject, claim_object[f]) for f in chosen],
+                seen_prefixes=[prefix(seen(f), f.subject) for f in chosen])
 
 
 PRETRAIN_WORDINGS = len(next(iter(TEMPLATES.values()))) - 1
+
+
+def object_nll(model, tokenizer, texts: list[str], prefixes: list[str], max_length: int,
+               device=None) -> list[float]:
+    """Per text: the summed next-token NLL of the tokens after ``prefix`` (the object and what
+    follows it) under ``model`` — how strongly the model expects this object after this subject
+    in this wording.  The prefix ends before a space, so its tokens are the text's first tokens
+    (byte-level BPE attaches the space to the next word); a text whose prefix tokens differ is
+    scored NaN rather than misaligned."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    model.eval()
+    with torch.inference_mode():
+        for text, head in zip(texts, prefixes, strict=True):
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_length]
+            head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+            start = len(head_ids)
+            if ids[:start] != head_ids or not 0 < start < len(ids):
+                out.append(float("nan"))
+                continue
+            x = torch.tensor([ids], device=device)
+            logp = F.log_softmax(model(input_ids=x).logits[0, :-1].double(), dim=-1)
+            targets = x[0, 1:]
+            nll = -logp[torch.arange(len(targets)), targets]
+            out.append(float(nll[start - 1:].sum()))
+    return out
