@@ -480,8 +480,8 @@ GNQ ≈ K_jj/λ on this model.""")
                 {"object NLL facts": ".2f", "object NLL claims": ".2f"},
                 caption="Object NLL: the summed next-token NLL of the object (and what follows it) "
                 "after the sentence's own prefix, under the pretrained model; each fact is paired with its "
-                "claim (same subject, same wording, another object). Gap: claim minus fact, mean over the pairs "
-                "[95% bootstrap interval over pairs]; a gap above 0 in the new wording means the model knows "
+                "claim (same subject, same wording, another object). Gap: claim minus fact, mean over the "
+                "pairs [95% bootstrap interval over pairs]; a gap above 0 in the new wording means the model knows "
                 "the fact in words it never saw.")
 
     r.text("## Per epoch")
