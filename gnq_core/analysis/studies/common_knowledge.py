@@ -481,8 +481,8 @@ GNQ ≈ K_jj/λ on this model.""")
                 caption="Object NLL: the summed next-token NLL of the object (and what follows it) "
                 "after the sentence's own prefix, under the pretrained model; each fact is paired with its "
                 "claim (same subject, same wording, another object). Gap: claim minus fact, mean over the "
-                "pairs [95% bootstrap interval over pairs]; a gap above 0 in the new wording means the model knows "
-                "the fact in words it never saw.")
+                "pairs [95% bootstrap interval over pairs]; a gap above 0 in the new wording means the model "
+                "knows the fact in words it never saw.")
 
     r.text("## Per epoch")
     fmts = {c: ".4g" for c in t["per_point"].columns if c.startswith("median")}
