@@ -66,6 +66,9 @@ dashboard shows the same attack.""")
     by_group = (attacked.groupby("group").agg(texts=("example_id", "size"), extracted=("success", "sum"))
                 .reset_index())
     by_group["rate"] = by_group["extracted"] / by_group["texts"]
+    intervals = [pr.rate_interval(part["success"].to_numpy(), seed=ctx.seed)[1:]
+                 for _, part in attacked.groupby("group")]
+    by_group["rate lo"], by_group["rate hi"] = [i[0] for i in intervals], [i[1] for i in intervals]
     overall = float(attacked["success"].mean()) if len(attacked) else float("nan")
     aucs = predictive_auc(attacked)
     rate, rate_lo, rate_hi = pr.rate_interval(attacked["success"].to_numpy(), seed=ctx.seed)
@@ -102,6 +105,7 @@ dashboard shows the same attack.""")
                     "(1: every extracted text scores higher; 0.5: no information; below 0.5: lower). "
             "Loss is negated (low loss ranks high), as in its pick above.")
     bins = quantile_bins(attacked, bins=5 if len(attacked) >= 20 else 2, threshold=threshold, score="gnq_max")
+    bins = rep.with_bin_intervals(bins, attacked, threshold, ctx.seed)
     if not bins.empty:
         r.figure(rep.quantile_bars(bins, title="Attack success per GNQ quantile bin", score_label="GNQ max"),
                  "success_by_gnq_bin.png", "Attack success per quantile bin of GNQ (max over epochs).")

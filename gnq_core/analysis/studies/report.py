@@ -93,6 +93,18 @@ command skips what is finished and rewrites this report from the store.""")
         return path
 
 
+def with_bin_intervals(bins: pd.DataFrame, attacked: pd.DataFrame, threshold: float,
+                       seed: int) -> pd.DataFrame:
+    """``summaries.quantile_bins`` rows with each bin's success rate interval (rate lo, rate hi:
+    95% bootstrap, ``predictive.rate_interval``)."""
+    match = attacked.set_index("example_id")["extraction_match"]
+    lo, hi = [], []
+    for ids in bins["example_ids"]:
+        _, a, b = pr.rate_interval((match.loc[ids] >= threshold).to_numpy(), seed=seed)
+        lo.append(a), hi.append(b)
+    return bins.assign(**{"rate lo": lo, "rate hi": hi})
+
+
 def ci(point: Any, lo: Any, hi: Any, spec: str = ".2f") -> str:
     """"estimate [lo, hi]" as the reports print an interval ('n/a' parts for missing values)."""
     return f"{fmt(point, spec)} [{fmt(lo, spec)}, {fmt(hi, spec)}]"

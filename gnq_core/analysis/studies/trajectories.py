@@ -139,7 +139,7 @@ def write_report(ctx: StudyContext, cfg: Config, sweep: pd.DataFrame, regime: tu
     scored = totals[totals["gnq_total"].notna()]
     attacked = scored[scored["extraction_match"].notna()]
     bins = quantile_bins(attacked, bins=cfg.bins, threshold=cfg.threshold)
-    bins = bins.assign(**_bin_intervals(bins, attacked, cfg.threshold, ctx.seed))
+    bins = rep.with_bin_intervals(bins, attacked, cfg.threshold, ctx.seed)
     traj = store.trajectories(audit.run_id)
     labels = list(dict.fromkeys(traj.sort_values("point")["label"]))
     rng = np.random.default_rng(ctx.seed)
@@ -246,15 +246,6 @@ GNQ_total with the token count over all texts (0: no length confound).""")
     r.text(paper_paragraphs(share_top10, bins, spearman, table4, frame, ctx.seed))
     r.text(EARLIER_GPU)
     return r.write(results, command=ctx.command, timings=timings, device=ctx.device)
-
-
-def _bin_intervals(bins: pd.DataFrame, attacked: pd.DataFrame, threshold: float, seed: int) -> dict:
-    match = attacked.set_index("example_id")["extraction_match"]
-    lo, hi = [], []
-    for ids in bins["example_ids"]:
-        _, a, b = pr.rate_interval((match.loc[ids] >= threshold).to_numpy(), seed=seed)
-        lo.append(a), hi.append(b)
-    return {"rate lo": lo, "rate hi": hi}
 
 
 def rank_corr(x: np.ndarray, y: np.ndarray) -> float:
