@@ -241,6 +241,7 @@ GNQ_total with the token count over all texts (0: no length confound).""")
             caption="Per convention: GNQ_total's rank correlation with text length, and its AUC for the "
                     "attack's "
                     "outcome over all attacked texts and within length bins (mean over bins), 95% intervals.")
+    r.text(conventions_sentence(conventions))
     results["conventions"] = conventions
     r.text("## The paper's claims (Fig. 5, Fig. 6, Table 4) and this run")
     r.text(paper_paragraphs(share_top10, bins, spearman, table4, frame, ctx.seed))
@@ -292,8 +293,22 @@ def convention_table(store, audits: dict, frame: pd.DataFrame, seed: int) -> pd.
                      "AUC (all texts)": rep.ci(row.get("auc"), row.get("auc lo"), row.get("auc hi")),
                      "AUC within length bins": rep.ci(row.get("stratified auc"), row.get("stratified lo"),
                                                       row.get("stratified hi")),
-                     "_rho": rho, "_auc": row.get("auc"), "_stratified": row.get("stratified auc")})
+                     "_rho": rho, "_auc": row.get("auc"), "_stratified": row.get("stratified auc"),
+                     "_stratified_lo": row.get("stratified lo")})
     return pd.DataFrame(rows)
+
+
+def conventions_sentence(conventions: pd.DataFrame) -> str:
+    """What the four conventions did, in words chosen by the numbers."""
+    c = conventions.set_index("run")
+    rho = {f"{r['loss']}, λ {r['λ']}": r["_rho"] for _, r in c.iterrows()}
+    spread = ", ".join(f"{k} {rep.fmt(v, '.2f')}" for k, v in rho.items())
+    best = c["_stratified"].astype(float)
+    above = [f"{r['loss']}, λ {r['λ']}" for _, r in c.iterrows() if float(r["_stratified_lo"]) > 0.5]
+    within = ("no convention gives GNQ_total a within-length AUC whose interval lies above 0.5" if not above
+              else "within length bins GNQ_total's interval lies above 0.5 for " + ", ".join(above))
+    return (f"Spearman of GNQ_total with length: {spread}. Within length bins the AUCs range "
+            f"{rep.fmt(best.min(), '.2f')}–{rep.fmt(best.max(), '.2f')}; {within}.")
 
 
 def paper_paragraphs(share_top10: float, bins: pd.DataFrame, spearman: float, table4: pd.DataFrame,
