@@ -358,3 +358,19 @@ def test_paper_scale_is_the_papers_setup(tmp_path):
         assert sum(len(t.split()) >= cfg.min_words for t, _ in ag_news(SHARED_DATA)) >= cfg.examples
     with pytest.raises(ValueError, match="scale"):
         StudyContext(store=ctx.store, scale="huge")
+
+
+def test_pretrain_keeps_the_schedules_checkpoints_and_the_latest_optimizer_state(tmp_path):
+    from lm_fixtures import texts
+
+    from gnq_core.analysis.studies.common_knowledge import OPTIMIZER_STATE, pretrain
+    from gnq_core.pipelines.settings import TrainSettings
+    from gnq_core.progress import Reporter
+    from gnq_core.sources.datasets import load_texts
+
+    (tmp_path / "t.txt").write_text("\n".join(texts(8)) + "\n")
+    settings = TrainSettings(epochs=3, batch_size=4, max_length=16, vocab_size=300, device="cpu")
+    final = pretrain(load_texts(tmp_path / "t.txt"), tmp_path / "run", settings, Reporter(), keep={1})
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch-1", "epoch-3"]
+    assert [p.parent.name for p in (tmp_path / "run").glob(f"*/{OPTIMIZER_STATE}")] == ["epoch-3"]
+    assert final == tmp_path / "run" / "epoch-3"

@@ -23,6 +23,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -180,11 +182,14 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
 OPTIMIZER_STATE = "optimizer.pt"
 
 
-def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, reporter) -> Path:
+def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, reporter,
+             keep: Collection[int] | None = None) -> Path:
     """Train a tokenizer and a GPT-2 from scratch on the corpus, without GNQ (the study's GNQ is in
-    the fine-tune; leaving it out here saves most of the compute).  A checkpoint and the optimizer
-    state are saved per epoch; a rerun continues after the last saved epoch.  Returns the final
-    checkpoint folder."""
+    the fine-tune; leaving it out here saves most of the compute).  A checkpoint is saved per
+    epoch, with the optimizer state beside the latest only; a rerun continues after the last saved
+    epoch.  ``keep``: the epochs whose checkpoints stay (None: all; the last always stays), so a
+    GPT-2-small sweep of 100 epochs keeps its schedule's checkpoints, not 100 of ~1 GB each.
+    Returns the final checkpoint folder."""
     final = out_dir / f"epoch-{settings.epochs}"
     if (final / OPTIMIZER_STATE).is_file():
         return final
@@ -213,6 +218,11 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
         save_checkpoint(model, tokenizer, path)
         with atomic_path(path / OPTIMIZER_STATE) as tmp:
             torch.save(optimizer.state_dict(), tmp)
+        previous = out_dir / f"epoch-{epoch}"
+        if epoch >= 1 and previous.is_dir():  # only the latest state is needed to resume
+            (previous / OPTIMIZER_STATE).unlink(missing_ok=True)
+            if keep is not None and epoch not in keep:
+                shutil.rmtree(previous)
     return final
 
 

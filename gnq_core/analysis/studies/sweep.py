@@ -63,7 +63,7 @@ def run_sweep(dataset: TextDataset, work: Path, settings: TrainSettings, lrs: tu
     rows = []
     for lr in lrs:
         folder = lr_folder(work, lr)
-        pretrain(dataset, folder, replace(settings, lr=lr), reporter)
+        pretrain(dataset, folder, replace(settings, lr=lr), reporter, keep=set(epochs))
         for e in epochs:
             name = f"{lr:g}/{e}"
             if name not in rates:
