@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import plotly.io
 import pytest
 from lm_fixtures import texts
 from streamlit.testing.v1 import AppTest
@@ -194,3 +195,19 @@ def test_regression_page_outlier_is_outside_the_ellipse(tmp_path, monkeypatch):
     assert table.loc[table["gnq"].idxmax(), "index"] == 6
     at.text_area[0].set_value("0, 0\n1, x").run()
     assert at.error and "line 2" in at.error[0].value
+
+
+def test_dataset_map_colour_is_in_the_address(store_path, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(store_path))
+    at = AppTest.from_file(str(ROOT / "app" / "views" / "dataset_map.py"), default_timeout=60)
+    at.query_params["run"] = "audited"
+    at.query_params["colour"] = "attack verdict"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.radio(key="map_colour").value == "attack verdict"
+    legend = {t.name for t in plotly.io.from_json(at.get("plotly_chart")[0].proto.spec).data}
+    assert legend & {"extracted", "not extracted"}
+    at.radio(key="map_colour").set_value("group").run()
+    assert "colour" not in at.query_params
+    at.radio(key="map_colour").set_value("attack verdict").run()
+    assert at.query_params["colour"] in ("attack verdict", ["attack verdict"])

@@ -285,3 +285,17 @@ def test_an_address_value_the_page_does_not_offer_is_named_and_ignored(scored_st
     assert not at.exception, [e.message for e in at.exception]
     assert len(at.warning) == 2 and "`k`" in at.warning[0].value
     assert at.number_input(key="flagged_k").value == 12 and len(at.dataframe[0].value) == 12
+
+
+def test_the_compare_top_k_is_in_the_address(scored_store, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(scored_store))
+    at = AppTest.from_file(str(ROOT / "app" / "views" / "compare.py"), default_timeout=60)
+    at.query_params["top"] = "4"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.number_input(key="compare_top").value == 4
+    assert any(m.label == "Entered the top 4" for m in at.metric)
+    at.number_input(key="compare_top").set_value(5).run()
+    assert at.query_params["top"] in ("5", ["5"])
+    at.number_input(key="compare_top").set_value(20).run()  # the default: left out of the link
+    assert "top" not in at.query_params

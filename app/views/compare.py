@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import address, charts, state
 from gnq_core.analysis.compare import compare_runs
 
 st.title("Compare runs")
@@ -19,7 +19,9 @@ linked = st.query_params.get("vs")
 other = st.selectbox("Compare with", names, index=names.index(linked) if linked in names else 0,
                      key="compare_vs")
 st.query_params["vs"] = other
-top = int(st.number_input("Top k", min_value=1, max_value=1000, value=20, key="compare_top"))
+address.restore("compare_top", "top", 20, address.number(1, 1000, int))
+top = int(st.number_input("Top k", min_value=1, max_value=1000, key="compare_top"))
+address.record("top", top, 20)
 other_run = state.store().run(other)
 a = state.totals(db, run.run_id, state.version(run.run_id))
 b = state.totals(db, other_run.run_id, state.version(other_run.run_id))
