@@ -211,3 +211,50 @@ def test_dataset_map_colour_is_in_the_address(store_path, monkeypatch):
     assert "colour" not in at.query_params
     at.radio(key="map_colour").set_value("attack verdict").run()
     assert at.query_params["colour"] in ("attack verdict", ["attack verdict"])
+
+
+# ----------------------------------------------------------------------------- accessibility
+VIEWS = sorted(p.stem for p in (ROOT / "app" / "views").glob("*.py"))
+VARIANTS = [(name, {}) for name in VIEWS] + [
+    ("flagged", {"flagged_mode": "percentile"}), ("flagged", {"flagged_mode": "GNQ threshold"}),
+    ("new_audit", {"ckpt_mode": "Local path", "data_mode": "Local path"})]
+
+
+def _elements(at: AppTest) -> list:
+    """Every element of the page (sidebar, then main), in the order a screen reader meets them."""
+    found = []
+
+    def walk(node) -> None:
+        children = getattr(node, "children", None)
+        if children is None:
+            found.append(node)
+            return
+        for key in sorted(children):
+            walk(children[key])
+    walk(at.sidebar)
+    walk(at.main)
+    return found
+
+
+@pytest.mark.parametrize(("name", "state"), VARIANTS, ids=[f"{n}-{'-'.join(s.values()) or 'default'}"
+                                                          for n, s in VARIANTS])
+def test_every_widget_has_a_label_and_every_chart_a_text_alternative(store_path, monkeypatch, name, state):
+    """A screen reader names a widget by its label (label_visibility="collapsed" keeps it for them);
+    a chart is an image to it, so the caption below each one says what it shows."""
+    at = page(name, store_path, monkeypatch, run_name="audited", example_id=0, **state)
+    elements = _elements(at)
+    unlabelled = [f"{e.type} {getattr(e, 'key', '')}" for e in elements
+                  if hasattr(e, "proto") and "label" in e.proto.DESCRIPTOR.fields_by_name
+                  and not str(e.proto.label).strip()]
+    assert not unlabelled, unlabelled
+    charts_seen = 0
+    for i, e in enumerate(elements):
+        if e.type != "plotly_chart":
+            continue
+        charts_seen += 1
+        assert e.proto.theme == "streamlit"  # drawn in the viewer's light or dark theme
+        alt = elements[i + 1] if i + 1 < len(elements) else None
+        assert alt is not None and alt.type == "caption" and len(alt.value) > 20, \
+            f"chart {charts_seen} of {name} has no caption saying what it shows"
+    if name in ("runs", "trajectories", "extraction", "groups", "drilldown", "dataset_map", "regression"):
+        assert charts_seen, f"{name} shows no chart (the check above saw nothing)"
