@@ -179,7 +179,8 @@ def describe(fig: go.Figure, limit: int = 6) -> str:
         values = next((v for v in (getattr(trace, a, None) for a in ("x", "y", "values"))
                        if v is not None), ())
         marks = sum(v is not None for v in values)  # line breaks (None) are no marks
-        series.append(f"{name} ({marks:,})")
+        unit = "bar" if trace.type in ("bar", "histogram") else "point"
+        series.append(f"{name} ({marks:,} {unit}{'' if marks == 1 else 's'})")
     if series:
         more = f" and {len(series) - limit} more" if len(series) > limit else ""
         parts.append("series: " + ", ".join(series[:limit]) + more)
