@@ -24,10 +24,11 @@ def _written() -> dict[str, list[str]]:
 
 def restore(key: str, param: str, default: Any, parse: Callable[[list[str]], Any]) -> None:
     """Set widget ``key`` from ``?param=`` when the address brings a value this session did not
-    write; else keep the widget's value (``default`` at first). A value ``parse`` refuses
-    (ValueError) is named in one line and ignored, never half-applied."""
+    write, or the widget has no value (a page opened anew, e.g. by the browser's Back); else keep
+    the widget's value (``default`` at first). A value ``parse`` refuses (ValueError) is named in
+    one line and ignored, never half-applied."""
     raw = st.query_params.get_all(param)
-    if raw and raw != _written().get(param):
+    if raw and (raw != _written().get(param) or key not in st.session_state):
         _written()[param] = raw
         try:
             st.session_state[key] = parse(raw)
