@@ -551,7 +551,11 @@ study_app = typer.Typer(
          "runs in the store plus a Markdown report with figures in REPORTS/NAME/. Reruns resume.",
     no_args_is_help=True)
 app.add_typer(study_app, name="study")
-QuickOption = typer.Option(False, "--quick", help="Tiny sizes for tests (well under a minute).")
+QuickOption = typer.Option(False, "--quick", help="Tiny sizes for tests (under a minute): --scale quick.")
+ScaleOption = typer.Option("full", "--scale",
+                           help="quick (tests), full (small models, minutes on a CPU) or paper (GPT-2 small "
+                                "12×768 at the paper's settings: a CUDA GPU's work; folders and runs get "
+                                "-paper).")
 DataDirOption = typer.Option(None, "--data-dir", show_default=False,
                              help="Real-text folder with wikitext2/ and ag_news/ (default: ../shared/data "
                                   "next to the repository).")
@@ -561,8 +565,11 @@ WorkOption = typer.Option(None, show_default=False,
 TagOption = typer.Option(None, help="Suffix for the study's run names and folders (to keep several "
                                     "versions, e.g. with other --facts/--claims).")
 SeedOption = typer.Option(0, help="Seed for data order, initialisation, subsets and random picks.")
-FactsOption = typer.Option(None, help="Common-knowledge sentences, one per line (default: data/facts.txt).")
-ClaimsOption = typer.Option(None, help="Surprising false claims, one per line (default: data/claims.txt).")
+FactsOption = typer.Option(None, help="Common-knowledge sentences, one per line, mixed into pretraining "
+                                      "verbatim (default: the paraphrased facts of data/knowledge.csv).")
+ClaimsOption = typer.Option(None, help="Surprising false claims, one per line (with --facts; default: "
+                                       "made-up "
+                                       "claims from data/knowledge.csv).")
 CfModelsOption = typer.Option(None, min=2, show_default=False,
                               help="Counterfactual models (even; default 16, 4 with --quick).")
 ThreadsOption = typer.Option(1, min=1, help="torch CPU threads. The studies' small models gain little "
@@ -570,21 +577,25 @@ ThreadsOption = typer.Option(1, min=1, help="torch CPU threads. The studies' sma
 
 
 def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, reports: Path, work: Path | None,
-           tag: str | None, seed: int, device: str, quiet: bool, extra: dict[str, Any], threads: int):
+           tag: str | None, seed: int, device: str, quiet: bool, extra: dict[str, Any], threads: int,
+           scale: str = "full"):
     import torch
 
     from gnq_core.analysis.studies import StudyContext
 
+    if scale not in ("quick", "full", "paper"):
+        raise ValueError(f"--scale must be quick, full or paper, not {scale!r}")
     torch.set_num_threads(threads)
     store = _store(db)
-    flags = [f"--db {store.path}"] + (["--quick"] if quick else [])
+    flags = [f"--db {store.path}"] + (["--quick"] if quick else []) + (
+        [f"--scale {scale}"] if scale != "full" else [])
     defaults = {"data_dir": None, "reports": Path("reports"), "work": None, "tag": None, "seed": 0,
                 "device": "auto", "threads": 1}
     given = dict(data_dir=data_dir, reports=reports, work=work, tag=tag, seed=seed, device=device,
                  threads=threads) | extra
     flags += [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
               if v is not None and v != defaults.get(k)]
-    return StudyContext(store=store, quick=quick, seed=seed, device=device, work_root=work,
+    return StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
                         reports_root=reports,
                         data_dir=data_dir, tag=tag, command=" ".join(["gnq study", name, *flags]),
                         reporter_factory=lambda ref: _reporter(store, quiet, ref))
@@ -599,8 +610,9 @@ def _run_study(ctx, quiet: bool, run: Callable[..., Path], **options: Any) -> No
 @study_app.command("common-knowledge")
 @user_errors
 def study_common_knowledge(
-    db: Path = DbOption, quick: bool = QuickOption, facts: Path = FactsOption, claims: Path = ClaimsOption,
-    cf_models: int = CfModelsOption, data_dir: Path = DataDirOption, reports: Path = ReportsOption,
+    db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption, facts: Path = FactsOption,
+    claims: Path = ClaimsOption, cf_models: int = CfModelsOption, data_dir: Path = DataDirOption,
+    reports: Path = ReportsOption,
     work: Path = WorkOption, tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption,
     threads: int = ThreadsOption, quiet: bool = QuietOption,
 ) -> None:
@@ -609,16 +621,18 @@ def study_common_knowledge(
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models)
     ctx = _study("common-knowledge", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
-                 threads)
+                 threads, scale)
     _run_study(ctx, quiet, common_knowledge.run, **options)
 
 
 @study_app.command("extraction")
 @user_errors
 def study_extraction(
-    db: Path = DbOption, quick: bool = QuickOption, facts: Path = FactsOption, claims: Path = ClaimsOption,
-    cf_models: int = CfModelsOption,
-    prefix_tokens: int = typer.Option(12, min=1, help="Tokens revealed to the model."),
+    db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption, facts: Path = FactsOption,
+    claims: Path = ClaimsOption, cf_models: int = CfModelsOption,
+    prefix_tokens: int = typer.Option(None, min=1, show_default=False,
+                                      help="Tokens revealed to the model (default by scale: 4 quick, 8 full, "
+                                           "12 paper, the paper's p)."),
     threshold: float = typer.Option(1.0, min=0.0, max=1.0, help="Success at this match fraction (1: exact)."),
     random_trials: int = typer.Option(None, min=1, show_default=False,
                                       help="Random picks per budget (default 5, 3 with --quick)."),
@@ -631,18 +645,18 @@ def study_extraction(
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
                    prefix_tokens=prefix_tokens, threshold=threshold)
-    shown = options | dict(prefix_tokens=None if prefix_tokens == 12 else prefix_tokens,
-                           threshold=None if threshold == 1.0 else threshold)
-    ctx = _study("extraction", db, quick, data_dir, reports, work, tag, seed, device, quiet, shown, threads)
+    shown = options | dict(threshold=None if threshold == 1.0 else threshold)
+    ctx = _study("extraction", db, quick, data_dir, reports, work, tag, seed, device, quiet, shown, threads,
+                 scale)
     _run_study(ctx, quiet, extraction.run, **options)
 
 
 @study_app.command("trajectories")
 @user_errors
 def study_trajectories(
-    db: Path = DbOption, quick: bool = QuickOption,
+    db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption,
     prefix_tokens: int = typer.Option(None, min=1, show_default=False,
-                                      help="Tokens revealed (default 32 of 64, 12 of 32 with --quick)."),
+                                      help="Tokens revealed (default by scale: 8 quick, 24 full, 45 paper)."),
     threshold: float = typer.Option(None, min=0.0, max=1.0, show_default=False,
                                     help="Success at this match fraction (default 0.98)."),
     bins: int = typer.Option(None, min=1, show_default=False,
@@ -656,7 +670,7 @@ def study_trajectories(
 
     options = dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
     ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
-                 threads)
+                 threads, scale)
     _run_study(ctx, quiet, trajectories.run, **options)
 
 

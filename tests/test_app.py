@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import plotly.io
 import pytest
 from lm_fixtures import texts
 from streamlit.testing.v1 import AppTest
@@ -194,3 +195,66 @@ def test_regression_page_outlier_is_outside_the_ellipse(tmp_path, monkeypatch):
     assert table.loc[table["gnq"].idxmax(), "index"] == 6
     at.text_area[0].set_value("0, 0\n1, x").run()
     assert at.error and "line 2" in at.error[0].value
+
+
+def test_dataset_map_colour_is_in_the_address(store_path, monkeypatch):
+    monkeypatch.setenv("GNQ_DB", str(store_path))
+    at = AppTest.from_file(str(ROOT / "app" / "views" / "dataset_map.py"), default_timeout=60)
+    at.query_params["run"] = "audited"
+    at.query_params["colour"] = "attack verdict"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.radio(key="map_colour").value == "attack verdict"
+    legend = {t.name for t in plotly.io.from_json(at.get("plotly_chart")[0].proto.spec).data}
+    assert legend & {"extracted", "not extracted"}
+    at.radio(key="map_colour").set_value("group").run()
+    assert "colour" not in at.query_params
+    at.radio(key="map_colour").set_value("attack verdict").run()
+    assert at.query_params["colour"] in ("attack verdict", ["attack verdict"])
+
+
+# ----------------------------------------------------------------------------- accessibility
+VIEWS = sorted(p.stem for p in (ROOT / "app" / "views").glob("*.py"))
+VARIANTS = [(name, {}) for name in VIEWS] + [
+    ("flagged", {"flagged_mode": "percentile"}), ("flagged", {"flagged_mode": "GNQ threshold"}),
+    ("new_audit", {"ckpt_mode": "Local path", "data_mode": "Local path"})]
+
+
+def _elements(at: AppTest) -> list:
+    """Every element of the page (sidebar, then main), in the order a screen reader meets them."""
+    found = []
+
+    def walk(node) -> None:
+        children = getattr(node, "children", None)
+        if children is None:
+            found.append(node)
+            return
+        for key in sorted(children):
+            walk(children[key])
+    walk(at.sidebar)
+    walk(at.main)
+    return found
+
+
+@pytest.mark.parametrize(("name", "state"), VARIANTS, ids=[f"{n}-{'-'.join(s.values()) or 'default'}"
+                                                          for n, s in VARIANTS])
+def test_every_widget_has_a_label_and_every_chart_a_text_alternative(store_path, monkeypatch, name, state):
+    """A screen reader names a widget by its label (label_visibility="collapsed" keeps it for them);
+    a chart is an image to it, so the caption below each one says what it shows."""
+    at = page(name, store_path, monkeypatch, run_name="audited", example_id=0, **state)
+    elements = _elements(at)
+    unlabelled = [f"{e.type} {getattr(e, 'key', '')}" for e in elements
+                  if hasattr(e, "proto") and "label" in e.proto.DESCRIPTOR.fields_by_name
+                  and not str(e.proto.label).strip()]
+    assert not unlabelled, unlabelled
+    charts_seen = 0
+    for i, e in enumerate(elements):
+        if e.type != "plotly_chart":
+            continue
+        charts_seen += 1
+        assert e.proto.theme == "streamlit"  # drawn in the viewer's light or dark theme
+        alt = elements[i + 1] if i + 1 < len(elements) else None
+        assert alt is not None and alt.type == "caption" and len(alt.value) > 20, \
+            f"chart {charts_seen} of {name} has no caption saying what it shows"
+    if name in ("runs", "trajectories", "extraction", "groups", "drilldown", "dataset_map", "regression"):
+        assert charts_seen, f"{name} shows no chart (the check above saw nothing)"

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
+import streamlit  # noqa: F401 (registers its plotly template as the default, as in the dashboard)
 
 from app import charts
 from gnq_core.analysis.summaries import quantile_bins
@@ -73,7 +78,7 @@ def test_histogram_log_and_linear():
     fig = charts.gnq_histogram(t)
     is_figure(fig)
     assert fig.layout.xaxis.title.text == "GNQ_total (log10)"
-    assert fig.layout.template.layout.paper_bgcolor is not None  # template applied
+    assert fig.layout.paper_bgcolor is None and fig.layout.plot_bgcolor is None  # the theme's
     bar = fig.data[0]
     assert bar.type == "bar" and sum(bar.y) == len(t)
     assert ids_in(bar) <= set(t["example_id"]) and t["example_id"].max() in ids_in(bar)
@@ -268,13 +273,108 @@ def test_ranking_comparison():
         charts.ranking_comparison([1, 2], [1])
 
 
-def test_all_builders_json_roundtrip():
-    """Every figure survives to_json (what st.plotly_chart sends) and parses back."""
+def every_figure() -> list[go.Figure]:
+    from gnq_core.analysis.predictive import evaluate, roc_points
+    from gnq_core.analysis.predictive_figures import roc_figure
+
     t, traj = totals_frame(), traj_frame()
     G, gnq, circle = regression_inputs()
-    figs = [charts.gnq_histogram(t), charts.gnq_vs_loss(t), charts.trajectories(traj, [1], [0], [], True),
+    pairs = pd.DataFrame({"example_id_b": range(6), "gnq_a": [1.0, 2, 3, 4, 5, 6],
+                          "gnq_b": [2.0, 1, 3, 6, 5, 4],
+                          "rank_a": [6, 5, 4, 3, 2, 1], "rank_b": [5, 6, 4, 1, 2, 3], "group": ["a", "b"] * 3,
+                          "text": [f"t{i}" for i in range(6)]})
+    signals = pd.DataFrame({"example_id": range(40), "extracted": [i % 3 == 0 for i in range(40)],
+                            "gnq_total": np.linspace(1, 5, 40), "loss_last": np.linspace(3, 1, 40),
+                            "n_tokens": [20] * 40})
+    roc = roc_figure(roc_points(signals), evaluate(signals, resamples=20), template=None)
+    return [charts.gnq_histogram(t), charts.gnq_vs_loss(t), charts.trajectories(traj, [1], [0], [], True),
             charts.group_distributions(traj), charts.example_trajectory(traj[traj.example_id == 1]),
             charts.extraction_vs_quantile(quantile_bins(t)), charts.regression_data(X, Y, W, B, 0, gnq),
-            charts.gradient_space(G, 0, circle, None, 1.0), charts.ranking_comparison(gnq, gnq)]
-    for fig in figs:
+            charts.gradient_space(G, 0, circle, {2: circle}, 1.0), charts.ranking_comparison(gnq, gnq),
+            charts.run_comparison(pairs, "a", "b", 2), charts.empty_figure("nothing"), roc]
+
+
+def test_all_builders_json_roundtrip():
+    """Every figure survives to_json (what st.plotly_chart sends) and parses back."""
+    for fig in every_figure():
         assert json.loads(fig.to_json())["layout"]["template"]
+
+
+# --------------------------------------------------------------------------- light and dark
+CONFIG = Path(__file__).resolve().parents[1] / "app" / ".streamlit" / "config.toml"
+THEMES = tomllib.loads(CONFIG.read_text())
+NAMED = {"white": (255, 255, 255), "black": (0, 0, 0), "grey": (128, 128, 128), "gray": (128, 128, 128)}
+
+
+def rgb_alpha(color: str) -> tuple[tuple[float, float, float], float]:
+    color = color.strip().lower()
+    if color in NAMED:
+        return NAMED[color], 1.0
+    if color.startswith("#") and len(color) in (4, 7):
+        digits = color[1:] if len(color) == 7 else "".join(c * 2 for c in color[1:])
+        return tuple(int(digits[i:i + 2], 16) for i in (0, 2, 4)), 1.0
+    m = re.fullmatch(r"rgba?\(([^)]*)\)", color)
+    assert m, f"a colour the check cannot read: {color!r}"
+    parts = [float(v) for v in m.group(1).split(",")]
+    return tuple(parts[:3]), parts[3] if len(parts) > 3 else 1.0
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG 2 contrast ratio of two opaque colours."""
+    def lum(color: str) -> float:
+        channels = [c / 255 for c in rgb_alpha(color)[0]]
+        r, g, b_ = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b_
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def colours_in(node, path: str = "") -> list[tuple[str, str]]:
+    """(where, colour) for every colour a figure sets itself (its template excluded)."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "template":
+                continue
+            where = f"{path}.{key}"
+            if "color" in key and key not in ("colorscale", "colorbar", "coloraxis", "autocolorscale"):
+                values = value if isinstance(value, list | tuple) else [value]
+                found += [(where, v) for v in values if isinstance(v, str)]
+            else:
+                found += colours_in(value, where)
+    elif isinstance(node, list | tuple):
+        for i, value in enumerate(node):
+            found += colours_in(value, f"{path}[{i}]")
+    return found
+
+
+def test_the_themes_are_readable_in_light_and_dark():
+    theme = THEMES["theme"]
+    for mode in ("light", "dark"):
+        colours = {**theme, **theme[mode]}
+        assert contrast(colours["textColor"], colours["backgroundColor"]) >= 7, mode
+        assert contrast(colours["textColor"], colours["secondaryBackgroundColor"]) >= 7, mode
+        assert contrast(colours["primaryColor"], colours["backgroundColor"]) >= 3, mode
+    assert "base" not in theme  # a fixed base would keep the viewer from the other one
+
+
+def test_no_chart_sets_a_background_or_a_colour_that_vanishes_in_one_theme():
+    """Figures take the dashboard's template (Streamlit's: its colours follow the viewer's light
+    or dark theme); every opaque colour they set themselves stays visible on both backgrounds."""
+    backgrounds = [THEMES["theme"][mode]["backgroundColor"] for mode in ("light", "dark")]
+    assert pio.templates.default == "streamlit"
+    for fig in every_figure():
+        spec = fig.to_plotly_json()
+        title = fig.layout.title.text
+        assert fig.layout.template == pio.templates[pio.templates.default], title
+        layout = spec["layout"]
+        assert not {"paper_bgcolor", "plot_bgcolor"} & set(layout), title
+        for where, colour in colours_in(spec):
+            if rgb_alpha(colour)[1] < 0.5:
+                continue  # translucent: a band or a crowd of points, blended with either background
+            for bg in backgrounds:
+                assert contrast(colour, bg) >= 2.0, f"{title}: {where} = {colour} on {bg}"
+        assert title and charts.describe(fig).startswith(re.sub("<[^>]+>", " ", title).strip()[:10])
+        for name in (k for k in layout if re.fullmatch(r"[xy]axis\d*", k)):
+            axis = fig.layout[name]
+            assert axis.visible is False or axis.title.text, f"{title}: {name} has no title"

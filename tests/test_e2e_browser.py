@@ -1,9 +1,13 @@
-"""End to end in a real browser: upload checkpoints and texts on New audit, run the audit, open every page.
+"""End to end in a real browser: upload checkpoints and texts on New audit, run the audit, follow
+the finished job's link, compare with the demo run, open a shared address in a new page, lasso-select
+on the dataset map and export the filtered texts.
 
-A tiny GPT-2 (two checkpoints) and 40 AG News texts are built in tmp_path; `streamlit run app/main.py`
-serves the dashboard on a free localhost port with GNQ_DB in tmp_path; headless Chromium (Playwright)
+A tiny GPT-2 (two checkpoints) and 40 AG News texts are built in tmp_path, and the store gets a demo
+run over the same texts first (gnq demo's pipeline, two epochs); `streamlit run app/main.py` serves
+the dashboard on a free localhost port with GNQ_DB in tmp_path; headless Chromium (Playwright)
 drives it like a user. Every page must render without a Streamlit exception box; a full-page
-screenshot of each is saved under $GNQ_SCREENSHOTS (default tmp_path/shots).
+screenshot of each (and of the Runs page in the dark theme) is saved under $GNQ_SCREENSHOTS
+(default tmp_path/shots).
 
 Needs /usr/bin/chromium: skipped when it is missing, unless GNQ_REQUIRE_BROWSER=1 (then it fails).
 """
@@ -11,11 +15,14 @@ Needs /usr/bin/chromium: skipped when it is missing, unless GNQ_REQUIRE_BROWSER=
 from __future__ import annotations
 
 import csv
+import io
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -46,8 +53,7 @@ PAGES = [
     ("07-flagged.png", "flagged", "Flagged texts", [RUN_NAME]),
     ("08-regression.png", "regression", "GNQ explained: 2D regression", []),  # no run picker here
     ("09-dataset-map.png", "dataset_map", "Dataset map", [RUN_NAME, f"All {N_TEXTS} texts"]),
-    ("10-compare.png", "compare", "Compare runs", [RUN_NAME, "compare needs a second one"]),
-]
+]  # Compare runs (10-compare.png) is walked on its own: the user picks the demo run there
 
 
 def _need_browser(reason: str) -> None:
@@ -82,6 +88,27 @@ def audit_inputs(tmp_path: Path) -> tuple[Path, Path]:
     return ckpts, data
 
 
+@pytest.fixture
+def demo_store(audit_inputs, tmp_path: Path) -> Path:
+    """The store the dashboard starts with: a demo run over the same texts, built as `gnq demo`
+    builds one (training with in-run GNQ, the audit of its checkpoints, the calibrated attack),
+    two epochs instead of twelve (about 20 s on 2 CPU cores)."""
+    if not CHROMIUM.exists():  # before the build: a machine without the browser skips at once
+        _need_browser(f"{CHROMIUM} not found: the browser test needs Debian's chromium")
+    from gnq_core.pipelines.demo import build_demo
+    from gnq_core.results.store import Store
+
+    db = tmp_path / "gnq.duckdb"
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)  # as `gnq demo` runs (conftest makes float64 the default)
+    try:
+        build_demo(Store(db), out_dir=tmp_path / "demo-checkpoints", epochs=2, device="cpu",
+                   data=audit_inputs[1])
+    finally:
+        torch.set_default_dtype(previous)
+    return db
+
+
 # ----------------------------------------------------------------------------- the server
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -109,11 +136,9 @@ class Server:
 
 
 @pytest.fixture
-def server(tmp_path: Path):
-    if not CHROMIUM.exists():
-        _need_browser(f"{CHROMIUM} not found: the browser test needs Debian's chromium")
+def server(tmp_path: Path, demo_store: Path):
     port = _free_port()
-    db = tmp_path / "gnq.duckdb"
+    db = demo_store
     log = tmp_path / "streamlit.log"
     env = {**os.environ, "GNQ_DB": str(db), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
@@ -273,6 +298,35 @@ def set_form_value(page, label: str, value: str) -> None:
     box.press("Tab")  # commit the value without pressing Enter (which would submit the form)
 
 
+def pick_option(page, testid: str, label: str, option: str) -> None:
+    """Open the selectbox or multiselect labelled ``label`` and pick ``option`` from its list."""
+    widget = page.locator(f'[data-testid="{testid}"]').filter(has_text=label).first
+    widget.locator("input").first.click()
+    page.get_by_role("option", name=option, exact=True).first.click()
+    page.keyboard.press("Escape")
+
+
+def download(page, button: str) -> bytes:
+    """Click a download button and return the file's bytes."""
+    with page.expect_download(timeout=30_000) as info:
+        page.get_by_role("button", name=button).click()
+    return Path(info.value.path()).read_bytes()
+
+
+def shown_count(page) -> str:
+    """The Flagged texts page's "N of M texts." caption."""
+    return page.get_by_text(f" of {N_TEXTS} texts.").first.inner_text().split(".")[0]
+
+
+def half_word(data: Path) -> str:
+    """A word in some but not most of the texts (the search a user types)."""
+    with data.open(newline="", encoding="utf-8") as f:
+        texts = [row["text"].lower() for row in csv.DictReader(f)]
+    words = sorted({w for t in texts for w in t.split() if w.isalpha() and len(w) >= 4})
+    share = {w: sum(w in t for t in texts) / len(texts) for w in words}
+    return min(words, key=lambda w: (abs(share[w] - 0.3), w))
+
+
 def wait_for_store(server: Server, timeout: float) -> dict:
     """Poll the store (ground truth) until the run is done and attacked; fail fast on a failed job."""
     from gnq_core.pipelines.jobs import list_jobs
@@ -326,7 +380,7 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         page.locator('[data-testid="stSidebarNav"]').get_by_text("New audit", exact=True).click()
         page.get_by_role("heading", name="New audit").first.wait_for(timeout=60_000)
         settle(page)
-        assert page.url.rstrip("/").endswith("/new_audit"), page.url
+        assert urllib.parse.urlparse(page.url).path.rstrip("/").endswith("/new_audit"), page.url
 
         # --- Upload the checkpoint folder and the CSV, fill the settings, start.
         page.get_by_text("Upload a folder", exact=True).click()
@@ -382,6 +436,25 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
             problems.append("the shared address did not open the same run")
         shared.close()
 
+        # --- Compare with the demo run (the same texts): pick it, see the comparison, in the address.
+        page.goto(f"{server.url}/compare")
+        page.get_by_role("heading", name="Compare runs").first.wait_for(timeout=60_000)
+        settle(page)
+        try:
+            pick_option(page, "stSelectbox", "Compare with", "demo-audit")
+            wait_for_text_or_error(page, "Texts in both", 60)
+            settle(page)
+            metric = page.locator('[data-testid="stMetric"]').filter(has_text="Texts in both")
+            both = metric.first.inner_text()
+            if str(N_TEXTS) not in both:
+                problems.append(f"Compare runs: the demo run and the audit share {N_TEXTS} texts: {both!r}")
+            if "vs=demo-audit" not in page.url:
+                problems.append(f"Compare runs: the run compared with is not in the address: {page.url}")
+        except Exception as exc:  # noqa: BLE001 (collected, reported below)
+            problems.append(f"Compare runs: comparing with the demo run failed ({exc})")
+        full_screenshot(page, shots / "10-compare.png")
+        problems += [f"Compare runs: {e}" for e in app_errors(page)]
+
         # --- Every page, with the run selected (the picker defaults to the newest run).
         for shot, path, title, expected in PAGES:
             page.goto(f"{server.url}/{path}")
@@ -398,6 +471,39 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
             missing = [t for t in [title, *expected] if t not in text]
             if missing:
                 problems.append(f"{title}: missing text {missing}")
+        # --- Filter the flagged texts; the address carries the filters, so opened in a new page it
+        # shows the same rows.
+        word = half_word(data)
+        with data.open(newline="", encoding="utf-8") as f:
+            expected = sorted(r["text"] for r in csv.DictReader(f)
+                              if r["group"] == "world" and word in r["text"].lower())
+        page.goto(f"{server.url}/flagged")
+        page.get_by_role("heading", name="Flagged texts").first.wait_for(timeout=60_000)
+        settle(page)
+        page.get_by_text("GNQ_total alone", exact=True).click()
+        settle(page)
+        pick_option(page, "stMultiSelect", "Groups", "world")
+        settle(page)
+        set_form_value(page, "Text contains", word)
+        settle(page)
+        filtered = shown_count(page)
+        if filtered != f"{len(expected)} of {N_TEXTS} texts":
+            problems.append(f"Flagged texts: group 'world' and {word!r} keep {len(expected)} texts, "
+                            f"the page says {filtered!r}")
+        for part in ("order=GNQ", "group=world", f"q={word}"):
+            if part not in page.url:
+                problems.append(f"Flagged texts: {part!r} is not in the address {page.url}")
+        shared = browser.new_page(viewport={"width": 1400, "height": 900})
+        shared.goto(page.url, timeout=60_000)
+        shared.get_by_role("heading", name="Flagged texts").first.wait_for(timeout=60_000)
+        settle(shared)
+        full_screenshot(shared, shots / "11-flagged-shared-link.png")
+        if shown_count(shared) != filtered or word not in body_text(shared) or \
+                not shared.get_by_role("radio", name="GNQ_total alone").is_checked():
+            problems.append(f"Flagged texts: the shared address shows {shown_count(shared)!r}, "
+                            f"not {filtered!r}")
+        original = download(page, "Download CSV")  # what the first page exports, to compare below
+
         # --- Lasso-select on the dataset map: the table lists only the selected texts.
         page.goto(f"{server.url}/dataset_map")
         page.get_by_role("heading", name="Dataset map").first.wait_for(timeout=60_000)
@@ -413,12 +519,42 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
                 problems.append(f"Dataset map: a lasso around half the plot selected {caption!r}")
         except Exception as exc:  # noqa: BLE001 (collected, reported below)
             problems.append(f"Dataset map: lasso selection did not filter the table ({exc})")
+        # --- Export: the filtered view, the same file from the shared page; nothing to export from
+        # an empty view.
+        exported = download(shared, "Download CSV")
+        rows = list(csv.DictReader(io.StringIO(exported.decode("utf-8"))))
+        if sorted(r["text"] for r in rows) != expected:
+            problems.append(f"export: {len(rows)} rows, not the {len(expected)} filtered texts")
+        if exported != original:
+            problems.append("export: the shared address downloads another file than the first page")
+        set_form_value(shared, "Text contains", "no text says this")
+        settle(shared)
+        if shared.get_by_role("button", name="Download CSV").is_enabled():
+            problems.append("export: the download is offered for an empty view")
+        shared.close()
+
         # --- A drill-down address opened in a new page shows the same text.
         page.goto(f"{server.url}/drilldown?run={RUN_NAME}&text=5")
         page.get_by_role("heading", name="Text drill-down").first.wait_for(timeout=60_000)
         settle(page)
         if "#5 · rank" not in body_text(page):
             problems.append("the drill-down address ?text=5 did not open text #5")
+        # --- The dark theme (the system's preference): the app and its charts are dark.
+        dark = browser.new_page(viewport={"width": 1400, "height": 900}, color_scheme="dark")
+        dark.goto(f"{server.url}/?run={RUN_NAME}", timeout=60_000)
+        dark.get_by_role("heading", name="Runs").first.wait_for(timeout=60_000)
+        settle(dark)
+        dark.locator('[data-testid="stPlotlyChart"] .main-svg').first.wait_for(timeout=30_000)
+        backgrounds = dark.evaluate("""() => [
+            getComputedStyle(document.querySelector('[data-testid="stApp"]')).backgroundColor,
+            ...Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"] svg.main-svg'),
+                          el => el.style.background || getComputedStyle(el).backgroundColor)
+                 .filter(c => c)]""")
+        light = [c for c in backgrounds if sum(map(float, re.findall(r"[\d.]+", c)[:3])) > 3 * 128]
+        if light or len(backgrounds) < 2:
+            problems.append(f"dark theme: light backgrounds {light} among {backgrounds}")
+        full_screenshot(dark, shots / "01-runs-dark.png")
+        dark.close()
         if js_errors:
             problems.append(f"JavaScript errors: {js_errors}")
         assert not problems, "\n\n".join(problems)

@@ -198,3 +198,46 @@ def test_roc_points_per_signal():
     assert set(points["signal"]) == {"gnq_total", "loss_last", "gnq_max", "zlib_ratio", "n_tokens"}
     perfect = points[points["signal"] == "gnq_total"]
     assert ((perfect["fpr"] == 0) & (perfect["tpr"] == 1)).any()
+
+
+# ----------------------------------------------------------------------------------------- issue 19
+def test_rate_interval_contains_the_rate_and_narrows_with_n():
+    rng = np.random.default_rng(0)
+    small = rng.random(40) < 0.3
+    large = rng.random(4000) < 0.3
+    r_s, lo_s, hi_s = pr.rate_interval(small, resamples=1000, seed=1)
+    r_l, lo_l, hi_l = pr.rate_interval(large, resamples=1000, seed=1)
+    assert lo_s <= r_s <= hi_s and lo_l <= r_l <= hi_l
+    assert r_s == small.mean() and r_l == large.mean()
+    assert hi_l - lo_l < (hi_s - lo_s) / 4  # ~1/√n: 10× the width at 100× the texts
+    assert pr.rate_interval(np.ones(10, bool)) == (1.0, 1.0, 1.0)
+    assert all(np.isnan(pr.rate_interval([])))
+
+
+def test_stratified_auc_is_the_raw_auc_with_one_length_and_removes_a_pure_length_signal():
+    rng = np.random.default_rng(3)
+    n = 300
+    score = rng.normal(size=n)
+    y = rng.random(n) < 1 / (1 + np.exp(-2 * score))
+    raw = pr.metrics_matrix(score, y)["auc"][0]
+    auc, lo, hi, k = pr.stratified_auc(score, y, ["n_tokens 30"] * n, resamples=300, seed=0)
+    assert k == 1 and auc == pytest.approx(raw, abs=1e-12) and lo <= auc <= hi
+    # a signal that is only the length: high raw AUC, 0.5 within bins of one length each
+    length = rng.integers(1, 4, n)
+    outcome = rng.random(n) < np.array([0.9, 0.5, 0.1])[length - 1]
+    raw_len = pr.metrics_matrix(-length.astype(float), outcome)["auc"][0]
+    strat, _, _, k = pr.stratified_auc(-length.astype(float), outcome, length, resamples=200)
+    assert raw_len > 0.7 and k == 3 and strat == pytest.approx(0.5)
+
+
+def test_evaluate_reports_the_stratified_auc_next_to_the_raw_one():
+    f = _frame()
+    result = pr.evaluate(f, resamples=100, seed=0)
+    table = result.stratified.set_index("signal")
+    overall = result.table[result.table["scope"] == pr.ALL].set_index("signal")
+    for signal in table.index:
+        assert table.loc[signal, "auc"] == pytest.approx(overall.loc[signal, "auc"])
+        assert table.loc[signal, "stratified lo"] <= table.loc[signal, "stratified auc"] \
+            <= table.loc[signal, "stratified hi"]
+    shown = pr.display_stratified(result)
+    assert list(shown.columns) == ["signal", "AUC (all texts)", "AUC within length bins (mean)", "bins"]

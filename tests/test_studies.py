@@ -116,7 +116,7 @@ def test_common_knowledge_report_shows_the_stores_numbers(built):
 def test_extraction_report_is_table_3_of_the_stored_attack(built):
     text, store, run = finished(built, "extraction", "common-knowledge-quick.finetune")
     attack = store.extractions(run.run_id)
-    assert set(attack["prefix_tokens"]) == {12} and len(attack) == 24
+    assert set(attack["prefix_tokens"]) == {4} and len(attack) == 24  # p by scale: 4 in quick mode
     totals = store.example_totals(run.run_id)[["example_id", "gnq_max", "loss_last", "group"]]
     frame = (totals.merge(attack[["example_id", "match_fraction"]], on="example_id")
              .merge(store.metrics(run.run_id), on="example_id").dropna(subset=["match_fraction"]))
@@ -132,6 +132,8 @@ def test_extraction_report_is_table_3_of_the_stored_attack(built):
             assert f"| {label} | top-{f:.0%} | {k} | {extracted} |" in text
     assert text.count("| Random (trial ") == 3 * 3
     assert_predictive_table(text, store, run)
+    assert "## The paper's claim (Table 3) and this run" in text and "**Verdict:**" in text
+    assert "Scale: CPU small-scale (quick mode), not the paper's scale" in text
 
 
 @pytest.mark.slow
@@ -139,7 +141,9 @@ def test_extraction_report_is_table_3_of_the_stored_attack(built):
 def test_trajectories_report_bins_match_the_store(built):
     text, store, audit = finished(built, "trajectories", "trajectories-quick.audit")
     points = store.points(audit.run_id)
-    assert list(points["label"]) == ["epoch-1", "epoch-2", "epoch-4"] and set(points["status"]) == {"done"}
+    chosen = int(text.split("Chosen: lr ")[1].split("epoch ")[1].split()[0].rstrip(".—,"))
+    assert list(points["label"]) == [f"epoch-{e}" for e in (1, 4, 8) if e <= chosen]
+    assert set(points["status"]) == {"done"}
     totals = store.example_totals(audit.run_id).sort_values(["gnq_total", "example_id"])
     attack = store.extractions(audit.run_id).set_index("example_id")["match_fraction"]
     totals = totals.assign(match=totals["example_id"].map(attack)).dropna(subset=["match"])
@@ -153,7 +157,23 @@ def test_trajectories_report_bins_match_the_store(built):
         row = next(line for line in text.splitlines() if line.startswith(f"| {b} | {len(part)} |"))
         assert f"| {fmt(rate)} |" in row
     assert_predictive_table(text, store, audit)
-    assert "GNQ in-run" in text  # the training run's accumulated GNQ, found through the weights hashes
+    # the fixed-length attack: every attacked text has the same s = 4 target tokens
+    attack = store.extractions(audit.run_id)
+    attacked = attack[attack["match_fraction"].notna()]
+    assert (attacked["n_continuation"] == 4).all() and set(attacked["suffix_tokens"]) == {4}
+    # the four conventions: recorded with each run; the token sum's loss is n × the token mean
+    runs = {s: store.run(f"trajectories-quick.{s}")
+            for s in ("audit", "audit-sum", "audit-rel", "audit-rel-sum")}
+    assert [(r.settings["loss"], r.settings["lam_mode"]) for r in runs.values()] == [
+        ("token_mean", "absolute"), ("token_sum", "absolute"), ("token_mean", "relative"),
+        ("token_sum", "relative")]
+    mean = store.scores(runs["audit"].run_id).set_index(["point", "example_id"])["loss"]
+    total = store.scores(runs["audit-sum"].run_id).set_index(["point", "example_id"])["loss"]
+    n = store.examples(audit.run_id).set_index("example_id")["n_tokens"] - 1
+    assert np.allclose(total, mean * n.reindex(mean.index.get_level_values(1)).to_numpy(), rtol=1e-5)
+    for r in runs.values():
+        assert f"| {r.name} |" in text  # a row of the conventions table
+    assert "## Regime sweep" in text and "## The paper's claims (Fig. 5, Fig. 6, Table 4)" in text
 
 
 @pytest.mark.slow
@@ -227,6 +247,42 @@ def test_clear_errors(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- helpers
+def test_paraphrased_facts_are_audited_in_new_words_and_claims_were_never_seen():
+    import re
+
+    from gnq_core.analysis.studies.paraphrases import PRETRAIN_WORDINGS, bank, load_facts
+
+    words = bank(None, seed=0)
+    facts = load_facts()
+    assert len(words.facts) == len(words.claims) == len(facts)
+    assert len(words.pretrain) == PRETRAIN_WORDINGS * len(facts)
+    taught = set(words.pretrain)
+    assert not taught & set(words.facts) and not taught & set(words.claims)  # new wordings only
+    by_subject = {f.subject: f for f in facts}
+    for fact, claim, obj in zip(facts, words.claims, words.claim_objects, strict=True):
+        assert obj != fact.object and by_subject[fact.subject].relation == fact.relation
+        said = [t for t in words.pretrain if re.search(rf"(?<!\w){re.escape(fact.subject)}(?!\w)", t, re.I)]
+        assert len(said) >= PRETRAIN_WORDINGS  # the fact in several paraphrases
+        assert not any(re.search(rf"(?<!\w){re.escape(obj)}(?!\w)", t) for t in said), claim  # never seen
+    assert bank(None, seed=0) == words and bank(None, seed=1).claims != words.claims  # seeded
+    small = bank(8, seed=0)
+    assert len(small.facts) == 8 and len({f.split()[0] for f in small.facts}) == 4  # every relation
+
+
+def test_regime_is_the_point_inside_the_band_closest_to_its_middle():
+    from gnq_core.analysis.studies.sweep import choose_regime
+
+    rates = pd.DataFrame({"lr": [1e-3, 1e-3, 2e-3, 2e-3], "epoch": [10, 20, 10, 20],
+                          "rate": [0.05, 0.35, 0.55, 0.9]})
+    row, inside = choose_regime(rates, (0.2, 0.6))
+    assert inside and (row["lr"], row["epoch"]) == (1e-3, 20)  # 0.35 is nearer the middle than 0.55
+    low = rates.assign(rate=[0.0, 0.05, 0.1, 0.15])
+    row, inside = choose_regime(low, (0.2, 0.6))
+    assert not inside and row["rate"] == 0.15
+    with pytest.raises(ValueError):
+        choose_regime(rates.iloc[0:0], (0.2, 0.6))
+
+
 def test_counterfactual_subsets_are_complementary_halves():
     for n in (10, 11):
         a, b = cf_subset(n, 0, seed=3), cf_subset(n, 1, seed=3)
@@ -280,3 +336,41 @@ def test_wikitext_chunks_are_bounded_sentences():
     assert len(chunks) == 50
     assert all(5 <= len(c.split()) <= 24 for c in chunks)
     assert not any(" @,@ " in c or c.startswith("=") for c in chunks)
+
+
+def test_paper_scale_is_the_papers_setup(tmp_path):
+    from gnq_core.analysis.studies import common_knowledge as ck
+    from gnq_core.analysis.studies import trajectories as tr
+    from gnq_core.analysis.studies.base import StudyContext
+    from gnq_core.sources.models import PRESETS
+
+    ctx = StudyContext(store=Store(tmp_path / "gnq.duckdb"), scale="paper")
+    assert ctx.label("trajectories") == "trajectories-paper" and ctx.pick(1, 2, 3) == 3
+    cfg = ctx.pick(tr.QUICK, tr.FULL, tr.PAPER)
+    assert cfg.schedule == (1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100)  # the paper's checkpoints
+    assert (cfg.prefix_tokens, cfg.threshold, cfg.examples) == (45, 0.98, 500)
+    assert cfg.prefix_tokens + cfg.suffix_tokens <= cfg.train.max_length
+    assert PRESETS[cfg.train.preset] == PRESETS[ck.PAPER.pretrain.preset] == {"n_layer": 12, "n_embd": 768,
+                                                                             "n_head": 12}
+    if HAS_DATA:
+        from gnq_core.analysis.studies.base import ag_news
+
+        assert sum(len(t.split()) >= cfg.min_words for t, _ in ag_news(SHARED_DATA)) >= cfg.examples
+    with pytest.raises(ValueError, match="scale"):
+        StudyContext(store=ctx.store, scale="huge")
+
+
+def test_pretrain_keeps_the_schedules_checkpoints_and_the_latest_optimizer_state(tmp_path):
+    from lm_fixtures import texts
+
+    from gnq_core.analysis.studies.common_knowledge import OPTIMIZER_STATE, pretrain
+    from gnq_core.pipelines.settings import TrainSettings
+    from gnq_core.progress import Reporter
+    from gnq_core.sources.datasets import load_texts
+
+    (tmp_path / "t.txt").write_text("\n".join(texts(8)) + "\n")
+    settings = TrainSettings(epochs=3, batch_size=4, max_length=16, vocab_size=300, device="cpu")
+    final = pretrain(load_texts(tmp_path / "t.txt"), tmp_path / "run", settings, Reporter(), keep={1})
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch-1", "epoch-3"]
+    assert [p.parent.name for p in (tmp_path / "run").glob(f"*/{OPTIMIZER_STATE}")] == ["epoch-3"]
+    assert final == tmp_path / "run" / "epoch-3"

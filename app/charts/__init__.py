@@ -11,7 +11,8 @@ empty input (it answers a figure saying "no data").  Conventions shared by all b
   HTML-escaped strings (``<``, ``>``, ``&``), shortened to ``TEXT_LIMIT`` characters.
 * An axis is logarithmic when its values are all positive and span more than a factor 100
   (``use_log``); builders take an explicit override where that matters.
-* One template (``TEMPLATE``) and one group → colour map (``group_colors``) for all figures.
+* No template or background of their own (the dashboard's theme draws them, light or dark) and
+  one group → colour map (``group_colors``) for all figures.
 """
 
 from app.charts.base import (
@@ -19,8 +20,8 @@ from app.charts.base import (
     NO_GROUP,
     OTHER_COLOR,
     ROLE_COLORS,
-    TEMPLATE,
     TEXT_LIMIT,
+    describe,
     empty_figure,
     escape,
     group_colors,
@@ -36,7 +37,7 @@ from app.charts.regression import gradient_space, ranking_comparison, regression
 from app.charts.runs import gnq_histogram, gnq_vs_loss
 from app.charts.trajectories import example_trajectory, trajectories
 
-__all__ = ["LABELS", "NO_GROUP", "OTHER_COLOR", "ROLE_COLORS", "TEMPLATE", "TEXT_LIMIT", "empty_figure",
+__all__ = ["LABELS", "NO_GROUP", "OTHER_COLOR", "ROLE_COLORS", "TEXT_LIMIT", "describe", "empty_figure",
            "escape", "example_trajectory", "extraction_vs_quantile", "gnq_histogram", "gnq_vs_loss",
            "gradient_space", "group_colors", "group_distributions", "group_name", "label",
            "ranking_comparison", "regression_data", "run_comparison", "short_text", "trajectories", "use_log"]

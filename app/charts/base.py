@@ -1,8 +1,13 @@
-"""What every figure shares: template, colours, label escaping, log axes, point axes."""
+"""What every figure shares: colours, label escaping, log axes, point axes.
+
+No figure names a template or a background: a figure takes plotly's default template, which the
+dashboard is Streamlit's (``st.plotly_chart(theme="streamlit")`` draws it in the viewer's light or
+dark theme). Fixed colours are mid-tones, readable on both backgrounds."""
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -11,10 +16,10 @@ import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 
-TEMPLATE = "plotly_white"
 GROUP_PALETTE: list[str] = list(plotly.colors.qualitative.D3)
-ROLE_COLORS = {"top": "#B2182B", "bottom": "#2166AC", "selected": "#111111"}
+ROLE_COLORS = {"top": "#D6404E", "bottom": "#3A7DC9", "selected": "#9467BD"}
 ROLE_DASH = {"top": "solid", "bottom": "dot", "selected": "dash"}
+NEUTRAL = "#888888"        # reference lines and outlines: mid grey, seen on white and on near-black
 OTHER_COLOR = "rgba(150, 150, 150, 0.35)"
 BAND_COLOR = "rgba(150, 150, 150, 0.25)"  # grey, as the pages say
 NO_GROUP = "(none)"
@@ -80,15 +85,15 @@ def empty_figure(title: str = "", message: str = "no data") -> go.Figure:
     """A blank figure with a centred message, for inputs with nothing to draw."""
     fig = go.Figure()
     fig.add_annotation(text=escape(message), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font={"size": 16, "color": "#888"})
-    fig.update_layout(template=TEMPLATE, title=escape(title) or None,
+                       font={"size": 16, "color": NEUTRAL})
+    fig.update_layout(title=escape(title) or None,
                       xaxis={"visible": False}, yaxis={"visible": False})
     return fig
 
 
 def layout(fig: go.Figure, title: str, xtitle: str, ytitle: str, *, log_x: bool = False,
             log_y: bool = False) -> go.Figure:
-    fig.update_layout(template=TEMPLATE, title=title, hovermode="closest",
+    fig.update_layout(title=title, hovermode="closest",
                       legend={"itemsizing": "constant"}, margin={"t": 60, "r": 20, "b": 50, "l": 60})
     fig.update_xaxes(title_text=xtitle, type="log" if log_x else "linear")
     fig.update_yaxes(title_text=ytitle, type="log" if log_y else "linear")
@@ -145,3 +150,38 @@ def point_labels(*frames: pd.DataFrame | None) -> pd.Series:
         return pd.Series(dtype=object)
     both = pd.concat(parts).drop_duplicates("point").sort_values("point")
     return pd.Series(both["label"].to_numpy(), index=both["point"].to_numpy())
+
+
+_TAG = re.compile(r"<[^>]+>")
+
+
+def _plain_text(value: Any) -> str:
+    return html.unescape(_TAG.sub(" ", "" if value is None else str(value))).strip()
+
+
+def describe(fig: go.Figure, limit: int = 6) -> str:
+    """A text alternative to a figure, for screen readers and for anyone who cannot tell its colours
+    apart: its title, what each axis shows and each named series with its number of marks."""
+    layout = fig.layout
+    parts = [_plain_text(layout.title.text) or "Chart"]
+    axes = []
+    for name in sorted(k for k in layout.to_plotly_json() if re.fullmatch(r"[xy]axis\d*", k)):
+        title = _plain_text(layout[name].title.text)
+        if title:
+            axes.append(f"{name[0]}: {title}{' (log scale)' if layout[name].type == 'log' else ''}")
+    if axes:
+        parts.append("; ".join(axes))
+    series = []
+    for trace in fig.data:
+        name = _plain_text(trace.name)
+        if not name or trace.showlegend is False:
+            continue
+        values = next((v for v in (getattr(trace, a, None) for a in ("x", "y", "values"))
+                       if v is not None), ())
+        marks = sum(v is not None for v in values)  # line breaks (None) are no marks
+        unit = "bar" if trace.type in ("bar", "histogram") else "point"
+        series.append(f"{name} ({marks:,} {unit}{'' if marks == 1 else 's'})")
+    if series:
+        more = f" and {len(series) - limit} more" if len(series) > limit else ""
+        parts.append("series: " + ", ".join(series[:limit]) + more)
+    return ". ".join(parts) + "."

@@ -21,7 +21,7 @@ def run_comparison(pairs: pd.DataFrame, name_a: str, name_b: str, top: int) -> g
     lo = float(min(pairs["gnq_a"].min(), pairs["gnq_b"].min()))
     hi = float(max(pairs["gnq_a"].max(), pairs["gnq_b"].max()))
     fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="same GNQ in both", hoverinfo="skip",
-                             line={"color": "#888888", "width": 1, "dash": "dot"}))
+                             line={"color": base.NEUTRAL, "width": 1, "dash": "dot"}))
     for g in sorted(groups.unique()):
         part = pairs[groups == g]
         top_either = (part["rank_a"] <= top) | (part["rank_b"] <= top)
@@ -30,7 +30,7 @@ def run_comparison(pairs: pd.DataFrame, name_a: str, name_b: str, top: int) -> g
         fig.add_trace(base.scatter_cls(len(part))(
             x=part["gnq_a"], y=part["gnq_b"], mode="markers", name=base.escape(g), customdata=custom,
             marker={"color": colors.get(g, base.OTHER_COLOR), "size": np.where(top_either, 10, 6),
-                    "line": {"width": np.where(top_either, 1.5, 0), "color": "#222222"}},
+                    "line": {"width": np.where(top_either, 1.5, 0), "color": base.ROLE_COLORS["selected"]}},
             hovertemplate="#%{customdata[0]} %{customdata[1]}<br>rank %{customdata[2]} → %{customdata[3]}"
                           "<extra></extra>"))
     log = base.use_log(pd.concat([pairs["gnq_a"], pairs["gnq_b"]]))

@@ -49,7 +49,7 @@ def extraction_vs_quantile(bins_frame: pd.DataFrame, *, texts: Mapping[int, str]
                              hovertemplate=(f"bin %{{x}}: mean {base.escape(score_label)} %{{y:.4g}}"
                                             "<extra></extra>")),
                   secondary_y=True)
-    fig.update_layout(template=base.TEMPLATE, title=title, hovermode="closest", bargap=0.15)
+    fig.update_layout(title=title, hovermode="closest", bargap=0.15)
     fig.update_xaxes(title_text=f"{base.escape(score_label)} quantile bin (1 = lowest)", tickmode="linear",
                      dtick=1)
     fig.update_yaxes(title_text="extraction success (%)", range=[0, 105], secondary_y=False)

@@ -59,7 +59,7 @@ def group_distributions(traj: pd.DataFrame, groups: list[str] | None = None, *,
     if not raw:
         fig.add_annotation(text=f"box statistics from {len(frame):,} rows; individual outliers not drawn",
                            xref="paper", yref="paper", x=1, y=1.06, showarrow=False, xanchor="right",
-                           font={"size": 11, "color": "#666"})
+                           font={"size": 11, "color": base.NEUTRAL})
     return fig
 
 

@@ -51,10 +51,10 @@ def regression_data(x: Any, y: Any, w: float, b: float, selected: int | None, gn
     res_x = [v for j in range(n) for v in (xs[j], xs[j], None)]
     res_y = [v for j in range(n) for v in (ys[j], fit[j], None)]
     fig.add_trace(go.Scatter(x=res_x, y=res_y, mode="lines", name="residuals", hoverinfo="skip",
-                             line={"color": "#BBBBBB", "width": 1, "dash": "dot"}))
+                             line={"color": base.NEUTRAL, "width": 1, "dash": "dot"}))
     fig.add_trace(go.Scatter(x=line_x, y=w * line_x + b, mode="lines", name=f"y = {w:.3g}·x {b:+.3g}",
-                             line={"color": "#444444", "width": 2}, hoverinfo="skip"))
-    marker: dict[str, Any] = {"size": size, "line": {"width": 1, "color": "white"}}
+                             line={"color": base.ROLE_COLORS["bottom"], "width": 2}, hoverinfo="skip"))
+    marker: dict[str, Any] = {"size": size, "line": {"width": 1, "color": base.NEUTRAL}}
     if finite.any():
         marker.update(color=np.where(finite, colour, np.nan), colorscale="Viridis", showscale=True,
                       colorbar={"title": {"text": "log10 GNQ" if log_c else "GNQ"}})
@@ -128,7 +128,7 @@ def gradient_space(G: Any, selected: int | None, ellipse_selected: Any,
     seg_x = [v for j in range(n) for v in (0.0, g[j, 0], None)]
     seg_y = [v for j in range(n) for v in (0.0, g[j, 1], None)]
     fig.add_trace(go.Scatter(x=seg_x, y=seg_y, mode="lines", name="gradients", hoverinfo="skip",
-                             line={"color": "#888888", "width": 1.5}, showlegend=False))
+                             line={"color": base.NEUTRAL, "width": 1.5}, showlegend=False))
     custom = [[j, names[j], base.fmt(g[j, 0]), base.fmt(g[j, 1])] for j in range(n)]
     colors = [base.ROLE_COLORS["selected"] if j == sel else base.GROUP_PALETTE[1] for j in range(n)]
     fig.add_trace(go.Scatter(x=g[:, 0], y=g[:, 1], mode="markers+text", name="g_j",
@@ -180,6 +180,6 @@ def ranking_comparison(gnq_values: Any, loss_values: Any, *, label_offset: int =
                          row=1, col=col)
     fig.update_xaxes(title_text="GNQ", type="log" if base.use_log(gnq) else "linear", row=1, col=1)
     fig.update_xaxes(title_text="loss", type="log" if base.use_log(loss) else "linear", row=1, col=2)
-    fig.update_yaxes(title_text="point", row=1, col=1)
-    fig.update_layout(template=base.TEMPLATE, title=title, hovermode="closest", bargap=0.25)
+    fig.update_yaxes(title_text="point")
+    fig.update_layout(title=title, hovermode="closest", bargap=0.25)
     return fig

@@ -103,5 +103,5 @@ def gnq_vs_loss(totals: pd.DataFrame, max_points: int = 5000, seed: int = 0, *,
         kept = min(keep_top, max_points)
         fig.add_annotation(text=f"showing {len(frame):,} of {n_all:,} examples (top {kept} "
                                 "by GNQ_total always shown)", xref="paper", yref="paper", x=1, y=1.06,
-                           showarrow=False, xanchor="right", font={"size": 11, "color": "#666"})
+                           showarrow=False, xanchor="right", font={"size": 11, "color": base.NEUTRAL})
     return fig

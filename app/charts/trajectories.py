@@ -172,7 +172,7 @@ def example_trajectory(traj_one: pd.DataFrame, *, text: str | None = None,
                       secondary_y=True)
         fig.update_yaxes(title_text="loss", type="log" if base.use_log(loss) else "linear", secondary_y=True,
                          showgrid=False)
-    fig.update_layout(template=base.TEMPLATE, title=title, hovermode="closest")
+    fig.update_layout(title=title, hovermode="closest")
     fig.update_xaxes(title_text="point")
     fig.update_yaxes(title_text="GNQ", type="log" if log_y else "linear", secondary_y=False)
     base.point_axis(fig, labels.index.tolist(), labels.tolist())

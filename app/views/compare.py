@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import address, charts, show, state
 from gnq_core.analysis.compare import compare_runs
 
 st.title("Compare runs")
@@ -19,7 +19,9 @@ linked = st.query_params.get("vs")
 other = st.selectbox("Compare with", names, index=names.index(linked) if linked in names else 0,
                      key="compare_vs")
 st.query_params["vs"] = other
-top = int(st.number_input("Top k", min_value=1, max_value=1000, value=20, key="compare_top"))
+address.restore("compare_top", "top", 20, address.number(1, 1000, int))
+top = int(st.number_input("Top k", min_value=1, max_value=1000, key="compare_top"))
+address.record("top", top, 20)
 other_run = state.store().run(other)
 a = state.totals(db, run.run_id, state.version(run.run_id))
 b = state.totals(db, other_run.run_id, state.version(other_run.run_id))
@@ -36,8 +38,8 @@ c[3].metric(f"Left the top {top}", len(result.left))
 if result.only_a or result.only_b:
     st.caption(f"{result.only_a} text(s) only in {state.plain(run.name)}, {result.only_b} only in "
                f"{state.plain(other)} (texts are matched exactly).")
-event = st.plotly_chart(charts.run_comparison(result.pairs, run.name, other, top), width="stretch",
-                        on_select="rerun", selection_mode="points", key="compare_chart")
+event = show.chart(charts.run_comparison(result.pairs, run.name, other, top), width="stretch",
+                   on_select="rerun", selection_mode="points", key="compare_chart")
 columns = ["example_id_b", "rank_a", "rank_b", "rank_change", "gnq_a", "gnq_b", "group", "text"]
 config = {"example_id_b": "example", "rank_a": f"rank in {run.name}", "rank_b": f"rank in {other}",
           "rank_change": st.column_config.NumberColumn("rank change", help="> 0: higher in the second run"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import address, charts, show, state
 from app.columns import column_config
 
 st.title("Dataset map")
@@ -14,12 +14,14 @@ run = state.require_run()
 scored = state.require_scores(run)[3]
 
 attacked = scored["extracted"].notna().any()
-colour = st.radio("Colour by", ["group", "attack verdict"] if attacked else ["group"], horizontal=True,
-                  key="map_colour")
+colours = ["group", "attack verdict"] if attacked else ["group"]
+address.restore("map_colour", "colour", "group", address.one_of(colours))
+colour = st.radio("Colour by", colours, horizontal=True, key="map_colour")
+address.record("colour", colour, "group")
 shown = scored if colour == "group" else scored.assign(
     group=scored["extracted"].map({True: "extracted", False: "not extracted"}).fillna("too short"))
-event = st.plotly_chart(charts.gnq_vs_loss(shown), width="stretch", on_select="rerun",
-                        selection_mode=("points", "box", "lasso"), key="map_chart")
+event = show.chart(charts.gnq_vs_loss(shown), width="stretch", on_select="rerun",
+                   selection_mode=("points", "box", "lasso"), key="map_chart")
 picked = set(state.selected_points(event))
 view = scored[scored["example_id"].isin(picked)] if picked else scored
 st.caption(f"{len(picked):,} texts selected on the map (lasso or box in the chart's toolbar; double-click "

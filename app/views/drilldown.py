@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import charts, state
+from app import charts, show, state
 from app.columns import column_config
 from gnq_core.analysis.summaries import nearest_by_trajectory, token_alignment
 from gnq_core.analysis.verdict import COLUMN_HELP
@@ -71,7 +71,7 @@ secret = (f" · secret-like: {state.plain(row['secret'])} at characters {int(row
           f"{int(row['secret_end'])}" if isinstance(row.get("secret"), str) else "")
 st.caption(f"Group: {group} · {row['n_tokens']} tokens{secret}")
 
-st.plotly_chart(charts.example_trajectory(record["trajectory"]), width="stretch")
+show.chart(charts.example_trajectory(record["trajectory"]), width="stretch")
 
 st.subheader("Extraction attempt")
 attempts = record["extractions"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, show, state
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.summaries import quantile_bins, targeted_attack_table
@@ -33,7 +33,7 @@ c1, c2 = st.columns(2)
 bins = c1.slider("Quantile bins", 2, 20, 10)
 threshold = c2.slider("Success threshold (match fraction of the continuation)", 0.0, 1.0, 1.0, 0.01)
 frame = quantile_bins(attacked, bins=bins, threshold=threshold)
-st.plotly_chart(charts.extraction_vs_quantile(frame), width="stretch")
+show.chart(charts.extraction_vs_quantile(frame), width="stretch")
 rate = float((attacked["extraction_match"] >= threshold).mean())
 st.caption(f"{len(attacked):,} texts attacked; overall success rate {rate:.1%} at match ≥ {threshold:g}.")
 
@@ -61,7 +61,7 @@ st.dataframe(pr.display_table(result), hide_index=True, width="stretch",
 st.caption("Outcome: the stored attack's own rule (not the slider above). " + result.method() + " "
            + state.plain(provenance))  # provenance names runs: user data
 log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=False)
-st.plotly_chart(roc_figure(roc, result, log_fpr=log_fpr), width="stretch")
+show.chart(roc_figure(roc, result, log_fpr=log_fpr, template=None), width="stretch")
 if result.bins:
     with st.expander("Within length bins (does a signal only track text length?)"):
         st.markdown(pr.within_bins_sentence(result))

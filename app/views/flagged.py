@@ -1,65 +1,82 @@
 """Flagged texts: the verdict order (leaked first, then secret-like content, then memorisation
-risk) with a reason per text, or GNQ alone; filter, and download exactly the filtered view."""
+risk) with a reason per text, or GNQ alone; filter, and download exactly the filtered view.
+Every filter is in the address (app/address.py): a copied link opens the same rows."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app import state
+from app import address, state
 from app.columns import column_config
+from app.flagged_filters import EXTRACTION, MODES, ORDERS, Filters, flagged
 from gnq_core.results.export import export_frame, to_bytes
-
-VERDICT, BY_GNQ = "Verdict (leaked, secret-like, risk)", "GNQ_total alone"
 
 st.title("Flagged texts")
 run = state.require_run()
 scored = state.require_scores(run)[3]
 attack = run.settings.get("attack") or {}
+n = len(scored)
+default = Filters(k=min(50, n), min_gnq=float(scored["gnq_total"].quantile(0.9)))
 
-order = st.radio("Order by", [VERDICT, BY_GNQ], horizontal=True, key="flagged_order",
+
+address.restore("flagged_order", "order", default.order, address.one_of(ORDERS))
+order = st.radio("Order by", ORDERS, horizontal=True, key="flagged_order",
                  help="Verdict: texts the calibrated attack extracted first (secret-like ones first), then "
                       "texts with secret-like content, then the rest by memorisation risk. GNQ_total alone: "
                       "the gradient-uniqueness ranking, blind to copies and to the attack.")
-rank_col, pct_col = ("rank", "percentile") if order == VERDICT else ("gnq_rank", "gnq_percentile")
 c1, c2, c3 = st.columns(3)
-mode = c1.radio("Flag by", ["top-k", "percentile", "GNQ threshold"], horizontal=True)
+address.restore("flagged_mode", "flag", default.mode, address.one_of(MODES))
+mode = c1.radio("Flag by", MODES, horizontal=True, key="flagged_mode")
+k, pct, min_gnq = default.k, default.percentile, default.min_gnq
 if mode == "top-k":
-    k = c2.number_input("k", min_value=1, max_value=len(scored), value=min(50, len(scored)))
-    view = scored.sort_values(rank_col).head(int(k))
+    address.restore("flagged_k", "k", default.k, address.number(1, n, int))
+    k = int(c2.number_input("k", min_value=1, max_value=n, key="flagged_k"))
 elif mode == "percentile":
-    p = c2.slider("At or above percentile", 0.0, 100.0, 90.0, 0.5)
-    view = scored[scored[pct_col] >= p]
+    address.restore("flagged_pct", "pct", default.percentile, address.number(0.0, 100.0))
+    pct = c2.slider("At or above percentile", 0.0, 100.0, step=0.5, key="flagged_pct")
 else:
-    x = c2.number_input("GNQ_total at least", value=float(scored["gnq_total"].quantile(0.9)), format="%g")
-    view = scored[scored["gnq_total"] >= x]
-search = c3.text_input("Text contains", placeholder="search…")
+    address.restore("flagged_min", "min_gnq", default.min_gnq, address.number(float("-inf"), float("inf")))
+    min_gnq = c2.number_input("GNQ_total at least", format="%g", key="flagged_min")
+address.restore("flagged_search", "q", default.search, address.text)
+search = c3.text_input("Text contains", placeholder="search…", key="flagged_search")
 c1, c2, c3 = st.columns(3)
-groups = sorted(scored["group"].dropna().unique())
-picked = c1.multiselect("Groups", groups, default=[])
+groups = sorted(scored["group"].dropna().astype(str).unique())
+address.restore("flagged_groups", "group", default.groups, address.subset(groups))
+picked = c1.multiselect("Groups", groups, key="flagged_groups")
 has_attack = scored["extraction_match"].notna().any()
-extracted = c2.radio("Extraction", ["all", "extracted", "not extracted"], horizontal=True,
-                     disabled=not has_attack)
-only_secrets = c3.toggle("Only secret-like content", value=False,
+address.restore("flagged_extraction", "extraction", default.extraction, address.one_of(EXTRACTION))
+extracted = c2.radio("Extraction", EXTRACTION, horizontal=True, disabled=not has_attack,
+                     key="flagged_extraction")
+address.restore("flagged_secrets", "secret", default.only_secrets, address.flag)
+only_secrets = c3.toggle("Only secret-like content", key="flagged_secrets",
                          help="Texts holding a card-number-like string, PIN, password, key, e-mail, phone...")
-if picked:
-    view = view[view["group"].isin(picked)]
-if search:
-    view = view[view["text"].str.contains(search, case=False, regex=False)]
-if has_attack and extracted != "all":
-    view = view[view["extracted"].fillna(False).astype(bool) == (extracted == "extracted")]
-if only_secrets:
-    view = view[view["secret"].notna()]
 
-out = export_frame(view.sort_values([rank_col, "example_id"]), has_attack)
-st.caption(f"{len(out):,} of {len(scored):,} texts. "
+filters = Filters(order=order, mode=mode, k=k, percentile=pct, min_gnq=min_gnq, search=search,
+                  groups=list(picked), extraction=extracted, only_secrets=only_secrets)
+for param, value, base, active in (("order", order, default.order, True), ("flag", mode, default.mode, True),
+                                   ("k", k, default.k, mode == "top-k"),
+                                   ("pct", pct, default.percentile, mode == "percentile"),
+                                   ("min_gnq", min_gnq, default.min_gnq, mode == "GNQ threshold"),
+                                   ("q", search, default.search, True), ("group", filters.groups, [], True),
+                                   ("extraction", extracted, default.extraction, True),
+                                   ("secret", only_secrets, False, True)):
+    if active:
+        address.record(param, value, base)
+    else:
+        address.forget(param)
+
+out = export_frame(flagged(scored, filters), has_attack)
+st.caption(f"{len(out):,} of {n:,} texts. "
            + (f"Attack rule: {state.plain(attack['rule'])}." if attack.get("rule") else
               "No calibrated attack stored yet: the verdict uses copies, secret-like content and GNQ."))
 event = st.dataframe(out, hide_index=True, width="stretch", on_select="rerun",
                      selection_mode="single-row", key="flagged_table", column_config=column_config(out))
 if sel := state.selected_rows(event, out):
     state.open_example(sel[0])
+if out.empty:
+    st.caption("Nothing to export: no text matches these filters.")
 c = st.columns(3)
 for col, fmt, mime in zip(c, ("csv", "jsonl", "parquet"),
                           ("text/csv", "application/jsonl", "application/vnd.apache.parquet"), strict=True):
     col.download_button(f"Download {fmt.upper()}", to_bytes(out, fmt), file_name=f"{run.name}-flagged.{fmt}",
-                        mime=mime, width="stretch")
+                        mime=mime, width="stretch", disabled=out.empty)

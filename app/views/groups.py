@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, show, state
 from gnq_core.analysis.summaries import group_separation
 
 st.title("Groups")
@@ -17,7 +17,7 @@ if len(groups) < 1:
             "--group-column, or pick it on New audit.")
     st.stop()
 shown = st.multiselect("Groups", groups, default=groups[:4])
-st.plotly_chart(charts.group_distributions(traj, groups=shown), width="stretch")
+show.chart(charts.group_distributions(traj, groups=shown), width="stretch")
 
 if len(groups) >= 2:
     c1, c2 = st.columns(2)

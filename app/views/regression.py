@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import charts
+from app import charts, show
 from gnq_core.analysis import regression2d as r2d
 
 st.title("GNQ explained: 2D regression")
@@ -48,12 +48,10 @@ others = ({j: r2d.ellipse(r2d.leave_one_out_matrix(G, j, lam)) for j in range(le
           if show_others else None)
 with right:
     c1, c2 = st.columns(2)
-    c1.plotly_chart(charts.regression_data(x, y, w, b, selected, scores, label_offset=0), width="stretch")
-    c2.plotly_chart(charts.gradient_space(G, selected, ellipse_sel, others, r2d.loss_strip_halfwidth(tau),
-                                         label_offset=0),
-                    width="stretch")
-    st.plotly_chart(charts.ranking_comparison(scores, r2d.losses(x, y, w, b), label_offset=0),
-                    width="stretch")
+    show.chart(charts.regression_data(x, y, w, b, selected, scores, label_offset=0), c1, width="stretch")
+    show.chart(charts.gradient_space(G, selected, ellipse_sel, others, r2d.loss_strip_halfwidth(tau),
+                                     label_offset=0), c2, width="stretch")
+    show.chart(charts.ranking_comparison(scores, r2d.losses(x, y, w, b), label_offset=0), width="stretch")
 
 st.subheader("Per point")
 st.dataframe(table, hide_index=True, width="stretch")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, show, state
 from app.columns import column_config
 from app.jobs_view import job_panel
 from gnq_core.pipelines.jobs import list_jobs, start_job
@@ -82,10 +82,10 @@ c4.metric("Extracted by the attack",
 
 left, right = st.columns(2)
 with left:
-    st.plotly_chart(charts.gnq_histogram(scored), width="stretch")
+    show.chart(charts.gnq_histogram(scored), width="stretch")
 with right:
-    event = st.plotly_chart(charts.gnq_vs_loss(scored), width="stretch", on_select="rerun",
-                            selection_mode="points", key="runs_scatter")
+    event = show.chart(charts.gnq_vs_loss(scored), note="Click a point to open its text.", width="stretch",
+                       on_select="rerun", selection_mode="points", key="runs_scatter")
     if ids := state.selected_points(event):
         state.open_example(ids[0])
 

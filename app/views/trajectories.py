@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, state
+from app import charts, show, state
 from app.columns import column_config
 from gnq_core.analysis.summaries import top_bottom
 
@@ -34,8 +34,7 @@ traj = state.trajectories(db, run.run_id, version, ids)
 fig = charts.trajectories(traj, highlight_top=top_ids, highlight_bottom=bottom_ids, selected=picked,
                           color_by_group=by_group, band=band,
                           texts=text_of)
-event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode="points",
-                        key="traj_chart")
+event = show.chart(fig, width="stretch", on_select="rerun", selection_mode="points", key="traj_chart")
 if sel := state.selected_points(event):
     state.open_example(sel[0])
 st.caption(f"{len(scored):,} examples; "

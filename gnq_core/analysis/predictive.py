@@ -90,6 +90,7 @@ class Predictive:
     outcome: str
     bins: list[str]     # the length bins scored (empty: none formed)
     bins_asked: int
+    stratified: pd.DataFrame = field(default_factory=pd.DataFrame)  # per signal (``stratified_table``)
     boot_auc: dict[tuple[str, str], np.ndarray] = field(repr=False, default_factory=dict)
     rows_of: dict[tuple[str, str], tuple[int, ...]] = field(repr=False, default_factory=dict)
 
@@ -218,6 +219,44 @@ def interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def rate_interval(outcomes: Sequence[bool] | np.ndarray, resamples: int = RESAMPLES, seed: int = 0,
+                  level: float = LEVEL) -> tuple[float, float, float]:
+    """A rate (share of True) with its percentile bootstrap interval: (rate, lo, hi); all NaN
+    for no outcomes.  The resampled rate is a binomial draw of n with the observed rate."""
+    y = np.asarray(outcomes, dtype=bool)
+    if len(y) == 0:
+        return float("nan"), float("nan"), float("nan")
+    rate = float(y.mean())
+    draws = np.random.default_rng(seed).binomial(len(y), rate, resamples) / len(y)
+    lo, hi = interval(draws, level)
+    return rate, lo, hi
+
+
+def stratified_auc(scores: np.ndarray, labels: np.ndarray, strata: np.ndarray | Sequence,
+                   resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL
+                   ) -> tuple[float, float, float, int]:
+    """The within-stratum AUC averaged over the strata that hold both outcomes (each stratum
+    counts once), with its bootstrap interval: each stratum resampled on its own (stratified by
+    outcome, seeded by [seed, stratum index], so two signals on the same texts are resampled
+    alike) and the mean taken per resample.  Returns (auc, lo, hi, strata scored); NaN and 0
+    when no stratum holds both outcomes.  One stratum: the plain AUC."""
+    s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    keys = pd.Series(list(strata), dtype=object).to_numpy()
+    keep = np.isfinite(s)
+    points, boots = [], []
+    for i, key in enumerate(pd.unique(keys[keep])):
+        part = keep & (keys == key)
+        ys, ss = y[part], s[part]
+        if 0 < ys.sum() < len(ys):
+            points.append(float(metrics_matrix(ss, ys)["auc"][0]))
+            stratum_seed = int(np.random.SeedSequence([seed, i]).generate_state(1)[0])
+            boots.append(bootstrap(ss, ys, resamples, stratum_seed, fpr_levels=(), fractions=())["auc"])
+    if not points:
+        return float("nan"), float("nan"), float("nan"), 0
+    lo, hi = interval(np.mean(boots, axis=0), level)
+    return float(np.mean(points)), lo, hi, len(points)
+
+
 # ----------------------------------------------------------------------------------------- tables
 def length_bins(n_tokens: pd.Series, bins: int = LENGTH_BINS) -> pd.Series:
     """Each text's length bin ("n_tokens 5–12"; NaN: no bins): quantile bins of the token count,
@@ -285,7 +324,58 @@ def evaluate(frame: pd.DataFrame, *, outcome: str = OUTCOME, resamples: int = RE
                 result.rows_of[(scope, signal.column)] = tuple(part.index[keep])
             rows.append(row)
     result.table = pd.DataFrame(rows, columns=_COLUMNS) if rows else pd.DataFrame(columns=_COLUMNS)
+    result.stratified = stratified_table(attacked, chosen, names, outcome=outcome, resamples=resamples,
+                                         seed=seed, level=level)
     return result
+
+
+STRATIFIED_COLUMNS = ["signal", "label", "auc", "auc lo", "auc hi", "stratified auc", "stratified lo",
+                      "stratified hi", "bins scored"]
+
+
+def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], bins: pd.Series, *,
+                     outcome: str = OUTCOME, resamples: int = RESAMPLES, seed: int = 0,
+                     level: float = LEVEL) -> pd.DataFrame:
+    """Per signal: the raw AUC over all attacked texts next to the length-stratified AUC (the
+    within-length-bin AUCs averaged over the bins, ``stratified_auc``), both with intervals.
+    Texts without a bin (no bins formed) form one stratum, so then the two agree."""
+    strata = bins.fillna("all").to_numpy()
+    y = attacked[outcome].astype(bool).to_numpy() if len(attacked) else np.zeros(0, dtype=bool)
+    rows = []
+    for signal in signals:
+        score = oriented(attacked[signal.column], signal)
+        keep = np.isfinite(score)
+        row: dict = {"signal": signal.column, "label": signal.label}
+        if 0 < y[keep].sum() < keep.sum():
+            raw = bootstrap(score[keep], y[keep], resamples, seed, fpr_levels=(), fractions=())["auc"]
+            row["auc"] = float(metrics_matrix(score[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
+            row["auc lo"], row["auc hi"] = interval(raw, level)
+            auc, lo, hi, k = stratified_auc(score, y, strata, resamples, seed, level)
+            row |= {"stratified auc": auc, "stratified lo": lo, "stratified hi": hi, "bins scored": k}
+        rows.append(row)
+    return pd.DataFrame(rows, columns=STRATIFIED_COLUMNS)
+
+
+def display_stratified(result: Predictive, digits: int = 2) -> pd.DataFrame:
+    """``Predictive.stratified`` as "value [lo, hi]" strings, best raw AUC first."""
+    table = result.stratified.sort_values("auc", ascending=False, na_position="last")
+
+    def cell(row: pd.Series, point: str, lo: str, hi: str) -> str:
+        if pd.isna(row.get(point)):
+            return "n/a"
+        return f"{row[point]:.{digits}f} [{row[lo]:.{digits}f}, {row[hi]:.{digits}f}]"
+
+    return pd.DataFrame({
+        "signal": table["label"],
+        "AUC (all texts)": [cell(r, "auc", "auc lo", "auc hi") for _, r in table.iterrows()],
+        "AUC within length bins (mean)": [cell(r, "stratified auc", "stratified lo", "stratified hi")
+                                          for _, r in table.iterrows()],
+        "bins": [fmt_int(v) for v in table["bins scored"]],
+    }).reset_index(drop=True)
+
+
+def fmt_int(value) -> str:
+    return "n/a" if pd.isna(value) else str(int(value))
 
 
 METRICS = ["auc", *(f"tpr@{a:g}" for a in FPR_LEVELS), *(f"precision@{q:g}" for q in TOP_FRACTIONS)]

@@ -13,9 +13,12 @@ from gnq_core.analysis.predictive import ALL, Predictive
 TEMPLATE = "plotly_white"
 
 
-def roc_figure(points: pd.DataFrame, result: Predictive, *, log_fpr: bool = False) -> go.Figure:
+def roc_figure(points: pd.DataFrame, result: Predictive, *, log_fpr: bool = False,
+               template: str | None = TEMPLATE) -> go.Figure:
     """One ROC curve per signal (``predictive.roc_points``), legend ordered by AUC with its
-    interval; the diagonal is chance.  ``log_fpr``: the low-FPR region the attack literature reads."""
+    interval; the diagonal is chance.  ``log_fpr``: the low-FPR region the attack literature reads.
+    ``template=None``: plotly's default template (the dashboard's theme, light or dark); the
+    report's white page keeps ``TEMPLATE``."""
     fig = go.Figure()
     overall = result.table[(result.table["scope"] == ALL) & result.table["auc"].notna()]
     overall = overall.sort_values("auc", ascending=False)
@@ -31,7 +34,9 @@ def roc_figure(points: pd.DataFrame, result: Predictive, *, log_fpr: bool = Fals
     lo = 1e-3 if log_fpr else 0.0
     fig.add_trace(go.Scatter(x=[lo, 1], y=[lo, 1], mode="lines", name="chance",
                              line={"dash": "dot", "color": "grey", "width": 1}, hoverinfo="skip"))
-    fig.update_layout(template=TEMPLATE, title="Which signal tells the extracted texts apart? (ROC)",
+    if template is not None:
+        fig.update_layout(template=template)
+    fig.update_layout(title="Which signal tells the extracted texts apart? (ROC)",
                       xaxis_title="false-positive rate (share of kept texts flagged)",
                       yaxis_title="true-positive rate (share of extracted texts flagged)",
                       legend={"font": {"size": 10}}, height=460, margin={"l": 60, "r": 20, "t": 50, "b": 50})

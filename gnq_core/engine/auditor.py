@@ -44,6 +44,8 @@ from gnq_core.engine.representations import (
 from gnq_core.engine.solve import (
     WEIGHTS_MESSAGE,
     GNQNumericalError,
+    check_lam_mode,
+    effective_lam,
     gnq_from_kernel,
     unweight_kernel,
     weights_valid,
@@ -143,6 +145,8 @@ class GNQAuditor:
         model: the model being trained; every trainable parameter gets covered, or this raises
             ``UncoveredParametersError`` naming those that cannot be.
         lam: λ > 0, the ridge of S_{-j} = Σ_{k≠j} g_k g_kᵀ + λI, in the units of ‖g‖².
+        lam_mode: "absolute" (λ = lam) or "relative": λ_eff = lam · mean_j K_jj of each batch,
+            scale-free (``solve.effective_lam``); ``GNQResult.lam`` is the λ each batch used.
         path: "auto" picks ghost or materialise per layer by the cost model; "ghost" /
             "materialize" force one (for tests and benchmarks).
         memory_budget: bytes allowed for one Gram intermediate (chunks beyond it).
@@ -167,13 +171,16 @@ class GNQAuditor:
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         check_uses: bool = True,
         fused: bool = False,
+        lam_mode: str = "absolute",
     ) -> None:
+        check_lam_mode(lam_mode)
         if not lam > 0:
             raise ValueError(f"lam must be > 0, got {lam}")
         if path not in ("auto", "ghost", "materialize"):
             raise ValueError(f"path must be 'auto', 'ghost' or 'materialize', got {path!r}")
         self.model = model
         self.lam = float(lam)
+        self.lam_mode = lam_mode
         self._path = None if path == "auto" else path
         self._budget = memory_budget
         self._enabled = True
@@ -645,7 +652,8 @@ class GNQAuditor:
         self._flush_deferred(p)
         K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
         extra = [] if weights is None else [(weights_valid(weights.detach().to(K.device)), WEIGHTS_MESSAGE)]
-        solution = gnq_from_kernel(K, self.lam, check=False)
+        lam = effective_lam(K, self.lam, self.lam_mode)
+        solution = gnq_from_kernel(K, lam, check=False)
         try:
             condition = solution.check(extra)  # the step's one device-to-host read
         except GNQNumericalError:
@@ -656,7 +664,7 @@ class GNQAuditor:
             for e in self._static_coverage.entries])
         self._pass = None
         self._computed_last = True
-        return GNQResult(gnq=solution.gnq, kernel=K, coverage=coverage, lam=self.lam,
+        return GNQResult(gnq=solution.gnq, kernel=K, coverage=coverage, lam=lam,
                          condition=condition, batch_size=B)
 
     @contextlib.contextmanager

@@ -94,6 +94,28 @@ def gnq_from_kernel(kernel: torch.Tensor, lam: float, *, check: bool = True) -> 
     return solution
 
 
+LAM_ABSOLUTE, LAM_RELATIVE = "absolute", "relative"
+LAM_MODES = (LAM_ABSOLUTE, LAM_RELATIVE)
+
+
+def check_lam_mode(mode: str) -> str:
+    if mode not in LAM_MODES:
+        raise ValueError(f"unknown λ mode {mode!r} ({', '.join(LAM_MODES)})")
+    return mode
+
+
+def effective_lam(kernel: torch.Tensor, lam: float, mode: str = LAM_ABSOLUTE) -> float:
+    """The ridge the solve uses: ``lam`` itself (``absolute``, in the units of ‖g‖²), or
+    ``relative``: λ_eff = lam · mean_j K_jj, so that GNQ does not change when every gradient of
+    the batch is scaled by one factor (a scale-free λ; ``lam`` is then the dimensionless c).
+    A batch whose gradients are all zero (mean K_jj = 0) has GNQ 0 for any λ; it gets λ_eff = c.
+    Relative mode reads the mean from the device (one host read)."""
+    if check_lam_mode(mode) == LAM_ABSOLUTE:
+        return float(lam)
+    mean = float(kernel.diagonal().to(torch.float64).mean())
+    return float(lam) * mean if mean > 0 else float(lam)
+
+
 def weights_valid(weights: torch.Tensor) -> torch.Tensor:
     """Bool scalar on the weights' device: all finite and non-zero."""
     return torch.isfinite(weights).all() & (weights != 0).all()

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import AuditSettings
@@ -47,23 +47,25 @@ COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partit
 
 def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float, device: torch.device,
                   reporter: Reporter | None = None, indices: Iterable[int] | None = None,
-                  capacity: int = 1024) -> tuple[ScoreColumns, list[BatchResult]]:
+                  capacity: int = 1024, *, loss: str = TOKEN_MEAN, lam_mode: str = "absolute"
+                  ) -> tuple[ScoreColumns, list[BatchResult]]:
     """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights.
 
     ``batches`` are consumed one at a time (a generator tokenises each as it is needed) and the
     texts' results go into numpy columns (``capacity``: the number of texts expected).
-    ``indices``: the batches' numbers in the audit's partition (default 0, 1, ...)."""
+    ``indices``: the batches' numbers in the audit's partition (default 0, 1, ...); ``loss``:
+    the per-example loss convention; ``lam_mode``: λ absolute or relative to the batch's mean K_jj."""
     texts, results = ScoreColumns(capacity), []
     indices = itertools.count() if indices is None else indices
     model.eval()  # the gradient at a checkpoint, without dropout noise
     for p in model.parameters():
         p.requires_grad_(True)
-    with GNQAuditor(model, lam=lam) as auditor:
+    with GNQAuditor(model, lam=lam, lam_mode=lam_mode) as auditor:
         for index, batch in zip(indices, batches, strict=False):  # indices may be endless
             t0 = time.perf_counter()
             b = batch.to(device)
             logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-            losses = per_example_lm_loss(logits, b.labels)
+            losses = per_example_lm_loss(logits, b.labels, loss)
             auditor.backward(losses.sum())  # output gradients only: no weight-gradient matmuls
             rows, result = score_batch(lambda: scores_of(auditor.compute()), losses, batch.example_ids,
                                        batch_index=index, step=None, started=t0)
@@ -177,7 +179,8 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
     size = sum(partition.size(k) for k in mine)
     reporter.stage(f"{ref.label}", size)
     batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length)
-    rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size)
+    rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
+                         loss=settings.loss, lam_mode=settings.lam_mode)
     parts = ranks.gather(rows)
     if not ranks.lead:
         return rows
@@ -196,6 +199,7 @@ def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settin
         max_length=settings.max_length, model_path=str(Path(refs[0].path).parent if len(refs) > 1
                                                        else refs[0].path),
         dataset_path=str(dataset.path), dataset_hash=dataset.sha256, n_examples=len(dataset),
-        code_version=code_version(), device=str(device), dtype=settings.dtype,
+        code_version=code_version(), device=str(device), dtype=settings.dtype, loss=settings.loss,
         settings={"checkpoints": [r.label for r in refs], "text_column": dataset.text_column,
-                  "group_column": dataset.group_column, "partition": COPIES_APART})
+                  "group_column": dataset.group_column, "partition": COPIES_APART,
+                  "loss": settings.loss, "lam_mode": settings.lam_mode})

@@ -53,6 +53,9 @@ class GNQConfig:
     max_length: int | None = None  # recorded; default: the model's n_positions
     db: str | Path | None = None  # ingest the shards into this store when training ends (rank 0)
     check_uses: bool = True
+    # Sum the per-example gradients the audit forms into the weight gradient (gnq_core.engine.fused);
+    # only with scope="rank": a global scope forms its Gram across ranks, after autograd.
+    fused: bool = True
 
 
 def lm_collator(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
@@ -95,7 +98,7 @@ class GNQCallback(TrainerCallback):
         self.batch_size = args.per_device_train_batch_size * (self.world if c.scope == "global" else 1)
         check_gnq_settings(c.lam, self.batch_size)  # on every rank, before anything is written
         self.auditor = DistributedGNQAuditor(model, lam=c.lam, scope=c.scope, strategy=c.strategy,
-                                             check_uses=c.check_uses)
+                                             check_uses=c.check_uses, fused=self._fused)
         self.writer = ShardWriter(c.out, self.rank, self.world)
         if self.rank == 0:
             examples = self._examples_frame()
@@ -198,7 +201,12 @@ class GNQCallback(TrainerCallback):
                       "per_device_train_batch_size": micro,
                       "gradient_accumulation_steps": args.gradient_accumulation_steps,
                       "learning_rate": args.learning_rate, "epochs": args.num_train_epochs,
-                      "flush_every": c.flush_every})
+                      "flush_every": c.flush_every,
+                      "weight_gradients": "fused" if self._fused else "autograd"})
+
+    @property
+    def _fused(self) -> bool:
+        return self.config.fused and self.config.scope != "global"
 
 
 class GNQTrainer(Trainer):

@@ -29,9 +29,15 @@ class AuditSettings:
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
+    loss: str = "token_mean"       # ℓ_j: the token mean or the token sum (engine/losses.py)
+    lam_mode: str = "absolute"     # λ = lam, or "relative": lam · the batch's mean K_jj (engine/solve.py)
 
     def __post_init__(self) -> None:
+        from gnq_core.engine.losses import check_loss_convention
+        from gnq_core.engine.solve import check_lam_mode
+
         check_gnq_settings(self.lam, self.batch_size)
+        check_loss_convention(self.loss), check_lam_mode(self.lam_mode)
         _require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
         resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
 

@@ -2,7 +2,8 @@
 
 A nanoGPT-style loop, kept readable: seeded shuffles per epoch, AdamW, per-example mean NLL
 (losses.py) averaged over the batch, and the auditor reading the same backward that produces
-the update (weights 1/B undo the batch mean, DESIGN.md §1).  After each epoch the model is
+the update (weights 1/B undo the batch mean, DESIGN.md §1; GNQ's ℓ_j is that mean, or with
+``loss="token_sum"`` the sum, whose weights are 1/(B n_j)).  After each epoch the model is
 saved under RUN_DIR/epoch-K (safetensors + tokenizer + trainer state) and the epoch's scores are
 committed; a rerun of an unfinished run continues after its last finished epoch.  The batches
 are the training's own (plain seeded shuffles); when two copies of a text share one, the store
@@ -21,7 +22,7 @@ import torch
 
 from gnq_core.atomic import atomic_path
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, per_example_lm_loss
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.text_labels import text_labels
@@ -35,6 +36,8 @@ from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
 
 TRAINER_STATE = "trainer_state.pt"
+# How the weight gradient is formed, recorded in the run settings (gnq_core.engine.fused).
+WEIGHT_GRADIENTS = "fused: the sum of the per-example gradients the audit forms"
 
 
 def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, name: str,
@@ -84,7 +87,10 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
     store.add_points(run.run_id, [dict(point=e, label=f"epoch-{e + 1}", kind="epoch",
                                        path=str(out_dir / f"epoch-{e + 1}")) for e in range(settings.epochs)])
     pad = pad_id(tokenizer)
-    with store.tracking(run.run_id), GNQAuditor(model, lam=settings.lam) as auditor:
+    # Fused: the per-example gradients the audit forms anyway are summed into the weight gradient,
+    # so autograd's own weight-gradient matmuls are skipped (same step up to float rounding).
+    auditor = GNQAuditor(model, lam=settings.lam, lam_mode=settings.lam_mode, fused=True)
+    with store.tracking(run.run_id), auditor:
         for epoch in range(start_epoch, settings.epochs):
             _train_epoch(store, run, epoch, model, tokenizer, optimizer, auditor, ids, pad, out_dir,
                          settings, device, reporter)
@@ -104,9 +110,14 @@ def _train_epoch(store: Store, run: Run, epoch: int, model, tokenizer, optimizer
         tb = time.perf_counter()
         b = collate([ids[i] for i in part], part, pad).to(device)
         logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-        losses = per_example_lm_loss(logits, b.labels)
-        losses.mean().backward()
-        w = torch.full((len(part),), 1.0 / len(part), dtype=torch.float64)  # undo the batch mean
+        losses = per_example_lm_loss(logits, b.labels, settings.loss)
+        # The update is the batch mean of the token means whatever the convention GNQ is measured
+        # in; w undoes it: Σ_j w_j ℓ_j is that objective (1/B, or 1/(B n_j) for token sums).
+        w = batch_mean_weights(b.labels, settings.loss)
+        if settings.loss == TOKEN_MEAN:
+            losses.mean().backward()
+        else:
+            (losses * w.to(device=losses.device, dtype=losses.dtype)).sum().backward()
         rows, result = score_batch(lambda w=w: scores_of(auditor.compute(weights=w)), losses, part,
                                    batch_index=index, step=steps_before + index + 1, started=tb)
         if result.finite:
@@ -156,9 +167,9 @@ def _run_spec(dataset: TextDataset, out_dir: Path, name: str, init: str | Path |
     """The run's description; a rerun must match it (all settings but the device)."""
     extra = asdict(settings) | {"init": str(Path(init).resolve()) if init else None,
                                 "from_scratch": init is None, "text_column": dataset.text_column,
-                                "group_column": dataset.group_column}
+                                "group_column": dataset.group_column, "weight_gradients": WEIGHT_GRADIENTS}
     return RunSpec(
         name=name, kind="train", lam=settings.lam, batch_size=settings.batch_size, seed=settings.seed,
         max_length=settings.max_length, model_path=str(out_dir), dataset_path=str(dataset.path),
         dataset_hash=dataset.sha256, n_examples=len(dataset), code_version=code_version(), device=str(device),
-        dtype=settings.dtype, settings=extra)
+        dtype=settings.dtype, settings=extra, loss=settings.loss)

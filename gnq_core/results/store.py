@@ -41,6 +41,8 @@ from gnq_core.results.records import (
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 DEFAULT_DB = Path("data") / "gnq.duckdb"
 LOSS_CONVENTION = "per-example mean next-token NLL over the example's own tokens"
+LOSS_CONVENTIONS = {"token_mean": LOSS_CONVENTION,
+                    "token_sum": "per-example summed next-token NLL over the example's own tokens"}
 WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
 # DuckDB's errors for a failing file (disk full, read-only, out of memory; a failed commit comes as a
 # TransactionException): shown as one line naming the store.  Others (a constraint broken) are bugs.
@@ -672,7 +674,7 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
                n_examples, code_version, device, dtype, settings, pid, host, heartbeat_at)
            VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            RETURNING run_id""",
-        [spec.name, spec.kind, now, now, spec.lam, LOSS_CONVENTION, spec.batch_size, spec.seed,
+        [spec.name, spec.kind, now, now, spec.lam, LOSS_CONVENTIONS[spec.loss], spec.batch_size, spec.seed,
          spec.max_length, spec.model_path, spec.model_hash, spec.dataset_path, spec.dataset_hash,
          spec.n_examples, spec.code_version, spec.device, spec.dtype, json.dumps(spec.settings),
          os.getpid(), socket.gethostname(), now]).fetchone()[0]

@@ -26,6 +26,7 @@ SPECIAL_TOKEN_ID = 0
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 4},
     "small": {"n_layer": 4, "n_embd": 256, "n_head": 4},
+    "gpt2-small": {"n_layer": 12, "n_embd": 768, "n_head": 12},  # GPT-2 small (124M with its 50k vocabulary)
 }
 _NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "summary_first_dropout": 0.0}
 _MIN_VOCAB = 257  # the 256 byte symbols plus the special token

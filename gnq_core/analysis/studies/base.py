@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[3]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"  # the project's convention: ../shared/data
 PROJECT_DATA = REPO / "data"
 TIMINGS = "timings.json"
+SCALES = ("quick", "full", "paper")
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class StudyContext:
     """
 
     store: Store
-    quick: bool = False
+    quick: bool = False  # the same as scale="quick"
+    scale: str = "full"  # quick (tests), full (the CPU study), paper (GPT-2 small at the paper's settings)
     seed: int = 0
     device: str = "auto"
     work_root: Path | None = None  # default: <store folder>/studies
@@ -48,8 +50,22 @@ class StudyContext:
     command: str = ""
     reporter_factory: Callable[[Callable[[], int | None]], Reporter] | None = None
 
+    def __post_init__(self) -> None:
+        if self.scale not in SCALES:
+            raise ValueError(f"unknown study scale {self.scale!r} ({', '.join(SCALES)})")
+
+    @property
+    def preset(self) -> str:
+        """The study's sizes: "quick", "full" or "paper"."""
+        return "quick" if self.quick else self.scale
+
+    def pick(self, quick, full, paper):
+        """The value of the study's scale."""
+        return {"quick": quick, "full": full, "paper": paper}[self.preset]
+
     def label(self, study: str) -> str:
-        return study + ("-quick" if self.quick else "") + (f"-{self.tag}" if self.tag else "")
+        suffix = "" if self.preset == "full" else f"-{self.preset}"
+        return study + suffix + (f"-{self.tag}" if self.tag else "")
 
     def work_dir(self, study: str) -> Path:
         root = self.work_root if self.work_root is not None else self.store.path.parent / "studies"
@@ -184,16 +200,23 @@ class Timings:
         return time.perf_counter() - self.started
 
 
-def machine() -> str:
-    return (f"{platform.machine()} CPU, {os.cpu_count()} cores visible, torch {torch.__version__}, "
-            f"torch threads: {torch.get_num_threads()}")
+def machine(device: str = "auto") -> str:
+    """The machine in words; the GPU's name when the study ran on CUDA."""
+    cpu = (f"{platform.machine()} CPU, {os.cpu_count()} cores visible, torch {torch.__version__}, "
+           f"torch threads: {torch.get_num_threads()}")
+    if device != "cpu" and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}); host: {cpu}"
+    return cpu
 
 
 # ----------------------------------------------------------------------------------------- attacks
 def attack_last_point(ctx: StudyContext, run, prefix_tokens: int, threshold: float, timings: Timings,
-                      batch_size: int = 64) -> pd.Series:
+                      batch_size: int = 64, suffix_tokens: int | None = None,
+                      reference: str | None = None) -> pd.Series:
     """Prefix-completion attack on the run's last finished point, unless that attack (same p and
-    threshold) is already stored; returns the point's row."""
+    threshold) is already stored; returns the point's row.  ``suffix_tokens``/``reference``: the
+    fixed-length, calibrated rule of ``pipelines.extraction`` (None: the rest of the text,
+    uncalibrated)."""
     from gnq_core.pipelines.extraction import run_extraction
 
     points = ctx.store.points(run.run_id)
@@ -206,7 +229,8 @@ def attack_last_point(ctx: StudyContext, run, prefix_tokens: int, threshold: flo
     if stored.empty or not (stored["threshold"] == threshold).all():
         with timings.stage(f"attack (p={prefix_tokens})"), ctx.reporter(run.name) as r:
             run_extraction(ctx.store, run, checkpoint=str(row["label"]), prefix_tokens=prefix_tokens,
-                           threshold=threshold, batch_size=batch_size, device=ctx.device, reporter=r)
+                           threshold=threshold, batch_size=batch_size, device=ctx.device, reporter=r,
+                           suffix_tokens=suffix_tokens, reference=reference)
     return row
 
 

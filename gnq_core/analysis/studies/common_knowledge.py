@@ -1,8 +1,13 @@
 """Study: GNQ of common knowledge vs. surprising false claims (paper §6.2, Fig. 3–4).
 
-1. Pretrain a small GPT-2 from scratch on real text (WikiText-2 pieces and AG News rows from
-   ../shared/data) into which the fact sentences are mixed ``fact_copies`` times, so the model
-   "knows" them (a plain loop without GNQ; checkpoints under the study's work folder).
+1. Pretrain a GPT-2 from scratch on real text (WikiText-2 pieces and AG News rows from
+   ../shared/data) into which the facts are mixed in other words: each fact of
+   ``data/knowledge.csv`` in four paraphrases (``paraphrases.py``), each ``fact_copies`` times,
+   so the model "knows" them the way the paper's GPT-2 knew its facts from web text (a plain
+   loop without GNQ; checkpoints under the study's work folder).  The fine-tune and the audit
+   state each fact in a fifth wording pretraining never used; the made-up claims pair each
+   subject with another subject's object, in that same wording.  With ``--facts/--claims``
+   files instead, those sentences are used and the facts are mixed in verbatim (the older design).
 2. Audit the pretrained model post hoc on the fine-tuning set (NAME.before): the loss gap
    shows whether the facts were learned.
 3. Fine-tune it on the facts plus as many surprising false claims with in-run GNQ (NAME.finetune,
@@ -18,6 +23,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -25,10 +32,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
+from gnq_core.analysis.studies import paraphrases
 from gnq_core.analysis.studies import report as rep
 from gnq_core.analysis.studies.base import (
-    PROJECT_DATA,
     StudyContext,
     Timings,
     ag_news,
@@ -60,17 +68,24 @@ class Config:
     wiki_chunks: int        # WikiText-2 pieces in the pretraining corpus
     news_rows: int          # AG News rows in the pretraining corpus
     chunk_words: int        # words per WikiText-2 piece (at most)
-    fact_copies: int        # times each fact appears in the pretraining corpus
+    fact_copies: int        # times each pretraining paraphrase (or, with --facts, each fact) appears
     pairs: int | None       # facts (and as many claims) fine-tuned; None: as many as both files have
     cf_models: int          # counterfactual models (even: complementary halves)
     pretrain: TrainSettings
     finetune: TrainSettings
 
 
-FULL = Config(wiki_chunks=1600, news_rows=800, chunk_words=24, fact_copies=5, pairs=None, cf_models=16,
+FULL = Config(wiki_chunks=1200, news_rows=600, chunk_words=24, fact_copies=2, pairs=None, cf_models=16,
               pretrain=TrainSettings(epochs=8, batch_size=16, lr=2e-3, lam=1e-2, max_length=40,
                                      preset="tiny", vocab_size=2048),
               finetune=TrainSettings(epochs=12, batch_size=16, lr=3e-3, lam=1e-2, max_length=40))
+# GPT-2 small (12×768) from scratch, for a CUDA GPU: the paper fine-tunes a fully trained GPT-2 on
+# 400 sentences; here it is pretrained on ~18k real texts holding the facts in other words first.
+# lr 1.5e-4 at B 16: what trained GPT-2 small from scratch on an H100 (3e-4 and 6e-4 diverged).
+PAPER = Config(wiki_chunks=12000, news_rows=6000, chunk_words=24, fact_copies=4, pairs=None, cf_models=16,
+               pretrain=TrainSettings(epochs=15, batch_size=16, lr=1.5e-4, lam=1e-2, max_length=64,
+                                      preset="gpt2-small", vocab_size=8192),
+               finetune=TrainSettings(epochs=10, batch_size=16, lr=5e-5, lam=1e-2, max_length=64))
 QUICK = Config(wiki_chunks=80, news_rows=40, chunk_words=20, fact_copies=3, pairs=12, cf_models=4,
                pretrain=TrainSettings(epochs=1, batch_size=16, lr=3e-3, lam=1e-2, max_length=32,
                                       preset="tiny", vocab_size=400),
@@ -90,10 +105,11 @@ class Prepared:
     timings: Timings
     facts_path: Path
     claims_path: Path
+    words: paraphrases.Bank | None = None  # the paraphrased facts (None: --facts/--claims verbatim)
 
 
 def config_for(ctx: StudyContext, cf_models: int | None = None) -> Config:
-    cfg = QUICK if ctx.quick else FULL
+    cfg = ctx.pick(QUICK, FULL, PAPER)
     cfg = replace(cfg, pretrain=replace(cfg.pretrain, seed=ctx.seed, device=ctx.device),
                   finetune=replace(cfg.finetune, seed=ctx.seed, device=ctx.device))
     if cf_models is not None:
@@ -109,21 +125,32 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
     """Pretrain, audit, fine-tune and train the counterfactual models; each step resumes."""
     cfg = config_for(ctx, cf_models)
     data_dir = ctx.shared_data()
-    facts_path = Path(facts) if facts is not None else PROJECT_DATA / "facts.txt"
-    claims_path = Path(claims) if claims is not None else PROJECT_DATA / "claims.txt"
-    fact_texts, claim_texts = read_sentences(facts_path), read_sentences(claims_path)
+    if (facts is None) != (claims is None):
+        raise ValueError(f"{facts or claims}: pass both --facts and --claims (verbatim sentences), or "
+                         "neither "
+                         f"(the paraphrased facts of {paraphrases.KNOWLEDGE.name})")
+    if facts is None:
+        facts_path = claims_path = paraphrases.KNOWLEDGE
+        words = paraphrases.bank(cfg.pairs, ctx.seed)
+        fact_texts, claim_texts, taught = words.facts, words.claims, words.pretrain
+    else:
+        words = None
+        facts_path, claims_path = Path(facts), Path(claims)
+        fact_texts, claim_texts = read_sentences(facts_path), read_sentences(claims_path)
+        taught = None
     n = min(len(fact_texts), len(claim_texts), cfg.pairs or len(fact_texts))
     if n < 4:
         raise ValueError(f"{facts_path} and {claims_path}: need at least 4 sentences in each "
                          f"(have {len(fact_texts)} and {len(claim_texts)})")
     fact_texts, claim_texts = fact_texts[:n], claim_texts[:n]
+    taught = fact_texts if taught is None else taught  # verbatim facts: the older design
     store, label, work = ctx.store, ctx.label(STUDY), ctx.work_dir(STUDY)
     timings = Timings(work)
 
     wiki = wikitext_chunks(data_dir, cfg.wiki_chunks, cfg.chunk_words)
     news = [text for text, _ in ag_news(data_dir, cfg.news_rows)]
-    texts = wiki + news + fact_texts * cfg.fact_copies
-    groups = ["wikitext"] * len(wiki) + ["ag_news"] * len(news) + ["fact"] * (n * cfg.fact_copies)
+    texts = wiki + news + taught * cfg.fact_copies
+    groups = ["wikitext"] * len(wiki) + ["ag_news"] * len(news) + ["fact"] * (len(taught) * cfg.fact_copies)
     order = np.random.default_rng(ctx.seed).permutation(len(texts))
     pre_data = load_texts(write_dataset(work / "pretrain.csv", [texts[i] for i in order],
                                         [groups[i] for i in order]))
@@ -145,19 +172,24 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
     with timings.stage("counterfactual models"), ctx.reporter(ft_name) as r:
         counterfactual(ctx, finetune, init, ft_data, ft, cfg.cf_models, work / "counterfactual", r)
     return Prepared(cfg, init, before, finetune, n,
-                    {"wikitext": len(wiki), "ag_news": len(news), "fact copies": n * cfg.fact_copies},
-                    timings, facts_path, claims_path)
+                    {"wikitext": len(wiki), "ag_news": len(news),
+                     "fact copies": len(taught) * cfg.fact_copies,
+                     "paraphrased": facts is None},
+                    timings, facts_path, claims_path, words)
 
 
 # ----------------------------------------------------------------------------------------- pretraining
 OPTIMIZER_STATE = "optimizer.pt"
 
 
-def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, reporter) -> Path:
+def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, reporter,
+             keep: Collection[int] | None = None) -> Path:
     """Train a tokenizer and a GPT-2 from scratch on the corpus, without GNQ (the study's GNQ is in
-    the fine-tune; leaving it out here saves most of the compute).  A checkpoint and the optimizer
-    state are saved per epoch; a rerun continues after the last saved epoch.  Returns the final
-    checkpoint folder."""
+    the fine-tune; leaving it out here saves most of the compute).  A checkpoint is saved per
+    epoch, with the optimizer state beside the latest only; a rerun continues after the last saved
+    epoch.  ``keep``: the epochs whose checkpoints stay (None: all; the last always stays), so a
+    GPT-2-small sweep of 100 epochs keeps its schedule's checkpoints, not 100 of ~1 GB each.
+    Returns the final checkpoint folder."""
     final = out_dir / f"epoch-{settings.epochs}"
     if (final / OPTIMIZER_STATE).is_file():
         return final
@@ -186,6 +218,11 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
         save_checkpoint(model, tokenizer, path)
         with atomic_path(path / OPTIMIZER_STATE) as tmp:
             torch.save(optimizer.state_dict(), tmp)
+        previous = out_dir / f"epoch-{epoch}"
+        if epoch >= 1 and previous.is_dir():  # only the latest state is needed to resume
+            (previous / OPTIMIZER_STATE).unlink(missing_ok=True)
+            if keep is not None and epoch not in keep:
+                shutil.rmtree(previous)
     return final
 
 
@@ -317,25 +354,65 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
     last = traj[traj["point"] == traj["point"].max()]
     mean = traj.groupby(["example_id", "group"], as_index=False)[["gnq", "loss", "self_influence"]].mean()
     summary = []
+    lengths = examples.set_index("example_id")["n_tokens"]
     for value, name in METRICS:
         summary.append({"score": name,
                         "AUC at the last epoch": group_auc(last[value], last["group"], POSITIVE, NEGATIVE),
                         "AUC of the mean over epochs": group_auc(mean[value], mean["group"], POSITIVE,
                                                                  NEGATIVE),
                         "median common": last.loc[last["group"] == NEGATIVE, value].median(),
-                        "median surprising": last.loc[last["group"] == POSITIVE, value].median()})
+                        "median surprising": last.loc[last["group"] == POSITIVE, value].median(),
+                        **auc_intervals(last[value], last["group"], last["example_id"].map(lengths),
+                                        ctx.seed)})
     cf_values = cf.get(CF_METRIC, pd.Series(np.nan, index=cf.index))
     cf_auc = group_auc(cf_values, cf["group"], POSITIVE, NEGATIVE)
     summary.append({"score": "counterfactual memorization", "AUC at the last epoch": cf_auc,
                     "AUC of the mean over epochs": cf_auc,
                     "median common": cf_values[cf["group"] == NEGATIVE].median(),
-                    "median surprising": cf_values[cf["group"] == POSITIVE].median()})
+                    "median surprising": cf_values[cf["group"] == POSITIVE].median(),
+                    **auc_intervals(cf_values, cf["group"], cf["n_tokens"], ctx.seed)})
     lam = prep.finetune.lam
     relation = {"spearman": float(last["gnq"].rank().corr(last["self_influence"].rank())),
                 "ratio": float((last["gnq"] * lam / last["self_influence"]).median()), "lam": lam}
     return {"traj": traj, "both": both, "per_point": per_point, "summary": pd.DataFrame(summary),
             "relation": relation,
             "cf": cf.assign(cf=cf_values)}
+
+
+def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, seed: int) -> dict[str, object]:
+    """The AUC of surprising over common with its 95% bootstrap interval (stratified by group),
+    and the same within length bins (``predictive.stratified_auc``): "0.85 [0.78, 0.91]"."""
+    v = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
+    y = (groups == POSITIVE).to_numpy()
+    keep = np.isfinite(v) & groups.isin([POSITIVE, NEGATIVE]).to_numpy()
+    if not (0 < y[keep].sum() < keep.sum()):
+        return {"AUC [95% CI]": "n/a", "AUC within length bins": "n/a"}
+    boot = pr.bootstrap(v[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"]
+    lo, hi = pr.interval(boot)
+    auc = float(pr.metrics_matrix(v[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
+    bins = pr.length_bins(pd.Series(n_tokens.to_numpy()[keep])).fillna("all").to_numpy()
+    s_auc, s_lo, s_hi, k = pr.stratified_auc(v[keep], y[keep], bins, seed=seed)
+    return {"AUC [95% CI]": f"{auc:.3f} [{lo:.3f}, {hi:.3f}]",
+            "AUC within length bins": f"{s_auc:.3f} [{s_lo:.3f}, {s_hi:.3f}] ({k} bins)",
+            "auc": auc, "auc lo": lo, "auc hi": hi, "stratified auc": s_auc}
+
+
+def with_auc_intervals(per_point: pd.DataFrame, both: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """``per_point`` with each "AUC name" cell as "AUC [lo, hi]" (bootstrap over that point's texts)."""
+    out = per_point.copy()
+    for value, name in METRICS:
+        cells = []
+        for label, auc in zip(out["label"], out[f"AUC {name}"], strict=True):
+            part = both[both["label"] == label]
+            v, y = part[value].to_numpy(float), (part["group"] == POSITIVE).to_numpy()
+            keep = np.isfinite(v)
+            if 0 < y[keep].sum() < keep.sum():
+                boot = pr.bootstrap(v[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"]
+                cells.append(rep.ci(auc, *pr.interval(boot), ".3f"))
+            else:
+                cells.append(rep.fmt(auc))
+        out[f"AUC {name}"] = cells
+    return out
 
 
 def run(ctx: StudyContext, facts: Path | None = None, claims: Path | None = None,
@@ -350,26 +427,51 @@ def write_report(ctx: StudyContext, prep: Prepared) -> Path:
     before_loss = t["both"][t["both"]["point"] == -1].groupby("group")["loss"].mean()
     auc = summary["AUC at the last epoch"]
     r = rep.Report(ctx.report_dir(STUDY), "Common knowledge vs. surprising claims (paper §6.2)")
-    r.text(f"""A small GPT-2 ({cfg.pretrain.preset} preset) is pretrained from scratch on
-{prep.corpus['wikitext']} WikiText-2 pieces and {prep.corpus['ag_news']} AG News rows, with each of
-{prep.pairs} fact sentences mixed in {cfg.fact_copies} times ({cfg.pretrain.epochs} epochs). It is then
-fine-tuned for {cfg.finetune.epochs} epochs on those {prep.pairs} facts (group `common`) plus
-{prep.pairs} surprising false claims (group `surprising`) with in-run GNQ (λ = {cfg.finetune.lam:g},
-B = {cfg.finetune.batch_size}, per-example mean next-token NLL). Sentences: `{prep.facts_path.name}`,
-`{prep.claims_path.name}`. Pretraining is a plain training loop (no GNQ; checkpoint
-`{prep.pretrained.name}` under the study's work folder). Runs in the store: `{prep.before.name}`
-(post-hoc audit of the pretrained model on the fine-tuning set) and `{prep.finetune.name}` (the
-fine-tune with in-run GNQ; open it on the dashboard's Groups and Extraction pages).
+    r.text(rep.scale_banner(ctx, f"GPT-2 ({cfg.pretrain.preset} preset)"))
+    if prep.corpus.get("paraphrased"):
+        taught = (f"each of {prep.pairs} facts (`{prep.facts_path.name}`: capitals, chemical symbols, "
+                  "authors, "
+                  f"discoveries) stated in {paraphrases.PRETRAIN_WORDINGS} paraphrases, each "
+                  f"{cfg.fact_copies} times")
+        words = (f"those {prep.pairs} facts in a fifth wording pretraining never used (group `common`) plus "
+                 f"{prep.pairs} made-up claims in the same wording, each pairing a subject with another "
+                 "subject's object and never seen in pretraining (group `surprising`); the two groups "
+                 "share templates, so their lengths match by design")
+    else:
+        taught = f"each of {prep.pairs} fact sentences mixed in verbatim {cfg.fact_copies} times"
+        words = (f"those {prep.pairs} facts (group `common`) plus {prep.pairs} surprising false claims "
+                 f"(group `surprising`); sentences `{prep.facts_path.name}`, `{prep.claims_path.name}`")
+    r.text(f"""A GPT-2 ({cfg.pretrain.preset} preset) is pretrained from scratch on
+{prep.corpus['wikitext']} WikiText-2 pieces and {prep.corpus['ag_news']} AG News rows, with {taught}
+({cfg.pretrain.epochs} epochs). It is then fine-tuned for {cfg.finetune.epochs} epochs on {words}, with
+in-run GNQ (λ = {cfg.finetune.lam:g}, B = {cfg.finetune.batch_size}, per-example mean next-token NLL).
+Pretraining is a plain training loop (no GNQ; checkpoint `{prep.pretrained.name}` under the study's
+work folder). Runs in the store: `{prep.before.name}` (post-hoc audit of the pretrained model on the
+fine-tuning set) and `{prep.finetune.name}` (the fine-tune with in-run GNQ; open it on the dashboard's
+Groups and Extraction pages).
 
 AUC is the probability that a random surprising claim scores higher than a random fact
-(0.5: no separation, 1: every claim above every fact).""")
+(0.5: no separation, 1: every claim above every fact); intervals are 95% percentile intervals over
+{pr.RESAMPLES} bootstrap resamples (each group resampled on its own, seed {ctx.seed}).""")
 
     r.text("## Result")
     gnq_auc, cf_auc, loss_auc = auc["GNQ"], auc["counterfactual memorization"], auc["loss"]
     r.text(_verdict(gnq_auc, cf_auc, loss_auc))
-    r.table(t["summary"], {"median common": ".4g", "median surprising": ".4g"},
+    shown = ["score", "AUC at the last epoch", "AUC [95% CI]", "AUC within length bins",
+             "AUC of the mean over epochs", "median common", "median surprising"]
+    r.table(t["summary"][shown], {"median common": ".4g", "median surprising": ".4g"},
             caption="Separation of the groups at the last fine-tuning epoch, and of each text's mean "
-                    "over the epochs. Counterfactual memorization has one value per text.")
+                    "over the epochs. Counterfactual memorization has one value per text. Within length "
+                    "bins: the AUC inside each token-count bin, averaged over the bins.")
+    r.text("## The paper's claim (Fig. 3–4) and this run")
+    gap = loss_gap(t["both"][t["both"]["point"] == -1], ctx.seed)
+    knowledge = knowledge_table(prep, ctx.seed, ctx.device)
+    r.text(paper_paragraph(summary, before_loss, gap, knowledge))
+    r.text("""Earlier run of this study (quoted from issue 19 and the report at commit d876b60; CPU, tiny
+GPT-2, the older design with the facts mixed into pretraining verbatim, no intervals): AUC of
+surprising over common GNQ 0.849, counterfactual memorization 0.772, loss 0.970 — the loss
+separated the groups best because the model had seen the facts word for word. No GPU run of this
+study exists yet.""")
     rel = t["relation"]
     alike = "almost alike" if rel["spearman"] > 0.95 else "differently"
     r.text(f"""GNQ and self-influence rank the texts {alike} here: at the last epoch their Spearman
@@ -383,11 +485,20 @@ GNQ ≈ K_jj/λ on this model.""")
     r.text("Mean loss of the pretrained model (before fine-tuning): "
            + ", ".join(f"{g} {rep.fmt(v)}" for g, v in before_loss.items())
            + ". Lower loss on the facts than on the claims means pretraining taught the model the facts.")
+    if knowledge is not None:
+        r.table(knowledge.drop(columns=["_gap_lo"]),
+                {"object NLL facts": ".2f", "object NLL claims": ".2f"},
+                caption="Object NLL: the summed next-token NLL of the object (and what follows it) "
+                "after the sentence's own prefix, under the pretrained model; each fact is paired with its "
+                "claim (same subject, same wording, another object). Gap: claim minus fact, mean over the "
+                "pairs [95% bootstrap interval over pairs]; a gap above 0 in the new wording means the model "
+                "knows the fact in words it never saw.")
 
     r.text("## Per epoch")
     fmts = {c: ".4g" for c in t["per_point"].columns if c.startswith("median")}
-    r.table(t["per_point"], fmts, caption="'pretrained': post-hoc audit of the pretrained model (fixed "
-                                          "batches); epoch-K: in-run GNQ during fine-tuning epoch K.")
+    r.table(with_auc_intervals(t["per_point"], t["both"], ctx.seed), fmts,
+            caption="'pretrained': post-hoc audit of the pretrained model (fixed batches); epoch-K: in-run "
+                    "GNQ during fine-tuning epoch K. AUC [95% bootstrap interval].")
     labels = list(dict.fromkeys(t["both"].sort_values("point")["label"]))
     groups = [NEGATIVE, POSITIVE]
     r.figure(rep.group_bands(t["both"], "gnq", groups, title="GNQ per group (median, 25–75%)",
@@ -417,6 +528,7 @@ GNQ ≈ K_jj/λ on this model.""")
 metric `{CF_METRIC}` of run `{prep.finetune.name}`. Counterfactual memorization needs these
 {cfg.cf_models} extra trainings; GNQ came from the one fine-tune's own backward passes.""")
     results = {"summary": t["summary"], "per_point": t["per_point"], "pairs": prep.pairs,
+               "pretrained_loss_gap": list(gap), "knowledge": knowledge,
                "gnq_vs_self_influence": t["relation"],
                "config": asdict(cfg), "runs": [prep.before.name, prep.finetune.name]}
     r.text("## Does any of these scores predict extraction?")
@@ -427,7 +539,84 @@ metric `{CF_METRIC}` of run `{prep.finetune.name}`. Counterfactual memorization 
         results |= rep.predictive_section(
             r, signal_frame(ctx.store, prep.finetune), filename="predictive_roc.png", seed=ctx.seed,
             what=f"The latest prefix attack stored for `{prep.finetune.name}` (the extraction study's).")
-    return r.write(results, command=ctx.command, timings=prep.timings)
+    return r.write(results, command=ctx.command, timings=prep.timings, device=ctx.device)
+
+
+def loss_gap(before: pd.DataFrame, seed: int) -> tuple[float, float, float]:
+    """Mean loss of the claims minus that of the facts under the pretrained model, with a 95%
+    bootstrap interval (each group resampled on its own): > 0 means the model knew the facts."""
+    claims = before.loc[before["group"] == POSITIVE, "loss"].to_numpy(float)
+    facts = before.loc[before["group"] == NEGATIVE, "loss"].to_numpy(float)
+    if not len(claims) or not len(facts):
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    boot = (rng.choice(claims, (pr.RESAMPLES, len(claims))).mean(1)
+            - rng.choice(facts, (pr.RESAMPLES, len(facts))).mean(1))
+    lo, hi = pr.interval(boot)
+    return float(claims.mean() - facts.mean()), lo, hi
+
+
+def knowledge_table(prep: Prepared, seed: int, device: str = "auto") -> pd.DataFrame | None:
+    """Does the pretrained model expect each fact's object more than its claim's? In the wording
+    it was taught (seen) and in the audit's wording (new); None for verbatim --facts files."""
+    words = prep.words
+    if words is None:
+        return None
+    dev = resolve_device(device)
+    model, tokenizer = load_checkpoint(prep.pretrained, device=dev)
+    n = prep.pairs
+    rows = []
+    for wording, facts, claims, heads in (
+            ("seen in pretraining", words.seen_facts, words.seen_claims, words.seen_prefixes),
+            ("new (the audit's)", words.facts, words.claims, words.prefixes)):
+        length = prep.config.pretrain.max_length
+        f = np.asarray(paraphrases.object_nll(model, tokenizer, facts[:n], heads[:n], length, dev))
+        c = np.asarray(paraphrases.object_nll(model, tokenizer, claims[:n], heads[:n], length, dev))
+        d = (c - f)[np.isfinite(c - f)]
+        idx = np.random.default_rng(seed).integers(0, len(d), (pr.RESAMPLES, len(d)))
+        lo, hi = pr.interval(d[idx].mean(1)) if len(d) else (np.nan, np.nan)
+        share, s_lo, s_hi = pr.rate_interval(d > 0, seed=seed)
+        rows.append({"wording": wording, "pairs": len(d), "object NLL facts": float(np.nanmean(f)),
+                     "object NLL claims": float(np.nanmean(c)),
+                     "gap [95% CI]": rep.ci(d.mean() if len(d) else np.nan, lo, hi),
+                     "pairs with the fact's object more expected": rep.ci(share, s_lo, s_hi),
+                     "_gap_lo": lo})
+    return pd.DataFrame(rows)
+
+
+def paper_paragraph(summary: pd.DataFrame, before_loss: pd.Series,
+                    before_gap: tuple[float, float, float], knowledge: pd.DataFrame | None = None) -> str:
+    """Fig. 3–4: reproduced or not, with numbers and intervals (rules stated, not tuned)."""
+    g, c = summary.loc["GNQ"], summary.loc["counterfactual memorization"]
+    gap, gap_lo, gap_hi = before_gap
+    known = ("it knew the facts before the fine-tune" if gap_lo > 0
+             else "not shown to know the facts: the interval reaches 0")
+    if knowledge is not None:
+        seen, new = knowledge.iloc[0], knowledge.iloc[1]
+        known += (f"; object NLL gap, claim minus fact: {seen['gap [95% CI]']} in the wording seen in "
+                  f"pretraining, {new['gap [95% CI]']} in the new wording — "
+                  + ("the model knows the facts in other words, the paper's premise"
+                     if new["_gap_lo"] > 0 else
+                     "the model learned the facts only in the words it saw, so the paper's premise (facts "
+                     "known in other words) does not hold for this model"))
+    gnq_sep = g.get("auc lo", np.nan) > 0.5
+    more = (abs(g["AUC at the last epoch"] - 0.5) > abs(c["AUC at the last epoch"] - 0.5)
+            and not np.isnan(c["AUC at the last epoch"]))
+    verdict = ("reproduced" if gnq_sep and more else
+               "partly reproduced (GNQ separates the groups, but not more than counterfactual memorization)"
+               if gnq_sep else "not reproduced")
+    if knowledge is not None and not knowledge.iloc[1]["_gap_lo"] > 0:
+        verdict = ("not testable at this scale — the model does not know the facts in other words, so "
+                   f"'common knowledge' is not common to it; as measured: {verdict}")
+    return (f"""**Paper (§6.2, Fig. 3–4; GPT-2 fine-tuned on 200 facts + 200 surprising claims, P100):** the
+surprising claims have larger GNQ than the facts, and counterfactual memorization separates the groups
+much less (the paper gives figures, no AUC). **This run:** GNQ AUC {g['AUC [95% CI]']} (within length
+bins {g['AUC within length bins']}), counterfactual memorization {c['AUC [95% CI]']}, loss
+{summary.loc['loss', 'AUC [95% CI]']}. The pretrained model's mean loss on the facts' new wording was
+{rep.fmt(before_loss.get(NEGATIVE, np.nan))} vs {rep.fmt(before_loss.get(POSITIVE, np.nan))} on the claims, a
+gap of {rep.fmt(gap)} [{rep.fmt(gap_lo)}, {rep.fmt(gap_hi)}] ({known}). **Verdict:**
+{verdict}. Rule: reproduced when GNQ's interval lies above 0.5 and GNQ separates the groups more
+than counterfactual memorization.""")
 
 
 def _verdict(gnq_auc: float, cf_auc: float, loss_auc: float) -> str:

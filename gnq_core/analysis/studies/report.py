@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gnq_core.analysis import predictive as pr
-from gnq_core.analysis.studies.base import Timings, machine
+from gnq_core.analysis.studies.base import StudyContext, Timings, machine
 
 Format = str | Callable[[Any], str]
 GROUP_COLOURS = {"common": "tab:orange", "surprising": "tab:blue"}  # as in the paper's Fig. 3–4
@@ -74,7 +74,7 @@ class Report:
         plt.close(fig)
         self.blocks.append(f"![{caption}]({filename})\n\n*{caption}*")
 
-    def write(self, results: dict[str, Any], *, command: str, timings: Timings) -> Path:
+    def write(self, results: dict[str, Any], *, command: str, timings: Timings, device: str = "auto") -> Path:
         self.text(f"""## Reproduce
 
 ```
@@ -83,12 +83,43 @@ class Report:
 
 Compute time: {timings.total / 60:.1f} min summed over the invocations that built these results
 (stages: {', '.join(f'{k} {v:.0f} s' for k, v in timings.data.items())}); this invocation
-{timings.this_invocation():.0f} s. Machine: {machine()}. Every stage resumes: rerunning the
+{timings.this_invocation():.0f} s. Machine: {machine(device)}. Every stage resumes: rerunning the
 command skips what is finished and rewrites this report from the store.""")
+        results = results | {"compute_seconds": timings.total, "stages": dict(timings.data),
+                             "machine": machine(device)}
         path = self.folder / "report.md"
         path.write_text("\n\n".join(self.blocks) + "\n", encoding="utf-8")
         (self.folder / "results.json").write_text(json.dumps(results, indent=2, default=_jsonable) + "\n")
         return path
+
+
+def with_bin_intervals(bins: pd.DataFrame, attacked: pd.DataFrame, threshold: float,
+                       seed: int) -> pd.DataFrame:
+    """``summaries.quantile_bins`` rows with each bin's success rate interval (rate lo, rate hi:
+    95% bootstrap, ``predictive.rate_interval``)."""
+    match = attacked.set_index("example_id")["extraction_match"]
+    lo, hi = [], []
+    for ids in bins["example_ids"]:
+        _, a, b = pr.rate_interval((match.loc[ids] >= threshold).to_numpy(), seed=seed)
+        lo.append(a), hi.append(b)
+    return bins.assign(**{"rate lo": lo, "rate hi": hi})
+
+
+def ci(point: Any, lo: Any, hi: Any, spec: str = ".2f") -> str:
+    """"estimate [lo, hi]" as the reports print an interval ('n/a' parts for missing values)."""
+    return f"{fmt(point, spec)} [{fmt(lo, spec)}, {fmt(hi, spec)}]"
+
+
+def scale_banner(ctx: StudyContext, model: str) -> str:
+    """The report's first line: at which scale and on which device its numbers were measured."""
+    from gnq_core.runtime import resolve_device
+
+    device = resolve_device(ctx.device)
+    where = "CPU" if device.type == "cpu" else f"{device.type.upper()} ({machine(ctx.device).split(' (')[0]})"
+    if ctx.preset == "paper":
+        return f"> **Scale: the paper's** ({model}), measured on {where}."
+    return (f"> **Scale: {where} small-scale ({ctx.preset} mode), not the paper's scale** ({model}). The "
+            "paper-scale run (GPT-2 small 12×768) is the same command with `--scale paper`, on a CUDA GPU.")
 
 
 def _jsonable(value: Any) -> Any:
@@ -242,10 +273,15 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
                                               + result.method())
     r.figure(roc_lines(pr.roc_points(frame), result), filename,
              "ROC curve of each signal against the attack's outcome (legend: AUC); dotted: chance.")
+    r.table(pr.display_stratified(result),
+            caption="Controlled for text length: each signal's AUC over all attacked texts next to its AUC "
+                    "within length bins, averaged over the bins that hold both outcomes (each bin once; "
+                    "bootstrap within each bin). A signal that only tracks length drops to 0.5 here.")
     by_bin = pr.display_bins(result)
     if len(by_bin):
         r.table(by_bin, caption="The same within length bins (texts of similar length).")
-    return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": bins_sentence}
+    return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": bins_sentence,
+            "predictive_stratified": result.stratified}
 
 
 def roc_lines(points: pd.DataFrame, result: pr.Predictive):
