@@ -378,3 +378,13 @@ def test_no_chart_sets_a_background_or_a_colour_that_vanishes_in_one_theme():
         for name in (k for k in layout if re.fullmatch(r"[xy]axis\d*", k)):
             axis = fig.layout[name]
             assert axis.visible is False or axis.title.text, f"{title}: {name} has no title"
+
+
+def test_a_reference_line_is_described_as_a_line_not_as_points():
+    import plotly.graph_objects as go
+
+    fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="same GNQ in both"),
+                     go.Scatter(x=[0.2, 0.5, 0.7], y=[0.1, 0.4, 0.9], mode="markers", name="world")])
+    fig.update_layout(title="GNQ_total", xaxis_title="a", yaxis_title="b")
+    text = charts.describe(fig)
+    assert "same GNQ in both (a line)" in text and "world (3 points)" in text

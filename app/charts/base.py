@@ -178,6 +178,9 @@ def describe(fig: go.Figure, limit: int = 6) -> str:
             continue
         values = next((v for v in (getattr(trace, a, None) for a in ("x", "y", "values"))
                        if v is not None), ())
+        if trace.type == "scatter" and "markers" not in (trace.mode or "markers"):
+            series.append(f"{name} (a line)")  # a reference line: its two end points are no data
+            continue
         marks = sum(v is not None for v in values)  # line breaks (None) are no marks
         unit = "bar" if trace.type in ("bar", "histogram") else "point"
         series.append(f"{name} ({marks:,} {unit}{'' if marks == 1 else 's'})")
