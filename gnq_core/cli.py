@@ -45,6 +45,12 @@ CpuThreadsOption = typer.Option(None, "--threads", min=1,
 TextColumnOption = typer.Option(None, help="Column holding the text (default: 'text').")
 GroupColumnOption = typer.Option(None, help="Column with a group label (default: 'group' if present).")
 MaxLengthOption = typer.Option(128, help="Tokens per example (longer texts are cut).")
+LossOption = typer.Option("token_mean", "--loss",
+                          help="Per-example loss ℓ_j: token_mean (each text's mean next-token NLL) or "
+                               "token_sum (its sum: longer texts weigh more).")
+LamModeOption = typer.Option("absolute", "--lam-mode",
+                             help="absolute: λ as given (units of ‖g‖²); relative: λ × the batch's mean "
+                                  "‖g_j‖² (scale-free).")
 
 
 def user_errors(func: F) -> F:
@@ -174,6 +180,8 @@ def train(
     batch_size: int = typer.Option(16, help="Examples per step (also the GNQ batch; at least 2)."),
     lr: float = typer.Option(1e-3, help="AdamW learning rate."),
     lam: float = typer.Option(1e-2, help="GNQ regulariser λ (> 0)."),
+    lam_mode: str = LamModeOption,
+    loss: str = LossOption,
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(0, help="Seed for initialisation, shuffling and dropout."),
     vocab_size: int = typer.Option(2048, help="Tokenizer vocabulary with --from-scratch."),
@@ -193,7 +201,8 @@ def train(
     if (init is None) == (not from_scratch):
         raise ValueError("give exactly one of --init CHECKPOINT_DIR or --from-scratch")
     settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, lam=lam, max_length=max_length,
-                             seed=seed, preset=preset, vocab_size=vocab_size, device=device, dtype=dtype)
+                             seed=seed, preset=preset, vocab_size=vocab_size, device=device, dtype=dtype,
+                             loss=loss, lam_mode=lam_mode)
     _run_train(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
                         text_column=text_column, group_column=group_column, settings=settings), db, quiet)
 
@@ -224,6 +233,8 @@ def audit(
     data: Path = typer.Option(..., help="The texts to audit: .txt, .jsonl, .csv or .parquet."),
     name: str = typer.Option(None, help="Run name (default: the checkpoints folder's name)."),
     lam: float = typer.Option(1e-2, help="GNQ regulariser λ (> 0)."),
+    lam_mode: str = LamModeOption,
+    loss: str = LossOption,
     batch_size: int = typer.Option(16, help="Examples per GNQ batch (≥ 2; GNQ is relative to the batch)."),
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(0, help="Seed of the batch partition (the same for every checkpoint)."),
@@ -243,7 +254,7 @@ def audit(
     from gnq_core.pipelines.settings import AuditJob, AuditSettings
 
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
-                             device=device, dtype=dtype)
+                             device=device, dtype=dtype, loss=loss, lam_mode=lam_mode)
     _run_audit(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
                         group_column=group_column, settings=settings), db, quiet)
 

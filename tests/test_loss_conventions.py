@@ -149,3 +149,32 @@ def test_training_and_audit_record_the_convention_and_train_the_same_model(tmp_p
                                              lam_mode="relative", lam=0.05))
     assert store.run(audit.name).settings["loss"] == "token_sum"
     assert store.run(audit.name).settings["lam_mode"] == "relative"
+
+
+def test_cli_audit_takes_the_loss_and_lambda_mode_and_refuses_unknown_ones(tmp_path):
+    """`gnq audit --loss token_sum --lam-mode relative` records both; an unknown value is one line,
+    exit 1, and no run is created."""
+    from lm_fixtures import texts
+    from typer.testing import CliRunner
+
+    from gnq_core.cli import app
+    from gnq_core.results.store import Store
+    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.models import build_model, train_tokenizer
+
+    rows = list(texts(8))
+    data = tmp_path / "t.txt"
+    data.write_text("\n".join(rows) + "\n")
+    tok = train_tokenizer(rows, vocab_size=300)
+    save_checkpoint(build_model("tiny", vocab_size=len(tok), max_length=20, seed=0,
+                                eos_token_id=tok.eos_token_id), tok, tmp_path / "ck")
+    db = tmp_path / "gnq.duckdb"
+    base = ["audit", "--checkpoints", str(tmp_path / "ck"), "--data", str(data), "--db", str(db),
+            "--batch-size", "4", "--max-length", "20", "--quiet"]
+    bad = CliRunner().invoke(app, [*base, "--name", "bad", "--loss", "token_max"])
+    assert bad.exit_code == 1 and "token_max" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert Store(db).find_run("bad") is None if db.exists() else True
+    ok = CliRunner().invoke(app, [*base, "--name", "sum", "--loss", "token_sum", "--lam-mode", "relative"])
+    assert ok.exit_code == 0, ok.output
+    settings = Store(db).run("sum").settings
+    assert (settings["loss"], settings["lam_mode"]) == ("token_sum", "relative")
