@@ -299,3 +299,27 @@ def test_the_compare_top_k_is_in_the_address(scored_store, monkeypatch):
     assert at.query_params["top"] in ("5", ["5"])
     at.number_input(key="compare_top").set_value(20).run()  # the default: left out of the link
     assert "top" not in at.query_params
+
+
+def test_the_form_passes_the_loss_and_lambda_scale_to_the_job(series, tmp_path, monkeypatch):
+    """The loss convention and λ scale (issue 19's settings) are chosen on the form and reach the
+    audit job's settings; the defaults stay token mean and absolute λ."""
+    from gnq_core.pipelines import jobs
+
+    monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
+    data = tmp_path / "texts.txt"
+    data.write_text("\n".join(f"text number {i} of the form test" for i in range(8)) + "\n")
+    started = []
+    monkeypatch.setattr(jobs, "start_job", lambda name, db, steps, **kw: started.append(steps))
+    at = app_page("new_audit", ckpt_mode="Local path", ckpt_path=str(series), data_mode="Local path",
+                  data_path_input=str(data))
+    assert not at.exception, [e.message for e in at.exception]
+    loss = next(s for s in at.selectbox if s.label == "Loss per text (ℓ_j)")
+    scale = next(s for s in at.selectbox if s.label == "λ scale")
+    assert (loss.value, scale.value) == ("token_mean", "absolute")
+    loss.set_value("token_sum")
+    scale.set_value("relative")
+    next(b for b in at.button if b.label == "Start audit").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    settings = started[0][0].settings
+    assert (settings.loss, settings.lam_mode) == ("token_sum", "relative")

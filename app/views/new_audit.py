@@ -14,6 +14,8 @@ import streamlit as st
 from app import state
 from app.jobs_view import job_panel
 from gnq_core.access import OutsideRootsError, local_path
+from gnq_core.engine.losses import TOKEN_MEAN, TOKEN_SUM
+from gnq_core.engine.solve import LAM_ABSOLUTE, LAM_RELATIVE
 from gnq_core.pipelines.jobs import (
     check_upload_tree,
     list_jobs,
@@ -29,6 +31,9 @@ from gnq_core.results.records import MIN_BATCH_SIZE
 from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find_checkpoints, max_positions
 from gnq_core.sources.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
 from gnq_core.sources.links import LinkError, check_link
+
+LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
+LAM_MODE_LABELS = {LAM_ABSOLUTE: "absolute (default)", LAM_RELATIVE: "relative to the batch's mean K_jj"}
 
 st.title("New audit")
 state.sidebar(creates=True)
@@ -171,6 +176,13 @@ with st.form("settings"):
         help="Tokens of each text that GNQ reads; longer texts are cut."
              + (f" This model reads at most {token_limit} tokens." if token_limit else ""))
     seed = c4.number_input("Seed", min_value=0, value=0, step=1, help="Seeds the fixed batch partition.")
+    c1, c2 = st.columns(2)
+    loss = c1.selectbox("Loss per text (ℓ_j)", list(LOSS_LABELS), format_func=LOSS_LABELS.get,
+                        help="The mean weighs every text alike; the sum weighs a text by its length, as a "
+                             "training step on summed tokens does (GNQ then grows with length).")
+    lam_mode = c2.selectbox("λ scale", list(LAM_MODE_LABELS), format_func=LAM_MODE_LABELS.get,
+                            help="Relative: λ × the batch's mean ‖g_j‖², so GNQ does not change with the "
+                                 "gradients' overall scale (compare checkpoints whose gradients shrink).")
     c1, c2, c3, c4 = st.columns(4)
     attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True,
                          help="Calibrated: a text counts as extracted when the last checkpoint writes its "
@@ -191,7 +203,8 @@ if submitted:
                    "match.")
     steps = []
     try:  # validated here, so a bad value is refused on the page rather than as a failed job
-        audit = AuditSettings(lam=lam, batch_size=int(batch_size), max_length=int(max_length), seed=int(seed))
+        audit = AuditSettings(lam=lam, batch_size=int(batch_size), max_length=int(max_length), seed=int(seed),
+                              loss=loss, lam_mode=lam_mode)
         steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
                           text_column=text_column, group_column=group_column, settings=audit)]
         steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
