@@ -269,6 +269,7 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     run_name = job.name or Path(job.checkpoints).resolve().name
     if not ranks.lead:  # rank 0 alone opens the store and reports
         run_audit(None, job.checkpoints, dataset, name=run_name, settings=job.settings, ranks=ranks)
+        ranks.finish()
         return
     _progress_file(planned_stages=len(find_checkpoints(job.checkpoints)))  # one stage per checkpoint
     store = _store(db)
@@ -276,6 +277,7 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
         run = run_audit(store, job.checkpoints, dataset, name=run_name, settings=job.settings,
                         reporter=reporter, ranks=ranks)
+    ranks.finish()
     points = store.points(run.run_id)
     _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(points)} checkpoints "
                  f"in {time.perf_counter() - t0:.1f} s; store {store.path}")

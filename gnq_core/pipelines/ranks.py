@@ -59,6 +59,14 @@ class Ranks:
             raise box[0]
         return box[0]  # type: ignore[return-value]
 
+    def finish(self) -> None:
+        """Every rank waits for the others, then leaves the group: a rank that simply exited while
+        the lead was still writing could abort in gloo's teardown (SIGABRT, seen once in CI),
+        and torchrun then stops the lead mid-write."""
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on the lead ([] elsewhere)."""
         if self.world == 1:
