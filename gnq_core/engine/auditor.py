@@ -42,6 +42,7 @@ from gnq_core.engine.representations import (
     restrict_rows,
 )
 from gnq_core.engine.solve import (
+    LAM_ABSOLUTE,
     WEIGHTS_MESSAGE,
     GNQNumericalError,
     check_lam_mode,
@@ -171,7 +172,7 @@ class GNQAuditor:
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         check_uses: bool = True,
         fused: bool = False,
-        lam_mode: str = "absolute",
+        lam_mode: str = LAM_ABSOLUTE,
     ) -> None:
         check_lam_mode(lam_mode)
         if not lam > 0:

@@ -23,6 +23,7 @@ import torch
 
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
+from gnq_core.engine.solve import LAM_ABSOLUTE
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import AuditSettings
@@ -47,7 +48,7 @@ COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partit
 
 def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float, device: torch.device,
                   reporter: Reporter | None = None, indices: Iterable[int] | None = None,
-                  capacity: int = 1024, *, loss: str = TOKEN_MEAN, lam_mode: str = "absolute"
+                  capacity: int = 1024, *, loss: str = TOKEN_MEAN, lam_mode: str = LAM_ABSOLUTE
                   ) -> tuple[ScoreColumns, list[BatchResult]]:
     """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights.
 
