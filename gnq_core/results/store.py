@@ -26,6 +26,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from gnq_core.results.literal_paths import duckdb_literal
 from gnq_core.results.records import (
     BATCH_COLUMNS,
     SCORE_COLUMNS,
@@ -706,7 +707,7 @@ def shard_select(table: str, files: Sequence[str], run_id: int) -> str:
     repeating examples): its first occurrence (lowest step) is kept, as the table's key wants.
     Columns beyond ``SHARD_COLUMNS`` (``TextResult.extra``) come along, matched by name.
     """
-    paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+    paths = ", ".join(duckdb_literal(f) for f in files)  # literal: no glob semantics
     return (f"SELECT {int(run_id)} AS run_id, * FROM read_parquet([{paths}], union_by_name = true) "
             f"QUALIFY row_number() OVER (PARTITION BY {_SHARD_KEYS[table]} ORDER BY step, batch_index) = 1")
 
