@@ -353,6 +353,7 @@ def export(
     """Write the flagged texts in the verdict order (rank, percentile, status, reason) with GNQ, copies,
     secret-like content, the calibrated attack and membership scores."""
     from gnq_core.analysis.verdict import flag, rank_texts
+    from gnq_core.pipelines.protected_paths import refuse_overwrite
     from gnq_core.pipelines.text_labels import ensure_text_labels
     from gnq_core.results.export import FORMATS, export_frame, write_table
 
@@ -365,6 +366,7 @@ def export(
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     store = _store(db, create=False)
     info = store.run(run)
+    refuse_overwrite([out], store)  # never onto the store, its WAL, a dataset or a checkpoint
     ensure_text_labels(store, info)
     flagged = flag(rank_texts(store.example_totals(info.run_id)), top=top, min_percentile=min_percentile,
                    min_gnq=min_gnq, group=group)
@@ -387,12 +389,14 @@ def report(
 ) -> None:
     """Write a run's report to hand on: provenance, verdict table, predictive power, top texts."""
     from gnq_core.analysis.html_report import build_report, check_writable, write_report
+    from gnq_core.pipelines.protected_paths import refuse_overwrite
     from gnq_core.results.store import StoreError
 
     store = _store(db)
     if not store.path.is_file():
         raise StoreError(f"{store.path}: no store here (build one with gnq train/audit/demo, or pass --db)")
     info = store.run(run)
+    refuse_overwrite([out], store)
     check_writable(out)
     text = build_report(store, info, top=top, resamples=resamples, seed=seed,
                         command=" ".join(["gnq", *sys.argv[1:]]))
