@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from gnq_core.terminal import markup_safe, terminal_safe
 
 if TYPE_CHECKING:
     from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, TrainJob
@@ -80,7 +83,7 @@ def user_errors(func: F) -> F:
 def _fail(message: object) -> None:
     text = str(message).strip()
     line = text.splitlines()[0] if text else type(message).__name__
-    err_console.print(f"[red]error:[/] {line}", highlight=False, markup=True, soft_wrap=True)
+    err_console.print(f"[red]error:[/] {markup_safe(line)}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(code=1) from None
 
 
@@ -105,7 +108,7 @@ def _store(db: Path | None, *, create: bool = True):
     from gnq_core.results.store import Store
 
     def waiting(message: str) -> None:
-        err_console.print(message, soft_wrap=True, highlight=False, markup=False)
+        err_console.print(terminal_safe(message), soft_wrap=True, highlight=False, markup=False)
 
     store = Store(db, on_wait=waiting)
     return store if create else store.require_existing()
@@ -117,8 +120,9 @@ def _load_dataset(data: Path, text_column: str | None, group_column: str | None)
 
     dataset = load_texts(data, text_column=text_column, group_column=group_column)
     if dataset.dropped:
-        err_console.print(f"{data}: skipped {dataset.dropped} row(s) whose text is missing, NaN or empty; "
-                          f"{len(dataset)} texts remain", soft_wrap=True, highlight=False, markup=False)
+        err_console.print(terminal_safe(f"{data}: skipped {dataset.dropped} row(s) whose text is missing, "
+                                        f"NaN or empty; {len(dataset)} texts remain"),
+                          soft_wrap=True, highlight=False, markup=False)
     return dataset
 
 
@@ -443,19 +447,19 @@ def runs(
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
         return
     if frame.empty:
-        console.print(f"{store.path}: no runs yet (try `gnq demo`)")
+        console.print(markup_safe(f"{store.path}: no runs yet (try `gnq demo`)"))
         return
-    table = Table(title=f"Runs in {store.path}")
+    table = Table(title=markup_safe(f"Runs in {store.path}"))
     for col in ("id", "name", "kind", "status", "examples", "points", "λ", "B", "seed", "max len",
                 "attacked", "updated"):
         table.add_column(col)
     # A run name is what the other commands take: shown whole, never cut to "demo-aud…"
     table.columns[1].no_wrap = True
-    table.columns[1].min_width = max(map(len, frame["name"]))
-    for r in frame.itertuples():
-        table.add_row(str(r.run_id), r.name, r.kind, r.status, str(r.n_examples),
-                      f"{r.points_done}/{r.points_total}", f"{r.lam:g}", str(r.batch_size), str(r.seed),
-                      str(r.max_length), str(r.extraction_rows), str(r.updated_at))
+    table.columns[1].min_width = max(len(terminal_safe(n)) for n in frame["name"])
+    for r in frame.itertuples():  # names come from users and folder names: shown as plain, safe text
+        table.add_row(*(Text(terminal_safe(v)) for v in (
+            r.run_id, r.name, r.kind, r.status, r.n_examples, f"{r.points_done}/{r.points_total}",
+            f"{r.lam:g}", r.batch_size, r.seed, r.max_length, r.extraction_rows, r.updated_at)))
     console.print(table)
 
 
@@ -559,7 +563,7 @@ def _lazy_run_id(store, name: str) -> Callable[[], int | None]:
 
 def _done(quiet: bool, message: str) -> None:
     if not quiet:
-        console.print(message, highlight=False)
+        console.print(markup_safe(message), highlight=False)
 
 
 # ----------------------------------------------------------------------------------------- gnq study

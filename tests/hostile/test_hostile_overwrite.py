@@ -40,7 +40,8 @@ def test_train_out_onto_another_runs_checkpoints_is_refused(trained):
     root, data = trained
     before = checkpoint_hash(root / "a" / "epoch-1")
     for out in (root / "a", root / "a" / "epoch-1", root / "a" / "inner"):
-        line = fails("train", "--data", data, "--out", out, "--db", root / "gnq.duckdb", "--name", "b", *TRAIN)
+        line = fails("train", "--data", data, "--out", out, "--db", root / "gnq.duckdb", "--name", "b",
+                     *TRAIN)
         assert "would overwrite run 'a'" in line
     assert checkpoint_hash(root / "a" / "epoch-1") == before
     assert "'b'" not in gnq("runs", "--db", root / "gnq.duckdb")  # refused before any run was made
