@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +21,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gnq_core import interrupts
 from gnq_core.terminal import markup_safe, terminal_safe
+
+interrupts.quiet_interrupt_at_exit()  # Ctrl-C before a command starts: one line, no traceback
 
 if TYPE_CHECKING:
     from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, TrainJob
@@ -154,10 +156,6 @@ def _reporter(store, quiet: bool, run_ref: Callable[[], int | None] | None = Non
     return Reporter(quiet=quiet, sink=sink if run_ref or progress else None)
 
 
-def _terminate_as_interrupt(signum, frame) -> None:  # noqa: ARG001
-    raise KeyboardInterrupt
-
-
 @app.callback()
 def main() -> None:
     """GNQ Audit command line.
@@ -167,8 +165,8 @@ def main() -> None:
     (`streamlit run app/main.py`).
     """
     # The dashboard cancels a job with SIGTERM: treat it like Ctrl-C (the run is marked
-    # 'cancelled', finished checkpoints stay, a rerun resumes).
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    # 'cancelled', finished checkpoints stay, a rerun resumes); a second signal changes nothing.
+    interrupts.install()
 
 
 @app.command()

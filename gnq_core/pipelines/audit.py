@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
+from gnq_core.pipelines.prefetch import Prefetch
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import AuditSettings
@@ -112,12 +112,14 @@ def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset
         return model, tokenizer, checkpoint_hash(path) if ranks.lead else None
 
     tracking = store.tracking(run.run_id) if run is not None else contextlib.nullcontext()
-    with tracking, ThreadPoolExecutor(max_workers=1) as loader:
-        upcoming = loader.submit(load, todo[0]) if todo else None
+    with tracking:
+        upcoming = None
         for n, point in enumerate(todo):
             t0 = time.perf_counter()
-            model, tokenizer, model_hash = upcoming.result()
-            upcoming = loader.submit(load, todo[n + 1]) if n + 1 < len(todo) else None
+            # The first checkpoint loads here, so transformers' model modules are imported before
+            # the loader thread starts (an interrupt then cannot leave it waiting on the import lock).
+            model, tokenizer, model_hash = upcoming.result() if upcoming is not None else load(point)
+            upcoming = Prefetch(load, todo[n + 1]) if n + 1 < len(todo) else None
             ref = refs[point]
             texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
                                           reporter, ranks)

@@ -141,6 +141,8 @@ class Store:
                 self._ready = True
         try:
             yield con
+        except duckdb.InterruptException:  # DuckDB's form of a Ctrl-C/SIGTERM mid-query: an interrupt
+            raise KeyboardInterrupt from None
         except _IO_ERRORS as exc:  # disk full, read-only folder, ...: one line naming the file
             raise StoreError(f"{self.path}: {'cannot read' if read_only else 'cannot write'} the store "
                              f"({first_line(exc)})") from None
