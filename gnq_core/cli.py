@@ -23,6 +23,7 @@ from rich.text import Text
 
 from gnq_core import interrupts
 from gnq_core.terminal import markup_safe, terminal_safe
+from gnq_core.usage_errors import OneLineValueErrors
 
 interrupts.quiet_interrupt_at_exit()  # Ctrl-C before a command starts: one line, no traceback
 
@@ -34,6 +35,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineValueErrors,
 )
 console = Console()
 err_console = Console(stderr=True)

@@ -1,0 +1,55 @@
+"""Every value validated before anything is written (issue 30 item 5), against the range of the
+store column that will hold it too: one line naming the option, exit code 1, no store, no run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hostile_helpers import write_texts_csv
+from typer.testing import CliRunner
+
+from gnq_core.cli import app
+from gnq_core.pipelines.settings import AuditSettings, TrainSettings
+
+
+def refused(*args: object) -> str:
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output and "Usage" not in result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--seed", -1), ("--seed", 2**31), ("--batch-size", 2**31), ("--epochs", 2**40), ("--lr", "inf"),
+    ("--lr", "nan"), ("--vocab-size", 10**9), ("--max-length", 2**31)])
+def test_train_refuses_out_of_range_values_before_writing(tmp_path, option, value):
+    data = write_texts_csv(tmp_path / "texts.csv", 8)
+    db = tmp_path / "gnq.duckdb"
+    line = refused("train", "--from-scratch", "--data", data, "--out", tmp_path / "out", "--db", db,
+                   option, value)
+    assert option in line
+    assert not db.exists() and not (tmp_path / "out").exists()
+
+
+def test_audit_refuses_a_negative_seed(tmp_path):
+    data = write_texts_csv(tmp_path / "texts.csv", 8)
+    line = refused("audit", "--checkpoints", tmp_path, "--data", data, "--db", tmp_path / "gnq.duckdb",
+                   "--seed", -1)
+    assert "--seed" in line and not (tmp_path / "gnq.duckdb").exists()
+
+
+@pytest.mark.parametrize("args", [["export", "--run", "x", "--out", "x.csv", "--top", -5],
+                                  ["dashboard", "--port", 0], ["report", "--run", "x", "--out", "r.html",
+                                                               "--top", 0]])
+def test_an_option_below_its_minimum_is_one_line_exit_1(args):
+    assert "Invalid value for '--" in refused(*args)
+
+
+def test_numpy_integers_are_whole_numbers():
+    assert AuditSettings(seed=np.int64(3), batch_size=np.int32(4)).seed == 3
+    with pytest.raises(ValueError, match="--seed"):
+        AuditSettings(seed=1.5)
+    with pytest.raises(ValueError, match="--lr"):
+        TrainSettings(lr=float("inf"))
