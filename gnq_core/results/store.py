@@ -439,7 +439,7 @@ class Store:
     def run(self, ref: int | str) -> Run:
         """A run by id or by name (a name that is all digits is tried as a name first)."""
         rows = self._query("SELECT * FROM runs WHERE name = ?", [str(ref)])
-        if rows.empty and str(ref).isdigit():
+        if rows.empty and str(ref).isascii() and str(ref).isdigit():
             rows = self._query("SELECT * FROM runs WHERE run_id = ?", [int(ref)])
         if rows.empty:
             names = self._query("SELECT name FROM runs ORDER BY run_id")["name"].tolist()

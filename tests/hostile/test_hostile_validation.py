@@ -53,3 +53,13 @@ def test_numpy_integers_are_whole_numbers():
         AuditSettings(seed=1.5)
     with pytest.raises(ValueError, match="--lr"):
         TrainSettings(lr=float("inf"))
+
+
+@pytest.mark.parametrize("ref", ["²", "٣", "1²"])
+def test_a_run_named_by_a_unicode_digit_is_not_found_not_a_traceback(tmp_path, ref):
+    from gnq_core.results.store import RunNotFoundError, Store
+
+    store = Store(tmp_path / "gnq.duckdb")
+    store._ensure_schema()
+    with pytest.raises(RunNotFoundError):
+        store.run(ref)
