@@ -23,6 +23,7 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
+from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.prefetch import Prefetch
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_batch, scores_of
@@ -127,6 +128,8 @@ def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset
             if run is not None:
                 store.write_point(run.run_id, point, texts, results, time.perf_counter() - t0,
                                   path=str(ref.path), model_hash=model_hash)
+        if run is not None:  # inside tracking: a numerical failure marks the run 'failed'
+            check_mostly_finite(store, run)
     return store.run(run.run_id) if run is not None else None
 
 

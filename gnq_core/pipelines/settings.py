@@ -56,10 +56,10 @@ class AuditSettings:
         from gnq_core.engine.losses import check_loss_convention
         from gnq_core.engine.solve import check_lam_mode
 
+        check_gnq_settings(self.lam, self.batch_size)
         _whole(self.seed, "--seed", 0)
         _whole(self.batch_size, "--batch-size", 2)
         _whole(self.max_length, "--max-length", 2)
-        check_gnq_settings(self.lam, self.batch_size)
         check_loss_convention(self.loss), check_lam_mode(self.lam_mode)
         _require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
         resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now

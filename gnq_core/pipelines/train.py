@@ -23,6 +23,7 @@ import torch
 from gnq_core.atomic import atomic_path
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, per_example_lm_loss
+from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.protected_paths import OverwriteError, refuse_overwrite, verify_checkpoint
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import TrainSettings
@@ -100,6 +101,7 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
         for epoch in range(start_epoch, settings.epochs):
             _train_epoch(store, run, epoch, model, tokenizer, optimizer, auditor, ids, pad, out_dir,
                          settings, device, reporter)
+        check_mostly_finite(store, run)  # inside tracking: a numerical failure marks the run 'failed'
     return store.run(run.run_id)
 
 
