@@ -42,6 +42,7 @@ from gnq_core.sources.checkpoints import (
     load_tokenizer,
 )
 from gnq_core.sources.datasets import TextDataset
+from gnq_core.sources.series_checks import check_one_series
 from gnq_core.sources.tokens import LMBatch, Partition, seeded_partition, stream_batches, token_counts
 
 COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partition"] of new audits
@@ -144,6 +145,7 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
     for i, ref in enumerate(refs):  # a broken checkpoint still to audit is refused before anything is written
         if i not in finished:
             check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype))
+    check_one_series([Path(r.path) for r in refs])  # one tokenizer, one architecture
     if run is None:
         n_tokens = token_counts(load_tokenizer(refs[0].path), dataset.texts, settings.max_length)
         examples = pd.DataFrame({"example_id": np.arange(len(dataset), dtype=np.int64), "text": dataset.texts,
