@@ -47,6 +47,10 @@ LOSS_CONVENTIONS = {"token_mean": LOSS_CONVENTION,
 WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
 # DuckDB's errors for a failing file (disk full, read-only, out of memory; a failed commit comes as a
 # TransactionException): shown as one line naming the store.  Others (a constraint broken) are bugs.
+# What a store with a table dropped or a damaged file raises (the store owns all SQL, so these
+# mean the file, not the query).
+_DAMAGE_ERRORS = (duckdb.CatalogException, duckdb.BinderException, duckdb.SerializationException,
+                  duckdb.InternalException)
 _IO_ERRORS = (duckdb.IOException, duckdb.TransactionException, duckdb.PermissionException,
               duckdb.OutOfMemoryException, duckdb.FatalException)
 
@@ -146,6 +150,8 @@ class Store:
         except _IO_ERRORS as exc:  # disk full, read-only folder, ...: one line naming the file
             raise StoreError(f"{self.path}: {'cannot read' if read_only else 'cannot write'} the store "
                              f"({first_line(exc)})") from None
+        except _DAMAGE_ERRORS as exc:  # a table or column missing, a damaged file: one line too
+            raise StoreError(f"{self.path}: damaged, or not a store gnq made ({first_line(exc)})") from None
         finally:
             con.close()
 

@@ -63,3 +63,18 @@ def test_a_run_named_by_a_unicode_digit_is_not_found_not_a_traceback(tmp_path, r
     store._ensure_schema()
     with pytest.raises(RunNotFoundError):
         store.run(ref)
+
+
+@pytest.mark.parametrize("table", ["extractions", "runs"])
+def test_a_store_missing_a_table_is_one_line(tmp_path, table):
+    import duckdb
+
+    from gnq_core.results.store import Store
+
+    db = tmp_path / "gnq.duckdb"
+    Store(db)._ensure_schema()
+    con = duckdb.connect(str(db))
+    con.execute(f"DROP TABLE {table}")
+    con.close()
+    line = refused("runs", "--db", db)
+    assert str(db) in line.replace("\n", "")
