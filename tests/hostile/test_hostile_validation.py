@@ -78,3 +78,18 @@ def test_a_store_missing_a_table_is_one_line(tmp_path, table):
     con.close()
     line = refused("runs", "--db", db)
     assert str(db) in line.replace("\n", "")
+
+
+def test_a_tokenizer_that_panics_is_one_line_naming_its_folder(tmp_path):
+    """A backtracking pre-tokenizer regex in an untrusted tokenizer.json panics the Rust tokenizer
+    (pyo3's PanicException, a BaseException): refused as a ValueError naming the folder."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from gnq_core.sources.tokens import TokenizerFailure, encode_texts
+
+    raw = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex("(a|a)+$"), "isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, name_or_path=str(tmp_path / "ckpt"))
+    with pytest.raises(TokenizerFailure, match="ckpt: the tokenizer failed"):
+        encode_texts(tok, ["a" * 5000 + "b"], 16)
