@@ -9,7 +9,7 @@ import streamlit as st
 
 from app import state
 from gnq_core.access import token_ok
-from gnq_core.results.store import StoreError
+from gnq_core.results import StoreError
 
 st.set_page_config(page_title="GNQ Audit", page_icon=":material/policy:", layout="wide")
 

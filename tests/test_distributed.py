@@ -22,7 +22,7 @@ from lm_fixtures import PAD_ID, tiny_gpt2
 from torch import nn
 
 from gnq_core import GNQAuditor
-from gnq_core.pipelines.distributed import DistributedGNQAuditor
+from gnq_core.engine.distributed import DistributedGNQAuditor
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["rank", "global", "global-factors", "global-gradients"]

@@ -14,9 +14,11 @@ import streamlit as st
 from app import state
 from app.jobs_view import job_panel
 from gnq_core.access import OutsideRootsError, local_path
-from gnq_core.engine.losses import TOKEN_MEAN, TOKEN_SUM
-from gnq_core.engine.solve import LAM_ABSOLUTE, LAM_RELATIVE
-from gnq_core.pipelines.jobs import (
+from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
+from gnq_core.pipelines import (
+    AuditJob,
+    AuditSettings,
+    ExtractJob,
     check_upload_tree,
     list_jobs,
     new_job_id,
@@ -24,13 +26,20 @@ from gnq_core.pipelines.jobs import (
     save_uploads,
     start_job,
     uploads_dir,
-    uploads_root,
 )
-from gnq_core.pipelines.settings import AuditJob, AuditSettings, ExtractJob
-from gnq_core.results.records import MIN_BATCH_SIZE
-from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find_checkpoints, max_positions
-from gnq_core.sources.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
-from gnq_core.sources.links import LinkError, check_link
+from gnq_core.results import MIN_BATCH_SIZE, uploads_root
+from gnq_core.sources import (
+    SUFFIXES,
+    CheckpointError,
+    DatasetError,
+    LinkError,
+    check_checkpoint,
+    check_link,
+    dataset_columns,
+    find_checkpoints,
+    load_texts,
+    max_positions,
+)
 
 LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
 LAM_MODE_LABELS = {LAM_ABSOLUTE: "absolute (default)", LAM_RELATIVE: "relative to the batch's mean K_jj"}

@@ -15,6 +15,7 @@ from gnq_core.pipelines.extraction import DEFAULT_PREFIX, DEFAULT_SUFFIX, FIRST_
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.progress import Reporter
+from gnq_core.results.layout import demo_checkpoints
 from gnq_core.results.store import Store
 from gnq_core.sources.datasets import load_texts
 
@@ -27,7 +28,7 @@ def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, d
                reporter_factory: Callable[[Callable[[], int | None]], Reporter] | None = None) -> list[str]:
     """Train, audit and attack; every step resumes, so an interrupted demo continues on rerun."""
     dataset = load_texts(data)
-    out_dir = Path(out_dir) if out_dir is not None else store.path.parent / "demo-checkpoints"
+    out_dir = Path(out_dir) if out_dir is not None else demo_checkpoints(store.path)
 
     def reporter(name: str) -> Reporter:
         if reporter_factory is None:

@@ -26,6 +26,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from gnq_core.errors import GNQError
+from gnq_core.errors import one_line as first_line
 from gnq_core.results.records import (
     BATCH_COLUMNS,
     SCORE_COLUMNS,
@@ -53,7 +55,7 @@ _IO_ERRORS = (duckdb.IOException, duckdb.TransactionException, duckdb.Permission
 _CALIBRATION_COLUMNS = ["suffix_tokens", "reference_match", "reference_generated"]
 
 
-class StoreError(RuntimeError):
+class StoreError(GNQError, RuntimeError):
     """The store cannot be used (not a DuckDB file, newer schema, busy for too long...)."""
 
 
@@ -780,7 +782,3 @@ def _atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
         raise
     con.execute("COMMIT")
 
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -34,6 +34,7 @@ from transformers.models.auto.modeling_auto import (
 )
 from transformers.utils import logging as hf_logging
 
+from gnq_core.errors import GNQError
 from gnq_core.sources import limits
 from gnq_core.sources.links import LinkError, check_folder_links
 
@@ -78,7 +79,7 @@ def _class_names(value: str | tuple[str, ...] | list[str]) -> set[str]:
 _CAUSAL_LM_CLASSES = frozenset(n for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for n in _class_names(v))
 
 
-class CheckpointError(ValueError):
+class CheckpointError(GNQError, ValueError):
     """A checkpoint that cannot be found or loaded safely; the message is one line naming the file/folder."""
 
 

@@ -34,17 +34,6 @@ import torch
 
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
-from gnq_core.analysis.studies import paraphrases
-from gnq_core.analysis.studies import report as rep
-from gnq_core.analysis.studies.base import (
-    StudyContext,
-    Timings,
-    ag_news,
-    read_sentences,
-    same_settings_or_tag,
-    wikitext_chunks,
-    write_dataset,
-)
 from gnq_core.analysis.summaries import group_auc, group_separation
 from gnq_core.atomic import atomic_path, write_text_atomic
 from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
@@ -57,6 +46,17 @@ from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
+from gnq_core.studies import paraphrases
+from gnq_core.studies import report as rep
+from gnq_core.studies.base import (
+    StudyContext,
+    Timings,
+    ag_news,
+    read_sentences,
+    same_settings_or_tag,
+    wikitext_chunks,
+    write_dataset,
+)
 
 STUDY = "common-knowledge"
 POSITIVE, NEGATIVE = "surprising", "common"  # AUC > 0.5: surprising claims score higher

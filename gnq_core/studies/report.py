@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gnq_core.analysis import predictive as pr
-from gnq_core.analysis.studies.base import StudyContext, Timings, machine
+from gnq_core.studies.base import StudyContext, Timings, machine
 
 Format = str | Callable[[Any], str]
 GROUP_COLOURS = {"common": "tab:orange", "surprising": "tab:blue"}  # as in the paper's Fig. 3–4
