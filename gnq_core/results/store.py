@@ -26,6 +26,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from gnq_core.engine.losses import TOKEN_MEAN, TOKEN_SUM
 from gnq_core.errors import GNQError
 from gnq_core.errors import one_line as first_line
 from gnq_core.results.records import (
@@ -42,9 +43,9 @@ from gnq_core.results.records import (
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 DEFAULT_DB = Path("data") / "gnq.duckdb"
-LOSS_CONVENTION = "per-example mean next-token NLL over the example's own tokens"
-LOSS_CONVENTIONS = {"token_mean": LOSS_CONVENTION,
-                    "token_sum": "per-example summed next-token NLL over the example's own tokens"}
+# The runs table's loss_convention column: the engine's conventions (engine/losses.py) in words.
+LOSS_IN_WORDS = {TOKEN_MEAN: "per-example mean next-token NLL over the example's own tokens",
+                 TOKEN_SUM: "per-example summed next-token NLL over the example's own tokens"}
 WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
 # DuckDB's errors for a failing file (disk full, read-only, out of memory; a failed commit comes as a
 # TransactionException): shown as one line naming the store.  Others (a constraint broken) are bugs.
@@ -676,7 +677,7 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
                n_examples, code_version, device, dtype, settings, pid, host, heartbeat_at)
            VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            RETURNING run_id""",
-        [spec.name, spec.kind, now, now, spec.lam, LOSS_CONVENTIONS[spec.loss], spec.batch_size, spec.seed,
+        [spec.name, spec.kind, now, now, spec.lam, LOSS_IN_WORDS[spec.loss], spec.batch_size, spec.seed,
          spec.max_length, spec.model_path, spec.model_hash, spec.dataset_path, spec.dataset_hash,
          spec.n_examples, spec.code_version, spec.device, spec.dtype, json.dumps(spec.settings),
          os.getpid(), socket.gethostname(), now]).fetchone()[0]
