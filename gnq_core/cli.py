@@ -20,6 +20,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gnq_core.pipelines.attack_defaults import (
+    DEFAULT_ATTACK_BATCH,
+    DEFAULT_PREFIX,
+    DEFAULT_REFERENCE,
+    DEFAULT_SUFFIX,
+    DEFAULT_THRESHOLD,
+)
+
 if TYPE_CHECKING:
     from gnq_core.pipelines.settings import JobSettings
 
@@ -201,15 +209,16 @@ def audit(
 def extract(
     run: str = typer.Option(..., help="Run name or id."),
     checkpoint: str = typer.Option(None, help="Checkpoint label to attack (default: the last)."),
-    prefix_tokens: int = typer.Option(12, help="Tokens of each text revealed to the model (p)."),
-    suffix_tokens: int = typer.Option(8, help="Tokens that must follow exactly (s); texts shorter than p + s "
-                                              "are not attackable."),
-    threshold: float = typer.Option(1.0,
+    prefix_tokens: int = typer.Option(DEFAULT_PREFIX, help="Tokens of each text revealed to the model (p)."),
+    suffix_tokens: int = typer.Option(DEFAULT_SUFFIX, help="Tokens that must follow exactly (s); texts "
+                                                           "shorter than p + s are not attackable."),
+    threshold: float = typer.Option(DEFAULT_THRESHOLD,
                                     help="Reproduced when this share of the s tokens matches (1: exactly)."),
-    reference: str = typer.Option("first", help="Reference model: 'first' (the run's first checkpoint), a "
-                                                "checkpoint folder (for a fine-tune, its base), or 'none'. "
-                                                "A text the reference also reproduces is not extracted."),
-    batch_size: int = typer.Option(32, help="Texts decoded together."),
+    reference: str = typer.Option(DEFAULT_REFERENCE,
+                                  help="Reference model: 'first' (the run's first checkpoint), a checkpoint "
+                                       "folder (for a fine-tune, its base), or 'none'. A text the reference "
+                                       "also reproduces is not extracted."),
+    batch_size: int = typer.Option(DEFAULT_ATTACK_BATCH, help="Texts decoded together."),
     db: Path = DbOption,
     device: str = DeviceOption,
     threads: int = CpuThreadsOption,

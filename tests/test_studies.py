@@ -16,13 +16,13 @@ from typer.testing import CliRunner
 
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
+from gnq_core.analysis.summaries import group_auc, targeted_rows
+from gnq_core.cli import app
+from gnq_core.results.store import Store
 from gnq_core.studies.base import wikitext_chunks
 from gnq_core.studies.common_knowledge import CF_METRIC, cf_subset, counterfactual_memorization
 from gnq_core.studies.report import fmt, markdown_table
 from gnq_core.studies.trajectories import audit_epochs
-from gnq_core.analysis.summaries import group_auc, targeted_rows
-from gnq_core.cli import app
-from gnq_core.results.store import Store
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -339,10 +339,10 @@ def test_wikitext_chunks_are_bounded_sentences():
 
 
 def test_paper_scale_is_the_papers_setup(tmp_path):
+    from gnq_core.sources.models import PRESETS
     from gnq_core.studies import common_knowledge as ck
     from gnq_core.studies import trajectories as tr
     from gnq_core.studies.base import StudyContext
-    from gnq_core.sources.models import PRESETS
 
     ctx = StudyContext(store=Store(tmp_path / "gnq.duckdb"), scale="paper")
     assert ctx.label("trajectories") == "trajectories-paper" and ctx.pick(1, 2, 3) == 3
@@ -363,10 +363,10 @@ def test_paper_scale_is_the_papers_setup(tmp_path):
 def test_pretrain_keeps_the_schedules_checkpoints_and_the_latest_optimizer_state(tmp_path):
     from lm_fixtures import texts
 
-    from gnq_core.studies.common_knowledge import OPTIMIZER_STATE, pretrain
     from gnq_core.pipelines.settings import TrainSettings
     from gnq_core.progress import Reporter
     from gnq_core.sources.datasets import load_texts
+    from gnq_core.studies.common_knowledge import OPTIMIZER_STATE, pretrain
 
     (tmp_path / "t.txt").write_text("\n".join(texts(8)) + "\n")
     settings = TrainSettings(epochs=3, batch_size=4, max_length=16, vocab_size=300, device="cpu")

@@ -16,6 +16,9 @@ from app.jobs_view import job_panel
 from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
 from gnq_core.pipelines import (
+    DEFAULT_PREFIX,
+    DEFAULT_SUFFIX,
+    DEFAULT_THRESHOLD,
     AuditJob,
     AuditSettings,
     ExtractJob,
@@ -196,11 +199,11 @@ with st.form("settings"):
     attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True,
                          help="Calibrated: a text counts as extracted when the last checkpoint writes its "
                               "next tokens exactly and the first checkpoint (the reference) does not.")
-    prefix = c2.number_input("Prefix tokens", min_value=1, value=12, step=1,
+    prefix = c2.number_input("Prefix tokens", min_value=1, value=DEFAULT_PREFIX, step=1,
                              help="p: tokens of each text given to the model.")
-    suffix = c3.number_input("Suffix tokens", min_value=1, value=8, step=1,
+    suffix = c3.number_input("Suffix tokens", min_value=1, value=DEFAULT_SUFFIX, step=1,
                              help="s: tokens that must follow; texts shorter than p + s are not attackable.")
-    threshold = c4.slider("Success threshold (match fraction)", 0.0, 1.0, 1.0, 0.01)
+    threshold = c4.slider("Success threshold (match fraction)", 0.0, 1.0, DEFAULT_THRESHOLD, 0.01)
     submitted = st.form_submit_button("Start audit", type="primary",
                                       disabled=not (refs and dataset is not None))
 if token_limit:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.extraction import DEFAULT_PREFIX, DEFAULT_SUFFIX, FIRST_CHECKPOINT, run_extraction
+from gnq_core.pipelines.extraction import run_extraction
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.progress import Reporter
@@ -46,7 +46,5 @@ def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, d
         if not store.extractions(run.run_id).empty:
             continue  # already attacked: a rerun of the demo is instant
         with reporter(run.name) as r:
-            run_extraction(store, run, prefix_tokens=DEFAULT_PREFIX, suffix_tokens=DEFAULT_SUFFIX,
-                           threshold=1.0, reference=FIRST_CHECKPOINT, batch_size=64, device=device,
-                           reporter=r)
+            run_extraction(store, run, batch_size=64, device=device, reporter=r)  # gnq extract's rule
     return [AUDIT_RUN, TRAIN_RUN]

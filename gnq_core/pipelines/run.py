@@ -14,7 +14,7 @@ from pathlib import Path
 from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, JobSettings, TrainJob
 from gnq_core.progress import JobProgress
 from gnq_core.results.store import Store
-from gnq_core.sources.datasets import TextDataset, load_texts
+from gnq_core.sources.datasets import TextDataset
 
 
 def run_job(settings: JobSettings, store: Store | None, progress: JobProgress | None = None) -> list[str]:
@@ -45,6 +45,8 @@ def run_ref(store: Store, name: str) -> Callable[[], int | None]:
 
 def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
     """The texts, with a notice of how many rows were skipped for a missing or empty text."""
+    from gnq_core.sources.datasets import load_texts  # looked up at each job (tests replace it)
+
     dataset = load_texts(Path(job.data), text_column=job.text_column, group_column=job.group_column)
     if dataset.dropped:
         progress.warn(f"{job.data}: skipped {dataset.dropped} row(s) whose text is missing, NaN or empty; "
