@@ -20,7 +20,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "gnq_core.engine.losses": ("lm_token_mean_weights", "per_example_lm_loss"),
     "gnq_core.engine.reference": ("exact_gnq",),
     "gnq_core.engine.solve": ("GNQNumericalError", "gnq_from_kernel"),
-    "gnq_core.errors": ("GNQError",),
+    "gnq_core.errors": ("GNQError", "one_line"),
     "gnq_core.pipelines.hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
     "gnq_core.results.store": ("Store",),
 })

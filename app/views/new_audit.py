@@ -13,6 +13,7 @@ import streamlit as st
 
 from app import state
 from app.jobs_view import job_panel
+from gnq_core import one_line
 from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
 from gnq_core.pipelines import (
@@ -111,7 +112,7 @@ if ckpt_mode == "Upload a folder":
                 entries = list(target.iterdir())
             checkpoints = target
         except (ValueError, OSError) as exc:
-            st.error(state.plain(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+            st.error(state.plain(one_line(exc)))
 else:
     typed = st.text_input("Checkpoint folder on this machine", key="ckpt_path",
                           placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
@@ -143,7 +144,7 @@ if data_mode == "Upload a file":
             save_uploads([upload], folder)
             data_path = folder / safe_relative_path(upload.name)
         except (ValueError, OSError) as exc:
-            st.error(state.plain(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+            st.error(state.plain(one_line(exc)))
 else:
     typed = st.text_input("Dataset file on this machine", key="data_path_input")
     data_path = _local(typed)

@@ -6,6 +6,7 @@ from gnq_core._lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "": ("predictive", "regression2d"),
     ".compare": ("compare_runs",),
+    ".flagging": ("GNQ_ORDER", "VERDICT_ORDER", "TextFilter", "flagged"),
     ".html_report": ("build_report", "check_writable", "write_report"),
     ".predictive_figures": ("roc_figure",),
     ".signals": ("gnq_provenance", "signal_frame"),

@@ -403,18 +403,6 @@ def _config_vocab_size(config: Any) -> int | None:
 # --------------------------------------------------------------------------------------------- loading
 
 
-def tokenizer_fingerprint(path: str | Path) -> str:
-    """A hash of the checkpoint's tokenizer files: equal fingerprints tokenise texts alike, so an
-    audit tokenises its texts once for a series whose checkpoints share a tokenizer."""
-    folder = _checkpoint_dir(path)
-    digest = hashlib.sha256()
-    for name in (*TOKENIZER_FILES, "merges.txt", "special_tokens_map.json", "added_tokens.json"):
-        file = folder / name
-        if file.is_file():
-            digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer alone (no weights read), as load_checkpoint returns it."""
     folder = _checkpoint_dir(path)

@@ -23,9 +23,8 @@ from gnq_core.results.layout import studies_root
 from gnq_core.results.store import Store, StoreError
 from gnq_core.sources.datasets import DatasetError, load_texts
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"  # the project's convention: ../shared/data
-PROJECT_DATA = REPO / "data"
 TIMINGS = "timings.json"
 SCALES = ("quick", "full", "paper")
 
