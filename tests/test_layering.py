@@ -119,3 +119,24 @@ def test_the_checks_see_a_violation(tmp_path):
                       "    subprocess.Popen([sys.executable, '-m', 'gnq_core.cli', 'job'])\n")
     assert imports(sample) == [("gnq_core.results.store", ["_insert_run"], 2)]
     assert cli_runs(sample) == [3]
+
+
+def test_a_modules_all_lists_every_public_name_others_import_from_it():
+    """``__all__`` is the module's public API: a name another module imports from it is listed."""
+    declared = {}
+    for path in sorted((ROOT / "gnq_core").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            targets = [getattr(t, "id", None) for t in getattr(node, "targets", [])]
+            if isinstance(node, ast.Assign) and "__all__" in targets and isinstance(node.value, ast.List):
+                module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                declared[module] = {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    bad = []
+    for path in sorted([*(ROOT / "gnq_core").rglob("*.py"), *(ROOT / "app").rglob("*.py")]):
+        for module, names, line in imports(path):
+            lacking = [n for n in names if module in declared and not n.startswith("_")
+                       and n not in declared[module] and not (ROOT / module.replace(".", "/") / n).exists()
+                       and not (ROOT / module.replace(".", "/") / f"{n}.py").exists()]
+            if lacking:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {', '.join(lacking)} from {module}, "
+                           "not in its __all__")
+    assert not bad, "\n".join(bad)

@@ -45,6 +45,8 @@ __all__ = [
     "checkpoint_hash",
     "find_checkpoints",
     "load_checkpoint",
+    "load_tokenizer",
+    "max_positions",
     "save_checkpoint",
 ]
 

@@ -44,7 +44,8 @@ from typing import Any
 
 from gnq_core.errors import GNQError
 
-__all__ = ["SUFFIXES", "DatasetError", "TextDataset", "file_sha256", "load_texts"]
+__all__ = ["MAX_TEXT_BYTES", "SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "env_bytes",
+           "file_sha256", "load_texts"]
 
 SUFFIXES: tuple[str, ...] = (".txt", ".jsonl", ".csv", ".parquet")
 DEFAULT_TEXT_COLUMN = "text"
