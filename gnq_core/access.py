@@ -14,13 +14,19 @@ import os
 import secrets
 from pathlib import Path
 
+from gnq_core.errors import GNQError
+
+__all__ = ["COOKIE_NAME", "GATE_ENV", "TOKEN_ENV", "OutsideRootsError", "cookie_ok", "cookie_value",
+           "dashboard_command", "data_roots", "local_path", "new_token", "roots_enforced", "token_ok",
+           "under_roots"]
+
 TOKEN_ENV = "GNQ_DASHBOARD_TOKEN"
 ROOTS_ENV = "GNQ_DATA_ROOTS"
 GATE_ENV = "GNQ_HTTP_GATE"  # set in the server process by the HTTP gate (app/gate.py)
 COOKIE_NAME = "gnq_auth"
 
 
-class OutsideRootsError(ValueError):
+class OutsideRootsError(GNQError, ValueError):
     """A local path outside the configured data roots."""
 
 
