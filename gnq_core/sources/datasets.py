@@ -266,7 +266,9 @@ def _read_csv(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str],
                 values: dict[str, list[Any]] = {c: [] for c in keep}
                 start = reader.line_num + 1
                 for record in reader:
-                    if not _blank(record):
+                    # a one-column file's whitespace-only line is a row with a blank text: dropped
+                    # and counted like any other, not skipped unseen
+                    if not _blank(record) or (len(columns) == 1 and record and record[0]):
                         if len(record) != len(columns):
                             raise DatasetError(shown, f"{_fields(len(record))}, header has "
                                                       f"{len(columns)}", line=start)

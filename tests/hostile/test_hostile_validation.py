@@ -93,3 +93,12 @@ def test_a_tokenizer_that_panics_is_one_line_naming_its_folder(tmp_path):
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, name_or_path=str(tmp_path / "ckpt"))
     with pytest.raises(TokenizerFailure, match="ckpt: the tokenizer failed"):
         encode_texts(tok, ["a" * 5000 + "b"], 16)
+
+
+def test_whitespace_only_csv_rows_are_counted_as_dropped(tmp_path):
+    from gnq_core.sources.datasets import load_texts
+
+    data = tmp_path / "texts.csv"
+    data.write_text("text\nfirst text\n   \n\t\nsecond text\n\n", encoding="utf-8")
+    dataset = load_texts(data)
+    assert dataset.texts == ["first text", "second text"] and dataset.dropped == 2
