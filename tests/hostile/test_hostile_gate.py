@@ -13,10 +13,12 @@ import tomllib
 from collections.abc import Iterator
 
 import pytest
-from hostile_helpers import ROOT, gnq_fails
+from hostile_helpers import ROOT
 from streamlit.testing.v1 import AppTest
+from typer.testing import CliRunner
 
 from gnq_core.access import COOKIE_NAME, GATE_ENV, cookie_value, dashboard_command
+from gnq_core.cli import app
 
 TOKEN = "s3cret-token"
 
@@ -107,8 +109,8 @@ def test_the_token_opens_everything_by_cookie(server):
 def test_a_non_local_address_without_a_token_is_refused():
     with pytest.raises(ValueError, match="without a token"):
         dashboard_command(ROOT / "app" / "server.py", "0.0.0.0", 8600, token=False)
-    line = gnq_fails("dashboard", "--address", "0.0.0.0", "--no-token", "--port", "1")
-    assert "without a token" in line
+    result = CliRunner().invoke(app, ["dashboard", "--address", "0.0.0.0", "--no-token", "--port", "1"])
+    assert result.exit_code == 1 and result.output.count("\n") == 1 and "without a token" in result.output
 
 
 def test_tracebacks_never_reach_the_browser():

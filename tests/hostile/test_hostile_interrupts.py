@@ -56,10 +56,10 @@ def test_the_checkpoint_loader_cannot_pin_the_process():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("sig", "gap"), [(signal.SIGTERM, 0.005), (signal.SIGINT, 0.06)])
-def test_two_signals_mid_audit_leave_one_final_status(tmp_path, sig, gap):
+def test_two_signals_mid_audit_leave_one_final_status(tmp_path):
+    """Ctrl-C, then the dashboard's SIGTERM 5 ms later (before: 'running' left in 10 of 12 trials)."""
     series = make_series(tmp_path / "series", 3, max_length=16)
-    data = write_texts_csv(tmp_path / "texts.csv", 600)
+    data = write_texts_csv(tmp_path / "texts.csv", 400)
     db = tmp_path / "gnq.duckdb"
     proc = subprocess.Popen(gnq_cmd("audit", "--checkpoints", series, "--data", data, "--db", db, "--name",
                                     "r", "--batch-size", 4, "--max-length", 16, "--quiet"),
@@ -75,9 +75,9 @@ def test_two_signals_mid_audit_leave_one_final_status(tmp_path, sig, gap):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.2)  # seldom: each read briefly holds the file the job writes
-    proc.send_signal(sig)
-    time.sleep(gap)
-    proc.send_signal(sig)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert "Traceback" not in err and "Query interrupted" not in err, err
     assert proc.returncode == 130, err

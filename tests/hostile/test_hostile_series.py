@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import pytest
-from hostile_helpers import gnq_fails, write_texts_csv
+from hostile_helpers import write_texts_csv
 from lm_fixtures import texts
+from typer.testing import CliRunner
 
+from gnq_core.cli import app
 from gnq_core.sources.checkpoints import save_checkpoint
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.series_checks import SeriesError, check_one_series
@@ -40,12 +42,13 @@ def test_one_model_s_checkpoints_pass(tmp_path):
 
 @pytest.mark.slow
 def test_gnq_audit_refuses_a_mixed_series_before_writing(tmp_path):
-    tok = _checkpoint(tmp_path / "s" / "epoch-1", 300)
-    _checkpoint(tmp_path / "s" / "epoch-2", 300, seed=1, tokenizer=tok)
-    same_sizes = train_tokenizer([t.upper() for t in texts(200)], vocab_size=300)  # other ids
-    _checkpoint(tmp_path / "s" / "epoch-3", 300, seed=2, tokenizer=same_sizes)
+    _checkpoint(tmp_path / "s" / "epoch-1", 300)
+    other = train_tokenizer([t.upper() for t in texts(200)], vocab_size=300)  # other ids
+    _checkpoint(tmp_path / "s" / "epoch-2", 300, seed=2, tokenizer=other)
     data = write_texts_csv(tmp_path / "texts.csv", 8)
-    line = gnq_fails("audit", "--checkpoints", tmp_path / "s", "--data", data, "--db",
-                     tmp_path / "gnq.duckdb", "--batch-size", 4, "--max-length", 16)
-    assert "epoch-3" in line and "another" in line
+    result = CliRunner().invoke(app, ["audit", "--checkpoints", str(tmp_path / "s"), "--data", str(data),
+                                      "--db", str(tmp_path / "gnq.duckdb"), "--batch-size", "4",
+                                      "--max-length", "16"])
+    assert result.exit_code == 1 and result.output.strip().startswith("error: "), result.output
+    assert "epoch-2" in result.output and "another" in result.output
     assert not (tmp_path / "gnq.duckdb").exists()
