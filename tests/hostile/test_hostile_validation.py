@@ -102,3 +102,21 @@ def test_whitespace_only_csv_rows_are_counted_as_dropped(tmp_path):
     data.write_text("text\nfirst text\n   \n\t\nsecond text\n\n", encoding="utf-8")
     dataset = load_texts(data)
     assert dataset.texts == ["first text", "second text"] and dataset.dropped == 2
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_nested_texts_are_refused_not_audited_as_their_repr(tmp_path, suffix):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gnq_core.sources.datasets import DatasetError, load_texts
+
+    data = tmp_path / f"texts{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(pa.table({"text": [["a", "b"], ["c"]]}), data)
+    else:
+        data.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": {"k": "v"}}) + "\n")
+    with pytest.raises(DatasetError, match="not a text"):
+        load_texts(data)
