@@ -336,7 +336,9 @@ def _load_pickled_weights(files: list[Path]) -> dict[str, torch.Tensor]:
     for file in files:
         kwargs: dict[str, Any] = {"mmap": True} if zipfile.is_zipfile(file) else {}
         try:
-            obj = torch.load(file, map_location="cpu", weights_only=True, **kwargs)
+            with warnings.catch_warnings():  # torch's note on a foreign pickle protocol: the refusal says it
+                warnings.simplefilter("ignore", UserWarning)
+                obj = torch.load(file, map_location="cpu", weights_only=True, **kwargs)
         except pickle.UnpicklingError as exc:
             raise _error(file, "refusing to unpickle: the file holds objects other than tensors "
                                f"({_unpickling_reason(exc)}); convert it to safetensors") from exc

@@ -120,3 +120,23 @@ def test_nested_texts_are_refused_not_audited_as_their_repr(tmp_path, suffix):
         data.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": {"k": "v"}}) + "\n")
     with pytest.raises(DatasetError, match="not a text"):
         load_texts(data)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_the_pickle_refusal_is_not_preceded_by_a_torch_warning(tmp_path):
+    import pickle
+    import warnings
+
+    from gnq_core.sources.checkpoints import CheckpointError, _load_pickled_weights
+
+    weights = tmp_path / "pytorch_model.bin"
+    weights.write_bytes(pickle.dumps({"w": _Payload()}, protocol=4))  # not torch's protocol 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(CheckpointError, match="refusing to unpickle"):
+            _load_pickled_weights([weights])
+    assert not [w for w in caught if issubclass(w.category, UserWarning)], [str(w.message) for w in caught]
