@@ -140,3 +140,11 @@ def test_the_pickle_refusal_is_not_preceded_by_a_torch_warning(tmp_path):
         with pytest.raises(CheckpointError, match="refusing to unpickle"):
             _load_pickled_weights([weights])
     assert not [w for w in caught if issubclass(w.category, UserWarning)], [str(w.message) for w in caught]
+
+
+def test_an_upload_name_2000_folders_deep_is_one_line():
+    from gnq_core.pipelines.uploads import safe_relative_path
+
+    with pytest.raises(ValueError, match="2000 folders deep"):
+        safe_relative_path("a/" * 2000 + "texts.csv")
+    assert str(safe_relative_path("run/epoch-1/config.json")) == "run/epoch-1/config.json"
