@@ -148,3 +148,10 @@ def test_an_upload_name_2000_folders_deep_is_one_line():
     with pytest.raises(ValueError, match="2000 folders deep"):
         safe_relative_path("a/" * 2000 + "texts.csv")
     assert str(safe_relative_path("run/epoch-1/config.json")) == "run/epoch-1/config.json"
+
+
+def test_texts_without_words_are_not_copies_of_each_other():
+    from gnq_core.sources.copies import find_copies
+
+    frame = find_copies(["!!!", "???", "...", "—", "a real text here", "!!!"])
+    assert frame["copies"].tolist() == [2, 1, 1, 1, 1, 2]  # only the equal "!!!" pair
