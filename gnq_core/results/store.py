@@ -52,9 +52,9 @@ WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of on
 # DuckDB's errors for a failing file (disk full, read-only, out of memory; a failed commit comes as a
 # TransactionException): shown as one line naming the store.  Others (a constraint broken) are bugs.
 # What a store with a table dropped or a damaged file raises (the store owns all SQL, so these
-# mean the file, not the query).
-_DAMAGE_ERRORS = (duckdb.CatalogException, duckdb.BinderException, duckdb.SerializationException,
-                  duckdb.InternalException)
+# mean the file, not the query; a Binder error, a column a record has and the table lacks, stays
+# the caller's to handle).
+_DAMAGE_ERRORS = (duckdb.CatalogException, duckdb.SerializationException, duckdb.InternalException)
 _IO_ERRORS = (duckdb.IOException, duckdb.TransactionException, duckdb.PermissionException,
               duckdb.OutOfMemoryException, duckdb.FatalException)
 
