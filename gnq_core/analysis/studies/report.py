@@ -266,21 +266,20 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
     frame of the attacked run) against its ``extracted`` outcome, its ROC chart and the length-bin
     table; returns the numbers for results.json."""
     result = pr.evaluate(frame, resamples=resamples, seed=seed)
-    sentence, bins_sentence = pr.best_signal_sentence(result), pr.within_bins_sentence(result)
+    sentence, length_sentence = pr.best_signal_sentence(result), pr.within_length_sentence(result)
     r.text("### Which signal predicts extraction?")
-    r.text(f"{sentence}\n\n{bins_sentence}")
+    r.text(f"{sentence}\n\n{length_sentence}")
     r.table(pr.display_table(result), caption=f"{what} Each cell: estimate [{result.level:.0%} interval]. "
                                               + result.method())
     r.figure(roc_lines(pr.roc_points(frame), result), filename,
              "ROC curve of each signal against the attack's outcome (legend: AUC); dotted: chance.")
     r.table(pr.display_stratified(result),
             caption="Controlled for text length: each signal's AUC over all attacked texts next to its AUC "
-                    "within length bins, averaged over the bins that hold both outcomes (each bin once; "
-                    "bootstrap within each bin). A signal that only tracks length drops to 0.5 here.")
-    by_bin = pr.display_bins(result)
-    if len(by_bin):
-        r.table(by_bin, caption="The same within length bins (texts of similar length).")
-    return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": bins_sentence,
+                    "within exact token length, pair-weighted (only an extracted and a kept text of the same "
+                    "length are compared; a length with one outcome is merged with the next longer one; "
+                    "bootstrap within each length). A signal that is a function of length alone scores 0.5 "
+                    "there, whatever length predicts overall.")
+    return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": length_sentence,
             "predictive_stratified": result.stratified}
 
 
