@@ -203,7 +203,8 @@ def test_report_json_holds_every_table_with_provenance(db, tmp_path):
     gnq_all = by[("gnq_total", "all")]
     frame = signal_frame(Store(db), Store(db).run("audited")).dropna(subset=["extracted"])
     y = frame["extracted"].astype(bool).to_numpy()
-    assert gnq_all["auc"]["value"] == pytest.approx(pr.metrics_matrix(frame["gnq_total"].to_numpy(), y)["auc"][0])
+    auc = pr.metrics_matrix(frame["gnq_total"].to_numpy(), y)["auc"][0]
+    assert gnq_all["auc"]["value"] == pytest.approx(auc)
     assert set(gnq_all["tpr_at_fpr"]) == {"0.001", "0.01", "0.1"}
     assert gnq_all["auc"]["lo"] <= gnq_all["auc"]["value"] <= gnq_all["auc"]["hi"]
     length = by[("gnq_total", "exact length")]

@@ -30,9 +30,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gnq_core.analysis.predictive import LEVEL, RESAMPLES, bootstrap, interval, metrics_matrix
+from gnq_core.analysis.predictive import (
+    LEVEL,
+    RESAMPLES,
+    bootstrap,
+    interval,
+    metrics_matrix,
+    stratified_weights,
+)
 
 FOLDS = 5
+_CELLS = 2_000_000  # resample × text cells evaluated at once
 SPLINE_KNOTS = 5
 
 
@@ -71,31 +79,38 @@ class WithinLength:
 def within_length_auc(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, *,
                       resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL) -> WithinLength:
     """Pair-weighted AUC within exact token length (see the module docstring), on the texts with
-    a finite score and length, with a percentile bootstrap interval: each stratum resampled by
-    outcome on its own (seeded by [seed, stratum]: two signals on the same texts get the same
-    resamples), the pair-weighted mean taken per resample."""
+    a finite score and length, with a percentile bootstrap interval.  The resamples draw texts
+    from all lengths at once (stratified by outcome only, ``stratified_weights``: two signals on
+    the same texts get the same resamples), so a length's pairs vary between resamples as they
+    would between samples; resampling each length on its own held its tiny counts fixed and
+    covered 0.5 for a random signal in 60% of samples of 300 texts (nominal 95%)."""
     s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     n_len = np.asarray(lengths, dtype=float)
     keep = np.isfinite(s) & np.isfinite(n_len)
     s, y, n_len = s[keep], y[keep], n_len[keep]
     strata = length_strata(n_len, y)
-    points, weights, boots = [], [], []
-    for k in np.unique(strata[strata >= 0]):
-        part = strata == k
-        ys, ss = y[part], s[part]
-        pairs = int(ys.sum()) * int((~ys).sum())
-        if pairs == 0:
-            continue
-        points.append(float(metrics_matrix(ss, ys, fpr_levels=(), fractions=())["auc"][0]))
-        weights.append(pairs)
-        stratum_seed = int(np.random.SeedSequence([seed, int(k)]).generate_state(1)[0])
-        boots.append(bootstrap(ss, ys, resamples, stratum_seed, fpr_levels=(), fractions=())["auc"])
     merged = int(len(np.unique(n_len)) - len(np.unique(strata[strata >= 0]))) if len(n_len) else 0
-    if not points:
+    parts = [strata == k for k in np.unique(strata[strata >= 0])]
+    parts = [p for p in parts if y[p].any() and (~y[p]).any()]
+    if not parts:
         return WithinLength(math.nan, math.nan, math.nan, 0, 0, merged)
-    w = np.asarray(weights, dtype=float)
-    lo, hi = interval(w @ np.asarray(boots) / w.sum(), level)
-    return WithinLength(float(w @ np.asarray(points) / w.sum()), lo, hi, len(points), int(w.sum()), merged)
+    pairs = np.array([y[p].sum() * (~y[p]).sum() for p in parts], dtype=float)
+    aucs = np.array([metrics_matrix(s[p], y[p], fpr_levels=(), fractions=())["auc"][0] for p in parts])
+    weights = stratified_weights(y, resamples, seed)
+    boot = []
+    for rows in np.array_split(weights, max(1, resamples * len(y) // _CELLS)):
+        num, den = np.zeros(len(rows)), np.zeros(len(rows))
+        for p in parts:
+            w = rows[:, p]
+            resampled_pairs = (w @ y[p]) * (w @ ~y[p])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                auc = metrics_matrix(s[p], y[p], w, fpr_levels=(), fractions=())["auc"]
+            num += np.where(resampled_pairs > 0, auc, 0.0) * resampled_pairs
+            den += resampled_pairs
+        boot.append(num / np.where(den > 0, den, np.nan))
+    values = np.concatenate(boot)
+    lo, hi = interval(values[np.isfinite(values)], level)
+    return WithinLength(float(pairs @ aucs / pairs.sum()), lo, hi, len(parts), int(pairs.sum()), merged)
 
 
 # ------------------------------------------------------------------------------ CV gain
