@@ -7,6 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, show, state
+from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.summaries import quantile_bins, targeted_attack_table
@@ -53,18 +54,33 @@ if attacked["group"].notna().any():
 
 st.subheader("Which signal predicts extraction?")
 result, roc, provenance = state.predictive(db, run.name, version)
+data = state.evidence(db, run.name, version)
 st.markdown(pr.best_signal_sentence(result))
-st.dataframe(pr.display_table(result), hide_index=True, width="stretch",
+st.markdown(pr.within_length_sentence(result) + " " + ev.gain_sentence(data.evidence))
+table = ev.display(data.evidence, "extraction")
+if table.empty:
+    st.info("No signal can be scored against extraction: the attack needs both extracted and kept texts "
+            f"({int(attacked['extracted'].fillna(False).sum())} of {len(attacked)} extracted).")
+st.dataframe(table, hide_index=True, width="stretch",
              column_config={"direction": st.column_config.TextColumn(
                  help="Fixed before looking at the outcome: which end of the signal should mean 'extracted'. "
-                      "AUC below 0.5 means the signal points the other way on this run.")})
-st.caption("Outcome: the stored attack's own rule (not the slider above). " + result.method() + " "
-           + state.plain(provenance))  # provenance names runs: user data
-log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=False)
+                      "AUC below 0.5 means the signal points the other way on this run."),
+                 "AUC within exact length": st.column_config.TextColumn(
+                     help="Only an extracted and a kept text of the same token length are compared: a signal "
+                          "that only tracks length scores 0.5 here."),
+                 "CV AUC gain over length + loss": st.column_config.TextColumn(
+                     help="Cross-validated AUC of a logistic model on length (spline) + loss + this signal, "
+                          "minus that of length + loss: what the signal adds. For loss: over length alone.")})
+st.caption("Outcome: the stored attack's own rule (not the slider above); signals read at the attacked "
+           "point. " + ev.method(data.resamples, data.seed, data.level) + " " + state.plain(provenance))
+log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=True)
 show.chart(roc_figure(roc, result, log_fpr=log_fpr, template=None), width="stretch")
-if result.bins:
-    with st.expander("Within length bins (does a signal only track text length?)"):
-        st.markdown(pr.within_bins_sentence(result))
-        by_bin = pr.display_bins(result)
-        if len(by_bin):  # empty when every bin's texts share one outcome (the sentence says so)
-            st.dataframe(by_bin, hide_index=True, width="stretch")
+with st.expander("Precision among the top-ranked texts"):
+    st.dataframe(pr.display_table(result), hide_index=True, width="stretch")
+    st.caption(result.method())
+for (outcome, positive), _ in data.evidence[data.evidence["outcome"] != "extraction"].groupby(
+        ["outcome", "positive"], sort=False):
+    title = ("Members vs non-members" if outcome == "membership"
+             else f"{state.plain(positive)} vs the other texts")
+    with st.expander(f"Same signals, another outcome: {title}"):
+        st.dataframe(ev.display(data.evidence, outcome, positive), hide_index=True, width="stretch")

@@ -139,7 +139,7 @@ def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digi
         return f"{row[key]:{fmt}} [{row[f'{key} lo']:{fmt}}, {row[f'{key} hi']:{fmt}}]"
 
     out = pd.DataFrame({"signal": by[SCOPE_ALL].loc[order, "label"].to_numpy(),
-                        "direction": [f"{d} = {part['positive'].iloc[0]}"
+                        "direction": [f"{d} = {part['positive'].iloc[0].removeprefix('group = ')}"
                                       for d in by[SCOPE_ALL].loc[order, "direction"]],
                         "texts": by[SCOPE_ALL].loc[order, "n"].to_numpy(),
                         "positives": by[SCOPE_ALL].loc[order, "positives"].to_numpy()})
