@@ -213,6 +213,7 @@ def test_report_json_holds_every_table_with_provenance(db, tmp_path):
     gain = by[("gnq_total", "over length + loss")]
     assert gain["base"] == "length spline + loss" and gain["cv_auc_gain"]["value"] is not None
     assert 0 <= gain["lr_p"] <= 1
+    assert doc["verdict"]["risk_basis"]  # which components the risk uses, in words
     nature = doc["gnq_on_this_run"]
     assert "gradient" in nature["sentence"] and nature["n"] == 2 * N
 

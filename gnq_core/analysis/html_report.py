@@ -78,7 +78,8 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              "(a copy in the same batch gives ≈ 1), large: the model must encode this text specifically. "
              "Compare values within a run.</p>",
              f"<h2>Verdict: the {min(top, len(ranked))} texts to look at first</h2>",
-             f"<p class='caption'>Ordered by {e(order_name)}. Of {len(ranked)} texts.</p>",
+             f"<p class='caption'>Ordered by {e(order_name)}. Of {len(ranked)} texts. Memorisation risk: "
+             f"{e(data.risk_basis)}.</p>",
              _verdict_table(ranked.head(top)),
              "<h2>Which signal predicts extraction?</h2>", _predictive(data, attacks),
              _other_outcomes(data),

@@ -21,7 +21,7 @@ from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import gnq_nature
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
-from gnq_core.analysis.verdict import rank_texts
+from gnq_core.analysis.verdict import rank_texts, risk_basis
 from gnq_core.results.store import Run, Store
 
 SCHEMA = "gnq-report/1"
@@ -36,6 +36,7 @@ class RunReport:
     nature: dict                     # gnq_nature.summary
     records: pd.DataFrame            # gnq_nature.record_gnq
     gnq_source: str                  # where the GNQ columns come from, in words
+    risk_basis: str                  # which components the verdict's risk uses, and why
     resamples: int
     seed: int
     level: float = pr.LEVEL
@@ -53,6 +54,7 @@ class RunReport:
                        "resamples": self.resamples, "seed": self.seed, "level": self.level,
                        "fpr_levels": list(ev.FPR_LEVELS), "gnq_source": self.gnq_source},
             "gnq_on_this_run": {k: v for k, v in self.nature.items()},
+            "verdict": {"risk_basis": self.risk_basis},
             "record_gnq": self.records.to_dict(orient="records"),
             "tables": [_row(r) for r in self.evidence.to_dict(orient="records")],
         })
@@ -133,6 +135,7 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
     run's totals, so its risk is scored with the rest)."""
     if totals is None:
         totals = rank_texts(store.example_totals(run.run_id))
+    basis = totals.attrs.get("risk_basis") or risk_basis(store.example_totals(run.run_id))
     frame = signal_frame(store, run, totals)
     attacks = store.extractions(run.run_id)
     scores = store.scores(run.run_id)
@@ -144,7 +147,7 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
                                         columns=["example_id", "cluster_id"]))
     table = ev.evidence_table(frame, resamples=resamples, seed=seed, cv=cv)
     return RunReport(run=run, provenance=provenance(store, run, attacks), frame=frame, evidence=table,
-                     nature=nature, records=records, gnq_source=gnq_provenance(store, run),
+                     nature=nature, records=records, gnq_source=gnq_provenance(store, run), risk_basis=basis,
                      resamples=resamples, seed=seed)
 
 
