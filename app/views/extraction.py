@@ -84,3 +84,9 @@ for (outcome, positive), _ in data.evidence[data.evidence["outcome"] != "extract
              else f"{state.plain(positive)} vs the other texts")
     with st.expander(f"Same signals, another outcome: {title}"):
         st.dataframe(ev.display(data.evidence, outcome, positive), hide_index=True, width="stretch")
+        if outcome == "membership":  # the field's view: TPR at low FPR on a log axis
+            table = data.evidence
+            rows = table[(table["outcome"] == outcome) & (table["scope"] == ev.SCOPE_ALL)]
+            points = pr.roc_points(data.frame, outcome="member")
+            show.chart(roc_figure(points, rows, log_fpr=True, template=None, positive="member",
+                                  negative="non-member"), width="stretch")

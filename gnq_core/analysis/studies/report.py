@@ -272,7 +272,8 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
     r.table(pr.display_table(result), caption=f"{what} Each cell: estimate [{result.level:.0%} interval]. "
                                               + result.method())
     r.figure(roc_lines(pr.roc_points(frame), result), filename,
-             "ROC curve of each signal against the attack's outcome (legend: AUC); dotted: chance.")
+             "ROC curve of each signal against the attack's outcome, log false-positive axis (legend: AUC "
+             "[95% interval]); dotted: chance.")
     r.table(pr.display_stratified(result),
             caption="Controlled for text length: each signal's AUC over all attacked texts next to its AUC "
                     "within exact token length, pair-weighted (only an extracted and a kept text of the same "
@@ -284,21 +285,8 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
 
 
 def roc_lines(points: pd.DataFrame, result: pr.Predictive):
-    """The ROC curves of ``predictive.roc_points``, legend ordered by AUC."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 5))
-    overall = result.table[(result.table["scope"] == pr.ALL) & result.table["auc"].notna()]
-    for i, (_, row) in enumerate(overall.sort_values("auc", ascending=False).iterrows()):
-        curve = points[points["signal"] == row["signal"]]
-        ax.step(curve["fpr"], curve["tpr"], where="post", linewidth=2.2 if i == 0 else 1.1,
-                label=f"{row['label']} ({row['auc']:.2f})")
-    ax.plot([0, 1], [0, 1], ":", color="grey")
-    ax.set_xlabel("false-positive rate (kept texts flagged)")
-    ax.set_ylabel("true-positive rate (extracted texts flagged)")
-    ax.set_title("Which signal tells the extracted texts apart?")
-    if len(overall):
-        ax.legend(fontsize=7, loc="lower right")
-    else:
-        ax.text(0.5, 0.5, "no signal can be scored:\nthe attack needs extracted and kept texts", ha="center")
-    ax.grid(alpha=0.3)
-    return fig
+    """The ROC curves of ``predictive.roc_points``, legend ordered by AUC, log FPR axis (the
+    low-FPR region the attack literature reads; analysis.predictive_figures.roc_png)."""
+    from gnq_core.analysis.predictive_figures import roc_png
+
+    return roc_png(points, result.table[result.table["scope"] == pr.ALL])
