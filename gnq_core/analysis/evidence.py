@@ -181,8 +181,8 @@ def method(resamples: int, seed: int, level: float) -> str:
     return (f"AUC: P(a positive text scores higher than a negative one, ties ½) in the signal's stated "
             f"direction. TPR at x% FPR: largest share of positives caught while flagging at most x% of "
             f"the negatives (ties not split). AUC within exact length: only a positive and a negative text "
-            f"of the same token length are compared, each length weighted by its pairs (a length with one "
-            f"outcome merged with the next longer). CV gain: {lc.FOLDS}-fold out-of-fold AUC of a logistic "
+            f"of the same token length are compared, each length weighted by its pairs (a length whose "
+            f"texts share one outcome adds nothing). CV gain: {lc.FOLDS}-fold out-of-fold AUC of a logistic "
             f"regression on [length spline, loss, signal] minus [length spline, loss]; LR p: "
             f"likelihood-ratio test of adding the signal (χ², 1 df). Intervals: {level:.0%} percentile "
             f"intervals over {resamples} stratified bootstrap resamples (seed {seed}).")

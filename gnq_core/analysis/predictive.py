@@ -102,8 +102,8 @@ class Predictive:
 
 
 LENGTH_METHOD = ("Length control: the AUC within exact token length, pair-weighted (only an extracted and a "
-                 "kept text of the same length are compared; a length whose texts share one outcome is "
-                 "merged with the next longer one), so a signal that only tracks length scores 0.5.")
+                 "kept text of the same length are compared; a length whose texts share one outcome adds "
+                 "nothing), so a signal that only tracks length scores 0.5.")
 
 
 def signals_in(frame: pd.DataFrame) -> list[Signal]:

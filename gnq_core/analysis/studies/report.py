@@ -277,8 +277,8 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
     r.table(pr.display_stratified(result),
             caption="Controlled for text length: each signal's AUC over all attacked texts next to its AUC "
                     "within exact token length, pair-weighted (only an extracted and a kept text of the same "
-                    "length are compared; a length with one outcome is merged with the next longer one; "
-                    "bootstrap within each length). A signal that is a function of length alone scores 0.5 "
+                    "length are compared; a length whose texts share one outcome adds nothing; bootstrap "
+                    "over all texts). A signal that is a function of length alone scores 0.5 "
                     "there, whatever length predicts overall.")
     return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": length_sentence,
             "predictive_stratified": result.stratified}
