@@ -44,7 +44,7 @@ st.dataframe(table, hide_index=True, width="stretch",
              column_config={c: st.column_config.NumberColumn(format="%.3f")
                             for c in ("by_gnq", "by_loss", "by_self_influence", "random_mean", "random_std")})
 st.caption("Rates of successful extraction among the k texts ranked highest by GNQ_total, lowest by loss, "
-           "highest by self-influence K_jj, and k random texts (mean ± std over seeds).")
+           "highest by the gradient norm² (self-influence K_jj), and k random texts (mean ± std over seeds).")
 if attacked["group"].notna().any():
     st.subheader("By group")
     by_group = (attacked.assign(success=attacked["extraction_match"] >= threshold)

@@ -280,8 +280,18 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
                     "length are compared; a length whose texts share one outcome adds nothing; bootstrap "
                     "over all texts). A signal that is a function of length alone scores 0.5 "
                     "there, whatever length predicts overall.")
+    from gnq_core.analysis import evidence as ev
+
+    extraction = [o for o in ev.outcomes_in(frame) if o.name == "extraction"]
+    evidence = ev.evidence_table(frame, resamples=resamples, seed=seed, outcomes=extraction)
+    if len(evidence):
+        r.text(ev.gain_sentence(evidence))
+        r.table(ev.display(evidence, "extraction"),
+                caption="Every signal over all texts, at low FPR, within exact token length and as the "
+                        "cross-validated gain over length + loss (analysis.evidence, the table `gnq report "
+                        "--json` writes). " + ev.method(resamples, seed, result.level))
     return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": length_sentence,
-            "predictive_stratified": result.stratified}
+            "predictive_stratified": result.stratified, "evidence": evidence}
 
 
 def roc_lines(points: pd.DataFrame, result: pr.Predictive):
