@@ -58,19 +58,20 @@ data = state.evidence(db, run.name, version)
 st.markdown(pr.best_signal_sentence(result))
 st.markdown(pr.within_length_sentence(result) + " " + ev.gain_sentence(data.evidence))
 table = ev.display(data.evidence, "extraction")
-if table.empty:
-    st.info("No signal can be scored against extraction: the attack needs both extracted and kept texts "
-            f"({int(attacked['extracted'].fillna(False).sum())} of {len(attacked)} extracted).")
-st.dataframe(table, hide_index=True, width="stretch",
-             column_config={"direction": st.column_config.TextColumn(
-                 help="Fixed before looking at the outcome: which end of the signal should mean 'extracted'. "
-                      "AUC below 0.5 means the signal points the other way on this run."),
-                 "AUC within exact length": st.column_config.TextColumn(
-                     help="Only an extracted and a kept text of the same token length are compared: a signal "
-                          "that only tracks length scores 0.5 here."),
-                 "CV AUC gain over length + loss": st.column_config.TextColumn(
-                     help="Cross-validated AUC of a logistic model on length (spline) + loss + this signal, "
-                          "minus that of length + loss: what the signal adds. For loss: over length alone.")})
+if table.empty:  # said in words; the best-signal sentence above gives the counts too
+    st.markdown("No signal can be scored against extraction: the attack needs both extracted and kept "
+                f"texts ({int(attacked['extracted'].fillna(False).sum())} of {len(attacked)} extracted).")
+else:
+    st.dataframe(table, hide_index=True, width="stretch", column_config={
+        "direction": st.column_config.TextColumn(
+            help="Fixed before looking at the outcome: which end of the signal should mean 'extracted'. "
+                 "AUC below 0.5 means the signal points the other way on this run."),
+        "AUC within exact length": st.column_config.TextColumn(
+            help="Only an extracted and a kept text of the same token length are compared: a signal "
+                 "that only tracks length scores 0.5 here."),
+        "CV AUC gain over length + loss": st.column_config.TextColumn(
+            help="Cross-validated AUC of a logistic model on length (spline) + loss + this signal, "
+                 "minus that of length + loss: what the signal adds. For loss: over length alone.")})
 st.caption("Outcome: the stored attack's own rule (not the slider above); signals read at the attacked "
            "point. " + ev.method(data.resamples, data.seed, data.level) + " " + state.plain(provenance))
 log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=True)
