@@ -162,6 +162,8 @@ def gain_sentence(table: pd.DataFrame, outcome: str = "extraction") -> str:
     if part.empty:
         return ("No signal's gain over length + loss could be cross-validated (too few texts of one "
                 "outcome).")
+    loss = part[part["signal"] == LOSS]
+    part = part[part["signal"] != LOSS]  # loss's own gain is over length alone: said apart
     adds = part[part["gain lo"] > 0].sort_values("gain", ascending=False)
     lead = ("Over a logistic model of text length (spline) and loss, "
             + (", ".join(f"{r['label']} adds {r['gain']:+.3f} CV AUC "
@@ -173,6 +175,10 @@ def gain_sentence(table: pd.DataFrame, outcome: str = "extraction") -> str:
     if len(gnq) and "gnq_total" not in set(adds["signal"]):
         r = gnq.iloc[0]
         tail = f"; GNQ_total: {r['gain']:+.3f} ({r['gain lo']:+.3f} to {r['gain hi']:+.3f})"
+    if len(loss):
+        r = loss.iloc[0]
+        tail += (f". Loss itself adds {r['gain']:+.3f} ({r['gain lo']:+.3f} to {r['gain hi']:+.3f}) over "
+                 "length alone")
     return lead + tail + "."
 
 

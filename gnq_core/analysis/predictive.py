@@ -6,8 +6,8 @@ length, the combined verdict's risk...) against a binary outcome (``extracted``)
 * **AUC** — probability that a random extracted text scores higher (in the signal's stated
   direction) than a random kept one; ties count one half.  0.5: no information; below 0.5: the
   signal points the other way on this run.
-* **TPR at 1% / 10% FPR** — the largest share of extracted texts caught at a threshold that
-  flags at most 1% / 10% of the kept ones (the membership-inference literature's low-FPR view,
+* **TPR at 0.1% / 1% / 10% FPR** — the largest share of extracted texts caught at a threshold that
+  flags at most 0.1% / 1% / 10% of the kept ones (the membership-inference literature's low-FPR view,
   Carlini et al. 2022 "LiRA").  Tied scores cannot be split, so a threshold inside a tie is not
   available: the conservative reading.
 * **Precision at top 5/10/20%** — the share extracted among the k = round(q·n) highest-scoring
