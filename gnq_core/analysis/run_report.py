@@ -69,7 +69,7 @@ def _row(r: dict) -> dict:
     if r["scope"] == ev.SCOPE_ALL:
         out["tpr_at_fpr"] = {f"{a:g}": _est(r, f"tpr@{a:g}") for a in ev.FPR_LEVELS}
     if r["scope"] == ev.SCOPE_LENGTH:
-        out |= {"strata": r["strata"], "pairs": r["pairs"]}
+        out |= {k: None if pd.isna(r[k]) else int(r[k]) for k in ("strata", "pairs")}
     if r["scope"] == ev.SCOPE_GAIN:
         out |= {"cv_auc_gain": _est(r, "gain"), "auc_base": r["auc base"], "auc_full": r["auc full"],
                 "lr_p": r["lr p"], "base": r["base"]}
