@@ -155,3 +155,20 @@ def test_record_gnq_sums_the_batches_where_one_copy_appears():
     assert list(rec.index) == [0]  # a unique text has no record of its own
     assert rec.loc[0, "record_gnq"] == pytest.approx(5.0 + 4.0 + 3.0 + 2.0)
     assert rec.loc[0, "shared_batches"] == 1 and not rec.loc[0, "complete"] and rec.loc[0, "copies"] == 3
+
+
+def test_non_members_join_as_the_membership_outcome():
+    rng = np.random.default_rng(5)
+    members = pd.DataFrame({"example_id": range(300), "n_tokens": rng.integers(5, 15, 300),
+                            "loss_last": rng.normal(size=300) - 0.8,
+                            "extracted": pd.array(rng.random(300) < 0.2, dtype="boolean")})
+    others = pd.DataFrame({"example_id": range(300), "n_tokens": rng.integers(5, 15, 300),
+                           "loss_last": rng.normal(size=300)})
+    frame = ev.with_non_members(members, others)
+    assert frame["example_id"].is_unique and frame["member"].sum() == 300
+    assert frame.loc[frame["member"] == False, "extracted"].isna().all()  # noqa: E712
+    table = ev.evidence_table(frame, resamples=50, cv=False)
+    row = table[(table["outcome"] == "membership") & (table["scope"] == ev.SCOPE_ALL)].iloc[0]
+    assert row["n"] == 600 and row["positives"] == 300 and row["auc lo"] > 0.6  # lower loss = member
+    ext = table[(table["outcome"] == "extraction") & (table["scope"] == ev.SCOPE_ALL)].iloc[0]
+    assert ext["n"] == 300  # non-members carry no extraction outcome

@@ -232,3 +232,22 @@ def test_signals_are_read_at_the_attacked_point(db):
     assert np.allclose(frame["gnq_total"], first["gnq"]) and np.allclose(frame["gnq_last"], first["gnq"])
     assert np.allclose(frame["loss_last"], first["loss"]) and (frame["n_points"] == 1).all()
     assert (frame["signals_point"] == "epoch-1").all()
+
+
+def test_report_shows_membership_when_the_frame_has_non_members(db):
+    """The frame contract's ``member`` column (non-members joined by analysis.evidence) reaches the
+    HTML report as its own table and a log-FPR ROC."""
+    from gnq_core.analysis import evidence as ev
+    from gnq_core.analysis import run_report
+    from gnq_core.analysis.html_report import build_report
+
+    store = Store(db)
+    run = store.run("audited")
+    data = run_report.build(store, run, resamples=20, cv=False)
+    others = data.frame.assign(loss_last=data.frame["loss_last"] + 1.0)  # the model never saw them
+    data.frame = ev.with_non_members(data.frame, others)
+    data.evidence = ev.evidence_table(data.frame, resamples=20, cv=False)
+    assert "membership" in set(data.evidence["outcome"])
+    text = build_report(store, run, data=data)
+    assert "Which signal tells members from non-members?" in text and "non-member texts flagged" in text
+    assert any(t["outcome"] == "membership" for t in data.to_json()["tables"])

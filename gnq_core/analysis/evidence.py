@@ -66,6 +66,20 @@ def outcomes_in(frame: pd.DataFrame) -> list[Outcome]:
     return found
 
 
+def with_non_members(members: pd.DataFrame, non_members: pd.DataFrame) -> pd.DataFrame:
+    """One evidence frame from a run's texts (``member`` True) and texts the model never saw
+    (``member`` False, no extraction outcome): the membership outcome's input.  Non-member ids
+    are offset past the members' so ``example_id`` stays unique."""
+    offset = int(members["example_id"].max()) + 1 if len(members) else 0
+    extra = non_members.assign(member=False, example_id=non_members["example_id"] + offset)
+    if "extracted" in extra.columns:
+        extra = extra.assign(extracted=pd.NA)
+    frame = pd.concat([members.assign(member=True), extra], ignore_index=True)
+    if "extracted" in frame.columns:
+        frame["extracted"] = frame["extracted"].astype("boolean")
+    return frame
+
+
 def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples: int, seed: int,
           level: float, cv: bool, cache: dict) -> Iterator[dict]:
     known = outcome.labels.notna().to_numpy()

@@ -62,6 +62,8 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
                                 else rank_texts(store.example_totals(run.run_id)),
                                 resamples=resamples, seed=seed)
     frame = data.frame
+    if "member" in frame.columns:  # non-member texts are scored, not listed
+        frame = frame[frame["member"].astype("boolean").fillna(True).astype(bool)]
     ranked, order_name = ordered(frame)
     attacks = store.extractions(run.run_id)
     e = html.escape
@@ -82,7 +84,7 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              f"{e(data.risk_basis)}.</p>",
              _verdict_table(ranked.head(top)),
              "<h2>Which signal predicts extraction?</h2>", _predictive(data, attacks),
-             _other_outcomes(data),
+             _other_outcomes(data, plotly_loaded=_scorable(frame, attacks)),
              f"<h2>Top {min(TEXTS_IN_FULL, len(ranked))} flagged texts in full</h2>",
              _texts_in_full(ranked.head(TEXTS_IN_FULL)),
              "</body></html>"]
@@ -170,7 +172,7 @@ def _verdict_table(top: pd.DataFrame) -> str:
 def _predictive(data: run_report.RunReport, attacks: pd.DataFrame) -> str:
     e = html.escape
     frame = data.frame
-    if attacks.empty or "extracted" not in frame.columns or frame["extracted"].notna().sum() == 0:
+    if not _scorable(frame, attacks):
         return ("<p>No extraction attack is stored for this run, so no signal can be scored against it. "
                 "Run <code>gnq extract --run NAME</code> and make the report again.</p>")
     result = pr.evaluate(frame, resamples=data.resamples, seed=data.seed)
@@ -186,7 +188,12 @@ def _predictive(data: run_report.RunReport, attacks: pd.DataFrame) -> str:
                       f"<p class='caption'>{e(result.method())}</p>"])
 
 
-def _other_outcomes(data: run_report.RunReport) -> str:
+def _scorable(frame: pd.DataFrame, attacks: pd.DataFrame) -> bool:
+    """An attack is stored and some text has its outcome (the predictive section, with plotly.js)."""
+    return not attacks.empty and "extracted" in frame.columns and bool(frame["extracted"].notna().any())
+
+
+def _other_outcomes(data: run_report.RunReport, plotly_loaded: bool) -> str:
     """Membership (when the run has non-members) and group outcomes: the same table per outcome."""
     e = html.escape
     parts = []
@@ -197,6 +204,12 @@ def _other_outcomes(data: run_report.RunReport) -> str:
         rows = data.evidence[data.evidence["positive"] == positive]
         parts += [f"<h2>{e(title)}</h2>", _table(ev.display(data.evidence, outcome, positive)),
                   f"<p>{e(ev.gain_sentence(rows, outcome))}</p>"]
+        if outcome == "membership":  # the field's view: TPR at low FPR on a log axis
+            points = pr.roc_points(data.frame, outcome="member")
+            figure = roc_figure(points, rows[rows["scope"] == ev.SCOPE_ALL], log_fpr=True, positive="member",
+                                negative="non-member")
+            parts.append(figure.to_html(full_html=False, include_plotlyjs=not plotly_loaded,
+                                        config={"displaylogo": False}))
     return "\n".join(parts)
 
 
@@ -210,8 +223,8 @@ def _texts_in_full(top: pd.DataFrame) -> str:
         if pd.notna(row.get("gnq_total")):
             head.append(f"GNQ_total {row['gnq_total']:.4g}")
         if pd.notna(row.get("extraction_match")):
-            head.append(f"attack match {row['extraction_match']:.2f}"
-                        + (" — extracted" if bool(row.get("extracted")) else ""))
+            extracted = pd.notna(row.get("extracted")) and bool(row.get("extracted"))
+            head.append(f"attack match {row['extraction_match']:.2f}" + (" — extracted" if extracted else ""))
         block = [f"<h3>{e(' · '.join(head))}</h3>", f"<div class='text'>{e(str(row['text']))}</div>"]
         if pd.notna(row.get("extraction_generated")):
             block.append("<p class='caption'>The model's continuation after the revealed prefix:</p>"
