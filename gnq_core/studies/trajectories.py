@@ -198,7 +198,7 @@ attacked, so every attacked text has a target of the same length (paper: p = 45,
 - {_trend(spearman, spearman_last, labels[-1])}""")
     r.table(bins.drop(columns=["example_ids"]), {"lo": ".4g", "hi": ".4g", "mean_score": ".4g"},
             caption=f"Attack success per GNQ_total quantile bin (Fig. 6): {cfg.bins} bins, 1 = lowest; "
-                    "rate lo/hi: 95% bootstrap interval.")
+                    "rate lo/hi: 95% Wilson interval.")
     r.figure(rep.quantile_bars(bins, title="Extraction success per GNQ_total quantile bin",
                                score_label="GNQ_total"), "success_by_bin.png",
              f"Bars: success rate (p = {cfg.prefix_tokens}, s = {cfg.suffix_tokens}, "
