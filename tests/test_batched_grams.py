@@ -76,6 +76,7 @@ def test_mixed_shape_groups_tied_reused_padding_exact(budget):
     assert rel_err(res.gnq, ref.gnq) <= TOL
     assert kernel_err(res.kernel, ref.kernel) <= TOL
     assert deferred == (4 if budget is None else 0)  # ln_a, ln_b, ln_nobias, ln_wide; not `twice`
+    assert not res.kernel.requires_grad  # the kept activations' graph is not followed at compute()
     paths = res.coverage.paths()
     assert paths["ln_a"] == paths["ln_wide"] == {"fused"}
     assert "tied" in paths["emb"]

@@ -480,8 +480,9 @@ class GNQAuditor:
 
     def _flush_norms(self, p: _Pass) -> None:
         """Per-example gradients of all deferred norm layers, one stacked pass per shape."""
-        for records in group(p.norms):
-            self._defer(p, batched_per_example(records))
+        with torch.no_grad():  # a fused LayerNorm's saved input still carries its grad_fn
+            for records in group(p.norms):
+                self._defer(p, batched_per_example(records))
         p.norms.clear()
         p.norm_bytes = 0
 

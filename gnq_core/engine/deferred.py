@@ -22,9 +22,10 @@ import torch
 from gnq_core.engine.representations import compute_dtype
 
 
-def _seq(t: torch.Tensor, B: int) -> torch.Tensor:
-    """[B, ..., d] as [B, T, d] (no op when it already is)."""
-    return t if t.dim() == 3 else t.reshape(B, -1, t.shape[-1])
+def _seq(t: torch.Tensor, B: int, width: int | None = None) -> torch.Tensor:
+    """[B, ..., d] as [B, T, width] (default: the last dim; no op when it already is that)."""
+    width = t.shape[-1] if width is None else width
+    return t if t.dim() == 3 and t.shape[-1] == width else t.reshape(B, -1, width)
 
 
 @dataclass
@@ -42,9 +43,11 @@ class NormRecord:
 
     @classmethod
     def layer_norm(cls, x: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                   weight: bool, bias: bool) -> NormRecord:
+                   width: int, weight: bool, bias: bool) -> NormRecord:
+        """``width``: the number of normalised elements (the normalised dims may be several)."""
         B = x.shape[0]
-        return cls("layer", _seq(x, B), _seq(dy, B), _seq(mean, B), _seq(rstd, B), 0.0, weight, bias)
+        return cls("layer", _seq(x, B, width), _seq(dy, B, width), _seq(mean, B, 1), _seq(rstd, B, 1),
+                   0.0, weight, bias)
 
     @classmethod
     def rms_norm(cls, x: torch.Tensor, dy: torch.Tensor, eps: float) -> NormRecord:

@@ -230,7 +230,8 @@ class FusedLayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        record = NormRecord.layer_norm(x, dy, mean, rstd, need_w, need_b)
+        width = weight.numel() if weight is not None else bias.numel()
+        record = NormRecord.layer_norm(x, dy, mean, rstd, width, need_w, need_b)
         if ctx.sink.defer_norm(record):  # the backward of a plain LayerNorm, nothing more
             return (*torch.ops.aten.native_layer_norm_backward(
                 dy, x, ctx.normalized_shape, mean, rstd, weight, bias, [need_x, need_w, need_b]),
