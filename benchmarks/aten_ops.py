@@ -39,14 +39,14 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count(layers: int, width: int, vocab: int, batch: int, length: int) -> dict:
+def count(layers: int, width: int, vocab: int, batch: int, length: int, device: str = "cpu") -> dict:
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=layers, n_embd=width, n_head=2, vocab_size=vocab, n_positions=length,
                      bos_token_id=0, eos_token_id=0)
-    model = GPT2LMHeadModel(cfg).train()
+    model = GPT2LMHeadModel(cfg).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    ids = torch.randint(0, vocab, (batch, length))
-    weights = torch.full((batch,), 1.0 / batch)
+    ids = torch.randint(0, vocab, (batch, length), device=device)
+    weights = torch.full((batch,), 1.0 / batch, device=device)
 
     def step(auditor: GNQAuditor | None) -> None:
         per_example_lm_loss(model(input_ids=ids).logits, ids).mean().backward()
@@ -84,7 +84,7 @@ def count(layers: int, width: int, vocab: int, batch: int, length: int) -> dict:
         row["ratio"] = row["ops"] / plain["ops"]
         row["non_view_ratio"] = row["non_view_ops"] / plain["non_view_ops"]
     return {"layers": layers, "width": width, "vocab": vocab, "batch": batch, "length": length,
-            "optimizer": "AdamW(foreach=True)", "variants": rows}
+            "device": device, "optimizer": "AdamW(foreach=True)", "variants": rows}
 
 
 def main() -> None:

@@ -31,15 +31,21 @@ MODEL = Path("/root/.cache/gnq-audit/models/smollm2-135m-instruct")
 VARIANTS = {"default": {}, "fused": {"fused": True}, "unfused": {"fused": False}}
 
 
-def run(model_dir: Path, batch: int, length: int, rounds: int, variants: list[str]) -> dict:
+def run(model_dir: Path, batch: int, length: int, rounds: int, variants: list[str], device: str = "cpu",
+        precision: str = "fp32") -> dict:
+    """On CUDA: wall seconds with the device synchronised; ``precision`` \"bf16\": autocast."""
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: every round sees the same weights
     torch.manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (batch, length))
-    weights = torch.full((batch,), 1.0 / batch)
+    ids = torch.randint(0, model.config.vocab_size, (batch, length), device=device)
+    weights = torch.full((batch,), 1.0 / batch, device=device)
+    cuda = device == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
     auditors = {v: GNQAuditor(model, lam=1e-2, **VARIANTS[v]) for v in variants}
 
     def step(active: str | None) -> float:
@@ -47,13 +53,17 @@ def run(model_dir: Path, batch: int, length: int, rounds: int, variants: list[st
             for name, a in auditors.items():
                 if name != active:
                     stack.enter_context(a.paused())
-            start = time.process_time()
-            per_example_lm_loss(model(input_ids=ids).logits, ids).mean().backward()
+            sync()
+            start = clock()
+            with autocast:
+                losses = per_example_lm_loss(model(input_ids=ids).logits, ids)
+            losses.mean().backward()
             if active is not None:
                 auditors[active].compute(weights=weights)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            return time.process_time() - start
+            sync()
+            return clock() - start
 
     load_before = os.getloadavg()
     for v in [None, *variants]:  # warm-up (the first audited step also probes the model)
@@ -76,7 +86,8 @@ def run(model_dir: Path, batch: int, length: int, rounds: int, variants: list[st
         paths[v] = sorted({f"{e.module_type}:{p}" for e in res.coverage.entries for p in e.paths})
         a.close()
     out = {"model": str(model_dir), "parameters": sum(p.numel() for p in model.parameters()),
-           "batch": batch, "length": length, "rounds": rounds, "clock": "process_time",
+           "batch": batch, "length": length, "rounds": rounds, "device": device, "precision": precision,
+           "clock": "perf_counter" if cuda else "process_time",
            "load_average_before": load_before, "load_average_after": load_after,
            "plain_s": statistics.median(times["plain"]), "all_s": times, "paths": paths}
     for v in variants:
