@@ -8,7 +8,10 @@
 Forward hooks save each covered module's inputs; a hook on the module's output gradient hands
 both to the module's kernel as soon as that gradient exists, adds the module's B×B Gram block
 to K and drops the saved tensors (only B×B accumulators live across the backward).  The hooks
-never modify gradients, so training is unchanged.
+never modify gradients, so training is unchanged.  By default Linear-like layers and LayerNorm
+run fused instead (``gnq_core.engine.fused``: their backward forms the weight gradient from the
+per-example ones), and norm layers keep their factors, within the memory budget, for one
+stacked computation per shape at ``compute()`` (``gnq_core.engine.deferred``).
 """
 
 from __future__ import annotations
@@ -154,7 +157,9 @@ class GNQAuditor:
             scale-free (``solve.effective_lam``); ``GNQResult.lam`` is the λ each batch used.
         path: "auto" picks ghost or materialise per layer by the cost model; "ghost" /
             "materialize" force one (for tests and benchmarks).
-        memory_budget: bytes allowed for one Gram intermediate (chunks beyond it).
+        memory_budget: bytes allowed for one Gram intermediate (chunks beyond it), and for the
+            norm layers' factors kept for ``compute()`` (``gnq_core.engine.deferred``; beyond
+            it a layer's per-example gradients are formed at once).
         check_uses: probe the first batch once more, hooks off (``gnq_core.engine.planning``):
             follow the batch through the forward by provenance and cover modules that do not
             see batch-first tensors, or whose parameters another module uses, by the generic
