@@ -115,6 +115,31 @@ def test_fused_is_the_default():
     assert "fused" in set().union(*res.coverage.paths().values())
 
 
+def mlp():
+    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+@pytest.mark.parametrize("make", [mlp, MixedNorms])
+def test_posthoc_backward_with_fused_layers_at_the_input_end(make):
+    """auditor.backward under the fused default: a fused first layer is no hooked frontier, so
+    its weight is differentiated instead; no param.grad is left, K is exact."""
+    torch.manual_seed(285)
+    model = make()
+    if isinstance(model, MixedNorms):
+        batch, loss_fn = padded_batch(7), token_losses
+    else:
+        batch = (torch.randn(5, 6), torch.randint(0, 3, (5,)))
+        loss_fn = lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="none")  # noqa: E731
+    with GNQAuditor(model, lam=1e-3, path="materialize") as auditor:
+        auditor.backward(loss_fn(model, batch).sum())
+        res = auditor.compute()
+    assert all(p.grad is None for p in model.parameters())
+    assert "fused" in set().union(*res.coverage.paths().values())
+    ref = exact_gnq(model, loss_fn, batch, 1e-3)
+    assert rel_err(res.gnq, ref.gnq) <= TOL
+    assert kernel_err(res.kernel, ref.kernel) <= TOL
+
+
 class _Ops(TorchDispatchMode):
     def __init__(self):
         super().__init__()

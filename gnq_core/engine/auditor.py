@@ -680,12 +680,13 @@ class GNQAuditor:
         output gradient, all the kernels use, is still formed.  ``param.grad`` is left alone.
         """
         p = self._pass
-        if p is None or not p.frontier:
+        # a fused call reports from its own backward, which runs only if its weight is a target
+        fused = {} if p is None else {
+            id(w): w for c in p.calls if c.hooked.kernel.fusable and not c.out_meta
+            for w in [c.hooked.module.get_parameter(n) for n in c.hooked.params]}
+        if p is None or not (p.frontier or fused):
             loss.backward()
             return
-        # a fused call reports from its own backward, which runs only if its weight is a target
-        fused = {id(w): w for c in p.calls if c.hooked.kernel.fusable and not c.out_meta
-                 for w in [c.hooked.module.get_parameter(n) for n in c.hooked.params]}
         torch.autograd.grad(loss, [*backward_targets(p.frontier), *fused.values()], allow_unused=True)
         p.frontier.clear()
 
