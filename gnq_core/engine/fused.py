@@ -4,8 +4,11 @@ When a Linear-like layer materialises its per-example gradients G_j = Δ_jᵀ X_
 sum *is* the batch weight gradient.  ``FusedLinearFunction`` computes the layer's forward like
 the module does and, in backward, forms G (in row chunks within a memory budget), returns
 Σ_j G_j as the weight gradient — so autograd's own weight-gradient matmul never runs — and
-hands the B×B Gram (or, for a parameter used twice, G itself) to the auditor.
-``param.grad`` equals the unfused one up to float rounding (a sum of B matmuls instead of one).
+adds the B×B Gram in place to the pass's accumulator (or, for a parameter used twice, hands G
+itself to the auditor).  ``FusedLayerNormFunction``'s backward is a plain LayerNorm's; it
+hands its factors to the auditor for one batched computation per shape at ``compute()``
+(``gnq_core.engine.deferred``).  ``param.grad`` equals the unfused one up to float rounding
+(a sum of B matmuls instead of one).
 """
 
 from __future__ import annotations
@@ -213,10 +216,11 @@ def ghost_linear_flops(batch: int, length: int, rows: int, cols: int) -> float:
 
 
 class FusedLayerNormFunction(torch.autograd.Function):
-    """nn.LayerNorm whose backward hands the per-example weight and bias gradients to the sink.
+    """nn.LayerNorm whose backward hands its per-example weight and bias gradients to the sink.
 
-    ∇w_j = Σ_t Δ_jt ⊙ x̂_jt and ∇b_j = Σ_t Δ_jt reuse the forward's saved mean and 1/σ, so
-    neither the statistics nor autograd's own batch reduction for w and b are computed twice.
+    ∇w_j = Σ_t Δ_jt ⊙ x̂_jt and ∇b_j = Σ_t Δ_jt reuse the forward's saved mean and 1/σ.  The
+    sink normally keeps (x, Δ, μ, 1/σ) for ``compute()`` and the backward is exactly a plain
+    LayerNorm's; past the memory budget (or for shared parameters) they are formed here.
     """
 
     @staticmethod
