@@ -308,10 +308,10 @@ def report(
     if not store.path.is_file():
         raise StoreError(f"{store.path}: no store here (build one with gnq train/audit/demo, or pass --db)")
     info = store.run(run)
-    refuse_overwrite([p for p in (out, json_out) if p is not None], store)
     for path in (out, json_out):
         if path is not None:
-            check_writable(path)
+            check_writable(path)  # first: "is a folder", "does not exist" name the problem best
+    refuse_overwrite([p for p in (out, json_out) if p is not None], store)
     data = run_report.build(store, info, resamples=resamples, seed=seed)
     if json_out is not None:
         run_report.write_json(data, json_out)
