@@ -55,6 +55,7 @@ from gnq_core.engine.solve import (
     unweight_kernel,
     weights_valid,
 )
+from gnq_core.errors import GNQError
 
 __all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
 
@@ -65,7 +66,7 @@ DEFER_WIDTH = 2**16
 DEFER_TOTAL = 2**18
 
 
-class BatchDimensionError(ValueError):
+class BatchDimensionError(GNQError, ValueError):
     """A covered module saw a tensor whose leading dimension is not the batch."""
 
 

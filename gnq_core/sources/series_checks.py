@@ -10,12 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gnq_core.errors import GNQError
 from gnq_core.sources.limits import BOUNDS
 
 _ARCHITECTURE_KEYS = frozenset({"model_type", "architectures"}).union(*(b.keys for b in BOUNDS))
 
 
-class SeriesError(ValueError):
+class SeriesError(GNQError, ValueError):
     """Checkpoints of one series that do not share a tokenizer or an architecture."""
 
 

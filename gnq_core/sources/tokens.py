@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from gnq_core.engine.losses import IGNORE_INDEX
+from gnq_core.errors import GNQError
 
 
-class TokenizerFailure(ValueError):
+class TokenizerFailure(GNQError, ValueError):
     """The tokenizer (from an untrusted tokenizer.json) failed inside its Rust code."""
 
 
