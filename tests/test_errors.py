@@ -29,7 +29,7 @@ def _error_classes() -> dict[str, type[BaseException]]:
 def test_every_error_class_is_a_gnq_error():
     classes = _error_classes()
     for name in ("pipelines.protected_paths.OverwriteError", "sources.series_checks.SeriesError",
-                 "sources.tokens.TokenizerFailure", "pipelines.finite_share.NumericalFailureError",
+                 "sources.tokenizer_panics.TokenizerFailure", "pipelines.finite_share.NumericalFailureError",
                  "engine.kernels.base.UnsupportedModuleError"):
         assert f"gnq_core.{name}" in classes
     outside = sorted(n for n, cls in classes.items() if not issubclass(cls, GNQError) and n not in INTERNAL)

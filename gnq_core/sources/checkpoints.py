@@ -37,6 +37,7 @@ from transformers.utils import logging as hf_logging
 from gnq_core.errors import GNQError
 from gnq_core.sources import limits
 from gnq_core.sources.links import LinkError, check_folder_links
+from gnq_core.sources.tokenizer_panics import TokenizerFailure, panics_as_one_line
 from gnq_core.sources.weight_checks import nonfinite_config_field, nonfinite_tensor
 
 __all__ = [
@@ -428,7 +429,10 @@ def _load_tokenizer(folder: Path, config: Any) -> PreTrainedTokenizerBase:
         raise _error(folder, f"no tokenizer files (none of {', '.join(TOKENIZER_FILES)})")
     limits.check_tokenizer_size(folder, _config_vocab_size(config))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        with panics_as_one_line(str(folder), "the tokenizer failed while loading"):
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except TokenizerFailure:
+        raise
     except Exception as exc:
         raise _error(folder, f"cannot load the tokenizer ({_reason(exc)})") from exc
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
