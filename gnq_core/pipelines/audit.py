@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
+from gnq_core.engine.losses import TOKEN_MEAN, lm_target_counts, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.prefetch import Prefetch
@@ -71,7 +71,8 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
             losses = per_example_lm_loss(logits, b.labels, loss)
             auditor.backward(losses.sum())  # output gradients only: no weight-gradient matmuls
             rows, result = score_batch(lambda: scores_of(auditor.compute()), losses, batch.example_ids,
-                                       batch_index=index, step=None, started=t0)
+                                       targets=lm_target_counts(b.labels), batch_index=index, step=None,
+                                       started=t0)
             model.zero_grad(set_to_none=True)
             texts.add(rows)
             results.append(result)

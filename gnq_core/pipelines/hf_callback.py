@@ -145,7 +145,7 @@ class GNQCallback(TrainerCallback):
 
     def watch_losses(self, losses: torch.Tensor, counts: torch.Tensor) -> None:
         """Keep ℓ_j; the hook receives ∂objective/∂ℓ_j in the backward: the weights w_j."""
-        self._losses = losses.detach()
+        self._losses, self._counts = losses.detach(), counts.detach()
         if losses.requires_grad:
             def keep(grad: torch.Tensor) -> None:
                 w = grad.detach().to(torch.float64)
@@ -163,8 +163,8 @@ class GNQCallback(TrainerCallback):
                 res.batch_size
 
         index = self.micro if self.config.scope == "global" else self.micro * self.world + self.rank
-        texts, batch = score_batch(compute, self._losses, self._ids.tolist(), batch_index=index,
-                                   step=state.global_step + 1, started=self._t0)
+        texts, batch = score_batch(compute, self._losses, self._ids.tolist(), targets=self._counts,
+                                   batch_index=index, step=state.global_step + 1, started=self._t0)
         self.writer.add(batch.step, self.point, texts,
                         [] if self.config.scope == "global" and self.rank != 0 else [batch])
         self.results += texts

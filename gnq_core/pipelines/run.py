@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, JobSettings, TrainJob
 from gnq_core.progress import JobProgress
-from gnq_core.results.store import Store
+from gnq_core.results.store import Run, Store
 from gnq_core.sources.datasets import TextDataset
 
 
@@ -54,6 +54,13 @@ def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
     return dataset
 
 
+def _warn_unscored(store: Store, run: Run, progress: JobProgress) -> None:
+    """The texts a run could not score: one token has no next token to predict (no loss, no gradient)."""
+    if short := store.too_short_to_score(run.run_id):
+        progress.warn(f"{short} text(s) have fewer than 2 tokens: no next token to predict, so no GNQ or "
+                      "loss (stored as missing, not 0)")
+
+
 def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
     from gnq_core.pipelines.train import run_training
 
@@ -64,6 +71,7 @@ def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
     with progress.reporter(run_ref(store, name)) as reporter:
         run = run_training(store, dataset, job.out, name=name, init=job.init, settings=job.settings,
                            reporter=reporter)
+    _warn_unscored(store, run, progress)
     said = [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {job.settings.epochs} epochs in "
             f"{time.perf_counter() - t0:.1f} s; checkpoints in {job.out}; store {store.path}"]
     shared, steps = store.steps_with_copies(run.run_id)
@@ -93,6 +101,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
         run = run_audit(store, refs, dataset, name=name, settings=job.settings, reporter=reporter,
                         ranks=ranks)
     ranks.finish()
+    _warn_unscored(store, run, progress)
     return [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(store.points(run.run_id))} "
             f"checkpoints in {time.perf_counter() - t0:.1f} s; store {store.path}"]
 

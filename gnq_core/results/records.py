@@ -53,11 +53,15 @@ class BatchResult:
 def batch_results(example_ids: Sequence[int], losses: Sequence[float], gnq: Sequence[float] | None,
                   self_influence: Sequence[float] | None, *, batch_index: int, step: int | None,
                   condition: float | None, finite: bool, seconds: float,
-                  size: int | None = None) -> tuple[list[TextResult], BatchResult]:
-    """The records of one batch; ``gnq``/``self_influence`` None when it was not finite.
+                  size: int | None = None,
+                  scored: Sequence[bool] | None = None) -> tuple[list[TextResult], BatchResult]:
+    """The records of one batch; ``gnq``/``self_influence`` None when it was not finite, and all
+    three scores None for a text not ``scored`` (too short to have a next token).
     ``size`` defaults to the number of texts (a global batch of several ranks is larger)."""
     texts = [TextResult(int(e), batch_index, step, gnq[i] if gnq else None, float(losses[i]),
-                        self_influence[i] if self_influence else None) for i, e in enumerate(example_ids)]
+                        self_influence[i] if self_influence else None)
+             if scored is None or scored[i] else TextResult(int(e), batch_index, step, None, None, None)
+             for i, e in enumerate(example_ids)]
     return texts, BatchResult(batch_index, step, len(texts) if size is None else size, condition, finite,
                               seconds)
 

@@ -482,6 +482,12 @@ class Store:
         return self._query(f"SELECT example_id, text, grp, n_tokens, {', '.join(TEXT_LABEL_COLUMNS)} "
                            "FROM examples WHERE run_id = ? ORDER BY example_id", [run_id])
 
+    def too_short_to_score(self, run_id: int) -> int:
+        """How many of a run's texts have fewer than 2 tokens: no next token, so no GNQ or loss."""
+        with self.connect(read_only=True) as con:
+            return con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND n_tokens < 2",
+                               [run_id]).fetchone()[0]
+
     def text_labels_missing(self, run_id: int) -> bool:
         """Whether some of a run's examples have no copy/secret labels yet (ensure_text_labels)."""
         with self.connect(read_only=True) as con:
