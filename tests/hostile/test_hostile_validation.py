@@ -80,6 +80,20 @@ def test_a_store_missing_a_table_is_one_line(tmp_path, table):
     assert str(db) in line.replace("\n", "")
 
 
+@pytest.mark.parametrize("cut", [4096, 262_144])
+def test_a_truncated_store_is_one_line_for_readers_and_writers(tmp_path, cut):
+    """issue 30: writing to a truncated store gave a DuckDB traceback."""
+    from gnq_core.results.store import Store, StoreError
+
+    db = tmp_path / "gnq.duckdb"
+    Store(db)._ensure_schema()
+    with open(db, "r+b") as f:
+        f.truncate(cut)
+    assert str(db) in refused("runs", "--db", db).replace("\n", "")
+    with pytest.raises(StoreError, match="gnq.duckdb: cannot open the store"):
+        Store(db)._ensure_schema()
+
+
 def _panicking_pre_tokenizer():
     """A backtracking pre-tokenizer regex: Rust's regex engine gives up on "aaaa…b" and panics."""
     from tokenizers import Regex, pre_tokenizers
