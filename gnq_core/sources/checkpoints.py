@@ -38,7 +38,7 @@ from gnq_core.errors import GNQError
 from gnq_core.sources import limits
 from gnq_core.sources.links import LinkError, check_folder_links
 from gnq_core.sources.tokenizer_panics import TokenizerFailure, panics_as_one_line
-from gnq_core.sources.weight_checks import nonfinite_config_field, nonfinite_tensor
+from gnq_core.sources.weight_checks import integer_weight, nonfinite_config_field, nonfinite_tensor
 
 __all__ = [
     "CheckpointError",
@@ -567,6 +567,8 @@ def _header_problem(folder: Path, config: Any, files: list[Path]) -> str:
     if missing:
         more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
         return f"weights do not match {CONFIG_NAME}: missing {', '.join(missing[:3])}{more}"
+    if (stored := integer_weight(state, [name for name, _ in model.named_parameters()])) is not None:
+        return f"weights do not match {CONFIG_NAME}: {stored}"
     return ""
 
 
