@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 import pytest
-from hostile_helpers import gnq, make_series
+from hostile_helpers import app_page, gnq, make_series
 from lm_fixtures import texts
 
 from gnq_core.results.store import Store
@@ -35,12 +35,16 @@ def _check(db, output: str, short: int) -> None:
     assert others["gnq"].map(math.isfinite).all() and (others["loss"] > 0).all()
 
 
-def test_audit_stores_a_one_token_text_without_scores(tmp_path):
+def test_audit_stores_a_one_token_text_without_scores(tmp_path, monkeypatch):
     series = make_series(tmp_path / "ckpts", 1)
     data, short = _dataset(tmp_path / "texts.csv", load_tokenizer(series / "epoch-1"))
     db = tmp_path / "gnq.duckdb"
     _check(db, gnq("audit", "--checkpoints", series, "--data", data, "--db", db, "--max-length", 32,
-                   "--batch-size", 4, "-q"), short)
+                   "--batch-size", 4, "--name", "short", "-q"), short)
+    monkeypatch.setenv("GNQ_DB", str(db))
+    for page in ("drilldown", "dataset_map", "flagged", "groups"):  # the dashboard shows it as missing
+        at = app_page(page, run_name="short", example_id=short)
+        assert not at.exception, (page, [e.message for e in at.exception])
 
 
 def test_train_stores_a_one_token_text_without_scores(tmp_path):
