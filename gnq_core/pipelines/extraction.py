@@ -289,9 +289,11 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     if ref_model is not None:
         _store_membership(store, run, texts, example_ids, ids, model, ref_model, tokenizer, dev,
                           batch_size, {"checkpoint": row["label"], "reference": str(ref_path)})
+    secrets = _attack_secrets(store, run, point, model, ref_model, tokenizer, texts, example_ids, ids,
+                              ref_path, batch_size, dev, version, reporter)
     stored = store.extractions(run.run_id, point)
     stored = stored[stored["prefix_tokens"] == prefix_tokens]
-    summary = _summary(stored, threshold)
+    summary = _summary(stored, threshold) | secrets
     summary["label"] = row["label"]
     store.update_settings(run.run_id, {"attack": {
         "rule": rule.describe(Path(ref_path).name if ref_path else None),
@@ -299,6 +301,23 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
         "checkpoint": row["label"], "reference": str(ref_path) if ref_path else None,
         "code_version": version} | {k: v for k, v in summary.items() if k != "label"}})
     return summary
+
+
+def _attack_secrets(store, run, point, model, ref_model, tokenizer, texts, example_ids, ids, ref_path,
+                    batch_size, device, version, reporter) -> dict:
+    """The secret-targeted attack (pipelines/secret_attack.py) on the same models; its counts."""
+    from gnq_core.pipelines.secret_attack import DEFAULT_CANDIDATES, attack_secrets, describe_rule
+
+    rule = describe_rule(DEFAULT_CANDIDATES, Path(ref_path).name if ref_path else None)
+    reporter.stage("secret-like values", 1)
+    rows = attack_secrets(model, tokenizer, texts, example_ids, ids, reference=ref_model,
+                          seed=int(run.seed or 0), batch_size=batch_size, device=device,
+                          rule=rule, max_length=run.max_length)
+    store.write_secret_attacks(run.run_id, point, rows, version)
+    reporter.advance(1)
+    return {"secret_rule": rule, "secrets_attacked": len(rows),
+            "secrets_reproduced": int(rows["reproduced"].sum()),
+            "secrets_extracted": int(rows["extracted"].sum())}
 
 
 def _summary(stored, threshold: float) -> dict:
