@@ -1,8 +1,11 @@
 """A run's report to hand on: one self-contained HTML file (``gnq report``, the dashboard's download).
 
-Sections: what produced the run (provenance), the verdict table (the run's ranking: the
-combined verdict's ``rank`` when the frame carries one, else GNQ_total), the predictive-power
-table with its ROC chart, and the top flagged texts in full.  Plotly's JavaScript is inlined, so
+Sections: the verdict in plain words (how many texts leaked, which hold secrets, what to do),
+the verdict table (text first, copies collapsed into one row "×N", a one-line reason and the
+recommended action; the run's ranking: the combined verdict's ``rank`` when the frame carries
+one, else GNQ_total), the predictive-power table with its ROC chart, the top flagged texts in
+full, and last what produced the run (provenance).  Every table fits a 1200 px page and
+prints (long texts wrap).  Plotly's JavaScript is inlined, so
 the file opens offline and loads nothing from the network.  Every text from the data (texts,
 group names, run names, settings) is HTML-escaped: a hostile training text cannot inject markup.
 """
@@ -19,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from gnq_core.analysis import predictive as pr
+from gnq_core.analysis.findings import summary, texts_table_html
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts
@@ -32,12 +36,13 @@ _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;
      padding:0 1em;color:#222;line-height:1.45}
 h1{font-size:1.6em}h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
-table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
-th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
+table{border-collapse:collapse;font-size:.85em;margin:.6em 0;max-width:100%}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top;overflow-wrap:anywhere}
 th{background:#f4f4f4}.caption{color:#555;font-size:.85em;max-width:1000px}
 .text{white-space:pre-wrap;background:#fafafa;border-left:3px solid #b2182b;padding:.4em .7em;
       font-family:ui-monospace,monospace;font-size:.85em}
 .sentence{font-size:1.05em;background:#eef4fb;padding:.6em .9em;border-radius:4px}
+@media print{body{margin:0;max-width:none}h2{break-after:avoid}details{display:block}}
 """
 
 
@@ -65,17 +70,19 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              f"<p class='caption'>Generated {datetime.now():%Y-%m-%d %H:%M} from the store "
              f"<code>{e(str(store.path))}</code>"
              + (f" by <code>{e(command)}</code>" if command else "") + ". One file, no network needed.</p>",
+             f"<p class='sentence'>{e(summary(ranked))}</p>",
+             "<h2>Verdict: the texts to look at first</h2>",
+             f"<p class='caption'>Ordered by {e(order_name)}; copies of a text share one row (×N). "
+             f"The first {min(top, len(ranked))} of {len(ranked)} texts.</p>",
+             texts_table_html(ranked.head(top)) if "status" in ranked else _verdict_table(ranked.head(top)),
+             "<h2>Which signal predicts extraction?</h2>", _predictive(frame, attacks, resamples, seed),
+             f"<h2>Top {min(TEXTS_IN_FULL, len(ranked))} flagged texts in full</h2>",
+             _texts_in_full(ranked.head(TEXTS_IN_FULL)),
              "<h2>Provenance</h2>", _provenance(store, run, attacks),
              f"<p class='caption'>{e(gnq_provenance(store, run))} GNQ = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: "
              "how much of a text's gradient its batch companions cannot explain; about 1 or less: explained "
              "(a copy in the same batch gives ≈ 1), large: the model must encode this text specifically. "
              "Compare values within a run.</p>",
-             f"<h2>Verdict: the {min(top, len(ranked))} texts to look at first</h2>",
-             f"<p class='caption'>Ordered by {e(order_name)}. Of {len(ranked)} texts.</p>",
-             _verdict_table(ranked.head(top)),
-             "<h2>Which signal predicts extraction?</h2>", _predictive(frame, attacks, resamples, seed),
-             f"<h2>Top {min(TEXTS_IN_FULL, len(ranked))} flagged texts in full</h2>",
-             _texts_in_full(ranked.head(TEXTS_IN_FULL)),
              "</body></html>"]
     return "\n".join(parts)
 
@@ -139,7 +146,13 @@ def _provenance(store: Store, run: Run, attacks: pd.DataFrame) -> str:
         if pd.notna(latest.get("suffix_tokens")):
             rule += f" over exactly {int(latest['suffix_tokens'])} suffix tokens"
         fields.append(("attack", rule))
-    fields.append(("settings", json.dumps(run.settings, sort_keys=True, default=str)))
+    # the settings as rows (an attack's rule in words), not one JSON blob
+    for key, value in sorted(run.settings.items()):
+        if isinstance(value, dict):
+            fields += [(f"{key}: {k}", v if not isinstance(v, dict | list) else json.dumps(v, default=str))
+                       for k, v in sorted(value.items())]
+        else:
+            fields.append((key, value if not isinstance(value, list) else ", ".join(map(str, value))))
     frame = pd.DataFrame([(k, "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))
                           for k, v in fields], columns=["field", "value"])
     return _table(frame)
