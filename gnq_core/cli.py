@@ -463,11 +463,19 @@ def demo(
     epochs: int = typer.Option(12, help="Training epochs of the demo model."),
     device: str = DeviceOption,
     quiet: bool = QuietOption,
+    background: bool = typer.Option(False, "--background", help="Start it as a dashboard job and return at "
+                                    "once (its progress shows on the Runs page); nothing when it is built."),
 ) -> None:
     """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
     from gnq_core.pipelines.settings import DemoJob
 
-    _run_demo(DemoJob(out=str(out) if out else None, epochs=epochs, device=device), db, quiet)
+    job = DemoJob(out=str(out) if out else None, epochs=epochs, device=device)
+    if background:
+        from gnq_core.pipelines.demo import start_demo_job
+
+        console.print(start_demo_job(_store(db), job), soft_wrap=True, highlight=False)
+        return
+    _run_demo(job, db, quiet)
 
 
 def _run_demo(job: DemoJob, db: Path | None, quiet: bool) -> None:
@@ -479,7 +487,7 @@ def _run_demo(job: DemoJob, db: Path | None, quiet: bool) -> None:
     names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device,
                        reporter_factory=lambda ref: _reporter(store, quiet, ref))
     _done(quiet, f"demo runs {', '.join(repr(n) for n in names)} built in {time.perf_counter() - t0:.0f} s; "
-                 f"store {store.path}. Open the dashboard: streamlit run app/main.py")
+                 f"store {store.path}. Open the dashboard: gnq dashboard (or make app)")
 
 
 @app.command()
