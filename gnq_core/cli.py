@@ -265,6 +265,7 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     from gnq_core.sources.checkpoints import find_checkpoints
 
     ranks = Ranks.from_env()
+    _set_threads(job.threads)
     dataset = _load_dataset(Path(job.data), job.text_column, job.group_column)
     run_name = job.name or Path(job.checkpoints).resolve().name
     if not ranks.lead:  # rank 0 alone opens the store and reports
@@ -316,6 +317,7 @@ def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
     from gnq_core.pipelines.extraction import run_extraction
     from gnq_core.pipelines.text_labels import ensure_text_labels
 
+    _set_threads(job.threads)
     store = _store(db, create=False)
     run_info = store.run(job.run)
     t0 = time.perf_counter()

@@ -323,3 +323,31 @@ def test_the_form_passes_the_loss_and_lambda_scale_to_the_job(series, tmp_path, 
     assert not at.exception and not at.error, [e.value for e in at.error]
     settings = started[0][0].settings
     assert (settings.loss, settings.lam_mode) == ("token_sum", "relative")
+
+
+def test_the_form_sets_the_jobs_threads_and_reference_model(series, tmp_path, monkeypatch):
+    """Issue 26: the job uses 1 CPU thread by default (README's advice on a shared machine) or the
+    number given, and the attack's reference is the model folder typed (a fine-tune's base); a
+    reference that is no model is refused on the page, no job started."""
+    from gnq_core.pipelines import jobs
+
+    monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
+    monkeypatch.setenv("GNQ_DATA_ROOTS", "/")
+    data = tmp_path / "texts.txt"
+    data.write_text("\n".join(f"text number {i} of the form test" for i in range(8)) + "\n")
+    started = []
+    monkeypatch.setattr(jobs, "start_job", lambda name, db, steps, **kw: started.append(steps))
+    at = app_page("new_audit", ckpt_mode="Local path", ckpt_path=str(series), data_mode="Local path",
+                  data_path_input=str(data))
+    assert at.number_input(key="threads").value == 1
+    at.text_input(key="reference_path").set_value(str(tmp_path / "no-model"))
+    next(b for b in at.button if b.label == "Start audit").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not started and any("no such folder" in e.value for e in at.error), [e.value for e in at.error]
+    base = sorted(series.iterdir())[0]
+    at.text_input(key="reference_path").set_value(str(base))
+    at.number_input(key="threads").set_value(2)
+    next(b for b in at.button if b.label == "Start audit").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    audit, extract = started[0]
+    assert audit.threads == 2 and extract.threads == 2 and extract.reference == str(base)

@@ -85,6 +85,10 @@ class AuditJob(_TextsJob):
     kind: ClassVar[str] = "audit"
     checkpoints: str
     settings: AuditSettings = field(default_factory=AuditSettings)
+    threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
+
+    def __post_init__(self) -> None:
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
 
 
 @dataclass(frozen=True)
@@ -100,8 +104,10 @@ class ExtractJob:
     device: str = "auto"
     suffix_tokens: int = 8  # exactly s tokens must follow (pipelines/extraction.py)
     reference: str | None = "first"  # "first" checkpoint, a model folder, or None: no calibration
+    threads: int | None = None
 
     def __post_init__(self) -> None:
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
         _require(self.prefix_tokens >= 1 and self.batch_size >= 1 and self.suffix_tokens >= 1,
                  "--prefix-tokens, --suffix-tokens and --batch-size: ≥ 1")
         _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")

@@ -333,7 +333,12 @@ class Store:
                            path = coalesce(?, path), model_hash = coalesce(?, model_hash)
                            WHERE run_id = ? AND point = ?""",
                         [seconds, _now(), path, model_hash, run_id, point])
-            con.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", [_now(), run_id])
+            # The run's model: for an audit (or a training from scratch) the latest checkpoint's
+            # weights; a fine-tune keeps its base model's hash.
+            con.execute("""UPDATE runs SET updated_at = ?, model_hash = CASE
+                               WHEN kind = 'audit' OR json_extract_string(settings, '$.init') IS NULL
+                               THEN coalesce(?, model_hash) ELSE model_hash END
+                           WHERE run_id = ?""", [_now(), model_hash, run_id])
 
     def set_point_paths(self, run_id: int, paths: dict[int, str | None]) -> None:
         """Where points' checkpoint folders are now (None: deleted), in one transaction."""
