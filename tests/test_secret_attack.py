@@ -120,7 +120,8 @@ def test_planted_secrets_the_model_writes_are_marked_and_unseen_ones_are_not(aud
     assert rows["rule"].str.startswith("secret reproduced = prompted with the text up to").all()
     # the run records its model's and dataset's sha256 (an audit: its latest checkpoint's weights)
     info = store.runs().set_index("name").loc["audit"]
-    assert info["model_hash"] == store.points(run.run_id)["model_hash"].iloc[-1] and len(info["model_hash"]) == 64
+    assert info["model_hash"] == store.points(run.run_id)["model_hash"].iloc[-1]
+    assert len(info["model_hash"]) == 64
     assert len(run.dataset_hash) == 64
     attack = run.settings["attack"]
     assert attack["secrets_attacked"] == len(rows) and attack["secret_rule"] == rows["rule"].iloc[0]
