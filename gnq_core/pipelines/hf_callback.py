@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
@@ -56,6 +57,10 @@ class GNQConfig:
     # Sum the per-example gradients the audit forms into the weight gradient (gnq_core.engine.fused);
     # only with scope="rank": a global scope forms its Gram across ranks, after autograd.
     fused: bool = True
+    # GNQ above which a text counts as flagged in the logged summaries; None: the run's own 90th
+    # percentile so far (the Flagged texts page's default threshold, by the same rule).
+    flag_gnq: float | None = None
+    log_top: int = 3  # ids of the highest-GNQ texts since the last log, as gnq/top{k}_example_id
 
 
 def lm_collator(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
@@ -90,6 +95,27 @@ class GNQCallback(TrainerCallback):
         self._losses: torch.Tensor | None = None
         self._weights: torch.Tensor | None = None
         self._t0 = 0.0
+        self._since_log: list[TextResult] = []
+
+    def summaries(self) -> dict[str, float]:
+        """GNQ since the last log, for the Trainer's own logging (W&B, TensorBoard, MLflow...):
+        ``gnq/median``, ``gnq/p99``, ``gnq/threshold`` (``flag_gnq``, or the run's 90th percentile
+        so far), ``gnq/above_threshold`` (texts above it) and ``gnq/top{k}_example_id``, all
+        numbers (loggers take scalars).  Empty when nothing was audited since the last call."""
+        window = [r for r in self._since_log if r.gnq is not None and np.isfinite(r.gnq)]
+        self._since_log = []
+        if not window:
+            return {}
+        values = np.array([r.gnq for r in window])
+        every = np.array([r.gnq for r in self.results if r.gnq is not None and np.isfinite(r.gnq)])
+        threshold = self.config.flag_gnq
+        if threshold is None:
+            threshold = float(np.quantile(every, 0.9))
+        out = {"gnq/median": float(np.median(values)), "gnq/p99": float(np.quantile(values, 0.99)),
+               "gnq/threshold": threshold, "gnq/above_threshold": int((values > threshold).sum())}
+        top = sorted(window, key=lambda r: -r.gnq)[: self.config.log_top]
+        out |= {f"gnq/top{k}_example_id": int(r.example_id) for k, r in enumerate(top, start=1)}
+        return out
 
     # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -168,6 +194,7 @@ class GNQCallback(TrainerCallback):
         self.writer.add(batch.step, self.point, texts,
                         [] if self.config.scope == "global" and self.rank != 0 else [batch])
         self.results += texts
+        self._since_log += texts
         self.micro += 1
         self._weights = None
 
@@ -243,6 +270,13 @@ class GNQTrainer(Trainer):
             total = total.to(device=losses.device, dtype=losses.dtype)
         self.gnq.watch_losses(losses, counts)
         return (losses * n).sum() / total
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's logging, with GNQ's summaries since the last log added to a training log
+        (not an evaluation's), so every ``report_to`` integration shows them beside the loss."""
+        if "loss" in logs or "train_loss" in logs:
+            logs = {**logs, **self.gnq.summaries()}
+        super().log(logs, *args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)
