@@ -244,6 +244,9 @@ def audit(
     device: str = DeviceOption,
     dtype: str = typer.Option("float32", help="float32 or float64 (exact to float64 rounding)."),
     threads: int = CpuThreadsOption,
+    tokenizer: Path = typer.Option(None, help="Read the tokenizer from this folder (checkpoints saved "
+                                              "without one; Trainer(..., processing_class=tokenizer) "
+                                              "saves it)."),
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
@@ -256,7 +259,8 @@ def audit(
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype, loss=loss, lam_mode=lam_mode)
     _run_audit(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
-                        group_column=group_column, settings=settings), db, quiet)
+                        group_column=group_column, settings=settings,
+                        tokenizer=str(tokenizer) if tokenizer else None), db, quiet)
 
 
 def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
@@ -269,7 +273,8 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     dataset = _load_dataset(Path(job.data), job.text_column, job.group_column)
     run_name = job.name or Path(job.checkpoints).resolve().name
     if not ranks.lead:  # rank 0 alone opens the store and reports
-        run_audit(None, job.checkpoints, dataset, name=run_name, settings=job.settings, ranks=ranks)
+        run_audit(None, job.checkpoints, dataset, name=run_name, settings=job.settings, ranks=ranks,
+                  tokenizer=job.tokenizer)
         ranks.finish()
         return
     _progress_file(planned_stages=len(find_checkpoints(job.checkpoints)))  # one stage per checkpoint
@@ -277,7 +282,7 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     t0 = time.perf_counter()
     with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
         run = run_audit(store, job.checkpoints, dataset, name=run_name, settings=job.settings,
-                        reporter=reporter, ranks=ranks)
+                        reporter=reporter, ranks=ranks, tokenizer=job.tokenizer)
     ranks.finish()
     points = store.points(run.run_id)
     _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(points)} checkpoints "

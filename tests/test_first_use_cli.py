@@ -128,3 +128,27 @@ def test_a_job_step_writes_its_progress_where_the_dashboard_reads_it(audited, tm
     state = read_progress(tmp_path / "job.progress.json")
     assert (state["label"], state["done"], state["total"], state["stage"]) == ("epoch-2", 12, 12, 2)
     assert seconds_left(state, now=state["updated"]) == 0
+
+
+def test_checkpoints_saved_without_a_tokenizer_are_audited_with_tokenizer(audited, tmp_path):
+    """Issue 26: Trainer checkpoints saved without tokenizer files are refused with the way out
+    (--tokenizer, or processing_class=tokenizer); with --tokenizer the audit runs, records it, and
+    the attack reads the texts with the same tokenizer."""
+    from gnq_core.sources.checkpoints import TOKENIZER_FILES
+
+    db, series, data, _ = audited
+    bare = tmp_path / "bare"
+    for k in (1, 2):
+        shutil.copytree(series / f"epoch-{k}", bare / f"checkpoint-{k}")
+        for f in (bare / f"checkpoint-{k}").iterdir():
+            if f.name in (*TOKENIZER_FILES, "merges.txt", "special_tokens_map.json"):
+                f.unlink()
+    common = ["--data", data, "--db", tmp_path / "t.duckdb", "--batch-size", 4, "--max-length", 16, "-q"]
+    said = fails("audit", "--checkpoints", bare, *common)
+    assert "no tokenizer files" in said and "--tokenizer" in said and "processing_class=tokenizer" in said
+    gnq("audit", "--checkpoints", bare, "--tokenizer", series / "epoch-1", "--name", "bare", *common)
+    store = Store(tmp_path / "t.duckdb")
+    assert store.run("bare").settings["tokenizer"] == str((series / "epoch-1").resolve())
+    gnq("extract", "--run", "bare", "--db", tmp_path / "t.duckdb", "--prefix-tokens", 2, "--suffix-tokens", 2,
+        "-q")
+    assert len(store.extractions(store.run("bare").run_id)) == 12

@@ -63,11 +63,11 @@ def staging() -> Path:
 
 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=256)
-def checkpoint_problem(path: str, mtime: float) -> str | None:  # noqa: ARG001 (cache key)
+def checkpoint_problem(path: str, mtime: float, tokenizer: str | None = None) -> str | None:  # noqa: ARG001
     """Why a checkpoint cannot be audited (one line naming the file), or None: shown before the
     audit starts, instead of as a failed job."""
     try:
-        check_checkpoint(path)
+        check_checkpoint(path, tokenizer=tokenizer)
     except CheckpointError as exc:
         return str(exc)
     return None
@@ -105,6 +105,12 @@ else:
                           placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
     checkpoints = _local(typed)
 
+typed_tokenizer = st.text_input(
+    "Tokenizer folder (optional)", key="tokenizer_path",
+    placeholder="only for checkpoints saved without tokenizer files, e.g. the base model's folder",
+    help="Checkpoints saved by the Trainer without processing_class=tokenizer have no tokenizer files; "
+         "give a folder that has them (the CLI's --tokenizer).")
+tokenizer_dir = _local(typed_tokenizer)
 refs = []
 if checkpoints is not None:
     try:
@@ -113,7 +119,8 @@ if checkpoints is not None:
                    + (" …" if len(refs) > 12 else ""))
     except CheckpointError as exc:
         st.error(state.plain(exc))
-    problems = [p for r in refs if (p := checkpoint_problem(str(r.path), r.path.stat().st_mtime))]
+    tok = str(tokenizer_dir) if tokenizer_dir else None
+    problems = [p for r in refs if (p := checkpoint_problem(str(r.path), r.path.stat().st_mtime, tok))]
     if problems:
         st.error(state.plain(problems[0]) + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
         refs = []
@@ -225,7 +232,7 @@ if submitted:
                               loss=loss, lam_mode=lam_mode)
         steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
                           text_column=text_column, group_column=group_column, settings=audit,
-                          threads=int(threads))]
+                          threads=int(threads), tokenizer=str(tokenizer_dir) if tokenizer_dir else None)]
         steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
                              threshold=threshold, threads=int(threads),
                              reference=str(reference_path) if reference_path else "first")] if attack else []

@@ -238,7 +238,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     """
     from gnq_core.progress import Reporter
     from gnq_core.runtime import code_version, resolve_device
-    from gnq_core.sources.checkpoints import load_checkpoint
+    from gnq_core.sources.checkpoints import TOKENIZER_FILES, load_checkpoint
     from gnq_core.sources.tokens import encode_texts
 
     reporter = reporter or Reporter()
@@ -249,13 +249,16 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
         reporter.log(f"run {run.name!r}: the checkpoint attacked ({row['label']}) is its first, so the "
                      "attack is not calibrated; name a reference with --reference (a fine-tune: its base)")
     point, dev = int(row["point"]), resolve_device(device)
-    model, tokenizer = load_checkpoint(row["path"], device=dev)
+    tokenizer_dir = run.settings.get("tokenizer")  # checkpoints saved without one (gnq audit --tokenizer)
+    model, tokenizer = load_checkpoint(row["path"], device=dev, tokenizer=tokenizer_dir)
     examples = store.examples(run.run_id)
     texts = examples["text"].tolist()
     ids = encode_texts(tokenizer, texts, run.max_length)
     ref_model = None
     if ref_path is not None:
-        ref_model, ref_tokenizer = load_checkpoint(ref_path, device=dev)
+        own = any((Path(ref_path) / name).is_file() for name in TOKENIZER_FILES)
+        ref_model, ref_tokenizer = load_checkpoint(ref_path, device=dev,
+                                                   tokenizer=None if own else tokenizer_dir)
         _check_same_tokens(ref_path, ref_tokenizer, tokenizer, texts, run.max_length, ids)
     example_ids = examples["example_id"].tolist()
     kwargs = dict(prefix_tokens=prefix_tokens, threshold=threshold, batch_size=batch_size,

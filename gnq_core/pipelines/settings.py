@@ -86,6 +86,7 @@ class AuditJob(_TextsJob):
     checkpoints: str
     settings: AuditSettings = field(default_factory=AuditSettings)
     threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
+    tokenizer: str | None = None  # a folder with the tokenizer, for checkpoints saved without one
 
     def __post_init__(self) -> None:
         _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
