@@ -84,6 +84,9 @@ with st.expander("All columns, as downloaded (select a row to open its drill-dow
         state.open_example(sel[0])
 if out.empty:
     st.caption("Nothing to export: no text matches these filters.")
+st.caption("In the CSV, a cell that begins with =, +, - or @ (a phone number such as +1 415…) gets one "
+           "leading ' so a spreadsheet does not run it as a formula (CSV injection); "
+           "`gnq export --exact-csv` writes the texts as they are. JSONL and Parquet are always exact.")
 c = st.columns(3)
 for col, fmt, mime in zip(c, ("csv", "jsonl", "parquet"),
                           ("text/csv", "application/jsonl", "application/vnd.apache.parquet"), strict=True):
