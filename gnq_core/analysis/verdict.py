@@ -72,6 +72,15 @@ COLUMN_HELP: dict[str, str] = {
                        "base model); if it also reproduces the text, the text is not counted as extracted.",
     "extracted": "The audited model reproduces the suffix exactly and the reference model does not "
                  "(empty: the text is too short to attack).",
+    "secret_reproduced": "Prompted with the text up to its secret-like value, the audited model writes "
+                         "every letter and digit of it and the reference model does not (empty: no value "
+                         "attacked).",
+    "secret_chars": "Letters and digits of the text's secret-like value(s) (separators not counted).",
+    "secret_chars_reproduced": "How many of them the audited model wrote at their place.",
+    "reference_secret_chars_reproduced": "How many of them the reference model wrote.",
+    "secret_exposure": "Bits: log2 N − log2 rank of the value's likelihood among N random values of its "
+                       "format (digits only; log2 N = more likely than every other one).",
+    "secret_generated": "What the audited model wrote where the secret-like value stands.",
     "loss_ratio": "Loss under the audited model / loss under the reference: 1 = learned no more than the "
                   "reference; 0.25 = loss 4× below it. Lower = more memorised.",
     "zlib_ratio": "Bits the model needs for the text / bits zlib needs. Lower = the model predicts it far "
