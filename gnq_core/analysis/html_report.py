@@ -63,6 +63,11 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
     frame = signal_frame(store, run, totals)
     ranked, order_name = ordered(frame)
     attacks = store.extractions(run.run_id)
+    # one of each copy cluster (its best-ranked copy) among the texts in full
+    key = ranked["example_id"]
+    if "cluster_id" in ranked:
+        key = ranked["cluster_id"].fillna(key)
+    distinct = ranked[~key.duplicated()]
     e = html.escape
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>GNQ Audit report: {e(run.name)}</title><style>{_STYLE}</style></head><body>",
@@ -76,8 +81,8 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              f"The first {min(top, len(ranked))} of {len(ranked)} texts.</p>",
              texts_table_html(ranked.head(top)) if "status" in ranked else _verdict_table(ranked.head(top)),
              "<h2>Which signal predicts extraction?</h2>", _predictive(frame, attacks, resamples, seed),
-             f"<h2>Top {min(TEXTS_IN_FULL, len(ranked))} flagged texts in full</h2>",
-             _texts_in_full(ranked.head(TEXTS_IN_FULL)),
+             f"<h2>Top {min(TEXTS_IN_FULL, len(distinct))} flagged texts in full</h2>",
+             _texts_in_full(distinct.head(TEXTS_IN_FULL)),
              "<h2>Provenance</h2>", _provenance(store, run, attacks),
              f"<p class='caption'>{e(gnq_provenance(store, run))} GNQ = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: "
              "how much of a text's gradient its batch companions cannot explain; about 1 or less: explained "
