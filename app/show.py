@@ -10,7 +10,7 @@ import streamlit as st
 
 from app.charts import describe
 from app.state import open_example, plain
-from gnq_core.analysis.findings import grouped, texts_table_html
+from gnq_core.analysis import grouped, texts_table_html
 
 
 def chart(fig: go.Figure, where: Any = None, note: str = "", **kwargs: Any) -> Any:

@@ -10,9 +10,7 @@ import streamlit as st
 
 from app import charts, show, state
 from app.columns import column_config
-from gnq_core.analysis.findings import action
-from gnq_core.analysis.summaries import nearest_by_trajectory, token_alignment
-from gnq_core.analysis.verdict import COLUMN_HELP
+from gnq_core.analysis import COLUMN_HELP, action, nearest_by_trajectory, token_alignment
 
 
 def _tokens(value) -> list[str]:

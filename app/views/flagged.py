@@ -9,8 +9,8 @@ import streamlit as st
 from app import address, show, state
 from app.columns import column_config
 from app.flagged_filters import EXTRACTION, MODES, ORDERS, Filters, flagged
-from gnq_core.analysis.findings import grouped
-from gnq_core.results.export import export_frame, to_bytes
+from gnq_core.analysis import grouped
+from gnq_core.results import export_frame, to_bytes
 
 TEXT_ROWS = 50
 

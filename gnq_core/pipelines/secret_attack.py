@@ -37,16 +37,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gnq_core.results.store import SECRET_ATTACK_COLUMNS
 from gnq_core.sources.secrets import find_secrets, luhn_ok
 
 DEFAULT_CANDIDATES = 128  # N: exposure can show at most log2(128) = 7 bits
 MAX_SECRETS_PER_TEXT = 4
 _DIGIT_KINDS = {"pin", "phone", "card number", "ssn", "account number"}
 
-SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
-                         "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",
-                         "reference_generated", "reference_chars_reproduced", "extracted", "exposure",
-                         "exposure_rank", "exposure_candidates", "rule"]
 
 
 @dataclass(frozen=True)
