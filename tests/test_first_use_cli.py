@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from hostile.hostile_helpers import make_series, write_texts_csv
@@ -104,13 +105,19 @@ def test_an_audit_of_uploaded_checkpoints_can_be_attacked_after_the_job(audited,
     db = tmp_path / "gnq.duckdb"
     upload = uploads_dir(db, "job-1")
     shutil.copytree(series, upload / "checkpoints")
-    gnq("audit", "--checkpoints", upload / "checkpoints", "--data", data, "--db", db, "--name", "up",
-        "--batch-size", 4, "--max-length", 16, "-q")
+    shutil.copy(data, upload / "texts.csv")  # the dataset uploaded too
+    gnq("audit", "--checkpoints", upload / "checkpoints", "--data", upload / "texts.csv", "--db", db,
+        "--name", "up", "--batch-size", 4, "--max-length", 16, "-q")
     start_job("up", db, [], cleanup=[upload], job_id="job-1")  # a job whose steps are done: clean up
     deadline = time.monotonic() + 60
     while list_jobs(db)[0].status == "running" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list_jobs(db)[0].status == "done" and not upload.exists()
+    # issue 26: the run's provenance points at the kept copies, which exist (hashes unchanged)
+    run = Store(db).run("up")
+    assert Path(run.model_path).is_dir() and Path(run.dataset_path).is_file()
+    from gnq_core.sources.datasets import load_texts
+    assert load_texts(run.dataset_path).sha256 == run.dataset_hash
     out = gnq("extract", "--run", "up", "--prefix-tokens", 2, "--db", db)
     assert "epoch-2: 12 texts attacked" in " ".join(out.split())
     assert "deleted after the audit" in fails("extract", "--run", "up", "--checkpoint", "epoch-1", "--db", db)

@@ -351,6 +351,14 @@ class Store:
                 con.execute("UPDATE points SET path = ? WHERE run_id = ? AND point = ?",
                             [path, run_id, point])
 
+    def set_run_paths(self, run_id: int, *, model_path: str | None = None,
+                      dataset_path: str | None = None) -> None:
+        """Where the run's model and dataset are now (None: unchanged): the kept copies of uploads."""
+        with self.transaction() as con:
+            con.execute("""UPDATE runs SET model_path = coalesce(?, model_path),
+                           dataset_path = coalesce(?, dataset_path) WHERE run_id = ?""",
+                        [model_path, dataset_path, run_id])
+
     def write_extractions(self, run_id: int, point: int, prefix_tokens: int, rows: pd.DataFrame,
                           code_version: str) -> None:
         """Attack results for some examples (replacing those examples' earlier rows with the same
