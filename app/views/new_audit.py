@@ -261,7 +261,7 @@ if submitted and steps:
 
 job_panel(db)
 
-with st.expander("Clean up abandoned uploads"):
+with st.expander("Clean up abandoned uploads", key="cleanup_uploads"):  # one element across reruns
     folder = uploads_root(db)
     busy = {j.job_id for j in list_jobs(db) if j.alive()} | {staging_id}
     leftovers = [p for p in folder.glob("*") if p.is_dir() and p.name not in busy] if folder.exists() else []
