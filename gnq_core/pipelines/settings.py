@@ -85,6 +85,8 @@ class AuditJob(_TextsJob):
     kind: ClassVar[str] = "audit"
     checkpoints: str
     settings: AuditSettings = field(default_factory=AuditSettings)
+    non_members: str | None = None  # texts the model never saw, audited into NAME.non-members
+    reference: str | None = None  # "first" or a model folder: reference loss of members and non-members
 
 
 @dataclass(frozen=True)

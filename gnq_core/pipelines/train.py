@@ -23,6 +23,7 @@ import torch
 from gnq_core.atomic import atomic_path
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, per_example_lm_loss
+from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.text_labels import text_labels
@@ -119,7 +120,8 @@ def _train_epoch(store: Store, run: Run, epoch: int, model, tokenizer, optimizer
         else:
             (losses * w.to(device=losses.device, dtype=losses.dtype)).sum().backward()
         rows, result = score_batch(lambda w=w: scores_of(auditor.compute(weights=w)), losses, part,
-                                   batch_index=index, step=steps_before + index + 1, started=tb)
+                                   batch_index=index, step=steps_before + index + 1, started=tb,
+                                   extra=token_signals(logits, b.labels))
         if result.finite:
             optimizer.step()
         # A non-finite batch is recorded and skipped: stepping on it would corrupt the model.

@@ -1,0 +1,134 @@
+"""Membership ground truth: the same signals on texts the model never saw.
+
+``gnq audit --non-members FILE`` audits the FILE's texts over the same checkpoints, with the same
+λ, batch size, loss convention and partition seed, into a linked run ``NAME.non-members``
+(``Run.settings["non_members_run"]`` names it; the linked run's ``non_members_of`` names back).
+
+What each signal means for a non-member (DESIGN.md "Membership ground truth"): loss, Min-K%,
+Min-K%++, zlib ratio and the reference loss ratio are forward quantities and mean the same for
+any text.  A non-member has no training step, so its GNQ and K_jj are measured post hoc at each
+checkpoint, in batches of non-members only (the same batch size), exactly as a post-hoc audit
+measures members: GNQ is then "how unique this text's gradient would be among texts like it",
+not a statement about a step that happened.  Comparing members with non-members is like with
+like only when the members' numbers come from the same post-hoc audit, which is why the flag
+lives on ``gnq audit`` (a training run's in-run GNQ is measured before each update and mid-epoch:
+not comparable with a checkpoint's).
+
+``membership_frame(store, run)`` joins both runs at one checkpoint into the frame the
+predictive tables read: one row per text, ``outcome`` True for a member.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pandas as pd
+
+from gnq_core.engine.losses import TOKEN_SUM
+from gnq_core.pipelines.audit import run_audit
+from gnq_core.pipelines.membership import token_logprobs
+from gnq_core.pipelines.settings import AuditSettings
+from gnq_core.progress import Reporter
+from gnq_core.results.store import Run, Store, StoreError
+from gnq_core.sources.checkpoints import find_checkpoints, load_checkpoint
+from gnq_core.sources.datasets import DatasetError, TextDataset
+from gnq_core.sources.tokens import encode_texts, pad_id
+
+SUFFIX = ".non-members"
+REFERENCE_METRIC = "reference_loss"  # the same metric the calibrated attack writes
+# The frame's signal columns (beside example_id, text, n_tokens, outcome, point, label).
+FRAME_SIGNALS = ["loss", "gnq", "gnq_total", "self_influence", "grad_norm", "min_k", "min_k_plus",
+                 "zlib_ratio", "loss_ratio"]
+
+
+def check_disjoint(members: list[str], non_members: TextDataset) -> None:
+    """A text in both sets would be scored as a non-member although the model saw it: refused."""
+    shared = set(members) & set(non_members.texts)
+    if shared:
+        raise DatasetError(non_members.path, f"{len(shared)} of its texts are also member texts of the run "
+                                             f"(e.g. {next(iter(shared))[:60]!r}); non-members must be "
+                                             "texts the model never saw")
+
+
+def audit_non_members(store: Store, member: Run, checkpoints: str, dataset: TextDataset,
+                      settings: AuditSettings, reporter: Reporter | None = None,
+                      reference: str | None = None) -> Run:
+    """Audit ``dataset`` over ``checkpoints`` into ``member``'s linked non-member run (resumes);
+    with ``reference`` (a checkpoint folder, or "first": the series' first checkpoint) the
+    reference model's loss of every member and non-member text is stored too."""
+    check_disjoint(list(store.examples(member.run_id)["text"]), dataset)
+    name = member.name + SUFFIX
+    run = run_audit(store, checkpoints, dataset, name=name, settings=settings, reporter=reporter)
+    store.update_settings(run.run_id, {"non_members_of": member.name})
+    store.update_settings(member.run_id, {"non_members_run": name, "non_members_path": str(dataset.path),
+                                          "non_members_hash": dataset.sha256})
+    if reference is not None:
+        path = find_checkpoints(checkpoints)[0].path if reference == "first" else reference
+        for target in (member, run):
+            store_reference_loss(store, target, path, settings)
+    return store.run(run.run_id)
+
+
+def store_reference_loss(store: Store, run: Run, reference: str, settings: AuditSettings) -> None:
+    """Each text's mean next-token loss under the reference model (``reference_loss`` metric)."""
+    model, tokenizer = load_checkpoint(reference)
+    texts = list(store.examples(run.run_id)["text"])
+    ids = encode_texts(tokenizer, texts, settings.max_length)
+    logprobs = token_logprobs(model, ids, pad_id(tokenizer), batch_size=settings.batch_size)
+    values = [float(-lp.mean()) if len(lp) else math.nan for lp in logprobs]
+    store.write_metric(run.run_id, REFERENCE_METRIC,
+                       pd.DataFrame({"example_id": np.arange(len(texts)), "value": values}),
+                       settings={"reference": str(reference), "definition": "mean next-token NLL (nats)"})
+
+
+def non_member_run(store: Store, run: Run) -> Run:
+    name = run.settings.get("non_members_run")
+    if not name or store.find_run(name) is None:
+        raise StoreError(f"run {run.name!r} has no non-member texts: audit its checkpoints with "
+                         "gnq audit ... --non-members FILE")
+    return store.find_run(name)
+
+
+def membership_frame(store: Store, run: Run, point: int | None = None) -> pd.DataFrame:
+    """Members (``outcome`` True) and non-members (False) at one checkpoint, one row per text.
+
+    Columns: example_id (within its own run), text, n_tokens, outcome, point, label and the
+    signals ``FRAME_SIGNALS``: loss, GNQ at the point and summed up to it, K_jj and the gradient
+    norm √K_jj, Min-K% / Min-K%++, zlib ratio (model bits / zlib bits) and the loss ratio to the
+    reference (NaN without one).  ``point``: default the last checkpoint both runs finished."""
+    other = non_member_run(store, run)
+    done = [set(store.points(r.run_id).query("status == 'done'")["point"]) for r in (run, other)]
+    common = sorted(done[0] & done[1])
+    if not common:
+        raise StoreError(f"runs {run.name!r} and {other.name!r} share no finished checkpoint")
+    point = common[-1] if point is None else int(point)
+    if point not in common:
+        raise StoreError(f"checkpoint {point} is not finished in both {run.name!r} and {other.name!r}")
+    parts = [_signals(store, r, point).assign(outcome=member) for r, member in ((run, True), (other, False))]
+    return pd.concat(parts, ignore_index=True)
+
+
+def _signals(store: Store, run: Run, point: int) -> pd.DataFrame:
+    scores = store.scores(run.run_id)
+    scores = scores[scores["point"] <= point]
+    totals = scores.groupby("example_id")["gnq"].sum(min_count=1).rename("gnq_total")
+    at = scores[scores["point"] == point].set_index("example_id")
+    frame = store.examples(run.run_id)[["example_id", "text", "n_tokens"]].set_index("example_id")
+    frame = frame.join(at[[c for c in ("loss", "gnq", "self_influence", "min_k", "min_k_plus")
+                           if c in at.columns]]).join(totals)
+    for column in ("min_k", "min_k_plus"):
+        if column not in frame.columns:  # a store written before these columns
+            frame[column] = math.nan
+    frame["grad_norm"] = np.sqrt(frame["self_influence"])
+    predicted = (frame["n_tokens"] - 1).clip(lower=1)
+    nats = frame["loss"] if run.settings.get("loss") == TOKEN_SUM else frame["loss"] * predicted
+    zbits = frame["text"].map(lambda t: 8 * len(zlib.compress(t.encode("utf-8"))))
+    frame["zlib_ratio"] = nats / math.log(2) / zbits
+    metrics = store.metrics(run.run_id).set_index("example_id")
+    reference = metrics[REFERENCE_METRIC] if REFERENCE_METRIC in metrics.columns else math.nan
+    frame["loss_ratio"] = frame["loss"] / reference
+    labels = store.points(run.run_id).set_index("point")["label"]
+    return frame.reset_index().assign(point=point, label=labels.get(point))[
+        ["example_id", "text", "n_tokens", "point", "label", *FRAME_SIGNALS]]
