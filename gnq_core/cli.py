@@ -265,7 +265,8 @@ def audit(
         raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
     _run_audit(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
                         group_column=group_column, settings=settings,
-                        non_members=str(non_members) if non_members else None, reference=reference), db, quiet)
+                        non_members=str(non_members) if non_members else None, reference=reference),
+               db, quiet)
 
 
 def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
@@ -738,7 +739,8 @@ def study_trajectories(
 def study_membership(
     db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption,
     models: int = typer.Option(None, min=2, show_default=False,
-                               help="Models, each trained on a random half (even; default 8, 2 with --quick)."),
+                               help="Models, each trained on a random half (even; default 8, 2 with "
+                                    "--quick)."),
     data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
     tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
     quiet: bool = QuietOption,

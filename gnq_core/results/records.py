@@ -93,7 +93,7 @@ class ScoreColumns:
         self.batch_index = np.empty(capacity, np.int64)
         self.step = np.empty(capacity, np.int64)
         self.step_missing = np.empty(capacity, bool)
-        self.values = np.empty((capacity, len(self._floats)), np.float64)  # gnq, loss, K_jj, extra (NaN: None)
+        self.values = np.empty((capacity, len(self._floats)), np.float64)  # gnq, loss, K_jj, extra; NaN: None
 
     def __len__(self) -> int:
         return self.n

