@@ -487,14 +487,19 @@ def runs(
 def demo(
     db: Path = DbOption,
     out: Path = typer.Option(None, help="Folder for the demo's checkpoints (default: beside the store)."),
-    epochs: int = typer.Option(12, help="Training epochs of the demo model."),
+    epochs: int = typer.Option(None, show_default=False,
+                               help="Training epochs of the demo model (default 12; 2 with --model)."),
+    model: str = typer.Option(None, show_default=False,
+                              help="smollm2: fine-tune the real SmolLM2-135M (gnq model fetch; about ten "
+                                   "minutes an epoch on 2 CPU cores) instead of pretraining a tiny model."),
     device: str = DeviceOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
     from gnq_core.pipelines.settings import DemoJob
 
-    _run_demo(DemoJob(out=str(out) if out else None, epochs=epochs, device=device), db, quiet)
+    epochs = epochs if epochs is not None else (12 if model is None else 2)
+    _run_demo(DemoJob(out=str(out) if out else None, epochs=epochs, device=device, model=model), db, quiet)
 
 
 def _run_demo(job: DemoJob, db: Path | None, quiet: bool) -> None:
@@ -503,7 +508,7 @@ def _run_demo(job: DemoJob, db: Path | None, quiet: bool) -> None:
     store = _store(db)
     _progress_file(planned_stages=2 * job.epochs + 2)  # train and audit each epoch, attack both runs
     t0 = time.perf_counter()
-    names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device,
+    names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device, model=job.model,
                        reporter_factory=lambda ref: _reporter(store, quiet, ref))
     _done(quiet, f"demo runs {', '.join(repr(n) for n in names)} built in {time.perf_counter() - t0:.0f} s; "
                  f"store {store.path}. Open the dashboard: streamlit run app/main.py")

@@ -190,3 +190,34 @@ def test_stores_before_the_signal_columns_open(tmp_path):
     assert store.schema_version() >= 8
     assert {"min_k", "min_k_plus"} <= set(store.scores(1).columns)
 
+
+
+@pytest.mark.slow
+def test_demo_with_a_real_model_fine_tunes_it(tmp_path, monkeypatch):
+    """``gnq demo --model smollm2`` fine-tunes the fetched model (a tiny Llama stands in for it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gnq_core.pipelines.demo import build_demo
+    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.models import train_tokenizer
+
+    rows = unique_texts(24)
+    tok = train_tokenizer(rows, vocab_size=300)
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+                                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                        max_position_embeddings=64, pad_token_id=0, bos_token_id=0,
+                                        eos_token_id=0))
+    save_checkpoint(base, tok, tmp_path / "base")
+    monkeypatch.setattr(real_models, "fetch_model", lambda key: tmp_path / "base")
+    pd.DataFrame({"text": rows}).to_csv(tmp_path / "demo.csv", index=False)
+    store = Store(tmp_path / "gnq.duckdb")
+    names = build_demo(store, out_dir=tmp_path / "ckpt", epochs=2, data=tmp_path / "demo.csv",
+                       model="smollm2")
+    assert names == ["demo-smollm2-audit", "demo-smollm2-training"]
+    train = store.run("demo-smollm2-training")
+    assert train.settings["init"] == str((tmp_path / "base").resolve()) and not train.settings["from_scratch"]
+    assert train.model_hash is not None  # the init checkpoint's hash is recorded
+    assert store.run(train.run_id).settings["attack"]["reference"] == str(tmp_path / "base")
+    with pytest.raises(ValueError, match="unknown demo model"):
+        build_demo(store, data=tmp_path / "demo.csv", model="gpt5")

