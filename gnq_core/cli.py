@@ -324,6 +324,10 @@ def extract(
                                                 "checkpoint folder (for a fine-tune, its base), or 'none'. "
                                                 "A text the reference also reproduces is not extracted."),
     batch_size: int = typer.Option(32, help="Texts decoded together."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False,
+                                     help="Texts the model never saw (an audit run only): audited over its "
+                                          "checkpoints into run NAME.non-members; the reference's loss of "
+                                          "both."),
     db: Path = DbOption,
     device: str = DeviceOption,
     threads: int = CpuThreadsOption,
@@ -336,7 +340,8 @@ def extract(
 
     _run_extract(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
                             batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
-                            reference=None if reference == "none" else reference), db, quiet)
+                            reference=None if reference == "none" else reference,
+                            non_members=str(non_members) if non_members else None), db, quiet)
 
 
 def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
@@ -345,6 +350,16 @@ def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
 
     store = _store(db, create=False)
     run_info = store.run(job.run)
+    outside = None
+    if job.non_members:
+        from gnq_core.pipelines.non_members import check_disjoint
+
+        if run_info.kind != "audit":
+            raise ValueError(f"--non-members: run {run_info.name!r} is a training run, whose in-run numbers "
+                             "are not comparable with a checkpoint's; audit its checkpoints with gnq audit "
+                             f"--checkpoints {run_info.model_path} --data ... --non-members FILE")
+        outside = _load_dataset(Path(job.non_members), None, None)
+        check_disjoint(list(store.examples(run_info.run_id)["text"]), outside)  # before anything is written
     t0 = time.perf_counter()
     with _reporter(store, quiet, lambda: run_info.run_id) as reporter:
         summary = run_extraction(store, run_info, checkpoint=job.checkpoint, prefix_tokens=job.prefix_tokens,
@@ -356,6 +371,13 @@ def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
                  f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "
                  f"{summary['reproduced']} reproduced, {summary['both_reproduced']} of them also by the "
                  f"reference: {summary['extracted']} extracted in {time.perf_counter() - t0:.1f} s")
+    if outside is not None:
+        from gnq_core.pipelines.non_members import non_members_of_audit
+
+        with _reporter(store, quiet, _lazy_run_id(store, run_info.name + ".non-members")) as reporter:
+            other = non_members_of_audit(store, run_info, outside, device=job.device, reporter=reporter,
+                                         reference=job.reference)
+        _done(quiet, f"non-members: run {other.name!r}, {len(outside)} texts")
 
 
 @app.command()
@@ -744,8 +766,8 @@ def study_trajectories(
 def study_membership(
     db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption,
     models: int = typer.Option(None, min=2, show_default=False,
-                               help="Models, each trained on a random half (even; default 8, 2 with "
-                                    "--quick)."),
+                               help="Models, each trained on a random half (even; default 4, 2 with "
+                                    "--quick, 16 at paper scale)."),
     data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
     tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
     quiet: bool = QuietOption,

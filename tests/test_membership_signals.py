@@ -122,6 +122,18 @@ def test_audit_with_non_members_stores_signals_and_a_membership_frame(tmp_path):
     assert row["zlib_ratio"] == pytest.approx(bits / (8 * len(zlib.compress(row["text"].encode()))))
     # the in-run training run stores them too
     assert store.scores(store.run("run").run_id)[["min_k", "min_k_plus"]].notna().all().all()
+    # gnq extract --non-members: a training run is refused in one line, an audit run gets its non-members
+    refused = runner.invoke(app, ["extract", "--run", "run", "--non-members", str(tmp_path / "outside.csv"),
+                                  "--db", str(db)])
+    assert refused.exit_code == 1 and "training run" in refused.output and "Traceback" not in refused.output
+    gnq("audit", "--checkpoints", out / "epoch-2", "--data", tmp_path / "members.csv", "--name", "b",
+        "--batch-size", 8, "--max-length", 24, "--db", db, "--quiet")
+    gnq("extract", "--run", "b", "--prefix-tokens", 4, "--suffix-tokens", 4, "--reference", out / "epoch-1",
+        "--non-members", tmp_path / "outside.csv", "--db", db, "--quiet")
+    frame_b = membership_frame(store, store.run("b"))
+    assert frame_b["outcome"].sum() == 24 and frame_b["loss_ratio"].notna().all()
+    same = frame_b[~frame_b["outcome"]].sort_values("example_id")["min_k_plus"].to_numpy()
+    np.testing.assert_allclose(same, got["min_k_plus"], rtol=1e-9)  # epoch-2 either way
 
 
 @pytest.mark.slow

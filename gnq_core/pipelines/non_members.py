@@ -71,6 +71,22 @@ def audit_non_members(store: Store, member: Run, checkpoints: str, dataset: Text
     return store.run(run.run_id)
 
 
+def non_members_of_audit(store: Store, run: Run, dataset: TextDataset, *, device: str = "auto",
+                         reporter: Reporter | None = None, reference: str | None = None) -> Run:
+    """``audit_non_members`` for a stored audit run, with its own settings and checkpoints (what
+    ``gnq extract --non-members`` does).  A training run is refused: its in-run numbers are
+    measured mid-epoch, before each update, and are not comparable with a checkpoint's."""
+    if run.kind != "audit":
+        raise StoreError(f"run {run.name!r} is a training run: its in-run numbers are not comparable with a "
+                         f"checkpoint's; audit its checkpoints with gnq audit --checkpoints {run.model_path} "
+                         "--data ... --non-members FILE")
+    settings = AuditSettings(lam=run.lam, batch_size=run.batch_size, max_length=run.max_length, seed=run.seed,
+                             device=device, dtype=run.dtype or "float32",
+                             loss=run.settings.get("loss", "token_mean"),
+                             lam_mode=run.settings.get("lam_mode", "absolute"))
+    return audit_non_members(store, run, run.model_path, dataset, settings, reporter, reference)
+
+
 def store_reference_loss(store: Store, run: Run, reference: str, settings: AuditSettings) -> None:
     """Each text's mean next-token loss under the reference model (``reference_loss`` metric)."""
     model, tokenizer = load_checkpoint(reference)

@@ -102,6 +102,7 @@ class ExtractJob:
     device: str = "auto"
     suffix_tokens: int = 8  # exactly s tokens must follow (pipelines/extraction.py)
     reference: str | None = "first"  # "first" checkpoint, a model folder, or None: no calibration
+    non_members: str | None = None  # texts never seen: audited over the run's checkpoints (audit runs)
 
     def __post_init__(self) -> None:
         _require(self.prefix_tokens >= 1 and self.batch_size >= 1 and self.suffix_tokens >= 1,

@@ -59,7 +59,7 @@ class Config:
 
 
 QUICK = Config(texts=64, models=2, epochs=10, preset="tiny", batch_size=8, lr=3e-3, max_length=32)
-FULL = Config(texts=400, models=8, epochs=8, preset="small", batch_size=16, lr=1e-3, max_length=48)
+FULL = Config(texts=240, models=4, epochs=6, preset="small", batch_size=16, lr=1e-3, max_length=48)
 PAPER = Config(texts=2000, models=16, epochs=10, preset="gpt2-small", batch_size=16, lr=3e-4, max_length=64)
 # Forward signals scored on members vs non-members: (column, label, higher means member).
 FORWARD = [("loss", "loss", False), ("min_k", "Min-K%", True), ("min_k_plus", "Min-K%++", True),
