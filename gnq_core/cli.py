@@ -352,14 +352,10 @@ def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
     run_info = store.run(job.run)
     outside = None
     if job.non_members:
-        from gnq_core.pipelines.non_members import check_disjoint
+        from gnq_core.pipelines.non_members import check_run_takes_non_members
 
-        if run_info.kind != "audit":
-            raise ValueError(f"--non-members: run {run_info.name!r} is a training run, whose in-run numbers "
-                             "are not comparable with a checkpoint's; audit its checkpoints with gnq audit "
-                             f"--checkpoints {run_info.model_path} --data ... --non-members FILE")
         outside = _load_dataset(Path(job.non_members), None, None)
-        check_disjoint(list(store.examples(run_info.run_id)["text"]), outside)  # before anything is written
+        check_run_takes_non_members(store, run_info, outside)  # before anything is written
     t0 = time.perf_counter()
     with _reporter(store, quiet, lambda: run_info.run_id) as reporter:
         summary = run_extraction(store, run_info, checkpoint=job.checkpoint, prefix_tokens=job.prefix_tokens,
@@ -431,6 +427,9 @@ def report(
     resamples: int = typer.Option(1000, min=10, help="Bootstrap resamples of the predictive-power "
                                                      "intervals."),
     seed: int = typer.Option(0, help="Seed of the bootstrap."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False,
+                                     help="Texts the model never saw (an audit run): audited over its "
+                                          "checkpoints first, unless this file already was."),
     db: Path = DbOption,
     quiet: bool = QuietOption,
 ) -> None:
@@ -443,10 +442,25 @@ def report(
         raise StoreError(f"{store.path}: no store here (build one with gnq train/audit/demo, or pass --db)")
     info = store.run(run)
     check_writable(out)
+    if non_members is not None:
+        _ensure_non_members(store, info, non_members, quiet)
     text = build_report(store, info, top=top, resamples=resamples, seed=seed,
                         command=" ".join(["gnq", *sys.argv[1:]]))
     write_report(text, out)
     _done(quiet, f"report of run {info.name!r} written to {out} ({len(text) / 1e6:.1f} MB)")
+
+
+def _ensure_non_members(store, info, path: Path, quiet: bool) -> None:
+    """Audit ``path``'s texts as the run's non-members unless the same file content already was."""
+    from gnq_core.pipelines.non_members import check_run_takes_non_members, non_members_of_audit
+
+    outside = _load_dataset(path, None, None)
+    if info.settings.get("non_members_hash") == outside.sha256:
+        return
+    check_run_takes_non_members(store, info, outside)
+    with _reporter(store, quiet, _lazy_run_id(store, info.name + ".non-members")) as reporter:
+        non_members_of_audit(store, info, outside, reporter=reporter, reference=info.settings.get(
+            "attack", {}).get("reference"))
 
 
 @app.command()

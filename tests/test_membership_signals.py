@@ -131,6 +131,11 @@ def test_audit_with_non_members_stores_signals_and_a_membership_frame(tmp_path):
     gnq("extract", "--run", "b", "--prefix-tokens", 4, "--suffix-tokens", 4, "--reference", out / "epoch-1",
         "--non-members", tmp_path / "outside.csv", "--db", db, "--quiet")
     frame_b = membership_frame(store, store.run("b"))
+    # gnq report --non-members with the same file: nothing to redo; the report is written
+    before = store.run("b.non-members").settings
+    gnq("report", "--run", "b", "--out", tmp_path / "b.html", "--non-members", tmp_path / "outside.csv",
+        "--resamples", 10, "--db", db, "--quiet")
+    assert (tmp_path / "b.html").is_file() and store.run("b.non-members").settings == before
     assert frame_b["outcome"].sum() == 24 and frame_b["loss_ratio"].notna().all()
     same = frame_b[~frame_b["outcome"]].sort_values("example_id")["min_k_plus"].to_numpy()
     np.testing.assert_allclose(same, got["min_k_plus"], rtol=1e-9)  # epoch-2 either way

@@ -71,15 +71,23 @@ def audit_non_members(store: Store, member: Run, checkpoints: str, dataset: Text
     return store.run(run.run_id)
 
 
+def check_run_takes_non_members(store: Store, run: Run, dataset: TextDataset) -> None:
+    """The checks before a stored run gets non-members, before anything is written: an audit
+    run (a training run's in-run numbers are measured mid-epoch, before each update: not
+    comparable with a checkpoint's) and no text in both sets."""
+    if run.kind != "audit":
+        raise StoreError(f"--non-members: run {run.name!r} is a training run, whose in-run numbers are not "
+                         "comparable with a checkpoint's; audit its checkpoints with gnq audit --checkpoints "
+                         f"{run.model_path} --data ... --non-members FILE")
+    check_disjoint(list(store.examples(run.run_id)["text"]), dataset)
+
+
 def non_members_of_audit(store: Store, run: Run, dataset: TextDataset, *, device: str = "auto",
                          reporter: Reporter | None = None, reference: str | None = None) -> Run:
     """``audit_non_members`` for a stored audit run, with its own settings and checkpoints (what
     ``gnq extract --non-members`` does).  A training run is refused: its in-run numbers are
     measured mid-epoch, before each update, and are not comparable with a checkpoint's."""
-    if run.kind != "audit":
-        raise StoreError(f"run {run.name!r} is a training run: its in-run numbers are not comparable with a "
-                         f"checkpoint's; audit its checkpoints with gnq audit --checkpoints {run.model_path} "
-                         "--data ... --non-members FILE")
+    check_run_takes_non_members(store, run, dataset)
     settings = AuditSettings(lam=run.lam, batch_size=run.batch_size, max_length=run.max_length, seed=run.seed,
                              device=device, dtype=run.dtype or "float32",
                              loss=run.settings.get("loss", "token_mean"),
