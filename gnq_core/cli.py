@@ -324,6 +324,10 @@ def extract(
                                                 "checkpoint folder (for a fine-tune, its base), or 'none'. "
                                                 "A text the reference also reproduces is not extracted."),
     batch_size: int = typer.Option(32, help="Texts decoded together."),
+    preset: str = typer.Option(None, show_default=False,
+                               help="(p, s) of a protocol to compare with, instead of --prefix-tokens/"
+                                    "--suffix-tokens: 12/8 (this tool's default), 32/32 (Pythia's "
+                                    "memorisation studies), 50/50 (Carlini et al.'s extraction benchmark)."),
     non_members: Path = typer.Option(None, "--non-members", show_default=False,
                                      help="Texts the model never saw (an audit run only): audited over its "
                                           "checkpoints into run NAME.non-members; the reference's loss of "
@@ -337,6 +341,12 @@ def extract(
     when they match exactly and the reference model does not produce them too."""
     _set_threads(threads)
     from gnq_core.pipelines.settings import ExtractJob
+
+    if preset is not None:
+        presets = {"12/8": (12, 8), "32/32": (32, 32), "50/50": (50, 50)}
+        if preset not in presets:
+            raise ValueError(f"--preset must be one of {', '.join(presets)}, not {preset!r}")
+        prefix_tokens, suffix_tokens = presets[preset]
 
     _run_extract(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
                             batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,

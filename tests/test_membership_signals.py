@@ -131,6 +131,10 @@ def test_audit_with_non_members_stores_signals_and_a_membership_frame(tmp_path):
     gnq("extract", "--run", "b", "--prefix-tokens", 4, "--suffix-tokens", 4, "--reference", out / "epoch-1",
         "--non-members", tmp_path / "outside.csv", "--db", db, "--quiet")
     frame_b = membership_frame(store, store.run("b"))
+    stored = store.metrics(store.run("b").run_id)
+    assert stored["suffix_logprob"].notna().any() and (stored["suffix_logprob"] <= 0).all()
+    wrong = runner.invoke(app, ["extract", "--run", "b", "--preset", "7/7", "--db", str(db)])
+    assert wrong.exit_code == 1 and "--preset must be one of 12/8, 32/32, 50/50" in wrong.output
     # gnq report --non-members with the same file: nothing to redo; the report is written
     before = store.run("b.non-members").settings
     gnq("report", "--run", "b", "--out", tmp_path / "b.html", "--non-members", tmp_path / "outside.csv",
@@ -238,3 +242,40 @@ def test_demo_with_a_real_model_fine_tunes_it(tmp_path, monkeypatch):
     assert store.run(train.run_id).settings["attack"]["reference"] == str(tmp_path / "base")
     with pytest.raises(ValueError, match="unknown demo model"):
         build_demo(store, data=tmp_path / "demo.csv", model="gpt5")
+
+
+def test_suffix_logprob_equals_an_explicit_sampler_and_greedy_at_k_1():
+    """(n, p)-discoverable extraction: log q of the suffix under temperature + top-k, against a
+    token-by-token computation on each unpadded text; with k = 1 it is 0 exactly when greedy
+    decoding reproduces the suffix."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gnq_core.pipelines.discoverable import discoverable, suffix_logprob
+    from gnq_core.pipelines.extraction import extraction_attack, greedy_decode
+
+    seed = int(torch.randint(0, 2**31, ()))
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=12, n_positions=32, n_embd=16, n_layer=1, n_head=2)).eval()
+    ids = [torch.randint(1, 12, (n,)).tolist() for n in (3, 9, 10, 12)]
+    p, s, temperature, k = 4, 5, 0.7, 3
+    got = suffix_logprob(model, ids, p, s, pad=0, temperature=temperature, top_k=k, batch_size=2)
+    assert math.isnan(got[0])  # shorter than p + s: not attackable
+    for i in range(1, len(ids)):
+        total = 0.0
+        for t in range(p, p + s):
+            with torch.no_grad():
+                z = model(input_ids=torch.tensor([ids[i][:t]])).logits[0, -1].double().numpy() / temperature
+            z = np.where(z >= np.sort(z)[-k], z, -np.inf)
+            total += z[ids[i][t]] - np.log(np.exp(z - z.max()).sum()) - z.max()
+        expect = pytest.approx(total, rel=1e-9, abs=1e-12) if np.isfinite(total) else -math.inf
+        assert got[i] == expect
+    with torch.no_grad():  # a text whose suffix is the greedy continuation: extracted at k = 1
+        ids.append(ids[1][:p] + greedy_decode(model, [ids[1][:p]], s, pad=0)[0])
+    greedy = suffix_logprob(model, ids, p, s, pad=0, top_k=1)
+    assert greedy[-1] == 0.0
+    tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 0, "decode": lambda self, x: ""})()
+    attack = {r.example_id: r.success for r in extraction_attack(model, tok, ids, list(range(len(ids))),
+                                                                  prefix_tokens=p, suffix_tokens=s)}
+    for i in range(1, len(ids)):
+        assert (greedy[i] == 0.0) == attack[i]
+    assert discoverable(math.log(0.01), 100, 0.6) and not discoverable(math.log(0.001), 100, 0.6)
