@@ -792,6 +792,8 @@ def study_membership(
     models: int = typer.Option(None, min=2, show_default=False,
                                help="Models, each trained on a random half (even; default 4, 2 with "
                                     "--quick, 16 at paper scale)."),
+    canaries: int = typer.Option(0, min=0, help="Canaries per repetition count (1, 2, 4, 8) added to every "
+                                                "model's training half, with their exposure (0: none)."),
     data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
     tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
     quiet: bool = QuietOption,
@@ -800,7 +802,7 @@ def study_membership(
     how far a text's in-model and out-model losses separate."""
     from gnq_core.analysis.studies import membership
 
-    options = dict(models=models)
+    options = dict(models=models, canaries=canaries)
     ctx = _study("membership", db, quick, data_dir, reports, work, tag, seed, device, quiet, options, threads,
                  scale)
     _run_study(ctx, quiet, membership.run, **options)

@@ -150,11 +150,15 @@ def test_loss_tells_members_from_the_held_out_half(tmp_path):
     """Must-show: a tiny model trained on one half, scored against the other half: AUC of loss > 0.6."""
     data = fake_ag_news(tmp_path / "data", 64)
     gnq("study", "membership", "--quick", "--db", tmp_path / "gnq.duckdb", "--reports", tmp_path / "reports",
-        "--data-dir", data, "--quiet")
+        "--data-dir", data, "--canaries", 1, "--quiet")
     results = json.loads((tmp_path / "reports" / "membership-quick" / "results.json").read_text())
     loss = [r for r in results["aucs"] if r["signal"] == "loss"]
     assert len(loss) == 2 and all(r["members"] == 32 and r["n"] == 64 for r in loss)
     assert all(r["auc"] > 0.6 and r["auc lo"] > 0.5 for r in loss)
+    canaries = pd.DataFrame(results["canaries"])  # 1 canary per repetition count, in each of 2 models
+    assert sorted(canaries["repetitions"]) == [1, 1, 2, 2, 4, 4, 8, 8]
+    assert canaries["exposure"].between(-0.01, math.log2(1001) + 0.01).all()
+    assert canaries["gnq_total"].notna().all()
     signals = {r["column"] for r in results["spearman"]}
     assert {"gnq_total", "self_influence", "loss_last", "loss_ratio", "min_k_plus", "copies"} <= signals
 

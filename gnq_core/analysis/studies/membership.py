@@ -15,6 +15,9 @@ non-member of the other half.
   and the gradient norm at the last epoch, the last in-run loss, the loss ratio to the first
   epoch, Min-K%++ and Min-K% at the last epoch, zlib ratio, copies.  Spearman ρ with a 95%
   bootstrap interval over texts.  No signal sees the out-models.
+* **Canaries** (``--canaries K``, off by default): K canaries per repetition count 1, 2, 4, 8
+  are added to every model's training half (``pipelines.canaries``); each one's exposure among
+  1,000 random candidates at the last epoch, beside its in-run GNQ and K_jj.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from gnq_core.analysis.studies import report as rep
 from gnq_core.analysis.studies.base import StudyContext, Timings, ag_news, same_settings_or_tag, write_dataset
 from gnq_core.analysis.studies.common_knowledge import cf_subset
 from gnq_core.atomic import write_text_atomic
+from gnq_core.pipelines.canaries import Canary, exposure, inserted, make_canaries
 from gnq_core.pipelines.membership import forward_signals
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
@@ -58,7 +62,7 @@ class Config:
     max_length: int
 
 
-QUICK = Config(texts=64, models=2, epochs=10, preset="tiny", batch_size=8, lr=3e-3, max_length=32)
+QUICK = Config(texts=64, models=2, epochs=6, preset="tiny", batch_size=8, lr=3e-3, max_length=32)
 FULL = Config(texts=240, models=4, epochs=6, preset="small", batch_size=16, lr=1e-3, max_length=48)
 PAPER = Config(texts=2000, models=16, epochs=10, preset="gpt2-small", batch_size=16, lr=3e-4, max_length=64)
 # Forward signals scored on members vs non-members: (column, label, higher means member).
@@ -71,7 +75,7 @@ CANDIDATES = [("gnq_total", "GNQ_total (in-run)"), ("self_influence", "K_jj (las
               ("min_k", "Min-K% (last)"), ("zlib_ratio", "zlib ratio (last)"), ("copies", "copies")]
 
 
-def run(ctx: StudyContext, models: int | None = None) -> Path:
+def run(ctx: StudyContext, models: int | None = None, canaries: int = 0) -> Path:
     cfg = ctx.pick(QUICK, FULL, PAPER)
     if models is not None:
         cfg = Config(**{**cfg.__dict__, "models": models})
@@ -84,23 +88,27 @@ def run(ctx: StudyContext, models: int | None = None) -> Path:
     settings = TrainSettings(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, lam=1e-2,
                              max_length=cfg.max_length, seed=ctx.seed, preset=cfg.preset,
                              vocab_size=2048, device=ctx.device)
+    planted = make_canaries(canaries, ctx.seed) if canaries else []
     per_model = []
     for m in range(cfg.models):
-        per_model.append(_model(ctx, cfg, settings, texts, m, work, timings))
+        per_model.append(_model(ctx, cfg, settings, texts, m, work, timings, planted))
     frames = [_text_rows(ctx, r, texts) for r in per_model]
     aucs = membership_aucs(frames, ctx.seed)
     per_text = separation(frames, n)
     rho = spearman_table(per_text, ctx.seed)
-    return _write(ctx, cfg, aucs, per_text, rho, timings)
+    canary_rows = pd.DataFrame([c for r in per_model for c in r.get("canaries", [])])
+    return _write(ctx, cfg, aucs, per_text, rho, timings, canary_rows)
 
 
 def _model(ctx: StudyContext, cfg: Config, settings: TrainSettings, texts: list[str], m: int, work: Path,
-           timings: Timings) -> dict:
+           timings: Timings, canaries: list[Canary]) -> dict:
     """Train model m on its half (resumes) and score every text at its last epoch (cached)."""
     subset = cf_subset(len(texts), m, ctx.seed)
     cache = work / f"model-{m:02d}.json"
     name = f"{ctx.label(STUDY)}.model-{m:02d}"
-    data = write_dataset(work / f"model-{m:02d}.csv", [texts[i] for i in subset], ["member"] * len(subset))
+    train_texts = inserted([texts[i] for i in subset], canaries)
+    data = write_dataset(work / f"model-{m:02d}.csv", train_texts,
+                         ["member"] * len(subset) + ["canary"] * (len(train_texts) - len(subset)))
     with timings.stage("train (in-run GNQ)"), ctx.reporter(name) as r, same_settings_or_tag():
         trained = run_training(ctx.store, load_texts(data), work / f"model-{m:02d}", name=name,
                                settings=settings, reporter=r)
@@ -114,10 +122,29 @@ def _model(ctx: StudyContext, cfg: Config, settings: TrainSettings, texts: list[
         ids = encode_texts(tokenizer, texts, cfg.max_length)
         scored = forward_signals(model, ids, pad_id(tokenizer), batch_size=64, device=device)
         scored["n_tokens"] = [len(x) for x in ids]
-    saved = {"model": m, "subset": subset, "run_id": trained.run_id, "name": name,
-             **{c: scored[c].tolist() for c in scored.columns}}
+        saved = {"model": m, "subset": subset, "run_id": trained.run_id, "name": name,
+                 **{c: scored[c].tolist() for c in scored.columns},
+                 "canaries": _canary_rows(ctx, trained.run_id, model, tokenizer, canaries, len(subset), m,
+                                          cfg.max_length)}
     write_text_atomic(cache, json.dumps(saved))
     return saved
+
+
+def _canary_rows(ctx: StudyContext, run_id: int, model, tokenizer, canaries: list[Canary], first: int,
+                 m: int, max_length: int) -> list[dict]:
+    """Per canary: exposure at the last epoch, and its copies' in-run GNQ_total and last K_jj (means)."""
+    if not canaries:
+        return []
+    totals = ctx.store.example_totals(run_id).set_index("example_id").sort_index()
+    values = exposure(model, tokenizer, canaries, seed=ctx.seed + m, max_length=max_length)
+    rows, at = [], first
+    for canary, value in zip(canaries, values, strict=True):
+        copies = totals.loc[at: at + canary.repetitions - 1]
+        at += canary.repetitions
+        rows.append({"model": m, "repetitions": canary.repetitions, "locker": canary.locker,
+                     "exposure": value, "gnq_total": float(copies["gnq_total"].mean()),
+                     "self_influence": float(copies["self_influence_last"].mean())})
+    return rows
 
 
 def _text_rows(ctx: StudyContext, saved: dict, texts: list[str]) -> pd.DataFrame:
@@ -140,6 +167,7 @@ def _text_rows(ctx: StudyContext, saved: dict, texts: list[str]) -> pd.DataFrame
         "loss_last": at_last["loss"], "loss_ratio": at_last["loss"] / at_first["loss"],
         "min_k_plus_inrun": at_last.get("min_k_plus"), "min_k_inrun": at_last.get("min_k"),
         "copies": store.examples(run_id).set_index("example_id")["copies"]})
+    inrun = inrun[inrun.index < len(saved["subset"])]  # canaries come after the subset's texts
     inrun.index = [saved["subset"][i] for i in inrun.index]  # the run's ids are positions in the subset
     return frame.join(inrun, on="text_id")
 
@@ -198,7 +226,7 @@ def spearman_table(per_text: pd.DataFrame, seed: int, resamples: int = pr.RESAMP
 
 
 def _write(ctx: StudyContext, cfg: Config, aucs: pd.DataFrame, per_text: pd.DataFrame, rho: pd.DataFrame,
-           timings: Timings) -> Path:
+           timings: Timings, canaries: pd.DataFrame) -> Path:
     r = rep.Report(ctx.report_dir(STUDY), "Membership: which signal predicts that a model learned a text?")
     r.text(rep.scale_banner(ctx, f"GPT-2 preset {cfg.preset!r} from scratch, {cfg.models} models on halves "
                                  f"of {len(per_text)} AG News texts, {cfg.epochs} epochs"))
@@ -219,7 +247,17 @@ def _write(ctx: StudyContext, cfg: Config, aucs: pd.DataFrame, per_text: pd.Data
     r.table(rho.assign(**{"Spearman ρ [95% CI]": cells})[["signal", "n", "Spearman ρ [95% CI]"]],
         caption=f"Separation: mean {rep.fmt(per_text['separation'].mean())} nats over texts. Intervals: "
                 "95% bootstrap over texts. Signals are averaged over the models that trained on the text.")
+    if not canaries.empty:
+        r.text("## Canaries: exposure by repetitions")
+        by = canaries.groupby("repetitions").agg(canaries=("exposure", "size"), exposure=("exposure", "mean"),
+                                                 lowest=("exposure", "min"), highest=("exposure", "max"),
+                                                 gnq_total=("gnq_total", "mean"),
+                                                 k_jj=("self_influence", "mean")).reset_index()
+        r.table(by, caption="Exposure among 1,000 random candidates (maximum log2 1001 ≈ 9.97), mean and "
+                            "range over canaries × models; GNQ_total and K_jj: means over the canaries' "
+                            "copies (in-run).")
     return r.write({"config": cfg.__dict__, "aucs": aucs.to_dict("records"),
+                    "canaries": canaries.to_dict("records"),
                     "spearman": rho.to_dict("records"),
                     "separation_mean": float(per_text["separation"].mean())},
                    command=ctx.command, timings=timings, device=ctx.device)
