@@ -66,8 +66,8 @@ def exposure(model: torch.nn.Module, tokenizer, canaries: Sequence[Canary], *, c
     for canary in canaries:
         others = {_secret(rng, digits) for _ in range(candidates * 2)} - {canary.secret}
         texts = [canary.text] + [TEMPLATE.format(canary.locker, s) for s in sorted(others)[:candidates]]
-        nll = [-float(lp.sum()) for lp in token_logprobs(model, encode_texts(tokenizer, texts, max_length), pad,
-                                                         batch_size=batch_size)]
+        ids = encode_texts(tokenizer, texts, max_length)
+        nll = [-float(lp.sum()) for lp in token_logprobs(model, ids, pad, batch_size=batch_size)]
         own, rest = nll[0], np.asarray(nll[1:])
         rank = 1 + float((rest < own).sum()) + 0.5 * float((rest == own).sum())
         out.append(math.log2(len(rest) + 1) - math.log2(rank))
