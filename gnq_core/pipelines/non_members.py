@@ -15,7 +15,8 @@ lives on ``gnq audit`` (a training run's in-run GNQ is measured before each upda
 not comparable with a checkpoint's).
 
 ``membership_frame(store, run)`` joins both runs at one checkpoint into the frame the
-predictive tables read: one row per text, ``outcome`` True for a member.
+evidence tables read (docs/DESIGN.md §8, "the evidence frame"): one row per text, ``member``
+True for a member and False for a non-member.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from gnq_core.sources.tokens import encode_texts, pad_id
 
 SUFFIX = ".non-members"
 REFERENCE_METRIC = "reference_loss"  # the same metric the calibrated attack writes
-# The frame's signal columns (beside example_id, text, n_tokens, outcome, point, label).
-FRAME_SIGNALS = ["loss", "gnq", "gnq_total", "self_influence", "grad_norm", "min_k", "min_k_plus",
+# The frame's signal columns, named as analysis.predictive.SIGNALS names them (beside example_id,
+# text, n_tokens, member, point, label, run_id, run_example_id).  The gradient norm is √K_jj:
+# the same ranking as self_influence_last, so it gets no column of its own.
+FRAME_SIGNALS = ["loss_last", "gnq_last", "gnq_total", "self_influence_last", "min_k_prob", "min_k_plus",
                  "zlib_ratio", "loss_ratio"]
 
 
@@ -116,11 +119,12 @@ def non_member_run(store: Store, run: Run) -> Run:
 
 
 def membership_frame(store: Store, run: Run, point: int | None = None) -> pd.DataFrame:
-    """Members (``outcome`` True) and non-members (False) at one checkpoint, one row per text.
+    """Members (``member`` True) and non-members (False) at one checkpoint, one row per text.
 
-    Columns: example_id (within its own run), text, n_tokens, outcome, point, label and the
-    signals ``FRAME_SIGNALS``: loss, GNQ at the point and summed up to it, K_jj and the gradient
-    norm √K_jj, Min-K% / Min-K%++, zlib ratio (model bits / zlib bits) and the loss ratio to the
+    Columns: ``example_id`` (members keep theirs; non-members are numbered after them),
+    ``run_id``/``run_example_id`` (where each row comes from), text, n_tokens, member, point,
+    label and the signals ``FRAME_SIGNALS``: the loss and GNQ at the point, GNQ summed up to it,
+    K_jj = ‖g‖², Min-K% / Min-K%++, zlib ratio (model bits / zlib bits) and the loss ratio to the
     reference (NaN without one).  ``point``: default the last checkpoint both runs finished."""
     other = non_member_run(store, run)
     done = [set(store.points(r.run_id).query("status == 'done'")["point"]) for r in (run, other)]
@@ -130,8 +134,12 @@ def membership_frame(store: Store, run: Run, point: int | None = None) -> pd.Dat
     point = common[-1] if point is None else int(point)
     if point not in common:
         raise StoreError(f"checkpoint {point} is not finished in both {run.name!r} and {other.name!r}")
-    parts = [_signals(store, r, point).assign(outcome=member) for r, member in ((run, True), (other, False))]
-    return pd.concat(parts, ignore_index=True)
+    members, outside = (_signals(store, r, point).assign(member=m, run_id=r.run_id)
+                        for r, m in ((run, True), (other, False)))
+    outside["example_id"] += run.n_examples
+    frame = pd.concat([members, outside], ignore_index=True)
+    frame["member"] = frame["member"].astype("boolean")
+    return frame
 
 
 def _signals(store: Store, run: Run, point: int) -> pd.DataFrame:
@@ -140,19 +148,21 @@ def _signals(store: Store, run: Run, point: int) -> pd.DataFrame:
     totals = scores.groupby("example_id")["gnq"].sum(min_count=1).rename("gnq_total")
     at = scores[scores["point"] == point].set_index("example_id")
     frame = store.examples(run.run_id)[["example_id", "text", "n_tokens"]].set_index("example_id")
-    frame = frame.join(at[[c for c in ("loss", "gnq", "self_influence", "min_k", "min_k_plus")
-                           if c in at.columns]]).join(totals)
     for column in ("min_k", "min_k_plus"):
-        if column not in frame.columns:  # a store written before these columns
-            frame[column] = math.nan
-    frame["grad_norm"] = np.sqrt(frame["self_influence"])
+        if column not in at.columns:  # a store written before these columns
+            at[column] = math.nan
+    frame = frame.join(at[["loss", "gnq", "self_influence", "min_k", "min_k_plus"]].rename(columns={
+        "loss": "loss_last", "gnq": "gnq_last", "self_influence": "self_influence_last",
+        "min_k": "min_k_prob"})).join(totals)
     predicted = (frame["n_tokens"] - 1).clip(lower=1)
-    nats = frame["loss"] if run.settings.get("loss") == TOKEN_SUM else frame["loss"] * predicted
+    loss = frame["loss_last"]
+    nats = loss if run.settings.get("loss") == TOKEN_SUM else loss * predicted
     zbits = frame["text"].map(lambda t: 8 * len(zlib.compress(t.encode("utf-8"))))
     frame["zlib_ratio"] = nats / math.log(2) / zbits
     metrics = store.metrics(run.run_id).set_index("example_id")
     reference = metrics[REFERENCE_METRIC] if REFERENCE_METRIC in metrics.columns else math.nan
-    frame["loss_ratio"] = frame["loss"] / reference
+    frame["loss_ratio"] = loss / reference
     labels = store.points(run.run_id).set_index("point")["label"]
-    return frame.reset_index().assign(point=point, label=labels.get(point))[
-        ["example_id", "text", "n_tokens", "point", "label", *FRAME_SIGNALS]]
+    frame = frame.reset_index().assign(point=point, label=labels.get(point))
+    frame["run_example_id"] = frame["example_id"]
+    return frame[["example_id", "run_example_id", "text", "n_tokens", "point", "label", *FRAME_SIGNALS]]
