@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--model", required=True)
     parser.add_argument("--seconds", default="")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--command", default="reports/real-model/run.sh")
     args = parser.parse_args(argv)
     store = Store(args.db)
     train, audit = store.run("real-ft"), store.run("real-ft-last")
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> Path:
 Fine-tune: `gnq train --init` on {train.n_examples} AG News rows (a seeded random half of
 {2 * train.n_examples}; the other half are the non-members), {train.settings.get('epochs')} epochs,
 batch {train.batch_size}, AdamW lr {train.settings.get('lr')}, max length {train.max_length} tokens,
-λ = {train.lam}, in-run GNQ. Machine: {machine('cpu')}; load average at the end
+λ = {train.lam}, in-run GNQ. Machine: {machine("cpu")}; load average when this report was written
 {', '.join(f'{v:.1f}' for v in os.getloadavg())} (the 2 cores are shared by other jobs). Wall time:
 {', '.join(f'{k} {int(v) / 60:.1f} min' for k, v in seconds.items())}.""")
     r.text(f"""## Membership: members vs held-out non-members at the last checkpoint
@@ -107,6 +108,8 @@ GNQ ranks like ‖g‖²/λ.""")
 {len(attacked)} members attacked; {int(attacked['extracted'].sum())} extracted (rate {rep.ci(rate, lo, hi)},
 bootstrap interval). Predictive power of each signal for the attack's outcome:""")
     r.table(pr.display_table(result), caption=result.method())
+    r.text(f"## Reproduce\n\n```\n{args.command}\n```\n\nThe runs are ordinary runs in the store (`real-ft`, "
+           "`real-ft-last`, `real-ft-last.non-members`): open them on the dashboard.")
     out = Path(args.folder) / "report.md"
     out.write_text("\n\n".join(r.blocks) + "\n", encoding="utf-8")
     (Path(args.folder) / "results.json").write_text(json.dumps(

@@ -42,4 +42,5 @@ $PY -m gnq_core.cli extract --run real-ft --reference "$MODEL" --prefix-tokens 1
     --db "$DB" --threads 1 --quiet
 T3=$(date +%s)
 $PY -m gnq_core.analysis.real_model_report "$DB" reports/real-model \
-    --model "$MODEL" --seconds "train=$((T1-T0)),audit=$((T2-T1)),extract=$((T3-T2)),total=$((T3-START))"
+    --model "$MODEL" --seconds "train=$((T1-T0)),audit=$((T2-T1)),extract=$((T3-T2)),total=$((T3-START))" \
+    --command "MEMBERS=$MEMBERS EPOCHS=$EPOCHS LR=$LR MAXLEN=$MAXLEN reports/real-model/run.sh"
