@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.extraction import DEFAULT_PREFIX, DEFAULT_SUFFIX, FIRST_CHECKPOINT, run_extraction
+from gnq_core.pipelines.extraction import run_extraction
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.progress import Reporter
+from gnq_core.results.layout import demo_checkpoints
 from gnq_core.results.store import Store
 from gnq_core.sources.datasets import load_texts
 
@@ -34,16 +35,16 @@ def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, d
     """Train, audit and attack; every step resumes, so an interrupted demo continues on rerun."""
     dataset = load_texts(data)
     init = None
-    train_run, audit_run, folder = TRAIN_RUN, AUDIT_RUN, "demo-checkpoints"
+    train_run, audit_run, default_dir = TRAIN_RUN, AUDIT_RUN, demo_checkpoints(store.path)
     if model is not None:
         if model not in REAL_MODELS:
             raise ValueError(f"unknown demo model {model!r} (known: {', '.join(REAL_MODELS)})")
         from gnq_core.sources.real_models import fetch_model
 
         init = fetch_model(model)
-        train_run, audit_run, folder = (f"demo-{model}-training", f"demo-{model}-audit",
-                                        f"demo-{model}-checkpoints")
-    out_dir = Path(out_dir) if out_dir is not None else store.path.parent / folder
+        train_run, audit_run = f"demo-{model}-training", f"demo-{model}-audit"
+        default_dir = default_dir.with_name(f"demo-{model}-checkpoints")
+    out_dir = Path(out_dir) if out_dir is not None else default_dir
 
     def reporter(name: str) -> Reporter:
         if reporter_factory is None:
@@ -62,8 +63,7 @@ def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, d
         if not store.extractions(run.run_id).empty:
             continue  # already attacked: a rerun of the demo is instant
         with reporter(run.name) as r:
-            run_extraction(store, run, prefix_tokens=DEFAULT_PREFIX, suffix_tokens=DEFAULT_SUFFIX,
-                           threshold=1.0, reference=FIRST_CHECKPOINT if init is None else str(init),
-                           batch_size=64, device=device,
-                           reporter=r)
+            # gnq extract's rule; a fine-tune's reference is its base model
+            extra = {} if init is None else {"reference": str(init)}
+            run_extraction(store, run, batch_size=64, device=device, reporter=r, **extra)
     return [audit_run, train_run]

@@ -33,7 +33,7 @@ from gnq_core.pipelines.membership import token_logprobs
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.progress import Reporter
 from gnq_core.results.store import Run, Store, StoreError
-from gnq_core.sources.checkpoints import find_checkpoints, load_checkpoint
+from gnq_core.sources.checkpoints import CheckpointRef, find_checkpoints, load_checkpoint
 from gnq_core.sources.datasets import DatasetError, TextDataset
 from gnq_core.sources.tokens import encode_texts, pad_id
 
@@ -55,20 +55,21 @@ def check_disjoint(members: list[str], non_members: TextDataset) -> None:
                                              "texts the model never saw")
 
 
-def audit_non_members(store: Store, member: Run, checkpoints: str, dataset: TextDataset,
+def audit_non_members(store: Store, member: Run, checkpoints: str | list[CheckpointRef], dataset: TextDataset,
                       settings: AuditSettings, reporter: Reporter | None = None,
                       reference: str | None = None) -> Run:
     """Audit ``dataset`` over ``checkpoints`` into ``member``'s linked non-member run (resumes);
     with ``reference`` (a checkpoint folder, or "first": the series' first checkpoint) the
     reference model's loss of every member and non-member text is stored too."""
     check_disjoint(list(store.examples(member.run_id)["text"]), dataset)
+    refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
     name = member.name + SUFFIX
-    run = run_audit(store, checkpoints, dataset, name=name, settings=settings, reporter=reporter)
+    run = run_audit(store, refs, dataset, name=name, settings=settings, reporter=reporter)
     store.update_settings(run.run_id, {"non_members_of": member.name})
     store.update_settings(member.run_id, {"non_members_run": name, "non_members_path": str(dataset.path),
                                           "non_members_hash": dataset.sha256})
     if reference is not None:
-        path = find_checkpoints(checkpoints)[0].path if reference == "first" else reference
+        path = refs[0].path if reference == "first" else reference
         for target in (member, run):
             store_reference_loss(store, target, path, settings)
     return store.run(run.run_id)

@@ -34,9 +34,6 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from gnq_core.analysis import predictive as pr
-from gnq_core.analysis.studies import report as rep
-from gnq_core.analysis.studies.base import StudyContext, Timings, ag_news, same_settings_or_tag, write_dataset
-from gnq_core.analysis.studies.common_knowledge import cf_subset
 from gnq_core.atomic import write_text_atomic
 from gnq_core.pipelines.canaries import Canary, exposure, inserted, make_canaries
 from gnq_core.pipelines.membership import forward_signals
@@ -46,6 +43,9 @@ from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.tokens import encode_texts, pad_id
+from gnq_core.studies import report as rep
+from gnq_core.studies.base import StudyContext, Timings, ag_news, same_settings_or_tag, write_dataset
+from gnq_core.studies.common_knowledge import cf_subset
 
 STUDY = "membership"
 FPR_LEVELS = (0.001, 0.01, 0.1)  # the field's low-FPR reading (LiRA): 0.1%, 1%, 10%

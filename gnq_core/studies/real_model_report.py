@@ -1,7 +1,7 @@
 """The real-model report (reports/real-model/run.sh): membership and extraction tables of a
 fine-tuned SmolLM2-135M, read back from the store, with intervals, model hash, machine and time.
 
-``python -m gnq_core.analysis.real_model_report DB FOLDER --model PATH --seconds k=v,...``
+``python -m gnq_core.studies.real_model_report DB FOLDER --model PATH --seconds k=v,...``
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pandas as pd
 
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
-from gnq_core.analysis.studies import report as rep
-from gnq_core.analysis.studies.base import machine
 from gnq_core.pipelines.non_members import membership_frame
 from gnq_core.results.store import Store
 from gnq_core.sources.real_models import PROVENANCE
+from gnq_core.studies import report as rep
+from gnq_core.studies.base import machine
 
 FPR_LEVELS = (0.001, 0.01, 0.1)
 # (column, label, higher means member): fixed by each signal's meaning before any outcome is read;
