@@ -137,9 +137,14 @@ def test_audit_with_non_members_stores_signals_and_a_membership_frame(tmp_path):
     assert wrong.exit_code == 1 and "--preset must be one of 12/8, 32/32, 50/50" in wrong.output
     # gnq report --non-members with the same file: nothing to redo; the report is written
     before = store.run("b.non-members").settings
-    gnq("report", "--run", "b", "--out", tmp_path / "b.html", "--non-members", tmp_path / "outside.csv",
-        "--resamples", 10, "--db", db, "--quiet")
+    gnq("report", "--run", "b", "--out", tmp_path / "b.html", "--json", tmp_path / "b.json", "--non-members",
+        tmp_path / "outside.csv", "--resamples", 10, "--db", db, "--quiet")
     assert (tmp_path / "b.html").is_file() and store.run("b.non-members").settings == before
+    # the report's membership rows: every signal of the frame, members vs non-members
+    rows = pd.DataFrame(json.loads((tmp_path / "b.json").read_text())["tables"])
+    member_rows = rows[(rows["outcome"] == "membership") & (rows["scope"] == "all")]
+    assert {"loss_last", "min_k_plus", "min_k_prob", "gnq_last"} <= set(member_rows["signal"])
+    assert (member_rows["n"] == 48).all() and (member_rows["positives"] == 24).all()
     assert frame_b["member"].sum() == 24 and frame_b["loss_ratio"].notna().all()
     same = frame_b[~frame_b["member"]].sort_values("example_id")["min_k_plus"].to_numpy()
     np.testing.assert_allclose(same, got["min_k_plus"], rtol=1e-9)  # epoch-2 either way
