@@ -341,12 +341,10 @@ def report(
                                     reference=info.settings.get("attack", {}).get("reference")):
             _done(quiet, line)
         info = store.run(info.run_id)  # its settings now name the non-member run
-    membership = None
-    if info.settings.get("non_members_run"):
-        from gnq_core.pipelines.non_members import membership_frame
+    from gnq_core.pipelines.non_members import membership_of
 
-        membership = membership_frame(store, info)
-    data = run_report.build(store, info, resamples=resamples, seed=seed, membership=membership)
+    data = run_report.build(store, info, resamples=resamples, seed=seed,
+                            membership=membership_of(store, info))
     if json_out is not None:
         run_report.write_json(data, json_out)
         _done(quiet, f"tables of run {info.name!r} written to {json_out}")

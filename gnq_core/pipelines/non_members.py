@@ -119,6 +119,12 @@ def non_member_run(store: Store, run: Run) -> Run:
     return store.find_run(name)
 
 
+def membership_of(store: Store, run: Run) -> pd.DataFrame | None:
+    """``membership_frame`` of a run that has non-members (``gnq audit/extract/report
+    --non-members``), else None: what the report and the dashboard pass to ``run_report.build``."""
+    return membership_frame(store, run) if run.settings.get("non_members_run") else None
+
+
 def membership_frame(store: Store, run: Run, point: int | None = None) -> pd.DataFrame:
     """Members (``member`` True) and non-members (False) at one checkpoint, one row per text.
 
