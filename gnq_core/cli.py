@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -19,7 +18,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from gnq_core import interrupts
 from gnq_core.pipelines.attack_defaults import (
     DEFAULT_ATTACK_BATCH,
     DEFAULT_PREFIX,
@@ -27,6 +28,10 @@ from gnq_core.pipelines.attack_defaults import (
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
 )
+from gnq_core.terminal import markup_safe, terminal_safe
+from gnq_core.usage_errors import OneLineValueErrors
+
+interrupts.quiet_interrupt_at_exit()  # Ctrl-C before a command starts: one line, no traceback
 
 if TYPE_CHECKING:
     from gnq_core.pipelines.settings import JobSettings
@@ -36,6 +41,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineValueErrors,
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -80,7 +86,7 @@ def user_errors(func: F) -> F:
 
 
 def _fail(line: str) -> None:
-    err_console.print(f"[red]error:[/] {line}", highlight=False, markup=True, soft_wrap=True)
+    err_console.print(f"[red]error:[/] {markup_safe(line)}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(code=1) from None
 
 
@@ -100,7 +106,7 @@ def _store(db: Path | None, *, create: bool = True):
 
 
 def _warn(message: str) -> None:
-    err_console.print(message, soft_wrap=True, highlight=False, markup=False)
+    err_console.print(terminal_safe(message), soft_wrap=True, highlight=False, markup=False)
 
 
 def _run_job(settings: JobSettings, db: Path | None, quiet: bool) -> None:
@@ -113,10 +119,6 @@ def _run_job(settings: JobSettings, db: Path | None, quiet: bool) -> None:
         _done(quiet, line)
 
 
-def _terminate_as_interrupt(signum, frame) -> None:  # noqa: ARG001
-    raise KeyboardInterrupt
-
-
 @app.callback()
 def main() -> None:
     """GNQ Audit command line.
@@ -126,8 +128,8 @@ def main() -> None:
     (`streamlit run app/main.py`).
     """
     # The dashboard cancels a job with SIGTERM: treat it like Ctrl-C (the run is marked
-    # 'cancelled', finished checkpoints stay, a rerun resumes).
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    # 'cancelled', finished checkpoints stay, a rerun resumes); a second signal changes nothing.
+    interrupts.install()
 
 
 @app.command()
@@ -279,6 +281,7 @@ def export(
     """Write the flagged texts in the verdict order (rank, percentile, status, reason) with GNQ, copies,
     secret-like content, the calibrated attack and membership scores."""
     from gnq_core.analysis.verdict import flag, rank_texts
+    from gnq_core.pipelines.protected_paths import refuse_overwrite
     from gnq_core.pipelines.text_labels import ensure_text_labels
     from gnq_core.results.export import FORMATS, export_frame, write_table
 
@@ -291,6 +294,7 @@ def export(
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     store = _store(db, create=False)
     info = store.run(run)
+    refuse_overwrite([out], store)  # never onto the store, its WAL, a dataset or a checkpoint
     ensure_text_labels(store, info)
     flagged = flag(rank_texts(store.example_totals(info.run_id)), top=top, min_percentile=min_percentile,
                    min_gnq=min_gnq, group=group)
@@ -321,6 +325,7 @@ def report(
     (--out) and/or JSON (--json)."""
     from gnq_core.analysis import run_report
     from gnq_core.analysis.html_report import build_report, check_writable, write_report
+    from gnq_core.pipelines.protected_paths import refuse_overwrite
     from gnq_core.results.store import StoreError
 
     if out is None and json_out is None:
@@ -331,7 +336,8 @@ def report(
     info = store.run(run)
     for path in (out, json_out):
         if path is not None:
-            check_writable(path)
+            check_writable(path)  # first: "is a folder", "does not exist" name the problem best
+    refuse_overwrite([p for p in (out, json_out) if p is not None], store)
     if non_members is not None:
         from gnq_core.pipelines.run import add_non_members
         from gnq_core.progress import JobProgress
@@ -370,7 +376,7 @@ def dashboard(
 
     from gnq_core.access import dashboard_command
 
-    app_file = Path(__file__).resolve().parents[1] / "app" / "main.py"
+    app_file = Path(__file__).resolve().parents[1] / "app" / "server.py"  # main.py behind its HTTP gate
     argv, env, made = dashboard_command(app_file, address, port, token)
     if made:
         console.print(f"Open http://{address}:{port}/?token={made}", soft_wrap=True, highlight=False)
@@ -394,19 +400,19 @@ def runs(
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
         return
     if frame.empty:
-        console.print(f"{store.path}: no runs yet (try `gnq demo`)")
+        console.print(markup_safe(f"{store.path}: no runs yet (try `gnq demo`)"))
         return
-    table = Table(title=f"Runs in {store.path}")
+    table = Table(title=markup_safe(f"Runs in {store.path}"))
     for col in ("id", "name", "kind", "status", "examples", "points", "λ", "B", "seed", "max len",
                 "attacked", "updated"):
         table.add_column(col)
     # A run name is what the other commands take: shown whole, never cut to "demo-aud…"
     table.columns[1].no_wrap = True
-    table.columns[1].min_width = max(map(len, frame["name"]))
-    for r in frame.itertuples():
-        table.add_row(str(r.run_id), r.name, r.kind, r.status, str(r.n_examples),
-                      f"{r.points_done}/{r.points_total}", f"{r.lam:g}", str(r.batch_size), str(r.seed),
-                      str(r.max_length), str(r.extraction_rows), str(r.updated_at))
+    table.columns[1].min_width = max(len(terminal_safe(n)) for n in frame["name"])
+    for r in frame.itertuples():  # names come from users and folder names: shown as plain, safe text
+        table.add_row(*(Text(terminal_safe(v)) for v in (
+            r.run_id, r.name, r.kind, r.status, r.n_examples, f"{r.points_done}/{r.points_total}",
+            f"{r.lam:g}", r.batch_size, r.seed, r.max_length, r.extraction_rows, r.updated_at)))
     console.print(table)
 
 
@@ -487,7 +493,7 @@ def selfcheck(
 
 def _done(quiet: bool, message: str) -> None:
     if not quiet:
-        console.print(message, highlight=False)
+        console.print(markup_safe(message), highlight=False)
 
 
 # ----------------------------------------------------------------------------------------- gnq model

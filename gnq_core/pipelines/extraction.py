@@ -326,6 +326,7 @@ def _summary(stored, threshold: float) -> dict:
 
 
 def _attacked_point(store, run, checkpoint: str | None):
+    from gnq_core.pipelines.protected_paths import verify_checkpoint
     from gnq_core.results.store import StoreError
 
     points = store.points(run.run_id)
@@ -347,6 +348,7 @@ def _attacked_point(store, run, checkpoint: str | None):
     if not Path(row["path"]).exists():
         raise StoreError(f"{row['path']}: checkpoint {row['label']!r} of run {run.name!r} is no longer "
                          "there (moved or deleted since the audit)")
+    verify_checkpoint(row["path"], row.get("model_hash"), f"checkpoint {row['label']!r} of run {run.name!r}")
     return row
 
 
@@ -357,11 +359,15 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
         return None
     if reference != FIRST_CHECKPOINT:
         return reference
+    from gnq_core.pipelines.protected_paths import verify_checkpoint
+
     points = store.points(run.run_id)
     first = points[(points["status"] == "done") & points["path"].notna()]
     if first.empty or int(first.iloc[0]["point"]) == int(target["point"]):
         return None  # the first checkpoint is the one attacked: nothing to calibrate against
-    return str(first.iloc[0]["path"])
+    row = first.iloc[0]
+    verify_checkpoint(row["path"], row.get("model_hash"), f"checkpoint {row['label']!r} of run {run.name!r}")
+    return str(row["path"])
 
 
 def _check_same_tokens(ref_path: str, ref_tokenizer, tokenizer, texts, max_length: int, ids) -> None:
