@@ -3,7 +3,8 @@
 # fine-tune SmolLM2-135M-Instruct (gnq model fetch smollm2) with in-run GNQ on MEMBERS AG News rows,
 # audit its last checkpoint on the members and on as many held-out rows (--non-members, the base
 # model as reference), attack the members (12/8, base model as reference), and write report.md.
-# Usage: reports/real-model/run.sh [WORK_DIR]   (env: MEMBERS=96 EPOCHS=3 LR=1e-4 MAXLEN=32)
+# Usage: reports/real-model/run.sh [WORK_DIR]
+#   (env: MEMBERS=96 EPOCHS=3 LR=1e-4 MAXLEN=32; DATA_DIR: the shared data, default ../shared/data)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${1:-${TMPDIR:-/tmp}/gnq-real-model}
@@ -14,7 +15,7 @@ mkdir -p "$WORK"
 DB="$WORK/gnq.duckdb"
 START=$(date +%s)
 MODEL=$($PY -m gnq_core.cli model fetch smollm2 --quiet)
-$PY - "$WORK" "$MEMBERS" <<'PYEOF'
+$PY - "$WORK" "$MEMBERS" "${DATA_DIR:-}" <<'PYEOF'
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import pandas as pd
 from gnq_core.studies.base import DEFAULT_DATA_DIR, ag_news
 
 work, n = Path(sys.argv[1]), int(sys.argv[2])
-data = DEFAULT_DATA_DIR if DEFAULT_DATA_DIR.is_dir() else Path("/work/shared/data")
+data = Path(sys.argv[3]) if sys.argv[3] else DEFAULT_DATA_DIR
 rows = [t for t, _ in ag_news(data, 2 * n)]
 order = np.random.default_rng(25).permutation(len(rows))  # a seeded random half: members
 pd.DataFrame({"text": [rows[i] for i in order[:n]]}).to_csv(work / "members.csv", index=False)
