@@ -25,6 +25,7 @@ from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
 from gnq_core.pipelines.finite_share import check_mostly_finite
+from gnq_core.pipelines.membership import TOKEN_SIGNALS, token_signals
 from gnq_core.pipelines.prefetch import Prefetch
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_batch, scores_of
@@ -53,13 +54,14 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
                   reporter: Reporter | None = None, indices: Iterable[int] | None = None,
                   capacity: int = 1024, *, loss: str = TOKEN_MEAN, lam_mode: str = LAM_ABSOLUTE
                   ) -> tuple[ScoreColumns, list[BatchResult]]:
-    """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights.
+    """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights,
+    and the forward signals Min-K% / Min-K%++ (``membership.token_signals``) from the same logits.
 
     ``batches`` are consumed one at a time (a generator tokenises each as it is needed) and the
     texts' results go into numpy columns (``capacity``: the number of texts expected).
     ``indices``: the batches' numbers in the audit's partition (default 0, 1, ...); ``loss``:
     the per-example loss convention; ``lam_mode``: λ absolute or relative to the batch's mean K_jj."""
-    texts, results = ScoreColumns(capacity), []
+    texts, results = ScoreColumns(capacity, TOKEN_SIGNALS), []
     indices = itertools.count() if indices is None else indices
     model.eval()  # the gradient at a checkpoint, without dropout noise
     for p in model.parameters():
@@ -72,7 +74,8 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
             losses = per_example_lm_loss(logits, b.labels, loss)
             auditor.backward(losses.sum())  # output gradients only: no weight-gradient matmuls
             rows, result = score_batch(lambda: scores_of(auditor.compute()), losses, batch.example_ids,
-                                       batch_index=index, step=None, started=t0)
+                                       batch_index=index, step=None, started=t0,
+                                       extra=token_signals(logits, b.labels))
             model.zero_grad(set_to_none=True)
             texts.add(rows)
             results.append(result)

@@ -299,6 +299,9 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     if ref_model is not None:
         _store_membership(store, run, texts, example_ids, ids, model, ref_model, tokenizer, dev,
                           batch_size, {"checkpoint": row["label"], "reference": str(ref_path)})
+    if suffix_tokens is not None:
+        _store_discoverable(store, run, example_ids, ids, model, tokenizer, dev, batch_size, prefix_tokens,
+                            suffix_tokens, row["label"])
     secrets = _attack_secrets(store, run, point, model, ref_model, tokenizer, texts, example_ids, ids,
                               ref_path, batch_size, dev, version, reporter)
     stored = store.extractions(run.run_id, point)
@@ -415,6 +418,22 @@ def _store_membership(store, run, texts, example_ids, ids, model, ref_model, tok
     for metric in SCORE_COLUMNS:
         store.write_metric(run.run_id, metric, pd.DataFrame({"example_id": example_ids,
                                                              "value": scores[metric]}), settings)
+
+
+def _store_discoverable(store, run, example_ids, ids, model, tokenizer, device, batch_size: int,
+                        prefix_tokens: int, suffix_tokens: int, label: str) -> None:
+    """log q of each text's suffix under the stored sampler (pipelines/discoverable.py), with the rule."""
+    import pandas as pd
+
+    from gnq_core.pipelines.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_logprob
+
+    values = suffix_logprob(model, ids, prefix_tokens, suffix_tokens, pad_id(tokenizer),
+                            batch_size=batch_size, device=device)
+    store.write_metric(run.run_id, METRIC, pd.DataFrame({"example_id": example_ids, "value": values}), {
+        "rule": f"log probability that top-{TOP_K} sampling at temperature {TEMPERATURE:g} emits exactly the "
+                f"next {suffix_tokens} tokens after the first {prefix_tokens} ((n, p)-discoverable: "
+                "1 − (1 − e^value)^n ≥ p)", "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens,
+        "top_k": TOP_K, "temperature": TEMPERATURE, "checkpoint": label})
 
 
 def _frame(tokenizer, results: Sequence[ExtractionResult], threshold: float):
