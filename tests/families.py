@@ -2,10 +2,13 @@
 
 `families()` lists the model types of the causal, masked and sequence-to-sequence LM auto
 mappings; `build(family)` makes a seeded float64 model with tiny widths (one layer, two where a
-family needs them, width 32,
-vocabulary 64, no dropout) or raises `NotBuildable` saying why; `check(family, path)` audits one
-batch (B=3, T=5) on one path and compares with explicit per-example gradients.  Used by
-tests/test_family_matrix.py and by `python -m tests.families` (writes README's family table).
+family needs them, width 32, vocabulary 64, the config's own dropout and `use_cache`) or raises
+`NotBuildable` saying why; `check(family, path)` audits one batch on every path, called the way
+users call a model (`model(input_ids=..., attention_mask=...)`, `use_cache` at its default,
+train mode with the config's dropout), and compares with explicit per-example gradients taken
+from the same forward (the same dropout masks).  Each family gets one of `CONDITIONS` by a
+deterministic rotation on its name: right- or left-padded, B=3 T=5 or B=T=4.
+Used by tests/test_family_matrix.py and by `python -m tests.families` (writes README's family table).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import contextlib
 import inspect
 import io
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +59,6 @@ _TINY: dict[str, Any] = {
     **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k"], 2),
     **dict.fromkeys(["mamba_chunk_size", "chunk_size", "ssm_chunk_size"], 8),
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0,
-    "use_cache": False,
 }
 # Config keyword arguments every family accepts: mixture-of-experts layers as plain per-expert
 # loops (the grouped-matmul kernels take no float64).
@@ -94,11 +97,7 @@ def families() -> dict[str, str]:
 
 def _overrides(config_class: type) -> dict[str, Any]:
     names = set(inspect.signature(config_class.__init__).parameters)
-    over = {k: v for k, v in _TINY.items() if k in names}
-    for name in names:  # no dropout anywhere: the reference must see the same forward
-        if "dropout" in name or "pdrop" in name or name.endswith("_drop"):
-            over[name] = 0.0
-    return over
+    return {k: v for k, v in _TINY.items() if k in names}
 
 
 def build(family: str, task: str) -> torch.nn.Module:
@@ -125,14 +124,40 @@ def build(family: str, task: str) -> torch.nn.Module:
     return model.eval()
 
 
-def batch(task: str, seed: int = 0) -> dict[str, torch.Tensor]:
+@dataclass(frozen=True)
+class Condition:
+    """How one family's batch is called: padding side, batch size, sequence length, mode."""
+
+    padding: str  # "right" or "left": example 1 has two pad tokens on that side
+    B: int
+    T: int
+    train: bool = True  # train mode with the config's dropout
+
+    def __str__(self) -> str:
+        return f"{'train' if self.train else 'eval'}, {self.padding}-padded, B={self.B} T={self.T}"
+
+
+CONDITIONS = (Condition("right", B, T), Condition("left", B, T), Condition("right", 4, 4),
+              Condition("left", 4, 4))
+
+
+def condition(family: str) -> Condition:
+    """The family's condition: a rotation by a hash of its name (stable as families come and go)."""
+    return CONDITIONS[zlib.crc32(family.encode()) % len(CONDITIONS)]
+
+
+def batch(task: str, seed: int = 0, cond: Condition = CONDITIONS[0]) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (B, T), generator=gen)
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, -2:] = 0  # one right-padded example
+    ids = torch.randint(3, VOCAB, (cond.B, cond.T), generator=gen)
+    mask = torch.ones(cond.B, cond.T, dtype=torch.long)
+    if cond.padding == "right":
+        mask[1, -2:] = 0
+    else:
+        mask[1, :2] = 0
+    ids = ids.masked_fill(mask == 0, 0)  # the pad token, as a tokenizer writes it
     out = {"input_ids": ids, "attention_mask": mask}
     if task == "seq2seq":
-        out["decoder_input_ids"] = torch.randint(3, VOCAB, (B, T - 1), generator=gen)
+        out["decoder_input_ids"] = torch.randint(3, VOCAB, (cond.B, cond.T - 1), generator=gen)
     return out
 
 
@@ -161,24 +186,31 @@ class Cell:
     refusal: str | None = None  # "ExceptionType: message" when the auditor refused
 
 
-def check(model: torch.nn.Module, family: str, task: str, lam: float = 1e-2) -> list[Cell]:
-    """One batch on every path against explicit per-example gradients (float64)."""
-    inputs = batch(task)
+def check(model: torch.nn.Module, family: str, task: str, lam: float = 1e-2,
+          cond: Condition | None = None, seed: int = 0) -> list[Cell]:
+    """One batch on every path against explicit per-example gradients (float64) from the same
+    forward: the reference and every audited forward start from one random-number seed, so they
+    draw the same dropout masks."""
+    cond = condition(family) if cond is None else cond
+    inputs = batch(task, seed, cond)
+    model.train(cond.train)
     params = [p for p in model.parameters() if p.requires_grad]
     try:
+        torch.manual_seed(seed)
         G = per_example_gradients(losses(model, task, inputs), params)
     except Exception as exc:  # noqa: BLE001  (the model itself does not run tiny in float64)
         raise NotBuildable(f"float64 forward: {type(exc).__name__}: {exc}".split("\n")[0]) from exc
     K_ref, gnq_ref = G @ G.T, loo_gnq(G, lam)
-    return [_one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref) for path in PATHS]
+    return [_one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed) for path in PATHS]
 
 
-def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref) -> Cell:
+def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed=0) -> Cell:
     from gnq_core import GNQAuditor
 
     model.zero_grad(set_to_none=True)
     try:
         with GNQAuditor(model, lam=lam, fused=path == "fused") as auditor:
+            torch.manual_seed(seed)
             objective = losses(model, task, inputs).sum()
             if path == "posthoc":
                 auditor.backward(objective)

@@ -221,6 +221,9 @@ class GNQAuditor:
         for h in self._hooked:
             hook = functools.partial(self._on_forward, h)
             self._module_handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
+            if hasattr(h.kernel, "before"):  # generic re-runs: the call's random-number state
+                self._module_handles.append(h.module.register_forward_pre_hook(
+                    functools.partial(self._on_pre_forward, h), with_kwargs=True))
             if self._fused and can_fuse(h.module) and "forward" not in vars(h.module):
                 h.module.forward = functools.partial(self._fused_forward, h)
                 self._fused_modules.append(h.module)
@@ -337,6 +340,10 @@ class GNQAuditor:
         self._computed_last = False
         self.on_pass_start(batch_size)
         return self._pass
+
+    def _on_pre_forward(self, h: _Hooked, module, args, kwargs) -> None:
+        if self._enabled and not hooks_are_suspended() and torch.is_grad_enabled():
+            h.kernel.before(module, args, kwargs)
 
     def _on_forward(self, h: _Hooked, module, args, kwargs, output):
         if id(module) in self._fused_now:  # the fused function reports to the auditor itself
