@@ -314,6 +314,9 @@ class GNQAuditor:
             return
         if not self._planned and probeable(args, kwargs):
             self._plan(args, kwargs)
+            for h in self._hooked:  # hooks added during this call's pre-hooks run from the next one
+                if h.module is module and hasattr(h.kernel, "before"):
+                    h.kernel.before(module, args, kwargs)
         self._start_pass(_leading_dim(args, kwargs))
         if self._checker is not None and not self._checker.done:
             self._checker_active = True

@@ -5,7 +5,8 @@ batch (or 1: shared by every example).  Shapes alone cannot tell: T5's relative-
 ids are [T, T] and look batch-first whenever T = B; a sequence-first [T, B, d] tensor looks
 batch-first whenever T = B; OPT's decoder MLP sees [B·T, d]; a mixture-of-experts layer routes a
 flat list of tokens; Mamba's mixer uses its conv's weight directly.  So before the first batch is
-audited, ``probe`` runs the forward twice with hooks suspended (dropout off): on the batch, and
+audited, ``probe`` runs the forward twice with hooks suspended (dropout off, layer drop drawing
+the same numbers in both): on the batch, and
 on a second batch of B+1 examples drawn from it (reversed, the last one twice).  A tensor carries
 the examples along its first dimension only if that dimension, and no other, went from B to B+1
 and its rows are the first batch's rows in the second batch's order; a tensor that did not change
@@ -24,11 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.coverage import UseChecker
-from gnq_core.engine.kernels.base import hooks_suspended
+from gnq_core.engine.kernels.base import UnsupportedModuleError, hooks_suspended
 
 _NOT_B = "is not the batch (its examples lie along another dim, or a flattened, routed or mixed batch)"
 _PLAIN = (torch.Tensor, int, float, bool, str, type(None), torch.dtype, torch.device)
@@ -156,23 +159,38 @@ def probeable(args: tuple, kwargs: dict) -> bool:
     return all(isinstance(x, _PLAIN) for x in tree_flatten((args, kwargs))[0])
 
 
+class _NoDropout(TorchFunctionMode):
+    """Dropout as in eval mode (the identity), the model otherwise in its own mode: the two probe
+    batches must be comparable, and some models take other paths in train mode."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _DROPOUTS:
+            return args[0] if args else kwargs["input"]
+        if func is F.scaled_dot_product_attention:  # (q, k, v, attn_mask, dropout_p, ...)
+            args, kwargs = args[:4] + (0.0,) * (len(args) > 4) + args[5:], {**kwargs, "dropout_p": 0.0}
+        elif func is F.multi_head_attention_forward:  # its `training` only switches its dropout
+            kwargs = {**kwargs, "training": False}
+        return func(*args, **kwargs)
+
+
+_DROPOUTS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+             torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout}
+
+
 @contextlib.contextmanager
 def _no_side_effects(model: nn.Module) -> Iterator[None]:
-    """Same random numbers afterwards, buffers (BatchNorm statistics, spectral_norm's power
-    iteration vectors) and train/eval flags left as they were; dropout off meanwhile, so that
-    the two probe batches can be compared."""
+    """Same random numbers afterwards, and buffers (BatchNorm statistics, spectral_norm's power
+    iteration vectors) left as they were."""
     saved = {id(m): {k: v.clone() for k, v in m.named_buffers(recurse=False) if v is not None}
              for m in model.modules()}
-    modes = {id(m): m.training for m in model.modules()}
     devices = sorted({p.device.index for p in model.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices), hooks_suspended():
         try:
-            model.eval()
             yield
         finally:
             with torch.no_grad():
                 for m in model.modules():
-                    m.training = modes[id(m)]
                     for k, v in saved.get(id(m), {}).items():
                         getattr(m, k).copy_(v)
 
@@ -194,20 +212,28 @@ def probe(model: nn.Module, args: tuple, kwargs: dict, batch_size: int,
           covered: dict[str, list[int]], owners: dict) -> Plan:
     """Two forwards with hooks suspended; ``covered``: hooked module name -> its parameter ids,
     ``owners``: as for ``UseChecker``.  The model's own inputs are batch-first (its contract)."""
+    from gnq_core.engine.kernels.generic import BatchNormKernel  # the kernels import this module
+
+    for name, m in model.named_modules():  # its own reason, before the probe finds mixed rows
+        why = BatchNormKernel.refusal(m) if any(p.requires_grad for p in m.parameters()) else None
+        if why:
+            raise UnsupportedModuleError(f"module '{name}': {why}")
     args2, kwargs2, index = _second_batch(args, kwargs, batch_size)
     with _no_side_effects(model):
         reference: dict[str, list[tuple[Leaves, Leaves]]] = {}
+        start = torch.random.get_rng_state()  # both runs draw the same layer-drop numbers
         if index is not None:
             recorder = _Recorder(model)
             try:
-                with torch.no_grad():
+                with torch.no_grad(), _NoDropout():
                     model(*args2, **kwargs2)
             finally:
                 recorder.remove_hooks()
             reference = recorder.calls
+        torch.random.set_rng_state(start)
         tracker = _Tracker(model, owners, reference, index)
         try:
-            with tracker:
+            with tracker, _NoDropout():
                 model(*args, **kwargs)
         finally:
             tracker.remove_hooks()
