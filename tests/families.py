@@ -247,38 +247,44 @@ def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed=0) ->
 
 
 def render(exact: dict[str, str], expected: dict[str, tuple[str, str]],
-           tolerance: dict[str, tuple[float, str]]) -> str:
+           tolerance: dict[str, tuple[float, str]], notes: dict[str, str] | None = None) -> str:
     """README's family table, from the matrix test's own lists (tests/test_family_matrix.py)."""
+    notes = notes or {}
     tasks = {"causal": "causal LM", "masked": "masked LM", "seq2seq": "sequence-to-sequence LM"}
     checked = [f for f, _ in exact.items()] + [f for f, (kind, _) in expected.items() if kind == "refused"]
     lines = [f"{len(exact)} of the {len(checked)} LM families that transformers "
              f"{transformers.__version__} can build tiny are exact on every path (unfused, fused, post-hoc) "
-             "against explicit per-example gradients in float64 "
+             "against explicit per-example gradients in float64, called the way users call a model: "
+             "`use_cache` at its default, train mode with the config's dropout (the reference is "
+             "differentiated per example through the same forward, so with the same masks), one batch "
+             "per family rotating over right- and left-padded, B=3 T=5 and B=T=4 "
              f"(tests/test_family_matrix.py; {len(expected) - (len(checked) - len(exact))} more cannot be "
              "built "
              "tiny from their config alone or do not run in float64, and are not checked).", ""]
     for task, title in tasks.items():
         names = sorted(f for f, t in exact.items() if t == task)
         lines += [f"**Exact, {title} ({len(names)}):** " + ", ".join(
-            f"{n}†" if n in tolerance else n for n in names), ""]
+            n + ("†" if n in tolerance else "") + ("‡" if n in notes else "") for n in names), ""]
     if tolerance:
-        notes = [f"{n}: {why} (agreement {tol:g})" for n, (tol, why) in sorted(tolerance.items())]
-        lines += ["† " + "; ".join(notes),
-                  ""]
+        items = [f"{n}: {why} (agreement {tol:g})" for n, (tol, why) in sorted(tolerance.items())]
+        lines += ["† " + "; ".join(items), ""]
+    if notes:
+        lines += ["‡ " + "; ".join(f"{n}: {why}" for n, why in sorted(notes.items())), ""]
     refused = {f: why for f, (kind, why) in expected.items() if kind == "refused"}
-    lines += ["| refused (one line, exit code 1) | why |", "|---|---|"]
-    lines += [f"| {f} | {why} |" for f, why in sorted(refused.items())]
+    lines += ["| refused (one line, exit code 1) | batch | why |", "|---|---|---|"]
+    lines += [f"| {f} | {condition(f)} | {why} |" for f, why in sorted(refused.items())]
     return "\n".join(lines) + "\n"
 
 
 def write_readme() -> None:
     """Replace README's family section (between its markers) with ``render``'s table."""
-    from test_family_matrix import EXACT, EXPECTED, TOLERANCE
+    from test_family_matrix import EXACT, EXPECTED, NOTES, TOLERANCE
 
     path = Path(__file__).resolve().parents[1] / "README.md"
     text = path.read_text(encoding="utf-8")
     start, end = text.index(README_START) + len(README_START), text.index(README_END)
-    path.write_text(text[:start] + "\n" + render(EXACT, EXPECTED, TOLERANCE) + text[end:], encoding="utf-8")
+    path.write_text(text[:start] + "\n" + render(EXACT, EXPECTED, TOLERANCE, NOTES) + text[end:],
+                    encoding="utf-8")
 
 
 README_START, README_END = "<!-- families:start -->", "<!-- families:end -->"

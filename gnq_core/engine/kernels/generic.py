@@ -183,15 +183,19 @@ class GenericKernel(Kernel):
                 return {n: torch.stack([p[n] for p, _ in per]) for n in params}, outs
             try:
                 return run(func=True)
-            except RuntimeError:
+            except (RuntimeError, AttributeError, TypeError, ValueError):
                 pass
             try:
                 return run(func=False)
-            except RuntimeError as err:
+            except (RuntimeError, AttributeError, TypeError, ValueError) as err:
+                state = saved["state"]
+                why = (f"it needs the {', '.join(sorted(set(state)))} the batch's forward had written to, "
+                       "which the re-run cannot share" if state else
+                       "it keeps state between calls or mixes the examples")
                 raise UnsupportedModuleError(
                     "re-running its forward for one example at a time "
-                    f"failed ({str(err).splitlines()[0][:160]}); it keeps state between calls or "
-                    "mixes the examples, so its per-example gradients cannot be recomputed") from err
+                    f"failed ({str(err).splitlines()[0][:160]}); {why}, so its per-example gradients "
+                    "cannot be recomputed") from err
 
         with hooks_suspended():
             if self._vmap_trusted.get(type(module)) is False:
@@ -199,8 +203,8 @@ class GenericKernel(Kernel):
             else:
                 try:
                     batched, outs = vmap(one, in_dims=(dims, 0), randomness="error")(inputs, grads)
-                except RuntimeError:  # no batching rule (or a random op that drew nothing)
-                    batched, outs = loop()
+                except (RuntimeError, AttributeError, TypeError, ValueError):  # no batching rule, a
+                    batched, outs = loop()  # random op that drew nothing, a cache it needs...
                 else:
                     if type(module) not in self._vmap_trusted:
                         self._vmap_trusted[type(module)] = self._agrees(batched, one, inputs, dims, grads)
