@@ -344,9 +344,10 @@ class GNQAuditor:
         self.on_pass_start(batch_size)
         return self._pass
 
-    def _on_pre_forward(self, h: _Hooked, module, args, kwargs) -> None:
+    def _on_pre_forward(self, h: _Hooked, module, args, kwargs=None) -> None:
+        # kwargs=None: a hook removed by the first batch's plan while this module's pre-hooks ran
         if self._enabled and not hooks_are_suspended() and torch.is_grad_enabled():
-            h.kernel.before(module, args, kwargs)
+            h.kernel.before(module, args, kwargs or {})
 
     def _on_forward(self, h: _Hooked, module, args, kwargs, output):
         if id(module) in self._fused_now:  # the fused function reports to the auditor itself
