@@ -187,3 +187,28 @@ def test_gnq_trainer_in_train_mode_is_exact(family, tmp_path):
         other = per_example_gradients(per_example_lm_loss(fresh(**inputs).logits, batch["labels"]),
                                       list(fresh.parameters()))
         assert kernel_err(other @ other.T, G @ G.T) > 1e-6
+
+
+class OwnGenerator(nn.Module):
+    """Drops units with its own generator: torch's global random state does not show the draw."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.w, self.gen = nn.Parameter(torch.randn(d)), torch.Generator().manual_seed(0)
+
+    def forward(self, x):
+        keep = torch.rand(x.shape, generator=self.gen) > 0.3
+        return torch.tanh(x * self.w) * keep
+
+
+def test_a_rerun_that_does_not_reproduce_the_batch_is_refused():
+    """Its per-example re-run draws other numbers: the outputs differ from the batch's, so the
+    step is refused at compute() (the check rides on the step's one device read).  The probe
+    would refuse it first (its rows differ between the probe batches); without the probe
+    (``check_uses=False``) the re-run's own check still does."""
+    model = nn.Sequential(OwnGenerator(4), nn.Linear(4, 3)).train()
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    with GNQAuditor(model, lam=1e-2, check_uses=False) as auditor:
+        F.cross_entropy(model(x), y, reduction="none").sum().backward()
+        with pytest.raises(UnsupportedModuleError, match="'0' .OwnGenerator.*does not reproduce"):
+            auditor.compute()

@@ -664,12 +664,16 @@ class GNQAuditor:
         self._flush_deferred(p)
         K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
         extra = [] if weights is None else [(weights_valid(weights.detach().to(K.device)), WEIGHTS_MESSAGE)]
+        extra += self._replay_checks(K.device)
         lam = effective_lam(K, self.lam, self.lam_mode)
         solution = gnq_from_kernel(K, lam, check=False)
         try:
             condition = solution.check(extra)  # the step's one device-to-host read
         except GNQNumericalError:
             self._pass = None  # this pass is spent (a NaN batch): the next one starts without a warning
+            raise
+        except UnsupportedModuleError:
+            self._pass = None
             raise
         coverage = replace(self._static_coverage, entries=[
             replace(e, paths=set(p.paths.get(e.module, set())), calls=p.call_counts[e.module])
@@ -678,6 +682,16 @@ class GNQAuditor:
         self._computed_last = True
         return GNQResult(gnq=solution.gnq, kernel=K, coverage=coverage, lam=lam,
                          condition=condition, batch_size=B)
+
+    def _replay_checks(self, device: torch.device) -> list[tuple[torch.Tensor, str, type]]:
+        """Generic re-runs of this pass that must have reproduced the batch's outputs."""
+        checks = []
+        for h in self._hooked:
+            check = h.kernel.take_check() if hasattr(h.kernel, "take_check") else None
+            if check is not None:
+                checks.append((check[0].to(device), f"{_family(self.model)}: module '{h.name}' "
+                               f"({type(h.module).__name__}): {check[1]}", UnsupportedModuleError))
+        return checks
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

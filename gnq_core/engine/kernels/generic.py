@@ -66,12 +66,16 @@ def _same_rng(a: tuple, b: tuple) -> bool:
         torch.equal(a[1][d], b[1][d]) for d in a[1])
 
 
-def _reproduces(got: torch.Tensor, want: torch.Tensor) -> bool:
-    if got.shape != want.shape:
-        return False
+def _reproduces(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Whether the re-run's output is the batch's, as a 0-d bool tensor (read with the step's
+    one device-to-host read, in ``compute()``)."""
     tol = _REPRODUCE_TOL.get(want.dtype, 5e-2)
-    scale = float(want.detach().abs().nan_to_num(0, 0, 0).max()) if want.numel() else 0.0
-    return bool(torch.allclose(got.detach(), want, rtol=tol, atol=tol * scale, equal_nan=True))
+    got, want = got.detach(), want.detach()
+    if not want.numel():
+        return torch.ones((), dtype=torch.bool, device=want.device)
+    scale = want.abs().nan_to_num(0, 0, 0).amax()
+    close = (got - want).abs() <= tol * (scale + want.abs())
+    return (close | (got == want) | (got.isnan() & want.isnan())).all()
 
 
 @register_generic
@@ -84,12 +88,13 @@ class GenericKernel(Kernel):
     def __init__(self) -> None:
         self._vmap_trusted: dict[type, bool] = {}  # module type -> vmap agreed with a plain vjp
         self._rng_before: tuple | None = None
+        self._check: tuple[torch.Tensor, str] | None = None
 
     def bound(self, in_dims: list[int | None] | None, enclosing: bool = False) -> GenericKernel:
         """This kernel for one module: its inputs' batch dimensions as the probe found them
         (never guessed from shapes); ``enclosing``: it also owns its submodules' parameters."""
         kernel = copy.copy(self)  # shares _vmap_trusted
-        kernel.in_dims, kernel.planned, kernel._rng_before = in_dims, True, None
+        kernel.in_dims, kernel.planned, kernel._rng_before, kernel._check = in_dims, True, None, None
         if enclosing:
             kernel.recurse, kernel.name = True, "enclosing-vjp"
         return kernel
@@ -125,24 +130,33 @@ class GenericKernel(Kernel):
                 "outputs": outputs, "versions": [o._version for o in outputs], "state": state,
                 "rng": rng if random else None}
 
-    def _refuse_unreproduced(self, saved: dict, detail: str) -> UnsupportedModuleError:
+    def _unreproduced(self, saved: dict, detail: str) -> str:
         why = (f"it reads the {', '.join(sorted(set(saved['state'])))} the batch's forward had already "
                "written to" if saved["state"] else "it keeps state between calls or mixes the examples")
-        return UnsupportedModuleError(
-            f"re-running its forward {detail} does not reproduce the batch's output; {why}, so its "
-            "per-example gradients cannot be recomputed")
+        return (f"re-running its forward {detail} does not reproduce the batch's output; {why}, so its "
+                "per-example gradients cannot be recomputed")
 
     def _check_outputs(self, saved: dict, outs: tuple, per_example: bool) -> None:
-        """The re-run computed the batch's outputs (per example: stacked [B, 1, ...])."""
+        """The re-run computed the batch's outputs (per example: stacked [B, 1, ...]).  A shape
+        that differs refuses now; the values are checked with the step's one read (``take_check``)."""
         B = saved["batch"]
+        detail = "for one example at a time" if per_example else "from its call's random-number state"
         for got, want, version in zip(outs, saved["outputs"], saved["versions"], strict=True):
             if want._version != version:  # written to in place since: nothing left to compare with
                 continue
             if per_example:
                 want = want.unsqueeze(1) if want.shape[0] == B else want.unsqueeze(0).expand(B, *want.shape)
-            if not _reproduces(got, want):
-                raise self._refuse_unreproduced(saved, "for one example at a time" if per_example else
-                                                "from its call's random-number state")
+            if got.shape != want.shape:
+                raise UnsupportedModuleError(self._unreproduced(saved, detail))
+            ok = _reproduces(got, want)
+            self._check = (ok, self._unreproduced(saved, detail)) if self._check is None else (
+                self._check[0] & ok, self._check[1])
+
+    def take_check(self) -> tuple[torch.Tensor, str] | None:
+        """(all re-runs since the last call reproduced the batch's outputs, why not): read by
+        the auditor's ``compute()`` with its one device-to-host read."""
+        check, self._check = self._check, None
+        return check
 
     def per_example_grads(self, module: nn.Module, saved: dict, grads, params) -> dict:
         if saved["rng"] is not None:
