@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import streamlit as st
 
-from gnq_core.analysis.verdict import COLUMN_HELP
+from gnq_core.analysis import COLUMN_HELP
 
 _FORMATS = {"gnq_total": "%.3g", "gnq_max": "%.3g", "gnq_last": "%.3g", "gnq_mean": "%.3g",
             "percentile": "%.1f", "gnq_percentile": "%.1f", "risk": "%.2f", "loss_last": "%.3f",

@@ -1,11 +1,14 @@
-"""The Flagged texts page's filters as one value: applied to the scored texts here, drawn and kept
-in the address by the page (app/views/flagged.py)."""
+"""The Flagged texts page's filters as one value, drawn and kept in the address by the page
+(app/views/flagged.py); applied as gnq_core's TextFilter, the filter type ``gnq export`` uses."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import pandas as pd
+
+from gnq_core.analysis import GNQ_ORDER, VERDICT_ORDER, TextFilter
+from gnq_core.analysis import flagged as flag_texts
 
 VERDICT, BY_GNQ = "Verdict (leaked, secret-like, risk)", "GNQ_total alone"
 ORDERS = (VERDICT, BY_GNQ)
@@ -25,26 +28,17 @@ class Filters:
     extraction: str = "all"
     only_secrets: bool = False
 
-    @property
-    def rank_columns(self) -> tuple[str, str]:
-        return ("rank", "percentile") if self.order == VERDICT else ("gnq_rank", "gnq_percentile")
+    def text_filter(self) -> TextFilter:
+        """The page's choices as the shared filter: the one "Flag by" mode picked, and the rest."""
+        return TextFilter(order=VERDICT_ORDER if self.order == VERDICT else GNQ_ORDER,
+                          top=int(self.k) if self.mode == "top-k" else None,
+                          min_percentile=self.percentile if self.mode == "percentile" else None,
+                          min_gnq=self.min_gnq if self.mode == "GNQ threshold" else None,
+                          groups=tuple(self.groups), search=self.search,
+                          extracted=None if self.extraction == "all" else self.extraction == "extracted",
+                          only_secrets=self.only_secrets)
 
 
 def flagged(scored: pd.DataFrame, f: Filters) -> pd.DataFrame:
     """The texts the filters keep, in the chosen order (rank, then example id)."""
-    rank_col, pct_col = f.rank_columns
-    if f.mode == "top-k":
-        view = scored.sort_values(rank_col).head(int(f.k))
-    elif f.mode == "percentile":
-        view = scored[scored[pct_col] >= f.percentile]
-    else:
-        view = scored[scored["gnq_total"] >= f.min_gnq]
-    if f.groups:
-        view = view[view["group"].isin(f.groups)]
-    if f.search:
-        view = view[view["text"].str.contains(f.search, case=False, regex=False)]
-    if f.extraction != "all" and scored["extraction_match"].notna().any():
-        view = view[view["extracted"].fillna(False).astype(bool) == (f.extraction == "extracted")]
-    if f.only_secrets:
-        view = view[view["secret"].notna()]
-    return view.sort_values([rank_col, "example_id"])
+    return flag_texts(scored, f.text_filter())

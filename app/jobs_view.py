@@ -8,8 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import state
-from gnq_core.pipelines.jobs import cancel_job, list_jobs
-from gnq_core.progress import seconds_left
+from gnq_core.pipelines import cancel_job, list_jobs, seconds_left
 
 
 def job_panel(db: Path, only_alive: bool = False) -> None:

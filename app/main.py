@@ -8,8 +8,9 @@ from __future__ import annotations
 import streamlit as st
 
 from app import state
+from gnq_core import one_line
 from gnq_core.access import token_ok
-from gnq_core.results.store import StoreError
+from gnq_core.results import StoreError
 
 st.set_page_config(page_title="GNQ Audit", page_icon=":material/policy:", layout="wide")
 
@@ -37,4 +38,4 @@ state.PAGES.update({p.title: p for p in PAGES})
 try:
     st.navigation(PAGES).run()
 except StoreError as exc:  # e.g. a job has held the store for too long: one line, no traceback
-    st.error(str(exc).splitlines()[0])
+    st.error(one_line(exc))

@@ -14,9 +14,8 @@ import pandas as pd
 import streamlit as st
 
 from gnq_core.access import OutsideRootsError, local_path
-from gnq_core.analysis.verdict import rank_texts
-from gnq_core.results.shards import open_store
-from gnq_core.results.store import Run, Store, default_db_path
+from gnq_core.analysis import rank_texts
+from gnq_core.results import Run, Store, default_db_path, open_store
 
 RUN_KEY, EXAMPLE_KEY = "run_name", "example_id"
 PAGES = {}  # filled by main.py: title -> st.Page, so pages can link to each other
@@ -74,8 +73,8 @@ def trajectory_band(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa
 @st.cache_data(max_entries=16, show_spinner="Scoring every signal against the attack (bootstrap)...")
 def predictive(db: str, run_name: str, version: str):  # noqa: ARG001
     """(analysis.predictive result, ROC points, where the GNQ columns come from) of a run."""
+    from gnq_core.analysis import gnq_provenance, signal_frame
     from gnq_core.analysis import predictive as pr
-    from gnq_core.analysis.signals import gnq_provenance, signal_frame
 
     s = store(db)
     run = s.run(run_name)
@@ -85,7 +84,7 @@ def predictive(db: str, run_name: str, version: str):  # noqa: ARG001
 
 @st.cache_data(max_entries=4, show_spinner="Writing the report...")
 def report_html(db: str, run_name: str, version: str) -> str:  # noqa: ARG001
-    from gnq_core.analysis.html_report import build_report
+    from gnq_core.analysis import build_report
 
     s = store(db)
     return build_report(s, s.run(run_name), command="dashboard download")

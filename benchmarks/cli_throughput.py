@@ -65,7 +65,8 @@ def run(preset: str, n: int, checkpoints: int, batch: int, length: int, prefix: 
     audit_s = time.perf_counter() - start
     per_point = store.points(run_.run_id)["seconds"].tolist()
     start = time.perf_counter()
-    summary = run_extraction(store, run_, prefix_tokens=prefix, device="cpu")
+    summary = run_extraction(store, run_, prefix_tokens=prefix, suffix_tokens=None, reference=None,
+                             device="cpu")
     extract_s = time.perf_counter() - start
     return {
         "preset": preset, "examples": len(dataset), "checkpoints": checkpoints, "batch": batch,

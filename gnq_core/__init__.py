@@ -1,25 +1,27 @@
-"""GNQ Audit engine: exact per-example gradient uniqueness for PyTorch / Hugging Face models."""
+"""GNQ Audit: exact per-example gradient uniqueness for PyTorch / Hugging Face models.
 
-from gnq_core.engine.auditor import BatchDimensionError, GNQAuditor, GNQResult
-from gnq_core.engine.coverage import Coverage, UncoveredParametersError
-from gnq_core.engine.kernels import UnsupportedModuleError, register
-from gnq_core.engine.losses import lm_token_mean_weights, per_example_lm_loss
-from gnq_core.engine.reference import exact_gnq
-from gnq_core.engine.solve import GNQNumericalError, gnq_from_kernel
+The user API: the auditor (``GNQAuditor``; ``DistributedGNQAuditor`` under torch.distributed),
+the Trainer integration (``GNQTrainer``, ``GNQConfig``, ``lm_collator``), the store (``Store``)
+and the engine's exact reference.  Each layer has a facade of its own (``gnq_core.engine``,
+``.sources``, ``.results``, ``.pipelines``, ``.analysis``, ``.studies``); names are imported on
+first use, so ``import gnq_core`` does not import torch.
+"""
+
+from gnq_core import _compat
+from gnq_core._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BatchDimensionError",
-    "Coverage",
-    "GNQAuditor",
-    "GNQNumericalError",
-    "GNQResult",
-    "UncoveredParametersError",
-    "UnsupportedModuleError",
-    "exact_gnq",
-    "gnq_from_kernel",
-    "lm_token_mean_weights",
-    "per_example_lm_loss",
-    "register",
-]
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "gnq_core.engine.auditor": ("BatchDimensionError", "GNQAuditor", "GNQResult"),
+    "gnq_core.engine.coverage": ("Coverage", "UncoveredParametersError"),
+    "gnq_core.engine.distributed": ("DistributedGNQAuditor",),
+    "gnq_core.engine.kernels": ("UnsupportedModuleError", "register"),
+    "gnq_core.engine.losses": ("lm_token_mean_weights", "per_example_lm_loss"),
+    "gnq_core.engine.reference": ("exact_gnq",),
+    "gnq_core.engine.solve": ("GNQNumericalError", "gnq_from_kernel"),
+    "gnq_core.errors": ("GNQError", "one_line"),
+    "gnq_core.pipelines.hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
+    "gnq_core.results.store": ("Store",),
+})
+_compat.install()

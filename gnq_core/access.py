@@ -13,11 +13,16 @@ import os
 import secrets
 from pathlib import Path
 
+from gnq_core.errors import GNQError
+
+__all__ = ["OutsideRootsError", "dashboard_command", "data_roots", "local_path", "new_token",
+           "roots_enforced", "token_ok", "under_roots"]
+
 TOKEN_ENV = "GNQ_DASHBOARD_TOKEN"
 ROOTS_ENV = "GNQ_DATA_ROOTS"
 
 
-class OutsideRootsError(ValueError):
+class OutsideRootsError(GNQError, ValueError):
     """A local path outside the configured data roots."""
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import signal
 import sys
 import time
@@ -21,8 +20,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gnq_core.pipelines.attack_defaults import (
+    DEFAULT_ATTACK_BATCH,
+    DEFAULT_PREFIX,
+    DEFAULT_REFERENCE,
+    DEFAULT_SUFFIX,
+    DEFAULT_THRESHOLD,
+)
+
 if TYPE_CHECKING:
-    from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, TrainJob
+    from gnq_core.pipelines.settings import JobSettings
 
 app = typer.Typer(
     help="GNQ Audit: which training texts has your model encoded? (gradient uniqueness)",
@@ -58,17 +65,12 @@ def user_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from gnq_core.engine.coverage import UncoveredParametersError
-        from gnq_core.engine.kernels import UnsupportedModuleError
-        from gnq_core.results.store import StoreError
-        from gnq_core.sources.checkpoints import CheckpointError
-        from gnq_core.sources.datasets import DatasetError
+        from gnq_core.errors import one_line, user_errors
 
         try:
             return func(*args, **kwargs)
-        except (DatasetError, CheckpointError, StoreError, UncoveredParametersError, UnsupportedModuleError,
-                ValueError, OSError) as exc:
-            _fail(_io_message(exc) if isinstance(exc, OSError) else exc)
+        except user_errors() as exc:
+            _fail(one_line(exc))
         except KeyboardInterrupt:
             err_console.print("interrupted: finished checkpoints/epochs are saved; rerun the same command "
                               "to resume")
@@ -77,20 +79,9 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _fail(message: object) -> None:
-    text = str(message).strip()
-    line = text.splitlines()[0] if text else type(message).__name__
+def _fail(line: str) -> None:
     err_console.print(f"[red]error:[/] {line}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(code=1) from None
-
-
-def _io_message(exc: OSError) -> str:
-    """Disk full, read-only folder, permission...: the file and the cause, e.g.
-    ``out/epoch-2/model.safetensors: No space left on device``."""
-    if exc.filename is None or not exc.strerror:
-        return str(exc)
-    target = f" -> {exc.filename2}" if exc.filename2 else ""
-    return f"{exc.filename}{target}: {exc.strerror}"
 
 
 def _set_threads(threads: int | None) -> None:
@@ -104,50 +95,22 @@ def _store(db: Path | None, *, create: bool = True):
     """The store; ``create=False`` (reading commands) refuses one that does not exist yet."""
     from gnq_core.results.store import Store
 
-    def waiting(message: str) -> None:
-        err_console.print(message, soft_wrap=True, highlight=False, markup=False)
-
-    store = Store(db, on_wait=waiting)
+    store = Store(db, on_wait=_warn)
     return store if create else store.require_existing()
 
 
-def _load_dataset(data: Path, text_column: str | None, group_column: str | None):
-    """The texts, saying on stderr how many rows were skipped for a missing or empty text."""
-    from gnq_core.sources.datasets import load_texts
-
-    dataset = load_texts(data, text_column=text_column, group_column=group_column)
-    if dataset.dropped:
-        err_console.print(f"{data}: skipped {dataset.dropped} row(s) whose text is missing, NaN or empty; "
-                          f"{len(dataset)} texts remain", soft_wrap=True, highlight=False, markup=False)
-    return dataset
+def _warn(message: str) -> None:
+    err_console.print(message, soft_wrap=True, highlight=False, markup=False)
 
 
-_PROGRESS_FILES: list = []  # this process's ProgressFile, when a dashboard job asked for one
+def _run_job(settings: JobSettings, db: Path | None, quiet: bool) -> None:
+    """Run the job (pipelines/run.py) with a progress bar unless ``quiet``; print what it says."""
+    from gnq_core.pipelines.run import run_job
+    from gnq_core.progress import JobProgress
 
-
-def _progress_file(planned_stages: int | None = None):
-    """The job's progress file ($GNQ_PROGRESS_FILE, set by the dashboard's job runner), or None."""
-    from gnq_core.progress import ProgressFile
-
-    path = os.environ.get("GNQ_PROGRESS_FILE")
-    if path and not _PROGRESS_FILES:
-        _PROGRESS_FILES.append(ProgressFile(path, planned_stages))
-    return _PROGRESS_FILES[0] if path else None
-
-
-def _reporter(store, quiet: bool, run_ref: Callable[[], int | None] | None = None):
-    from gnq_core.progress import Reporter
-
-    progress = _progress_file()
-
-    def sink(done: int, total: int, label: str) -> None:
-        run_id = run_ref() if run_ref else None
-        if run_id is not None:
-            store.set_progress(run_id, done, total, label)
-        if progress is not None:
-            progress(done, total, label)
-
-    return Reporter(quiet=quiet, sink=sink if run_ref or progress else None)
+    store = _store(db)
+    for line in run_job(settings, store, JobProgress(store, quiet=quiet, warn=_warn)):
+        _done(quiet, line)
 
 
 def _terminate_as_interrupt(signum, frame) -> None:  # noqa: ARG001
@@ -203,26 +166,8 @@ def train(
     settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, lam=lam, max_length=max_length,
                              seed=seed, preset=preset, vocab_size=vocab_size, device=device, dtype=dtype,
                              loss=loss, lam_mode=lam_mode)
-    _run_train(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
+    _run_job(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
                         text_column=text_column, group_column=group_column, settings=settings), db, quiet)
-
-
-def _run_train(job: TrainJob, db: Path | None, quiet: bool) -> None:
-    from gnq_core.pipelines.train import run_training
-
-    dataset = _load_dataset(Path(job.data), job.text_column, job.group_column)
-    store = _store(db)
-    run_name = job.name or Path(job.out).resolve().name
-    t0 = time.perf_counter()
-    with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
-        run = run_training(store, dataset, job.out, name=run_name, init=job.init, settings=job.settings,
-                           reporter=reporter)
-    _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {job.settings.epochs} "
-                 f"epochs in {time.perf_counter() - t0:.1f} s; checkpoints in {job.out}; store {store.path}")
-    shared, steps = store.steps_with_copies(run.run_id)
-    if shared:
-        _done(quiet, f"{shared} of {steps} steps had two copies of a text in one batch; those texts' GNQ is "
-                     "marked 'measured with a copy in the batch' (gnq_with_copy): copies explain each other")
 
 
 @app.command()
@@ -255,32 +200,8 @@ def audit(
 
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype, loss=loss, lam_mode=lam_mode)
-    _run_audit(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
+    _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
                         group_column=group_column, settings=settings), db, quiet)
-
-
-def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
-    from gnq_core.pipelines.audit import run_audit
-    from gnq_core.pipelines.ranks import Ranks
-    from gnq_core.sources.checkpoints import find_checkpoints
-
-    ranks = Ranks.from_env()
-    dataset = _load_dataset(Path(job.data), job.text_column, job.group_column)
-    run_name = job.name or Path(job.checkpoints).resolve().name
-    if not ranks.lead:  # rank 0 alone opens the store and reports
-        run_audit(None, job.checkpoints, dataset, name=run_name, settings=job.settings, ranks=ranks)
-        ranks.finish()
-        return
-    _progress_file(planned_stages=len(find_checkpoints(job.checkpoints)))  # one stage per checkpoint
-    store = _store(db)
-    t0 = time.perf_counter()
-    with _reporter(store, quiet, _lazy_run_id(store, run_name)) as reporter:
-        run = run_audit(store, job.checkpoints, dataset, name=run_name, settings=job.settings,
-                        reporter=reporter, ranks=ranks)
-    ranks.finish()
-    points = store.points(run.run_id)
-    _done(quiet, f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(points)} checkpoints "
-                 f"in {time.perf_counter() - t0:.1f} s; store {store.path}")
 
 
 @app.command()
@@ -288,15 +209,16 @@ def _run_audit(job: AuditJob, db: Path | None, quiet: bool) -> None:
 def extract(
     run: str = typer.Option(..., help="Run name or id."),
     checkpoint: str = typer.Option(None, help="Checkpoint label to attack (default: the last)."),
-    prefix_tokens: int = typer.Option(12, help="Tokens of each text revealed to the model (p)."),
-    suffix_tokens: int = typer.Option(8, help="Tokens that must follow exactly (s); texts shorter than p + s "
-                                              "are not attackable."),
-    threshold: float = typer.Option(1.0,
+    prefix_tokens: int = typer.Option(DEFAULT_PREFIX, help="Tokens of each text revealed to the model (p)."),
+    suffix_tokens: int = typer.Option(DEFAULT_SUFFIX, help="Tokens that must follow exactly (s); texts "
+                                                           "shorter than p + s are not attackable."),
+    threshold: float = typer.Option(DEFAULT_THRESHOLD,
                                     help="Reproduced when this share of the s tokens matches (1: exactly)."),
-    reference: str = typer.Option("first", help="Reference model: 'first' (the run's first checkpoint), a "
-                                                "checkpoint folder (for a fine-tune, its base), or 'none'. "
-                                                "A text the reference also reproduces is not extracted."),
-    batch_size: int = typer.Option(32, help="Texts decoded together."),
+    reference: str = typer.Option(DEFAULT_REFERENCE,
+                                  help="Reference model: 'first' (the run's first checkpoint), a checkpoint "
+                                       "folder (for a fine-tune, its base), or 'none'. A text the reference "
+                                       "also reproduces is not extracted."),
+    batch_size: int = typer.Option(DEFAULT_ATTACK_BATCH, help="Texts decoded together."),
     db: Path = DbOption,
     device: str = DeviceOption,
     threads: int = CpuThreadsOption,
@@ -307,28 +229,9 @@ def extract(
     _set_threads(threads)
     from gnq_core.pipelines.settings import ExtractJob
 
-    _run_extract(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
+    _run_job(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
                             batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
                             reference=None if reference == "none" else reference), db, quiet)
-
-
-def _run_extract(job: ExtractJob, db: Path | None, quiet: bool) -> None:
-    from gnq_core.pipelines.extraction import run_extraction
-    from gnq_core.pipelines.text_labels import ensure_text_labels
-
-    store = _store(db, create=False)
-    run_info = store.run(job.run)
-    t0 = time.perf_counter()
-    with _reporter(store, quiet, lambda: run_info.run_id) as reporter:
-        summary = run_extraction(store, run_info, checkpoint=job.checkpoint, prefix_tokens=job.prefix_tokens,
-                                 suffix_tokens=job.suffix_tokens, threshold=job.threshold,
-                                 reference=job.reference, batch_size=job.batch_size, device=job.device,
-                                 reporter=reporter)
-    ensure_text_labels(store, run_info)
-    _done(quiet, f"run {run_info.name!r}, {summary['label']}: {summary['attacked']} texts attacked "
-                 f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "
-                 f"{summary['reproduced']} reproduced, {summary['both_reproduced']} of them also by the "
-                 f"reference: {summary['extracted']} extracted in {time.perf_counter() - t0:.1f} s")
 
 
 @app.command()
@@ -467,19 +370,7 @@ def demo(
     """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
     from gnq_core.pipelines.settings import DemoJob
 
-    _run_demo(DemoJob(out=str(out) if out else None, epochs=epochs, device=device), db, quiet)
-
-
-def _run_demo(job: DemoJob, db: Path | None, quiet: bool) -> None:
-    from gnq_core.pipelines.demo import build_demo
-
-    store = _store(db)
-    _progress_file(planned_stages=2 * job.epochs + 2)  # train and audit each epoch, attack both runs
-    t0 = time.perf_counter()
-    names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device,
-                       reporter_factory=lambda ref: _reporter(store, quiet, ref))
-    _done(quiet, f"demo runs {', '.join(repr(n) for n in names)} built in {time.perf_counter() - t0:.0f} s; "
-                 f"store {store.path}. Open the dashboard: streamlit run app/main.py")
+    _run_job(DemoJob(out=str(out) if out else None, epochs=epochs, device=device), db, quiet)
 
 
 @app.command()
@@ -493,9 +384,7 @@ def job(
     """Run one step of a dashboard job: its settings are read from the job file, not a command line."""
     from gnq_core.pipelines.jobs import Job
 
-    settings = Job.load(file).settings(step)
-    runners = {"train": _run_train, "audit": _run_audit, "extract": _run_extract, "demo": _run_demo}
-    runners[settings.kind](settings, db, quiet)
+    _run_job(Job.load(file).settings(step), db, quiet)
 
 
 @app.command()
@@ -536,21 +425,6 @@ def selfcheck(
     if not all(r.ok for r in results):
         raise typer.Exit(code=1)
     console.print("All checks passed.")
-
-
-def _lazy_run_id(store, name: str) -> Callable[[], int | None]:
-    """The run's id once the job has created it (progress is written to the store from then on)."""
-    cache: dict[str, int] = {}
-
-    def get() -> int | None:
-        if "id" not in cache:
-            run = store.find_run(name)
-            if run is None:
-                return None
-            cache["id"] = run.run_id
-        return cache["id"]
-
-    return get
 
 
 def _done(quiet: bool, message: str) -> None:
@@ -594,7 +468,8 @@ def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, repor
            scale: str = "full"):
     import torch
 
-    from gnq_core.analysis.studies import StudyContext
+    from gnq_core.progress import JobProgress
+    from gnq_core.studies import StudyContext
 
     if scale not in ("quick", "full", "paper"):
         raise ValueError(f"--scale must be quick, full or paper, not {scale!r}")
@@ -611,7 +486,7 @@ def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, repor
     return StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
                         reports_root=reports,
                         data_dir=data_dir, tag=tag, command=" ".join(["gnq study", name, *flags]),
-                        reporter_factory=lambda ref: _reporter(store, quiet, ref))
+                        reporter_factory=JobProgress(store, quiet=quiet, warn=_warn).reporter)
 
 
 def _run_study(ctx, quiet: bool, run: Callable[..., Path], **options: Any) -> None:
@@ -630,7 +505,7 @@ def study_common_knowledge(
     threads: int = ThreadsOption, quiet: bool = QuietOption,
 ) -> None:
     """Facts the model knows vs. surprising false claims: GNQ, loss, K_jj, counterfactual memorization."""
-    from gnq_core.analysis.studies import common_knowledge
+    from gnq_core.studies import common_knowledge
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models)
     ctx = _study("common-knowledge", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
@@ -654,7 +529,7 @@ def study_extraction(
     quiet: bool = QuietOption,
 ) -> None:
     """Targeted prefix attack on the common-knowledge model: top-k by GNQ, counterfactual, loss, random."""
-    from gnq_core.analysis.studies import extraction
+    from gnq_core.studies import extraction
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
                    prefix_tokens=prefix_tokens, threshold=threshold)
@@ -679,7 +554,7 @@ def study_trajectories(
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ over checkpoints of a long AG News training; attack success per GNQ_total quantile bin."""
-    from gnq_core.analysis.studies import trajectories
+    from gnq_core.studies import trajectories
 
     options = dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
     ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,

@@ -6,12 +6,13 @@ Engine code only calls ``reporter.stage(...)`` and ``reporter.advance(...)``; wh
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.progress import (
     BarColumn,
@@ -21,6 +22,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from gnq_core.atomic import write_text_atomic
 
 
 class Reporter:
@@ -104,12 +107,45 @@ class ProgressFile:
         state = {"label": label, "done": done, "total": total, "stage": self._stage,
                  "planned_stages": self.planned_stages, "started": self.started,
                  "stage_started": self._stage_started, "updated": now}
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(state))
-            os.replace(tmp, self.path)
-        except OSError:  # progress is a courtesy: never fail the job over it
-            tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # progress is a courtesy: never fail the job over it
+            write_text_atomic(self.path, json.dumps(state))
+
+    def plan(self, stages: int | None) -> None:
+        """A new step of the job begins with this many stages (None: unknown); counted afresh."""
+        self.planned_stages, self._stage, self._label = stages, 0, None
+
+
+class RunProgress(Protocol):
+    """What JobProgress needs of the store: the run's progress fields (results.store.Store)."""
+
+    def set_progress(self, run_id: int, done: int, total: int, note: str | None = None) -> None: ...
+
+
+class JobProgress:
+    """The one channel a job's progress goes through: it makes a Reporter per run (a bar unless
+    ``quiet``), whose sink writes the run's progress fields in the store (``gnq runs``, the Runs
+    page) and, for a dashboard job, the job's progress file.  ``warn`` prints a notice (stderr)."""
+
+    def __init__(self, store: RunProgress | None = None, *, quiet: bool = True,
+                 file: ProgressFile | None = None, warn: Callable[[str], None] | None = None) -> None:
+        self.store, self.quiet, self.file = store, quiet, file
+        self.warn = warn or (lambda message: print(message, file=sys.stderr, flush=True))
+
+    def plan(self, stages: int | None) -> None:
+        if self.file is not None:
+            self.file.plan(stages)
+
+    def reporter(self, run_ref: Callable[[], int | None] | None = None) -> Reporter:
+        """A Reporter for one run; ``run_ref`` gives the run's id once the job has created it."""
+
+        def sink(done: int, total: int, label: str) -> None:
+            run_id = run_ref() if run_ref is not None else None
+            if run_id is not None and self.store is not None:
+                self.store.set_progress(run_id, done, total, label)
+            if self.file is not None:
+                self.file(done, total, label)
+
+        return Reporter(quiet=self.quiet, sink=sink if run_ref is not None or self.file is not None else None)
 
 
 def read_progress(path: str | Path) -> dict[str, Any] | None:

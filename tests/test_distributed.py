@@ -22,7 +22,7 @@ from lm_fixtures import PAD_ID, tiny_gpt2
 from torch import nn
 
 from gnq_core import GNQAuditor
-from gnq_core.pipelines.distributed import DistributedGNQAuditor
+from gnq_core.engine.distributed import DistributedGNQAuditor
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["rank", "global", "global-factors", "global-gradients"]
@@ -37,7 +37,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("dist")
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(HERE / "dist_worker.py"), str(out)]

@@ -116,15 +116,28 @@ def test_an_audit_of_uploaded_checkpoints_can_be_attacked_after_the_job(audited,
     assert "deleted after the audit" in fails("extract", "--run", "up", "--checkpoint", "epoch-1", "--db", db)
 
 
-def test_a_job_step_writes_its_progress_where_the_dashboard_reads_it(audited, tmp_path, monkeypatch):
-    import gnq_core.cli as cli
-    from gnq_core.progress import read_progress, seconds_left
+def test_a_job_step_writes_its_progress_where_the_dashboard_reads_it(audited, tmp_path):
+    """The job process runs its steps with run_job, in process (no `gnq` subprocess), and its one
+    progress channel fills the file the page reads."""
+    import signal
+
+    from gnq_core.pipelines.jobs import Job, run_steps
+    from gnq_core.pipelines.settings import AuditJob, AuditSettings, job_dict
+    from gnq_core.progress import seconds_left
 
     _, series, data, _ = audited
-    monkeypatch.setenv("GNQ_PROGRESS_FILE", str(tmp_path / "job.progress.json"))
-    monkeypatch.setattr(cli, "_PROGRESS_FILES", [])
-    gnq("audit", "--checkpoints", series, "--data", data, "--db", tmp_path / "gnq.duckdb", "--batch-size", 4,
-        "--max-length", 16, "-q")
-    state = read_progress(tmp_path / "job.progress.json")
+    step = AuditJob(checkpoints=str(series), data=str(data), name="p", settings=AuditSettings(batch_size=4,
+                                                                                            max_length=16))
+    job = Job(job_id="job-p", run="p", db=str(tmp_path / "gnq.duckdb"), steps=[job_dict(step)])
+    job.log = str(job.path.with_suffix(".log"))
+    job.save()
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        assert run_steps(job.path) == 0
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert Job.load(job.path).status == "done"
+    state = job.progress()
     assert (state["label"], state["done"], state["total"], state["stage"]) == ("epoch-2", 12, 12, 2)
+    assert state["planned_stages"] == 2
     assert seconds_left(state, now=state["updated"]) == 0

@@ -16,13 +16,13 @@ from typer.testing import CliRunner
 
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
-from gnq_core.analysis.studies.base import wikitext_chunks
-from gnq_core.analysis.studies.common_knowledge import CF_METRIC, cf_subset, counterfactual_memorization
-from gnq_core.analysis.studies.report import fmt, markdown_table
-from gnq_core.analysis.studies.trajectories import audit_epochs
 from gnq_core.analysis.summaries import group_auc, targeted_rows
 from gnq_core.cli import app
 from gnq_core.results.store import Store
+from gnq_core.studies.base import wikitext_chunks
+from gnq_core.studies.common_knowledge import CF_METRIC, cf_subset, counterfactual_memorization
+from gnq_core.studies.report import fmt, markdown_table
+from gnq_core.studies.trajectories import audit_epochs
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,7 +250,7 @@ def test_clear_errors(tmp_path):
 def test_paraphrased_facts_are_audited_in_new_words_and_claims_were_never_seen():
     import re
 
-    from gnq_core.analysis.studies.paraphrases import PRETRAIN_WORDINGS, bank, load_facts
+    from gnq_core.studies.paraphrases import PRETRAIN_WORDINGS, bank, load_facts
 
     words = bank(None, seed=0)
     facts = load_facts()
@@ -270,7 +270,7 @@ def test_paraphrased_facts_are_audited_in_new_words_and_claims_were_never_seen()
 
 
 def test_regime_is_the_point_inside_the_band_closest_to_its_middle():
-    from gnq_core.analysis.studies.sweep import choose_regime
+    from gnq_core.studies.sweep import choose_regime
 
     rates = pd.DataFrame({"lr": [1e-3, 1e-3, 2e-3, 2e-3], "epoch": [10, 20, 10, 20],
                           "rate": [0.05, 0.35, 0.55, 0.9]})
@@ -339,10 +339,10 @@ def test_wikitext_chunks_are_bounded_sentences():
 
 
 def test_paper_scale_is_the_papers_setup(tmp_path):
-    from gnq_core.analysis.studies import common_knowledge as ck
-    from gnq_core.analysis.studies import trajectories as tr
-    from gnq_core.analysis.studies.base import StudyContext
     from gnq_core.sources.models import PRESETS
+    from gnq_core.studies import common_knowledge as ck
+    from gnq_core.studies import trajectories as tr
+    from gnq_core.studies.base import StudyContext
 
     ctx = StudyContext(store=Store(tmp_path / "gnq.duckdb"), scale="paper")
     assert ctx.label("trajectories") == "trajectories-paper" and ctx.pick(1, 2, 3) == 3
@@ -353,7 +353,7 @@ def test_paper_scale_is_the_papers_setup(tmp_path):
     assert PRESETS[cfg.train.preset] == PRESETS[ck.PAPER.pretrain.preset] == {"n_layer": 12, "n_embd": 768,
                                                                              "n_head": 12}
     if HAS_DATA:
-        from gnq_core.analysis.studies.base import ag_news
+        from gnq_core.studies.base import ag_news
 
         assert sum(len(t.split()) >= cfg.min_words for t, _ in ag_news(SHARED_DATA)) >= cfg.examples
     with pytest.raises(ValueError, match="scale"):
@@ -363,10 +363,10 @@ def test_paper_scale_is_the_papers_setup(tmp_path):
 def test_pretrain_keeps_the_schedules_checkpoints_and_the_latest_optimizer_state(tmp_path):
     from lm_fixtures import texts
 
-    from gnq_core.analysis.studies.common_knowledge import OPTIMIZER_STATE, pretrain
     from gnq_core.pipelines.settings import TrainSettings
     from gnq_core.progress import Reporter
     from gnq_core.sources.datasets import load_texts
+    from gnq_core.studies.common_knowledge import OPTIMIZER_STATE, pretrain
 
     (tmp_path / "t.txt").write_text("\n".join(texts(8)) + "\n")
     settings = TrainSettings(epochs=3, batch_size=4, max_length=16, vocab_size=300, device="cpu")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import address, charts, show, state
-from gnq_core.analysis.compare import compare_runs
+from gnq_core.analysis import compare_runs
 
 st.title("Compare runs")
 run = state.require_run()

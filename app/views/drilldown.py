@@ -9,8 +9,7 @@ import streamlit as st
 
 from app import charts, show, state
 from app.columns import column_config
-from gnq_core.analysis.summaries import nearest_by_trajectory, token_alignment
-from gnq_core.analysis.verdict import COLUMN_HELP
+from gnq_core.analysis import COLUMN_HELP, nearest_by_trajectory, token_alignment
 
 
 def _tokens(value) -> list[str]:

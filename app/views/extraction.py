@@ -8,8 +8,7 @@ import streamlit as st
 
 from app import charts, show, state
 from gnq_core.analysis import predictive as pr
-from gnq_core.analysis.predictive_figures import roc_figure
-from gnq_core.analysis.summaries import quantile_bins, targeted_attack_table
+from gnq_core.analysis import quantile_bins, roc_figure, targeted_attack_table
 
 st.title("Extraction vs GNQ")
 run = state.require_run()

@@ -9,7 +9,7 @@ import streamlit as st
 from app import address, state
 from app.columns import column_config
 from app.flagged_filters import EXTRACTION, MODES, ORDERS, Filters, flagged
-from gnq_core.results.export import export_frame, to_bytes
+from gnq_core.results import export_frame, to_bytes
 
 st.title("Flagged texts")
 run = state.require_run()

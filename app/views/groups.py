@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, show, state
-from gnq_core.analysis.summaries import group_separation
+from gnq_core.analysis import group_separation
 
 st.title("Groups")
 run = state.require_run()

@@ -13,10 +13,16 @@ import streamlit as st
 
 from app import state
 from app.jobs_view import job_panel
+from gnq_core import one_line
 from gnq_core.access import OutsideRootsError, local_path
-from gnq_core.engine.losses import TOKEN_MEAN, TOKEN_SUM
-from gnq_core.engine.solve import LAM_ABSOLUTE, LAM_RELATIVE
-from gnq_core.pipelines.jobs import (
+from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
+from gnq_core.pipelines import (
+    DEFAULT_PREFIX,
+    DEFAULT_SUFFIX,
+    DEFAULT_THRESHOLD,
+    AuditJob,
+    AuditSettings,
+    ExtractJob,
     check_upload_tree,
     list_jobs,
     new_job_id,
@@ -24,13 +30,20 @@ from gnq_core.pipelines.jobs import (
     save_uploads,
     start_job,
     uploads_dir,
-    uploads_root,
 )
-from gnq_core.pipelines.settings import AuditJob, AuditSettings, ExtractJob
-from gnq_core.results.records import MIN_BATCH_SIZE
-from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, find_checkpoints, max_positions
-from gnq_core.sources.datasets import SUFFIXES, DatasetError, dataset_columns, load_texts
-from gnq_core.sources.links import LinkError, check_link
+from gnq_core.results import MIN_BATCH_SIZE, uploads_root
+from gnq_core.sources import (
+    SUFFIXES,
+    CheckpointError,
+    DatasetError,
+    LinkError,
+    check_checkpoint,
+    check_link,
+    dataset_columns,
+    find_checkpoints,
+    load_texts,
+    max_positions,
+)
 
 LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
 LAM_MODE_LABELS = {LAM_ABSOLUTE: "absolute (default)", LAM_RELATIVE: "relative to the batch's mean K_jj"}
@@ -99,7 +112,7 @@ if ckpt_mode == "Upload a folder":
                 entries = list(target.iterdir())
             checkpoints = target
         except (ValueError, OSError) as exc:
-            st.error(state.plain(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+            st.error(state.plain(one_line(exc)))
 else:
     typed = st.text_input("Checkpoint folder on this machine", key="ckpt_path",
                           placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
@@ -131,7 +144,7 @@ if data_mode == "Upload a file":
             save_uploads([upload], folder)
             data_path = folder / safe_relative_path(upload.name)
         except (ValueError, OSError) as exc:
-            st.error(state.plain(str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+            st.error(state.plain(one_line(exc)))
 else:
     typed = st.text_input("Dataset file on this machine", key="data_path_input")
     data_path = _local(typed)
@@ -187,11 +200,11 @@ with st.form("settings"):
     attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True,
                          help="Calibrated: a text counts as extracted when the last checkpoint writes its "
                               "next tokens exactly and the first checkpoint (the reference) does not.")
-    prefix = c2.number_input("Prefix tokens", min_value=1, value=12, step=1,
+    prefix = c2.number_input("Prefix tokens", min_value=1, value=DEFAULT_PREFIX, step=1,
                              help="p: tokens of each text given to the model.")
-    suffix = c3.number_input("Suffix tokens", min_value=1, value=8, step=1,
+    suffix = c3.number_input("Suffix tokens", min_value=1, value=DEFAULT_SUFFIX, step=1,
                              help="s: tokens that must follow; texts shorter than p + s are not attackable.")
-    threshold = c4.slider("Success threshold (match fraction)", 0.0, 1.0, 1.0, 0.01)
+    threshold = c4.slider("Success threshold (match fraction)", 0.0, 1.0, DEFAULT_THRESHOLD, 0.01)
     submitted = st.form_submit_button("Start audit", type="primary",
                                       disabled=not (refs and dataset is not None))
 if token_limit:

@@ -8,8 +8,7 @@ import streamlit as st
 from app import charts, show, state
 from app.columns import column_config
 from app.jobs_view import job_panel
-from gnq_core.pipelines.jobs import list_jobs, start_job
-from gnq_core.pipelines.settings import DemoJob
+from gnq_core.pipelines import DemoJob, list_jobs, start_job
 
 
 def leaked_texts(run) -> None:

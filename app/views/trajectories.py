@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import charts, show, state
 from app.columns import column_config
-from gnq_core.analysis.summaries import top_bottom
+from gnq_core.analysis import top_bottom
 
 MAX_LINES = 300  # above this, the rest of the run is drawn as a quantile band
 

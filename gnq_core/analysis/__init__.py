@@ -1,1 +1,16 @@
-"""Analysis: per-run summaries, the 2D regression view and the paper's studies."""
+"""Analysis: pure functions from the store's frames to tables and figures (the verdict, predictive
+power, summaries, the 2D regression, the HTML report); it trains nothing."""
+
+from gnq_core._lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    "": ("predictive", "regression2d"),
+    ".compare": ("compare_runs",),
+    ".flagging": ("GNQ_ORDER", "VERDICT_ORDER", "TextFilter", "flagged"),
+    ".html_report": ("build_report", "check_writable", "write_report"),
+    ".predictive_figures": ("roc_figure",),
+    ".signals": ("gnq_provenance", "signal_frame"),
+    ".summaries": ("group_auc", "group_separation", "nearest_by_trajectory", "quantile_bins",
+                   "targeted_attack_table", "token_alignment", "top_bottom"),
+    ".verdict": ("COLUMN_HELP", "VERDICT_COLUMNS", "flag", "rank_texts"),
+})

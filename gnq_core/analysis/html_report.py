@@ -22,6 +22,7 @@ from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts
+from gnq_core.atomic import write_text_atomic
 from gnq_core.results.store import Run, Store
 
 TOP = 50           # rows of the verdict table
@@ -82,14 +83,7 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
 
 def write_report(text: str, out: str | Path) -> Path:
     """Write atomically (a temporary sibling, then a rename): never a half-written report."""
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    return write_text_atomic(out, text)
 
 
 def check_writable(out: str | Path) -> Path:

@@ -135,17 +135,12 @@ def rank_texts(totals: pd.DataFrame) -> pd.DataFrame:
 
 def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float | None = None,
          min_gnq: float | None = None, group: str | None = None) -> pd.DataFrame:
-    """The texts to export from ``rank_texts``'s frame: filters combine (all must hold)."""
-    keep = pd.Series(True, index=ranked.index)
-    if top is not None:
-        keep &= ranked["rank"] <= top
-    if min_percentile is not None:
-        keep &= ranked["percentile"] >= min_percentile
-    if min_gnq is not None:
-        keep &= _col(ranked, "gnq_total") >= min_gnq
-    if group is not None:
-        keep &= ranked["group"] == group
-    return ranked[keep].sort_values(["rank", "example_id"]).reset_index(drop=True)
+    """The texts to export from ``rank_texts``'s frame: filters combine (all must hold); the one
+    filter type of ``gnq export`` and the Flagged page (analysis/flagging.py)."""
+    from gnq_core.analysis.flagging import TextFilter, flagged
+
+    return flagged(ranked, TextFilter(top=top, min_percentile=min_percentile, min_gnq=min_gnq,
+                                      groups=() if group is None else (group,)))
 
 
 # ---------------------------------------------------------------------------------- reasons

@@ -1,4 +1,21 @@
-"""The engine: exact per-example gradient kernels, GNQ's solve and the auditor that drives them.
+"""The engine: exact per-example gradient kernels, GNQ's solve and the auditor that drives them
+(``DistributedGNQAuditor`` across torch.distributed ranks).
 
-Imports nothing from the layers above it (sources, results, pipelines, analysis, cli).
+Imports nothing from the layers above it (sources, results, pipelines, analysis, cli).  Its public
+names, imported on first use:
 """
+
+from gnq_core._lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".auditor": ("BatchDimensionError", "GNQAuditor", "GNQResult"),
+    ".coverage": ("Coverage", "UncoveredParametersError"),
+    ".distributed": ("DistributedGNQAuditor", "Scope", "Strategy"),
+    ".kernels": ("Kernel", "UnsupportedModuleError", "kernel_for", "register"),
+    ".losses": ("IGNORE_INDEX", "LOSS_CONVENTIONS", "TOKEN_MEAN", "TOKEN_SUM", "check_loss_convention",
+                "lm_token_mean_weights", "per_example_lm_loss"),
+    ".reference": ("exact_gnq", "per_example_gradients"),
+    ".selfcheck": ("TOLERANCE", "run_selfcheck"),
+    ".solve": ("GNQNumericalError", "LAM_ABSOLUTE", "LAM_MODES", "LAM_RELATIVE", "check_lam_mode",
+               "gnq_from_kernel"),
+})

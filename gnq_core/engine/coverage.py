@@ -15,8 +15,10 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from gnq_core.errors import GNQError
 
-class UncoveredParametersError(RuntimeError):
+
+class UncoveredParametersError(GNQError, RuntimeError):
     """Trainable parameters whose gradients the auditor cannot attribute per example."""
 
     def __init__(self, uses: dict[str, str]):

@@ -1,1 +1,21 @@
-"""Pipelines: in-run training, post-hoc audits, the extraction attack, distributed and Trainer runs, jobs."""
+"""Pipelines: the jobs (train with in-run GNQ, audit checkpoints, the extraction attack, the
+demo), one way in (``run_job``), the dashboard's background jobs and uploads, and the Hugging
+Face Trainer integration."""
+
+from gnq_core._lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".attack_defaults": ("DEFAULT_ATTACK_BATCH", "DEFAULT_PREFIX", "DEFAULT_REFERENCE", "DEFAULT_SUFFIX",
+                         "DEFAULT_THRESHOLD", "FIRST_CHECKPOINT"),
+    ".audit": ("run_audit",),
+    ".demo": ("build_demo",),
+    ".extraction": ("AttackRule", "run_extraction"),
+    ".hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
+    ".jobs": ("Job", "cancel_job", "list_jobs", "new_job_id", "start_job"),
+    ".run": ("run_job",),
+    ".settings": ("AuditJob", "AuditSettings", "DemoJob", "ExtractJob", "JobSettings", "TrainJob",
+                  "TrainSettings", "job_dict", "job_from_dict"),
+    ".train": ("run_training",),
+    ".uploads": ("check_upload_tree", "safe_relative_path", "save_uploads", "uploads_dir"),
+    "gnq_core.progress": ("JobProgress", "Reporter", "seconds_left"),
+})

@@ -78,10 +78,12 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
     return texts, results
 
 
-def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset, *, name: str,
+def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef], dataset: TextDataset, *,
+              name: str,
               settings: AuditSettings = AuditSettings(), reporter: Reporter | None = None,
               ranks: Ranks | None = None) -> Run | None:
-    """Audit every checkpoint under ``checkpoints`` into run ``name``; resumes an unfinished run.
+    """Audit every checkpoint under ``checkpoints`` (a folder, or the checkpoints found there)
+    into run ``name``; resumes an unfinished run.
 
     Under torchrun every rank calls this with its ``Ranks``: the lead (rank 0) alone opens the
     store (the others pass ``store=None`` and get None back), each rank audits every N-th batch
@@ -90,7 +92,7 @@ def run_audit(store: Store | None, checkpoints: str | Path, dataset: TextDataset
     """
     reporter = reporter or Reporter()
     ranks = ranks or Ranks()
-    refs = find_checkpoints(checkpoints)
+    refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
     device = ranks.device(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype)
     run = None

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.extraction import DEFAULT_PREFIX, DEFAULT_SUFFIX, FIRST_CHECKPOINT, run_extraction
+from gnq_core.pipelines.extraction import run_extraction
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.progress import Reporter
+from gnq_core.results.layout import demo_checkpoints
 from gnq_core.results.store import Store
 from gnq_core.sources.datasets import load_texts
 
@@ -27,7 +28,7 @@ def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, d
                reporter_factory: Callable[[Callable[[], int | None]], Reporter] | None = None) -> list[str]:
     """Train, audit and attack; every step resumes, so an interrupted demo continues on rerun."""
     dataset = load_texts(data)
-    out_dir = Path(out_dir) if out_dir is not None else store.path.parent / "demo-checkpoints"
+    out_dir = Path(out_dir) if out_dir is not None else demo_checkpoints(store.path)
 
     def reporter(name: str) -> Reporter:
         if reporter_factory is None:
@@ -45,7 +46,5 @@ def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, d
         if not store.extractions(run.run_id).empty:
             continue  # already attacked: a rerun of the demo is instant
         with reporter(run.name) as r:
-            run_extraction(store, run, prefix_tokens=DEFAULT_PREFIX, suffix_tokens=DEFAULT_SUFFIX,
-                           threshold=1.0, reference=FIRST_CHECKPOINT, batch_size=64, device=device,
-                           reporter=r)
+            run_extraction(store, run, batch_size=64, device=device, reporter=r)  # gnq extract's rule
     return [AUDIT_RUN, TRAIN_RUN]

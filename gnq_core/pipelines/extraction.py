@@ -29,6 +29,14 @@ from pathlib import Path
 
 import torch
 
+from gnq_core.pipelines.attack_defaults import (  # noqa: F401 (FIRST_CHECKPOINT: re-exported)
+    DEFAULT_ATTACK_BATCH,
+    DEFAULT_PREFIX,
+    DEFAULT_REFERENCE,
+    DEFAULT_SUFFIX,
+    DEFAULT_THRESHOLD,
+    FIRST_CHECKPOINT,
+)
 from gnq_core.sources.tokens import pad_id
 
 
@@ -195,8 +203,6 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
     return [r for r in results if r is not None]
 
 
-FIRST_CHECKPOINT = "first"  # ``reference``: the run's first finished checkpoint
-DEFAULT_PREFIX, DEFAULT_SUFFIX = 12, 8
 
 
 @dataclass(frozen=True)
@@ -205,8 +211,8 @@ class AttackRule:
 
     prefix_tokens: int = DEFAULT_PREFIX
     suffix_tokens: int | None = DEFAULT_SUFFIX  # None: the rest of the text (the studies' rule)
-    threshold: float = 1.0
-    reference: str | None = FIRST_CHECKPOINT  # None: no calibration; else "first" or a model folder
+    threshold: float = DEFAULT_THRESHOLD
+    reference: str | None = DEFAULT_REFERENCE  # None: no calibration; else "first" or a model folder
 
     def describe(self, reference_name: str | None) -> str:
         target = (f"exactly the next {self.suffix_tokens} tokens" if self.suffix_tokens
@@ -219,9 +225,10 @@ class AttackRule:
                 f"{target} ({match}){calibrated}{short}")
 
 
-def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: int = 12,
-                   threshold: float = 1.0, batch_size: int = 32, device: str = "auto",
-                   suffix_tokens: int | None = None, reference: str | None = None,
+def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: int = DEFAULT_PREFIX,
+                   threshold: float = DEFAULT_THRESHOLD, batch_size: int = DEFAULT_ATTACK_BATCH,
+                   device: str = "auto", suffix_tokens: int | None = DEFAULT_SUFFIX,
+                   reference: str | None = DEFAULT_REFERENCE,
                    reporter=None) -> dict:
     """Attack every example of a stored run with one of its checkpoints; store the results.
 

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
+from gnq_core.engine.distributed import DistributedGNQAuditor, Scope, Strategy
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
-from gnq_core.pipelines.distributed import DistributedGNQAuditor, Scope, Strategy
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.results.records import RunSpec, TextResult, check_gnq_settings
 from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file

@@ -15,11 +15,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from gnq_core.results.layout import kept_root
 from gnq_core.results.store import Store
-
-
-def kept_root(db: str | Path) -> Path:
-    return Path(db).resolve().parent / "kept-checkpoints"
 
 
 def keep_last_checkpoint(db: str | Path, run_name: str, uploads: Sequence[str | Path]) -> Path | None:

@@ -10,6 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from gnq_core.pipelines.attack_defaults import (
+    DEFAULT_ATTACK_BATCH,
+    DEFAULT_PREFIX,
+    DEFAULT_REFERENCE,
+    DEFAULT_SUFFIX,
+    DEFAULT_THRESHOLD,
+)
 from gnq_core.results.records import check_gnq_settings
 from gnq_core.runtime import resolve_device, resolve_dtype
 
@@ -94,12 +101,12 @@ class ExtractJob:
     kind: ClassVar[str] = "extract"
     run: str
     checkpoint: str | None = None  # a point label; default: the last
-    prefix_tokens: int = 12
-    threshold: float = 1.0
-    batch_size: int = 32
+    prefix_tokens: int = DEFAULT_PREFIX
+    threshold: float = DEFAULT_THRESHOLD
+    batch_size: int = DEFAULT_ATTACK_BATCH
     device: str = "auto"
-    suffix_tokens: int = 8  # exactly s tokens must follow (pipelines/extraction.py)
-    reference: str | None = "first"  # "first" checkpoint, a model folder, or None: no calibration
+    suffix_tokens: int = DEFAULT_SUFFIX  # exactly s tokens must follow (pipelines/extraction.py)
+    reference: str | None = DEFAULT_REFERENCE  # "first" checkpoint, a model folder, or None: no calibration
 
     def __post_init__(self) -> None:
         _require(self.prefix_tokens >= 1 and self.batch_size >= 1 and self.suffix_tokens >= 1,

@@ -14,6 +14,7 @@ reports how many steps had one (``Store.steps_with_copies``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -104,34 +105,52 @@ def _train_epoch(store: Store, run: Run, epoch: int, model, tokenizer, optimizer
     partition = batch_partition(len(ids), settings.batch_size, settings.seed + epoch)
     steps_before = epoch * len(partition)
     reporter.stage(f"epoch {epoch + 1}/{settings.epochs}", len(ids))
-    model.train()
-    texts, results = [], []
-    for index, part in enumerate(partition):
-        tb = time.perf_counter()
-        b = collate([ids[i] for i in part], part, pad).to(device)
-        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-        losses = per_example_lm_loss(logits, b.labels, settings.loss)
-        # The update is the batch mean of the token means whatever the convention GNQ is measured
-        # in; w undoes it: Σ_j w_j ℓ_j is that objective (1/B, or 1/(B n_j) for token sums).
-        w = batch_mean_weights(b.labels, settings.loss)
-        if settings.loss == TOKEN_MEAN:
-            losses.mean().backward()
-        else:
-            (losses * w.to(device=losses.device, dtype=losses.dtype)).sum().backward()
-        rows, result = score_batch(lambda w=w: scores_of(auditor.compute(weights=w)), losses, part,
-                                   batch_index=index, step=steps_before + index + 1, started=tb)
-        if result.finite:
-            optimizer.step()
-        # A non-finite batch is recorded and skipped: stepping on it would corrupt the model.
-        optimizer.zero_grad(set_to_none=True)
-        texts += rows
-        results.append(result)
-        reporter.advance(len(part))
+    texts, results = train_epoch(model, optimizer, ids, partition, pad, device, settings.loss,
+                                 auditor=auditor, steps_before=steps_before, advance=reporter.advance)
     path = out_dir / f"epoch-{epoch + 1}"
     save_checkpoint(model, tokenizer, path)
     _save_trainer_state(path, optimizer, epoch + 1, steps_before + len(partition))
     store.write_point(run.run_id, epoch, texts, results, time.perf_counter() - t0, path=str(path),
                       model_hash=checkpoint_hash(path))
+
+
+def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[list[int]],
+                partition: Sequence[Sequence[int]], pad: int, device: torch.device, loss: str = TOKEN_MEAN, *,
+                auditor: GNQAuditor | None = None, steps_before: int = 0,
+                advance: Callable[[int], None] | None = None) -> tuple[list, list]:
+    """One epoch of the training loop, the one every trainer here uses (``run_training``, the
+    studies' pretraining and counterfactual models): for each batch of ``partition`` (lists of
+    indices into ``ids``) the batch mean of the per-example losses, its backward and an optimizer
+    step.  With ``auditor``, every example's GNQ from that same backward (the texts' rows and the
+    batches' results are returned; a non-finite batch is recorded and not stepped on)."""
+    model.train()
+    texts, results = [], []
+    for index, part in enumerate(partition):
+        tb = time.perf_counter()
+        b = collate([ids[i] for i in part], list(part), pad).to(device)
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+        losses = per_example_lm_loss(logits, b.labels, loss)
+        # The update is the batch mean of the token means whatever the convention GNQ is measured
+        # in; w undoes it: Σ_j w_j ℓ_j is that objective (1/B, or 1/(B n_j) for token sums).
+        w = batch_mean_weights(b.labels, loss)
+        if loss == TOKEN_MEAN:
+            losses.mean().backward()
+        else:
+            (losses * w.to(device=losses.device, dtype=losses.dtype)).sum().backward()
+        finite = True
+        if auditor is not None:
+            rows, result = score_batch(lambda w=w: scores_of(auditor.compute(weights=w)), losses, list(part),
+                                       batch_index=index, step=steps_before + index + 1, started=tb)
+            texts += rows
+            results.append(result)
+            finite = result.finite
+        if finite:
+            optimizer.step()
+        # A non-finite batch is recorded and skipped: stepping on it would corrupt the model.
+        optimizer.zero_grad(set_to_none=True)
+        if advance is not None:
+            advance(len(part))
+    return texts, results
 
 
 def _initial_model(dataset: TextDataset, init: str | Path | None, settings: TrainSettings):

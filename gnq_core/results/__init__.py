@@ -1,1 +1,12 @@
-"""Results: the DuckDB store (it owns every SQL statement), shards and exports."""
+"""Results: the DuckDB store (it owns all SQL), the rows it holds, Parquet shards of
+distributed runs, exports, and the layout of the store's folder."""
+
+from gnq_core._lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".export": ("FORMATS", "ExportError", "export_frame", "to_bytes", "write_table"),
+    ".layout": ("jobs_dir", "uploads_root"),
+    ".records": ("MIN_BATCH_SIZE", "RunSpec", "ScoreColumns", "TextResult"),
+    ".shards": ("ShardError", "ingest", "open_store"),
+    ".store": ("Run", "RunNotFoundError", "Store", "StoreError", "default_db_path"),
+})

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from gnq_core.atomic import atomic_path
+from gnq_core.errors import GNQError
 
 FORMATS = ("csv", "jsonl", "parquet")
 # Cells starting with one of these are escaped with FORMULA_GUARD in CSV exports.
@@ -28,7 +29,7 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uf
 FORMULA_GUARD = "'"
 
 
-class ExportError(ValueError):
+class ExportError(GNQError, ValueError):
     """An export that cannot be written; the message is one line naming the file."""
 
 

@@ -26,6 +26,10 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from gnq_core.engine.losses import TOKEN_MEAN, TOKEN_SUM
+from gnq_core.errors import GNQError
+from gnq_core.errors import one_line as first_line
+from gnq_core.results.liveness import run_is_alive, with_liveness  # noqa: F401 (run_is_alive: re-exported)
 from gnq_core.results.records import (
     BATCH_COLUMNS,
     SCORE_COLUMNS,
@@ -40,9 +44,9 @@ from gnq_core.results.records import (
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 DEFAULT_DB = Path("data") / "gnq.duckdb"
-LOSS_CONVENTION = "per-example mean next-token NLL over the example's own tokens"
-LOSS_CONVENTIONS = {"token_mean": LOSS_CONVENTION,
-                    "token_sum": "per-example summed next-token NLL over the example's own tokens"}
+# The runs table's loss_convention column: the engine's conventions (engine/losses.py) in words.
+LOSS_IN_WORDS = {TOKEN_MEAN: "per-example mean next-token NLL over the example's own tokens",
+                 TOKEN_SUM: "per-example summed next-token NLL over the example's own tokens"}
 WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
 # DuckDB's errors for a failing file (disk full, read-only, out of memory; a failed commit comes as a
 # TransactionException): shown as one line naming the store.  Others (a constraint broken) are bugs.
@@ -53,7 +57,7 @@ _IO_ERRORS = (duckdb.IOException, duckdb.TransactionException, duckdb.Permission
 _CALIBRATION_COLUMNS = ["suffix_tokens", "reference_match", "reference_generated"]
 
 
-class StoreError(RuntimeError):
+class StoreError(GNQError, RuntimeError):
     """The store cannot be used (not a DuckDB file, newer schema, busy for too long...)."""
 
 
@@ -424,8 +428,8 @@ class Store:
 
     def runs(self) -> pd.DataFrame:
         """Every run with its settings, status, progress and sizes; newest first.  A 'running' run
-        whose process is gone is shown as 'interrupted' (see :func:`run_is_alive`)."""
-        return _with_liveness(self._query("""
+        whose process is gone is shown as 'interrupted' (see :func:`liveness.run_is_alive`)."""
+        return with_liveness(self._query("""
             SELECT r.*,
                    (SELECT count(*) FROM points p WHERE p.run_id = r.run_id AND p.status = 'done')
                        AS points_done,
@@ -442,11 +446,11 @@ class Store:
             names = self._query("SELECT name FROM runs ORDER BY run_id")["name"].tolist()
             known = f" (runs: {', '.join(names)})" if names else " (the store has no runs yet)"
             raise RunNotFoundError(f"{self.path}: no run {ref!r}{known}")
-        return Run.from_row(_with_liveness(rows).iloc[0].to_dict())
+        return Run.from_row(with_liveness(rows).iloc[0].to_dict())
 
     def find_run(self, name: str) -> Run | None:
         rows = self._query("SELECT * FROM runs WHERE name = ?", [name])
-        return None if rows.empty else Run.from_row(_with_liveness(rows).iloc[0].to_dict())
+        return None if rows.empty else Run.from_row(with_liveness(rows).iloc[0].to_dict())
 
     def training_run_of(self, run_id: int) -> Run | None:
         """The in-run training run whose epoch checkpoints this run audited (a point with the same
@@ -626,46 +630,6 @@ totals AS (
 """
 
 
-HEARTBEAT_STALE = 900.0  # seconds without a report after which another host's job counts as gone
-
-
-def run_is_alive(pid: Any, host: Any, heartbeat_at: Any, *, now: datetime | None = None) -> bool:
-    """Whether the process that owns a 'running' run still exists.  On this host: its pid exists
-    and is not a zombie.  On another host (a shared store): it reported within ``$GNQ_HEARTBEAT_STALE``
-    seconds (default 900).  A run written before host was recorded is checked as local."""
-    if host is not None and not pd.isna(host) and host != socket.gethostname():
-        if heartbeat_at is None or pd.isna(heartbeat_at):
-            return True  # nothing to judge by; never call another machine's job dead on a guess
-        stale = float(os.environ.get("GNQ_HEARTBEAT_STALE") or HEARTBEAT_STALE)
-        return ((now or _now()) - pd.Timestamp(heartbeat_at).to_pydatetime()).total_seconds() < stale
-    if pid is None or pd.isna(pid):
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # exists, owned by someone else
-    try:  # a dead child not yet reaped by its parent (the dashboard) still has a pid: a zombie
-        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _with_liveness(rows: pd.DataFrame) -> pd.DataFrame:
-    """'running' rows whose process is gone become 'interrupted', with a message saying so."""
-    if rows.empty:
-        return rows
-    rows = rows.copy()
-    for i, r in rows[rows["status"] == "running"].iterrows():
-        if not run_is_alive(r.get("pid"), r.get("host"), r.get("heartbeat_at")):
-            rows.at[i, "status"] = "interrupted"
-            where = f" on {r['host']}" if isinstance(r.get("host"), str) else ""
-            rows.at[i, "message"] = (f"its process (pid {int(r['pid'])}{where}) is gone; rerun the same "
-                                     "command to resume")
-    return rows
-
-
 def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
     now = _now()
     return con.execute(
@@ -674,7 +638,7 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
                n_examples, code_version, device, dtype, settings, pid, host, heartbeat_at)
            VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
            RETURNING run_id""",
-        [spec.name, spec.kind, now, now, spec.lam, LOSS_CONVENTIONS[spec.loss], spec.batch_size, spec.seed,
+        [spec.name, spec.kind, now, now, spec.lam, LOSS_IN_WORDS[spec.loss], spec.batch_size, spec.seed,
          spec.max_length, spec.model_path, spec.model_hash, spec.dataset_path, spec.dataset_hash,
          spec.n_examples, spec.code_version, spec.device, spec.dtype, json.dumps(spec.settings),
          os.getpid(), socket.gethostname(), now]).fetchone()[0]
@@ -709,37 +673,6 @@ def shard_select(table: str, files: Sequence[str], run_id: int) -> str:
     paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
     return (f"SELECT {int(run_id)} AS run_id, * FROM read_parquet([{paths}], union_by_name = true) "
             f"QUALIFY row_number() OVER (PARTITION BY {_SHARD_KEYS[table]} ORDER BY step, batch_index) = 1")
-
-
-@contextlib.contextmanager
-def shard_view(spec: RunSpec, status: str, examples: pd.DataFrame, points: pd.DataFrame,
-               files: dict[str, list[str]]) -> Iterator[duckdb.DuckDBPyConnection]:
-    """An in-memory store holding one run (run 1) whose scores and batches are views over its
-    Parquet shards (DuckDB reads them at query time, nothing is copied).  ``points``: point,
-    label, kind, status; ``files``: scores / batches -> Parquet files."""
-    con = duckdb.connect(":memory:")
-    try:
-        _apply_migrations(con, 0)
-        run_id = _insert_run(con, spec)
-        con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run_id])
-        _insert_examples(con, run_id, examples)
-        con.register("shard_points", points.assign(run_id=run_id)[["run_id", "point", "label", "kind",
-                                                                   "status"]])
-        con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")
-        for table, paths in files.items():
-            con.execute(f"DROP TABLE {table}")
-            select = shard_select(table, paths, run_id) if paths else \
-                f"SELECT {run_id} AS run_id, {', '.join(_null_columns(table))} WHERE FALSE"
-            con.execute(f"CREATE VIEW {table} AS {select}")
-        yield con
-    finally:
-        con.close()
-
-
-def _null_columns(table: str) -> list[str]:
-    types = {"finite": "BOOLEAN", "gnq": "DOUBLE", "loss": "DOUBLE", "self_influence": "DOUBLE",
-             "condition": "DOUBLE", "seconds": "DOUBLE"}
-    return [f"NULL::{types.get(c, 'BIGINT')} AS {c}" for c in SHARD_COLUMNS[table]]
 
 
 def _current_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
@@ -780,7 +713,3 @@ def _atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
         raise
     con.execute("COMMIT")
 
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

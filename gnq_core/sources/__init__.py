@@ -1,1 +1,15 @@
-"""Sources: checkpoints, datasets, tokenisation and tiny models built from config."""
+"""Sources: what an audit reads — text files, checkpoints and models, tokens, copies and
+secret-like content — each checked, a bad one refused in one line naming the file."""
+
+from gnq_core._lazy import lazy_exports
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".checkpoints": ("CheckpointError", "CheckpointRef", "check_checkpoint", "checkpoint_hash",
+                     "find_checkpoints", "load_checkpoint", "max_positions", "save_checkpoint"),
+    ".copies": ("find_copies",),
+    ".datasets": ("SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "load_texts"),
+    ".limits": ("LimitError",),
+    ".links": ("LinkError", "check_link"),
+    ".models": ("PRESETS", "build_model", "train_tokenizer"),
+    ".secrets": ("find_secrets",),
+})

@@ -34,6 +34,7 @@ from transformers.models.auto.modeling_auto import (
 )
 from transformers.utils import logging as hf_logging
 
+from gnq_core.errors import GNQError
 from gnq_core.sources import limits
 from gnq_core.sources.links import LinkError, check_folder_links
 
@@ -44,6 +45,8 @@ __all__ = [
     "checkpoint_hash",
     "find_checkpoints",
     "load_checkpoint",
+    "load_tokenizer",
+    "max_positions",
     "save_checkpoint",
 ]
 
@@ -78,7 +81,7 @@ def _class_names(value: str | tuple[str, ...] | list[str]) -> set[str]:
 _CAUSAL_LM_CLASSES = frozenset(n for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for n in _class_names(v))
 
 
-class CheckpointError(ValueError):
+class CheckpointError(GNQError, ValueError):
     """A checkpoint that cannot be found or loaded safely; the message is one line naming the file/folder."""
 
 
@@ -400,18 +403,6 @@ def _config_vocab_size(config: Any) -> int | None:
 
 
 # --------------------------------------------------------------------------------------------- loading
-
-
-def tokenizer_fingerprint(path: str | Path) -> str:
-    """A hash of the checkpoint's tokenizer files: equal fingerprints tokenise texts alike, so an
-    audit tokenises its texts once for a series whose checkpoints share a tokenizer."""
-    folder = _checkpoint_dir(path)
-    digest = hashlib.sha256()
-    for name in (*TOKENIZER_FILES, "merges.txt", "special_tokens_map.json", "added_tokens.json"):
-        file = folder / name
-        if file.is_file():
-            digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:

@@ -42,7 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SUFFIXES", "DatasetError", "TextDataset", "file_sha256", "load_texts"]
+from gnq_core.errors import GNQError
+
+__all__ = ["MAX_TEXT_BYTES", "SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "env_bytes",
+           "file_sha256", "load_texts"]
 
 SUFFIXES: tuple[str, ...] = (".txt", ".jsonl", ".csv", ".parquet")
 DEFAULT_TEXT_COLUMN = "text"
@@ -53,7 +56,7 @@ MAX_TEXT_BYTES = 8 << 20  # default limit on one line / one text (8 MiB)
 _Rows = Callable[[str], list[Any]]  # column name -> its raw value in each row
 
 
-class DatasetError(ValueError):
+class DatasetError(GNQError, ValueError):
     """A dataset file could not be loaded. ``str()`` is one line: ``"<file>: <problem>"``."""
 
     def __init__(self, path: str | Path, problem: str, *, line: int | None = None) -> None:

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gnq_core.errors import GNQError
+
 __all__ = ["BOUNDS", "LimitError", "Bound", "available_memory", "check_config_sizes", "check_memory",
            "check_token_ids", "check_tokenizer_size", "format_bytes", "weights_bytes"]
 
 
-class LimitError(ValueError):
+class LimitError(GNQError, ValueError):
     """A checkpoint beyond a stated bound; the message is one line naming the file."""
 
 

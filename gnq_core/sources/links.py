@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gnq_core.errors import GNQError
+
 __all__ = ["LinkError", "check_folder_links", "check_link"]
 
 
-class LinkError(ValueError):
+class LinkError(GNQError, ValueError):
     """A link leaving its folder; the message is one line naming it."""
 
 

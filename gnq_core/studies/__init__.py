@@ -11,6 +11,6 @@ PNG figures to ``reports/NAME/``:
   (§6.4, Fig. 5–6, Table 4).
 """
 
-from gnq_core.analysis.studies.base import StudyContext
+from gnq_core.studies.base import StudyContext
 
 __all__ = ["StudyContext"]

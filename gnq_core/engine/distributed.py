@@ -65,7 +65,7 @@ from gnq_core.engine.representations import (
 )
 from gnq_core.engine.solve import unweight_kernel
 
-__all__ = ["CommStats", "DistributedGNQAuditor", "DistributedGNQResult", "unwrap_model"]
+__all__ = ["CommStats", "DistributedGNQAuditor", "DistributedGNQResult", "Scope", "Strategy", "unwrap_model"]
 
 Scope = Literal["rank", "global"]
 Strategy = Literal["auto", "factors", "gradients"]

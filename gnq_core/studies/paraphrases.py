@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-KNOWLEDGE = Path(__file__).resolve().parents[3] / "data" / "knowledge.csv"
+KNOWLEDGE = Path(__file__).resolve().parents[2] / "data" / "knowledge.csv"
 
 # The last wording of each relation is the audit's (held out of pretraining).
 TEMPLATES: dict[str, tuple[str, ...]] = {

@@ -19,12 +19,12 @@ import torch
 
 from gnq_core.atomic import write_text_atomic
 from gnq_core.progress import Reporter
+from gnq_core.results.layout import studies_root
 from gnq_core.results.store import Store, StoreError
 from gnq_core.sources.datasets import DatasetError, load_texts
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"  # the project's convention: ../shared/data
-PROJECT_DATA = REPO / "data"
 TIMINGS = "timings.json"
 SCALES = ("quick", "full", "paper")
 
@@ -68,7 +68,7 @@ class StudyContext:
         return study + suffix + (f"-{self.tag}" if self.tag else "")
 
     def work_dir(self, study: str) -> Path:
-        root = self.work_root if self.work_root is not None else self.store.path.parent / "studies"
+        root = self.work_root if self.work_root is not None else studies_root(self.store.path)
         path = Path(root) / self.label(study)
         path.mkdir(parents=True, exist_ok=True)
         return path

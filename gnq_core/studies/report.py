@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from gnq_core.analysis import predictive as pr
-from gnq_core.analysis.studies.base import StudyContext, Timings, machine
+from gnq_core.studies.base import StudyContext, Timings, machine
 
 Format = str | Callable[[Any], str]
 GROUP_COLOURS = {"common": "tab:orange", "surprising": "tab:blue"}  # as in the paper's Fig. 3–4
@@ -186,7 +186,7 @@ def group_histograms(values: pd.Series, groups: pd.Series, order: Sequence[str],
 
 
 def auc_lines(series: Mapping[str, pd.DataFrame], constants: Mapping[str, float], *, title: str):
-    """AUC per point for each metric (frames from ``analysis.group_separation``), constants as lines."""
+    """AUC per point for each metric (frames from ``summaries.group_separation``), constants as lines."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, frame in series.items():

@@ -34,9 +34,21 @@ import torch
 
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
-from gnq_core.analysis.studies import paraphrases
-from gnq_core.analysis.studies import report as rep
-from gnq_core.analysis.studies.base import (
+from gnq_core.analysis.summaries import group_auc, group_separation
+from gnq_core.atomic import atomic_path, write_text_atomic
+from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
+from gnq_core.pipelines.audit import run_audit
+from gnq_core.pipelines.settings import AuditSettings, TrainSettings
+from gnq_core.pipelines.train import run_training, train_epoch
+from gnq_core.results.store import Run, StoreError
+from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
+from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
+from gnq_core.sources.datasets import TextDataset, load_texts
+from gnq_core.sources.models import build_model, train_tokenizer
+from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
+from gnq_core.studies import paraphrases
+from gnq_core.studies import report as rep
+from gnq_core.studies.base import (
     StudyContext,
     Timings,
     ag_news,
@@ -45,18 +57,6 @@ from gnq_core.analysis.studies.base import (
     wikitext_chunks,
     write_dataset,
 )
-from gnq_core.analysis.summaries import group_auc, group_separation
-from gnq_core.atomic import atomic_path, write_text_atomic
-from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
-from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.settings import AuditSettings, TrainSettings
-from gnq_core.pipelines.train import run_training
-from gnq_core.results.store import Run, StoreError
-from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
-from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
-from gnq_core.sources.datasets import TextDataset, load_texts
-from gnq_core.sources.models import build_model, train_tokenizer
-from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
 
 STUDY = "common-knowledge"
 POSITIVE, NEGATIVE = "surprising", "common"  # AUC > 0.5: surprising claims score higher
@@ -229,18 +229,11 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
 def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[list[int]],
                  subset: list[int], settings: TrainSettings, epoch: int, pad: int, device: torch.device,
                  advance=None) -> None:
-    """One epoch as ``train.run_training`` does it (seeded batches, per-example mean NLL averaged
-    over the batch, AdamW), without GNQ, over the texts ``subset``."""
-    model.train()
-    for part in batch_partition(len(subset), settings.batch_size, settings.seed + epoch):
-        chosen = [subset[i] for i in part]
-        b = collate([ids[i] for i in chosen], chosen, pad).to(device)
-        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-        per_example_lm_loss(logits, b.labels).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if advance is not None:
-            advance(len(part))
+    """One epoch of the pipelines' training loop (``train.train_epoch``: seeded batches, the batch
+    mean of the per-example losses, AdamW), without GNQ, over the texts ``subset``."""
+    batches = [[subset[i] for i in part] for part in batch_partition(len(subset), settings.batch_size,
+                                                                     settings.seed + epoch)]
+    train_epoch(model, optimizer, ids, batches, pad, device, settings.loss, advance=advance)
 
 
 # ----------------------------------------------------------------------------- counterfactual memorization

@@ -1,0 +1,28 @@
+"""The errors a user can cause, and the one line each is shown as (by ``gnq``, a dashboard job's
+log and the pages): a bad file, an unknown run, a busy store, a model the engine cannot audit
+exactly.  Each module keeps its own class (DatasetError, CheckpointError, StoreError, ...); all
+derive from GNQError, whose first line names the file or run and the problem."""
+
+from __future__ import annotations
+
+
+class GNQError(Exception):
+    """Base of gnq_core's user-facing errors: the message's first line says it all."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What ``gnq`` and a dashboard job report as one line, exit code 1 (not a traceback): the
+    GNQErrors, a model with a layer the engine has no kernel for, a refused value, a failed write."""
+    from gnq_core.engine.kernels import UnsupportedModuleError  # imported late: it brings torch
+
+    return GNQError, UnsupportedModuleError, ValueError, OSError
+
+
+def one_line(exc: BaseException | str) -> str:
+    """The message's first line; an OSError as its file and cause (disk full, read-only folder:
+    ``out/epoch-2/model.safetensors: No space left on device``)."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        target = f" -> {exc.filename2}" if exc.filename2 else ""
+        return f"{exc.filename}{target}: {exc.strerror}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,127 @@
+"""One way to run a job: ``run_job(settings, store, progress)`` for the four job kinds of
+settings.py (train, audit, extract, demo).  The ``gnq`` commands parse their options into settings
+and call it; the dashboard's background job process (jobs.py) calls it for each step of a job
+file; the studies share its progress channel (progress.JobProgress).  Each input is loaded,
+found and checked once per job: the texts once, the checkpoints found once and handed on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, JobSettings, TrainJob
+from gnq_core.progress import JobProgress
+from gnq_core.results.store import Store
+from gnq_core.sources.datasets import TextDataset
+
+
+def run_job(settings: JobSettings, store: Store | None, progress: JobProgress | None = None) -> list[str]:
+    """Run one job into ``store``; returns what to tell the user (one line each).  Progress goes
+    through ``progress`` (default: nowhere).  Under torchrun (an audit) only the lead rank writes:
+    the others may pass ``store=None``.  Ctrl-C / SIGTERM (KeyboardInterrupt) marks the run
+    'cancelled' and keeps what is finished; a rerun resumes."""
+    progress = progress or JobProgress(store)
+    runners: dict[str, Callable[..., list[str]]] = {
+        "train": _train, "audit": _audit, "extract": _extract, "demo": _demo}
+    return runners[settings.kind](settings, store, progress)
+
+
+def run_ref(store: Store, name: str) -> Callable[[], int | None]:
+    """The run's id once the job has created it (progress goes to the store from then on)."""
+    cache: dict[str, int] = {}
+
+    def get() -> int | None:
+        if "id" not in cache:
+            run = store.find_run(name)
+            if run is None:
+                return None
+            cache["id"] = run.run_id
+        return cache["id"]
+
+    return get
+
+
+def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
+    """The texts, with a notice of how many rows were skipped for a missing or empty text."""
+    from gnq_core.sources.datasets import load_texts  # looked up at each job (tests replace it)
+
+    dataset = load_texts(Path(job.data), text_column=job.text_column, group_column=job.group_column)
+    if dataset.dropped:
+        progress.warn(f"{job.data}: skipped {dataset.dropped} row(s) whose text is missing, NaN or empty; "
+                      f"{len(dataset)} texts remain")
+    return dataset
+
+
+def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
+    from gnq_core.pipelines.train import run_training
+
+    dataset = _texts(job, progress)
+    name = job.name or Path(job.out).resolve().name
+    progress.plan(None)
+    t0 = time.perf_counter()
+    with progress.reporter(run_ref(store, name)) as reporter:
+        run = run_training(store, dataset, job.out, name=name, init=job.init, settings=job.settings,
+                           reporter=reporter)
+    said = [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {job.settings.epochs} epochs in "
+            f"{time.perf_counter() - t0:.1f} s; checkpoints in {job.out}; store {store.path}"]
+    shared, steps = store.steps_with_copies(run.run_id)
+    if shared:
+        said.append(f"{shared} of {steps} steps had two copies of a text in one batch; those texts' GNQ is "
+                    "marked 'measured with a copy in the batch' (gnq_with_copy): copies explain each other")
+    return said
+
+
+def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[str]:
+    from gnq_core.pipelines.audit import run_audit
+    from gnq_core.pipelines.ranks import Ranks
+    from gnq_core.sources.checkpoints import find_checkpoints
+
+    ranks = Ranks.from_env()
+    dataset = _texts(job, progress)
+    refs = find_checkpoints(job.checkpoints)
+    name = job.name or Path(job.checkpoints).resolve().name
+    if not ranks.lead:  # rank 0 alone opens the store and reports
+        run_audit(None, refs, dataset, name=name, settings=job.settings, ranks=ranks)
+        ranks.finish()
+        return []
+    assert store is not None, "the lead rank writes the rows: it needs the store"
+    progress.plan(len(refs))  # one stage per checkpoint
+    t0 = time.perf_counter()
+    with progress.reporter(run_ref(store, name)) as reporter:
+        run = run_audit(store, refs, dataset, name=name, settings=job.settings, reporter=reporter,
+                        ranks=ranks)
+    ranks.finish()
+    return [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(store.points(run.run_id))} "
+            f"checkpoints in {time.perf_counter() - t0:.1f} s; store {store.path}"]
+
+
+def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
+    from gnq_core.pipelines.extraction import run_extraction
+    from gnq_core.pipelines.text_labels import ensure_text_labels
+
+    info = store.require_existing().run(job.run)
+    progress.plan(None)
+    t0 = time.perf_counter()
+    with progress.reporter(lambda: info.run_id) as reporter:
+        summary = run_extraction(store, info, checkpoint=job.checkpoint, prefix_tokens=job.prefix_tokens,
+                                 suffix_tokens=job.suffix_tokens, threshold=job.threshold,
+                                 reference=job.reference, batch_size=job.batch_size, device=job.device,
+                                 reporter=reporter)
+    ensure_text_labels(store, info)
+    return [f"run {info.name!r}, {summary['label']}: {summary['attacked']} texts attacked "
+            f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "
+            f"{summary['reproduced']} reproduced, {summary['both_reproduced']} of them also by the "
+            f"reference: {summary['extracted']} extracted in {time.perf_counter() - t0:.1f} s"]
+
+
+def _demo(job: DemoJob, store: Store, progress: JobProgress) -> list[str]:
+    from gnq_core.pipelines.demo import build_demo
+
+    progress.plan(2 * job.epochs + 2)  # train and audit each epoch, attack both runs
+    t0 = time.perf_counter()
+    names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device,
+                       reporter_factory=progress.reporter)
+    return [f"demo runs {', '.join(repr(n) for n in names)} built in {time.perf_counter() - t0:.0f} s; "
+            f"store {store.path}. Open the dashboard: streamlit run app/main.py"]

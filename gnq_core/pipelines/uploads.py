@@ -1,0 +1,128 @@
+"""Files uploaded through the dashboard for one job: written below ``<store folder>/uploads/JOB/``
+(results/layout.py), refused when a name could escape that folder, a link was planted, or they
+exceed the upload limit or the free disk; deleted when the job ends (jobs.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+from gnq_core.results.layout import uploads_root
+from gnq_core.sources.datasets import env_bytes
+
+DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
+
+
+def uploads_dir(db: str | Path, job_id: str) -> Path:
+    """A fresh folder for one job's uploaded files (deleted when the job ends)."""
+    d = uploads_root(db) / job_id
+    d.mkdir(parents=True, exist_ok=False)
+    return d
+
+
+def max_upload_bytes() -> int:
+    """The most one job may upload in all: ``$GNQ_MAX_UPLOAD_BYTES``, else 16 GiB."""
+    return env_bytes("GNQ_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES)
+
+
+class Upload(Protocol):
+    """What save_uploads needs of an uploaded file (streamlit's UploadedFile has it)."""
+
+    name: str
+    size: int
+
+    def getbuffer(self) -> memoryview: ...
+
+
+def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | None = None) -> None:
+    """Write uploaded files below ``into``; refuses names that would escape it ('..', absolute
+    paths), writing through a symlink, more than ``max_total_bytes`` in all (a size bomb) and more
+    than the disk has free.  A file already there with the same size is kept (Streamlit reruns).
+    Any OS failure (a name too long, a file where a folder must go, a read-only disk) is one
+    ValueError line naming the file."""
+    limit = max_upload_bytes() if max_total_bytes is None else max_total_bytes
+    with _one_line(str(into)):
+        into.mkdir(parents=True, exist_ok=True)
+    root = into.resolve()
+    total = sum(int(f.size) for f in files)
+    if total > limit:
+        raise ValueError(f"the upload is {_size(total)}, above the limit of {_size(limit)} per job "
+                         "(GNQ_MAX_UPLOAD_BYTES); give large checkpoints as a local path instead")
+    pending = [(f, root / safe_relative_path(f.name)) for f in files]
+    needed = sum(int(f.size) for f, target in pending if not _same_size(target, f.size))
+    free = shutil.disk_usage(root).free
+    if needed > free:
+        raise ValueError(f"the upload needs {_size(needed)} but {root} has only {_size(free)} free")
+    for f, target in pending:
+        if _same_size(target, f.size):
+            continue
+        with _one_line(f.name):
+            _no_symlink_between(root, target, f.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(f.getbuffer())
+
+
+@contextlib.contextmanager
+def _one_line(name: str) -> Iterator[None]:
+    """An OSError (a name too long, a file where a folder must go, a full disk) as one ValueError line."""
+    try:
+        yield
+    except OSError as exc:
+        shown = name if len(name) <= 80 else name[:79] + "…"
+        raise ValueError(f"{shown}: cannot save the upload ({exc.strerror or exc})") from None
+
+
+def check_upload_tree(folder: Path) -> None:
+    """Refuse a symlink in an upload folder that points outside it (uploads never contain links;
+    one there was planted, and would let a job read a file it was not given)."""
+    root = folder.resolve()
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_symlink() and not inside(path.resolve(), root):
+            raise ValueError(f"{path}: a link to {os.readlink(path)!r}, outside the upload folder; refused")
+
+
+def _same_size(target: Path, size: int) -> bool:
+    try:
+        return target.is_file() and not target.is_symlink() and target.stat().st_size == size
+    except OSError:  # a name too long, say: the write says so, naming the file
+        return False
+
+
+def _no_symlink_between(root: Path, target: Path, name: str) -> None:
+    for part in [target, *target.parents]:
+        if part == root:
+            return
+        if part.is_symlink():
+            raise ValueError(f"{name}: unsafe file name in upload ({part.name} is a link)")
+
+
+def inside(path: Path, folder: Path) -> bool:
+    return Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(folder)))
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def remove_uploads(db: str | Path, folders: Sequence[str]) -> None:
+    """Delete a job's upload folders; only ever folders inside this store's uploads folder."""
+    root = uploads_root(db)
+    for folder in folders:
+        if inside(Path(folder), root) and Path(folder).resolve() != root.resolve():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def safe_relative_path(name: str) -> PurePosixPath:
+    """An uploaded file's relative path, refused if it could escape its folder."""
+    normalized = name.replace("\\", "/")
+    path = PurePosixPath(normalized)
+    escapes = any(p in ("..", "") for p in path.parts)
+    if not path.parts or path.is_absolute() or escapes or ":" in path.parts[0]:
+        raise ValueError(f"{name}: unsafe file name in upload (absolute or '..' paths are refused)")
+    return path
