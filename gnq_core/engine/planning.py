@@ -217,7 +217,8 @@ def probe(model: nn.Module, args: tuple, kwargs: dict, batch_size: int,
     for name, m in model.named_modules():  # its own reason, before the probe finds mixed rows
         why = BatchNormKernel.refusal(m) if any(p.requires_grad for p in m.parameters()) else None
         if why:
-            raise UnsupportedModuleError(f"module '{name}': {why}")
+            family = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+            raise UnsupportedModuleError(f"{family}: module '{name}' ({type(m).__name__}): {why}")
     args2, kwargs2, index = _second_batch(args, kwargs, batch_size)
     with _no_side_effects(model):
         reference: dict[str, list[tuple[Leaves, Leaves]]] = {}
