@@ -82,12 +82,36 @@ def predictive(db: str, run_name: str, version: str):  # noqa: ARG001
     return pr.evaluate(frame), pr.roc_points(frame), gnq_provenance(s, run)
 
 
+@st.cache_data(max_entries=16, show_spinner=False)
+def gnq_nature(db: str, run_id: int, version: str) -> dict:  # noqa: ARG001
+    """analysis.gnq_nature.summary of a run's finished points (GNQ vs the gradient norm)."""
+    from gnq_core.analysis import gnq_nature as gn
+
+    s = store(db)
+    run = s.run(run_id)
+    done = s.points(run_id)
+    scores = s.scores(run_id)
+    scores = scores[scores["point"].isin(done.loc[done["status"] == "done", "point"])]
+    return gn.summary(scores, run.lam, run.settings.get("lam_mode", "absolute"))
+
+
+@st.cache_data(max_entries=16, show_spinner="Scoring every signal: all texts, exact length, gain over "
+                                            "length + loss (bootstrap, cross-validation)...")
+def evidence(db: str, run_name: str, version: str):  # noqa: ARG001
+    """analysis.run_report's data of a run (the report's and --json's tables)."""
+    from gnq_core.analysis import run_report
+
+    s = store(db)
+    return run_report.build(s, s.run(run_name))
+
+
 @st.cache_data(max_entries=4, show_spinner="Writing the report...")
 def report_html(db: str, run_name: str, version: str) -> str:  # noqa: ARG001
     from gnq_core.analysis import build_report
 
     s = store(db)
-    return build_report(s, s.run(run_name), command="dashboard download")
+    return build_report(s, s.run(run_name), command="dashboard download",
+                        data=evidence(db, run_name, version))
 
 
 def version(run_id: int) -> str:

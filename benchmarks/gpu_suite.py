@@ -12,6 +12,9 @@ model, AG News texts) — its throughput per checkpoint against a plain forward+
 the same batches, and its start-up (command wall time minus the checkpoints' own seconds).
 Targets (issue 17): fp32 ≤ 1.10×, bf16 ≤ 1.15×, extra peak memory ≤ 10 %, B8 T64 ≤ 1.25×,
 audit throughput ≥ 0.75× the floor, start-up < 5 s.
+Issue 28's measures on the device too: aten ops (≈ launches) per training step of the
+GPT-2-small structure at a tiny width, B16 T128 (``benchmarks.aten_ops``), and SmolLM2-135M
+in-run, B8 T64, fp32 and bf16 (``benchmarks.smollm2_inrun``, when the model folder is here).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from gnq_core.sources.checkpoints import save_checkpoint
 from gnq_core.sources.models import train_tokenizer
 from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
 
-from . import inrun_overhead
+from . import aten_ops, inrun_overhead, smollm2_inrun
 from .cli_throughput import ag_news_texts
 from .common import write
 
@@ -148,6 +151,23 @@ def main() -> None:
                   if "extra_peak_memory_ratio_fused" in row else "")
         print(f"{preset} B{batch} T{length} {precision}: plain {row['plain_s'] * 1e3:.1f} ms, audited "
               f"{row['overhead_ratio']:.3f}x, fused {row['overhead_ratio_fused']:.3f}x{memory}")
+    ops = aten_ops.count(12, 32, 64, 16, 128, device)
+    print("aten ops per step: " + ", ".join(f"{k} {v['ops']} ({v['ratio']:.3f}x)"
+                                            for k, v in ops["variants"].items()))
+    smollm2, smollm2_failures = [], []
+    if (smollm2_inrun.MODEL / "config.json").exists():
+        batch, length, rounds = (2, 8, 2) if args.quick else (8, 64, 7)
+        for precision in ("fp32",) if args.quick else ("fp32", "bf16"):
+            try:
+                row = smollm2_inrun.run(smollm2_inrun.MODEL, batch, length, rounds, ["default", "unfused"],
+                                        device, precision)
+            except Exception as exc:  # recorded, like the in-run rows
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                smollm2_failures.append({"precision": precision, "error": error})
+                continue
+            smollm2.append(row)
+            print(f"SmolLM2-135M {precision}: audited {row['default_ratio_median']:.3f}x, unfused "
+                  f"{row['unfused_ratio_median']:.3f}x")
     with tempfile.TemporaryDirectory(prefix="gnq-gpu-suite-") as tmp:
         shape = dict(n=64, batch=8, length=32, layers=2, width=64) if args.quick else \
             dict(n=args.examples, batch=16, length=128, layers=12, width=768)
@@ -156,7 +176,8 @@ def main() -> None:
           f"{audit['throughput_vs_forward_backward']:.2f}x a plain forward+backward; start-up "
           f"{audit['startup_s']:.1f} s")
     path = write("gpu_suite" + ("-quick" if args.quick else ""),
-                 {"inrun": rows, "inrun_failures": failures, "audit": audit})
+                 {"inrun": rows, "inrun_failures": failures, "audit": audit, "aten_ops": ops,
+                  "smollm2_inrun": smollm2, "smollm2_failures": smollm2_failures})
     print(f"wrote {path}")
 
 

@@ -42,7 +42,7 @@ def run(layers: int, width: int, batch: int, length: int, repeats: int) -> dict:
     calls = _module_calls(model, ids)
     # fused: every Linear/Conv1D fused, as the cost model picks on GPT-2 small at B16 T128 (at this
     # tiny width it would pick the ghost path, which is what the unfused variant measures)
-    auditors = {False: GNQAuditor(model, lam=1e-2, check_uses=False),
+    auditors = {False: GNQAuditor(model, lam=1e-2, fused=False, check_uses=False),
                 True: GNQAuditor(model, lam=1e-2, fused=True, path="materialize", check_uses=False)}
 
     def step(fused: bool | None):

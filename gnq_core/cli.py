@@ -280,27 +280,41 @@ def export(
 @user_errors
 def report(
     run: str = typer.Option(..., help="Run name or id."),
-    out: Path = typer.Option(..., help="HTML file to write (one self-contained file; opens offline)."),
+    out: Path = typer.Option(None, help="HTML file to write (one self-contained file; opens offline)."),
+    json_out: Path = typer.Option(None, "--json", help="JSON file to write: every table of the run "
+                                                       "(schema gnq-report/1, docs/DESIGN.md §8)."),
     top: int = typer.Option(50, min=1, help="Rows of the verdict table."),
     resamples: int = typer.Option(1000, min=10, help="Bootstrap resamples of the predictive-power "
                                                      "intervals."),
-    seed: int = typer.Option(0, help="Seed of the bootstrap."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap and the cross-validation folds."),
     db: Path = DbOption,
     quiet: bool = QuietOption,
 ) -> None:
-    """Write a run's report to hand on: provenance, verdict table, predictive power, top texts."""
+    """Write a run's report to hand on: provenance, what GNQ is on this run, verdict table,
+    predictive power (all texts, exact length, gain over length + loss), top texts; as HTML
+    (--out) and/or JSON (--json)."""
+    from gnq_core.analysis import run_report
     from gnq_core.analysis.html_report import build_report, check_writable, write_report
     from gnq_core.results.store import StoreError
 
+    if out is None and json_out is None:
+        raise ValueError("give --out FILE.html and/or --json FILE.json")
     store = _store(db)
     if not store.path.is_file():
         raise StoreError(f"{store.path}: no store here (build one with gnq train/audit/demo, or pass --db)")
     info = store.run(run)
-    check_writable(out)
-    text = build_report(store, info, top=top, resamples=resamples, seed=seed,
-                        command=" ".join(["gnq", *sys.argv[1:]]))
-    write_report(text, out)
-    _done(quiet, f"report of run {info.name!r} written to {out} ({len(text) / 1e6:.1f} MB)")
+    for path in (out, json_out):
+        if path is not None:
+            check_writable(path)
+    data = run_report.build(store, info, resamples=resamples, seed=seed)
+    if json_out is not None:
+        run_report.write_json(data, json_out)
+        _done(quiet, f"tables of run {info.name!r} written to {json_out}")
+    if out is not None:
+        text = build_report(store, info, top=top, resamples=resamples, seed=seed,
+                            command=" ".join(["gnq", *sys.argv[1:]]), data=data)
+        write_report(text, out)
+        _done(quiet, f"report of run {info.name!r} written to {out} ({len(text) / 1e6:.1f} MB)")
 
 
 @app.command()

@@ -72,6 +72,7 @@ def test_runs_page(store_path, monkeypatch):
     at = page("runs", store_path, monkeypatch, run_name="audited")
     shown = texts_of(at)
     assert "Top flagged texts" in shown and "audited" in shown
+    assert "What GNQ is on this run." in shown and "gradient norm" in shown  # issue 25
     assert at.metric[0].value == "32"
     runs = at.dataframe[0].value
     assert set(runs["name"]) == {"audited", "run"}
@@ -97,6 +98,13 @@ def test_extraction_page(store_path, monkeypatch):
     assert set(power["direction"]) <= {"higher = extracted", "lower = extracted"}
     assert (power["texts"] == 32).all()
     assert "stratified bootstrap resamples" in texts_of(at)
+    # issue 25: the length control and the gain over length + loss are columns of one table per
+    # outcome; the tiny model extracts nothing here, so the groups' table is the one scored
+    assert "No signal can be scored against extraction" in texts_of(at)
+    groups = next(d.value for d in at.dataframe if "AUC (all texts)" in d.value.columns)
+    wanted = {"AUC within exact length", "CV AUC gain over length + loss", "TPR @ 0.1% FPR"}
+    assert wanted <= set(groups.columns)
+    assert set(groups["direction"]) <= {"higher = common", "lower = common"}
     # The report: prepared on a click, then offered as a download of one HTML file.
     at.button[0].click().run()
     assert not at.exception

@@ -273,6 +273,35 @@ def test_ranking_comparison():
         charts.ranking_comparison([1, 2], [1])
 
 
+def membership_roc() -> go.Figure:
+    """The membership log-ROC of an evidence table (issue 25: members vs non-members)."""
+    from gnq_core.analysis import evidence as ev
+    from gnq_core.analysis.predictive import roc_points
+    from gnq_core.analysis.predictive_figures import roc_figure
+
+    rng = np.random.default_rng(0)
+    member = np.arange(400) % 2 == 0
+    frame = pd.DataFrame({"example_id": range(400), "member": member, "n_tokens": 20,
+                          "loss_last": rng.normal(size=400) - member})
+    table = ev.evidence_table(frame, resamples=20, cv=False)
+    rows = table[table["scope"] == ev.SCOPE_ALL]
+    return roc_figure(roc_points(frame, outcome="member"), rows, log_fpr=True, template=None,
+                      positive="member", negative="non-member")
+
+
+def test_membership_roc_reads_the_low_fpr_region_on_a_log_axis():
+    from gnq_core.analysis.predictive_figures import roc_png
+
+    fig = membership_roc()
+    assert fig.layout.xaxis.type == "log" and "non-member" in fig.layout.xaxis.title.text
+    names = [t.name for t in fig.data]
+    assert names[0].startswith("loss (AUC ") and names[-1] == "chance"
+    png = roc_png(pd.DataFrame({"signal": ["a", "a"], "fpr": [0.001, 1.0], "tpr": [0.5, 1.0]}),
+                  pd.DataFrame({"signal": ["a"], "label": ["a"], "auc": [0.7], "auc lo": [0.6],
+                                "auc hi": [0.8]}))
+    assert png.axes[0].get_xscale() == "log"
+
+
 def every_figure() -> list[go.Figure]:
     from gnq_core.analysis.predictive import evaluate, roc_points
     from gnq_core.analysis.predictive_figures import roc_figure
@@ -287,7 +316,8 @@ def every_figure() -> list[go.Figure]:
                             "gnq_total": np.linspace(1, 5, 40), "loss_last": np.linspace(3, 1, 40),
                             "n_tokens": [20] * 40})
     roc = roc_figure(roc_points(signals), evaluate(signals, resamples=20), template=None)
-    return [charts.gnq_histogram(t), charts.gnq_vs_loss(t), charts.trajectories(traj, [1], [0], [], True),
+    return [membership_roc(), charts.gnq_histogram(t), charts.gnq_vs_loss(t),
+            charts.trajectories(traj, [1], [0], [], True),
             charts.group_distributions(traj), charts.example_trajectory(traj[traj.example_id == 1]),
             charts.extraction_vs_quantile(quantile_bins(t)), charts.regression_data(X, Y, W, B, 0, gnq),
             charts.gradient_space(G, 0, circle, {2: circle}, 1.0), charts.ranking_comparison(gnq, gnq),

@@ -25,7 +25,7 @@ def _frame(n: int = 200, seed: int = 1) -> pd.DataFrame:
 
 
 def test_perfect_reversed_and_random_signals():
-    result = pr.evaluate(_frame(), resamples=300, seed=0, bins=0)
+    result = pr.evaluate(_frame(), resamples=300, seed=0, )
     t = result.table.set_index("signal")
     assert t.loc["gnq_total", "auc"] == 1.0 and t.loc["gnq_total", "auc lo"] == 1.0
     assert t.loc["loss_last", "auc"] == 1.0  # its stated direction (lower) is applied
@@ -137,41 +137,18 @@ def test_bootstrap_is_deterministic_by_seed_and_stratified():
     np.testing.assert_array_equal(whole["auc"], chunked["auc"])
 
 
-def test_length_bins_missing_signals_and_one_class():
+def test_missing_signals_and_one_class():
     f = _frame(300)
-    result = pr.evaluate(f, resamples=100, bins=3)
-    scopes = list(dict.fromkeys(result.table["scope"]))
-    assert scopes[0] == pr.ALL and len(scopes) == 4 and all(s.startswith("n_tokens ") for s in scopes[1:])
-    assert len(result.bins) == 3 and "quantile bins" in result.method()
+    result = pr.evaluate(f, resamples=100)
+    assert set(result.table["scope"]) == {pr.ALL} and "exact token length" in result.method()
     assert "risk" not in set(result.table["signal"])  # absent column: absent row
     only_kept = f.assign(extracted=False)
-    none = pr.evaluate(only_kept, resamples=100, bins=0)
+    none = pr.evaluate(only_kept, resamples=100)
     assert none.table["auc"].isna().all()
     assert "both extracted and kept" in pr.best_signal_sentence(none)
     partial = f.assign(loss_ratio=np.where(np.arange(len(f)) % 2, np.nan, f["gnq_total"]))
-    row = pr.evaluate(partial, resamples=100, bins=0).table.set_index("signal").loc["loss_ratio"]
+    row = pr.evaluate(partial, resamples=100).table.set_index("signal").loc["loss_ratio"]
     assert row["n"] == len(f) // 2
-
-
-def test_length_bins_give_a_common_length_its_own_bin():
-    lengths = pd.Series([64] * 70 + list(range(20, 50)))  # most texts cut to the maximum length
-    names = pr.length_bins(lengths, 3)
-    assert set(names[:70]) == {"n_tokens 64"}
-    rest = names[70:]
-    assert rest.nunique() == 2 and not rest.str.contains("64").any()
-    assert pr.bin_order(names)[-1] == "n_tokens 64"
-    for name in rest.unique():  # equal lengths never split across two bins
-        assert lengths[names == name].min() > lengths[(names != name) & (names != "n_tokens 64")].max() \
-            or lengths[names == name].max() < lengths[(names != name) & (names != "n_tokens 64")].min()
-    assert pr.length_bins(pd.Series([10] * 5), 3).isna().all()  # one length: no bins
-    f = _frame(300).assign(n_tokens=np.repeat([10, 20, 30], 100))
-    f.loc[f["n_tokens"] == 10, "extracted"] = False  # the short bin has one outcome only
-    three = pr.evaluate(f, resamples=50)
-    assert three.bins == ["n_tokens 10", "n_tokens 20", "n_tokens 30"]
-    assert set(pr.display_bins(three)["scope"]) == {"n_tokens 20", "n_tokens 30"}
-    assert "one outcome only: n_tokens 10 (0 of 100 extracted)" in pr.within_bins_sentence(three)
-    one_bin = pr.evaluate(_frame().assign(n_tokens=12), resamples=50)
-    assert set(one_bin.table["scope"]) == {pr.ALL} and "No length bins" in one_bin.method()
 
 
 def test_sentences_are_honest_about_overlap():
@@ -182,10 +159,10 @@ def test_sentences_are_honest_about_overlap():
                       "gnq_total": y + rng.normal(0, 1.5, n),   # two similar, weak signals
                       "gnq_last": y + rng.normal(0, 1.5, n),
                       "n_tokens": 10})
-    result = pr.evaluate(f, resamples=300, bins=0)
+    result = pr.evaluate(f, resamples=300, )
     text = pr.best_signal_sentence(result)
     assert "do not tell the two apart" in text and "predicts extraction best" in text
-    clear = pr.evaluate(_frame(), resamples=300, bins=0)
+    clear = pr.evaluate(_frame(), resamples=300, )
     text = pr.best_signal_sentence(clear)
     assert "Pointing the other way" in text and "GNQ_max" in text
     display = pr.display_table(clear)
@@ -205,29 +182,27 @@ def test_rate_interval_contains_the_rate_and_narrows_with_n():
     rng = np.random.default_rng(0)
     small = rng.random(40) < 0.3
     large = rng.random(4000) < 0.3
-    r_s, lo_s, hi_s = pr.rate_interval(small, resamples=1000, seed=1)
-    r_l, lo_l, hi_l = pr.rate_interval(large, resamples=1000, seed=1)
+    r_s, lo_s, hi_s = pr.rate_interval(small)
+    r_l, lo_l, hi_l = pr.rate_interval(large)
     assert lo_s <= r_s <= hi_s and lo_l <= r_l <= hi_l
     assert r_s == small.mean() and r_l == large.mean()
     assert hi_l - lo_l < (hi_s - lo_s) / 4  # ~1/√n: 10× the width at 100× the texts
-    assert pr.rate_interval(np.ones(10, bool)) == (1.0, 1.0, 1.0)
     assert all(np.isnan(pr.rate_interval([])))
 
 
-def test_stratified_auc_is_the_raw_auc_with_one_length_and_removes_a_pure_length_signal():
-    rng = np.random.default_rng(3)
-    n = 300
-    score = rng.normal(size=n)
-    y = rng.random(n) < 1 / (1 + np.exp(-2 * score))
-    raw = pr.metrics_matrix(score, y)["auc"][0]
-    auc, lo, hi, k = pr.stratified_auc(score, y, ["n_tokens 30"] * n, resamples=300, seed=0)
-    assert k == 1 and auc == pytest.approx(raw, abs=1e-12) and lo <= auc <= hi
-    # a signal that is only the length: high raw AUC, 0.5 within bins of one length each
-    length = rng.integers(1, 4, n)
-    outcome = rng.random(n) < np.array([0.9, 0.5, 0.1])[length - 1]
-    raw_len = pr.metrics_matrix(-length.astype(float), outcome)["auc"][0]
-    strat, _, _, k = pr.stratified_auc(-length.astype(float), outcome, length, resamples=200)
-    assert raw_len > 0.7 and k == 3 and strat == pytest.approx(0.5)
+def test_rate_interval_never_collapses_at_zero_or_all():
+    """Issue 25: the bootstrap gave [0, 0] for 0 of 10 and [1, 1] for 10 of 10; Wilson does not."""
+    rate, lo, hi = pr.rate_interval(np.ones(10, bool))
+    assert rate == 1.0 and hi == pytest.approx(1.0) and 0.6 < lo < 0.8  # Wilson 95%: 0.722
+    rate, lo, hi = pr.rate_interval(np.zeros(10, bool))
+    assert rate == 0.0 and lo == pytest.approx(0.0, abs=1e-12) and 0.2 < hi < 0.35  # 0.278
+
+
+def test_rate_interval_covers_the_true_rate_about_as_often_as_stated():
+    rng = np.random.default_rng(4)
+    for p in (0.02, 0.3):
+        covered = [(lambda r: r[1] <= p <= r[2])(pr.rate_interval(rng.random(60) < p)) for _ in range(400)]
+        assert 0.90 <= np.mean(covered) <= 0.995, (p, np.mean(covered))
 
 
 def test_evaluate_reports_the_stratified_auc_next_to_the_raw_one():
@@ -240,4 +215,5 @@ def test_evaluate_reports_the_stratified_auc_next_to_the_raw_one():
         assert table.loc[signal, "stratified lo"] <= table.loc[signal, "stratified auc"] \
             <= table.loc[signal, "stratified hi"]
     shown = pr.display_stratified(result)
-    assert list(shown.columns) == ["signal", "AUC (all texts)", "AUC within length bins (mean)", "bins"]
+    assert list(shown.columns) == ["signal", "AUC (all texts)", "AUC within exact length (pair-weighted)",
+                                   "lengths scored", "pairs"]

@@ -175,3 +175,79 @@ def test_report_opens_offline_in_a_real_browser(db, tmp_path, browser):  # noqa:
     assert "<script>alert('x')</script>" in body  # shown, not run
     assert not dialogs and not errors, (dialogs, errors)
     assert all(u.startswith(("file:", "data:", "blob:", "about:")) for u in requests), requests
+
+
+# ----------------------------------------------------------------------------------------- issue 25
+def test_report_json_holds_every_table_with_provenance(db, tmp_path):
+    """`gnq report --json`: schema gnq-report/1; per outcome × signal the three scopes; the numbers
+    equal analysis.predictive's on the same frame; provenance names what produced the run."""
+    import json
+
+    from gnq_core.analysis import predictive as pr
+
+    out = tmp_path / "tables.json"
+    result = runner.invoke(app, ["report", "--run", "audited", "--json", str(out), "--db", str(db),
+                                 "--resamples", "50"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["schema"] == "gnq-report/1" and doc["run"]["name"] == "audited"
+    prov = doc["provenance"]
+    for key in ("λ", "loss convention", "batch size", "seed", "model", "model hash", "dataset hash",
+                "code version", "attack", "signals read at"):
+        assert key in prov, key
+    assert prov["λ"] == 0.01 and "reveal 4 tokens" in prov["attack"]
+    assert doc["method"]["fpr_levels"] == [0.001, 0.01, 0.1]
+    rows = [r for r in doc["tables"] if r["outcome"] == "extraction"]
+    by = {(r["signal"], r["scope"]): r for r in rows}
+    assert {s for _, s in by} == {"all", "exact length", "over length + loss"}
+    gnq_all = by[("gnq_total", "all")]
+    frame = signal_frame(Store(db), Store(db).run("audited")).dropna(subset=["extracted"])
+    y = frame["extracted"].astype(bool).to_numpy()
+    auc = pr.metrics_matrix(frame["gnq_total"].to_numpy(), y)["auc"][0]
+    assert gnq_all["auc"]["value"] == pytest.approx(auc)
+    assert set(gnq_all["tpr_at_fpr"]) == {"0.001", "0.01", "0.1"}
+    assert gnq_all["auc"]["lo"] <= gnq_all["auc"]["value"] <= gnq_all["auc"]["hi"]
+    length = by[("gnq_total", "exact length")]
+    assert isinstance(length["strata"], int) and length["strata"] >= 1 and length["pairs"] > 0
+    assert by[("n_tokens", "exact length")]["auc"]["value"] == pytest.approx(0.5)  # length-only: 0.5
+    gain = by[("gnq_total", "over length + loss")]
+    assert gain["base"] == "length spline + loss" and gain["cv_auc_gain"]["value"] is not None
+    assert 0 <= gain["lr_p"] <= 1
+    assert doc["verdict"]["risk_basis"]  # which components the risk uses, in words
+    nature = doc["gnq_on_this_run"]
+    assert "gradient" in nature["sentence"] and nature["n"] == 2 * N
+
+
+def test_signals_are_read_at_the_attacked_point(db):
+    """An attack on an earlier point reads GNQ, loss and K_jj there, not at the last point."""
+    store = Store(db)
+    audit = store.run("audited")
+    store.delete_extractions(audit.run_id, 1, 4)
+    store.write_extractions(audit.run_id, 0, 4, pd.DataFrame({
+        "example_id": range(N), "threshold": 1.0, "n_continuation": 4, "match_fraction": 1.0,
+        "success": np.arange(N) % 2 == 0, "prefix_text": "p", "generated_text": "g", "target_text": "t",
+        "target_tokens": None, "generated_tokens": None}), code_version="test")
+    frame = signal_frame(store, audit).set_index("example_id").sort_index()
+    first = store.scores(audit.run_id, 0).set_index("example_id").sort_index()
+    assert np.allclose(frame["gnq_total"], first["gnq"]) and np.allclose(frame["gnq_last"], first["gnq"])
+    assert np.allclose(frame["loss_last"], first["loss"]) and (frame["n_points"] == 1).all()
+    assert (frame["signals_point"] == "epoch-1").all()
+
+
+def test_report_shows_membership_when_the_frame_has_non_members(db):
+    """The frame contract's ``member`` column (non-members joined by analysis.evidence) reaches the
+    HTML report as its own table and a log-FPR ROC."""
+    from gnq_core.analysis import evidence as ev
+    from gnq_core.analysis import run_report
+    from gnq_core.analysis.html_report import build_report
+
+    store = Store(db)
+    run = store.run("audited")
+    data = run_report.build(store, run, resamples=20, cv=False)
+    others = data.frame.assign(loss_last=data.frame["loss_last"] + 1.0)  # the model never saw them
+    data.frame = ev.with_non_members(data.frame, others)
+    data.evidence = ev.evidence_table(data.frame, resamples=20, cv=False)
+    assert "membership" in set(data.evidence["outcome"])
+    text = build_report(store, run, data=data)
+    assert "Which signal tells members from non-members?" in text and "non-member texts flagged" in text
+    assert any(t["outcome"] == "membership" for t in data.to_json()["tables"])

@@ -117,3 +117,46 @@ def test_scores_follow_their_definitions():
     assert scores["zlib_ratio"] == pytest.approx(-lp.sum() / math.log(2) / zlib_bits)
     no_ref = membership_scores([text], [lp], None).iloc[0]
     assert math.isnan(no_ref["loss_ratio"]) and no_ref["min_k_prob"] == scores["min_k_prob"]
+
+
+# ----------------------------------------------------------------------------------------- issue 25
+def _many(n: int = 200, seed: int = 0) -> pd.DataFrame:
+    """Texts whose extraction follows low loss only; GNQ is noise, membership scores are absent."""
+    rng = np.random.default_rng(seed)
+    loss = rng.uniform(0.1, 3.0, n)
+    return pd.DataFrame({
+        "example_id": range(n), "text": "t", "gnq_total": rng.uniform(1, 100, n), "n_points": 3, "copies": 1,
+        "gnq_with_copy": 0, "loss_last": loss, "attack_prefix_tokens": 12, "attack_suffix_tokens": 8,
+        "extracted": pd.array(rng.random(n) < 1 / (1 + np.exp(4 * (loss - 1.0))), dtype="boolean"),
+        # membership evidence that points to some texts without GNQ or the loss ratio agreeing
+        "zlib_ratio": rng.uniform(0.1, 1.0, n), "min_k_prob": rng.uniform(-6, -1, n),
+        "loss_ratio": rng.uniform(0.7, 1.3, n)})
+
+
+def test_status_and_reason_never_contradict():
+    """'at risk' beside 'no strong sign of memorisation' was possible: risk can be in the top 20% by
+    the calibrated membership scores while GNQ is mid-range and the loss ratio near 1."""
+    frame = _many().drop(columns=["extracted"])  # no ground truth: the default risk
+    ranked = rank_texts(frame)
+    at_risk = ranked[ranked["status"] == "at risk"]
+    assert len(at_risk) > 0
+    assert not at_risk["reason"].str.contains("no strong sign").any()
+    assert at_risk["reason"].str.contains("top").all()  # top 20% by risk, or GNQ / loss in words
+    low = ranked[ranked["status"] == "low"]
+    assert not low["reason"].str.contains("unique and encoded").any()
+    assert not (low["reason"].str.contains("no strong sign") & low["reason"].str.contains("top")).any()
+
+
+def test_risk_uses_the_components_that_validate_on_the_runs_outcome():
+    frame = _many(300)
+    ranked = rank_texts(frame)
+    basis = ranked.attrs["risk_basis"]
+    assert basis.startswith("validated on this run's extraction outcome") and "low loss" in basis
+    assert "exposure" not in basis  # GNQ is noise here: it does not validate
+    y = ranked["extracted"].astype(bool)
+    auc = (ranked["risk"][y].to_numpy()[:, None] > ranked["risk"][~y].to_numpy()[None, :]).mean()
+    assert auc > 0.8  # cross-validated risk follows the outcome; the default (GNQ + membership) does not
+    default = risk_components(frame.drop(columns=["extracted"]))["risk"]
+    assert (default[y].to_numpy()[:, None] > default[~y].to_numpy()[None, :]).mean() < 0.65
+    few = frame.assign(extracted=pd.array([True] * 3 + [False] * 297, dtype="boolean"))
+    assert risk_components(few)["risk_basis"].iloc[0].startswith("default")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, show, state
+from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import quantile_bins, roc_figure, targeted_attack_table
 
@@ -42,7 +43,7 @@ st.dataframe(table, hide_index=True, width="stretch",
              column_config={c: st.column_config.NumberColumn(format="%.3f")
                             for c in ("by_gnq", "by_loss", "by_self_influence", "random_mean", "random_std")})
 st.caption("Rates of successful extraction among the k texts ranked highest by GNQ_total, lowest by loss, "
-           "highest by self-influence K_jj, and k random texts (mean ± std over seeds).")
+           "highest by the gradient norm² (self-influence K_jj), and k random texts (mean ± std over seeds).")
 if attacked["group"].notna().any():
     st.subheader("By group")
     by_group = (attacked.assign(success=attacked["extraction_match"] >= threshold)
@@ -52,18 +53,40 @@ if attacked["group"].notna().any():
 
 st.subheader("Which signal predicts extraction?")
 result, roc, provenance = state.predictive(db, run.name, version)
+data = state.evidence(db, run.name, version)
 st.markdown(pr.best_signal_sentence(result))
-st.dataframe(pr.display_table(result), hide_index=True, width="stretch",
-             column_config={"direction": st.column_config.TextColumn(
-                 help="Fixed before looking at the outcome: which end of the signal should mean 'extracted'. "
-                      "AUC below 0.5 means the signal points the other way on this run.")})
-st.caption("Outcome: the stored attack's own rule (not the slider above). " + result.method() + " "
-           + state.plain(provenance))  # provenance names runs: user data
-log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=False)
+st.markdown(pr.within_length_sentence(result) + " " + ev.gain_sentence(data.evidence))
+table = ev.display(data.evidence, "extraction")
+if table.empty:  # said in words; the best-signal sentence above gives the counts too
+    st.markdown("No signal can be scored against extraction: the attack needs both extracted and kept "
+                f"texts ({int(attacked['extracted'].fillna(False).sum())} of {len(attacked)} extracted).")
+else:
+    st.dataframe(table, hide_index=True, width="stretch", column_config={
+        "direction": st.column_config.TextColumn(
+            help="Fixed before looking at the outcome: which end of the signal should mean 'extracted'. "
+                 "AUC below 0.5 means the signal points the other way on this run."),
+        "AUC within exact length": st.column_config.TextColumn(
+            help="Only an extracted and a kept text of the same token length are compared: a signal "
+                 "that only tracks length scores 0.5 here."),
+        "CV AUC gain over length + loss": st.column_config.TextColumn(
+            help="Cross-validated AUC of a logistic model on length (spline) + loss + this signal, "
+                 "minus that of length + loss: what the signal adds. For loss: over length alone.")})
+st.caption("Outcome: the stored attack's own rule (not the slider above); signals read at the attacked "
+           "point. " + ev.method(data.resamples, data.seed, data.level) + " " + state.plain(provenance))
+log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=True)
 show.chart(roc_figure(roc, result, log_fpr=log_fpr, template=None), width="stretch")
-if result.bins:
-    with st.expander("Within length bins (does a signal only track text length?)"):
-        st.markdown(pr.within_bins_sentence(result))
-        by_bin = pr.display_bins(result)
-        if len(by_bin):  # empty when every bin's texts share one outcome (the sentence says so)
-            st.dataframe(by_bin, hide_index=True, width="stretch")
+with st.expander("Precision among the top-ranked texts"):
+    st.dataframe(pr.display_table(result), hide_index=True, width="stretch")
+    st.caption(result.method())
+for (outcome, positive), _ in data.evidence[data.evidence["outcome"] != "extraction"].groupby(
+        ["outcome", "positive"], sort=False):
+    title = ("Members vs non-members" if outcome == "membership"
+             else f"{state.plain(positive)} vs the other texts")
+    with st.expander(f"Same signals, another outcome: {title}"):
+        st.dataframe(ev.display(data.evidence, outcome, positive), hide_index=True, width="stretch")
+        if outcome == "membership":  # the field's view: TPR at low FPR on a log axis
+            table = data.evidence
+            rows = table[(table["outcome"] == outcome) & (table["scope"] == ev.SCOPE_ALL)]
+            points = pr.roc_points(data.frame, outcome="member")
+            show.chart(roc_figure(points, rows, log_fpr=True, template=None, positive="member",
+                                  negative="non-member"), width="stretch")

@@ -79,6 +79,12 @@ extracted = totals["extracted"].dropna()
 c4.metric("Extracted by the attack",
           f"{int(extracted.sum())} / {len(extracted)}" if len(extracted) else "not run")
 
+nature = state.gnq_nature(str(state.db_path()), run.run_id, version)
+st.markdown("**What GNQ is on this run.** " + nature["sentence"])
+st.caption("K_jj = ‖g_j‖² is the gradient norm squared. Without batch companions GNQ = K_jj/λ; "
+           "1 − GNQ·λ/K_jj (λ_eff for a relative λ) is the share of a gradient its companions explain. "
+           "When it is small for every text, GNQ orders texts as the gradient norm does.")
+
 left, right = st.columns(2)
 with left:
     show.chart(charts.gnq_histogram(scored), width="stretch")

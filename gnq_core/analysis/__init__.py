@@ -4,7 +4,7 @@ power, summaries, the 2D regression, the HTML report); it trains nothing."""
 from gnq_core._lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "": ("predictive", "regression2d"),
+    "": ("evidence", "gnq_nature", "length_control", "predictive", "regression2d", "run_report"),
     ".compare": ("compare_runs",),
     ".flagging": ("GNQ_ORDER", "VERDICT_ORDER", "TextFilter", "flagged"),
     ".html_report": ("build_report", "check_writable", "write_report"),

@@ -1,16 +1,18 @@
 """A run's report to hand on: one self-contained HTML file (``gnq report``, the dashboard's download).
 
-Sections: what produced the run (provenance), the verdict table (the run's ranking: the
-combined verdict's ``rank`` when the frame carries one, else GNQ_total), the predictive-power
-table with its ROC chart, and the top flagged texts in full.  Plotly's JavaScript is inlined, so
-the file opens offline and loads nothing from the network.  Every text from the data (texts,
-group names, run names, settings) is HTML-escaped: a hostile training text cannot inject markup.
+Sections: what produced the run (provenance), what GNQ is on this run (analysis.gnq_nature), the
+verdict table (the run's ranking: the combined verdict's ``rank`` when the frame carries one, else
+GNQ_total), the evidence tables per outcome (analysis.evidence: AUC over all texts and within exact
+length, TPR at low FPR, CV gain over length + loss) with the ROC chart, and the top flagged texts
+in full.  The numbers come from analysis.run_report, as ``gnq report --json``'s do.  Plotly's
+JavaScript is inlined, so the file opens offline and loads nothing from the network.  Every text
+from the data (texts, group names, run names, settings) is HTML-escaped: a hostile training text
+cannot inject markup.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import os
 from datetime import datetime
 from pathlib import Path
@@ -18,9 +20,10 @@ from typing import Any
 
 import pandas as pd
 
+from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
+from gnq_core.analysis import run_report
 from gnq_core.analysis.predictive_figures import roc_figure
-from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts
 from gnq_core.atomic import write_text_atomic
 from gnq_core.results.store import Run, Store
@@ -52,11 +55,16 @@ def ordered(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 
 def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, top: int = TOP,
-                 resamples: int = pr.RESAMPLES, seed: int = 0, command: str = "") -> str:
-    """The whole report as one HTML string."""
-    if totals is None:  # the run's texts in the verdict's order, its risk tested with the rest
-        totals = rank_texts(store.example_totals(run.run_id))
-    frame = signal_frame(store, run, totals)
+                 resamples: int = pr.RESAMPLES, seed: int = 0, command: str = "",
+                 data: run_report.RunReport | None = None) -> str:
+    """The whole report as one HTML string (``data``: run_report.build's, when already made)."""
+    if data is None:  # the run's texts in the verdict's order, its risk tested with the rest
+        data = run_report.build(store, run, totals=totals if totals is not None
+                                else rank_texts(store.example_totals(run.run_id)),
+                                resamples=resamples, seed=seed)
+    frame = data.frame
+    if "member" in frame.columns:  # non-member texts are scored, not listed
+        frame = frame[frame["member"].astype("boolean").fillna(True).astype(bool)]
     ranked, order_name = ordered(frame)
     attacks = store.extractions(run.run_id)
     e = html.escape
@@ -66,15 +74,18 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              f"<p class='caption'>Generated {datetime.now():%Y-%m-%d %H:%M} from the store "
              f"<code>{e(str(store.path))}</code>"
              + (f" by <code>{e(command)}</code>" if command else "") + ". One file, no network needed.</p>",
-             "<h2>Provenance</h2>", _provenance(store, run, attacks),
-             f"<p class='caption'>{e(gnq_provenance(store, run))} GNQ = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: "
+             "<h2>Provenance</h2>", _provenance(data.provenance),
+             "<h2>What GNQ is on this run</h2>", _nature(data),
+             f"<p class='caption'>{e(data.gnq_source)} GNQ = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: "
              "how much of a text's gradient its batch companions cannot explain; about 1 or less: explained "
              "(a copy in the same batch gives ≈ 1), large: the model must encode this text specifically. "
              "Compare values within a run.</p>",
              f"<h2>Verdict: the {min(top, len(ranked))} texts to look at first</h2>",
-             f"<p class='caption'>Ordered by {e(order_name)}. Of {len(ranked)} texts.</p>",
+             f"<p class='caption'>Ordered by {e(order_name)}. Of {len(ranked)} texts. Memorisation risk: "
+             f"{e(data.risk_basis)}.</p>",
              _verdict_table(ranked.head(top)),
-             "<h2>Which signal predicts extraction?</h2>", _predictive(frame, attacks, resamples, seed),
+             "<h2>Which signal predicts extraction?</h2>", _predictive(data, attacks),
+             _other_outcomes(data, plotly_loaded=_scorable(frame, attacks)),
              f"<h2>Top {min(TEXTS_IN_FULL, len(ranked))} flagged texts in full</h2>",
              _texts_in_full(ranked.head(TEXTS_IN_FULL)),
              "</body></html>"]
@@ -109,34 +120,30 @@ def _table(frame: pd.DataFrame) -> str:
                          float_format=lambda v: f"{v:.4g}")
 
 
-def _provenance(store: Store, run: Run, attacks: pd.DataFrame) -> str:
-    points = store.points(run.run_id)
-    done = points[points["status"] == "done"]
-    info = store.runs()
-    row = info[info["run_id"] == run.run_id].iloc[0]
-    fields: list[tuple[str, Any]] = [
-        ("kind", run.kind), ("status", run.status), ("texts", run.n_examples),
-        ("points done", f"{len(done)} of {len(points)}" + (f" ({', '.join(done['label'].astype(str))})"
-                                                          if 0 < len(done) <= 40 else "")),
-        ("λ", f"{run.lam:g}"), ("loss convention", row.get("loss_convention")),
-        ("batch size", run.batch_size), ("seed", run.seed), ("max length (tokens)", run.max_length),
-        ("model", run.model_path), ("model hash", row.get("model_hash")), ("dataset", run.dataset_path),
-        ("dataset hash", run.dataset_hash), ("code version", row.get("code_version")),
-        ("device", row.get("device")), ("dtype", row.get("dtype")),
-        ("created", row.get("created_at")), ("updated", row.get("updated_at")),
-    ]
-    if not attacks.empty:
-        latest = attacks.sort_values("created_at").iloc[-1]
-        label = points.set_index("point")["label"].get(latest["point"], latest["point"])
-        rule = (f"checkpoint {label}, reveal {int(latest['prefix_tokens'])} tokens, greedy decoding, "
-                f"success at match ≥ {latest['threshold']:g}")
-        if pd.notna(latest.get("suffix_tokens")):
-            rule += f" over exactly {int(latest['suffix_tokens'])} suffix tokens"
-        fields.append(("attack", rule))
-    fields.append(("settings", json.dumps(run.settings, sort_keys=True, default=str)))
+def _provenance(fields: list[tuple[str, Any]]) -> str:
     frame = pd.DataFrame([(k, "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))
                           for k, v in fields], columns=["field", "value"])
     return _table(frame)
+
+
+def _nature(data: run_report.RunReport) -> str:
+    """The sentence on GNQ vs the gradient norm, and the record-level GNQ of copy clusters."""
+    e = html.escape
+    parts = [f"<p class='sentence'>{e(data.nature['sentence'])}</p>",
+             "<p class='caption'>K_jj = ‖g_j‖² is the gradient norm squared; without batch companions "
+             "GNQ = K_jj/λ, and the share 1 − GNQ·λ/K_jj is what the companions explain (λ_eff for a "
+             "relative λ). Thresholds: docs/DESIGN.md §8.</p>"]
+    if len(data.records):
+        shown = data.records.head(20)
+        incomplete = int((~data.records["complete"]).sum())
+        parts += [f"<h3>Record-level GNQ of the {len(data.records)} copy clusters</h3>",
+                  "<p class='caption'>Per cluster of copies: the sum of GNQ over the batches where exactly "
+                  "one copy appears (the record's exposure, docs/DESIGN.md §8). "
+                  + (f"{incomplete} clusters had copies sharing a batch: those batches would need the "
+                     "leave-cluster-out solve, which needs the gradients (not stored), so their record GNQ "
+                     "is a lower bound (complete = False)." if incomplete else
+                     "No copies shared a batch, so every value is complete.") + "</p>", _table(shown)]
+    return "\n".join(parts)
 
 
 VERDICT_COLUMNS = ["rank", "status", "reason", "risk", "example_id", "group", "gnq_total", "gnq_percentile",
@@ -156,22 +163,47 @@ def _verdict_table(top: pd.DataFrame) -> str:
     return _table(shown[columns])
 
 
-def _predictive(frame: pd.DataFrame, attacks: pd.DataFrame, resamples: int, seed: int) -> str:
+def _predictive(data: run_report.RunReport, attacks: pd.DataFrame) -> str:
     e = html.escape
-    if attacks.empty or "extracted" not in frame.columns or frame["extracted"].notna().sum() == 0:
+    frame = data.frame
+    if not _scorable(frame, attacks):
         return ("<p>No extraction attack is stored for this run, so no signal can be scored against it. "
                 "Run <code>gnq extract --run NAME</code> and make the report again.</p>")
-    result = pr.evaluate(frame, resamples=resamples, seed=seed)
-    points = pr.roc_points(frame)
-    figure = roc_figure(points, result).to_html(full_html=False, include_plotlyjs=True,
-                                                config={"displaylogo": False})
-    parts = [f"<p class='sentence'>{e(pr.best_signal_sentence(result))}</p>",
-             _table(pr.display_table(result)),
-             f"<p class='caption'>{e(result.method())}</p>", figure]
-    if result.bins:
-        by_bin = pr.display_bins(result)
-        parts += ["<h3>Within length bins</h3>", f"<p>{e(pr.within_bins_sentence(result))}</p>",
-                  _table(by_bin) if len(by_bin) else ""]
+    result = pr.evaluate(frame, resamples=data.resamples, seed=data.seed)
+    figure = roc_figure(pr.roc_points(frame), result).to_html(full_html=False, include_plotlyjs=True,
+                                                              config={"displaylogo": False})
+    table = ev.display(data.evidence, "extraction")
+    return "\n".join([f"<p class='sentence'>{e(pr.best_signal_sentence(result))}</p>",
+                      f"<p>{e(pr.within_length_sentence(result))} {e(ev.gain_sentence(data.evidence))}</p>",
+                      _table(table) if len(table) else "",
+                      f"<p class='caption'>{e(ev.method(data.resamples, data.seed, data.level))}</p>",
+                      figure, "<h3>Precision among the top-ranked texts</h3>",
+                      _table(pr.display_table(result)),
+                      f"<p class='caption'>{e(result.method())}</p>"])
+
+
+def _scorable(frame: pd.DataFrame, attacks: pd.DataFrame) -> bool:
+    """An attack is stored and some text has its outcome (the predictive section, with plotly.js)."""
+    return not attacks.empty and "extracted" in frame.columns and bool(frame["extracted"].notna().any())
+
+
+def _other_outcomes(data: run_report.RunReport, plotly_loaded: bool) -> str:
+    """Membership (when the run has non-members) and group outcomes: the same table per outcome."""
+    e = html.escape
+    parts = []
+    for (outcome, positive), _ in data.evidence[data.evidence["outcome"] != "extraction"].groupby(
+            ["outcome", "positive"], sort=False):
+        title = ("Which signal tells members from non-members?" if outcome == "membership"
+                 else f"Which signal tells {positive} from the other texts?")
+        rows = data.evidence[data.evidence["positive"] == positive]
+        parts += [f"<h2>{e(title)}</h2>", _table(ev.display(data.evidence, outcome, positive)),
+                  f"<p>{e(ev.gain_sentence(rows, outcome))}</p>"]
+        if outcome == "membership":  # the field's view: TPR at low FPR on a log axis
+            points = pr.roc_points(data.frame, outcome="member")
+            figure = roc_figure(points, rows[rows["scope"] == ev.SCOPE_ALL], log_fpr=True, positive="member",
+                                negative="non-member")
+            parts.append(figure.to_html(full_html=False, include_plotlyjs=not plotly_loaded,
+                                        config={"displaylogo": False}))
     return "\n".join(parts)
 
 
@@ -185,8 +217,8 @@ def _texts_in_full(top: pd.DataFrame) -> str:
         if pd.notna(row.get("gnq_total")):
             head.append(f"GNQ_total {row['gnq_total']:.4g}")
         if pd.notna(row.get("extraction_match")):
-            head.append(f"attack match {row['extraction_match']:.2f}"
-                        + (" — extracted" if bool(row.get("extracted")) else ""))
+            extracted = pd.notna(row.get("extracted")) and bool(row.get("extracted"))
+            head.append(f"attack match {row['extraction_match']:.2f}" + (" — extracted" if extracted else ""))
         block = [f"<h3>{e(' · '.join(head))}</h3>", f"<div class='text'>{e(str(row['text']))}</div>"]
         if pd.notna(row.get("extraction_generated")):
             block.append("<p class='caption'>The model's continuation after the revealed prefix:</p>"

@@ -6,8 +6,8 @@ length, the combined verdict's risk...) against a binary outcome (``extracted``)
 * **AUC** — probability that a random extracted text scores higher (in the signal's stated
   direction) than a random kept one; ties count one half.  0.5: no information; below 0.5: the
   signal points the other way on this run.
-* **TPR at 1% / 10% FPR** — the largest share of extracted texts caught at a threshold that
-  flags at most 1% / 10% of the kept ones (the membership-inference literature's low-FPR view,
+* **TPR at 0.1% / 1% / 10% FPR** — the largest share of extracted texts caught at a threshold that
+  flags at most 0.1% / 1% / 10% of the kept ones (the membership-inference literature's low-FPR view,
   Carlini et al. 2022 "LiRA").  Tied scores cannot be split, so a threshold inside a tie is not
   available: the conservative reading.
 * **Precision at top 5/10/20%** — the share extracted among the k = round(q·n) highest-scoring
@@ -17,10 +17,10 @@ length, the combined verdict's risk...) against a binary outcome (``extracted``)
 Every number comes with a bootstrap interval: ``resamples`` stratified resamples (extracted and
 kept texts resampled separately, so every resample has both), seeded; the percentile interval at
 ``level``.  The same seed and class sizes give the same resamples for every signal, so two
-signals scored on the same texts are compared *paired*.  Scopes: all attacked texts, and within
-bins of text length (``length_bins`` quantile bins of ``n_tokens`` over the attacked texts: a
-short text is easier to reproduce, so length alone can predict extraction, and a signal that
-only tracks length should lose its power within a bin).
+signals scored on the same texts are compared *paired*.  Length is controlled next to the raw
+AUC by the AUC within exact token length, pair-weighted (analysis.length_control: a short text is
+easier to reproduce, so length alone can predict extraction; a signal that only tracks length
+scores exactly 0.5 there).  Rates come with Wilson score intervals (``rate_interval``).
 
 The direction of each signal is fixed before looking at the outcome (``SIGNALS``); choosing it
 from the data would inflate every AUC above 0.5.  The numbers equal scikit-learn's
@@ -39,11 +39,10 @@ import numpy as np
 import pandas as pd
 
 OUTCOME = "extracted"
-FPR_LEVELS = (0.01, 0.10)
+FPR_LEVELS = (0.001, 0.01, 0.10)
 TOP_FRACTIONS = (0.05, 0.10, 0.20)
 RESAMPLES = 1000
 LEVEL = 0.95
-LENGTH_BINS = 3
 ALL = "all texts"
 _CELLS = 2_000_000  # resample × text cells evaluated at once (~10 float arrays of that size)
 
@@ -66,11 +65,12 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("gnq_last", "GNQ_last", True, "GNQ at the last point"),
     Signal("gnq_inrun_total", "GNQ in-run (accumulated)", True,
            "GNQ summed over every epoch of the training run that produced these checkpoints"),
-    Signal("loss_last", "loss", False, "mean next-token loss at the last point; low = fits the text well"),
+    Signal("loss_last", "loss", False, "mean next-token loss at the attacked point; low = fits the text"),
     Signal("loss_ratio", "loss ratio", False, "loss / the reference model's loss; low = learned beyond it"),
     Signal("zlib_ratio", "zlib ratio", False, "model bits / zlib bits; low = predicted beyond redundancy"),
     Signal("min_k_prob", "Min-K% prob", True, "mean log-prob of the 20% least likely tokens; high = member"),
-    Signal("self_influence_last", "K_jj", True, "self-influence ‖g‖² at the last point (the paper's pick)"),
+    Signal("self_influence_last", "gradient norm² (K_jj)", True,
+           "the gradient norm squared ‖g‖² (self-influence K_jj) at the attacked point"),
     Signal("counterfactual_memorization", "counterfactual memorization", True,
            "accuracy with the text in training minus without it (subset models)"),
     Signal("copies", "copies", True, "how many texts are this text or a near copy of it"),
@@ -81,32 +81,30 @@ SIGNAL_BY_COLUMN = {s.column: s for s in SIGNALS}
 
 @dataclass
 class Predictive:
-    """The table (one row per scope × signal) and what produced it."""
+    """The table (one row per signal, scope "all texts") and what produced it."""
 
     table: pd.DataFrame
     resamples: int
     seed: int
     level: float
     outcome: str
-    bins: list[str]     # the length bins scored (empty: none formed)
-    bins_asked: int
     stratified: pd.DataFrame = field(default_factory=pd.DataFrame)  # per signal (``stratified_table``)
     boot_auc: dict[tuple[str, str], np.ndarray] = field(repr=False, default_factory=dict)
     rows_of: dict[tuple[str, str], tuple[int, ...]] = field(repr=False, default_factory=dict)
 
     def method(self) -> str:
         """How the numbers were made, in one paragraph (for captions and reports)."""
-        if self.bins:
-            bins = (f"Length bins: quantile bins of the token count over the attacked texts, a length shared "
-                    f"by at least 1/{self.bins_asked} of them a bin of its own ({', '.join(self.bins)}).")
-        else:
-            bins = "No length bins: the attacked texts do not fall into two or more length bins."
         return (f"Outcome: `{self.outcome}` of the run's latest attack (texts not attackable are left out). "
                 f"AUC: P(an extracted text scores higher than a kept one, ties ½) in the stated direction. "
                 f"TPR at x% FPR: largest share of extracted texts caught while flagging at most x% of the "
                 f"kept ones. Precision at top q: share extracted among the round(q·n) highest-scoring texts "
                 f"(ties at the cut shared in expectation). Intervals: {self.level:.0%} percentile intervals "
-                f"over {self.resamples} stratified bootstrap resamples (seed {self.seed}). " + bins)
+                f"over {self.resamples} stratified bootstrap resamples (seed {self.seed}). " + LENGTH_METHOD)
+
+
+LENGTH_METHOD = ("Length control: the AUC within exact token length, pair-weighted (only an extracted and a "
+                 "kept text of the same length are compared; a length whose texts share one outcome adds "
+                 "nothing), so a signal that only tracks length scores 0.5.")
 
 
 def signals_in(frame: pd.DataFrame) -> list[Signal]:
@@ -219,128 +217,79 @@ def interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def rate_interval(outcomes: Sequence[bool] | np.ndarray, resamples: int = RESAMPLES, seed: int = 0,
-                  level: float = LEVEL) -> tuple[float, float, float]:
-    """A rate (share of True) with its percentile bootstrap interval: (rate, lo, hi); all NaN
-    for no outcomes.  The resampled rate is a binomial draw of n with the observed rate."""
+def rate_interval(outcomes: Sequence[bool] | np.ndarray, resamples: int | None = None,
+                  seed: int | None = None, level: float = LEVEL) -> tuple[float, float, float]:
+    """A rate (share of True) with its Wilson score interval: (rate, lo, hi); all NaN for no
+    outcomes.  Wilson, not a bootstrap: a percentile bootstrap of 0 of n (or n of n) collapses to
+    [0, 0] ([1, 1]), claiming certainty from a handful of texts.  ``resamples``, ``seed``: unused
+    (the interval is closed-form), accepted so callers written for the bootstrap keep working."""
     y = np.asarray(outcomes, dtype=bool)
     if len(y) == 0:
         return float("nan"), float("nan"), float("nan")
-    rate = float(y.mean())
-    draws = np.random.default_rng(seed).binomial(len(y), rate, resamples) / len(y)
-    lo, hi = interval(draws, level)
-    return rate, lo, hi
+    lo, hi = wilson_interval(int(y.sum()), len(y), level)
+    return float(y.mean()), lo, hi
 
 
-def stratified_auc(scores: np.ndarray, labels: np.ndarray, strata: np.ndarray | Sequence,
-                   resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL
-                   ) -> tuple[float, float, float, int]:
-    """The within-stratum AUC averaged over the strata that hold both outcomes (each stratum
-    counts once), with its bootstrap interval: each stratum resampled on its own (stratified by
-    outcome, seeded by [seed, stratum index], so two signals on the same texts are resampled
-    alike) and the mean taken per resample.  Returns (auc, lo, hi, strata scored); NaN and 0
-    when no stratum holds both outcomes.  One stratum: the plain AUC."""
-    s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
-    keys = pd.Series(list(strata), dtype=object).to_numpy()
-    keep = np.isfinite(s)
-    points, boots = [], []
-    for i, key in enumerate(pd.unique(keys[keep])):
-        part = keep & (keys == key)
-        ys, ss = y[part], s[part]
-        if 0 < ys.sum() < len(ys):
-            points.append(float(metrics_matrix(ss, ys)["auc"][0]))
-            stratum_seed = int(np.random.SeedSequence([seed, i]).generate_state(1)[0])
-            boots.append(bootstrap(ss, ys, resamples, stratum_seed, fpr_levels=(), fractions=())["auc"])
-    if not points:
-        return float("nan"), float("nan"), float("nan"), 0
-    lo, hi = interval(np.mean(boots, axis=0), level)
-    return float(np.mean(points)), lo, hi, len(points)
+def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson score interval of ``successes`` of ``n`` (scipy's ``binomtest``)."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=level, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 # ----------------------------------------------------------------------------------------- tables
-def length_bins(n_tokens: pd.Series, bins: int = LENGTH_BINS) -> pd.Series:
-    """Each text's length bin ("n_tokens 5–12"; NaN: no bins): quantile bins of the token count,
-    except that a length shared by at least 1/bins of the texts (texts cut to the maximum length)
-    is a bin of its own, so a bin never mixes that length with others by accident of the cut."""
-    values = pd.to_numeric(n_tokens, errors="coerce")
-    names = pd.Series(np.nan, index=n_tokens.index, dtype=object)
-    if bins < 2 or values.nunique() < 2:
-        return names
-    counts = values.value_counts()
-    heavy = sorted(counts[counts >= len(values) / bins].index)
-    groups = [values[values == v] for v in heavy]
-    rest = values[values.notna() & ~values.isin(heavy)]
-    if rest.nunique() > 1:  # equal lengths share a rank, hence a bin
-        codes = pd.qcut(rest.rank(method="min"), max(1, bins - len(heavy)), labels=False, duplicates="drop")
-        groups += [rest[codes == c] for c in codes.unique()]
-    elif len(rest):
-        groups.append(rest)
-    for group in groups:
-        lo, hi = int(group.min()), int(group.max())
-        names[group.index] = f"n_tokens {lo}" if lo == hi else f"n_tokens {lo}–{hi}"
-    return names
-
-
-def bin_order(names: pd.Series) -> list[str]:
-    """The bins' names, shortest texts first."""
-    return sorted(names.dropna().unique(), key=lambda n: int(n.split()[1].split("–")[0]))
-
-
 def evaluate(frame: pd.DataFrame, *, outcome: str = OUTCOME, resamples: int = RESAMPLES, seed: int = 0,
-             level: float = LEVEL, bins: int = LENGTH_BINS,
-             signals: Sequence[Signal] | None = None) -> Predictive:
-    """The predictive-power table of every signal in ``frame`` against ``outcome``, overall and
-    within length bins.  Rows whose outcome is missing (not attacked) are left out; each signal
-    is scored on the rows where it has a value (``n`` says how many)."""
+             level: float = LEVEL, signals: Sequence[Signal] | None = None,
+             fpr_levels: Sequence[float] = FPR_LEVELS) -> Predictive:
+    """The predictive-power table of every signal in ``frame`` against ``outcome`` over all texts,
+    and next to it (``stratified``) the AUC within exact token length.  Rows whose outcome is
+    missing (not attacked) are left out; each signal is scored on the rows where it has a value
+    (``n`` says how many)."""
     if resamples < 10:
         raise ValueError("resamples must be at least 10 for an interval")
     attacked = frame[frame[outcome].notna()] if outcome in frame.columns else frame.iloc[0:0]
     chosen = list(signals) if signals is not None else signals_in(attacked)
-    scopes: list[tuple[str, pd.DataFrame]] = [(ALL, attacked)]
-    names = length_bins(attacked["n_tokens"], bins) if "n_tokens" in attacked.columns else pd.Series(
-        np.nan, index=attacked.index, dtype=object)
-    order = bin_order(names)
-    if len(order) > 1:  # one bin would only repeat "all texts"
-        scopes += [(name, attacked[names == name]) for name in order]
-    result = Predictive(table=pd.DataFrame(), resamples=resamples, seed=seed, level=level, outcome=outcome,
-                        bins=order if len(order) > 1 else [], bins_asked=bins)
+    result = Predictive(table=pd.DataFrame(), resamples=resamples, seed=seed, level=level, outcome=outcome)
     rows = []
-    for scope, part in scopes:
-        y_all = part[outcome].astype(bool).to_numpy()
-        for signal in chosen:
-            score = oriented(part[signal.column], signal)
-            keep = np.isfinite(score)
-            y, s = y_all[keep], score[keep]
-            row: dict = {"scope": scope, "signal": signal.column, "label": signal.label,
-                         "direction": "higher" if signal.higher_means_extracted else "lower",
-                         "n": int(keep.sum()), "extracted": int(y.sum())}
-            if 0 < y.sum() < len(y):
-                point = {k: float(v[0]) for k, v in metrics_matrix(s, y).items()}
-                boot = bootstrap(s, y, resamples, seed)
-                for key, value in point.items():
-                    row[key] = value
-                    row[f"{key} lo"], row[f"{key} hi"] = interval(boot[key], level)
-                result.boot_auc[(scope, signal.column)] = boot["auc"]
-                result.rows_of[(scope, signal.column)] = tuple(part.index[keep])
-            rows.append(row)
-    result.table = pd.DataFrame(rows, columns=_COLUMNS) if rows else pd.DataFrame(columns=_COLUMNS)
-    result.stratified = stratified_table(attacked, chosen, names, outcome=outcome, resamples=resamples,
-                                         seed=seed, level=level)
+    y_all = attacked[outcome].astype(bool).to_numpy()
+    for signal in chosen:
+        score = oriented(attacked[signal.column], signal)
+        keep = np.isfinite(score)
+        y, s = y_all[keep], score[keep]
+        row: dict = {"scope": ALL, "signal": signal.column, "label": signal.label,
+                     "direction": "higher" if signal.higher_means_extracted else "lower",
+                     "n": int(keep.sum()), "extracted": int(y.sum())}
+        if 0 < y.sum() < len(y):
+            point = {k: float(v[0]) for k, v in metrics_matrix(s, y, fpr_levels=fpr_levels).items()}
+            boot = bootstrap(s, y, resamples, seed, fpr_levels=fpr_levels)
+            for key, value in point.items():
+                row[key] = value
+                row[f"{key} lo"], row[f"{key} hi"] = interval(boot[key], level)
+            result.boot_auc[(ALL, signal.column)] = boot["auc"]
+            result.rows_of[(ALL, signal.column)] = tuple(attacked.index[keep])
+        rows.append(row)
+    columns = _columns(fpr_levels)
+    result.table = pd.DataFrame(rows, columns=columns) if rows else pd.DataFrame(columns=columns)
+    result.stratified = stratified_table(attacked, chosen, outcome=outcome, resamples=resamples, seed=seed,
+                                         level=level)
     return result
 
 
 STRATIFIED_COLUMNS = ["signal", "label", "auc", "auc lo", "auc hi", "stratified auc", "stratified lo",
-                      "stratified hi", "bins scored"]
+                      "stratified hi", "strata", "pairs"]
 
 
-def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], bins: pd.Series, *,
-                     outcome: str = OUTCOME, resamples: int = RESAMPLES, seed: int = 0,
-                     level: float = LEVEL) -> pd.DataFrame:
-    """Per signal: the raw AUC over all attacked texts next to the length-stratified AUC (the
-    within-length-bin AUCs averaged over the bins, ``stratified_auc``), both with intervals.
-    Texts without a bin (no bins formed) form one stratum, so then the two agree."""
-    strata = bins.fillna("all").to_numpy()
+def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], *, outcome: str = OUTCOME,
+                     resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL) -> pd.DataFrame:
+    """Per signal: the raw AUC over all attacked texts next to the AUC within exact token length,
+    pair-weighted (``length_control.within_length_auc``), both with intervals.  Without an
+    ``n_tokens`` column every text has one length, so then the two agree."""
+    from gnq_core.analysis.length_control import within_length_auc
+
     y = attacked[outcome].astype(bool).to_numpy() if len(attacked) else np.zeros(0, dtype=bool)
+    lengths = (pd.to_numeric(attacked["n_tokens"], errors="coerce").to_numpy(dtype=float)
+               if "n_tokens" in attacked.columns else np.zeros(len(attacked)))
     rows = []
     for signal in signals:
         score = oriented(attacked[signal.column], signal)
@@ -350,8 +299,9 @@ def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], bins: pd
             raw = bootstrap(score[keep], y[keep], resamples, seed, fpr_levels=(), fractions=())["auc"]
             row["auc"] = float(metrics_matrix(score[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
             row["auc lo"], row["auc hi"] = interval(raw, level)
-            auc, lo, hi, k = stratified_auc(score, y, strata, resamples, seed, level)
-            row |= {"stratified auc": auc, "stratified lo": lo, "stratified hi": hi, "bins scored": k}
+            w = within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level)
+            row |= {"stratified auc": w.auc, "stratified lo": w.lo, "stratified hi": w.hi,
+                    "strata": w.strata, "pairs": w.pairs}
         rows.append(row)
     return pd.DataFrame(rows, columns=STRATIFIED_COLUMNS)
 
@@ -368,9 +318,10 @@ def display_stratified(result: Predictive, digits: int = 2) -> pd.DataFrame:
     return pd.DataFrame({
         "signal": table["label"],
         "AUC (all texts)": [cell(r, "auc", "auc lo", "auc hi") for _, r in table.iterrows()],
-        "AUC within length bins (mean)": [cell(r, "stratified auc", "stratified lo", "stratified hi")
-                                          for _, r in table.iterrows()],
-        "bins": [fmt_int(v) for v in table["bins scored"]],
+        "AUC within exact length (pair-weighted)": [
+            cell(r, "stratified auc", "stratified lo", "stratified hi") for _, r in table.iterrows()],
+        "lengths scored": [fmt_int(v) for v in table["strata"]],
+        "pairs": [fmt_int(v) for v in table["pairs"]],
     }).reset_index(drop=True)
 
 
@@ -378,11 +329,29 @@ def fmt_int(value) -> str:
     return "n/a" if pd.isna(value) else str(int(value))
 
 
-METRICS = ["auc", *(f"tpr@{a:g}" for a in FPR_LEVELS), *(f"precision@{q:g}" for q in TOP_FRACTIONS)]
-_COLUMNS = ["scope", "signal", "label", "direction", "n", "extracted",
-            *(c for m in METRICS for c in (m, f"{m} lo", f"{m} hi"))]
-METRIC_TITLES = {"auc": "AUC", **{f"tpr@{a:g}": f"TPR @ {a:.0%} FPR" for a in FPR_LEVELS},
-                 **{f"precision@{q:g}": f"precision top {q:.0%}" for q in TOP_FRACTIONS}}
+def _metrics(fpr_levels: Sequence[float] = FPR_LEVELS) -> list[str]:
+    return ["auc", *(f"tpr@{a:g}" for a in fpr_levels), *(f"precision@{q:g}" for q in TOP_FRACTIONS)]
+
+
+def _columns(fpr_levels: Sequence[float] = FPR_LEVELS) -> list[str]:
+    return ["scope", "signal", "label", "direction", "n", "extracted",
+            *(c for m in _metrics(fpr_levels) for c in (m, f"{m} lo", f"{m} hi"))]
+
+
+METRICS = _metrics()
+_COLUMNS = _columns()
+
+
+def metric_title(metric: str) -> str:
+    """"AUC", "TPR @ 0.1% FPR", "precision top 5%"."""
+    if metric.startswith("tpr@"):
+        return f"TPR @ {float(metric[4:]):.1%} FPR".replace(".0%", "%")
+    if metric.startswith("precision@"):
+        return f"precision top {float(metric[10:]):.0%}"
+    return "AUC"
+
+
+METRIC_TITLES = {m: metric_title(m) for m in METRICS}
 
 
 def display_table(result: Predictive, scope: str | None = ALL, digits: int = 2) -> pd.DataFrame:
@@ -391,11 +360,8 @@ def display_table(result: Predictive, scope: str | None = ALL, digits: int = 2) 
     return _display(result, table, digits, with_scope=scope is None)
 
 
-def display_bins(result: Predictive, digits: int = 2) -> pd.DataFrame:
-    """``display_table``'s rows of the length bins that can be scored (a bin whose texts all share
-    one outcome is left out: ``within_bins_sentence`` names it)."""
-    table = result.table
-    return _display(result, table[(table["scope"] != ALL) & table["auc"].notna()], digits, with_scope=True)
+def _fpr_levels_of(table: pd.DataFrame) -> tuple[float, ...]:
+    return tuple(float(c[4:]) for c in table.columns if c.startswith("tpr@") and not c.endswith(("lo", "hi")))
 
 
 def _display(result: Predictive, table: pd.DataFrame, digits: int, with_scope: bool) -> pd.DataFrame:
@@ -413,8 +379,8 @@ def _display(result: Predictive, table: pd.DataFrame, digits: int, with_scope: b
                         "direction": table["direction"].map({"higher": "higher = extracted",
                                                              "lower": "lower = extracted"}),
                         "texts": table["n"], "extracted": table["extracted"]})
-    for metric in METRICS:
-        out[METRIC_TITLES[metric]] = [cell(r, metric) for _, r in table.iterrows()]
+    for metric in (m for m in _metrics(_fpr_levels_of(result.table)) if m in table.columns):
+        out[metric_title(metric)] = [cell(r, metric) for _, r in table.iterrows()]
     if with_scope:
         out.insert(0, "scope", table["scope"])
     return out.reset_index(drop=True)
@@ -465,29 +431,24 @@ def best_signal_sentence(result: Predictive, scope: str = ALL) -> str:
     return " ".join(words)
 
 
-def within_bins_sentence(result: Predictive, columns: Sequence[str] | None = None) -> str:
-    """The AUC range of each named signal across the length bins (where scorable); by default
-    GNQ_total and the two best signals over all texts."""
+def within_length_sentence(result: Predictive, columns: Sequence[str] | None = None) -> str:
+    """Each named signal's AUC within exact token length with its interval; by default GNQ_total,
+    the two best signals over all texts and text length itself (0.5 by construction)."""
+    table = result.stratified
+    scored = table[table["stratified auc"].notna()] if len(table) else table
+    if scored.empty:
+        return ("Within exact token length no signal can be scored (no length holds both an extracted "
+                "and a kept text, even after merging neighbouring lengths).")
     if columns is None:
-        overall = result.table[(result.table["scope"] == ALL) & result.table["auc"].notna()]
-        best = overall.sort_values("auc", ascending=False)["signal"][:2]
+        best = scored.sort_values("auc", ascending=False)["signal"][:2]
         columns = list(dict.fromkeys(["gnq_total", *best]))
-    all_bins = result.table[result.table["scope"] != ALL]
-    bins = all_bins[all_bins["auc"].notna()]
-    one_outcome = [f"{scope} ({int(rows['extracted'].max())} of {int(rows['n'].max())} extracted)"
-                   for scope, rows in all_bins.groupby("scope", sort=False) if rows["auc"].isna().all()]
-    left_out = (" Not scored, one outcome only: " + ", ".join(one_outcome) + ".") if one_outcome else ""
-    parts = []
-    for column in columns:
-        rows = bins[bins["signal"] == column]
-        if len(rows):
-            parts.append(f"{rows['label'].iloc[0]} {rows['auc'].min():.2f}–{rows['auc'].max():.2f}")
-    if not parts:
-        return ("Within length bins no signal can be scored (a bin needs both extracted and kept texts)."
-                + left_out)
-    k = bins["scope"].nunique()
-    where = "the one length bin that holds" if k == 1 else f"the {k} length bins that hold"
-    return f"Within {where} both outcomes, AUC ranges: " + "; ".join(parts) + "." + left_out
+    rows = scored.set_index("signal")
+    parts = [f"{rows.loc[c, 'label']} {rows.loc[c, 'stratified auc']:.2f} "
+             f"({rows.loc[c, 'stratified lo']:.2f}–{rows.loc[c, 'stratified hi']:.2f}; all texts "
+             f"{rows.loc[c, 'auc']:.2f})" for c in columns if c in rows.index]
+    first = rows.iloc[0]
+    return (f"Within exact token length ({int(first['strata'])} lengths, {int(first['pairs']):,} "
+            f"extracted×kept pairs of equal length), AUC: " + "; ".join(parts) + ".")
 
 
 def _paired_difference(result: Predictive, scope: str, a: str, b: str) -> tuple[float, float] | None:

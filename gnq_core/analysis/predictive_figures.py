@@ -13,15 +13,19 @@ from gnq_core.analysis.predictive import ALL, Predictive
 TEMPLATE = "plotly_white"
 
 
-def roc_figure(points: pd.DataFrame, result: Predictive, *, log_fpr: bool = False,
-               template: str | None = TEMPLATE) -> go.Figure:
+def roc_figure(points: pd.DataFrame, result: Predictive | pd.DataFrame, *, log_fpr: bool = False,
+               template: str | None = TEMPLATE, positive: str = "extracted",
+               negative: str = "kept") -> go.Figure:
     """One ROC curve per signal (``predictive.roc_points``), legend ordered by AUC with its
-    interval; the diagonal is chance.  ``log_fpr``: the low-FPR region the attack literature reads.
-    ``template=None``: plotly's default template (the dashboard's theme, light or dark); the
-    report's white page keeps ``TEMPLATE``."""
+    interval; the diagonal is chance.  ``result``: analysis.predictive's result, or the rows of an
+    analysis.evidence table to draw (one per signal, scope "all"), e.g. membership's.
+    ``log_fpr``: the low-FPR region the attack literature reads (10⁻³ to 1).  ``positive`` /
+    ``negative``: what the two outcomes are called in the axis titles.  ``template=None``: plotly's
+    default template (the dashboard's theme, light or dark); the report's white page keeps
+    ``TEMPLATE``."""
     fig = go.Figure()
-    overall = result.table[(result.table["scope"] == ALL) & result.table["auc"].notna()]
-    overall = overall.sort_values("auc", ascending=False)
+    table = result.table[result.table["scope"] == ALL] if isinstance(result, Predictive) else result
+    overall = table[table["auc"].notna()].sort_values("auc", ascending=False)
     for rank, (_, row) in enumerate(overall.iterrows()):
         curve = points[points["signal"] == row["signal"]]
         if curve.empty:
@@ -36,9 +40,10 @@ def roc_figure(points: pd.DataFrame, result: Predictive, *, log_fpr: bool = Fals
                              line={"dash": "dot", "color": "grey", "width": 1}, hoverinfo="skip"))
     if template is not None:
         fig.update_layout(template=template)
-    fig.update_layout(title="Which signal tells the extracted texts apart? (ROC)",
-                      xaxis_title="false-positive rate (share of kept texts flagged)",
-                      yaxis_title="true-positive rate (share of extracted texts flagged)",
+    fig.update_layout(title=f"Which signal tells the {positive} texts apart? (ROC)",
+                      xaxis_title=f"false-positive rate (share of {negative} texts flagged)"
+                                  + (", log scale" if log_fpr else ""),
+                      yaxis_title=f"true-positive rate (share of {positive} texts flagged)",
                       legend={"font": {"size": 10}}, height=460, margin={"l": 60, "r": 20, "t": 50, "b": 50})
     if log_fpr:
         fig.update_xaxes(type="log", range=[-3, 0])
@@ -46,6 +51,38 @@ def roc_figure(points: pd.DataFrame, result: Predictive, *, log_fpr: bool = Fals
         fig.update_xaxes(range=[0, 1])
     fig.update_yaxes(range=[0, 1.02])
     if not fig.data or len(fig.data) == 1:
-        fig.add_annotation(text="no signal can be scored (the attack needs both extracted and kept texts)",
+        fig.add_annotation(text=f"no signal can be scored (it needs both {positive} and {negative} texts)",
                            showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    return fig
+
+
+def roc_png(points: pd.DataFrame, table: pd.DataFrame, *, log_fpr: bool = True, positive: str = "extracted",
+            negative: str = "kept"):
+    """The same ROC curves as a matplotlib figure (for Markdown reports), log FPR axis by default:
+    ``table`` holds one row per signal with label and AUC with its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    scored = table[table["auc"].notna()].sort_values("auc", ascending=False)
+    for i, (_, row) in enumerate(scored.iterrows()):
+        curve = points[points["signal"] == row["signal"]]
+        ax.step(curve["fpr"], curve["tpr"], where="post", linewidth=2.2 if i == 0 else 1.1,
+                label=f"{row['label']} ({row['auc']:.2f} [{row['auc lo']:.2f}, {row['auc hi']:.2f}])")
+    lo = 1e-3 if log_fpr else 0.0
+    ax.plot([lo, 1], [lo, 1], ":", color="grey")
+    if log_fpr:
+        ax.set_xscale("log")
+        ax.set_xlim(1e-3, 1)
+    ax.set_xlabel(f"false-positive rate ({negative} texts flagged)" + (", log scale" if log_fpr else ""))
+    ax.set_ylabel(f"true-positive rate ({positive} texts flagged)")
+    ax.set_title(f"Which signal tells the {positive} texts apart?")
+    if len(scored):
+        ax.legend(fontsize=7, loc="upper left" if log_fpr else "lower right")
+    else:
+        ax.text(0.5, 0.5, f"no signal can be scored:\nit needs {positive} and {negative} texts", ha="center",
+                transform=ax.transAxes)
+    ax.grid(alpha=0.3)
     return fig

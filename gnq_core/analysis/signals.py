@@ -3,6 +3,7 @@ attack's outcome, one row per text (analysis.predictive names the columns it kno
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from gnq_core.results.store import Run, Store
@@ -14,6 +15,8 @@ def signal_frame(store: Store, run: Run, totals: pd.DataFrame | None = None) -> 
     checkpoints, that training run's in-run GNQ accumulated over every epoch
     (``gnq_inrun_total``).  For a training run, ``gnq_total`` already is the in-run GNQ."""
     frame = store.example_totals(run.run_id) if totals is None else totals.copy()
+    frame = aligned_to_attack(frame, store.scores(run.run_id), store.points(run.run_id),
+                              store.extractions(run.run_id))
     metrics = store.metrics(run.run_id)
     extra = [c for c in metrics.columns if c != "example_id" and c not in frame.columns]
     if extra:
@@ -38,3 +41,32 @@ def gnq_provenance(store: Store, run: Run) -> str:
         return text + (f"; GNQ in-run (accumulated) comes from the training run {source.name!r} that "
                        "saved them.")
     return text + "; no in-run training run of these checkpoints is in the store."
+
+
+AT_POINT = ["gnq_total", "gnq_max", "gnq_mean", "gnq_last", "loss_last", "self_influence_last", "n_points"]
+
+
+def aligned_to_attack(frame: pd.DataFrame, scores: pd.DataFrame, points: pd.DataFrame,
+                      attacks: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the per-point signals read at the attacked point: when ``gnq extract
+    --checkpoint`` attacked an earlier point than the run's last finished one, GNQ_total/max/mean
+    sum over the points up to the attacked one and GNQ_last, loss and K_jj are its values there
+    (the attacked model's, not a later one's).  ``signals_point`` names the point read (NaN: no
+    attack, the last point's values stay)."""
+    done = points[points["status"] == "done"]
+    if attacks.empty or done.empty or scores.empty:
+        return frame.assign(signals_point=np.nan)
+    attacked = int(attacks["point"].iloc[0])
+    label = done.set_index("point")["label"].get(attacked, attacked)
+    if attacked >= int(done["point"].max()):
+        return frame.assign(signals_point=label)
+    upto = scores[scores["point"].isin(done["point"]) & (scores["point"] <= attacked)]
+    by = upto.groupby("example_id")
+    at = upto[upto["point"] == attacked].set_index("example_id")
+    values = pd.DataFrame({"gnq_total": by["gnq"].sum(min_count=1), "gnq_max": by["gnq"].max(),
+                           "gnq_mean": by["gnq"].mean(), "n_points": by["gnq"].count()})
+    values["gnq_last"], values["loss_last"] = at["gnq"], at["loss"]
+    values["self_influence_last"] = at["self_influence"]
+    out = frame.drop(columns=[c for c in AT_POINT if c in frame.columns])
+    out = out.merge(values.reset_index(), on="example_id", how="left")
+    return out.assign(signals_point=label)

@@ -24,6 +24,13 @@ What each signal means, and so how they combine (no weights fitted to any data s
 
   ``risk`` leaves the attack's outcome out, so it can be scored against that outcome.
 
+  **From evidence** (issue 25): when the run has its own ground truth (an attack with at least
+  ``MIN_PER_OUTCOME`` extracted and kept texts), ``risk`` is the mean of the components that
+  validate on it — exposure, calibrated membership, low loss — chosen by cross-validation: the
+  texts are split into ``FOLDS`` folds (seeded), and a text's risk uses the components whose AUC
+  against extraction exceeds ``VALID_AUC`` on the *other* folds, so no text's own outcome chooses
+  its risk.  Otherwise the default above.  ``risk_basis`` says which was used, in words.
+
 The order is leaked (secret-like first), then secret-like, then the rest, each by ``risk``:
 ``verdict_score`` = 2·extracted + 1·secret + risk encodes exactly that.  ``rank`` 1 is the text
 to look at first; ``percentile`` 100 is the top of the list.
@@ -35,6 +42,12 @@ import numpy as np
 import pandas as pd
 
 VERDICT_COLUMNS = ["rank", "percentile", "status", "reason", "risk", "verdict_score"]
+FOLDS = 5
+MIN_PER_OUTCOME = 5       # extracted and kept texts each, for the run's own outcome to choose
+VALID_AUC = 0.55          # a component validates when it beats chance by this margin on the other folds
+COMPONENT_WORDS = {"exposure": "exposure (GNQ percentile, or 1 − 1/copies)",
+                   "membership": "calibrated membership (loss ratio, zlib ratio, Min-K%)",
+                   "loss": "low loss"}
 
 # What every column means, for tooltips, captions and the exported data's documentation.
 COLUMN_HELP: dict[str, str] = {
@@ -105,9 +118,67 @@ def risk_components(totals: pd.DataFrame) -> pd.DataFrame:
     membership = pd.concat([_pct(_col(totals, "loss_ratio"), higher_is_stronger=False),
                             _pct(_col(totals, "zlib_ratio"), higher_is_stronger=False),
                             _pct(_col(totals, "min_k_prob"))], axis=1).mean(axis=1)
+    loss = _pct(_col(totals, "loss_last"), higher_is_stronger=False)
     risk = pd.concat([exposure, membership], axis=1).mean(axis=1).fillna(0.0)
-    return pd.DataFrame({"exposure": exposure, "membership": membership, "risk": risk,
-                         "gnq_percentile_valid": _pct(gnq)})
+    chosen, basis = _validated_risk(totals, {"exposure": exposure, "membership": membership, "loss": loss})
+    return pd.DataFrame({"exposure": exposure, "membership": membership, "loss": loss,
+                         "risk": risk if chosen is None else chosen,
+                         "gnq_percentile_valid": _pct(gnq), "risk_basis": basis})
+
+
+def _auc(score: pd.Series, y: pd.Series) -> float:
+    keep = score.notna()
+    s, t = score[keep], y[keep]
+    pos, neg = int(t.sum()), int((~t).sum())
+    if not pos or not neg:
+        return float("nan")
+    ranks = s.rank(method="average")
+    return float((ranks[t].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def _validated_risk(totals: pd.DataFrame, parts: dict[str, pd.Series],
+                    seed: int = 0) -> tuple[pd.Series | None, str]:
+    """(risk, basis): the cross-validated choice of components (module docstring), or (None, the
+    default's basis) when the run has no ground truth of its own to choose with."""
+    default = ("default: the mean of exposure and calibrated membership (no ground truth of this run to "
+               "validate components on)")
+    if "extracted" not in totals.columns:
+        return None, default
+    outcome = totals["extracted"].astype("boolean")
+    known = outcome.notna()
+    y = outcome[known].astype(bool)
+    if min(int(y.sum()), int((~y).sum())) < MIN_PER_OUTCOME:
+        return None, default + f" (fewer than {MIN_PER_OUTCOME} extracted or kept texts)"
+    candidates = {k: v for k, v in parts.items() if v.notna().any()}
+    folds = pd.Series(np.random.default_rng(seed).permutation(len(y)) % FOLDS, index=y.index)
+
+    def chosen_on(rows: pd.Index) -> list[str]:
+        return [k for k, v in candidates.items() if _auc(v[rows], y[rows]) > VALID_AUC]
+
+    risk = pd.Series(np.nan, index=totals.index)
+    every: list[list[str]] = []
+    for f in range(FOLDS):
+        names = chosen_on(folds.index[folds != f])
+        every.append(names)
+        test = folds.index[folds == f]
+        risk[test] = _mean_of(candidates, names, test)
+    names = chosen_on(y.index)  # texts without an outcome: chosen on every attacked text
+    rest = totals.index[~known.to_numpy()]
+    risk[rest] = _mean_of(candidates, names, rest)
+    used = sorted({n for names in every for n in names})
+    if not used:
+        return None, (f"default: no component beat AUC {VALID_AUC} against this run's extraction outcome "
+                      "on the cross-validation folds")
+    return risk.fillna(0.0), (
+        "validated on this run's extraction outcome (cross-validated, " + f"{FOLDS} folds): the mean of "
+        + ", ".join(COMPONENT_WORDS[n] for n in used) + f" — the components with AUC > {VALID_AUC} on the "
+        "other folds")
+
+
+def _mean_of(candidates: dict[str, pd.Series], names: list[str], rows: pd.Index) -> pd.Series:
+    if not names:  # nothing validated on these folds: the default components
+        names = [n for n in ("exposure", "membership") if n in candidates]
+    return pd.concat([candidates[n][rows] for n in names], axis=1).mean(axis=1)
 
 
 def rank_texts(totals: pd.DataFrame) -> pd.DataFrame:
@@ -129,8 +200,17 @@ def rank_texts(totals: pd.DataFrame) -> pd.DataFrame:
     frame["percentile"] = 100.0 * (n - frame["rank"] + 1) / n
     top_risk = parts["risk"] >= parts["risk"].quantile(0.8)
     frame["status"] = np.select([extracted, secret, top_risk], ["leaked", "secret", "at risk"], "low")
-    frame["reason"] = [_reason(row, parts.loc[i]) for i, row in frame.iterrows()]
-    return frame.loc[order.index].reset_index(drop=True)
+    frame["reason"] = [_reason(row, parts.loc[i], status) for (i, row), status in
+                       zip(frame.iterrows(), frame["status"], strict=True)]
+    out = frame.loc[order.index].reset_index(drop=True)
+    out.attrs["risk_basis"] = str(parts["risk_basis"].iloc[0]) if len(parts) else ""
+    return out
+
+
+def risk_basis(totals: pd.DataFrame) -> str:
+    """Which components ``risk`` uses on this run and why, in words (``risk_components``)."""
+    parts = risk_components(totals)
+    return str(parts["risk_basis"].iloc[0]) if len(parts) else ""
 
 
 def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float | None = None,
@@ -165,7 +245,7 @@ def _share(p: float) -> str:
     return "in the bottom half" if p <= 0.5 else "mid-range"
 
 
-def _reason(row: pd.Series, parts: pd.Series) -> str:
+def _reason(row: pd.Series, parts: pd.Series, status: str = "") -> str:
     clauses: list[str] = []
     prefix, suffix = row.get("attack_prefix_tokens"), row.get("attack_suffix_tokens")
     if _true(row.get("extracted")):
@@ -184,11 +264,15 @@ def _reason(row: pd.Series, parts: pd.Series) -> str:
             clauses.append(f"repeated {int(copies)}×: more chances to memorise it")
         else:
             clauses.append(f"repeated {int(copies)}×: copies explain each other, so GNQ cannot see it")
-    clauses.append(_evidence(row, parts, unique=not (pd.notna(copies) and int(copies) > 1)))
+    text, strong = _evidence(row, parts, unique=not (pd.notna(copies) and int(copies) > 1), status=status)
+    if status == "at risk" and not strong:  # the status's own ground, never "no strong sign" beside it
+        clauses.append(f"memorisation risk in this run's top 20% (risk {parts['risk']:.2f})")
+    clauses.append(text)
     return "; ".join(c for c in clauses if c)
 
 
-def _evidence(row: pd.Series, parts: pd.Series, unique: bool) -> str:
+def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") -> tuple[str, bool]:
+    """The GNQ and loss-ratio evidence in words, and whether it is strong on its own."""
     g = parts["gnq_percentile_valid"]
     ratio = row.get("loss_ratio")
     bits = []
@@ -202,8 +286,12 @@ def _evidence(row: pd.Series, parts: pd.Series, unique: bool) -> str:
             bits.append("loss no lower than the reference's")
     text = " and ".join(bits)
     strong = (pd.notna(g) and g >= 0.8) or (pd.notna(ratio) and ratio <= 1 / 1.5)
+    if status == "low":  # the words must not claim more than the status
+        if strong:
+            return f"{text}, but memorisation risk overall below this run's top 20%", False
+        return (f"no strong sign of memorisation: {text}" if text else ""), False
     if unique and pd.notna(g) and g >= 0.8 and pd.notna(ratio) and ratio <= 1 / 1.5:
-        return f"unique and encoded: {text}"
-    if not text:
-        return ""
-    return text if strong else f"no strong sign of memorisation: {text}"
+        return f"unique and encoded: {text}", True
+    if not text or strong or status:
+        return text, strong
+    return f"no strong sign of memorisation: {text}", False

@@ -8,7 +8,10 @@
 Forward hooks save each covered module's inputs; a hook on the module's output gradient hands
 both to the module's kernel as soon as that gradient exists, adds the module's B×B Gram block
 to K and drops the saved tensors (only B×B accumulators live across the backward).  The hooks
-never modify gradients, so training is unchanged.
+never modify gradients, so training is unchanged.  By default Linear-like layers and LayerNorm
+run fused instead (``gnq_core.engine.fused``: their backward forms the weight gradient from the
+per-example ones), and norm layers keep their factors, within the memory budget, for one
+stacked computation per shape at ``compute()`` (``gnq_core.engine.deferred``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
+from gnq_core.engine.deferred import NormRecord, NormRep, batched_per_example, group
 from gnq_core.engine.frontier import backward_targets, depends_on, used_inside
 from gnq_core.engine.fused import FuseRequest
 from gnq_core.engine.kernels import Contribution, Kernel, UnsupportedModuleError, can_fuse, kernel_for
@@ -124,6 +128,9 @@ class _Pass:
     frontier: list[tuple[torch.Tensor, int, list[torch.Tensor]]] = field(default_factory=list)
     used_beyond_lookups: set[int] = field(default_factory=set)  # params used by non-lookup calls
     deferred: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # narrow G, one Gram later
+    acc: dict[tuple, torch.Tensor] = field(default_factory=dict)  # fused layers' Grams, by (dtype, device)
+    norms: list[NormRecord] = field(default_factory=list)  # norm layers' factors, batched at compute()
+    norm_bytes: int = 0
 
     def register(self, call: _Call) -> None:
         h = call.hooked
@@ -150,17 +157,21 @@ class GNQAuditor:
             scale-free (``solve.effective_lam``); ``GNQResult.lam`` is the λ each batch used.
         path: "auto" picks ghost or materialise per layer by the cost model; "ghost" /
             "materialize" force one (for tests and benchmarks).
-        memory_budget: bytes allowed for one Gram intermediate (chunks beyond it).
+        memory_budget: bytes allowed for one Gram intermediate (chunks beyond it), and for the
+            norm layers' factors kept for ``compute()`` (``gnq_core.engine.deferred``; beyond
+            it a layer's per-example gradients are formed at once).
         check_uses: probe the first batch once more, hooks off (``gnq_core.engine.planning``):
             follow the batch through the forward by provenance and cover modules that do not
             see batch-first tensors, or whose parameters another module uses, by the generic
             kernel on the innermost enclosing module that does (one extra forward; turn off only
             for a model already checked: then shapes are trusted).
-        fused: for Linear / HF Conv1D layers where materialising per-example gradients is
-            cheaper, return their sum as the weight gradient so autograd's own weight-gradient
-            matmul is skipped, and for LayerNorm reuse the forward's statistics
-            (``gnq_core.engine.fused``).  ``param.grad`` then matches the unfused one to float
-            rounding instead of bitwise.
+        fused: (default) for Linear / HF Conv1D layers where materialising per-example gradients
+            is cheaper, return their sum as the weight gradient so autograd's own weight-gradient
+            matmul is skipped, and for LayerNorm keep the forward's statistics for one batched
+            computation at ``compute()`` (``gnq_core.engine.fused``).  ``param.grad`` then
+            matches autograd's to float rounding instead of bitwise; ``fused=False`` keeps
+            autograd's own weight gradients (bitwise) and adds only hooks.  For a post-hoc
+            audit (``backward()``, no weight gradients wanted) ``fused=False`` is the cheaper.
     """
 
     def __init__(
@@ -171,7 +182,7 @@ class GNQAuditor:
         path: Literal["auto", "ghost", "materialize"] = "auto",
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         check_uses: bool = True,
-        fused: bool = False,
+        fused: bool = True,
         lam_mode: str = LAM_ABSOLUTE,
     ) -> None:
         check_lam_mode(lam_mode)
@@ -444,6 +455,11 @@ class GNQAuditor:
         ids = h.ids
         for c in contributions:
             shared = len(c.params) == 1 and c.params[0] in split
+            if isinstance(c.rep, NormRep):
+                if not shared and self._defer_norm(p, c.rep.record):
+                    paths.add(label or "per-example")
+                    continue
+                c = replace(c, rep=DenseRep(c.rep.materialize()))
             if not shared and isinstance(c.rep, DenseRep) and c.rep.G.shape[1] <= DEFER_WIDTH:
                 self._defer(p, c.rep.G)  # narrow (norm layers, biases): one Gram for all of them
                 path = "dense"
@@ -466,9 +482,38 @@ class GNQAuditor:
 
     def _flush_deferred(self, p: _Pass) -> None:
         for parts in p.deferred.values():
-            block, _ = self.gram_block(DenseRep(torch.cat(parts, dim=1)))
+            block, _ = self.gram_block(DenseRep(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)))
             p.add(block)
         p.deferred.clear()
+
+    def _defer_norm(self, p: _Pass, record: NormRecord) -> bool:
+        """Keep a norm layer's factors for ``compute()`` while they fit the memory budget."""
+        if p.norm_bytes + record.nbytes > self._budget:
+            return False
+        p.norms.append(record)
+        p.norm_bytes += record.nbytes
+        return True
+
+    def _flush_norms(self, p: _Pass) -> None:
+        """Per-example gradients of all deferred norm layers, one stacked pass per shape."""
+        with torch.no_grad():  # a fused LayerNorm's saved input still carries its grad_fn
+            for records in group(p.norms):
+                self._defer(p, batched_per_example(records))
+        p.norms.clear()
+        p.norm_bytes = 0
+
+    @staticmethod
+    def _accumulator(p: _Pass, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        acc = p.acc.get((dtype, device))
+        if acc is None:
+            acc = p.acc[(dtype, device)] = torch.zeros(p.batch_size, p.batch_size, dtype=dtype, device=device)
+        return acc
+
+    @staticmethod
+    def _fold_accumulators(p: _Pass) -> None:
+        for acc in p.acc.values():
+            p.add(acc if acc.dtype == torch.float64 else acc.to(torch.float64))
+        p.acc.clear()
 
     @staticmethod
     def _finish_uses(p: _Pass, call: _Call) -> None:
@@ -522,12 +567,14 @@ class GNQAuditor:
                 return "gram", rows
         return "gradients", None
 
-    def _sink_gram(self, p: _Pass, call: _Call, gram: torch.Tensor, rows: torch.Tensor | None,
+    def _sink_gram(self, p: _Pass, call: _Call, narrow: torch.Tensor | None, rows: torch.Tensor | None,
                    rows_grad: DenseRep | None) -> None:
+        """The call's weight Gram is in the pass's accumulator; ``narrow``: its bias gradients."""
         if not self._sink_live(p, call):
             return
         h = call.hooked
-        p.add(gram)
+        if narrow is not None:
+            self._defer(p, narrow)
         if rows_grad is not None:  # cross terms of the tied weight, on the rows that matter
             pid = h.ids["weight"]
             p.restricted_rows[pid] = rows
@@ -536,6 +583,15 @@ class GNQAuditor:
         p.paths[h.name].add("fused")
         if rows_grad is not None:
             p.paths[h.name].add("tied")
+
+    def _sink_defer_norm(self, p: _Pass, call: _Call, record: NormRecord) -> bool:
+        if not self._sink_live(p, call):
+            return True  # not this pass's: the plain backward, nothing recorded
+        if self._split(p, call.hooked) or not self._defer_norm(p, record):
+            return False
+        self._accumulate(p, call, [], label="fused")
+        p.paths[call.hooked.name].add("fused")
+        return True
 
     def _sink_gradients(self, p: _Pass, call: _Call, weight: DenseRep | None, bias: DenseRep | None) -> None:
         if not self._sink_live(p, call):
@@ -635,10 +691,14 @@ class GNQAuditor:
         output gradient, all the kernels use, is still formed.  ``param.grad`` is left alone.
         """
         p = self._pass
-        if p is None or not p.frontier:
+        # a fused call reports from its own backward, which runs only if its weight is a target
+        fused = {} if p is None else {
+            id(w): w for c in p.calls if c.hooked.kernel.fusable and not c.out_meta
+            for w in [c.hooked.module.get_parameter(n) for n in c.hooked.params]}
+        if p is None or not (p.frontier or fused):
             loss.backward()
             return
-        torch.autograd.grad(loss, backward_targets(p.frontier), allow_unused=True)
+        torch.autograd.grad(loss, [*backward_targets(p.frontier), *fused.values()], allow_unused=True)
         p.frontier.clear()
 
     def compute(self, weights: torch.Tensor | None = None) -> GNQResult:
@@ -661,7 +721,9 @@ class GNQAuditor:
         for call in p.calls:  # outputs of which only some received a gradient
             if not call.done and call.received and call.saved is not None:
                 self._process(p, call)
+        self._flush_norms(p)
         self._flush_deferred(p)
+        self._fold_accumulators(p)
         K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
         extra = [] if weights is None else [(weights_valid(weights.detach().to(K.device)), WEIGHTS_MESSAGE)]
         extra += self._replay_checks(K.device)
@@ -737,8 +799,14 @@ class _FusedSink:
         mode, self.rows = self.auditor._sink_plan(self.p, self.call)
         return mode, self.rows
 
-    def accept_gram(self, gram: torch.Tensor, rows_grad: DenseRep | None) -> None:
-        self.auditor._sink_gram(self.p, self.call, gram, self.rows, rows_grad)
+    def accumulator(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.auditor._accumulator(self.p, dtype, device)
+
+    def accept_gram(self, narrow: torch.Tensor | None, rows_grad: DenseRep | None) -> None:
+        self.auditor._sink_gram(self.p, self.call, narrow, self.rows, rows_grad)
+
+    def defer_norm(self, record: NormRecord) -> bool:
+        return self.auditor._sink_defer_norm(self.p, self.call, record)
 
     def accept_gradients(self, weight: DenseRep | None, bias: DenseRep | None) -> None:
         self.auditor._sink_gradients(self.p, self.call, weight, bias)

@@ -137,11 +137,13 @@ class DistributedGNQAuditor(GNQAuditor):
                  strategy: Strategy = "auto", group: Any = None,
                  path: Literal["auto", "ghost", "materialize"] = "auto",
                  memory_budget: int = DEFAULT_MEMORY_BUDGET, check_uses: bool = True,
-                 fused: bool = False) -> None:
+                 fused: bool | None = None) -> None:
         if scope not in ("rank", "global"):
             raise ValueError(f"scope must be 'rank' or 'global', got {scope!r}")
         if strategy not in ("auto", "factors", "gradients"):
             raise ValueError(f"strategy must be 'auto', 'factors' or 'gradients', got {strategy!r}")
+        if fused is None:  # the fastest exact path where it applies
+            fused = scope == "rank"
         if scope == "global" and fused:
             raise ValueError("fused=True forms each layer's Gram inside autograd, on the rank's own "
                              "examples only; use scope='rank' or fused=False")

@@ -4,8 +4,11 @@ When a Linear-like layer materialises its per-example gradients G_j = Δ_jᵀ X_
 sum *is* the batch weight gradient.  ``FusedLinearFunction`` computes the layer's forward like
 the module does and, in backward, forms G (in row chunks within a memory budget), returns
 Σ_j G_j as the weight gradient — so autograd's own weight-gradient matmul never runs — and
-hands the B×B Gram (or, for a parameter used twice, G itself) to the auditor.
-``param.grad`` equals the unfused one up to float rounding (a sum of B matmuls instead of one).
+adds the B×B Gram in place to the pass's accumulator (or, for a parameter used twice, hands G
+itself to the auditor).  ``FusedLayerNormFunction``'s backward is a plain LayerNorm's; it
+hands its factors to the auditor for one batched computation per shape at ``compute()``
+(``gnq_core.engine.deferred``).  ``param.grad`` equals the unfused one up to float rounding
+(a sum of B matmuls instead of one).
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from gnq_core.engine.deferred import NormRecord
 from gnq_core.engine.representations import MATERIALIZE_ELEMENT_FLOPS, DenseRep, compute_dtype
 
 # On CPU, G is formed in chunks of about this size in one reused buffer: a fresh 100+ MB tensor
 # per step costs more in page faults than the Gram itself, and small chunks stay in cache
 # (measured on the GPT-2 head, 8192×256, B=16, one thread: 126 ms vs 193 ms for one fresh tensor).
-CPU_CHUNK_BYTES = 8 * 2**20
+# 2 MiB rather than 8: a whole SmolLM2-135M step (B8 T64, one thread, 4 interleaved rounds on the
+# shared, loaded machine) took 1.265× a plain one with 2 MiB chunks, 1.288× with 1 MiB, 1.324× with 8.
+CPU_CHUNK_BYTES = 2 * 2**20
 
 
 # On a CUDA device the backward never waits for the device (no nonzero/unique/item), at the
@@ -42,9 +48,19 @@ class GradientSink(Protocol):
         parameter rows ``rows`` (a tied weight's cross terms with an embedding); ("gradients",
         None): the per-example gradients themselves (a weight used twice)."""
 
-    def accept_gram(self, gram: torch.Tensor, rows_grad: DenseRep | None) -> None: ...
+    def accumulator(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The pass's B×B Gram accumulator in ``dtype`` (one per dtype and device): a layer adds
+        its Gram in place (``addmm_``), one op, no per-layer conversion or add."""
+
+    def accept_gram(self, narrow: torch.Tensor | None, rows_grad: DenseRep | None) -> None:
+        """The weight's Gram is in the accumulator; ``narrow``: per-example gradients [B, n] of
+        the call's other parameters (a bias), for the pass's one joint Gram of narrow ones."""
 
     def accept_gradients(self, weight: DenseRep | None, bias: DenseRep | None) -> None: ...
+
+    def defer_norm(self, record: NormRecord) -> bool:
+        """Keep a normalisation layer's factors for one batched computation per shape at
+        ``compute()`` (False: over the memory bound or a shared parameter; form them now)."""
 
     def workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A scratch buffer of ``numel`` elements (may be reused across calls)."""
@@ -87,13 +103,13 @@ class FusedLinearFunction(torch.autograd.Function):
             x, weight = x.to(dy.dtype), weight.to(dy.dtype)
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = dy.matmul(weight.T) if in_out else dy.matmul(weight)
+            grad_x = dy.matmul(weight.t()) if in_out else dy.matmul(weight)
         B = x.shape[0]
         dtype = compute_dtype(dy)
         # bf16/fp16 factors stay as they are on CUDA (tensor cores, fp32 accumulation and output)
         factor_dtype = dy.dtype if _tensor_core_products(dy) else dtype
-        X = _as(x.reshape(B, -1, x.shape[-1]), factor_dtype)
-        D = _as(dy.reshape(B, -1, dy.shape[-1]), factor_dtype)
+        X = _as(_batch_seq(x, B), factor_dtype)
+        D = _as(_batch_seq(dy, B), factor_dtype)
         # parameter layout [rows, cols]: Linear [out, in] = Δᵀ X; Conv1D [in, out] = Xᵀ Δ
         left, right = (X, D) if in_out else (D, X)
         grad_b = D.sum(dim=1, dtype=dtype) if ctx.has_bias else None  # per-example bias gradients [B, out]
@@ -103,18 +119,14 @@ class FusedLinearFunction(torch.autograd.Function):
         if mode == "gradients":
             G = _products(left.transpose(1, 2), right, dtype)
             grad_w = G.sum(0) if want_weight else None
-            sink.accept_gradients(DenseRep(G.reshape(B, -1)) if want_weight else None,
+            sink.accept_gradients(DenseRep(G.view(B, -1)) if want_weight else None,
                                   DenseRep(grad_b) if ctx.needs_input_grad[2] else None)
         else:
-            gram = kept = None
+            kept = None
             if want_weight:
-                grad_w, gram, kept = _weight_gram(left, right, keep_rows, dtype, ctx.budget, sink)
-            if ctx.needs_input_grad[2]:
-                gram = grad_b @ grad_b.T if gram is None else gram.addmm_(grad_b, grad_b.T)
-            if gram is None:
-                gram = torch.zeros(B, B, dtype=dtype, device=dy.device)
-            kept_rep = DenseRep(kept.reshape(B, -1)) if kept is not None else None
-            sink.accept_gram(gram.to(torch.float64), kept_rep)
+                grad_w, kept = _weight_gram(left, right, keep_rows, dtype, ctx.budget, sink)
+            kept_rep = DenseRep(kept.view(B, -1)) if kept is not None else None
+            sink.accept_gram(grad_b if ctx.needs_input_grad[2] else None, kept_rep)
         param_dtype = ctx.param_dtype
         if grad_w is not None:
             grad_w = _as(grad_w, param_dtype)
@@ -122,13 +134,20 @@ class FusedLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, bias_grad, None, None, None
 
 
+def _batch_seq(t: torch.Tensor, B: int) -> torch.Tensor:
+    """t as [B, T, d] (no op at all when it already is: this runs per layer per step)."""
+    return t if t.dim() == 3 else t.reshape(B, -1, t.shape[-1])
+
+
 def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tensor | None, dtype: torch.dtype,
-                 budget: int, sink: GradientSink) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Σ_j G_j (the weight gradient), the Gram G Gᵀ (in ``dtype``) and, when asked, G's rows
-    ``keep_rows``, with G_j = left_jᵀ right_j formed in chunks of parameter rows within
-    ``budget`` bytes (on CPU in one reused buffer of ``CPU_CHUNK_BYTES`` at most)."""
+                 budget: int, sink: GradientSink) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Σ_j G_j (the weight gradient) and, when asked, G's rows ``keep_rows``, with
+    G_j = left_jᵀ right_j formed in chunks of parameter rows within ``budget`` bytes (on CPU in
+    one reused buffer of ``CPU_CHUNK_BYTES`` at most); the Gram G Gᵀ goes into the sink's
+    accumulator in ``dtype``."""
     B, rows, cols = left.shape[0], left.shape[-1], right.shape[-1]
     device = right.device
+    acc = sink.accumulator(dtype, device)
     limit = budget if device.type == "cuda" else min(budget, CPU_CHUNK_BYTES)
     step = max(1, min(rows, limit // max(B * cols * (8 if dtype == torch.float64 else 4), 1)))
     kept, gather_rows = None, False
@@ -142,11 +161,11 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
     if step >= rows:  # one chunk (most layers): no buffer, no slicing
         G = _products(left.transpose(1, 2), right, dtype)
         flat = G.view(B, -1)
+        acc.addmm_(flat, flat.t())
         if gather_rows:
             kept = G.index_select(1, keep_rows)
-        return G.sum(0), flat @ flat.T, kept
+        return G.sum(0), kept
     grad_w = torch.empty(rows, cols, dtype=dtype, device=device)
-    gram = None
     buffer = sink.workspace(B * step * cols, dtype, device)
     for start in range(0, rows, step):
         n = min(step, rows - start)
@@ -154,11 +173,11 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
                       out=buffer[:B * n * cols].view(B, n, cols))
         torch.sum(G, 0, out=grad_w[start:start + n])
         flat = G.view(B, -1)
-        gram = flat @ flat.T if gram is None else gram.addmm_(flat, flat.T)
+        acc.addmm_(flat, flat.t())
         if gather_rows:
             inside = ((keep_rows >= start) & (keep_rows < start + n)).nonzero()[:, 0]
             kept[:, inside] = G.index_select(1, keep_rows[inside] - start)
-    return grad_w, gram, kept
+    return grad_w, kept
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -199,10 +218,11 @@ def ghost_linear_flops(batch: int, length: int, rows: int, cols: int) -> float:
 
 
 class FusedLayerNormFunction(torch.autograd.Function):
-    """nn.LayerNorm whose backward hands the per-example weight and bias gradients to the sink.
+    """nn.LayerNorm whose backward hands its per-example weight and bias gradients to the sink.
 
-    ∇w_j = Σ_t Δ_jt ⊙ x̂_jt and ∇b_j = Σ_t Δ_jt reuse the forward's saved mean and 1/σ, so
-    neither the statistics nor autograd's own batch reduction for w and b are computed twice.
+    ∇w_j = Σ_t Δ_jt ⊙ x̂_jt and ∇b_j = Σ_t Δ_jt reuse the forward's saved mean and 1/σ.  The
+    sink normally keeps (x, Δ, μ, 1/σ) for ``compute()`` and the backward is exactly a plain
+    LayerNorm's; past the memory budget (or for shared parameters) they are formed here.
     """
 
     @staticmethod
@@ -216,19 +236,17 @@ class FusedLayerNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        width = weight.numel() if weight is not None else bias.numel()
+        record = NormRecord.layer_norm(x, dy, mean, rstd, width, need_w, need_b)
+        if ctx.sink.defer_norm(record):  # the backward of a plain LayerNorm, nothing more
+            return (*torch.ops.aten.native_layer_norm_backward(
+                dy, x, ctx.normalized_shape, mean, rstd, weight, bias, [need_x, need_w, need_b]),
+                None, None, None)
         grad_x = None
         if need_x:
             grad_x = torch.ops.aten.native_layer_norm_backward(
                 dy, x, ctx.normalized_shape, mean, rstd, weight, bias, [True, False, False])[0]
-        B, width = x.shape[0], weight.numel() if weight is not None else bias.numel()
-        dtype = compute_dtype(dy)
-        D = _as(dy.reshape(B, -1, width), dtype)
-        per_w = per_b = None
-        if need_w:
-            x_hat = _as(((x - mean) * rstd).reshape(B, -1, width), dtype)
-            per_w = (D * x_hat).sum(dim=1)
-        if need_b:
-            per_b = D.sum(dim=1)
+        per_w, per_b = record.per_example()
         ctx.sink.accept_gradients(DenseRep(per_w) if need_w else None, DenseRep(per_b) if need_b else None)
         grad_w = _as(per_w.sum(0).view_as(weight), weight.dtype) if need_w else None
         grad_b = _as(per_b.sum(0).view_as(bias), bias.dtype) if need_b else None

@@ -61,7 +61,7 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
     model.eval()  # the gradient at a checkpoint, without dropout noise
     for p in model.parameters():
         p.requires_grad_(True)
-    with GNQAuditor(model, lam=lam, lam_mode=lam_mode) as auditor:
+    with GNQAuditor(model, lam=lam, lam_mode=lam_mode, fused=False) as auditor:  # post hoc: no weight grads
         for index, batch in zip(indices, batches, strict=False):  # indices may be endless
             t0 = time.perf_counter()
             b = batch.to(device)

@@ -374,20 +374,23 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
 
 def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, seed: int) -> dict[str, object]:
     """The AUC of surprising over common with its 95% bootstrap interval (stratified by group),
-    and the same within length bins (``predictive.stratified_auc``): "0.85 [0.78, 0.91]"."""
+    and the same within exact token length, pair-weighted (``length_control.within_length_auc``):
+    "0.85 [0.78, 0.91]"."""
+    from gnq_core.analysis.length_control import within_length_auc
+
     v = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
     y = (groups == POSITIVE).to_numpy()
     keep = np.isfinite(v) & groups.isin([POSITIVE, NEGATIVE]).to_numpy()
     if not (0 < y[keep].sum() < keep.sum()):
-        return {"AUC [95% CI]": "n/a", "AUC within length bins": "n/a"}
+        return {"AUC [95% CI]": "n/a", "AUC within exact length": "n/a"}
     boot = pr.bootstrap(v[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"]
     lo, hi = pr.interval(boot)
     auc = float(pr.metrics_matrix(v[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
-    bins = pr.length_bins(pd.Series(n_tokens.to_numpy()[keep])).fillna("all").to_numpy()
-    s_auc, s_lo, s_hi, k = pr.stratified_auc(v[keep], y[keep], bins, seed=seed)
+    w = within_length_auc(v[keep], y[keep], pd.to_numeric(n_tokens, errors="coerce").to_numpy(float)[keep],
+                          seed=seed)
     return {"AUC [95% CI]": f"{auc:.3f} [{lo:.3f}, {hi:.3f}]",
-            "AUC within length bins": f"{s_auc:.3f} [{s_lo:.3f}, {s_hi:.3f}] ({k} bins)",
-            "auc": auc, "auc lo": lo, "auc hi": hi, "stratified auc": s_auc}
+            "AUC within exact length": f"{w.auc:.3f} [{w.lo:.3f}, {w.hi:.3f}] ({w.strata} lengths)",
+            "auc": auc, "auc lo": lo, "auc hi": hi, "stratified auc": w.auc}
 
 
 def with_auc_intervals(per_point: pd.DataFrame, both: pd.DataFrame, seed: int) -> pd.DataFrame:
@@ -450,7 +453,7 @@ AUC is the probability that a random surprising claim scores higher than a rando
     r.text("## Result")
     gnq_auc, cf_auc, loss_auc = auc["GNQ"], auc["counterfactual memorization"], auc["loss"]
     r.text(_verdict(gnq_auc, cf_auc, loss_auc))
-    shown = ["score", "AUC at the last epoch", "AUC [95% CI]", "AUC within length bins",
+    shown = ["score", "AUC at the last epoch", "AUC [95% CI]", "AUC within exact length",
              "AUC of the mean over epochs", "median common", "median surprising"]
     r.table(t["summary"][shown], {"median common": ".4g", "median surprising": ".4g"},
             caption="Separation of the groups at the last fine-tuning epoch, and of each text's mean "
@@ -603,8 +606,8 @@ def paper_paragraph(summary: pd.DataFrame, before_loss: pd.Series,
                    f"'common knowledge' is not common to it; as measured: {verdict}")
     return (f"""**Paper (§6.2, Fig. 3–4; GPT-2 fine-tuned on 200 facts + 200 surprising claims, P100):** the
 surprising claims have larger GNQ than the facts, and counterfactual memorization separates the groups
-much less (the paper gives figures, no AUC). **This run:** GNQ AUC {g['AUC [95% CI]']} (within length
-bins {g['AUC within length bins']}), counterfactual memorization {c['AUC [95% CI]']}, loss
+much less (the paper gives figures, no AUC). **This run:** GNQ AUC {g['AUC [95% CI]']} (within exact
+length {g['AUC within exact length']}), counterfactual memorization {c['AUC [95% CI]']}, loss
 {summary.loc['loss', 'AUC [95% CI]']}. The pretrained model's mean loss on the facts' new wording was
 {rep.fmt(before_loss.get(NEGATIVE, np.nan))} vs {rep.fmt(before_loss.get(POSITIVE, np.nan))} on the claims, a
 gap of {rep.fmt(gap)} [{rep.fmt(gap_lo)}, {rep.fmt(gap_hi)}] ({known}). **Verdict:**

@@ -136,7 +136,7 @@ worse than chance there. No GPU run of this study exists yet."""
 
 
 def with_rate_intervals(table: pd.DataFrame, seed: int) -> pd.DataFrame:
-    """Each pick's extracted share with its 95% bootstrap interval (``predictive.rate_interval``
+    """Each pick's extracted share with its 95% Wilson interval (``predictive.rate_interval``
     over the k picked texts), as columns rate_lo, rate_hi and the string rate_ci."""
     lo, hi, text = [], [], []
     for _, row in table.iterrows():

@@ -96,7 +96,7 @@ command skips what is finished and rewrites this report from the store.""")
 def with_bin_intervals(bins: pd.DataFrame, attacked: pd.DataFrame, threshold: float,
                        seed: int) -> pd.DataFrame:
     """``summaries.quantile_bins`` rows with each bin's success rate interval (rate lo, rate hi:
-    95% bootstrap, ``predictive.rate_interval``)."""
+    95% Wilson, ``predictive.rate_interval``)."""
     match = attacked.set_index("example_id")["extraction_match"]
     lo, hi = [], []
     for ids in bins["example_ids"]:
@@ -266,40 +266,37 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
     frame of the attacked run) against its ``extracted`` outcome, its ROC chart and the length-bin
     table; returns the numbers for results.json."""
     result = pr.evaluate(frame, resamples=resamples, seed=seed)
-    sentence, bins_sentence = pr.best_signal_sentence(result), pr.within_bins_sentence(result)
+    sentence, length_sentence = pr.best_signal_sentence(result), pr.within_length_sentence(result)
     r.text("### Which signal predicts extraction?")
-    r.text(f"{sentence}\n\n{bins_sentence}")
+    r.text(f"{sentence}\n\n{length_sentence}")
     r.table(pr.display_table(result), caption=f"{what} Each cell: estimate [{result.level:.0%} interval]. "
                                               + result.method())
     r.figure(roc_lines(pr.roc_points(frame), result), filename,
-             "ROC curve of each signal against the attack's outcome (legend: AUC); dotted: chance.")
+             "ROC curve of each signal against the attack's outcome, log false-positive axis (legend: AUC "
+             "[95% interval]); dotted: chance.")
     r.table(pr.display_stratified(result),
             caption="Controlled for text length: each signal's AUC over all attacked texts next to its AUC "
-                    "within length bins, averaged over the bins that hold both outcomes (each bin once; "
-                    "bootstrap within each bin). A signal that only tracks length drops to 0.5 here.")
-    by_bin = pr.display_bins(result)
-    if len(by_bin):
-        r.table(by_bin, caption="The same within length bins (texts of similar length).")
-    return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": bins_sentence,
-            "predictive_stratified": result.stratified}
+                    "within exact token length, pair-weighted (only an extracted and a kept text of the same "
+                    "length are compared; a length whose texts share one outcome adds nothing; bootstrap "
+                    "over all texts). A signal that is a function of length alone scores 0.5 "
+                    "there, whatever length predicts overall.")
+    from gnq_core.analysis import evidence as ev
+
+    extraction = [o for o in ev.outcomes_in(frame) if o.name == "extraction"]
+    evidence = ev.evidence_table(frame, resamples=resamples, seed=seed, outcomes=extraction)
+    if len(evidence):
+        r.text(ev.gain_sentence(evidence))
+        r.table(ev.display(evidence, "extraction"),
+                caption="Every signal over all texts, at low FPR, within exact token length and as the "
+                        "cross-validated gain over length + loss (analysis.evidence, the table `gnq report "
+                        "--json` writes). " + ev.method(resamples, seed, result.level))
+    return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": length_sentence,
+            "predictive_stratified": result.stratified, "evidence": evidence}
 
 
 def roc_lines(points: pd.DataFrame, result: pr.Predictive):
-    """The ROC curves of ``predictive.roc_points``, legend ordered by AUC."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 5))
-    overall = result.table[(result.table["scope"] == pr.ALL) & result.table["auc"].notna()]
-    for i, (_, row) in enumerate(overall.sort_values("auc", ascending=False).iterrows()):
-        curve = points[points["signal"] == row["signal"]]
-        ax.step(curve["fpr"], curve["tpr"], where="post", linewidth=2.2 if i == 0 else 1.1,
-                label=f"{row['label']} ({row['auc']:.2f})")
-    ax.plot([0, 1], [0, 1], ":", color="grey")
-    ax.set_xlabel("false-positive rate (kept texts flagged)")
-    ax.set_ylabel("true-positive rate (extracted texts flagged)")
-    ax.set_title("Which signal tells the extracted texts apart?")
-    if len(overall):
-        ax.legend(fontsize=7, loc="lower right")
-    else:
-        ax.text(0.5, 0.5, "no signal can be scored:\nthe attack needs extracted and kept texts", ha="center")
-    ax.grid(alpha=0.3)
-    return fig
+    """The ROC curves of ``predictive.roc_points``, legend ordered by AUC, log FPR axis (the
+    low-FPR region the attack literature reads; analysis.predictive_figures.roc_png)."""
+    from gnq_core.analysis.predictive_figures import roc_png
+
+    return roc_png(points, result.table[result.table["scope"] == pr.ALL])

@@ -52,7 +52,7 @@ def run_sweep(dataset: TextDataset, work: Path, settings: TrainSettings, lrs: tu
               epochs: list[int], rule: Rule, reporter) -> pd.DataFrame:
     """Train one plain run per lr (resumes) and attack each epoch of ``epochs``; the attacks are
     kept in ``work``/sweep.json (recomputed when the rule or the data change).  Columns: lr,
-    epoch, attacked, extracted, rate, rate lo, rate hi (95% bootstrap)."""
+    epoch, attacked, extracted, rate, rate lo, rate hi (95% Wilson)."""
     from gnq_core.studies.common_knowledge import pretrain
 
     path = work / SWEEP_FILE

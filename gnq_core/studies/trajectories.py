@@ -14,7 +14,7 @@
    text has a target of the same length.
 4. Report success per GNQ_total quantile bin (Fig. 6) with intervals, 20 random trajectories
    (Fig. 5), the highest/lowest of them (Table 4), the predictive power of every signal raw and
-   within length bins, and the effect of each convention on the length confound.
+   within exact token length, and the effect of each convention on the length confound.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ attacked, so every attacked text has a target of the same length (paper: p = 45,
 - {_trend(spearman, spearman_last, labels[-1])}""")
     r.table(bins.drop(columns=["example_ids"]), {"lo": ".4g", "hi": ".4g", "mean_score": ".4g"},
             caption=f"Attack success per GNQ_total quantile bin (Fig. 6): {cfg.bins} bins, 1 = lowest; "
-                    "rate lo/hi: 95% bootstrap interval.")
+                    "rate lo/hi: 95% Wilson interval.")
     r.figure(rep.quantile_bars(bins, title="Extraction success per GNQ_total quantile bin",
                                score_label="GNQ_total"), "success_by_bin.png",
              f"Bars: success rate (p = {cfg.prefix_tokens}, s = {cfg.suffix_tokens}, "
@@ -239,8 +239,8 @@ gradient scale (e.g. its collapse once the texts are memorised). Spearman with l
 GNQ_total with the token count over all texts (0: no length confound).""")
     r.table(conventions.drop(columns=[c for c in conventions.columns if c.startswith("_")]),
             caption="Per convention: GNQ_total's rank correlation with text length, and its AUC for the "
-                    "attack's "
-                    "outcome over all attacked texts and within length bins (mean over bins), 95% intervals.")
+                    "attack's outcome over all attacked texts and within exact token length "
+                    "(pair-weighted), 95% intervals.")
     r.text(conventions_sentence(conventions))
     results["conventions"] = conventions
     r.text("## The paper's claims (Fig. 5, Fig. 6, Table 4) and this run")
@@ -286,12 +286,12 @@ def convention_table(store, audits: dict, frame: pd.DataFrame, seed: int) -> pd.
         rho, lo, hi = spearman_interval(f["gnq_total"].to_numpy(float), f["n_tokens"].to_numpy(float), seed)
         attacked = f[f["extracted"].notna()].reset_index(drop=True)
         signal = pr.Signal("gnq_total", "GNQ_total", True, "")
-        table = pr.stratified_table(attacked, [signal], pr.length_bins(attacked["n_tokens"]), seed=seed)
+        table = pr.stratified_table(attacked, [signal], seed=seed)
         row = table.iloc[0]
         rows.append({"run": run.name, "loss": loss, "λ": lam_mode,
                      "Spearman with length": rep.ci(rho, lo, hi),
                      "AUC (all texts)": rep.ci(row.get("auc"), row.get("auc lo"), row.get("auc hi")),
-                     "AUC within length bins": rep.ci(row.get("stratified auc"), row.get("stratified lo"),
+                     "AUC within exact length": rep.ci(row.get("stratified auc"), row.get("stratified lo"),
                                                       row.get("stratified hi")),
                      "_rho": rho, "_auc": row.get("auc"), "_stratified": row.get("stratified auc"),
                      "_stratified_lo": row.get("stratified lo")})
@@ -306,8 +306,8 @@ def conventions_sentence(conventions: pd.DataFrame) -> str:
     best = c["_stratified"].astype(float)
     above = [f"{r['loss']}, λ {r['λ']}" for _, r in c.iterrows() if float(r["_stratified_lo"]) > 0.5]
     within = ("no convention gives GNQ_total a within-length AUC whose interval lies above 0.5" if not above
-              else "within length bins GNQ_total's interval lies above 0.5 for " + ", ".join(above))
-    return (f"Spearman of GNQ_total with length: {spread}. Within length bins the AUCs range "
+              else "within exact length GNQ_total's interval lies above 0.5 for " + ", ".join(above))
+    return (f"Spearman of GNQ_total with length: {spread}. Within exact length the AUCs range "
             f"{rep.fmt(best.min(), '.2f')}–{rep.fmt(best.max(), '.2f')}; {within}.")
 
 
@@ -322,8 +322,7 @@ def paper_paragraphs(share_top10: float, bins: pd.DataFrame, spearman: float, ta
     bottom, hi_bottom = (rates[0], bins["rate hi"].iloc[0]) if len(rates) else (np.nan, np.nan)
     fig6 = bool(lo_top > hi_bottom) and rising > 0.5
     attacked = frame[frame["extracted"].notna()].reset_index(drop=True)
-    strat = pr.stratified_table(attacked, [pr.SIGNAL_BY_COLUMN["gnq_total"]],
-                                pr.length_bins(attacked["n_tokens"]), seed=seed).iloc[0]
+    strat = pr.stratified_table(attacked, [pr.SIGNAL_BY_COLUMN["gnq_total"]], seed=seed).iloc[0]
     fig6_verdict = "reproduced" if fig6 else "not reproduced"
     fig5_verdict = ("reproduced (GNQ concentrates on a minority)" if fig5
                     else "not reproduced (GNQ is spread evenly)")
@@ -341,7 +340,7 @@ Rule: the top 10% hold more than 0.2 of GNQ_total.
 correlated"), the top bin 70% and the next ~90%. Here: lowest bin {rep.fmt(bottom)} (interval up to
 {rep.fmt(hi_bottom)}), highest bin {rep.fmt(top)} (from {rep.fmt(lo_top)}); rank correlation of bin and
 success {rep.fmt(rising)}; Spearman of GNQ_total with the match fraction {rep.fmt(spearman)}; GNQ_total's
-AUC {raw} over all attacked texts and {within} within length bins. Verdict: {fig6_verdict}. Rule: the
+AUC {raw} over all attacked texts and {within} within exact token length. Verdict: {fig6_verdict}. Rule: the
 highest bin's interval lies above the
 lowest bin's and success rises with the bin (rank correlation > 0.5).
 

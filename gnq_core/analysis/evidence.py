@@ -1,0 +1,208 @@
+"""Every table of a run, computed once: per outcome × signal × scope, the numbers the HTML report,
+the dashboard's Extraction page and ``gnq report --json`` show.  Pure functions of a frame.
+
+The frame contract (docs/DESIGN.md, "The evidence frame"): one row per text, ``example_id``,
+``n_tokens``, ``loss_last`` (the loss at the attacked point), any signal columns
+``predictive.SIGNALS`` names, and outcome columns, each a nullable boolean (NA: no outcome for
+that text, left out of that outcome's rows):
+
+* ``extracted`` — the calibrated attack extracted the text (outcome ``extraction``);
+* ``member`` — True for a training text, False for a text the model never saw (outcome
+  ``membership``: scored only when the frame holds both);
+* ``group`` — a text's group; each group of a run with 2..MAX_GROUPS groups is scored one
+  against the rest (outcome ``group``, positive ``group = NAME``).
+
+Scopes: ``all`` (AUC and TPR at each low FPR over every text with both values), ``exact length``
+(pair-weighted AUC within exact token length, length_control.within_length_auc) and
+``over length + loss`` (cross-validated AUC gain, length_control.cv_gain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gnq_core.analysis import length_control as lc
+from gnq_core.analysis import predictive as pr
+
+FPR_LEVELS = (0.001, 0.01, 0.10)   # the membership literature's low-FPR view (LiRA, MIMIR)
+MAX_GROUPS = 6
+SCOPE_ALL, SCOPE_LENGTH, SCOPE_GAIN = "all", "exact length", "over length + loss"
+SCOPES = (SCOPE_ALL, SCOPE_LENGTH, SCOPE_GAIN)
+LOSS = "loss_last"
+
+_TPR = [f"tpr@{a:g}" for a in FPR_LEVELS]
+COLUMNS = ["outcome", "positive", "signal", "label", "direction", "scope", "n", "positives",
+           "auc", "auc lo", "auc hi", *(c for t in _TPR for c in (t, f"{t} lo", f"{t} hi")),
+           "strata", "pairs", "gain", "gain lo", "gain hi", "auc base", "auc full", "lr p", "base", "note"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str          # extraction, membership, group
+    positive: str      # what a positive is, in words ("extracted", "member", "group = facts")
+    labels: pd.Series  # nullable boolean per row of the frame
+
+
+def outcomes_in(frame: pd.DataFrame) -> list[Outcome]:
+    """The outcomes the frame can score (each needs both values among its rows)."""
+    found: list[Outcome] = []
+    for name, column, positive in (("extraction", "extracted", "extracted"),
+                                   ("membership", "member", "member")):
+        if column in frame.columns:
+            y = frame[column].astype("boolean")
+            if y.notna().any() and 0 < y.dropna().sum() < y.notna().sum():
+                found.append(Outcome(name, positive, y))
+    if "group" in frame.columns:
+        groups = frame["group"].dropna().astype(str)
+        names = sorted(groups.unique())
+        if 2 <= len(names) <= MAX_GROUPS:
+            for g in names[:1] if len(names) == 2 else names:  # two groups: one is the other's mirror
+                y = (frame["group"].astype(str) == g).astype("boolean").where(frame["group"].notna())
+                found.append(Outcome("group", f"group = {g}", y))
+    return found
+
+
+def with_non_members(members: pd.DataFrame, non_members: pd.DataFrame) -> pd.DataFrame:
+    """One evidence frame from a run's texts (``member`` True) and texts the model never saw
+    (``member`` False, no extraction outcome): the membership outcome's input.  Non-member ids
+    are offset past the members' so ``example_id`` stays unique."""
+    offset = int(members["example_id"].max()) + 1 if len(members) else 0
+    extra = non_members.assign(member=False, example_id=non_members["example_id"] + offset)
+    if "extracted" in extra.columns:
+        extra = extra.assign(extracted=pd.NA)
+    frame = pd.concat([members.assign(member=True), extra], ignore_index=True)
+    if "extracted" in frame.columns:
+        frame["extracted"] = frame["extracted"].astype("boolean")
+    return frame
+
+
+def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples: int, seed: int,
+          level: float, cv: bool, cache: dict) -> Iterator[dict]:
+    known = outcome.labels.notna().to_numpy()
+    y = outcome.labels.fillna(False).to_numpy(dtype=bool)[known]
+    score = pr.oriented(frame[signal.column], signal)[known]
+    lengths = (pd.to_numeric(frame["n_tokens"], errors="coerce").to_numpy(float)[known]
+               if "n_tokens" in frame.columns else np.zeros(int(known.sum())))
+    loss = (pd.to_numeric(frame[LOSS], errors="coerce").to_numpy(float)[known]
+            if LOSS in frame.columns else None)
+    keep = np.isfinite(score)
+    head = {"outcome": outcome.name, "positive": outcome.positive, "signal": signal.column,
+            "label": signal.label, "direction": "higher" if signal.higher_means_extracted else "lower",
+            "n": int(keep.sum()), "positives": int(y[keep].sum())}
+    scorable = 0 < y[keep].sum() < keep.sum()
+    row = {**head, "scope": SCOPE_ALL}
+    if scorable:
+        point = pr.metrics_matrix(score[keep], y[keep], fpr_levels=FPR_LEVELS, fractions=())
+        boot = pr.bootstrap(score[keep], y[keep], resamples, seed, fpr_levels=FPR_LEVELS, fractions=())
+        for key, value in point.items():
+            row[key] = float(value[0])
+            row[f"{key} lo"], row[f"{key} hi"] = pr.interval(boot[key], level)
+    else:
+        row["note"] = "needs both outcomes among the texts with this signal"
+    yield row
+    row = {**head, "scope": SCOPE_LENGTH}
+    if scorable:
+        w = lc.within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level)
+        row |= {"auc": w.auc, "auc lo": w.lo, "auc hi": w.hi, "strata": w.strata, "pairs": w.pairs}
+        if not w.strata:
+            row["note"] = "no token length holds both outcomes"
+    yield row
+    row = {**head, "scope": SCOPE_GAIN}
+    if scorable and cv:
+        g = lc.cv_gain(score, y, lengths, loss, resamples=resamples, seed=seed, level=level,
+                       signal_is_loss=signal.column == LOSS, cache=cache)
+        row |= {"gain": g.gain, "gain lo": g.lo, "gain hi": g.hi, "auc base": g.auc_base,
+                "auc full": g.auc_full, "lr p": g.lr_p, "base": g.base, "note": g.note or np.nan}
+    elif scorable:
+        row["note"] = "not computed (cv=False)"
+    yield row
+
+
+def evidence_table(frame: pd.DataFrame, *, resamples: int = pr.RESAMPLES, seed: int = 0,
+                   level: float = pr.LEVEL, signals: Sequence[pr.Signal] | None = None,
+                   outcomes: Sequence[Outcome] | None = None, cv: bool = True) -> pd.DataFrame:
+    """One row per outcome × signal × scope (``COLUMNS``; NaN where a number does not apply).
+    ``cv=False`` skips the cross-validated gain (scikit-learn; the slowest part)."""
+    rows = []
+    for outcome in outcomes if outcomes is not None else outcomes_in(frame):
+        scored, cache = frame[outcome.labels.notna()], {}
+        for signal in signals if signals is not None else pr.signals_in(scored):
+            rows.extend(_rows(frame, outcome, signal, resamples=resamples, seed=seed, level=level, cv=cv,
+                              cache=cache))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digits: int = 2) -> pd.DataFrame:
+    """One row per signal of one outcome: "value [lo, hi]" cells for the AUC over all texts, TPR at
+    each low FPR, the AUC within exact length and the CV gain over length + loss; best AUC first."""
+    part = table[table["outcome"] == outcome]
+    if positive is not None:
+        part = part[part["positive"] == positive]
+    if part.empty:
+        return pd.DataFrame()
+    by = {scope: part[part["scope"] == scope].set_index("signal") for scope in SCOPES}
+    order = by[SCOPE_ALL].sort_values("auc", ascending=False, na_position="last").index
+
+    def cell(row: pd.Series, key: str, fmt: str = f".{digits}f") -> str:
+        if pd.isna(row.get(key)):
+            return "n/a"
+        return f"{row[key]:{fmt}} [{row[f'{key} lo']:{fmt}}, {row[f'{key} hi']:{fmt}}]"
+
+    out = pd.DataFrame({"signal": by[SCOPE_ALL].loc[order, "label"].to_numpy(),
+                        "direction": [f"{d} = {part['positive'].iloc[0].removeprefix('group = ')}"
+                                      for d in by[SCOPE_ALL].loc[order, "direction"]],
+                        "texts": by[SCOPE_ALL].loc[order, "n"].to_numpy(),
+                        "positives": by[SCOPE_ALL].loc[order, "positives"].to_numpy()})
+    out["AUC (all texts)"] = [cell(by[SCOPE_ALL].loc[s], "auc") for s in order]
+    for t in _TPR:
+        out[pr.metric_title(t)] = [cell(by[SCOPE_ALL].loc[s], t) for s in order]
+    out["AUC within exact length"] = [cell(by[SCOPE_LENGTH].loc[s], "auc") for s in order]
+    gains = by[SCOPE_GAIN]
+    out["CV AUC gain over length + loss"] = [
+        cell(gains.loc[s], "gain", f"+.{digits + 1}f") if s in gains.index else "n/a" for s in order]
+    out["LR p"] = ["n/a" if s not in gains.index or pd.isna(gains.loc[s, "lr p"])
+                   else f"{gains.loc[s, 'lr p']:.2g}" for s in order]
+    return out
+
+
+# ----------------------------------------------------------------------------------------- words
+def gain_sentence(table: pd.DataFrame, outcome: str = "extraction") -> str:
+    """Which signals add information over length + loss (CV gain interval above 0), in words."""
+    part = table[(table["outcome"] == outcome) & (table["scope"] == SCOPE_GAIN) & table["gain"].notna()]
+    if part.empty:
+        return ("No signal's gain over length + loss could be cross-validated (too few texts of one "
+                "outcome).")
+    loss = part[part["signal"] == LOSS]
+    part = part[part["signal"] != LOSS]  # loss's own gain is over length alone: said apart
+    adds = part[part["gain lo"] > 0].sort_values("gain", ascending=False)
+    lead = ("Over a logistic model of text length (spline) and loss, "
+            + (", ".join(f"{r['label']} adds {r['gain']:+.3f} CV AUC "
+                         f"({r['gain lo']:+.3f} to {r['gain hi']:+.3f})" for _, r in adds.iterrows())
+               if len(adds)
+               else "no signal adds AUC whose interval lies above 0"))
+    gnq = part[part["signal"] == "gnq_total"]
+    tail = ""
+    if len(gnq) and "gnq_total" not in set(adds["signal"]):
+        r = gnq.iloc[0]
+        tail = f"; GNQ_total: {r['gain']:+.3f} ({r['gain lo']:+.3f} to {r['gain hi']:+.3f})"
+    if len(loss):
+        r = loss.iloc[0]
+        tail += (f". Loss itself adds {r['gain']:+.3f} ({r['gain lo']:+.3f} to {r['gain hi']:+.3f}) over "
+                 "length alone")
+    return lead + tail + "."
+
+
+def method(resamples: int, seed: int, level: float) -> str:
+    """How the evidence table was made, in one paragraph."""
+    return (f"AUC: P(a positive text scores higher than a negative one, ties ½) in the signal's stated "
+            f"direction. TPR at x% FPR: largest share of positives caught while flagging at most x% of "
+            f"the negatives (ties not split). AUC within exact length: only a positive and a negative text "
+            f"of the same token length are compared, each length weighted by its pairs (a length whose "
+            f"texts share one outcome adds nothing). CV gain: {lc.FOLDS}-fold out-of-fold AUC of a logistic "
+            f"regression on [length spline, loss, signal] minus [length spline, loss]; LR p: "
+            f"likelihood-ratio test of adding the signal (χ², 1 df). Intervals: {level:.0%} percentile "
+            f"intervals over {resamples} stratified bootstrap resamples (seed {seed}).")
