@@ -100,9 +100,11 @@ def gnq_nature(db: str, run_id: int, version: str) -> dict:  # noqa: ARG001
 def evidence(db: str, run_name: str, version: str):  # noqa: ARG001
     """analysis.run_report's data of a run (the report's and --json's tables)."""
     from gnq_core.analysis import run_report
+    from gnq_core.pipelines import membership_of
 
     s = store(db)
-    return run_report.build(s, s.run(run_name))
+    run = s.run(run_name)
+    return run_report.build(s, run, membership=membership_of(s, run))  # with non-members: membership rows
 
 
 @st.cache_data(max_entries=4, show_spinner="Writing the report...")

@@ -28,7 +28,8 @@ if totals.empty:
 ids = totals.sort_values(["rank", "example_id"])["example_id"].tolist()
 current = st.session_state.get(state.EXAMPLE_KEY)
 linked = st.query_params.get("text")  # a shared address names the text
-if linked and linked.isdigit() and int(linked) in ids and linked != st.session_state.get("_linked_text"):
+if (linked and linked.isascii() and linked.isdigit()  # "²" is a digit to str.isdigit, not to int()
+        and int(linked) in ids and linked != st.session_state.get("_linked_text")):
     st.session_state["_linked_text"] = linked
     current = int(linked)
 index = ids.index(current) if current in ids else 0

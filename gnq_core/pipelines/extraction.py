@@ -296,6 +296,9 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     if ref_model is not None:
         _store_membership(store, run, texts, example_ids, ids, model, ref_model, tokenizer, dev,
                           batch_size, {"checkpoint": row["label"], "reference": str(ref_path)})
+    if suffix_tokens is not None:
+        _store_discoverable(store, run, example_ids, ids, model, tokenizer, dev, batch_size, prefix_tokens,
+                            suffix_tokens, row["label"])
     stored = store.extractions(run.run_id, point)
     stored = stored[stored["prefix_tokens"] == prefix_tokens]
     summary = _summary(stored, threshold)
@@ -323,6 +326,7 @@ def _summary(stored, threshold: float) -> dict:
 
 
 def _attacked_point(store, run, checkpoint: str | None):
+    from gnq_core.pipelines.protected_paths import verify_checkpoint
     from gnq_core.results.store import StoreError
 
     points = store.points(run.run_id)
@@ -344,6 +348,7 @@ def _attacked_point(store, run, checkpoint: str | None):
     if not Path(row["path"]).exists():
         raise StoreError(f"{row['path']}: checkpoint {row['label']!r} of run {run.name!r} is no longer "
                          "there (moved or deleted since the audit)")
+    verify_checkpoint(row["path"], row.get("model_hash"), f"checkpoint {row['label']!r} of run {run.name!r}")
     return row
 
 
@@ -354,11 +359,15 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
         return None
     if reference != FIRST_CHECKPOINT:
         return reference
+    from gnq_core.pipelines.protected_paths import verify_checkpoint
+
     points = store.points(run.run_id)
     first = points[(points["status"] == "done") & points["path"].notna()]
     if first.empty or int(first.iloc[0]["point"]) == int(target["point"]):
         return None  # the first checkpoint is the one attacked: nothing to calibrate against
-    return str(first.iloc[0]["path"])
+    row = first.iloc[0]
+    verify_checkpoint(row["path"], row.get("model_hash"), f"checkpoint {row['label']!r} of run {run.name!r}")
+    return str(row["path"])
 
 
 def _check_same_tokens(ref_path: str, ref_tokenizer, tokenizer, texts, max_length: int, ids) -> None:
@@ -387,6 +396,22 @@ def _store_membership(store, run, texts, example_ids, ids, model, ref_model, tok
     for metric in SCORE_COLUMNS:
         store.write_metric(run.run_id, metric, pd.DataFrame({"example_id": example_ids,
                                                              "value": scores[metric]}), settings)
+
+
+def _store_discoverable(store, run, example_ids, ids, model, tokenizer, device, batch_size: int,
+                        prefix_tokens: int, suffix_tokens: int, label: str) -> None:
+    """log q of each text's suffix under the stored sampler (pipelines/discoverable.py), with the rule."""
+    import pandas as pd
+
+    from gnq_core.pipelines.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_logprob
+
+    values = suffix_logprob(model, ids, prefix_tokens, suffix_tokens, pad_id(tokenizer),
+                            batch_size=batch_size, device=device)
+    store.write_metric(run.run_id, METRIC, pd.DataFrame({"example_id": example_ids, "value": values}), {
+        "rule": f"log probability that top-{TOP_K} sampling at temperature {TEMPERATURE:g} emits exactly the "
+                f"next {suffix_tokens} tokens after the first {prefix_tokens} ((n, p)-discoverable: "
+                "1 − (1 − e^value)^n ≥ p)", "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens,
+        "top_k": TOP_K, "temperature": TEMPERATURE, "checkpoint": label})
 
 
 def _frame(tokenizer, results: Sequence[ExtractionResult], threshold: float):

@@ -28,6 +28,7 @@ from transformers import Trainer, TrainerCallback
 
 from gnq_core.engine.distributed import DistributedGNQAuditor, Scope, Strategy
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
+from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.results.records import RunSpec, TextResult, check_gnq_settings
 from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
@@ -88,6 +89,7 @@ class GNQCallback(TrainerCallback):
         self.results: list[TextResult] = []  # this process's records, also kept in memory
         self._ids: torch.Tensor | None = None
         self._losses: torch.Tensor | None = None
+        self._signals: dict[str, list[float]] | None = None  # Min-K% / Min-K%++ of the batch
         self._weights: torch.Tensor | None = None
         self._t0 = 0.0
 
@@ -143,9 +145,12 @@ class GNQCallback(TrainerCallback):
                              " (or a collator that keeps it)")
         self._ids, self._weights, self._t0 = example_ids.detach().cpu(), None, time.perf_counter()
 
-    def watch_losses(self, losses: torch.Tensor, counts: torch.Tensor) -> None:
-        """Keep ℓ_j; the hook receives ∂objective/∂ℓ_j in the backward: the weights w_j."""
+    def watch_losses(self, losses: torch.Tensor, counts: torch.Tensor,
+                     signals: dict[str, list[float]] | None = None) -> None:
+        """Keep ℓ_j (and the forward signals, ``membership.token_signals``); the hook receives
+        ∂objective/∂ℓ_j in the backward: the weights w_j."""
         self._losses = losses.detach()
+        self._signals = signals
         if losses.requires_grad:
             def keep(grad: torch.Tensor) -> None:
                 w = grad.detach().to(torch.float64)
@@ -164,7 +169,8 @@ class GNQCallback(TrainerCallback):
 
         index = self.micro if self.config.scope == "global" else self.micro * self.world + self.rank
         texts, batch = score_batch(compute, self._losses, self._ids.tolist(), batch_index=index,
-                                   step=state.global_step + 1, started=self._t0)
+                                   step=state.global_step + 1, started=self._t0,
+                                   extra=self._signals)
         self.writer.add(batch.step, self.point, texts,
                         [] if self.config.scope == "global" and self.rank != 0 else [batch])
         self.results += texts
@@ -241,7 +247,7 @@ class GNQTrainer(Trainer):
         total = num_items_in_batch if num_items_in_batch is not None else n.sum()
         if torch.is_tensor(total):
             total = total.to(device=losses.device, dtype=losses.dtype)
-        self.gnq.watch_losses(losses, counts)
+        self.gnq.watch_losses(losses, counts, token_signals(logits, labels))
         return (losses * n).sum() / total
 
     def training_step(self, model, inputs, num_items_in_batch=None):

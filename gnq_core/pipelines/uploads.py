@@ -118,6 +118,9 @@ def remove_uploads(db: str | Path, folders: Sequence[str]) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+MAX_UPLOAD_DEPTH = 64  # folders in an uploaded file's name, the file included
+
+
 def safe_relative_path(name: str) -> PurePosixPath:
     """An uploaded file's relative path, refused if it could escape its folder."""
     normalized = name.replace("\\", "/")
@@ -125,4 +128,8 @@ def safe_relative_path(name: str) -> PurePosixPath:
     escapes = any(p in ("..", "") for p in path.parts)
     if not path.parts or path.is_absolute() or escapes or ":" in path.parts[0]:
         raise ValueError(f"{name}: unsafe file name in upload (absolute or '..' paths are refused)")
+    if len(path.parts) > MAX_UPLOAD_DEPTH:  # pathlib's mkdir(parents=True) recurses once per folder
+        shown = name if len(name) <= 80 else name[:79] + "…"
+        raise ValueError(f"{shown}: {len(path.parts) - 1} folders deep; an upload name may have at most "
+                         f"{MAX_UPLOAD_DEPTH - 1}")
     return path

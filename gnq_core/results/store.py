@@ -29,6 +29,7 @@ import pandas as pd
 from gnq_core.engine.losses import TOKEN_MEAN, TOKEN_SUM
 from gnq_core.errors import GNQError
 from gnq_core.errors import one_line as first_line
+from gnq_core.results.literal_paths import duckdb_literal
 from gnq_core.results.liveness import run_is_alive, with_liveness  # noqa: F401 (run_is_alive: re-exported)
 from gnq_core.results.records import (
     BATCH_COLUMNS,
@@ -50,6 +51,10 @@ LOSS_IN_WORDS = {TOKEN_MEAN: "per-example mean next-token NLL over the example's
 WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
 # DuckDB's errors for a failing file (disk full, read-only, out of memory; a failed commit comes as a
 # TransactionException): shown as one line naming the store.  Others (a constraint broken) are bugs.
+# What a store with a table dropped or a damaged file raises (the store owns all SQL, so these
+# mean the file, not the query; a Binder error, a column a record has and the table lacks, stays
+# the caller's to handle).
+_DAMAGE_ERRORS = (duckdb.CatalogException, duckdb.SerializationException, duckdb.InternalException)
 _IO_ERRORS = (duckdb.IOException, duckdb.TransactionException, duckdb.PermissionException,
               duckdb.OutOfMemoryException, duckdb.FatalException)
 
@@ -144,9 +149,13 @@ class Store:
                 self._ready = True
         try:
             yield con
+        except duckdb.InterruptException:  # DuckDB's form of a Ctrl-C/SIGTERM mid-query: an interrupt
+            raise KeyboardInterrupt from None
         except _IO_ERRORS as exc:  # disk full, read-only folder, ...: one line naming the file
             raise StoreError(f"{self.path}: {'cannot read' if read_only else 'cannot write'} the store "
                              f"({first_line(exc)})") from None
+        except _DAMAGE_ERRORS as exc:  # a table or column missing, a damaged file: one line too
+            raise StoreError(f"{self.path}: damaged, or not a store gnq made ({first_line(exc)})") from None
         finally:
             con.close()
 
@@ -440,7 +449,7 @@ class Store:
     def run(self, ref: int | str) -> Run:
         """A run by id or by name (a name that is all digits is tried as a name first)."""
         rows = self._query("SELECT * FROM runs WHERE name = ?", [str(ref)])
-        if rows.empty and str(ref).isdigit():
+        if rows.empty and str(ref).isascii() and str(ref).isdigit():
             rows = self._query("SELECT * FROM runs WHERE run_id = ?", [int(ref)])
         if rows.empty:
             names = self._query("SELECT name FROM runs ORDER BY run_id")["name"].tolist()
@@ -670,7 +679,7 @@ def shard_select(table: str, files: Sequence[str], run_id: int) -> str:
     repeating examples): its first occurrence (lowest step) is kept, as the table's key wants.
     Columns beyond ``SHARD_COLUMNS`` (``TextResult.extra``) come along, matched by name.
     """
-    paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+    paths = ", ".join(duckdb_literal(f) for f in files)  # literal: no glob semantics
     return (f"SELECT {int(run_id)} AS run_id, * FROM read_parquet([{paths}], union_by_name = true) "
             f"QUALIFY row_number() OVER (PARTITION BY {_SHARD_KEYS[table]} ORDER BY step, batch_index) = 1")
 

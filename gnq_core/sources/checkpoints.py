@@ -37,6 +37,7 @@ from transformers.utils import logging as hf_logging
 from gnq_core.errors import GNQError
 from gnq_core.sources import limits
 from gnq_core.sources.links import LinkError, check_folder_links
+from gnq_core.sources.weight_checks import nonfinite_config_field, nonfinite_tensor
 
 __all__ = [
     "CheckpointError",
@@ -335,7 +336,9 @@ def _load_pickled_weights(files: list[Path]) -> dict[str, torch.Tensor]:
     for file in files:
         kwargs: dict[str, Any] = {"mmap": True} if zipfile.is_zipfile(file) else {}
         try:
-            obj = torch.load(file, map_location="cpu", weights_only=True, **kwargs)
+            with warnings.catch_warnings():  # torch's note on a foreign pickle protocol: the refusal says it
+                warnings.simplefilter("ignore", UserWarning)
+                obj = torch.load(file, map_location="cpu", weights_only=True, **kwargs)
         except pickle.UnpicklingError as exc:
             raise _error(file, "refusing to unpickle: the file holds objects other than tensors "
                                f"({_unpickling_reason(exc)}); convert it to safetensors") from exc
@@ -370,6 +373,8 @@ def _load_config(folder: Path) -> Any:
     if not isinstance(raw, dict):
         raise _error(config_path, "not a JSON object")
     limits.check_config_sizes(raw, config_path)  # before transformers builds anything from it
+    if (field := nonfinite_config_field(raw)) is not None:  # e.g. layer_norm_epsilon NaN: every batch NaN
+        raise _error(config_path, f"{field}: not a finite number")
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise _error(config_path, "no 'model_type'")
@@ -511,6 +516,8 @@ def check_checkpoint(path: str | Path, max_length: int | None = None,
         _check_vocab(folder, config, _load_tokenizer(folder, config))
         if kind == "safetensors" and (problem := _header_problem(folder, config, files)):
             raise _error(folder, problem)
+        if kind == "safetensors" and (where := nonfinite_tensor(files)) is not None:
+            raise _error(folder, f"{where} holds NaN or infinite values: every batch would be non-finite")
 
 
 @contextlib.contextmanager
