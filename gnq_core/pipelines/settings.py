@@ -117,6 +117,13 @@ class AuditJob(_TextsJob):
     kind: ClassVar[str] = "audit"
     checkpoints: str
     settings: AuditSettings = field(default_factory=AuditSettings)
+    non_members: str | None = None  # texts the model never saw, audited into NAME.non-members
+    reference: str | None = None  # "first" or a model folder: reference loss of members and non-members
+    threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
+    tokenizer: str | None = None  # a folder with the tokenizer, for checkpoints saved without one
+
+    def __post_init__(self) -> None:
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,11 @@ class ExtractJob:
     device: str = "auto"
     suffix_tokens: int = DEFAULT_SUFFIX  # exactly s tokens must follow (pipelines/extraction.py)
     reference: str | None = DEFAULT_REFERENCE  # "first" checkpoint, a model folder, or None: no calibration
+    non_members: str | None = None  # texts never seen: audited over the run's checkpoints (audit runs)
+    threads: int | None = None
 
     def __post_init__(self) -> None:
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
         _whole(self.prefix_tokens, "--prefix-tokens", 1), _whole(self.suffix_tokens, "--suffix-tokens", 1)
         _whole(self.batch_size, "--batch-size", 1)
         _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")
@@ -148,8 +158,10 @@ class DemoJob:
     out: str | None = None
     epochs: int = 12
     device: str = "auto"
+    model: str | None = None  # None: the tiny model from scratch; "smollm2": fine-tune the real model
 
     def __post_init__(self) -> None:
+        _require(self.model in (None, "smollm2"), f"unknown demo model {self.model!r} (known: smollm2)")
         _require(self.epochs >= 2, f"the demo needs at least 2 epochs (a trajectory), got {self.epochs}")
         _whole(self.epochs, "--epochs", 2)
         resolve_device(self.device)
