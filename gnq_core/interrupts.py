@@ -24,7 +24,19 @@ def _later(signum, frame) -> None:  # noqa: ARG001
     """The first signal is being handled (the run is being marked): nothing more to do."""
 
 
-def _first(signum, frame) -> None:  # noqa: ARG001
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib."):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _first(signum, frame) -> None:
+    # Inside an import (torch's C++ start-up calls back into Python), an exception aborts the
+    # process ("terminate called after throwing ..."): end it as during start-up instead.
+    if _importing(frame):
+        _exit_now(signum, frame)
     for s in _SIGNALS:
         signal.signal(s, _later)
     raise KeyboardInterrupt
