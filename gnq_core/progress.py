@@ -24,6 +24,7 @@ from rich.progress import (
 )
 
 from gnq_core.atomic import write_text_atomic
+from gnq_core.terminal import markup_safe, terminal_safe
 
 
 class Reporter:
@@ -64,7 +65,7 @@ class Reporter:
         if self._bar is not None:
             if self._task is not None:
                 self._bar.update(self._task, visible=False)
-            self._task = self._bar.add_task(label, total=total)
+            self._task = self._bar.add_task(markup_safe(label), total=total)  # folder names: untrusted
         self._flush(force=True)
 
     def advance(self, n: int = 1) -> None:
@@ -75,9 +76,9 @@ class Reporter:
 
     def log(self, message: str) -> None:
         if self._bar is not None:
-            self._bar.console.print(message)
+            self._bar.console.print(terminal_safe(message), markup=False, highlight=False)
         elif not self.quiet:
-            print(message)
+            print(terminal_safe(message))
 
     def _flush(self, force: bool = False) -> None:
         if self.sink is None or not self._started:

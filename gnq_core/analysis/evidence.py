@@ -80,6 +80,19 @@ def with_non_members(members: pd.DataFrame, non_members: pd.DataFrame) -> pd.Dat
     return frame
 
 
+def with_membership(frame: pd.DataFrame, membership: pd.DataFrame) -> pd.DataFrame:
+    """The run's rows (membership NA) plus a membership frame's rows (``member`` True/False, every
+    other outcome NA; ids offset past the run's): the membership outcome reads only the latter,
+    whose members and non-members were measured at the same checkpoint in the same way."""
+    offset = int(frame["example_id"].max()) + 1 if len(frame) else 0
+    extra = membership.assign(example_id=membership["example_id"] + offset, extracted=pd.NA, group=None)
+    out = pd.concat([frame.assign(member=pd.NA), extra], ignore_index=True)
+    out["member"] = out["member"].astype("boolean")
+    if "extracted" in out.columns:
+        out["extracted"] = out["extracted"].astype("boolean")
+    return out
+
+
 def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples: int, seed: int,
           level: float, cv: bool, cache: dict) -> Iterator[dict]:
     known = outcome.labels.notna().to_numpy()

@@ -68,6 +68,8 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("loss_last", "loss", False, "mean next-token loss at the attacked point; low = fits the text"),
     Signal("loss_ratio", "loss ratio", False, "loss / the reference model's loss; low = learned beyond it"),
     Signal("zlib_ratio", "zlib ratio", False, "model bits / zlib bits; low = predicted beyond redundancy"),
+    Signal("min_k_plus", "Min-K%++", True, "Min-K% of each token's log-prob standardised by the mean and std "
+           "of log-prob under the model's own next-token distribution (Zhang et al. 2024); high = member"),
     Signal("min_k_prob", "Min-K% prob", True, "mean log-prob of the 20% least likely tokens; high = member"),
     Signal("self_influence_last", "gradient norm² (K_jj)", True,
            "the gradient norm squared ‖g‖² (self-influence K_jj) at the attacked point"),

@@ -130,9 +130,11 @@ def provenance(store: Store, run: Run, attacks: pd.DataFrame) -> list[tuple[str,
 
 
 def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resamples: int = pr.RESAMPLES,
-          seed: int = 0, cv: bool = True) -> RunReport:
+          seed: int = 0, cv: bool = True, membership: pd.DataFrame | None = None) -> RunReport:
     """The run's report data.  ``totals``: the verdict-ranked frame (default: ``rank_texts`` of the
-    run's totals, so its risk is scored with the rest)."""
+    run's totals, so its risk is scored with the rest).  ``membership``: members and non-members
+    at one checkpoint (``pipelines.non_members.membership_frame``, both sides measured the same
+    way), scored as the membership outcome beside the run's own rows (``with_membership``)."""
     if totals is None:
         totals = rank_texts(store.example_totals(run.run_id))
     basis = totals.attrs.get("risk_basis") or risk_basis(store.example_totals(run.run_id))
@@ -145,7 +147,8 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
     records = gnq_nature.record_gnq(scores, frame[["example_id", "cluster_id"]]
                                     if "cluster_id" in frame.columns else pd.DataFrame(
                                         columns=["example_id", "cluster_id"]))
-    table = ev.evidence_table(frame, resamples=resamples, seed=seed, cv=cv)
+    scored = frame if membership is None else ev.with_membership(frame, membership)
+    table = ev.evidence_table(scored, resamples=resamples, seed=seed, cv=cv)
     return RunReport(run=run, provenance=provenance(store, run, attacks), frame=frame, evidence=table,
                      nature=nature, records=records, gnq_source=gnq_provenance(store, run), risk_basis=basis,
                      resamples=resamples, seed=seed)

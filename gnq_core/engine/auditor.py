@@ -234,6 +234,9 @@ class GNQAuditor:
         for h in self._hooked:
             hook = functools.partial(self._on_forward, h)
             self._module_handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
+            if hasattr(h.kernel, "before"):  # generic re-runs: the call's random-number state
+                self._module_handles.append(h.module.register_forward_pre_hook(
+                    functools.partial(self._on_pre_forward, h), with_kwargs=True))
             if self._fused and can_fuse(h.module) and "forward" not in vars(h.module):
                 h.module.forward = functools.partial(self._fused_forward, h)
                 self._fused_modules.append(h.module)
@@ -324,6 +327,9 @@ class GNQAuditor:
             return
         if not self._planned and probeable(args, kwargs):
             self._plan(args, kwargs)
+            for h in self._hooked:  # hooks added during this call's pre-hooks run from the next one
+                if h.module is module and hasattr(h.kernel, "before"):
+                    h.kernel.before(module, args, kwargs)
         self._start_pass(_leading_dim(args, kwargs))
         if self._checker is not None and not self._checker.done:
             self._checker_active = True
@@ -350,6 +356,11 @@ class GNQAuditor:
         self._computed_last = False
         self.on_pass_start(batch_size)
         return self._pass
+
+    def _on_pre_forward(self, h: _Hooked, module, args, kwargs=None) -> None:
+        # kwargs=None: a hook removed by the first batch's plan while this module's pre-hooks ran
+        if self._enabled and not hooks_are_suspended() and torch.is_grad_enabled():
+            h.kernel.before(module, args, kwargs or {})
 
     def _on_forward(self, h: _Hooked, module, args, kwargs, output):
         if id(module) in self._fused_now:  # the fused function reports to the auditor itself
@@ -719,12 +730,16 @@ class GNQAuditor:
         self._fold_accumulators(p)
         K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
         extra = [] if weights is None else [(weights_valid(weights.detach().to(K.device)), WEIGHTS_MESSAGE)]
+        extra += self._replay_checks(K.device)
         lam = effective_lam(K, self.lam, self.lam_mode)
         solution = gnq_from_kernel(K, lam, check=False)
         try:
             condition = solution.check(extra)  # the step's one device-to-host read
         except GNQNumericalError:
             self._pass = None  # this pass is spent (a NaN batch): the next one starts without a warning
+            raise
+        except UnsupportedModuleError:
+            self._pass = None
             raise
         coverage = replace(self._static_coverage, entries=[
             replace(e, paths=set(p.paths.get(e.module, set())), calls=p.call_counts[e.module])
@@ -733,6 +748,16 @@ class GNQAuditor:
         self._computed_last = True
         return GNQResult(gnq=solution.gnq, kernel=K, coverage=coverage, lam=lam,
                          condition=condition, batch_size=B)
+
+    def _replay_checks(self, device: torch.device) -> list[tuple[torch.Tensor, str, type]]:
+        """Generic re-runs of this pass that must have reproduced the batch's outputs."""
+        checks = []
+        for h in self._hooked:
+            check = h.kernel.take_check() if hasattr(h.kernel, "take_check") else None
+            if check is not None:
+                checks.append((check[0].to(device), f"{_family(self.model)}: module '{h.name}' "
+                               f"({type(h.module).__name__}): {check[1]}", UnsupportedModuleError))
+        return checks
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

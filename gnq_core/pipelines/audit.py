@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,9 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
+from gnq_core.pipelines.finite_share import check_mostly_finite
+from gnq_core.pipelines.membership import TOKEN_SIGNALS, token_signals
+from gnq_core.pipelines.prefetch import Prefetch
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import AuditSettings
@@ -41,6 +44,7 @@ from gnq_core.sources.checkpoints import (
     load_tokenizer,
 )
 from gnq_core.sources.datasets import TextDataset
+from gnq_core.sources.series_checks import check_one_series
 from gnq_core.sources.tokens import LMBatch, Partition, seeded_partition, stream_batches, token_counts
 
 COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partition"] of new audits
@@ -50,13 +54,14 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
                   reporter: Reporter | None = None, indices: Iterable[int] | None = None,
                   capacity: int = 1024, *, loss: str = TOKEN_MEAN, lam_mode: str = LAM_ABSOLUTE
                   ) -> tuple[ScoreColumns, list[BatchResult]]:
-    """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights.
+    """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights,
+    and the forward signals Min-K% / Min-K%++ (``membership.token_signals``) from the same logits.
 
     ``batches`` are consumed one at a time (a generator tokenises each as it is needed) and the
     texts' results go into numpy columns (``capacity``: the number of texts expected).
     ``indices``: the batches' numbers in the audit's partition (default 0, 1, ...); ``loss``:
     the per-example loss convention; ``lam_mode``: λ absolute or relative to the batch's mean K_jj."""
-    texts, results = ScoreColumns(capacity), []
+    texts, results = ScoreColumns(capacity, TOKEN_SIGNALS), []
     indices = itertools.count() if indices is None else indices
     model.eval()  # the gradient at a checkpoint, without dropout noise
     for p in model.parameters():
@@ -69,7 +74,8 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
             losses = per_example_lm_loss(logits, b.labels, loss)
             auditor.backward(losses.sum())  # output gradients only: no weight-gradient matmuls
             rows, result = score_batch(lambda: scores_of(auditor.compute()), losses, batch.example_ids,
-                                       batch_index=index, step=None, started=t0)
+                                       batch_index=index, step=None, started=t0,
+                                       extra=token_signals(logits, b.labels))
             model.zero_grad(set_to_none=True)
             texts.add(rows)
             results.append(result)
@@ -81,17 +87,20 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
 def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef], dataset: TextDataset, *,
               name: str,
               settings: AuditSettings = AuditSettings(), reporter: Reporter | None = None,
-              ranks: Ranks | None = None) -> Run | None:
+              ranks: Ranks | None = None, tokenizer: str | None = None) -> Run | None:
     """Audit every checkpoint under ``checkpoints`` (a folder, or the checkpoints found there)
     into run ``name``; resumes an unfinished run.
 
     Under torchrun every rank calls this with its ``Ranks``: the lead (rank 0) alone opens the
     store (the others pass ``store=None`` and get None back), each rank audits every N-th batch
     of each checkpoint, and the lead writes the gathered rows — the rows one process writes.
-    The next checkpoint is loaded in a thread while the current one is audited.
+    The next checkpoint is loaded in a thread while the current one is audited.  ``tokenizer``:
+    a folder to read the tokenizer from, for checkpoints saved without one (recorded in the run's
+    settings, so its attack reads the texts alike).
     """
     reporter = reporter or Reporter()
     ranks = ranks or Ranks()
+    tokenizer_dir = tokenizer  # the loop below binds each checkpoint's tokenizer to ``tokenizer``
     refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
     device = ranks.device(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype)
@@ -99,7 +108,7 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
     if ranks.lead:
         assert store is not None, "the lead rank writes the rows: it needs the store"
         try:
-            run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter)
+            run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter, tokenizer)
         except Exception as exc:
             ranks.broadcast(exc)  # the other ranks stop with the same one-line error
             raise
@@ -109,17 +118,19 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
 
     def load(point: int) -> tuple[torch.nn.Module, Any, str | None]:
         path = refs[point].path
-        model, tokenizer = load_checkpoint(path, device=device, dtype=dtype)
+        model, tok = load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer_dir)
         _prepare_for_audit(model, dtype)
-        return model, tokenizer, checkpoint_hash(path) if ranks.lead else None
+        return model, tok, checkpoint_hash(path) if ranks.lead else None
 
     tracking = store.tracking(run.run_id) if run is not None else contextlib.nullcontext()
-    with tracking, ThreadPoolExecutor(max_workers=1) as loader:
-        upcoming = loader.submit(load, todo[0]) if todo else None
+    with tracking:
+        upcoming = None
         for n, point in enumerate(todo):
             t0 = time.perf_counter()
-            model, tokenizer, model_hash = upcoming.result()
-            upcoming = loader.submit(load, todo[n + 1]) if n + 1 < len(todo) else None
+            # The first checkpoint loads here, so transformers' model modules are imported before
+            # the loader thread starts (an interrupt then cannot leave it waiting on the import lock).
+            model, tokenizer, model_hash = upcoming.result() if upcoming is not None else load(point)
+            upcoming = Prefetch(load, todo[n + 1]) if n + 1 < len(todo) else None
             ref = refs[point]
             texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
                                           reporter, ranks)
@@ -127,22 +138,27 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
             if run is not None:
                 store.write_point(run.run_id, point, texts, results, time.perf_counter() - t0,
                                   path=str(ref.path), model_hash=model_hash)
+        if run is not None:  # inside tracking: a numerical failure marks the run 'failed'
+            check_mostly_finite(store, run)
     return store.run(run.run_id) if run is not None else None
 
 
 def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name: str,
              settings: AuditSettings, device: torch.device,
-             reporter: Reporter) -> tuple[Run, list[int], Partition]:
+             reporter: Reporter, tokenizer: str | None = None) -> tuple[Run, list[int], Partition]:
     """The run (created or resumed), the checkpoints still to audit and the batch partition,
     after every check."""
     spec = _run_spec(refs, dataset, name, settings, device)
+    if tokenizer is not None:
+        spec = replace(spec, settings=spec.settings | {"tokenizer": str(Path(tokenizer).resolve())})
     run = store.resumable_run(spec)
     finished = set() if run is None else set(store.points(run.run_id).query("status == 'done'")["point"])
     for i, ref in enumerate(refs):  # a broken checkpoint still to audit is refused before anything is written
         if i not in finished:
-            check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype))
+            check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
+    check_one_series([Path(r.path) for r in refs], tokenizer)  # one tokenizer, one architecture
     if run is None:
-        n_tokens = token_counts(load_tokenizer(refs[0].path), dataset.texts, settings.max_length)
+        n_tokens = token_counts(load_tokenizer(refs[0].path, tokenizer), dataset.texts, settings.max_length)
         examples = pd.DataFrame({"example_id": np.arange(len(dataset), dtype=np.int64), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": n_tokens})
         run = store.create_run(spec, pd.concat([examples, text_labels(dataset.texts)], axis=1))

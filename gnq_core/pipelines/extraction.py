@@ -245,7 +245,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     """
     from gnq_core.progress import Reporter
     from gnq_core.runtime import code_version, resolve_device
-    from gnq_core.sources.checkpoints import load_checkpoint
+    from gnq_core.sources.checkpoints import TOKENIZER_FILES, load_checkpoint
     from gnq_core.sources.tokens import encode_texts
 
     reporter = reporter or Reporter()
@@ -256,13 +256,16 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
         reporter.log(f"run {run.name!r}: the checkpoint attacked ({row['label']}) is its first, so the "
                      "attack is not calibrated; name a reference with --reference (a fine-tune: its base)")
     point, dev = int(row["point"]), resolve_device(device)
-    model, tokenizer = load_checkpoint(row["path"], device=dev)
+    tokenizer_dir = run.settings.get("tokenizer")  # checkpoints saved without one (gnq audit --tokenizer)
+    model, tokenizer = load_checkpoint(row["path"], device=dev, tokenizer=tokenizer_dir)
     examples = store.examples(run.run_id)
     texts = examples["text"].tolist()
     ids = encode_texts(tokenizer, texts, run.max_length)
     ref_model = None
     if ref_path is not None:
-        ref_model, ref_tokenizer = load_checkpoint(ref_path, device=dev)
+        own = any((Path(ref_path) / name).is_file() for name in TOKENIZER_FILES)
+        ref_model, ref_tokenizer = load_checkpoint(ref_path, device=dev,
+                                                   tokenizer=None if own else tokenizer_dir)
         _check_same_tokens(ref_path, ref_tokenizer, tokenizer, texts, run.max_length, ids)
     example_ids = examples["example_id"].tolist()
     kwargs = dict(prefix_tokens=prefix_tokens, threshold=threshold, batch_size=batch_size,
@@ -296,9 +299,14 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     if ref_model is not None:
         _store_membership(store, run, texts, example_ids, ids, model, ref_model, tokenizer, dev,
                           batch_size, {"checkpoint": row["label"], "reference": str(ref_path)})
+    if suffix_tokens is not None:
+        _store_discoverable(store, run, example_ids, ids, model, tokenizer, dev, batch_size, prefix_tokens,
+                            suffix_tokens, row["label"])
+    secrets = _attack_secrets(store, run, point, model, ref_model, tokenizer, texts, example_ids, ids,
+                              ref_path, batch_size, dev, version, reporter)
     stored = store.extractions(run.run_id, point)
     stored = stored[stored["prefix_tokens"] == prefix_tokens]
-    summary = _summary(stored, threshold)
+    summary = _summary(stored, threshold) | secrets
     summary["label"] = row["label"]
     store.update_settings(run.run_id, {"attack": {
         "rule": rule.describe(Path(ref_path).name if ref_path else None),
@@ -306,6 +314,23 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
         "checkpoint": row["label"], "reference": str(ref_path) if ref_path else None,
         "code_version": version} | {k: v for k, v in summary.items() if k != "label"}})
     return summary
+
+
+def _attack_secrets(store, run, point, model, ref_model, tokenizer, texts, example_ids, ids, ref_path,
+                    batch_size, device, version, reporter) -> dict:
+    """The secret-targeted attack (pipelines/secret_attack.py) on the same models; its counts."""
+    from gnq_core.pipelines.secret_attack import DEFAULT_CANDIDATES, attack_secrets, describe_rule
+
+    rule = describe_rule(DEFAULT_CANDIDATES, Path(ref_path).name if ref_path else None)
+    reporter.stage("secret-like values", 1)
+    rows = attack_secrets(model, tokenizer, texts, example_ids, ids, reference=ref_model,
+                          seed=int(run.seed or 0), batch_size=batch_size, device=device,
+                          rule=rule, max_length=run.max_length)
+    store.write_secret_attacks(run.run_id, point, rows, version)
+    reporter.advance(1)
+    return {"secret_rule": rule, "secrets_attacked": len(rows),
+            "secrets_reproduced": int(rows["reproduced"].sum()),
+            "secrets_extracted": int(rows["extracted"].sum())}
 
 
 def _summary(stored, threshold: float) -> dict:
@@ -323,6 +348,7 @@ def _summary(stored, threshold: float) -> dict:
 
 
 def _attacked_point(store, run, checkpoint: str | None):
+    from gnq_core.pipelines.protected_paths import verify_checkpoint
     from gnq_core.results.store import StoreError
 
     points = store.points(run.run_id)
@@ -344,6 +370,7 @@ def _attacked_point(store, run, checkpoint: str | None):
     if not Path(row["path"]).exists():
         raise StoreError(f"{row['path']}: checkpoint {row['label']!r} of run {run.name!r} is no longer "
                          "there (moved or deleted since the audit)")
+    verify_checkpoint(row["path"], row.get("model_hash"), f"checkpoint {row['label']!r} of run {run.name!r}")
     return row
 
 
@@ -354,11 +381,15 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
         return None
     if reference != FIRST_CHECKPOINT:
         return reference
+    from gnq_core.pipelines.protected_paths import verify_checkpoint
+
     points = store.points(run.run_id)
     first = points[(points["status"] == "done") & points["path"].notna()]
     if first.empty or int(first.iloc[0]["point"]) == int(target["point"]):
         return None  # the first checkpoint is the one attacked: nothing to calibrate against
-    return str(first.iloc[0]["path"])
+    row = first.iloc[0]
+    verify_checkpoint(row["path"], row.get("model_hash"), f"checkpoint {row['label']!r} of run {run.name!r}")
+    return str(row["path"])
 
 
 def _check_same_tokens(ref_path: str, ref_tokenizer, tokenizer, texts, max_length: int, ids) -> None:
@@ -387,6 +418,22 @@ def _store_membership(store, run, texts, example_ids, ids, model, ref_model, tok
     for metric in SCORE_COLUMNS:
         store.write_metric(run.run_id, metric, pd.DataFrame({"example_id": example_ids,
                                                              "value": scores[metric]}), settings)
+
+
+def _store_discoverable(store, run, example_ids, ids, model, tokenizer, device, batch_size: int,
+                        prefix_tokens: int, suffix_tokens: int, label: str) -> None:
+    """log q of each text's suffix under the stored sampler (pipelines/discoverable.py), with the rule."""
+    import pandas as pd
+
+    from gnq_core.pipelines.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_logprob
+
+    values = suffix_logprob(model, ids, prefix_tokens, suffix_tokens, pad_id(tokenizer),
+                            batch_size=batch_size, device=device)
+    store.write_metric(run.run_id, METRIC, pd.DataFrame({"example_id": example_ids, "value": values}), {
+        "rule": f"log probability that top-{TOP_K} sampling at temperature {TEMPERATURE:g} emits exactly the "
+                f"next {suffix_tokens} tokens after the first {prefix_tokens} ((n, p)-discoverable: "
+                "1 − (1 − e^value)^n ≥ p)", "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens,
+        "top_k": TOP_K, "temperature": TEMPERATURE, "checkpoint": label})
 
 
 def _frame(tokenizer, results: Sequence[ExtractionResult], threshold: float):

@@ -177,13 +177,10 @@ def cancel_job(job: Job) -> None:
             os.killpg(job.pid, signal.SIGTERM)
 
 
-def _interrupt(signum, frame) -> None:  # noqa: ARG001
-    raise KeyboardInterrupt
-
-
 def run_steps(job_path: Path) -> int:
     """The job process: run each step with ``run_job``, record the outcome, clean up uploads.
     A step's user error ends the job with one ``error: ...`` line in its log (exit code 1)."""
+    from gnq_core import interrupts
     from gnq_core.errors import one_line, user_errors
     from gnq_core.pipelines.run import run_job
     from gnq_core.progress import JobProgress, ProgressFile
@@ -192,7 +189,7 @@ def run_steps(job_path: Path) -> int:
     job = Job.load(job_path)
     job.pid, job.status = os.getpid(), "running"
     job.save()
-    signal.signal(signal.SIGTERM, _interrupt)  # cancel = Ctrl-C: the run is marked 'cancelled'
+    interrupts.install()  # cancel = Ctrl-C: the run is marked 'cancelled', once however many signals
     store = Store(job.db, on_wait=lambda message: print(message, flush=True))
     progress = JobProgress(store, file=ProgressFile(job.progress_path),
                            warn=lambda message: print(message, flush=True))

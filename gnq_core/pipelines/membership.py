@@ -14,6 +14,13 @@ Shi et al. 2024 "Min-K% prob"):
 * ``min_k_prob``  = the mean log-probability (nats) of the k = 20% least likely tokens.  An
   unseen text has a few very unlikely tokens; a memorised one has none.  Higher (closer to 0)
   = more likely a training member.
+* Min-K%++ (Zhang et al. 2024, the strongest reference-free signal in MIMIR-style benchmarks):
+  each token's log p(x_t) standardised by the mean μ_t and standard deviation σ_t of log p under
+  the model's own next-token distribution, (log p(x_t) − μ_t)/σ_t, averaged over the lowest k%.
+  A token is surprising only relative to how spread out the model's prediction is there.
+
+``token_signals`` computes Min-K% and Min-K%++ from the logits of a forward pass that also gives
+the loss (``gnq audit``/``gnq train`` store them per text and point as ``min_k``/``min_k_plus``).
 
 Token convention as everywhere (``sources.tokens``): a text's tokens without special tokens,
 each token after the first predicted from the ones before it.
@@ -29,9 +36,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gnq_core.engine.losses import IGNORE_INDEX
 from gnq_core.sources.tokens import collate
 
 MIN_K_FRACTION = 0.2
+TOKEN_SIGNALS = ("min_k", "min_k_plus")  # scores columns token_signals fills, per text and point
 SCORE_COLUMNS = ["attack_loss", "reference_loss", "loss_ratio", "zlib_ratio", "min_k_prob"]
 
 
@@ -64,6 +73,36 @@ def min_k_prob(logprobs: np.ndarray, k: float = MIN_K_FRACTION) -> float:
     return float(np.sort(logprobs)[:m].mean())
 
 
+def token_signals(logits: torch.Tensor, labels: torch.Tensor, k: float = MIN_K_FRACTION
+                  ) -> dict[str, list[float]]:
+    """Per sequence of the batch: ``min_k`` (Min-K%) and ``min_k_plus`` (Min-K%++) over its
+    next-token targets (labels != -100, the shift as in ``per_example_lm_loss``); NaN for a
+    sequence without targets.  Forward quantities only (detached; no graph is kept)."""
+    with torch.no_grad():
+        lg = logits[:, :-1].detach()
+        if lg.dtype not in (torch.float32, torch.float64):
+            lg = lg.float()
+        target = labels[:, 1:]
+        valid = target != IGNORE_INDEX
+        logp = torch.log_softmax(lg, dim=-1)
+        picked = logp.gather(-1, target.clamp_min(0)[..., None]).squeeze(-1)
+        p = logp.exp()
+        mu = torch.where(p > 0, p * logp, 0).sum(-1)  # E_{v~p}[log p(v)] (0·log 0 = 0)
+        var = torch.where(p > 0, p * (logp - mu[..., None]).square(), 0).sum(-1)
+        plus = (picked - mu) / var.clamp_min(torch.finfo(var.dtype).tiny).sqrt()
+        return {"min_k": _lowest_mean(picked, valid, k), "min_k_plus": _lowest_mean(plus, valid, k)}
+
+
+def _lowest_mean(values: torch.Tensor, valid: torch.Tensor, k: float) -> list[float]:
+    """Per row, the mean of the lowest ⌈k·n⌉ of its n valid values (NaN when n = 0)."""
+    n = valid.sum(-1)
+    m = torch.ceil(k * n.double()).long().clamp_min(1)
+    ordered = values.double().masked_fill(~valid, math.inf).sort(-1).values
+    take = torch.arange(ordered.shape[-1], device=ordered.device)[None] < m[:, None]
+    means = torch.where(take, ordered, 0).sum(-1) / m
+    return torch.where(n > 0, means, math.nan).cpu().tolist()
+
+
 def zlib_bits(text: str) -> int:
     return 8 * len(zlib.compress(text.encode("utf-8")))
 
@@ -81,3 +120,27 @@ def membership_scores(texts: Sequence[str], target: Sequence[np.ndarray],
         rows.append((loss, ref, loss / ref if ref > 0 else float("nan"), bits / zlib_bits(text),
                      min_k_prob(lp, k)))
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
+
+
+def forward_signals(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad: int,
+                    batch_size: int = 32, device: torch.device | None = None) -> pd.DataFrame:
+    """Per text at the model's current weights, forward only: ``loss`` (mean next-token NLL),
+    ``min_k``, ``min_k_plus`` (``token_signals``) — the columns an audit stores, without GNQ."""
+    from gnq_core.engine.losses import per_example_lm_loss
+
+    device = device if device is not None else next(model.parameters()).device
+    rows: dict[str, list[float]] = {"loss": [], "min_k": [], "min_k_plus": []}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(token_ids), batch_size):
+                chunk = list(range(start, min(len(token_ids), start + batch_size)))
+                b = collate([token_ids[i] for i in chunk], chunk, pad).to(device)
+                logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+                rows["loss"] += per_example_lm_loss(logits, b.labels).double().cpu().tolist()
+                for name, values in token_signals(logits, b.labels).items():
+                    rows[name] += values
+    finally:
+        model.train(was_training)
+    return pd.DataFrame(rows)

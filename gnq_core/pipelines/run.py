@@ -43,6 +43,14 @@ def run_ref(store: Store, name: str) -> Callable[[], int | None]:
     return get
 
 
+def _threads(threads: int | None) -> None:
+    """torch CPU threads for this job (the form's setting, the CLI's --threads); None: as is."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
     """The texts, with a notice of how many rows were skipped for a missing or empty text."""
     from gnq_core.sources.datasets import load_texts  # looked up at each job (tests replace it)
@@ -79,11 +87,21 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     from gnq_core.sources.checkpoints import find_checkpoints
 
     ranks = Ranks.from_env()
+    _threads(job.threads)
     dataset = _texts(job, progress)
     refs = find_checkpoints(job.checkpoints)
     name = job.name or Path(job.checkpoints).resolve().name
+    outside = None
+    if job.non_members:
+        from gnq_core.pipelines.non_members import check_disjoint
+        from gnq_core.sources.datasets import load_texts
+
+        if ranks.world > 1:
+            raise ValueError("--non-members runs in one process: audit them without torchrun")
+        outside = load_texts(Path(job.non_members), text_column=job.text_column)
+        check_disjoint(dataset.texts, outside)  # refused before anything is written
     if not ranks.lead:  # rank 0 alone opens the store and reports
-        run_audit(None, refs, dataset, name=name, settings=job.settings, ranks=ranks)
+        run_audit(None, refs, dataset, name=name, settings=job.settings, ranks=ranks, tokenizer=job.tokenizer)
         ranks.finish()
         return []
     assert store is not None, "the lead rank writes the rows: it needs the store"
@@ -91,17 +109,29 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     t0 = time.perf_counter()
     with progress.reporter(run_ref(store, name)) as reporter:
         run = run_audit(store, refs, dataset, name=name, settings=job.settings, reporter=reporter,
-                        ranks=ranks)
+                        ranks=ranks, tokenizer=job.tokenizer)
     ranks.finish()
-    return [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(store.points(run.run_id))} "
+    said = [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(store.points(run.run_id))} "
             f"checkpoints in {time.perf_counter() - t0:.1f} s; store {store.path}"]
+    if outside is not None:
+        from gnq_core.pipelines.non_members import SUFFIX, audit_non_members
+
+        t0 = time.perf_counter()
+        with progress.reporter(run_ref(store, name + SUFFIX)) as reporter:
+            other = audit_non_members(store, run, refs, outside, job.settings, reporter,
+                                      reference=job.reference)
+        said.append(f"non-members: run {other.name!r}, {len(outside)} texts in "
+                    f"{time.perf_counter() - t0:.1f} s")
+    return said
 
 
 def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
     from gnq_core.pipelines.extraction import run_extraction
     from gnq_core.pipelines.text_labels import ensure_text_labels
 
+    _threads(job.threads)
     info = store.require_existing().run(job.run)
+    outside = _non_members_of(store, info, job.non_members) if job.non_members else None
     progress.plan(None)
     t0 = time.perf_counter()
     with progress.reporter(lambda: info.run_id) as reporter:
@@ -110,10 +140,40 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
                                  reference=job.reference, batch_size=job.batch_size, device=job.device,
                                  reporter=reporter)
     ensure_text_labels(store, info)
-    return [f"run {info.name!r}, {summary['label']}: {summary['attacked']} texts attacked "
+    said = [f"run {info.name!r}, {summary['label']}: {summary['attacked']} texts attacked "
             f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "
             f"{summary['reproduced']} reproduced, {summary['both_reproduced']} of them also by the "
             f"reference: {summary['extracted']} extracted in {time.perf_counter() - t0:.1f} s"]
+    if outside is not None:
+        said += add_non_members(store, info, outside, progress, device=job.device, reference=job.reference)
+    return said
+
+
+def _non_members_of(store: Store, info, path: str) -> TextDataset:
+    """The non-member texts of a stored run, checked before anything is written."""
+    from gnq_core.pipelines.non_members import check_run_takes_non_members
+    from gnq_core.sources.datasets import load_texts
+
+    outside = load_texts(Path(path))
+    check_run_takes_non_members(store, info, outside)
+    return outside
+
+
+def add_non_members(store: Store, info, outside: TextDataset | str, progress: JobProgress, *,
+                    device: str = "auto", reference: str | None = None) -> list[str]:
+    """Audit ``outside`` (texts or their file) as the stored audit run's non-members, unless the
+    same file content already was (``gnq extract``/``gnq report --non-members``)."""
+    from gnq_core.pipelines.non_members import SUFFIX, non_members_of_audit
+
+    if not isinstance(outside, TextDataset):
+        outside = _non_members_of(store, info, outside)
+    if info.settings.get("non_members_hash") == outside.sha256 and store.find_run(info.name + SUFFIX):
+        return []
+    t0 = time.perf_counter()
+    with progress.reporter(run_ref(store, info.name + SUFFIX)) as reporter:
+        other = non_members_of_audit(store, info, outside, device=device, reporter=reporter,
+                                     reference=reference)
+    return [f"non-members: run {other.name!r}, {len(outside)} texts in {time.perf_counter() - t0:.1f} s"]
 
 
 def _demo(job: DemoJob, store: Store, progress: JobProgress) -> list[str]:
@@ -121,7 +181,7 @@ def _demo(job: DemoJob, store: Store, progress: JobProgress) -> list[str]:
 
     progress.plan(2 * job.epochs + 2)  # train and audit each epoch, attack both runs
     t0 = time.perf_counter()
-    names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device,
+    names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device, model=job.model,
                        reporter_factory=progress.reporter)
     return [f"demo runs {', '.join(repr(n) for n in names)} built in {time.perf_counter() - t0:.0f} s; "
-            f"store {store.path}. Open the dashboard: streamlit run app/main.py"]
+            f"store {store.path}. Open the dashboard: gnq dashboard (or make app)"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -20,9 +20,11 @@ def scores_of(res: GNQResult) -> Scores:
 
 
 def score_batch(compute: Callable[[], Scores], losses: torch.Tensor, example_ids: Sequence[int], *,
-                batch_index: int, step: int | None, started: float) -> tuple[list[TextResult], BatchResult]:
+                batch_index: int, step: int | None, started: float,
+                extra: Mapping[str, Sequence[float]] | None = None) -> tuple[list[TextResult], BatchResult]:
     """Run ``compute`` (the auditor's solve) and record the batch.  A batch whose loss or kernel is
-    not finite is recorded with ``finite = False`` and NULL scores instead of stopping the job."""
+    not finite is recorded with ``finite = False`` and NULL scores instead of stopping the job.
+    ``extra``: further per-text columns from the forward pass (``membership.token_signals``)."""
     finite = bool(torch.isfinite(losses).all())
     gnq = kjj = condition = size = None
     try:
@@ -33,4 +35,4 @@ def score_batch(compute: Callable[[], Scores], losses: torch.Tensor, example_ids
         gnq = kjj = condition = None
     return batch_results(example_ids, losses.detach().double().cpu().tolist(), gnq, kjj,
                          batch_index=batch_index, step=step, condition=condition, finite=finite,
-                         seconds=time.perf_counter() - started, size=size)
+                         seconds=time.perf_counter() - started, size=size, extra=extra)

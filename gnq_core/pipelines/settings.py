@@ -7,6 +7,8 @@ them as JSON (``job_dict`` / ``job_from_dict``), never as a command line.
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -24,6 +26,24 @@ from gnq_core.runtime import resolve_device, resolve_dtype
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+# The store keeps seeds, sizes and counts in INTEGER columns (32-bit): a value must fit before the
+# run is created, or the insert fails half-way (a run with no points blocking its name).
+INT32_MAX = 2**31 - 1
+
+
+def _whole(value: object, option: str, low: int, high: int = INT32_MAX) -> None:
+    try:  # ints and numpy integers; not bools, floats or strings
+        ok = not isinstance(value, bool) and low <= operator.index(value) <= high  # type: ignore[arg-type]
+    except TypeError:
+        ok = False
+    _require(ok, f"{option} must be a whole number from {low:,} to {high:,}, got {value!r}")
+
+
+def _finite(value: object, option: str, low: float = 0.0) -> None:
+    _require(isinstance(value, int | float) and math.isfinite(value) and value >= low,
+             f"{option} must be a finite number ≥ {low:g}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +64,9 @@ class AuditSettings:
         from gnq_core.engine.solve import check_lam_mode
 
         check_gnq_settings(self.lam, self.batch_size)
+        _whole(self.seed, "--seed", 0)
+        _whole(self.batch_size, "--batch-size", 2)
+        _whole(self.max_length, "--max-length", 2)
         check_loss_convention(self.loss), check_lam_mode(self.lam_mode)
         _require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
         resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
@@ -58,13 +81,15 @@ class TrainSettings(AuditSettings):
     vocab_size: int = 2048    # from scratch only
 
     def __post_init__(self) -> None:
+        from gnq_core.sources.limits import BOUNDS
         from gnq_core.sources.models import PRESETS  # here: transformers is slow to import
 
         super().__post_init__()
-        _require(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
-        _require(self.lr >= 0 and self.weight_decay >= 0, "the learning rate and weight decay must be ≥ 0")
+        _whole(self.epochs, "--epochs", 1)
+        _finite(self.lr, "--lr"), _finite(self.weight_decay, "the weight decay")
         _require(self.preset in PRESETS, f"unknown model preset {self.preset!r} ({', '.join(PRESETS)})")
-        _require(self.vocab_size >= 300, f"--vocab-size must be at least 300, got {self.vocab_size}")
+        vocab = next(b for b in BOUNDS if b.what == "vocabulary")  # the bound a checkpoint's config has
+        _whole(self.vocab_size, "--vocab-size", 300, vocab.limit)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +117,13 @@ class AuditJob(_TextsJob):
     kind: ClassVar[str] = "audit"
     checkpoints: str
     settings: AuditSettings = field(default_factory=AuditSettings)
+    non_members: str | None = None  # texts the model never saw, audited into NAME.non-members
+    reference: str | None = None  # "first" or a model folder: reference loss of members and non-members
+    threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
+    tokenizer: str | None = None  # a folder with the tokenizer, for checkpoints saved without one
+
+    def __post_init__(self) -> None:
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
 
 
 @dataclass(frozen=True)
@@ -107,10 +139,13 @@ class ExtractJob:
     device: str = "auto"
     suffix_tokens: int = DEFAULT_SUFFIX  # exactly s tokens must follow (pipelines/extraction.py)
     reference: str | None = DEFAULT_REFERENCE  # "first" checkpoint, a model folder, or None: no calibration
+    non_members: str | None = None  # texts never seen: audited over the run's checkpoints (audit runs)
+    threads: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.prefix_tokens >= 1 and self.batch_size >= 1 and self.suffix_tokens >= 1,
-                 "--prefix-tokens, --suffix-tokens and --batch-size: ≥ 1")
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
+        _whole(self.prefix_tokens, "--prefix-tokens", 1), _whole(self.suffix_tokens, "--suffix-tokens", 1)
+        _whole(self.batch_size, "--batch-size", 1)
         _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")
         resolve_device(self.device)
 
@@ -123,9 +158,12 @@ class DemoJob:
     out: str | None = None
     epochs: int = 12
     device: str = "auto"
+    model: str | None = None  # None: the tiny model from scratch; "smollm2": fine-tune the real model
 
     def __post_init__(self) -> None:
+        _require(self.model in (None, "smollm2"), f"unknown demo model {self.model!r} (known: smollm2)")
         _require(self.epochs >= 2, f"the demo needs at least 2 epochs (a trajectory), got {self.epochs}")
+        _whole(self.epochs, "--epochs", 2)
         resolve_device(self.device)
 
 

@@ -24,6 +24,9 @@ import torch
 from gnq_core.atomic import atomic_path
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, per_example_lm_loss
+from gnq_core.pipelines.finite_share import check_mostly_finite
+from gnq_core.pipelines.membership import token_signals
+from gnq_core.pipelines.protected_paths import OverwriteError, refuse_overwrite, verify_checkpoint
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.text_labels import text_labels
@@ -52,6 +55,7 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
     run = store.resumable_run(spec)
     start_epoch = 0
     if run is None:
+        _refuse_overwrite(store, out_dir, 0, settings.epochs, dataset, init, None)
         seed_everything(settings.seed)
         model, tokenizer, init_hash = _initial_model(dataset, init, settings)
         ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
@@ -69,12 +73,16 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
             reporter.log(f"run {run.name!r} has finished all {settings.epochs} epochs; nothing to do")
             store.set_status(run.run_id, "done")
             return store.run(run.run_id)
+        _refuse_overwrite(store, out_dir, start_epoch, settings.epochs, dataset, init, run.run_id)
         if start_epoch == 0:
             seed_everything(settings.seed)
             model, tokenizer, _ = _initial_model(dataset, init, settings)
             optimizer_state = rng_state = None
         else:
-            model, tokenizer, optimizer_state, rng_state = _resume_from(out_dir / f"epoch-{start_epoch}")
+            resume_at = out_dir / f"epoch-{start_epoch}"
+            stored = store.points(run.run_id).set_index("point")["model_hash"].get(start_epoch - 1)
+            verify_checkpoint(resume_at, stored, f"run {run.name!r}'s epoch-{start_epoch}")
+            model, tokenizer, optimizer_state, rng_state = _resume_from(resume_at)
             reporter.log(f"resuming run {run.name!r} after epoch {start_epoch}")
         ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
         store.set_status(run.run_id, "running")
@@ -95,6 +103,7 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
         for epoch in range(start_epoch, settings.epochs):
             _train_epoch(store, run, epoch, model, tokenizer, optimizer, auditor, ids, pad, out_dir,
                          settings, device, reporter)
+        check_mostly_finite(store, run)  # inside tracking: a numerical failure marks the run 'failed'
     return store.run(run.run_id)
 
 
@@ -112,6 +121,18 @@ def _train_epoch(store: Store, run: Run, epoch: int, model, tokenizer, optimizer
     _save_trainer_state(path, optimizer, epoch + 1, steps_before + len(partition))
     store.write_point(run.run_id, epoch, texts, results, time.perf_counter() - t0, path=str(path),
                       model_hash=checkpoint_hash(path))
+
+
+def _refuse_overwrite(store: Store, out_dir: Path, start_epoch: int, epochs: int, dataset: TextDataset,
+                      init: str | Path | None, run_id: int | None) -> None:
+    """The epoch folders still to be written must not be (or hold) another run's checkpoint, the
+    store, a dataset or this run's inputs; a new run must not replace folders it did not make."""
+    targets = [out_dir / f"epoch-{e + 1}" for e in range(start_epoch, epochs)]
+    refuse_overwrite(targets, store, inputs=[dataset.path, init], except_run=run_id)
+    existing = [t for t in targets if t.exists()] if run_id is None else []
+    if existing:
+        raise OverwriteError(f"{existing[0]}: already exists and this run did not make it; choose "
+                             "another --out (or remove it)")
 
 
 def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[list[int]],
@@ -140,7 +161,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: l
         finite = True
         if auditor is not None:
             rows, result = score_batch(lambda w=w: scores_of(auditor.compute(weights=w)), losses, list(part),
-                                       batch_index=index, step=steps_before + index + 1, started=tb)
+                                       batch_index=index, step=steps_before + index + 1, started=tb,
+                                       extra=token_signals(logits, b.labels))
             texts += rows
             results.append(result)
             finite = result.finite

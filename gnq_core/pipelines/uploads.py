@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
@@ -38,13 +39,25 @@ class Upload(Protocol):
     def getbuffer(self) -> memoryview: ...
 
 
+# Written by the Hugging Face Trainer beside each checkpoint, never read by an audit or an attack:
+# optimizer and scheduler state, RNG state, pickled training arguments.
+SKIPPED_UPLOADS = re.compile(r"(?:optimizer|scheduler)\.(?:pt|bin)|rng_state(?:_\d+)?\.pth|training_args\.bin"
+                             r"|scaler\.pt")
+
+
+def skipped_upload(name: str) -> bool:
+    """Whether an uploaded file is one an audit never reads (it is not saved)."""
+    return bool(SKIPPED_UPLOADS.fullmatch(PurePosixPath(name.replace("\\", "/")).name))
+
+
 def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | None = None) -> None:
-    """Write uploaded files below ``into``; refuses names that would escape it ('..', absolute
-    paths), writing through a symlink, more than ``max_total_bytes`` in all (a size bomb) and more
-    than the disk has free.  A file already there with the same size is kept (Streamlit reruns).
-    Any OS failure (a name too long, a file where a folder must go, a read-only disk) is one
-    ValueError line naming the file."""
+    """Write uploaded files below ``into`` (all but ``skipped_upload`` ones); refuses names that
+    would escape it ('..', absolute paths), writing through a symlink, more than
+    ``max_total_bytes`` in all (a size bomb) and more than the disk has free.  A file already
+    there with the same size is kept (Streamlit reruns).  Any OS failure (a name too long, a
+    file where a folder must go, a read-only disk) is one ValueError line naming the file."""
     limit = max_upload_bytes() if max_total_bytes is None else max_total_bytes
+    files = [f for f in files if not skipped_upload(f.name)]
     with _one_line(str(into)):
         into.mkdir(parents=True, exist_ok=True)
     root = into.resolve()
@@ -118,6 +131,9 @@ def remove_uploads(db: str | Path, folders: Sequence[str]) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+MAX_UPLOAD_DEPTH = 64  # folders in an uploaded file's name, the file included
+
+
 def safe_relative_path(name: str) -> PurePosixPath:
     """An uploaded file's relative path, refused if it could escape its folder."""
     normalized = name.replace("\\", "/")
@@ -125,4 +141,8 @@ def safe_relative_path(name: str) -> PurePosixPath:
     escapes = any(p in ("..", "") for p in path.parts)
     if not path.parts or path.is_absolute() or escapes or ":" in path.parts[0]:
         raise ValueError(f"{name}: unsafe file name in upload (absolute or '..' paths are refused)")
+    if len(path.parts) > MAX_UPLOAD_DEPTH:  # pathlib's mkdir(parents=True) recurses once per folder
+        shown = name if len(name) <= 80 else name[:79] + "…"
+        raise ValueError(f"{shown}: {len(path.parts) - 1} folders deep; an upload name may have at most "
+                         f"{MAX_UPLOAD_DEPTH - 1}")
     return path

@@ -53,11 +53,16 @@ class BatchResult:
 def batch_results(example_ids: Sequence[int], losses: Sequence[float], gnq: Sequence[float] | None,
                   self_influence: Sequence[float] | None, *, batch_index: int, step: int | None,
                   condition: float | None, finite: bool, seconds: float,
-                  size: int | None = None) -> tuple[list[TextResult], BatchResult]:
+                  size: int | None = None, extra: Mapping[str, Sequence[float]] | None = None
+                  ) -> tuple[list[TextResult], BatchResult]:
     """The records of one batch; ``gnq``/``self_influence`` None when it was not finite.
-    ``size`` defaults to the number of texts (a global batch of several ranks is larger)."""
+    ``size`` defaults to the number of texts (a global batch of several ranks is larger);
+    ``extra``: further per-text columns, one value per text (``TextResult.extra``)."""
+    extra = extra or {}
     texts = [TextResult(int(e), batch_index, step, gnq[i] if gnq else None, float(losses[i]),
-                        self_influence[i] if self_influence else None) for i, e in enumerate(example_ids)]
+                        self_influence[i] if self_influence else None,
+                        {name: values[i] for name, values in extra.items()})
+             for i, e in enumerate(example_ids)]
     return texts, BatchResult(batch_index, step, len(texts) if size is None else size, condition, finite,
                               seconds)
 
@@ -74,18 +79,21 @@ class ScoreColumns:
     """One point's text results as numpy columns, filled batch by batch: about 50 bytes a text
     instead of a ``TextResult`` object (~400 bytes), so a point of millions of texts stays small.
     ``Store.write_point`` takes it in place of a list of ``TextResult`` and writes it in chunks;
-    its frames are exactly ``score_frame``'s.  No ``extra`` columns (the audit has none)."""
+    its frames are exactly ``score_frame``'s.  ``extra``: the names of further float columns
+    every text carries in ``TextResult.extra`` (the audit's forward signals)."""
 
-    _FLOATS = ("gnq", "loss", "self_influence")
+    _FIXED = ("gnq", "loss", "self_influence")
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, extra: Sequence[str] = ()) -> None:
         self.n = 0
         capacity = max(int(capacity), 1)
+        self._floats = (*self._FIXED, *extra)
+        self.extra = tuple(extra)
         self.example_id = np.empty(capacity, np.int64)
         self.batch_index = np.empty(capacity, np.int64)
         self.step = np.empty(capacity, np.int64)
         self.step_missing = np.empty(capacity, bool)
-        self.values = np.empty((capacity, 3), np.float64)  # gnq, loss, self_influence (NaN: None)
+        self.values = np.empty((capacity, len(self._floats)), np.float64)  # gnq, loss, K_jj, extra; NaN: None
 
     def __len__(self) -> int:
         return self.n
@@ -103,13 +111,14 @@ class ScoreColumns:
                 new[: self.n] = old[: self.n]
                 setattr(self, name, new)
         rows = slice(self.n, self.n + k)
-        if any(t.extra for t in texts):
-            raise ValueError("ScoreColumns holds the fixed score columns only (no extra columns)")
+        if any(set(t.extra) != set(self.extra) for t in texts):
+            raise ValueError(f"every text needs exactly the extra columns {list(self.extra)}")
         self.example_id[rows] = [t.example_id for t in texts]
         self.batch_index[rows] = [t.batch_index for t in texts]
         self.step_missing[rows] = [t.step is None for t in texts]
         self.step[rows] = [0 if t.step is None else t.step for t in texts]
-        self.values[rows] = [[math.nan if v is None else v for v in (t.gnq, t.loss, t.self_influence)]
+        self.values[rows] = [[math.nan if v is None else v
+                              for v in (t.gnq, t.loss, t.self_influence, *(t.extra[c] for c in self.extra))]
                              for t in texts]
         self.n += k
 
@@ -117,7 +126,10 @@ class ScoreColumns:
     def joined(cls, parts: Sequence[ScoreColumns]) -> ScoreColumns:
         """Several ranks' columns as one, ordered by batch index (stable: a batch's texts keep
         their order)."""
-        out = cls(sum(len(p) for p in parts))
+        extra = parts[0].extra if parts else ()
+        if any(p.extra != extra for p in parts):
+            raise ValueError("ScoreColumns with different extra columns cannot be joined")
+        out = cls(sum(len(p) for p in parts), extra)
         for name in out._columns():
             setattr(out, name, np.concatenate([getattr(p, name)[: p.n] for p in parts]))
         out.n = len(out.example_id)
@@ -138,7 +150,7 @@ class ScoreColumns:
                 "point": np.full(n, point, np.int64), "example_id": self.example_id[rows].copy(),
                 "batch_index": self.batch_index[rows].copy(),
                 "step": pd.arrays.IntegerArray(self.step[rows].copy(), self.step_missing[rows].copy()),
-                **{c: self.values[rows, j].copy() for j, c in enumerate(self._FLOATS)}})
+                **{c: self.values[rows, j].copy() for j, c in enumerate(self._floats)}})
             yield frame
 
 

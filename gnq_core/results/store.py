@@ -29,6 +29,7 @@ import pandas as pd
 from gnq_core.engine.losses import TOKEN_MEAN, TOKEN_SUM
 from gnq_core.errors import GNQError
 from gnq_core.errors import one_line as first_line
+from gnq_core.results.literal_paths import duckdb_literal
 from gnq_core.results.liveness import run_is_alive, with_liveness  # noqa: F401 (run_is_alive: re-exported)
 from gnq_core.results.records import (
     BATCH_COLUMNS,
@@ -50,6 +51,10 @@ LOSS_IN_WORDS = {TOKEN_MEAN: "per-example mean next-token NLL over the example's
 WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
 # DuckDB's errors for a failing file (disk full, read-only, out of memory; a failed commit comes as a
 # TransactionException): shown as one line naming the store.  Others (a constraint broken) are bugs.
+# What a store with a table dropped or a damaged file raises (the store owns all SQL, so these
+# mean the file, not the query; a Binder error, a column a record has and the table lacks, stays
+# the caller's to handle).
+_DAMAGE_ERRORS = (duckdb.CatalogException, duckdb.SerializationException, duckdb.InternalException)
 _IO_ERRORS = (duckdb.IOException, duckdb.TransactionException, duckdb.PermissionException,
               duckdb.OutOfMemoryException, duckdb.FatalException)
 
@@ -144,9 +149,13 @@ class Store:
                 self._ready = True
         try:
             yield con
+        except duckdb.InterruptException:  # DuckDB's form of a Ctrl-C/SIGTERM mid-query: an interrupt
+            raise KeyboardInterrupt from None
         except _IO_ERRORS as exc:  # disk full, read-only folder, ...: one line naming the file
             raise StoreError(f"{self.path}: {'cannot read' if read_only else 'cannot write'} the store "
                              f"({first_line(exc)})") from None
+        except _DAMAGE_ERRORS as exc:  # a table or column missing, a damaged file: one line too
+            raise StoreError(f"{self.path}: damaged, or not a store gnq made ({first_line(exc)})") from None
         finally:
             con.close()
 
@@ -337,7 +346,12 @@ class Store:
                            path = coalesce(?, path), model_hash = coalesce(?, model_hash)
                            WHERE run_id = ? AND point = ?""",
                         [seconds, _now(), path, model_hash, run_id, point])
-            con.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", [_now(), run_id])
+            # The run's model: for an audit (or a training from scratch) the latest checkpoint's
+            # weights; a fine-tune keeps its base model's hash.
+            con.execute("""UPDATE runs SET updated_at = ?, model_hash = CASE
+                               WHEN kind = 'audit' OR json_extract_string(settings, '$.init') IS NULL
+                               THEN coalesce(?, model_hash) ELSE model_hash END
+                           WHERE run_id = ?""", [_now(), model_hash, run_id])
 
     def set_point_paths(self, run_id: int, paths: dict[int, str | None]) -> None:
         """Where points' checkpoint folders are now (None: deleted), in one transaction."""
@@ -345,6 +359,14 @@ class Store:
             for point, path in paths.items():
                 con.execute("UPDATE points SET path = ? WHERE run_id = ? AND point = ?",
                             [path, run_id, point])
+
+    def set_run_paths(self, run_id: int, *, model_path: str | None = None,
+                      dataset_path: str | None = None) -> None:
+        """Where the run's model and dataset are now (None: unchanged): the kept copies of uploads."""
+        with self.transaction() as con:
+            con.execute("""UPDATE runs SET model_path = coalesce(?, model_path),
+                           dataset_path = coalesce(?, dataset_path) WHERE run_id = ?""",
+                        [model_path, dataset_path, run_id])
 
     def write_extractions(self, run_id: int, point: int, prefix_tokens: int, rows: pd.DataFrame,
                           code_version: str) -> None:
@@ -366,6 +388,20 @@ class Store:
                            AND example_id IN (SELECT example_id FROM new_extractions)""",
                         [run_id, point, prefix_tokens])
             con.execute("INSERT INTO extractions SELECT * FROM new_extractions")
+
+    def write_secret_attacks(self, run_id: int, point: int, rows: pd.DataFrame, code_version: str) -> None:
+        """The secret-targeted attack's rows (pipelines/secret_attack.py) at one point, replacing
+        the run's earlier ones (the latest attack is the one shown), in one transaction."""
+        frame = rows[SECRET_ATTACK_COLUMNS].assign(run_id=run_id, point=point, code_version=code_version,
+                                                   created_at=_now())
+        with self.transaction() as con:
+            con.execute("DELETE FROM secret_attacks WHERE run_id = ?", [run_id])
+            con.register("new_secret_attacks", frame)
+            con.execute("INSERT INTO secret_attacks BY NAME SELECT * FROM new_secret_attacks")
+            con.unregister("new_secret_attacks")
+
+    def secret_attacks(self, run_id: int) -> pd.DataFrame:
+        return self._rows_of("secret_attacks", run_id, None, "example_id, secret_start")
 
     def delete_extractions(self, run_id: int, point: int, prefix_tokens: int) -> None:
         with self.transaction() as con:
@@ -417,8 +453,8 @@ class Store:
     def delete_run(self, run: int | str) -> None:
         run_id = self.run(run).run_id
         with self.transaction() as con:
-            for table in ("example_metrics", "extractions", "scores", "batches", "points", "examples",
-                          "runs"):
+            for table in ("example_metrics", "extractions", "secret_attacks", "scores", "batches", "points",
+                          "examples", "runs"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
     # ----------------------------------------------------------------- reading
@@ -440,7 +476,7 @@ class Store:
     def run(self, ref: int | str) -> Run:
         """A run by id or by name (a name that is all digits is tried as a name first)."""
         rows = self._query("SELECT * FROM runs WHERE name = ?", [str(ref)])
-        if rows.empty and str(ref).isdigit():
+        if rows.empty and str(ref).isascii() and str(ref).isdigit():
             rows = self._query("SELECT * FROM runs WHERE run_id = ?", [int(ref)])
         if rows.empty:
             names = self._query("SELECT name FROM runs ORDER BY run_id")["name"].tolist()
@@ -604,6 +640,12 @@ latest_attack AS (
     SELECT * FROM extractions WHERE run_id = $run
     QUALIFY row_number() OVER (PARTITION BY example_id ORDER BY created_at DESC, point DESC,
                                                          prefix_tokens DESC) = 1),
+secret_attack AS (  -- per text, over its secret-like values (usually one)
+    SELECT example_id, bool_or(extracted) AS secret_reproduced, sum(chars) AS secret_chars,
+           sum(chars_reproduced) AS secret_chars_reproduced,
+           sum(reference_chars_reproduced) AS reference_secret_chars_reproduced,
+           max(exposure) AS secret_exposure, string_agg(generated, ' | ') AS secret_generated
+    FROM secret_attacks WHERE run_id = $run GROUP BY example_id),
 membership AS (
     SELECT example_id, """ + ", ".join(
     f"max(value) FILTER (WHERE metric = '{m}') AS {m}" for m in MEMBERSHIP_METRICS) + """
@@ -620,12 +662,17 @@ totals AS (
            x.success AND NOT coalesce(x.reference_match >= x.threshold, FALSE) AS extracted,
            x.generated_text AS extraction_generated, x.prefix_tokens AS attack_prefix_tokens,
            x.suffix_tokens AS attack_suffix_tokens,
+           sa.secret_reproduced, CAST(sa.secret_chars AS INTEGER) AS secret_chars,
+           CAST(sa.secret_chars_reproduced AS INTEGER) AS secret_chars_reproduced,
+           CAST(sa.reference_secret_chars_reproduced AS INTEGER) AS reference_secret_chars_reproduced,
+           sa.secret_exposure, sa.secret_generated,
            """ + ", ".join(f"m.{m}" for m in MEMBERSHIP_METRICS) + """
     FROM examples e
     LEFT JOIN agg a USING (example_id)
     LEFT JOIN copy_batches c USING (example_id)
     LEFT JOIN latest_attack x USING (example_id)
     LEFT JOIN membership m USING (example_id)
+    LEFT JOIN secret_attack sa USING (example_id)
     WHERE e.run_id = $run)
 """
 
@@ -642,6 +689,13 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
          spec.max_length, spec.model_path, spec.model_hash, spec.dataset_path, spec.dataset_hash,
          spec.n_examples, spec.code_version, spec.device, spec.dtype, json.dumps(spec.settings),
          os.getpid(), socket.gethostname(), now]).fetchone()[0]
+
+
+# The secret attack's columns (pipelines/secret_attack.py; migration 0008), as the attack writes them.
+SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
+                         "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",
+                         "reference_generated", "reference_chars_reproduced", "extracted", "exposure",
+                         "exposure_rank", "exposure_candidates", "rule"]
 
 
 # Per-text properties of the text within its dataset (sources/copies.py, sources/secrets.py).
@@ -670,7 +724,7 @@ def shard_select(table: str, files: Sequence[str], run_id: int) -> str:
     repeating examples): its first occurrence (lowest step) is kept, as the table's key wants.
     Columns beyond ``SHARD_COLUMNS`` (``TextResult.extra``) come along, matched by name.
     """
-    paths = ", ".join("'" + str(f).replace("'", "''") + "'" for f in files)
+    paths = ", ".join(duckdb_literal(f) for f in files)  # literal: no glob semantics
     return (f"SELECT {int(run_id)} AS run_id, * FROM read_parquet([{paths}], union_by_name = true) "
             f"QUALIFY row_number() OVER (PARTITION BY {_SHARD_KEYS[table]} ORDER BY step, batch_index) = 1")
 

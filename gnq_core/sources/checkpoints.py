@@ -37,8 +37,10 @@ from transformers.utils import logging as hf_logging
 from gnq_core.errors import GNQError
 from gnq_core.sources import limits
 from gnq_core.sources.links import LinkError, check_folder_links
+from gnq_core.sources.weight_checks import nonfinite_config_field, nonfinite_tensor
 
 __all__ = [
+    "TOKENIZER_FILES",
     "CheckpointError",
     "CheckpointRef",
     "check_checkpoint",
@@ -335,7 +337,9 @@ def _load_pickled_weights(files: list[Path]) -> dict[str, torch.Tensor]:
     for file in files:
         kwargs: dict[str, Any] = {"mmap": True} if zipfile.is_zipfile(file) else {}
         try:
-            obj = torch.load(file, map_location="cpu", weights_only=True, **kwargs)
+            with warnings.catch_warnings():  # torch's note on a foreign pickle protocol: the refusal says it
+                warnings.simplefilter("ignore", UserWarning)
+                obj = torch.load(file, map_location="cpu", weights_only=True, **kwargs)
         except pickle.UnpicklingError as exc:
             raise _error(file, "refusing to unpickle: the file holds objects other than tensors "
                                f"({_unpickling_reason(exc)}); convert it to safetensors") from exc
@@ -370,6 +374,8 @@ def _load_config(folder: Path) -> Any:
     if not isinstance(raw, dict):
         raise _error(config_path, "not a JSON object")
     limits.check_config_sizes(raw, config_path)  # before transformers builds anything from it
+    if (field := nonfinite_config_field(raw)) is not None:  # e.g. layer_norm_epsilon NaN: every batch NaN
+        raise _error(config_path, f"{field}: not a finite number")
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise _error(config_path, "no 'model_type'")
@@ -405,10 +411,10 @@ def _config_vocab_size(config: Any) -> int | None:
 # --------------------------------------------------------------------------------------------- loading
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path, tokenizer: str | Path | None = None) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer alone (no weights read), as load_checkpoint returns it."""
     folder = _checkpoint_dir(path)
-    return _load_tokenizer(folder, _load_config(folder))
+    return _load_tokenizer(folder, _load_config(folder), tokenizer)
 
 
 def _check_memory(folder: Path, kind: str, files: list[Path], dtype: torch.dtype | None) -> None:
@@ -418,9 +424,19 @@ def _check_memory(folder: Path, kind: str, files: list[Path], dtype: torch.dtype
     limits.check_memory(folder, kind, files, itemsize)
 
 
-def _load_tokenizer(folder: Path, config: Any) -> PreTrainedTokenizerBase:
+TOKENIZER_HINT = ("; give a folder that has them with --tokenizer DIR (the base model's, say), or save them "
+                  "with each checkpoint: Trainer(..., processing_class=tokenizer)")
+
+
+def _load_tokenizer(folder: Path, config: Any, source: str | Path | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``folder``, or of ``source`` when given (checkpoints saved without one)."""
+    if source is not None:
+        folder = Path(source)
+        if not folder.is_dir():
+            raise _error(folder, "the tokenizer folder given does not exist")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise _error(folder, f"no tokenizer files (none of {', '.join(TOKENIZER_FILES)})")
+        raise _error(folder, f"no tokenizer files (none of {', '.join(TOKENIZER_FILES)})"
+                             + ("" if source is not None else TOKENIZER_HINT))
     limits.check_tokenizer_size(folder, _config_vocab_size(config))
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
@@ -486,7 +502,7 @@ def _check_vocab(folder: Path, config: Any, tokenizer: PreTrainedTokenizerBase) 
 
 
 def check_checkpoint(path: str | Path, max_length: int | None = None,
-                     dtype: torch.dtype | None = None) -> None:
+                     dtype: torch.dtype | None = None, tokenizer: str | Path | None = None) -> None:
     """What load_checkpoint checks, short of reading the weights: config.json (a causal LM with at
     least ``max_length`` positions), the weight files (safetensors headers: names and shapes against
     the config), the tokenizer and its size.  Cheap enough to run on every checkpoint of a series
@@ -508,9 +524,11 @@ def check_checkpoint(path: str | Path, max_length: int | None = None,
                 _check_safetensors(file)
         else:
             _load_pickled_weights(files)  # weights-only, memory-mapped: refuses anything but tensors
-        _check_vocab(folder, config, _load_tokenizer(folder, config))
+        _check_vocab(folder, config, _load_tokenizer(folder, config, tokenizer))
         if kind == "safetensors" and (problem := _header_problem(folder, config, files)):
             raise _error(folder, problem)
+        if kind == "safetensors" and (where := nonfinite_tensor(files)) is not None:
+            raise _error(folder, f"{where} holds NaN or infinite values: every batch would be non-finite")
 
 
 @contextlib.contextmanager
@@ -580,7 +598,8 @@ def _meta_state(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-                    allow_pickle_weights: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+                    allow_pickle_weights: bool = True, tokenizer: str | Path | None = None,
+                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local checkpoint folder, safely.
 
     Never runs remote code and never touches the network. Weights come from model.safetensors
@@ -589,15 +608,18 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dty
     torch.load(weights_only=True), or refused when `allow_pickle_weights` is False. Every weight
     the config's model has must be present with its shape (the tied lm_head excepted). The model
     is returned in eval mode on `device`, in `dtype` when given (else the dtype it was saved in);
-    a tokenizer without a pad token gets pad = eos. Any problem raises CheckpointError.
+    a tokenizer without a pad token gets pad = eos; ``tokenizer``: a folder to read it from
+    instead (checkpoints saved without one). Any problem raises CheckpointError.
     """
     folder = _checkpoint_dir(path)
     with _as_checkpoint_error(folder):
-        return _load(folder, device=device, dtype=dtype, allow_pickle_weights=allow_pickle_weights)
+        return _load(folder, device=device, dtype=dtype, allow_pickle_weights=allow_pickle_weights,
+                     tokenizer=tokenizer)
 
 
 def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None,
-          allow_pickle_weights: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+          allow_pickle_weights: bool, tokenizer: str | Path | None = None,
+          ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     config = _load_config(folder)
     kind, files = _weight_files(folder)
     if kind == "pickle" and not allow_pickle_weights:
@@ -605,7 +627,7 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
         raise _error(folder, f"only pickled weights ({names}) and allow_pickle_weights=False; "
                              "convert them to safetensors")
 
-    tokenizer = _load_tokenizer(folder, config)
+    tokenizer = _load_tokenizer(folder, config, tokenizer)
     _check_vocab(folder, config, tokenizer)
 
     model_class: type[PreTrainedModel] = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]

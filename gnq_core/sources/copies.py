@@ -57,8 +57,10 @@ def shingles(text: str, width: int = SHINGLE_WORDS) -> set[str]:
 
 
 def jaccard(a: set[str], b: set[str]) -> float:
-    if not a and not b:
-        return 1.0
+    # Texts without a word ("!!!", "…", "—") share nothing to compare: not near copies of each
+    # other (they were all labelled one "repeated N×" cluster); equal ones are still exact copies.
+    if not a or not b:
+        return 0.0
     return len(a & b) / len(a | b)
 
 

@@ -16,7 +16,8 @@ Formats, chosen by extension (case-insensitive):
 
 The text column is ``text_column`` or ``"text"``; the group column is ``group_column``, else
 ``"group"`` when present, else none. Rows whose text is missing, NaN, empty or whitespace-only are
-dropped (counted in ``TextDataset.dropped``); other non-string texts are converted with ``str()``.
+dropped (counted in ``TextDataset.dropped``); numbers and booleans are converted with ``str()``;
+a list, dict or array (nested Parquet/JSONL values) is refused.
 Group values that are missing, NaN or empty become ``None``; others are converted with ``str()``.
 Texts are otherwise kept exactly as stored.
 
@@ -266,7 +267,9 @@ def _read_csv(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str],
                 values: dict[str, list[Any]] = {c: [] for c in keep}
                 start = reader.line_num + 1
                 for record in reader:
-                    if not _blank(record):
+                    # a one-column file's whitespace-only line is a row with a blank text: dropped
+                    # and counted like any other, not skipped unseen
+                    if not _blank(record) or (len(columns) == 1 and record and record[0]):
                         if len(record) != len(columns):
                             raise DatasetError(shown, f"{_fields(len(record))}, header has "
                                                       f"{len(columns)}", line=start)
@@ -422,6 +425,10 @@ def _as_text(shown: str, value: Any, column: str, row: int) -> str | None:
             raise DatasetError(
                 shown, f"row {row + 1}: column {column!r} holds bytes that are not UTF-8"
             ) from e
+    if isinstance(value, dict | list | tuple) or hasattr(value, "__array__"):
+        # a nested value would be audited as its Python repr ("['a', 'b']"): refused, not guessed at
+        raise DatasetError(shown, f"row {row + 1}: column {column!r} holds a {type(value).__name__}, not a "
+                                  "text; flatten it into one string per row")
     return str(value)
 
 

@@ -190,7 +190,7 @@ def _cgroup_room() -> int | None:
             usage = int(Path(usage_file).read_text().strip())
         except (OSError, ValueError):
             continue
-        if limit.isdigit() and int(limit) < 2**60:
+        if limit.isascii() and limit.isdigit() and int(limit) < 2**60:
             return max(0, int(limit) - usage)
     return None
 

@@ -11,6 +11,7 @@ import tomllib
 
 import pytest
 from hostile_helpers import ROOT, app_page, gnq, make_series, rendered
+from streamlit.testing.v1 import AppTest
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +72,19 @@ def test_user_data_is_never_rendered_as_markup(hostile_store, monkeypatch, name)
     if name == "runs":
         assert f"Run {run!r}" in shown  # escaped, so it reads exactly as named
     if name == "drilldown":
-        assert at.text_area[0].value == rows[0]["text"]  # plain text, exactly as stored
+        assert at.code[0].value == rows[0]["text"]  # plain text, exactly as stored
         assert f"Group: {rows[0]['group']}" in shown
     if name == "groups":
         assert any(g in shown for g in HOSTILE)
+
+
+@pytest.mark.parametrize("text", ["²", "٣", "-1", "9" * 40, "1e3"])
+def test_an_odd_linked_text_is_ignored_not_a_traceback(hostile_store, monkeypatch, text):
+    """issue 30: `/drilldown?text=²` raised ValueError ("²".isdigit() is True, int("²") fails)."""
+    db, run, _ = hostile_store
+    monkeypatch.setenv("GNQ_DB", str(db))
+    at = AppTest.from_file(str(ROOT / "app" / "views" / "drilldown.py"), default_timeout=120)
+    at.session_state["run_name"] = run
+    at.query_params["text"] = text
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]

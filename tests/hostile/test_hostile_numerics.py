@@ -61,6 +61,11 @@ def check_marked(store: Store, name: str) -> None:
         assert math.isnan(s.loc[s["example_id"] == marked, "loss"].item())
 
 
+@pytest.fixture(autouse=True)
+def _nonfinite_weights_allowed(monkeypatch):
+    monkeypatch.setenv("GNQ_ALLOW_NONFINITE", "1")  # else refused before the run (test_hostile_weights.py)
+
+
 def test_audit_marks_the_nan_batch_and_goes_on(tmp_path, poisoned):
     ckpt, data, _ = poisoned
     db = tmp_path / "gnq.duckdb"

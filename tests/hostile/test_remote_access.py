@@ -60,6 +60,7 @@ def test_token_check(monkeypatch):
 
 def test_dashboard_asks_for_the_token(monkeypatch, roots):
     monkeypatch.setenv("GNQ_DASHBOARD_TOKEN", "s3cret")
+    monkeypatch.setenv("GNQ_HTTP_GATE", "1")  # as app/server.py's gate sets it
     at = AppTest.from_file(str(ROOT / "app" / "main.py"), default_timeout=120).run()
     assert any("access token" in e.value for e in at.error)
     assert not at.title  # no page rendered

@@ -1,0 +1,23 @@
+"""An option value the command line refuses (``--top -5``, ``--port 0``) is one line on stderr and
+exit code 1, as every other bad input is; not click's usage box and exit code 2.  Other usage
+errors (a missing or unknown option) keep click's help."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from gnq_core.terminal import markup_safe
+
+
+class OneLineValueErrors(TyperGroup):
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)  # parses the subcommand's options, then runs it
+        except typer.BadParameter as exc:
+            Console(stderr=True).print(f"[red]error:[/] {markup_safe(exc.format_message())}",
+                                       highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None

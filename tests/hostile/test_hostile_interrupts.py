@@ -1,0 +1,84 @@
+"""Interruption is idempotent (issue 30 item 4): however many SIGINT/SIGTERM arrive, a run ends with
+one final status ('cancelled'), no traceback (no DuckDB 'Query interrupted'), and no thread that can
+keep the process alive."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import duckdb
+import pytest
+from hostile_helpers import gnq_cmd, make_series, run_row, write_texts_csv
+
+from gnq_core import interrupts
+from gnq_core.pipelines.prefetch import Prefetch
+from gnq_core.results.store import Store
+
+
+@pytest.fixture
+def restored_handlers():
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def test_a_second_signal_changes_nothing(restored_handlers):
+    interrupts.install()
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    os.kill(os.getpid(), signal.SIGINT)  # arrives while the first is handled: ignored
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+
+
+def test_duckdb_interrupt_is_an_interrupt(tmp_path):
+    store = Store(tmp_path / "gnq.duckdb")
+    with pytest.raises(KeyboardInterrupt), store.connect():
+        raise duckdb.InterruptException("INTERRUPT Error: Interrupted!")
+
+
+def test_the_checkpoint_loader_cannot_pin_the_process():
+    release = threading.Event()
+    pending = Prefetch(lambda _: release.wait(), None)
+    loaders = [t for t in threading.enumerate() if t.name == "gnq-checkpoint-loader"]
+    assert loaders and all(t.daemon for t in loaders)  # exit does not wait for it
+    release.set()
+    assert pending.result() is True
+    with pytest.raises(ZeroDivisionError):
+        Prefetch(lambda x: 1 / x, 0).result()
+
+
+@pytest.mark.slow
+def test_two_signals_mid_audit_leave_one_final_status(tmp_path):
+    """Ctrl-C, then the dashboard's SIGTERM 5 ms later (before: 'running' left in 10 of 12 trials)."""
+    series = make_series(tmp_path / "series", 3, max_length=16)
+    data = write_texts_csv(tmp_path / "texts.csv", 400)
+    db = tmp_path / "gnq.duckdb"
+    proc = subprocess.Popen(gnq_cmd("audit", "--checkpoints", series, "--data", data, "--db", db, "--name",
+                                    "r", "--batch-size", 4, "--max-length", 16, "--quiet"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "GNQ_BUSY_TIMEOUT": "30"})
+    deadline = time.monotonic() + 240
+    while True:
+        row = None
+        with contextlib.suppress(duckdb.Error):  # the job holds the file for a moment
+            row = run_row(db, "r")
+        if row is not None and row["status"] == "running" and row["progress_done"] > 0:
+            break
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)  # seldom: each read briefly holds the file the job writes
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err and "Query interrupted" not in err, err
+    assert proc.returncode == 130, err
+    assert run_row(db, "r")["status"] == "cancelled"
