@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
 from gnq_core.engine.deferred import NormRecord, NormRep, batched_per_example, group
 from gnq_core.engine.frontier import backward_targets, depends_on, used_inside
-from gnq_core.engine.fused import FuseRequest
+from gnq_core.engine.fused import FuseRequest, sync_free
 from gnq_core.engine.kernels import Contribution, Kernel, UnsupportedModuleError, can_fuse, kernel_for
 from gnq_core.engine.kernels.base import dense_contributions, hooks_are_suspended
 from gnq_core.engine.kernels.generic import planned_kernel
@@ -202,7 +202,9 @@ class GNQAuditor:
         self._handles: list[Any] = []
         self._fused_modules: list[nn.Module] = []
         self._fused_now: set[int] = set()  # modules whose current call went the fused way
-        self._scratch: dict[torch.dtype, torch.Tensor] = {}  # fused path's CPU buffers, reused
+        # CPU buffers reused across steps (fused chunks; norm layers' stacks at compute()), by
+        # (dtype, slot): a fresh 100 MB tensor per step costs more in page faults than its arithmetic
+        self._scratch: dict[tuple[torch.dtype, str], torch.Tensor] = {}
         self._hooked = self._assign_kernels(model)
         self._static_coverage = self._describe(model)
         self._checker: UseChecker | None = None
@@ -499,7 +501,8 @@ class GNQAuditor:
         """Per-example gradients of all deferred norm layers, one stacked pass per shape."""
         with torch.no_grad():  # a fused LayerNorm's saved input still carries its grad_fn
             for records in group(p.norms):
-                self._defer(p, batched_per_example(records))
+                workspace = None if sync_free(records[0].x) else self._workspace
+                self._defer(p, batched_per_example(records, workspace))
         p.norms.clear()
         p.norm_bytes = 0
 
@@ -600,12 +603,13 @@ class GNQAuditor:
         given = {n: r.G for n, r in (("weight", weight), ("bias", bias)) if r is not None}
         self._accumulate(p, call, dense_contributions(given, self._split(p, call.hooked)), label="fused")
 
-    def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device, slot: str = "fused"
+                   ) -> torch.Tensor:
         if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
             return torch.empty(numel, dtype=dtype, device=device)
-        buf = self._scratch.get(dtype)
+        buf = self._scratch.get((dtype, slot))
         if buf is None or buf.numel() < numel:
-            buf = self._scratch[dtype] = torch.empty(numel, dtype=dtype)
+            buf = self._scratch[(dtype, slot)] = torch.empty(numel, dtype=dtype)
         return buf[:numel]
 
     def _add_cross_terms(self, p: _Pass, call: _Call, pid: int, rep: Rep) -> None:
