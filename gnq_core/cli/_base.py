@@ -1,0 +1,122 @@
+"""What every ``gnq`` command shares: the Typer app and its callback, the common options, the
+one-line handling of user errors, the store, and running a job with progress."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from gnq_core import interrupts
+from gnq_core.terminal import markup_safe, terminal_safe
+from gnq_core.usage_errors import OneLineValueErrors
+
+interrupts.quiet_interrupt_at_exit()  # Ctrl-C before a command starts: one line, no traceback
+
+if TYPE_CHECKING:
+    from gnq_core.pipelines.settings import JobSettings
+
+app = typer.Typer(
+    help="GNQ Audit: which training texts has your model encoded? (gradient uniqueness)",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    cls=OneLineValueErrors,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DB_HELP = "DuckDB store (default: $GNQ_DB, else data/gnq.duckdb)."
+DbOption = typer.Option(None, "--db", help=DB_HELP, show_default=False)
+QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars (for scripts).")
+DeviceOption = typer.Option("auto", help="auto, cpu or cuda.")
+CpuThreadsOption = typer.Option(None, "--threads", min=1,
+                                help="torch CPU threads (default: torch's choice). Use 1 when other jobs "
+                                     "share the cores: competing OpenMP threads can slow a step 10x.")
+TextColumnOption = typer.Option(None, help="Column holding the text (default: 'text').")
+GroupColumnOption = typer.Option(None, help="Column with a group label (default: 'group' if present).")
+MaxLengthOption = typer.Option(128, help="Tokens per example (longer texts are cut).")
+LossOption = typer.Option("token_mean", "--loss",
+                          help="Per-example loss ℓ_j: token_mean (each text's mean next-token NLL) or "
+                               "token_sum (its sum: longer texts weigh more).")
+LamModeOption = typer.Option("absolute", "--lam-mode",
+                             help="absolute: λ as given (units of ‖g‖²); relative: λ × the batch's mean "
+                                  "‖g_j‖² (scale-free).")
+
+
+def user_errors(func: F) -> F:
+    """Turn the errors a user can cause into one line on stderr and exit code 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from gnq_core.errors import one_line, user_errors
+
+        try:
+            return func(*args, **kwargs)
+        except user_errors() as exc:
+            _fail(one_line(exc))
+        except KeyboardInterrupt:
+            err_console.print("interrupted: finished checkpoints/epochs are saved; rerun the same command "
+                              "to resume")
+            raise typer.Exit(code=130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _fail(line: str) -> None:
+    err_console.print(f"[red]error:[/] {markup_safe(line)}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(code=1) from None
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _store(db: Path | None, *, create: bool = True):
+    """The store; ``create=False`` (reading commands) refuses one that does not exist yet."""
+    from gnq_core.results.store import Store
+
+    store = Store(db, on_wait=_warn)
+    return store if create else store.require_existing()
+
+
+def _warn(message: str) -> None:
+    err_console.print(terminal_safe(message), soft_wrap=True, highlight=False, markup=False)
+
+
+def _run_job(settings: JobSettings, db: Path | None, quiet: bool) -> None:
+    """Run the job (pipelines/run.py) with a progress bar unless ``quiet``; print what it says."""
+    from gnq_core.pipelines.run import run_job
+    from gnq_core.progress import JobProgress
+
+    store = _store(db)
+    for line in run_job(settings, store, JobProgress(store, quiet=quiet, warn=_warn)):
+        _done(quiet, line)
+
+
+@app.callback()
+def main() -> None:
+    """GNQ Audit command line.
+
+    Typical use: `gnq audit --checkpoints DIR --data FILE` over your saved checkpoints, or
+    `gnq train` to train with in-run GNQ; then `gnq extract`, `gnq export`, and the dashboard
+    (`streamlit run app/main.py`).
+    """
+    # The dashboard cancels a job with SIGTERM: treat it like Ctrl-C (the run is marked
+    # 'cancelled', finished checkpoints stay, a rerun resumes); a second signal changes nothing.
+    interrupts.install()
+
+
+
+def _done(quiet: bool, message: str) -> None:
+    if not quiet:
+        console.print(markup_safe(message), highlight=False)

@@ -1,0 +1,167 @@
+"""``gnq export``, ``report``, ``runs`` and ``ingest``: what is in the store, written out or loaded in."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from gnq_core.cli._base import DbOption, QuietOption, _done, _store, _warn, app, console, user_errors
+from gnq_core.terminal import markup_safe, terminal_safe
+
+
+@app.command()
+@user_errors
+def export(
+    run: str = typer.Option(..., help="Run name or id."),
+    format: str = typer.Option(None, "--format", show_default=False,
+                               help="csv, jsonl or parquet (default: from --out's suffix)."),
+    out: Path = typer.Option(..., help="File to write."),
+    top: int = typer.Option(None, min=1, help="Only the first K of the verdict order."),
+    min_percentile: float = typer.Option(None, min=0.0, max=100.0,
+                                         help="Only texts at or above this percentile of the verdict order."),
+    min_gnq: float = typer.Option(None, help="Only texts with GNQ_total at least this."),
+    group: str = typer.Option(None, help="Only this group."),
+    exact_csv: bool = typer.Option(False, "--exact-csv",
+                                   help="CSV: write texts exactly, without the ' put before cells starting "
+                                        "with = + - @ tab or newline (for programs; unsafe to open in a "
+                                        "spreadsheet)."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Write the flagged texts in the verdict order (rank, percentile, status, reason) with GNQ, copies,
+    secret-like content, the calibrated attack and membership scores."""
+    from gnq_core.analysis.verdict import flag, rank_texts
+    from gnq_core.pipelines.protected_paths import refuse_overwrite
+    from gnq_core.pipelines.text_labels import ensure_text_labels
+    from gnq_core.results.export import FORMATS, export_frame, write_table
+
+    if format is None:
+        format = out.suffix.lstrip(".").lower()
+        if format not in FORMATS:
+            raise ValueError(f"{out}: cannot tell the format from the suffix; give --format "
+                             f"({', '.join(FORMATS)})")
+    if format not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    store = _store(db, create=False)
+    info = store.run(run)
+    refuse_overwrite([out], store)  # never onto the store, its WAL, a dataset or a checkpoint
+    ensure_text_labels(store, info)
+    flagged = flag(rank_texts(store.example_totals(info.run_id)), top=top, min_percentile=min_percentile,
+                   min_gnq=min_gnq, group=group)
+    has_attack = not store.extractions(info.run_id).empty
+    write_table(export_frame(flagged, has_attack), out, format, neutralise=not exact_csv)
+    _done(quiet, f"{len(flagged)} texts of run {info.name!r} written to {out}")
+
+
+@app.command()
+@user_errors
+def report(
+    run: str = typer.Option(..., help="Run name or id."),
+    out: Path = typer.Option(None, help="HTML file to write (one self-contained file; opens offline)."),
+    json_out: Path = typer.Option(None, "--json", help="JSON file to write: every table of the run "
+                                                       "(schema gnq-report/1, docs/DESIGN.md §8)."),
+    top: int = typer.Option(50, min=1, help="Rows of the verdict table."),
+    resamples: int = typer.Option(1000, min=10, help="Bootstrap resamples of the predictive-power "
+                                                     "intervals."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap and the cross-validation folds."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False,
+                                     help="Texts the model never saw (an audit run): audited over its "
+                                          "checkpoints first, unless this file already was."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Write a run's report to hand on: provenance, what GNQ is on this run, verdict table,
+    predictive power (all texts, exact length, gain over length + loss), top texts; as HTML
+    (--out) and/or JSON (--json)."""
+    from gnq_core.analysis import run_report
+    from gnq_core.analysis.html_report import build_report, check_writable, write_report
+    from gnq_core.pipelines.protected_paths import refuse_overwrite
+    from gnq_core.results.store import StoreError
+
+    if out is None and json_out is None:
+        raise ValueError("give --out FILE.html and/or --json FILE.json")
+    store = _store(db)
+    if not store.path.is_file():
+        raise StoreError(f"{store.path}: no store here (build one with gnq train/audit/demo, or pass --db)")
+    info = store.run(run)
+    for path in (out, json_out):
+        if path is not None:
+            check_writable(path)  # first: "is a folder", "does not exist" name the problem best
+    refuse_overwrite([p for p in (out, json_out) if p is not None], store)
+    if non_members is not None:
+        from gnq_core.pipelines.run import add_non_members
+        from gnq_core.progress import JobProgress
+
+        progress = JobProgress(store, quiet=quiet, warn=_warn)
+        for line in add_non_members(store, info, str(non_members), progress,
+                                    reference=info.settings.get("attack", {}).get("reference")):
+            _done(quiet, line)
+        info = store.run(info.run_id)  # its settings now name the non-member run
+    from gnq_core.pipelines.non_members import membership_of
+
+    data = run_report.build(store, info, resamples=resamples, seed=seed,
+                            membership=membership_of(store, info))
+    if json_out is not None:
+        run_report.write_json(data, json_out)
+        _done(quiet, f"tables of run {info.name!r} written to {json_out}")
+    if out is not None:
+        text = build_report(store, info, top=top, resamples=resamples, seed=seed,
+                            command=" ".join(["gnq", *sys.argv[1:]]), data=data)
+        write_report(text, out)
+        _done(quiet, f"report of run {info.name!r} written to {out} ({len(text) / 1e6:.1f} MB)")
+
+
+@app.command()
+@user_errors
+def runs(
+    db: Path = DbOption,
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """The runs in the store with their settings and status."""
+    store = _store(db, create=False)
+    frame = store.runs()
+    if as_json:
+        records = json.loads(frame.to_json(orient="records", date_format="iso"))
+        for r in records:
+            if isinstance(r.get("settings"), str):
+                r["settings"] = json.loads(r["settings"])
+        sys.stdout.write(json.dumps(records, indent=2) + "\n")
+        return
+    if frame.empty:
+        console.print(markup_safe(f"{store.path}: no runs yet (try `gnq demo`)"))
+        return
+    table = Table(title=markup_safe(f"Runs in {store.path}"))
+    for col in ("id", "name", "kind", "status", "examples", "points", "λ", "B", "seed", "max len",
+                "attacked", "updated"):
+        table.add_column(col)
+    # A run name is what the other commands take: shown whole, never cut to "demo-aud…"
+    table.columns[1].no_wrap = True
+    table.columns[1].min_width = max(len(terminal_safe(n)) for n in frame["name"])
+    for r in frame.itertuples():  # names come from users and folder names: shown as plain, safe text
+        table.add_row(*(Text(terminal_safe(v)) for v in (
+            r.run_id, r.name, r.kind, r.status, r.n_examples, f"{r.points_done}/{r.points_total}",
+            f"{r.lam:g}", r.batch_size, r.seed, r.max_length, r.extraction_rows, r.updated_at)))
+    console.print(table)
+
+
+@app.command()
+@user_errors
+def ingest(
+    shards: Path = typer.Argument(..., help="A shards folder written by a distributed run (run.json, "
+                                            "scores/, batches/)."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Load a run's Parquet shards into the store (one transaction; ingesting again replaces, never
+    duplicates)."""
+    from gnq_core.results.shards import ingest as ingest_shards
+
+    store = _store(db)
+    run, counts = ingest_shards(store, shards)
+    _done(quiet, f"run {run.name!r} (id {run.run_id}, {run.status}): {counts['scores']} scores, "
+                 f"{counts['batches']} batches, {counts['points']} points from {shards}; store {store.path}")

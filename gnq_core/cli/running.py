@@ -1,0 +1,207 @@
+"""``gnq train``, ``audit``, ``extract``, ``demo`` and ``job``: each parses its options into a job's settings
+(pipelines/settings.py) and hands them to ``run_job``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gnq_core.cli._base import (
+    CpuThreadsOption,
+    DbOption,
+    DeviceOption,
+    GroupColumnOption,
+    LamModeOption,
+    LossOption,
+    MaxLengthOption,
+    QuietOption,
+    TextColumnOption,
+    _run_job,
+    _set_threads,
+    _store,
+    app,
+    console,
+    user_errors,
+)
+from gnq_core.pipelines.attack_defaults import (
+    DEFAULT_ATTACK_BATCH,
+    DEFAULT_PREFIX,
+    DEFAULT_REFERENCE,
+    DEFAULT_SUFFIX,
+    DEFAULT_THRESHOLD,
+)
+
+
+@app.command()
+@user_errors
+def train(
+    data: Path = typer.Option(..., help="Training texts: .txt (one per line), .jsonl, .csv or .parquet."),
+    out: Path = typer.Option(..., help="Run folder; a checkpoint is saved per epoch in OUT/epoch-K."),
+    init: Path = typer.Option(None, help="Fine-tune this Hugging Face checkpoint folder."),
+    from_scratch: bool = typer.Option(False, "--from-scratch",
+                                      help="Train a BPE tokenizer on the data and a fresh GPT-2."),
+    preset: str = typer.Option("tiny", help="Model size with --from-scratch: tiny or small."),
+    epochs: int = typer.Option(3, help="Passes over the data."),
+    batch_size: int = typer.Option(16, help="Examples per step (also the GNQ batch; at least 2)."),
+    lr: float = typer.Option(1e-3, help="AdamW learning rate."),
+    lam: float = typer.Option(1e-2, help="GNQ regulariser λ (> 0)."),
+    lam_mode: str = LamModeOption,
+    loss: str = LossOption,
+    max_length: int = MaxLengthOption,
+    seed: int = typer.Option(0, help="Seed for initialisation, shuffling and dropout."),
+    vocab_size: int = typer.Option(2048, help="Tokenizer vocabulary with --from-scratch."),
+    text_column: str = TextColumnOption,
+    group_column: str = GroupColumnOption,
+    name: str = typer.Option(None, help="Run name (default: the OUT folder's name)."),
+    db: Path = DbOption,
+    device: str = DeviceOption,
+    dtype: str = typer.Option("float32", help="float32 or float64."),
+    threads: int = CpuThreadsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Train or fine-tune a causal LM with in-run GNQ on every step, saving a checkpoint per epoch."""
+    _set_threads(threads)
+    from gnq_core.pipelines.settings import TrainJob, TrainSettings
+
+    if (init is None) == (not from_scratch):
+        raise ValueError("give exactly one of --init CHECKPOINT_DIR or --from-scratch")
+    settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, lam=lam, max_length=max_length,
+                             seed=seed, preset=preset, vocab_size=vocab_size, device=device, dtype=dtype,
+                             loss=loss, lam_mode=lam_mode)
+    _run_job(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
+                        text_column=text_column, group_column=group_column, settings=settings), db, quiet)
+
+
+@app.command()
+@user_errors
+def audit(
+    checkpoints: Path = typer.Option(..., help="A checkpoint folder, or a folder of them "
+                                               "(epoch-*, checkpoint-*, step-*, ...)."),
+    data: Path = typer.Option(..., help="The texts to audit: .txt, .jsonl, .csv or .parquet."),
+    name: str = typer.Option(None, help="Run name (default: the checkpoints folder's name)."),
+    lam: float = typer.Option(1e-2, help="GNQ regulariser λ (> 0)."),
+    lam_mode: str = LamModeOption,
+    loss: str = LossOption,
+    batch_size: int = typer.Option(16, help="Examples per GNQ batch (≥ 2; GNQ is relative to the batch)."),
+    max_length: int = MaxLengthOption,
+    seed: int = typer.Option(0, help="Seed of the batch partition (the same for every checkpoint)."),
+    text_column: str = TextColumnOption,
+    group_column: str = GroupColumnOption,
+    db: Path = DbOption,
+    device: str = DeviceOption,
+    dtype: str = typer.Option("float32", help="float32 or float64 (exact to float64 rounding)."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False,
+                                     help="Texts the model never saw: audited over the same checkpoints into "
+                                          "run NAME.non-members (membership ground truth)."),
+    reference: str = typer.Option(None, show_default=False,
+                                  help="With --non-members: 'first' (the first checkpoint) or a model folder "
+                                       "(a fine-tune's base) whose loss calibrates the loss ratio."),
+    threads: int = CpuThreadsOption,
+    tokenizer: Path = typer.Option(None, help="Read the tokenizer from this folder (checkpoints saved "
+                                              "without one; Trainer(..., processing_class=tokenizer) "
+                                              "saves it)."),
+    quiet: bool = QuietOption,
+) -> None:
+    """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
+
+    Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
+    batches and rank 0 writes the rows (the same rows as one process)."""
+    _set_threads(threads)
+    from gnq_core.pipelines.settings import AuditJob, AuditSettings
+
+    settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
+                             device=device, dtype=dtype, loss=loss, lam_mode=lam_mode)
+    if reference is not None and non_members is None:
+        raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
+    _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
+                      group_column=group_column, settings=settings,
+                      tokenizer=str(tokenizer) if tokenizer else None,
+                      non_members=str(non_members) if non_members else None, reference=reference), db, quiet)
+
+
+@app.command()
+@user_errors
+def extract(
+    run: str = typer.Option(..., help="Run name or id."),
+    checkpoint: str = typer.Option(None, help="Checkpoint label to attack (default: the last)."),
+    prefix_tokens: int = typer.Option(DEFAULT_PREFIX, help="Tokens of each text revealed to the model (p)."),
+    suffix_tokens: int = typer.Option(DEFAULT_SUFFIX, help="Tokens that must follow exactly (s); texts "
+                                                           "shorter than p + s are not attackable."),
+    threshold: float = typer.Option(DEFAULT_THRESHOLD,
+                                    help="Reproduced when this share of the s tokens matches (1: exactly)."),
+    reference: str = typer.Option(DEFAULT_REFERENCE,
+                                  help="Reference model: 'first' (the run's first checkpoint), a checkpoint "
+                                       "folder (for a fine-tune, its base), or 'none'. A text the reference "
+                                       "also reproduces is not extracted."),
+    batch_size: int = typer.Option(DEFAULT_ATTACK_BATCH, help="Texts decoded together."),
+    preset: str = typer.Option(None, show_default=False,
+                               help="(p, s) of a protocol to compare with, instead of --prefix-tokens/"
+                                    "--suffix-tokens: 12/8 (this tool's default), 32/32 (Pythia's "
+                                    "memorisation studies), 50/50 (Carlini et al.'s extraction benchmark)."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False,
+                                     help="Texts the model never saw (an audit run only): audited over its "
+                                          "checkpoints into run NAME.non-members; the reference's loss of "
+                                          "both."),
+    db: Path = DbOption,
+    device: str = DeviceOption,
+    threads: int = CpuThreadsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Calibrated extraction attack: reveal each text's first p tokens, greedy-decode s more; extracted
+    when they match exactly and the reference model does not produce them too."""
+    _set_threads(threads)
+    from gnq_core.pipelines.settings import ExtractJob
+
+    if preset is not None:
+        presets = {"12/8": (12, 8), "32/32": (32, 32), "50/50": (50, 50)}
+        if preset not in presets:
+            raise ValueError(f"--preset must be one of {', '.join(presets)}, not {preset!r}")
+        prefix_tokens, suffix_tokens = presets[preset]
+    _run_job(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
+                        batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
+                        reference=None if reference == "none" else reference,
+                        non_members=str(non_members) if non_members else None), db, quiet)
+
+
+@app.command()
+@user_errors
+def demo(
+    db: Path = DbOption,
+    out: Path = typer.Option(None, help="Folder for the demo's checkpoints (default: beside the store)."),
+    epochs: int = typer.Option(None, show_default=False,
+                               help="Training epochs of the demo model (default 12; 2 with --model)."),
+    model: str = typer.Option(None, show_default=False,
+                              help="smollm2: fine-tune the real SmolLM2-135M (gnq model fetch) instead of "
+                                   "pretraining a tiny model; on one CPU thread roughly 15 minutes an epoch "
+                                   "(451 texts; a GPU takes seconds)."),
+    device: str = DeviceOption,
+    quiet: bool = QuietOption,
+    background: bool = typer.Option(False, "--background", help="Start it as a dashboard job and return at "
+                                    "once (its progress shows on the Runs page); nothing when it is built."),
+) -> None:
+    """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
+    from gnq_core.pipelines.settings import DemoJob
+
+    epochs = epochs if epochs is not None else (12 if model is None else 2)
+    job = DemoJob(out=str(out) if out else None, epochs=epochs, device=device, model=model)
+    if background:
+        from gnq_core.pipelines.demo import start_demo_job
+
+        console.print(start_demo_job(_store(db), job), soft_wrap=True, highlight=False)
+        return
+    _run_job(job, db, quiet)
+
+
+@app.command()
+@user_errors
+def job(
+    file: Path = typer.Argument(..., help="A job file written by the dashboard (gnq_core.pipelines.jobs)."),
+    step: int = typer.Option(0, min=0, help="Which of its steps to run."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Run one step of a dashboard job: its settings are read from the job file, not a command line."""
+    from gnq_core.pipelines.jobs import Job
+
+    _run_job(Job.load(file).settings(step), db, quiet)

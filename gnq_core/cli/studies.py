@@ -1,0 +1,164 @@
+"""``gnq study NAME``: the paper's studies (gnq_core/studies/), each a set of runs plus a report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from gnq_core.cli._base import DbOption, DeviceOption, QuietOption, _done, _store, _warn, app, user_errors
+
+# ----------------------------------------------------------------------------------------- gnq study
+study_app = typer.Typer(
+    help="Reproduce the paper's findings (§6) on small models trained here; each study is a set of "
+         "runs in the store plus a Markdown report with figures in REPORTS/NAME/. Reruns resume.",
+    no_args_is_help=True)
+app.add_typer(study_app, name="study")
+QuickOption = typer.Option(False, "--quick", help="Tiny sizes for tests (under a minute): --scale quick.")
+ScaleOption = typer.Option("full", "--scale",
+                           help="quick (tests), full (small models, minutes on a CPU) or paper (GPT-2 small "
+                                "12×768 at the paper's settings: a CUDA GPU's work; folders and runs get "
+                                "-paper).")
+DataDirOption = typer.Option(None, "--data-dir", show_default=False,
+                             help="Real-text folder with wikitext2/ and ag_news/ (default: ../shared/data "
+                                  "next to the repository).")
+ReportsOption = typer.Option(Path("reports"), help="Reports go to REPORTS/NAME/report.md.")
+WorkOption = typer.Option(None, show_default=False,
+                          help="Checkpoints and intermediate files (default: studies/ beside the store).")
+TagOption = typer.Option(None, help="Suffix for the study's run names and folders (to keep several "
+                                    "versions, e.g. with other --facts/--claims).")
+SeedOption = typer.Option(0, help="Seed for data order, initialisation, subsets and random picks.")
+FactsOption = typer.Option(None, help="Common-knowledge sentences, one per line, mixed into pretraining "
+                                      "verbatim (default: the paraphrased facts of data/knowledge.csv).")
+ClaimsOption = typer.Option(None, help="Surprising false claims, one per line (with --facts; default: "
+                                       "made-up "
+                                       "claims from data/knowledge.csv).")
+CfModelsOption = typer.Option(None, min=2, show_default=False,
+                              help="Counterfactual models (even; default 16, 4 with --quick).")
+ThreadsOption = typer.Option(1, min=1, help="torch CPU threads. The studies' small models gain little "
+                                          "from more, and lose much when other jobs share the cores.")
+
+
+def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, reports: Path, work: Path | None,
+           tag: str | None, seed: int, device: str, quiet: bool, extra: dict[str, Any], threads: int,
+           scale: str = "full"):
+    import torch
+
+    from gnq_core.progress import JobProgress
+    from gnq_core.studies import StudyContext
+
+    if scale not in ("quick", "full", "paper"):
+        raise ValueError(f"--scale must be quick, full or paper, not {scale!r}")
+    torch.set_num_threads(threads)
+    store = _store(db)
+    flags = [f"--db {store.path}"] + (["--quick"] if quick else []) + (
+        [f"--scale {scale}"] if scale != "full" else [])
+    defaults = {"data_dir": None, "reports": Path("reports"), "work": None, "tag": None, "seed": 0,
+                "device": "auto", "threads": 1}
+    given = dict(data_dir=data_dir, reports=reports, work=work, tag=tag, seed=seed, device=device,
+                 threads=threads) | extra
+    flags += [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
+              if v is not None and v != defaults.get(k)]
+    return StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
+                        reports_root=reports,
+                        data_dir=data_dir, tag=tag, command=" ".join(["gnq study", name, *flags]),
+                        reporter_factory=JobProgress(store, quiet=quiet, warn=_warn).reporter)
+
+
+def _run_study(ctx, quiet: bool, run: Callable[..., Path], **options: Any) -> None:
+    t0 = time.perf_counter()
+    path = run(ctx, **options)
+    _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
+
+
+@study_app.command("common-knowledge")
+@user_errors
+def study_common_knowledge(
+    db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption, facts: Path = FactsOption,
+    claims: Path = ClaimsOption, cf_models: int = CfModelsOption, data_dir: Path = DataDirOption,
+    reports: Path = ReportsOption,
+    work: Path = WorkOption, tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption,
+    threads: int = ThreadsOption, quiet: bool = QuietOption,
+) -> None:
+    """Facts the model knows vs. surprising false claims: GNQ, loss, K_jj, counterfactual memorization."""
+    from gnq_core.studies import common_knowledge
+
+    options = dict(facts=facts, claims=claims, cf_models=cf_models)
+    ctx = _study("common-knowledge", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
+                 threads, scale)
+    _run_study(ctx, quiet, common_knowledge.run, **options)
+
+
+@study_app.command("extraction")
+@user_errors
+def study_extraction(
+    db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption, facts: Path = FactsOption,
+    claims: Path = ClaimsOption, cf_models: int = CfModelsOption,
+    prefix_tokens: int = typer.Option(None, min=1, show_default=False,
+                                      help="Tokens revealed to the model (default by scale: 4 quick, 8 full, "
+                                           "12 paper, the paper's p)."),
+    threshold: float = typer.Option(1.0, min=0.0, max=1.0, help="Success at this match fraction (1: exact)."),
+    random_trials: int = typer.Option(None, min=1, show_default=False,
+                                      help="Random picks per budget (default 5, 3 with --quick)."),
+    data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
+    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Targeted prefix attack on the common-knowledge model: top-k by GNQ, counterfactual, loss, random."""
+    from gnq_core.studies import extraction
+
+    options = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
+                   prefix_tokens=prefix_tokens, threshold=threshold)
+    shown = options | dict(threshold=None if threshold == 1.0 else threshold)
+    ctx = _study("extraction", db, quick, data_dir, reports, work, tag, seed, device, quiet, shown, threads,
+                 scale)
+    _run_study(ctx, quiet, extraction.run, **options)
+
+
+@study_app.command("trajectories")
+@user_errors
+def study_trajectories(
+    db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption,
+    prefix_tokens: int = typer.Option(None, min=1, show_default=False,
+                                      help="Tokens revealed (default by scale: 8 quick, 24 full, 45 paper)."),
+    threshold: float = typer.Option(None, min=0.0, max=1.0, show_default=False,
+                                    help="Success at this match fraction (default 0.98)."),
+    bins: int = typer.Option(None, min=1, show_default=False,
+                             help="Quantile bins (default 10, 4 with --quick)."),
+    data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
+    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """GNQ over checkpoints of a long AG News training; attack success per GNQ_total quantile bin."""
+    from gnq_core.studies import trajectories
+
+    options = dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
+    ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
+                 threads, scale)
+    _run_study(ctx, quiet, trajectories.run, **options)
+
+
+@study_app.command("membership")
+@user_errors
+def study_membership(
+    db: Path = DbOption, quick: bool = QuickOption, scale: str = ScaleOption,
+    models: int = typer.Option(None, min=2, show_default=False,
+                               help="Models, each trained on a random half (even; default 4, 2 with "
+                                    "--quick, 16 at paper scale)."),
+    canaries: int = typer.Option(0, min=0, help="Canaries per repetition count (1, 2, 4, 8) added to every "
+                                                "model's training half, with their exposure (0: none)."),
+    data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
+    tag: str = TagOption, seed: int = SeedOption, device: str = DeviceOption, threads: int = ThreadsOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Leave-half-out membership: per-model membership AUC of each signal, and which signal predicts
+    how far a text's in-model and out-model losses separate."""
+    from gnq_core.studies import membership
+
+    options = dict(models=models, canaries=canaries)
+    ctx = _study("membership", db, quick, data_dir, reports, work, tag, seed, device, quiet, options, threads,
+                 scale)
+    _run_study(ctx, quiet, membership.run, **options)
