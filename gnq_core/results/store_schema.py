@@ -1,0 +1,80 @@
+"""The store's schema: its migrations (migrations/NNNN_*.sql), the version a file is at, applying
+what is pending, and the store's errors."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import duckdb
+
+from gnq_core.errors import GNQError
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+# Per-text properties of the text within its dataset (sources/copies.py, sources/secrets.py).
+TEXT_LABEL_COLUMNS = ["copies", "cluster_id", "secret", "secret_start", "secret_end", "secret_match"]
+
+
+class StoreError(GNQError, RuntimeError):
+    """The store cannot be used (not a DuckDB file, newer schema, busy for too long...)."""
+
+
+class RunNotFoundError(StoreError):
+    pass
+
+
+def migrations() -> list[tuple[int, Path]]:
+    """(version, file) for every migration, in order; the version is the file's number."""
+    found = []
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        found.append((int(path.name.split("_", 1)[0]), path))
+    return found
+
+
+SCHEMA_VERSION = migrations()[-1][0]
+
+
+def _now() -> datetime:
+    return datetime.now().replace(microsecond=0)
+
+
+def _current_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "schema_version" not in tables:
+        if tables:
+            raise StoreError(f"{path}: a DuckDB file, but not a GNQ store "
+                             f"(tables: {', '.join(sorted(tables))})")
+        return 0
+    version = con.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
+    if version > SCHEMA_VERSION:
+        raise StoreError(f"{path}: written by a newer GNQ Audit (schema {version}, this one knows "
+                         f"{SCHEMA_VERSION}); upgrade gnq-audit")
+    return int(version)
+
+
+def _apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int | None = None) -> None:
+    """Apply each pending migration in its own transaction, recording it in schema_version."""
+    for version, path in migrations():
+        if version <= current or (target is not None and version > target):
+            continue
+        with _atomically(con):
+            if version == 1:
+                con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
+                            "applied_at TIMESTAMP NOT NULL)")
+            con.execute(path.read_text())
+            con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
+
+
+@contextlib.contextmanager
+def _atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):  # a failed write may have aborted it already
+            con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
