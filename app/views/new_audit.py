@@ -46,6 +46,7 @@ from gnq_core.sources import (
 )
 
 LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
+DEFAULT = AuditSettings  # the form starts at the settings type's defaults (its fields' class attributes)
 LAM_MODE_LABELS = {LAM_ABSOLUTE: "absolute (default)", LAM_RELATIVE: "relative to the batch's mean K_jj"}
 
 st.title("New audit")
@@ -187,15 +188,17 @@ default_name = refs[0].path.parent.name if len(refs) > 1 else (refs[0].label if 
 with st.form("settings"):
     name = st.text_input("Run name", value=default_name or "my-audit")
     c1, c2, c3, c4 = st.columns(4)
-    lam = c1.number_input("λ", min_value=1e-12, value=1e-2, format="%g",
+    lam = c1.number_input("λ", min_value=1e-12, value=DEFAULT.lam, format="%g",
                           help="Regulariser of the GNQ solve; see the 2D regression page.")
-    batch_size = c2.number_input("Batch size", min_value=MIN_BATCH_SIZE, value=16, step=1,
+    batch_size = c2.number_input("Batch size", min_value=MIN_BATCH_SIZE, value=DEFAULT.batch_size, step=1,
                                  help="GNQ measures each text against the others of its batch.")
     max_length = c3.number_input(
-        "Max length (tokens)", min_value=2, max_value=token_limit, value=min(128, token_limit or 128), step=8,
+        "Max length (tokens)", min_value=2, max_value=token_limit,
+        value=min(DEFAULT.max_length, token_limit or DEFAULT.max_length), step=8,
         help="Tokens of each text that GNQ reads; longer texts are cut."
              + (f" This model reads at most {token_limit} tokens." if token_limit else ""))
-    seed = c4.number_input("Seed", min_value=0, value=0, step=1, help="Seeds the fixed batch partition.")
+    seed = c4.number_input("Seed", min_value=0, value=DEFAULT.seed, step=1,
+                        help="Seeds the fixed batch partition.")
     c1, c2 = st.columns(2)
     loss = c1.selectbox("Loss per text (ℓ_j)", list(LOSS_LABELS), format_func=LOSS_LABELS.get,
                         help="The mean weighs every text alike; the sum weighs a text by its length, as a "

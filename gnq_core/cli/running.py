@@ -30,6 +30,7 @@ from gnq_core.pipelines.attack_defaults import (
     DEFAULT_REFERENCE,
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
+    PROTOCOL_PRESETS,
 )
 
 
@@ -154,10 +155,9 @@ def extract(
     from gnq_core.pipelines.settings import ExtractJob
 
     if preset is not None:
-        presets = {"12/8": (12, 8), "32/32": (32, 32), "50/50": (50, 50)}
-        if preset not in presets:
-            raise ValueError(f"--preset must be one of {', '.join(presets)}, not {preset!r}")
-        prefix_tokens, suffix_tokens = presets[preset]
+        if preset not in PROTOCOL_PRESETS:
+            raise ValueError(f"--preset must be one of {', '.join(PROTOCOL_PRESETS)}, not {preset!r}")
+        prefix_tokens, suffix_tokens = PROTOCOL_PRESETS[preset]
     _run_job(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
                         batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
                         reference=None if reference == "none" else reference,

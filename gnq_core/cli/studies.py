@@ -49,9 +49,10 @@ def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, repor
 
     from gnq_core.progress import JobProgress
     from gnq_core.studies import StudyContext
+    from gnq_core.studies.base import SCALES
 
-    if scale not in ("quick", "full", "paper"):
-        raise ValueError(f"--scale must be quick, full or paper, not {scale!r}")
+    if scale not in SCALES:
+        raise ValueError(f"--scale must be {', '.join(SCALES[:-1])} or {SCALES[-1]}, not {scale!r}")
     torch.set_num_threads(threads)
     store = _store(db)
     flags = [f"--db {store.path}"] + (["--quick"] if quick else []) + (

@@ -8,3 +8,6 @@ DEFAULT_PREFIX, DEFAULT_SUFFIX = 12, 8
 DEFAULT_THRESHOLD = 1.0  # the share of the suffix tokens that must match (1: all)
 DEFAULT_REFERENCE = FIRST_CHECKPOINT
 DEFAULT_ATTACK_BATCH = 32  # texts decoded together
+# (p, s) of the protocols `gnq extract --preset` compares with: this tool's default, Pythia's
+# memorisation studies, Carlini et al.'s extraction benchmark.
+PROTOCOL_PRESETS = {"12/8": (DEFAULT_PREFIX, DEFAULT_SUFFIX), "32/32": (32, 32), "50/50": (50, 50)}
