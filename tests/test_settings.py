@@ -109,3 +109,25 @@ def test_the_new_audit_page_starts_a_job_with_validated_settings(tmp_path, monke
                               settings=AuditSettings(batch_size=4, max_length=32),  # the model's positions
                               threads=1),  # the form's default: one CPU thread on a shared machine
                      ExtractJob(run=run, threads=1)]
+
+
+def test_the_cli_defaults_are_the_settings_types_defaults():
+    """One definition: `gnq train` / `gnq audit` start from TrainSettings / AuditSettings."""
+    import dataclasses
+
+    import typer.main
+
+    commands = {c.name: c for c in typer.main.get_command(app).commands.values()}
+    for command, settings in (("train", TrainSettings), ("audit", AuditSettings)):
+        defaults = {p.name: p.default for p in commands[command].params}
+        fields = {f.name: f.default for f in dataclasses.fields(settings) if f.name in defaults}
+        assert fields and all(defaults[k] == v for k, v in fields.items()), (command, fields, defaults)
+
+
+def test_the_settings_types_import_without_torch():
+    """The CLI reads them at import time; `gnq --help` must not wait for torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, gnq_core.cli; sys.exit('torch' in sys.modules or 'pandas' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

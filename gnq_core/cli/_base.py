@@ -6,19 +6,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from gnq_core import interrupts
+
+# The options' defaults are the settings types' (pipelines/settings.py: light, no torch).
+from gnq_core.pipelines.settings import AuditSettings, JobSettings
 from gnq_core.terminal import markup_safe, terminal_safe
 from gnq_core.usage_errors import OneLineValueErrors
 
 interrupts.quiet_interrupt_at_exit()  # Ctrl-C before a command starts: one line, no traceback
-
-if TYPE_CHECKING:
-    from gnq_core.pipelines.settings import JobSettings
 
 app = typer.Typer(
     help="GNQ Audit: which training texts has your model encoded? (gradient uniqueness)",
@@ -35,17 +35,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 DB_HELP = "DuckDB store (default: $GNQ_DB, else data/gnq.duckdb)."
 DbOption = typer.Option(None, "--db", help=DB_HELP, show_default=False)
 QuietOption = typer.Option(False, "--quiet", "-q", help="No progress bars (for scripts).")
-DeviceOption = typer.Option("auto", help="auto, cpu or cuda.")
+DeviceOption = typer.Option(AuditSettings.device, help="auto, cpu or cuda.")
 CpuThreadsOption = typer.Option(None, "--threads", min=1,
                                 help="torch CPU threads (default: torch's choice). Use 1 when other jobs "
                                      "share the cores: competing OpenMP threads can slow a step 10x.")
 TextColumnOption = typer.Option(None, help="Column holding the text (default: 'text').")
 GroupColumnOption = typer.Option(None, help="Column with a group label (default: 'group' if present).")
-MaxLengthOption = typer.Option(128, help="Tokens per example (longer texts are cut).")
-LossOption = typer.Option("token_mean", "--loss",
+MaxLengthOption = typer.Option(AuditSettings.max_length, help="Tokens per example (longer texts are cut).")
+LossOption = typer.Option(AuditSettings.loss, "--loss",
                           help="Per-example loss ℓ_j: token_mean (each text's mean next-token NLL) or "
                                "token_sum (its sum: longer texts weigh more).")
-LamModeOption = typer.Option("absolute", "--lam-mode",
+LamModeOption = typer.Option(AuditSettings.lam_mode, "--lam-mode",
                              help="absolute: λ as given (units of ‖g‖²); relative: λ × the batch's mean "
                                   "‖g_j‖² (scale-free).")
 

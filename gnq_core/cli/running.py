@@ -32,6 +32,7 @@ from gnq_core.pipelines.attack_defaults import (
     DEFAULT_THRESHOLD,
     PROTOCOL_PRESETS,
 )
+from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
 
 
 @app.command()
@@ -42,28 +43,29 @@ def train(
     init: Path = typer.Option(None, help="Fine-tune this Hugging Face checkpoint folder."),
     from_scratch: bool = typer.Option(False, "--from-scratch",
                                       help="Train a BPE tokenizer on the data and a fresh GPT-2."),
-    preset: str = typer.Option("tiny", help="Model size with --from-scratch: tiny or small."),
-    epochs: int = typer.Option(3, help="Passes over the data."),
-    batch_size: int = typer.Option(16, help="Examples per step (also the GNQ batch; at least 2)."),
-    lr: float = typer.Option(1e-3, help="AdamW learning rate."),
-    lam: float = typer.Option(1e-2, help="GNQ regulariser λ (> 0)."),
+    preset: str = typer.Option(TrainSettings.preset, help="Model size with --from-scratch: tiny or small."),
+    epochs: int = typer.Option(TrainSettings.epochs, help="Passes over the data."),
+    batch_size: int = typer.Option(TrainSettings.batch_size,
+                                   help="Examples per step (also the GNQ batch; at least 2)."),
+    lr: float = typer.Option(TrainSettings.lr, help="AdamW learning rate."),
+    lam: float = typer.Option(TrainSettings.lam, help="GNQ regulariser λ (> 0)."),
     lam_mode: str = LamModeOption,
     loss: str = LossOption,
     max_length: int = MaxLengthOption,
-    seed: int = typer.Option(0, help="Seed for initialisation, shuffling and dropout."),
-    vocab_size: int = typer.Option(2048, help="Tokenizer vocabulary with --from-scratch."),
+    seed: int = typer.Option(TrainSettings.seed, help="Seed for initialisation, shuffling and dropout."),
+    vocab_size: int = typer.Option(TrainSettings.vocab_size,
+                                   help="Tokenizer vocabulary with --from-scratch."),
     text_column: str = TextColumnOption,
     group_column: str = GroupColumnOption,
     name: str = typer.Option(None, help="Run name (default: the OUT folder's name)."),
     db: Path = DbOption,
     device: str = DeviceOption,
-    dtype: str = typer.Option("float32", help="float32 or float64."),
+    dtype: str = typer.Option(TrainSettings.dtype, help="float32 or float64."),
     threads: int = CpuThreadsOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Train or fine-tune a causal LM with in-run GNQ on every step, saving a checkpoint per epoch."""
     _set_threads(threads)
-    from gnq_core.pipelines.settings import TrainJob, TrainSettings
 
     if (init is None) == (not from_scratch):
         raise ValueError("give exactly one of --init CHECKPOINT_DIR or --from-scratch")
@@ -81,17 +83,19 @@ def audit(
                                                "(epoch-*, checkpoint-*, step-*, ...)."),
     data: Path = typer.Option(..., help="The texts to audit: .txt, .jsonl, .csv or .parquet."),
     name: str = typer.Option(None, help="Run name (default: the checkpoints folder's name)."),
-    lam: float = typer.Option(1e-2, help="GNQ regulariser λ (> 0)."),
+    lam: float = typer.Option(AuditSettings.lam, help="GNQ regulariser λ (> 0)."),
     lam_mode: str = LamModeOption,
     loss: str = LossOption,
-    batch_size: int = typer.Option(16, help="Examples per GNQ batch (≥ 2; GNQ is relative to the batch)."),
+    batch_size: int = typer.Option(AuditSettings.batch_size,
+                                   help="Examples per GNQ batch (≥ 2; GNQ is relative to the batch)."),
     max_length: int = MaxLengthOption,
-    seed: int = typer.Option(0, help="Seed of the batch partition (the same for every checkpoint)."),
+    seed: int = typer.Option(AuditSettings.seed,
+                             help="Seed of the batch partition (the same for every checkpoint)."),
     text_column: str = TextColumnOption,
     group_column: str = GroupColumnOption,
     db: Path = DbOption,
     device: str = DeviceOption,
-    dtype: str = typer.Option("float32", help="float32 or float64 (exact to float64 rounding)."),
+    dtype: str = typer.Option(AuditSettings.dtype, help="float32 or float64 (exact to float64 rounding)."),
     non_members: Path = typer.Option(None, "--non-members", show_default=False,
                                      help="Texts the model never saw: audited over the same checkpoints into "
                                           "run NAME.non-members (membership ground truth)."),
@@ -109,7 +113,6 @@ def audit(
     Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
     batches and rank 0 writes the rows (the same rows as one process)."""
     _set_threads(threads)
-    from gnq_core.pipelines.settings import AuditJob, AuditSettings
 
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype, loss=loss, lam_mode=lam_mode)
@@ -152,7 +155,6 @@ def extract(
     """Calibrated extraction attack: reveal each text's first p tokens, greedy-decode s more; extracted
     when they match exactly and the reference model does not produce them too."""
     _set_threads(threads)
-    from gnq_core.pipelines.settings import ExtractJob
 
     if preset is not None:
         if preset not in PROTOCOL_PRESETS:
@@ -181,9 +183,8 @@ def demo(
                                     "once (its progress shows on the Runs page); nothing when it is built."),
 ) -> None:
     """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
-    from gnq_core.pipelines.settings import DemoJob
 
-    epochs = epochs if epochs is not None else (12 if model is None else 2)
+    epochs = epochs if epochs is not None else (DemoJob.epochs if model is None else 2)
     job = DemoJob(out=str(out) if out else None, epochs=epochs, device=device, model=model)
     if background:
         from gnq_core.pipelines.demo import start_demo_job

@@ -19,8 +19,6 @@ from gnq_core.pipelines.attack_defaults import (
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
 )
-from gnq_core.results.records import check_gnq_settings
-from gnq_core.runtime import resolve_device, resolve_dtype
 
 
 def _require(ok: bool, message: str) -> None:
@@ -60,8 +58,11 @@ class AuditSettings:
     lam_mode: str = "absolute"     # λ = lam, or "relative": lam · the batch's mean K_jj (engine/solve.py)
 
     def __post_init__(self) -> None:
+        # here, not at the top: the CLI reads these types' defaults for its --help without torch
         from gnq_core.engine.losses import check_loss_convention
         from gnq_core.engine.solve import check_lam_mode
+        from gnq_core.results.records import check_gnq_settings
+        from gnq_core.runtime import resolve_device, resolve_dtype
 
         check_gnq_settings(self.lam, self.batch_size)
         _whole(self.seed, "--seed", 0)
@@ -147,6 +148,8 @@ class ExtractJob:
         _whole(self.prefix_tokens, "--prefix-tokens", 1), _whole(self.suffix_tokens, "--suffix-tokens", 1)
         _whole(self.batch_size, "--batch-size", 1)
         _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")
+        from gnq_core.runtime import resolve_device
+
         resolve_device(self.device)
 
 
@@ -164,6 +167,8 @@ class DemoJob:
         _require(self.model in (None, "smollm2"), f"unknown demo model {self.model!r} (known: smollm2)")
         _require(self.epochs >= 2, f"the demo needs at least 2 epochs (a trajectory), got {self.epochs}")
         _whole(self.epochs, "--epochs", 2)
+        from gnq_core.runtime import resolve_device
+
         resolve_device(self.device)
 
 
