@@ -405,5 +405,6 @@ def test_real_scale_fine_tunes_the_given_model_and_reports_each_claim(tmp_path, 
         assert claim in text
     assert "AUC within exact length" in text and "CV AUC gain over length + loss" in text
     assert "| Min-K%++ |" in text and "| loss ratio |" in text  # in-run last epoch; over the base model
+    assert "Extraction (paper §6.3, Table 3)" in text and not ctx.store.extractions(run.run_id).empty
     with pytest.raises(ValueError, match="common-knowledge study only"):
         ctx.pick(1, 2, 3)

@@ -31,6 +31,7 @@ import pandas as pd
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
+from gnq_core.pipelines.extraction import run_extraction
 from gnq_core.pipelines.membership import forward_signals
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
@@ -52,12 +53,13 @@ POSITIVE, NEGATIVE = "surprising", "common"
 class RealConfig:
     pairs: int  # facts (and as many made-up claims) fine-tuned
     cf_models: int  # counterfactual models (even: complementary halves)
+    prefix_tokens: int  # the attack's prefix; extracted = the rest of the text exactly, the base model not
     finetune: TrainSettings
 
 
 # Sized for ≤ 20 min wall on one thread of a shared 2-core CPU: 100 short texts, 4 epochs, B 8, and
 # two complementary pairs of counterfactual models (each text in 2, out of 2).
-REAL = RealConfig(pairs=50, cf_models=4,
+REAL = RealConfig(pairs=50, cf_models=4, prefix_tokens=6,
                   finetune=TrainSettings(epochs=4, batch_size=8, lr=1e-4, lam=1e-2, max_length=24))
 
 
@@ -133,11 +135,16 @@ def run(ctx: StudyContext, model: Path | None = None) -> Path:
         finetune = run_training(store, data, work / "finetune", name=name, init=init, settings=ft, reporter=r)
     with timings.stage("counterfactual models"), ctx.reporter(name) as r:
         ck.counterfactual(ctx, finetune, init, data, ft, cfg.cf_models, work / "counterfactual", r)
+    with timings.stage("extraction attack"), ctx.reporter(name) as r:
+        if store.extractions(finetune.run_id).empty:  # a rerun keeps the stored attack
+            run_extraction(store, finetune, prefix_tokens=cfg.prefix_tokens, suffix_tokens=None,
+                           threshold=1.0, reference=str(init), device=ctx.device, reporter=r)
     with timings.stage("report"):
         frame = with_token_signals(signal_frame(store, finetune), store, finetune, base_loss)
         y = (frame["group"] == POSITIVE).astype("boolean")
-        table = ev.evidence_table(frame, seed=ctx.seed,
-                                  outcomes=[ev.Outcome("group", f"group = {POSITIVE}", y)])
+        outcomes = [ev.Outcome("group", f"group = {POSITIVE}", y)]
+        outcomes += [o for o in ev.outcomes_in(frame) if o.name == "extraction"]
+        table = ev.evidence_table(frame, seed=ctx.seed, outcomes=outcomes)
         ratio = store.scores(finetune.run_id).eval("gnq * @ft.lam / self_influence")
     return write_report(ctx, cfg, ft, init, provenance, premise, table, frame, ratio, finetune.name, timings)
 
@@ -232,7 +239,42 @@ Median GNQ·λ/K_jj over the in-run scores: {ratio.median():.3f} (10–90%: {rat
 {ratio.quantile(0.9):.3f}); 1 would mean batch companions explain nothing of a text's gradient, so
 GNQ ranks like ‖g‖²/λ. Token lengths: {int(frame['n_tokens'].min())}–{int(frame['n_tokens'].max())}
 (a fact and its claim share the template; their objects' token counts differ).""")
+    extraction_section(r, frame, table, cfg, ctx.seed)
     results = {"model": model, "model_sha256": provenance.get("model_sha256"), "run": run_name,
                "config": asdict(cfg), "premise": premise.to_dict("records"),
                "evidence": table.to_dict("records"), "gnq_lambda_over_kjj_median": float(ratio.median())}
     return r.write(results, command=ctx.command, timings=timings, device=ctx.device)
+
+
+def extraction_section(r: rep.Report, frame: pd.DataFrame, table: pd.DataFrame, cfg: RealConfig,
+                       seed: int) -> None:
+    """Paper §6.3 (Table 3) on this fine-tune: the share extracted among the top 5/10/20% by each
+    signal against the overall rate (what a random pick gets in expectation), and the evidence
+    table for the attack's outcome."""
+    attacked = frame[frame["extracted"].notna()]
+    r.text(f"## Extraction (paper §6.3, Table 3) on this fine-tune\n\nPrefix attack on the last "
+           f"checkpoint: the first {cfg.prefix_tokens} tokens given, greedy decoding must reproduce the rest "
+           "of the text exactly, and the base model must not (calibrated, the base model as reference).")
+    if attacked.empty or not 0 < attacked["extracted"].astype(bool).sum() < len(attacked):
+        r.text(f"{len(attacked)} texts attacked; every one had the same outcome, so no signal can be "
+               "scored against it.")
+        return
+    y = attacked["extracted"].astype(bool)
+    rate, lo, hi = pr.rate_interval(y)
+    by_group = ", ".join(f"{g} {int(part.sum())}/{len(part)}" for g, part in y.groupby(attacked["group"]))
+    result = pr.evaluate(attacked, seed=seed)
+    gnq = result.table.set_index("signal").loc["gnq_total"] if "gnq_total" in set(result.table["signal"]) \
+        else None
+    above = [q for q in pr.TOP_FRACTIONS if gnq is not None and gnq[f"precision@{q:g} lo"] > rate]
+    r.text(f"""{len(attacked)} texts attacked, {int(y.sum())} extracted: rate {rate:.2f} [{lo:.2f}, {hi:.2f}]
+(Wilson); by group {by_group}. **Paper (Table 3): GNQ's top picks are almost all extracted, far above
+random picks.** This run: GNQ_total's top 5/10/20% are extracted at """
+           + ", ".join(f"{gnq[f'precision@{q:g}']:.2f} [{gnq[f'precision@{q:g} lo']:.2f}, "
+                       f"{gnq[f'precision@{q:g} hi']:.2f}]" for q in pr.TOP_FRACTIONS)
+           + f"; its interval lies above the overall rate at {len(above)} of {len(pr.TOP_FRACTIONS)} budgets "
+           f"— **{'reproduced' if len(above) == len(pr.TOP_FRACTIONS) else 'not reproduced'}** (rule: "
+           "above the overall rate with the whole interval at every budget).")
+    r.table(pr.display_table(result), caption=result.method())
+    r.table(ev.display(table, "extraction"), caption="The same outcome with the length controls: AUC within "
+            "exact token length and CV gain over length + loss (method as in the table above).")
+    r.text(ev.gain_sentence(table, "extraction"))
