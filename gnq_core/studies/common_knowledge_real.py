@@ -160,7 +160,7 @@ def _ci(row: pd.Series | None, key: str = "auc", fmt: str = ".2f") -> str:
     return f"{row[key]:{fmt}} [{row[f'{key} lo']:{fmt}}, {row[f'{key} hi']:{fmt}}]"
 
 
-def verdicts(table: pd.DataFrame, premise: pd.DataFrame) -> list[str]:
+def verdicts(table: pd.DataFrame, premise: pd.DataFrame, cf_models: int) -> list[str]:
     """The paper's §6.2 claims, each reproduced or not by a rule stated beside it."""
     new = premise.iloc[-1]
     g_all, g_len = _claim(table, "gnq_total", ev.SCOPE_ALL), _claim(table, "gnq_total", ev.SCOPE_LENGTH)
@@ -186,7 +186,8 @@ def verdicts(table: pd.DataFrame, premise: pd.DataFrame) -> list[str]:
         "- **Counterfactual memorization separates the groups less than GNQ (Fig. 3–4)** — "
         + ("not tested (no counterfactual models)" if cf_all is None else
            ("reproduced" if more else "not reproduced")
-           + f": counterfactual memorization AUC {_ci(cf_all)} (one complementary pair of models), GNQ_total "
+           + f": counterfactual memorization AUC {_ci(cf_all)} ({cf_models} models on complementary halves), "
+           f"GNQ_total "
            f"{_ci(g_all)} (rule: GNQ's interval above 0.5 and its AUC further from 0.5 than "
            "counterfactual memorization's)") + ".",
     ]
@@ -214,7 +215,7 @@ subject's object (groups `common` and `surprising`; run `{run_name}` in the stor
 when this report was written {', '.join(f'{v:.1f}' for v in os.getloadavg())} (the 2 cores are
 shared by other jobs).""")
     r.text("## The paper's claims and this run")
-    r.text("\n".join(verdicts(table, premise)))
+    r.text("\n".join(verdicts(table, premise, cfg.cf_models)))
     r.text("## Premise: does the base model prefer the true object?")
     shown = premise.assign(**{
         "gap (claim − fact) [95% CI]": [rep.ci(a, b, c) for a, b, c in
@@ -277,4 +278,8 @@ random picks.** This run: GNQ_total's top 5/10/20% are extracted at """
     r.table(pr.display_table(result), caption=result.method())
     r.table(ev.display(table, "extraction"), caption="The same outcome with the length controls: AUC within "
             "exact token length and CV gain over length + loss (method as in the table above).")
-    r.text(ev.gain_sentence(table, "extraction"))
+    length_only = _claim(table[table["outcome"] == "extraction"], ev.LOSS, ev.SCOPE_GAIN)
+    g_len = _claim(table[table["outcome"] == "extraction"], "gnq_total", ev.SCOPE_LENGTH)
+    r.text(ev.gain_sentence(table, "extraction")
+           + (f" Text length alone (the spline, cross-validated) reaches AUC {length_only['auc base']:.2f}; "
+              f"GNQ_total within exact length: {_ci(g_len)}." if length_only is not None else ""))
