@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
 from app.charts import describe
-from app.state import plain
+from app.state import open_example, plain
+from gnq_core.analysis import grouped, texts_table_html
 
 
 def chart(fig: go.Figure, where: Any = None, note: str = "", **kwargs: Any) -> Any:
@@ -20,3 +22,19 @@ def chart(fig: go.Figure, where: Any = None, note: str = "", **kwargs: Any) -> A
     event = where.plotly_chart(fig, theme="streamlit", **kwargs)
     where.caption(" ".join(p for p in (plain(describe(fig)), note) if p))
     return event
+
+
+def texts(ranked: pd.DataFrame, *, limit: int | None = None, key: str = "") -> None:
+    """The text-first table (analysis.findings): each text wrapped, its status tag (×N for
+    copies, collapsed into one row), a one-line reason that expands, and what to do; then a
+    picker that opens a text's drill-down."""
+    st.html(texts_table_html(ranked, limit=limit))
+    rows = grouped(ranked).head(limit) if limit else grouped(ranked)
+    if key and len(rows):
+        labels = {int(r.example_id): f"{r.example_id}: {' '.join(str(r.text).split())[:90]}"
+                  for r in rows.itertuples()}
+        c1, c2 = st.columns([4, 1], vertical_alignment="bottom")
+        picked = c1.selectbox("Open a text's drill-down", list(labels), format_func=labels.get, index=None,
+                              key=key, placeholder="choose a text…")
+        if c2.button("Open", key=f"{key}_open", disabled=picked is None):
+            open_example(int(picked))

@@ -150,9 +150,11 @@ def sidebar(creates: bool = False) -> Run | None:
         if linked in names and linked != st.session_state.get("_linked_run"):
             st.session_state["_linked_run"] = current = linked
             st.session_state["run_picker"] = linked
-        index = names.index(current) if current in names else 0
-        name = st.selectbox("Run", names, index=index, key="run_picker",
-                            format_func=lambda n: f"{n} ({_kind(frame, n)})")
+        if st.session_state.get("run_picker") not in names:
+            st.session_state["run_picker"] = current if current in names else names[0]
+        # the value comes from the session state alone: a default as well makes Streamlit warn
+        # ("created with a default value but also had its value set via the Session State API")
+        name = st.selectbox("Run", names, key="run_picker", format_func=lambda n: f"{n} ({_kind(frame, n)})")
         if name != current:
             st.session_state[RUN_KEY] = name
             st.session_state.pop(EXAMPLE_KEY, None)

@@ -7,8 +7,18 @@ and the engine's exact reference.  Each layer has a facade of its own (``gnq_cor
 first use, so ``import gnq_core`` does not import torch.
 """
 
+import sys
+
 from gnq_core import _compat
 from gnq_core._lazy import lazy_exports
+
+_ENTRY_MODULES = ("gnq_core.cli", "gnq_core.pipelines.jobs")
+if sys.argv[:1] == ["-m"] and any(m in sys.orig_argv for m in _ENTRY_MODULES):
+    # ``python -m gnq_core.cli`` (or the dashboard's job process) is starting and Python imports this
+    # package first: a Ctrl-C during the heavy imports that follow is one line, not a traceback.
+    from gnq_core import interrupts
+
+    interrupts.guard_startup()
 
 __version__ = "0.1.0"
 

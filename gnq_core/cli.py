@@ -197,6 +197,9 @@ def audit(
                                   help="With --non-members: 'first' (the first checkpoint) or a model folder "
                                        "(a fine-tune's base) whose loss calibrates the loss ratio."),
     threads: int = CpuThreadsOption,
+    tokenizer: Path = typer.Option(None, help="Read the tokenizer from this folder (checkpoints saved "
+                                              "without one; Trainer(..., processing_class=tokenizer) "
+                                              "saves it)."),
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
@@ -212,6 +215,7 @@ def audit(
         raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
     _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
                       group_column=group_column, settings=settings,
+                      tokenizer=str(tokenizer) if tokenizer else None,
                       non_members=str(non_members) if non_members else None, reference=reference), db, quiet)
 
 
@@ -429,12 +433,20 @@ def demo(
                                    "(451 texts; a GPU takes seconds)."),
     device: str = DeviceOption,
     quiet: bool = QuietOption,
+    background: bool = typer.Option(False, "--background", help="Start it as a dashboard job and return at "
+                                    "once (its progress shows on the Runs page); nothing when it is built."),
 ) -> None:
     """Build the demo run end to end from data/demo.csv: train a tiny model, audit, extract."""
     from gnq_core.pipelines.settings import DemoJob
 
     epochs = epochs if epochs is not None else (12 if model is None else 2)
-    _run_job(DemoJob(out=str(out) if out else None, epochs=epochs, device=device, model=model), db, quiet)
+    job = DemoJob(out=str(out) if out else None, epochs=epochs, device=device, model=model)
+    if background:
+        from gnq_core.pipelines.demo import start_demo_job
+
+        console.print(start_demo_job(_store(db), job), soft_wrap=True, highlight=False)
+        return
+    _run_job(job, db, quiet)
 
 
 @app.command()

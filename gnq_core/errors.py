@@ -12,10 +12,9 @@ class GNQError(Exception):
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """What ``gnq`` and a dashboard job report as one line, exit code 1 (not a traceback): the
-    GNQErrors, a model with a layer the engine has no kernel for, a refused value, a failed write."""
-    from gnq_core.engine.kernels import UnsupportedModuleError  # imported late: it brings torch
-
-    return GNQError, UnsupportedModuleError, ValueError, OSError
+    GNQErrors (a model with a layer the engine has no kernel for among them), a refused value, a
+    failed write."""
+    return GNQError, ValueError, OSError
 
 
 def one_line(exc: BaseException | str) -> str:

@@ -1,6 +1,8 @@
 """An option value the command line refuses (``--top -5``, ``--port 0``) is one line on stderr and
 exit code 1, as every other bad input is; not click's usage box and exit code 2.  Other usage
-errors (a missing or unknown option) keep click's help."""
+errors (a missing or unknown option) keep click's help.  A Ctrl-C outside a command's own handling
+(while options are parsed, or in ``gnq selfcheck``) is one line and exit code 130, not typer's
+silent exit."""
 
 from __future__ import annotations
 
@@ -21,3 +23,6 @@ class OneLineValueErrors(TyperGroup):
             Console(stderr=True).print(f"[red]error:[/] {markup_safe(exc.format_message())}",
                                        highlight=False, soft_wrap=True)
             raise typer.Exit(code=1) from None
+        except KeyboardInterrupt:
+            Console(stderr=True).print("interrupted", highlight=False, markup=False)
+            raise typer.Exit(code=130) from None

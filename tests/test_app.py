@@ -125,11 +125,13 @@ def test_drilldown_page_shows_one_example(store_path, monkeypatch):
     run = store.run("audited")
     top = rank_texts(store.example_totals(run.run_id)).iloc[0]
     at = page("drilldown", store_path, monkeypatch, run_name="audited", example_id=int(top["example_id"]))
-    assert at.text_area[0].value == top["text"]
+    assert at.code[0].value == top["text"]  # wrapped, readable, never Markdown
     assert at.metric[0].value.startswith(f"{top['rank']} /")
     assert "Extraction attempt" in texts_of(at)
     verdict = [a.value for a in (*at.error, *at.warning, *at.info)]
     assert any(top["status"] in v for v in verdict)  # the status and its reason, in words
+    assert not any(f"{top['status']}: {top['status']}:" in v.replace("*", "") for v in verdict)
+    assert any("What to do:" in v for v in verdict)
     helps = {m.label: m.proto.help for m in at.metric}
     assert "1 = look at this text first" in helps["Rank"] and "1 = unique" in helps["Copies"]
     assert "reference" in helps["Loss ratio to reference"]

@@ -418,3 +418,13 @@ def test_a_reference_line_is_described_as_a_line_not_as_points():
     fig.update_layout(title="GNQ_total", xaxis_title="a", yaxis_title="b")
     text = charts.describe(fig)
     assert "same GNQ in both (a line)" in text and "world (3 points)" in text
+
+
+def test_a_lone_ungrouped_series_is_not_named_and_log_ticks_show_whole_values():
+    """Issue 26: no caption "series: (none)"; a log axis labels 200, 500, 1000 (not "2, 5, 1000")."""
+    from app.charts import base
+
+    points = go.Scatter(x=[1, 10, 1000], y=[1, 2, 3], mode="markers", name=base.NO_GROUP)
+    fig = base.layout(go.Figure([points]), "GNQ", "GNQ_total", "loss", log_x=True)
+    assert "series" not in charts.describe(fig) and "(none)" not in charts.describe(fig)
+    assert fig.layout.xaxis.tickformat == "~g" and fig.layout.yaxis.tickformat is None

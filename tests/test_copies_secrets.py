@@ -219,6 +219,7 @@ def test_checksums():
     ("call +44 20 7946 0958 now", "phone", "+44 20 7946 0958"),
     ("call (212) 621-1630", "phone", "(212) 621-1630"),
     ("with password Tinsel-Otter-83.", "password", "password Tinsel-Otter-83"),
+    ("The password for the vault is tr0ub4dor, keep it", "password", "password for the vault is tr0ub4dor"),
     ("key AKIAIOSFODNN7EXAMPLE here", "api key", "AKIAIOSFODNN7EXAMPLE"),
     ("ghp_" + "a1" * 18, "api key", "ghp_" + "a1" * 18),
     ("-----BEGIN RSA PRIVATE KEY-----", "private key", "-----BEGIN RSA PRIVATE KEY-----"),
@@ -255,3 +256,11 @@ def test_labels_frame():
     first = labels.iloc[1]
     assert (first["secret_start"], first["secret_end"], first["secret_match"]) == (0, 8, "PIN 1234")
     assert labels["secret_start"].isna()[0]
+
+
+def test_the_value_is_the_secret_not_the_words_announcing_it():
+    (s,) = find_secrets("The password for the vault is tr0ub4dor, keep it")
+    assert s.value == "tr0ub4dor"
+    assert [x.value for x in find_secrets("Her PIN is 4821 and card 4111 1111 1111 1111.")] == [
+        "4821", "4111 1111 1111 1111"]
+    assert find_secrets("reset the password for your account today") == []

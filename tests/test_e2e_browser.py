@@ -1,5 +1,7 @@
-"""End to end in a real browser: upload checkpoints and texts on New audit, run the audit, follow
-the finished job's link, compare with the demo run, open a shared address in a new page, lasso-select
+"""End to end in a real browser: upload a Trainer output folder (checkpoint-* with optimizer and
+RNG state) and texts on New audit with a base model as the attack's reference, run the audit,
+follow the finished job's link, read the texts on Runs without scrolling sideways, check that the
+report's tables fit its page, compare with the demo run, open a shared address in a new page, lasso-select
 on the dataset map and export the filtered texts.
 
 A tiny GPT-2 (two checkpoints) and 40 AG News texts are built in tmp_path, and the store gets a demo
@@ -63,21 +65,29 @@ def _need_browser(reason: str) -> None:
 
 
 # ----------------------------------------------------------------------------- test data
+TRAINER_STATE = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin")
+
+
 @pytest.fixture
 def audit_inputs(tmp_path: Path) -> tuple[Path, Path]:
-    """ckpts/epoch-1 and ckpts/epoch-2 of a tiny float32 GPT-2, and a text,group CSV."""
+    """A Trainer output folder, ckpts/checkpoint-1 and ckpts/checkpoint-2 of a tiny float32 GPT-2
+    (each with the optimizer, scheduler and RNG state the Trainer saves, which an audit never
+    reads), the base model it started from (base/), and a text,group CSV."""
     texts = list(lm_fixtures.texts(N_TEXTS))
     assert len(texts) == N_TEXTS
     tok = train_tokenizer(texts, vocab_size=400)
     model = build_model("tiny", vocab_size=len(tok), max_length=32, seed=0,
                         eos_token_id=tok.eos_token_id).float()  # conftest makes float64 the default
     ckpts = tmp_path / "ckpts"
-    save_checkpoint(model, tok, ckpts / "epoch-1")
+    save_checkpoint(model, tok, tmp_path / "base")
     gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
-    save_checkpoint(model, tok, ckpts / "epoch-2")
+    for k in (1, 2):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        save_checkpoint(model, tok, ckpts / f"checkpoint-{k}")
+        for name in TRAINER_STATE:
+            (ckpts / f"checkpoint-{k}" / name).write_bytes(b"\0" * 4096)
 
     data = tmp_path / "texts.csv"
     with data.open("w", newline="", encoding="utf-8") as f:
@@ -140,7 +150,8 @@ def server(tmp_path: Path, demo_store: Path):
     port = _free_port()
     db = demo_store
     log = tmp_path / "streamlit.log"
-    env = {**os.environ, "GNQ_DB": str(db), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "GNQ_DB": str(db), "PYTHONUNBUFFERED": "1",
+           "GNQ_DATA_ROOTS": str(tmp_path)}  # the reference model is a local path under tmp_path
     cmd = [sys.executable, "-m", "streamlit", "run", "app/main.py", "--server.port", str(port),
            "--server.headless", "true", "--server.address", "127.0.0.1",
            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
@@ -353,6 +364,23 @@ def wait_for_store(server: Server, timeout: float) -> dict:
     raise AssertionError(f"run {RUN_NAME!r} not done after {timeout:.0f} s (last: {last})\n{server.report()}")
 
 
+# Where the text-first tables' text cells end, against the viewport, and how far anything overflows it.
+TEXTS_FIT = """() => {
+    const cells = Array.from(document.querySelectorAll('table.gnq-texts td.t'));
+    const boxes = [document.documentElement, ...document.querySelectorAll('[data-testid="stMain"]')];
+    return {cells: cells.length, width: window.innerWidth,
+            right: Math.max(0, ...cells.map(c => c.getBoundingClientRect().right)),
+            overflow: Math.max(...boxes.map(b => b.scrollWidth - b.clientWidth)),
+            first: cells.length ? cells[0].innerText : ''};
+}"""
+
+
+REPORT_WIDTHS = """() => ({page: document.documentElement.clientWidth,
+    scroll: document.documentElement.scrollWidth,
+    tables: Array.from(document.querySelectorAll('table'),
+                       t => Math.round(t.getBoundingClientRect().right))})"""
+
+
 # ----------------------------------------------------------------------------- the test
 def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_path):
     ckpts, data = audit_inputs
@@ -402,6 +430,7 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         attack = "Run the extraction attack on the last checkpoint"
         assert page.get_by_role("checkbox", name=attack).is_checked()  # its label names a help button too
         set_form_value(page, "Prefix tokens", "4")
+        set_form_value(page, "Reference model (optional)", str(tmp_path / "base"))
         settle(page)
         assert not app_errors(page), app_errors(page)
         full_screenshot(page, shots / "02-new-audit.png")
@@ -416,6 +445,13 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         assert int(row["batch_size"]) == 8 and int(row["max_length"]) == 32
         assert int(row["n_examples"]) == N_TEXTS
         assert int(row["points_done"]) == int(row["points_total"]) == 2
+        from gnq_core.results.store import Store
+        attack = Store(server.db).run(RUN_NAME).settings["attack"]
+        if attack["reference"] != str(tmp_path / "base"):
+            problems.append(f"the attack's reference is {attack['reference']!r}, not the base model typed")
+        kept = [p.name for p in tmp_path.rglob("*") if p.name in TRAINER_STATE and "ckpts" not in p.parts]
+        if kept:
+            problems.append(f"Trainer state an audit never reads was saved from the upload: {kept}")
         # --- The finished job shows when it started and how long it took, and links to its results.
         link = f"Open the results of {RUN_NAME}"
         wait_for_text_or_error(page, link, 30)
@@ -435,6 +471,29 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         if f"Run '{RUN_NAME}'" not in body_text(shared):
             problems.append("the shared address did not open the same run")
         shared.close()
+        # --- The texts read without scrolling sideways: every text cell inside the viewport, and
+        # nothing wider than the page.
+        fits = page.evaluate(TEXTS_FIT)
+        if not fits["cells"] or fits["right"] > fits["width"] + 1 or fits["overflow"] > 1:
+            problems.append(f"Runs: the texts do not fit the page without scrolling sideways: {fits}")
+        if fits["cells"] and not page.get_by_text(fits["first"][:40]).first.is_visible():
+            problems.append(f"Runs: the first text ({fits['first'][:40]!r}) is not visible")
+        full_screenshot(page, shots / "01-runs-texts.png")
+        # --- The report: its tables fit a 1200 px page.
+        page.goto(f"{server.url}/extraction")
+        page.get_by_role("heading", name="Extraction vs GNQ").first.wait_for(timeout=60_000)
+        settle(page)
+        page.get_by_role("button", name="Prepare the run's report (HTML)").click()
+        settle(page)
+        report = tmp_path / "report.html"
+        report.write_bytes(download(page, "Download the report"))
+        viewer = browser.new_page(viewport={"width": 1200, "height": 900})
+        viewer.goto(report.as_uri())
+        widths = viewer.evaluate(REPORT_WIDTHS)
+        if not widths["tables"] or max(widths["tables"] + [widths["scroll"]]) > widths["page"]:
+            problems.append(f"report: a table is wider than the 1200 px page: {widths}")
+        full_screenshot(viewer, shots / "12-report.png")
+        viewer.close()
 
         # --- Compare with the demo run (the same texts): pick it, see the comparison, in the address.
         page.goto(f"{server.url}/compare")

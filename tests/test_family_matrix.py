@@ -1,12 +1,16 @@
 """Family matrix: every LM family of the installed transformers, built tiny, on every path.
 
 Each family of the causal, masked and sequence-to-sequence auto mappings is built from its config
-(tests/families.py: one or two layers, width 32, vocabulary 64, float64), audited on one batch
-(B=3, T=5, one right-padded example) unfused, fused and with the post-hoc ``auditor.backward``,
-and compared with explicit per-example gradients.  Every cell is exact, or a refusal listed with
-its reason in ``EXPECTED`` (the one place); a family a new transformers release adds is in
-neither list and fails ``test_every_family_is_listed``.  README's family table is rendered from
-these lists (``python -m families`` from tests/, checked by ``test_readme_table_is_current``).
+(tests/families.py: one or two layers, width 32, vocabulary 64, float64, the config's dropout and
+``use_cache``), called the way users call it (``model(input_ids=..., attention_mask=...)``, train
+mode), audited on one batch unfused, fused and with the post-hoc ``auditor.backward``, and
+compared with explicit per-example gradients of the same forward (the same dropout masks).  The
+batch rotates over families (``families.condition``: right- or left-padded, B=3 T=5 or B=T=4), so
+every condition is met by about a quarter of the families at the cost of one batch each.  Every
+cell is exact, or a refusal listed with its reason in ``EXPECTED`` (the one place); a family a
+new transformers release adds is in neither list and fails ``test_every_family_is_listed``.
+README's family table is rendered from these lists (``python -m families`` from tests/, checked
+by ``test_readme_table_is_current``).
 """
 
 from __future__ import annotations
@@ -23,50 +27,55 @@ EXACT: dict[str, str] = {
     "axk1": "causal", "axk2": "causal", "bailing_hybrid": "causal", "bart": "seq2seq", "beam": "causal",
     "bert": "masked", "bert-generation": "causal", "big_bird": "masked", "bigbird_pegasus": "seq2seq",
     "biogpt": "causal", "bitnet": "causal", "blenderbot": "seq2seq", "blenderbot-small": "seq2seq",
-    "bloom": "causal", "camembert": "masked", "codegen": "causal", "cohere": "causal", "cohere2": "causal",
+    "camembert": "masked", "codegen": "causal", "cohere": "causal", "cohere2": "causal",
     "cohere2_moe": "causal", "convbert": "masked", "cpmant": "causal", "ctrl": "causal", "cwm": "causal",
     "data2vec-text": "masked", "deberta": "masked", "deberta-v2": "masked", "deepseek_v2": "causal",
     "deepseek_v3": "causal", "deepseek_v4": "causal", "diffllama": "causal", "distilbert": "masked",
-    "doge": "causal", "electra": "masked", "ernie": "masked", "ernie4_5": "causal",
-    "ernie4_5_moe": "causal", "eurobert": "masked", "exaone4": "causal", "exaone_moe": "causal",
-    "falcon": "causal", "falcon_h1": "causal", "falcon_mamba": "causal", "flex_olmo": "causal",
-    "flint": "causal", "fnet": "masked", "funnel": "masked", "gemma": "causal", "gemma2": "causal",
-    "gemma3_text": "causal", "gemma4_unified_text": "causal", "glm": "causal", "glm4": "causal",
-    "glm4_moe": "causal", "glm4_moe_lite": "causal", "gpt-sw3": "causal", "gpt2": "causal",
-    "gpt_bigcode": "causal", "gpt_neo": "causal", "gpt_neox": "causal", "gpt_neox_japanese": "causal",
-    "gpt_oss": "causal", "gptj": "causal", "granite": "causal", "granite_swa": "causal",
-    "granitemoe": "causal", "granitemoe_swa": "causal", "granitemoeshared": "causal", "gte": "masked",
-    "helium": "causal", "hrm_text": "causal", "hunyuan_v1_dense": "causal", "hunyuan_v1_moe": "causal",
-    "hy_v3": "causal", "hyperclovax": "causal", "ibert": "masked", "inkling_text": "causal",
-    "internlm3": "causal", "iquestcoder": "causal", "jais2": "causal", "jamba": "causal",
-    "jetmoe": "causal", "jina_embeddings_v3": "masked", "kimi_linear": "causal", "kolibri1": "causal",
-    "laguna": "causal", "layoutlm": "masked", "lfm2": "causal", "lfm3": "causal", "llama": "causal",
-    "llama4_text": "causal", "longt5": "seq2seq", "m2m_100": "seq2seq", "mamba": "causal",
-    "mamba2": "causal", "marian": "seq2seq", "mbart": "seq2seq", "megatron-bert": "masked",
-    "mellum": "causal", "mimo_v2_flash": "causal", "minicpm3": "causal", "minimax": "causal",
-    "minimax_m2": "causal", "minimax_m3_vl_text": "causal", "ministral": "causal", "ministral3": "causal",
-    "mistral": "causal", "mixtral": "causal", "mobilebert": "masked", "modernbert": "masked",
-    "modernbert-decoder": "causal", "moshi": "causal", "mpnet": "masked", "mpt": "causal",
-    "mt5": "seq2seq", "mvp": "seq2seq", "nanochat": "causal", "nemotron": "causal", "nemotron_h": "causal",
-    "neomme": "masked", "nllb-moe": "seq2seq", "nomic_bert": "masked", "nystromformer": "masked",
-    "olmo": "causal", "olmo2": "causal", "olmo3": "causal", "olmo_hybrid": "causal", "olmoe": "causal",
-    "openai-gpt": "causal", "opt": "causal", "pegasus": "seq2seq", "pegasus_x": "seq2seq",
-    "persimmon": "causal", "phi": "causal", "phi3": "causal", "phimoe": "causal", "plbart": "seq2seq",
-    "prophetnet": "seq2seq", "qwen2": "causal", "qwen2_moe": "causal", "qwen3": "causal",
+    "doge": "causal", "electra": "masked", "ernie": "masked", "ernie4_5": "causal", "ernie4_5_moe": "causal",
+    "esm": "masked", "eurobert": "masked", "exaone4": "causal", "exaone_moe": "causal", "falcon": "causal",
+    "falcon_h1": "causal", "falcon_mamba": "causal", "flex_olmo": "causal", "flint": "causal",
+    "fnet": "masked", "funnel": "masked", "gemma": "causal", "gemma3_text": "causal",
+    "gemma4_unified_text": "causal", "glm": "causal", "glm4": "causal", "glm4_moe": "causal",
+    "glm4_moe_lite": "causal", "gpt-sw3": "causal", "gpt2": "causal", "gpt_bigcode": "causal",
+    "gpt_neo": "causal", "gpt_neox": "causal", "gpt_neox_japanese": "causal", "gpt_oss": "causal",
+    "gptj": "causal", "granite": "causal", "granite_swa": "causal", "granitemoe": "causal",
+    "granitemoeshared": "causal", "gte": "masked", "helium": "causal", "hrm_text": "causal",
+    "hunyuan_v1_dense": "causal", "hunyuan_v1_moe": "causal", "hy_v3": "causal", "hyperclovax": "causal",
+    "ibert": "masked", "inkling_text": "causal", "internlm3": "causal", "iquestcoder": "causal",
+    "jais2": "causal", "jamba": "causal", "jetmoe": "causal", "jina_embeddings_v3": "masked",
+    "kimi_linear": "causal", "kolibri1": "causal", "laguna": "causal", "layoutlm": "masked", "lfm2": "causal",
+    "lfm3": "causal", "llama": "causal", "llama4_text": "causal", "longformer": "masked", "longt5": "seq2seq",
+    "m2m_100": "seq2seq", "mamba": "causal", "mamba2": "causal", "marian": "seq2seq", "mbart": "seq2seq",
+    "megatron-bert": "masked", "mellum": "causal", "mimo_v2_flash": "causal", "minicpm3": "causal",
+    "minimax": "causal", "minimax_m2": "causal", "minimax_m3_vl_text": "causal", "ministral": "causal",
+    "ministral3": "causal", "mistral": "causal", "mixtral": "causal", "mobilebert": "masked",
+    "modernbert": "masked", "modernbert-decoder": "causal", "moshi": "causal", "mpnet": "masked",
+    "mpt": "causal", "mt5": "seq2seq", "mvp": "seq2seq", "nanochat": "causal", "nemotron": "causal",
+    "nemotron_h": "causal", "neomme": "masked", "nllb-moe": "seq2seq", "nomic_bert": "masked",
+    "nystromformer": "masked", "olmo": "causal", "olmo2": "causal", "olmo3": "causal",
+    "olmo_hybrid": "causal", "olmoe": "causal", "openai-gpt": "causal", "opt": "causal", "pegasus": "seq2seq",
+    "pegasus_x": "seq2seq", "persimmon": "causal", "phi": "causal", "phi3": "causal", "phimoe": "causal",
+    "plbart": "seq2seq", "prophetnet": "seq2seq", "qwen2": "causal", "qwen2_moe": "causal", "qwen3": "causal",
     "qwen3_5_moe_text": "causal", "qwen3_5_text": "causal", "qwen3_moe": "causal", "qwen3_next": "causal",
     "qwen4_exp_text": "causal", "rembert": "masked", "roberta": "masked", "roberta-prelayernorm": "masked",
     "roformer": "masked", "rwkv": "causal", "seamless_m4t": "seq2seq", "seamless_m4t_v2": "seq2seq",
     "seed_oss": "causal", "smollm3": "causal", "solar_open": "causal", "squeezebert": "masked",
     "stablelm": "causal", "starcoder2": "causal", "switch_transformers": "seq2seq", "t5": "seq2seq",
-    "tapas": "masked", "trocr": "causal", "ultrabert": "masked", "umt5": "seq2seq", "vaultgemma": "causal",
-    "whisper": "causal", "xglm": "causal", "xlm-roberta": "masked", "xlm-roberta-xl": "masked",
-    "xlstm": "causal", "yoso": "masked", "youtu": "causal",
+    "tapas": "masked", "trocr": "causal", "ultrabert": "masked", "umt5": "seq2seq", "whisper": "causal",
+    "xglm": "causal", "xlm-roberta": "masked", "xlm-roberta-xl": "masked", "xlstm": "causal",
+    "yoso": "masked", "youtu": "causal",
 }
 
 # Families whose own forward computes in float32 inside a float64 model: the replayed kernels
 # agree with the reference to that precision, not to 1e-9.
 TOLERANCE: dict[str, tuple[float, str]] = {
     "deepseek_v4": (1e-6, "norms, rotary embeddings and attention scores computed in float32"),
+}
+
+# Exact under the family's batch (families.condition), not under every one.
+NOTES: dict[str, str] = {
+    "longformer": "checked at B=T=4; refused (its per-example replay of padded attention windows gives "
+                  "non-finite gradients) when the sequence is not a multiple of its attention window",
 }
 
 _NOT_TINY = "unbuildable", "sizes beyond the common width names (vision/audio towers, fixed widths)"
@@ -79,8 +88,9 @@ _FLOAT32 = "unbuildable", "mixes float32 and float64 internally: no float64 refe
 EXPECTED: dict[str, tuple[str, str]] = {
     "led": ("refused", "UnsupportedModuleError: the encoder's per-example replay of its padded attention "
                        "windows gives non-finite gradients"),
-    "longformer": ("refused", "UnsupportedModuleError: the model's per-example replay of its padded "
-                              "attention windows gives non-finite gradients"),
+    **dict.fromkeys(["bloom", "gemma2", "granitemoe_swa", "vaultgemma"], (
+        "refused", "GNQNumericalError: on a left-padded batch its own loss is NaN (a pad query that "
+                   "attends to nothing); exact right-padded")),
     "recurrent_gemma": ("refused", "UnsupportedModuleError: the RG-LRU keeps its recurrent state between "
                                    "calls, so a per-example replay is not the batch's computation"),
     **dict.fromkeys(["inkling2_text", "mra", "xlnet"], _FLOAT32),
@@ -95,7 +105,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "t5gemma2", "ultravbert", "vibevoice_asr", "voxtral", "voxtral_realtime", "xlm",
     ], _NOT_TINY),
     **dict.fromkeys([
-        "bamba", "cohere_compass_text", "dbrx", "dots1", "dots3_note_text", "esm", "esmc", "gemma3n_text",
+        "bamba", "cohere_compass_text", "dbrx", "dots1", "dots3_note_text", "esmc", "gemma3n_text",
         "gemma4_assistant", "gemma4_unified_assistant", "granitemoehybrid", "lfm2_moe", "musicgen",
         "musicgen_melody", "qwen4_exp", "reformer", "zamba", "zamba2", "zaya",
     ], _CONFIG),
@@ -138,7 +148,9 @@ def _check(family: str) -> None:
     for cell in cells:
         if kind == "refused":
             assert cell.refusal is not None, f"{family} {cell.path}: expected a refusal ({why}), got exact"
-            assert cell.refusal.startswith(why.split(":")[0] + ":") and family in cell.refusal, cell.refusal
+            assert cell.refusal.startswith(why.split(":")[0] + ":"), cell.refusal
+            # the auditor's own refusals name the family; a NaN is the model's own loss
+            assert family in cell.refusal or why.startswith("GNQNumericalError"), cell.refusal
             assert "\n" not in cell.refusal
         else:
             assert cell.refusal is None, f"{family} {cell.path} refused: {cell.refusal}"
@@ -160,5 +172,5 @@ def test_slow_family(family):
 def test_readme_table_is_current():
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     section = text[text.index(README_START) + len(README_START):text.index(README_END)]
-    expected = render(EXACT, EXPECTED, TOLERANCE).strip()
+    expected = render(EXACT, EXPECTED, TOLERANCE, NOTES).strip()
     assert section.strip() == expected, "README's family table is stale: cd tests && python -m families"

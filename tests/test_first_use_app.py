@@ -301,9 +301,8 @@ def test_the_compare_top_k_is_in_the_address(scored_store, monkeypatch):
     assert "top" not in at.query_params
 
 
-def test_the_form_passes_the_loss_and_lambda_scale_to_the_job(series, tmp_path, monkeypatch):
-    """The loss convention and λ scale (issue 19's settings) are chosen on the form and reach the
-    audit job's settings; the defaults stay token mean and absolute λ."""
+def _filled_form(series, tmp_path, monkeypatch):
+    """New audit with checkpoints and texts given; starting a job records its steps instead."""
     from gnq_core.pipelines import jobs
 
     monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
@@ -313,6 +312,13 @@ def test_the_form_passes_the_loss_and_lambda_scale_to_the_job(series, tmp_path, 
     monkeypatch.setattr(jobs, "start_job", lambda name, db, steps, **kw: started.append(steps))
     at = app_page("new_audit", ckpt_mode="Local path", ckpt_path=str(series), data_mode="Local path",
                   data_path_input=str(data))
+    return at, started
+
+
+def test_the_form_passes_the_loss_and_lambda_scale_to_the_job(series, tmp_path, monkeypatch):
+    """The loss convention and λ scale (issue 19's settings) are chosen on the form and reach the
+    audit job's settings; the defaults stay token mean and absolute λ."""
+    at, started = _filled_form(series, tmp_path, monkeypatch)
     assert not at.exception, [e.message for e in at.exception]
     loss = next(s for s in at.selectbox if s.label == "Loss per text (ℓ_j)")
     scale = next(s for s in at.selectbox if s.label == "λ scale")
@@ -323,3 +329,23 @@ def test_the_form_passes_the_loss_and_lambda_scale_to_the_job(series, tmp_path, 
     assert not at.exception and not at.error, [e.value for e in at.error]
     settings = started[0][0].settings
     assert (settings.loss, settings.lam_mode) == ("token_sum", "relative")
+
+
+def test_the_form_sets_the_jobs_threads_and_reference_model(series, tmp_path, monkeypatch):
+    """Issue 26: the job uses 1 CPU thread by default (README's advice on a shared machine) or the
+    number given, and the attack's reference is the model folder typed (a fine-tune's base); a
+    reference that is no model is refused on the page, no job started."""
+    monkeypatch.setenv("GNQ_DATA_ROOTS", "/")
+    at, started = _filled_form(series, tmp_path, monkeypatch)
+    assert at.number_input(key="threads").value == 1
+    at.text_input(key="reference_path").set_value(str(tmp_path / "no-model"))
+    next(b for b in at.button if b.label == "Start audit").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not started and any("no such folder" in e.value for e in at.error), [e.value for e in at.error]
+    base = sorted(series.iterdir())[0]
+    at.text_input(key="reference_path").set_value(str(base))
+    at.number_input(key="threads").set_value(2)
+    next(b for b in at.button if b.label == "Start audit").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    audit, extract = started[0]
+    assert audit.threads == 2 and extract.threads == 2 and extract.reference == str(base)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from hostile.hostile_helpers import make_series, write_texts_csv
@@ -104,13 +105,19 @@ def test_an_audit_of_uploaded_checkpoints_can_be_attacked_after_the_job(audited,
     db = tmp_path / "gnq.duckdb"
     upload = uploads_dir(db, "job-1")
     shutil.copytree(series, upload / "checkpoints")
-    gnq("audit", "--checkpoints", upload / "checkpoints", "--data", data, "--db", db, "--name", "up",
-        "--batch-size", 4, "--max-length", 16, "-q")
+    shutil.copy(data, upload / "texts.csv")  # the dataset uploaded too
+    gnq("audit", "--checkpoints", upload / "checkpoints", "--data", upload / "texts.csv", "--db", db,
+        "--name", "up", "--batch-size", 4, "--max-length", 16, "-q")
     start_job("up", db, [], cleanup=[upload], job_id="job-1")  # a job whose steps are done: clean up
     deadline = time.monotonic() + 60
     while list_jobs(db)[0].status == "running" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list_jobs(db)[0].status == "done" and not upload.exists()
+    # issue 26: the run's provenance points at the kept copies, which exist (hashes unchanged)
+    run = Store(db).run("up")
+    assert Path(run.model_path).is_dir() and Path(run.dataset_path).is_file()
+    from gnq_core.sources.datasets import load_texts
+    assert load_texts(run.dataset_path).sha256 == run.dataset_hash
     out = gnq("extract", "--run", "up", "--prefix-tokens", 2, "--db", db)
     assert "epoch-2: 12 texts attacked" in " ".join(out.split())
     assert "deleted after the audit" in fails("extract", "--run", "up", "--checkpoint", "epoch-1", "--db", db)
@@ -141,3 +148,27 @@ def test_a_job_step_writes_its_progress_where_the_dashboard_reads_it(audited, tm
     assert (state["label"], state["done"], state["total"], state["stage"]) == ("epoch-2", 12, 12, 2)
     assert state["planned_stages"] == 2
     assert seconds_left(state, now=state["updated"]) == 0
+
+
+def test_checkpoints_saved_without_a_tokenizer_are_audited_with_tokenizer(audited, tmp_path):
+    """Issue 26: Trainer checkpoints saved without tokenizer files are refused with the way out
+    (--tokenizer, or processing_class=tokenizer); with --tokenizer the audit runs, records it, and
+    the attack reads the texts with the same tokenizer."""
+    from gnq_core.sources.checkpoints import TOKENIZER_FILES
+
+    db, series, data, _ = audited
+    bare = tmp_path / "bare"
+    for k in (1, 2):
+        shutil.copytree(series / f"epoch-{k}", bare / f"checkpoint-{k}")
+        for f in (bare / f"checkpoint-{k}").iterdir():
+            if f.name in (*TOKENIZER_FILES, "merges.txt", "special_tokens_map.json"):
+                f.unlink()
+    common = ["--data", data, "--db", tmp_path / "t.duckdb", "--batch-size", 4, "--max-length", 16, "-q"]
+    said = fails("audit", "--checkpoints", bare, *common)
+    assert "no tokenizer files" in said and "--tokenizer" in said and "processing_class=tokenizer" in said
+    gnq("audit", "--checkpoints", bare, "--tokenizer", series / "epoch-1", "--name", "bare", *common)
+    store = Store(tmp_path / "t.duckdb")
+    assert store.run("bare").settings["tokenizer"] == str((series / "epoch-1").resolve())
+    gnq("extract", "--run", "bare", "--db", tmp_path / "t.duckdb", "--prefix-tokens", 2, "--suffix-tokens", 2,
+        "-q")
+    assert len(store.extractions(store.run("bare").run_id)) == 12

@@ -189,3 +189,36 @@ def test_shard_folder_is_not_reused(tmp_path):
     two_rank_shards(tmp_path / "s")
     with pytest.raises(Exception, match="already holds"):
         two_rank_shards(tmp_path / "s")
+
+
+def test_gnq_summaries_reach_the_trainers_own_logs(tmp_path):
+    """Issue 26: every training log (what W&B, TensorBoard or MLflow receive) carries GNQ's median,
+    p99, count above the flag threshold and top text ids over the micro-batches since the last log."""
+    from transformers import TrainerCallback
+
+    class Seen(TrainerCallback):  # what a report_to integration's on_log receives
+        logs: list = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            Seen.logs.append(dict(logs))
+
+    torch.manual_seed(0)
+    pool = texts()
+    args = training_args(tmp_path).to_dict() | {"logging_strategy": "steps", "logging_steps": 1}
+    args = {k: v for k, v in args.items() if k in TrainingArguments.__dataclass_fields__ and
+            TrainingArguments.__dataclass_fields__[k].init}
+    trainer = GNQTrainer(model=tiny_gpt2().double(), args=TrainingArguments(**args), train_dataset=rows(),
+                         data_collator=lm_collator(PAD_ID), callbacks=[Seen()],
+                         gnq=GNQConfig(out=tmp_path / "shards", lam=LAM, flag_gnq=1.5,
+                                       texts={100 + i: pool[i] for i in range(N_ROWS)}))
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 2 and all("gnq/median" in h for h in steps)  # 12 rows / (3 x 2 accumulated)
+    results = pd.DataFrame(trainer.gnq.results)
+    for h, (_, window) in zip(steps, results.groupby("step"), strict=True):
+        assert h["gnq/median"] == pytest.approx(window["gnq"].median())
+        assert h["gnq/p99"] == pytest.approx(window["gnq"].quantile(0.99))
+        assert h["gnq/threshold"] == 1.5 and h["gnq/above_threshold"] == int((window["gnq"] > 1.5).sum())
+        assert h["gnq/top1_example_id"] == window.loc[window["gnq"].idxmax(), "example_id"]
+    assert [s for s in Seen.logs if "gnq/median" in s] == [{k: v for k, v in h.items() if k != "step"}
+                                                           for h in steps]

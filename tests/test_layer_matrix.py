@@ -1,6 +1,8 @@
 """Plain PyTorch layers (Opacus's per-sample-gradient list and more), float64, against explicit
 per-example gradients: every layer exact, in batch-first and sequence-first layouts, through
-parametrizations; BatchNorm in train mode refused with its reason."""
+parametrizations, with a batch size of 4 and one equal to the sequence length (5); layers with
+dropout exact in train mode against per-example gradients of the same forward (the same masks);
+BatchNorm in train mode refused with its reason."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from torch import nn
 from torch.nn.utils import parametrizations
 
 from gnq_core import GNQAuditor, UnsupportedModuleError, exact_gnq
+from gnq_core.engine.reference import per_example_gradients
 
 B, T, D = 4, 5, 6
 
@@ -59,7 +62,7 @@ def first(y):
 
 
 def channels(shape):
-    return lambda: torch.randn(B, *shape)
+    return lambda b: torch.randn(b, *shape)
 
 
 LAYERS = {
@@ -75,7 +78,7 @@ LAYERS = {
     "PReLU": (lambda: Head(nn.PReLU(D), D), channels((D,))),
     "RMSNorm": (lambda: Head(nn.RMSNorm(D), D), channels((T, D))),
     "EmbeddingBag": (lambda: Head(nn.EmbeddingBag(20, D, mode="mean"), D),
-                     lambda: torch.randint(0, 20, (B, T))),
+                     lambda b: torch.randint(0, 20, (b, T))),
     "shared weight": (lambda: Head(SharedWeight(), D), channels((T, D))),
     "raw Parameter": (lambda: Head(RawParameter(), D), channels((T, D))),
     "MultiheadAttention batch-first": (
@@ -111,13 +114,14 @@ def ce_losses(model, batch):
     return F.cross_entropy(model(x), y, reduction="none")
 
 
+@pytest.mark.parametrize("batch_size", [B, T], ids=["B=4", "B=T"])
 @pytest.mark.parametrize("path", ["unfused", "fused", "posthoc"])
 @pytest.mark.parametrize("layer", list(LAYERS))
-def test_layer_is_exact(layer, path):
+def test_layer_is_exact(layer, path, batch_size):
     torch.manual_seed(0)
     build, inputs = LAYERS[layer]
     model = build()
-    batch = (inputs(), torch.randint(0, 3, (B,)))
+    batch = (inputs(batch_size), torch.randint(0, 3, (batch_size,)))
     with GNQAuditor(model, lam=1e-2, fused=path == "fused") as auditor:
         objective = ce_losses(model, batch).sum()
         auditor.backward(objective) if path == "posthoc" else objective.backward()
@@ -131,3 +135,47 @@ def test_batchnorm_in_train_mode_is_refused_with_its_reason():
     model = Head(nn.BatchNorm1d(D), D).train()
     with GNQAuditor(model, lam=1e-2), pytest.raises(UnsupportedModuleError, match="couples the examples"):
         ce_losses(model, (torch.randn(B, D), torch.randint(0, 3, (B,)))).sum().backward()
+
+
+class DropoutMix(nn.Module):
+    """A module with its own parameters and dropout inside (covered by the generic kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.g = nn.Parameter(torch.randn(D, D) / D**0.5), nn.Parameter(torch.ones(D))
+
+    def forward(self, x):
+        return F.dropout(torch.tanh(x @ self.w), 0.3, self.training) * self.g
+
+
+DROPOUT_LAYERS = {
+    "TransformerEncoderLayer batch-first": lambda: Head(
+        nn.TransformerEncoderLayer(D, 2, 8, dropout=0.2, batch_first=True), D),
+    "TransformerEncoderLayer seq-first": lambda: Head(
+        nn.TransformerEncoderLayer(D, 2, 8, dropout=0.2), D, seq_first=True),
+    "MultiheadAttention seq-first": lambda: Head(SelfAttention(nn.MultiheadAttention(D, 2, dropout=0.2)), D,
+                                                 seq_first=True),
+    "custom module with dropout": lambda: Head(DropoutMix(), D),
+}
+
+
+@pytest.mark.parametrize("batch_size", [B, T], ids=["B=4", "B=T"])
+@pytest.mark.parametrize("path", ["unfused", "fused", "posthoc"])
+@pytest.mark.parametrize("layer", list(DROPOUT_LAYERS))
+def test_dropout_in_train_mode_is_exact(layer, path, batch_size):
+    """The re-run draws the batch's own dropout masks: the reference is one forward from the same
+    seed, differentiated per example."""
+    torch.manual_seed(0)
+    model = DROPOUT_LAYERS[layer]().train()
+    batch = (torch.randn(batch_size, T, D), torch.randint(0, 3, (batch_size,)))
+    torch.manual_seed(1)
+    G = per_example_gradients(ce_losses(model, batch), list(model.parameters()))
+    with GNQAuditor(model, lam=1e-2, fused=path == "fused") as auditor:
+        torch.manual_seed(1)
+        objective = ce_losses(model, batch).sum()
+        auditor.backward(objective) if path == "posthoc" else objective.backward()
+        res = auditor.compute()
+    assert kernel_err(res.kernel, G @ G.T) <= TOL
+    torch.manual_seed(2)  # other masks give another kernel: the comparison can tell masks apart
+    G2 = per_example_gradients(ce_losses(model, batch), list(model.parameters()))
+    assert kernel_err(G2 @ G2.T, G @ G.T) > 1e-3

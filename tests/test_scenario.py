@@ -54,17 +54,22 @@ def test_leaked_planted_texts_rank_at_the_top(run):
     _, _, data, out = run
     n = len(out)
     assert sorted(out["rank"]) == list(range(1, n + 1)) and out["reason"].str.len().min() > 0
-    extracted = out["extracted"].fillna(False).astype(bool)
+    extracted = out["extracted"].fillna(False).astype(bool)  # the text attack's 8-token window
     planted = out["planted_group"].isin(["unique-secret", "repeated-record"])
-    top = out["percentile"] > 80.0  # the top 20% of the default ranking
-    # How many leak varies with the CPU's floating-point order under load (7 of 36 alone, 1 in a
-    # loaded full-suite run); the property is about where the leaked ones rank.
-    assert (planted & extracted).sum() >= 1, "the fine-tune should leak some planted secret"
-    assert (planted & extracted & top).sum() >= 0.8 * (planted & extracted).sum()
+    assert (planted & extracted).sum() >= 1, "the fine-tune should write some planted text's window"
+    # leaked by the verdict's rule: for a text with a secret-like value, the secret attack decides
+    # (its window coming out without the secret is no leak); otherwise the text attack
+    has_value = out["secret_reproduced"].notna()
+    expected = out["secret_reproduced"].where(has_value, extracted).astype(bool)
+    assert ((out["status"] == "leaked") == expected).all()
+    window_only = extracted & has_value & ~out["secret_reproduced"].astype("boolean").fillna(False)
+    assert out.loc[window_only, "reason"].str.contains("do come out word for word").all()
+    # tiers: leaked, then secret-like content, then the rest
+    tier = out["status"].map({"leaked": 2, "secret": 1}).fillna(0)
+    assert list(tier) == sorted(tier, reverse=True)
     base_rate = extracted.mean()
+    top = out["percentile"] > 80.0  # the top 20% of the default ranking
     assert extracted[top].mean() >= 2 * base_rate
-    leaked = out[extracted].iloc[0]
-    assert leaked["status"] == "leaked" and "word for word" in leaked["reason"]
 
 
 def test_every_copy_carries_its_count_and_secrets_are_labelled(run):

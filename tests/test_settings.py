@@ -106,5 +106,6 @@ def test_the_new_audit_page_starts_a_job_with_validated_settings(tmp_path, monke
     (run, steps), = started
     assert steps == [AuditJob(checkpoints=str(series), data=str(data), name=run, text_column="text",
                               group_column="group",
-                              settings=AuditSettings(batch_size=4, max_length=32)),  # the model's positions
-                     ExtractJob(run=run)]
+                              settings=AuditSettings(batch_size=4, max_length=32),  # the model's positions
+                              threads=1),  # the form's default: one CPU thread on a shared machine
+                     ExtractJob(run=run, threads=1)]

@@ -23,6 +23,7 @@ NEUTRAL = "#888888"        # reference lines and outlines: mid grey, seen on whi
 OTHER_COLOR = "rgba(150, 150, 150, 0.35)"
 BAND_COLOR = "rgba(150, 150, 150, 0.25)"  # grey, as the pages say
 NO_GROUP = "(none)"
+LOG_TICKS = {"tickformat": "~g"}
 TEXT_LIMIT = 80
 LOG_SPAN = 100.0
 GL_THRESHOLD = 2000        # above this many markers a scatter uses WebGL
@@ -95,8 +96,10 @@ def layout(fig: go.Figure, title: str, xtitle: str, ytitle: str, *, log_x: bool 
             log_y: bool = False) -> go.Figure:
     fig.update_layout(title=title, hovermode="closest",
                       legend={"itemsizing": "constant"}, margin={"t": 60, "r": 20, "b": 50, "l": 60})
-    fig.update_xaxes(title_text=xtitle, type="log" if log_x else "linear")
-    fig.update_yaxes(title_text=ytitle, type="log" if log_y else "linear")
+    # A log axis labels its in-between ticks with the leading digit alone ("2, 5, 1000, 2, 5"):
+    # "~g" writes every tick as its whole value (200, 500, 1000, 2000).
+    fig.update_xaxes(title_text=xtitle, type="log" if log_x else "linear", **LOG_TICKS if log_x else {})
+    fig.update_yaxes(title_text=ytitle, type="log" if log_y else "linear", **LOG_TICKS if log_y else {})
     return fig
 
 
@@ -174,8 +177,8 @@ def describe(fig: go.Figure, limit: int = 6) -> str:
     series = []
     for trace in fig.data:
         name = _plain_text(trace.name)
-        if not name or trace.showlegend is False:
-            continue
+        if not name or trace.showlegend is False or (name == NO_GROUP and len(fig.data) == 1):
+            continue  # one series of texts without a group is no series to name
         values = next((v for v in (getattr(trace, a, None) for a in ("x", "y", "values"))
                        if v is not None), ())
         if trace.type == "scatter" and "markers" not in (trace.mode or "markers"):

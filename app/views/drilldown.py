@@ -5,11 +5,12 @@ neighbours by GNQ trajectory."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 
 from app import charts, show, state
 from app.columns import column_config
-from gnq_core.analysis import COLUMN_HELP, nearest_by_trajectory, token_alignment
+from gnq_core.analysis import COLUMN_HELP, action, nearest_by_trajectory, token_alignment
 
 
 def _tokens(value) -> list[str]:
@@ -47,8 +48,10 @@ def _num(value, fmt: str) -> str:
     return format(value, fmt) if value is not None and value == value else "–"
 
 
-st.text_area("Text", row["text"], height=100, disabled=True)  # shown as text, never as Markdown
-verdict_line = f"**{state.plain(row['status'])}**: {state.plain(row['reason'])}"
+st.code(row["text"], language=None, wrap_lines=True)  # shown as text, never as Markdown; readable
+reason = str(row["reason"]).removeprefix(f"{row['status']}: ")  # not "leaked: leaked: ..."
+verdict_line = f"**{state.plain(row['status'])}**: {state.plain(reason)}  \n**What to do:** " \
+               f"{state.plain(action(pd.Series(row)))}"
 alert = {"leaked": st.error, "secret": st.warning}.get(row["status"], st.info)
 alert(verdict_line)
 c = st.columns(6)
@@ -66,7 +69,7 @@ c[2].metric("Loss ratio to reference", _num(row["loss_ratio"], ".3g"), help=COLU
 c[3].metric("zlib ratio", _num(row["zlib_ratio"], ".3g"), help=COLUMN_HELP["zlib_ratio"])
 c[4].metric("Min-20% log p", _num(row["min_k_prob"], ".2f"), help=COLUMN_HELP["min_k_prob"])
 c[5].metric("Reference match", _num(row["reference_match"], ".0%"), help=COLUMN_HELP["reference_match"])
-group = state.plain(row["group"]) if row["group"] is not None else "—"
+group = state.plain(row["group"]) if pd.notna(row["group"]) else "—"
 secret = (f" · secret-like: {state.plain(row['secret'])} at characters {int(row['secret_start'])}–"
           f"{int(row['secret_end'])}" if isinstance(row.get("secret"), str) else "")
 st.caption(f"Group: {group} · {row['n_tokens']} tokens{secret}")
@@ -90,15 +93,33 @@ else:
                     f"{a['n_continuation']} continuation tokens{ref_note} → **{verdict}** "
                     f"(threshold {a['threshold']:g}).")
         c1, c2, c3 = st.columns(3)
-        c1.text_area("Prefix given to the model", a["prefix_text"], disabled=True)
-        c2.text_area("Model's continuation", a["generated_text"], disabled=True)
-        c3.text_area("Original continuation", a["target_text"], disabled=True)
+        for col, label, value in ((c1, "Prefix given to the model", a["prefix_text"]),
+                                  (c2, "Model's continuation", a["generated_text"]),
+                                  (c3, "Original continuation", a["target_text"])):
+            col.caption(label)
+            col.code(value, language=None, wrap_lines=True)
         tokens = token_alignment(_tokens(a["target_tokens"]), _tokens(a["generated_tokens"]))
         if not tokens.empty:
             styled = tokens.style.apply(
                 lambda r: [f"background-color: {'#DCFCE7' if r['match'] else '#FEE2E2'}"] * len(r),
                 axis=1)
             st.dataframe(styled, hide_index=True, width="stretch")
+
+secrets = state.store().secret_attacks(run.run_id)
+secrets = secrets[secrets["example_id"] == example_id]
+if not secrets.empty:
+    st.subheader("Secret attack")
+    st.caption("Prompted with the text up to each secret-like value, does the model write the value? "
+               + state.plain(secrets["rule"].iloc[0]))
+    st.dataframe(secrets[["kind", "value", "generated", "chars", "chars_reproduced", "reference_generated",
+                          "reference_chars_reproduced", "extracted", "exposure", "exposure_candidates"]],
+                 hide_index=True, width="stretch",
+                 column_config={"generated": "the model wrote", "chars_reproduced": "characters reproduced",
+                                "reference_generated": "the reference wrote",
+                                "reference_chars_reproduced": "reference: characters",
+                                "extracted": "secret reproduced",
+                                "exposure": st.column_config.NumberColumn("exposure (bits)", format="%.1f"),
+                                "exposure_candidates": "N random values"})
 
 st.subheader("Nearest neighbours by GNQ trajectory")
 traj = state.trajectories(db, run.run_id, version, None)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import address, state
+from app import address, show, state
 from app.columns import column_config
 from app.flagged_filters import EXTRACTION, MODES, ORDERS, Filters, flagged
+from gnq_core.analysis import grouped
 from gnq_core.results import export_frame, to_bytes
+
+TEXT_ROWS = 50
 
 st.title("Flagged texts")
 run = state.require_run()
@@ -65,16 +68,25 @@ for param, value, base, active in (("order", order, default.order, True), ("flag
     else:
         address.forget(param)
 
-out = export_frame(flagged(scored, filters), has_attack)
+picked_rows = flagged(scored, filters)
+out = export_frame(picked_rows, has_attack)
 st.caption(f"{len(out):,} of {n:,} texts. "
            + (f"Attack rule: {state.plain(attack['rule'])}." if attack.get("rule") else
               "No calibrated attack stored yet: the verdict uses copies, secret-like content and GNQ."))
-event = st.dataframe(out, hide_index=True, width="stretch", on_select="rerun",
-                     selection_mode="single-row", key="flagged_table", column_config=column_config(out))
-if sel := state.selected_rows(event, out):
-    state.open_example(sel[0])
+show.texts(picked_rows, limit=TEXT_ROWS, key="flagged_pick")
+if len(grouped(picked_rows)) > TEXT_ROWS:
+    st.caption(f"The first {TEXT_ROWS} texts (copies share a row); all of them are in the table below"
+               " and the downloads.")
+with st.expander("All columns, as downloaded (select a row to open its drill-down)"):
+    event = st.dataframe(out, hide_index=True, width="stretch", on_select="rerun",
+                         selection_mode="single-row", key="flagged_table", column_config=column_config(out))
+    if sel := state.selected_rows(event, out):
+        state.open_example(sel[0])
 if out.empty:
     st.caption("Nothing to export: no text matches these filters.")
+st.caption("In the CSV, a cell that begins with =, +, - or @ (a phone number such as +1 415…) gets one "
+           "leading ' so a spreadsheet does not run it as a formula (CSV injection); "
+           "`gnq export --exact-csv` writes the texts as they are. JSONL and Parquet are always exact.")
 c = st.columns(3)
 for col, fmt, mime in zip(c, ("csv", "jsonl", "parquet"),
                           ("text/csv", "application/jsonl", "application/vnd.apache.parquet"), strict=True):

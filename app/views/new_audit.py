@@ -76,11 +76,11 @@ def staging() -> Path:
 
 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=256)
-def checkpoint_problem(path: str, mtime: float) -> str | None:  # noqa: ARG001 (cache key)
+def checkpoint_problem(path: str, mtime: float, tokenizer: str | None = None) -> str | None:  # noqa: ARG001
     """Why a checkpoint cannot be audited (one line naming the file), or None: shown before the
     audit starts, instead of as a failed job."""
     try:
-        check_checkpoint(path)
+        check_checkpoint(path, tokenizer=tokenizer)
     except CheckpointError as exc:
         return str(exc)
     return None
@@ -118,6 +118,12 @@ else:
                           placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
     checkpoints = _local(typed)
 
+typed_tokenizer = st.text_input(
+    "Tokenizer folder (optional)", key="tokenizer_path",
+    placeholder="only for checkpoints saved without tokenizer files, e.g. the base model's folder",
+    help="Checkpoints saved by the Trainer without processing_class=tokenizer have no tokenizer files; "
+         "give a folder that has them (the CLI's --tokenizer).")
+tokenizer_dir = _local(typed_tokenizer)
 refs = []
 if checkpoints is not None:
     try:
@@ -126,7 +132,8 @@ if checkpoints is not None:
                    + (" …" if len(refs) > 12 else ""))
     except CheckpointError as exc:
         st.error(state.plain(exc))
-    problems = [p for r in refs if (p := checkpoint_problem(str(r.path), r.path.stat().st_mtime))]
+    tok = str(tokenizer_dir) if tokenizer_dir else None
+    problems = [p for r in refs if (p := checkpoint_problem(str(r.path), r.path.stat().st_mtime, tok))]
     if problems:
         st.error(state.plain(problems[0]) + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
         refs = []
@@ -205,6 +212,15 @@ with st.form("settings"):
     suffix = c3.number_input("Suffix tokens", min_value=1, value=DEFAULT_SUFFIX, step=1,
                              help="s: tokens that must follow; texts shorter than p + s are not attackable.")
     threshold = c4.slider("Success threshold (match fraction)", 0.0, 1.0, DEFAULT_THRESHOLD, 0.01)
+    c1, c2 = st.columns([3, 1])
+    reference = c1.text_input(
+        "Reference model (optional)", key="reference_path",
+        placeholder="a model folder on this machine; empty: the first checkpoint",
+        help="The attack counts a text as leaked only when the audited model writes it and this model does "
+             "not. For a fine-tune, give its base model; empty: the run's first checkpoint.")
+    threads = c2.number_input("CPU threads", min_value=1, value=1, step=1, key="threads",
+                              help="torch CPU threads of the job (the CLI's --threads). 1 is best when other "
+                                   "jobs share the cores (README: competing threads can slow a step 10×).")
     submitted = st.form_submit_button("Start audit", type="primary",
                                       disabled=not (refs and dataset is not None))
 if token_limit:
@@ -215,13 +231,24 @@ if submitted:
         st.warning(f"A run named {state.plain(repr(name))} exists: starting will resume it if the settings "
                    "match.")
     steps = []
+    reference_path = _local(reference) if reference.strip() else None  # refused: shown, None
+    problem = None
+    if reference_path is not None:
+        problem = (checkpoint_problem(str(reference_path), reference_path.stat().st_mtime)
+                   if reference_path.exists() else f"{reference_path}: no such folder")
+        if problem:
+            st.error(state.plain(problem))
+    if reference.strip() and (reference_path is None or problem):
+        submitted = False  # the attack's reference is refused on the page, not as a failed job
     try:  # validated here, so a bad value is refused on the page rather than as a failed job
         audit = AuditSettings(lam=lam, batch_size=int(batch_size), max_length=int(max_length), seed=int(seed),
                               loss=loss, lam_mode=lam_mode)
         steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
-                          text_column=text_column, group_column=group_column, settings=audit)]
+                          text_column=text_column, group_column=group_column, settings=audit,
+                          threads=int(threads), tokenizer=str(tokenizer_dir) if tokenizer_dir else None)]
         steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
-                             threshold=threshold)] if attack else []
+                             threshold=threshold, threads=int(threads),
+                             reference=str(reference_path) if reference_path else "first")] if attack else []
     except ValueError as exc:
         st.error(state.plain(exc))
 if submitted and steps:
@@ -234,7 +261,7 @@ if submitted and steps:
 
 job_panel(db)
 
-with st.expander("Clean up abandoned uploads"):
+with st.expander("Clean up abandoned uploads", key="cleanup_uploads"):  # one element across reruns
     folder = uploads_root(db)
     busy = {j.job_id for j in list_jobs(db) if j.alive()} | {staging_id}
     leftovers = [p for p in folder.glob("*") if p.is_dir() and p.name not in busy] if folder.exists() else []

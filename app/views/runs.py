@@ -8,6 +8,7 @@ import streamlit as st
 from app import charts, show, state
 from app.columns import column_config
 from app.jobs_view import job_panel
+from gnq_core.analysis import summary
 from gnq_core.pipelines import DemoJob, list_jobs, start_job
 
 
@@ -20,16 +21,24 @@ def leaked_texts(run) -> None:
     if totals["extraction_match"].notna().sum() == 0:
         st.caption("No extraction attack stored for this run yet (`gnq extract`).")
         return
-    rule = f" Rule: {state.plain(attack['rule'])}." if attack.get("rule") else ""
+    secret_rule = f" {state.plain(attack['secret_rule'])}." if attack.get("secret_rule") else ""
+    rule = f" Rule: {state.plain(attack['rule'])}.{secret_rule}" if attack.get("rule") else ""
+    said = state.plain(summary(totals))
     if leaked.empty:
-        st.success(f"The attack extracted none of this run's texts.{rule}")
+        st.success(f"{said}")
+    else:
+        st.error(said)
+        show.texts(leaked, key="runs_leaked_pick")
+    st.caption(rule.strip())
+    if leaked.empty:
         return
-    st.error(f"{len(leaked)} text(s) leaked: the model writes them out word for word.{rule}")
-    show = leaked[["example_id", "reason", "copies", "secret", "text"]]
-    event = st.dataframe(show, hide_index=True, width="stretch", on_select="rerun",
-                         selection_mode="single-row", key="runs_leaked", column_config=column_config(show))
-    if ids := state.selected_rows(event, show):
-        state.open_example(ids[0])
+    with st.expander("All columns (select a row to open its drill-down)"):
+        table = leaked[["text", "status", "reason", "copies", "secret", "example_id"]]
+        event = st.dataframe(table, hide_index=True, width="stretch", on_select="rerun",
+                             selection_mode="single-row", key="runs_leaked",
+                             column_config=column_config(table))
+        if ids := state.selected_rows(event, table):
+            state.open_example(ids[0])
 
 
 st.title("Runs")
@@ -95,12 +104,13 @@ with right:
         state.open_example(ids[0])
 
 st.subheader("Top flagged texts")
-top = scored.nsmallest(20, "rank")[["example_id", "rank", "status", "reason", "copies", "secret", "gnq_total",
-                                    "risk", "extracted", "group", "text"]]
-event = st.dataframe(top, hide_index=True, width="stretch", on_select="rerun",
-                     selection_mode="single-row", key="runs_top", column_config=column_config(top))
-st.caption("The verdict order: leaked texts first, then secret-like content, then memorisation risk "
-           "(hover a column header for its meaning). Select a row to open the text's drill-down; sort by "
-           "GNQ alone on **Flagged texts**.")
-if ids := state.selected_rows(event, top):
-    state.open_example(ids[0])
+show.texts(scored.nsmallest(20, "rank"), key="runs_top_pick")
+st.caption("The verdict order: leaked texts first, then secret-like content, then memorisation risk; "
+           "copies of a text share one row (×N). Sort by GNQ alone on **Flagged texts**.")
+with st.expander("All columns (select a row to open its drill-down)"):
+    top = scored.nsmallest(20, "rank")[["text", "status", "reason", "example_id", "rank", "copies", "secret",
+                                        "gnq_total", "risk", "extracted", "group"]]
+    event = st.dataframe(top, hide_index=True, width="stretch", on_select="rerun",
+                         selection_mode="single-row", key="runs_top", column_config=column_config(top))
+    if ids := state.selected_rows(event, top):
+        state.open_example(ids[0])

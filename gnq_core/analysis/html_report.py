@@ -1,10 +1,13 @@
 """A run's report to hand on: one self-contained HTML file (``gnq report``, the dashboard's download).
 
-Sections: what produced the run (provenance), what GNQ is on this run (analysis.gnq_nature), the
-verdict table (the run's ranking: the combined verdict's ``rank`` when the frame carries one, else
-GNQ_total), the evidence tables per outcome (analysis.evidence: AUC over all texts and within exact
-length, TPR at low FPR, CV gain over length + loss) with the ROC chart, and the top flagged texts
-in full.  The numbers come from analysis.run_report, as ``gnq report --json``'s do.  Plotly's
+Sections: the verdict in plain words (how many texts leaked, which hold secrets, what to do),
+the verdict table (text first, copies collapsed into one row "×N", a one-line reason and the
+recommended action; the run's ranking: the combined verdict's ``rank`` when the frame carries
+one, else GNQ_total), the evidence tables per outcome (analysis.evidence: AUC over all texts and
+within exact length, TPR at low FPR, CV gain over length + loss) with the ROC chart, the top
+flagged texts in full, what GNQ is on this run (analysis.gnq_nature), and last what produced the
+run (provenance, its settings as rows).  Every table fits a 1200 px page and prints (long texts
+wrap).  The numbers come from analysis.run_report, as ``gnq report --json``'s do.  Plotly's
 JavaScript is inlined, so the file opens offline and loads nothing from the network.  Every text
 from the data (texts, group names, run names, settings) is HTML-escaped: a hostile training text
 cannot inject markup.
@@ -13,6 +16,7 @@ cannot inject markup.
 from __future__ import annotations
 
 import html
+import json
 import os
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +27,7 @@ import pandas as pd
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import run_report
+from gnq_core.analysis.findings import summary, texts_table_html
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.verdict import rank_texts
 from gnq_core.atomic import write_text_atomic
@@ -36,12 +41,13 @@ _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;
      padding:0 1em;color:#222;line-height:1.45}
 h1{font-size:1.6em}h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
-table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
-th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
+table{border-collapse:collapse;font-size:.85em;margin:.6em 0;max-width:100%}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top;overflow-wrap:anywhere}
 th{background:#f4f4f4}.caption{color:#555;font-size:.85em;max-width:1000px}
 .text{white-space:pre-wrap;background:#fafafa;border-left:3px solid #b2182b;padding:.4em .7em;
       font-family:ui-monospace,monospace;font-size:.85em}
 .sentence{font-size:1.05em;background:#eef4fb;padding:.6em .9em;border-radius:4px}
+@media print{body{margin:0;max-width:none}h2{break-after:avoid}details{display:block}}
 """
 
 
@@ -67,6 +73,11 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
         frame = frame[frame["member"].astype("boolean").fillna(True).astype(bool)]
     ranked, order_name = ordered(frame)
     attacks = store.extractions(run.run_id)
+    # one of each copy cluster (its best-ranked copy) among the texts in full
+    key = ranked["example_id"]
+    if "cluster_id" in ranked:
+        key = ranked["cluster_id"].fillna(key)
+    distinct = ranked[~key.duplicated()]
     e = html.escape
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>GNQ Audit report: {e(run.name)}</title><style>{_STYLE}</style></head><body>",
@@ -74,20 +85,22 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              f"<p class='caption'>Generated {datetime.now():%Y-%m-%d %H:%M} from the store "
              f"<code>{e(str(store.path))}</code>"
              + (f" by <code>{e(command)}</code>" if command else "") + ". One file, no network needed.</p>",
-             "<h2>Provenance</h2>", _provenance(data.provenance),
+             f"<p class='sentence'>{e(summary(ranked))}</p>",
+             "<h2>Verdict: the texts to look at first</h2>",
+             f"<p class='caption'>Ordered by {e(order_name)}; copies of a text share one row (×N). "
+             f"The first {min(top, len(ranked))} of {len(ranked)} texts. Memorisation risk: "
+             f"{e(data.risk_basis)}.</p>",
+             texts_table_html(ranked.head(top)) if "status" in ranked else _verdict_table(ranked.head(top)),
+             "<h2>Which signal predicts extraction?</h2>", _predictive(data, attacks),
+             _other_outcomes(data, plotly_loaded=_scorable(frame, attacks)),
+             f"<h2>Top {min(TEXTS_IN_FULL, len(distinct))} flagged texts in full</h2>",
+             _texts_in_full(distinct.head(TEXTS_IN_FULL)),
              "<h2>What GNQ is on this run</h2>", _nature(data),
              f"<p class='caption'>{e(data.gnq_source)} GNQ = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: "
              "how much of a text's gradient its batch companions cannot explain; about 1 or less: explained "
              "(a copy in the same batch gives ≈ 1), large: the model must encode this text specifically. "
              "Compare values within a run.</p>",
-             f"<h2>Verdict: the {min(top, len(ranked))} texts to look at first</h2>",
-             f"<p class='caption'>Ordered by {e(order_name)}. Of {len(ranked)} texts. Memorisation risk: "
-             f"{e(data.risk_basis)}.</p>",
-             _verdict_table(ranked.head(top)),
-             "<h2>Which signal predicts extraction?</h2>", _predictive(data, attacks),
-             _other_outcomes(data, plotly_loaded=_scorable(frame, attacks)),
-             f"<h2>Top {min(TEXTS_IN_FULL, len(ranked))} flagged texts in full</h2>",
-             _texts_in_full(ranked.head(TEXTS_IN_FULL)),
+             "<h2>Provenance</h2>", _provenance(data.provenance),
              "</body></html>"]
     return "\n".join(parts)
 
@@ -121,6 +134,19 @@ def _table(frame: pd.DataFrame) -> str:
 
 
 def _provenance(fields: list[tuple[str, Any]]) -> str:
+    rows: list[tuple[str, Any]] = []
+    for key, value in fields:  # the settings as rows (an attack's rule in words), not one JSON blob
+        settings = json.loads(value) if key == "settings" and isinstance(value, str) else None
+        if not isinstance(settings, dict):
+            rows.append((key, value))
+            continue
+        for name, item in sorted(settings.items()):
+            if isinstance(item, dict):
+                rows += [(f"{name}: {k}", v if not isinstance(v, dict | list) else json.dumps(v, default=str))
+                         for k, v in sorted(item.items())]
+            else:
+                rows.append((name, ", ".join(map(str, item)) if isinstance(item, list) else item))
+    fields = rows
     frame = pd.DataFrame([(k, "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))
                           for k, v in fields], columns=["field", "value"])
     return _table(frame)

@@ -55,7 +55,9 @@ COLUMN_HELP: dict[str, str] = {
             "ones first), then other texts with secret-like content, then the rest by memorisation risk.",
     "percentile": "Share of this run's texts ranked at or below this one in the verdict order "
                   "(100 = the top of the list).",
-    "status": "leaked: the attack extracted it; secret: secret-like content, not extracted; at risk: "
+    "status": "leaked: the attack extracted it (for a text with a secret-like value: the model writes the "
+              "value itself when prompted with the text up to it); secret: secret-like content, not leaked; "
+              "at risk: "
               "memorisation risk in this run's top 20%; low: none of these.",
     "reason": "Why the text sits where it does, in words.",
     "risk": "Memorisation risk, 0-1, before any attack: the mean of exposure (GNQ percentile, or "
@@ -83,6 +85,15 @@ COLUMN_HELP: dict[str, str] = {
                        "base model); if it also reproduces the text, the text is not counted as extracted.",
     "extracted": "The audited model reproduces the suffix exactly and the reference model does not "
                  "(empty: the text is too short to attack).",
+    "secret_reproduced": "Prompted with the text up to its secret-like value, the audited model writes "
+                         "every letter and digit of it and the reference model does not (empty: no value "
+                         "attacked).",
+    "secret_chars": "Letters and digits of the text's secret-like value(s) (separators not counted).",
+    "secret_chars_reproduced": "How many of them the audited model wrote at their place.",
+    "reference_secret_chars_reproduced": "How many of them the reference model wrote.",
+    "secret_exposure": "Bits: log2 N − log2 rank of the value's likelihood among N random values of its "
+                       "format (digits only; log2 N = more likely than every other one).",
+    "secret_generated": "What the audited model wrote where the secret-like value stands.",
     "loss_ratio": "Loss under the audited model / loss under the reference: 1 = learned no more than the "
                   "reference; 0.25 = loss 4× below it. Lower = more memorised.",
     "zlib_ratio": "Bits the model needs for the text / bits zlib needs. Lower = the model predicts it far "
@@ -189,7 +200,7 @@ def rank_texts(totals: pd.DataFrame) -> pd.DataFrame:
         numeric = {"rank": "int64", "percentile": "float64", "risk": "float64", "verdict_score": "float64"}
         return frame.assign(**{c: pd.Series(dtype=numeric.get(c, object)) for c in VERDICT_COLUMNS})
     parts = risk_components(frame)
-    extracted = frame["extracted"].fillna(False).astype(bool) if "extracted" in frame else False
+    extracted = leaked(frame)
     secret = frame["secret"].notna() if "secret" in frame else pd.Series(False, index=frame.index)
     frame["risk"] = parts["risk"]
     frame["verdict_score"] = 2.0 * extracted + 1.0 * secret + parts["risk"]
@@ -211,6 +222,19 @@ def risk_basis(totals: pd.DataFrame) -> str:
     """Which components ``risk`` uses on this run and why, in words (``risk_components``)."""
     parts = risk_components(totals)
     return str(parts["risk_basis"].iloc[0]) if len(parts) else ""
+
+
+def leaked(frame: pd.DataFrame) -> pd.Series:
+    """Whether each text leaked: for a text whose secret-like value was attacked
+    (pipelines/secret_attack.py), whether the model wrote the value itself (calibrated); for any
+    other text, whether the text attack extracted it.  A card-number text whose 8-token window
+    " card 4539 14" came out has not leaked its card number."""
+    none = pd.Series(False, index=frame.index)
+    text = frame["extracted"].astype("boolean").fillna(False) if "extracted" in frame else none
+    if "secret_reproduced" not in frame:
+        return text.astype(bool)
+    secret = frame["secret_reproduced"].astype("boolean")
+    return secret.fillna(text).astype(bool)
 
 
 def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float | None = None,
@@ -248,7 +272,10 @@ def _share(p: float) -> str:
 def _reason(row: pd.Series, parts: pd.Series, status: str = "") -> str:
     clauses: list[str] = []
     prefix, suffix = row.get("attack_prefix_tokens"), row.get("attack_suffix_tokens")
-    if _true(row.get("extracted")):
+    secret_clause = _secret_attack(row)
+    if secret_clause:
+        clauses.append(secret_clause)
+    elif _true(row.get("extracted")):
         what = f"the next {int(suffix)} tokens" if pd.notna(suffix) else "the rest"
         ref = " (the reference model does not)" if pd.notna(row.get("reference_match")) else ""
         clauses.append(f"leaked: given its first {int(prefix)} tokens the model writes {what} "
@@ -269,6 +296,37 @@ def _reason(row: pd.Series, parts: pd.Series, status: str = "") -> str:
         clauses.append(f"memorisation risk in this run's top 20% (risk {parts['risk']:.2f})")
     clauses.append(text)
     return "; ".join(c for c in clauses if c)
+
+
+def _secret_words(row: pd.Series) -> str:
+    first = str(row.get("secret") or "").split(",")[0].strip()
+    return _SECRET_WORDS.get(first, "the secret").replace("a ", "the ", 1).replace("an ", "the ", 1)
+
+
+def _secret_attack(row: pd.Series) -> str:
+    """The secret-targeted attack's outcome in words ('' when the text's secret was not attacked)."""
+    if pd.isna(row.get("secret_reproduced")) or pd.isna(row.get("secret_chars")):
+        return ""
+    n, hits = int(row["secret_chars"]), int(row["secret_chars_reproduced"])
+    what = _secret_words(row)
+    ref_hits = row.get("reference_secret_chars_reproduced")
+    exposure = row.get("secret_exposure")
+    exp = f"; exposure {exposure:.1f} bits among random values of its format" if pd.notna(exposure) else ""
+    if _true(row["secret_reproduced"]):
+        ref = " (the reference model does not)" if pd.notna(ref_hits) else ""
+        return (f"leaked: prompted with the text up to it, the model writes {what} "
+                f"({hits} of {n} characters){ref}{exp}")
+    window = _true(row.get("extracted"))
+    if hits == n:
+        said = f"the model writes {what}, but so does the reference model: predictable, not a leak"
+    else:
+        said = (f"not leaked: prompted with the text up to it, the model writes {hits} of {n} characters "
+                f"of {what}")
+    if window:
+        said += f" (its next {int(row['attack_suffix_tokens'])} tokens after the first " \
+                f"{int(row['attack_prefix_tokens'])} do come out word for word)" \
+            if pd.notna(row.get("attack_suffix_tokens")) else " (the text attack's window does come out)"
+    return said + exp
 
 
 def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") -> tuple[str, bool]:

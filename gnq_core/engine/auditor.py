@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from gnq_core.engine.coverage import Coverage, CoverageEntry, UncoveredParametersError, UseChecker
 from gnq_core.engine.deferred import NormRecord, NormRep, batched_per_example, group
 from gnq_core.engine.frontier import backward_targets, depends_on, used_inside
-from gnq_core.engine.fused import FuseRequest
+from gnq_core.engine.fused import FuseRequest, sync_free
 from gnq_core.engine.kernels import Contribution, Kernel, UnsupportedModuleError, can_fuse, kernel_for
 from gnq_core.engine.kernels.base import dense_contributions, hooks_are_suspended
 from gnq_core.engine.kernels.generic import planned_kernel
@@ -55,6 +55,7 @@ from gnq_core.engine.solve import (
     unweight_kernel,
     weights_valid,
 )
+from gnq_core.errors import GNQError
 
 __all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
 
@@ -65,7 +66,7 @@ DEFER_WIDTH = 2**16
 DEFER_TOTAL = 2**18
 
 
-class BatchDimensionError(ValueError):
+class BatchDimensionError(GNQError, ValueError):
     """A covered module saw a tensor whose leading dimension is not the batch."""
 
 
@@ -201,7 +202,9 @@ class GNQAuditor:
         self._handles: list[Any] = []
         self._fused_modules: list[nn.Module] = []
         self._fused_now: set[int] = set()  # modules whose current call went the fused way
-        self._scratch: dict[torch.dtype, torch.Tensor] = {}  # fused path's CPU buffers, reused
+        # CPU buffers reused across steps (fused chunks; norm layers' stacks at compute()), by
+        # (dtype, slot): a fresh 100 MB tensor per step costs more in page faults than its arithmetic
+        self._scratch: dict[tuple[torch.dtype, str], torch.Tensor] = {}
         self._hooked = self._assign_kernels(model)
         self._static_coverage = self._describe(model)
         self._checker: UseChecker | None = None
@@ -232,6 +235,9 @@ class GNQAuditor:
         for h in self._hooked:
             hook = functools.partial(self._on_forward, h)
             self._module_handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
+            if hasattr(h.kernel, "before"):  # generic re-runs: the call's random-number state
+                self._module_handles.append(h.module.register_forward_pre_hook(
+                    functools.partial(self._on_pre_forward, h), with_kwargs=True))
             if self._fused and can_fuse(h.module) and "forward" not in vars(h.module):
                 h.module.forward = functools.partial(self._fused_forward, h)
                 self._fused_modules.append(h.module)
@@ -322,6 +328,9 @@ class GNQAuditor:
             return
         if not self._planned and probeable(args, kwargs):
             self._plan(args, kwargs)
+            for h in self._hooked:  # hooks added during this call's pre-hooks run from the next one
+                if h.module is module and hasattr(h.kernel, "before"):
+                    h.kernel.before(module, args, kwargs)
         self._start_pass(_leading_dim(args, kwargs))
         if self._checker is not None and not self._checker.done:
             self._checker_active = True
@@ -348,6 +357,11 @@ class GNQAuditor:
         self._computed_last = False
         self.on_pass_start(batch_size)
         return self._pass
+
+    def _on_pre_forward(self, h: _Hooked, module, args, kwargs=None) -> None:
+        # kwargs=None: a hook removed by the first batch's plan while this module's pre-hooks ran
+        if self._enabled and not hooks_are_suspended() and torch.is_grad_enabled():
+            h.kernel.before(module, args, kwargs or {})
 
     def _on_forward(self, h: _Hooked, module, args, kwargs, output):
         if id(module) in self._fused_now:  # the fused function reports to the auditor itself
@@ -487,7 +501,8 @@ class GNQAuditor:
         """Per-example gradients of all deferred norm layers, one stacked pass per shape."""
         with torch.no_grad():  # a fused LayerNorm's saved input still carries its grad_fn
             for records in group(p.norms):
-                self._defer(p, batched_per_example(records))
+                workspace = None if sync_free(records[0].x) else self._workspace
+                self._defer(p, batched_per_example(records, workspace))
         p.norms.clear()
         p.norm_bytes = 0
 
@@ -588,12 +603,13 @@ class GNQAuditor:
         given = {n: r.G for n, r in (("weight", weight), ("bias", bias)) if r is not None}
         self._accumulate(p, call, dense_contributions(given, self._split(p, call.hooked)), label="fused")
 
-    def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device, slot: str = "fused"
+                   ) -> torch.Tensor:
         if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
             return torch.empty(numel, dtype=dtype, device=device)
-        buf = self._scratch.get(dtype)
+        buf = self._scratch.get((dtype, slot))
         if buf is None or buf.numel() < numel:
-            buf = self._scratch[dtype] = torch.empty(numel, dtype=dtype)
+            buf = self._scratch[(dtype, slot)] = torch.empty(numel, dtype=dtype)
         return buf[:numel]
 
     def _add_cross_terms(self, p: _Pass, call: _Call, pid: int, rep: Rep) -> None:
@@ -715,12 +731,16 @@ class GNQAuditor:
         self._fold_accumulators(p)
         K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
         extra = [] if weights is None else [(weights_valid(weights.detach().to(K.device)), WEIGHTS_MESSAGE)]
+        extra += self._replay_checks(K.device)
         lam = effective_lam(K, self.lam, self.lam_mode)
         solution = gnq_from_kernel(K, lam, check=False)
         try:
             condition = solution.check(extra)  # the step's one device-to-host read
         except GNQNumericalError:
             self._pass = None  # this pass is spent (a NaN batch): the next one starts without a warning
+            raise
+        except UnsupportedModuleError:
+            self._pass = None
             raise
         coverage = replace(self._static_coverage, entries=[
             replace(e, paths=set(p.paths.get(e.module, set())), calls=p.call_counts[e.module])
@@ -729,6 +749,16 @@ class GNQAuditor:
         self._computed_last = True
         return GNQResult(gnq=solution.gnq, kernel=K, coverage=coverage, lam=lam,
                          condition=condition, batch_size=B)
+
+    def _replay_checks(self, device: torch.device) -> list[tuple[torch.Tensor, str, type]]:
+        """Generic re-runs of this pass that must have reproduced the batch's outputs."""
+        checks = []
+        for h in self._hooked:
+            check = h.kernel.take_check() if hasattr(h.kernel, "take_check") else None
+            if check is not None:
+                checks.append((check[0].to(device), f"{_family(self.model)}: module '{h.name}' "
+                               f"({type(h.module).__name__}): {check[1]}", UnsupportedModuleError))
+        return checks
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

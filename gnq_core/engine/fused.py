@@ -166,13 +166,15 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
             kept = G.index_select(1, keep_rows)
         return G.sum(0), kept
     grad_w = torch.empty(rows, cols, dtype=dtype, device=device)
+    # Σ_j G_j as a ones-row product into grad_w's rows: sum(out=) zero-fills its output first
+    ones = torch.ones(1, B, dtype=dtype, device=device)
     buffer = sink.workspace(B * step * cols, dtype, device)
     for start in range(0, rows, step):
         n = min(step, rows - start)
         G = _products(left[..., start:start + n].transpose(1, 2), right, dtype,
                       out=buffer[:B * n * cols].view(B, n, cols))
-        torch.sum(G, 0, out=grad_w[start:start + n])
         flat = G.view(B, -1)
+        torch.mm(ones, flat, out=grad_w[start:start + n].view(1, -1))
         acc.addmm_(flat, flat.t())
         if gather_rows:
             inside = ((keep_rows >= start) & (keep_rows < start + n)).nonzero()[:, 0]

@@ -37,19 +37,20 @@ class Solution:
     lam: float
     _condition: float | None = field(default=None, repr=False)
 
-    def check(self, extra: Sequence[tuple[torch.Tensor, str]] = ()) -> float:
-        """Raise if the solve failed (or an ``extra`` (ok, message) condition is False, as
-        ValueError); else the 2-norm condition number of K + λI.  One device-to-host read."""
+    def check(self, extra: Sequence[tuple] = ()) -> float:
+        """Raise if the solve failed (or an ``extra`` (ok, message[, exception type]) condition
+        is False, as ValueError by default); else the 2-norm condition number of K + λI.  One
+        device-to-host read."""
         if self._condition is not None and not extra:
             return self._condition
-        flags = [ok.reshape(1).to(torch.float64) for ok, _ in extra]
+        flags = [item[0].reshape(1).to(torch.float64) for item in extra]
         status = torch.stack([self.finite.to(torch.float64), self.info.to(torch.float64)])
         host = torch.cat([*flags, status, self.system.reshape(-1)]).cpu()
         n = len(flags)
         values = host[:n + 2].tolist()
-        for (_, message), ok in zip(extra, values, strict=False):
+        for item, ok in zip(extra, values, strict=False):
             if not ok:
-                raise ValueError(message)
+                raise (item[2] if len(item) > 2 else ValueError)(item[1])
         if not values[n]:
             raise GNQNumericalError("the gradient kernel has NaN/Inf entries (non-finite loss or gradient)")
         eig = torch.linalg.eigvalsh(host[n + 2:].view(self.system.shape)).tolist()  # host, B×B

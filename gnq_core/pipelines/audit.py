@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import pandas as pd
 import torch
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
+from gnq_core.engine.losses import TOKEN_MEAN, lm_target_counts, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.membership import TOKEN_SIGNALS, token_signals
@@ -73,8 +74,8 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
             losses = per_example_lm_loss(logits, b.labels, loss)
             auditor.backward(losses.sum())  # output gradients only: no weight-gradient matmuls
             rows, result = score_batch(lambda: scores_of(auditor.compute()), losses, batch.example_ids,
-                                       batch_index=index, step=None, started=t0,
-                                       extra=token_signals(logits, b.labels))
+                                       targets=lm_target_counts(b.labels), batch_index=index, step=None,
+                                       started=t0, extra=token_signals(logits, b.labels))
             model.zero_grad(set_to_none=True)
             texts.add(rows)
             results.append(result)
@@ -86,17 +87,20 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
 def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef], dataset: TextDataset, *,
               name: str,
               settings: AuditSettings = AuditSettings(), reporter: Reporter | None = None,
-              ranks: Ranks | None = None) -> Run | None:
+              ranks: Ranks | None = None, tokenizer: str | None = None) -> Run | None:
     """Audit every checkpoint under ``checkpoints`` (a folder, or the checkpoints found there)
     into run ``name``; resumes an unfinished run.
 
     Under torchrun every rank calls this with its ``Ranks``: the lead (rank 0) alone opens the
     store (the others pass ``store=None`` and get None back), each rank audits every N-th batch
     of each checkpoint, and the lead writes the gathered rows — the rows one process writes.
-    The next checkpoint is loaded in a thread while the current one is audited.
+    The next checkpoint is loaded in a thread while the current one is audited.  ``tokenizer``:
+    a folder to read the tokenizer from, for checkpoints saved without one (recorded in the run's
+    settings, so its attack reads the texts alike).
     """
     reporter = reporter or Reporter()
     ranks = ranks or Ranks()
+    tokenizer_dir = tokenizer  # the loop below binds each checkpoint's tokenizer to ``tokenizer``
     refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
     device = ranks.device(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype)
@@ -104,7 +108,7 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
     if ranks.lead:
         assert store is not None, "the lead rank writes the rows: it needs the store"
         try:
-            run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter)
+            run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter, tokenizer)
         except Exception as exc:
             ranks.broadcast(exc)  # the other ranks stop with the same one-line error
             raise
@@ -114,9 +118,9 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
 
     def load(point: int) -> tuple[torch.nn.Module, Any, str | None]:
         path = refs[point].path
-        model, tokenizer = load_checkpoint(path, device=device, dtype=dtype)
+        model, tok = load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer_dir)
         _prepare_for_audit(model, dtype)
-        return model, tokenizer, checkpoint_hash(path) if ranks.lead else None
+        return model, tok, checkpoint_hash(path) if ranks.lead else None
 
     tracking = store.tracking(run.run_id) if run is not None else contextlib.nullcontext()
     with tracking:
@@ -141,18 +145,20 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
 
 def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name: str,
              settings: AuditSettings, device: torch.device,
-             reporter: Reporter) -> tuple[Run, list[int], Partition]:
+             reporter: Reporter, tokenizer: str | None = None) -> tuple[Run, list[int], Partition]:
     """The run (created or resumed), the checkpoints still to audit and the batch partition,
     after every check."""
     spec = _run_spec(refs, dataset, name, settings, device)
+    if tokenizer is not None:
+        spec = replace(spec, settings=spec.settings | {"tokenizer": str(Path(tokenizer).resolve())})
     run = store.resumable_run(spec)
     finished = set() if run is None else set(store.points(run.run_id).query("status == 'done'")["point"])
     for i, ref in enumerate(refs):  # a broken checkpoint still to audit is refused before anything is written
         if i not in finished:
-            check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype))
-    check_one_series([Path(r.path) for r in refs])  # one tokenizer, one architecture
+            check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
+    check_one_series([Path(r.path) for r in refs], tokenizer)  # one tokenizer, one architecture
     if run is None:
-        n_tokens = token_counts(load_tokenizer(refs[0].path), dataset.texts, settings.max_length)
+        n_tokens = token_counts(load_tokenizer(refs[0].path, tokenizer), dataset.texts, settings.max_length)
         examples = pd.DataFrame({"example_id": np.arange(len(dataset), dtype=np.int64), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": n_tokens})
         run = store.create_run(spec, pd.concat([examples, text_labels(dataset.texts)], axis=1))

@@ -245,7 +245,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     """
     from gnq_core.progress import Reporter
     from gnq_core.runtime import code_version, resolve_device
-    from gnq_core.sources.checkpoints import load_checkpoint
+    from gnq_core.sources.checkpoints import TOKENIZER_FILES, load_checkpoint
     from gnq_core.sources.tokens import encode_texts
 
     reporter = reporter or Reporter()
@@ -256,13 +256,16 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
         reporter.log(f"run {run.name!r}: the checkpoint attacked ({row['label']}) is its first, so the "
                      "attack is not calibrated; name a reference with --reference (a fine-tune: its base)")
     point, dev = int(row["point"]), resolve_device(device)
-    model, tokenizer = load_checkpoint(row["path"], device=dev)
+    tokenizer_dir = run.settings.get("tokenizer")  # checkpoints saved without one (gnq audit --tokenizer)
+    model, tokenizer = load_checkpoint(row["path"], device=dev, tokenizer=tokenizer_dir)
     examples = store.examples(run.run_id)
     texts = examples["text"].tolist()
     ids = encode_texts(tokenizer, texts, run.max_length)
     ref_model = None
     if ref_path is not None:
-        ref_model, ref_tokenizer = load_checkpoint(ref_path, device=dev)
+        own = any((Path(ref_path) / name).is_file() for name in TOKENIZER_FILES)
+        ref_model, ref_tokenizer = load_checkpoint(ref_path, device=dev,
+                                                   tokenizer=None if own else tokenizer_dir)
         _check_same_tokens(ref_path, ref_tokenizer, tokenizer, texts, run.max_length, ids)
     example_ids = examples["example_id"].tolist()
     kwargs = dict(prefix_tokens=prefix_tokens, threshold=threshold, batch_size=batch_size,
@@ -299,9 +302,11 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     if suffix_tokens is not None:
         _store_discoverable(store, run, example_ids, ids, model, tokenizer, dev, batch_size, prefix_tokens,
                             suffix_tokens, row["label"])
+    secrets = _attack_secrets(store, run, point, model, ref_model, tokenizer, texts, example_ids, ids,
+                              ref_path, batch_size, dev, version, reporter)
     stored = store.extractions(run.run_id, point)
     stored = stored[stored["prefix_tokens"] == prefix_tokens]
-    summary = _summary(stored, threshold)
+    summary = _summary(stored, threshold) | secrets
     summary["label"] = row["label"]
     store.update_settings(run.run_id, {"attack": {
         "rule": rule.describe(Path(ref_path).name if ref_path else None),
@@ -309,6 +314,23 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
         "checkpoint": row["label"], "reference": str(ref_path) if ref_path else None,
         "code_version": version} | {k: v for k, v in summary.items() if k != "label"}})
     return summary
+
+
+def _attack_secrets(store, run, point, model, ref_model, tokenizer, texts, example_ids, ids, ref_path,
+                    batch_size, device, version, reporter) -> dict:
+    """The secret-targeted attack (pipelines/secret_attack.py) on the same models; its counts."""
+    from gnq_core.pipelines.secret_attack import DEFAULT_CANDIDATES, attack_secrets, describe_rule
+
+    rule = describe_rule(DEFAULT_CANDIDATES, Path(ref_path).name if ref_path else None)
+    reporter.stage("secret-like values", 1)
+    rows = attack_secrets(model, tokenizer, texts, example_ids, ids, reference=ref_model,
+                          seed=int(run.seed or 0), batch_size=batch_size, device=device,
+                          rule=rule, max_length=run.max_length)
+    store.write_secret_attacks(run.run_id, point, rows, version)
+    reporter.advance(1)
+    return {"secret_rule": rule, "secrets_attacked": len(rows),
+            "secrets_reproduced": int(rows["reproduced"].sum()),
+            "secrets_extracted": int(rows["extracted"].sum())}
 
 
 def _summary(stored, threshold: float) -> dict:

@@ -4,12 +4,13 @@ loop thought: it ends 'failed' with the count in its message and one line on std
 
 from __future__ import annotations
 
+from gnq_core.errors import GNQError
 from gnq_core.results.store import Run, Store
 
 MOSTLY = 0.5  # more than half the batches
 
 
-class NumericalFailureError(ValueError):
+class NumericalFailureError(GNQError, ValueError):
     """Most batches of a run were non-finite."""
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
@@ -57,6 +58,10 @@ class GNQConfig:
     # Sum the per-example gradients the audit forms into the weight gradient (gnq_core.engine.fused);
     # only with scope="rank": a global scope forms its Gram across ranks, after autograd.
     fused: bool = True
+    # GNQ above which a text counts as flagged in the logged summaries; None: the run's own 90th
+    # percentile so far (the Flagged texts page's default threshold, by the same rule).
+    flag_gnq: float | None = None
+    log_top: int = 3  # ids of the highest-GNQ texts since the last log, as gnq/top{k}_example_id
 
 
 def lm_collator(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
@@ -92,6 +97,27 @@ class GNQCallback(TrainerCallback):
         self._signals: dict[str, list[float]] | None = None  # Min-K% / Min-K%++ of the batch
         self._weights: torch.Tensor | None = None
         self._t0 = 0.0
+        self._since_log: list[TextResult] = []
+
+    def summaries(self) -> dict[str, float]:
+        """GNQ since the last log, for the Trainer's own logging (W&B, TensorBoard, MLflow...):
+        ``gnq/median``, ``gnq/p99``, ``gnq/threshold`` (``flag_gnq``, or the run's 90th percentile
+        so far), ``gnq/above_threshold`` (texts above it) and ``gnq/top{k}_example_id``, all
+        numbers (loggers take scalars).  Empty when nothing was audited since the last call."""
+        window = [r for r in self._since_log if r.gnq is not None and np.isfinite(r.gnq)]
+        self._since_log = []
+        if not window:
+            return {}
+        values = np.array([r.gnq for r in window])
+        every = np.array([r.gnq for r in self.results if r.gnq is not None and np.isfinite(r.gnq)])
+        threshold = self.config.flag_gnq
+        if threshold is None:
+            threshold = float(np.quantile(every, 0.9))
+        out = {"gnq/median": float(np.median(values)), "gnq/p99": float(np.quantile(values, 0.99)),
+               "gnq/threshold": threshold, "gnq/above_threshold": int((values > threshold).sum())}
+        top = sorted(window, key=lambda r: -r.gnq)[: self.config.log_top]
+        out |= {f"gnq/top{k}_example_id": int(r.example_id) for k, r in enumerate(top, start=1)}
+        return out
 
     # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -149,7 +175,7 @@ class GNQCallback(TrainerCallback):
                      signals: dict[str, list[float]] | None = None) -> None:
         """Keep ℓ_j (and the forward signals, ``membership.token_signals``); the hook receives
         ∂objective/∂ℓ_j in the backward: the weights w_j."""
-        self._losses = losses.detach()
+        self._losses, self._counts = losses.detach(), counts.detach()
         self._signals = signals
         if losses.requires_grad:
             def keep(grad: torch.Tensor) -> None:
@@ -168,12 +194,13 @@ class GNQCallback(TrainerCallback):
                 res.batch_size
 
         index = self.micro if self.config.scope == "global" else self.micro * self.world + self.rank
-        texts, batch = score_batch(compute, self._losses, self._ids.tolist(), batch_index=index,
-                                   step=state.global_step + 1, started=self._t0,
+        texts, batch = score_batch(compute, self._losses, self._ids.tolist(), targets=self._counts,
+                                   batch_index=index, step=state.global_step + 1, started=self._t0,
                                    extra=self._signals)
         self.writer.add(batch.step, self.point, texts,
                         [] if self.config.scope == "global" and self.rank != 0 else [batch])
         self.results += texts
+        self._since_log += texts
         self.micro += 1
         self._weights = None
 
@@ -249,6 +276,13 @@ class GNQTrainer(Trainer):
             total = total.to(device=losses.device, dtype=losses.dtype)
         self.gnq.watch_losses(losses, counts, token_signals(logits, labels))
         return (losses * n).sum() / total
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's logging, with GNQ's summaries since the last log added to a training log
+        (not an evaluation's), so every ``report_to`` integration shows them beside the loss."""
+        if "loss" in logs or "train_loss" in logs:
+            logs = {**logs, **self.gnq.summaries()}
+        super().log(logs, *args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         loss = super().training_step(model, inputs, num_items_in_batch)

@@ -5,6 +5,8 @@ Uploaded checkpoints live in ``<store folder>/uploads/<job>/`` and are deleted w
 a checkpoint afterwards, by default the last one; so that one is moved (a rename, no copy) to
 ``<store folder>/kept-checkpoints/`` and its new place is recorded.  The other points' folders
 are recorded as gone, so an attack on one says so in one line instead of failing to load it.
+An uploaded dataset file is moved there too, and the run's recorded model and dataset paths point
+at the kept copies (provenance that still exists; the sha256 of both stays in the run).
 """
 
 from __future__ import annotations
@@ -45,4 +47,11 @@ def keep_last_checkpoint(db: str | Path, run_name: str, uploads: Sequence[str | 
         shutil.move(str(last["path"]), kept)
         moved[int(last["point"])] = str(kept)
     store.set_point_paths(run.run_id, moved)
+    data = None
+    if inside(run.dataset_path) and Path(run.dataset_path).is_file():
+        data = kept_root(db) / f"{run.run_id}-data" / Path(run.dataset_path).name
+        data.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(run.dataset_path, data)
+    store.set_run_paths(run.run_id, model_path=str(kept) if kept and inside(run.model_path) else None,
+                        dataset_path=str(data) if data else None)
     return kept

@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from gnq_core.errors import GNQError
 from gnq_core.results.store import Store
 
 
-class OverwriteError(ValueError):
+class OverwriteError(GNQError, ValueError):
     """An output path that would replace something the tool depends on."""
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, JobSettings, TrainJob
 from gnq_core.progress import JobProgress
-from gnq_core.results.store import Store
+from gnq_core.results.store import Run, Store
 from gnq_core.sources.datasets import TextDataset
 
 
@@ -43,6 +43,14 @@ def run_ref(store: Store, name: str) -> Callable[[], int | None]:
     return get
 
 
+def _threads(threads: int | None) -> None:
+    """torch CPU threads for this job (the form's setting, the CLI's --threads); None: as is."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
     """The texts, with a notice of how many rows were skipped for a missing or empty text."""
     from gnq_core.sources.datasets import load_texts  # looked up at each job (tests replace it)
@@ -52,6 +60,13 @@ def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
         progress.warn(f"{job.data}: skipped {dataset.dropped} row(s) whose text is missing, NaN or empty; "
                       f"{len(dataset)} texts remain")
     return dataset
+
+
+def _warn_unscored(store: Store, run: Run, progress: JobProgress) -> None:
+    """The texts a run could not score: one token has no next token to predict (no loss, no gradient)."""
+    if short := store.too_short_to_score(run.run_id):
+        progress.warn(f"{short} text(s) have fewer than 2 tokens: no next token to predict, so no GNQ or "
+                      "loss (stored as missing, not 0)")
 
 
 def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
@@ -64,6 +79,7 @@ def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
     with progress.reporter(run_ref(store, name)) as reporter:
         run = run_training(store, dataset, job.out, name=name, init=job.init, settings=job.settings,
                            reporter=reporter)
+    _warn_unscored(store, run, progress)
     said = [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {job.settings.epochs} epochs in "
             f"{time.perf_counter() - t0:.1f} s; checkpoints in {job.out}; store {store.path}"]
     shared, steps = store.steps_with_copies(run.run_id)
@@ -79,6 +95,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     from gnq_core.sources.checkpoints import find_checkpoints
 
     ranks = Ranks.from_env()
+    _threads(job.threads)
     dataset = _texts(job, progress)
     refs = find_checkpoints(job.checkpoints)
     name = job.name or Path(job.checkpoints).resolve().name
@@ -92,7 +109,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
         outside = load_texts(Path(job.non_members), text_column=job.text_column)
         check_disjoint(dataset.texts, outside)  # refused before anything is written
     if not ranks.lead:  # rank 0 alone opens the store and reports
-        run_audit(None, refs, dataset, name=name, settings=job.settings, ranks=ranks)
+        run_audit(None, refs, dataset, name=name, settings=job.settings, ranks=ranks, tokenizer=job.tokenizer)
         ranks.finish()
         return []
     assert store is not None, "the lead rank writes the rows: it needs the store"
@@ -100,8 +117,9 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     t0 = time.perf_counter()
     with progress.reporter(run_ref(store, name)) as reporter:
         run = run_audit(store, refs, dataset, name=name, settings=job.settings, reporter=reporter,
-                        ranks=ranks)
+                        ranks=ranks, tokenizer=job.tokenizer)
     ranks.finish()
+    _warn_unscored(store, run, progress)
     said = [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(store.points(run.run_id))} "
             f"checkpoints in {time.perf_counter() - t0:.1f} s; store {store.path}"]
     if outside is not None:
@@ -120,6 +138,7 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
     from gnq_core.pipelines.extraction import run_extraction
     from gnq_core.pipelines.text_labels import ensure_text_labels
 
+    _threads(job.threads)
     info = store.require_existing().run(job.run)
     outside = _non_members_of(store, info, job.non_members) if job.non_members else None
     progress.plan(None)
@@ -174,4 +193,4 @@ def _demo(job: DemoJob, store: Store, progress: JobProgress) -> list[str]:
     names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device, model=job.model,
                        reporter_factory=progress.reporter)
     return [f"demo runs {', '.join(repr(n) for n in names)} built in {time.perf_counter() - t0:.0f} s; "
-            f"store {store.path}. Open the dashboard: streamlit run app/main.py"]
+            f"store {store.path}. Open the dashboard: gnq dashboard (or make app)"]

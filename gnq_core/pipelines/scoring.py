@@ -20,10 +20,12 @@ def scores_of(res: GNQResult) -> Scores:
 
 
 def score_batch(compute: Callable[[], Scores], losses: torch.Tensor, example_ids: Sequence[int], *,
-                batch_index: int, step: int | None, started: float,
+                targets: torch.Tensor, batch_index: int, step: int | None, started: float,
                 extra: Mapping[str, Sequence[float]] | None = None) -> tuple[list[TextResult], BatchResult]:
     """Run ``compute`` (the auditor's solve) and record the batch.  A batch whose loss or kernel is
     not finite is recorded with ``finite = False`` and NULL scores instead of stopping the job.
+    ``targets``: each text's number of next-token targets (``lm_target_counts``); a text with none
+    (a single token) has no loss and no gradient, so its GNQ, loss and K_jj are NULL, not 0.
     ``extra``: further per-text columns from the forward pass (``membership.token_signals``)."""
     finite = bool(torch.isfinite(losses).all())
     gnq = kjj = condition = size = None
@@ -35,4 +37,5 @@ def score_batch(compute: Callable[[], Scores], losses: torch.Tensor, example_ids
         gnq = kjj = condition = None
     return batch_results(example_ids, losses.detach().double().cpu().tolist(), gnq, kjj,
                          batch_index=batch_index, step=step, condition=condition, finite=finite,
-                         seconds=time.perf_counter() - started, size=size, extra=extra)
+                         seconds=time.perf_counter() - started, size=size, extra=extra,
+                         scored=(targets > 0).tolist())

@@ -119,6 +119,11 @@ class AuditJob(_TextsJob):
     settings: AuditSettings = field(default_factory=AuditSettings)
     non_members: str | None = None  # texts the model never saw, audited into NAME.non-members
     reference: str | None = None  # "first" or a model folder: reference loss of members and non-members
+    threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
+    tokenizer: str | None = None  # a folder with the tokenizer, for checkpoints saved without one
+
+    def __post_init__(self) -> None:
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
 
 
 @dataclass(frozen=True)
@@ -135,8 +140,10 @@ class ExtractJob:
     suffix_tokens: int = DEFAULT_SUFFIX  # exactly s tokens must follow (pipelines/extraction.py)
     reference: str | None = DEFAULT_REFERENCE  # "first" checkpoint, a model folder, or None: no calibration
     non_members: str | None = None  # texts never seen: audited over the run's checkpoints (audit runs)
+    threads: int | None = None
 
     def __post_init__(self) -> None:
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
         _whole(self.prefix_tokens, "--prefix-tokens", 1), _whole(self.suffix_tokens, "--suffix-tokens", 1)
         _whole(self.batch_size, "--batch-size", 1)
         _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")

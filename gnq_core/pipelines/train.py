@@ -23,7 +23,7 @@ import torch
 
 from gnq_core.atomic import atomic_path
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, per_example_lm_loss
+from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, lm_target_counts, per_example_lm_loss
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.protected_paths import OverwriteError, refuse_overwrite, verify_checkpoint
@@ -161,7 +161,8 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: l
         finite = True
         if auditor is not None:
             rows, result = score_batch(lambda w=w: scores_of(auditor.compute(weights=w)), losses, list(part),
-                                       batch_index=index, step=steps_before + index + 1, started=tb,
+                                       targets=lm_target_counts(b.labels), batch_index=index,
+                                       step=steps_before + index + 1, started=tb,
                                        extra=token_signals(logits, b.labels))
             texts += rows
             results.append(result)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
@@ -38,13 +39,25 @@ class Upload(Protocol):
     def getbuffer(self) -> memoryview: ...
 
 
+# Written by the Hugging Face Trainer beside each checkpoint, never read by an audit or an attack:
+# optimizer and scheduler state, RNG state, pickled training arguments.
+SKIPPED_UPLOADS = re.compile(r"(?:optimizer|scheduler)\.(?:pt|bin)|rng_state(?:_\d+)?\.pth|training_args\.bin"
+                             r"|scaler\.pt")
+
+
+def skipped_upload(name: str) -> bool:
+    """Whether an uploaded file is one an audit never reads (it is not saved)."""
+    return bool(SKIPPED_UPLOADS.fullmatch(PurePosixPath(name.replace("\\", "/")).name))
+
+
 def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | None = None) -> None:
-    """Write uploaded files below ``into``; refuses names that would escape it ('..', absolute
-    paths), writing through a symlink, more than ``max_total_bytes`` in all (a size bomb) and more
-    than the disk has free.  A file already there with the same size is kept (Streamlit reruns).
-    Any OS failure (a name too long, a file where a folder must go, a read-only disk) is one
-    ValueError line naming the file."""
+    """Write uploaded files below ``into`` (all but ``skipped_upload`` ones); refuses names that
+    would escape it ('..', absolute paths), writing through a symlink, more than
+    ``max_total_bytes`` in all (a size bomb) and more than the disk has free.  A file already
+    there with the same size is kept (Streamlit reruns).  Any OS failure (a name too long, a
+    file where a folder must go, a read-only disk) is one ValueError line naming the file."""
     limit = max_upload_bytes() if max_total_bytes is None else max_total_bytes
+    files = [f for f in files if not skipped_upload(f.name)]
     with _one_line(str(into)):
         into.mkdir(parents=True, exist_ok=True)
     root = into.resolve()

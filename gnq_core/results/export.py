@@ -116,7 +116,9 @@ EXPORT_COLUMNS = ["example_id", "text", "group", "rank", "percentile", "status",
                   "copies", "cluster_id", "gnq_with_copy", "secret", "secret_start", "secret_end",
                   "secret_match", "loss_last", "self_influence_last", "n_points"]
 EXTRACTION_COLUMNS = ["extracted", "extraction_match", "reference_match", "extraction_generated",
-                      "loss_ratio", "zlib_ratio", "min_k_prob"]
+                      "loss_ratio", "zlib_ratio", "min_k_prob", "secret_reproduced", "secret_chars",
+                      "secret_chars_reproduced", "reference_secret_chars_reproduced", "secret_exposure",
+                      "secret_generated"]
 
 
 def export_frame(ranked: pd.DataFrame, with_extraction: bool) -> pd.DataFrame:

@@ -53,14 +53,20 @@ class BatchResult:
 def batch_results(example_ids: Sequence[int], losses: Sequence[float], gnq: Sequence[float] | None,
                   self_influence: Sequence[float] | None, *, batch_index: int, step: int | None,
                   condition: float | None, finite: bool, seconds: float,
-                  size: int | None = None, extra: Mapping[str, Sequence[float]] | None = None
-                  ) -> tuple[list[TextResult], BatchResult]:
-    """The records of one batch; ``gnq``/``self_influence`` None when it was not finite.
+                  size: int | None = None, extra: Mapping[str, Sequence[float]] | None = None,
+                  scored: Sequence[bool] | None = None) -> tuple[list[TextResult], BatchResult]:
+    """The records of one batch; ``gnq``/``self_influence`` None when it was not finite, and all
+    three scores None for a text not ``scored`` (too short to have a next token).
     ``size`` defaults to the number of texts (a global batch of several ranks is larger);
     ``extra``: further per-text columns, one value per text (``TextResult.extra``)."""
     extra = extra or {}
-    texts = [TextResult(int(e), batch_index, step, gnq[i] if gnq else None, float(losses[i]),
-                        self_influence[i] if self_influence else None,
+
+    def scores(i: int) -> tuple[float | None, float | None, float | None]:
+        if scored is not None and not scored[i]:
+            return None, None, None
+        return gnq[i] if gnq else None, float(losses[i]), self_influence[i] if self_influence else None
+
+    texts = [TextResult(int(e), batch_index, step, *scores(i),
                         {name: values[i] for name, values in extra.items()})
              for i, e in enumerate(example_ids)]
     return texts, BatchResult(batch_index, step, len(texts) if size is None else size, condition, finite,

@@ -346,7 +346,12 @@ class Store:
                            path = coalesce(?, path), model_hash = coalesce(?, model_hash)
                            WHERE run_id = ? AND point = ?""",
                         [seconds, _now(), path, model_hash, run_id, point])
-            con.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", [_now(), run_id])
+            # The run's model: for an audit (or a training from scratch) the latest checkpoint's
+            # weights; a fine-tune keeps its base model's hash.
+            con.execute("""UPDATE runs SET updated_at = ?, model_hash = CASE
+                               WHEN kind = 'audit' OR json_extract_string(settings, '$.init') IS NULL
+                               THEN coalesce(?, model_hash) ELSE model_hash END
+                           WHERE run_id = ?""", [_now(), model_hash, run_id])
 
     def set_point_paths(self, run_id: int, paths: dict[int, str | None]) -> None:
         """Where points' checkpoint folders are now (None: deleted), in one transaction."""
@@ -354,6 +359,14 @@ class Store:
             for point, path in paths.items():
                 con.execute("UPDATE points SET path = ? WHERE run_id = ? AND point = ?",
                             [path, run_id, point])
+
+    def set_run_paths(self, run_id: int, *, model_path: str | None = None,
+                      dataset_path: str | None = None) -> None:
+        """Where the run's model and dataset are now (None: unchanged): the kept copies of uploads."""
+        with self.transaction() as con:
+            con.execute("""UPDATE runs SET model_path = coalesce(?, model_path),
+                           dataset_path = coalesce(?, dataset_path) WHERE run_id = ?""",
+                        [model_path, dataset_path, run_id])
 
     def write_extractions(self, run_id: int, point: int, prefix_tokens: int, rows: pd.DataFrame,
                           code_version: str) -> None:
@@ -375,6 +388,20 @@ class Store:
                            AND example_id IN (SELECT example_id FROM new_extractions)""",
                         [run_id, point, prefix_tokens])
             con.execute("INSERT INTO extractions SELECT * FROM new_extractions")
+
+    def write_secret_attacks(self, run_id: int, point: int, rows: pd.DataFrame, code_version: str) -> None:
+        """The secret-targeted attack's rows (pipelines/secret_attack.py) at one point, replacing
+        the run's earlier ones (the latest attack is the one shown), in one transaction."""
+        frame = rows[SECRET_ATTACK_COLUMNS].assign(run_id=run_id, point=point, code_version=code_version,
+                                                   created_at=_now())
+        with self.transaction() as con:
+            con.execute("DELETE FROM secret_attacks WHERE run_id = ?", [run_id])
+            con.register("new_secret_attacks", frame)
+            con.execute("INSERT INTO secret_attacks BY NAME SELECT * FROM new_secret_attacks")
+            con.unregister("new_secret_attacks")
+
+    def secret_attacks(self, run_id: int) -> pd.DataFrame:
+        return self._rows_of("secret_attacks", run_id, None, "example_id, secret_start")
 
     def delete_extractions(self, run_id: int, point: int, prefix_tokens: int) -> None:
         with self.transaction() as con:
@@ -426,8 +453,8 @@ class Store:
     def delete_run(self, run: int | str) -> None:
         run_id = self.run(run).run_id
         with self.transaction() as con:
-            for table in ("example_metrics", "extractions", "scores", "batches", "points", "examples",
-                          "runs"):
+            for table in ("example_metrics", "extractions", "secret_attacks", "scores", "batches", "points",
+                          "examples", "runs"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
     # ----------------------------------------------------------------- reading
@@ -481,6 +508,12 @@ class Store:
     def examples(self, run_id: int) -> pd.DataFrame:
         return self._query(f"SELECT example_id, text, grp, n_tokens, {', '.join(TEXT_LABEL_COLUMNS)} "
                            "FROM examples WHERE run_id = ? ORDER BY example_id", [run_id])
+
+    def too_short_to_score(self, run_id: int) -> int:
+        """How many of a run's texts have fewer than 2 tokens: no next token, so no GNQ or loss."""
+        with self.connect(read_only=True) as con:
+            return con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND n_tokens < 2",
+                               [run_id]).fetchone()[0]
 
     def text_labels_missing(self, run_id: int) -> bool:
         """Whether some of a run's examples have no copy/secret labels yet (ensure_text_labels)."""
@@ -613,6 +646,12 @@ latest_attack AS (
     SELECT * FROM extractions WHERE run_id = $run
     QUALIFY row_number() OVER (PARTITION BY example_id ORDER BY created_at DESC, point DESC,
                                                          prefix_tokens DESC) = 1),
+secret_attack AS (  -- per text, over its secret-like values (usually one)
+    SELECT example_id, bool_or(extracted) AS secret_reproduced, sum(chars) AS secret_chars,
+           sum(chars_reproduced) AS secret_chars_reproduced,
+           sum(reference_chars_reproduced) AS reference_secret_chars_reproduced,
+           max(exposure) AS secret_exposure, string_agg(generated, ' | ') AS secret_generated
+    FROM secret_attacks WHERE run_id = $run GROUP BY example_id),
 membership AS (
     SELECT example_id, """ + ", ".join(
     f"max(value) FILTER (WHERE metric = '{m}') AS {m}" for m in MEMBERSHIP_METRICS) + """
@@ -629,12 +668,17 @@ totals AS (
            x.success AND NOT coalesce(x.reference_match >= x.threshold, FALSE) AS extracted,
            x.generated_text AS extraction_generated, x.prefix_tokens AS attack_prefix_tokens,
            x.suffix_tokens AS attack_suffix_tokens,
+           sa.secret_reproduced, CAST(sa.secret_chars AS INTEGER) AS secret_chars,
+           CAST(sa.secret_chars_reproduced AS INTEGER) AS secret_chars_reproduced,
+           CAST(sa.reference_secret_chars_reproduced AS INTEGER) AS reference_secret_chars_reproduced,
+           sa.secret_exposure, sa.secret_generated,
            """ + ", ".join(f"m.{m}" for m in MEMBERSHIP_METRICS) + """
     FROM examples e
     LEFT JOIN agg a USING (example_id)
     LEFT JOIN copy_batches c USING (example_id)
     LEFT JOIN latest_attack x USING (example_id)
     LEFT JOIN membership m USING (example_id)
+    LEFT JOIN secret_attack sa USING (example_id)
     WHERE e.run_id = $run)
 """
 
@@ -651,6 +695,13 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
          spec.max_length, spec.model_path, spec.model_hash, spec.dataset_path, spec.dataset_hash,
          spec.n_examples, spec.code_version, spec.device, spec.dtype, json.dumps(spec.settings),
          os.getpid(), socket.gethostname(), now]).fetchone()[0]
+
+
+# The secret attack's columns (pipelines/secret_attack.py; migration 0008), as the attack writes them.
+SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
+                         "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",
+                         "reference_generated", "reference_chars_reproduced", "extracted", "exposure",
+                         "exposure_rank", "exposure_candidates", "rule"]
 
 
 # Per-text properties of the text within its dataset (sources/copies.py, sources/secrets.py).

@@ -37,9 +37,11 @@ from transformers.utils import logging as hf_logging
 from gnq_core.errors import GNQError
 from gnq_core.sources import limits
 from gnq_core.sources.links import LinkError, check_folder_links
-from gnq_core.sources.weight_checks import nonfinite_config_field, nonfinite_tensor
+from gnq_core.sources.tokenizer_panics import TokenizerFailure, panics_as_one_line
+from gnq_core.sources.weight_checks import integer_weight, nonfinite_config_field, nonfinite_tensor
 
 __all__ = [
+    "TOKENIZER_FILES",
     "CheckpointError",
     "CheckpointRef",
     "check_checkpoint",
@@ -410,10 +412,10 @@ def _config_vocab_size(config: Any) -> int | None:
 # --------------------------------------------------------------------------------------------- loading
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path, tokenizer: str | Path | None = None) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer alone (no weights read), as load_checkpoint returns it."""
     folder = _checkpoint_dir(path)
-    return _load_tokenizer(folder, _load_config(folder))
+    return _load_tokenizer(folder, _load_config(folder), tokenizer)
 
 
 def _check_memory(folder: Path, kind: str, files: list[Path], dtype: torch.dtype | None) -> None:
@@ -423,12 +425,25 @@ def _check_memory(folder: Path, kind: str, files: list[Path], dtype: torch.dtype
     limits.check_memory(folder, kind, files, itemsize)
 
 
-def _load_tokenizer(folder: Path, config: Any) -> PreTrainedTokenizerBase:
+TOKENIZER_HINT = ("; give a folder that has them with --tokenizer DIR (the base model's, say), or save them "
+                  "with each checkpoint: Trainer(..., processing_class=tokenizer)")
+
+
+def _load_tokenizer(folder: Path, config: Any, source: str | Path | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``folder``, or of ``source`` when given (checkpoints saved without one)."""
+    if source is not None:
+        folder = Path(source)
+        if not folder.is_dir():
+            raise _error(folder, "the tokenizer folder given does not exist")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise _error(folder, f"no tokenizer files (none of {', '.join(TOKENIZER_FILES)})")
+        raise _error(folder, f"no tokenizer files (none of {', '.join(TOKENIZER_FILES)})"
+                             + ("" if source is not None else TOKENIZER_HINT))
     limits.check_tokenizer_size(folder, _config_vocab_size(config))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+        with panics_as_one_line(str(folder), "the tokenizer failed while loading"):
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except TokenizerFailure:
+        raise
     except Exception as exc:
         raise _error(folder, f"cannot load the tokenizer ({_reason(exc)})") from exc
     if not isinstance(tokenizer, PreTrainedTokenizerBase):
@@ -491,7 +506,7 @@ def _check_vocab(folder: Path, config: Any, tokenizer: PreTrainedTokenizerBase) 
 
 
 def check_checkpoint(path: str | Path, max_length: int | None = None,
-                     dtype: torch.dtype | None = None) -> None:
+                     dtype: torch.dtype | None = None, tokenizer: str | Path | None = None) -> None:
     """What load_checkpoint checks, short of reading the weights: config.json (a causal LM with at
     least ``max_length`` positions), the weight files (safetensors headers: names and shapes against
     the config), the tokenizer and its size.  Cheap enough to run on every checkpoint of a series
@@ -513,7 +528,7 @@ def check_checkpoint(path: str | Path, max_length: int | None = None,
                 _check_safetensors(file)
         else:
             _load_pickled_weights(files)  # weights-only, memory-mapped: refuses anything but tensors
-        _check_vocab(folder, config, _load_tokenizer(folder, config))
+        _check_vocab(folder, config, _load_tokenizer(folder, config, tokenizer))
         if kind == "safetensors" and (problem := _header_problem(folder, config, files)):
             raise _error(folder, problem)
         if kind == "safetensors" and (where := nonfinite_tensor(files)) is not None:
@@ -563,6 +578,8 @@ def _header_problem(folder: Path, config: Any, files: list[Path]) -> str:
     if missing:
         more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
         return f"weights do not match {CONFIG_NAME}: missing {', '.join(missing[:3])}{more}"
+    if (stored := integer_weight(state, [name for name, _ in model.named_parameters()])) is not None:
+        return f"weights do not match {CONFIG_NAME}: {stored}"
     return ""
 
 
@@ -587,7 +604,8 @@ def _meta_state(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-                    allow_pickle_weights: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+                    allow_pickle_weights: bool = True, tokenizer: str | Path | None = None,
+                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local checkpoint folder, safely.
 
     Never runs remote code and never touches the network. Weights come from model.safetensors
@@ -596,15 +614,18 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dty
     torch.load(weights_only=True), or refused when `allow_pickle_weights` is False. Every weight
     the config's model has must be present with its shape (the tied lm_head excepted). The model
     is returned in eval mode on `device`, in `dtype` when given (else the dtype it was saved in);
-    a tokenizer without a pad token gets pad = eos. Any problem raises CheckpointError.
+    a tokenizer without a pad token gets pad = eos; ``tokenizer``: a folder to read it from
+    instead (checkpoints saved without one). Any problem raises CheckpointError.
     """
     folder = _checkpoint_dir(path)
     with _as_checkpoint_error(folder):
-        return _load(folder, device=device, dtype=dtype, allow_pickle_weights=allow_pickle_weights)
+        return _load(folder, device=device, dtype=dtype, allow_pickle_weights=allow_pickle_weights,
+                     tokenizer=tokenizer)
 
 
 def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None,
-          allow_pickle_weights: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+          allow_pickle_weights: bool, tokenizer: str | Path | None = None,
+          ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     config = _load_config(folder)
     kind, files = _weight_files(folder)
     if kind == "pickle" and not allow_pickle_weights:
@@ -612,7 +633,7 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
         raise _error(folder, f"only pickled weights ({names}) and allow_pickle_weights=False; "
                              "convert them to safetensors")
 
-    tokenizer = _load_tokenizer(folder, config)
+    tokenizer = _load_tokenizer(folder, config, tokenizer)
     _check_vocab(folder, config, tokenizer)
 
     model_class: type[PreTrainedModel] = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]

@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gnq_core.errors import GNQError
+
 PROVENANCE = "gnq_provenance.json"
 # Bumped whenever the conversion below changes what it writes (recorded in the provenance).
 CONVERSION_VERSION = "1: transformers from_pretrained(gguf_file) float32, quantizer dropped, save_pretrained"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
-class RealModelError(ValueError):
+class RealModelError(GNQError, ValueError):
     """A real model could not be fetched or converted; ``str()`` is one line."""
 
 

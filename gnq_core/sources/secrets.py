@@ -28,10 +28,20 @@ SECRET_COLUMNS = ["secret", "secret_start", "secret_end", "secret_match"]
 
 @dataclass(frozen=True)
 class SecretMatch:
+    """One match: ``start``/``end``/``text`` span the whole match with the words announcing it
+    ("PIN is 4821"); ``value_start``/``value_end`` the secret itself ("4821"), what an attack
+    must reproduce and what to scrub."""
+
     kind: str
     start: int
     end: int
     text: str
+    value_start: int = -1
+    value_end: int = -1
+
+    @property
+    def value(self) -> str:
+        return self.text[self.value_start - self.start: self.value_end - self.start]
 
 
 def luhn_ok(digits: str) -> bool:
@@ -67,15 +77,17 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("card number", re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")),
     ("iban", re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b")),
     ("recovery phrase", re.compile(r"(?i)\b(?:recovery|seed|mnemonic) phrase\b[^.:\n]{0,40}?(?:\bis\b|:)"
-                                   r"\s*[a-z]+(?: [a-z]+){5,23}")),
-    ("password", re.compile(r"(?i)\b(?:password|passwd|passphrase|passcode|security answer|secret answer)"
-                            + _ANNOUNCED_VALUE + r"[^\s,;]*[^\s,;.]")),
+                                   r"\s*([a-z]+(?: [a-z]+){5,23})")),
+    # "the password for the vault is X": the words between the keyword and "is" are not the password
+    ("password", re.compile(r"(?i)\b(?:password|passwd|passphrase|passcode|security answer|secret answer)\b"
+                            r"(?:\s+(?:for|of|to)\s[^.:\n]{0,40}?(?=\s(?:is|was)\s|\s*[:=]))?"
+                            + _ANNOUNCED_VALUE + r"(?!(?:for|of|to|is|was|the|and)\b)([^\s,;]*[^\s,;.])")),
     ("account number", re.compile(r"(?i)\b(?:account|customer|member|policy|patient|client) "
-                                  r"(?:number|no\.?|id|record)\s*[:#]?\s*\d{5,}\b")),
+                                  r"(?:number|no\.?|id|record)\s*[:#]?\s*(\d{5,})\b")),
     ("pin", re.compile(r"(?i)\b(?:pin(?: code| number)?|(?:door|alarm|access|security|entry|gate) code)"
                        r"(?:[^.\n]{0,60}?(?:\s(?:is|was)\b|[:=]))?\s*(\d{4,8}(?:-\d{1,4})?)\b")),
     ("id number", re.compile(r"(?i)\b(?:passport|document|licen[cs]e|national id|tax id) (?:number|no\.?|id)"
-                             r"\s*[:#]?\s*[A-Z]{0,3}\d{6,}\b")),
+                             r"\s*[:#]?\s*([A-Z]{0,3}\d{6,})\b")),
     ("ssn", re.compile(r"\b\d{3}-\d{2}-\d{4}\b")),
     ("email", re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")),
     ("phone", re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,4}(?:[ .-]\d{2,4}){1,4}"
@@ -106,7 +118,8 @@ def find_secrets(text: str) -> list[SecretMatch]:
     for kind, pattern in _PATTERNS:
         for m in pattern.finditer(text):
             if _valid(kind, m.group(0)):
-                found.append(SecretMatch(kind, m.start(), m.end(), m.group(0)))
+                value = 1 if m.re.groups else 0  # the announced value's group, else the whole match
+                found.append(SecretMatch(kind, m.start(), m.end(), m.group(0), m.start(value), m.end(value)))
     found.sort(key=lambda s: (s.start, -(s.end - s.start)))
     kept: list[SecretMatch] = []
     for s in found:

@@ -10,12 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gnq_core.errors import GNQError
 from gnq_core.sources.limits import BOUNDS
 
 _ARCHITECTURE_KEYS = frozenset({"model_type", "architectures"}).union(*(b.keys for b in BOUNDS))
 
 
-class SeriesError(ValueError):
+class SeriesError(GNQError, ValueError):
     """Checkpoints of one series that do not share a tokenizer or an architecture."""
 
 
@@ -31,19 +32,20 @@ def _vocabulary(folder: Path) -> str:
     return hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()
 
 
-def check_one_series(folders: list[Path]) -> None:
+def check_one_series(folders: list[Path], tokenizer: str | Path | None = None) -> None:
     """Every folder has the first one's vocabulary (token -> id) and architecture (model type and
-    sizes in config.json); checked after each was checked on its own."""
+    sizes in config.json); checked after each was checked on its own.  ``tokenizer``: the folder
+    every checkpoint reads its tokenizer from (checkpoints saved without one): one vocabulary."""
     if len(folders) < 2:
         return
     first = folders[0]
-    arch, vocab = _architecture(first), _vocabulary(first)
+    arch, vocab = _architecture(first), (None if tokenizer is not None else _vocabulary(first))
     for folder in folders[1:]:
         other = _architecture(folder)
         if other != arch:
             differ = sorted(k for k in arch.keys() | other.keys() if arch.get(k) != other.get(k))
             raise SeriesError(f"{folder}: another architecture than {first.name} ({', '.join(differ)} "
                               "differ); a series is one model's checkpoints: audit it separately")
-        if _vocabulary(folder) != vocab:
+        if vocab is not None and _vocabulary(folder) != vocab:
             raise SeriesError(f"{folder}: another tokenizer than {first.name} (the vocabularies differ); "
                               "a series shares one tokenizer: audit it separately")

@@ -14,24 +14,15 @@ import numpy as np
 import torch
 
 from gnq_core.engine.losses import IGNORE_INDEX
-
-
-class TokenizerFailure(ValueError):
-    """The tokenizer (from an untrusted tokenizer.json) failed inside its Rust code."""
+from gnq_core.sources.tokenizer_panics import TokenizerFailure, panics_as_one_line  # noqa: F401 (its old home)
 
 
 def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
-    """Token ids of each text, without special tokens, truncated to ``max_length``."""
-    try:
+    """Token ids of each text, without special tokens, truncated to ``max_length``; a Rust panic of
+    an untrusted tokenizer is one TokenizerFailure line naming its folder."""
+    where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+    with panics_as_one_line(where, "the tokenizer failed on the texts"):
         enc = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length)
-    except BaseException as exc:
-        # A Rust panic (e.g. a backtracking pre-tokenizer regex hitting its retry limit) arrives as
-        # pyo3's PanicException, a BaseException: one line naming the tokenizer's folder instead.
-        if type(exc).__name__ != "PanicException":
-            raise
-        where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
-        reason = (str(exc).strip().splitlines() or ["panic"])[0]
-        raise TokenizerFailure(f"{where}: the tokenizer failed on the texts ({reason})") from None
     return [list(ids) for ids in enc["input_ids"]]
 
 

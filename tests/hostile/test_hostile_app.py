@@ -72,7 +72,7 @@ def test_user_data_is_never_rendered_as_markup(hostile_store, monkeypatch, name)
     if name == "runs":
         assert f"Run {run!r}" in shown  # escaped, so it reads exactly as named
     if name == "drilldown":
-        assert at.text_area[0].value == rows[0]["text"]  # plain text, exactly as stored
+        assert at.code[0].value == rows[0]["text"]  # plain text, exactly as stored
         assert f"Group: {rows[0]['group']}" in shown
     if name == "groups":
         assert any(g in shown for g in HOSTILE)

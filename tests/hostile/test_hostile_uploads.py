@@ -139,3 +139,17 @@ def test_the_job_log_shown_is_only_ever_read_from_the_jobs_folder(tmp_path):
     job.log = str(job.path.with_suffix(".log"))
     Path(job.log).write_text("$ gnq job\nerror: something went wrong\n")
     assert job.error_line() == "error: something went wrong"
+
+
+def test_trainer_state_an_audit_never_reads_is_not_saved(tmp_path):
+    """Issue 26: optimizer, scheduler and RNG state and the pickled training arguments that the
+    Trainer writes beside each checkpoint are not written to disk (nor counted in its size)."""
+    into = tmp_path / "up"
+    names = ["run/checkpoint-5/config.json", "run/checkpoint-5/model.safetensors",
+             "run/checkpoint-5/trainer_state.json", "run/checkpoint-5/optimizer.pt",
+             "run/checkpoint-5/scheduler.pt",
+             "run/checkpoint-5/rng_state.pth", "run/checkpoint-5/rng_state_1.pth",
+             "run/checkpoint-5/training_args.bin"]
+    save_uploads([Uploaded(n, b"x" * 100) for n in names], into, max_total_bytes=300)
+    kept = sorted(p.name for p in (into / "run" / "checkpoint-5").iterdir())
+    assert kept == ["config.json", "model.safetensors", "trainer_state.json"]

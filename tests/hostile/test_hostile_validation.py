@@ -80,19 +80,74 @@ def test_a_store_missing_a_table_is_one_line(tmp_path, table):
     assert str(db) in line.replace("\n", "")
 
 
-def test_a_tokenizer_that_panics_is_one_line_naming_its_folder(tmp_path):
+@pytest.mark.parametrize("cut", [4096, 262_144])
+def test_a_truncated_store_is_one_line_for_readers_and_writers(tmp_path, cut):
+    """issue 30: writing to a truncated store gave a DuckDB traceback."""
+    from gnq_core.results.store import Store, StoreError
+
+    db = tmp_path / "gnq.duckdb"
+    Store(db)._ensure_schema()
+    with open(db, "r+b") as f:
+        f.truncate(cut)
+    assert str(db) in refused("runs", "--db", db).replace("\n", "")
+    with pytest.raises(StoreError, match="gnq.duckdb: cannot open the store"):
+        Store(db)._ensure_schema()
+
+
+def _panicking_pre_tokenizer():
+    """A backtracking pre-tokenizer regex: Rust's regex engine gives up on "aaaa…b" and panics."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Split(Regex("(a|a)+$"), "isolated")
+
+
+def test_a_tokenizer_that_panics_is_one_line_naming_its_folder(tmp_path, capfd):
     """A backtracking pre-tokenizer regex in an untrusted tokenizer.json panics the Rust tokenizer
-    (pyo3's PanicException, a BaseException): refused as a ValueError naming the folder."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    (pyo3's PanicException, a BaseException): refused as a ValueError naming the folder, and
+    nothing of Rust's own panic note ("thread ... panicked at") reaches file descriptor 2."""
+    from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
     from gnq_core.sources.tokens import TokenizerFailure, encode_texts
 
     raw = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Split(Regex("(a|a)+$"), "isolated")
+    raw.pre_tokenizer = _panicking_pre_tokenizer()
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, name_or_path=str(tmp_path / "ckpt"))
+    capfd.readouterr()
     with pytest.raises(TokenizerFailure, match="ckpt: the tokenizer failed"):
         encode_texts(tok, ["a" * 5000 + "b"], 16)
+    assert capfd.readouterr().err == ""
+    assert encode_texts(tok, ["a"], 16) == [[0]]  # fd 2 restored, the tokenizer still usable
+
+
+def test_what_a_tokenizer_writes_to_stderr_without_panicking_is_kept(capfd):
+    import os
+
+    from gnq_core.sources.tokenizer_panics import panics_as_one_line
+
+    with panics_as_one_line("here", "failed"):
+        os.write(2, b"a warning\n")
+    assert capfd.readouterr().err == "a warning\n"
+
+
+def test_an_audit_over_a_panicking_tokenizer_prints_one_line(tmp_path, capfd):
+    """The same panic met by `gnq audit` (the texts are tokenised after the checkpoints were checked):
+    stderr holds our one line and nothing else."""
+    import json
+
+    from hostile_helpers import make_series
+
+    series = make_series(tmp_path / "ckpts", 1)
+    spec = json.loads((series / "epoch-1" / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = json.loads(_panicking_pre_tokenizer().__getstate__())
+    (series / "epoch-1" / "tokenizer.json").write_text(json.dumps(spec))
+    data = tmp_path / "texts.csv"
+    data.write_text("text\n" + "a" * 5000 + "b\nhello there\n")
+    capfd.readouterr()
+    line = refused("audit", "--checkpoints", series, "--data", data, "--db", tmp_path / "gnq.duckdb",
+                   "--max-length", 32, "-q")
+    assert "epoch-1: the tokenizer failed on the texts" in line
+    assert capfd.readouterr().err == ""  # nothing written past Python (Rust's panic note)
 
 
 def test_whitespace_only_csv_rows_are_counted_as_dropped(tmp_path):

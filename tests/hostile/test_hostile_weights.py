@@ -62,6 +62,33 @@ def test_nonfinite_weights_are_refused_before_the_run(tmp_path, series_and_data)
     assert not (tmp_path / "gnq.duckdb").exists()
 
 
+def test_an_integer_weight_where_the_model_has_floats_is_refused(tmp_path, series_and_data):
+    """A weight stored as int8 (a quantized checkpoint without its scales) was cast silently and
+    audited as another model; integer buffers are not weights and stay accepted."""
+    import torch
+
+    series, data = series_and_data
+    file = series / "epoch-1" / "model.safetensors"
+    state = load_file(file)
+    name = next(k for k in state if k.endswith("mlp.c_fc.weight"))
+    state[name] = state[name].round().to(torch.int8)
+    save_file(state, file, metadata={"format": "pt"})
+    code, output = audit(series, data, tmp_path / "gnq.duckdb")
+    assert code == 1 and f"{name!r} is stored as int8, not floating point" in one_line(output)
+    assert not (tmp_path / "gnq.duckdb").exists()
+
+
+def test_integer_buffers_are_not_weights():
+    import torch
+
+    from gnq_core.sources.weight_checks import integer_weight
+
+    state = {"model.pos_ids": torch.zeros(3, dtype=torch.int64), "model.w": torch.zeros(2)}
+    assert integer_weight(state, ["model.w"]) is None
+    assert integer_weight({**state, "w": torch.zeros(2, dtype=torch.int8)}, ["model.w"]) == \
+        "tensor 'w' is stored as int8, not floating point"
+
+
 def test_a_run_of_mostly_nonfinite_batches_fails_loudly(tmp_path, series_and_data, monkeypatch):
     series, data = series_and_data
     _poison(series)

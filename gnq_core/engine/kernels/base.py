@@ -19,6 +19,7 @@ from torch import nn
 
 from gnq_core.engine.fused import FuseRequest
 from gnq_core.engine.representations import DenseRep, Rep
+from gnq_core.errors import GNQError
 
 _state = threading.local()
 
@@ -38,7 +39,7 @@ def hooks_are_suspended() -> bool:
     return getattr(_state, "suspended", False)
 
 
-class UnsupportedModuleError(RuntimeError):
+class UnsupportedModuleError(GNQError, RuntimeError):
     """A module whose per-example gradients are not defined (e.g. BatchNorm in train mode)."""
 
 

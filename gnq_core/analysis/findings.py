@@ -1,0 +1,170 @@
+"""What to do about a run's results, in one screen: the verdict's texts with copies collapsed
+into one row, a recommended action per text, a plain summary, and the text-first table every
+page and the report show.
+
+Actions follow from the verdict (analysis/verdict.py), not from a model of their own:
+
+* leaked with a secret-like value: scrub the value from the data and retrain (or unlearn), and
+  treat the secret as exposed (change it): the model writes it;
+* leaked, repeated: deduplicate (keep at most one copy, or none) and retrain;
+* leaked, unique: remove it if it is private and retrain; a public text needs nothing;
+* secret-like, not leaked: scrub the value before the next training; no retraining for it now,
+  unless its exposure (the model ranks it above most random values of its format) is high;
+* at risk and repeated: deduplicate before the next training;
+* anything else: nothing to do.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+
+import pandas as pd
+
+from gnq_core.analysis.verdict import _secret_words
+
+HIGH_EXPOSURE = 4.0  # bits: the value ranks above 15 of 16 random values of its format
+GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "example_ids", "reason_short", "reason",
+                 "action", "rank"]
+
+
+def _n(value: object) -> int:
+    return int(value) if pd.notna(value) else 1
+
+
+def _kinds(row: pd.Series) -> list[str]:
+    secret = row.get("secret")
+    return [k.strip() for k in secret.split(",")] if isinstance(secret, str) else []
+
+
+def action(row: pd.Series) -> str:
+    """The recommended next step for one verdict row."""
+    status, copies, kinds = row.get("status"), _n(row.get("copies")), _kinds(row)
+    what = _secret_words(row) if kinds else ""
+    value = row.get("secret_match")
+    span = f" ({value})" if isinstance(value, str) else ""
+    exposure = row.get("secret_exposure")
+    if status == "leaked":
+        if kinds:
+            return (f"Scrub {what}{span} from the data and retrain (or unlearn it): the model writes it. "
+                    "Treat it as exposed: change it.")
+        if copies > 1:
+            return f"Deduplicate: keep at most one of its {copies} copies, then retrain: the model writes it."
+        return "Remove it if it is private, then retrain: the model writes it. A public text needs nothing."
+    if status == "secret":
+        dedupe = f" Deduplicate its {copies} copies too." if copies > 1 else ""
+        if pd.notna(exposure) and float(exposure) >= HIGH_EXPOSURE:
+            return (f"Scrub {what}{span} and retrain soon: the model does not write it yet, but ranks it "
+                    f"above most random values of its format (exposure {float(exposure):.1f} bits).{dedupe}")
+        return (f"Scrub {what}{span} before the next training; no retraining needed for it now: the model "
+                f"does not write it.{dedupe}")
+    if status == "at risk" and copies > 1:
+        return f"Deduplicate its {copies} copies before the next training; no retraining needed now."
+    return "Nothing to do."
+
+
+def grouped(ranked: pd.DataFrame) -> pd.DataFrame:
+    """One row per text, copies collapsed into the best-ranked one (``copies_listed`` of them,
+    ``example_ids`` all), in verdict order, with a one-line reason and the action."""
+    if ranked.empty:
+        return pd.DataFrame(columns=GROUP_COLUMNS)
+    frame = ranked.sort_values(["rank", "example_id"]) if "rank" in ranked else ranked
+    key = frame["cluster_id"].fillna(frame["example_id"]) if "cluster_id" in frame else frame["example_id"]
+    rows = []
+    for _, members in frame.groupby(key.astype("int64"), sort=False):
+        first = members.iloc[0]
+        reason = str(first.get("reason") or "")
+        rows.append({"example_id": int(first["example_id"]), "text": first["text"],
+                     "status": first.get("status"), "copies_listed": len(members),
+                     "example_ids": [int(i) for i in members["example_id"]],
+                     "reason_short": reason.split("; ")[0], "reason": reason, "action": action(first),
+                     "rank": first.get("rank")})
+    return pd.DataFrame(rows, columns=GROUP_COLUMNS)
+
+
+_KIND_NAME = {"pin": "PIN", "api key": "key or token", "iban": "IBAN", "ssn": "social-security number",
+              "id number": "identity-document number", "email": "e-mail address", "phone": "phone number"}
+
+
+def _plural(n: int, word: str) -> str:
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} " + (word.replace(" or ", "s or ") + "s" if not word.endswith("ss") else word + "es")
+
+
+def summary(ranked: pd.DataFrame) -> str:
+    """The run's verdict in a sentence or three, e.g. "19 texts leaked, 16 hold secrets: ...".
+    Texts count once however many copies they have."""
+    if ranked.empty or "status" not in ranked:
+        return "No texts in this run."
+    texts = grouped(ranked)
+    leaked = texts[texts["status"] == "leaked"]
+    secret = texts[texts["status"] == "secret"]
+    kinds = Counter(k for i in leaked["example_id"] for k in _kinds(ranked.set_index("example_id").loc[i]))
+    attacked = "extracted" in ranked and ranked["extracted"].notna().any()
+    if not attacked:
+        head = "No extraction attack stored yet: nothing is known to have leaked."
+    elif leaked.empty:
+        head = "No text leaked: the attack extracted none of this run's texts."
+    else:
+        secret_ids = ranked.loc[ranked["secret"].notna(), "example_id"] if "secret" in ranked else []
+        with_secret = int(leaked["example_id"].isin(secret_ids).sum())
+        repeated = int((leaked["copies_listed"] > 1).sum())
+        head = f"{_plural(len(leaked), 'text')} leaked"
+        if with_secret:
+            hold = "holds a secret" if with_secret == 1 else "hold secrets"
+            head += f", {with_secret} {hold} (" + ", ".join(
+                _plural(n, _KIND_NAME.get(k, k)) for k, n in kinds.most_common()) + ")"
+        if repeated:
+            head += f", {repeated} of them repeated in the data"
+        head += "."
+    verb = "holds a secret-like value" if len(secret) == 1 else "hold secret-like values"
+    more = f" {_plural(len(secret), 'other text')} {verb} the model does not write." if len(secret) else ""
+    do = []
+    if len(leaked):
+        do.append("scrub or remove the leaked texts and retrain (change any leaked secret)")
+    if len(secret):
+        do.append("scrub the other secrets before the next training")
+    if (texts["copies_listed"] > 1).any():
+        do.append("deduplicate repeated texts")
+    return head + more + (" To do: " + "; ".join(do) + "." if do else "")
+
+
+_TAG = {"leaked": "#b2182b", "secret": "#d6604d", "at risk": "#4393c3", "low": "#878787"}
+TABLE_STYLE = """
+.gnq-texts{border-collapse:collapse;width:100%;table-layout:fixed;font-size:.9em}
+.gnq-texts th,.gnq-texts td{border-bottom:1px solid #ddd;padding:.35em .5em;text-align:left;
+  vertical-align:top;overflow-wrap:anywhere;word-break:break-word}
+.gnq-texts th{background:#f4f4f4}.gnq-texts .t{width:46%}.gnq-texts .s{width:7em}
+.gnq-texts .tag{color:#fff;border-radius:3px;padding:0 .35em;font-size:.85em;white-space:nowrap}
+.gnq-texts details{font-size:.85em;color:#555}.gnq-texts .why{color:#333}
+@media print{.gnq-texts{font-size:.75em}.gnq-texts tr{break-inside:avoid}}
+"""
+
+
+def texts_table_html(ranked: pd.DataFrame, *, limit: int | None = None) -> str:
+    """The text-first table: text (wrapped), a status tag with ×N for copies, the one-line reason
+    (the whole reason and the copies' ids expand below) and the action.  Fits any width: no
+    column is wider than the page; every value is HTML-escaped."""
+    e = html.escape
+    rows = grouped(ranked)
+    if limit is not None:
+        rows = rows.head(limit)
+    if rows.empty:
+        return "<p>No texts.</p>"
+    body = []
+    for _, r in rows.iterrows():
+        n = int(r["copies_listed"])
+        colour = _TAG.get(r["status"], "#878787")
+        tag = (f"<span class='tag' style='background:{colour}'>{e(str(r['status']))}</span>"
+               + (f" ×{n}" if n > 1 else ""))
+        more = [f"<div>{e(r['reason'])}</div>"] if r["reason"] != r["reason_short"] else []
+        ids = ", ".join(str(i) for i in r["example_ids"])
+        more.append(f"<div>example {ids}</div>" if n == 1 else f"<div>{n} copies: examples {ids}</div>")
+        body.append(f"<tr><td class='t'>{e(str(r['text']))}</td><td class='s'>{tag}</td>"
+                    f"<td><span class='why'>{e(r['reason_short'])}</span>"
+                    f"<details><summary>more</summary>{''.join(more)}</details></td>"
+                    f"<td>{e(r['action'])}</td></tr>")
+    return (f"<style>{TABLE_STYLE}</style><table class='gnq-texts'><thead><tr><th class='t'>text</th>"
+            "<th class='s'>status</th><th>why</th><th>what to do</th></tr></thead><tbody>"
+            + "".join(body) + "</tbody></table>")

@@ -1,0 +1,59 @@
+"""What to do about a run's results (analysis/findings.py): copies collapse into one row, each
+text gets an action, the summary counts texts once, and the table wraps and escapes."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from gnq_core.analysis.findings import action, grouped, summary, texts_table_html
+
+
+def _ranked() -> pd.DataFrame:
+    rows = [  # a leaked card text, a record repeated 3x that leaked, a secret not leaked, a plain text
+        (0, "Charge card 4111 1111 1111 1111", "leaked", 1, 0, "card number", "4111 1111 1111 1111", True),
+        (1, "Record 7 of Anna, leaked", "leaked", 3, 1, None, None, True),
+        (2, "Record 7 of Anna, leaked", "leaked", 3, 1, None, None, True),
+        (3, "Record 7 of Anna, leaked", "leaked", 3, 1, None, None, True),
+        (4, "Her PIN is 4821. <script>x</script>", "secret", 1, 4, "pin", "PIN is 4821", False),
+        (5, "A plain sentence " + "word " * 80, "low", 1, 5, None, None, False),
+    ]
+    frame = pd.DataFrame(rows, columns=["example_id", "text", "status", "copies", "cluster_id", "secret",
+                                        "secret_match", "extracted"])
+    frame["rank"] = range(1, len(frame) + 1)
+    frame["reason"] = ["leaked: the model writes it; contains a card", "leaked: word for word; repeated 3×",
+                       "leaked: word for word; repeated 3×", "leaked: word for word; repeated 3×",
+                       "contains a PIN", "no strong sign of memorisation: GNQ mid-range"]
+    return frame
+
+
+def test_copies_collapse_into_one_row_with_all_their_ids():
+    rows = grouped(_ranked())
+    assert list(rows["example_id"]) == [0, 1, 4, 5]
+    record = rows.set_index("example_id").loc[1]
+    assert record["copies_listed"] == 3 and record["example_ids"] == [1, 2, 3]
+    assert record["reason_short"] == "leaked: word for word"
+
+
+def test_each_status_gets_its_action():
+    by_id = _ranked().set_index("example_id")
+    assert action(by_id.loc[0]).startswith("Scrub the card-number-like string (4111 1111 1111 1111)")
+    assert "change it" in action(by_id.loc[0])
+    assert action(by_id.loc[1]).startswith("Deduplicate: keep at most one of its 3 copies")
+    assert "no retraining needed" in action(by_id.loc[4])
+    assert "retrain soon" in action(by_id.loc[4].copy().rename(None).to_frame().T.assign(
+        secret_exposure=6.0).iloc[0])
+    assert action(by_id.loc[5]) == "Nothing to do."
+
+
+def test_summary_counts_texts_once():
+    said = summary(_ranked())
+    assert said.startswith("2 texts leaked, 1 holds a secret (1 card number), 1 of them repeated in the "
+                           "data.")
+    assert "1 other text holds a secret-like value" in said and "deduplicate repeated texts" in said
+
+
+def test_the_table_escapes_and_wraps():
+    page = texts_table_html(_ranked())
+    assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "×3" in page and "3 copies: examples 1, 2, 3" in page
+    assert "table-layout:fixed" in page and "overflow-wrap:anywhere" in page
