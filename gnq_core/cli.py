@@ -538,7 +538,8 @@ QuickOption = typer.Option(False, "--quick", help="Tiny sizes for tests (under a
 ScaleOption = typer.Option("full", "--scale",
                            help="quick (tests), full (small models, minutes on a CPU) or paper (GPT-2 small "
                                 "12×768 at the paper's settings: a CUDA GPU's work; folders and runs get "
-                                "-paper).")
+                                "-paper); common-knowledge also takes real (the cached SmolLM2-135M "
+                                "fine-tuned on CPU: gnq model fetch smollm2).")
 DataDirOption = typer.Option(None, "--data-dir", show_default=False,
                              help="Real-text folder with wikitext2/ and ag_news/ (default: ../shared/data "
                                   "next to the repository).")
@@ -567,8 +568,8 @@ def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, repor
     from gnq_core.progress import JobProgress
     from gnq_core.studies import StudyContext
 
-    if scale not in ("quick", "full", "paper"):
-        raise ValueError(f"--scale must be quick, full or paper, not {scale!r}")
+    if scale not in ("quick", "full", "paper", "real"):
+        raise ValueError(f"--scale must be quick, full, paper or real, not {scale!r}")
     torch.set_num_threads(threads)
     store = _store(db)
     flags = [f"--db {store.path}"] + (["--quick"] if quick else []) + (
