@@ -65,9 +65,10 @@ def closed_form_gnq(G: torch.Tensor, lam: float) -> torch.Tensor:
     return torch.stack(out)
 
 
-def audit(path: str, lam: float):
+def audit(path: str, lam: float, fused: bool = False):
     model = make_model()
-    with GNQAuditor(model, lam=lam, path=path) as auditor:
+    # fused=False: each explicit path is checked as itself (fused, the default, is checked below)
+    with GNQAuditor(model, lam=lam, path=path, fused=fused) as auditor:
         squared_loss(model, data()).sum().backward()
         return auditor.compute()
 

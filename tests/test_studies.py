@@ -374,3 +374,37 @@ def test_pretrain_keeps_the_schedules_checkpoints_and_the_latest_optimizer_state
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch-1", "epoch-3"]
     assert [p.parent.name for p in (tmp_path / "run").glob(f"*/{OPTIMIZER_STATE}")] == ["epoch-3"]
     assert final == tmp_path / "run" / "epoch-3"
+
+
+def test_real_scale_fine_tunes_the_given_model_and_reports_each_claim(tmp_path, monkeypatch):
+    """--scale real's plumbing with a tiny GPT-2 standing in for SmolLM2 (the real run is the
+    committed reports/common-knowledge-real): premise, fine-tune, counterfactual pair, evidence."""
+    from dataclasses import replace
+
+    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.models import build_model, train_tokenizer
+    from gnq_core.studies import common_knowledge as ck
+    from gnq_core.studies import common_knowledge_real as real
+    from gnq_core.studies import paraphrases
+    from gnq_core.studies.base import StudyContext
+
+    words = paraphrases.bank(8, 0)
+    tok = train_tokenizer(words.pretrain + words.facts + words.claims + words.seen_claims, vocab_size=300)
+    save_checkpoint(build_model("tiny", len(tok), 24, seed=0), tok, tmp_path / "base")
+    monkeypatch.setattr(real, "cached_model", lambda: tmp_path / "base")
+    small = replace(real.REAL, pairs=8, cf_models=2, finetune=replace(real.REAL.finetune, epochs=1))
+    monkeypatch.setattr(real, "REAL", small)
+    ctx = StudyContext(store=Store(tmp_path / "gnq.duckdb"), scale="real", reports_root=tmp_path / "reports",
+                       work_root=tmp_path / "work")
+    text = ck.run(ctx).read_text()
+    run = ctx.store.run("common-knowledge-real.finetune")
+    assert run.status == "done" and run.n_examples == 16 and run.settings["epochs"] == 1
+    assert set(ctx.store.examples(run.run_id)["grp"]) == {"common", "surprising"}
+    assert ctx.store.metrics(run.run_id)[CF_METRIC].notna().all()  # one complementary pair: every text in/out
+    for claim in ("Premise", "larger GNQ", "GNQ tells more than loss", "Counterfactual memorization"):
+        assert claim in text
+    assert "AUC within exact length" in text and "CV AUC gain over length + loss" in text
+    assert "| Min-K%++ |" in text and "| loss ratio |" in text  # in-run last epoch; over the base model
+    assert "Extraction (paper §6.3, Table 3)" in text and not ctx.store.extractions(run.run_id).empty
+    with pytest.raises(ValueError, match="common-knowledge study only"):
+        ctx.pick(1, 2, 3)

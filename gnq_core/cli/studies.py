@@ -21,7 +21,8 @@ QuickOption = typer.Option(False, "--quick", help="Tiny sizes for tests (under a
 ScaleOption = typer.Option("full", "--scale",
                            help="quick (tests), full (small models, minutes on a CPU) or paper (GPT-2 small "
                                 "12×768 at the paper's settings: a CUDA GPU's work; folders and runs get "
-                                "-paper).")
+                                "-paper); common-knowledge also takes real (the cached SmolLM2-135M "
+                                "fine-tuned on CPU: gnq model fetch smollm2).")
 DataDirOption = typer.Option(None, "--data-dir", show_default=False,
                              help="Real-text folder with wikitext2/ and ag_news/ (default: ../shared/data "
                                   "next to the repository).")

@@ -26,7 +26,7 @@ from gnq_core.sources.datasets import DatasetError, load_texts
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"  # the project's convention: ../shared/data
 TIMINGS = "timings.json"
-SCALES = ("quick", "full", "paper")
+SCALES = ("quick", "full", "paper", "real")  # real: a pretrained model on CPU (the studies that have it)
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ class StudyContext:
 
     store: Store
     quick: bool = False  # the same as scale="quick"
-    scale: str = "full"  # quick (tests), full (the CPU study), paper (GPT-2 small at the paper's settings)
+    scale: str = "full"  # quick (tests), full (the CPU study), paper (GPT-2 small at the paper's settings),
+    # real (a pretrained model fine-tuned on CPU; common-knowledge only)
     seed: int = 0
     device: str = "auto"
     work_root: Path | None = None  # default: <store folder>/studies
@@ -56,11 +57,13 @@ class StudyContext:
 
     @property
     def preset(self) -> str:
-        """The study's sizes: "quick", "full" or "paper"."""
+        """The study's sizes: "quick", "full", "paper" or "real"."""
         return "quick" if self.quick else self.scale
 
     def pick(self, quick, full, paper):
-        """The value of the study's scale."""
+        """The value of the study's scale (a study without a real scale refuses it in one line)."""
+        if self.preset == "real":
+            raise ValueError("--scale real exists for the common-knowledge study only so far")
         return {"quick": quick, "full": full, "paper": paper}[self.preset]
 
     def label(self, study: str) -> str:

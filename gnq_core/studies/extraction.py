@@ -206,9 +206,10 @@ def _reading(by_group: pd.DataFrame, aucs: pd.DataFrame, paraphrased: bool = Fal
     common, surprising = rates.get(ck.NEGATIVE, np.nan), rates.get(ck.POSITIVE, np.nan)
     if common > surprising:
         how = "in other words" if paraphrased else "verbatim"
-        lines.append(f"  The facts were in the pretraining data ({how}), which can explain why the attack "
-                     "recovers them more often than the claims: extraction measures what the model can "
-                     "reproduce, GNQ what the fine-tuning update encoded (paper §6.2).")
+        lines.append(f"  The facts were in the pretraining data ({how}); whether that is why the attack "
+                     "recovers them more often than the claims is not tested here (the common-knowledge "
+                     "report shows the tiny model does not know the facts in the audit's wording), and "
+                     "the group rates' intervals are in the table below.")
     gnq = aucs.set_index("score").loc[STRATEGIES[0][0]]
     within = ", ".join(f"{c.removeprefix('AUC ')} {rep.fmt(v)}" for c, v in gnq.items() if c != "AUC all")
     lines.append(f"- GNQ (max) as a predictor of extraction: AUC {rep.fmt(gnq['AUC all'])} over all texts; "
@@ -219,7 +220,7 @@ def _reading(by_group: pd.DataFrame, aucs: pd.DataFrame, paraphrased: bool = Fal
 def _verdict(table: pd.DataFrame, overall: float) -> str:
     rates = table.groupby(["target", "fraction"])["rate"].mean()
     lines = [f"- Overall {rep.fmt(overall)} of the attacked texts are extracted."]
-    better = 0
+    better = clear = 0
     for f in FRACTIONS:
         random = table[(table["fraction"] == f) & table["target"].str.startswith("Random")]["rate"].mean()
         picks = {t: rates.get((t, f), np.nan) for t, _, _ in STRATEGIES}
@@ -229,8 +230,10 @@ def _verdict(table: pd.DataFrame, overall: float) -> str:
                      f"{rep.fmt(picks[STRATEGIES[2][0]])}, loss {rep.fmt(picks[STRATEGIES[3][0]])}, random "
                      f"{rep.fmt(random)} (highest: {', '.join(best) if len(best) == 1 else 'a tie'}).")
         better += picks[STRATEGIES[0][0]] > random
-    verdict = {0: "at no budget", len(FRACTIONS): "at every budget"}.get(better, f"at {better} of "
-                                                                                f"{len(FRACTIONS)} budgets")
-    lines.append(f"- GNQ's picks are extracted more often than random picks {verdict} "
-                 f"(paper Table 3: at every budget, far more).")
+        gnq = table[(table["target"] == STRATEGIES[0][0]) & (table["fraction"] == f)]
+        clear += bool(len(gnq) and "rate_lo" in gnq and gnq["rate_lo"].iloc[0] > overall)
+    lines.append(f"- GNQ's picks are extracted more often than random picks as point estimates at {better} "
+                 f"of {len(FRACTIONS)} budgets; GNQ's interval lies above the overall rate (what a random "
+                 f"pick gets in expectation) at {clear} of {len(FRACTIONS)} (paper Table 3: at every "
+                 "budget, far more).")
     return "\n".join(lines)
