@@ -50,7 +50,17 @@ class RecordingTrainer(GNQTrainer):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
+    # restored at the module's end: a leaked float64 default made later in-process `gnq train`
+    # calls draw their initial weights in float64 (test_secret_attack then trained differently)
+    previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
+    try:
+        yield _train(tmp_path_factory)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _train(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
     model = tiny_gpt2()

@@ -65,6 +65,20 @@ def audited(tmp_path_factory):
     everything = pd.DataFrame({"text": filler + planted + unseen,
                                "group": ["filler"] * len(filler) + ["planted"] * 8 + ["unseen"] * 4})
     everything.to_csv(root / "all.csv", index=False)
+    # `gnq train` runs in this process: its weights are drawn in torch's default dtype, so pin the
+    # CLI's (float32) whatever an earlier test left behind
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        _train_and_audit(root, db)
+    finally:
+        torch.set_default_dtype(previous)
+    store = Store(db)
+    run = store.run("audit")
+    return root, store, run, everything
+
+
+def _train_and_audit(root, db) -> None:
     gnq("train", "--data", root / "train.csv", "--from-scratch", "--preset", "tiny", "--epochs", 40,
         "--lr", 5e-3, "--vocab-size", 400, "--out", root / "run", "--db", db, *COMMON)
     picked = root / "picked"
@@ -72,9 +86,6 @@ def audited(tmp_path_factory):
         shutil.copytree(root / "run" / label, picked / label)
     gnq("audit", "--checkpoints", picked, "--data", root / "all.csv", "--name", "audit", "--db", db, *COMMON)
     gnq("extract", "--run", "audit", "--db", db, "--threads", 1, "--quiet")
-    store = Store(db)
-    run = store.run("audit")
-    return root, store, run, everything
 
 
 def _writes_secret(model, tokenizer, text: str) -> tuple[bool, int]:
