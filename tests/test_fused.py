@@ -94,6 +94,26 @@ def test_fused_float32_gradients_match_to_rounding_and_close_restores_forward():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("budget", [None, 4096])
+def test_a_backward_while_paused_leaves_the_next_gram_alone(budget):
+    """Gradients taken with the auditor paused run the fused layers' backward too; their Grams
+    must not reach the pass (they did: the pass's accumulator counted those layers twice)."""
+    torch.manual_seed(25)
+    make, loss_fn, make_batch = CASES["gpt2"]
+    model, batch = make().eval(), make_batch()
+    kwargs = {"memory_budget": budget} if budget else {}
+    with GNQAuditor(model, lam=1e-3, path="materialize", **kwargs) as auditor:
+        losses = loss_fn(model, batch)
+        with auditor.paused():
+            first = torch.autograd.grad(losses.sum(), list(model.parameters()), retain_graph=True)
+        losses.sum().backward()
+        res = auditor.compute()
+    assert any("fused" in p for p in res.coverage.paths().values())
+    assert rel_err(res.gnq, exact_gnq(model, loss_fn, batch, 1e-3).gnq) <= TOL
+    for g, p in zip(first, model.parameters(), strict=True):  # the paused backward's gradients
+        torch.testing.assert_close(g, p.grad, rtol=1e-12, atol=1e-15)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_audit_backward_skips_parameter_gradients_and_keeps_gnq_exact(case):
     """auditor.backward differentiates only w.r.t. input-end outputs: same K, no param.grad."""

@@ -129,7 +129,7 @@ class _Pass:
     frontier: list[tuple[torch.Tensor, int, list[torch.Tensor]]] = field(default_factory=list)
     used_beyond_lookups: set[int] = field(default_factory=set)  # params used by non-lookup calls
     deferred: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # narrow G, one Gram later
-    acc: dict[tuple, torch.Tensor] = field(default_factory=dict)  # fused layers' Grams, by (dtype, device)
+    acc: dict[tuple, torch.Tensor] = field(default_factory=dict)  # fused Grams by (dtype, device, upper)
     norms: list[NormRecord] = field(default_factory=list)  # norm layers' factors, batched at compute()
     norm_bytes: int = 0
 
@@ -507,15 +507,19 @@ class GNQAuditor:
         p.norm_bytes = 0
 
     @staticmethod
-    def _accumulator(p: _Pass, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        acc = p.acc.get((dtype, device))
+    def _accumulator(p: _Pass, dtype: torch.dtype, device: torch.device, upper: bool = False) -> torch.Tensor:
+        acc = p.acc.get((dtype, device, upper))
         if acc is None:
-            acc = p.acc[(dtype, device)] = torch.zeros(p.batch_size, p.batch_size, dtype=dtype, device=device)
+            acc = p.acc[(dtype, device, upper)] = torch.zeros(p.batch_size, p.batch_size, dtype=dtype,
+                                                              device=device)
         return acc
 
     @staticmethod
     def _fold_accumulators(p: _Pass) -> None:
-        for acc in p.acc.values():
+        for (_, _, upper), acc in p.acc.items():
+            if upper:  # only j ≤ k was accumulated (the rest is partial or zero): mirror it
+                acc = acc.triu()
+                acc = acc + acc.triu(1).T
             p.add(acc if acc.dtype == torch.float64 else acc.to(torch.float64))
         p.acc.clear()
 
@@ -561,6 +565,8 @@ class GNQAuditor:
 
     def _sink_plan(self, p: _Pass, call: _Call) -> tuple[str, torch.Tensor | None]:
         """What a fused call must hand back (``GradientSink.plan``)."""
+        if not self._sink_live(p, call):  # its Gram must not reach the pass's accumulator
+            return "off", None
         split = self._split(p, call.hooked)
         if not split:
             return "gram", None
@@ -804,8 +810,8 @@ class _FusedSink:
         mode, self.rows = self.auditor._sink_plan(self.p, self.call)
         return mode, self.rows
 
-    def accumulator(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return self.auditor._accumulator(self.p, dtype, device)
+    def accumulator(self, dtype: torch.dtype, device: torch.device, upper: bool = False) -> torch.Tensor:
+        return self.auditor._accumulator(self.p, dtype, device, upper)
 
     def accept_gram(self, narrow: torch.Tensor | None, rows_grad: DenseRep | None) -> None:
         self.auditor._sink_gram(self.p, self.call, narrow, self.rows, rows_grad)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from gnq_core.engine.deferred import NormRecord
-from gnq_core.engine.representations import MATERIALIZE_ELEMENT_FLOPS, DenseRep, compute_dtype
+from gnq_core.engine.representations import DenseRep, compute_dtype
 
 # On CPU, G is formed in chunks of about this size in one reused buffer: a fresh 100+ MB tensor
 # per step costs more in page faults than the Gram itself, and small chunks stay in cache
@@ -29,6 +29,14 @@ from gnq_core.engine.representations import MATERIALIZE_ELEMENT_FLOPS, DenseRep,
 # 2 MiB rather than 8: a whole SmolLM2-135M step (B8 T64, one thread, 4 interleaved rounds on the
 # shared, loaded machine) took 1.265× a plain one with 2 MiB chunks, 1.288× with 1 MiB, 1.324× with 8.
 CPU_CHUNK_BYTES = 2 * 2**20
+
+# On CPU a chunk's Gram [B, N]·[N, B] is formed as its upper block triangle, two products (the
+# first half of the examples against all, the second half against itself; 3/4 of the FLOPs),
+# into an accumulator that is mirrored once at ``compute()``.  A product with 8 output rows runs
+# far below the matmul peak whatever N is, so the FLOPs saved are time saved: B=8, N=65,088
+# (a 2 MiB chunk), one thread: 179 → 142 µs (`python -m benchmarks.fused_cost`).  On a GPU the
+# extra launch costs more than the FLOPs, so it stays one product there.
+UPPER_GRAM_MIN_BATCH = 4
 
 
 # On a CUDA device the backward never waits for the device (no nonzero/unique/item), at the
@@ -44,13 +52,16 @@ def sync_free(t: torch.Tensor) -> bool:
 
 class GradientSink(Protocol):
     def plan(self) -> tuple[str, torch.Tensor | None]:
-        """("gram", None): only the Gram is needed; ("gram", rows): also the gradients'
-        parameter rows ``rows`` (a tied weight's cross terms with an embedding); ("gradients",
-        None): the per-example gradients themselves (a weight used twice)."""
+        """("off", None): nothing to report (the auditor is paused, or this call belongs to a
+        pass that is no longer current): form the plain gradients only; ("gram", None): only the
+        Gram is needed; ("gram", rows): also the gradients' parameter rows ``rows`` (a tied
+        weight's cross terms with an embedding); ("gradients", None): the per-example gradients
+        themselves (a weight used twice)."""
 
-    def accumulator(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def accumulator(self, dtype: torch.dtype, device: torch.device, upper: bool = False) -> torch.Tensor:
         """The pass's B×B Gram accumulator in ``dtype`` (one per dtype and device): a layer adds
-        its Gram in place (``addmm_``), one op, no per-layer conversion or add."""
+        its Gram in place (``addmm_``), one op, no per-layer conversion or add.  ``upper``: a
+        second one that holds only the upper triangle (j ≤ k), mirrored once at ``compute()``."""
 
     def accept_gram(self, narrow: torch.Tensor | None, rows_grad: DenseRep | None) -> None:
         """The weight's Gram is in the accumulator; ``narrow``: per-example gradients [B, n] of
@@ -104,6 +115,9 @@ class FusedLinearFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = dy.matmul(weight.t()) if in_out else dy.matmul(weight)
+        mode, keep_rows = sink.plan()
+        if mode == "off":  # paused, or not the auditor's current pass: a plain layer's backward
+            return grad_x, *_plain_parameter_grads(ctx, x, dy), None, None, None
         B = x.shape[0]
         dtype = compute_dtype(dy)
         # bf16/fp16 factors stay as they are on CUDA (tensor cores, fp32 accumulation and output)
@@ -115,7 +129,6 @@ class FusedLinearFunction(torch.autograd.Function):
         grad_b = D.sum(dim=1, dtype=dtype) if ctx.has_bias else None  # per-example bias gradients [B, out]
         want_weight = ctx.needs_input_grad[1]
         grad_w = None
-        mode, keep_rows = sink.plan()
         if mode == "gradients":
             G = _products(left.transpose(1, 2), right, dtype)
             grad_w = G.sum(0) if want_weight else None
@@ -134,6 +147,18 @@ class FusedLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, bias_grad, None, None, None
 
 
+def _plain_parameter_grads(ctx, x: torch.Tensor, dy: torch.Tensor
+                           ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The weight and bias gradients autograd would form, in the parameters' dtype."""
+    x2, d2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    grad_w = grad_b = None
+    if ctx.needs_input_grad[1]:
+        grad_w = _as(x2.t().mm(d2) if ctx.in_out else d2.t().mm(x2), ctx.param_dtype)
+    if ctx.needs_input_grad[2]:
+        grad_b = _as(d2.sum(0), ctx.param_dtype)
+    return grad_w, grad_b
+
+
 def _batch_seq(t: torch.Tensor, B: int) -> torch.Tensor:
     """t as [B, T, d] (no op at all when it already is: this runs per layer per step)."""
     return t if t.dim() == 3 else t.reshape(B, -1, t.shape[-1])
@@ -147,38 +172,43 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
     accumulator in ``dtype``."""
     B, rows, cols = left.shape[0], left.shape[-1], right.shape[-1]
     device = right.device
-    acc = sink.accumulator(dtype, device)
+    kept = None
+    if keep_rows is not None:  # G's rows keep_rows straight from the factors: one product of
+        # B·T rows at most, where gathering them from each chunk took ops in every chunk
+        kept = _products(left.index_select(-1, keep_rows.to(device)).transpose(1, 2), right, dtype)
     limit = budget if device.type == "cuda" else min(budget, CPU_CHUNK_BYTES)
     step = max(1, min(rows, limit // max(B * cols * (8 if dtype == torch.float64 else 4), 1)))
-    kept, gather_rows = None, False
-    if keep_rows is not None:
-        keep_rows = keep_rows.to(device)
-        if sync_free(right):  # G's rows keep_rows straight from the factors: fixed shapes
-            kept = _products(left.index_select(-1, keep_rows).transpose(1, 2), right, dtype)
-        else:  # copied out of each chunk of G (cheaper where nothing waits for a device)
-            kept = torch.empty(B, keep_rows.numel(), cols, dtype=dtype, device=device)
-            gather_rows = True
     if step >= rows:  # one chunk (most layers): no buffer, no slicing
         G = _products(left.transpose(1, 2), right, dtype)
         flat = G.view(B, -1)
-        acc.addmm_(flat, flat.t())
-        if gather_rows:
-            kept = G.index_select(1, keep_rows)
+        sink.accumulator(dtype, device).addmm_(flat, flat.t())
         return G.sum(0), kept
+    chunks = -(-rows // step)
+    step = -(-rows // chunks)  # chunks of equal size: no small last one
     grad_w = torch.empty(rows, cols, dtype=dtype, device=device)
     # Σ_j G_j as a ones-row product into grad_w's rows: sum(out=) zero-fills its output first
     ones = torch.ones(1, B, dtype=dtype, device=device)
     buffer = sink.workspace(B * step * cols, dtype, device)
-    for start in range(0, rows, step):
-        n = min(step, rows - start)
-        G = _products(left[..., start:start + n].transpose(1, 2), right, dtype,
-                      out=buffer[:B * n * cols].view(B, n, cols))
-        flat = G.view(B, -1)
-        torch.mm(ones, flat, out=grad_w[start:start + n].view(1, -1))
-        acc.addmm_(flat, flat.t())
-        if gather_rows:
-            inside = ((keep_rows >= start) & (keep_rows < start + n)).nonzero()[:, 0]
-            kept[:, inside] = G.index_select(1, keep_rows[inside] - start)
+    upper = device.type == "cpu" and B >= UPPER_GRAM_MIN_BATCH
+    acc, half = sink.accumulator(dtype, device, upper=upper), B // 2
+    top, bottom = acc[:half], acc[half:, half:]
+    # the views of one chunk, made once per chunk size (this loop runs ~50 times per layer on
+    # a large head, so each Python-level call in it counts)
+    n = G = flat = flat_t = flat_top = flat_bottom = flat_bottom_t = None
+    for lhs, sums in zip(left.transpose(1, 2).split(step, dim=1), grad_w.split(step), strict=True):
+        if lhs.shape[1] != n:
+            n = lhs.shape[1]
+            G = buffer[:B * n * cols].view(B, n, cols)
+            flat = G.view(B, -1)
+            flat_t, flat_top, flat_bottom = flat.t(), flat[:half], flat[half:]
+            flat_bottom_t = flat_bottom.t()
+        _products(lhs, right, dtype, out=G)
+        torch.mm(ones, flat, out=sums.view(1, -1))
+        if upper:  # rows [0, half) against all, rows [half, B) against themselves
+            top.addmm_(flat_top, flat_t)
+            bottom.addmm_(flat_bottom, flat_bottom_t)
+        else:
+            acc.addmm_(flat, flat_t)
     return grad_w, kept
 
 
@@ -209,9 +239,20 @@ def _products(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, out: torch.T
     return torch.bmm(_as(a, dtype), _as(b, dtype), out=out)
 
 
+# What the fused path costs per element of the B per-example gradients beyond its Gram's 2B
+# FLOPs, in FLOPs of the layer's own plain step: writing G in cache-sized chunks and reading it
+# back for Σ_j and the Gram, and per-example products with inner dimension T instead of B·T.
+# Measured by `python -m benchmarks.fused_cost` (CPU, one thread, B8 T64, SmolLM2-135M's and
+# GPT-2 small's Linear shapes): 34–84, median 49.  Lower than ``MATERIALIZE_ELEMENT_FLOPS``
+# (the unfused path writes all of G to memory and reads it back): with that constant the model
+# picked ghost for SmolLM2's tied head and GPT-2's layers, where fused measured 1.13–1.26× a
+# plain layer step and ghost 1.19–1.33×.
+FUSED_ELEMENT_FLOPS = 48.0
+
+
 def fused_flops(batch: int, rows: int, cols: int) -> float:
     """Extra cost of the fused path: the Gram of the per-example gradients and their memory."""
-    return (2.0 * batch + MATERIALIZE_ELEMENT_FLOPS) * batch * rows * cols
+    return (2.0 * batch + FUSED_ELEMENT_FLOPS) * batch * rows * cols
 
 
 def ghost_linear_flops(batch: int, length: int, rows: int, cols: int) -> float:
