@@ -81,11 +81,13 @@ def scenario(build, init_state, loss_fn, batch, audit: dict | None, wrap=DDP) ->
                    "sizes": r.sizes, "scope": r.scope, "bytes_sent": r.comm.bytes_sent,
                    "bytes_received": r.comm.bytes_received, "by_kind": dict(r.comm.by_kind),
                    "layers": dict(r.comm.layers)}
+        grads = {n: full(p.grad).clone() for n, p in model.named_parameters() if p.grad is not None}
         opt.step()
     finally:
         if auditor is not None:
             auditor.close()
-    return {"result": res, "params": {n: full(p.detach()).clone() for n, p in model.named_parameters()}}
+    return {"result": res, "grads": grads,
+            "params": {n: full(p.detach()).clone() for n, p in model.named_parameters()}}
 
 
 def main(out: Path) -> None:

@@ -140,7 +140,15 @@ def test_parameters_after_a_step_are_unchanged_by_auditing(ranks, kind):
         plain = saved[kind]["plain"]["params"]
         for scenario in SCENARIOS:
             params = saved[kind][scenario]["params"]
-            assert all(torch.equal(params[n], plain[n]) for n in plain), scenario
+            if scenario == "rank":  # fused: Σ_j G_j instead of one matmul, equal to float rounding;
+                # compared before the step: AdamW turns the rounding noise of a gradient that is
+                # zero analytically (GPT-2's key bias) into ±lr
+                grads, plain_grads = saved[kind][scenario]["grads"], saved[kind]["plain"]["grads"]
+                assert grads.keys() == plain_grads.keys()
+                for n in plain_grads:
+                    torch.testing.assert_close(grads[n], plain_grads[n], rtol=1e-12, atol=1e-15, msg=n)
+            else:
+                assert all(torch.equal(params[n], plain[n]) for n in plain), scenario
     # and DDP kept the ranks in sync
     assert all(torch.equal(ranks[0][kind]["plain"]["params"][n], ranks[1][kind]["plain"]["params"][n])
                for n in ranks[0][kind]["plain"]["params"])
