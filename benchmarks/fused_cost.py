@@ -9,7 +9,8 @@ gradient, their Gram into the accumulator) and ghost (plain + the ghost Gram of 
 The fused path's extra time per element of the B per-example gradients is converted to FLOPs of
 the layer's own plain step (6·B·T·d_in·d_out FLOPs in ``plain_s``): that is what the cost model
 charges per element (``fused.fused_flops``: 2B for the Gram plus ``FUSED_ELEMENT_FLOPS``).
-Also the Gram of one 2 MiB chunk, as one product and as its upper block triangle.
+Also the Gram of one 2 MiB chunk: one product, its upper block triangle as two, and the numba
+kernel (``engine/cpu_gram.py``) that the fused path uses on CPU.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import statistics
 
 import torch
 
+from gnq_core.engine.cpu_gram import upper_gram_
 from gnq_core.engine.fused import FusedLinearFunction, fused_flops, ghost_linear_flops
 from gnq_core.engine.representations import DenseFactor, OuterRep, ghost_inner
 
@@ -102,9 +104,15 @@ def chunk_gram(batch: int, repeats: int) -> dict:
             acc[:half].addmm_(flat[:half], flat.t())
             acc[half:, half:].addmm_(flat[half:], flat[half:].t())
 
-    t = interleaved({"whole": whole, "upper": upper}, repeats)
-    return {"batch": batch, "n": flat.shape[1], "whole_us": t["whole"]["median_s"] / 20 * 1e6,
-            "upper_us": t["upper"]["median_s"] / 20 * 1e6}
+    def kernel():
+        for _ in range(20):
+            upper_gram_(acc, flat)
+
+    variants = {"whole": whole, "upper": upper}
+    if upper_gram_(acc, flat):  # numba there, and at most cpu_gram.MAX_THREADS threads
+        variants["kernel"] = kernel
+    t = interleaved(variants, repeats)
+    return {"batch": batch, "n": flat.shape[1], **{f"{k}_us": t[k]["median_s"] / 20 * 1e6 for k in variants}}
 
 
 def main() -> None:
@@ -124,10 +132,11 @@ def main() -> None:
               f"  fused extra {row['fused_extra_flops_per_element']:.0f} FLOP/element"
               f"  model {row['model_choice']}, faster {row['faster']}")
     beyond = statistics.median(r["beyond_gram_flops_per_element"] for r in rows)
-    grams = [chunk_gram(b, args.repeats) for b in (8, 16)]
+    grams = [chunk_gram(b, args.repeats) for b in (4, 8, 16)]
     for gr in grams:
-        print(f"Gram of a 2 MiB chunk, B={gr['batch']}: whole {gr['whole_us']:.0f} µs,"
-              f" upper triangle {gr['upper_us']:.0f} µs")
+        kernel_us = gr.get("kernel_us", float("nan"))
+        print(f"Gram of a 2 MiB chunk in cache, B={gr['batch']}: one product {gr['whole_us']:.0f} µs,"
+              f" upper triangle as two {gr['upper_us']:.0f} µs, numba kernel {kernel_us:.0f} µs")
     print(f"median extra beyond the Gram's 2B: {beyond:.0f} FLOP-equivalents per element")
     path = write("fused_cost", {"batch": args.batch, "length": args.length, "threads": args.threads,
                                 "rows": rows, "median_beyond_gram_flops_per_element": beyond,

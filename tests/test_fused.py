@@ -63,11 +63,17 @@ def test_fused_is_exact_and_keeps_gradients(case, path):
     assert all(paths[n] == {"fused"} for n in norms), {n: paths[n] for n in norms}
 
 
-def test_fused_row_chunks_within_a_tiny_memory_budget():
+@pytest.mark.parametrize("threads", [1, 3])  # the CPU Gram kernel (≤ 2 threads), MKL's products
+def test_fused_row_chunks_within_a_tiny_memory_budget(threads):
     torch.manual_seed(22)
     make, loss_fn, make_batch = CASES["gpt2"]
     model, batch = make().eval(), make_batch()
-    res, grads = run(model, loss_fn, batch, fused=True, path="materialize", budget=4096)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        res, grads = run(model, loss_fn, batch, fused=True, path="materialize", budget=4096)
+    finally:
+        torch.set_num_threads(before)
     _, plain = run(model, loss_fn, batch, fused=False)
     assert rel_err(res.gnq, exact_gnq(model, loss_fn, batch, 1e-3).gnq) <= TOL
     for name, g in plain.items():

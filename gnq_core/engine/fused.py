@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from gnq_core.engine.cpu_gram import upper_gram_
 from gnq_core.engine.deferred import NormRecord
 from gnq_core.engine.representations import DenseRep, compute_dtype
 
@@ -30,12 +31,13 @@ from gnq_core.engine.representations import DenseRep, compute_dtype
 # shared, loaded machine) took 1.265× a plain one with 2 MiB chunks, 1.288× with 1 MiB, 1.324× with 8.
 CPU_CHUNK_BYTES = 2 * 2**20
 
-# On CPU a chunk's Gram [B, N]·[N, B] is formed as its upper block triangle, two products (the
-# first half of the examples against all, the second half against itself; 3/4 of the FLOPs),
-# into an accumulator that is mirrored once at ``compute()``.  A product with 8 output rows runs
-# far below the matmul peak whatever N is, so the FLOPs saved are time saved: B=8, N=65,088
-# (a 2 MiB chunk), one thread: 179 → 142 µs (`python -m benchmarks.fused_cost`).  On a GPU the
-# extra launch costs more than the FLOPs, so it stays one product there.
+# On CPU a chunk's Gram [B, N]·[N, B] is formed as its upper triangle, into an accumulator that
+# is mirrored once at ``compute()``: by ``cpu_gram.upper_gram_`` (numba, one pass over the chunk:
+# B=8, a 2 MiB chunk, one thread, 88 µs from memory) or, where that is not available, as two
+# products (the first half of the examples against all, the second half against itself; 3/4 of
+# the FLOPs: 179 → 142 µs; a product with 8 output rows runs far below the matmul peak whatever
+# N is).  `python -m benchmarks.fused_cost`.  On a GPU the extra launch would cost more than the
+# FLOPs, so it stays one product there.
 UPPER_GRAM_MIN_BATCH = 4
 
 
@@ -204,11 +206,11 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
             flat_bottom_t = flat_bottom.t()
         _products(lhs, right, dtype, out=G)
         torch.mm(ones, flat, out=sums.view(1, -1))
-        if upper:  # rows [0, half) against all, rows [half, B) against themselves
-            top.addmm_(flat_top, flat_t)
-            bottom.addmm_(flat_bottom, flat_bottom_t)
-        else:
+        if not upper:
             acc.addmm_(flat, flat_t)
+        elif not upper_gram_(acc, flat):  # numba's one-pass kernel, else two products:
+            top.addmm_(flat_top, flat_t)  # rows [0, half) against all,
+            bottom.addmm_(flat_bottom, flat_bottom_t)  # rows [half, B) against themselves
     return grad_w, kept
 
 

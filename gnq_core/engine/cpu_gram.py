@@ -1,0 +1,55 @@
+"""The upper triangle of a chunk's Gram F Fᵀ on a CPU, in one pass over F (numba).
+
+The fused path's Gram of B per-example gradient rows [B, N] is a matmul with B output rows: MKL
+runs it at ≈ 45 GFLOP/s on one core whatever N is, reading F back from memory it just wrote
+(DESIGN.md §3).  This kernel keeps the 36 products of an 8-row block in registers and reads each
+element of F once: 2 MiB of float32 at B=8, one thread, 28 µs with F in cache and 81 µs from
+memory, against 171 and 224 µs for ``addmm_`` (`python -m benchmarks.fused_cost`).  Rows beyond
+8 go in blocks of 8 (diagonal blocks as above, off-diagonal ones as 4×4 tiles).  Summation
+order differs from MKL's (reassociation is allowed so the loop vectorises), as it does between
+any two BLAS builds; NaN and Inf propagate.
+
+``upper_gram_(acc, F)`` adds the entries j ≤ k of F Fᵀ to ``acc`` and returns True, or returns
+False when the kernel is not available (numba missing or failing to compile) or does not apply
+(a dtype other than float32/float64, more intra-op threads than it was measured at); the caller
+then uses ``addmm_``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# Measured faster than MKL's threaded small-height matmul at 1 and 2 threads (this machine's
+# cores); with more threads MKL's own parallel products are used, not measured here.
+MAX_THREADS = 2
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+def upper_gram_(acc: torch.Tensor, flat: torch.Tensor) -> bool:
+    """acc[j, k] += ⟨flat_j, flat_k⟩ for j ≤ k (acc and flat contiguous, on CPU, same dtype)."""
+    if (flat.dtype not in _DTYPES or acc.dtype != flat.dtype or flat.device.type != "cpu"
+            or not flat.is_contiguous() or not acc.is_contiguous() or torch.get_num_threads() > MAX_THREADS):
+        return False
+    kernel = _kernel()
+    if kernel is None:
+        return False
+    kernel(flat.numpy(), acc.numpy())
+    return True
+
+
+@functools.cache
+def _kernel():
+    """The compiled driver, or None where numba is missing or cannot compile it."""
+    try:
+        from gnq_core.engine import _cpu_gram_numba as impl
+
+        probe = torch.arange(6.0, dtype=torch.float64).view(2, 3)
+        out = torch.zeros(2, 2, dtype=torch.float64)
+        impl.upper_gram(probe.numpy(), out.numpy())  # compiles (or loads the cache) once
+        impl.upper_gram(probe.float().numpy(), out.float().numpy())
+        return impl.upper_gram
+    except Exception:  # noqa: BLE001 — any failure means: use the BLAS path
+        return None
