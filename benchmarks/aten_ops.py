@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gnq_core import GNQAuditor, per_example_lm_loss
+from gnq_core.engine import cpu_gram
 
 from .common import write
 
@@ -40,6 +41,16 @@ class OpCounter(TorchDispatchMode):
 
 
 def count(layers: int, width: int, vocab: int, batch: int, length: int, device: str = "cpu") -> dict:
+    # the count stands for a GPU's launches: the CPU-only Gram kernel (engine/cpu_gram.py, not an
+    # aten op) is off, so each fused layer's Gram is one addmm_ here as it is on a GPU
+    saved, cpu_gram.MAX_THREADS = cpu_gram.MAX_THREADS, -1
+    try:
+        return _count(layers, width, vocab, batch, length, device)
+    finally:
+        cpu_gram.MAX_THREADS = saved
+
+
+def _count(layers: int, width: int, vocab: int, batch: int, length: int, device: str) -> dict:
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=layers, n_embd=width, n_head=2, vocab_size=vocab, n_positions=length,
                      bos_token_id=0, eos_token_id=0)

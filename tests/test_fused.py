@@ -45,9 +45,18 @@ CASES = {
 }
 
 
+@pytest.fixture(params=[1, 3], ids=["1-thread", "3-threads"])
+def threads(request):
+    """One thread: the CPU Gram kernel (engine/cpu_gram.py); three: MKL's products."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("path", ["auto", "materialize"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_fused_is_exact_and_keeps_gradients(case, path):
+def test_fused_is_exact_and_keeps_gradients(case, path, threads):
     torch.manual_seed(21)
     make, loss_fn, make_batch = CASES[case]
     model, batch = make().eval(), make_batch()
@@ -63,17 +72,11 @@ def test_fused_is_exact_and_keeps_gradients(case, path):
     assert all(paths[n] == {"fused"} for n in norms), {n: paths[n] for n in norms}
 
 
-@pytest.mark.parametrize("threads", [1, 3])  # the CPU Gram kernel (≤ 2 threads), MKL's products
 def test_fused_row_chunks_within_a_tiny_memory_budget(threads):
     torch.manual_seed(22)
     make, loss_fn, make_batch = CASES["gpt2"]
     model, batch = make().eval(), make_batch()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        res, grads = run(model, loss_fn, batch, fused=True, path="materialize", budget=4096)
-    finally:
-        torch.set_num_threads(before)
+    res, grads = run(model, loss_fn, batch, fused=True, path="materialize", budget=4096)
     _, plain = run(model, loss_fn, batch, fused=False)
     assert rel_err(res.gnq, exact_gnq(model, loss_fn, batch, 1e-3).gnq) <= TOL
     for name, g in plain.items():

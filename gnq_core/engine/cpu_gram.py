@@ -28,15 +28,17 @@ MAX_THREADS = 2
 _DTYPES = (torch.float32, torch.float64)
 
 
+def applies(flat: torch.Tensor) -> bool:
+    """Whether ``upper_gram_`` will take this [B, N] block (before making an accumulator for it)."""
+    return (flat.dtype in _DTYPES and flat.device.type == "cpu" and flat.is_contiguous()
+            and torch.get_num_threads() <= MAX_THREADS and _kernel() is not None)
+
+
 def upper_gram_(acc: torch.Tensor, flat: torch.Tensor) -> bool:
     """acc[j, k] += ⟨flat_j, flat_k⟩ for j ≤ k (acc and flat contiguous, on CPU, same dtype)."""
-    if (flat.dtype not in _DTYPES or acc.dtype != flat.dtype or flat.device.type != "cpu"
-            or not flat.is_contiguous() or not acc.is_contiguous() or torch.get_num_threads() > MAX_THREADS):
+    if acc.dtype != flat.dtype or not acc.is_contiguous() or not applies(flat):
         return False
-    kernel = _kernel()
-    if kernel is None:
-        return False
-    kernel(flat.numpy(), acc.numpy())
+    _kernel()(flat.numpy(), acc.numpy())
     return True
 
 

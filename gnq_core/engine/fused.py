@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from gnq_core.engine.cpu_gram import applies as cpu_gram_applies
 from gnq_core.engine.cpu_gram import upper_gram_
 from gnq_core.engine.deferred import NormRecord
 from gnq_core.engine.representations import DenseRep, compute_dtype
@@ -30,6 +31,11 @@ from gnq_core.engine.representations import DenseRep, compute_dtype
 # 2 MiB rather than 8: a whole SmolLM2-135M step (B8 T64, one thread, 4 interleaved rounds on the
 # shared, loaded machine) took 1.265× a plain one with 2 MiB chunks, 1.288× with 1 MiB, 1.324× with 8.
 CPU_CHUNK_BYTES = 2 * 2**20
+# ... but at least this many parameter rows (within the memory budget): a layer with a wide input
+# (GPT-2's MLP c_proj, 768×3072) gets 21-row chunks at 2 MiB, and its per-example products ran
+# slowly at that height (a layer's forward + backward, one thread, B8 T64: 1.23× a plain one with
+# 21-row chunks, 1.13–1.16× with 42; `python -m benchmarks.fused_cost`).
+CPU_CHUNK_MIN_ROWS = 48
 
 # On CPU a chunk's Gram [B, N]·[N, B] is formed as its upper triangle, into an accumulator that
 # is mirrored once at ``compute()``: by ``cpu_gram.upper_gram_`` (numba, one pass over the chunk:
@@ -178,12 +184,19 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
     if keep_rows is not None:  # G's rows keep_rows straight from the factors: one product of
         # B·T rows at most, where gathering them from each chunk took ops in every chunk
         kept = _products(left.index_select(-1, keep_rows.to(device)).transpose(1, 2), right, dtype)
-    limit = budget if device.type == "cuda" else min(budget, CPU_CHUNK_BYTES)
-    step = max(1, min(rows, limit // max(B * cols * (8 if dtype == torch.float64 else 4), 1)))
+    cpu = device.type == "cpu"
+    row_bytes = B * cols * (8 if dtype == torch.float64 else 4)
+    step = max(1, min(rows, (min(budget, CPU_CHUNK_BYTES) if cpu else budget) // max(row_bytes, 1)))
+    if cpu:  # short chunks make the per-example products slow (a wide input: few rows per chunk)
+        step = min(rows, max(step, min(CPU_CHUNK_MIN_ROWS, budget // max(row_bytes, 1))))
+    upper = cpu and B >= UPPER_GRAM_MIN_BATCH
     if step >= rows:  # one chunk (most layers): no buffer, no slicing
         G = _products(left.transpose(1, 2), right, dtype)
         flat = G.view(B, -1)
-        sink.accumulator(dtype, device).addmm_(flat, flat.t())
+        if upper and cpu_gram_applies(flat):
+            upper_gram_(sink.accumulator(dtype, device, upper=True), flat)
+        else:
+            sink.accumulator(dtype, device).addmm_(flat, flat.t())
         return G.sum(0), kept
     chunks = -(-rows // step)
     step = -(-rows // chunks)  # chunks of equal size: no small last one
@@ -191,7 +204,6 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
     # Σ_j G_j as a ones-row product into grad_w's rows: sum(out=) zero-fills its output first
     ones = torch.ones(1, B, dtype=dtype, device=device)
     buffer = sink.workspace(B * step * cols, dtype, device)
-    upper = device.type == "cpu" and B >= UPPER_GRAM_MIN_BATCH
     acc, half = sink.accumulator(dtype, device, upper=upper), B // 2
     top, bottom = acc[:half], acc[half:, half:]
     # the views of one chunk, made once per chunk size (this loop runs ~50 times per layer on
