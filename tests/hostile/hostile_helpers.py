@@ -60,20 +60,33 @@ def as_a_fresh_process() -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str, timeout: float = 240) -> None:
-    """SIGKILL ``proc`` (no cleanup, like a laptop lid or the OOM killer) as soon as ``ready()``."""
+def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str, timeout: float = 240,
+              paused: bool = False) -> None:
+    """SIGKILL ``proc`` (no cleanup, like a laptop lid or the OOM killer) as soon as ``ready()``.
+
+    ``paused``: ask ``ready()`` only while the process is stopped (SIGSTOP, then SIGCONT), so it
+    cannot move on between the answer and the kill: for jobs that finish quickly once started.
+    """
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
             pytest.fail(f"the job ended (exit {proc.returncode}) before {what}; nothing to interrupt")
+        if paused:
+            proc.send_signal(signal.SIGSTOP)
+        answer = False
         with contextlib.suppress(Exception):  # the store may not exist yet, or be busy for a moment
-            if ready():
-                break
+            answer = ready()
+        if answer:
+            break
+        if paused:
+            proc.send_signal(signal.SIGCONT)
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.03)
+        time.sleep(0.01 if paused else 0.03)
     proc.send_signal(signal.SIGKILL)
+    if paused:
+        proc.send_signal(signal.SIGCONT)  # a stopped process takes SIGKILL only once it runs
     proc.wait()
 
 
