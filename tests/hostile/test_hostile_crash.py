@@ -56,11 +56,12 @@ def test_train_killed_twice_then_rerun_equals_an_uninterrupted_run(tmp_path, dat
     # 1. Killed during the first epoch: the run exists, no epoch is finished.
     proc = subprocess.Popen(gnq_cmd(*args))
     kill_when(proc, lambda: (r := run_row(db, "t")) is not None and r["progress_total"] > 0,
-              "the first epoch started")
+              "the first epoch started", paused=True)
     assert run_row(db, "t")["points_done"] == 0
     # 2. Rerun, killed again during the second epoch (after epoch 1 was committed).
     proc = subprocess.Popen(gnq_cmd(*args))
-    kill_when(proc, lambda: run_row(db, "t")["points_done"] >= 1, "the first epoch was committed")
+    kill_when(proc, lambda: run_row(db, "t")["points_done"] >= 1, "the first epoch was committed",
+              paused=True)
     assert run_row(db, "t")["points_done"] == 1 and run_row(db, "t")["status"] == "running"
     # 3. Rerun to the end.
     with as_a_fresh_process():
@@ -123,7 +124,8 @@ def test_audit_killed_mid_series_then_rerun_equals_an_uninterrupted_run(tmp_path
     args = ["audit", "--checkpoints", series, "--data", data, "--name", "a", "--batch-size", 8,
             "--max-length", 16, "--dtype", "float64", "--quiet"]
     proc = subprocess.Popen(gnq_cmd(*args, "--db", killed))
-    kill_when(proc, lambda: run_row(killed, "a")["points_done"] >= 1, "the first checkpoint was committed")
+    kill_when(proc, lambda: run_row(killed, "a")["points_done"] >= 1, "the first checkpoint was committed",
+              paused=True)
     assert 1 <= run_row(killed, "a")["points_done"] < 3, "the kill should land mid-audit"
     with as_a_fresh_process():
         gnq(*args, "--db", killed)
