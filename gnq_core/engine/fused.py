@@ -204,6 +204,7 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
     # Σ_j G_j as a ones-row product into grad_w's rows: sum(out=) zero-fills its output first
     ones = torch.ones(1, B, dtype=dtype, device=device)
     buffer = sink.workspace(B * step * cols, dtype, device)
+    kernel = upper and cpu_gram_applies(buffer)  # decided once: the same for every chunk
     acc, half = sink.accumulator(dtype, device, upper=upper), B // 2
     top, bottom = acc[:half], acc[half:, half:]
     # the views of one chunk, made once per chunk size (this loop runs ~50 times per layer on
@@ -218,11 +219,13 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
             flat_bottom_t = flat_bottom.t()
         _products(lhs, right, dtype, out=G)
         torch.mm(ones, flat, out=sums.view(1, -1))
-        if not upper:
+        if kernel:  # numba's one pass over the chunk
+            upper_gram_(acc, flat)
+        elif upper:  # two products: rows [0, half) against all, rows [half, B) against themselves
+            top.addmm_(flat_top, flat_t)
+            bottom.addmm_(flat_bottom, flat_bottom_t)
+        else:
             acc.addmm_(flat, flat_t)
-        elif not upper_gram_(acc, flat):  # numba's one-pass kernel, else two products:
-            top.addmm_(flat_top, flat_t)  # rows [0, half) against all,
-            bottom.addmm_(flat_bottom, flat_bottom_t)  # rows [half, B) against themselves
     return grad_w, kept
 
 
@@ -257,7 +260,9 @@ def _products(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, out: torch.T
 # FLOPs, in FLOPs of the layer's own plain step: writing G in cache-sized chunks and reading it
 # back for Σ_j and the Gram, and per-example products with inner dimension T instead of B·T.
 # Measured by `python -m benchmarks.fused_cost` (CPU, one thread, B8 T64, SmolLM2-135M's and
-# GPT-2 small's Linear shapes): 34–84, median 49.  Lower than ``MATERIALIZE_ELEMENT_FLOPS``
+# GPT-2 small's Linear shapes) with MKL forming the Gram: 34–84, median 49; with the CPU Gram
+# kernel (``cpu_gram``) it measures ≈ 21 (the committed results), so 48 is the charge where the
+# kernel does not apply and a conservative one where it does.  Lower than ``MATERIALIZE_ELEMENT_FLOPS``
 # (the unfused path writes all of G to memory and reads it back): with that constant the model
 # picked ghost for SmolLM2's tied head and GPT-2's layers, where fused measured 1.13–1.26× a
 # plain layer step and ghost 1.19–1.33×.
