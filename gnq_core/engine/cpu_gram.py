@@ -3,8 +3,8 @@
 The fused path's Gram of B per-example gradient rows [B, N] is a matmul with B output rows: MKL
 runs it at ≈ 45 GFLOP/s on one core whatever N is, reading F back from memory it just wrote
 (DESIGN.md §3).  This kernel keeps the 36 products of an 8-row block in registers and reads each
-element of F once: 2 MiB of float32 at B=8, one thread, 28 µs with F in cache and 81 µs from
-memory, against 171 and 224 µs for ``addmm_`` (`python -m benchmarks.fused_cost`).  Rows beyond
+element of F once: 2 MiB of float32 at B=8, one thread, 34–52 µs with F in cache and 81–88 µs
+from memory, against 185 and 224 µs for ``addmm_`` (`python -m benchmarks.fused_cost`).  Rows beyond
 8 go in blocks of 8 (diagonal blocks as above, off-diagonal ones as 4×4 tiles).  Summation
 order differs from MKL's (reassociation is allowed so the loop vectorises), as it does between
 any two BLAS builds; NaN and Inf propagate.
