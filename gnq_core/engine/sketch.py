@@ -1,0 +1,277 @@
+"""Seeded random projections of per-example gradients, formed without the gradients (DESIGN.md §9).
+
+A sketch replaces each text's gradient g_j ∈ R^P by s_j = Π g_j ∈ R^m with a fixed random Π
+(E[ΠᵀΠ] = I, so E⟨s_j, s_k⟩ = ⟨g_j, g_k⟩), and K by the Gram of the sketches.  Π is a block
+diagonal over parameters, each block seeded by (seed, parameter names), so the same text gets
+the same sketch in any micro-batch, window, process or later audit: sketches of different
+batches can be put in one Gram.
+
+* A weight matrix whose per-example gradient is g_j = A_jᵀ C_j (``OuterRep``: Linear, Conv1D,
+  Embedding, Conv) is projected Kronecker style, Π = R_Aᵀ ⊗ R_Cᵀ: s_j = R_Aᵀ A_jᵀ C_j R_C =
+  Σ_t (R_Aᵀ a_jt)(R_Cᵀ c_jt)ᵀ, a k_A × k_C block summed over positions.  Each factor is
+  projected on its own (cost B·T·p·k), the gradient never exists.  A side no wider than its k
+  is kept whole (R = I: exact on that side).
+* Explicit per-example gradients (``DenseRep``: norm layers, the generic kernel) of width n > k
+  get a dense Gaussian projection to k; narrower ones are kept whole.
+* Vocabulary-sized parameters (token embeddings, the output head, tied or not: they dominate
+  ‖g‖²) are treated apart: their vocabulary side by a CountSketch (each token to one of
+  ``vocab_rows`` buckets with a random sign; a logit gradient softmax − one-hot is concentrated
+  on few tokens, so few of them collide), their hidden side kept whole by default
+  (``vocab_cols=None``, "one-sided") or projected to ``vocab_cols``.
+
+The sketch is linear in g, so a parameter used several times (a tied embedding/head) gets the
+sum of its uses' sketches: no cross terms are needed.  Gaussian entries are N(0, 1/k); every
+projection is unbiased, so the sketched K is unbiased entry by entry; its error is measured
+by ``benchmarks/sketch_error.py`` (the defaults below come from that table).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from gnq_core.engine.representations import DenseFactor, DenseRep, Factor, OneHotFactor, OuterRep, Rep
+from gnq_core.engine.solve import Solution, gnq_from_kernel
+
+# Defaults chosen from benchmarks/results/sketch_error-cpu.json (see DESIGN.md §9).
+DEFAULT_K = 1024
+DEFAULT_VOCAB_ROWS = 1024
+DEFAULT_VOCAB_COLS: int | None = None
+
+
+@dataclass(frozen=True)
+class SketchSpec:
+    """What a sketch is: ``k`` dimensions per weight matrix (√k per side) and per explicit
+    gradient, the vocabulary side's buckets, the hidden side of vocabulary parameters
+    (None: kept whole), and the seed every projection derives from."""
+
+    k: int = DEFAULT_K
+    seed: int = 0
+    vocab_rows: int = DEFAULT_VOCAB_ROWS
+    vocab_cols: int | None = DEFAULT_VOCAB_COLS
+
+    def __post_init__(self) -> None:
+        for name in ("k", "vocab_rows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"sketch {name} must be a whole number >= 1, got {value!r}")
+        if self.vocab_cols is not None and (not isinstance(self.vocab_cols, int) or self.vocab_cols < 1):
+            raise ValueError(f"sketch vocab_cols must be a whole number >= 1 or None, "
+                             f"got {self.vocab_cols!r}")
+
+    @property
+    def side(self) -> int:
+        return max(1, math.isqrt(self.k))
+
+    def describe(self) -> str:
+        cols = "whole" if self.vocab_cols is None else str(self.vocab_cols)
+        return (f"k={self.k} per matrix, vocabulary {self.vocab_rows} buckets x hidden {cols}, "
+                f"seed {self.seed}")
+
+
+def _generator(seed: int, key: str, side: str) -> torch.Generator:
+    """A generator seeded by (seed, key, side), the same in every process (crc32, not hash())."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(f"{key}|{side}".encode())) % 2**63)
+
+
+class Projection:
+    """One side's map R: R^n -> R^k (identity, Gaussian N(0, 1/k), or CountSketch)."""
+
+    def __init__(self, n: int, k: int, kind: str, seed: int, key: str, side: str) -> None:
+        self.n, self.kind = n, kind
+        self.k = n if kind == "identity" else k
+        gen = _generator(seed, key, side)
+        self._cache: dict[tuple[torch.dtype, torch.device], torch.Tensor | tuple] = {}
+        if kind == "gauss":
+            base = torch.randn(n, k, generator=gen, dtype=torch.float64)
+            self._base: torch.Tensor | tuple = base / math.sqrt(k)
+        elif kind == "count":
+            buckets = torch.randint(0, k, (n,), generator=gen)
+            signs = torch.randint(0, 2, (n,), generator=gen).to(torch.float64) * 2 - 1
+            self._base = (buckets, signs)
+        elif kind != "identity":
+            raise ValueError(f"unknown projection kind {kind!r}")
+
+    def _on(self, dtype: torch.dtype, device: torch.device):
+        key = (dtype, device)
+        if key not in self._cache:
+            if self.kind == "gauss":
+                self._cache[key] = self._base.to(device=device, dtype=dtype)  # type: ignore[union-attr]
+            else:
+                buckets, signs = self._base  # type: ignore[misc]
+                self._cache[key] = (buckets.to(device), signs.to(device=device, dtype=dtype))
+        return self._cache[key]
+
+    def dense(self, v: torch.Tensor) -> torch.Tensor:
+        """[..., n] -> [..., k]."""
+        if v.shape[-1] != self.n:
+            raise ValueError(f"projection of width {self.n} applied to width {v.shape[-1]}")
+        if self.kind == "identity":
+            return v
+        if self.kind == "gauss":
+            return v @ self._on(v.dtype, v.device)
+        buckets, signs = self._on(v.dtype, v.device)
+        out = v.new_zeros(*v.shape[:-1], self.k)
+        return out.index_add_(-1, buckets, v * signs)
+
+    def one_hot(self, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """R's rows for the tokens: [...] long -> [..., k]."""
+        if self.kind == "identity":
+            return torch.nn.functional.one_hot(tokens, self.n).to(dtype)
+        if self.kind == "gauss":
+            return self._on(dtype, tokens.device)[tokens]
+        buckets, signs = self._on(dtype, tokens.device)
+        out = torch.zeros(*tokens.shape, self.k, dtype=dtype, device=tokens.device)
+        return out.scatter_(-1, buckets[tokens].unsqueeze(-1), signs[tokens].unsqueeze(-1))
+
+    def matrix(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """R as an explicit n×k matrix (tests: Π applied to explicit gradients)."""
+        return self.dense(torch.eye(self.n, dtype=dtype))
+
+
+def _apply(p: Projection, f: Factor, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(f, OneHotFactor):
+        return p.one_hot(f.tokens, dtype)
+    return p.dense(f.values.to(dtype))
+
+
+@dataclass
+class _Plan:
+    rows: Projection
+    cols: Projection | None  # None: a DenseRep's single projection
+
+
+class Sketcher:
+    """Turns (key, representation) pairs into sketches [B, m] under one ``SketchSpec``.
+
+    ``key`` names the parameter(s) a representation belongs to (global names), so every use
+    of a parameter and every batch get the same projection; ``vocab`` holds the keys of
+    vocabulary-sized parameters (``vocab_keys``)."""
+
+    def __init__(self, spec: SketchSpec, vocab: frozenset[str] = frozenset()) -> None:
+        self.spec = spec
+        self.vocab = vocab
+        self._plans: dict[str, _Plan] = {}
+
+    def _plan(self, key: str, rep: Rep) -> _Plan:
+        plan = self._plans.get(key)
+        s = self.spec
+        if isinstance(rep, OuterRep):
+            p0, p1 = rep.A.width, rep.C.width + int(rep.bias)
+            if plan is None:
+                if key in self.vocab:
+                    vocab_first = p0 >= p1
+                    k0 = s.vocab_rows if vocab_first else s.vocab_cols
+                    k1 = s.vocab_cols if vocab_first else s.vocab_rows
+                    kind0 = "count" if vocab_first else "gauss"
+                    kind1 = "gauss" if vocab_first else "count"
+                else:
+                    k0 = k1 = s.side
+                    kind0 = kind1 = "gauss"
+                plan = _Plan(_side(p0, k0, kind0, s.seed, key, "rows"),
+                             _side(p1, k1, kind1, s.seed, key, "cols"))
+                self._plans[key] = plan
+            if plan.cols is None or (plan.rows.n, plan.cols.n) != (p0, p1):
+                raise ValueError(f"parameter {key!r} was sketched with another shape before")
+            return plan
+        n = rep.G.shape[1]
+        if plan is None:
+            plan = self._plans[key] = _Plan(_side(n, s.k, "gauss", s.seed, key, "dense"), None)
+        if plan.cols is not None or plan.rows.n != n:
+            raise ValueError(f"parameter {key!r} was sketched with another shape before")
+        return plan
+
+    def sketch(self, key: str, rep: Rep) -> torch.Tensor:
+        """[B, m] sketches of one representation's per-example gradients (float64 for float64
+        inputs, else float32)."""
+        if not isinstance(rep, OuterRep | DenseRep):
+            rep = DenseRep(rep.materialize())  # a norm layer's deferred record
+        plan = self._plan(key, rep)
+        if isinstance(rep, DenseRep):
+            G = rep.G.to(_dtype(rep.G))
+            return plan.rows.dense(G)
+        assert plan.cols is not None
+        if not isinstance(rep.C, DenseFactor):
+            raise TypeError("OuterRep.C must be dense to sketch")
+        dtype = _dtype(rep.C.values)
+        a = _apply(plan.rows, rep.A, dtype)  # [B, T, k0]
+        c = rep.C.values.to(dtype)
+        if rep.bias:
+            c = torch.cat([c, c.new_ones(*c.shape[:-1], 1)], dim=-1)
+        c = plan.cols.dense(c)  # [B, T, k1]
+        return torch.einsum("bta,btc->bac", a, c).reshape(a.shape[0], -1)
+
+    def widths(self) -> dict[str, int]:
+        """Sketch width of every parameter key seen so far."""
+        return {key: plan.rows.k * (1 if plan.cols is None else plan.cols.k)
+                for key, plan in self._plans.items()}
+
+    def projection(self, key: str) -> tuple[Projection, Projection | None]:
+        plan = self._plans[key]
+        return plan.rows, plan.cols
+
+
+def _side(n: int, k: int | None, kind: str, seed: int, key: str, side: str) -> Projection:
+    if k is None or n <= k:
+        return Projection(n, n, "identity", seed, key, side)
+    return Projection(n, k, kind, seed, key, side)
+
+
+def _dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+@dataclass
+class SketchBatch:
+    """The sketches of one batch, by parameter key (uses of one parameter summed)."""
+
+    batch_size: int
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def add(self, key: str, sketch: torch.Tensor) -> None:
+        if sketch.shape[0] != self.batch_size:
+            raise ValueError(f"a sketch of {sketch.shape[0]} rows for a batch of {self.batch_size}")
+        if key in self.parts:
+            self.parts[key] = self.parts[key] + sketch
+        else:
+            self.parts[key] = sketch
+
+    def matrix(self, widths: dict[str, int] | None = None) -> torch.Tensor:
+        """[B, m] float64: the parts side by side in the sorted order of ``widths``' keys
+        (default: this batch's keys).  A key this batch never used is zeros (no gradient here)."""
+        widths = widths or {k: v.shape[1] for k, v in self.parts.items()}
+        device = next(iter(self.parts.values())).device if self.parts else torch.device("cpu")
+        cols = [self.parts[k].to(torch.float64) if k in self.parts else
+                torch.zeros(self.batch_size, widths[k], dtype=torch.float64, device=device)
+                for k in sorted(widths)]
+        if not cols:
+            return torch.zeros(self.batch_size, 0, dtype=torch.float64)
+        return torch.cat(cols, dim=1)
+
+
+def vocab_keys(model: nn.Module, names: dict[int, str] | None = None) -> frozenset[str]:
+    """Names of vocabulary-sized parameters: every nn.Embedding's weight and the output head's
+    (``get_output_embeddings()`` of a Hugging Face model, tied or not)."""
+    names = names or {id(p): n for n, p in model.named_parameters()}
+    out = {names[id(m.weight)] for m in model.modules()
+           if isinstance(m, nn.Embedding) and id(m.weight) in names}
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if head is not None and getattr(head, "weight", None) is not None and id(head.weight) in names:
+        out.add(names[id(head.weight)])
+    return frozenset(out)
+
+
+def sketched_gnq(sketches: torch.Tensor, lam: float, weights: torch.Tensor | None = None,
+                 *, check: bool = True) -> Solution:
+    """GNQ from [B, m] sketches: the Gram of the sketches (rows divided by w_j first, as
+    ``solve.unweight_kernel`` does for K) and the same leave-one-out solve as the exact path."""
+    S = sketches.to(torch.float64)
+    if weights is not None:
+        w = weights.detach().to(device=S.device, dtype=torch.float64).reshape(-1, 1)
+        S = S / w
+    return gnq_from_kernel(S @ S.T, lam, check=check)

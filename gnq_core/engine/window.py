@@ -1,0 +1,222 @@
+"""GNQ over the batch of one optimizer step: all micro-batches of an accumulation window (DESIGN.md §9).
+
+``WindowAuditor`` is a ``GNQAuditor`` that also hands every contribution (parameter key,
+representation of its per-example gradients) to the window, for each micro-batch:
+
+* ``mode="exact"``: the window keeps the representations (ghost factors or per-example
+  gradients) of its micro-batches while they fit ``window_budget`` bytes; at the end K's
+  diagonal blocks are the micro-batches' exact kernels and every cross block ⟨g^a_j, g^b_k⟩
+  (micro-batches a ≠ b, same θ: nothing steps inside a window) is Σ over parameters and over
+  pairs of their uses of ``representations.inner`` — the same ghost/materialise Grams as within
+  a batch.  GNQ over the window then equals GNQ of all its texts audited as one batch.
+* ``mode="sketch"``: each micro-batch's per-example gradients are reduced to seeded sketches
+  (``engine.sketch``), k-dimensional per parameter; the window keeps only those and K is
+  their Gram (approximate: the error is measured, ``benchmarks/sketch_error.py``).
+
+Both run the auditor's hook path (``fused=False``: a fused layer reports only its Gram).
+A window of fewer than 2 texts gets no GNQ (``WindowResult.gnq`` is None), never K_jj/λ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from gnq_core.engine.auditor import GNQAuditor
+from gnq_core.engine.kernels import Contribution
+from gnq_core.engine.representations import DenseRep, OuterRep, Rep, inner
+from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys
+from gnq_core.engine.solve import effective_lam, gnq_from_kernel
+from gnq_core.errors import GNQError
+
+WINDOW_MODES = ("exact", "sketch")
+DEFAULT_WINDOW_BUDGET = 1 << 30
+
+
+class WindowBudgetError(GNQError, MemoryError):
+    """An exact window's kept representations outgrew its memory budget."""
+
+
+@dataclass
+class WindowResult:
+    gnq: torch.Tensor | None  # float64 [B_eff], None: fewer than 2 texts in the window
+    kernel: torch.Tensor  # float64 [B_eff, B_eff] (exact, or the Gram of the sketches)
+    lam: float | None
+    batch_size: int  # B_eff
+    micro_batches: int
+    mode: str
+    k: int | None  # sketch dimension per matrix (None: exact)
+    seed: int | None
+
+    @property
+    def self_influence(self) -> torch.Tensor:
+        return self.kernel.diagonal().clone()
+
+
+@dataclass
+class _Micro:
+    batch_size: int
+    weights: torch.Tensor | None
+    kernel: torch.Tensor | None = None  # exact block (exact mode)
+    reps: dict[str, list[Rep]] = field(default_factory=dict)
+    sketch: SketchBatch | None = None
+
+
+def _nbytes(rep: Rep) -> int:
+    if isinstance(rep, DenseRep):
+        return rep.G.numel() * rep.G.element_size()
+    total = 0
+    for f in (rep.A, rep.C):
+        t = getattr(f, "values", None)
+        t = t if t is not None else f.tokens  # type: ignore[union-attr]
+        total += t.numel() * t.element_size()
+    return total
+
+
+class WindowAuditor(GNQAuditor):
+    """GNQ over accumulation windows.  Per micro-batch: forward, backward of Σ_j w_j ℓ_j, then
+    ``add_micro_batch(weights)``; at the optimizer step ``finish_window()``.
+
+    ``compute()`` still gives the current micro-batch's own GNQ (the per-micro-batch mode).
+    """
+
+    def __init__(self, model: nn.Module, lam: float = 1e-2, *, mode: str = "exact",
+                 sketch: SketchSpec | None = None, window_budget: int = DEFAULT_WINDOW_BUDGET,
+                 keep_exact: bool | None = None, **kwargs: Any) -> None:
+        if mode not in WINDOW_MODES:
+            raise ValueError(f"window mode must be one of {', '.join(WINDOW_MODES)}, got {mode!r}")
+        kwargs["fused"] = False  # every contribution must pass through _accumulate
+        super().__init__(model, lam, **kwargs)
+        self.mode = mode
+        self.spec = sketch or SketchSpec()
+        self.window_budget = int(window_budget)
+        # exact micro-batch kernels: needed in exact mode; in sketch mode only for comparisons
+        self.keep_exact = mode == "exact" if keep_exact is None else keep_exact
+        self._names = {id(p): n for n, p in model.named_parameters()}
+        self.sketcher = Sketcher(self.spec, vocab_keys(model, self._names))
+        self._current: _Micro | None = None
+        self._window: list[_Micro] = []
+        self._kept_bytes = 0
+        self.last_micro_sketch: SketchBatch | None = None
+
+    # ------------------------------------------------------------------ per contribution
+    def on_pass_start(self, batch_size: int) -> None:
+        super().on_pass_start(batch_size)
+        sketch = SketchBatch(batch_size) if self.mode == "sketch" else None
+        self._current = _Micro(batch_size, None, sketch=sketch)
+
+    def _key(self, call: Any, c: Contribution) -> str:
+        ids = call.hooked.ids
+        return "+".join(self._names[ids[n]] for n in c.params)
+
+    def _accumulate(self, p, call, contributions: list[Contribution], label: str | None = None) -> None:
+        micro = self._current
+        if micro is not None and p is self._pass:
+            formed = []
+            for c in contributions:
+                if not isinstance(c.rep, OuterRep | DenseRep):  # a norm layer's record: form it once
+                    c = Contribution(c.params, DenseRep(c.rep.materialize()))
+                key = self._key(call, c)
+                if micro.sketch is not None:
+                    micro.sketch.add(key, self.sketcher.sketch(key, c.rep))
+                else:
+                    self._keep(micro, key, c.rep)
+                formed.append(c)
+            contributions = formed
+        if self.keep_exact:
+            super()._accumulate(p, call, contributions, label)
+        else:
+            call.done = True
+            p.call_counts[call.hooked.name] += 1
+            p.paths.setdefault(call.hooked.name, set()).add("sketch")
+            self._finish_uses(p, call)
+
+    def _keep(self, micro: _Micro, key: str, rep: Rep) -> None:
+        self._kept_bytes += _nbytes(rep)
+        if self._kept_bytes > self.window_budget:
+            raise WindowBudgetError(
+                f"exact window: the kept per-example gradient factors exceed {self.window_budget:,} bytes "
+                f"after {len(self._window) + 1} micro-batch(es); use mode='sketch' or a larger window_budget")
+        micro.reps.setdefault(key, []).append(rep)
+
+    # ------------------------------------------------------------------ window
+    def add_micro_batch(self, weights: torch.Tensor | None = None) -> None:
+        """Close the current micro-batch (after its backward) and add it to the window.
+        ``weights``: its objective was Σ_j w_j ℓ_j (w for this micro-batch's texts)."""
+        micro = self._current
+        if micro is None or self._pass is None or not self._pass.fired:
+            raise RuntimeError("add_micro_batch() needs a finished backward pass of a new micro-batch")
+        result = super().compute(weights)
+        if self.keep_exact:
+            micro.kernel = result.kernel
+        micro.weights = None if weights is None else weights.detach().to(torch.float64).reshape(-1).cpu()
+        self.last_micro_sketch = micro.sketch
+        self._window.append(micro)
+        self._current = None
+
+    @property
+    def window_size(self) -> int:
+        return sum(m.batch_size for m in self._window)
+
+    def finish_window(self) -> WindowResult:
+        """GNQ of every text of the window against all the window's other texts; starts a new
+        window.  Fewer than 2 texts: ``gnq`` None (no companions: GNQ is not defined)."""
+        window, self._window, self._kept_bytes = self._window, [], 0
+        if not window:
+            raise RuntimeError("finish_window() on an empty window: add micro-batches first")
+        K = self.sketch_kernel(window) if self.mode == "sketch" else self.exact_kernel(window)
+        B = K.shape[0]
+        k, seed = (self.spec.k, self.spec.seed) if self.mode == "sketch" else (None, None)
+        if B < 2:
+            return WindowResult(None, K, None, B, len(window), self.mode, k, seed)
+        lam = effective_lam(K, self.lam, self.lam_mode)
+        solution = gnq_from_kernel(K, lam)
+        return WindowResult(solution.gnq, K, lam, B, len(window), self.mode, k, seed)
+
+    def sketch_kernel(self, window: list[_Micro]) -> torch.Tensor:
+        S = self.window_sketches(window)
+        return S @ S.T
+
+    def window_sketches(self, window: list[_Micro]) -> torch.Tensor:
+        """[B_eff, m] float64 sketches of the window's per-example-loss gradients."""
+        widths = self.sketcher.widths()
+        rows = []
+        for m in window:
+            assert m.sketch is not None
+            S = m.sketch.matrix(widths)
+            if m.weights is not None:
+                S = S / m.weights.to(S.device).reshape(-1, 1)
+            rows.append(S)
+        return torch.cat(rows)
+
+    def exact_kernel(self, window: list[_Micro]) -> torch.Tensor:
+        """The window's exact K: micro-batch kernels on the diagonal, cross blocks from the kept
+        representations (uses of one parameter in a and in b: every pair)."""
+        sizes = [m.batch_size for m in window]
+        offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        device = window[0].kernel.device if window[0].kernel is not None else torch.device("cpu")
+        K = torch.zeros(offsets[-1], offsets[-1], dtype=torch.float64, device=device)
+        for a, ma in enumerate(window):
+            assert ma.kernel is not None
+            K[offsets[a]:offsets[a + 1], offsets[a]:offsets[a + 1]] = ma.kernel
+            for b in range(a + 1, len(window)):
+                mb = window[b]
+                block = torch.zeros(ma.batch_size, mb.batch_size, dtype=torch.float64, device=device)
+                for key, reps_a in ma.reps.items():
+                    for ra in reps_a:
+                        for rb in mb.reps.get(key, []):
+                            gram, _ = inner(ra, rb, self._path, self._budget)
+                            block += gram.to(device)
+                if ma.weights is not None:
+                    block = block / ma.weights.to(device).reshape(-1, 1)
+                if mb.weights is not None:
+                    block = block / mb.weights.to(device).reshape(1, -1)
+                K[offsets[a]:offsets[a + 1], offsets[b]:offsets[b + 1]] = block
+                K[offsets[b]:offsets[b + 1], offsets[a]:offsets[a + 1]] = block.T
+        return K
+
+
+__all__ = ["WindowAuditor", "WindowResult", "WindowBudgetError", "WINDOW_MODES"]
