@@ -41,6 +41,7 @@ from gnq_core.engine.solve import Solution, gnq_from_kernel
 DEFAULT_K = 1024
 DEFAULT_VOCAB_ROWS = 1024
 DEFAULT_VOCAB_COLS: int | None = None
+DEFAULT_BLOCK: int | None = 8
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,11 @@ class SketchSpec:
     seed: int = 0
     vocab_rows: int = DEFAULT_VOCAB_ROWS
     vocab_cols: int | None = DEFAULT_VOCAB_COLS
+    block: int | None = DEFAULT_BLOCK
 
     def __post_init__(self) -> None:
+        if self.block is not None and (not isinstance(self.block, int) or self.block < 1):
+            raise ValueError(f"sketch block must be a whole number >= 1 or None, got {self.block!r}")
         for name in ("k", "vocab_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -65,12 +69,14 @@ class SketchSpec:
 
     @property
     def side(self) -> int:
-        return max(1, math.isqrt(self.k))
+        """Side of each Kronecker block: ``block``, at most √k (None: √k, one block)."""
+        root = max(1, math.isqrt(self.k))
+        return root if self.block is None else min(self.block, root)
 
     def describe(self) -> str:
         cols = "whole" if self.vocab_cols is None else str(self.vocab_cols)
-        return (f"k={self.k} per matrix, vocabulary {self.vocab_rows} buckets x hidden {cols}, "
-                f"seed {self.seed}")
+        return (f"k={self.k} per matrix in {self.side}x{self.side} blocks, vocabulary {self.vocab_rows} "
+                f"buckets x hidden {cols}, seed {self.seed}")
 
 
 def _generator(seed: int, key: str, side: str) -> torch.Generator:
@@ -143,6 +149,7 @@ def _apply(p: Projection, f: Factor, dtype: torch.dtype) -> torch.Tensor:
 class _Plan:
     rows: Projection
     cols: Projection | None  # None: a DenseRep's single projection
+    blocks: int = 1  # r independent Kronecker blocks: rows and cols hold r·s columns each
 
 
 class Sketcher:
@@ -163,17 +170,7 @@ class Sketcher:
         if isinstance(rep, OuterRep):
             p0, p1 = rep.A.width, rep.C.width + int(rep.bias)
             if plan is None:
-                if key in self.vocab:
-                    vocab_first = p0 >= p1
-                    k0 = s.vocab_rows if vocab_first else s.vocab_cols
-                    k1 = s.vocab_cols if vocab_first else s.vocab_rows
-                    kind0 = "count" if vocab_first else "gauss"
-                    kind1 = "gauss" if vocab_first else "count"
-                else:
-                    k0 = k1 = s.side
-                    kind0 = kind1 = "gauss"
-                plan = _Plan(_side(p0, k0, kind0, s.seed, key, "rows"),
-                             _side(p1, k1, kind1, s.seed, key, "cols"))
+                plan = self._outer_plan(key, p0, p1)
                 self._plans[key] = plan
             if plan.cols is None or (plan.rows.n, plan.cols.n) != (p0, p1):
                 raise ValueError(f"parameter {key!r} was sketched with another shape before")
@@ -184,6 +181,27 @@ class Sketcher:
         if plan.cols is not None or plan.rows.n != n:
             raise ValueError(f"parameter {key!r} was sketched with another shape before")
         return plan
+
+    def _outer_plan(self, key: str, p0: int, p1: int) -> _Plan:
+        s = self.spec
+
+        def side(n: int, k: int | None, kind: str, name: str) -> Projection:
+            return _side(n, k, kind, s.seed, key, name)
+
+        if key in self.vocab:  # the vocabulary side CountSketched, the hidden side whole or Gaussian
+            if p0 >= p1:
+                return _Plan(side(p0, s.vocab_rows, "count", "rows"), side(p1, s.vocab_cols, "gauss", "cols"))
+            return _Plan(side(p0, s.vocab_cols, "gauss", "rows"), side(p1, s.vocab_rows, "count", "cols"))
+        if p0 * p1 <= s.k:  # no wider than the sketch: kept whole
+            return _Plan(side(p0, None, "gauss", "rows"), side(p1, None, "gauss", "cols"))
+        b = s.side
+        if p0 <= b:  # a narrow side kept whole, the other projected to k / p0
+            return _Plan(side(p0, None, "gauss", "rows"), side(p1, max(1, s.k // p0), "gauss", "cols"))
+        if p1 <= b:
+            return _Plan(side(p0, max(1, s.k // p1), "gauss", "rows"), side(p1, None, "gauss", "cols"))
+        r = max(1, s.k // (b * b))  # r blocks: each side Gaussian to r·b columns (even if r·b > its width)
+        return _Plan(Projection(p0, r * b, "gauss", s.seed, key, "rows"),
+                     Projection(p1, r * b, "gauss", s.seed, key, "cols"), blocks=r)
 
     def sketch(self, key: str, rep: Rep) -> torch.Tensor:
         """[B, m] sketches of one representation's per-example gradients (float64 for float64
@@ -203,7 +221,19 @@ class Sketcher:
         if rep.bias:
             c = torch.cat([c, c.new_ones(*c.shape[:-1], 1)], dim=-1)
         c = plan.cols.dense(c)  # [B, T, k1]
-        return torch.einsum("bta,btc->bac", a, c).reshape(a.shape[0], -1)
+        return _blocks(a, c, plan.blocks)
+
+    def project_explicit(self, key: str, G: torch.Tensor) -> torch.Tensor:
+        """Π g for explicit gradients G [B, n] in the representation's layout (``materialize()``):
+        the definition the factor path must match (tests)."""
+        plan = self._plans[key]
+        if plan.cols is None:
+            return G @ plan.rows.matrix(G.dtype)
+        B, r = G.shape[0], plan.blocks
+        G3 = G.reshape(B, plan.rows.n, plan.cols.n)
+        RA, RC = plan.rows.matrix(G.dtype), plan.cols.matrix(G.dtype)
+        RA, RC = RA.reshape(RA.shape[0], r, -1), RC.reshape(RC.shape[0], r, -1)
+        return torch.einsum("iru,bij,jrv->bruv", RA, G3, RC).reshape(B, -1) * math.sqrt(r)
 
     def widths(self) -> dict[str, int]:
         """Sketch width of every parameter key seen so far."""
@@ -213,6 +243,16 @@ class Sketcher:
     def projection(self, key: str) -> tuple[Projection, Projection | None]:
         plan = self._plans[key]
         return plan.rows, plan.cols
+
+
+def _blocks(a: torch.Tensor, c: torch.Tensor, r: int) -> torch.Tensor:
+    """Σ_t over positions of r Kronecker blocks a_tr c_trᵀ, [B, T, r·s] × [B, T, r·s'] -> [B, r·s·s'].
+    Each side's entries are N(0, 1/(r·s)), so each block is scaled by √r to keep E‖Πg‖² = ‖g‖²."""
+    B, T = a.shape[:2]
+    if r == 1:
+        return torch.einsum("bta,btc->bac", a, c).reshape(B, -1)
+    out = torch.einsum("btru,btrv->bruv", a.reshape(B, T, r, -1), c.reshape(B, T, r, -1))
+    return out.reshape(B, -1) * math.sqrt(r)
 
 
 def _side(n: int, k: int | None, kind: str, seed: int, key: str, side: str) -> Projection:

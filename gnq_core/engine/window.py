@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnq_core.engine.auditor import GNQAuditor
+from gnq_core.engine.auditor import GNQAuditor, GNQResult
 from gnq_core.engine.kernels import Contribution
 from gnq_core.engine.representations import DenseRep, OuterRep, Rep, inner
 from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys
@@ -143,9 +143,11 @@ class WindowAuditor(GNQAuditor):
         micro.reps.setdefault(key, []).append(rep)
 
     # ------------------------------------------------------------------ window
-    def add_micro_batch(self, weights: torch.Tensor | None = None) -> None:
+    def add_micro_batch(self, weights: torch.Tensor | None = None) -> GNQResult | None:
         """Close the current micro-batch (after its backward) and add it to the window.
-        ``weights``: its objective was Σ_j w_j ℓ_j (w for this micro-batch's texts)."""
+        ``weights``: its objective was Σ_j w_j ℓ_j (w for this micro-batch's texts).  Returns the
+        micro-batch's own exact result (the per-micro-batch mode), or None in sketch mode without
+        ``keep_exact`` (its exact kernel is not computed)."""
         micro = self._current
         if micro is None or self._pass is None or not self._pass.fired:
             raise RuntimeError("add_micro_batch() needs a finished backward pass of a new micro-batch")
@@ -156,6 +158,7 @@ class WindowAuditor(GNQAuditor):
         self.last_micro_sketch = micro.sketch
         self._window.append(micro)
         self._current = None
+        return result if self.keep_exact else None
 
     @property
     def window_size(self) -> int:
