@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     newest_lock = args.venv / "newest.txt"
     _run([str(uv), "pip", "compile", "pyproject.toml", *sum((["--extra", e] for e in EXTRAS), []),
           "--python-version", f"{sys.version_info.major}.{sys.version_info.minor}",
-          "--override", str(NO_TORCH), "--no-header", "-q", "-o", str(newest_lock)], check=True)
+          "--override", str(NO_TORCH), "--upgrade", "--no-header", "-q", "-o", str(newest_lock)], check=True)
     changes = compare(parse_lock(LOCK.read_text()), parse_lock(newest_lock.read_text()))
 
     py = args.venv / "bin" / "python"
