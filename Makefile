@@ -27,7 +27,7 @@ lock:
 	@test -x $(UV_TOOL)/bin/uv || { $(PYTHON) -m venv $(UV_TOOL) && $(UV_TOOL)/bin/pip install -q "uv>=0.5"; }
 	$(UV_TOOL)/bin/uv pip compile pyproject.toml --extra dev --extra hf --extra real \
 		--python-version 3.11 --python-platform x86_64-manylinux_2_28 \
-		--constraint requirements/hold.txt --override requirements/no-torch.txt -o $(LOCK)
+		--constraint requirements/hold.txt --override requirements/no-torch.txt --upgrade -o $(LOCK)
 
 # The upgrade path: today's newest releases in a scratch environment, the suite run there, and a
 # report of what changed (versions, model families new or gone, failing tests) against the lock.
