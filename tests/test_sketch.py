@@ -43,11 +43,13 @@ def test_outer_sketch_is_the_projection_of_the_gradient(bias, shape):
 
 def test_block_sketch_is_unbiased():
     """E⟨Πg, Πh⟩ = ⟨g, h⟩: the mean over many seeds of the sketched Gram approaches the exact one."""
-    rep = OuterRep(DenseFactor(torch.randn(2, 3, 20)), DenseFactor(torch.randn(2, 3, 20)))
+    gen = torch.Generator().manual_seed(0)  # a statistical check: fixed inputs, 2,000 seeds
+    rep = OuterRep(DenseFactor(torch.randn(2, 3, 20, generator=gen)),
+                   DenseFactor(torch.randn(2, 3, 20, generator=gen)))
     G = rep.materialize()
     grams = [(lambda S: S @ S.T)(Sketcher(SketchSpec(k=64, block=4, seed=s)).sketch("w", rep))
-             for s in range(400)]
-    assert kernel_err(torch.stack(grams).mean(0), G @ G.T) < 0.05
+             for s in range(2000)]
+    assert kernel_err(torch.stack(grams).mean(0), G @ G.T) < 0.03
 
 
 @pytest.mark.parametrize("vocab_cols", [None, 8])
@@ -144,7 +146,7 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(ra @ rb / (ra.norm() * rb.norm()))
 
 
-def envelope(family: str, spec: SketchSpec, B: int = 32, T: int = 16) -> tuple[float, float]:
+def envelope(family: str, spec: SketchSpec, B: int = 64, T: int = 16) -> tuple[float, float]:
     """(Spearman, median relative error) of sketched vs exact GNQ on fresh random inputs."""
     model = wide_model(family)
     batch = random_batch(B, T, model.config.vocab_size)

@@ -38,7 +38,7 @@ def run_window(auditor: WindowAuditor, model, batch, micro: int):
 def test_window_equals_one_batch(build, micro):
     """MUST-SHOW: GNQ over a window of 4 micro-batches equals the exact GNQ of the same texts
     audited as one batch (reference: torch.func per-example gradients), float64, ≤ 1e-9."""
-    torch.manual_seed(torch.seed() % 2**31)  # fresh weights and texts each run
+    torch.seed()  # fresh weights and texts each run
     model = build().double()
     batch = lm_batch([int(n) for n in torch.randint(3, 12, (4 * micro,))], seed=int(torch.randint(0, 99, ())))
     ref = exact_gnq(model, lm_losses, batch, LAM)
@@ -79,10 +79,25 @@ def test_window_of_one_text_has_no_gnq():
 def test_exact_window_budget():
     model = tiny_gpt2().double()
     batch = lm_batch([6, 8, 5, 9], seed=2)
-    with WindowAuditor(model, LAM, mode="exact", window_budget=10_000) as auditor:
-        with pytest.raises(WindowBudgetError, match="use mode='sketch'"):
-            lm_losses(model, batch).sum().backward()
-            auditor.add_micro_batch()
+    with (WindowAuditor(model, LAM, mode="exact", window_budget=10_000),
+          pytest.raises(WindowBudgetError, match="use mode='sketch'")):
+        lm_losses(model, batch).sum().backward()
+
+
+def test_auto_window_turns_to_sketch_past_its_budget():
+    """auto: exact while the kept factors fit; past the budget the window is sketched (and says
+    so), and with identity sketches that is still the exact K."""
+    torch.manual_seed(1)
+    model = tiny_gpt2().double()
+    batch = lm_batch([6, 8, 5, 9, 7, 4], seed=2)
+    ref = exact_gnq(model, lm_losses, batch, LAM)
+    spec = SketchSpec(k=10**6, vocab_rows=10**6)
+    with WindowAuditor(model, LAM, mode="auto", sketch=spec) as auditor:
+        small = run_window(auditor, model, {k: v[:2] for k, v in batch.items()}, 1)
+        auditor.window_budget = 150_000  # fits one micro-batch of 2, not three
+        res = run_window(auditor, model, batch, 2)
+    assert small.mode == "exact" and res.mode == "sketch" and res.k == 10**6
+    assert rel_err(res.gnq, ref.gnq) <= TOL
 
 
 def test_sketch_window_records_its_settings():

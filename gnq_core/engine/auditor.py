@@ -40,7 +40,7 @@ from gnq_core.engine.frontier import backward_targets, depends_on
 from gnq_core.engine.fused import FuseRequest
 from gnq_core.engine.fused_sink import FusedSink
 from gnq_core.engine.grams import inner
-from gnq_core.engine.kernels import UnsupportedModuleError, can_fuse
+from gnq_core.engine.kernels import Contribution, UnsupportedModuleError, can_fuse
 from gnq_core.engine.kernels.base import hooks_are_suspended
 from gnq_core.engine.pass_state import Call, Hooked, PassState
 from gnq_core.engine.representations import DEFAULT_MEMORY_BUDGET, Rep
@@ -263,7 +263,7 @@ class GNQAuditor:
         with self._named(h):
             contributions = h.kernel.contributions(h.module, call.saved, grads, h.params, p.split(h))
         call.saved, call.grads = None, None
-        p.accumulate(call, contributions)
+        p.accumulate(call, self.on_contributions(h, contributions))
 
     @contextlib.contextmanager
     def _named(self, h: Hooked) -> Iterator[None]:
@@ -310,6 +310,12 @@ class GNQAuditor:
     # the global batch of all ranks) without touching the hooks or the bookkeeping.
     def on_pass_start(self, batch_size: int) -> None:
         """Called when a forward pass of ``batch_size`` examples starts being audited."""
+
+    def on_contributions(self, h: Hooked, contributions: list[Contribution]) -> list[Contribution]:
+        """A hooked call's per-example gradient representations, before their Gram blocks are
+        added to K; returns those K gets (``engine.window`` keeps or sketches them across the
+        micro-batches of an update).  Fused calls report their Gram only and skip this."""
+        return contributions
 
     def pair_gram(self, a: Rep, b: Rep) -> tuple[torch.Tensor, str]:
         """⟨a_j, b_k⟩ for all j, k by this auditor's path choice and memory budget, and the path."""

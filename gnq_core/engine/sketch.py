@@ -38,7 +38,7 @@ from gnq_core.engine.representations import DenseFactor, DenseRep, Factor, OneHo
 from gnq_core.engine.solve import Solution, gnq_from_kernel
 
 # Defaults chosen from benchmarks/results/sketch_error-cpu.json (see DESIGN.md §9).
-DEFAULT_K = 1024
+DEFAULT_K = 4096
 DEFAULT_VOCAB_ROWS = 1024
 DEFAULT_VOCAB_COLS: int | None = None
 DEFAULT_BLOCK: int | None = 8

@@ -12,8 +12,11 @@ representation of its per-example gradients) to the window, for each micro-batch
 * ``mode="sketch"``: each micro-batch's per-example gradients are reduced to seeded sketches
   (``engine.sketch``), k-dimensional per parameter; the window keeps only those and K is
   their Gram (approximate: the error is measured, ``benchmarks/sketch_error.py``).
+* ``mode="auto"`` (default): exact while the window's representations fit the budget; a window
+  that outgrows it sketches what it kept and goes on sketching (its result says "sketch").
 
-Both run the auditor's hook path (``fused=False``: a fused layer reports only its Gram).
+All run the auditor's hook path (``fused=False``: a fused layer reports only its Gram, so the
+representations come from ``GNQAuditor.on_contributions``).
 A window of fewer than 2 texts gets no GNQ (``WindowResult.gnq`` is None), never K_jj/λ.
 """
 
@@ -26,13 +29,15 @@ import torch
 from torch import nn
 
 from gnq_core.engine.auditor import GNQAuditor, GNQResult
+from gnq_core.engine.grams import inner
 from gnq_core.engine.kernels import Contribution
-from gnq_core.engine.representations import DenseRep, OuterRep, Rep, inner
+from gnq_core.engine.pass_state import Hooked
+from gnq_core.engine.representations import DenseRep, OuterRep, Rep
 from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys
 from gnq_core.engine.solve import effective_lam, gnq_from_kernel
 from gnq_core.errors import GNQError
 
-WINDOW_MODES = ("exact", "sketch")
+WINDOW_MODES = ("auto", "exact", "sketch")
 DEFAULT_WINDOW_BUDGET = 1 << 30
 
 
@@ -83,18 +88,19 @@ class WindowAuditor(GNQAuditor):
     ``compute()`` still gives the current micro-batch's own GNQ (the per-micro-batch mode).
     """
 
-    def __init__(self, model: nn.Module, lam: float = 1e-2, *, mode: str = "exact",
+    def __init__(self, model: nn.Module, lam: float = 1e-2, *, mode: str = "auto",
                  sketch: SketchSpec | None = None, window_budget: int = DEFAULT_WINDOW_BUDGET,
                  keep_exact: bool | None = None, **kwargs: Any) -> None:
         if mode not in WINDOW_MODES:
             raise ValueError(f"window mode must be one of {', '.join(WINDOW_MODES)}, got {mode!r}")
-        kwargs["fused"] = False  # every contribution must pass through _accumulate
+        kwargs["fused"] = False  # every call's representations must reach on_contributions
         super().__init__(model, lam, **kwargs)
         self.mode = mode
         self.spec = sketch or SketchSpec()
         self.window_budget = int(window_budget)
         # exact micro-batch kernels: needed in exact mode; in sketch mode only for comparisons
-        self.keep_exact = mode == "exact" if keep_exact is None else keep_exact
+        self.keep_exact = mode != "sketch" if keep_exact is None else keep_exact
+        self._window_mode = "sketch" if mode == "sketch" else "exact"  # this window's, so far
         self._names = {id(p): n for n, p in model.named_parameters()}
         self.sketcher = Sketcher(self.spec, vocab_keys(model, self._names))
         self._current: _Micro | None = None
@@ -105,42 +111,50 @@ class WindowAuditor(GNQAuditor):
     # ------------------------------------------------------------------ per contribution
     def on_pass_start(self, batch_size: int) -> None:
         super().on_pass_start(batch_size)
-        sketch = SketchBatch(batch_size) if self.mode == "sketch" else None
+        sketch = SketchBatch(batch_size) if self._window_mode == "sketch" else None
         self._current = _Micro(batch_size, None, sketch=sketch)
 
-    def _key(self, call: Any, c: Contribution) -> str:
-        ids = call.hooked.ids
-        return "+".join(self._names[ids[n]] for n in c.params)
-
-    def _accumulate(self, p, call, contributions: list[Contribution], label: str | None = None) -> None:
+    def on_contributions(self, h: Hooked, contributions: list[Contribution]) -> list[Contribution]:
+        """Keep (exact) or sketch (sketch) each parameter's representation for the window; K of
+        the micro-batch itself gets them only while exact kernels are kept."""
         micro = self._current
-        if micro is not None and p is self._pass:
-            formed = []
-            for c in contributions:
-                if not isinstance(c.rep, OuterRep | DenseRep):  # a norm layer's record: form it once
-                    c = Contribution(c.params, DenseRep(c.rep.materialize()))
-                key = self._key(call, c)
+        formed = []
+        for c in contributions:
+            if not isinstance(c.rep, OuterRep | DenseRep):  # a norm layer's record: form it once
+                c = Contribution(c.params, DenseRep(c.rep.materialize()))
+            key = "+".join(self._names[h.ids[n]] for n in c.params)
+            if micro is not None:
                 if micro.sketch is not None:
                     micro.sketch.add(key, self.sketcher.sketch(key, c.rep))
                 else:
                     self._keep(micro, key, c.rep)
-                formed.append(c)
-            contributions = formed
-        if self.keep_exact:
-            super()._accumulate(p, call, contributions, label)
-        else:
-            call.done = True
-            p.call_counts[call.hooked.name] += 1
-            p.paths.setdefault(call.hooked.name, set()).add("sketch")
-            self._finish_uses(p, call)
+            formed.append(c)
+        return formed if self.keep_exact else []
 
     def _keep(self, micro: _Micro, key: str, rep: Rep) -> None:
         self._kept_bytes += _nbytes(rep)
+        if self._kept_bytes > self.window_budget and self.mode == "auto":
+            self._switch_to_sketch()
+            assert micro.sketch is not None
+            micro.sketch.add(key, self.sketcher.sketch(key, rep))
+            return
         if self._kept_bytes > self.window_budget:
             raise WindowBudgetError(
                 f"exact window: the kept per-example gradient factors exceed {self.window_budget:,} bytes "
                 f"after {len(self._window) + 1} micro-batch(es); use mode='sketch' or a larger window_budget")
         micro.reps.setdefault(key, []).append(rep)
+
+    def _switch_to_sketch(self) -> None:
+        """``auto``: the window outgrew the budget; sketch what was kept and go on sketching."""
+        micros = [*self._window, *([self._current] if self._current is not None else [])]
+        for m in micros:
+            m.sketch = SketchBatch(m.batch_size)
+            for key, reps in m.reps.items():
+                for r in reps:
+                    m.sketch.add(key, self.sketcher.sketch(key, r))
+            m.reps = {}
+        self._kept_bytes = 0
+        self._window_mode = "sketch"
 
     # ------------------------------------------------------------------ window
     def add_micro_batch(self, weights: torch.Tensor | None = None) -> GNQResult | None:
@@ -168,16 +182,17 @@ class WindowAuditor(GNQAuditor):
         """GNQ of every text of the window against all the window's other texts; starts a new
         window.  Fewer than 2 texts: ``gnq`` None (no companions: GNQ is not defined)."""
         window, self._window, self._kept_bytes = self._window, [], 0
+        mode, self._window_mode = self._window_mode, "sketch" if self.mode == "sketch" else "exact"
         if not window:
             raise RuntimeError("finish_window() on an empty window: add micro-batches first")
-        K = self.sketch_kernel(window) if self.mode == "sketch" else self.exact_kernel(window)
+        K = self.sketch_kernel(window) if mode == "sketch" else self.exact_kernel(window)
         B = K.shape[0]
-        k, seed = (self.spec.k, self.spec.seed) if self.mode == "sketch" else (None, None)
+        k, seed = (self.spec.k, self.spec.seed) if mode == "sketch" else (None, None)
         if B < 2:
-            return WindowResult(None, K, None, B, len(window), self.mode, k, seed)
+            return WindowResult(None, K, None, B, len(window), mode, k, seed)
         lam = effective_lam(K, self.lam, self.lam_mode)
         solution = gnq_from_kernel(K, lam)
-        return WindowResult(solution.gnq, K, lam, B, len(window), self.mode, k, seed)
+        return WindowResult(solution.gnq, K, lam, B, len(window), mode, k, seed)
 
     def sketch_kernel(self, window: list[_Micro]) -> torch.Tensor:
         S = self.window_sketches(window)
