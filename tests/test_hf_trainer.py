@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import torch
@@ -12,6 +14,7 @@ from typer.testing import CliRunner
 
 from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.cli import app
+from gnq_core.engine.sketch import SketchSpec
 from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
 from gnq_core.results.records import RunSpec, batch_results
 from gnq_core.results.shards import ShardStore, ShardWriter, new_shard_folder, open_store
@@ -30,8 +33,8 @@ def rows() -> list[dict]:
 
 
 def training_args(tmp_path, **kw) -> TrainingArguments:
-    return TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=3,
-                             gradient_accumulation_steps=2, num_train_epochs=1, learning_rate=1e-2,
+    kw = {"per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, **kw}
+    return TrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=1, learning_rate=1e-2,
                              report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
                              seed=0, disable_tqdm=True, optim="sgd", **kw)
 
@@ -69,7 +72,8 @@ def _train(tmp_path_factory):
     trainer = RecordingTrainer(model=model, args=training_args(tmp), train_dataset=rows(),
                                data_collator=lm_collator(PAD_ID),
                                gnq=GNQConfig(out=tmp / "shards", lam=LAM, name="hf-run",
-                                             texts={100 + i: pool[i] for i in range(N_ROWS)}))
+                                             texts={100 + i: pool[i] for i in range(N_ROWS)},
+                                             gnq_batch="micro-batch"))
     trainer.seen = []
     trainer.train()
     return tmp, trainer, init
@@ -95,6 +99,71 @@ def test_gnq_per_micro_batch_equals_direct_auditor(trained):
         assert rel_err(torch.tensor(rows_["gnq"].tolist()), ref.gnq) <= TOL
         assert rel_err(torch.tensor(rows_["self_influence"].tolist()), ref.self_influence) <= TOL
         assert rel_err(torch.tensor(rows_["loss"].tolist()), losses.detach()) <= TOL
+
+
+@pytest.mark.parametrize(("micro", "accumulation", "mode"),
+                         [(2, 2, "exact"), (1, 3, "exact"), (2, 2, "sketch")])
+def test_gnq_per_optimizer_step_is_the_windows_batch(tmp_path, micro, accumulation, mode):
+    """The default batch of the GNQ is the optimizer step: each window's GNQ equals the exact GNQ
+    of its micro × accumulation texts audited as one batch (exact mode, ≤ 1e-9; micro-batches of
+    1 work); sketch mode records its k and seed; run.json states B_eff and the mode."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = tiny_gpt2()
+        data = rows()
+        spec = SketchSpec(k=10**6, vocab_rows=10**6, seed=5)  # identity sketch: exact numbers
+        args = training_args(tmp_path, per_device_train_batch_size=micro,
+                             gradient_accumulation_steps=accumulation)
+        config = GNQConfig(out=tmp_path / "shards", lam=LAM, window_mode=mode, sketch=spec)
+        trainer = RecordingTrainer(model=model, args=args, train_dataset=data,
+                                   data_collator=lm_collator(PAD_ID), gnq=config)
+        trainer.seen = []
+        trainer.train()
+        results = pd.DataFrame(trainer.gnq.results)
+        B_eff = micro * accumulation
+        assert results["batch_index"].tolist() == [i // B_eff for i in range(N_ROWS)]
+        by_id = {r["example_id"]: r for r in data}
+        for window in range(N_ROWS // B_eff):
+            ids = results[results["batch_index"] == window]["example_id"].tolist()
+            params = trainer.seen[window * accumulation][1]  # θ at the window's first micro-batch
+            ref_model = tiny_gpt2()
+            ref_model.load_state_dict(params, strict=False)
+            batch = lm_collator(PAD_ID)([by_id[i] for i in ids])
+            with GNQAuditor(ref_model, lam=LAM) as auditor:
+                out = ref_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                per_example_lm_loss(out.logits, batch["labels"]).sum().backward()
+                ref = auditor.compute()
+            got = results[results["batch_index"] == window]
+            assert rel_err(torch.tensor(got["gnq"].tolist()), ref.gnq) <= TOL
+            assert rel_err(torch.tensor(got["self_influence"].tolist()), ref.self_influence) <= TOL
+        frame = open_store(tmp_path / "shards").batches(1)
+        assert frame["size"].tolist() == [B_eff] * (N_ROWS // B_eff)
+        assert set(frame["gnq_mode"]) == {mode}
+        assert set(frame["sketch_k"].dropna()) == ({10**6} if mode == "sketch" else set())
+        meta = json.loads((tmp_path / "shards" / "run.json").read_text())
+        run = meta["run"]
+        assert run["batch_size"] == B_eff and run["settings"]["b_eff"] == B_eff
+        assert run["settings"]["gnq_mode"] == mode and "optimizer step" in run["settings"]["gnq_batch"]
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_window_of_one_text_gets_no_gnq(tmp_path):
+    """A last window of one text (13 rows, windows of 4) has no companions: NULL, counted."""
+    data = [*rows(), {"input_ids": rows()[0]["input_ids"], "example_id": 999}]
+    trainer = GNQTrainer(model=tiny_gpt2(), args=training_args(tmp_path, per_device_train_batch_size=2,
+                                                                 gradient_accumulation_steps=2),
+                         train_dataset=data, data_collator=lm_collator(PAD_ID),
+                         gnq=GNQConfig(out=tmp_path / "shards", lam=LAM, window_mode="exact"))
+    trainer.train()
+    results = pd.DataFrame(trainer.gnq.results)
+    last = results[results["batch_index"] == results["batch_index"].max()]
+    assert len(last) == 1 and last["gnq"].isna().all() and last["self_influence"].notna().all()
+    assert trainer.gnq.windows_without_gnq == 1
+    meta = json.loads((tmp_path / "shards" / "run.json").read_text())
+    assert meta["windows_without_gnq"] == 1
 
 
 def test_training_matches_the_stock_trainer(trained, tmp_path):

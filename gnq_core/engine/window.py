@@ -55,6 +55,7 @@ class WindowResult:
     mode: str
     k: int | None  # sketch dimension per matrix (None: exact)
     seed: int | None
+    condition: float | None = None  # of K + λI (None: no GNQ)
 
     @property
     def self_influence(self) -> torch.Tensor:
@@ -192,7 +193,7 @@ class WindowAuditor(GNQAuditor):
             return WindowResult(None, K, None, B, len(window), mode, k, seed)
         lam = effective_lam(K, self.lam, self.lam_mode)
         solution = gnq_from_kernel(K, lam)
-        return WindowResult(solution.gnq, K, lam, B, len(window), mode, k, seed)
+        return WindowResult(solution.gnq, K, lam, B, len(window), mode, k, seed, solution.condition)
 
     def sketch_kernel(self, window: list[_Micro]) -> torch.Tensor:
         S = self.window_sketches(window)

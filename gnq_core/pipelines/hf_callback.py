@@ -29,6 +29,8 @@ from transformers import Trainer, TrainerCallback
 
 from gnq_core.engine.distributed import DistributedGNQAuditor, Scope, Strategy
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
+from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.window import DEFAULT_WINDOW_BUDGET, WINDOW_MODES, WindowAuditor
 from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.results.records import RunSpec, TextResult, check_gnq_settings
@@ -39,6 +41,7 @@ from gnq_core.sources.tokens import collate
 __all__ = ["GNQCallback", "GNQConfig", "GNQTrainer", "lm_collator"]
 
 EXAMPLE_ID = "example_id"
+GNQ_BATCHES = ("step", "micro-batch")
 
 
 @dataclass
@@ -62,6 +65,20 @@ class GNQConfig:
     # percentile so far (the Flagged texts page's default threshold, by the same rule).
     flag_gnq: float | None = None
     log_top: int = 3  # ids of the highest-GNQ texts since the last log, as gnq/top{k}_example_id
+    # The batch of the GNQ: "step" (default), every micro-batch of one optimizer step's
+    # accumulation window on this process (B_eff = per_device_train_batch_size ×
+    # gradient_accumulation_steps; engine.window), or "micro-batch" (each on its own, as before).
+    gnq_batch: str = "step"
+    window_mode: str = "auto"  # "step" only: "exact", "sketch" or "auto" (exact while it fits)
+    sketch: SketchSpec | None = None  # "step" with a sketch: its settings (default SketchSpec())
+    window_budget: int = DEFAULT_WINDOW_BUDGET  # bytes of factors an exact window may keep
+
+    def __post_init__(self) -> None:
+        if self.gnq_batch not in GNQ_BATCHES:
+            raise ValueError(f"gnq_batch must be one of {', '.join(GNQ_BATCHES)}, got {self.gnq_batch!r}")
+        if self.window_mode not in WINDOW_MODES:
+            raise ValueError(f"window_mode must be one of {', '.join(WINDOW_MODES)}, "
+                             f"got {self.window_mode!r}")
 
 
 def lm_collator(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
@@ -82,7 +99,8 @@ def lm_collator(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, torch
 
 
 class GNQCallback(TrainerCallback):
-    """Audits each micro-batch of a ``GNQTrainer`` and writes this rank's shards."""
+    """Audits each optimizer step's window (or each micro-batch) of a ``GNQTrainer`` and writes
+    this rank's shards."""
 
     def __init__(self, config: GNQConfig, trainer: Trainer) -> None:
         self.config, self.trainer = config, trainer
@@ -98,6 +116,8 @@ class GNQCallback(TrainerCallback):
         self._weights: torch.Tensor | None = None
         self._t0 = 0.0
         self._since_log: list[TextResult] = []
+        self._pending: list[dict[str, Any]] = []  # the window's micro-batches so far (step mode)
+        self.windows_without_gnq = 0  # windows of < 2 texts: no companions, GNQ NULL
 
     def summaries(self) -> dict[str, float]:
         """GNQ since the last log, for the Trainer's own logging (W&B, TensorBoard, MLflow...):
@@ -123,10 +143,19 @@ class GNQCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.rank, self.world = args.process_index, args.world_size
         c = self.config
+        if self._windowed and c.scope == "global" and self.world > 1:
+            raise ValueError("GNQConfig(gnq_batch='step') with scope='global' across processes is not "
+                             "built yet: use scope='rank' (each process's window) or gnq_batch='micro-batch'")
         self.batch_size = args.per_device_train_batch_size * (self.world if c.scope == "global" else 1)
+        if self._windowed:
+            self.batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
         check_gnq_settings(c.lam, self.batch_size)  # on every rank, before anything is written
-        self.auditor = DistributedGNQAuditor(model, lam=c.lam, scope=c.scope, strategy=c.strategy,
-                                             check_uses=c.check_uses, fused=self._fused)
+        if self._windowed:
+            self.auditor = WindowAuditor(model, c.lam, mode=c.window_mode, sketch=self._spec,
+                                         window_budget=c.window_budget, check_uses=c.check_uses)
+        else:
+            self.auditor = DistributedGNQAuditor(model, lam=c.lam, scope=c.scope, strategy=c.strategy,
+                                                 check_uses=c.check_uses, fused=self._fused)
         self.writer = ShardWriter(c.out, self.rank, self.world)
         if self.rank == 0:
             examples = self._examples_frame()
@@ -136,10 +165,14 @@ class GNQCallback(TrainerCallback):
         self.point, self.micro = self.point + 1, 0
 
     def on_step_end(self, args, state, control, **kwargs):
+        if self._windowed:
+            self._finish_window(state.global_step)
         if state.global_step % self.config.flush_every == 0:
             self.writer.flush()
 
     def on_epoch_end(self, args, state, control, **kwargs):
+        if self._windowed and self._pending:  # a window the Trainer did not step (none expected)
+            self._finish_window(state.global_step)
         self.writer.flush()
         if self.meta is not None:
             self.meta["points"].append({"point": self.point, "label": f"epoch-{self.point + 1}",
@@ -153,6 +186,8 @@ class GNQCallback(TrainerCallback):
             self.auditor = None
         if self.meta is not None:
             self.meta["status"] = "done"
+            if self._windowed:
+                self.meta["windows_without_gnq"] = self.windows_without_gnq  # < 2 texts: GNQ NULL
             write_run_file(self.config.out, self.meta)
         if self.config.db is not None:
             if dist.is_available() and dist.is_initialized():
@@ -187,6 +222,12 @@ class GNQCallback(TrainerCallback):
     def after_backward(self, state) -> None:
         if self.auditor is None or self._weights is None:
             return
+        if self._windowed:  # pooled with the window's other micro-batches at the optimizer step
+            self.auditor.add_micro_batch(self._weights)
+            self._pending.append({"ids": self._ids, "losses": self._losses, "counts": self._counts,
+                                  "signals": self._signals, "t0": self._t0})
+            self._weights = None
+            return
 
         def compute() -> Scores:
             res = self.auditor.compute(weights=self._weights)
@@ -203,6 +244,33 @@ class GNQCallback(TrainerCallback):
         self._since_log += texts
         self.micro += 1
         self._weights = None
+
+    def _finish_window(self, step: int) -> None:
+        """Score the optimizer step's window: every text against all the window's others."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        res = self.auditor.finish_window()
+        if res.gnq is None:
+            self.windows_without_gnq += 1
+
+        def compute() -> Scores:
+            gnq = None if res.gnq is None else res.gnq.tolist()
+            return gnq, res.kernel.diagonal().tolist(), res.condition, res.batch_size
+
+        signals = None
+        if all(m["signals"] is not None for m in pending):
+            signals = {k: [v for m in pending for v in m["signals"][k]] for k in pending[0]["signals"]}
+        texts, batch = score_batch(compute, torch.cat([m["losses"] for m in pending]),
+                                   torch.cat([m["ids"] for m in pending]).tolist(),
+                                   targets=torch.cat([m["counts"] for m in pending]),
+                                   batch_index=self.micro * self.world + self.rank,
+                                   step=step, started=pending[0]["t0"], extra=signals,
+                                   gnq_mode=res.mode, sketch_k=res.k, sketch_seed=res.seed)
+        self.writer.add(batch.step, self.point, texts, [batch])
+        self.results += texts
+        self._since_log += texts
+        self.micro += 1
 
     # ------------------------------------------------------------------ run description
     def _examples_frame(self) -> pd.DataFrame:
@@ -230,7 +298,8 @@ class GNQCallback(TrainerCallback):
             dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
             settings={"trainer": "transformers.Trainer (GNQTrainer)", "scope": c.scope,
                       "strategy": c.strategy, "world_size": self.world,
-                      "gnq_batch": "one micro-batch" + (" of every rank" if c.scope == "global" else ""),
+                      "gnq_batch": self._gnq_batch_words(args),
+                      **self._window_settings(args),
                       "per_device_train_batch_size": micro,
                       "gradient_accumulation_steps": args.gradient_accumulation_steps,
                       "learning_rate": args.learning_rate, "epochs": args.num_train_epochs,
@@ -240,6 +309,33 @@ class GNQCallback(TrainerCallback):
     @property
     def _fused(self) -> bool:
         return self.config.fused and self.config.scope != "global"
+
+    @property
+    def _windowed(self) -> bool:
+        return self.config.gnq_batch == "step"
+
+    @property
+    def _spec(self) -> SketchSpec:
+        return self.config.sketch or SketchSpec()
+
+    def _gnq_batch_words(self, args) -> str:
+        if not self._windowed:
+            return "one micro-batch" + (" of every rank" if self.config.scope == "global" else "")
+        where = " of this process" if self.world > 1 else ""
+        return (f"one optimizer step: {args.gradient_accumulation_steps} micro-batch(es) of "
+                f"{args.per_device_train_batch_size}{where} (B_eff = {self.batch_size})")
+
+    def _window_settings(self, args) -> dict[str, Any]:
+        if not self._windowed:
+            return {}
+        c = self.config
+        out: dict[str, Any] = {"b_eff": self.batch_size, "gnq_mode": c.window_mode,
+                               "window_budget": c.window_budget}
+        if c.window_mode != "exact":
+            out["sketch"] = {"k": self._spec.k, "seed": self._spec.seed, "block": self._spec.block,
+                             "vocab_rows": self._spec.vocab_rows, "vocab_cols": self._spec.vocab_cols}
+        return out
+
 
 
 class GNQTrainer(Trainer):

@@ -21,12 +21,16 @@ def scores_of(res: GNQResult) -> Scores:
 
 def score_batch(compute: Callable[[], Scores], losses: torch.Tensor, example_ids: Sequence[int], *,
                 targets: torch.Tensor, batch_index: int, step: int | None, started: float,
-                extra: Mapping[str, Sequence[float]] | None = None) -> tuple[list[TextResult], BatchResult]:
+                extra: Mapping[str, Sequence[float]] | None = None, gnq_mode: str = "exact",
+                sketch_k: int | None = None, sketch_seed: int | None = None
+                ) -> tuple[list[TextResult], BatchResult]:
     """Run ``compute`` (the auditor's solve) and record the batch.  A batch whose loss or kernel is
     not finite is recorded with ``finite = False`` and NULL scores instead of stopping the job.
     ``targets``: each text's number of next-token targets (``lm_target_counts``); a text with none
     (a single token) has no loss and no gradient, so its GNQ, loss and K_jj are NULL, not 0.
-    ``extra``: further per-text columns from the forward pass (``membership.token_signals``)."""
+    ``extra``: further per-text columns from the forward pass (``membership.token_signals``).
+    ``compute`` may return gnq None: a window of fewer than 2 texts has no companions (NULL GNQ).
+    ``gnq_mode``/``sketch_k``/``sketch_seed``: how K was formed (recorded with the batch)."""
     finite = bool(torch.isfinite(losses).all())
     gnq = kjj = condition = size = None
     try:
@@ -38,4 +42,5 @@ def score_batch(compute: Callable[[], Scores], losses: torch.Tensor, example_ids
     return batch_results(example_ids, losses.detach().double().cpu().tolist(), gnq, kjj,
                          batch_index=batch_index, step=step, condition=condition, finite=finite,
                          seconds=time.perf_counter() - started, size=size, extra=extra,
-                         scored=(targets > 0).tolist())
+                         scored=(targets > 0).tolist(), gnq_mode=gnq_mode, sketch_k=sketch_k,
+                         sketch_seed=sketch_seed)

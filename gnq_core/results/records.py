@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 SCORE_COLUMNS = ["example_id", "batch_index", "step", "gnq", "loss", "self_influence"]
-BATCH_COLUMNS = ["batch_index", "step", "size", "condition", "finite", "seconds"]
+BATCH_COLUMNS = ["batch_index", "step", "size", "condition", "finite", "seconds", "gnq_mode", "sketch_k",
+                 "sketch_seed"]
 WRITE_CHUNK = 100_000  # score rows per frame when ScoreColumns are written
 MIN_BATCH_SIZE = 2  # GNQ_j compares example j with the others of its batch (Σ_{k≠j}): B = 1 has none
 
@@ -40,7 +41,9 @@ class TextResult:
 
 @dataclass(frozen=True)
 class BatchResult:
-    """One GNQ batch: its size, the condition number of K + λI, whether it was finite, its time."""
+    """One GNQ batch: its size, the condition number of K + λI, whether it was finite, its time,
+    and how K was formed: ``gnq_mode`` "exact", or "sketch" with its dimension per matrix and
+    seed (``engine.sketch``; DESIGN.md §9)."""
 
     batch_index: int
     step: int | None
@@ -48,13 +51,18 @@ class BatchResult:
     condition: float | None
     finite: bool
     seconds: float
+    gnq_mode: str = "exact"
+    sketch_k: int | None = None
+    sketch_seed: int | None = None
 
 
 def batch_results(example_ids: Sequence[int], losses: Sequence[float], gnq: Sequence[float] | None,
                   self_influence: Sequence[float] | None, *, batch_index: int, step: int | None,
                   condition: float | None, finite: bool, seconds: float,
                   size: int | None = None, extra: Mapping[str, Sequence[float]] | None = None,
-                  scored: Sequence[bool] | None = None) -> tuple[list[TextResult], BatchResult]:
+                  scored: Sequence[bool] | None = None, gnq_mode: str = "exact",
+                  sketch_k: int | None = None, sketch_seed: int | None = None
+                  ) -> tuple[list[TextResult], BatchResult]:
     """The records of one batch; ``gnq``/``self_influence`` None when it was not finite, and all
     three scores None for a text not ``scored`` (too short to have a next token).
     ``size`` defaults to the number of texts (a global batch of several ranks is larger);
@@ -70,7 +78,7 @@ def batch_results(example_ids: Sequence[int], losses: Sequence[float], gnq: Sequ
                         {name: values[i] for name, values in extra.items()})
              for i, e in enumerate(example_ids)]
     return texts, BatchResult(batch_index, step, len(texts) if size is None else size, condition, finite,
-                              seconds)
+                              seconds, gnq_mode, sketch_k, sketch_seed)
 
 
 def score_frame(texts: Sequence[TextResult], point: int) -> pd.DataFrame:
@@ -172,7 +180,8 @@ def batch_frame(batches: Sequence[BatchResult], point: int) -> pd.DataFrame:
     """``batches`` rows (all columns but run_id), typed."""
     frame = pd.DataFrame([{"point": point} | asdict(b) for b in batches], columns=["point", *BATCH_COLUMNS])
     return frame.astype({"point": "int64", "batch_index": "int64", "step": "Int64", "size": "int64",
-                         "condition": "float64", "finite": "bool", "seconds": "float64"})
+                         "condition": "float64", "finite": "bool", "seconds": "float64",
+                         "gnq_mode": "string", "sketch_k": "Int64", "sketch_seed": "Int64"})
 
 
 def check_gnq_settings(lam: float, batch_size: int) -> None:

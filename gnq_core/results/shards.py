@@ -298,5 +298,5 @@ def shard_view(spec: RunSpec, status: str, examples: pd.DataFrame, points: pd.Da
 
 def _null_columns(table: str) -> list[str]:
     types = {"finite": "BOOLEAN", "gnq": "DOUBLE", "loss": "DOUBLE", "self_influence": "DOUBLE",
-             "condition": "DOUBLE", "seconds": "DOUBLE"}
+             "condition": "DOUBLE", "seconds": "DOUBLE", "gnq_mode": "VARCHAR"}
     return [f"NULL::{types.get(c, 'BIGINT')} AS {c}" for c in SHARD_COLUMNS[table]]
