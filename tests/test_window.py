@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.reference import exact_gnq
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.window import WindowAuditor, WindowBudgetError
+from gnq_core.pipelines.scoring import score_batch, scores_of
 from tests.conftest import TOL, kernel_err, rel_err
 from tests.lm_fixtures import lm_batch, tiny_gpt2, tiny_llama
 
@@ -113,3 +115,17 @@ def test_sketch_window_records_its_settings():
 def test_bad_mode():
     with pytest.raises(ValueError, match="window mode"):
         WindowAuditor(tiny_gpt2(), LAM, mode="approximate")
+
+
+def test_a_batch_of_one_text_is_scored_null_not_its_norm():
+    """gnq train / gnq audit / the Trainer's micro-batch mode: a last batch of one text gets NULL
+    GNQ (it has no companions), its loss and K_jj are kept."""
+    model = tiny_llama().double()
+    batch = lm_batch([7], seed=1)
+    with GNQAuditor(model, LAM) as auditor:
+        losses = lm_losses(model, batch)
+        losses.sum().backward()
+        res = auditor.compute()
+    texts, row = score_batch(lambda: scores_of(res), losses, [5], targets=torch.tensor([6]), batch_index=0,
+                             step=None, started=0.0)
+    assert texts[0].gnq is None and texts[0].self_influence > 0 and row.size == 1 and row.finite

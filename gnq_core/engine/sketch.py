@@ -37,6 +37,9 @@ from torch import nn
 from gnq_core.engine.representations import DenseFactor, DenseRep, Factor, OneHotFactor, OuterRep, Rep
 from gnq_core.engine.solve import Solution, gnq_from_kernel
 
+__all__ = ["DEFAULT_BLOCK", "DEFAULT_K", "DEFAULT_VOCAB_COLS", "DEFAULT_VOCAB_ROWS", "Projection",
+           "SketchBatch", "SketchSpec", "Sketcher", "sketched_gnq", "vocab_keys"]
+
 # Defaults chosen from benchmarks/results/sketch_error-cpu.json (see DESIGN.md §9).
 DEFAULT_K = 4096
 DEFAULT_VOCAB_ROWS = 1024
@@ -88,27 +91,24 @@ class Projection:
     """One side's map R: R^n -> R^k (identity, Gaussian N(0, 1/k), or CountSketch)."""
 
     def __init__(self, n: int, k: int, kind: str, seed: int, key: str, side: str) -> None:
+        if kind not in ("identity", "gauss", "count"):
+            raise ValueError(f"unknown projection kind {kind!r}")
         self.n, self.kind = n, kind
         self.k = n if kind == "identity" else k
-        gen = _generator(seed, key, side)
+        self._seed = (seed, key, side)
+        # drawn on first use in each (dtype, device), from the same seed: only those copies are held
         self._cache: dict[tuple[torch.dtype, torch.device], torch.Tensor | tuple] = {}
-        if kind == "gauss":
-            base = torch.randn(n, k, generator=gen, dtype=torch.float64)
-            self._base: torch.Tensor | tuple = base / math.sqrt(k)
-        elif kind == "count":
-            buckets = torch.randint(0, k, (n,), generator=gen)
-            signs = torch.randint(0, 2, (n,), generator=gen).to(torch.float64) * 2 - 1
-            self._base = (buckets, signs)
-        elif kind != "identity":
-            raise ValueError(f"unknown projection kind {kind!r}")
 
     def _on(self, dtype: torch.dtype, device: torch.device):
         key = (dtype, device)
         if key not in self._cache:
+            gen = _generator(*self._seed)
             if self.kind == "gauss":
-                self._cache[key] = self._base.to(device=device, dtype=dtype)  # type: ignore[union-attr]
+                base = torch.randn(self.n, self.k, generator=gen, dtype=torch.float64) / math.sqrt(self.k)
+                self._cache[key] = base.to(device=device, dtype=dtype)
             else:
-                buckets, signs = self._base  # type: ignore[misc]
+                buckets = torch.randint(0, self.k, (self.n,), generator=gen)
+                signs = torch.randint(0, 2, (self.n,), generator=gen).to(torch.float64) * 2 - 1
                 self._cache[key] = (buckets.to(device), signs.to(device=device, dtype=dtype))
         return self._cache[key]
 

@@ -175,6 +175,15 @@ class WindowAuditor(GNQAuditor):
         self._current = None
         return result if self.keep_exact else None
 
+    def held_bytes(self) -> int:
+        """Bytes the window holds now for its micro-batches (kept factors or sketches)."""
+        total = 0
+        for m in self._window:
+            total += sum(_nbytes(r) for reps in m.reps.values() for r in reps)
+            if m.sketch is not None:
+                total += sum(t.numel() * t.element_size() for t in m.sketch.parts.values())
+        return total
+
     @property
     def window_size(self) -> int:
         return sum(m.batch_size for m in self._window)
@@ -238,4 +247,4 @@ class WindowAuditor(GNQAuditor):
         return K
 
 
-__all__ = ["WindowAuditor", "WindowResult", "WindowBudgetError", "WINDOW_MODES"]
+__all__ = ["DEFAULT_WINDOW_BUDGET", "WINDOW_MODES", "WindowAuditor", "WindowBudgetError", "WindowResult"]

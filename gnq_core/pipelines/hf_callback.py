@@ -33,7 +33,7 @@ from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.window import DEFAULT_WINDOW_BUDGET, WINDOW_MODES, WindowAuditor
 from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import Scores, score_batch
-from gnq_core.results.records import RunSpec, TextResult, check_gnq_settings
+from gnq_core.results.records import MIN_BATCH_SIZE, RunSpec, TextResult, check_gnq_settings
 from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
@@ -231,8 +231,8 @@ class GNQCallback(TrainerCallback):
 
         def compute() -> Scores:
             res = self.auditor.compute(weights=self._weights)
-            return res.local_gnq.tolist(), res.kernel.diagonal()[res.local].tolist(), res.condition, \
-                res.batch_size
+            gnq = res.local_gnq.tolist() if res.batch_size >= MIN_BATCH_SIZE else None  # no companions
+            return gnq, res.kernel.diagonal()[res.local].tolist(), res.condition, res.batch_size
 
         index = self.micro if self.config.scope == "global" else self.micro * self.world + self.rank
         texts, batch = score_batch(compute, self._losses, self._ids.tolist(), targets=self._counts,

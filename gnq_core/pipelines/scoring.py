@@ -9,14 +9,16 @@ import torch
 
 from gnq_core.engine.auditor import GNQResult
 from gnq_core.engine.solve import GNQNumericalError
-from gnq_core.results.records import BatchResult, TextResult, batch_results
+from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, TextResult, batch_results
 
 # gnq, self-influence (K_jj) of this process's texts, condition of K + λI, GNQ batch size (None: the texts)
 Scores = tuple[list[float], list[float], float, int | None]
 
 
 def scores_of(res: GNQResult) -> Scores:
-    return res.gnq.tolist(), res.self_influence.tolist(), res.condition, None
+    """A batch of one text has no companions: its GNQ is NULL (K_jj/λ is not GNQ), K_jj kept."""
+    gnq = res.gnq.tolist() if res.batch_size >= MIN_BATCH_SIZE else None
+    return gnq, res.self_influence.tolist(), res.condition, None
 
 
 def score_batch(compute: Callable[[], Scores], losses: torch.Tensor, example_ids: Sequence[int], *,

@@ -209,7 +209,10 @@ def _run_spec(dataset: TextDataset, out_dir: Path, name: str, init: str | Path |
     """The run's description; a rerun must match it (all settings but the device)."""
     extra = asdict(settings) | {"init": str(Path(init).resolve()) if init else None,
                                 "from_scratch": init is None, "text_column": dataset.text_column,
-                                "group_column": dataset.group_column, "weight_gradients": WEIGHT_GRADIENTS}
+                                "group_column": dataset.group_column, "weight_gradients": WEIGHT_GRADIENTS,
+                                # each step is one batch, no accumulation: GNQ's batch is the update's
+                                "gnq_batch": "one optimizer step", "b_eff": settings.batch_size,
+                                "gnq_mode": "exact"}
     return RunSpec(
         name=name, kind="train", lam=settings.lam, batch_size=settings.batch_size, seed=settings.seed,
         max_length=settings.max_length, model_path=str(out_dir), dataset_path=str(dataset.path),
