@@ -1,7 +1,8 @@
-"""Fine-tune a small causal LM with the Hugging Face Trainer and GNQ on every micro-batch.
+"""Fine-tune a small causal LM with the Hugging Face Trainer and GNQ over every optimizer step.
 
     python examples/finetune_with_gnq.py                                   # one process
-    python -m torch.distributed.run --nproc_per_node 2 examples/finetune_with_gnq.py --scope global
+    python -m torch.distributed.run --nproc_per_node 2 examples/finetune_with_gnq.py --scope global \
+        --gnq-batch micro-batch   # windows pooled across processes are not built yet
     gnq ingest runs/finetune-gnq/shards --db data/gnq.duckdb               # then the dashboard
 
 No network: the tokenizer is trained here on the texts, the model is a tiny GPT-2 built from
@@ -38,6 +39,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--lam", type=float, default=1e-2)
     ap.add_argument("--scope", choices=["rank", "global"], default="rank")
+    ap.add_argument("--gnq-batch", choices=["step", "micro-batch"], default="step",
+                    help="GNQ over each optimizer step's micro-batches (default) or each micro-batch")
     ap.add_argument("--db", type=Path, help="also ingest the shards into this store at the end")
     args = ap.parse_args()
 
@@ -57,18 +60,19 @@ def main() -> None:
         report_to=[], save_strategy="no", logging_steps=10, use_cpu=not torch.cuda.is_available(),
         seed=0, disable_tqdm=True)
     gnq = GNQConfig(out=args.out / "shards", name=args.out.name, lam=args.lam, scope=args.scope,  # GNQ
+                    gnq_batch=args.gnq_batch,
                     texts=data.texts, groups=data.groups, dataset_path=str(data.path),
                     max_length=args.max_length, db=args.db)
     trainer = GNQTrainer(model=model, args=training, train_dataset=rows,  # GNQ: was Trainer(...)
                          data_collator=lm_collator(pad_id(tokenizer)), gnq=gnq)
     trainer.train()
     if training.process_index == 0:
-        scored = [r for r in trainer.gnq.results if r["gnq"] is not None]
-        top = max(scored, key=lambda r: r["gnq"])
+        scored = [r for r in trainer.gnq.results if r.gnq is not None]
+        top = max(scored, key=lambda r: r.gnq)
         print(f"rank 0 scored {len(scored)} example-steps; shards in {gnq.out}"
               + (f", ingested into {args.db}" if args.db else f"; load them: gnq ingest {gnq.out} --db FILE"))
-        print(f"highest GNQ on rank 0: {top['gnq']:.3g} (example {top['example_id']}: "
-              f"{data.texts[top['example_id']][:70]!r})")
+        print(f"highest GNQ on rank 0: {top.gnq:.3g} (example {top.example_id}: "
+              f"{data.texts[top.example_id][:70]!r})")
 
 
 if __name__ == "__main__":

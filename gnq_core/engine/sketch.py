@@ -7,10 +7,12 @@ the same sketch in any micro-batch, window, process or later audit: sketches of 
 batches can be put in one Gram.
 
 * A weight matrix whose per-example gradient is g_j = A_jᵀ C_j (``OuterRep``: Linear, Conv1D,
-  Embedding, Conv) is projected Kronecker style, Π = R_Aᵀ ⊗ R_Cᵀ: s_j = R_Aᵀ A_jᵀ C_j R_C =
-  Σ_t (R_Aᵀ a_jt)(R_Cᵀ c_jt)ᵀ, a k_A × k_C block summed over positions.  Each factor is
-  projected on its own (cost B·T·p·k), the gradient never exists.  A side no wider than its k
-  is kept whole (R = I: exact on that side).
+  Embedding, Conv) is projected Kronecker style in r = k / b² independent blocks of side b:
+  block i is R_{A,i}ᵀ A_jᵀ C_j R_{C,i} = Σ_t (R_{A,i}ᵀ a_jt)(R_{C,i}ᵀ c_jt)ᵀ, a b × b matrix
+  summed over positions (scaled by √r).  Each factor is projected on its own (cost B·T·p·r·b),
+  the gradient never exists.  One √k × √k block (``block=None``) has 3-4× the variance for the
+  same k (DESIGN.md §9).  A matrix no larger than k is kept whole (R = I); a side no wider than
+  b is kept whole and the other projected to k / p.
 * Explicit per-example gradients (``DenseRep``: norm layers, the generic kernel) of width n > k
   get a dense Gaussian projection to k; narrower ones are kept whole.
 * Vocabulary-sized parameters (token embeddings, the output head, tied or not: they dominate
@@ -20,9 +22,9 @@ batches can be put in one Gram.
   (``vocab_cols=None``, "one-sided") or projected to ``vocab_cols``.
 
 The sketch is linear in g, so a parameter used several times (a tied embedding/head) gets the
-sum of its uses' sketches: no cross terms are needed.  Gaussian entries are N(0, 1/k); every
-projection is unbiased, so the sketched K is unbiased entry by entry; its error is measured
-by ``benchmarks/sketch_error.py`` (the defaults below come from that table).
+sum of its uses' sketches: no cross terms are needed.  Every projection is unbiased, so the
+sketched K is unbiased entry by entry; its error is measured by ``benchmarks/sketch_error.py``
+(the defaults below come from that table).
 """
 
 from __future__ import annotations
