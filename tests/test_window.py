@@ -10,6 +10,7 @@ from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.reference import exact_gnq
 from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import WindowAuditor, WindowBudgetError
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from tests.conftest import TOL, kernel_err, rel_err
@@ -129,3 +130,22 @@ def test_a_batch_of_one_text_is_scored_null_not_its_norm():
     texts, row = score_batch(lambda: scores_of(res), losses, [5], targets=torch.tensor([6]), batch_index=0,
                              step=None, started=0.0)
     assert texts[0].gnq is None and texts[0].self_influence > 0 and row.size == 1 and row.finite
+
+
+@pytest.mark.parametrize("mode", ["exact", "sketch"])
+def test_a_nan_micro_batch_fails_its_window_only(mode):
+    model = tiny_gpt2().double()
+    batch = lm_batch([6, 8, 5, 9], seed=2)
+    with WindowAuditor(model, LAM, mode=mode) as auditor:
+        losses = lm_losses(model, {k: v[:2] for k, v in batch.items()})
+        (losses * float("nan")).sum().backward()
+        auditor.add_micro_batch()
+        lm_losses(model, {k: v[2:] for k, v in batch.items()}).sum().backward()
+        auditor.add_micro_batch()
+        with pytest.raises(GNQNumericalError):
+            auditor.finish_window()
+        model.zero_grad()
+        lm_losses(model, batch).sum().backward()
+        auditor.add_micro_batch()
+        res = auditor.finish_window()  # the next window is unaffected
+    assert res.gnq is not None and torch.isfinite(res.gnq).all() and res.batch_size == 4

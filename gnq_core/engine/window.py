@@ -17,7 +17,9 @@ representation of its per-example gradients) to the window, for each micro-batch
 
 All run the auditor's hook path (``fused=False``: a fused layer reports only its Gram, so the
 representations come from ``GNQAuditor.on_contributions``).
-A window of fewer than 2 texts gets no GNQ (``WindowResult.gnq`` is None), never K_jj/λ.
+A window of fewer than 2 texts gets no GNQ (``WindowResult.gnq`` is None), never K_jj/λ; a
+window with a non-finite micro-batch raises ``GNQNumericalError`` at ``finish_window()`` (and is
+then over: the next micro-batch starts a new one).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from gnq_core.engine.kernels import Contribution
 from gnq_core.engine.pass_state import Hooked
 from gnq_core.engine.representations import DenseRep, OuterRep, Rep
 from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys
-from gnq_core.engine.solve import effective_lam, gnq_from_kernel
+from gnq_core.engine.solve import GNQNumericalError, effective_lam, gnq_from_kernel
 from gnq_core.errors import GNQError
 
 WINDOW_MODES = ("auto", "exact", "sketch")
@@ -108,6 +110,7 @@ class WindowAuditor(GNQAuditor):
         self._window: list[_Micro] = []
         self._kept_bytes = 0
         self.last_micro_sketch: SketchBatch | None = None
+        self._failure: GNQNumericalError | None = None
 
     # ------------------------------------------------------------------ per contribution
     def on_pass_start(self, batch_size: int) -> None:
@@ -166,9 +169,14 @@ class WindowAuditor(GNQAuditor):
         micro = self._current
         if micro is None or self._pass is None or not self._pass.fired:
             raise RuntimeError("add_micro_batch() needs a finished backward pass of a new micro-batch")
-        result = super().compute(weights)
+        try:
+            result: GNQResult | None = super().compute(weights)
+        except GNQNumericalError as exc:  # a NaN loss or gradient: the window fails at its end
+            result, self._failure = None, exc
         if self.keep_exact:
-            micro.kernel = result.kernel
+            B = micro.batch_size
+            micro.kernel = result.kernel if result is not None else torch.full((B, B), float("nan"),
+                                                                                dtype=torch.float64)
         micro.weights = None if weights is None else weights.detach().to(torch.float64).reshape(-1).cpu()
         self.last_micro_sketch = micro.sketch
         self._window.append(micro)
@@ -193,8 +201,11 @@ class WindowAuditor(GNQAuditor):
         window.  Fewer than 2 texts: ``gnq`` None (no companions: GNQ is not defined)."""
         window, self._window, self._kept_bytes = self._window, [], 0
         mode, self._window_mode = self._window_mode, "sketch" if self.mode == "sketch" else "exact"
+        failure, self._failure = self._failure, None
         if not window:
             raise RuntimeError("finish_window() on an empty window: add micro-batches first")
+        if failure is not None:
+            raise GNQNumericalError(f"a micro-batch of this window: {failure}") from failure
         K = self.sketch_kernel(window) if mode == "sketch" else self.exact_kernel(window)
         B = K.shape[0]
         k, seed = (self.spec.k, self.spec.seed) if mode == "sketch" else (None, None)

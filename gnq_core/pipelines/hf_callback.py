@@ -30,6 +30,7 @@ from transformers import Trainer, TrainerCallback
 from gnq_core.engine.distributed import DistributedGNQAuditor, Scope, Strategy
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import DEFAULT_WINDOW_BUDGET, WINDOW_MODES, WindowAuditor
 from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import Scores, score_batch
@@ -250,11 +251,16 @@ class GNQCallback(TrainerCallback):
         pending, self._pending = self._pending, []
         if not pending:
             return
-        res = self.auditor.finish_window()
-        if res.gnq is None:
+        try:
+            res = self.auditor.finish_window()
+        except GNQNumericalError as exc:  # recorded as a non-finite batch by score_batch
+            res, failure = None, exc
+        if res is not None and res.gnq is None:
             self.windows_without_gnq += 1
 
         def compute() -> Scores:
+            if res is None:
+                raise failure
             gnq = None if res.gnq is None else res.gnq.tolist()
             return gnq, res.kernel.diagonal().tolist(), res.condition, res.batch_size
 
@@ -266,7 +272,8 @@ class GNQCallback(TrainerCallback):
                                    targets=torch.cat([m["counts"] for m in pending]),
                                    batch_index=self.micro * self.world + self.rank,
                                    step=step, started=pending[0]["t0"], extra=signals,
-                                   gnq_mode=res.mode, sketch_k=res.k, sketch_seed=res.seed)
+                                   gnq_mode=self._mode_of(res), sketch_k=None if res is None else res.k,
+                                   sketch_seed=None if res is None else res.seed)
         self.writer.add(batch.step, self.point, texts, [batch])
         self.results += texts
         self._since_log += texts
@@ -309,6 +316,11 @@ class GNQCallback(TrainerCallback):
     @property
     def _fused(self) -> bool:
         return self.config.fused and self.config.scope != "global"
+
+    def _mode_of(self, res: Any) -> str:
+        if res is not None:
+            return res.mode
+        return "sketch" if self.config.window_mode == "sketch" else "exact"
 
     @property
     def _windowed(self) -> bool:
