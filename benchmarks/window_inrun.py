@@ -3,7 +3,8 @@
     python -m benchmarks.window_inrun          # CPU shape cpu-small (4 layers, width 256, vocab 8192)
 
 One optimizer step = ``accumulation`` micro-batches of ``batch`` texts (B_eff = batch ×
-accumulation).  Variants, interleaved, medians of the repeats, one thread:
+accumulation).  Variants, interleaved, medians of the repeats, one thread, in this process's
+CPU seconds (``time.process_time``: a shared machine's load shifts wall time by 2x):
 * ``plain``: forward/backward of each micro-batch, then the step (no GNQ);
 * ``micro``: GNQAuditor on each micro-batch (fused; the per-micro-batch mode);
 * ``window_sketch``: WindowAuditor(mode="sketch"), the default SketchSpec, one GNQ over B_eff;
@@ -50,7 +51,7 @@ def run(preset: str, batch: int, accumulation: int, length: int, repeats: int, b
             for other, a in auditors.items():
                 if other != kind:
                     stack.enter_context(a.paused())
-            start = time.perf_counter()
+            start = time.process_time()  # this process's CPU seconds: steadier on a shared machine
             for ids in micro:
                 losses = per_example_lm_loss(model(input_ids=ids).logits, ids)
                 (w * losses).sum().backward()
@@ -63,7 +64,7 @@ def run(preset: str, batch: int, accumulation: int, length: int, repeats: int, b
                 auditor.finish_window()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            return time.perf_counter() - start
+            return time.process_time() - start
 
     variants = {k: (lambda k=k: step(k)) for k in ("plain", "micro", "window_sketch", "window_exact")}
     for fn in variants.values():  # warm-up

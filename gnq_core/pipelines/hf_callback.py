@@ -60,7 +60,8 @@ class GNQConfig:
     db: str | Path | None = None  # ingest the shards into this store when training ends (rank 0)
     check_uses: bool = True
     # Sum the per-example gradients the audit forms into the weight gradient (gnq_core.engine.fused);
-    # only with scope="rank": a global scope forms its Gram across ranks, after autograd.
+    # only with scope="rank": a global scope forms its Gram across ranks, after autograd; and only
+    # with gnq_batch="micro-batch": a window needs each layer's factors, which a fused layer skips.
     fused: bool = True
     # GNQ above which a text counts as flagged in the logged summaries; None: the run's own 90th
     # percentile so far (the Flagged texts page's default threshold, by the same rule).
