@@ -316,7 +316,7 @@ class GNQCallback(TrainerCallback):
 
     @property
     def _fused(self) -> bool:
-        return self.config.fused and self.config.scope != "global"
+        return self.config.fused and self.config.scope != "global" and not self._windowed
 
     def _mode_of(self, res: Any) -> str:
         if res is not None:
