@@ -67,3 +67,21 @@ def test_verdict_folds_keep_copies_together_and_balance_outcomes():
     assert (folds.groupby(groups).nunique() == 1).all()
     per_fold = y.groupby(groups).any().groupby(folds.groupby(groups).first()).sum()
     assert per_fold.max() - per_fold.min() <= 1 and len(per_fold) == FOLDS
+
+
+def test_rates_get_wilson_intervals_over_effective_records_never_zero_width():
+    from gnq_core.analysis import predictive as pr
+    from gnq_core.analysis.predictive import wilson_interval
+
+    assert cl.wilson(0.0, 20)[1] > 0.1 and cl.wilson(1.0, 20)[0] < 0.9
+    assert np.allclose(cl.wilson(7 / 20, 20), wilson_interval(7, 20))  # scipy's, at whole counts
+    rng = np.random.default_rng(4)
+    s, y = rng.normal(size=300), rng.random(300) < 0.1
+    groups = np.repeat(np.arange(75), 4).astype(float)  # every record 4 copies
+    y = np.repeat(rng.random(75) < 0.2, 4)
+    boot = pr.bootstrap(s, y, 50, 0, groups)
+    for key in ("tpr@0.01", "precision@0.05"):
+        value = float(pr.metrics_matrix(s, y)[key][0])
+        lo, hi = pr.metric_interval(key, value, boot[key], s, y, groups)
+        alone = pr.metric_interval(key, value, boot[key], s, y, None)
+        assert lo <= value <= hi and hi > lo and (hi - lo) > (alone[1] - alone[0])  # copies count once

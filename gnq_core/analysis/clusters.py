@@ -15,6 +15,9 @@ exclude 0.5 in 45% of null samples shaped like the demo (issue 36).  So:
   expanded percentile), k the effective number of records on the rarer side (Kish: (Σ sizes)² /
   Σ sizes², so 4 copies weigh like one record, not four).  Measured on the null simulation of
   tests/test_calibration.py: 5% exclusions of 0.5 with 10-12 positive records.
+* **Rates** (TPR at a low FPR, precision among the top-ranked): Wilson score intervals
+  (``wilson``) over the effective number of records the rate is a share of (the positives; the
+  top-ranked texts), not a bootstrap: a percentile bootstrap of 0 of n collapses to [0, 0].
 * **Too few** (``too_few``): with fewer than ``MIN_RECORDS`` independent positive (or negative)
   records no interval is honest; the number is reported as "too few", not as a result.
 * **Records** (``collapse``): one row per copy cluster (numbers averaged over the copies, an
@@ -67,6 +70,28 @@ def records(labels: np.ndarray, groups: np.ndarray | None) -> tuple[int, int]:
         return 0, 0
     pos = _positive_clusters(y, _codes(groups, len(y)))
     return int(pos.sum()), int((~pos).sum())
+
+
+def kish(groups: np.ndarray | None, n: int | None = None) -> float:
+    """Kish's effective number of records among texts with these cluster ids: (Σ sizes)² / Σ sizes²
+    (``groups`` None: ``n`` independent texts)."""
+    if groups is None:
+        return float(n or 0)
+    _, sizes = np.unique(np.asarray(groups), return_counts=True)
+    return float(sizes.sum() ** 2 / (sizes.astype(float) ** 2).sum()) if len(sizes) else 0.0
+
+
+def wilson(rate: float, n: float, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a ``rate`` observed on ``n`` independent units; ``n`` may be an
+    effective (Kish) count, so copies of one record count once."""
+    from scipy.stats import norm
+
+    if not n or not math.isfinite(rate):
+        return math.nan, math.nan
+    z = float(norm.ppf(1 - (1 - level) / 2))
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(max(rate * (1 - rate), 0.0) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def effective_records(labels: np.ndarray, groups: np.ndarray | None) -> float:

@@ -119,10 +119,10 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
         point = pr.metrics_matrix(score[keep], y[keep], fpr_levels=FPR_LEVELS, fractions=())
         boot = pr.bootstrap(score[keep], y[keep], resamples, seed, groups[keep], fpr_levels=FPR_LEVELS,
                             fractions=())
-        k = cl.effective_records(y[keep], groups[keep])
         for key, value in point.items():
             row[key] = float(value[0])
-            row[f"{key} lo"], row[f"{key} hi"] = pr.interval(boot[key], level, k)
+            row[f"{key} lo"], row[f"{key} hi"] = pr.metric_interval(
+                key, row[key], boot[key], score[keep], y[keep], groups[keep], level)
     else:
         row["note"] = "needs both outcomes among the texts with this signal"
     yield row

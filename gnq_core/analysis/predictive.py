@@ -48,8 +48,10 @@ from gnq_core.analysis.clusters import (
     effective_records,
     expanded_level,
     groups_of,
+    kish,
     records,
     too_few,
+    wilson,
 )
 
 OUTCOME = "extracted"
@@ -127,7 +129,8 @@ def interval_method(resamples: int, seed: int, level: float, min_records: int = 
     """How every interval of analysis/ is made, in words."""
     return (f"Intervals: {level:.0%} expanded percentile intervals (widened for few records: "
             f"sqrt(k/(k-1))·t with k the effective number of records) over {resamples} bootstrap resamples "
-            f"of copy clusters, stratified by outcome (seed {seed}); a record with copies is one independent "
+            f"of copy clusters, stratified by outcome (seed {seed}); rates (TPR, precision): Wilson score "
+            f"intervals over the effective number of records; a record with copies is one independent "
             f"observation. With fewer than {min_records} independent positive or negative records a "
             f"number is shown as \"{TOO_FEW}\", not as a result.")
 
@@ -247,6 +250,22 @@ def interval(samples: np.ndarray, level: float = LEVEL, records: float = math.in
     return float(lo), float(hi)
 
 
+def metric_interval(key: str, value: float, boot: np.ndarray, scores: np.ndarray, labels: np.ndarray,
+                    groups: np.ndarray | None, level: float = LEVEL) -> tuple[float, float]:
+    """The interval of one metric of ``metrics_matrix``: for a rate (``tpr@…``: a share of the
+    positives; ``precision@…``: a share of the top-ranked texts) the Wilson interval over the
+    effective number of records it is a share of (``clusters.wilson``); for the AUC the expanded
+    percentile interval of the cluster-bootstrap ``boot``."""
+    y = np.asarray(labels, dtype=bool)
+    if key.startswith("tpr@"):
+        return wilson(value, kish(None if groups is None else groups[y], int(y.sum())), level)
+    if key.startswith("precision@"):
+        k = top_k(len(y), float(key[len("precision@"):]))
+        top = np.argsort(-np.asarray(scores, dtype=float), kind="stable")[:k]
+        return wilson(value, kish(None if groups is None else groups[top], k), level)
+    return interval(boot, level, effective_records(y, groups))
+
+
 def rate_interval(outcomes: Sequence[bool] | np.ndarray, resamples: int | None = None,
                   seed: int | None = None, level: float = LEVEL) -> tuple[float, float, float]:
     """A rate (share of True) with its Wilson score interval: (rate, lo, hi); all NaN for no
@@ -304,10 +323,10 @@ def evaluate(frame: pd.DataFrame, *, outcome: str = OUTCOME, resamples: int = RE
         elif 0 < y.sum() < len(y):
             point = {k: float(v[0]) for k, v in metrics_matrix(s, y, fpr_levels=fpr_levels).items()}
             boot = bootstrap(s, y, resamples, seed, groups, fpr_levels=fpr_levels)
-            k = effective_records(y, groups)
             for key, value in point.items():
                 row[key] = value
-                row[f"{key} lo"], row[f"{key} hi"] = interval(boot[key], level, k)
+                row[f"{key} lo"], row[f"{key} hi"] = metric_interval(key, value, boot[key], s, y, groups,
+                                                                     level)
             result.boot_auc[(ALL, signal.column)] = boot["auc"]
             result.rows_of[(ALL, signal.column)] = tuple(attacked.index[keep])
         rows.append(row)
