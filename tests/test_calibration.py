@@ -146,3 +146,47 @@ def test_copies_of_one_positive_record_cannot_produce_an_interval_excluding_one_
         boot = pr.bootstrap(frame["gnq_total"].to_numpy(), frame["extracted"].to_numpy(bool), 200, 0,
                             fpr_levels=(), fractions=())["auc"]
         assert pr.interval(boot)[0] > 0.5
+
+
+def null_totals(rng: np.random.Generator, positive_copy_records: int) -> pd.DataFrame:
+    """The verdict's input on null data shaped like the demo: every measurement a value per record
+    (copies equal up to noise) unrelated to the outcome.  ``copies`` is left at 1 so that the
+    copy count (a real predictor of leaks) does not enter the null."""
+    f = null_sample(rng, positive_copy_records, 0)
+    n = len(f)
+    record = f["cluster_id"].to_numpy()
+
+    def value() -> np.ndarray:
+        return rng.normal(size=n)[record] + 0.01 * rng.normal(size=n)
+
+    return f.assign(copies=1, gnq_with_copy=0, n_points=4, gnq_total=np.exp(value()),
+                    loss_ratio=np.exp(value()), zlib_ratio=np.exp(value()), min_k_prob=value(),
+                    loss_last=np.exp(value()),
+                    extracted=f["extracted"].astype(bool))
+
+
+def test_the_verdicts_component_choice_does_not_leak_through_copies(monkeypatch):
+    """The verdict chooses its risk components on the other folds.  With per-text folds a copy of
+    each text sits in the other folds, so on null data the chosen risk scored above chance (issue
+    36: mean AUC 0.58); with folds grouped by copy cluster it stays at chance."""
+    from gnq_core.analysis import verdict as vd
+
+    def mean_auc(samples: int) -> float:
+        rng = np.random.default_rng(5)
+        aucs = []
+        for _ in range(samples):
+            t = null_totals(rng, 6)
+            risk = vd.risk_components(t)["risk"].to_numpy()
+            y = t["extracted"].to_numpy()
+            aucs.append(pr.metrics_matrix(risk, y, fpr_levels=(), fractions=())["auc"][0])
+        return float(np.mean(aucs))
+
+    grouped = mean_auc(150)
+    assert grouped < 0.54, grouped
+
+    def per_text(y: pd.Series, groups: pd.Series, seed: int = 0) -> pd.Series:  # the old folds
+        return pd.Series(np.random.default_rng(seed).permutation(len(y)) % vd.FOLDS, index=y.index)
+
+    monkeypatch.setattr(vd, "grouped_folds", per_text)
+    leaky = mean_auc(150)
+    assert leaky > 0.54 and leaky > grouped + 0.03, (leaky, grouped)
