@@ -15,10 +15,13 @@ Two controls, shared by the dashboard, ``gnq report`` (HTML and JSON) and the st
   0.66-0.86 there.
 * **Cross-validated gain over length + loss** (``cv_gain``): the out-of-fold AUC of a logistic
   regression on [length spline, loss, signal] minus that of [length spline, loss] (for loss
-  itself: over the length spline alone).  Folds stratified by outcome and seeded; the interval
-  resamples the texts' out-of-fold predictions (stratified, paired: both models on the same
-  resample), so it reflects the texts, not refitting; the likelihood-ratio p compares the two
-  models fitted to all texts (χ², one degree of freedom).  Positive gain with its interval above
+  itself: over the length spline alone).  Folds stratified by outcome, grouped by copy cluster
+  (StratifiedGroupKFold: a record's copies never straddle training and test) and seeded; the
+  interval resamples copy clusters of the out-of-fold predictions (stratified, paired: both
+  models on the same resample), so it reflects the records, not refitting; the likelihood-ratio
+  p compares the two models fitted on records (copies collapsed: the test assumes independent
+  observations; χ², one degree of freedom).  Null simulations shaped like the demo
+  (tests/test_calibration.py) keep both the interval's claims and p < 0.05 under 7%.  Positive gain with its interval above
   0: the signal carries information about the outcome that length and loss do not.
 
 scikit-learn is imported only inside ``cv_gain`` (seconds on a busy machine; pages that do not

@@ -14,9 +14,12 @@ length, the combined verdict's risk...) against a binary outcome (``extracted``)
   texts (k ≥ 1).  Texts tied at the cut share the remaining places in expectation (as a random
   tie-break would on average), so a constant signal gets exactly the base rate.
 
-Every number comes with a bootstrap interval: ``resamples`` stratified resamples (extracted and
-kept texts resampled separately, so every resample has both), seeded; the percentile interval at
-``level``.  The same seed and class sizes give the same resamples for every signal, so two
+Every number comes with an interval (analysis/clusters.py, issue 36): ``resamples`` stratified
+resamples of copy clusters (extracted and kept records resampled separately, so every resample
+has both; a record's copies drawn together), seeded; the expanded percentile interval at
+``level`` for the AUC, Wilson over the effective number of records for the rates (TPR,
+precision).  Below ``MIN_RECORDS`` independent positive or negative records a row holds no
+number, only "too few".  The same seed and class sizes give the same resamples for every signal, so two
 signals scored on the same texts are compared *paired*.  Length is controlled next to the raw
 AUC by the AUC within exact token length, pair-weighted (analysis.length_control: a short text is
 easier to reproduce, so length alone can predict extraction; a signal that only tracks length
