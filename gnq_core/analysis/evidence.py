@@ -158,18 +158,20 @@ def evidence_table(frame: pd.DataFrame, *, resamples: int = pr.RESAMPLES, seed: 
                    units: Sequence[str] = cl.UNITS, min_records: int = cl.MIN_RECORDS) -> pd.DataFrame:
     """One row per outcome × unit × signal × scope (``COLUMNS``; NaN where a number does not
     apply).  Unit "texts": every text, copies (``cluster_id``) resampled and folded together;
-    "records": copies collapsed to one record (``clusters.collapse``).  ``outcomes`` chosen on
-    the texts are matched by (name, positive) among the records'.  ``cv=False`` skips the
+    "records": copies collapsed to one record (``clusters.collapse``), each outcome positive when
+    any copy's is.  ``cv=False`` skips the
     cross-validated gain (scikit-learn; the slowest part).  Fewer than ``min_records``
     independent positive or negative records: the row's numbers are NaN and its note says
     "too few"."""
     rows = []
-    wanted = None if outcomes is None else [(o.name, o.positive) for o in outcomes]
+    on_texts = list(outcomes) if outcomes is not None else outcomes_in(frame)
     for unit in units:
-        f = frame if unit == cl.UNIT_TEXTS else cl.collapse(frame)
-        found = outcomes if unit == cl.UNIT_TEXTS and outcomes is not None else outcomes_in(f)
-        if wanted is not None:
-            found = [o for o in found if (o.name, o.positive) in wanted]
+        f, found = frame, on_texts
+        if unit == cl.UNIT_RECORDS:  # each outcome collapsed with the copies: positive when any copy is
+            cols = {f"_outcome{i}": o.labels.astype("boolean") for i, o in enumerate(on_texts)}
+            f = cl.collapse(frame.assign(**cols), outcomes=("extracted", "member", *cols))
+            found = [Outcome(o.name, o.positive, f[c]) for o, c in zip(on_texts, cols, strict=True)]
+            found = [o for o in found if 0 < o.labels.dropna().sum() < o.labels.notna().sum()]
         for outcome in found:
             scored, cache = f[outcome.labels.notna()], {}
             for signal in signals if signals is not None else pr.signals_in(scored):
