@@ -44,6 +44,9 @@ def _finite(value: object, option: str, low: float = 0.0) -> None:
              f"{option} must be a finite number ≥ {low:g}, got {value!r}")
 
 
+FULL_PRECISION = ("float32", "float64")  # what --dtype takes (its --help says so)
+
+
 @dataclass(frozen=True)
 class AuditSettings:
     """How GNQ is measured (also the part of ``TrainSettings`` that says it)."""
@@ -70,6 +73,9 @@ class AuditSettings:
         _whole(self.max_length, "--max-length", 2)
         check_loss_convention(self.loss), check_lam_mode(self.lam_mode)
         _require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
+        _require(self.dtype in FULL_PRECISION, f"--dtype must be {' or '.join(FULL_PRECISION)}, got "
+                                               f"{self.dtype!r} (checkpoints saved in bf16/fp16 are read "
+                                               "into it)")
         resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
 
 
