@@ -101,3 +101,44 @@ def test_dtype_takes_what_its_help_says(dtype, tmp_path):
     assert out.exit_code == 1 and not db.exists()
     assert f"--dtype must be float32 or float64, got {dtype!r}" in out.output
     assert len(out.output.strip().splitlines()) == 1
+
+
+def compiled_whole(model):
+    return torch.compile(model)
+
+
+def compiled_in_place(model):
+    model.compile()
+    return model
+
+
+def compiled_layer(model):
+    model.transformer.h[1].compile()
+    return model
+
+
+@pytest.mark.parametrize("how", [compiled_whole, compiled_in_place, compiled_layer])
+def test_torch_compile_is_refused_at_setup(how, tmp_path):
+    """Issue 35: not a crash in planning after minutes of compiling — one line before anything runs."""
+    from gnq_core.engine.compiled import CompiledModelError
+    from gnq_core.engine.distributed import DistributedGNQAuditor
+
+    with pytest.raises(CompiledModelError, match="torch.compile'd model .* compiled\\): train the audited"):
+        DistributedGNQAuditor(how(tiny_gpt2()), scope="rank")
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, report_to=[],
+                             use_cpu=True)
+    with pytest.raises(CompiledModelError) as err:
+        GNQTrainer(model=how(tiny_gpt2()), args=args, train_dataset=rows(), data_collator=lm_collator(PAD_ID),
+                   gnq=GNQConfig(out=tmp_path / "shards"))
+    assert len(str(err.value).splitlines()) == 1 and not (tmp_path / "shards").exists()
+
+
+def test_trainer_torch_compile_is_refused_at_setup(tmp_path):
+    from gnq_core.engine.compiled import CompiledModelError
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, report_to=[],
+                             use_cpu=True, torch_compile=True)
+    with pytest.raises(CompiledModelError, match="the Trainer would compile it"):
+        GNQTrainer(model=tiny_gpt2(), args=args, train_dataset=rows(), data_collator=lm_collator(PAD_ID),
+                   gnq=GNQConfig(out=tmp_path / "shards"))
+    assert not (tmp_path / "shards").exists()

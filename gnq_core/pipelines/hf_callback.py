@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
+from gnq_core.engine.compiled import check_no_compile_setting, check_not_compiled
 from gnq_core.engine.distributed import DistributedGNQAuditor, Scope, Strategy
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
 from gnq_core.pipelines.membership import token_signals
@@ -297,6 +298,10 @@ class GNQTrainer(Trainer):
             raise ValueError("GNQTrainer computes the loss from per-example losses itself; "
                              "compute_loss_func cannot be combined with it")
         super().__init__(*args, compute_loss_func=self._objective, **kwargs)
+        plugin = getattr(getattr(self.accelerator, "state", None), "dynamo_plugin", None)
+        backend = getattr(getattr(plugin, "backend", None), "value", None)
+        check_no_compile_setting(bool(self.args.torch_compile), backend)
+        check_not_compiled(self.model)
         self.gnq = GNQCallback(gnq, self)
         self.add_callback(self.gnq)
 
