@@ -128,9 +128,16 @@ class AuditJob(_TextsJob):
     reference: str | None = None  # "first" or a model folder: reference loss of members and non-members
     threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
     tokenizer: str | None = None  # a folder with the tokenizer, for checkpoints saved without one
+    base_model: str | None = None  # the checkpoints are PEFT adapters of this model (sources/adapters.py)
+    merge_adapter: bool = False  # GNQ over all parameters of the merged model, not the adapter's
 
     def __post_init__(self) -> None:
         _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
+        _require(not self.merge_adapter or self.base_model is not None,
+                 "--merge-adapter applies to adapter checkpoints: give their base model with --base-model")
+        _require(self.base_model is None or self.non_members is None,
+                 "--non-members with --base-model (adapter checkpoints) is not supported yet: audit the "
+                 "non-members as their own run with --base-model")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ from gnq_core.sources.links import LinkError, check_folder_links
 from gnq_core.sources.weight_checks import nonfinite_config_field
 
 CONFIG_NAME = "config.json"
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter checkpoint (sources/adapters.py)
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 SAFE_WEIGHTS = "model.safetensors"
