@@ -7,6 +7,7 @@ Skipped only where peft is not installed (it is an optional extra: gnq-audit[pef
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -29,6 +30,7 @@ from gnq_core.sources.tokens import collate, encode_texts, pad_id
 peft = pytest.importorskip("peft")
 
 LAM, MAX_LENGTH, N_TEXTS, STEPS = 1e-2, 24, 4, 3
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def lora(model: torch.nn.Module) -> torch.nn.Module:
@@ -160,3 +162,27 @@ def test_adapter_mistakes_are_one_line(lora_run, tmp_path):
     save_checkpoint(LlamaForCausalLM(cfg), tok, wider)
     assert "has other shapes for" in fails("--base-model", str(wider))
     assert "--merge-adapter applies to adapter checkpoints" in fails("--merge-adapter")
+
+
+def test_new_audit_page_names_the_base_of_adapter_checkpoints(lora_run, tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    tmp, _, tok, _ = lora_run
+    monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
+    at = AppTest.from_file(str(ROOT / "app" / "views" / "new_audit.py"), default_timeout=60)
+    at.run()
+    at.radio(key="ckpt_mode").set_value("Local path").run()
+    at.text_input(key="ckpt_path").set_value(str(tmp / "out")).run()
+    def error() -> str:
+        return at.error[0].value.replace("\\", "") if at.error else ""  # the page escapes Markdown
+
+    assert "holds PEFT adapter checkpoints" in error()  # the cause, not "no config.json"
+    at.radio(key="base_mode").set_value("Local path").run()
+    at.text_input(key="base_path").set_value(str(tmp / "base")).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert f"{STEPS + 1} adapter checkpoint(s)" in "\n".join(c.value for c in at.caption)
+    other = tmp_path / "gpt2-base"
+    torch.manual_seed(0)
+    save_checkpoint(tiny_gpt2(vocab_size=len(tok)), tok, other)
+    at.text_input(key="base_path").set_value(str(other)).run()
+    assert "does not fit the base model" in error()
