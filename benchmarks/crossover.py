@@ -3,10 +3,10 @@
     python -m benchmarks.crossover                      # Linear d×d, B=16, T = 1 … 256
 
 For a Linear layer of width d on a batch of B sequences of length T, time the layer's Gram
-block both ways (``reps.inner`` with the path forced; median of interleaved repeats):
+block both ways (``grams.inner`` with the path forced; median of interleaved repeats):
 ghost — the two (BT)×(BT) factor Grams — and materialise — B per-example d×d gradients
 and their Gram.  For each width, report the measured crossover (the smallest T from which
-materialising is faster) and the cost model's (``reps.choose_path``).
+materialising is faster) and the cost model's (``cost_model.choose_path``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import argparse
 
 import torch
 
-from gnq_core.engine.representations import DenseFactor, OuterRep, choose_path, inner
+from gnq_core.engine.cost_model import choose_path
+from gnq_core.engine.grams import inner
+from gnq_core.engine.representations import DenseFactor, OuterRep
 
 from .common import interleaved, write
 

@@ -8,7 +8,7 @@ one layer's forward + backward is timed three ways, interleaved: plain (autograd
 gradient, their Gram into the accumulator) and ghost (plain + the ghost Gram of its factors).
 The fused path's extra time per element of the B per-example gradients is converted to FLOPs of
 the layer's own plain step (6·B·T·d_in·d_out FLOPs in ``plain_s``): that is what the cost model
-charges per element (``fused.fused_flops``: 2B for the Gram plus ``FUSED_ELEMENT_FLOPS``).
+charges per element (``cost_model.fused_flops``: 2B for the Gram plus ``FUSED_ELEMENT_FLOPS``).
 Also the Gram of one 2 MiB chunk: one product, its upper block triangle as two, and the numba
 kernel (``engine/cpu_gram.py``) that the fused path uses on CPU.
 """
@@ -20,9 +20,11 @@ import statistics
 
 import torch
 
+from gnq_core.engine.cost_model import fused_is_cheaper
 from gnq_core.engine.cpu_gram import upper_gram_
-from gnq_core.engine.fused import FusedLinearFunction, fused_flops, ghost_linear_flops
-from gnq_core.engine.representations import DenseFactor, OuterRep, ghost_inner
+from gnq_core.engine.fused import FusedLinearFunction
+from gnq_core.engine.grams import ghost_inner
+from gnq_core.engine.representations import DenseFactor, OuterRep
 
 from .common import interleaved, write
 
@@ -80,13 +82,12 @@ def layer(batch: int, length: int, rows: int, cols: int, repeats: int) -> dict:
     plain_s, fused_s, ghost_s = (t[k]["median_s"] for k in ("plain", "fused", "ghost"))
     rate = 6.0 * batch * length * rows * cols / plain_s  # this layer's plain FLOP/s
     elements = batch * rows * cols
-    fused_cheaper = fused_flops(batch, rows, cols) <= ghost_linear_flops(batch, length, rows, cols)
     per_element = (fused_s - plain_s) * rate / elements
     return {"rows": rows, "cols": cols, "plain_s": plain_s, "fused_s": fused_s, "ghost_s": ghost_s,
             "fused_extra_ratio": fused_s / plain_s, "ghost_extra_ratio": ghost_s / plain_s,
             "plain_gflops": rate / 1e9, "fused_extra_flops_per_element": per_element,
             "beyond_gram_flops_per_element": per_element - 2.0 * batch,
-            "model_choice": "fused" if fused_cheaper else "ghost",
+            "model_choice": "fused" if fused_is_cheaper(batch, length, rows, cols) else "ghost",
             "faster": "fused" if fused_s <= ghost_s else "ghost"}
 
 

@@ -23,7 +23,8 @@ if sys.argv[:1] == ["-m"] and any(m in sys.orig_argv for m in _ENTRY_MODULES):
 __version__ = "0.1.0"
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "gnq_core.engine.auditor": ("BatchDimensionError", "GNQAuditor", "GNQResult"),
+    "gnq_core.engine.auditor": ("GNQAuditor", "GNQResult"),
+    "gnq_core.engine.batch": ("BatchDimensionError",),
     "gnq_core.engine.coverage": ("Coverage", "UncoveredParametersError"),
     "gnq_core.engine.distributed": ("DistributedGNQAuditor",),
     "gnq_core.engine.kernels": ("UnsupportedModuleError", "register"),

@@ -95,6 +95,18 @@ _FAMILY: dict[str, dict[str, Any]] = {
                     "mlp_layer_types": ["dense", "dense"], "num_key_value_heads": 2},
     # its own forward fails with its default cache at any tiny width ("matC_old has wrong shape")
     "xlstm": {"use_cache": False},
+    # transformers 5.24: a looped middle block between input and output layers (its defaults are 8
+    # layers each side), a hybrid with one full-attention layer, multi-head latent attention
+    "dory": {"num_hidden_layers": 3, "n_input_layers": 1, "n_output_layers": 1, "n_recurrent_layers": 1},
+    "lara_mini": {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+                  "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+                  "linear_num_value_heads": 2},
+    "sarvam_mla": {"kv_lora_rank": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "qk_nope_head_dim": 8,
+                   "num_key_value_heads": 2},
+    "inkling2_loop_text": {"num_hidden_layers": 3, "unpadded_vocab_size": VOCAB, "swa_num_attention_heads": 2,
+                           "swa_num_key_value_heads": 1, "swa_head_dim": 16, "d_rel": 4, "loop_gate_rank": 4,
+                           "loop_layer_index_start": 1, "loop_layer_index_end": 2, "loop_num_passes": 2,
+                           "n_layers_per_attn_res_block": 1},
 }
 
 

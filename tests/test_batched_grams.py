@@ -186,18 +186,18 @@ def test_audited_step_dispatches_at_most_115_percent_of_a_plain_steps_ops(monkey
 def test_ghost_self_grams_from_the_upper_block_triangle_exact(monkeypatch):
     """A large ghost factor Gram with itself (a big-vocabulary head's ΔΔᵀ) is formed from its
     example blocks k ≥ j only and mirrored: the same kernel as the reference, in float64."""
-    from gnq_core.engine import representations
+    from gnq_core.engine import grams
 
     used = []
-    upper = representations._self_gram_upper
+    upper = grams._self_gram_upper
 
     def spy(f, dtype):
         out = upper(f, dtype)
         used.append(out is not None)
         return out
 
-    monkeypatch.setattr(representations, "SYMMETRIC_GRAM_FLOPS", 0.0)
-    monkeypatch.setattr(representations, "_self_gram_upper", spy)
+    monkeypatch.setattr(grams, "SYMMETRIC_GRAM_FLOPS", 0.0)
+    monkeypatch.setattr(grams, "_self_gram_upper", spy)
     torch.manual_seed(283)
     model, batch = tied_llama().double().eval(), lm_batch([10, 6, 10, 3, 8], seed=10)
     res, _ = audited(model, lm_losses, batch, path="ghost")

@@ -8,7 +8,8 @@ names, imported on first use:
 from gnq_core._lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    ".auditor": ("BatchDimensionError", "GNQAuditor", "GNQResult"),
+    ".auditor": ("GNQAuditor", "GNQResult"),
+    ".batch": ("BatchDimensionError",),
     ".coverage": ("Coverage", "UncoveredParametersError"),
     ".distributed": ("DistributedGNQAuditor", "Scope", "Strategy"),
     ".kernels": ("Kernel", "UnsupportedModuleError", "kernel_for", "register"),

@@ -26,7 +26,7 @@ losses.
 
 **How the global K is formed.**  K over the global batch is Σ over layers of ⟨g_j, g_k⟩ with
 j, k on any rank.  Each layer's contribution is a representation of its per-example gradients
-(reps.py): factors (the layer's input X and output gradient Δ, or token ids) or explicit
+(``engine.representations``): factors (the layer's input X and output gradient Δ, or token ids) or explicit
 per-example gradients.  When a layer's contribution is ready in the backward, every rank
 all-gathers it and adds its *rows* K[j ∈ rank, all k] — the B_r × B block against each rank,
 by the usual ghost/materialise cost model — then drops what it gathered.  Per layer the cost
@@ -53,7 +53,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gnq_core.engine.auditor import BatchDimensionError, GNQAuditor, GNQResult
+from gnq_core.engine.auditor import GNQAuditor, GNQResult
+from gnq_core.engine.batch import BatchDimensionError
 from gnq_core.engine.compiled import check_not_compiled
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,

@@ -256,29 +256,6 @@ def _products(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, out: torch.T
     return torch.bmm(_as(a, dtype), _as(b, dtype), out=out)
 
 
-# What the fused path costs per element of the B per-example gradients beyond its Gram's 2B
-# FLOPs, in FLOPs of the layer's own plain step: writing G in cache-sized chunks and reading it
-# back for Σ_j and the Gram, and per-example products with inner dimension T instead of B·T.
-# Measured by `python -m benchmarks.fused_cost` (CPU, one thread, B8 T64, SmolLM2-135M's and
-# GPT-2 small's Linear shapes) with MKL forming the Gram: 34–84, median 49; with the CPU Gram
-# kernel (``cpu_gram``) it measures ≈ 21 (the committed results), so 48 is the charge where the
-# kernel does not apply and a conservative one where it does.  Lower than ``MATERIALIZE_ELEMENT_FLOPS``
-# (the unfused path writes all of G to memory and reads it back): with that constant the model
-# picked ghost for SmolLM2's tied head and GPT-2's layers, where fused measured 1.13–1.26× a
-# plain layer step and ghost 1.19–1.33×.
-FUSED_ELEMENT_FLOPS = 48.0
-
-
-def fused_flops(batch: int, rows: int, cols: int) -> float:
-    """Extra cost of the fused path: the Gram of the per-example gradients and their memory."""
-    return (2.0 * batch + FUSED_ELEMENT_FLOPS) * batch * rows * cols
-
-
-def ghost_linear_flops(batch: int, length: int, rows: int, cols: int) -> float:
-    """Extra FLOPs of the ghost path for the same layer (autograd keeps its own matmul)."""
-    return 2.0 * (batch * length) ** 2 * (rows + cols + 1)
-
-
 class FusedLayerNormFunction(torch.autograd.Function):
     """nn.LayerNorm whose backward hands its per-example weight and bias gradients to the sink.
 

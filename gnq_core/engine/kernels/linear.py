@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from gnq_core.engine.fused import FusedLinearFunction, fused_flops, ghost_linear_flops
+from gnq_core.engine.cost_model import fused_is_cheaper
+from gnq_core.engine.fused import FusedLinearFunction
 from gnq_core.engine.kernels.base import Contribution, Kernel, batch_first, first_input
 from gnq_core.engine.kernels.registry import register
 from gnq_core.engine.representations import DenseFactor, OuterRep
@@ -71,8 +72,7 @@ class LinearKernel(Kernel):
             return NotImplemented
         rows, cols = module.weight.shape
         T = x.numel() // max(B * x.shape[-1], 1)
-        cheaper = fused_flops(B, rows, cols) <= ghost_linear_flops(B, T, rows, cols)
-        if request.path != "materialize" and not cheaper:
+        if request.path != "materialize" and not fused_is_cheaper(B, T, rows, cols):
             return NotImplemented
         return FusedLinearFunction.apply(x, module.weight, module.bias, self.weight_is_in_out,
                                          request.open_sink(), request.memory_budget)

@@ -1,0 +1,84 @@
+"""The auditor's look at its first batch: check every parameter use, or plan from a probe.
+
+With ``check_uses`` the first batch is probed once more, hooks off (``engine.planning``), and its
+plan re-assigns kernels.  Until then (a first forward that cannot be probed), a ``UseChecker``
+watches each forward for parameters used outside the modules that own them (``engine.coverage``).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from gnq_core.engine.assignment import owners
+from gnq_core.engine.batch import BatchDimensionError, leading_dim, model_family
+from gnq_core.engine.coverage import UncoveredParametersError, UseChecker
+from gnq_core.engine.pass_state import Hooked
+from gnq_core.engine.planning import Plan, probe, probeable
+
+
+class FirstBatch:
+    """The checks of the auditor's first batch(es), and their hooks' lifetime."""
+
+    def __init__(self, model: nn.Module, hooked: list[Hooked], check_uses: bool):
+        self.model = model
+        self.checker: UseChecker | None = None
+        self.active = False
+        self.planned = not check_uses  # check_uses: plan from a probe of the first batch
+        if check_uses:
+            self.checker = UseChecker(model, owners(model, hooked))
+
+    def settle(self) -> None:
+        """Drop a checker whose forward has finished (safe at a root pre-hook: hook dicts are
+        copied before iteration)."""
+        if self.checker is not None and not self.active and self.checker.done:
+            self.checker.remove_hooks()
+            self.checker = None
+
+    def wants_plan(self, args: tuple, kwargs: dict) -> bool:
+        return not self.planned and probeable(args, kwargs)
+
+    def plan(self, hooked: list[Hooked], args: tuple, kwargs: dict) -> Plan | None:
+        """Probe this batch (``engine.planning``); None where it has no batch dimension."""
+        self.planned = True
+        if self.checker is not None:  # the probe checks parameter uses itself
+            self.checker.remove_hooks()
+            self.checker = None
+        B = leading_dim(args, kwargs)
+        if B is None:
+            return None
+        covered = {h.name: [id(h.module.get_parameter(n)) for n in h.params] for h in hooked}
+        plan = probe(self.model, args, kwargs, B, covered, owners(self.model, hooked, covered))
+        if plan.violations:
+            raise UncoveredParametersError(plan.violations)
+        if plan.refused:
+            name, why = next(iter(plan.refused.items()))
+            module = self.model.get_submodule(name)
+            raise BatchDimensionError(
+                f"{model_family(self.model)}: module '{name}' ({type(module).__name__}) {why}, and no "
+                "enclosing module sees batch-first tensors, so its per-example gradients cannot be "
+                "attributed")
+        return plan
+
+    def watch(self) -> None:
+        """Watch this forward's parameter uses, while the checker has not seen one through."""
+        if self.checker is not None and not self.checker.done:
+            self.active = True
+            self.checker.__enter__()
+
+    def forward_done(self) -> None:
+        """The root module's forward finished: name the parameters used outside their owners."""
+        if not self.active:
+            return
+        self.active = False
+        self.checker.__exit__(None, None, None)
+        self.checker.done = True
+        if self.checker.violations:
+            raise UncoveredParametersError(self.checker.violations)
+
+    def close(self) -> None:
+        if self.checker is not None:
+            if self.active:
+                self.checker.__exit__(None, None, None)
+                self.active = False
+            self.checker.remove_hooks()
+            self.checker = None
