@@ -29,10 +29,10 @@ from gnq_core.sources.checkpoint_files import (
     ADAPTER_WEIGHTS,
     CheckpointError,
     CheckpointRef,
-    _error,
-    _load_config,
-    _read_chunks,
-    _reason,
+    folder_error,
+    load_config,
+    read_chunks,
+    reason,
 )
 
 __all__ = ["Adapters", "adapter_hash", "check_adapter", "find_adapter_checkpoints", "load_adapter_checkpoint",
@@ -74,13 +74,13 @@ def find_adapter_checkpoints(directory: str | Path) -> list[CheckpointRef]:
     save at the top of its output folder counts only when it differs from the last checkpoint."""
     root = Path(directory)
     if not root.is_dir():
-        raise _error(root, "no such directory" if not root.exists() else "not a directory")
+        raise folder_error(root, "no such directory" if not root.exists() else "not a directory")
     root = root.resolve()
     try:
         subs = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
                        and is_adapter_folder(p)), key=lambda p: p.name)
     except OSError as exc:
-        raise _error(root, f"cannot list the directory ({_reason(exc)})") from exc
+        raise folder_error(root, f"cannot list the directory ({reason(exc)})") from exc
     numbered = sorted(((int(m.group(1)), p) for p in subs if (m := _TRAILING_NUMBER.search(p.name))),
                       key=lambda t: (t[0], t[1].name))
     unnumbered = [p for p in subs if not _TRAILING_NUMBER.search(p.name)]
@@ -90,7 +90,7 @@ def find_adapter_checkpoints(directory: str | Path) -> list[CheckpointRef]:
     if is_adapter_folder(root) and (not refs or adapter_hash(root) != adapter_hash(refs[-1].path)):
         refs.append(CheckpointRef(label=root.name, path=root, order=(refs[-1].order + 1) if refs else 0))
     if not refs:
-        raise _error(root, f"no adapter checkpoints (no {ADAPTER_CONFIG} here or in any subfolder)")
+        raise folder_error(root, f"no adapter checkpoints (no {ADAPTER_CONFIG} here or in any subfolder)")
     return refs
 
 
@@ -99,14 +99,14 @@ def _adapter_files(folder: Path) -> tuple[dict[str, Any], Path]:
     try:
         raw = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _error(folder / ADAPTER_CONFIG, f"cannot read the adapter config ({_reason(exc)})") from exc
+        raise folder_error(folder / ADAPTER_CONFIG, f"cannot read the config ({reason(exc)})") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("peft_type"), str):
-        raise _error(folder / ADAPTER_CONFIG, "not a PEFT adapter config (no peft_type)")
+        raise folder_error(folder / ADAPTER_CONFIG, "not a PEFT adapter config (no peft_type)")
     weights = folder / ADAPTER_WEIGHTS
     if not weights.is_file():
         pickled = (folder / "adapter_model.bin").is_file()
         why = " (adapter_model.bin is pickled and not read: save with safe_serialization=True)"
-        raise _error(folder, f"no {ADAPTER_WEIGHTS}" + (why if pickled else ""))
+        raise folder_error(folder, f"no {ADAPTER_WEIGHTS}" + (why if pickled else ""))
     return raw, weights
 
 
@@ -117,10 +117,10 @@ def adapter_hash(folder: str | Path) -> str:
     for file in (folder / ADAPTER_WEIGHTS, folder / ADAPTER_CONFIG):
         try:
             digest.update(file.name.encode() + b"\0" + file.stat().st_size.to_bytes(8, "little"))
-            for chunk in _read_chunks(file):
+            for chunk in read_chunks(file):
                 digest.update(chunk)
         except OSError as exc:
-            raise _error(file, f"cannot read ({_reason(exc)})") from exc
+            raise folder_error(file, f"cannot read ({reason(exc)})") from exc
     return digest.hexdigest()
 
 
@@ -129,12 +129,12 @@ def _peft_config(folder: Path, raw: dict[str, Any]) -> Any:
     try:
         config_class = peft.PEFT_TYPE_TO_CONFIG_MAPPING[raw["peft_type"]]
     except KeyError:
-        raise _error(folder / ADAPTER_CONFIG, f"unknown PEFT type {raw['peft_type']!r}") from None
+        raise folder_error(folder / ADAPTER_CONFIG, f"unknown PEFT type {raw['peft_type']!r}") from None
     try:
         return config_class.from_peft_type(**raw)
     except Exception as exc:
-        raise _error(folder / ADAPTER_CONFIG,
-                     f"not a valid {raw['peft_type']} config ({_reason(exc)})") from exc
+        raise folder_error(folder / ADAPTER_CONFIG,
+                     f"not a valid {raw['peft_type']} config ({reason(exc)})") from exc
 
 
 def check_adapter(folder: str | Path, base: str | Path) -> None:
@@ -151,14 +151,14 @@ def check_adapter(folder: str | Path, base: str | Path) -> None:
         with safe_open(str(weights), framework="pt") as f:
             stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     except Exception as exc:
-        raise _error(weights, f"cannot read the adapter weights ({_reason(exc)})") from exc
+        raise folder_error(weights, f"cannot read the adapter weights ({reason(exc)})") from exc
     peft = _peft()
     mismatch = f"does not fit the base model {base}"
     try:
         with torch.device("meta"):
-            model = peft.get_peft_model(AutoModelForCausalLM.from_config(_load_config(base)), config)
+            model = peft.get_peft_model(AutoModelForCausalLM.from_config(load_config(base)), config)
     except (ValueError, KeyError, RuntimeError, TypeError) as exc:
-        raise _error(folder, f"{mismatch} ({_reason(exc)}); give the model it was trained from with "
+        raise folder_error(folder, f"{mismatch} ({reason(exc)}); give the model it was trained from with "
                              "--base-model") from exc
     expected = {k: tuple(v.shape) for k, v in peft.get_peft_model_state_dict(model).items()}
     unknown = sorted(set(stored) - set(expected))
@@ -167,7 +167,7 @@ def check_adapter(folder: str | Path, base: str | Path) -> None:
     for keys, what in ((unknown, "has no place for"), (shapes, "has other shapes for"), (missing, "misses")):
         if keys:
             more = f" (+{len(keys) - 2} more)" if len(keys) > 2 else ""
-            raise _error(folder, f"{mismatch}: it {what} {', '.join(keys[:2])}{more}; give the model "
+            raise folder_error(folder, f"{mismatch}: it {what} {', '.join(keys[:2])}{more}; give the model "
                                  "it was trained from with --base-model")
 
 
@@ -187,7 +187,7 @@ def load_adapter_checkpoint(folder: str | Path, adapters: Adapters, *, device: t
         wrapped = peft.PeftModel.from_pretrained(model, str(folder), is_trainable=True,
                                                  autocast_adapter_dtype=False)
     except Exception as exc:
-        raise _error(folder, f"cannot apply the adapter to {adapters.base} ({_reason(exc)})") from exc
+        raise folder_error(folder, f"cannot apply the adapter to {adapters.base} ({reason(exc)})") from exc
     wrapped.to(device=device, dtype=dtype or next(model.parameters()).dtype)
     if adapters.merged:
         merged = wrapped.merge_and_unload()

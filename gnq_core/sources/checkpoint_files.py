@@ -309,3 +309,10 @@ def _config_vocab_size(config: Any) -> int | None:
         if isinstance(size, int):
             return size
     return None
+
+
+# The helpers other source modules may use (sources/adapters.py), under public names.
+folder_error = _error
+load_config = _load_config
+read_chunks = _read_chunks
+reason = _reason
