@@ -101,7 +101,8 @@ class GNQCallback(TrainerCallback):
         self._weights: torch.Tensor | None = None
         self._t0 = 0.0
         self._since_log: list[TextResult] = []
-        self.precision: dict[str, str] = {}  # compute_dtype, mixed_precision (pipelines/precision.py)
+        self.precision: dict[str, str] = {}  # compute_dtype, mixed_precision (results/precision.py)
+        self.trainer_name = "transformers.Trainer (GNQTrainer)"  # recorded with the run
         self._watch_precision: Any = None  # a forward hook on the output head until the first step
 
     def summaries(self) -> dict[str, float]:
@@ -274,7 +275,7 @@ class GNQCallback(TrainerCallback):
             dataset_hash=hashlib.sha256(content.encode()).hexdigest(), n_examples=len(examples),
             code_version=code_version(), device=str(args.device),
             dtype=self.precision["compute_dtype"],
-            settings={"trainer": "transformers.Trainer (GNQTrainer)", "scope": c.scope,
+            settings={"trainer": self.trainer_name, "scope": c.scope,
                       "strategy": c.strategy, "world_size": self.world,
                       "gnq_batch": "one micro-batch" + (" of every rank" if c.scope == "global" else ""),
                       "per_device_train_batch_size": micro,
@@ -288,6 +289,20 @@ class GNQCallback(TrainerCallback):
     @property
     def _fused(self) -> bool:
         return self.config.fused and self.config.scope != "global"
+
+
+def token_mean_objective(gnq: GNQCallback, logits: torch.Tensor, labels: torch.Tensor,
+                         num_items_in_batch: Any = None) -> torch.Tensor:
+    """Σ_j n_j ℓ_j / N: the token-mean loss, from per-example losses (ℓ_j and the forward's
+    signals handed to ``gnq``; N: the Trainer's target count over the accumulation window)."""
+    losses = per_example_lm_loss(logits, labels)
+    counts = lm_target_counts(labels)
+    n = counts.to(losses.dtype)
+    total = num_items_in_batch if num_items_in_batch is not None else n.sum()
+    if torch.is_tensor(total):
+        total = total.to(device=losses.device, dtype=losses.dtype)
+    gnq.watch_losses(losses, counts, token_signals(logits, labels))
+    return (losses * n).sum() / total
 
 
 class GNQTrainer(Trainer):
@@ -318,16 +333,8 @@ class GNQTrainer(Trainer):
                                     num_items_in_batch=num_items_in_batch)
 
     def _objective(self, outputs, labels, num_items_in_batch=None) -> torch.Tensor:
-        """Σ_j n_j ℓ_j / N: the token-mean loss, from per-example losses."""
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        losses = per_example_lm_loss(logits, labels)
-        counts = lm_target_counts(labels)
-        n = counts.to(losses.dtype)
-        total = num_items_in_batch if num_items_in_batch is not None else n.sum()
-        if torch.is_tensor(total):
-            total = total.to(device=losses.device, dtype=losses.dtype)
-        self.gnq.watch_losses(losses, counts, token_signals(logits, labels))
-        return (losses * n).sum() / total
+        return token_mean_objective(self.gnq, logits, labels, num_items_in_batch)
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's logging, with GNQ's summaries since the last log added to a training log
