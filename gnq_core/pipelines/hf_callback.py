@@ -39,7 +39,7 @@ from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_fil
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
 
-__all__ = ["GNQCallback", "GNQConfig", "GNQTrainer", "lm_collator"]
+__all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "lm_collator", "token_mean_objective"]
 
 EXAMPLE_ID = "example_id"
 
