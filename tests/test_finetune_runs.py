@@ -120,11 +120,14 @@ def compiled_layer(model):
 @pytest.mark.parametrize("how", [compiled_whole, compiled_in_place, compiled_layer])
 def test_torch_compile_is_refused_at_setup(how, tmp_path):
     """Issue 35: not a crash in planning after minutes of compiling — one line before anything runs."""
+    from gnq_core.engine.auditor import GNQAuditor
     from gnq_core.engine.compiled import CompiledModelError
     from gnq_core.engine.distributed import DistributedGNQAuditor
 
     with pytest.raises(CompiledModelError, match="torch.compile'd model .* compiled\\): train the audited"):
         DistributedGNQAuditor(how(tiny_gpt2()), scope="rank")
+    with pytest.raises(CompiledModelError, match="train the audited run without torch.compile"):
+        GNQAuditor(how(tiny_gpt2()))
     args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, report_to=[],
                              use_cpu=True)
     with pytest.raises(CompiledModelError) as err:
