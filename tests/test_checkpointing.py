@@ -57,23 +57,29 @@ def rows() -> list[dict]:
     return [{"input_ids": tok.encode(pool[i]).ids[: 4 + (3 * i) % 11], "example_id": i} for i in range(12)]
 
 
-def trainer_gnq(tmp_path, **kw) -> pd.DataFrame:
+def trainer_gnq(tmp_path, lora: bool = False, **kw) -> pd.DataFrame:
     torch.manual_seed(0)
+    model = tiny_llama()
+    if lora:  # the usual large-model recipe: a LoRA adapter trained with checkpointing
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False))
     args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=3,
                              gradient_accumulation_steps=2, num_train_epochs=1, learning_rate=1e-2,
                              optim="sgd", report_to=[], save_strategy="no", logging_strategy="no",
                              use_cpu=True, seed=0,
                              disable_tqdm=True, **kw)
-    trainer = GNQTrainer(model=tiny_llama(), args=args, train_dataset=rows(),
+    trainer = GNQTrainer(model=model, args=args, train_dataset=rows(),
                          data_collator=lm_collator(PAD_ID), gnq=GNQConfig(out=tmp_path / "shards", lam=1e-2))
     trainer.train()
     return pd.DataFrame(trainer.gnq.results).sort_values(["step", "batch_index", "example_id"])
 
 
+@pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("reentrant", [True, False])
-def test_trainer_gradient_checkpointing_gives_the_gnq_of_the_run_without_it(tmp_path, reentrant):
-    plain = trainer_gnq(tmp_path / "plain")
-    checkpointed = trainer_gnq(tmp_path / "ckpt", gradient_checkpointing=True,
+def test_trainer_gradient_checkpointing_gives_the_gnq_of_the_run_without_it(tmp_path, reentrant, lora):
+    plain = trainer_gnq(tmp_path / "plain", lora)
+    checkpointed = trainer_gnq(tmp_path / "ckpt", lora, gradient_checkpointing=True,
                                gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     assert len(plain) == len(checkpointed) == 12
     assert plain["example_id"].tolist() == checkpointed["example_id"].tolist()
