@@ -96,6 +96,11 @@ def test_lora_run_audited_post_hoc_equals_its_in_run_gnq(lora_run):
         err = rel_err(torch.tensor(post.to_numpy()), torch.tensor(live.to_numpy()))
         print(f"checkpoint-{k} vs in-run step {k + 1}: rel. error {err:.2e}")
         assert err <= TOL, k
+    # the attack decodes with each adapter merged into the base (the reference: checkpoint-0's)
+    attack = CliRunner().invoke(app, ["extract", "--run", "post", "--db", str(tmp / "post.duckdb"),
+                                      "--prefix-tokens", "4", "--suffix-tokens", "4", "--quiet"])
+    assert attack.exit_code == 0, attack.output
+    assert len(store.extractions(run.run_id)) == N_TEXTS
     # the quantity is the adapter's: far from GNQ over every parameter of the merged model
     merged = audit(tmp, "merged", "--base-model", str(tmp / "base"), "--merge-adapter")
     assert merged.exit_code == 0, merged.output
