@@ -53,12 +53,12 @@ def refuse_overwrite(targets: Iterable[str | Path], store: Store, *, inputs: Ite
 def verify_checkpoint(path: str | Path, expected_hash: object, what: str) -> None:
     """A checkpoint reused after it was recorded (attacked, resumed from) must be the one recorded:
     its weights' hash against the stored ``model_hash``; refused in one line when it differs."""
-    from gnq_core.sources.adapters import adapter_hash, is_adapter_folder
-    from gnq_core.sources.checkpoints import CONFIG_NAME, CheckpointError, check_checkpoint, checkpoint_hash
+    from gnq_core.sources.adapters import adapter_hash, is_adapter_checkpoint
+    from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, checkpoint_hash
 
     if not isinstance(expected_hash, str) or not expected_hash:
         return  # recorded without a hash (older stores): nothing to compare with
-    adapter = is_adapter_folder(Path(path)) and not (Path(path) / CONFIG_NAME).is_file()  # a PEFT adapter's
+    adapter = is_adapter_checkpoint(path)
     if (adapter_hash(path) if adapter else checkpoint_hash(path)) != expected_hash:
         if not adapter:
             check_checkpoint(path)  # a damaged file is named as such; else it is another model

@@ -27,6 +27,7 @@ import torch
 from gnq_core.sources.checkpoint_files import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    CONFIG_NAME,
     CheckpointError,
     CheckpointRef,
     folder_error,
@@ -35,8 +36,8 @@ from gnq_core.sources.checkpoint_files import (
     reason,
 )
 
-__all__ = ["Adapters", "adapter_hash", "check_adapter", "find_adapter_checkpoints", "load_adapter_checkpoint",
-           "load_model_at"]
+__all__ = ["Adapters", "adapter_hash", "check_adapter", "find_adapter_checkpoints", "is_adapter_checkpoint",
+           "load_adapter_checkpoint", "load_model_at"]
 
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 PEFT_HINT = "pip install 'gnq-audit[peft]' (or pip install peft)"
@@ -65,6 +66,12 @@ def _peft() -> Any:
 
 def is_adapter_folder(folder: Path) -> bool:
     return (folder / ADAPTER_CONFIG).is_file()
+
+
+def is_adapter_checkpoint(path: str | Path) -> bool:
+    """A PEFT adapter checkpoint: an adapter_config.json and no full model's config.json."""
+    folder = Path(path)
+    return is_adapter_folder(folder) and not (folder / CONFIG_NAME).is_file()
 
 
 def find_adapter_checkpoints(directory: str | Path) -> list[CheckpointRef]:
@@ -204,7 +211,7 @@ def load_model_at(path: str | Path, base: str | None, *, device: torch.device | 
     ``settings["base_model"]``): for what reads a model's outputs only (an attack's decoding)."""
     from gnq_core.sources.checkpoints import load_checkpoint
 
-    if base is not None and is_adapter_folder(Path(path)):
+    if base is not None and is_adapter_checkpoint(path):
         return load_adapter_checkpoint(path, Adapters(Path(base), merged=True), device=device, dtype=dtype,
                                        tokenizer=tokenizer)
     return load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer)
