@@ -120,6 +120,7 @@ def provenance(store: Store, run: Run, attacks: pd.DataFrame) -> list[tuple[str,
         ("model", run.model_path), ("model hash", row.get("model_hash")), ("dataset", run.dataset_path),
         ("dataset hash", run.dataset_hash), ("code version", row.get("code_version")),
         ("device", row.get("device")), ("dtype", row.get("dtype")),
+        ("mixed precision", run.settings.get("mixed_precision", "no")),
         ("created", str(row.get("created_at"))), ("updated", str(row.get("updated_at"))),
     ]
     if not attacks.empty:
