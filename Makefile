@@ -57,7 +57,7 @@ smollm2: $(STAMP)
 	$(VENV)/bin/gnq model fetch smollm2
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gnq_core app tests
+	$(VENV)/bin/ruff check gnq_core app tests tools
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--init", type=Path, help="a Hugging Face checkpoint folder to fine-tune")
     ap.add_argument("--out", type=Path, default=Path("runs") / "finetune-gnq")
     ap.add_argument("--epochs", type=float, default=2)
+    ap.add_argument("--max-steps", type=int, default=-1, help="stop after this many optimizer steps")
     ap.add_argument("--batch-size", type=int, default=8, help="per device (the GNQ micro-batch)")
     ap.add_argument("--grad-accum", type=int, default=2)
     ap.add_argument("--max-length", type=int, default=64)
@@ -56,7 +57,8 @@ def main() -> None:
 
     training = TrainingArguments(
         output_dir=str(args.out / "trainer"), per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.grad_accum, num_train_epochs=args.epochs, learning_rate=1e-3,
+        gradient_accumulation_steps=args.grad_accum, num_train_epochs=args.epochs, max_steps=args.max_steps,
+        learning_rate=1e-3,
         report_to=[], save_strategy="no", logging_steps=10, use_cpu=not torch.cuda.is_available(),
         seed=0, disable_tqdm=True)
     gnq = GNQConfig(out=args.out / "shards", name=args.out.name, lam=args.lam, scope=args.scope,  # GNQ

@@ -97,7 +97,7 @@ def test_extraction_page(store_path, monkeypatch):
     assert {"GNQ_total", "loss", "text length (tokens)"} <= set(power["signal"])
     assert set(power["direction"]) <= {"higher = extracted", "lower = extracted"}
     assert (power["texts"] == 32).all()
-    assert "stratified bootstrap resamples" in texts_of(at)
+    assert "bootstrap resamples of copy clusters" in texts_of(at)
     # issue 25: the length control and the gain over length + loss are columns of one table per
     # outcome; the tiny model extracts nothing here, so the groups' table is the one scored
     assert "No signal can be scored against extraction" in texts_of(at)

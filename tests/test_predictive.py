@@ -216,4 +216,4 @@ def test_evaluate_reports_the_stratified_auc_next_to_the_raw_one():
             <= table.loc[signal, "stratified hi"]
     shown = pr.display_stratified(result)
     assert list(shown.columns) == ["signal", "AUC (all texts)", "AUC within exact length (pair-weighted)",
-                                   "lengths scored", "pairs"]
+                                   "lengths scored", "pairs", "positive records"]

@@ -101,7 +101,8 @@ def test_report_is_one_self_contained_html_file(db, tmp_path):
         assert heading in text
     assert "the combined verdict (rank 1 = look first)" in text  # the report follows the verdict order
     assert "GNQ in-run (accumulated)" in text and "trained" in text  # found through the weights hashes
-    assert "AUC" in text and "50 stratified bootstrap resamples (seed 0)" in text
+    assert "AUC" in text and "50 bootstrap resamples of copy clusters" in text
+    assert "Unit: records (copies collapsed to one record)" in text
 
 
 def test_a_run_without_attack_or_points_still_reports(db, tmp_path):
@@ -179,7 +180,7 @@ def test_report_opens_offline_in_a_real_browser(db, tmp_path, browser):  # noqa:
 
 # ----------------------------------------------------------------------------------------- issue 25
 def test_report_json_holds_every_table_with_provenance(db, tmp_path):
-    """`gnq report --json`: schema gnq-report/1; per outcome × signal the three scopes; the numbers
+    """`gnq report --json`: schema gnq-report/2; per outcome × signal the three scopes; the numbers
     equal analysis.predictive's on the same frame; provenance names what produced the run."""
     import json
 
@@ -190,14 +191,17 @@ def test_report_json_holds_every_table_with_provenance(db, tmp_path):
                                  "--resamples", "50"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text(encoding="utf-8"))
-    assert doc["schema"] == "gnq-report/1" and doc["run"]["name"] == "audited"
+    assert doc["schema"] == "gnq-report/2" and doc["run"]["name"] == "audited"
     prov = doc["provenance"]
     for key in ("λ", "loss convention", "batch size", "seed", "model", "model hash", "dataset hash",
                 "code version", "attack", "signals read at"):
         assert key in prov, key
     assert prov["λ"] == 0.01 and "reveal 4 tokens" in prov["attack"]
     assert doc["method"]["fpr_levels"] == [0.001, 0.01, 0.1]
-    rows = [r for r in doc["tables"] if r["outcome"] == "extraction"]
+    rows = [r for r in doc["tables"] if r["outcome"] == "extraction" and r["unit"] == "texts"]
+    assert {r["unit"] for r in doc["tables"]} == {"texts", "records"}
+    for r in doc["tables"]:  # every row: its unit, the independent positives, whether too few
+        assert isinstance(r["independent_positives"], int) and isinstance(r["too_few"], bool)
     by = {(r["signal"], r["scope"]): r for r in rows}
     assert {s for _, s in by} == {"all", "exact length", "over length + loss"}
     gnq_all = by[("gnq_total", "all")]

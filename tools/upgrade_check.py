@@ -116,7 +116,8 @@ def render(report: dict) -> str:
              "## Versions that moved", "", "| package | lock | newest | major |", "|---|---|---|---|"]
     lines += [f"| {m['package']} | {m['lock']} | {m['newest']} | {'yes' if m['major'] else ''} |"
               for m in c["moved"]] or ["| (none) | | | |"]
-    lines += ["", f"Added: {', '.join(c['added']) or 'none'}. Dropped: {', '.join(c['dropped']) or 'none'}.", ""]
+    added, dropped = ", ".join(c["added"]) or "none", ", ".join(c["dropped"]) or "none"
+    lines += ["", f"Added: {added}. Dropped: {dropped}.", ""]
     if fam:
         lines += [f"## Model families in transformers {fam.get('transformers')}", "",
                   f"Gone from transformers: {', '.join(fam.get('gone', [])) or 'none'}. "
@@ -134,7 +135,8 @@ def render(report: dict) -> str:
         lines += [f"- {t}" for t in tests["failed"]] or ["No test failed."]
         lines.append("")
     lines += ["To move the lock: lift the hold in requirements/hold.txt, `make lock`, list the new families "
-              "in tests/test_family_matrix.py, `cd tests && python -m families` (README's table), `make test`.", ""]
+              "in tests/test_family_matrix.py, `cd tests && python -m families` (README's table), "
+              "`make test`.", ""]
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, show, state
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import quantile_bins, roc_figure, targeted_attack_table
@@ -71,6 +72,11 @@ else:
         "CV AUC gain over length + loss": st.column_config.TextColumn(
             help="Cross-validated AUC of a logistic model on length (spline) + loss + this signal, "
                  "minus that of length + loss: what the signal adds. For loss: over length alone.")})
+records = ev.display(data.evidence, "extraction", unit=cl.UNIT_RECORDS)
+st.markdown("**Unit: records** (copies collapsed to one record: what the texts' tables rest on, counted "
+            "once). " + ev.gain_sentence(data.evidence, unit=cl.UNIT_RECORDS))
+if len(records):
+    st.dataframe(records, hide_index=True, width="stretch")
 st.caption("Outcome: the stored attack's own rule (not the slider above); signals read at the attacked "
            "point. " + ev.method(data.resamples, data.seed, data.level) + " " + state.plain(provenance))
 log_fpr = st.toggle("Logarithmic false-positive axis (the low-FPR region)", value=True)
@@ -78,15 +84,20 @@ show.chart(roc_figure(roc, result, log_fpr=log_fpr, template=None), width="stret
 with st.expander("Precision among the top-ranked texts"):
     st.dataframe(pr.display_table(result), hide_index=True, width="stretch")
     st.caption(result.method())
-for (outcome, positive), _ in data.evidence[data.evidence["outcome"] != "extraction"].groupby(
+for (outcome, positive), _ in data.evidence[(data.evidence["outcome"] != "extraction")
+                                            & (data.evidence["unit"] == cl.UNIT_TEXTS)].groupby(
         ["outcome", "positive"], sort=False):
     title = ("Members vs non-members" if outcome == "membership"
              else f"{state.plain(positive)} vs the other texts")
     with st.expander(f"Same signals, another outcome: {title}"):
         st.dataframe(ev.display(data.evidence, outcome, positive), hide_index=True, width="stretch")
+        st.caption("Unit: records (copies collapsed to one record)")
+        st.dataframe(ev.display(data.evidence, outcome, positive, unit=cl.UNIT_RECORDS), hide_index=True,
+                     width="stretch")
         if outcome == "membership":  # the field's view: TPR at low FPR on a log axis
             table = data.evidence
-            rows = table[(table["outcome"] == outcome) & (table["scope"] == ev.SCOPE_ALL)]
+            rows = table[(table["outcome"] == outcome) & (table["scope"] == ev.SCOPE_ALL)
+                         & (table["unit"] == cl.UNIT_TEXTS)]
             points = pr.roc_points(data.frame, outcome="member")
             show.chart(roc_figure(points, rows, log_fpr=True, template=None, positive="member",
                                   negative="non-member"), width="stretch")

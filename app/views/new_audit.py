@@ -37,9 +37,11 @@ from gnq_core.sources import (
     CheckpointError,
     DatasetError,
     LinkError,
+    check_adapter,
     check_checkpoint,
     check_link,
     dataset_columns,
+    find_adapter_checkpoints,
     find_checkpoints,
     load_texts,
     max_positions,
@@ -88,6 +90,16 @@ def checkpoint_problem(path: str, mtime: float, tokenizer: str | None = None) ->
 
 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=256)
+def adapter_problem(path: str, mtime: float, base: str) -> str | None:  # noqa: ARG001 (cache key)
+    """Why a PEFT adapter checkpoint does not fit the base model (one line), or None."""
+    try:
+        check_adapter(path, base)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+@st.cache_data(ttl=30, show_spinner=False, max_entries=256)
 def positions_of(path: str, mtime: float) -> int | None:  # noqa: ARG001 (cache key)
     return max_positions(path)
 
@@ -125,16 +137,47 @@ typed_tokenizer = st.text_input(
     help="Checkpoints saved by the Trainer without processing_class=tokenizer have no tokenizer files; "
          "give a folder that has them (the CLI's --tokenizer).")
 tokenizer_dir = _local(typed_tokenizer)
+base_mode = st.radio("Base model (PEFT adapter checkpoints only)", ["None", "Local path", "Upload a folder"],
+                     horizontal=True, key="base_mode",
+                     help="A LoRA / PEFT run saves adapter checkpoints (adapter_config.json) without the "
+                          "model: name the model they were trained from (the CLI's --base-model).")
+base_dir: Path | None = None
+if base_mode == "Local path":
+    base_dir = _local(st.text_input("Base model folder on this machine", key="base_path"))
+elif base_mode == "Upload a folder":
+    files = st.file_uploader("The base model's Hugging Face folder", accept_multiple_files="directory",
+                             key="base_upload")
+    if files:
+        try:
+            base_dir = staging() / "base"
+            save_uploads(files, base_dir)
+            check_upload_tree(staging())
+            while not (base_dir / "config.json").exists() and len(list(base_dir.iterdir())) == 1:
+                base_dir = next(base_dir.iterdir())
+        except (ValueError, OSError) as exc:
+            st.error(state.plain(one_line(exc)))
+            base_dir = None
+merge_adapter = base_dir is not None and st.checkbox(
+    "GNQ over all parameters of the merged model", key="merge_adapter",
+    help="Default: GNQ over the adapter's parameters, the quantity measured in-run (comparable with it). "
+         "Merged: every base weight's gradient counts too (a much larger quantity).")
 refs = []
 if checkpoints is not None:
     try:
-        refs = find_checkpoints(checkpoints)
-        st.caption(f"{len(refs)} checkpoint(s): " + ", ".join(state.plain(r.label) for r in refs[:12])
-                   + (" …" if len(refs) > 12 else ""))
+        find = find_adapter_checkpoints if base_dir is not None else find_checkpoints
+        refs = find(checkpoints)
+        st.caption(f"{len(refs)} {'adapter ' if base_dir is not None else ''}checkpoint(s): "
+                   + ", ".join(state.plain(r.label) for r in refs[:12]) + (" …" if len(refs) > 12 else ""))
     except CheckpointError as exc:
         st.error(state.plain(exc))
     tok = str(tokenizer_dir) if tokenizer_dir else None
-    problems = [p for r in refs if (p := checkpoint_problem(str(r.path), r.path.stat().st_mtime, tok))]
+    if base_dir is not None:
+        base_problem = (checkpoint_problem(str(base_dir), base_dir.stat().st_mtime, tok) if base_dir.exists()
+                        else f"{base_dir}: no such folder")
+        problems = [base_problem] if base_problem else [
+            p for r in refs if (p := adapter_problem(str(r.path), r.path.stat().st_mtime, str(base_dir)))]
+    else:
+        problems = [p for r in refs if (p := checkpoint_problem(str(r.path), r.path.stat().st_mtime, tok))]
     if problems:
         st.error(state.plain(problems[0]) + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
         refs = []
@@ -182,7 +225,8 @@ if data_path is not None:
 
 st.subheader("3. Settings")
 # The model reads at most this many tokens: the form offers no more (the job would fail at once).
-limits = [n for r in refs if (n := positions_of(str(r.path), r.path.stat().st_mtime))]
+model_dirs = [base_dir] if base_dir is not None and refs else [r.path for r in refs]
+limits = [n for path in model_dirs if (n := positions_of(str(path), path.stat().st_mtime))]
 token_limit = min(limits) if limits else None
 default_name = refs[0].path.parent.name if len(refs) > 1 else (refs[0].label if refs else "")
 with st.form("settings"):
@@ -248,7 +292,9 @@ if submitted:
                               loss=loss, lam_mode=lam_mode)
         steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
                           text_column=text_column, group_column=group_column, settings=audit,
-                          threads=int(threads), tokenizer=str(tokenizer_dir) if tokenizer_dir else None)]
+                          threads=int(threads), tokenizer=str(tokenizer_dir) if tokenizer_dir else None,
+                          base_model=str(base_dir) if base_dir is not None else None,
+                          merge_adapter=bool(merge_adapter))]
         steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
                              threshold=threshold, threads=int(threads),
                              reference=str(reference_path) if reference_path else "first")] if attack else []

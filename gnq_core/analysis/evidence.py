@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import length_control as lc
 from gnq_core.analysis import predictive as pr
 
@@ -35,7 +36,8 @@ SCOPES = (SCOPE_ALL, SCOPE_LENGTH, SCOPE_GAIN)
 LOSS = "loss_last"
 
 _TPR = [f"tpr@{a:g}" for a in FPR_LEVELS]
-COLUMNS = ["outcome", "positive", "signal", "label", "direction", "scope", "n", "positives",
+COLUMNS = ["outcome", "positive", "unit", "signal", "label", "direction", "scope", "n", "positives",
+           "records", "negative records",
            "auc", "auc lo", "auc hi", *(c for t in _TPR for c in (t, f"{t} lo", f"{t} hi")),
            "strata", "pairs", "gain", "gain lo", "gain hi", "auc base", "auc full", "lr p", "base", "note"]
 
@@ -94,40 +96,55 @@ def with_membership(frame: pd.DataFrame, membership: pd.DataFrame) -> pd.DataFra
 
 
 def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples: int, seed: int,
-          level: float, cv: bool, cache: dict) -> Iterator[dict]:
+          level: float, cv: bool, cache: dict, unit: str, min_records: int) -> Iterator[dict]:
     known = outcome.labels.notna().to_numpy()
     y = outcome.labels.fillna(False).to_numpy(dtype=bool)[known]
     score = pr.oriented(frame[signal.column], signal)[known]
+    groups = cl.groups_of(frame)[known]
     lengths = (pd.to_numeric(frame["n_tokens"], errors="coerce").to_numpy(float)[known]
                if "n_tokens" in frame.columns else np.zeros(int(known.sum())))
     loss = (pd.to_numeric(frame[LOSS], errors="coerce").to_numpy(float)[known]
             if LOSS in frame.columns else None)
     keep = np.isfinite(score)
-    head = {"outcome": outcome.name, "positive": outcome.positive, "signal": signal.column,
+    pos, neg = cl.records(y[keep], groups[keep])
+    head = {"outcome": outcome.name, "positive": outcome.positive, "unit": unit, "signal": signal.column,
             "label": signal.label, "direction": "higher" if signal.higher_means_extracted else "lower",
-            "n": int(keep.sum()), "positives": int(y[keep].sum())}
+            "n": int(keep.sum()), "positives": int(y[keep].sum()), "records": pos, "negative records": neg}
     scorable = 0 < y[keep].sum() < keep.sum()
+    few = cl.too_few(y[keep], groups[keep], min_records) if scorable else ""
     row = {**head, "scope": SCOPE_ALL}
-    if scorable:
+    if few:
+        row["note"] = few
+    elif scorable:
         point = pr.metrics_matrix(score[keep], y[keep], fpr_levels=FPR_LEVELS, fractions=())
-        boot = pr.bootstrap(score[keep], y[keep], resamples, seed, fpr_levels=FPR_LEVELS, fractions=())
+        boot = pr.bootstrap(score[keep], y[keep], resamples, seed, groups[keep], fpr_levels=FPR_LEVELS,
+                            fractions=())
         for key, value in point.items():
             row[key] = float(value[0])
-            row[f"{key} lo"], row[f"{key} hi"] = pr.interval(boot[key], level)
+            row[f"{key} lo"], row[f"{key} hi"] = pr.metric_interval(
+                key, row[key], boot[key], score[keep], y[keep], groups[keep], level)
     else:
         row["note"] = "needs both outcomes among the texts with this signal"
     yield row
     row = {**head, "scope": SCOPE_LENGTH}
-    if scorable:
-        w = lc.within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level)
+    if few:
+        row["note"] = few
+    elif scorable:
+        w = lc.within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level,
+                                 groups=groups, min_records=min_records)
         row |= {"auc": w.auc, "auc lo": w.lo, "auc hi": w.hi, "strata": w.strata, "pairs": w.pairs}
         if not w.strata:
             row["note"] = "no token length holds both outcomes"
+        elif w.note:
+            row["note"] = w.note
     yield row
     row = {**head, "scope": SCOPE_GAIN}
-    if scorable and cv:
+    if few:
+        row["note"] = few
+    elif scorable and cv:
         g = lc.cv_gain(score, y, lengths, loss, resamples=resamples, seed=seed, level=level,
-                       signal_is_loss=signal.column == LOSS, cache=cache)
+                       signal_is_loss=signal.column == LOSS, cache=cache, groups=groups,
+                       min_records=min_records)
         row |= {"gain": g.gain, "gain lo": g.lo, "gain hi": g.hi, "auc base": g.auc_base,
                 "auc full": g.auc_full, "lr p": g.lr_p, "base": g.base, "note": g.note or np.nan}
     elif scorable:
@@ -137,22 +154,38 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
 
 def evidence_table(frame: pd.DataFrame, *, resamples: int = pr.RESAMPLES, seed: int = 0,
                    level: float = pr.LEVEL, signals: Sequence[pr.Signal] | None = None,
-                   outcomes: Sequence[Outcome] | None = None, cv: bool = True) -> pd.DataFrame:
-    """One row per outcome × signal × scope (``COLUMNS``; NaN where a number does not apply).
-    ``cv=False`` skips the cross-validated gain (scikit-learn; the slowest part)."""
+                   outcomes: Sequence[Outcome] | None = None, cv: bool = True,
+                   units: Sequence[str] = cl.UNITS, min_records: int = cl.MIN_RECORDS) -> pd.DataFrame:
+    """One row per outcome × unit × signal × scope (``COLUMNS``; NaN where a number does not
+    apply).  Unit "texts": every text, copies (``cluster_id``) resampled and folded together;
+    "records": copies collapsed to one record (``clusters.collapse``), each outcome positive when
+    any copy's is.  ``cv=False`` skips the
+    cross-validated gain (scikit-learn; the slowest part).  Fewer than ``min_records``
+    independent positive or negative records: the row's numbers are NaN and its note says
+    "too few"."""
     rows = []
-    for outcome in outcomes if outcomes is not None else outcomes_in(frame):
-        scored, cache = frame[outcome.labels.notna()], {}
-        for signal in signals if signals is not None else pr.signals_in(scored):
-            rows.extend(_rows(frame, outcome, signal, resamples=resamples, seed=seed, level=level, cv=cv,
-                              cache=cache))
+    on_texts = list(outcomes) if outcomes is not None else outcomes_in(frame)
+    for unit in units:
+        f, found = frame, on_texts
+        if unit == cl.UNIT_RECORDS:  # each outcome collapsed with the copies: positive when any copy is
+            cols = {f"_outcome{i}": o.labels.astype("boolean") for i, o in enumerate(on_texts)}
+            f = cl.collapse(frame.assign(**cols), outcomes=("extracted", "member", *cols))
+            found = [Outcome(o.name, o.positive, f[c]) for o, c in zip(on_texts, cols, strict=True)]
+            found = [o for o in found if 0 < o.labels.dropna().sum() < o.labels.notna().sum()]
+        for outcome in found:
+            scored, cache = f[outcome.labels.notna()], {}
+            for signal in signals if signals is not None else pr.signals_in(scored):
+                rows.extend(_rows(f, outcome, signal, resamples=resamples, seed=seed, level=level, cv=cv,
+                                  cache=cache, unit=unit, min_records=min_records))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digits: int = 2) -> pd.DataFrame:
-    """One row per signal of one outcome: "value [lo, hi]" cells for the AUC over all texts, TPR at
-    each low FPR, the AUC within exact length and the CV gain over length + loss; best AUC first."""
-    part = table[table["outcome"] == outcome]
+def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digits: int = 2,
+            unit: str = cl.UNIT_TEXTS) -> pd.DataFrame:
+    """One row per signal of one outcome in one ``unit`` (texts or records): "value [lo, hi]" cells
+    for the AUC over all texts, TPR at each low FPR, the AUC within exact length and the CV gain
+    over length + loss, "too few" where the independent records are too few; best AUC first."""
+    part = table[(table["outcome"] == outcome) & (table["unit"] == unit)]
     if positive is not None:
         part = part[part["positive"] == positive]
     if part.empty:
@@ -162,14 +195,16 @@ def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digi
 
     def cell(row: pd.Series, key: str, fmt: str = f".{digits}f") -> str:
         if pd.isna(row.get(key)):
-            return "n/a"
+            note = row.get("note")
+            return cl.TOO_FEW if isinstance(note, str) and note.startswith(cl.TOO_FEW) else "n/a"
         return f"{row[key]:{fmt}} [{row[f'{key} lo']:{fmt}}, {row[f'{key} hi']:{fmt}}]"
 
     out = pd.DataFrame({"signal": by[SCOPE_ALL].loc[order, "label"].to_numpy(),
                         "direction": [f"{d} = {part['positive'].iloc[0].removeprefix('group = ')}"
                                       for d in by[SCOPE_ALL].loc[order, "direction"]],
-                        "texts": by[SCOPE_ALL].loc[order, "n"].to_numpy(),
-                        "positives": by[SCOPE_ALL].loc[order, "positives"].to_numpy()})
+                        unit: by[SCOPE_ALL].loc[order, "n"].to_numpy(),
+                        "positives": by[SCOPE_ALL].loc[order, "positives"].to_numpy(),
+                        "independent positives (records)": by[SCOPE_ALL].loc[order, "records"].to_numpy()})
     out["AUC (all texts)"] = [cell(by[SCOPE_ALL].loc[s], "auc") for s in order]
     for t in _TPR:
         out[pr.metric_title(t)] = [cell(by[SCOPE_ALL].loc[s], t) for s in order]
@@ -183,12 +218,14 @@ def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digi
 
 
 # ----------------------------------------------------------------------------------------- words
-def gain_sentence(table: pd.DataFrame, outcome: str = "extraction") -> str:
+def gain_sentence(table: pd.DataFrame, outcome: str = "extraction", unit: str = cl.UNIT_TEXTS) -> str:
     """Which signals add information over length + loss (CV gain interval above 0), in words."""
-    part = table[(table["outcome"] == outcome) & (table["scope"] == SCOPE_GAIN) & table["gain"].notna()]
+    rows = table[(table["outcome"] == outcome) & (table["scope"] == SCOPE_GAIN) & (table["unit"] == unit)]
+    part = rows[rows["gain"].notna()]
     if part.empty:
-        return ("No signal's gain over length + loss could be cross-validated (too few texts of one "
-                "outcome).")
+        pos = int(rows["records"].max()) if len(rows) and rows["records"].notna().any() else 0
+        return ("No signal's gain over length + loss could be cross-validated: too few independent records "
+                f"of one outcome ({pos} positive records, copies counted once).")
     loss = part[part["signal"] == LOSS]
     part = part[part["signal"] != LOSS]  # loss's own gain is over length alone: said apart
     adds = part[part["gain lo"] > 0].sort_values("gain", ascending=False)
@@ -211,11 +248,14 @@ def gain_sentence(table: pd.DataFrame, outcome: str = "extraction") -> str:
 
 def method(resamples: int, seed: int, level: float) -> str:
     """How the evidence table was made, in one paragraph."""
-    return (f"AUC: P(a positive text scores higher than a negative one, ties ½) in the signal's stated "
+    return (f"Each table states its unit: texts (copies of one record kept, and resampled and folded "
+            f"together) or records (copies collapsed to one: numbers averaged, positive when any copy is); "
+            f"'independent positives' counts records. "
+            f"AUC: P(a positive text scores higher than a negative one, ties ½) in the signal's stated "
             f"direction. TPR at x% FPR: largest share of positives caught while flagging at most x% of "
             f"the negatives (ties not split). AUC within exact length: only a positive and a negative text "
             f"of the same token length are compared, each length weighted by its pairs (a length whose "
-            f"texts share one outcome adds nothing). CV gain: {lc.FOLDS}-fold out-of-fold AUC of a logistic "
-            f"regression on [length spline, loss, signal] minus [length spline, loss]; LR p: "
-            f"likelihood-ratio test of adding the signal (χ², 1 df). Intervals: {level:.0%} percentile "
-            f"intervals over {resamples} stratified bootstrap resamples (seed {seed}).")
+            f"texts share one outcome adds nothing). CV gain: {lc.FOLDS}-fold out-of-fold AUC (folds "
+            f"stratified by outcome and grouped by copy cluster) of a logistic regression on [length spline, "
+            f"loss, signal] minus [length spline, loss]; LR p: likelihood-ratio test of adding the signal "
+            f"(χ², 1 df), fitted on records. " + pr.interval_method(resamples, seed, level))

@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import run_report
@@ -199,13 +200,22 @@ def _predictive(data: run_report.RunReport, attacks: pd.DataFrame) -> str:
     figure = roc_figure(pr.roc_points(frame), result).to_html(full_html=False, include_plotlyjs=True,
                                                               config={"displaylogo": False})
     table = ev.display(data.evidence, "extraction")
+    records = ev.display(data.evidence, "extraction", unit=cl.UNIT_RECORDS)
+    by_record = pr.evaluate(frame, resamples=data.resamples, seed=data.seed, unit=cl.UNIT_RECORDS)
     return "\n".join([f"<p class='sentence'>{e(pr.best_signal_sentence(result))}</p>",
                       f"<p>{e(pr.within_length_sentence(result))} {e(ev.gain_sentence(data.evidence))}</p>",
+                      "<h3>Unit: texts (copies of one record resampled together)</h3>",
                       _table(table) if len(table) else "",
+                      "<h3>Unit: records (copies collapsed to one record)</h3>",
+                      f"<p>{e(ev.gain_sentence(data.evidence, unit=cl.UNIT_RECORDS))}</p>",
+                      _table(records) if len(records) else "",
                       f"<p class='caption'>{e(ev.method(data.resamples, data.seed, data.level))}</p>",
                       figure, "<h3>Precision among the top-ranked texts</h3>",
                       _table(pr.display_table(result)),
-                      f"<p class='caption'>{e(result.method())}</p>"])
+                      f"<p class='caption'>{e(result.method())}</p>",
+                      "<h3>Precision among the top-ranked records (copies collapsed)</h3>",
+                      _table(pr.display_table(by_record)),
+                      f"<p class='caption'>{e(by_record.method())}</p>"])
 
 
 def _scorable(frame: pd.DataFrame, attacks: pd.DataFrame) -> bool:
@@ -217,17 +227,22 @@ def _other_outcomes(data: run_report.RunReport, plotly_loaded: bool) -> str:
     """Membership (when the run has non-members) and group outcomes: the same table per outcome."""
     e = html.escape
     parts = []
-    for (outcome, positive), _ in data.evidence[data.evidence["outcome"] != "extraction"].groupby(
+    for (outcome, positive), _ in data.evidence[(data.evidence["outcome"] != "extraction")
+                                                & (data.evidence["unit"] == cl.UNIT_TEXTS)].groupby(
             ["outcome", "positive"], sort=False):
         title = ("Which signal tells members from non-members?" if outcome == "membership"
                  else f"Which signal tells {positive} from the other texts?")
         rows = data.evidence[data.evidence["positive"] == positive]
-        parts += [f"<h2>{e(title)}</h2>", _table(ev.display(data.evidence, outcome, positive)),
-                  f"<p>{e(ev.gain_sentence(rows, outcome))}</p>"]
+        parts += [f"<h2>{e(title)}</h2>", "<h3>Unit: texts</h3>",
+                  _table(ev.display(data.evidence, outcome, positive)),
+                  f"<p>{e(ev.gain_sentence(rows, outcome))}</p>",
+                  "<h3>Unit: records (copies collapsed to one)</h3>",
+                  _table(ev.display(data.evidence, outcome, positive, unit=cl.UNIT_RECORDS)),
+                  f"<p>{e(ev.gain_sentence(rows, outcome, unit=cl.UNIT_RECORDS))}</p>"]
         if outcome == "membership":  # the field's view: TPR at low FPR on a log axis
             points = pr.roc_points(data.frame, outcome="member")
-            figure = roc_figure(points, rows[rows["scope"] == ev.SCOPE_ALL], log_fpr=True, positive="member",
-                                negative="non-member")
+            shown = rows[(rows["scope"] == ev.SCOPE_ALL) & (rows["unit"] == cl.UNIT_TEXTS)]
+            figure = roc_figure(points, shown, log_fpr=True, positive="member", negative="non-member")
             parts.append(figure.to_html(full_html=False, include_plotlyjs=not plotly_loaded,
                                         config={"displaylogo": False}))
     return "\n".join(parts)

@@ -15,11 +15,15 @@ Two controls, shared by the dashboard, ``gnq report`` (HTML and JSON) and the st
   0.66-0.86 there.
 * **Cross-validated gain over length + loss** (``cv_gain``): the out-of-fold AUC of a logistic
   regression on [length spline, loss, signal] minus that of [length spline, loss] (for loss
-  itself: over the length spline alone).  Folds stratified by outcome and seeded; the interval
-  resamples the texts' out-of-fold predictions (stratified, paired: both models on the same
-  resample), so it reflects the texts, not refitting; the likelihood-ratio p compares the two
-  models fitted to all texts (χ², one degree of freedom).  Positive gain with its interval above
-  0: the signal carries information about the outcome that length and loss do not.
+  itself: over the length spline alone).  Folds stratified by outcome, grouped by copy cluster
+  (StratifiedGroupKFold: a record's copies never straddle training and test) and seeded; the
+  interval resamples copy clusters of the out-of-fold predictions (stratified, paired: both
+  models on the same resample), so it reflects the records, not refitting; the likelihood-ratio
+  p compares the two models fitted on records (copies collapsed: the test assumes independent
+  observations; χ², one degree of freedom).  Null simulations shaped like the demo
+  (tests/test_calibration.py) keep both the interval's claims and p < 0.05 under 7%.  Positive
+  gain with its interval above 0: the signal carries information about the outcome that length
+  and loss do not.
 
 scikit-learn is imported only inside ``cv_gain`` (seconds on a busy machine; pages that do not
 need it stay quick).
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gnq_core.analysis.clusters import effective_records, records, too_few
 from gnq_core.analysis.predictive import (
     LEVEL,
     RESAMPLES,
@@ -81,20 +86,26 @@ class WithinLength:
     strata: int     # strata scored (holding both outcomes)
     pairs: int      # positive × negative pairs compared
     merged: int     # lengths merged into a neighbour because they had one outcome (``merge=True``)
+    note: str = ""  # "too few: ..." when the records are too few for a result
 
 
 def within_length_auc(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, *,
                       resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL,
-                      merge: bool = False) -> WithinLength:
+                      merge: bool = False, groups: np.ndarray | None = None,
+                      min_records: int = 0) -> WithinLength:
     """Pair-weighted AUC within exact token length (see the module docstring), on the texts with
     a finite score and length, with a percentile bootstrap interval.  The resamples draw texts
     from all lengths at once (stratified by outcome only, ``stratified_weights``: two signals on
     the same texts get the same resamples), so a length's pairs vary between resamples as they
     would between samples; resampling each length on its own held its tiny counts fixed and
-    covered 0.5 for a random signal in 60% of samples of 300 texts (nominal 95%)."""
+    covered 0.5 for a random signal in 60% of samples of 300 texts (nominal 95%).  ``groups``
+    (copy clusters): whole clusters are resampled and the interval is expanded for the effective
+    number of records (analysis.clusters); with fewer than ``min_records`` positive or negative
+    records among the scored strata, no number (``note`` says why)."""
     s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     n_len = np.asarray(lengths, dtype=float)
     keep = np.isfinite(s) & np.isfinite(n_len)
+    g = None if groups is None else np.asarray(groups)[keep]
     s, y, n_len = s[keep], y[keep], n_len[keep]
     strata = length_strata(n_len, y, merge)
     merged = int(len(np.unique(n_len)) - len(np.unique(strata[strata >= 0]))) if len(n_len) else 0
@@ -103,8 +114,12 @@ def within_length_auc(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarra
     if not parts:
         return WithinLength(math.nan, math.nan, math.nan, 0, 0, merged)
     pairs = np.array([y[p].sum() * (~y[p]).sum() for p in parts], dtype=float)
+    scored = np.any(parts, axis=0)
+    few = too_few(y[scored], None if g is None else g[scored], min_records) if min_records else ""
+    if few:
+        return WithinLength(math.nan, math.nan, math.nan, len(parts), int(pairs.sum()), merged, few)
     aucs = np.array([metrics_matrix(s[p], y[p], fpr_levels=(), fractions=())["auc"][0] for p in parts])
-    weights = stratified_weights(y, resamples, seed)
+    weights = stratified_weights(y, resamples, seed, g)
     boot = []
     for rows in np.array_split(weights, max(1, resamples * len(y) // _CELLS)):
         num, den = np.zeros(len(rows)), np.zeros(len(rows))
@@ -117,7 +132,8 @@ def within_length_auc(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarra
             den += resampled_pairs
         boot.append(num / np.where(den > 0, den, np.nan))
     values = np.concatenate(boot)
-    lo, hi = interval(values[np.isfinite(values)], level)
+    k = effective_records(y[scored], None if g is None else g[scored])
+    lo, hi = interval(values[np.isfinite(values)], level, k)
     return WithinLength(float(pairs @ aucs / pairs.sum()), lo, hi, len(parts), int(pairs.sum()), merged)
 
 
@@ -159,58 +175,109 @@ def _model():
     return LogisticRegression(C=1e4, max_iter=2000)
 
 
-def _out_of_fold(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[np.ndarray, float]:
-    """Out-of-fold predicted log-odds and the all-texts log-likelihood of one model on ``x``."""
-    from sklearn.model_selection import StratifiedKFold
+def _out_of_fold(x: np.ndarray, y: np.ndarray, seed: int, groups: np.ndarray | None = None) -> np.ndarray:
+    """Out-of-fold predicted log-odds of one model on ``x``; folds stratified by outcome and, with
+    ``groups``, grouped by copy cluster (scikit-learn's StratifiedGroupKFold: the copies of a
+    record are never split between training and test)."""
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 
     if x.shape[1] == 0:  # nothing varies: the base rate
-        p = y.mean()
-        return np.zeros(len(y)), float(len(y) * (p * math.log(p) + (1 - p) * math.log(1 - p)))
+        return np.zeros(len(y))
     pred = np.zeros(len(y))
+    splitter = (StratifiedKFold(FOLDS, shuffle=True, random_state=seed) if groups is None
+                else StratifiedGroupKFold(FOLDS, shuffle=True, random_state=seed))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # convergence chatter under (near) separation
-        for train, test in StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, y):
+        warnings.simplefilter("ignore")  # convergence chatter under (near) separation; uneven group folds
+        for train, test in splitter.split(x, y, groups):
             pred[test] = _model().fit(x[train], y[train]).decision_function(x[test])
+    return pred
+
+
+def _log_likelihood(x: np.ndarray, y: np.ndarray) -> float:
+    """The log-likelihood of the model on ``x`` fitted to all of ``x`` (the base rate without columns)."""
+    if x.shape[1] == 0:
+        p = y.mean()
+        return float(len(y) * (p * math.log(p) + (1 - p) * math.log(1 - p)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         full = _model().fit(x, y)
     prob = np.clip(full.predict_proba(x)[:, 1], 1e-12, 1 - 1e-12)
-    return pred, float(np.sum(np.where(y, np.log(prob), np.log(1 - prob))))
+    return float(np.sum(np.where(y, np.log(prob), np.log(1 - prob))))
+
+
+def _by_record(groups: np.ndarray | None, *columns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The columns with copies collapsed to one record (mean; the outcome, a bool column: any)."""
+    if groups is None:
+        return columns
+    _, codes = np.unique(groups, return_inverse=True)
+    codes = codes.ravel()
+    counts = np.bincount(codes).astype(float)
+    out = []
+    for c in columns:
+        if c.dtype == bool:
+            hit = np.zeros(len(counts), dtype=bool)
+            np.logical_or.at(hit, codes, c)
+            out.append(hit)
+        else:
+            out.append(np.bincount(codes, weights=c) / counts)
+    return tuple(out)
+
+
+def lr_p(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, base_extra: list[np.ndarray],
+         groups: np.ndarray | None = None) -> float:
+    """Likelihood-ratio p of adding ``scores`` to [length spline, ``base_extra``] (χ², 1 df), fitted
+    on records: copies collapsed to one (mean values, positive when any copy is), because the test
+    assumes independent observations and copies are not."""
+    from scipy.stats import chi2
+
+    s, y, n_len, *extra = _by_record(groups, scores, labels, lengths, *base_extra)
+    ll_base = _log_likelihood(_design(n_len, list(extra)), y)
+    ll_full = _log_likelihood(_design(n_len, [*extra, s]), y)
+    return float(chi2.sf(max(0.0, 2 * (ll_full - ll_base)), df=1))
 
 
 def cv_gain(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None, *,
             resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL,
-            signal_is_loss: bool = False, cache: dict | None = None) -> Gain:
+            signal_is_loss: bool = False, cache: dict | None = None, groups: np.ndarray | None = None,
+            min_records: int = 0) -> Gain:
     """The cross-validated AUC gain of ``scores`` over [length spline + ``loss``] (see the module
     docstring), on the texts where score, length, outcome (and loss) are all known.
     ``signal_is_loss``: the base is the length spline alone.  ``cache``: a dict shared by calls
-    on the same texts (the base model is fitted once per set of texts scored)."""
-    from scipy.stats import chi2
-
+    on the same texts (the base model is fitted once per set of texts scored).  ``groups`` (copy
+    clusters): folds grouped by cluster, the interval a cluster bootstrap expanded for the
+    effective number of records, the LR test on records; fewer than ``min_records`` positive or
+    negative records: no number, ``note`` says why."""
     s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     n_len = np.asarray(lengths, dtype=float)
     use_loss = loss is not None and not signal_is_loss
     lo_ = np.asarray(loss, dtype=float) if use_loss else np.zeros(len(s))
     keep = np.isfinite(s) & np.isfinite(n_len) & np.isfinite(lo_)
+    g = None if groups is None else np.asarray(groups)[keep]
     s, y, n_len, lo_ = s[keep], y[keep], n_len[keep], lo_[keep]
     base = "length spline + loss" if use_loss else "length spline"
     n = len(y)
-    if min(int(y.sum()), int((~y).sum())) < FOLDS:
+    pos, neg = records(y, g)
+    if min(pos, neg) < FOLDS:
         return Gain(*(math.nan,) * 6, n, base,
-                    note=f"needs at least {FOLDS} texts of each outcome "
-                         f"(has {int(y.sum())} and {int((~y).sum())})")
+                    note=f"needs at least {FOLDS} independent records of each outcome "
+                         f"(has {pos} and {neg})")
+    few = too_few(y, g, min_records) if min_records else ""
+    if few:
+        return Gain(*(math.nan,) * 6, n, base, note=few)
     base_extra = [lo_] if use_loss else []
-    key = (keep.tobytes(), y.tobytes(), use_loss, seed, resamples)
+    key = (keep.tobytes(), y.tobytes(), None if g is None else g.tobytes(), use_loss, seed, resamples)
     if cache is not None and key in cache:
-        pred_base, ll_base, auc_base, b_base = cache[key]
+        pred_base, auc_base, b_base = cache[key]
     else:
-        pred_base, ll_base = _out_of_fold(_design(n_len, base_extra), y, seed)
+        pred_base = _out_of_fold(_design(n_len, base_extra), y, seed, g)
         auc_base = float(metrics_matrix(pred_base, y, fpr_levels=(), fractions=())["auc"][0])
-        # same labels and seed below: the same resamples for both models (paired)
-        b_base = bootstrap(pred_base, y, resamples, seed, fpr_levels=(), fractions=())["auc"]
+        # same labels, groups and seed below: the same resamples for both models (paired)
+        b_base = bootstrap(pred_base, y, resamples, seed, g, fpr_levels=(), fractions=())["auc"]
         if cache is not None:
-            cache[key] = pred_base, ll_base, auc_base, b_base
-    pred_full, ll_full = _out_of_fold(_design(n_len, [*base_extra, s]), y, seed)
+            cache[key] = pred_base, auc_base, b_base
+    pred_full = _out_of_fold(_design(n_len, [*base_extra, s]), y, seed, g)
     auc_full = float(metrics_matrix(pred_full, y, fpr_levels=(), fractions=())["auc"][0])
-    b_full = bootstrap(pred_full, y, resamples, seed, fpr_levels=(), fractions=())["auc"]
-    lo, hi = interval(b_full - b_base, level)
-    p = float(chi2.sf(max(0.0, 2 * (ll_full - ll_base)), df=1))
+    b_full = bootstrap(pred_full, y, resamples, seed, g, fpr_levels=(), fractions=())["auc"]
+    lo, hi = interval(b_full - b_base, level, effective_records(y, g))
+    p = lr_p(s, y, n_len, base_extra, g)
     return Gain(auc_full - auc_base, lo, hi, auc_base, auc_full, p, n, base)

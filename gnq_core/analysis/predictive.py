@@ -14,9 +14,12 @@ length, the combined verdict's risk...) against a binary outcome (``extracted``)
   texts (k ≥ 1).  Texts tied at the cut share the remaining places in expectation (as a random
   tie-break would on average), so a constant signal gets exactly the base rate.
 
-Every number comes with a bootstrap interval: ``resamples`` stratified resamples (extracted and
-kept texts resampled separately, so every resample has both), seeded; the percentile interval at
-``level``.  The same seed and class sizes give the same resamples for every signal, so two
+Every number comes with an interval (analysis/clusters.py, issue 36): ``resamples`` stratified
+resamples of copy clusters (extracted and kept records resampled separately, so every resample
+has both; a record's copies drawn together), seeded; the expanded percentile interval at
+``level`` for the AUC, Wilson over the effective number of records for the rates (TPR,
+precision).  Below ``MIN_RECORDS`` independent positive or negative records a row holds no
+number, only "too few".  The same seed and class sizes give the same resamples for every signal, so two
 signals scored on the same texts are compared *paired*.  Length is controlled next to the raw
 AUC by the AUC within exact token length, pair-weighted (analysis.length_control: a short text is
 easier to reproduce, so length alone can predict extraction; a signal that only tracks length
@@ -37,6 +40,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from gnq_core.analysis.clusters import (
+    MIN_RECORDS,
+    TOO_FEW,
+    UNIT_RECORDS,
+    UNIT_TEXTS,
+    cluster_weights,
+    collapse,
+    effective_records,
+    expanded_level,
+    groups_of,
+    kish,
+    records,
+    too_few,
+    wilson,
+)
 
 OUTCOME = "extracted"
 FPR_LEVELS = (0.001, 0.01, 0.10)
@@ -91,6 +110,8 @@ class Predictive:
     level: float
     outcome: str
     stratified: pd.DataFrame = field(default_factory=pd.DataFrame)  # per signal (``stratified_table``)
+    unit: str = UNIT_TEXTS        # what a row counts: texts (copies resampled together) or records
+    min_records: int = MIN_RECORDS
     boot_auc: dict[tuple[str, str], np.ndarray] = field(repr=False, default_factory=dict)
     rows_of: dict[tuple[str, str], tuple[int, ...]] = field(repr=False, default_factory=dict)
 
@@ -100,8 +121,21 @@ class Predictive:
                 f"AUC: P(an extracted text scores higher than a kept one, ties ½) in the stated direction. "
                 f"TPR at x% FPR: largest share of extracted texts caught while flagging at most x% of the "
                 f"kept ones. Precision at top q: share extracted among the round(q·n) highest-scoring texts "
-                f"(ties at the cut shared in expectation). Intervals: {self.level:.0%} percentile intervals "
-                f"over {self.resamples} stratified bootstrap resamples (seed {self.seed}). " + LENGTH_METHOD)
+                f"(ties at the cut shared in expectation). Unit: {self.unit}"
+                + (" (copies collapsed to one record)" if self.unit == UNIT_RECORDS else
+                   " (copies of one record resampled together)")
+                + f". {interval_method(self.resamples, self.seed, self.level, self.min_records)} "
+                + LENGTH_METHOD)
+
+
+def interval_method(resamples: int, seed: int, level: float, min_records: int = MIN_RECORDS) -> str:
+    """How every interval of analysis/ is made, in words."""
+    return (f"Intervals: {level:.0%} expanded percentile intervals (widened for few records: "
+            f"sqrt(k/(k-1))·t with k the effective number of records) over {resamples} bootstrap resamples "
+            f"of copy clusters, stratified by outcome (seed {seed}); rates (TPR, precision): Wilson score "
+            f"intervals over the effective number of records; a record with copies is one independent "
+            f"observation. With fewer than {min_records} independent positive or negative records a "
+            f"number is shown as \"{TOO_FEW}\", not as a result.")
 
 
 LENGTH_METHOD = ("Length control: the AUC within exact token length, pair-weighted (only an extracted and a "
@@ -191,32 +225,48 @@ def top_k(n: int, fraction: float) -> int:
     return max(1, min(n, int(math.floor(fraction * n + 0.5))))
 
 
-def stratified_weights(labels: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+def stratified_weights(labels: np.ndarray, resamples: int, seed: int,
+                       groups: np.ndarray | None = None) -> np.ndarray:
     """resamples × n counts: each resample draws the extracted texts from the extracted ones and
-    the kept from the kept (with replacement), so every resample keeps both class sizes."""
-    y = np.asarray(labels, dtype=bool)
-    n = len(y)
-    rng = np.random.default_rng(seed)
-    drawn = [members[rng.integers(0, len(members), (resamples, len(members)))]
-             for members in (np.flatnonzero(y), np.flatnonzero(~y)) if len(members)]
-    flat = (np.concatenate(drawn, axis=1) + n * np.arange(resamples)[:, None]).ravel()
-    return np.bincount(flat, minlength=resamples * n).reshape(resamples, n).astype(float)
+    the kept from the kept (with replacement), so every resample keeps both class sizes; with
+    ``groups`` (copy clusters) it draws whole clusters (``clusters.cluster_weights``)."""
+    return cluster_weights(labels, groups, resamples, seed)
 
 
 def bootstrap(scores: np.ndarray, labels: np.ndarray, resamples: int = RESAMPLES, seed: int = 0,
-              **kwargs) -> dict[str, np.ndarray]:
-    """``metrics_matrix`` over stratified resamples of one sample (in memory-bounded chunks)."""
-    weights = stratified_weights(labels, resamples, seed)
+              groups: np.ndarray | None = None, **kwargs) -> dict[str, np.ndarray]:
+    """``metrics_matrix`` over stratified resamples of one sample (in memory-bounded chunks);
+    ``groups``: resample copy clusters, not texts."""
+    weights = stratified_weights(labels, resamples, seed, groups)
     chunk = max(1, _CELLS // max(1, len(weights[0])))
     parts = [metrics_matrix(scores, labels, weights[i:i + chunk], **kwargs)
              for i in range(0, resamples, chunk)]
     return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
-def interval(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    tail = (1 - level) / 2 * 100
+def interval(samples: np.ndarray, level: float = LEVEL, records: float = math.inf) -> tuple[float, float]:
+    """The percentile interval of bootstrap ``samples``; with ``records`` (the effective number of
+    independent records on the rarer side, ``clusters.effective_records``) the expanded percentile
+    interval, wider for few records (``clusters.expanded_level``)."""
+    tail = (1 - expanded_level(level, records)) / 2 * 100
     lo, hi = np.percentile(samples, [tail, 100 - tail])
     return float(lo), float(hi)
+
+
+def metric_interval(key: str, value: float, boot: np.ndarray, scores: np.ndarray, labels: np.ndarray,
+                    groups: np.ndarray | None, level: float = LEVEL) -> tuple[float, float]:
+    """The interval of one metric of ``metrics_matrix``: for a rate (``tpr@…``: a share of the
+    positives; ``precision@…``: a share of the top-ranked texts) the Wilson interval over the
+    effective number of records it is a share of (``clusters.wilson``); for the AUC the expanded
+    percentile interval of the cluster-bootstrap ``boot``."""
+    y = np.asarray(labels, dtype=bool)
+    if key.startswith("tpr@"):
+        return wilson(value, kish(None if groups is None else groups[y], int(y.sum())), level)
+    if key.startswith("precision@"):
+        k = top_k(len(y), float(key[len("precision@"):]))
+        top = np.argsort(-np.asarray(scores, dtype=float), kind="stable")[:k]
+        return wilson(value, kish(None if groups is None else groups[top], k), level)
+    return interval(boot, level, effective_records(y, groups))
 
 
 def rate_interval(outcomes: Sequence[bool] | np.ndarray, resamples: int | None = None,
@@ -243,65 +293,86 @@ def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float
 # ----------------------------------------------------------------------------------------- tables
 def evaluate(frame: pd.DataFrame, *, outcome: str = OUTCOME, resamples: int = RESAMPLES, seed: int = 0,
              level: float = LEVEL, signals: Sequence[Signal] | None = None,
-             fpr_levels: Sequence[float] = FPR_LEVELS) -> Predictive:
+             fpr_levels: Sequence[float] = FPR_LEVELS, unit: str = UNIT_TEXTS,
+             min_records: int = MIN_RECORDS) -> Predictive:
     """The predictive-power table of every signal in ``frame`` against ``outcome`` over all texts,
     and next to it (``stratified``) the AUC within exact token length.  Rows whose outcome is
     missing (not attacked) are left out; each signal is scored on the rows where it has a value
-    (``n`` says how many)."""
+    (``n`` says how many).  Copies (``cluster_id``) are resampled together; ``unit`` "records":
+    copies collapsed to one record first (``clusters.collapse``).  With fewer than
+    ``min_records`` independent positive or negative records a row holds no number, only its
+    ``note`` ("too few: ...")."""
     if resamples < 10:
         raise ValueError("resamples must be at least 10 for an interval")
     attacked = frame[frame[outcome].notna()] if outcome in frame.columns else frame.iloc[0:0]
+    if unit == UNIT_RECORDS:
+        attacked = collapse(attacked, (outcome,))
     chosen = list(signals) if signals is not None else signals_in(attacked)
-    result = Predictive(table=pd.DataFrame(), resamples=resamples, seed=seed, level=level, outcome=outcome)
+    result = Predictive(table=pd.DataFrame(), resamples=resamples, seed=seed, level=level, outcome=outcome,
+                        unit=unit, min_records=min_records)
     rows = []
     y_all = attacked[outcome].astype(bool).to_numpy()
+    groups_all = groups_of(attacked)
     for signal in chosen:
         score = oriented(attacked[signal.column], signal)
         keep = np.isfinite(score)
-        y, s = y_all[keep], score[keep]
-        row: dict = {"scope": ALL, "signal": signal.column, "label": signal.label,
+        y, s, groups = y_all[keep], score[keep], groups_all[keep]
+        row: dict = {"scope": ALL, "unit": unit, "signal": signal.column, "label": signal.label,
                      "direction": "higher" if signal.higher_means_extracted else "lower",
-                     "n": int(keep.sum()), "extracted": int(y.sum())}
-        if 0 < y.sum() < len(y):
+                     "n": int(keep.sum()), "extracted": int(y.sum()), "records": records(y, groups)[0]}
+        few = too_few(y, groups, min_records) if 0 < y.sum() < len(y) else ""
+        if few:
+            row["note"] = few
+        elif 0 < y.sum() < len(y):
             point = {k: float(v[0]) for k, v in metrics_matrix(s, y, fpr_levels=fpr_levels).items()}
-            boot = bootstrap(s, y, resamples, seed, fpr_levels=fpr_levels)
+            boot = bootstrap(s, y, resamples, seed, groups, fpr_levels=fpr_levels)
             for key, value in point.items():
                 row[key] = value
-                row[f"{key} lo"], row[f"{key} hi"] = interval(boot[key], level)
+                row[f"{key} lo"], row[f"{key} hi"] = metric_interval(key, value, boot[key], s, y, groups,
+                                                                     level)
             result.boot_auc[(ALL, signal.column)] = boot["auc"]
             result.rows_of[(ALL, signal.column)] = tuple(attacked.index[keep])
         rows.append(row)
     columns = _columns(fpr_levels)
     result.table = pd.DataFrame(rows, columns=columns) if rows else pd.DataFrame(columns=columns)
     result.stratified = stratified_table(attacked, chosen, outcome=outcome, resamples=resamples, seed=seed,
-                                         level=level)
+                                         level=level, min_records=min_records)
     return result
 
 
 STRATIFIED_COLUMNS = ["signal", "label", "auc", "auc lo", "auc hi", "stratified auc", "stratified lo",
-                      "stratified hi", "strata", "pairs"]
+                      "stratified hi", "strata", "pairs", "records", "note"]
 
 
 def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], *, outcome: str = OUTCOME,
-                     resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL) -> pd.DataFrame:
+                     resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL,
+                     min_records: int = MIN_RECORDS) -> pd.DataFrame:
     """Per signal: the raw AUC over all attacked texts next to the AUC within exact token length,
-    pair-weighted (``length_control.within_length_auc``), both with intervals.  Without an
-    ``n_tokens`` column every text has one length, so then the two agree."""
+    pair-weighted (``length_control.within_length_auc``), both with cluster-bootstrap intervals
+    (copies by ``cluster_id``).  Without an ``n_tokens`` column every text has one length, so
+    then the two agree."""
     from gnq_core.analysis.length_control import within_length_auc
 
     y = attacked[outcome].astype(bool).to_numpy() if len(attacked) else np.zeros(0, dtype=bool)
     lengths = (pd.to_numeric(attacked["n_tokens"], errors="coerce").to_numpy(dtype=float)
                if "n_tokens" in attacked.columns else np.zeros(len(attacked)))
+    groups = groups_of(attacked)
     rows = []
     for signal in signals:
         score = oriented(attacked[signal.column], signal)
         keep = np.isfinite(score)
-        row: dict = {"signal": signal.column, "label": signal.label}
-        if 0 < y[keep].sum() < keep.sum():
-            raw = bootstrap(score[keep], y[keep], resamples, seed, fpr_levels=(), fractions=())["auc"]
+        row: dict = {"signal": signal.column, "label": signal.label,
+                     "records": records(y[keep], groups[keep])[0]}
+        few = too_few(y[keep], groups[keep], min_records)
+        if few and 0 < y[keep].sum() < keep.sum():
+            row["note"] = few
+        elif 0 < y[keep].sum() < keep.sum():
+            raw = bootstrap(score[keep], y[keep], resamples, seed, groups[keep], fpr_levels=(),
+                            fractions=())["auc"]
             row["auc"] = float(metrics_matrix(score[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
-            row["auc lo"], row["auc hi"] = interval(raw, level)
-            w = within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level)
+            row["auc lo"], row["auc hi"] = interval(raw, level, effective_records(y[keep], groups[keep]))
+            w = within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level,
+                                  groups=groups, min_records=min_records)
             row |= {"stratified auc": w.auc, "stratified lo": w.lo, "stratified hi": w.hi,
                     "strata": w.strata, "pairs": w.pairs}
         rows.append(row)
@@ -314,7 +385,7 @@ def display_stratified(result: Predictive, digits: int = 2) -> pd.DataFrame:
 
     def cell(row: pd.Series, point: str, lo: str, hi: str) -> str:
         if pd.isna(row.get(point)):
-            return "n/a"
+            return TOO_FEW if _is_too_few(row) else "n/a"
         return f"{row[point]:.{digits}f} [{row[lo]:.{digits}f}, {row[hi]:.{digits}f}]"
 
     return pd.DataFrame({
@@ -324,7 +395,13 @@ def display_stratified(result: Predictive, digits: int = 2) -> pd.DataFrame:
             cell(r, "stratified auc", "stratified lo", "stratified hi") for _, r in table.iterrows()],
         "lengths scored": [fmt_int(v) for v in table["strata"]],
         "pairs": [fmt_int(v) for v in table["pairs"]],
+        "positive records": [fmt_int(v) for v in table["records"]],
     }).reset_index(drop=True)
+
+
+def _is_too_few(row: pd.Series) -> bool:
+    note = row.get("note")
+    return isinstance(note, str) and note.startswith(TOO_FEW)
 
 
 def fmt_int(value) -> str:
@@ -336,8 +413,8 @@ def _metrics(fpr_levels: Sequence[float] = FPR_LEVELS) -> list[str]:
 
 
 def _columns(fpr_levels: Sequence[float] = FPR_LEVELS) -> list[str]:
-    return ["scope", "signal", "label", "direction", "n", "extracted",
-            *(c for m in _metrics(fpr_levels) for c in (m, f"{m} lo", f"{m} hi"))]
+    return ["scope", "unit", "signal", "label", "direction", "n", "extracted", "records",
+            *(c for m in _metrics(fpr_levels) for c in (m, f"{m} lo", f"{m} hi")), "note"]
 
 
 METRICS = _metrics()
@@ -373,14 +450,15 @@ def _display(result: Predictive, table: pd.DataFrame, digits: int, with_scope: b
 
     def cell(row: pd.Series, metric: str) -> str:
         if pd.isna(row.get(metric)):
-            return "n/a"
+            return TOO_FEW if _is_too_few(row) else "n/a"
         lo, hi = row[f"{metric} lo"], row[f"{metric} hi"]
         return f"{row[metric]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
     out = pd.DataFrame({"signal": table["label"],
                         "direction": table["direction"].map({"higher": "higher = extracted",
                                                              "lower": "lower = extracted"}),
-                        "texts": table["n"], "extracted": table["extracted"]})
+                        result.unit: table["n"], "extracted": table["extracted"],
+                        "independent positives (records)": table["records"]})
     for metric in (m for m in _metrics(_fpr_levels_of(result.table)) if m in table.columns):
         out[metric_title(metric)] = [cell(r, metric) for _, r in table.iterrows()]
     if with_scope:
@@ -401,12 +479,20 @@ def best_signal_sentence(result: Predictive, scope: str = ALL) -> str:
     if scored.empty:
         n = int(table["n"].max()) if len(table) else 0
         k = int(table["extracted"].max()) if len(table) else 0
+        few = table[[_is_too_few(r) for _, r in table.iterrows()]]
+        if len(few):
+            r = few.iloc[0]
+            return (f"Too few independent records to score any signal: {k} of {n} attacked {result.unit} "
+                    f"were extracted, {int(r['records'])} independent record(s) once copies count once; a "
+                    f"result needs at least {result.min_records} positive and {result.min_records} negative "
+                    "records.")
         return (f"No signal can be scored here: {k} of {n} attacked texts were extracted, and an AUC needs "
                 "both extracted and kept texts.")
     best = scored.iloc[0]
     pct = f"{result.level:.0%}"
-    words = [f"{best['label']} predicts extraction best (AUC {_ci(best)}, {pct} bootstrap interval; "
-             f"{int(best['extracted'])} of {int(best['n'])} texts extracted)"]
+    words = [f"{best['label']} predicts extraction best (AUC {_ci(best)}, {pct} cluster-bootstrap interval; "
+             f"{int(best['extracted'])} of {int(best['n'])} {result.unit} extracted, "
+             f"{int(best['records'])} independent records)"]
     if len(scored) > 1:
         second = scored.iloc[1]
         words[0] += f"; next is {second['label']} ({_ci(second)})"
@@ -438,6 +524,8 @@ def within_length_sentence(result: Predictive, columns: Sequence[str] | None = N
     the two best signals over all texts and text length itself (0.5 by construction)."""
     table = result.stratified
     scored = table[table["stratified auc"].notna()] if len(table) else table
+    if scored.empty and len(table) and any(_is_too_few(r) for _, r in table.iterrows()):
+        return f"Within exact token length: {TOO_FEW} independent records to score."
     if scored.empty:
         return ("Within exact token length no signal can be scored (no length holds both an extracted "
                 "and a kept text, even after merging neighbouring lengths).")

@@ -1,10 +1,13 @@
 """Everything ``gnq report`` states about a run, computed once (one computation, several views):
 the HTML report, ``gnq report --json`` and the dashboard's Extraction and Runs pages read it.
 
-``RunReport.to_json()`` follows the schema ``gnq-report/1`` (docs/DESIGN.md §8, "The report's
+``RunReport.to_json()`` follows the schema ``gnq-report/2`` (docs/DESIGN.md §8, "The report's
 JSON"): provenance (λ, loss convention, batch size, seed, model and dataset identity, code
 version, attack rule), what GNQ is on this run, the record-level GNQ of each copy cluster, and
-one row per outcome × signal × scope of analysis.evidence.
+one row per outcome × unit × signal × scope of analysis.evidence.  Version 2 (issue 36): every
+row states its ``unit`` (texts or records: copies collapsed), ``independent_positives`` (and
+negatives: records, copies once), ``too_few`` (then no estimate, only the note), and its
+intervals resample copy clusters.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import gnq_nature
 from gnq_core.analysis import predictive as pr
@@ -24,7 +28,7 @@ from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts, risk_basis
 from gnq_core.results.store import Run, Store
 
-SCHEMA = "gnq-report/1"
+SCHEMA = "gnq-report/2"
 
 
 @dataclass
@@ -52,7 +56,8 @@ class RunReport:
             "provenance": {k: v for k, v in self.provenance},
             "method": {"evidence": ev.method(self.resamples, self.seed, self.level),
                        "resamples": self.resamples, "seed": self.seed, "level": self.level,
-                       "fpr_levels": list(ev.FPR_LEVELS), "gnq_source": self.gnq_source},
+                       "fpr_levels": list(ev.FPR_LEVELS), "gnq_source": self.gnq_source,
+                       "units": list(cl.UNITS), "min_records": cl.MIN_RECORDS},
             "gnq_on_this_run": {k: v for k, v in self.nature.items()},
             "verdict": {"risk_basis": self.risk_basis},
             "record_gnq": self.records.to_dict(orient="records"),
@@ -62,8 +67,11 @@ class RunReport:
 
 def _row(r: dict) -> dict:
     """One evidence row as JSON: estimates as {value, lo, hi}; only the numbers its scope has."""
-    keys = ("outcome", "positive", "signal", "label", "direction", "scope", "n", "positives")
+    keys = ("outcome", "positive", "unit", "signal", "label", "direction", "scope", "n", "positives")
     out = {k: r[k] for k in keys}
+    out["independent_positives"] = r["records"]
+    out["independent_negatives"] = r["negative records"]
+    out["too_few"] = isinstance(r.get("note"), str) and r["note"].startswith(cl.TOO_FEW)
     if r["scope"] in (ev.SCOPE_ALL, ev.SCOPE_LENGTH):
         out["auc"] = _est(r, "auc")
     if r["scope"] == ev.SCOPE_ALL:
@@ -112,6 +120,7 @@ def provenance(store: Store, run: Run, attacks: pd.DataFrame) -> list[tuple[str,
         ("model", run.model_path), ("model hash", row.get("model_hash")), ("dataset", run.dataset_path),
         ("dataset hash", run.dataset_hash), ("code version", row.get("code_version")),
         ("device", row.get("device")), ("dtype", row.get("dtype")),
+        ("mixed precision", run.settings.get("mixed_precision", "no")),
         ("created", str(row.get("created_at"))), ("updated", str(row.get("updated_at"))),
     ]
     if not attacks.empty:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gnq_core.results.precision import precision_note
 from gnq_core.results.store import Run, Store
 
 
@@ -31,7 +32,14 @@ def signal_frame(store: Store, run: Run, totals: pd.DataFrame | None = None) -> 
 
 
 def gnq_provenance(store: Store, run: Run) -> str:
-    """Where the run's GNQ columns come from, in one sentence."""
+    """Where the run's GNQ columns come from, in one sentence (and one more when the run's gradients
+    were half precision)."""
+    note = precision_note(run.settings)
+    text = _source(store, run)
+    return text if note is None else f"{text} Note: {note}."
+
+
+def _source(store: Store, run: Run) -> str:
     if run.kind == "train":
         return (f"GNQ was computed in-run while run {run.name!r} trained: GNQ_total is the in-run "
                 "accumulated GNQ.")

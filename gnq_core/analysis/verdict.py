@@ -27,9 +27,13 @@ What each signal means, and so how they combine (no weights fitted to any data s
   **From evidence** (issue 25): when the run has its own ground truth (an attack with at least
   ``MIN_PER_OUTCOME`` extracted and kept texts), ``risk`` is the mean of the components that
   validate on it — exposure, calibrated membership, low loss — chosen by cross-validation: the
-  texts are split into ``FOLDS`` folds (seeded), and a text's risk uses the components whose AUC
-  against extraction exceeds ``VALID_AUC`` on the *other* folds, so no text's own outcome chooses
-  its risk.  Otherwise the default above.  ``risk_basis`` says which was used, in words.
+  texts are split into ``FOLDS`` folds (seeded) *grouped by copy cluster* (``cluster_id``: the
+  copies of a record always share a fold, and folds are balanced over positive and negative
+  records), and a text's risk uses the components whose AUC against extraction exceeds
+  ``VALID_AUC`` on the *other* folds, so neither a text's own outcome nor a copy's chooses its
+  risk (per-text folds let a copy's outcome choose: on null data with copies the chosen risk
+  scored AUC 0.58, issue 36).  ``MIN_PER_OUTCOME`` counts independent records (copies once).
+  Otherwise the default above.  ``risk_basis`` says which was used, in words.
 
 The order is leaked (secret-like first), then secret-like, then the rest, each by ``risk``:
 ``verdict_score`` = 2·extracted + 1·secret + risk encodes exactly that.  ``rank`` 1 is the text
@@ -41,9 +45,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis.clusters import groups_of, records
+
 VERDICT_COLUMNS = ["rank", "percentile", "status", "reason", "risk", "verdict_score"]
 FOLDS = 5
-MIN_PER_OUTCOME = 5       # extracted and kept texts each, for the run's own outcome to choose
+MIN_PER_OUTCOME = 5       # extracted and kept records each (copies once), for the run's own outcome to choose
 VALID_AUC = 0.55          # a component validates when it beats chance by this margin on the other folds
 COMPONENT_WORDS = {"exposure": "exposure (GNQ percentile, or 1 − 1/copies)",
                    "membership": "calibrated membership (loss ratio, zlib ratio, Min-K%)",
@@ -158,10 +164,12 @@ def _validated_risk(totals: pd.DataFrame, parts: dict[str, pd.Series],
     outcome = totals["extracted"].astype("boolean")
     known = outcome.notna()
     y = outcome[known].astype(bool)
-    if min(int(y.sum()), int((~y).sum())) < MIN_PER_OUTCOME:
-        return None, default + f" (fewer than {MIN_PER_OUTCOME} extracted or kept texts)"
+    groups = pd.Series(groups_of(totals), index=totals.index)[y.index]
+    if min(records(y.to_numpy(), groups.to_numpy())) < MIN_PER_OUTCOME:
+        return None, default + (f" (fewer than {MIN_PER_OUTCOME} extracted or kept records, copies "
+                                "counted once)")
     candidates = {k: v for k, v in parts.items() if v.notna().any()}
-    folds = pd.Series(np.random.default_rng(seed).permutation(len(y)) % FOLDS, index=y.index)
+    folds = grouped_folds(y, groups, seed)
 
     def chosen_on(rows: pd.Index) -> list[str]:
         return [k for k, v in candidates.items() if _auc(v[rows], y[rows]) > VALID_AUC]
@@ -181,9 +189,23 @@ def _validated_risk(totals: pd.DataFrame, parts: dict[str, pd.Series],
         return None, (f"default: no component beat AUC {VALID_AUC} against this run's extraction outcome "
                       "on the cross-validation folds")
     return risk.fillna(0.0), (
-        "validated on this run's extraction outcome (cross-validated, " + f"{FOLDS} folds): the mean of "
+        "validated on this run's extraction outcome (cross-validated, " + f"{FOLDS} folds grouped by copy "
+        "cluster, so copies of a text never choose each other's components): the mean of "
         + ", ".join(COMPONENT_WORDS[n] for n in used) + f" — the components with AUC > {VALID_AUC} on the "
         "other folds")
+
+
+def grouped_folds(y: pd.Series, groups: pd.Series, seed: int = 0) -> pd.Series:
+    """A fold 0..FOLDS−1 per text (index of ``y``): whole copy clusters are dealt to the folds in a
+    seeded random order, the positive clusters (any copy extracted) first and then the rest, so
+    the copies of a record share a fold and every fold gets its share of both outcomes."""
+    rng = np.random.default_rng(seed)
+    positive = y.groupby(groups).any()
+    fold_of: dict = {}
+    for side in (positive[positive].index, positive[~positive].index):
+        order = rng.permutation(len(side))
+        fold_of |= {side[i]: (len(fold_of) + j) % FOLDS for j, i in enumerate(order)}
+    return groups.map(fold_of).astype(int)
 
 
 def _mean_of(candidates: dict[str, pd.Series], names: list[str], rows: pd.Index) -> pd.Series:

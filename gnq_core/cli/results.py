@@ -64,7 +64,7 @@ def report(
     run: str = typer.Option(..., help="Run name or id."),
     out: Path = typer.Option(None, help="HTML file to write (one self-contained file; opens offline)."),
     json_out: Path = typer.Option(None, "--json", help="JSON file to write: every table of the run "
-                                                       "(schema gnq-report/1, docs/DESIGN.md §8)."),
+                                                       "(schema gnq-report/2, docs/DESIGN.md §8)."),
     top: int = typer.Option(50, min=1, help="Rows of the verdict table."),
     resamples: int = typer.Option(1000, min=10, help="Bootstrap resamples of the predictive-power "
                                                      "intervals."),

@@ -106,6 +106,13 @@ def audit(
     tokenizer: Path = typer.Option(None, help="Read the tokenizer from this folder (checkpoints saved "
                                               "without one; Trainer(..., processing_class=tokenizer) "
                                               "saves it)."),
+    base_model: Path = typer.Option(None, "--base-model", show_default=False,
+                                    help="The checkpoints are PEFT adapters (adapter_config.json, e.g. a "
+                                         "Trainer run of a LoRA model): the model folder they were trained "
+                                         "from. GNQ is over the adapter's parameters, as in-run."),
+    merge_adapter: bool = typer.Option(False, "--merge-adapter",
+                                       help="With --base-model: GNQ over all parameters of the merged model "
+                                            "instead of the adapter's (not comparable with in-run GNQ)."),
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
@@ -121,7 +128,9 @@ def audit(
     _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
                       group_column=group_column, settings=settings,
                       tokenizer=str(tokenizer) if tokenizer else None,
-                      non_members=str(non_members) if non_members else None, reference=reference), db, quiet)
+                      non_members=str(non_members) if non_members else None, reference=reference,
+                      base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter),
+             db, quiet)
 
 
 @app.command()

@@ -34,6 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.assignment import assign_kernels, describe
 from gnq_core.engine.batch import BatchDimensionError, batch_first_outputs, leading_dim, model_family
+from gnq_core.engine.compiled import check_not_compiled
 from gnq_core.engine.coverage import Coverage
 from gnq_core.engine.first_batch import FirstBatch
 from gnq_core.engine.frontier import backward_targets, depends_on
@@ -43,6 +44,7 @@ from gnq_core.engine.grams import inner
 from gnq_core.engine.kernels import Contribution, UnsupportedModuleError, can_fuse
 from gnq_core.engine.kernels.base import hooks_are_suspended
 from gnq_core.engine.pass_state import Call, Hooked, PassState
+from gnq_core.engine.recompute import in_backward, is_duplicate, note_forward_call, shared_before
 from gnq_core.engine.representations import DEFAULT_MEMORY_BUDGET, Rep
 from gnq_core.engine.solve import (
     LAM_ABSOLUTE,
@@ -113,6 +115,7 @@ class GNQAuditor:
         lam_mode: str = LAM_ABSOLUTE,
     ) -> None:
         check_lam_mode(lam_mode)
+        check_not_compiled(model)  # hooks and probes need eager modules: refused before any is added
         if not lam > 0:
             raise ValueError(f"lam must be > 0, got {lam}")
         if path not in ("auto", "ghost", "materialize"):
@@ -206,6 +209,8 @@ class GNQAuditor:
     def _on_pre_forward(self, h: Hooked, module, args, kwargs=None) -> None:
         # kwargs=None: a hook removed by the first batch's plan while this module's pre-hooks ran
         if self._enabled and not hooks_are_suspended() and torch.is_grad_enabled():
+            if in_backward() and (self._pass is None or is_duplicate(self._pass, module, count=False)):
+                return  # a checkpoint's recomputation of a call already captured
             h.kernel.before(module, args, kwargs or {})
 
     def _on_forward(self, h: Hooked, module, args, kwargs, output):
@@ -221,9 +226,9 @@ class GNQAuditor:
         diff = [i for i, o in enumerate(flat_out) if isinstance(o, torch.Tensor) and o.requires_grad]
         if not diff:
             return None
-        if torch._C._current_graph_task_id() != -1:
-            raise RuntimeError("GNQAuditor: a module ran its forward inside a backward pass "
-                               "(activation checkpointing), which is not supported yet")
+        recomputing = in_backward()  # activation checkpointing (engine/recompute.py)
+        if recomputing and (self._pass is None or is_duplicate(self._pass, module)):
+            return None
         p = self._pass or self._start_pass(leading_dim(args, kwargs))
         B = p.batch_size
         expanded = batch_first_outputs(flat_out, diff, B, self.model, h.name, module)
@@ -237,6 +242,8 @@ class GNQAuditor:
         call = Call(h, saved, [(flat_out[i].shape, flat_out[i].dtype, flat_out[i].device) for i in diff],
                     [None] * len(diff))
         p.register(call)
+        if not recomputing:
+            note_forward_call(p, module)
         for k, i in enumerate(diff):
             flat_out[i].register_hook(functools.partial(self._on_grad, p, call, k))
         if not expanded:
@@ -281,8 +288,11 @@ class GNQAuditor:
         if self._enabled and not hooks_are_suspended() and torch.is_grad_enabled():
             p = self._pass or self._start_pass(leading_dim(args, kwargs))
             shared = any(pid in p.used_beyond_lookups for pid in h.param_ids)
-            request = FuseRequest(p.batch_size, tuple(h.params), self._path, self._budget, shared,
-                                  functools.partial(self._fused_call, h, p))
+            sink = functools.partial(self._fused_call, h, p)
+            if in_backward() and is_duplicate(p, module):  # the same function again, recording nothing
+                sink = functools.partial(self._dead_sink, h, p)
+                shared = shared_before(p, h.param_ids, module)  # as the forward's call saw it
+            request = FuseRequest(p.batch_size, tuple(h.params), self._path, self._budget, shared, sink)
             out = h.kernel.fused_forward(module, args, kwargs, request)
             if out is not NotImplemented:
                 return out
@@ -292,8 +302,14 @@ class GNQAuditor:
         """Register a call that reports to the auditor from its own backward (no output hook)."""
         call = Call(h, None, [], [])
         p.register(call)
+        note_forward_call(p, h.module)
         self._fused_now.add(id(h.module))
         return FusedSink(p, call, self._is_current, self._workspace)
+
+    def _dead_sink(self, h: Hooked, p: PassState) -> FusedSink:
+        """A checkpoint's recomputation of a call already captured: its backward never runs."""
+        self._fused_now.add(id(h.module))
+        return FusedSink(p, Call(h, None, [], []), lambda _: False, self._workspace)
 
     def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device, slot: str = "fused"
                    ) -> torch.Tensor:

@@ -55,6 +55,7 @@ from torch import nn
 
 from gnq_core.engine.auditor import GNQAuditor, GNQResult
 from gnq_core.engine.batch import BatchDimensionError
+from gnq_core.engine.compiled import check_not_compiled
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,
     DenseFactor,
@@ -148,6 +149,7 @@ class DistributedGNQAuditor(GNQAuditor):
         if scope == "global" and fused:
             raise ValueError("fused=True forms each layer's Gram inside autograd, on the rank's own "
                              "examples only; use scope='rank' or fused=False")
+        check_not_compiled(model)  # before any process group or hook is made
         self.scope = scope
         self.strategy = strategy
         self._comm = _Comm.create(group) if scope == "global" else _Comm.single()

@@ -91,6 +91,10 @@ class PassState:
     # outputs of input-end modules, with their version when the hook saw them and their module
     frontier: list[tuple[torch.Tensor, int, list[torch.Tensor]]] = field(default_factory=list)
     used_beyond_lookups: set[int] = field(default_factory=set)  # params used by non-lookup calls
+    # activation checkpointing: calls registered by each module's forward before the backward, and
+    # the recomputations of them seen inside the backward so far (engine/recompute.py)
+    forward_calls: Counter = field(default_factory=Counter)
+    recomputed: Counter = field(default_factory=Counter)
     deferred: dict[tuple, list[torch.Tensor]] = field(default_factory=dict)  # narrow G, one Gram later
     acc: dict[tuple, torch.Tensor] = field(default_factory=dict)  # fused Grams by (dtype, device, upper)
     norms: list[NormRecord] = field(default_factory=list)  # norm layers' factors, batched at compute()

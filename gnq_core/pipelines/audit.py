@@ -35,6 +35,7 @@ from gnq_core.progress import Reporter
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
 from gnq_core.results.store import Run, Store
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype
+from gnq_core.sources.adapters import Adapters, adapter_hash, check_adapter, load_adapter_checkpoint
 from gnq_core.sources.checkpoints import (
     CheckpointRef,
     check_checkpoint,
@@ -52,20 +53,23 @@ COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partit
 
 def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float, device: torch.device,
                   reporter: Reporter | None = None, indices: Iterable[int] | None = None,
-                  capacity: int = 1024, *, loss: str = TOKEN_MEAN, lam_mode: str = LAM_ABSOLUTE
-                  ) -> tuple[ScoreColumns, list[BatchResult]]:
+                  capacity: int = 1024, *, loss: str = TOKEN_MEAN, lam_mode: str = LAM_ABSOLUTE,
+                  trainable_only: bool = False) -> tuple[ScoreColumns, list[BatchResult]]:
     """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights,
     and the forward signals Min-K% / Min-K%++ (``membership.token_signals``) from the same logits.
 
     ``batches`` are consumed one at a time (a generator tokenises each as it is needed) and the
     texts' results go into numpy columns (``capacity``: the number of texts expected).
     ``indices``: the batches' numbers in the audit's partition (default 0, 1, ...); ``loss``:
-    the per-example loss convention; ``lam_mode``: λ absolute or relative to the batch's mean K_jj."""
+    the per-example loss convention; ``lam_mode``: λ absolute or relative to the batch's mean K_jj;
+    ``trainable_only``: GNQ over the parameters that already require gradients (a PEFT adapter's),
+    else over all of them."""
     texts, results = ScoreColumns(capacity, TOKEN_SIGNALS), []
     indices = itertools.count() if indices is None else indices
     model.eval()  # the gradient at a checkpoint, without dropout noise
-    for p in model.parameters():
-        p.requires_grad_(True)
+    if not trainable_only:
+        for p in model.parameters():
+            p.requires_grad_(True)
     with GNQAuditor(model, lam=lam, lam_mode=lam_mode, fused=False) as auditor:  # post hoc: no weight grads
         for index, batch in zip(indices, batches, strict=False):  # indices may be endless
             t0 = time.perf_counter()
@@ -87,7 +91,8 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
 def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef], dataset: TextDataset, *,
               name: str,
               settings: AuditSettings = AuditSettings(), reporter: Reporter | None = None,
-              ranks: Ranks | None = None, tokenizer: str | None = None) -> Run | None:
+              ranks: Ranks | None = None, tokenizer: str | None = None,
+              adapters: Adapters | None = None) -> Run | None:
     """Audit every checkpoint under ``checkpoints`` (a folder, or the checkpoints found there)
     into run ``name``; resumes an unfinished run.
 
@@ -96,11 +101,15 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
     of each checkpoint, and the lead writes the gathered rows — the rows one process writes.
     The next checkpoint is loaded in a thread while the current one is audited.  ``tokenizer``:
     a folder to read the tokenizer from, for checkpoints saved without one (recorded in the run's
-    settings, so its attack reads the texts alike).
+    settings, so its attack reads the texts alike).  ``adapters``: the checkpoints are PEFT
+    adapters of this base model (sources/adapters.py); GNQ over the adapter's parameters, or over
+    all parameters of the merged model.
     """
     reporter = reporter or Reporter()
     ranks = ranks or Ranks()
     tokenizer_dir = tokenizer  # the loop below binds each checkpoint's tokenizer to ``tokenizer``
+    if adapters is not None and tokenizer_dir is None:
+        tokenizer_dir = str(adapters.base)  # the base's tokenizer
     refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
     device = ranks.device(resolve_device(settings.device))
     dtype = resolve_dtype(settings.dtype)
@@ -108,7 +117,8 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
     if ranks.lead:
         assert store is not None, "the lead rank writes the rows: it needs the store"
         try:
-            run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter, tokenizer)
+            run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter, tokenizer,
+                                            adapters)
         except Exception as exc:
             ranks.broadcast(exc)  # the other ranks stop with the same one-line error
             raise
@@ -118,6 +128,11 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
 
     def load(point: int) -> tuple[torch.nn.Module, Any, str | None]:
         path = refs[point].path
+        if adapters is not None:
+            model, tok = load_adapter_checkpoint(path, adapters, device=device, dtype=dtype,
+                                                 tokenizer=tokenizer_dir)
+            _prepare_for_audit(model, dtype)
+            return model, tok, adapter_hash(path) if ranks.lead else None
         model, tok = load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer_dir)
         _prepare_for_audit(model, dtype)
         return model, tok, checkpoint_hash(path) if ranks.lead else None
@@ -133,7 +148,8 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
             upcoming = Prefetch(load, todo[n + 1]) if n + 1 < len(todo) else None
             ref = refs[point]
             texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
-                                          reporter, ranks)
+                                          reporter, ranks, trainable_only=adapters is not None
+                                          and not adapters.merged)
             del model
             if run is not None:
                 store.write_point(run.run_id, point, texts, results, time.perf_counter() - t0,
@@ -145,20 +161,32 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
 
 def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name: str,
              settings: AuditSettings, device: torch.device,
-             reporter: Reporter, tokenizer: str | None = None) -> tuple[Run, list[int], Partition]:
+             reporter: Reporter, tokenizer: str | None = None,
+             adapters: Adapters | None = None) -> tuple[Run, list[int], Partition]:
     """The run (created or resumed), the checkpoints still to audit and the batch partition,
     after every check."""
     spec = _run_spec(refs, dataset, name, settings, device)
+    if adapters is not None:
+        spec = replace(spec, settings=spec.settings | {"base_model": str(adapters.base.resolve()),
+                                                       "parameters": adapters.parameters})
     if tokenizer is not None:
         spec = replace(spec, settings=spec.settings | {"tokenizer": str(Path(tokenizer).resolve())})
     run = store.resumable_run(spec)
     finished = set() if run is None else set(store.points(run.run_id).query("status == 'done'")["point"])
-    for i, ref in enumerate(refs):  # a broken checkpoint still to audit is refused before anything is written
-        if i not in finished:
-            check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
-    check_one_series([Path(r.path) for r in refs], tokenizer)  # one tokenizer, one architecture
+    if adapters is not None:  # one base, each adapter checked against it
+        check_checkpoint(adapters.base, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
+        for i, ref in enumerate(refs):
+            if i not in finished:
+                check_adapter(ref.path, adapters.base)
+        model_path = adapters.base
+    else:
+        for i, ref in enumerate(refs):  # a broken checkpoint still to audit: refused before any write
+            if i not in finished:
+                check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
+        check_one_series([Path(r.path) for r in refs], tokenizer)  # one tokenizer, one architecture
+        model_path = refs[0].path
     if run is None:
-        n_tokens = token_counts(load_tokenizer(refs[0].path, tokenizer), dataset.texts, settings.max_length)
+        n_tokens = token_counts(load_tokenizer(model_path, tokenizer), dataset.texts, settings.max_length)
         examples = pd.DataFrame({"example_id": np.arange(len(dataset), dtype=np.int64), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": n_tokens})
         run = store.create_run(spec, pd.concat([examples, text_labels(dataset.texts)], axis=1))
@@ -191,7 +219,7 @@ def _prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
 
 def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, partition: Partition,
                  ref: CheckpointRef, settings: AuditSettings, device: torch.device, reporter: Reporter,
-                 ranks: Ranks) -> tuple[ScoreColumns, list[BatchResult]]:
+                 ranks: Ranks, trainable_only: bool = False) -> tuple[ScoreColumns, list[BatchResult]]:
     """This rank's batches of one checkpoint, tokenised batch by batch; on the lead, every rank's
     records in batch order."""
     mine = ranks.share(len(partition))
@@ -199,7 +227,7 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
     reporter.stage(f"{ref.label}", size)
     batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length)
     rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
-                         loss=settings.loss, lam_mode=settings.lam_mode)
+                         loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only)
     parts = ranks.gather(rows)
     if not ranks.lead:
         return rows

@@ -245,7 +245,8 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     """
     from gnq_core.progress import Reporter
     from gnq_core.runtime import code_version, resolve_device
-    from gnq_core.sources.checkpoints import TOKENIZER_FILES, load_checkpoint
+    from gnq_core.sources.adapters import load_model_at
+    from gnq_core.sources.checkpoints import TOKENIZER_FILES
     from gnq_core.sources.tokens import encode_texts
 
     reporter = reporter or Reporter()
@@ -257,15 +258,16 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
                      "attack is not calibrated; name a reference with --reference (a fine-tune: its base)")
     point, dev = int(row["point"]), resolve_device(device)
     tokenizer_dir = run.settings.get("tokenizer")  # checkpoints saved without one (gnq audit --tokenizer)
-    model, tokenizer = load_checkpoint(row["path"], device=dev, tokenizer=tokenizer_dir)
+    base = run.settings.get("base_model")  # an audit of PEFT adapter checkpoints: merged into it here
+    model, tokenizer = load_model_at(row["path"], base, device=dev, tokenizer=tokenizer_dir)
     examples = store.examples(run.run_id)
     texts = examples["text"].tolist()
     ids = encode_texts(tokenizer, texts, run.max_length)
     ref_model = None
     if ref_path is not None:
         own = any((Path(ref_path) / name).is_file() for name in TOKENIZER_FILES)
-        ref_model, ref_tokenizer = load_checkpoint(ref_path, device=dev,
-                                                   tokenizer=None if own else tokenizer_dir)
+        ref_model, ref_tokenizer = load_model_at(ref_path, base, device=dev,
+                                                 tokenizer=None if own else tokenizer_dir)
         _check_same_tokens(ref_path, ref_tokenizer, tokenizer, texts, run.max_length, ids)
     example_ids = examples["example_id"].tolist()
     kwargs = dict(prefix_tokens=prefix_tokens, threshold=threshold, batch_size=batch_size,

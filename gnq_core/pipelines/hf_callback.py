@@ -15,6 +15,7 @@ batch of the GNQ is and what the shard rows mean: DESIGN.md §7.
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
+from gnq_core.engine.compiled import check_no_compile_setting, check_not_compiled
 from gnq_core.engine.distributed import DistributedGNQAuditor, Scope, Strategy
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
@@ -34,12 +36,13 @@ from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import DEFAULT_WINDOW_BUDGET, WINDOW_MODES, WindowAuditor
 from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import Scores, score_batch
+from gnq_core.results.precision import observed_precision, precision_note, trainer_precision
 from gnq_core.results.records import MIN_BATCH_SIZE, RunSpec, TextResult, check_gnq_settings
 from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
 
-__all__ = ["GNQCallback", "GNQConfig", "GNQTrainer", "lm_collator"]
+__all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "lm_collator", "token_mean_objective"]
 
 EXAMPLE_ID = "example_id"
 GNQ_BATCHES = ("step", "micro-batch")
@@ -56,7 +59,7 @@ class GNQConfig:
     texts: Sequence[str] | None = None  # texts by example_id, for the store's examples table
     groups: Sequence[str | None] | None = None
     dataset_path: str = "(in memory)"
-    max_length: int | None = None  # recorded; default: the model's n_positions
+    max_length: int | None = None  # recorded; default: the model's max_position_embeddings
     db: str | Path | None = None  # ingest the shards into this store when training ends (rank 0)
     check_uses: bool = True
     # Sum the per-example gradients the audit forms into the weight gradient (gnq_core.engine.fused);
@@ -120,6 +123,9 @@ class GNQCallback(TrainerCallback):
         self._since_log: list[TextResult] = []
         self._pending: list[dict[str, Any]] = []  # the window's micro-batches so far (step mode)
         self.windows_without_gnq = 0  # windows of < 2 texts: no companions, GNQ NULL
+        self.precision: dict[str, str] = {}  # compute_dtype, mixed_precision (results/precision.py)
+        self.trainer_name = "transformers.Trainer (GNQTrainer)"  # recorded with the run
+        self._watch_precision: Any = None  # a forward hook on the output head until the first step
 
     def summaries(self) -> dict[str, float]:
         """GNQ since the last log, for the Trainer's own logging (W&B, TensorBoard, MLflow...):
@@ -159,9 +165,42 @@ class GNQCallback(TrainerCallback):
             self.auditor = DistributedGNQAuditor(model, lam=c.lam, scope=c.scope, strategy=c.strategy,
                                                  check_uses=c.check_uses, fused=self._fused)
         self.writer = ShardWriter(c.out, self.rank, self.world)
+        self.precision = trainer_precision(args, model)
+        self._watch_head(model)
         if self.rank == 0:
             examples = self._examples_frame()
-            self.meta = new_shard_folder(c.out, self._run_spec(args, model, examples), examples, self.world)
+            self.meta = new_shard_folder(c.out, self._run_spec(args, state, model, examples), examples,
+                                         self.world)
+
+    def _watch_head(self, model: torch.nn.Module) -> None:
+        """The precision the first training forward really ran in (a user's own autocast is in no
+        argument): read from the output head's output, then the hook is removed."""
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if head is None:
+            self._precision_known()
+            return
+
+        def seen(module, inputs, output):
+            if not (module.training and torch.is_tensor(output) and output.is_floating_point()):
+                return
+            self._watch_precision.remove()
+            self._watch_precision = None
+            autocast = torch.is_autocast_enabled(output.device.type)
+            self.precision = observed_precision(output, autocast, self.precision)
+            self._precision_known()
+
+        self._watch_precision = head.register_forward_hook(seen)
+
+    def _precision_known(self) -> None:
+        """Record the precision in run.json (rank 0) and say once when gradients were half precision."""
+        if self.meta is not None:
+            run = self.meta["run"]
+            run["dtype"] = self.precision["compute_dtype"]
+            run["settings"] |= self.precision
+            write_run_file(self.config.out, self.meta)
+        note = precision_note(self.precision)
+        if note is not None and self.rank == 0:
+            print(f"GNQ: {note}", file=sys.stderr)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         self.point, self.micro = self.point + 1, 0
@@ -183,6 +222,9 @@ class GNQCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.writer.flush()
+        if self._watch_precision is not None:
+            self._watch_precision.remove()
+            self._watch_precision = None
         if self.auditor is not None:
             self.auditor.close()
             self.auditor = None
@@ -292,26 +334,33 @@ class GNQCallback(TrainerCallback):
             rows.append((eid, text, group, len(row["input_ids"])))
         return pd.DataFrame(rows, columns=["example_id", "text", "grp", "n_tokens"])
 
-    def _run_spec(self, args, model, examples: pd.DataFrame) -> RunSpec:
+    def _run_spec(self, args, state, model, examples: pd.DataFrame) -> RunSpec:
         c = self.config
+        config = getattr(model, "config", None)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        positions = getattr(text_config, "max_position_embeddings", None)  # GPT-2 maps n_positions to it
+        steps = {"max_steps": args.max_steps} if args.max_steps > 0 else {}
+        epochs = state.num_train_epochs or args.num_train_epochs  # the Trainer's count under max_steps
         content = examples[["example_id", "text"]].to_json(orient="values")
         micro = args.per_device_train_batch_size
         return RunSpec(
             name=c.name or Path(c.out).resolve().name, kind="train", lam=c.lam,
             batch_size=self.batch_size, seed=args.seed,
-            max_length=c.max_length or int(getattr(model.config, "n_positions", 0) or 0),
+            max_length=c.max_length or (positions if isinstance(positions, int) else 0),
             model_path=str(args.output_dir), dataset_path=c.dataset_path,
             dataset_hash=hashlib.sha256(content.encode()).hexdigest(), n_examples=len(examples),
             code_version=code_version(), device=str(args.device),
-            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
-            settings={"trainer": "transformers.Trainer (GNQTrainer)", "scope": c.scope,
+            dtype=self.precision["compute_dtype"],
+            settings={"trainer": self.trainer_name, "scope": c.scope,
                       "strategy": c.strategy, "world_size": self.world,
                       "gnq_batch": self._gnq_batch_words(args),
                       **self._window_settings(args),
                       "per_device_train_batch_size": micro,
                       "gradient_accumulation_steps": args.gradient_accumulation_steps,
-                      "learning_rate": args.learning_rate, "epochs": args.num_train_epochs,
-                      "flush_every": c.flush_every,
+                      "learning_rate": args.learning_rate, "epochs": epochs,
+                      **steps,
+                      "flush_every": c.flush_every, **self.precision,
+                      "weights_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
                       "weight_gradients": "fused" if self._fused else "autograd"})
 
     @property
@@ -351,6 +400,20 @@ class GNQCallback(TrainerCallback):
 
 
 
+def token_mean_objective(gnq: GNQCallback, logits: torch.Tensor, labels: torch.Tensor,
+                         num_items_in_batch: Any = None) -> torch.Tensor:
+    """Σ_j n_j ℓ_j / N: the token-mean loss, from per-example losses (ℓ_j and the forward's
+    signals handed to ``gnq``; N: the Trainer's target count over the accumulation window)."""
+    losses = per_example_lm_loss(logits, labels)
+    counts = lm_target_counts(labels)
+    n = counts.to(losses.dtype)
+    total = num_items_in_batch if num_items_in_batch is not None else n.sum()
+    if torch.is_tensor(total):
+        total = total.to(device=losses.device, dtype=losses.dtype)
+    gnq.watch_losses(losses, counts, token_signals(logits, labels))
+    return (losses * n).sum() / total
+
+
 class GNQTrainer(Trainer):
     """``transformers.Trainer`` with in-run GNQ on every micro-batch (see the module doc)."""
 
@@ -359,6 +422,10 @@ class GNQTrainer(Trainer):
             raise ValueError("GNQTrainer computes the loss from per-example losses itself; "
                              "compute_loss_func cannot be combined with it")
         super().__init__(*args, compute_loss_func=self._objective, **kwargs)
+        plugin = getattr(getattr(self.accelerator, "state", None), "dynamo_plugin", None)
+        backend = getattr(getattr(plugin, "backend", None), "value", None)
+        check_no_compile_setting(bool(self.args.torch_compile), backend)
+        check_not_compiled(self.model)
         self.gnq = GNQCallback(gnq, self)
         self.add_callback(self.gnq)
 
@@ -375,16 +442,8 @@ class GNQTrainer(Trainer):
                                     num_items_in_batch=num_items_in_batch)
 
     def _objective(self, outputs, labels, num_items_in_batch=None) -> torch.Tensor:
-        """Σ_j n_j ℓ_j / N: the token-mean loss, from per-example losses."""
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        losses = per_example_lm_loss(logits, labels)
-        counts = lm_target_counts(labels)
-        n = counts.to(losses.dtype)
-        total = num_items_in_batch if num_items_in_batch is not None else n.sum()
-        if torch.is_tensor(total):
-            total = total.to(device=losses.device, dtype=losses.dtype)
-        self.gnq.watch_losses(losses, counts, token_signals(logits, labels))
-        return (losses * n).sum() / total
+        return token_mean_objective(self.gnq, logits, labels, num_items_in_batch)
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's logging, with GNQ's summaries since the last log added to a training log

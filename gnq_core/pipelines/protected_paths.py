@@ -53,12 +53,15 @@ def refuse_overwrite(targets: Iterable[str | Path], store: Store, *, inputs: Ite
 def verify_checkpoint(path: str | Path, expected_hash: object, what: str) -> None:
     """A checkpoint reused after it was recorded (attacked, resumed from) must be the one recorded:
     its weights' hash against the stored ``model_hash``; refused in one line when it differs."""
+    from gnq_core.sources.adapters import adapter_hash, is_adapter_checkpoint
     from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, checkpoint_hash
 
     if not isinstance(expected_hash, str) or not expected_hash:
         return  # recorded without a hash (older stores): nothing to compare with
-    if checkpoint_hash(path) != expected_hash:
-        check_checkpoint(path)  # a damaged file is named as such; else it is another model
+    adapter = is_adapter_checkpoint(path)
+    if (adapter_hash(path) if adapter else checkpoint_hash(path)) != expected_hash:
+        if not adapter:
+            check_checkpoint(path)  # a damaged file is named as such; else it is another model
         raise CheckpointError(f"{path}: {what} has changed since it was recorded (its weights' hash "
                               f"differs from the store's {expected_hash[:12]}…); restore it, or audit it "
                               "again as a new run")

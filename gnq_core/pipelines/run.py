@@ -97,7 +97,14 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     ranks = Ranks.from_env()
     _threads(job.threads)
     dataset = _texts(job, progress)
-    refs = find_checkpoints(job.checkpoints)
+    adapters = None
+    if job.base_model is not None:
+        from gnq_core.sources.adapters import Adapters, find_adapter_checkpoints
+
+        adapters = Adapters(Path(job.base_model), merged=job.merge_adapter)
+        refs = find_adapter_checkpoints(job.checkpoints)
+    else:
+        refs = find_checkpoints(job.checkpoints)
     name = job.name or Path(job.checkpoints).resolve().name
     outside = None
     if job.non_members:
@@ -109,7 +116,8 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
         outside = load_texts(Path(job.non_members), text_column=job.text_column)
         check_disjoint(dataset.texts, outside)  # refused before anything is written
     if not ranks.lead:  # rank 0 alone opens the store and reports
-        run_audit(None, refs, dataset, name=name, settings=job.settings, ranks=ranks, tokenizer=job.tokenizer)
+        run_audit(None, refs, dataset, name=name, settings=job.settings, ranks=ranks, tokenizer=job.tokenizer,
+                  adapters=adapters)
         ranks.finish()
         return []
     assert store is not None, "the lead rank writes the rows: it needs the store"
@@ -117,7 +125,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     t0 = time.perf_counter()
     with progress.reporter(run_ref(store, name)) as reporter:
         run = run_audit(store, refs, dataset, name=name, settings=job.settings, reporter=reporter,
-                        ranks=ranks, tokenizer=job.tokenizer)
+                        ranks=ranks, tokenizer=job.tokenizer, adapters=adapters)
     ranks.finish()
     _warn_unscored(store, run, progress)
     said = [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(store.points(run.run_id))} "

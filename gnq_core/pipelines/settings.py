@@ -44,6 +44,9 @@ def _finite(value: object, option: str, low: float = 0.0) -> None:
              f"{option} must be a finite number ≥ {low:g}, got {value!r}")
 
 
+FULL_PRECISION = ("float32", "float64")  # what --dtype takes (its --help says so)
+
+
 @dataclass(frozen=True)
 class AuditSettings:
     """How GNQ is measured (also the part of ``TrainSettings`` that says it)."""
@@ -70,6 +73,9 @@ class AuditSettings:
         _whole(self.max_length, "--max-length", 2)
         check_loss_convention(self.loss), check_lam_mode(self.lam_mode)
         _require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
+        _require(self.dtype in FULL_PRECISION, f"--dtype must be {' or '.join(FULL_PRECISION)}, got "
+                                               f"{self.dtype!r} (checkpoints saved in bf16/fp16 are read "
+                                               "into it)")
         resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
 
 
@@ -122,9 +128,16 @@ class AuditJob(_TextsJob):
     reference: str | None = None  # "first" or a model folder: reference loss of members and non-members
     threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
     tokenizer: str | None = None  # a folder with the tokenizer, for checkpoints saved without one
+    base_model: str | None = None  # the checkpoints are PEFT adapters of this model (sources/adapters.py)
+    merge_adapter: bool = False  # GNQ over all parameters of the merged model, not the adapter's
 
     def __post_init__(self) -> None:
         _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
+        _require(not self.merge_adapter or self.base_model is not None,
+                 "--merge-adapter applies to adapter checkpoints: give their base model with --base-model")
+        _require(self.base_model is None or self.non_members is None,
+                 "--non-members with --base-model (adapter checkpoints) is not supported yet: audit the "
+                 "non-members as their own run with --base-model")
 
 
 @dataclass(frozen=True)

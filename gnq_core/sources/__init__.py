@@ -4,6 +4,7 @@ secret-like content — each checked, a bad one refused in one line naming the f
 from gnq_core._lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
+    ".adapters": ("Adapters", "check_adapter", "find_adapter_checkpoints"),
     ".checkpoints": ("CheckpointError", "CheckpointRef", "check_checkpoint", "checkpoint_hash",
                      "find_checkpoints", "load_checkpoint", "max_positions", "save_checkpoint"),
     ".copies": ("find_copies",),

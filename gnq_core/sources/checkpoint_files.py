@@ -31,6 +31,8 @@ from gnq_core.sources.links import LinkError, check_folder_links
 from gnq_core.sources.weight_checks import nonfinite_config_field
 
 CONFIG_NAME = "config.json"
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter checkpoint (sources/adapters.py)
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 SAFE_WEIGHTS = "model.safetensors"
@@ -307,3 +309,10 @@ def _config_vocab_size(config: Any) -> int | None:
         if isinstance(size, int):
             return size
     return None
+
+
+# The helpers other source modules may use (sources/adapters.py), under public names.
+folder_error = _error
+load_config = _load_config
+read_chunks = _read_chunks
+reason = _reason

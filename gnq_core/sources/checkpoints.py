@@ -30,6 +30,7 @@ from gnq_core.sources.checkpoint_checks import (  # noqa: F401 (TOKENIZER_HINT: 
 )
 from gnq_core.sources.checkpoint_files import (  # noqa: F401 (re-exported: the names' old path)
     _IN_PROGRESS,
+    ADAPTER_CONFIG,
     CONFIG_NAME,
     PICKLE_INDEX,
     PICKLE_WEIGHTS,
@@ -113,6 +114,9 @@ def find_checkpoints(directory: str | Path) -> list[CheckpointRef]:
     if not numbered and not unnumbered:
         if top_level:
             return [itself]
+        if (root / ADAPTER_CONFIG).is_file() or any((sub / ADAPTER_CONFIG).is_file() for sub in entries):
+            raise _error(directory, f"holds PEFT adapter checkpoints ({ADAPTER_CONFIG}), not full models: "
+                                    "give the base model they were trained from with --base-model PATH")
         raise _error(directory, "no checkpoint folders (no config.json here or in any subfolder)")
 
     numbered.sort(key=lambda t: (t[0], t[1]))

@@ -150,7 +150,8 @@ def run(ctx: StudyContext, model: Path | None = None) -> Path:
 
 
 def _claim(table: pd.DataFrame, signal: str, scope: str) -> pd.Series | None:
-    part = table[(table["signal"] == signal) & (table["scope"] == scope)]
+    part = table[(table["signal"] == signal) & (table["scope"] == scope)
+                 & (table["unit"] == "texts" if "unit" in table.columns else True)]
     return part.iloc[0] if len(part) else None
 
 

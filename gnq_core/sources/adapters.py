@@ -1,0 +1,217 @@
+"""PEFT adapter checkpoints (LoRA and the other adapters PEFT saves): found, checked against a
+base model and loaded onto it, for post-hoc audits.
+
+A Trainer run of a ``PeftModel`` saves ``checkpoint-*/`` with ``adapter_config.json`` and
+``adapter_model.safetensors`` and no full model.  GNQ of such a checkpoint is measured over the
+adapter's trainable parameters (``Adapters(merged=False)``): the quantity ``GNQTrainer`` measures
+in-run on the same PeftModel, so in-run and post-hoc numbers of one run compare.  With
+``merged=True`` the adapter is merged into the base and GNQ is over all parameters of the merged
+model (a far larger quantity: every base weight's gradient counts).
+
+Like checkpoint folders, adapter folders are untrusted: the config is JSON, the weights are read
+from safetensors only (a pickled ``adapter_model.bin`` is refused), nothing is fetched.  Every
+problem is one ``CheckpointError`` line naming the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gnq_core.sources.checkpoint_files import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    CONFIG_NAME,
+    CheckpointError,
+    CheckpointRef,
+    folder_error,
+    load_config,
+    read_chunks,
+    reason,
+)
+
+__all__ = ["Adapters", "adapter_hash", "check_adapter", "find_adapter_checkpoints", "is_adapter_checkpoint",
+           "load_adapter_checkpoint", "load_model_at"]
+
+_TRAILING_NUMBER = re.compile(r"(\d+)$")
+PEFT_HINT = "pip install 'gnq-audit[peft]' (or pip install peft)"
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """How adapter checkpoints are audited: the base model folder they were trained from, and
+    whether GNQ is over the adapter's parameters (False) or all parameters of the merged model."""
+
+    base: Path
+    merged: bool = False
+
+    @property
+    def parameters(self) -> str:
+        return "merged model" if self.merged else "adapter"
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise CheckpointError(f"PEFT adapter checkpoints need the peft package: {PEFT_HINT}") from None
+    return peft
+
+
+def is_adapter_folder(folder: Path) -> bool:
+    return (folder / ADAPTER_CONFIG).is_file()
+
+
+def is_adapter_checkpoint(path: str | Path) -> bool:
+    """A PEFT adapter checkpoint: an adapter_config.json and no full model's config.json."""
+    folder = Path(path)
+    return is_adapter_folder(folder) and not (folder / CONFIG_NAME).is_file()
+
+
+def find_adapter_checkpoints(directory: str | Path) -> list[CheckpointRef]:
+    """The adapter checkpoints in ``directory`` in training order: its subfolders with an
+    adapter_config.json by the number their name ends with (checkpoint-2 before checkpoint-10),
+    the unnumbered ones after; the folder itself when it is one and has none.  A Trainer's final
+    save at the top of its output folder counts only when it differs from the last checkpoint."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise folder_error(root, "no such directory" if not root.exists() else "not a directory")
+    root = root.resolve()
+    try:
+        subs = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                       and is_adapter_folder(p)), key=lambda p: p.name)
+    except OSError as exc:
+        raise folder_error(root, f"cannot list the directory ({reason(exc)})") from exc
+    numbered = sorted(((int(m.group(1)), p) for p in subs if (m := _TRAILING_NUMBER.search(p.name))),
+                      key=lambda t: (t[0], t[1].name))
+    unnumbered = [p for p in subs if not _TRAILING_NUMBER.search(p.name)]
+    refs = [CheckpointRef(label=p.name, path=p, order=n) for n, p in numbered]
+    start = numbered[-1][0] + 1 if numbered else 0
+    refs += [CheckpointRef(label=p.name, path=p, order=start + i) for i, p in enumerate(unnumbered)]
+    if is_adapter_folder(root) and (not refs or adapter_hash(root) != adapter_hash(refs[-1].path)):
+        refs.append(CheckpointRef(label=root.name, path=root, order=(refs[-1].order + 1) if refs else 0))
+    if not refs:
+        raise folder_error(root, f"no adapter checkpoints (no {ADAPTER_CONFIG} here or in any subfolder)")
+    return refs
+
+
+def _adapter_files(folder: Path) -> tuple[dict[str, Any], Path]:
+    """The adapter's config (JSON) and its safetensors weights, or a CheckpointError."""
+    try:
+        raw = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise folder_error(folder / ADAPTER_CONFIG, f"cannot read the config ({reason(exc)})") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get("peft_type"), str):
+        raise folder_error(folder / ADAPTER_CONFIG, "not a PEFT adapter config (no peft_type)")
+    weights = folder / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        pickled = (folder / "adapter_model.bin").is_file()
+        why = " (adapter_model.bin is pickled and not read: save with safe_serialization=True)"
+        raise folder_error(folder, f"no {ADAPTER_WEIGHTS}" + (why if pickled else ""))
+    return raw, weights
+
+
+def adapter_hash(folder: str | Path) -> str:
+    """sha256 over adapter_config.json and adapter_model.safetensors: the adapter's identity."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for file in (folder / ADAPTER_WEIGHTS, folder / ADAPTER_CONFIG):
+        try:
+            digest.update(file.name.encode() + b"\0" + file.stat().st_size.to_bytes(8, "little"))
+            for chunk in read_chunks(file):
+                digest.update(chunk)
+        except OSError as exc:
+            raise folder_error(file, f"cannot read ({reason(exc)})") from exc
+    return digest.hexdigest()
+
+
+def _peft_config(folder: Path, raw: dict[str, Any]) -> Any:
+    peft = _peft()
+    try:
+        config_class = peft.PEFT_TYPE_TO_CONFIG_MAPPING[raw["peft_type"]]
+    except KeyError:
+        raise folder_error(folder / ADAPTER_CONFIG, f"unknown PEFT type {raw['peft_type']!r}") from None
+    try:
+        return config_class.from_peft_type(**raw)
+    except Exception as exc:
+        raise folder_error(folder / ADAPTER_CONFIG,
+                     f"not a valid {raw['peft_type']} config ({reason(exc)})") from exc
+
+
+def check_adapter(folder: str | Path, base: str | Path) -> None:
+    """The adapter fits the base (checked with ``check_checkpoint`` on its own): PEFT wraps a
+    weightless (meta) copy of the base with the adapter's config, and every stored adapter tensor
+    must be one the wrapped model has, with its shape, and none missing.  Cheap: no weights read."""
+    folder, base = Path(folder), Path(base)
+    raw, weights = _adapter_files(folder)
+    config = _peft_config(folder, raw)
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    except Exception as exc:
+        raise folder_error(weights, f"cannot read the adapter weights ({reason(exc)})") from exc
+    peft = _peft()
+    mismatch = f"does not fit the base model {base}"
+    try:
+        with torch.device("meta"):
+            model = peft.get_peft_model(AutoModelForCausalLM.from_config(load_config(base)), config)
+    except (ValueError, KeyError, RuntimeError, TypeError) as exc:
+        raise folder_error(folder, f"{mismatch} ({reason(exc)}); give the model it was trained from with "
+                             "--base-model") from exc
+    expected = {k: tuple(v.shape) for k, v in peft.get_peft_model_state_dict(model).items()}
+    unknown = sorted(set(stored) - set(expected))
+    shapes = sorted(k for k in set(stored) & set(expected) if stored[k] != expected[k])
+    missing = sorted(set(expected) - set(stored))
+    for keys, what in ((unknown, "has no place for"), (shapes, "has other shapes for"), (missing, "misses")):
+        if keys:
+            more = f" (+{len(keys) - 2} more)" if len(keys) > 2 else ""
+            raise folder_error(folder, f"{mismatch}: it {what} {', '.join(keys[:2])}{more}; give the model "
+                                 "it was trained from with --base-model")
+
+
+def load_adapter_checkpoint(folder: str | Path, adapters: Adapters, *, device: torch.device | str = "cpu",
+                            dtype: torch.dtype | None = None, tokenizer: str | Path | None = None,
+                            ) -> tuple[torch.nn.Module, Any]:
+    """The base model with the adapter of ``folder`` applied, in eval mode on ``device`` in
+    ``dtype``, and the base's tokenizer (or ``tokenizer``'s).  Unmerged: only the adapter's
+    parameters require gradients (GNQ over them); merged: every parameter of the merged model does."""
+    from gnq_core.sources.checkpoints import load_checkpoint
+
+    folder = Path(folder)
+    _adapter_files(folder)
+    model, tok = load_checkpoint(adapters.base, device=device, dtype=dtype, tokenizer=tokenizer)
+    peft = _peft()
+    try:
+        wrapped = peft.PeftModel.from_pretrained(model, str(folder), is_trainable=True,
+                                                 autocast_adapter_dtype=False)
+    except Exception as exc:
+        raise folder_error(folder, f"cannot apply the adapter to {adapters.base} ({reason(exc)})") from exc
+    wrapped.to(device=device, dtype=dtype or next(model.parameters()).dtype)
+    if adapters.merged:
+        merged = wrapped.merge_and_unload()
+        for p in merged.parameters():
+            p.requires_grad_(True)
+        return merged.eval(), tok
+    return wrapped.eval(), tok
+
+
+def load_model_at(path: str | Path, base: str | None, *, device: torch.device | str = "cpu",
+                  dtype: torch.dtype | None = None, tokenizer: str | Path | None = None,
+                  ) -> tuple[torch.nn.Module, Any]:
+    """A full checkpoint, or an adapter checkpoint merged into ``base`` (a run's
+    ``settings["base_model"]``): for what reads a model's outputs only (an attack's decoding)."""
+    from gnq_core.sources.checkpoints import load_checkpoint
+
+    if base is not None and is_adapter_checkpoint(path):
+        return load_adapter_checkpoint(path, Adapters(Path(base), merged=True), device=device, dtype=dtype,
+                                       tokenizer=tokenizer)
+    return load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer)

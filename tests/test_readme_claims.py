@@ -1,0 +1,170 @@
+"""README's "What GNQ tells you": every number it cites is read here from a committed report's JSON,
+formatted as the README writes it, and must appear in that section (issue 36).  A report rerun
+with other numbers, or a README edit that drifts from the reports, fails this test."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@cache
+def section() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("## What GNQ tells you")
+    end = text.index("\n## ", start + 3)
+    return " ".join(text[start:end].replace("−", "-").split())  # the README's minus sign; one line
+
+
+@cache
+def report(path: str) -> dict:
+    return json.loads((ROOT / "reports" / path).read_text(encoding="utf-8"))
+
+
+def one(rows: list[dict], **match) -> dict:
+    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    assert len(found) == 1, (match, len(found))
+    return found[0]
+
+
+def ci(value: float, lo: float, hi: float, fmt: str = ".2f") -> str:
+    return f"{value:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def row_ci(r: dict, key: str = "auc", fmt: str = ".2f") -> str:
+    """A flat row ("auc", "auc lo", "auc hi"), or a gnq-report row ({value, lo, hi})."""
+    v = r[key]
+    if isinstance(v, dict):
+        return ci(v["value"], v["lo"], v["hi"], fmt)
+    return ci(v, r[f"{key} lo"], r[f"{key} hi"], fmt)
+
+
+# ---------------------------------------------------------------------------------------- reports
+def real_model(signal: str) -> str:
+    r = one(report("real-model/results.json")["membership"], signal=signal)
+    return r["AUC [95% CI]"]
+
+
+def real_model_extraction(signal: str) -> str:
+    r = one(report("real-model/results.json")["extraction"], scope="all texts", signal=signal)
+    return f"{r['auc']:.2f}"
+
+
+def ck_real(outcome: str, signal: str, scope: str, key: str = "auc") -> str:
+    r = one(report("common-knowledge-real/results.json")["evidence"], outcome=outcome, signal=signal,
+            scope=scope)
+    return row_ci(r, key, "+.3f" if key == "gain" else ".2f")
+
+
+def spearman(path: str, column: str) -> str:
+    r = one(report(path)["spearman"], column=column)
+    return row_ci(r, "rho")
+
+
+def demo(run: str, positive: str, signal: str, scope: str, unit: str, key: str = "auc") -> str:
+    r = one(report(f"demo/{run}.json")["tables"], positive=positive, signal=signal, scope=scope, unit=unit)
+    assert not r["too_few"], r.get("note")
+    return row_ci(r, key, "+.3f" if key == "cv_auc_gain" else ".2f")
+
+
+def demo_records(run: str, positive: str) -> str:
+    """"N of M texts ... K independent records": the counts the README cites for an outcome."""
+    r = one(report(f"demo/{run}.json")["tables"], positive=positive, signal="gnq_total", scope="all",
+            unit="texts")
+    return f"{r['positives']} of {r['n']} texts, {r['independent_positives']} records"
+
+
+def demo_count(run: str, positive: str) -> int:
+    return one(report(f"demo/{run}.json")["tables"], positive=positive, signal="gnq_total", scope="all",
+               unit="texts")["independent_positives"]
+
+
+def demo_too_few(run: str, positive: str) -> str:
+    rows = [r for r in report(f"demo/{run}.json")["tables"] if r["positive"] == positive]
+    assert rows and all(r["too_few"] for r in rows)
+    return "too few"
+
+
+def demo_nature(run: str) -> str:
+    n = report(f"demo/{run}.json")["gnq_on_this_run"]
+    return f"share explained {100 * n['explained_median']:.1f}%"
+
+
+CLAIMS: dict[str, Callable[[], str]] = {
+    "real-model λ·GNQ/K_jj median":
+        lambda: f"{report('real-model/results.json')['gnq_lambda_over_kjj_median']:.2f}",
+    "common-knowledge Spearman(GNQ, K_jj)":
+        lambda: f"{report('common-knowledge/results.json')['gnq_vs_self_influence']['spearman']:.3f}",
+    "common-knowledge-real λ·GNQ/K_jj median":
+        lambda: f"{report('common-knowledge-real/results.json')['gnq_lambda_over_kjj_median']:.2f}",
+    "demo share explained": lambda: demo_nature("demo-audit"),
+    "real-model membership loss": lambda: real_model("loss"),
+    "real-model membership Min-K%++": lambda: real_model("Min-K%++"),
+    "real-model membership loss ratio": lambda: real_model("loss ratio to the base model"),
+    "real-model membership GNQ": lambda: real_model("GNQ (post hoc, last checkpoint)"),
+    "real-model membership K_jj": lambda: real_model("gradient norm² ‖g‖² (K_jj)"),
+    "membership ρ GNQ_total": lambda: spearman("membership/results.json", "gnq_total"),
+    "membership ρ K_jj": lambda: spearman("membership/results.json", "self_influence"),
+    "membership-canaries ρ GNQ_total": lambda: spearman("membership-canaries/results.json", "gnq_total"),
+    "membership-canaries ρ Min-K%": lambda: spearman("membership-canaries/results.json", "min_k"),
+    "real-model extraction loss (point)": lambda: real_model_extraction("loss_last"),
+    "real-model extraction GNQ_total (point)": lambda: real_model_extraction("gnq_total"),
+    "demo extraction counts": lambda: demo_records("demo-audit", "extracted"),
+    "demo extraction too few": lambda: demo_too_few("demo-audit", "extracted"),
+    "demo secret-like counts": lambda: demo_records("demo-training", "group = secret"),
+    "demo secret-like gain per text": lambda: demo("demo-training", "group = secret", "gnq_total",
+                                                   "over length + loss", "texts", "cv_auc_gain"),
+    "demo secret-like gain per record": lambda: demo("demo-training", "group = secret", "gnq_total",
+                                                     "over length + loss", "records", "cv_auc_gain"),
+    "demo canary records": lambda: f"{demo_count('demo-training', 'group = canary')} canary records",
+    "demo common GNQ_last gain per record": lambda: demo("demo-audit", "group = common", "gnq_last",
+                                                         "over length + loss", "records", "cv_auc_gain"),
+    "demo common records": lambda: f"{demo_count('demo-audit', 'group = common')} records",
+    "demo surprising GNQ_last gain per record": lambda: demo("demo-audit", "group = surprising", "gnq_last",
+                                                            "over length + loss", "records", "cv_auc_gain"),
+    "demo surprising records": lambda: f"{demo_count('demo-audit', 'group = surprising')} records",
+    "ck-real extraction GNQ_total": lambda: ck_real("extraction", "gnq_total", "all"),
+    "ck-real extraction GNQ_total exact length": lambda: ck_real("extraction", "gnq_total", "exact length"),
+    "ck-real extraction GNQ_total gain":
+        lambda: ck_real("extraction", "gnq_total", "over length + loss", "gain"),
+    "ck-real group GNQ_total": lambda: ck_real("group", "gnq_total", "all"),
+    "ck-real group GNQ_total exact length": lambda: ck_real("group", "gnq_total", "exact length"),
+    "ck-real group GNQ_last exact length": lambda: ck_real("group", "gnq_last", "exact length"),
+    "ck-real group GNQ_total gain": lambda: ck_real("group", "gnq_total", "over length + loss", "gain"),
+    "ck-real group GNQ_last gain": lambda: ck_real("group", "gnq_last", "over length + loss", "gain"),
+    "ck-real group loss": lambda: ck_real("group", "loss_last", "all"),
+}
+
+
+@pytest.mark.parametrize("claim", list(CLAIMS))
+def test_readme_cites_the_reports_number(claim):
+    expected = CLAIMS[claim]().replace("−", "-")
+    assert expected in section(), f"README's 'What GNQ tells you' should cite {claim} as {expected!r}"
+
+
+def test_every_cited_report_exists_and_every_claim_states_its_records_and_seeds():
+    cited = set(re.findall(r"`reports/([\w-]+)/", section()))
+    assert cited >= {"real-model", "membership", "membership-canaries", "common-knowledge-real", "demo"}
+    for name in cited:
+        assert (ROOT / "reports" / name).is_dir(), name
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("## What GNQ tells you")
+    bullets = text[start:text.index("\n## ", start + 3)].split("\n- ")[1:]
+    for b in bullets:
+        assert "record" in b and "seed" in b, b[:80]
+
+
+def test_the_demo_report_is_current():
+    for run in ("demo-audit", "demo-training"):
+        doc = report(f"demo/{run}.json")
+        assert doc["schema"] == "gnq-report/2"
+        assert all(isinstance(r["independent_positives"], int) and not math.isnan(r["n"])
+                   for r in doc["tables"])
