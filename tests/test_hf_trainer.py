@@ -33,9 +33,9 @@ def rows() -> list[dict]:
 
 
 def training_args(tmp_path, **kw) -> TrainingArguments:
-    kw = {"per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, **kw}
+    kw = {"per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, "logging_strategy": "no", **kw}
     return TrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=1, learning_rate=1e-2,
-                             report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
+                             report_to=[], save_strategy="no", use_cpu=True,
                              seed=0, disable_tqdm=True, optim="sgd", **kw)
 
 
@@ -154,7 +154,8 @@ def test_window_of_one_text_gets_no_gnq(tmp_path):
     """A last window of one text (13 rows, windows of 4) has no companions: NULL, counted."""
     data = [*rows(), {"input_ids": rows()[0]["input_ids"], "example_id": 999}]
     trainer = GNQTrainer(model=tiny_gpt2(), args=training_args(tmp_path, per_device_train_batch_size=2,
-                                                                 gradient_accumulation_steps=2),
+                                                                 gradient_accumulation_steps=2,
+                                                                 logging_strategy="steps", logging_steps=1),
                          train_dataset=data, data_collator=lm_collator(PAD_ID),
                          gnq=GNQConfig(out=tmp_path / "shards", lam=LAM, window_mode="exact"))
     trainer.train()
@@ -164,6 +165,9 @@ def test_window_of_one_text_gets_no_gnq(tmp_path):
     assert trainer.gnq.windows_without_gnq == 1
     meta = json.loads((tmp_path / "shards" / "run.json").read_text())
     assert meta["windows_without_gnq"] == 1
+    logged = [h for h in trainer.state.log_history if "gnq/b_eff" in h]  # the Trainer's own logs
+    assert logged and all(h["gnq/b_eff"] == 4 for h in logged)
+    assert logged[-1]["gnq/windows_without_gnq"] == 1
 
 
 def test_training_matches_the_stock_trainer(trained, tmp_path):

@@ -130,12 +130,15 @@ class GNQCallback(TrainerCallback):
     def summaries(self) -> dict[str, float]:
         """GNQ since the last log, for the Trainer's own logging (W&B, TensorBoard, MLflow...):
         ``gnq/median``, ``gnq/p99``, ``gnq/threshold`` (``flag_gnq``, or the run's 90th percentile
-        so far), ``gnq/above_threshold`` (texts above it) and ``gnq/top{k}_example_id``, all
-        numbers (loggers take scalars).  Empty when nothing was audited since the last call."""
+        so far), ``gnq/above_threshold`` (texts above it) and ``gnq/top{k}_example_id``, and per
+        optimizer step ``gnq/b_eff`` and ``gnq/windows_without_gnq``; all numbers (loggers take
+        scalars).  Empty when nothing was audited since the last call."""
         window = [r for r in self._since_log if r.gnq is not None and np.isfinite(r.gnq)]
-        self._since_log = []
+        audited, self._since_log = bool(self._since_log), []
+        batch = {"gnq/b_eff": self.batch_size, "gnq/windows_without_gnq": self.windows_without_gnq} \
+            if self._windowed and audited else {}  # what the batch of these GNQs was
         if not window:
-            return {}
+            return batch
         values = np.array([r.gnq for r in window])
         every = np.array([r.gnq for r in self.results if r.gnq is not None and np.isfinite(r.gnq)])
         threshold = self.config.flag_gnq
@@ -145,7 +148,7 @@ class GNQCallback(TrainerCallback):
                "gnq/threshold": threshold, "gnq/above_threshold": int((values > threshold).sum())}
         top = sorted(window, key=lambda r: -r.gnq)[: self.config.log_top]
         out |= {f"gnq/top{k}_example_id": int(r.example_id) for k, r in enumerate(top, start=1)}
-        return out
+        return out | batch
 
     # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args, state, control, model=None, **kwargs):
