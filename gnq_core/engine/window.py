@@ -7,7 +7,7 @@ representation of its per-example gradients) to the window, for each micro-batch
   gradients) of its micro-batches while they fit ``window_budget`` bytes; at the end K's
   diagonal blocks are the micro-batches' exact kernels and every cross block ⟨g^a_j, g^b_k⟩
   (micro-batches a ≠ b, same θ: nothing steps inside a window) is Σ over parameters and over
-  pairs of their uses of ``representations.inner`` — the same ghost/materialise Grams as within
+  pairs of their uses of ``grams.inner`` — the same ghost/materialise Grams as within
   a batch.  GNQ over the window then equals GNQ of all its texts audited as one batch.
 * ``mode="sketch"``: each micro-batch's per-example gradients are reduced to seeded sketches
   (``engine.sketch``), k-dimensional per parameter; the window keeps only those and K is
