@@ -380,7 +380,7 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
     if reference is None:
         return None
     if reference != FIRST_CHECKPOINT:
-        return reference
+        return str(Path(reference).resolve())  # recorded absolute: outputs elsewhere must not replace it
     from gnq_core.pipelines.protected_paths import verify_checkpoint
 
     points = store.points(run.run_id)

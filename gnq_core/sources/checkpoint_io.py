@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+from gnq_core.atomic import check_folder_target
 from gnq_core.sources import limits
 from gnq_core.sources.checkpoint_checks import (
     _allowed_missing,
@@ -139,6 +140,7 @@ def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     target = Path(path)
     if target.name in ("", ".", ".."):
         raise ValueError(f"{path}: not a usable checkpoint folder name")
+    check_folder_target(target, "a checkpoint folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     old = target.with_name(f"{target.name}.old-{os.getpid()}")
