@@ -37,6 +37,7 @@ from gnq_core.pipelines.attack_defaults import (  # noqa: F401 (FIRST_CHECKPOINT
     DEFAULT_THRESHOLD,
     FIRST_CHECKPOINT,
 )
+from gnq_core.sources.tokenizer_panics import panics_as_one_line
 from gnq_core.sources.tokens import pad_id
 
 
@@ -455,5 +456,8 @@ def _frame(tokenizer, results: Sequence[ExtractionResult], threshold: float):
 
 
 def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
-    """Each token decoded on its own (for a token-by-token view of the attack)."""
-    return [tokenizer.decode([i]) for i in ids]
+    """Each token decoded on its own (for a token-by-token view of the attack); under one panic
+    guard for all of them (the backend's own guard per call would redirect stderr per token)."""
+    with panics_as_one_line(getattr(tokenizer, "name_or_path", "") or "the tokenizer",
+                            "the tokenizer failed while decoding"):
+        return [tokenizer.decode([i]) for i in ids]

@@ -20,7 +20,7 @@ from gnq_core.sources.checkpoint_files import (
     _error,
     _reason,
 )
-from gnq_core.sources.tokenizer_panics import TokenizerFailure, panics_as_one_line
+from gnq_core.sources.tokenizer_panics import TokenizerFailure, guard_backend, panics_as_one_line
 
 
 def _check_memory(folder: Path, kind: str, files: list[Path], dtype: torch.dtype | None) -> None:
@@ -55,7 +55,7 @@ def _load_tokenizer(folder: Path, config: Any, source: str | Path | None = None)
         raise _error(folder, f"the tokenizer is a {type(tokenizer).__name__}, not a text tokenizer")
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    return guard_backend(tokenizer, str(folder))  # every encode and decode inside the panic guard
 
 
 def _shape_mismatches(model_class: type[PreTrainedModel], config: Any, kind: str, files: list[Path],
