@@ -20,6 +20,7 @@ from gnq_core.sources.checkpoint_files import (
     _error,
     _reason,
 )
+from gnq_core.sources.library_logs import library_logs_held
 from gnq_core.sources.tokenizer_panics import TokenizerFailure, guard_backend, panics_as_one_line
 
 
@@ -112,10 +113,12 @@ def _check_vocab(folder: Path, config: Any, tokenizer: PreTrainedTokenizerBase) 
 
 @contextlib.contextmanager
 def _as_checkpoint_error(folder: Path) -> Iterator[None]:
-    """Any failure inside becomes one CheckpointError line naming the folder."""
+    """Any failure inside becomes one CheckpointError line naming the folder, and nothing else:
+    transformers' log lines made meanwhile are shown only when nothing failed."""
     try:
-        yield
-    except CheckpointError:
+        with library_logs_held():
+            yield
+    except (CheckpointError, TokenizerFailure):
         raise
     except limits.LimitError as exc:
         raise CheckpointError(str(exc)) from exc

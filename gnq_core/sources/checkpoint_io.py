@@ -40,7 +40,8 @@ from gnq_core.sources.checkpoint_files import (
 def load_tokenizer(path: str | Path, tokenizer: str | Path | None = None) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer alone (no weights read), as load_checkpoint returns it."""
     folder = _checkpoint_dir(path)
-    return _load_tokenizer(folder, _load_config(folder), tokenizer)
+    with _as_checkpoint_error(folder):
+        return _load_tokenizer(folder, _load_config(folder), tokenizer)
 
 
 def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
