@@ -79,7 +79,8 @@ def test_a_report_never_overwrites_its_own_non_members_input(store):
 
 @pytest.mark.parametrize(("target", "what"), [("tok/tokenizer.json", "tokenizer folder"),
                                               ("ref/model.safetensors", "reference model"),
-                                              ("ref/new.json", "reference model"), ("nm.csv", "non-member texts")])
+                                              ("ref/new.json", "reference model"),
+                                              ("nm.csv", "non-member texts")])
 def test_exports_and_reports_never_replace_what_a_run_recorded(store, target, what, monkeypatch):
     root, db = store
     monkeypatch.chdir(root / "ckpt")  # another working folder: the recorded paths are absolute
