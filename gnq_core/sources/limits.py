@@ -126,15 +126,12 @@ ROPE_FIELDS = {"factor": (1.0, True), "attention_factor": (0.0, False), "beta_fa
 
 
 def check_rope_scaling(raw: dict[str, Any], config_path: Path) -> None:
-    """Each rotary scaling of config.json is one transformers knows (``rope_type``) and each of its
-    fields a number in range: ``factor`` at least 1, the others above (mscale: at least) 0; ``null``
-    leaves the default."""
+    """Each rotary scaling field of config.json is a number in its range: ``factor`` at least 1,
+    the others above (mscale: at least) 0; ``null`` leaves the default.  (``rope_type`` is left to
+    transformers: older configs name types by aliases it maps, "su" or "mrope".)"""
     for key, name, value in _fields(raw):
         if value is None or not any(k in ROPE_KEYS for k in name.split(".")[:-1]):
             continue
-        if key in ("rope_type", "type") and value not in (known := _rope_types()):
-            raise LimitError(f"{config_path}: {name} is {json.dumps(value)}, not a rotary scaling this "
-                             f"transformers knows ({', '.join(sorted(known))})")
         if key not in ROPE_FIELDS:
             continue
         lowest, inclusive = ROPE_FIELDS[key]
@@ -143,12 +140,6 @@ def check_rope_scaling(raw: dict[str, Any], config_path: Path) -> None:
             rule = f"of at least {lowest:g}" if inclusive else f"above {lowest:g}"
             raise LimitError(f"{config_path}: {name} is {json.dumps(value)}; rotary scaling needs a number "
                              f"{rule}")
-
-
-def _rope_types() -> set[str]:
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    return {"default", *ROPE_INIT_FUNCTIONS}
 
 
 # --------------------------------------------------------------------------------------------- tokenizer
