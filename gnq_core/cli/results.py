@@ -92,7 +92,11 @@ def report(
     for path in (out, json_out):
         if path is not None:
             check_writable(path)  # first: "is a folder", "does not exist" name the problem best
-    refuse_overwrite([p for p in (out, json_out) if p is not None], store)
+    for path, option in ((out, "--out"), (json_out, "--json")):
+        if path is not None:  # never onto the store, what a run depends on, or --non-members
+            refuse_overwrite([path], store, inputs=[non_members], option=option)
+    if out is not None and json_out is not None and Path(out).resolve() == Path(json_out).resolve():
+        raise ValueError(f"{out}: given as both --out and --json; give two files")
     if non_members is not None:
         from gnq_core.pipelines.run import add_non_members
         from gnq_core.progress import JobProgress

@@ -37,6 +37,7 @@ from gnq_core.pipelines.attack_defaults import (  # noqa: F401 (FIRST_CHECKPOINT
     DEFAULT_THRESHOLD,
     FIRST_CHECKPOINT,
 )
+from gnq_core.sources.tokenizer_panics import panics_as_one_line
 from gnq_core.sources.tokens import pad_id
 
 
@@ -382,7 +383,7 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
     if reference is None:
         return None
     if reference != FIRST_CHECKPOINT:
-        return reference
+        return str(Path(reference).resolve())  # recorded absolute: outputs elsewhere must not replace it
     from gnq_core.pipelines.protected_paths import verify_checkpoint
 
     points = store.points(run.run_id)
@@ -457,5 +458,8 @@ def _frame(tokenizer, results: Sequence[ExtractionResult], threshold: float):
 
 
 def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
-    """Each token decoded on its own (for a token-by-token view of the attack)."""
-    return [tokenizer.decode([i]) for i in ids]
+    """Each token decoded on its own (for a token-by-token view of the attack); under one panic
+    guard for all of them (the backend's own guard per call would redirect stderr per token)."""
+    with panics_as_one_line(getattr(tokenizer, "name_or_path", "") or "the tokenizer",
+                            "the tokenizer failed while decoding"):
+        return [tokenizer.decode([i]) for i in ids]

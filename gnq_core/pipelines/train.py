@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from gnq_core.atomic import atomic_path
+from gnq_core.atomic import atomic_path, check_folder_target
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, lm_target_counts, per_example_lm_loss
 from gnq_core.pipelines.finite_share import check_mostly_finite
@@ -128,6 +128,8 @@ def _refuse_overwrite(store: Store, out_dir: Path, start_epoch: int, epochs: int
     """The epoch folders still to be written must not be (or hold) another run's checkpoint, the
     store, a dataset or this run's inputs; a new run must not replace folders it did not make."""
     targets = [out_dir / f"epoch-{e + 1}" for e in range(start_epoch, epochs)]
+    for target in (out_dir, *targets):
+        check_folder_target(target, "a training run's folder")  # never a FIFO, a device or a file
     refuse_overwrite(targets, store, inputs=[dataset.path, init], except_run=run_id)
     existing = [t for t in targets if t.exists()] if run_id is None else []
     if existing:

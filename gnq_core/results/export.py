@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import stat
 from pathlib import Path
 
 import pandas as pd
 
-from gnq_core.atomic import atomic_path
+from gnq_core.atomic import TargetError, atomic_path, check_target
 from gnq_core.errors import GNQError
 
 FORMATS = ("csv", "jsonl", "parquet")
@@ -58,17 +56,12 @@ def _csv(frame: pd.DataFrame, target: str | Path | io.StringIO, neutralise: bool
 
 
 def _check_target(path: Path) -> None:
-    """Refuse to replace anything but a regular file (a device such as /dev/full, a FIFO, a socket)."""
+    """Refuse to replace anything but a regular file (a device such as /dev/full, a FIFO, a socket):
+    atomic.check_target's rule, as an ExportError."""
     try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ExportError(f"{path}: cannot write the export ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(mode):
-        raise ExportError(f"{path}: is a folder; give a file name for the export")
-    if not stat.S_ISREG(mode):
-        raise ExportError(f"{path}: exists and is not a regular file (a device, FIFO or socket); refused")
+        check_target(path, "the export")
+    except TargetError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, neutralise: bool = True) -> Path:

@@ -4,6 +4,7 @@ what is pending, and the store's errors."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -56,16 +57,38 @@ def _current_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
 
 
 def _apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int | None = None) -> None:
-    """Apply each pending migration in its own transaction, recording it in schema_version."""
-    for version, path in migrations():
-        if version <= current or (target is not None and version > target):
-            continue
-        with _atomically(con):
+    """Apply every pending migration, recording each in schema_version, in one transaction: a
+    migration that fails (a damaged store missing a table it alters) leaves the store as it was."""
+    pending = [(v, p) for v, p in migrations() if v > current and (target is None or v <= target)]
+    if not pending:
+        return
+    with _atomically(con):
+        for version, path in pending:
             if version == 1:
                 con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
                             "applied_at TIMESTAMP NOT NULL)")
             con.execute(path.read_text())
             con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
+
+
+@functools.cache
+def tables_at(version: int) -> frozenset[str]:
+    """The tables a store at schema ``version`` has (its migrations applied to an empty database)."""
+    con = duckdb.connect(":memory:")
+    try:
+        _apply_migrations(con, 0, version)
+        return frozenset(r[0] for r in con.execute("SELECT table_name FROM information_schema.tables")
+                         .fetchall())
+    finally:
+        con.close()
+
+
+def check_tables(con: duckdb.DuckDBPyConnection, path: Path, version: int) -> None:
+    """Refuse, before a migration writes anything, a store missing a table its version has."""
+    present = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if missing := sorted(tables_at(version) - present):
+        raise StoreError(f"{path}: a damaged store: schema {version} but no table {', '.join(missing)}; "
+                         "left as it was (restore it from a copy, or use a new --db)")
 
 
 @contextlib.contextmanager

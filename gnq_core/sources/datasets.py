@@ -54,6 +54,7 @@ DEFAULT_GROUP_COLUMN = "group"
 _CHUNK = 1 << 20  # 1 MiB
 _PARQUET_ROWS = 50_000  # rows per pyarrow record batch
 MAX_TEXT_BYTES = 8 << 20  # default limit on one line / one text (8 MiB)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no text holds one alone
 _Rows = Callable[[str], list[Any]]  # column name -> its raw value in each row
 
 
@@ -231,6 +232,8 @@ def _read_jsonl(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str
             raise DatasetError(shown, f"line {lineno}: invalid JSON ({e.msg} at column {e.colno})") from e
         except RecursionError as e:
             raise DatasetError(shown, f"line {lineno}: JSON nested too deeply") from e
+        except ValueError as e:  # a number of more than 4,300 digits (Python's int conversion limit)
+            raise DatasetError(shown, f"line {lineno}: unreadable JSON value ({e})") from e
         if not isinstance(obj, dict):
             raise DatasetError(shown, f"line {lineno}: expected a JSON object, got {type(obj).__name__}")
         columns.update(dict.fromkeys(obj))
@@ -299,13 +302,17 @@ def _read_parquet(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[s
     try:
         with pq.ParquetFile(path) as pf:
             columns = list(pf.schema_arrow.names)
+            if len(set(columns)) != len(columns):  # pyarrow cannot tell them apart (KeyError)
+                raise DatasetError(shown, f"duplicate column names ({_list_columns(columns)})")
             keep = [c for c in dict.fromkeys(wanted) if c in columns]
             values: dict[str, list[Any]] = {c: [] for c in keep}
             if keep:
                 for batch in pf.iter_batches(batch_size=_PARQUET_ROWS, columns=keep):
                     for c in keep:
                         values[c].extend(batch.column(c).to_pylist())
-    except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
+    except DatasetError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, IndexError, TypeError, KeyError) as e:
         raise DatasetError(shown, f"not a readable parquet file ({e})") from e
     return columns, values.__getitem__
 
@@ -417,6 +424,9 @@ def _as_text(shown: str, value: Any, column: str, row: int) -> str | None:
     if _is_missing(value):
         return None
     if isinstance(value, str):
+        if not value.isascii() and (bad := _SURROGATE.search(value)):  # JSON's "\ud800": no character
+            raise DatasetError(shown, f"row {row + 1}: column {column!r} holds a lone surrogate "
+                                      f"(\\u{ord(bad.group()):04x}), not valid Unicode")
         return value
     if isinstance(value, bytes | bytearray):
         try:
