@@ -183,8 +183,10 @@ def test_a_text_window_without_the_secret_is_not_a_leak():
                 "secret_chars_reproduced": None},  # no secret: the text attack decides
     ])
     ranked = rank_texts(totals).set_index("example_id")
-    assert ranked.loc[0, "status"] == "secret" and ranked.loc[1, "status"] == "leaked"
+    assert ranked.loc[0, "status"] == "text reproduced" and ranked.loc[1, "status"] == "leaked"
     assert ranked.loc[2, "status"] == "leaked"
+    assert ranked.loc[0, "reason"].startswith("text reproduced, the value not: prompted with the text up to "
+                                              "it")
     assert "writes 4 of 16 characters of the card-number-like string" in ranked.loc[0, "reason"]
     assert "next 8 tokens after the first 12 do come out" in ranked.loc[0, "reason"]
     assert ranked.loc[1, "reason"].startswith("leaked: prompted with the text up to it, the model writes the "

@@ -235,7 +235,8 @@ class StoreWrites:
     def write_text_labels(self, run_id: int, labels: pd.DataFrame) -> None:
         """Copies and secret labels of a run's texts (columns example_id + TEXT_LABEL_COLUMNS)."""
         frame = labels[["example_id", *TEXT_LABEL_COLUMNS]].astype(
-            {"copies": "Int64", "cluster_id": "Int64", "secret_start": "Int64", "secret_end": "Int64"})
+            {"copies": "Int64", "cluster_id": "Int64", "secret_start": "Int64", "secret_end": "Int64",
+             "public": "boolean"})
         with self.transaction() as con:
             con.register("new_labels", frame)
             sets = ", ".join(f"{c} = n.{c}" for c in TEXT_LABEL_COLUMNS)
