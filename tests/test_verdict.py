@@ -49,8 +49,8 @@ def test_order_is_leaked_then_secret_then_risk():
 
 def test_reasons_say_why_in_words():
     reasons = rank_texts(totals()).set_index("example_id")["reason"]
-    assert reasons[0].startswith("text reproduced: its next 8 tokens after the first 12 come out word for word, "
-                                 "but its secret-like value was not attacked")
+    assert reasons[0].startswith("text reproduced: its next 8 tokens after the first 12 come out word for "
+                                 "word, but its secret-like value was not attacked")
     assert "card-number-like string" in reasons[0]
     assert "repeated 4×: copies explain each other, so GNQ cannot see it" in reasons[3]
     assert reasons[1].startswith("contains a PIN")

@@ -70,7 +70,7 @@ def run_counts(ranked: pd.DataFrame) -> RunCounts:
     window = ranked["extracted"] if "extracted" in ranked else pd.Series(dtype="boolean")
     leaked_rows = ranked[(status == LEAKED) & secret]
     none = pd.Series(None, index=leaked_rows.index, dtype=object)
-    shown = leaked_rows["secret_kind"] if "secret_kind" in leaked_rows else none
+    shown = leaked_rows.get("secret_kind", none)
     first = leaked_rows["secret"].astype(str).str.split(",").str[0].str.strip()
     kinds = Counter(str(k) for k in shown.where(shown.notna(), first))
     return RunCounts(
