@@ -11,6 +11,7 @@ import pandas as pd
 
 from gnq_core.results.store import Run, Store
 from gnq_core.sources.copies import find_copies
+from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.secrets import compile_patterns, secret_labels
 
 
@@ -25,6 +26,19 @@ def text_labels(texts: Sequence[str], extra_patterns: Sequence[re.Pattern[str]] 
                       name="public", dtype="boolean")
     secrets = secret_labels(texts, extra_patterns, declared, public)
     return pd.concat([find_copies(texts), secrets, flags], axis=1)
+
+
+def dataset_labels(dataset: TextDataset) -> pd.DataFrame:
+    """``text_labels`` of a dataset with its secret column, secret patterns and public column."""
+    return text_labels(dataset.texts, compile_patterns(dataset.secret_patterns), dataset.secret_values,
+                       dataset.public)
+
+
+def secret_settings(dataset: TextDataset) -> dict[str, object]:
+    """What a run records of how its texts' secrets were found (``ensure_text_labels`` reuses the
+    patterns when it labels the texts again)."""
+    return {"secret_patterns": list(dataset.secret_patterns), "secret_column": dataset.secret_column,
+            "public_column": dataset.public_column}
 
 
 def ensure_text_labels(store: Store, run: Run) -> pd.DataFrame:
