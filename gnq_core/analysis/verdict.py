@@ -287,6 +287,16 @@ def statuses(frame: pd.DataFrame, risk: pd.Series | None = None) -> pd.Series:
     return pd.Series(status, index=frame.index, dtype=object)
 
 
+def value_outcome(extracted: object, chars: object, hits: object, reference_hits: object) -> str:
+    """One attacked value's outcome in the status words: leaked, partly leaked or not leaked."""
+    from gnq_core.results.store_schema import partly_leaked
+
+    if _true(extracted):
+        return LEAKED
+    ref = int(reference_hits) if pd.notna(reference_hits) else None
+    return PARTLY if partly_leaked(int(chars), int(hits), ref) else "not leaked"
+
+
 def leaked(frame: pd.DataFrame) -> pd.Series:
     """Whether each text leaked (status ``leaked``): for a text with a secret-like value, whether
     the model wrote a value itself (calibrated; pipelines/secret_attack.py); for any other text,
