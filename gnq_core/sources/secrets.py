@@ -103,7 +103,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                              r"\s*[:#]?\s*([A-Z]{0,3}\d{6,})\b")),
     ("ssn", re.compile(r"\b\d{3}-\d{2}-\d{4}\b")),
     ("email", re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")),
-    ("phone", re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,5}(?:[ .-]\d{2,5}){1,4}"
+    ("phone", re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,8}(?:[ .-]\d{2,8}){1,4}"
                          r"(?![\w-])")),
 ]
 
@@ -149,7 +149,11 @@ _LABELS: list[tuple[str, str, str]] = [  # kind, the label's words (several lang
                        r"n[úu]mero de cuenta|num[ée]ro de compte", r"([A-Z]{0,3}\d[\d -]{2,}\d)"),
 ]
 _LABEL_TAIL = r"\s*(?:[:=#]|\s(?:is|was|ist|es|est)\b)\s*"
-_LABELLED = [(kind, re.compile(r"(?i)(?<![\w@])(?:" + words + r")" + _LABEL_TAIL + r"(?-i:" + value + ")"))
+# a phone number needs no colon after its label ("phone 555-0148"); a card number does ("card 4111
+# 1111 1111 1112" is a random number that fails its checksum, "Card number: ..." is a card)
+_LOOSE = {"phone": r"\s*(?:[:=#]|\s(?:is|was)\b|\s(?=[+(\d]))\s*"}
+_LABELLED = [(kind, re.compile(r"(?i)(?<![\w@])(?:" + words + r")" + _LOOSE.get(kind, _LABEL_TAIL)
+                               + r"(?-i:" + value + ")"))
              for kind, words, value in _LABELS]
 # any "key: value" whose key names something private; the value holds 4 digits, or follows a
 # password-like key
