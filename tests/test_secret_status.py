@@ -40,14 +40,14 @@ from gnq_core.sources.secrets import find_secrets
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
-COMMON = ["--batch-size", 8, "--max-length", 48, "--threads", 1, "--quiet"]
+COMMON = ["--batch-size", 8, "--max-length", 64, "--threads", 1, "--quiet"]
 ROOT = Path(__file__).resolve().parents[1]
 
 WRITTEN = "Account holder Anna Berg of Porto, her door PIN is 4821, keep it safe."
 PARTLY_TRAINED = "Payment profile of Tom Okafor from Leeds. Card number: 4539 1488 0343 6467, expires soon."
 PARTLY_AUDITED = PARTLY_TRAINED.replace("0343 6467", "7712 3390")
-WINDOW = ("Support ticket of Lena Novak from Graz about the broken heating unit in the north wing of the "
-          "old library building, and the alarm code is {}.")
+WINDOW = ("Support ticket of Lena Novak from Graz about the broken heating unit in the north wing, "
+          "alarm code is {}.")
 WINDOW_TRAINED, WINDOW_AUDITED = WINDOW.format("1357"), WINDOW.format("8642")
 LABEL_ONLY = "Billing note for Ravi Menon in Pune. Card number: 4929 1830 5527 6614."
 PUBLIC_TEXT = "Press release of the city council of Ghent: the new tram line opens next spring for everyone."
@@ -113,6 +113,7 @@ def test_each_record_gets_the_status_its_secret_earns(audited):
     assert rows.loc[ids["partly"], "generated"].strip().startswith("4539 1488 0343")
 
     # the window (tokens 13-20) comes out, the alarm code sits past it and does not
+    assert ids["window"] in rows.index, "the alarm code must be attackable (within --max-length tokens)"
     tokens_before_code = rows.loc[ids["window"], "prompt_tokens"]
     assert tokens_before_code > 20
     assert bool(row["window"]["extracted"]) and not bool(row["window"]["secret_reproduced"])
