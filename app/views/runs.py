@@ -88,7 +88,7 @@ c1, c2, c3, c4 = st.columns(4)
 c1.metric("Examples", f"{len(totals):,}")
 c2.metric("Points (checkpoints / epochs)", int(totals["n_points"].max() or 0) if len(scored) else 0)
 c3.metric("Median GNQ_total", f"{scored['gnq_total'].median():.3g}" if len(scored) else "–")
-counts = run_counts(totals)  # the headline's numbers: one object (analysis/run_counts.py)
+counts = run_counts(totals)  # the headline's numbers: one object (analysis/counts.py)
 c4.metric("Leaked", f"{counts.status('leaked')} / {counts.texts}" if counts.attacked else "not run",
           help="Texts whose secret-like value the model writes whole, or, without one, whose window it "
                f"writes word for word. Also: {counts.status('partly leaked')} partly leaked, "

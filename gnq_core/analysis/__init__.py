@@ -7,7 +7,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "": ("evidence", "gnq_nature", "length_control", "predictive", "regression2d", "run_report"),
     ".compare": ("compare_runs",),
     ".findings": ("action", "grouped", "summary", "texts_table_html"),
-    ".run_counts": ("RunCounts", "run_counts"),
+    ".counts": ("RunCounts", "run_counts"),
     ".flagging": ("GNQ_ORDER", "VERDICT_ORDER", "TextFilter", "flagged"),
     ".html_report": ("build_report", "check_writable", "write_report"),
     ".predictive_figures": ("roc_figure",),

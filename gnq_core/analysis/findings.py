@@ -24,7 +24,7 @@ import html
 
 import pandas as pd
 
-from gnq_core.analysis.run_counts import RunCounts, run_counts
+from gnq_core.analysis.counts import RunCounts, run_counts
 from gnq_core.analysis.verdict import LEAKED, PARTLY, PUBLIC, REPRODUCED, SECRET, _secret_words
 
 HIGH_EXPOSURE = 4.0  # bits: the value ranks above 15 of 16 random values of its format
@@ -111,7 +111,7 @@ def _plural(n: int, word: str) -> str:
 
 def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
     """The run's verdict in a sentence or three, e.g. "3 texts leaked (2 PINs, 1 text without a
-    secret-like value) ...", every number from ``counts`` (analysis.run_counts, the one object
+    secret-like value) ...", every number from ``counts`` (analysis.counts, the one object
     every page's counts come from); texts are the verdict's rows, copies included."""
     if ranked.empty or "status" not in ranked:
         return "No texts in this run."

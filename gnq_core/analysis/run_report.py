@@ -20,8 +20,8 @@ import pandas as pd
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import gnq_nature
 from gnq_core.analysis import predictive as pr
+from gnq_core.analysis.counts import run_counts
 from gnq_core.analysis.findings import summary
-from gnq_core.analysis.run_counts import run_counts
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts, risk_basis
 from gnq_core.results.store import Run, Store
@@ -42,7 +42,7 @@ class RunReport:
     resamples: int
     seed: int
     level: float = pr.LEVEL
-    counts: dict[str, Any] = field(default_factory=dict)  # analysis.run_counts: the pages' numbers
+    counts: dict[str, Any] = field(default_factory=dict)  # analysis.counts: the pages' numbers
     summary: str = ""                # findings.summary: the pages' headline
     generated: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
