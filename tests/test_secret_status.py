@@ -169,7 +169,7 @@ def test_every_surface_states_the_same_numbers(audited, monkeypatch):
     at.session_state["run_name"] = "audit"
     at.run()
     assert not at.exception, [e.message for e in at.exception]
-    assert at.error[0].value == headline
+    assert at.error[0].value.replace("\\", "") == headline  # shown as Markdown, its symbols escaped
     tile = next(m for m in at.metric if m.label == "Leaked")
     assert tile.value == f"{counts.status(LEAKED)} / {counts.texts}"
     flagged = AppTest.from_file(str(ROOT / "app" / "views" / "flagged.py"), default_timeout=120)

@@ -116,7 +116,7 @@ if not secrets.empty:
     st.caption("Prompted with the text up to each secret-like value, does the model write the value? "
                + state.plain(secrets["rule"].iloc[0]))
     secrets = secrets.assign(outcome=[value_outcome(r.extracted, r.chars, r.chars_reproduced,
-                                                    r.reference_chars_reproduced)
+                                                    r.reference_chars_reproduced, r.novel_chars_reproduced)
                                       for r in secrets.itertuples()])
     st.dataframe(secrets[["kind", "value", "outcome", "generated", "chars", "chars_reproduced",
                           "reference_generated", "reference_chars_reproduced", "exposure", "exposure_rank",

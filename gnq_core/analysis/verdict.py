@@ -287,14 +287,16 @@ def statuses(frame: pd.DataFrame, risk: pd.Series | None = None) -> pd.Series:
     return pd.Series(status, index=frame.index, dtype=object)
 
 
-def value_outcome(extracted: object, chars: object, hits: object, reference_hits: object) -> str:
+def value_outcome(extracted: object, chars: object, hits: object, reference_hits: object,
+                  novel_hits: object = None) -> str:
     """One attacked value's outcome in the status words: leaked, partly leaked or not leaked."""
     from gnq_core.results.store_schema import partly_leaked
 
     if _true(extracted):
         return LEAKED
     ref = int(reference_hits) if pd.notna(reference_hits) else None
-    return PARTLY if partly_leaked(int(chars), int(hits), ref) else "not leaked"
+    novel = int(novel_hits) if novel_hits is not None and pd.notna(novel_hits) else None
+    return PARTLY if partly_leaked(int(chars), int(hits), ref, novel) else "not leaked"
 
 
 def leaked(frame: pd.DataFrame) -> pd.Series:

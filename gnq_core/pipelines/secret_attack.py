@@ -13,6 +13,9 @@ value's first character and greedy-decodes as many tokens as the value spans in 
   counted); ``reproduced`` when all are.
 * calibration as in the text attack: the same prompt to the reference model;
   ``extracted`` = the audited model reproduces the value and the reference does not.
+* ``novel_chars_reproduced`` — of the characters reproduced, those the value's format does not
+  explain (``format_places``: where the run's other values of its kind mostly have another
+  character); "partly leaked" needs 3 of them (results.store_schema.PARTLY_LEAKED_SQL).
 * ``exposure`` (Carlini et al. 2019, "The secret sharer") for values made only of digits and
   separators (PIN, phone, card, SSN, account numbers, any labelled or declared digit value):
   N − 1 random candidates of the same format (each digit drawn uniformly, separators kept; a
@@ -112,14 +115,34 @@ def secret_targets(tokenizer, texts: Sequence[str], example_ids: Sequence[int],
 def chars_reproduced(value: str, target_text: str, generated_text: str) -> tuple[int, int]:
     """(letters and digits of ``value``, how many of them ``generated_text`` has at the same
     position), the value located in the decoded target tokens (which may begin with a space)."""
+    n, hits = matched_chars(value, target_text, generated_text)
+    return n, len(hits)
+
+
+def matched_chars(value: str, target_text: str, generated_text: str) -> tuple[int, list[int]]:
+    """(letters and digits of ``value``, the indices among them that ``generated_text`` has at
+    their place): ``chars_reproduced`` with the places."""
     significant = [(i, c) for i, c in enumerate(value) if c.isalnum()]
     off = target_text.find(value)
     if off < 0:  # the tokenizer normalises the text: compare the letters and digits in order
         got = [c for c in generated_text if c.isalnum()]
-        return len(significant), sum(1 for j, (_, c) in enumerate(significant)
-                                     if j < len(got) and got[j] == c)
-    hits = sum(1 for i, c in significant if off + i < len(generated_text) and generated_text[off + i] == c)
-    return len(significant), hits
+        return len(significant), [j for j, (_, c) in enumerate(significant) if j < len(got) and got[j] == c]
+    return len(significant), [j for j, (i, c) in enumerate(significant)
+                              if off + i < len(generated_text) and generated_text[off + i] == c]
+
+
+def format_places(value: str, others: Sequence[str]) -> set[int]:
+    """Indices of ``value``'s letters and digits that its format explains: where the most common
+    character of the ``others`` (the run's other values of its kind) at that index is the same
+    ("+44 20 7946" shared by a data set's phone numbers).  No others: none."""
+    mine = [c for c in value if c.isalnum()]
+    theirs = [[c for c in o if c.isalnum()] for o in others]
+    places = set()
+    for j, c in enumerate(mine):
+        column = [t[j] for t in theirs if j < len(t)]
+        if column and max(set(column), key=column.count) == c and column.count(c) * 2 >= len(column):
+            places.add(j)
+    return places
 
 
 def format_size(value: str, kind: str) -> int:
@@ -236,6 +259,9 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
             m.train(was_training)
         return [gen[i] for i in range(len(targets))]
 
+    by_kind: dict[str, set[str]] = {}
+    for t in targets:
+        by_kind.setdefault(t.kind, set()).add(t.value)
     generated = decode_all(model, "audited model") if targets else []
     ref_generated = (decode_all(reference, "reference model") if targets and reference is not None
                      else [None] * len(targets))
@@ -244,7 +270,9 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
     rows = []
     for t, gen, ref in zip(targets, generated, ref_generated, strict=True):
         target_text = tokenizer.decode(t.target_ids)
-        n, hits = chars_reproduced(t.value, target_text, gen)
+        n, places = matched_chars(t.value, target_text, gen)
+        hits = len(places)
+        format_explained = format_places(t.value, sorted(by_kind[t.kind] - {t.value}))
         ref_hits = chars_reproduced(t.value, target_text, ref)[1] if ref is not None else None
         exp = exposure_of(model, tokenizer, str(text_of[t.example_id]), t, n_candidates, seed, pad,
                           batch_size, device, max_length) if n_candidates > 1 else None
@@ -259,7 +287,9 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
                      "reference_chars_reproduced": ref_hits,
                      "extracted": reproduced and not (ref_hits is not None and ref_hits == n),
                      "exposure": exp[0] if exp else None, "exposure_rank": exp[1] if exp else None,
-                     "exposure_candidates": exp[2] if exp else None, "rule": rule})
+                     "exposure_candidates": exp[2] if exp else None, "rule": rule,
+                     "novel_chars_reproduced": len(set(places) - format_explained)})
     frame = pd.DataFrame(rows, columns=SECRET_ATTACK_COLUMNS)
     return frame.astype({"reference_chars_reproduced": "Int64", "exposure": "Float64",
-                         "exposure_rank": "Int64", "exposure_candidates": "Int64"})
+                         "exposure_rank": "Int64", "exposure_candidates": "Int64",
+                         "novel_chars_reproduced": "Int64"})

@@ -208,8 +208,8 @@ class StoreWrites:
     def write_secret_attacks(self, run_id: int, point: int, rows: pd.DataFrame, code_version: str) -> None:
         """The secret-targeted attack's rows (pipelines/secret_attack.py) at one point, replacing
         the run's earlier ones (the latest attack is the one shown), in one transaction."""
-        frame = rows[SECRET_ATTACK_COLUMNS].assign(run_id=run_id, point=point, code_version=code_version,
-                                                   created_at=_now())
+        frame = rows.reindex(columns=SECRET_ATTACK_COLUMNS).assign(
+            run_id=run_id, point=point, code_version=code_version, created_at=_now())
         with self.transaction() as con:
             con.execute("DELETE FROM secret_attacks WHERE run_id = ?", [run_id])
             con.register("new_secret_attacks", frame)
@@ -280,7 +280,7 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
 SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
                          "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",
                          "reference_generated", "reference_chars_reproduced", "extracted", "exposure",
-                         "exposure_rank", "exposure_candidates", "rule"]
+                         "exposure_rank", "exposure_candidates", "rule", "novel_chars_reproduced"]
 
 
 def _insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:

@@ -4,3 +4,8 @@
 -- text holds nothing private: it is not searched for secrets and never "at risk").
 ALTER TABLE examples ADD COLUMN secret_values VARCHAR;
 ALTER TABLE examples ADD COLUMN public BOOLEAN;
+-- Of the letters and digits the audited model wrote at their place, those the value's format does
+-- not explain: where the value differs from what the other values of its kind in the run have at
+-- that place ("+44 20 7946" that every phone number of a data set shares is the format, not the
+-- secret). NULL: attacked before this version (all of them count).
+ALTER TABLE secret_attacks ADD COLUMN novel_chars_reproduced INTEGER;
