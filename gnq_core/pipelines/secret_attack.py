@@ -22,9 +22,9 @@ value's first character and greedy-decodes as many tokens as the value spans in 
   valid card number's last digit is its Luhn check digit) are scored by the audited model's
   log-likelihood of the value after the same prompt; ``rank`` = 1 + the number of candidates at
   least as likely as the true value.  ``exposure`` is the paper's analytic estimate (§4.3): a
-  skew-normal fitted to the candidates' log-likelihoods gives the share of *all* values of the
-  format at least as likely as the true one, exposure = −log2 of it, at most log2 of the
-  format's size (53 bits for a 16-digit card).  The sampled bound log2 N − log2 rank saturates
+  skew-normal fitted to the candidates' log-likelihoods (by its moments) gives the share of
+  *all* values of the format at least as likely as the true one, exposure = −log2 of it, at
+  most log2 of the format's size (53 bits for a 16-digit card).  The sampled bound log2 N − log2 rank saturates
   at log2 N (7 bits for N = 128) for every value the model prefers to all candidates, so it
   cannot rank them; the estimate can.  N is ``--secret-candidates``.
 
@@ -188,11 +188,24 @@ def estimated_exposure(true_score: float, candidate_scores: np.ndarray, space: i
     if len(scores) < 3 or float(scores.std()) == 0.0:
         share = float((scores >= true_score).mean()) if len(scores) else 1.0
     else:
-        a, loc, scale = stats.skewnorm.fit(scores)
-        share = float(stats.skewnorm.sf(true_score, a, loc, scale))
+        share = float(stats.skewnorm.sf(true_score, *_skewnorm_moments(scores)))
     if share <= 0.0 or not math.isfinite(share):
         return ceiling
     return float(min(ceiling, max(0.0, -math.log2(share))))
+
+
+def _skewnorm_moments(x: np.ndarray) -> tuple[float, float, float]:
+    """(shape, loc, scale) of the skew-normal with ``x``'s mean, variance and skewness (the method
+    of moments: closed form, milliseconds, where a maximum-likelihood fit takes ~0.2 s a value;
+    the skewness is clipped to the family's range, |γ| < 0.995)."""
+    from scipy import stats
+
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    gamma = float(np.clip(stats.skew(x), -0.99, 0.99))
+    g = abs(gamma) ** (2 / 3)
+    delta = math.copysign(math.sqrt(math.pi / 2 * g / (g + ((4 - math.pi) / 2) ** (2 / 3))), gamma)
+    scale = sd / math.sqrt(1 - 2 * delta ** 2 / math.pi)
+    return delta / math.sqrt(1 - delta ** 2), mean - scale * delta * math.sqrt(2 / math.pi), scale
 
 
 def exposure_of(model, tokenizer, text: str, target: SecretTarget, n_candidates: int, seed: int,
