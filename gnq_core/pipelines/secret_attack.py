@@ -24,9 +24,9 @@ value's first character and greedy-decodes as many tokens as the value spans in 
   least as likely as the true value.  ``exposure`` is the paper's analytic estimate (§4.3): a
   skew-normal fitted to the candidates' log-likelihoods (by its moments) gives the share of
   *all* values of the format at least as likely as the true one, exposure = −log2 of it, at
-  most log2 of the format's size (53 bits for a 16-digit card).  The sampled bound log2 N − log2 rank saturates
-  at log2 N (7 bits for N = 128) for every value the model prefers to all candidates, so it
-  cannot rank them; the estimate can.  N is ``--secret-candidates``.
+  most log2 of the format's size (53 bits for a 16-digit card).  The sampled bound log2 N −
+  log2 rank saturates at log2 N (7 bits for N = 128) for every value the model prefers to all
+  candidates, so it cannot rank them; the estimate can.  N is ``--secret-candidates``.
 
 A value whose first character is in the text's first token (nothing to prompt with) or that
 ends beyond ``max_length`` tokens is not attackable and gets no row.
