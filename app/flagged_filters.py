@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from gnq_core.analysis import GNQ_ORDER, VERDICT_ORDER, TextFilter
+from gnq_core.analysis import GNQ_ORDER, STATUSES, VERDICT_ORDER, TextFilter
 from gnq_core.analysis import flagged as flag_texts
-from gnq_core.analysis.verdict import STATUSES
 
 VERDICT, BY_GNQ = "Verdict (leaked, secret-like, risk)", "GNQ_total alone"
 ORDERS = (VERDICT, BY_GNQ)

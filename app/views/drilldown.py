@@ -10,8 +10,7 @@ import streamlit as st
 
 from app import charts, show, state
 from app.columns import column_config
-from gnq_core.analysis import COLUMN_HELP, action, nearest_by_trajectory, token_alignment
-from gnq_core.analysis.verdict import value_outcome
+from gnq_core.analysis import COLUMN_HELP, action, nearest_by_trajectory, token_alignment, value_outcome
 
 
 def _tokens(value) -> list[str]:

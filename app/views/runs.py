@@ -8,8 +8,7 @@ import streamlit as st
 from app import charts, show, state
 from app.columns import column_config
 from app.jobs_view import job_panel
-from gnq_core.analysis import run_counts, summary
-from gnq_core.analysis.verdict import LEAKED, PARTLY
+from gnq_core.analysis import LEAKED, PARTLY, run_counts, summary
 from gnq_core.pipelines import DemoJob, list_jobs, start_job
 
 LEAKED_STATUSES = (LEAKED, PARTLY)

@@ -14,5 +14,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".signals": ("gnq_provenance", "signal_frame"),
     ".summaries": ("group_auc", "group_separation", "nearest_by_trajectory", "quantile_bins",
                    "targeted_attack_table", "token_alignment", "top_bottom"),
-    ".verdict": ("COLUMN_HELP", "VERDICT_COLUMNS", "flag", "rank_texts"),
+    ".verdict": ("COLUMN_HELP", "LEAKED", "PARTLY", "STATUSES", "VERDICT_COLUMNS", "flag", "rank_texts",
+                 "value_outcome"),
 })
