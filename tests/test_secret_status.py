@@ -149,10 +149,13 @@ def test_every_surface_states_the_same_numbers(audited, monkeypatch):
     assert headline.startswith(f"{counts.status(LEAKED)} texts leaked")
     assert f"{counts.status(PARTLY)} text{'s' if counts.status(PARTLY) > 1 else ''} partly leaked" in headline
 
-    # gnq export: the status column counts the same
+    # gnq export: the status column counts the same, and --status keeps exactly those texts
     gnq("export", "--run", "audit", "--db", db, "--out", root / "all.csv.out.csv", "--quiet")
     exported = pd.read_csv(root / "all.csv.out.csv")
     assert exported["status"].value_counts().to_dict() == {k: v for k, v in counts.by_status.items() if v}
+    gnq("export", "--run", "audit", "--db", db, "--out", root / "leaked.csv", "--status", LEAKED, "--status",
+        PARTLY, "--quiet")
+    assert len(pd.read_csv(root / "leaked.csv")) == counts.status(LEAKED) + counts.status(PARTLY)
 
     # gnq report: the JSON's counts and summary, the HTML's sentence
     gnq("report", "--run", "audit", "--db", db, "--out", root / "report.html", "--json", root / "report.json",

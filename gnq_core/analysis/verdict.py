@@ -308,13 +308,14 @@ def leaked(frame: pd.DataFrame) -> pd.Series:
 
 
 def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float | None = None,
-         min_gnq: float | None = None, group: str | None = None) -> pd.DataFrame:
+         min_gnq: float | None = None, group: str | None = None,
+         statuses: tuple[str, ...] = ()) -> pd.DataFrame:
     """The texts to export from ``rank_texts``'s frame: filters combine (all must hold); the one
     filter type of ``gnq export`` and the Flagged page (analysis/flagging.py)."""
     from gnq_core.analysis.flagging import TextFilter, flagged
 
     return flagged(ranked, TextFilter(top=top, min_percentile=min_percentile, min_gnq=min_gnq,
-                                      groups=() if group is None else (group,)))
+                                      groups=() if group is None else (group,), statuses=statuses))
 
 
 # ---------------------------------------------------------------------------------- reasons
