@@ -223,3 +223,19 @@ def test_a_text_with_several_values_is_counted_by_its_most_exposed_one(store):
         ranked.loc[0, "reason"]
     assert ranked.loc[1, "reason"].startswith("partly leaked: prompted with the text up to it, the model "
                                               "writes 8 of 16 characters of the PIN")
+
+
+def test_labels_from_before_every_value_was_kept_are_made_again(store):
+    """A run labelled before schema 10 (no secret_values, no public flag) is labelled again with
+    today's detector the first time its labels are needed: "Card number: ..." failing Luhn counts."""
+    from gnq_core.pipelines.text_labels import ensure_text_labels
+
+    old = EXAMPLES.assign(text=["Card number: 4929 1830 5527 6614", "c d e", "f", "g h"], copies=1,
+                          cluster_id=[0, 1, 2, 3], secret=None)
+    run = store.create_run(RunSpec(name="old", kind="audit", lam=0.01, batch_size=2, seed=0, max_length=8,
+                                   model_path="m", dataset_path="d.csv", dataset_hash="abc", n_examples=4,
+                                   code_version="test", device="cpu", dtype="float64"), old)
+    assert store.text_labels_missing(run.run_id)
+    labels = ensure_text_labels(store, run).set_index("example_id")
+    assert labels.loc[0, "secret"] == "card number" and not labels["public"].any()
+    assert not store.text_labels_missing(run.run_id)

@@ -102,10 +102,11 @@ class StoreQueries:
                                [run_id]).fetchone()[0]
 
     def text_labels_missing(self, run_id: int) -> bool:
-        """Whether some of a run's examples have no copy/secret labels yet (ensure_text_labels)."""
+        """Whether some of a run's examples have no copy/secret labels yet (ensure_text_labels), or
+        labels from before every value was kept (schema 10: ``public`` is written with them)."""
         with self.connect(read_only=True) as con:
-            return con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND copies IS NULL",
-                               [run_id]).fetchone()[0] > 0
+            return con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND (copies IS NULL OR "
+                               "public IS NULL)", [run_id]).fetchone()[0] > 0
 
     def cluster_ids(self, run_id: int) -> np.ndarray:
         """Each example's copy cluster (int64, in example_id order), without reading the texts."""
