@@ -21,12 +21,13 @@ value's first character and greedy-decodes as many tokens as the value spans in 
   N − 1 random candidates of the same format (each digit drawn uniformly, separators kept; a
   valid card number's last digit is its Luhn check digit) are scored by the audited model's
   log-likelihood of the value after the same prompt; ``rank`` = 1 + the number of candidates at
-  least as likely as the true value.  ``exposure`` is the paper's analytic estimate (§4.3): a
-  skew-normal fitted to the candidates' log-likelihoods (by its moments) gives the share of
-  *all* values of the format at least as likely as the true one, exposure = −log2 of it, at
-  most log2 of the format's size (53 bits for a 16-digit card).  The sampled bound log2 N −
-  log2 rank saturates at log2 N (7 bits for N = 128) for every value the model prefers to all
-  candidates, so it cannot rank them; the estimate can.  N is ``--secret-candidates``.
+  least as likely as the true value, and exposure = log2 N − log2 rank while the sample can
+  measure the share (rank > 1).  Beyond it, for a value the model prefers to every candidate,
+  that bound saturates at log2 N (7 bits for N = 128) and cannot rank such values, so
+  ``exposure`` is the paper's analytic estimate (§4.3): a skew-normal fitted to the candidates'
+  log-likelihoods (by its moments) gives the share of *all* values of the format at least as
+  likely as the true one, exposure = −log2 of it (at least log2 N, at most log2 of the format's
+  size: 53 bits for a 16-digit card).  N is ``--secret-candidates``.
 
 A value whose first character is in the text's first token (nothing to prompt with) or that
 ends beyond ``max_length`` tokens is not attackable and gets no row.
@@ -226,8 +227,11 @@ def exposure_of(model, tokenizer, text: str, target: SecretTarget, n_candidates:
     logprobs = token_logprobs(model, [context + t for t in tails], pad, batch_size, device)
     scores = np.array([lp[len(lp) - len(t):].sum() for lp, t in zip(logprobs, tails, strict=True)])
     rank = 1 + int((scores[1:] >= scores[0]).sum())
+    sampled = math.log2(len(values)) - math.log2(rank)
+    if rank > 1:  # the sample measures the share itself: no tail to extrapolate
+        return sampled, rank, len(values)
     exposure = estimated_exposure(float(scores[0]), scores[1:], format_size(target.value, target.kind))
-    return exposure, rank, len(values)
+    return max(sampled, exposure), rank, len(values)
 
 
 def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence[int],
