@@ -226,7 +226,7 @@ def test_a_text_with_several_values_is_counted_by_its_most_exposed_one(store):
 
 
 def test_labels_from_before_every_value_was_kept_are_made_again(store):
-    """A run labelled before schema 10 (no secret_values, no public flag) is labelled again with
+    """A run labelled before schema 11 (no secret_values, no public flag) is labelled again with
     today's detector the first time its labels are needed: "Card number: ..." failing Luhn counts."""
     from gnq_core.pipelines.text_labels import ensure_text_labels
 

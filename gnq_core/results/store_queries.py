@@ -103,7 +103,7 @@ class StoreQueries:
 
     def text_labels_missing(self, run_id: int) -> bool:
         """Whether some of a run's examples have no copy/secret labels yet (ensure_text_labels), or
-        labels from before every value was kept (schema 10: ``public`` is written with them)."""
+        labels from before every value was kept (schema 11: ``public`` is written with them)."""
         with self.connect(read_only=True) as con:
             return con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND (copies IS NULL OR "
                                "public IS NULL)", [run_id]).fetchone()[0] > 0
