@@ -408,20 +408,21 @@ def _secret_attack(row: pd.Series) -> str:
         ref = " (the reference model does not)" if pd.notna(ref_hits) else ""
         return (f"leaked: prompted with the text up to it, the model writes {what} "
                 f"({hits} of {n} characters){ref}{values}{exp}")
+    window = _true(row.get("extracted"))
+    came_out = ""
+    if window:
+        came_out = f" (its next {int(row['attack_suffix_tokens'])} tokens after the first " \
+                   f"{int(row['attack_prefix_tokens'])} do come out word for word)" \
+            if pd.notna(row.get("attack_suffix_tokens")) else " (the text attack's window does come out)"
     if partly_n:
         return (f"partly leaked: prompted with the text up to it, the model writes {hits} of {n} characters "
-                f"of {what}{ref}{values}{exp}")
-    window = _true(row.get("extracted"))
+                f"of {what}{ref}{came_out}{values}{exp}")
     head = "text reproduced, the value not: " if window else "not leaked: "
     if hits == n:
         said = f"{head}the model writes {what}, but so does the reference model: predictable"
     else:
         said = f"{head}prompted with the text up to it, the model writes {hits} of {n} characters of {what}"
-    if window:
-        said += f" (its next {int(row['attack_suffix_tokens'])} tokens after the first " \
-                f"{int(row['attack_prefix_tokens'])} do come out word for word)" \
-            if pd.notna(row.get("attack_suffix_tokens")) else " (the text attack's window does come out)"
-    return said + values + exp
+    return said + came_out + values + exp
 
 
 def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") -> tuple[str, bool]:
