@@ -44,6 +44,7 @@ from gnq_core.sources import (
     find_checkpoints,
     load_texts,
     max_positions,
+    secret_labels,
 )
 
 LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
@@ -86,6 +87,18 @@ def checkpoint_problem(path: str, mtime: float, tokenizer: str | None = None) ->
     except CheckpointError as exc:
         return str(exc)
     return None
+
+
+@st.cache_data(ttl=300, show_spinner=False, max_entries=16)
+def secret_values_in(path: str, mtime: float, text_column: str | None, secret_column: str | None,  # noqa: ARG001
+                     public_column: str | None) -> tuple[int, int]:
+    """(secret-like values, texts holding them) the secret attack will probe in a dataset file."""
+    import json
+
+    data = load_texts(path, text_column=text_column, secret_column=secret_column, public_column=public_column)
+    stored = secret_labels(data.texts, declared=data.secret_values, public=data.public)["secret_values"]
+    counts = [len(json.loads(v)) for v in stored if isinstance(v, str)]
+    return sum(counts), len(counts)
 
 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=256)
@@ -188,6 +201,12 @@ if data_path is not None:
                    + (f", groups: {', '.join(state.plain(g) for g in groups[:8])}" if groups else "")
                    + (f" ({dataset.dropped} rows with a missing or empty text skipped)" if dataset.dropped
                       else ""))
+        n_values, n_holding = secret_values_in(str(data_path), data_path.stat().st_mtime, text_column,
+                                               secret_column, public_column)
+        st.caption(f"{n_values:,} secret-like values in {n_holding:,} texts (patterns below add more): "
+                   "with the attack, each is probed — the model prompted with its text up to the value, "
+                   "then scored against the secret candidates' likelihoods for its exposure — and its "
+                   "progress shown value by value.")
     except (DatasetError, LinkError) as exc:
         st.error(state.plain(exc))
 
