@@ -29,7 +29,7 @@ from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.protected_paths import OverwriteError, refuse_overwrite, verify_checkpoint
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import TrainSettings
-from gnq_core.pipelines.text_labels import text_labels
+from gnq_core.pipelines.text_labels import dataset_labels, secret_settings
 from gnq_core.progress import Reporter
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Run, Store, StoreError
@@ -62,7 +62,7 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
         examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": [len(x) for x in ids]})
         run = store.create_run(replace(spec, model_hash=init_hash),
-                               pd.concat([examples, text_labels(dataset.texts)], axis=1))
+                               pd.concat([examples, dataset_labels(dataset)], axis=1))
         optimizer_state = rng_state = None
     else:
         finished = store.points(run.run_id).query("status == 'done'")["point"]
@@ -211,7 +211,8 @@ def _run_spec(dataset: TextDataset, out_dir: Path, name: str, init: str | Path |
     """The run's description; a rerun must match it (all settings but the device)."""
     extra = asdict(settings) | {"init": str(Path(init).resolve()) if init else None,
                                 "from_scratch": init is None, "text_column": dataset.text_column,
-                                "group_column": dataset.group_column, "weight_gradients": WEIGHT_GRADIENTS}
+                                "group_column": dataset.group_column, "weight_gradients": WEIGHT_GRADIENTS,
+                                **secret_settings(dataset)}
     return RunSpec(
         name=name, kind="train", lam=settings.lam, batch_size=settings.batch_size, seed=settings.seed,
         max_length=settings.max_length, model_path=str(out_dir), dataset_path=str(dataset.path),

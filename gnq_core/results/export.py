@@ -107,9 +107,11 @@ def to_bytes(frame: pd.DataFrame, fmt: str, *, neutralise: bool = True) -> bytes
 EXPORT_COLUMNS = ["example_id", "text", "group", "rank", "percentile", "status", "reason", "risk",
                   "gnq_total", "gnq_max", "gnq_last", "gnq_mean", "gnq_rank", "gnq_percentile",
                   "copies", "cluster_id", "gnq_with_copy", "secret", "secret_start", "secret_end",
-                  "secret_match", "loss_last", "self_influence_last", "n_points"]
+                  "secret_match", "secret_values", "public", "loss_last", "self_influence_last", "n_points"]
 EXTRACTION_COLUMNS = ["extracted", "extraction_match", "reference_match", "extraction_generated",
-                      "loss_ratio", "zlib_ratio", "min_k_prob", "secret_reproduced", "secret_chars",
+                      "loss_ratio", "zlib_ratio", "min_k_prob", "secret_reproduced", "secret_values_attacked",
+                      "secret_values_leaked", "secret_values_partly", "secret_kind", "secret_value",
+                      "secret_chars",
                       "secret_chars_reproduced", "reference_secret_chars_reproduced", "secret_exposure",
                       "secret_generated"]
 

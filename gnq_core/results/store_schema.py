@@ -16,7 +16,25 @@ from gnq_core.errors import GNQError
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 # Per-text properties of the text within its dataset (sources/copies.py, sources/secrets.py).
-TEXT_LABEL_COLUMNS = ["copies", "cluster_id", "secret", "secret_start", "secret_end", "secret_match"]
+TEXT_LABEL_COLUMNS = ["copies", "cluster_id", "secret", "secret_start", "secret_end", "secret_match",
+                      "secret_values", "public"]
+
+# A secret-like value "partly leaked" (issue 37): not all of its letters and digits came out, but at
+# least PARTLY_MIN_CHARS of them that its format does not explain (novel_chars_reproduced: not what
+# the run's other values of its kind have at that place, as "+44 20 7946" of every phone number of
+# a data set), at least a quarter of them, and more than the reference model wrote (a digit guessed
+# at random matches 1 time in 10: 3 novel of 16 at chance is 21%, with the reference below it less).
+PARTLY_MIN_CHARS, PARTLY_MIN_SHARE = 3, 0.25
+PARTLY_LEAKED_SQL = (f"(coalesce(novel_chars_reproduced, chars_reproduced) >= {PARTLY_MIN_CHARS} AND "
+                     f"chars_reproduced >= {PARTLY_MIN_SHARE} * chars AND "
+                     "chars_reproduced > coalesce(reference_chars_reproduced, -1))")
+
+
+def partly_leaked(chars: int, hits: int, reference_hits: int | None, novel_hits: int | None = None) -> bool:
+    """``PARTLY_LEAKED_SQL`` for one value that did not come out whole."""
+    novel = hits if novel_hits is None else novel_hits
+    return (hits < chars and novel >= PARTLY_MIN_CHARS and hits >= PARTLY_MIN_SHARE * chars
+            and hits > (-1 if reference_hits is None else reference_hits))
 
 
 class StoreError(GNQError, RuntimeError):
