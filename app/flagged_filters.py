@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from gnq_core.analysis import GNQ_ORDER, VERDICT_ORDER, TextFilter
+from gnq_core.analysis import GNQ_ORDER, STATUSES, VERDICT_ORDER, TextFilter
 from gnq_core.analysis import flagged as flag_texts
 
 VERDICT, BY_GNQ = "Verdict (leaked, secret-like, risk)", "GNQ_total alone"
 ORDERS = (VERDICT, BY_GNQ)
 MODES = ("top-k", "percentile", "GNQ threshold")
-EXTRACTION = ("all", "extracted", "not extracted")
+EXTRACTION = ("all", "extracted", "not extracted")  # the text attack's window (calibrated)
+STATUS_CHOICES = ("all", *STATUSES)  # the verdict's statuses: the counts the Runs page states
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Filters:
     groups: list[str] = field(default_factory=list)
     extraction: str = "all"
     only_secrets: bool = False
+    status: str = "all"
 
     def text_filter(self) -> TextFilter:
         """The page's choices as the shared filter: the one "Flag by" mode picked, and the rest."""
@@ -36,7 +38,8 @@ class Filters:
                           min_gnq=self.min_gnq if self.mode == "GNQ threshold" else None,
                           groups=tuple(self.groups), search=self.search,
                           extracted=None if self.extraction == "all" else self.extraction == "extracted",
-                          only_secrets=self.only_secrets)
+                          only_secrets=self.only_secrets,
+                          statuses=() if self.status == "all" else (self.status,))
 
 
 def flagged(scored: pd.DataFrame, f: Filters) -> pd.DataFrame:

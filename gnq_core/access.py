@@ -16,14 +16,16 @@ from pathlib import Path
 
 from gnq_core.errors import GNQError
 
-__all__ = ["COOKIE_NAME", "GATE_ENV", "TOKEN_ENV", "OutsideRootsError", "cookie_ok", "cookie_value",
-           "dashboard_command", "data_roots", "local_path", "new_token", "roots_enforced", "token_ok",
-           "under_roots"]
+__all__ = ["ADDRESS_ENV", "COOKIE_NAME", "GATE_ENV", "HOSTS_ENV", "LOCAL_ADDRESSES", "TOKEN_ENV",
+           "OutsideRootsError", "cookie_ok", "cookie_value", "dashboard_command", "data_roots", "local_path",
+           "new_token", "roots_enforced", "token_ok", "under_roots"]
 
 TOKEN_ENV = "GNQ_DASHBOARD_TOKEN"
 ROOTS_ENV = "GNQ_DATA_ROOTS"
 GATE_ENV = "GNQ_HTTP_GATE"  # set in the server process by the HTTP gate (app/gate.py)
 COOKIE_NAME = "gnq_auth"
+ADDRESS_ENV = "GNQ_DASHBOARD_ADDRESS"  # the address the dashboard listens on (the gate's Host check)
+HOSTS_ENV = "GNQ_DASHBOARD_HOSTS"  # further host names it answers for, separated by commas
 
 
 class OutsideRootsError(GNQError, ValueError):
@@ -97,6 +99,7 @@ def dashboard_command(app_file: Path, address: str, port: int, token: bool | Non
         raise ValueError(f"--address {address} without a token would let anyone who reaches the port "
                          "read your files and start jobs; drop --no-token, or listen on 127.0.0.1")
     env = dict(os.environ)
+    env[ADDRESS_ENV] = address  # the gate answers only for this host (and loopback names)
     made = new_token() if (token if token is not None else not local) else None
     if made:
         env[TOKEN_ENV] = made

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +21,14 @@ from gnq_core.sources.copies import (
     normalise,
     shingles,
 )
-from gnq_core.sources.secrets import find_secrets, iban_ok, luhn_ok, secret_labels
+from gnq_core.sources.secrets import (
+    compile_patterns,
+    find_secrets,
+    iban_ok,
+    luhn_ok,
+    secret_labels,
+    values_from_json,
+)
 from gnq_core.sources.tokens import batch_partition
 
 RECORD = "Customer {name}, card {card}, PIN {pin}, branch in {town}, account opened in {year}."
@@ -264,3 +272,78 @@ def test_the_value_is_the_secret_not_the_words_announcing_it():
     assert [x.value for x in find_secrets("Her PIN is 4821 and card 4111 1111 1111 1111.")] == [
         "4821", "4111 1111 1111 1111"]
     assert find_secrets("reset the password for your account today") == []
+
+
+# ------------------------------------------------------------------- labelled values (issue 37)
+@pytest.mark.parametrize(("text", "kind", "value", "verified"), [
+    ("Card number: 4929 1830 5527 6614.", "card number", "4929 1830 5527 6614", False),  # fails Luhn
+    ("Card number: 4111 1111 1111 1111.", "card number", "4111 1111 1111 1111", True),
+    ("Phone: +91 98450 22713.", "phone", "+91 98450 22713", True),
+    ("Helena Vorst, phone 555-0148, call after 6", "phone", "555-0148", True),  # 7 digits, labelled
+    ("PIN: 0042", "pin", "0042", True),
+    ("IBAN: DE88 3704 0044 0532 0130 00", "iban", "DE88 3704 0044 0532 0130 00", False),  # bad check digits
+    ("Password: hunter2!", "password", "hunter2!", True),
+    ("SSN: 123456789", "ssn", "123456789", True),
+    ("E-mail: anna.berg@example.org", "email", "anna.berg@example.org", True),
+    ("Account: 5512 8890 11", "account number", "5512 8890 11", True),
+    ("Kontonummer: 1234 5678 90", "account number", "1234 5678 90", True),
+    ("Passwort: Blau!Himmel7", "password", "Blau!Himmel7", True),
+    ("contraseña: gato-azul", "password", "gato-azul", True),
+    ("Teléfono: 612 345 678", "phone", "612 345 678", True),
+    ("Member ID: 5512 8890, tier gold", "labelled value", "5512 8890", True),
+    ("api_secret = 9f8a7b6c5d", "labelled value", "9f8a7b6c5d", True),
+    ("Codice cliente: 88213", "labelled value", "88213", True),
+])
+def test_a_labelled_value_counts_even_when_its_checksum_fails(text, kind, value, verified):
+    (s,) = find_secrets(text)
+    assert (s.kind, s.value, s.verified) == (kind, value, verified)
+    assert text[s.value_start:s.value_end] == value
+
+
+def test_international_phone_numbers_and_every_value_of_a_text():
+    assert [s.value for s in find_secrets("call +91 98450 22713 or +49 30 901820 today")] == [
+        "+91 98450 22713", "+49 30 901820"]
+    record = ("Customer: Priya Rao, Bangalore. Card number: 4929 1830 5527 6614. Phone: +91 98450 22713. "
+              "Customer number 71938204.")
+    assert [(s.kind, s.value) for s in find_secrets(record)] == [
+        ("card number", "4929 1830 5527 6614"), ("phone", "+91 98450 22713"), ("account number", "71938204")]
+
+
+@pytest.mark.parametrize("text", [
+    "Tel Aviv: 30 killed in the blast",  # a key word inside a name, too few digits
+    "Score: 24-17 at half time",
+    "Notes: renewed 2023",
+    "Time: 12:30 on 2024-05-01",
+    "Name: Anna Berg",
+])
+def test_labels_without_a_private_value_are_not_flagged(text):
+    assert find_secrets(text) == []
+
+
+def test_user_patterns_declared_values_and_public_texts():
+    pattern = compile_patterns([r"REF-(\d{5})"])
+    (s,) = find_secrets("see REF-48213 for details", pattern)
+    assert (s.kind, s.value) == ("custom", "48213")
+    (d,) = find_secrets("Anna Berg moved to Porto", declared=["Anna Berg"])
+    assert (d.kind, d.value, d.start) == ("declared", "Anna Berg", 0)
+    with pytest.raises(ValueError, match="--secret-pattern '\\(' is not a valid regular expression"):
+        compile_patterns(["("])
+    labels = secret_labels(["PIN 1234 and mail a@b.co", "PIN 1234", "nothing"], public=[False, True, False])
+    assert labels["secret"].isna().tolist() == [False, True, True]  # a public text is not searched
+    stored = values_from_json("PIN 1234 and mail a@b.co", labels["secret_values"][0])
+    assert [(v.kind, v.value) for v in stored] == [("pin", "1234"), ("email", "a@b.co")]
+
+
+def test_dataset_secret_and_public_columns(tmp_path):
+    from gnq_core.sources.datasets import DatasetError, load_texts
+
+    path = tmp_path / "d.csv"
+    pd.DataFrame({"text": ["a PIN 1234", "public news", "x"], "pii": ["1234; Anna", None, ""],
+                  "public": ["no", "yes", "0"]}).to_csv(path, index=False)
+    data = load_texts(path, secret_column="pii", public_column="public")
+    assert data.secret_values == [["1234", "Anna"], [], []] and data.public == [False, True, False]
+    with pytest.raises(DatasetError, match="no column 'nope' for --secret-column"):
+        load_texts(path, secret_column="nope")
+    pd.DataFrame({"text": ["a"], "public": ["maybe"]}).to_csv(path, index=False)
+    with pytest.raises(DatasetError, match="row 1: column 'public' is 'maybe'"):
+        load_texts(path, public_column="public")

@@ -471,6 +471,19 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         if f"Run '{RUN_NAME}'" not in body_text(shared):
             problems.append("the shared address did not open the same run")
         shared.close()
+        # --- One set of numbers (issue 37): the headline and the "Leaked" tile state the counts
+        # every other surface states (analysis.counts.RunCounts of the store's verdict).
+        from gnq_core.analysis import rank_texts, run_counts, summary
+        from gnq_core.results.store import Store
+        audited = Store(server.db)
+        ranked = rank_texts(audited.example_totals(audited.run(RUN_NAME).run_id))
+        counts = run_counts(ranked)
+        if summary(ranked, counts).split(".")[0] not in body_text(page):
+            problems.append(f"Runs: the headline is not {summary(ranked, counts)!r}")
+        tile = page.locator('[data-testid="stMetric"]').filter(has_text="Leaked").first.inner_text()
+        if f"{counts.status('leaked')} / {counts.texts}" not in tile:
+            problems.append(f"Runs: the Leaked tile says {tile!r}, the counts {counts.status('leaked')} / "
+                            f"{counts.texts}")
         # --- The texts read without scrolling sideways: every text cell inside the viewport, and
         # nothing wider than the page.
         fits = page.evaluate(TEXTS_FIT)

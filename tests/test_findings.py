@@ -47,8 +47,9 @@ def test_each_status_gets_its_action():
 
 def test_summary_counts_texts_once():
     said = summary(_ranked())
-    assert said.startswith("2 texts leaked, 1 holds a secret (1 card number), 1 of them repeated in the "
-                           "data.")
+    # rows of the verdict, as every filter and table counts them; the distinct texts beside them
+    assert said.startswith("4 texts leaked (2 distinct, with their copies): 1 card number, 3 texts without a "
+                           "secret-like value, word for word.")
     assert "1 other text holds a secret-like value" in said and "deduplicate repeated texts" in said
 
 

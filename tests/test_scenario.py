@@ -59,13 +59,17 @@ def test_leaked_planted_texts_rank_at_the_top(run):
     assert (planted & extracted).sum() >= 1, "the fine-tune should write some planted text's window"
     # leaked by the verdict's rule: for a text with a secret-like value, the secret attack decides
     # (its window coming out without the secret is no leak); otherwise the text attack
+    # (its window coming out without the secret is "text reproduced", never "leaked": issue 37)
     has_value = out["secret_reproduced"].notna()
-    expected = out["secret_reproduced"].where(has_value, extracted).astype(bool)
+    has_secret = out["secret"].notna()
+    expected = out["secret_reproduced"].where(has_value, extracted & ~has_secret).astype(bool)
     assert ((out["status"] == "leaked") == expected).all()
     window_only = extracted & has_value & ~out["secret_reproduced"].astype("boolean").fillna(False)
     assert out.loc[window_only, "reason"].str.contains("do come out word for word").all()
-    # tiers: leaked, then secret-like content, then the rest
-    tier = out["status"].map({"leaked": 2, "secret": 1}).fillna(0)
+    assert out.loc[window_only, "status"].isin(["partly leaked", "text reproduced"]).all()
+    # tiers: leaked, partly leaked, text reproduced, secret-like content, then the rest
+    tier = out["status"].map({"leaked": 4, "partly leaked": 3, "text reproduced": 2, "secret": 1,
+                              "public": -1}).fillna(0)
     assert list(tier) == sorted(tier, reverse=True)
     base_rate = extracted.mean()
     top = out["percentile"] > 80.0  # the top 20% of the default ranking

@@ -193,3 +193,49 @@ def test_an_extra_per_text_column_lands_by_name_once_the_table_has_it(store, tmp
     writer.flush()
     sharded, _ = ingest(store, tmp_path / "s")
     assert store.scores(sharded.run_id)["copies"].tolist() == [3, 2, 1, 0]
+
+
+def test_a_text_with_several_values_is_counted_by_its_most_exposed_one(store):
+    """Issue 37: a text's counts are its most exposed value's ("4 of 4"), not sums over its values
+    ("9 of 19" beside "leaked"); how many of its values leaked whole or in part is kept."""
+    run = _run(store)
+    _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 4.0])
+
+    def value(eid, start, chars, hits, ref, extracted):
+        return {"example_id": eid, "secret_start": start, "secret_end": start + chars, "kind": "pin",
+                "value": "9" * chars, "prompt_tokens": 3, "value_tokens": 2, "generated": "x", "chars": chars,
+                "chars_reproduced": hits, "reproduced": hits == chars, "reference_generated": "y",
+                "reference_chars_reproduced": ref, "extracted": extracted, "exposure": 3.0,
+                "exposure_rank": 1, "exposure_candidates": 16, "rule": "r"}
+
+    rows = pd.DataFrame([value(0, 0, 4, 4, 0, True), value(0, 10, 15, 2, 0, False),  # one whole, one not
+                         value(1, 0, 16, 8, 2, False), value(1, 20, 4, 1, 0, False),  # one in part
+                         value(2, 0, 16, 2, 0, False),                              # 2 of 16: not partly
+                         value(3, 0, 8, 6, 6, False)])                              # the reference too
+    store.write_secret_attacks(run.run_id, 0, rows, "test")
+    totals = store.example_totals(run.run_id).set_index("example_id")
+    got = totals[["secret_values_attacked", "secret_values_leaked", "secret_values_partly", "secret_chars",
+                  "secret_chars_reproduced"]].astype(int).to_numpy().tolist()
+    assert got == [[2, 1, 0, 4, 4], [2, 0, 1, 16, 8], [1, 0, 0, 16, 2], [1, 0, 0, 8, 6]]
+    ranked = rank_texts(totals.reset_index().assign(secret="pin")).set_index("example_id")
+    assert ranked["status"].to_dict() == {0: "leaked", 1: "partly leaked", 2: "secret", 3: "secret"}
+    assert "(4 of 4 characters) (the reference model does not); 1 of its 2 values come out whole" in \
+        ranked.loc[0, "reason"]
+    assert ranked.loc[1, "reason"].startswith("partly leaked: prompted with the text up to it, the model "
+                                              "writes 8 of 16 characters of the PIN")
+
+
+def test_labels_from_before_every_value_was_kept_are_made_again(store):
+    """A run labelled before schema 11 (no secret_values, no public flag) is labelled again with
+    today's detector the first time its labels are needed: "Card number: ..." failing Luhn counts."""
+    from gnq_core.pipelines.text_labels import ensure_text_labels
+
+    old = EXAMPLES.assign(text=["Card number: 4929 1830 5527 6614", "c d e", "f", "g h"], copies=1,
+                          cluster_id=[0, 1, 2, 3], secret=None)
+    run = store.create_run(RunSpec(name="old", kind="audit", lam=0.01, batch_size=2, seed=0, max_length=8,
+                                   model_path="m", dataset_path="d.csv", dataset_hash="abc", n_examples=4,
+                                   code_version="test", device="cpu", dtype="float64"), old)
+    assert store.text_labels_missing(run.run_id)
+    labels = ensure_text_labels(store, run).set_index("example_id")
+    assert labels.loc[0, "secret"] == "card number" and not labels["public"].any()
+    assert not store.text_labels_missing(run.run_id)

@@ -40,14 +40,17 @@ def test_order_is_leaked_then_secret_then_risk():
     ranked = rank_texts(totals())
     assert list(ranked["example_id"]) == [0, 3, 1, 2, 4, 5]
     assert list(ranked["rank"]) == [1, 2, 3, 4, 5, 6]
-    assert list(ranked["status"][:3]) == ["leaked", "secret", "secret"]
+    # the card-number record's window came out but its card number was not attacked: the window
+    # alone says "text reproduced", never "leaked" (issue 37)
+    assert list(ranked["status"][:3]) == ["text reproduced", "secret", "secret"]
     assert ranked["percentile"].iloc[0] == 100.0 and ranked["percentile"].iloc[-1] == pytest.approx(100 / 6)
     assert set(VERDICT_COLUMNS) <= set(ranked.columns)
 
 
 def test_reasons_say_why_in_words():
     reasons = rank_texts(totals()).set_index("example_id")["reason"]
-    assert reasons[0].startswith("leaked: given its first 12 tokens the model writes the next 8 tokens")
+    assert reasons[0].startswith("text reproduced: its next 8 tokens after the first 12 come out word for "
+                                 "word, but its secret-like value was not attacked")
     assert "card-number-like string" in reasons[0]
     assert "repeated 4×: copies explain each other, so GNQ cannot see it" in reasons[3]
     assert reasons[1].startswith("contains a PIN")

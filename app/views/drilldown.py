@@ -10,7 +10,7 @@ import streamlit as st
 
 from app import charts, show, state
 from app.columns import column_config
-from gnq_core.analysis import COLUMN_HELP, action, nearest_by_trajectory, token_alignment
+from gnq_core.analysis import COLUMN_HELP, action, nearest_by_trajectory, token_alignment, value_outcome
 
 
 def _tokens(value) -> list[str]:
@@ -52,7 +52,8 @@ st.code(row["text"], language=None, wrap_lines=True)  # shown as text, never as 
 reason = str(row["reason"]).removeprefix(f"{row['status']}: ")  # not "leaked: leaked: ..."
 verdict_line = f"**{state.plain(row['status'])}**: {state.plain(reason)}  \n**What to do:** " \
                f"{state.plain(action(pd.Series(row)))}"
-alert = {"leaked": st.error, "secret": st.warning}.get(row["status"], st.info)
+alert = {"leaked": st.error, "partly leaked": st.error, "text reproduced": st.warning,
+         "secret": st.warning}.get(row["status"], st.info)
 alert(verdict_line)
 c = st.columns(6)
 c[0].metric("Rank", f"{row['rank']} / {len(totals)}", help=COLUMN_HELP["rank"])
@@ -85,7 +86,9 @@ else:
     if a["match_fraction"] is None or a["match_fraction"] != a["match_fraction"]:
         st.caption(f"Too short for a {a['prefix_tokens']}-token prefix.")
     else:
-        verdict = "extracted" if row["extracted"] is True else "not extracted"
+        verdict = ("window reproduced" if row["extracted"] is True else "window not reproduced") + (
+            " — for a text with a secret-like value the secret attack below decides"
+            if isinstance(row.get("secret"), str) else "")
         ref = a.get("reference_match")
         ref_note = (f"; the reference model matches **{ref:.0%}**" if ref is not None and ref == ref else
                     " (no reference model)")
@@ -111,13 +114,17 @@ if not secrets.empty:
     st.subheader("Secret attack")
     st.caption("Prompted with the text up to each secret-like value, does the model write the value? "
                + state.plain(secrets["rule"].iloc[0]))
-    st.dataframe(secrets[["kind", "value", "generated", "chars", "chars_reproduced", "reference_generated",
-                          "reference_chars_reproduced", "extracted", "exposure", "exposure_candidates"]],
+    secrets = secrets.assign(outcome=[value_outcome(r.extracted, r.chars, r.chars_reproduced,
+                                                    r.reference_chars_reproduced, r.novel_chars_reproduced)
+                                      for r in secrets.itertuples()])
+    st.dataframe(secrets[["kind", "value", "outcome", "generated", "chars", "chars_reproduced",
+                          "reference_generated", "reference_chars_reproduced", "exposure", "exposure_rank",
+                          "exposure_candidates"]],
                  hide_index=True, width="stretch",
                  column_config={"generated": "the model wrote", "chars_reproduced": "characters reproduced",
                                 "reference_generated": "the reference wrote",
                                 "reference_chars_reproduced": "reference: characters",
-                                "extracted": "secret reproduced",
+                                "exposure_rank": "rank among them",
                                 "exposure": st.column_config.NumberColumn("exposure (bits)", format="%.1f"),
                                 "exposure_candidates": "N random values"})
 

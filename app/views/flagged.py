@@ -8,7 +8,7 @@ import streamlit as st
 
 from app import address, show, state
 from app.columns import column_config
-from app.flagged_filters import EXTRACTION, MODES, ORDERS, Filters, flagged
+from app.flagged_filters import EXTRACTION, MODES, ORDERS, STATUS_CHOICES, Filters, flagged
 from gnq_core.analysis import grouped
 from gnq_core.results import export_frame, to_bytes
 
@@ -42,27 +42,33 @@ else:
     min_gnq = c2.number_input("GNQ_total at least", format="%g", key="flagged_min")
 address.restore("flagged_search", "q", default.search, address.text)
 search = c3.text_input("Text contains", placeholder="search…", key="flagged_search")
-c1, c2, c3 = st.columns(3)
+c1, c2, c3, c4 = st.columns(4)
 groups = sorted(scored["group"].dropna().astype(str).unique())
 address.restore("flagged_groups", "group", default.groups, address.subset(groups))
 picked = c1.multiselect("Groups", groups, key="flagged_groups")
 has_attack = scored["extraction_match"].notna().any()
 address.restore("flagged_extraction", "extraction", default.extraction, address.one_of(EXTRACTION))
-extracted = c2.radio("Extraction", EXTRACTION, horizontal=True, disabled=not has_attack,
-                     key="flagged_extraction")
+extracted = c2.radio("Text attack's window", EXTRACTION, horizontal=True, disabled=not has_attack,
+                     key="flagged_extraction",
+                     help="Whether the text attack's 8-token window came out (calibrated). For a text with a "
+                          "secret-like value this is not the verdict: filter by Status for that.")
+address.restore("flagged_status", "status", default.status, address.one_of(STATUS_CHOICES))
+status = c4.selectbox("Status", STATUS_CHOICES, key="flagged_status",
+                      help="The verdict's status: the same counts as the Runs page's headline.")
 address.restore("flagged_secrets", "secret", default.only_secrets, address.flag)
 only_secrets = c3.toggle("Only secret-like content", key="flagged_secrets",
                          help="Texts holding a card-number-like string, PIN, password, key, e-mail, phone...")
 
 filters = Filters(order=order, mode=mode, k=k, percentile=pct, min_gnq=min_gnq, search=search,
-                  groups=list(picked), extraction=extracted, only_secrets=only_secrets)
+                  groups=list(picked), extraction=extracted, only_secrets=only_secrets, status=status)
 for param, value, base, active in (("order", order, default.order, True), ("flag", mode, default.mode, True),
                                    ("k", k, default.k, mode == "top-k"),
                                    ("pct", pct, default.percentile, mode == "percentile"),
                                    ("min_gnq", min_gnq, default.min_gnq, mode == "GNQ threshold"),
                                    ("q", search, default.search, True), ("group", filters.groups, [], True),
                                    ("extraction", extracted, default.extraction, True),
-                                   ("secret", only_secrets, False, True)):
+                                   ("secret", only_secrets, False, True),
+                                   ("status", status, default.status, True)):
     if active:
         address.record(param, value, base)
     else:

@@ -18,6 +18,7 @@ from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
 from gnq_core.pipelines import (
     DEFAULT_PREFIX,
+    DEFAULT_SECRET_CANDIDATES,
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
     AuditJob,
@@ -45,6 +46,7 @@ from gnq_core.sources import (
     find_checkpoints,
     load_texts,
     max_positions,
+    secret_labels,
 )
 
 LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
@@ -87,6 +89,18 @@ def checkpoint_problem(path: str, mtime: float, tokenizer: str | None = None) ->
     except CheckpointError as exc:
         return str(exc)
     return None
+
+
+@st.cache_data(ttl=300, show_spinner=False, max_entries=16)
+def secret_values_in(path: str, mtime: float, text_column: str | None, secret_column: str | None,  # noqa: ARG001
+                     public_column: str | None) -> tuple[int, int]:
+    """(secret-like values, texts holding them) the secret attack will probe in a dataset file."""
+    import json
+
+    data = load_texts(path, text_column=text_column, secret_column=secret_column, public_column=public_column)
+    stored = secret_labels(data.texts, declared=data.secret_values, public=data.public)["secret_values"]
+    counts = [len(json.loads(v)) for v in stored if isinstance(v, str)]
+    return sum(counts), len(counts)
 
 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=256)
@@ -200,7 +214,7 @@ else:
     typed = st.text_input("Dataset file on this machine", key="data_path_input")
     data_path = _local(typed)
 
-text_column = group_column = None
+text_column = group_column = secret_column = public_column = None
 dataset = None
 if data_path is not None:
     try:
@@ -214,12 +228,28 @@ if data_path is not None:
             group_column = c2.selectbox("Group column (optional)", options,
                                         index=options.index("group") if "group" in options else 0)
             group_column = None if group_column == "(none)" else group_column
-        dataset = load_texts(data_path, text_column=text_column, group_column=group_column)
+            c1, c2 = st.columns(2)
+            secret_column = c1.selectbox("Secret column (optional)", options, key="secret_column",
+                                         help="Each row's private value(s), ';'-separated: found in its text "
+                                              "and attacked like any secret-like value (--secret-column).")
+            secret_column = None if secret_column == "(none)" else secret_column
+            public_column = c2.selectbox("Public column (optional)", options, key="public_column",
+                                         help="true/false, yes/no, 1/0: a public text is not searched for "
+                                              "secrets and never 'at risk' (--public-column).")
+            public_column = None if public_column == "(none)" else public_column
+        dataset = load_texts(data_path, text_column=text_column, group_column=group_column,
+                             secret_column=secret_column, public_column=public_column)
         groups = sorted({g for g in dataset.groups if g is not None})
         st.caption(f"{len(dataset):,} texts"
                    + (f", groups: {', '.join(state.plain(g) for g in groups[:8])}" if groups else "")
                    + (f" ({dataset.dropped} rows with a missing or empty text skipped)" if dataset.dropped
                       else ""))
+        n_values, n_holding = secret_values_in(str(data_path), data_path.stat().st_mtime, text_column,
+                                               secret_column, public_column)
+        st.caption(f"{n_values:,} secret-like values in {n_holding:,} texts (patterns below add more): "
+                   "with the attack, each is probed — the model prompted with its text up to the value, "
+                   "then scored against the secret candidates' likelihoods for its exposure — and its "
+                   "progress shown value by value.")
     except (DatasetError, LinkError) as exc:
         st.error(state.plain(exc))
 
@@ -265,6 +295,15 @@ with st.form("settings"):
         placeholder="a model folder on this machine; empty: the first checkpoint",
         help="The attack counts a text as leaked only when the audited model writes it and this model does "
              "not. For a fine-tune, give its base model; empty: the run's first checkpoint.")
+    c3, c4 = st.columns([3, 1])
+    patterns = c3.text_area("Secret patterns (optional)", key="secret_patterns", height=68,
+                            placeholder="one regular expression a line, e.g. REF-(\\d{5})",
+                            help="Values to treat as secret (--secret-pattern): the first group, else the "
+                                 "whole match, is the value.")
+    candidates = c4.number_input("Secret candidates", min_value=1, value=DEFAULT_SECRET_CANDIDATES, step=16,
+                                 key="secret_candidates",
+                                 help="Random values of each digit secret's format scored beside it; its "
+                                      "exposure is estimated from their likelihoods (--secret-candidates).")
     threads = c2.number_input("CPU threads", min_value=1, value=1, step=1, key="threads",
                               help="torch CPU threads of the job (the CLI's --threads). 1 is best when other "
                                    "jobs share the cores (README: competing threads can slow a step 10×).")
@@ -292,11 +331,13 @@ if submitted:
                               loss=loss, lam_mode=lam_mode)
         steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
                           text_column=text_column, group_column=group_column, settings=audit,
+                          secret_column=secret_column, public_column=public_column,
+                          secret_patterns=tuple(p.strip() for p in patterns.splitlines() if p.strip()),
                           threads=int(threads), tokenizer=str(tokenizer_dir) if tokenizer_dir else None,
                           base_model=str(base_dir) if base_dir is not None else None,
                           merge_adapter=bool(merge_adapter))]
         steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
-                             threshold=threshold, threads=int(threads),
+                             threshold=threshold, threads=int(threads), secret_candidates=int(candidates),
                              reference=str(reference_path) if reference_path else "first")] if attack else []
     except ValueError as exc:
         st.error(state.plain(exc))

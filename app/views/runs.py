@@ -8,22 +8,25 @@ import streamlit as st
 from app import charts, show, state
 from app.columns import column_config
 from app.jobs_view import job_panel
-from gnq_core.analysis import summary
+from gnq_core.analysis import LEAKED, PARTLY, run_counts, summary
 from gnq_core.pipelines import DemoJob, list_jobs, start_job
+
+LEAKED_STATUSES = (LEAKED, PARTLY)
 
 
 def leaked_texts(run) -> None:
     """What actually leaked from this run, each text with its reason, above everything else."""
     totals = state.totals(str(state.db_path()), run.run_id, state.version(run.run_id))
     attack = run.settings.get("attack") or {}
-    leaked = totals[totals["status"] == "leaked"] if "status" in totals else totals.iloc[0:0]
+    # leaked and partly leaked: a secret value (or, for a text without one, the text) came out
+    leaked = totals[totals["status"].isin(LEAKED_STATUSES)] if "status" in totals else totals.iloc[0:0]
     st.subheader(f"What leaked from {state.plain(repr(run.name))}")
     if totals["extraction_match"].notna().sum() == 0:
         st.caption("No extraction attack stored for this run yet (`gnq extract`).")
         return
     secret_rule = f" {state.plain(attack['secret_rule'])}." if attack.get("secret_rule") else ""
     rule = f" Rule: {state.plain(attack['rule'])}.{secret_rule}" if attack.get("rule") else ""
-    said = state.plain(summary(totals))
+    said = state.plain(summary(totals, run_counts(totals)))
     if leaked.empty:
         st.success(f"{said}")
     else:
@@ -84,9 +87,13 @@ c1, c2, c3, c4 = st.columns(4)
 c1.metric("Examples", f"{len(totals):,}")
 c2.metric("Points (checkpoints / epochs)", int(totals["n_points"].max() or 0) if len(scored) else 0)
 c3.metric("Median GNQ_total", f"{scored['gnq_total'].median():.3g}" if len(scored) else "–")
-extracted = totals["extracted"].dropna()
-c4.metric("Extracted by the attack",
-          f"{int(extracted.sum())} / {len(extracted)}" if len(extracted) else "not run")
+counts = run_counts(totals)  # the headline's numbers: one object (analysis/counts.py)
+c4.metric("Leaked", f"{counts.status('leaked')} / {counts.texts}" if counts.attacked else "not run",
+          help="Texts whose secret-like value the model writes whole, or, without one, whose window it "
+               f"writes word for word. Also: {counts.status('partly leaked')} partly leaked, "
+               f"{counts.status('text reproduced')} text reproduced (the window, not the value); "
+               f"{counts.window_reproduced} of {counts.window_attacked} windows came out; "
+               f"{counts.values_leaked} of {counts.values_attacked} secret-like values came out whole.")
 
 nature = state.gnq_nature(str(state.db_path()), run.run_id, version)
 st.markdown("**What GNQ is on this run.** " + nature["sentence"])

@@ -6,6 +6,10 @@ Actions follow from the verdict (analysis/verdict.py), not from a model of their
 
 * leaked with a secret-like value: scrub the value from the data and retrain (or unlearn), and
   treat the secret as exposed (change it): the model writes it;
+* partly leaked: the same, the value partly exposed;
+* text reproduced (the window came out, the secret did not): scrub the value before the next
+  training, remove the text if it is private;
+* public: nothing to do;
 * leaked, repeated: deduplicate (keep at most one copy, or none) and retrain;
 * leaked, unique: remove it if it is private and retrain; a public text needs nothing;
 * secret-like, not leaked: scrub the value before the next training; no retraining for it now,
@@ -17,11 +21,11 @@ Actions follow from the verdict (analysis/verdict.py), not from a model of their
 from __future__ import annotations
 
 import html
-from collections import Counter
 
 import pandas as pd
 
-from gnq_core.analysis.verdict import _secret_words
+from gnq_core.analysis.counts import RunCounts, run_counts
+from gnq_core.analysis.verdict import LEAKED, PARTLY, PUBLIC, REPRODUCED, SECRET, _secret_words
 
 HIGH_EXPOSURE = 4.0  # bits: the value ranks above 15 of 16 random values of its format
 GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "example_ids", "reason_short", "reason",
@@ -41,18 +45,29 @@ def action(row: pd.Series) -> str:
     """The recommended next step for one verdict row."""
     status, copies, kinds = row.get("status"), _n(row.get("copies")), _kinds(row)
     what = _secret_words(row) if kinds else ""
-    value = row.get("secret_match")
+    value = row.get("secret_value") if isinstance(row.get("secret_value"), str) else row.get("secret_match")
     span = f" ({value})" if isinstance(value, str) else ""
     exposure = row.get("secret_exposure")
-    if status == "leaked":
+    dedupe = f" Deduplicate its {copies} copies too." if copies > 1 else ""
+    if status == PUBLIC:
+        return "Nothing to do: marked public."
+    if status == PARTLY:
+        n, hits = row.get("secret_chars"), row.get("secret_chars_reproduced")
+        part = f"{int(hits)} of its {int(n)} characters" if pd.notna(n) and pd.notna(hits) else "part of it"
+        return (f"Scrub {what}{span} from the data and retrain (or unlearn it): the model writes {part}. "
+                f"Treat it as partly exposed: change it.{dedupe}")
+    if status == REPRODUCED:
+        return (f"Scrub {what}{span} before the next training: the model writes the text around it, not the "
+                f"value itself. Remove the text if it is private.{dedupe}")
+    if status == LEAKED:
         if kinds:
             return (f"Scrub {what}{span} from the data and retrain (or unlearn it): the model writes it. "
                     "Treat it as exposed: change it.")
         if copies > 1:
             return f"Deduplicate: keep at most one of its {copies} copies, then retrain: the model writes it."
-        return "Remove it if it is private, then retrain: the model writes it. A public text needs nothing."
-    if status == "secret":
-        dedupe = f" Deduplicate its {copies} copies too." if copies > 1 else ""
+        return ("Remove it if it is private, then retrain: the model writes it. If it is public, mark it so "
+                "(--public-column) and nothing is needed.")
+    if status == SECRET:
         if pd.notna(exposure) and float(exposure) >= HIGH_EXPOSURE:
             return (f"Scrub {what}{span} and retrain soon: the model does not write it yet, but ranks it "
                     f"above most random values of its format (exposure {float(exposure):.1f} bits).{dedupe}")
@@ -82,7 +97,9 @@ def grouped(ranked: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=GROUP_COLUMNS)
 
 
-_KIND_NAME = {"pin": "PIN", "api key": "key or token", "iban": "IBAN", "ssn": "social-security number",
+_KIND_NAME = {"pin": "PIN", "api key": "key or token", "labelled value": "labelled value",
+             "custom": "custom value", "declared": "declared value",
+             "iban": "IBAN", "ssn": "social-security number",
               "id number": "identity-document number", "email": "e-mail address", "phone": "phone number"}
 
 
@@ -92,45 +109,54 @@ def _plural(n: int, word: str) -> str:
     return f"{n} " + (word.replace(" or ", "s or ") + "s" if not word.endswith("ss") else word + "es")
 
 
-def summary(ranked: pd.DataFrame) -> str:
-    """The run's verdict in a sentence or three, e.g. "19 texts leaked, 16 hold secrets: ...".
-    Texts count once however many copies they have."""
+def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
+    """The run's verdict in a sentence or three, e.g. "3 texts leaked (2 PINs, 1 text without a
+    secret-like value) ...", every number from ``counts`` (analysis.counts, the one object
+    every page's counts come from); texts are the verdict's rows, copies included."""
     if ranked.empty or "status" not in ranked:
         return "No texts in this run."
-    texts = grouped(ranked)
-    leaked = texts[texts["status"] == "leaked"]
-    secret = texts[texts["status"] == "secret"]
-    kinds = Counter(k for i in leaked["example_id"] for k in _kinds(ranked.set_index("example_id").loc[i]))
-    attacked = "extracted" in ranked and ranked["extracted"].notna().any()
-    if not attacked:
+    c = counts or run_counts(ranked)
+    leaked, partly, reproduced = c.status(LEAKED), c.status(PARTLY), c.status(REPRODUCED)
+    secret, public = c.status(SECRET), c.status(PUBLIC)
+    if not c.attacked:
         head = "No extraction attack stored yet: nothing is known to have leaked."
-    elif leaked.empty:
-        head = "No text leaked: the attack extracted none of this run's texts."
+    elif not leaked:
+        head = "No text leaked."
     else:
-        secret_ids = ranked.loc[ranked["secret"].notna(), "example_id"] if "secret" in ranked else []
-        with_secret = int(leaked["example_id"].isin(secret_ids).sum())
-        repeated = int((leaked["copies_listed"] > 1).sum())
-        head = f"{_plural(len(leaked), 'text')} leaked"
-        if with_secret:
-            hold = "holds a secret" if with_secret == 1 else "hold secrets"
-            head += f", {with_secret} {hold} (" + ", ".join(
-                _plural(n, _KIND_NAME.get(k, k)) for k, n in kinds.most_common()) + ")"
-        if repeated:
-            head += f", {repeated} of them repeated in the data"
+        head = f"{_plural(leaked, 'text')} leaked"
+        if c.distinct_by_status.get(LEAKED, leaked) != leaked:
+            head += f" ({c.distinct_by_status[LEAKED]} distinct, with their copies)"
+        with_value = sum(c.leaked_kinds.values())
+        parts = [_plural(n, _KIND_NAME.get(k, k)) for k, n in c.leaked_kinds.items()]
+        if leaked - with_value:
+            parts.append(_plural(leaked - with_value, "text") + " without a secret-like value, word for word")
+        if with_value:
+            head += ": " + ", ".join(parts)
         head += "."
-    verb = "holds a secret-like value" if len(secret) == 1 else "hold secret-like values"
-    more = f" {_plural(len(secret), 'other text')} {verb} the model does not write." if len(secret) else ""
+    more = []
+    if partly:
+        more.append(f"{_plural(partly, 'text')} partly leaked (part of a secret-like value written).")
+    if reproduced:
+        verb = "comes" if reproduced == 1 else "come"
+        more.append(f"{_plural(reproduced, 'text')} with a secret-like value {verb} out word for word around "
+                    "it, the value not: text reproduced, not a leaked secret.")
+    if secret:
+        verb = "holds a secret-like value" if secret == 1 else "hold secret-like values"
+        more.append(f"{_plural(secret, 'other text')} {verb} the model does not write.")
+    if public:
+        more.append(f"{_plural(public, 'text')} marked public.")
     do = []
-    if len(leaked):
+    if leaked or partly:
         do.append("scrub or remove the leaked texts and retrain (change any leaked secret)")
-    if len(secret):
+    if secret or reproduced:
         do.append("scrub the other secrets before the next training")
-    if (texts["copies_listed"] > 1).any():
+    if (grouped(ranked)["copies_listed"] > 1).any():
         do.append("deduplicate repeated texts")
-    return head + more + (" To do: " + "; ".join(do) + "." if do else "")
+    return " ".join([head, *more]) + (" To do: " + "; ".join(do) + "." if do else "")
 
 
-_TAG = {"leaked": "#b2182b", "secret": "#d6604d", "at risk": "#4393c3", "low": "#878787"}
+_TAG = {LEAKED: "#b2182b", PARTLY: "#d6604d", REPRODUCED: "#f4a582", SECRET: "#8c510a", "at risk": "#4393c3",
+        "low": "#878787", PUBLIC: "#1b7837"}
 TABLE_STYLE = """
 .gnq-texts{border-collapse:collapse;width:100%;table-layout:fixed;font-size:.9em}
 .gnq-texts th,.gnq-texts td{border-bottom:1px solid #ddd;padding:.35em .5em;text-align:left;

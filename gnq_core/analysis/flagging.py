@@ -21,6 +21,7 @@ class TextFilter:
     search: str = ""                   # the text contains this (case-insensitive)
     extracted: bool | None = None      # only texts the attack did (True) or did not (False) extract
     only_secrets: bool = False         # only texts with secret-like content
+    statuses: tuple[str, ...] = ()     # any of these statuses (verdict.STATUSES; none: all)
 
     @property
     def rank_columns(self) -> tuple[str, str]:
@@ -46,4 +47,6 @@ def flagged(ranked: pd.DataFrame, f: TextFilter) -> pd.DataFrame:
         keep &= ranked["extracted"].fillna(False).astype(bool) == f.extracted
     if f.only_secrets:
         keep &= ranked["secret"].notna()
+    if f.statuses:
+        keep &= ranked["status"].isin(list(f.statuses))
     return ranked[keep].sort_values([rank_col, "example_id"]).reset_index(drop=True)

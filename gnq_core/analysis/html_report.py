@@ -31,7 +31,7 @@ from gnq_core.analysis import run_report
 from gnq_core.analysis.findings import summary, texts_table_html
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.verdict import rank_texts
-from gnq_core.atomic import write_text_atomic
+from gnq_core.atomic import check_target, write_text_atomic
 from gnq_core.results.store import Run, Store
 
 TOP = 50           # rows of the verdict table
@@ -112,10 +112,10 @@ def write_report(text: str, out: str | Path) -> Path:
 
 
 def check_writable(out: str | Path) -> Path:
-    """Refuse, before any work, an output path that is a folder or cannot be written."""
+    """Refuse, before any work, an output path that is a folder, not a regular file (a FIFO, a
+    device) or cannot be written."""
     out = Path(out)
-    if out.is_dir():
-        raise ValueError(f"{out}: is a folder; give a file name for the report")
+    check_target(out, "the report")  # a folder, a FIFO or a device is refused, never replaced
     if not out.parent.is_dir():
         raise ValueError(f"{out}: the folder {out.parent} does not exist")
     probe = out.with_name(f".{out.name}.probe-{os.getpid()}")

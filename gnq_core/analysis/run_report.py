@@ -24,6 +24,8 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import gnq_nature
 from gnq_core.analysis import predictive as pr
+from gnq_core.analysis.counts import run_counts
+from gnq_core.analysis.findings import summary
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts, risk_basis
 from gnq_core.results.store import Run, Store
@@ -44,6 +46,8 @@ class RunReport:
     resamples: int
     seed: int
     level: float = pr.LEVEL
+    counts: dict[str, Any] = field(default_factory=dict)  # analysis.counts: the pages' numbers
+    summary: str = ""                # findings.summary: the pages' headline
     generated: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def to_json(self) -> dict[str, Any]:
@@ -59,7 +63,7 @@ class RunReport:
                        "fpr_levels": list(ev.FPR_LEVELS), "gnq_source": self.gnq_source,
                        "units": list(cl.UNITS), "min_records": cl.MIN_RECORDS},
             "gnq_on_this_run": {k: v for k, v in self.nature.items()},
-            "verdict": {"risk_basis": self.risk_basis},
+            "verdict": {"risk_basis": self.risk_basis, "summary": self.summary, "counts": self.counts},
             "record_gnq": self.records.to_dict(orient="records"),
             "tables": [_row(r) for r in self.evidence.to_dict(orient="records")],
         })
@@ -160,7 +164,8 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
     table = ev.evidence_table(scored, resamples=resamples, seed=seed, cv=cv)
     return RunReport(run=run, provenance=provenance(store, run, attacks), frame=frame, evidence=table,
                      nature=nature, records=records, gnq_source=gnq_provenance(store, run), risk_basis=basis,
-                     resamples=resamples, seed=seed)
+                     resamples=resamples, seed=seed, counts=run_counts(totals).to_dict(),
+                     summary=summary(totals) if "status" in totals else "")
 
 
 def write_json(report: RunReport, out) -> None:

@@ -35,9 +35,24 @@ What each signal means, and so how they combine (no weights fitted to any data s
   scored AUC 0.58, issue 36).  ``MIN_PER_OUTCOME`` counts independent records (copies once).
   Otherwise the default above.  ``risk_basis`` says which was used, in words.
 
-The order is leaked (secret-like first), then secret-like, then the rest, each by ``risk``:
-``verdict_score`` = 2·extracted + 1·secret + risk encodes exactly that.  ``rank`` 1 is the text
-to look at first; ``percentile`` 100 is the top of the list.
+**Status** (issue 37: the secret decides), one vocabulary for every page, the report and the
+export (``STATUSES``, most severe first):
+
+* ``leaked`` — for a text with a secret-like value: the model writes a value whole (every letter
+  and digit, calibrated) when prompted with the text up to it; for a text without one: the text
+  attack extracts its window;
+* ``partly leaked`` — a value did not come out whole, but part of it did (results.store_schema
+  ``partly_leaked``: at least 3 and a quarter of its characters, more than the reference);
+* ``text reproduced`` — a text with a secret-like value whose window comes out while no value
+  does (or no value was attacked): the window cannot say the secret leaked;
+* ``secret`` — secret-like content, none of it out;
+* ``at risk`` — memorisation risk in this run's top 20%;
+* ``public`` — marked public by the user (``--public-column``): nothing private to leak;
+* ``low`` — none of these.
+
+The order follows the statuses (leaked texts with a secret first), each by ``risk``:
+``verdict_score`` = the status's tier (``TIERS``) + risk encodes exactly that.  ``rank`` 1 is the
+text to look at first; ``percentile`` 100 is the top of the list.
 """
 
 from __future__ import annotations
@@ -48,6 +63,11 @@ import pandas as pd
 from gnq_core.analysis.clusters import groups_of, records
 
 VERDICT_COLUMNS = ["rank", "percentile", "status", "reason", "risk", "verdict_score"]
+LEAKED, PARTLY, REPRODUCED, SECRET, AT_RISK, PUBLIC, LOW = (
+    "leaked", "partly leaked", "text reproduced", "secret", "at risk", "public", "low")
+STATUSES = (LEAKED, PARTLY, REPRODUCED, SECRET, AT_RISK, LOW, PUBLIC)
+# verdict_score = tier + risk (risk in [0, 1]): a leaked text with a secret above one without
+TIERS = {LEAKED: 6.0, PARTLY: 4.0, REPRODUCED: 3.0, SECRET: 2.0, AT_RISK: 0.0, LOW: 0.0, PUBLIC: -2.0}
 FOLDS = 5
 MIN_PER_OUTCOME = 5       # extracted and kept records each (copies once), for the run's own outcome to choose
 VALID_AUC = 0.55          # a component validates when it beats chance by this margin on the other folds
@@ -61,10 +81,13 @@ COLUMN_HELP: dict[str, str] = {
             "ones first), then other texts with secret-like content, then the rest by memorisation risk.",
     "percentile": "Share of this run's texts ranked at or below this one in the verdict order "
                   "(100 = the top of the list).",
-    "status": "leaked: the attack extracted it (for a text with a secret-like value: the model writes the "
-              "value itself when prompted with the text up to it); secret: secret-like content, not leaked; "
-              "at risk: "
-              "memorisation risk in this run's top 20%; low: none of these.",
+    "status": "leaked: for a text with a secret-like value, the model writes a value whole when prompted "
+              "with the text up to it (calibrated by the reference model); for any other text, the attack "
+              "extracts its window. partly leaked: part of a value comes out (at least 3 and a quarter of "
+              "its characters, more than the reference writes). text reproduced: the window of a text with "
+              "a secret-like value comes out, the value does not. secret: secret-like content, none of it "
+              "out. at risk: memorisation risk in this run's top 20%. public: marked public. low: none "
+              "of these.",
     "reason": "Why the text sits where it does, in words.",
     "risk": "Memorisation risk, 0-1, before any attack: the mean of exposure (GNQ percentile, or "
             "1 − 1/copies for a repeated text) and the calibrated membership percentile. 0.9 = stronger "
@@ -91,10 +114,21 @@ COLUMN_HELP: dict[str, str] = {
                        "base model); if it also reproduces the text, the text is not counted as extracted.",
     "extracted": "The audited model reproduces the suffix exactly and the reference model does not "
                  "(empty: the text is too short to attack).",
-    "secret_reproduced": "Prompted with the text up to its secret-like value, the audited model writes "
-                         "every letter and digit of it and the reference model does not (empty: no value "
-                         "attacked).",
-    "secret_chars": "Letters and digits of the text's secret-like value(s) (separators not counted).",
+    "secret_reproduced": "Prompted with the text up to one of its secret-like values, the audited model "
+                         "writes every letter and digit of it and the reference model does not (empty: no "
+                         "value attacked).",
+    "secret_values": "Every secret-like value found in the text (JSON: kind, character spans, verified = "
+                     "its checksum holds; false for a labelled card number or IBAN whose checksum fails).",
+    "public": "Marked public by the user (--public-column): nothing private to leak.",
+    "secret_values_attacked": "How many of the text's secret-like values the secret attack probed.",
+    "secret_values_leaked": "How many of them the model writes whole (and the reference does not).",
+    "secret_values_partly": "How many came out in part (at least 3 and a quarter of their characters, "
+                            "more than the reference).",
+    "secret_kind": "The kind of the text's most exposed value (the one secret_chars counts).",
+    "secret_value": "The text's most exposed value: leaked, else partly leaked, else the most characters "
+                    "written.",
+    "secret_chars": "Letters and digits of the text's most exposed secret-like value (separators not "
+                    "counted).",
     "secret_chars_reproduced": "How many of them the audited model wrote at their place.",
     "reference_secret_chars_reproduced": "How many of them the reference model wrote.",
     "secret_exposure": "Bits: log2 N − log2 rank of the value's likelihood among N random values of its "
@@ -222,17 +256,15 @@ def rank_texts(totals: pd.DataFrame) -> pd.DataFrame:
         numeric = {"rank": "int64", "percentile": "float64", "risk": "float64", "verdict_score": "float64"}
         return frame.assign(**{c: pd.Series(dtype=numeric.get(c, object)) for c in VERDICT_COLUMNS})
     parts = risk_components(frame)
-    extracted = leaked(frame)
-    secret = frame["secret"].notna() if "secret" in frame else pd.Series(False, index=frame.index)
+    status = statuses(frame, parts["risk"])
     frame["risk"] = parts["risk"]
-    frame["verdict_score"] = 2.0 * extracted + 1.0 * secret + parts["risk"]
+    frame["verdict_score"] = status.map(TIERS) + 1.0 * _has_secret(frame) + parts["risk"]
     order = frame.assign(_neg=-frame["verdict_score"]).sort_values(["_neg", "example_id"], kind="mergesort")
     n = len(frame)
     frame.loc[order.index, "rank"] = np.arange(1, n + 1)
     frame["rank"] = frame["rank"].astype(int)
     frame["percentile"] = 100.0 * (n - frame["rank"] + 1) / n
-    top_risk = parts["risk"] >= parts["risk"].quantile(0.8)
-    frame["status"] = np.select([extracted, secret, top_risk], ["leaked", "secret", "at risk"], "low")
+    frame["status"] = status
     frame["reason"] = [_reason(row, parts.loc[i], status) for (i, row), status in
                        zip(frame.iterrows(), frame["status"], strict=True)]
     out = frame.loc[order.index].reset_index(drop=True)
@@ -246,27 +278,66 @@ def risk_basis(totals: pd.DataFrame) -> str:
     return str(parts["risk_basis"].iloc[0]) if len(parts) else ""
 
 
+def _flag(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A boolean column, False where missing or NA."""
+    if name not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame[name].astype("boolean").fillna(False).astype(bool)
+
+
+def _count(frame: pd.DataFrame, name: str) -> pd.Series:
+    return _col(frame, name).fillna(0.0)
+
+
+def _has_secret(frame: pd.DataFrame) -> pd.Series:
+    return frame["secret"].notna() if "secret" in frame else pd.Series(False, index=frame.index)
+
+
+def statuses(frame: pd.DataFrame, risk: pd.Series | None = None) -> pd.Series:
+    """Each text's status (module docstring): the secret decides for a text with a secret-like
+    value, the text attack's window for any other; ``risk`` (risk_components) for at risk."""
+    public = _flag(frame, "public")
+    secret = _has_secret(frame) & ~public
+    window = _flag(frame, "extracted")
+    values_leaked = _flag(frame, "secret_reproduced") | (_count(frame, "secret_values_leaked") > 0)
+    partly = _count(frame, "secret_values_partly") > 0
+    risk = risk if risk is not None else risk_components(frame)["risk"]
+    top_risk = risk >= risk.quantile(0.8) if len(risk) else pd.Series(False, index=frame.index)
+    status = np.select(
+        [public, secret & values_leaked, secret & partly, secret & window, secret, window, top_risk],
+        [PUBLIC, LEAKED, PARTLY, REPRODUCED, SECRET, LEAKED, AT_RISK], LOW)
+    return pd.Series(status, index=frame.index, dtype=object)
+
+
+def value_outcome(extracted: object, chars: object, hits: object, reference_hits: object,
+                  novel_hits: object = None) -> str:
+    """One attacked value's outcome in the status words: leaked, partly leaked or not leaked."""
+    from gnq_core.results.store_schema import partly_leaked
+
+    if _true(extracted):
+        return LEAKED
+    ref = int(reference_hits) if pd.notna(reference_hits) else None
+    novel = int(novel_hits) if novel_hits is not None and pd.notna(novel_hits) else None
+    return PARTLY if partly_leaked(int(chars), int(hits), ref, novel) else "not leaked"
+
+
 def leaked(frame: pd.DataFrame) -> pd.Series:
-    """Whether each text leaked: for a text whose secret-like value was attacked
-    (pipelines/secret_attack.py), whether the model wrote the value itself (calibrated); for any
-    other text, whether the text attack extracted it.  A card-number text whose 8-token window
-    " card 4539 14" came out has not leaked its card number."""
-    none = pd.Series(False, index=frame.index)
-    text = frame["extracted"].astype("boolean").fillna(False) if "extracted" in frame else none
-    if "secret_reproduced" not in frame:
-        return text.astype(bool)
-    secret = frame["secret_reproduced"].astype("boolean")
-    return secret.fillna(text).astype(bool)
+    """Whether each text leaked (status ``leaked``): for a text with a secret-like value, whether
+    the model wrote a value itself (calibrated; pipelines/secret_attack.py); for any other text,
+    whether the text attack extracted it.  A card-number text whose 8-token window " card 4539 14"
+    came out has not leaked its card number: it is "text reproduced"."""
+    return statuses(frame) == LEAKED
 
 
 def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float | None = None,
-         min_gnq: float | None = None, group: str | None = None) -> pd.DataFrame:
+         min_gnq: float | None = None, group: str | None = None,
+         statuses: tuple[str, ...] = ()) -> pd.DataFrame:
     """The texts to export from ``rank_texts``'s frame: filters combine (all must hold); the one
     filter type of ``gnq export`` and the Flagged page (analysis/flagging.py)."""
     from gnq_core.analysis.flagging import TextFilter, flagged
 
     return flagged(ranked, TextFilter(top=top, min_percentile=min_percentile, min_gnq=min_gnq,
-                                      groups=() if group is None else (group,)))
+                                      groups=() if group is None else (group,), statuses=statuses))
 
 
 # ---------------------------------------------------------------------------------- reasons
@@ -274,7 +345,8 @@ _SECRET_WORDS = {"card number": "a card-number-like string", "pin": "a PIN", "pa
                  "recovery phrase": "a recovery phrase", "api key": "a key or token",
                  "private key": "a private key", "iban": "an IBAN", "ssn": "a social-security-like number",
                  "account number": "an account or record number", "id number": "an identity-document number",
-                 "email": "an e-mail address",
+                 "email": "an e-mail address", "labelled value": "a labelled private value",
+                 "custom": "a value matching --secret-pattern", "declared": "a value of --secret-column",
                  "phone": "a phone number"}
 
 
@@ -294,9 +366,17 @@ def _share(p: float) -> str:
 def _reason(row: pd.Series, parts: pd.Series, status: str = "") -> str:
     clauses: list[str] = []
     prefix, suffix = row.get("attack_prefix_tokens"), row.get("attack_suffix_tokens")
-    secret_clause = _secret_attack(row)
-    if secret_clause:
+    secret_clause = _secret_attack(row) if status != PUBLIC else ""
+    if status == PUBLIC:
+        out = " (its window comes out word for word)" if _true(row.get("extracted")) else ""
+        clauses.append(f"marked public: nothing private to leak{out}")
+    elif secret_clause:
         clauses.append(secret_clause)
+    elif status == REPRODUCED:
+        what = (f"its next {int(suffix)} tokens after the first {int(prefix)}" if pd.notna(suffix)
+                else "its window")
+        clauses.append(f"text reproduced: {what} come out word for word, but its secret-like value was not "
+                       "attacked, so the window cannot say the value leaked")
     elif _true(row.get("extracted")):
         what = f"the next {int(suffix)} tokens" if pd.notna(suffix) else "the rest"
         ref = " (the reference model does not)" if pd.notna(row.get("reference_match")) else ""
@@ -321,12 +401,15 @@ def _reason(row: pd.Series, parts: pd.Series, status: str = "") -> str:
 
 
 def _secret_words(row: pd.Series) -> str:
-    first = str(row.get("secret") or "").split(",")[0].strip()
+    """The text's most exposed value's kind in words ("the PIN"), else its first kind's."""
+    kind = row.get("secret_kind")
+    first = kind if isinstance(kind, str) else str(row.get("secret") or "").split(",")[0].strip()
     return _SECRET_WORDS.get(first, "the secret").replace("a ", "the ", 1).replace("an ", "the ", 1)
 
 
 def _secret_attack(row: pd.Series) -> str:
-    """The secret-targeted attack's outcome in words ('' when the text's secret was not attacked)."""
+    """The secret-targeted attack's outcome in words ('' when the text's secret was not attacked):
+    the status's word first, then the most exposed value's characters, then how many values."""
     if pd.isna(row.get("secret_reproduced")) or pd.isna(row.get("secret_chars")):
         return ""
     n, hits = int(row["secret_chars"]), int(row["secret_chars_reproduced"])
@@ -334,21 +417,34 @@ def _secret_attack(row: pd.Series) -> str:
     ref_hits = row.get("reference_secret_chars_reproduced")
     exposure = row.get("secret_exposure")
     exp = f"; exposure {exposure:.1f} bits among random values of its format" if pd.notna(exposure) else ""
-    if _true(row["secret_reproduced"]):
+    attacked = int(row["secret_values_attacked"]) if pd.notna(row.get("secret_values_attacked")) else 1
+    leaked_n = int(row["secret_values_leaked"]) if pd.notna(row.get("secret_values_leaked")) else int(
+        _true(row["secret_reproduced"]))
+    partly_n = int(row["secret_values_partly"]) if pd.notna(row.get("secret_values_partly")) else 0
+    values = ""
+    if attacked > 1:
+        values = (f"; {leaked_n} of its {attacked} values come out whole"
+                  + (f", {partly_n} in part" if partly_n else ""))
+    ref = " (the reference model writes fewer)" if pd.notna(ref_hits) else ""
+    if leaked_n:
         ref = " (the reference model does not)" if pd.notna(ref_hits) else ""
         return (f"leaked: prompted with the text up to it, the model writes {what} "
-                f"({hits} of {n} characters){ref}{exp}")
+                f"({hits} of {n} characters){ref}{values}{exp}")
     window = _true(row.get("extracted"))
-    if hits == n:
-        said = f"the model writes {what}, but so does the reference model: predictable, not a leak"
-    else:
-        said = (f"not leaked: prompted with the text up to it, the model writes {hits} of {n} characters "
-                f"of {what}")
+    came_out = ""
     if window:
-        said += f" (its next {int(row['attack_suffix_tokens'])} tokens after the first " \
-                f"{int(row['attack_prefix_tokens'])} do come out word for word)" \
+        came_out = f" (its next {int(row['attack_suffix_tokens'])} tokens after the first " \
+                   f"{int(row['attack_prefix_tokens'])} do come out word for word)" \
             if pd.notna(row.get("attack_suffix_tokens")) else " (the text attack's window does come out)"
-    return said + exp
+    if partly_n:
+        return (f"partly leaked: prompted with the text up to it, the model writes {hits} of {n} characters "
+                f"of {what}{ref}{came_out}{values}{exp}")
+    head = "text reproduced, the value not: " if window else "not leaked: "
+    if hits == n:
+        said = f"{head}the model writes {what}, but so does the reference model: predictable"
+    else:
+        said = f"{head}prompted with the text up to it, the model writes {hits} of {n} characters of {what}"
+    return said + came_out + values + exp
 
 
 def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") -> tuple[str, bool]:
@@ -366,7 +462,7 @@ def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") 
             bits.append("loss no lower than the reference's")
     text = " and ".join(bits)
     strong = (pd.notna(g) and g >= 0.8) or (pd.notna(ratio) and ratio <= 1 / 1.5)
-    if status == "low":  # the words must not claim more than the status
+    if status in (LOW, PUBLIC):  # the words must not claim more than the status
         if strong:
             return f"{text}, but memorisation risk overall below this run's top 20%", False
         return (f"no strong sign of memorisation: {text}" if text else ""), False

@@ -41,6 +41,15 @@ CpuThreadsOption = typer.Option(None, "--threads", min=1,
                                      "share the cores: competing OpenMP threads can slow a step 10x.")
 TextColumnOption = typer.Option(None, help="Column holding the text (default: 'text').")
 GroupColumnOption = typer.Option(None, help="Column with a group label (default: 'group' if present).")
+SecretColumnOption = typer.Option(None, "--secret-column", show_default=False,
+                                  help="Column holding each row's private value(s) (';'-separated, or a "
+                                       "list): found in its text and attacked like any secret-like value.")
+SecretPatternOption = typer.Option(None, "--secret-pattern", show_default=False,
+                                   help="A regular expression of values to treat as secret (repeatable); "
+                                        "its first group, else the whole match, is the value.")
+PublicColumnOption = typer.Option(None, "--public-column", show_default=False,
+                                  help="Column marking public texts (true/false, yes/no, 1/0): not searched "
+                                       "for secrets, never 'at risk'.")
 MaxLengthOption = typer.Option(AuditSettings.max_length, help="Tokens per example (longer texts are cut).")
 LossOption = typer.Option(AuditSettings.loss, "--loss",
                           help="Per-example loss ℓ_j: token_mean (each text's mean next-token NLL) or "

@@ -26,6 +26,9 @@ def export(
                                          help="Only texts at or above this percentile of the verdict order."),
     min_gnq: float = typer.Option(None, help="Only texts with GNQ_total at least this."),
     group: str = typer.Option(None, help="Only this group."),
+    status: list[str] = typer.Option(None, "--status", show_default=False,
+                                     help="Only texts of this status (repeatable): leaked, 'partly leaked', "
+                                          "'text reproduced', secret, 'at risk', low, public."),
     exact_csv: bool = typer.Option(False, "--exact-csv",
                                    help="CSV: write texts exactly, without the ' put before cells starting "
                                         "with = + - @ tab or newline (for programs; unsafe to open in a "
@@ -35,7 +38,7 @@ def export(
 ) -> None:
     """Write the flagged texts in the verdict order (rank, percentile, status, reason) with GNQ, copies,
     secret-like content, the calibrated attack and membership scores."""
-    from gnq_core.analysis.verdict import flag, rank_texts
+    from gnq_core.analysis.verdict import STATUSES, flag, rank_texts
     from gnq_core.pipelines.protected_paths import refuse_overwrite
     from gnq_core.pipelines.text_labels import ensure_text_labels
     from gnq_core.results.export import FORMATS, export_frame, write_table
@@ -47,12 +50,15 @@ def export(
                              f"({', '.join(FORMATS)})")
     if format not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {format!r}")
+    unknown = [s for s in status or () if s not in STATUSES]
+    if unknown:
+        raise ValueError(f"--status {unknown[0]!r} is not a status ({', '.join(STATUSES)})")
     store = _store(db, create=False)
     info = store.run(run)
     refuse_overwrite([out], store)  # never onto the store, its WAL, a dataset or a checkpoint
     ensure_text_labels(store, info)
     flagged = flag(rank_texts(store.example_totals(info.run_id)), top=top, min_percentile=min_percentile,
-                   min_gnq=min_gnq, group=group)
+                   min_gnq=min_gnq, group=group, statuses=tuple(status or ()))
     has_attack = not store.extractions(info.run_id).empty
     write_table(export_frame(flagged, has_attack), out, format, neutralise=not exact_csv)
     _done(quiet, f"{len(flagged)} texts of run {info.name!r} written to {out}")
@@ -92,7 +98,11 @@ def report(
     for path in (out, json_out):
         if path is not None:
             check_writable(path)  # first: "is a folder", "does not exist" name the problem best
-    refuse_overwrite([p for p in (out, json_out) if p is not None], store)
+    for path, option in ((out, "--out"), (json_out, "--json")):
+        if path is not None:  # never onto the store, what a run depends on, or --non-members
+            refuse_overwrite([path], store, inputs=[non_members], option=option)
+    if out is not None and json_out is not None and Path(out).resolve() == Path(json_out).resolve():
+        raise ValueError(f"{out}: given as both --out and --json; give two files")
     if non_members is not None:
         from gnq_core.pipelines.run import add_non_members
         from gnq_core.progress import JobProgress

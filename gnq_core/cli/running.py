@@ -15,7 +15,10 @@ from gnq_core.cli._base import (
     LamModeOption,
     LossOption,
     MaxLengthOption,
+    PublicColumnOption,
     QuietOption,
+    SecretColumnOption,
+    SecretPatternOption,
     TextColumnOption,
     _run_job,
     _set_threads,
@@ -28,6 +31,7 @@ from gnq_core.pipelines.attack_defaults import (
     DEFAULT_ATTACK_BATCH,
     DEFAULT_PREFIX,
     DEFAULT_REFERENCE,
+    DEFAULT_SECRET_CANDIDATES,
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
     PROTOCOL_PRESETS,
@@ -57,6 +61,9 @@ def train(
                                    help="Tokenizer vocabulary with --from-scratch."),
     text_column: str = TextColumnOption,
     group_column: str = GroupColumnOption,
+    secret_column: str = SecretColumnOption,
+    secret_pattern: list[str] = SecretPatternOption,
+    public_column: str = PublicColumnOption,
     name: str = typer.Option(None, help="Run name (default: the OUT folder's name)."),
     db: Path = DbOption,
     device: str = DeviceOption,
@@ -73,7 +80,9 @@ def train(
                              seed=seed, preset=preset, vocab_size=vocab_size, device=device, dtype=dtype,
                              loss=loss, lam_mode=lam_mode)
     _run_job(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
-                        text_column=text_column, group_column=group_column, settings=settings), db, quiet)
+                        text_column=text_column, group_column=group_column, settings=settings,
+                        secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
+                        public_column=public_column), db, quiet)
 
 
 @app.command()
@@ -93,6 +102,9 @@ def audit(
                              help="Seed of the batch partition (the same for every checkpoint)."),
     text_column: str = TextColumnOption,
     group_column: str = GroupColumnOption,
+    secret_column: str = SecretColumnOption,
+    secret_pattern: list[str] = SecretPatternOption,
+    public_column: str = PublicColumnOption,
     db: Path = DbOption,
     device: str = DeviceOption,
     dtype: str = typer.Option(AuditSettings.dtype, help="float32 or float64 (exact to float64 rounding)."),
@@ -127,6 +139,8 @@ def audit(
         raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
     _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
                       group_column=group_column, settings=settings,
+                      secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
+                      public_column=public_column,
                       tokenizer=str(tokenizer) if tokenizer else None,
                       non_members=str(non_members) if non_members else None, reference=reference,
                       base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter),
@@ -148,6 +162,10 @@ def extract(
                                        "folder (for a fine-tune, its base), or 'none'. A text the reference "
                                        "also reproduces is not extracted."),
     batch_size: int = typer.Option(DEFAULT_ATTACK_BATCH, help="Texts decoded together."),
+    secret_candidates: int = typer.Option(DEFAULT_SECRET_CANDIDATES,
+                                          help="Random values of each digit secret's format scored beside "
+                                               "it; its exposure is estimated from their likelihoods (1: "
+                                               "no exposure)."),
     preset: str = typer.Option(None, show_default=False,
                                help="(p, s) of a protocol to compare with, instead of --prefix-tokens/"
                                     "--suffix-tokens: 12/8 (this tool's default), 32/32 (Pythia's "
@@ -172,7 +190,8 @@ def extract(
     _run_job(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
                         batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
                         reference=None if reference == "none" else reference,
-                        non_members=str(non_members) if non_members else None), db, quiet)
+                        non_members=str(non_members) if non_members else None,
+                        secret_candidates=secret_candidates), db, quiet)
 
 
 @app.command()

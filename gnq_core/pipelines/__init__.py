@@ -6,7 +6,7 @@ from gnq_core._lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".attack_defaults": ("DEFAULT_ATTACK_BATCH", "DEFAULT_PREFIX", "DEFAULT_REFERENCE", "DEFAULT_SUFFIX",
-                         "DEFAULT_THRESHOLD", "FIRST_CHECKPOINT"),
+                         "DEFAULT_SECRET_CANDIDATES", "DEFAULT_THRESHOLD", "FIRST_CHECKPOINT"),
     ".audit": ("run_audit",),
     ".demo": ("build_demo",),
     ".extraction": ("AttackRule", "run_extraction"),

@@ -11,3 +11,6 @@ DEFAULT_ATTACK_BATCH = 32  # texts decoded together
 # (p, s) of the protocols `gnq extract --preset` compares with: this tool's default, Pythia's
 # memorisation studies, Carlini et al.'s extraction benchmark.
 PROTOCOL_PRESETS = {"12/8": (DEFAULT_PREFIX, DEFAULT_SUFFIX), "32/32": (32, 32), "50/50": (50, 50)}
+# N: random values of a secret's format scored beside it; the exposure estimate is fitted to
+# their likelihoods (pipelines/secret_attack.py), --secret-candidates
+DEFAULT_SECRET_CANDIDATES = 128

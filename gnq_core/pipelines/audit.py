@@ -30,7 +30,7 @@ from gnq_core.pipelines.prefetch import Prefetch
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import AuditSettings
-from gnq_core.pipelines.text_labels import cluster_ids, text_labels
+from gnq_core.pipelines.text_labels import cluster_ids, dataset_labels, secret_settings
 from gnq_core.progress import Reporter
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
 from gnq_core.results.store import Run, Store
@@ -189,7 +189,7 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
         n_tokens = token_counts(load_tokenizer(model_path, tokenizer), dataset.texts, settings.max_length)
         examples = pd.DataFrame({"example_id": np.arange(len(dataset), dtype=np.int64), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": n_tokens})
-        run = store.create_run(spec, pd.concat([examples, text_labels(dataset.texts)], axis=1))
+        run = store.create_run(spec, pd.concat([examples, dataset_labels(dataset)], axis=1))
     else:
         store.set_status(run.run_id, "running")
     store.add_points(run.run_id, [dict(point=i, label=r.label, kind="checkpoint", path=str(r.path))
@@ -248,5 +248,5 @@ def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settin
         dataset_path=str(dataset.path), dataset_hash=dataset.sha256, n_examples=len(dataset),
         code_version=code_version(), device=str(device), dtype=settings.dtype, loss=settings.loss,
         settings={"checkpoints": [r.label for r in refs], "text_column": dataset.text_column,
-                  "group_column": dataset.group_column, "partition": COPIES_APART,
+                  "group_column": dataset.group_column, "partition": COPIES_APART, **secret_settings(dataset),
                   "loss": settings.loss, "lam_mode": settings.lam_mode})

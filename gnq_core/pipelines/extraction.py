@@ -33,10 +33,12 @@ from gnq_core.pipelines.attack_defaults import (  # noqa: F401 (FIRST_CHECKPOINT
     DEFAULT_ATTACK_BATCH,
     DEFAULT_PREFIX,
     DEFAULT_REFERENCE,
+    DEFAULT_SECRET_CANDIDATES,
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
     FIRST_CHECKPOINT,
 )
+from gnq_core.sources.tokenizer_panics import panics_as_one_line
 from gnq_core.sources.tokens import pad_id
 
 
@@ -229,7 +231,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
                    threshold: float = DEFAULT_THRESHOLD, batch_size: int = DEFAULT_ATTACK_BATCH,
                    device: str = "auto", suffix_tokens: int | None = DEFAULT_SUFFIX,
                    reference: str | None = DEFAULT_REFERENCE,
-                   reporter=None) -> dict:
+                   reporter=None, secret_candidates: int = DEFAULT_SECRET_CANDIDATES) -> dict:
     """Attack every example of a stored run with one of its checkpoints; store the results.
 
     ``checkpoint`` is a point label (e.g. 'epoch-3'); default: the run's last finished point.
@@ -243,6 +245,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     text with the same companions, the same batch size); rerunning a finished attack, or one with
     another threshold, replaces it.  Never duplicates rows.
     """
+    from gnq_core.pipelines.text_labels import ensure_text_labels
     from gnq_core.progress import Reporter
     from gnq_core.runtime import code_version, resolve_device
     from gnq_core.sources.adapters import load_model_at
@@ -260,7 +263,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     tokenizer_dir = run.settings.get("tokenizer")  # checkpoints saved without one (gnq audit --tokenizer)
     base = run.settings.get("base_model")  # an audit of PEFT adapter checkpoints: merged into it here
     model, tokenizer = load_model_at(row["path"], base, device=dev, tokenizer=tokenizer_dir)
-    examples = store.examples(run.run_id)
+    examples = ensure_text_labels(store, run)
     texts = examples["text"].tolist()
     ids = encode_texts(tokenizer, texts, run.max_length)
     ref_model = None
@@ -304,8 +307,8 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     if suffix_tokens is not None:
         _store_discoverable(store, run, example_ids, ids, model, tokenizer, dev, batch_size, prefix_tokens,
                             suffix_tokens, row["label"])
-    secrets = _attack_secrets(store, run, point, model, ref_model, tokenizer, texts, example_ids, ids,
-                              ref_path, batch_size, dev, version, reporter)
+    secrets = _attack_secrets(store, run, point, model, ref_model, tokenizer, examples, ids,
+                              ref_path, batch_size, dev, version, reporter, secret_candidates)
     stored = store.extractions(run.run_id, point)
     stored = stored[stored["prefix_tokens"] == prefix_tokens]
     summary = _summary(stored, threshold) | secrets
@@ -318,19 +321,23 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     return summary
 
 
-def _attack_secrets(store, run, point, model, ref_model, tokenizer, texts, example_ids, ids, ref_path,
-                    batch_size, device, version, reporter) -> dict:
-    """The secret-targeted attack (pipelines/secret_attack.py) on the same models; its counts."""
-    from gnq_core.pipelines.secret_attack import DEFAULT_CANDIDATES, attack_secrets, describe_rule
+def _attack_secrets(store, run, point, model, ref_model, tokenizer, examples, ids, ref_path,
+                    batch_size, device, version, reporter, n_candidates: int) -> dict:
+    """The secret-targeted attack (pipelines/secret_attack.py) on the same models, on every value
+    stored with the texts (a text labelled before values were stored: found again); its counts."""
+    import pandas as pd
 
-    rule = describe_rule(DEFAULT_CANDIDATES, Path(ref_path).name if ref_path else None)
-    reporter.stage("secret-like values", 1)
-    rows = attack_secrets(model, tokenizer, texts, example_ids, ids, reference=ref_model,
-                          seed=int(run.seed or 0), batch_size=batch_size, device=device,
-                          rule=rule, max_length=run.max_length)
+    from gnq_core.pipelines.secret_attack import DETECT, attack_secrets, describe_rule
+
+    rule = describe_rule(n_candidates, Path(ref_path).name if ref_path else None)
+    stored = [v if isinstance(v, str) else None if pd.isna(s) else DETECT
+              for v, s in zip(examples["secret_values"], examples["secret"], strict=True)]
+    rows = attack_secrets(model, tokenizer, examples["text"].tolist(), examples["example_id"].tolist(), ids,
+                          reference=ref_model, n_candidates=n_candidates, seed=int(run.seed or 0),
+                          batch_size=batch_size, device=device, rule=rule, max_length=run.max_length,
+                          stored_values=stored, progress=reporter.stage, advance=reporter.advance)
     store.write_secret_attacks(run.run_id, point, rows, version)
-    reporter.advance(1)
-    return {"secret_rule": rule, "secrets_attacked": len(rows),
+    return {"secret_rule": rule, "secrets_attacked": len(rows), "secret_candidates": n_candidates,
             "secrets_reproduced": int(rows["reproduced"].sum()),
             "secrets_extracted": int(rows["extracted"].sum())}
 
@@ -382,7 +389,7 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
     if reference is None:
         return None
     if reference != FIRST_CHECKPOINT:
-        return reference
+        return str(Path(reference).resolve())  # recorded absolute: outputs elsewhere must not replace it
     from gnq_core.pipelines.protected_paths import verify_checkpoint
 
     points = store.points(run.run_id)
@@ -457,5 +464,8 @@ def _frame(tokenizer, results: Sequence[ExtractionResult], threshold: float):
 
 
 def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
-    """Each token decoded on its own (for a token-by-token view of the attack)."""
-    return [tokenizer.decode([i]) for i in ids]
+    """Each token decoded on its own (for a token-by-token view of the attack); under one panic
+    guard for all of them (the backend's own guard per call would redirect stderr per token)."""
+    with panics_as_one_line(getattr(tokenizer, "name_or_path", "") or "the tokenizer",
+                            "the tokenizer failed while decoding"):
+        return [tokenizer.decode([i]) for i in ids]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -69,7 +70,8 @@ def audit_non_members(store: Store, member: Run, checkpoints: str | list[Checkpo
     store.update_settings(member.run_id, {"non_members_run": name, "non_members_path": str(dataset.path),
                                           "non_members_hash": dataset.sha256})
     if reference is not None:
-        path = refs[0].path if reference == "first" else reference
+        path = refs[0].path if reference == "first" else Path(reference).resolve()
+        store.update_settings(member.run_id, {"reference": str(path)})  # absolute: protected from outputs
         for target in (member, run):
             store_reference_loss(store, target, path, settings)
     return store.run(run.run_id)

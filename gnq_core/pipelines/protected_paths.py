@@ -1,10 +1,13 @@
 """No command's output may overwrite or stand in for a file the tool depends on: the store and its
-WAL, any run's dataset, any run's checkpoint folders (its points) and training run folders, and the
-command's own inputs.  A target is refused when it is such a path, lies inside one, or holds one
-(a checkpoint folder is replaced whole).  Checked before anything is written."""
+WAL, any run's dataset, any run's checkpoint folders (its points) and training run folders, the
+tokenizer folder, starting checkpoint, reference model and non-member texts a run recorded, and the
+command's own inputs (all recorded absolute, so a later command in another folder finds them).
+A target is refused when it is such a path, lies inside one, or holds one (a checkpoint folder is
+replaced whole).  Checked before anything is written."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -33,7 +36,24 @@ def depended_on(store: Store, *, except_run: int | None = None) -> list[tuple[Pa
             paths.append((Path(run.model_path), f"run {run.name!r}'s run folder"))
         paths += [(Path(p), f"run {run.name!r}'s checkpoint") for p in store.points(run.run_id)["path"]
                   if isinstance(p, str) and p]
+        paths += [(Path(p), f"run {run.name!r}'s {what}") for p, what in _recorded_inputs(run.settings)]
     return paths
+
+
+def _recorded_inputs(settings: object) -> list[tuple[str, str]]:
+    """(path, what it is) for the inputs a run's settings name beyond its dataset and checkpoints."""
+    if isinstance(settings, str):
+        try:
+            settings = json.loads(settings)
+        except ValueError:
+            return []
+    if not isinstance(settings, dict):
+        return []
+    attack = settings.get("attack") if isinstance(settings.get("attack"), dict) else {}
+    named = [(settings.get("tokenizer"), "tokenizer folder"), (settings.get("init"), "starting checkpoint"),
+             (settings.get("non_members_path"), "non-member texts"),
+             (settings.get("reference"), "reference model"), (attack.get("reference"), "reference model")]
+    return [(p, what) for p, what in named if isinstance(p, str) and p and p != "first"]
 
 
 def refuse_overwrite(targets: Iterable[str | Path], store: Store, *, inputs: Iterable[str | Path] = (),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, JobSettings, TrainJob
@@ -55,7 +56,9 @@ def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
     """The texts, with a notice of how many rows were skipped for a missing or empty text."""
     from gnq_core.sources.datasets import load_texts  # looked up at each job (tests replace it)
 
-    dataset = load_texts(Path(job.data), text_column=job.text_column, group_column=job.group_column)
+    dataset = load_texts(Path(job.data), text_column=job.text_column, group_column=job.group_column,
+                         secret_column=job.secret_column, public_column=job.public_column)
+    dataset = replace(dataset, secret_patterns=tuple(job.secret_patterns))
     if dataset.dropped:
         progress.warn(f"{job.data}: skipped {dataset.dropped} row(s) whose text is missing, NaN or empty; "
                       f"{len(dataset)} texts remain")
@@ -155,7 +158,7 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
         summary = run_extraction(store, info, checkpoint=job.checkpoint, prefix_tokens=job.prefix_tokens,
                                  suffix_tokens=job.suffix_tokens, threshold=job.threshold,
                                  reference=job.reference, batch_size=job.batch_size, device=job.device,
-                                 reporter=reporter)
+                                 reporter=reporter, secret_candidates=job.secret_candidates)
     ensure_text_labels(store, info)
     said = [f"run {info.name!r}, {summary['label']}: {summary['attacked']} texts attacked "
             f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "

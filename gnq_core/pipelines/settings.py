@@ -16,6 +16,7 @@ from gnq_core.pipelines.attack_defaults import (
     DEFAULT_ATTACK_BATCH,
     DEFAULT_PREFIX,
     DEFAULT_REFERENCE,
+    DEFAULT_SECRET_CANDIDATES,
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
 )
@@ -105,6 +106,15 @@ class _TextsJob:
     name: str | None = None  # the run; default: the out / checkpoints folder's name
     text_column: str | None = None
     group_column: str | None = None
+    secret_column: str | None = None  # each row's private value(s), found in its text (issue 37)
+    secret_patterns: tuple[str, ...] = ()  # regexes of values to treat as secret (group 1: the value)
+    public_column: str | None = None  # true: the text is public, nothing private in it
+
+    def __post_init__(self) -> None:
+        from gnq_core.sources.secrets import compile_patterns
+
+        object.__setattr__(self, "secret_patterns", tuple(self.secret_patterns or ()))
+        compile_patterns(self.secret_patterns)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +142,7 @@ class AuditJob(_TextsJob):
     merge_adapter: bool = False  # GNQ over all parameters of the merged model, not the adapter's
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
         _require(not self.merge_adapter or self.base_model is not None,
                  "--merge-adapter applies to adapter checkpoints: give their base model with --base-model")
@@ -155,9 +166,11 @@ class ExtractJob:
     reference: str | None = DEFAULT_REFERENCE  # "first" checkpoint, a model folder, or None: no calibration
     non_members: str | None = None  # texts never seen: audited over the run's checkpoints (audit runs)
     threads: int | None = None
+    secret_candidates: int = DEFAULT_SECRET_CANDIDATES  # N random values per secret for its exposure
 
     def __post_init__(self) -> None:
         _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
+        _whole(self.secret_candidates, "--secret-candidates", 1)
         _whole(self.prefix_tokens, "--prefix-tokens", 1), _whole(self.suffix_tokens, "--suffix-tokens", 1)
         _whole(self.batch_size, "--batch-size", 1)
         _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")

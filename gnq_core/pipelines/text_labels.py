@@ -3,19 +3,42 @@ content (sources/secrets.py), computed once per run and kept with its examples."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from gnq_core.results.store import Run, Store
 from gnq_core.sources.copies import find_copies
-from gnq_core.sources.secrets import secret_labels
+from gnq_core.sources.datasets import TextDataset
+from gnq_core.sources.secrets import compile_patterns, secret_labels
 
 
-def text_labels(texts: Sequence[str]) -> pd.DataFrame:
-    """copies, cluster_id, secret, secret_start, secret_end, secret_match per text (input order)."""
-    return pd.concat([find_copies(texts), secret_labels(texts)], axis=1)
+def text_labels(texts: Sequence[str], extra_patterns: Sequence[re.Pattern[str]] = (),
+                declared: Sequence[Iterable[str]] | None = None,
+                public: Sequence[bool] | None = None) -> pd.DataFrame:
+    """copies, cluster_id, secret, secret_start, secret_end, secret_match, secret_values and
+    public per text (input order); ``extra_patterns``, ``declared`` and ``public`` as
+    sources.secrets.secret_labels takes them (``--secret-pattern``, ``--secret-column``,
+    ``--public-column``)."""
+    flags = pd.Series([bool(p) for p in public] if public is not None else [False] * len(texts),
+                      name="public", dtype="boolean")
+    secrets = secret_labels(texts, extra_patterns, declared, public)
+    return pd.concat([find_copies(texts), secrets, flags], axis=1)
+
+
+def dataset_labels(dataset: TextDataset) -> pd.DataFrame:
+    """``text_labels`` of a dataset with its secret column, secret patterns and public column."""
+    return text_labels(dataset.texts, compile_patterns(dataset.secret_patterns), dataset.secret_values,
+                       dataset.public)
+
+
+def secret_settings(dataset: TextDataset) -> dict[str, object]:
+    """What a run records of how its texts' secrets were found (``ensure_text_labels`` reuses the
+    patterns when it labels the texts again)."""
+    return {"secret_patterns": list(dataset.secret_patterns), "secret_column": dataset.secret_column,
+            "public_column": dataset.public_column}
 
 
 def ensure_text_labels(store: Store, run: Run) -> pd.DataFrame:
@@ -35,5 +58,6 @@ def cluster_ids(store: Store, run: Run) -> np.ndarray:
 def _label_if_missing(store: Store, run: Run) -> None:
     if store.text_labels_missing(run.run_id):
         examples = store.examples(run.run_id)
-        labels = text_labels(examples["text"].tolist())
+        patterns = compile_patterns(run.settings.get("secret_patterns") or [])
+        labels = text_labels(examples["text"].tolist(), patterns)
         store.write_text_labels(run.run_id, labels.assign(example_id=examples["example_id"].to_numpy()))

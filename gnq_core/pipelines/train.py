@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from gnq_core.atomic import atomic_path
+from gnq_core.atomic import atomic_path, check_folder_target
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, lm_target_counts, per_example_lm_loss
 from gnq_core.pipelines.finite_share import check_mostly_finite
@@ -29,7 +29,7 @@ from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.protected_paths import OverwriteError, refuse_overwrite, verify_checkpoint
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from gnq_core.pipelines.settings import TrainSettings
-from gnq_core.pipelines.text_labels import text_labels
+from gnq_core.pipelines.text_labels import dataset_labels, secret_settings
 from gnq_core.progress import Reporter
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Run, Store, StoreError
@@ -62,7 +62,7 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
         examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": [len(x) for x in ids]})
         run = store.create_run(replace(spec, model_hash=init_hash),
-                               pd.concat([examples, text_labels(dataset.texts)], axis=1))
+                               pd.concat([examples, dataset_labels(dataset)], axis=1))
         optimizer_state = rng_state = None
     else:
         finished = store.points(run.run_id).query("status == 'done'")["point"]
@@ -128,6 +128,8 @@ def _refuse_overwrite(store: Store, out_dir: Path, start_epoch: int, epochs: int
     """The epoch folders still to be written must not be (or hold) another run's checkpoint, the
     store, a dataset or this run's inputs; a new run must not replace folders it did not make."""
     targets = [out_dir / f"epoch-{e + 1}" for e in range(start_epoch, epochs)]
+    for target in (out_dir, *targets):
+        check_folder_target(target, "a training run's folder")  # never a FIFO, a device or a file
     refuse_overwrite(targets, store, inputs=[dataset.path, init], except_run=run_id)
     existing = [t for t in targets if t.exists()] if run_id is None else []
     if existing:
@@ -212,7 +214,7 @@ def _run_spec(dataset: TextDataset, out_dir: Path, name: str, init: str | Path |
                                 "group_column": dataset.group_column, "weight_gradients": WEIGHT_GRADIENTS,
                                 # each step is one batch, no accumulation: GNQ's batch is the update's
                                 "gnq_batch": "one optimizer step", "b_eff": settings.batch_size,
-                                "gnq_mode": "exact"}
+                                "gnq_mode": "exact", **secret_settings(dataset)}
     return RunSpec(
         name=name, kind="train", lam=settings.lam, batch_size=settings.batch_size, seed=settings.seed,
         max_length=settings.max_length, model_path=str(out_dir), dataset_path=str(dataset.path),

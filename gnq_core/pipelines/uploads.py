@@ -12,8 +12,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+from gnq_core.atomic import check_target
 from gnq_core.results.layout import uploads_root
 from gnq_core.sources.datasets import env_bytes
+from gnq_core.terminal import terminal_safe
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
 
@@ -76,9 +78,17 @@ def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | Non
         with _one_line(f.name):
             _no_symlink_between(root, target, f.name)
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            check_target(target, "the upload")  # a FIFO or a device there is never written into
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(target, flags, 0o600)
             with os.fdopen(fd, "wb") as out:
                 out.write(f.getbuffer())
+
+
+def _shown(name: str) -> str:
+    """An upload's name for a message: control characters escaped, at most 80 characters."""
+    safe = terminal_safe(name)
+    return safe if len(safe) <= 80 else safe[:79] + "…"
 
 
 @contextlib.contextmanager
@@ -87,8 +97,7 @@ def _one_line(name: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        shown = name if len(name) <= 80 else name[:79] + "…"
-        raise ValueError(f"{shown}: cannot save the upload ({exc.strerror or exc})") from None
+        raise ValueError(f"{_shown(name)}: cannot save the upload ({exc.strerror or exc})") from None
 
 
 def check_upload_tree(folder: Path) -> None:
@@ -112,7 +121,7 @@ def _no_symlink_between(root: Path, target: Path, name: str) -> None:
         if part == root:
             return
         if part.is_symlink():
-            raise ValueError(f"{name}: unsafe file name in upload ({part.name} is a link)")
+            raise ValueError(f"{_shown(name)}: unsafe file name in upload ({part.name} is a link)")
 
 
 def inside(path: Path, folder: Path) -> bool:
@@ -136,13 +145,14 @@ MAX_UPLOAD_DEPTH = 64  # folders in an uploaded file's name, the file included
 
 def safe_relative_path(name: str) -> PurePosixPath:
     """An uploaded file's relative path, refused if it could escape its folder."""
+    if "\0" in name:  # no file system takes it; os calls would say only "embedded null byte"
+        raise ValueError(f"{_shown(name)}: a NUL character in an upload's file name; refused")
     normalized = name.replace("\\", "/")
     path = PurePosixPath(normalized)
     escapes = any(p in ("..", "") for p in path.parts)
     if not path.parts or path.is_absolute() or escapes or ":" in path.parts[0]:
-        raise ValueError(f"{name}: unsafe file name in upload (absolute or '..' paths are refused)")
+        raise ValueError(f"{_shown(name)}: unsafe file name in upload (absolute or '..' paths are refused)")
     if len(path.parts) > MAX_UPLOAD_DEPTH:  # pathlib's mkdir(parents=True) recurses once per folder
-        shown = name if len(name) <= 80 else name[:79] + "…"
-        raise ValueError(f"{shown}: {len(path.parts) - 1} folders deep; an upload name may have at most "
-                         f"{MAX_UPLOAD_DEPTH - 1}")
+        raise ValueError(f"{_shown(name)}: {len(path.parts) - 1} folders deep; an upload name may have at "
+                         f"most {MAX_UPLOAD_DEPTH - 1}")
     return path

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import stat
 from pathlib import Path
 
 import pandas as pd
 
-from gnq_core.atomic import atomic_path
+from gnq_core.atomic import TargetError, atomic_path, check_target
 from gnq_core.errors import GNQError
 
 FORMATS = ("csv", "jsonl", "parquet")
@@ -58,17 +56,12 @@ def _csv(frame: pd.DataFrame, target: str | Path | io.StringIO, neutralise: bool
 
 
 def _check_target(path: Path) -> None:
-    """Refuse to replace anything but a regular file (a device such as /dev/full, a FIFO, a socket)."""
+    """Refuse to replace anything but a regular file (a device such as /dev/full, a FIFO, a socket):
+    atomic.check_target's rule, as an ExportError."""
     try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ExportError(f"{path}: cannot write the export ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(mode):
-        raise ExportError(f"{path}: is a folder; give a file name for the export")
-    if not stat.S_ISREG(mode):
-        raise ExportError(f"{path}: exists and is not a regular file (a device, FIFO or socket); refused")
+        check_target(path, "the export")
+    except TargetError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, neutralise: bool = True) -> Path:
@@ -114,9 +107,11 @@ def to_bytes(frame: pd.DataFrame, fmt: str, *, neutralise: bool = True) -> bytes
 EXPORT_COLUMNS = ["example_id", "text", "group", "rank", "percentile", "status", "reason", "risk",
                   "gnq_total", "gnq_max", "gnq_last", "gnq_mean", "gnq_rank", "gnq_percentile",
                   "copies", "cluster_id", "gnq_with_copy", "secret", "secret_start", "secret_end",
-                  "secret_match", "loss_last", "self_influence_last", "n_points"]
+                  "secret_match", "secret_values", "public", "loss_last", "self_influence_last", "n_points"]
 EXTRACTION_COLUMNS = ["extracted", "extraction_match", "reference_match", "extraction_generated",
-                      "loss_ratio", "zlib_ratio", "min_k_prob", "secret_reproduced", "secret_chars",
+                      "loss_ratio", "zlib_ratio", "min_k_prob", "secret_reproduced", "secret_values_attacked",
+                      "secret_values_leaked", "secret_values_partly", "secret_kind", "secret_value",
+                      "secret_chars",
                       "secret_chars_reproduced", "reference_secret_chars_reproduced", "secret_exposure",
                       "secret_generated"]
 

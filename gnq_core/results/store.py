@@ -35,6 +35,7 @@ from gnq_core.results.store_schema import (  # noqa: F401 (re-exported: the old 
     _apply_migrations,
     _atomically,
     _current_version,
+    check_tables,
     migrations,
 )
 from gnq_core.results.store_writes import (  # noqa: F401 (re-exported)
@@ -156,9 +157,15 @@ class Store(StoreQueries, StoreWrites):
             raise StoreError(f"{self.path}: cannot create its folder ({exc.strerror or exc})") from None
         con = self._open(read_only=False)
         try:
-            _apply_migrations(con, _current_version(con, self.path))
+            version = _current_version(con, self.path)
+            if version < SCHEMA_VERSION:
+                check_tables(con, self.path, version)
+                _apply_migrations(con, version)
         except _IO_ERRORS as exc:
             raise StoreError(f"{self.path}: cannot write the store ({first_line(exc)})") from None
+        except duckdb.Error as exc:  # a damaged older store: the one transaction was rolled back
+            raise StoreError(f"{self.path}: cannot migrate this store to schema {SCHEMA_VERSION} "
+                             f"({first_line(exc)}); left as it was") from None
         finally:
             con.close()
         self._ready = True

@@ -17,7 +17,7 @@ from gnq_core.results.liveness import with_liveness
 from gnq_core.results.records import (
     RunSpec,
 )
-from gnq_core.results.store_schema import TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError
+from gnq_core.results.store_schema import PARTLY_LEAKED_SQL, TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,10 +102,11 @@ class StoreQueries:
                                [run_id]).fetchone()[0]
 
     def text_labels_missing(self, run_id: int) -> bool:
-        """Whether some of a run's examples have no copy/secret labels yet (ensure_text_labels)."""
+        """Whether some of a run's examples have no copy/secret labels yet (ensure_text_labels), or
+        labels from before every value was kept (schema 11: ``public`` is written with them)."""
         with self.connect(read_only=True) as con:
-            return con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND copies IS NULL",
-                               [run_id]).fetchone()[0] > 0
+            return con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND (copies IS NULL OR "
+                               "public IS NULL)", [run_id]).fetchone()[0] > 0
 
     def cluster_ids(self, run_id: int) -> np.ndarray:
         """Each example's copy cluster (int64, in example_id order), without reading the texts."""
@@ -245,12 +246,25 @@ latest_attack AS (
     SELECT * FROM extractions WHERE run_id = $run
     QUALIFY row_number() OVER (PARTITION BY example_id ORDER BY created_at DESC, point DESC,
                                                          prefix_tokens DESC) = 1),
-secret_attack AS (  -- per text, over its secret-like values (usually one)
-    SELECT example_id, bool_or(extracted) AS secret_reproduced, sum(chars) AS secret_chars,
-           sum(chars_reproduced) AS secret_chars_reproduced,
-           sum(reference_chars_reproduced) AS reference_secret_chars_reproduced,
-           max(exposure) AS secret_exposure, string_agg(generated, ' | ') AS secret_generated
-    FROM secret_attacks WHERE run_id = $run GROUP BY example_id),
+secret_rows AS (  -- each attacked value, partly = PARTLY_LEAKED_SQL (pipelines/secret_attack.py)
+    SELECT *, NOT extracted AND """ + PARTLY_LEAKED_SQL + """ AS partly,
+           2.0 * CAST(extracted AS INTEGER) + CAST(NOT extracted AND """ + PARTLY_LEAKED_SQL + """ AS INTEGER)
+               + chars_reproduced / greatest(chars, 1) AS severity
+    FROM secret_attacks WHERE run_id = $run),
+secret_attack AS (  -- per text: how many of its values leaked, and the most exposed one's counts
+    SELECT example_id, bool_or(extracted) AS secret_reproduced,
+           CAST(count(*) AS INTEGER) AS secret_values_attacked,
+           CAST(count(*) FILTER (WHERE extracted) AS INTEGER) AS secret_values_leaked,
+           CAST(count(*) FILTER (WHERE partly) AS INTEGER) AS secret_values_partly,
+           max(exposure) AS secret_exposure,
+           string_agg(generated, ' | ' ORDER BY secret_start) AS secret_generated
+    FROM secret_rows GROUP BY example_id),
+secret_shown AS (  -- the text's most exposed value (leaked, else partly, else the most characters)
+    SELECT example_id, kind AS secret_kind, value AS secret_value, chars AS secret_chars,
+           chars_reproduced AS secret_chars_reproduced,
+           reference_chars_reproduced AS reference_secret_chars_reproduced
+    FROM secret_rows
+    QUALIFY row_number() OVER (PARTITION BY example_id ORDER BY severity DESC, secret_start) = 1),
 membership AS (
     SELECT example_id, """ + ", ".join(
     f"max(value) FILTER (WHERE metric = '{m}') AS {m}" for m in MEMBERSHIP_METRICS) + """
@@ -261,15 +275,16 @@ totals AS (
            CAST(rank() OVER (ORDER BY a.gnq_total DESC NULLS LAST) AS INTEGER) AS gnq_rank,
            100.0 * cume_dist() OVER (ORDER BY a.gnq_total ASC NULLS FIRST) AS gnq_percentile,
            e.copies, e.cluster_id, c.gnq_with_copy,
-           e.secret, e.secret_start, e.secret_end, e.secret_match,
+           e.secret, e.secret_start, e.secret_end, e.secret_match, e.secret_values, e.public,
            x.match_fraction AS extraction_match, x.reference_match,
            x.success AS reproduced,
            x.success AND NOT coalesce(x.reference_match >= x.threshold, FALSE) AS extracted,
            x.generated_text AS extraction_generated, x.prefix_tokens AS attack_prefix_tokens,
            x.suffix_tokens AS attack_suffix_tokens,
-           sa.secret_reproduced, CAST(sa.secret_chars AS INTEGER) AS secret_chars,
-           CAST(sa.secret_chars_reproduced AS INTEGER) AS secret_chars_reproduced,
-           CAST(sa.reference_secret_chars_reproduced AS INTEGER) AS reference_secret_chars_reproduced,
+           sa.secret_reproduced, sa.secret_values_attacked, sa.secret_values_leaked, sa.secret_values_partly,
+           ss.secret_kind, ss.secret_value, CAST(ss.secret_chars AS INTEGER) AS secret_chars,
+           CAST(ss.secret_chars_reproduced AS INTEGER) AS secret_chars_reproduced,
+           CAST(ss.reference_secret_chars_reproduced AS INTEGER) AS reference_secret_chars_reproduced,
            sa.secret_exposure, sa.secret_generated,
            """ + ", ".join(f"m.{m}" for m in MEMBERSHIP_METRICS) + """
     FROM examples e
@@ -278,5 +293,6 @@ totals AS (
     LEFT JOIN latest_attack x USING (example_id)
     LEFT JOIN membership m USING (example_id)
     LEFT JOIN secret_attack sa USING (example_id)
+    LEFT JOIN secret_shown ss USING (example_id)
     WHERE e.run_id = $run)
 """

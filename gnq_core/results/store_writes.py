@@ -208,8 +208,8 @@ class StoreWrites:
     def write_secret_attacks(self, run_id: int, point: int, rows: pd.DataFrame, code_version: str) -> None:
         """The secret-targeted attack's rows (pipelines/secret_attack.py) at one point, replacing
         the run's earlier ones (the latest attack is the one shown), in one transaction."""
-        frame = rows[SECRET_ATTACK_COLUMNS].assign(run_id=run_id, point=point, code_version=code_version,
-                                                   created_at=_now())
+        frame = rows.reindex(columns=SECRET_ATTACK_COLUMNS).assign(
+            run_id=run_id, point=point, code_version=code_version, created_at=_now())
         with self.transaction() as con:
             con.execute("DELETE FROM secret_attacks WHERE run_id = ?", [run_id])
             con.register("new_secret_attacks", frame)
@@ -235,7 +235,8 @@ class StoreWrites:
     def write_text_labels(self, run_id: int, labels: pd.DataFrame) -> None:
         """Copies and secret labels of a run's texts (columns example_id + TEXT_LABEL_COLUMNS)."""
         frame = labels[["example_id", *TEXT_LABEL_COLUMNS]].astype(
-            {"copies": "Int64", "cluster_id": "Int64", "secret_start": "Int64", "secret_end": "Int64"})
+            {"copies": "Int64", "cluster_id": "Int64", "secret_start": "Int64", "secret_end": "Int64",
+             "public": "boolean"})
         with self.transaction() as con:
             con.register("new_labels", frame)
             sets = ", ".join(f"{c} = n.{c}" for c in TEXT_LABEL_COLUMNS)
@@ -279,7 +280,7 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
 SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
                          "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",
                          "reference_generated", "reference_chars_reproduced", "extracted", "exposure",
-                         "exposure_rank", "exposure_candidates", "rule"]
+                         "exposure_rank", "exposure_candidates", "rule", "novel_chars_reproduced"]
 
 
 def _insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:

@@ -12,5 +12,5 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".limits": ("LimitError",),
     ".links": ("LinkError", "check_link"),
     ".models": ("PRESETS", "build_model", "train_tokenizer"),
-    ".secrets": ("find_secrets",),
+    ".secrets": ("find_secrets", "secret_labels"),
 })

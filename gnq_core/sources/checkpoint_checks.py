@@ -20,7 +20,8 @@ from gnq_core.sources.checkpoint_files import (
     _error,
     _reason,
 )
-from gnq_core.sources.tokenizer_panics import TokenizerFailure, panics_as_one_line
+from gnq_core.sources.library_logs import library_logs_held
+from gnq_core.sources.tokenizer_panics import TokenizerFailure, guard_backend, panics_as_one_line
 
 
 def _check_memory(folder: Path, kind: str, files: list[Path], dtype: torch.dtype | None) -> None:
@@ -55,7 +56,7 @@ def _load_tokenizer(folder: Path, config: Any, source: str | Path | None = None)
         raise _error(folder, f"the tokenizer is a {type(tokenizer).__name__}, not a text tokenizer")
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    return guard_backend(tokenizer, str(folder))  # every encode and decode inside the panic guard
 
 
 def _shape_mismatches(model_class: type[PreTrainedModel], config: Any, kind: str, files: list[Path],
@@ -112,10 +113,12 @@ def _check_vocab(folder: Path, config: Any, tokenizer: PreTrainedTokenizerBase) 
 
 @contextlib.contextmanager
 def _as_checkpoint_error(folder: Path) -> Iterator[None]:
-    """Any failure inside becomes one CheckpointError line naming the folder."""
+    """Any failure inside becomes one CheckpointError line naming the folder, and nothing else:
+    transformers' log lines made meanwhile are shown only when nothing failed."""
     try:
-        yield
-    except CheckpointError:
+        with library_logs_held():
+            yield
+    except (CheckpointError, TokenizerFailure):
         raise
     except limits.LimitError as exc:
         raise CheckpointError(str(exc)) from exc

@@ -277,6 +277,7 @@ def _load_config(folder: Path) -> Any:
     if not isinstance(raw, dict):
         raise _error(config_path, "not a JSON object")
     limits.check_config_sizes(raw, config_path)  # before transformers builds anything from it
+    limits.check_rope_scaling(raw, config_path)
     if (field := nonfinite_config_field(raw)) is not None:  # e.g. layer_norm_epsilon NaN: every batch NaN
         raise _error(config_path, f"{field}: not a finite number")
     model_type = raw.get("model_type")

@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+from gnq_core.atomic import check_folder_target
 from gnq_core.sources import limits
 from gnq_core.sources.checkpoint_checks import (
     _allowed_missing,
@@ -39,7 +40,8 @@ from gnq_core.sources.checkpoint_files import (
 def load_tokenizer(path: str | Path, tokenizer: str | Path | None = None) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer alone (no weights read), as load_checkpoint returns it."""
     folder = _checkpoint_dir(path)
-    return _load_tokenizer(folder, _load_config(folder), tokenizer)
+    with _as_checkpoint_error(folder):
+        return _load_tokenizer(folder, _load_config(folder), tokenizer)
 
 
 def load_checkpoint(path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
@@ -139,6 +141,7 @@ def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     target = Path(path)
     if target.name in ("", ".", ".."):
         raise ValueError(f"{path}: not a usable checkpoint folder name")
+    check_folder_target(target, "a checkpoint folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     old = target.with_name(f"{target.name}.old-{os.getpid()}")

@@ -54,6 +54,7 @@ DEFAULT_GROUP_COLUMN = "group"
 _CHUNK = 1 << 20  # 1 MiB
 _PARQUET_ROWS = 50_000  # rows per pyarrow record batch
 MAX_TEXT_BYTES = 8 << 20  # default limit on one line / one text (8 MiB)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: no text holds one alone
 _Rows = Callable[[str], list[Any]]  # column name -> its raw value in each row
 
 
@@ -79,6 +80,13 @@ class TextDataset:
     text_column: str | None  # None for .txt
     group_column: str | None
     dropped: int = 0  # rows dropped because their text was missing, empty or whitespace-only
+    # issue 37: per text, its private values (--secret-column) and whether it is public
+    # (--public-column); None: no such column
+    secret_values: list[list[str]] | None = None
+    public: list[bool] | None = None
+    secret_column: str | None = None
+    public_column: str | None = None
+    secret_patterns: tuple[str, ...] = ()  # --secret-pattern: regexes of private values
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -104,6 +112,8 @@ def load_texts(
     group_column: str | None = None,
     *,
     max_text_bytes: int | None = None,
+    secret_column: str | None = None,
+    public_column: str | None = None,
 ) -> TextDataset:
     """Load the examples of a .txt, .jsonl, .csv or .parquet file (see the module docstring)."""
     shown = str(path)
@@ -117,7 +127,8 @@ def load_texts(
         kind = f"unknown extension {p.suffix!r}" if p.suffix else "no file extension"
         raise DatasetError(shown, f"{kind}; supported: {', '.join(SUFFIXES)}")
     _check_not_empty(shown, p)
-    if suffix == ".txt" and (text_column is not None or group_column is not None):
+    columns_named = (text_column, group_column, secret_column, public_column)
+    if suffix == ".txt" and any(c is not None for c in columns_named):
         raise DatasetError(
             shown, "a .txt file has no columns; text/group columns apply to .csv, .jsonl and .parquet"
         )
@@ -137,7 +148,8 @@ def load_texts(
             group_column=None,
         )
 
-    wanted = [text_column or DEFAULT_TEXT_COLUMN, group_column or DEFAULT_GROUP_COLUMN]
+    wanted = [text_column or DEFAULT_TEXT_COLUMN, group_column or DEFAULT_GROUP_COLUMN,
+              *(c for c in (secret_column, public_column) if c is not None)]
     if suffix == ".jsonl":
         columns, rows = _read_jsonl(shown, p, wanted)
     elif suffix == ".csv":
@@ -156,12 +168,20 @@ def load_texts(
     else:
         gcol = DEFAULT_GROUP_COLUMN if DEFAULT_GROUP_COLUMN in columns else None
 
+    for option, col in (("--secret-column", secret_column), ("--public-column", public_column)):
+        if col is not None and col not in columns:
+            raise DatasetError(shown, f"no column {col!r} for {option} ({_list_columns(columns)})")
     raw_texts = rows(tcol)
     raw_groups = rows(gcol) if gcol is not None else [None] * len(raw_texts)
+    raw_secrets = rows(secret_column) if secret_column is not None else [None] * len(raw_texts)
+    raw_public = rows(public_column) if public_column is not None else [None] * len(raw_texts)
     texts: list[str] = []
     groups: list[str | None] = []
+    secrets: list[list[str]] = []
+    public: list[bool] = []
     dropped = 0
-    for i, (value, group) in enumerate(zip(raw_texts, raw_groups, strict=True)):
+    for i, (value, group, secret, pub) in enumerate(zip(raw_texts, raw_groups, raw_secrets, raw_public,
+                                                         strict=True)):
         text = _as_text(shown, value, tcol, i)
         if text is None or not text.strip():
             dropped += 1
@@ -172,11 +192,41 @@ def load_texts(
                                       "shorten or split it, or raise GNQ_MAX_TEXT_BYTES)")
         texts.append(text)
         groups.append(_as_group(shown, group, gcol, i))
+        secrets.append(_as_values(secret))
+        public.append(_as_flag(shown, pub, public_column, i))
     if not texts:
         what = f"all {dropped} rows have an empty text" if dropped else "no rows"
         raise DatasetError(shown, f"no examples ({what} in column {tcol!r})")
     return TextDataset(path=p.resolve(), texts=texts, groups=groups, sha256=sha256, text_column=tcol,
-                       group_column=gcol, dropped=dropped)
+                       group_column=gcol, dropped=dropped,
+                       secret_values=secrets if secret_column is not None else None,
+                       public=public if public_column is not None else None,
+                       secret_column=secret_column, public_column=public_column)
+
+
+def _as_values(value: Any) -> list[str]:
+    """A --secret-column cell as its values: a list (JSON, Parquet) or a string of them separated
+    by ';' ; empty or missing: none."""
+    if value is None or (isinstance(value, float) and value != value):
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else str(value).split(";")
+    return [str(v).strip() for v in items if v is not None and str(v).strip()]
+
+
+_TRUE, _FALSE = {"true", "yes", "y", "1", "public", "t"}, {"false", "no", "n", "0", "private", "f", ""}
+
+
+def _as_flag(shown: str, value: Any, column: str | None, row: int) -> bool:
+    """A --public-column cell: true/yes/1/public or false/no/0/private/empty."""
+    if column is None or value is None or (isinstance(value, float) and value != value):
+        return False
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise DatasetError(shown, f"row {row + 1}: column {column!r} is {value!r}; --public-column takes "
+                              "true/false, yes/no, 1/0 or public/private")
 
 
 def dataset_columns(path: str | Path) -> list[str]:
@@ -231,6 +281,8 @@ def _read_jsonl(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str
             raise DatasetError(shown, f"line {lineno}: invalid JSON ({e.msg} at column {e.colno})") from e
         except RecursionError as e:
             raise DatasetError(shown, f"line {lineno}: JSON nested too deeply") from e
+        except ValueError as e:  # a number of more than 4,300 digits (Python's int conversion limit)
+            raise DatasetError(shown, f"line {lineno}: unreadable JSON value ({e})") from e
         if not isinstance(obj, dict):
             raise DatasetError(shown, f"line {lineno}: expected a JSON object, got {type(obj).__name__}")
         columns.update(dict.fromkeys(obj))
@@ -299,13 +351,17 @@ def _read_parquet(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[s
     try:
         with pq.ParquetFile(path) as pf:
             columns = list(pf.schema_arrow.names)
+            if len(set(columns)) != len(columns):  # pyarrow cannot tell them apart (KeyError)
+                raise DatasetError(shown, f"duplicate column names ({_list_columns(columns)})")
             keep = [c for c in dict.fromkeys(wanted) if c in columns]
             values: dict[str, list[Any]] = {c: [] for c in keep}
             if keep:
                 for batch in pf.iter_batches(batch_size=_PARQUET_ROWS, columns=keep):
                     for c in keep:
                         values[c].extend(batch.column(c).to_pylist())
-    except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
+    except DatasetError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, IndexError, TypeError, KeyError) as e:
         raise DatasetError(shown, f"not a readable parquet file ({e})") from e
     return columns, values.__getitem__
 
@@ -417,6 +473,9 @@ def _as_text(shown: str, value: Any, column: str, row: int) -> str | None:
     if _is_missing(value):
         return None
     if isinstance(value, str):
+        if not value.isascii() and (bad := _SURROGATE.search(value)):  # JSON's "\ud800": no character
+            raise DatasetError(shown, f"row {row + 1}: column {column!r} holds a lone surrogate "
+                                      f"(\\u{ord(bad.group()):04x}), not valid Unicode")
         return value
     if isinstance(value, bytes | bytearray):
         try:

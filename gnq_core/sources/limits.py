@@ -116,6 +116,32 @@ def check_config_sizes(raw: dict[str, Any], config_path: Path) -> None:
                                  f"{bound.what} ({bound.env} raises it)")
 
 
+# Rotary-embedding scaling (``rope_scaling`` / ``rope_parameters``, nested per layer type too): the
+# fields transformers divides by or takes the log of.  Out of range, it warns and goes on, or fails
+# with "division by zero"; here they are refused with the rule.  (field, lowest, lowest allowed?)
+ROPE_KEYS = ("rope_scaling", "rope_parameters")
+ROPE_FIELDS = {"factor": (1.0, True), "attention_factor": (0.0, False), "beta_fast": (0.0, False),
+               "beta_slow": (0.0, False), "low_freq_factor": (0.0, False), "high_freq_factor": (0.0, False),
+               "mscale": (0.0, True), "mscale_all_dim": (0.0, True)}
+
+
+def check_rope_scaling(raw: dict[str, Any], config_path: Path) -> None:
+    """Each rotary scaling field of config.json is a number in its range: ``factor`` at least 1,
+    the others above (mscale: at least) 0; ``null`` leaves the default.  (``rope_type`` is left to
+    transformers: older configs name types by aliases it maps, "su" or "mrope".)"""
+    for key, name, value in _fields(raw):
+        if value is None or not any(k in ROPE_KEYS for k in name.split(".")[:-1]):
+            continue
+        if key not in ROPE_FIELDS:
+            continue
+        lowest, inclusive = ROPE_FIELDS[key]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < lowest or (value == lowest and not inclusive):
+            rule = f"of at least {lowest:g}" if inclusive else f"above {lowest:g}"
+            raise LimitError(f"{config_path}: {name} is {json.dumps(value)}; rotary scaling needs a number "
+                             f"{rule}")
+
+
 # --------------------------------------------------------------------------------------------- tokenizer
 
 

@@ -10,20 +10,32 @@ private keys) as used by detect-secrets and gitleaks; a password, PIN or recover
 recognised by the words that announce it ("PIN 4821", "password: ...", "customer number ...").  What a pattern
 cannot know (a name, an address) is not claimed: the label means "looks like a secret".
 
+**Labelled values** (issue 37): a value after a label and a colon, "=" or "is" ("Card number:
+4929 1830 5527 6614", "Phone: +91 98450 22713", "Passwort: ...", and any "key: value" whose key
+names something private, in several languages) is a secret of the label's kind even when its
+checksum fails, as made-up and test numbers do: such a match has ``verified=False``.  What the
+user knows and the tool cannot: ``extra_patterns`` (``--secret-pattern``, kind "custom": the
+regex's first group, else its whole match, is the value) and ``declared`` values
+(``--secret-column``: the row's private value(s), found where they occur in its text, kind
+"declared").
+
 ``find_secrets(text)`` lists every match (kind, start, end, matched string) in text order,
 overlaps resolved in favour of the earlier, then longer match; ``secret_labels(texts)`` gives
-the per-text label the store keeps: the kinds found and the first match's span.
+the per-text label the store keeps: the kinds found, the first match's span, and every match
+(``secret_values``, JSON) for the secret attack to probe, each one.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
-SECRET_COLUMNS = ["secret", "secret_start", "secret_end", "secret_match"]
+SECRET_COLUMNS = ["secret", "secret_start", "secret_end", "secret_match", "secret_values"]
+GENERIC = "labelled value"  # a value after any secret-like key
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,7 @@ class SecretMatch:
     text: str
     value_start: int = -1
     value_end: int = -1
+    verified: bool = True  # False: found by its label alone, its checksum fails (card, IBAN)
 
     @property
     def value(self) -> str:
@@ -90,7 +103,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                              r"\s*[:#]?\s*([A-Z]{0,3}\d{6,})\b")),
     ("ssn", re.compile(r"\b\d{3}-\d{2}-\d{4}\b")),
     ("email", re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")),
-    ("phone", re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,4}(?:[ .-]\d{2,4}){1,4}"
+    ("phone", re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,8}(?:[ .-]\d{2,8}){1,4}"
                          r"(?![\w-])")),
 ]
 
@@ -111,34 +124,162 @@ def _valid(kind: str, found: str) -> bool:
     return True
 
 
-def find_secrets(text: str) -> list[SecretMatch]:
-    """Every secret-like match in ``text``, in order, without overlaps."""
+# ------------------------------------------------------------------------------ labelled values
+# "label: value": the label names the kind; a colon, "=", "#" or "is" announces the value.
+_DIGITS_VALUE = r"(\+?\(?\d[\d()]*(?:[ ./-]\(?\d[\d()]*)*)"
+_TOKEN_VALUE = r"([^\s,;]*[^\s,;.])"
+_EMAIL_VALUE = r"([A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,})"
+_IBAN_VALUE = r"([A-Z]{2}\d{2}(?: ?[A-Z0-9]{1,4}){2,8})"
+_LABELS: list[tuple[str, str, str]] = [  # kind, the label's words (several languages), the value's shape
+    ("card number", r"(?:credit |debit |payment )?card(?: ?(?:number|no\.?|#|nr\.?))?|tarjeta|"
+                    r"num[ée]ro de (?:carte|tarjeta)|carte(?: bancaire)?|kartennummer|kreditkarte",
+     _DIGITS_VALUE),
+    ("pin", r"pin(?: ?(?:code|number|no\.?))?|code pin|geheimzahl", r"(\d{3,8})"),
+    ("phone", r"(?:tele)?phone(?: ?(?:number|no\.?))?|tel\.?|mobile|cell|fax|whatsapp|"
+              r"tel[ée]fono|t[ée]l[ée]phone|telefon(?:nummer)?|handy|m[óo]vil|portable|celular",
+     _DIGITS_VALUE),
+    ("iban", r"iban", _IBAN_VALUE),
+    ("password", r"password|passwd|pwd|passphrase|passcode|passwort|kennwort|contrase[ñn]a|mot de passe|"
+                 r"senha|wachtwoord", _TOKEN_VALUE),
+    ("ssn", r"ssn|social security(?: ?(?:number|no\.?))?|sozialversicherungsnummer|"
+            r"n[úu]mero de seguridad social", _DIGITS_VALUE),
+    ("email", r"e-?mail(?: address)?|correo(?: electr[óo]nico)?|courriel", _EMAIL_VALUE),
+    ("account number", r"(?:bank |checking |savings |customer |member |client |patient |policy )?"
+                       r"account(?: ?(?:number|no\.?|#|id|nr\.?))?|acct\.?(?: no\.?)?|kontonummer|"
+                       r"n[úu]mero de cuenta|num[ée]ro de compte", r"([A-Z]{0,3}\d[\d -]{2,}\d)"),
+]
+_LABEL_TAIL = r"\s*(?:[:=#]|\s(?:is|was|ist|es|est)\b)\s*"
+# a phone number needs no colon after its label ("phone 555-0148"); a card number does ("card 4111
+# 1111 1111 1112" is a random number that fails its checksum, "Card number: ..." is a card)
+_LOOSE = {"phone": r"\s*(?:[:=#]|\s(?:is|was)\b|\s(?=[+(\d]))\s*"}
+_LABELLED = [(kind, re.compile(r"(?i)(?<![\w@])(?:" + words + r")" + _LOOSE.get(kind, _LABEL_TAIL)
+                               + r"(?-i:" + value + ")"))
+             for kind, words, value in _LABELS]
+# any "key: value" whose key names something private; the value holds 4 digits, or follows a
+# password-like key
+_SECRET_KEY_WORDS = (r"secret|token|api[ _-]?key|private[ _-]?key|key|pass\w*|pwd|pin|code|ssn|iban|"
+                     r"bic|swift|"
+                     r"account|acct|card|cvv|cvc|phone|tel|mobile|e-?mail|passport|licen[cs]e|"
+                     r"id|dob|birth\w*|salary|routing|tax|vat|insurance|"
+                     r"geheim\w*|schl[üu]ssel|kennwort|konto\w*|karte|ausweis|steuer\w*|"
+                     r"clave|secreto|cuenta|tarjeta|contrase[ñn]a|documento|"
+                     r"cl[ée]|compte|carte|num[ée]ro|nummer|n[úu]mero|codice|chiave|"
+                     r"senha|conta|cart[ãa]o|wachtwoord|rekening|sleutel")
+_KEY_VALUE = re.compile(r"(?im)(?:^|(?<=[\s,;({\[\"']))"
+                        r"([A-Za-zÀ-ÿ][\wÀ-ÿ '/-]{0,30}?)\s*[:=]\s*(?![a-z]+://)"
+                        r"(\+?\(?\d[\d()]*(?:[ ./-]\(?\d[\d()]*)*(?![\w@])"
+                        r"|[^\s,;\"'}\]]*\d[^\s,;\"'}\]]*[^\s,;.\"'}\]]|[^\s,;\"'}\]]{6,})")
+_KEY_WORDS = re.compile(r"(?i)(?<![a-zà-ÿ])(?:" + _SECRET_KEY_WORDS + r")(?![a-zà-ÿ])")
+_PASSWORDISH = re.compile(r"(?i)pass|pwd|secret|token|key|clave|senha|geheim|wachtwoord|kennwort|"
+                          r"contrase|chiave|sleutel|schl")
+
+
+def _labelled(text: str) -> list[SecretMatch]:
+    """Values announced by a label of a known kind, and by any secret-like key (``GENERIC``)."""
+    found: list[SecretMatch] = []
+    for kind, pattern in _LABELLED:
+        for m in pattern.finditer(text):
+            value = m.group(1)
+            digits = re.sub(r"\D", "", value)
+            if kind in ("card number", "phone", "ssn", "account number") and len(digits) < 4:
+                continue
+            if (kind == "card number" and not 12 <= len(digits) <= 19) or (
+                    kind == "phone" and not 6 <= len(digits) <= 15):
+                continue
+            verified = (luhn_ok(digits) if kind == "card number" else
+                        iban_ok(value) if kind == "iban" else True)
+            found.append(SecretMatch(kind, m.start(), m.end(), m.group(0), m.start(1), m.end(1), verified))
+    for m in _KEY_VALUE.finditer(text):
+        key, value = m.group(1), m.group(2)
+        if not _KEY_WORDS.search(key):
+            continue
+        if len(re.findall(r"\d", value)) < 4 and not _PASSWORDISH.search(key):
+            continue  # "name: Anna", "Tel Aviv: 30": 4 digits, unless the key is password-like
+        found.append(SecretMatch(GENERIC, m.start(), m.end(), m.group(0), m.start(2), m.end(2)))
+    return found
+
+
+def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
+    """The user's ``--secret-pattern`` regexes, compiled; a bad one raises ``ValueError`` naming it."""
+    out = []
+    for p in patterns:
+        try:
+            out.append(re.compile(p))
+        except re.error as err:
+            raise ValueError(f"--secret-pattern {p!r} is not a valid regular expression: {err}") from None
+    return out
+
+
+def find_secrets(text: str, extra_patterns: Sequence[re.Pattern[str]] = (),
+                 declared: Iterable[str] = ()) -> list[SecretMatch]:
+    """Every secret-like match in ``text``, in order, without overlaps (the module docstring says
+    what ``extra_patterns`` and ``declared`` add)."""
     text = str(text)
     found: list[SecretMatch] = []
+    for value in sorted({str(v).strip() for v in declared if v is not None and str(v).strip()}):
+        start = text.find(value)
+        while start >= 0:
+            found.append(SecretMatch("declared", start, start + len(value), value, start, start + len(value)))
+            start = text.find(value, start + len(value))
+    for pattern in extra_patterns:
+        for m in pattern.finditer(text):
+            g = 1 if m.re.groups else 0
+            if m.end(g) > m.start(g):
+                found.append(SecretMatch("custom", m.start(), m.end(), m.group(0), m.start(g), m.end(g)))
     for kind, pattern in _PATTERNS:
         for m in pattern.finditer(text):
             if _valid(kind, m.group(0)):
                 value = 1 if m.re.groups else 0  # the announced value's group, else the whole match
                 found.append(SecretMatch(kind, m.start(), m.end(), m.group(0), m.start(value), m.end(value)))
-    found.sort(key=lambda s: (s.start, -(s.end - s.start)))
+    labelled = _labelled(text)
+    kept = _without_overlaps(found + [s for s in labelled if s.kind != GENERIC])
+    # a value after any secret-like key counts where no match of a known kind covers it
+    generic = [s for s in labelled if s.kind == GENERIC
+               and not any(k.value_start < s.value_end and s.value_start < k.value_end for k in kept)]
+    return _without_overlaps(kept + generic) if generic else kept
+
+
+def _without_overlaps(found: list[SecretMatch]) -> list[SecretMatch]:
+    """Earlier first; at one start the longer; at equal spans the one listed first (the sort is
+    stable: declared, custom, the patterns, then the labels)."""
     kept: list[SecretMatch] = []
-    for s in found:
+    for s in sorted(found, key=lambda s: (s.start, -(s.end - s.start))):
         if not kept or s.start >= kept[-1].end:
             kept.append(s)
     return kept
 
 
-def secret_labels(texts: Sequence[str]) -> pd.DataFrame:
+def values_json(found: Sequence[SecretMatch]) -> str:
+    """Every match of a text as the store keeps it (``secret_values``)."""
+    return json.dumps([{"kind": s.kind, "start": s.start, "end": s.end, "value_start": s.value_start,
+                        "value_end": s.value_end, "verified": s.verified} for s in found])
+
+
+def values_from_json(text: str, stored: object) -> list[SecretMatch]:
+    """The matches ``values_json`` stored for ``text`` ([] for None / NA: nothing stored)."""
+    if not isinstance(stored, str) or not stored:
+        return []
+    text = str(text)
+    return [SecretMatch(v["kind"], v["start"], v["end"], text[v["start"]:v["end"]], v["value_start"],
+                        v["value_end"], bool(v.get("verified", True))) for v in json.loads(stored)]
+
+
+def secret_labels(texts: Sequence[str], extra_patterns: Sequence[re.Pattern[str]] = (),
+                  declared: Sequence[Iterable[str]] | None = None,
+                  public: Sequence[bool] | None = None) -> pd.DataFrame:
     """Per text (input order): ``secret`` (the kinds found, comma-separated, in text order; None
     when nothing matched), ``secret_start`` / ``secret_end`` (character span of the first
-    match) and ``secret_match`` (its string)."""
+    match), ``secret_match`` (its string) and ``secret_values`` (every match, ``values_json``).
+    ``declared``: per text, its known private values; ``public``: texts marked public are not
+    searched (a public text holds nothing private)."""
     rows = []
-    for text in texts:
-        found = find_secrets(text)
+    for i, text in enumerate(texts):
+        found = [] if public is not None and public[i] else find_secrets(
+            text, extra_patterns, declared[i] if declared is not None else ())
         if not found:
-            rows.append((None, None, None, None))
+            rows.append((None, None, None, None, None))
             continue
         kinds = list(dict.fromkeys(s.kind for s in found))
-        rows.append((", ".join(kinds), found[0].start, found[0].end, found[0].text))
+        rows.append((", ".join(kinds), found[0].start, found[0].end, found[0].text, values_json(found)))
     frame = pd.DataFrame(rows, columns=SECRET_COLUMNS)
     return frame.astype({"secret_start": "Int64", "secret_end": "Int64"})

@@ -7,6 +7,8 @@ example's loss is its mean next-token NLL over its own tokens (losses.per_exampl
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -19,11 +21,56 @@ from gnq_core.sources.tokenizer_panics import TokenizerFailure, panics_as_one_li
 
 def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
     """Token ids of each text, without special tokens, truncated to ``max_length``; a Rust panic of
-    an untrusted tokenizer is one TokenizerFailure line naming its folder."""
+    an untrusted tokenizer is one TokenizerFailure line naming its folder.
+
+    Tokenisers read the whole text before truncating (a 2-million-character word took 46 s), so a
+    text longer than ``char_bound`` is cut to it first.  The bound leaves twice the characters the
+    first ``max_length + 1`` tokens can span; a cut text that still gives no more than
+    ``max_length`` tokens (a tokenizer that drops characters) is tokenised whole, so the ids are
+    those of the whole text, up to how the one word the cut falls in is merged when that word
+    starts within the bound."""
     where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+    texts = list(texts)
+    bound = char_bound(tokenizer, max_length)
+    long = [i for i, t in enumerate(texts) if len(t) > bound]
+    if not long or getattr(tokenizer, "truncation_side", "right") != "right":  # left: keeps the end
+        with panics_as_one_line(where, "the tokenizer failed on the texts"):
+            return _encode(tokenizer, texts, max_length)
+    cut = set(long)
     with panics_as_one_line(where, "the tokenizer failed on the texts"):
-        enc = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length)
+        ids = _encode(tokenizer, [t if i not in cut else "" for i, t in enumerate(texts)], max_length)
+        over = _encode(tokenizer, [texts[i][:bound] for i in long], max_length + 1)
+        whole = [i for i, o in zip(long, over, strict=True) if len(o) <= max_length]
+        for i, o in zip(long, over, strict=True):
+            ids[i] = o[:max_length]
+        for i, again in zip(whole, _encode(tokenizer, [texts[i] for i in whole], max_length), strict=True):
+            ids[i] = again
+    return ids
+
+
+def _encode(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    if not texts:
+        return []
+    enc = tokenizer(texts, add_special_tokens=False, truncation=True, max_length=max_length)
     return [list(ids) for ids in enc["input_ids"]]
+
+
+_LONGEST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> longest entry
+
+
+def char_bound(tokenizer, max_length: int) -> int:
+    """The characters of a text read before tokenising it for ``max_length`` tokens: twice what
+    ``max_length + 1`` tokens of the tokenizer's longest vocabulary entry span (an entry's
+    characters are at least the text characters it stands for: byte-level and byte-fallback
+    entries spell each byte with one character or more), and 64 more."""
+    try:
+        longest = _LONGEST[tokenizer]
+    except (KeyError, TypeError):
+        vocab = tokenizer.get_vocab()
+        longest = max((len(token) for token in vocab), default=1)
+        with contextlib.suppress(TypeError):
+            _LONGEST[tokenizer] = longest
+    return 2 * (max_length + 1) * max(longest, 1) + 64
 
 
 def pad_id(tokenizer) -> int:

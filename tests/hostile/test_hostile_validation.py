@@ -137,7 +137,12 @@ def test_an_audit_over_a_panicking_tokenizer_prints_one_line(tmp_path, capfd):
 
     from hostile_helpers import make_series
 
-    series = make_series(tmp_path / "ckpts", 1)
+    from gnq_core.sources.checkpoints import load_tokenizer
+    from gnq_core.sources.tokens import char_bound
+
+    series = make_series(tmp_path / "ckpts", 1, max_length=256)
+    # within what --max-length 256 reads of a text (texts are cut to char_bound before tokenising)
+    assert char_bound(load_tokenizer(series / "epoch-1"), 256) > 5001
     spec = json.loads((series / "epoch-1" / "tokenizer.json").read_text())
     spec["pre_tokenizer"] = json.loads(_panicking_pre_tokenizer().__getstate__())
     (series / "epoch-1" / "tokenizer.json").write_text(json.dumps(spec))
@@ -145,7 +150,7 @@ def test_an_audit_over_a_panicking_tokenizer_prints_one_line(tmp_path, capfd):
     data.write_text("text\n" + "a" * 5000 + "b\nhello there\n")
     capfd.readouterr()
     line = refused("audit", "--checkpoints", series, "--data", data, "--db", tmp_path / "gnq.duckdb",
-                   "--max-length", 32, "-q")
+                   "--max-length", 256, "-q")
     assert "epoch-1: the tokenizer failed on the texts" in line
     assert capfd.readouterr().err == ""  # nothing written past Python (Rust's panic note)
 

@@ -1,0 +1,85 @@
+"""Every count a page, the report or the export states about a run's texts, from one object
+(issue 37: the headline, the tiles, the table, the filters and the report agree because they read
+the same numbers).
+
+Texts are counted as rows of the verdict (each example once, copies included); ``distinct``
+counts collapse copies into one, as the text-first table does (×N).  Values are the secret-like
+values the secret attack probed (pipelines/secret_attack.py), each counted once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from gnq_core.analysis.verdict import LEAKED, STATUSES
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    texts: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)        # rows per status (STATUSES order)
+    distinct_by_status: dict[str, int] = field(default_factory=dict)  # copies collapsed
+    with_secret: int = 0             # texts holding a secret-like value (public texts hold none)
+    values_found: int = 0            # secret-like values found in them
+    values_attacked: int = 0         # values the secret attack probed
+    values_leaked: int = 0           # written whole (calibrated)
+    values_partly: int = 0           # written in part
+    window_attacked: int = 0         # texts the text attack's window was tried on
+    window_reproduced: int = 0       # texts whose window came out (calibrated)
+    leaked_kinds: dict[str, int] = field(default_factory=dict)  # the leaked texts' leaked value kinds
+
+    def status(self, name: str) -> int:
+        return int(self.by_status.get(name, 0))
+
+    @property
+    def attacked(self) -> bool:
+        return self.window_attacked > 0 or self.values_attacked > 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _sum(frame: pd.DataFrame, name: str) -> int:
+    return int(pd.to_numeric(frame[name], errors="coerce").fillna(0).sum()) if name in frame else 0
+
+
+def _values_in(stored: object) -> int:
+    import json
+
+    return len(json.loads(stored)) if isinstance(stored, str) and stored else 0
+
+
+def run_counts(ranked: pd.DataFrame) -> RunCounts:
+    """The counts of ``verdict.rank_texts``'s frame (see the module docstring)."""
+    from gnq_core.analysis.findings import grouped
+
+    if ranked.empty or "status" not in ranked:
+        return RunCounts(texts=len(ranked))
+    status = ranked["status"]
+    by_status = {s: int((status == s).sum()) for s in STATUSES}
+    groups = grouped(ranked)
+    distinct = {s: int((groups["status"] == s).sum()) for s in STATUSES}
+    secret = ranked["secret"].notna() if "secret" in ranked else pd.Series(False, index=ranked.index)
+    if "secret_values" in ranked:
+        found = [max(_values_in(v), 1) for v in ranked.loc[secret, "secret_values"]]
+    else:
+        found = [1] * int(secret.sum())
+    window = ranked["extracted"] if "extracted" in ranked else pd.Series(dtype="boolean")
+    leaked_rows = ranked[(status == LEAKED) & secret]
+    none = pd.Series(None, index=leaked_rows.index, dtype=object)
+    shown = leaked_rows.get("secret_kind", none)
+    first = leaked_rows["secret"].astype(str).str.split(",").str[0].str.strip()
+    kinds = Counter(str(k) for k in shown.where(shown.notna(), first))
+    return RunCounts(
+        texts=len(ranked), by_status=by_status, distinct_by_status=distinct, with_secret=int(secret.sum()),
+        values_found=int(sum(found)), values_attacked=_sum(ranked, "secret_values_attacked"),
+        values_leaked=_sum(ranked, "secret_values_leaked"),
+        values_partly=_sum(ranked, "secret_values_partly"),
+        window_attacked=int(window.notna().sum()),
+        window_reproduced=int(window.astype("boolean").fillna(False).astype(bool).sum()),
+        leaked_kinds=dict(kinds.most_common()))
+
+
