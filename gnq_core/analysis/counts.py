@@ -52,16 +52,22 @@ def _values_in(stored: object) -> int:
     return len(json.loads(stored)) if isinstance(stored, str) and stored else 0
 
 
+def by_record(ranked: pd.DataFrame):
+    """``ranked`` in verdict order grouped by copy cluster (a text without copies is its own):
+    the groups' first rows are the records' best-ranked texts (findings.grouped lists them)."""
+    frame = ranked.sort_values(["rank", "example_id"]) if "rank" in ranked else ranked
+    key = frame["cluster_id"].fillna(frame["example_id"]) if "cluster_id" in frame else frame["example_id"]
+    return frame.groupby(key.astype("int64"), sort=False)
+
+
 def run_counts(ranked: pd.DataFrame) -> RunCounts:
     """The counts of ``verdict.rank_texts``'s frame (see the module docstring)."""
-    from gnq_core.analysis.findings import grouped
-
     if ranked.empty or "status" not in ranked:
         return RunCounts(texts=len(ranked))
     status = ranked["status"]
     by_status = {s: int((status == s).sum()) for s in STATUSES}
-    groups = grouped(ranked)
-    distinct = {s: int((groups["status"] == s).sum()) for s in STATUSES}
+    first = by_record(ranked).nth(0)
+    distinct = {s: int((first["status"] == s).sum()) for s in STATUSES}
     secret = ranked["secret"].notna() if "secret" in ranked else pd.Series(False, index=ranked.index)
     if "secret_values" in ranked:
         found = [max(_values_in(v), 1) for v in ranked.loc[secret, "secret_values"]]

@@ -24,7 +24,7 @@ import html
 
 import pandas as pd
 
-from gnq_core.analysis.counts import RunCounts, run_counts
+from gnq_core.analysis.counts import RunCounts, by_record, run_counts
 from gnq_core.analysis.verdict import LEAKED, PARTLY, PUBLIC, REPRODUCED, SECRET, _secret_words
 
 HIGH_EXPOSURE = 4.0  # bits: the value ranks above 15 of 16 random values of its format
@@ -83,10 +83,8 @@ def grouped(ranked: pd.DataFrame) -> pd.DataFrame:
     ``example_ids`` all), in verdict order, with a one-line reason and the action."""
     if ranked.empty:
         return pd.DataFrame(columns=GROUP_COLUMNS)
-    frame = ranked.sort_values(["rank", "example_id"]) if "rank" in ranked else ranked
-    key = frame["cluster_id"].fillna(frame["example_id"]) if "cluster_id" in frame else frame["example_id"]
     rows = []
-    for _, members in frame.groupby(key.astype("int64"), sort=False):
+    for _, members in by_record(ranked):
         first = members.iloc[0]
         reason = str(first.get("reason") or "")
         rows.append({"example_id": int(first["example_id"]), "text": first["text"],
