@@ -4,6 +4,7 @@ parameters × tokens, and the parameter count read from a checkpoint without loa
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -80,3 +81,11 @@ def test_parameter_count_of_pickled_weights_is_their_float32_size(tmp_path):
     torch.save({"w": torch.zeros(10, 30)}, folder / "pytorch_model.bin")
     count = parameter_count(folder)
     assert count is not None and 300 <= count <= 300 + (folder / "pytorch_model.bin").stat().st_size // 4
+
+
+def test_the_thread_default_is_the_idle_cores():
+    from gnq_core.runtime import default_threads, idle_cores
+
+    assert idle_cores(16, 0.2) == 16 and idle_cores(16, 5.6) == 10
+    assert idle_cores(2, 7.0) == 1 and idle_cores(4, -1.0) == 4  # at least 1, at most the cores
+    assert 1 <= default_threads() <= (os.cpu_count() or 1)
