@@ -50,6 +50,12 @@ def test_the_estimate_scales_with_each_input():
     attacked = estimate_audit(**base, attack=True)
     assert attacked.attack_s > STARTUP_S and attacked.total_s == attacked.audit_s + attacked.attack_s
     assert all(w in attacked.basis for w in ("10.0M parameters", "README", "≈50 tokens", "gnq extract"))
+    # the compute term at one thread is twice the benchmark's two; the fixed cost per text is not scaled
+    rate = fit(AUDIT_MEASURED)
+    one_thread = estimate_audit(**base, threads=1).audit_s - STARTUP_S
+    assert one_thread == pytest.approx(one + 100 * 2 * 10_000_000 * 50.0 / rate.per_s)
+    with pytest.raises(ValueError):
+        estimate_audit(**base, threads=0)
 
 
 def test_tokens_per_text_is_capped_by_max_length():

@@ -333,7 +333,7 @@ with st.form("settings"):
         mean_chars = sum(len(t) for t in dataset.texts) / len(dataset)
         guess = estimate_audit(parameters=size, texts=len(dataset), checkpoints=len(refs),
                                tokens=tokens_per_text(mean_chars, int(max_length)), attack=bool(attack),
-                               prefix=int(prefix), suffix=int(suffix))
+                               prefix=int(prefix), suffix=int(suffix), threads=int(threads))
         c2.caption(f"**Estimated time: about {duration(guess.total_s)}** (an estimate: "
                    f"{guess.basis}).")
     elif refs and dataset is not None:

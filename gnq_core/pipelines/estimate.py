@@ -34,7 +34,8 @@ EXTRACT_MEASURED = (Measured("tiny", 370_432, DEFAULT_PREFIX + DEFAULT_SUFFIX, 1
                     Measured("small", 4_240_896, DEFAULT_PREFIX + DEFAULT_SUFFIX, 75.8))
 STARTUP_S = 2.1  # imports, once per stage
 CHARS_PER_TOKEN = 4.0  # English text in a subword vocabulary, for a text whose tokens are not counted yet
-BENCH_MACHINE = "a 2-core x86_64 CPU at 2 threads"
+BENCH_THREADS = 2
+BENCH_MACHINE = f"a 2-core x86_64 CPU at {BENCH_THREADS} threads, nothing else running"
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,10 @@ class Rate:
     fixed_s: float
     per_s: float
 
-    def seconds(self, parameters: int, tokens: float) -> float:
-        return self.fixed_s + parameters * tokens / self.per_s
+    def seconds(self, parameters: int, tokens: float, threads: int = BENCH_THREADS) -> float:
+        """Seconds per text; the parameters × tokens term scaled to `threads` as if every core were
+        as fast as the benchmark's and the work split evenly (optimistic beyond a few threads)."""
+        return self.fixed_s + parameters * tokens / self.per_s * BENCH_THREADS / threads
 
 
 def fit(rows: tuple[Measured, Measured]) -> Rate:
@@ -76,22 +79,23 @@ def tokens_per_text(mean_chars: float, max_length: int) -> float:
 
 
 def estimate_audit(*, parameters: int, texts: int, checkpoints: int, tokens: float, attack: bool = False,
-                   prefix: int = DEFAULT_PREFIX, suffix: int = DEFAULT_SUFFIX) -> Estimate:
+                   prefix: int = DEFAULT_PREFIX, suffix: int = DEFAULT_SUFFIX,
+                   threads: int = BENCH_THREADS) -> Estimate:
     """Estimated time of an audit of `checkpoints` checkpoints of a `parameters`-parameter model on
     `texts` texts of `tokens` tokens each (see tokens_per_text), plus the extraction attack (on the
     last checkpoint, its reference scored too) when `attack`: measured throughput scaled by
-    parameters × tokens. The secret-value stage is not in it."""
-    if min(parameters, texts, checkpoints) < 0 or tokens < 0:
-        raise ValueError("parameters, texts, checkpoints and tokens must not be negative")
-    audit_s = STARTUP_S + texts * checkpoints * fit(AUDIT_MEASURED).seconds(parameters, tokens)
+    parameters × tokens, at `threads` torch threads. The secret-value stage is not in it."""
+    if min(parameters, texts, checkpoints) < 0 or tokens < 0 or threads < 1:
+        raise ValueError("parameters, texts, checkpoints and tokens must not be negative, threads at least 1")
+    audit_s = STARTUP_S + texts * checkpoints * fit(AUDIT_MEASURED).seconds(parameters, tokens, threads)
     attack_s = 0.0
     if attack:
-        attack_s = STARTUP_S + texts * fit(EXTRACT_MEASURED).seconds(parameters, prefix + suffix)
+        attack_s = STARTUP_S + texts * fit(EXTRACT_MEASURED).seconds(parameters, prefix + suffix, threads)
     small = AUDIT_MEASURED[-1]
     basis = (f"{parameters / 1e6:,.1f}M parameters × ≈{tokens:.0f} tokens a text × {texts:,} texts × "
-             f"{checkpoints} checkpoint(s), scaled from `gnq audit` measured at {small.per_s:g} texts/s "
-             f"per checkpoint on {small.parameters / 1e6:.1f}M parameters × {small.tokens:g} tokens "
-             f"(README, Performance; {BENCH_MACHINE}); one thread or a busy machine is slower"
+             f"{checkpoints} checkpoint(s) at {threads} thread(s), scaled from `gnq audit` measured at "
+             f"{small.per_s:g} texts/s per checkpoint on {small.parameters / 1e6:.1f}M parameters × "
+             f"{small.tokens:g} tokens (README, Performance; {BENCH_MACHINE}); a busy machine is slower"
              + ("; the attack scaled from `gnq extract`" if attack else "")
              + "; secret-value probing not included")
     return Estimate(audit_s=audit_s, attack_s=attack_s, basis=basis)
