@@ -56,6 +56,8 @@ def test_the_estimate_scales_with_each_input():
     assert one_thread == pytest.approx(one + 100 * 2 * 10_000_000 * 50.0 / rate.per_s)
     with pytest.raises(ValueError):
         estimate_audit(**base, threads=0)
+    assert "1.5B parameters" in estimate_audit(**{**base, "parameters": 1_500_000_000}).basis
+    assert "370,432 parameters" in estimate_audit(**{**base, "parameters": 370_432}).basis
 
 
 def test_tokens_per_text_is_capped_by_max_length():

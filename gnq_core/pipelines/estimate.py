@@ -73,6 +73,11 @@ class Estimate:
         return self.audit_s + self.attack_s
 
 
+def _count(n: int) -> str:
+    """135.0M, 1.7B, 370,432."""
+    return f"{n / 1e9:,.1f}B" if n >= 1e9 else f"{n / 1e6:,.1f}M" if n >= 1e6 else f"{n:,}"
+
+
 def tokens_per_text(mean_chars: float, max_length: int) -> float:
     """Tokens GNQ reads of an average text: its characters over CHARS_PER_TOKEN, at most max_length."""
     return float(min(max_length, max(1.0, mean_chars / CHARS_PER_TOKEN)))
@@ -92,7 +97,7 @@ def estimate_audit(*, parameters: int, texts: int, checkpoints: int, tokens: flo
     if attack:
         attack_s = STARTUP_S + texts * fit(EXTRACT_MEASURED).seconds(parameters, prefix + suffix, threads)
     small = AUDIT_MEASURED[-1]
-    basis = (f"{parameters / 1e6:,.1f}M parameters × ≈{tokens:.0f} tokens a text × {texts:,} texts × "
+    basis = (f"{_count(parameters)} parameters × ≈{tokens:.0f} tokens a text × {texts:,} texts × "
              f"{checkpoints} checkpoint(s) at {threads} thread(s), scaled from `gnq audit` measured at "
              f"{small.per_s:g} texts/s per checkpoint on {small.parameters / 1e6:.1f}M parameters × "
              f"{small.tokens:g} tokens (README, Performance; {BENCH_MACHINE}); a busy machine is slower"
