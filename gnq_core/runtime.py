@@ -54,3 +54,25 @@ def code_version() -> str:
         return f"{version}+g{sha}{'.dirty' if dirty else ''}"
     except (OSError, subprocess.SubprocessError):
         return version
+
+
+def idle_cores(cores: int, load: float) -> int:
+    """Cores not busy now: `cores` less the 1-minute load average, at least 1, at most `cores`."""
+    return max(1, min(cores, cores - round(load)))
+
+
+def default_threads() -> int:
+    """torch CPU threads a new job should take on this machine: the cores this process may use,
+    at most the physical ones (torch's own default, which the CLI keeps), that the load average
+    leaves idle (competing OpenMP threads can slow a step 10×, README)."""
+    import os
+
+    import psutil
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = min(cores, psutil.cpu_count(logical=False) or cores)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return idle_cores(cores, load)

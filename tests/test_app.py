@@ -211,6 +211,43 @@ def test_new_audit_page_has_its_inputs(store_path, monkeypatch):
     assert not at.exception, [e.message for e in at.exception]
 
 
+
+FORM_FIELDS = ("Run name", "λ", "Batch size", "Max length (tokens)", "Seed", "Prefix tokens", "Suffix tokens",
+               "CPU threads", "Secret candidates")
+
+
+def _form_fields(at: AppTest) -> dict[str, object]:
+    """The settings form's fields by label."""
+    return {w.label: w for w in (*at.text_input, *at.number_input) if w.label in FORM_FIELDS}
+
+
+def test_new_audit_keeps_typed_values_when_checkpoints_and_data_arrive(store_path, monkeypatch):
+    """Issue 37: values typed into the form survive the reruns an upload or a typed path causes.
+    The browser holds a form's typed values until Start and keeps them across a rerun only while
+    each field keeps its identity; before, a default, limit or name that changed with the
+    checkpoints (Run name, Max length) made a new field, at its default. A value the form holds
+    (session state, as Start leaves it) survives too. Once the model and texts are known, an
+    estimate of the audit's time, with its basis, shows beside Start."""
+    at = page("new_audit", store_path, monkeypatch, form_name="typed-name", form_max_length=16, form_batch=4)
+    before = {label: w.id for label, w in _form_fields(at).items()}
+    assert set(before) == set(FORM_FIELDS)
+    assert "Estimated time" not in texts_of(at)  # nothing to estimate before a model and texts
+    # the checkpoints arrive: the default name (the folder's) and the token limit (24) change
+    at.radio(key="ckpt_mode").set_value("Local path").run()
+    at.text_input(key="ckpt_path").set_value(str(store_path.parent / "run")).run()
+    assert "2 checkpoint(s)" in texts_of(at)
+    at.radio(key="data_mode").set_value("Local path").run()
+    at.text_input(key="data_path_input").set_value(str(store_path.parent / "texts.csv")).run()
+    assert not at.exception, [e.message for e in at.exception]
+    fields = _form_fields(at)
+    assert {label: w.id for label, w in fields.items()} == before
+    assert fields["Run name"].value == "typed-name" and fields["Run name"].placeholder.startswith("run ")
+    assert fields["Max length (tokens)"].value == 16 and fields["Max length (tokens)"].max == 24
+    assert fields["Batch size"].value == 4
+    shown = texts_of(at)
+    assert "Estimated time: about" in shown and "an estimate:" in shown
+    assert "32 texts × 2 checkpoint(s)" in shown and "README" in shown
+
 def test_regression_page_outlier_is_outside_the_ellipse(tmp_path, monkeypatch):
     at = page("regression", tmp_path / "none.duckdb", monkeypatch)
     table = at.dataframe[0].value

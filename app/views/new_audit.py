@@ -12,7 +12,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import state
-from app.jobs_view import job_panel
+from app.jobs_view import duration, job_panel
 from gnq_core import one_line
 from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
@@ -25,14 +25,17 @@ from gnq_core.pipelines import (
     AuditSettings,
     ExtractJob,
     check_upload_tree,
+    estimate_audit,
     list_jobs,
     new_job_id,
     safe_relative_path,
     save_uploads,
     start_job,
+    tokens_per_text,
     uploads_dir,
 )
 from gnq_core.results import MIN_BATCH_SIZE, uploads_root
+from gnq_core.runtime import default_threads
 from gnq_core.sources import (
     SUFFIXES,
     CheckpointError,
@@ -46,6 +49,7 @@ from gnq_core.sources import (
     find_checkpoints,
     load_texts,
     max_positions,
+    parameter_count,
     secret_labels,
 )
 
@@ -116,6 +120,11 @@ def adapter_problem(path: str, mtime: float, base: str) -> str | None:  # noqa: 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=256)
 def positions_of(path: str, mtime: float) -> int | None:  # noqa: ARG001 (cache key)
     return max_positions(path)
+
+
+@st.cache_data(ttl=300, show_spinner=False, max_entries=64)
+def parameters_of(path: str, mtime: float) -> int | None:  # noqa: ARG001 (cache key)
+    return parameter_count(path)
 
 
 st.subheader("1. Checkpoints")
@@ -258,37 +267,45 @@ st.subheader("3. Settings")
 model_dirs = [base_dir] if base_dir is not None and refs else [r.path for r in refs]
 limits = [n for path in model_dirs if (n := positions_of(str(path), path.stat().st_mtime))]
 token_limit = min(limits) if limits else None
-default_name = refs[0].path.parent.name if len(refs) > 1 else (refs[0].label if refs else "")
+default_name = (refs[0].path.parent.name if len(refs) > 1 else (refs[0].label if refs else "")) or "my-audit"
+# Every form field has a key: its identity is then the key alone, so a rerun (an upload, a path typed
+# above) that changes a default, a limit or a placeholder keeps what was typed instead of making a
+# new field at its default. The run name's default is a placeholder, so it can follow the checkpoints.
 with st.form("settings"):
-    name = st.text_input("Run name", value=default_name or "my-audit")
+    name = st.text_input("Run name", key="form_name", placeholder=f"{default_name} (left empty: this name)",
+                         help="Empty: named after the checkpoint folder.").strip() or default_name
     c1, c2, c3, c4 = st.columns(4)
-    lam = c1.number_input("λ", min_value=1e-12, value=DEFAULT.lam, format="%g",
+    lam = c1.number_input("λ", min_value=1e-12, value=DEFAULT.lam, format="%g", key="form_lam",
                           help="Regulariser of the GNQ solve; see the 2D regression page.")
     batch_size = c2.number_input("Batch size", min_value=MIN_BATCH_SIZE, value=DEFAULT.batch_size, step=1,
+                                 key="form_batch",
                                  help="GNQ measures each text against the others of its batch.")
     max_length = c3.number_input(
         "Max length (tokens)", min_value=2, max_value=token_limit,
-        value=min(DEFAULT.max_length, token_limit or DEFAULT.max_length), step=8,
+        value=min(DEFAULT.max_length, token_limit or DEFAULT.max_length), step=8, key="form_max_length",
         help="Tokens of each text that GNQ reads; longer texts are cut."
              + (f" This model reads at most {token_limit} tokens." if token_limit else ""))
-    seed = c4.number_input("Seed", min_value=0, value=DEFAULT.seed, step=1,
+    seed = c4.number_input("Seed", min_value=0, value=DEFAULT.seed, step=1, key="form_seed",
                         help="Seeds the fixed batch partition.")
     c1, c2 = st.columns(2)
     loss = c1.selectbox("Loss per text (ℓ_j)", list(LOSS_LABELS), format_func=LOSS_LABELS.get,
+                        key="form_loss",
                         help="The mean weighs every text alike; the sum weighs a text by its length, as a "
                              "training step on summed tokens does (GNQ then grows with length).")
     lam_mode = c2.selectbox("λ scale", list(LAM_MODE_LABELS), format_func=LAM_MODE_LABELS.get,
+                            key="form_lam_mode",
                             help="Relative: λ × the batch's mean ‖g_j‖², so GNQ does not change with the "
                                  "gradients' overall scale (compare checkpoints whose gradients shrink).")
     c1, c2, c3, c4 = st.columns(4)
-    attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True,
+    attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True, key="form_attack",
                          help="Calibrated: a text counts as extracted when the last checkpoint writes its "
                               "next tokens exactly and the first checkpoint (the reference) does not.")
-    prefix = c2.number_input("Prefix tokens", min_value=1, value=DEFAULT_PREFIX, step=1,
+    prefix = c2.number_input("Prefix tokens", min_value=1, value=DEFAULT_PREFIX, step=1, key="form_prefix",
                              help="p: tokens of each text given to the model.")
-    suffix = c3.number_input("Suffix tokens", min_value=1, value=DEFAULT_SUFFIX, step=1,
+    suffix = c3.number_input("Suffix tokens", min_value=1, value=DEFAULT_SUFFIX, step=1, key="form_suffix",
                              help="s: tokens that must follow; texts shorter than p + s are not attackable.")
-    threshold = c4.slider("Success threshold (match fraction)", 0.0, 1.0, DEFAULT_THRESHOLD, 0.01)
+    threshold = c4.slider("Success threshold (match fraction)", 0.0, 1.0, DEFAULT_THRESHOLD, 0.01,
+                          key="form_threshold")
     c1, c2 = st.columns([3, 1])
     reference = c1.text_input(
         "Reference model (optional)", key="reference_path",
@@ -304,11 +321,23 @@ with st.form("settings"):
                                  key="secret_candidates",
                                  help="Random values of each digit secret's format scored beside it; its "
                                       "exposure is estimated from their likelihoods (--secret-candidates).")
-    threads = c2.number_input("CPU threads", min_value=1, value=1, step=1, key="threads",
-                              help="torch CPU threads of the job (the CLI's --threads). 1 is best when other "
-                                   "jobs share the cores (README: competing threads can slow a step 10×).")
-    submitted = st.form_submit_button("Start audit", type="primary",
+    threads = c2.number_input("CPU threads", min_value=1, value=default_threads(), step=1, key="threads",
+                              help="torch CPU threads of the job (the CLI's --threads). The default is the "
+                                   "cores idle when the page opened; 1 is best when other jobs share the "
+                                   "cores (README: competing threads can slow a step 10×).")
+    c1, c2 = st.columns([1, 4], vertical_alignment="center")
+    submitted = c1.form_submit_button("Start audit", type="primary",
                                       disabled=not (refs and dataset is not None))
+    size = parameters_of(str(model_dirs[0]), model_dirs[0].stat().st_mtime) if model_dirs else None
+    if size and dataset is not None and len(dataset):
+        mean_chars = sum(len(t) for t in dataset.texts) / len(dataset)
+        guess = estimate_audit(parameters=size, texts=len(dataset), checkpoints=len(refs),
+                               tokens=tokens_per_text(mean_chars, int(max_length)), attack=bool(attack),
+                               prefix=int(prefix), suffix=int(suffix), threads=int(threads))
+        c2.caption(f"**Estimated time: about {duration(guess.total_s)}** (an estimate: "
+                   f"{guess.basis}).")
+    elif refs and dataset is not None:
+        c2.caption("No time estimate: the model's size could not be read from its weight files.")
 if token_limit:
     st.caption(f"The model has {token_limit} positions: Max length can be at most {token_limit} tokens.")
 

@@ -9,6 +9,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
                          "DEFAULT_SECRET_CANDIDATES", "DEFAULT_THRESHOLD", "FIRST_CHECKPOINT"),
     ".audit": ("run_audit",),
     ".demo": ("build_demo",),
+    ".estimate": ("Estimate", "estimate_audit", "tokens_per_text"),
     ".extraction": ("AttackRule", "run_extraction"),
     ".hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
     ".jobs": ("Job", "cancel_job", "list_jobs", "new_job_id", "start_job"),

@@ -6,7 +6,8 @@ from gnq_core._lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".adapters": ("Adapters", "check_adapter", "find_adapter_checkpoints"),
     ".checkpoints": ("CheckpointError", "CheckpointRef", "check_checkpoint", "checkpoint_hash",
-                     "find_checkpoints", "load_checkpoint", "max_positions", "save_checkpoint"),
+                     "find_checkpoints", "load_checkpoint", "max_positions", "parameter_count",
+                     "save_checkpoint"),
     ".copies": ("find_copies",),
     ".datasets": ("SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "load_texts"),
     ".limits": ("LimitError",),

@@ -12,6 +12,7 @@ file or folder.
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.utils import logging as hf_logging
 
+from gnq_core.sources import limits
 from gnq_core.sources.checkpoint_checks import (  # noqa: F401 (TOKENIZER_HINT: re-exported)
     TOKENIZER_HINT,
     _allowed_missing,
@@ -61,6 +63,7 @@ __all__ = [
     "load_checkpoint",
     "load_tokenizer",
     "max_positions",
+    "parameter_count",
     "save_checkpoint",
 ]
 
@@ -141,6 +144,19 @@ def max_positions(path: str | Path) -> int | None:
     positions = getattr(config.get_text_config(), "max_position_embeddings", None)
     return positions if isinstance(positions, int) and positions > 0 else None
 
+
+
+def parameter_count(path: str | Path) -> int | None:
+    """The model's number of parameters without loading it: the elements its safetensors headers
+    list, else its pickled weight files' bytes over 4 (float32); None when the folder has no
+    readable weights (check_checkpoint reports why)."""
+    try:
+        kind, files = _weight_files(_checkpoint_dir(path))
+        if kind == "safetensors":
+            return limits.weights_elements(files)
+        return sum(f.stat().st_size for f in files) // 4
+    except (CheckpointError, OSError, ValueError, struct.error):
+        return None
 
 def _has_weights(folder: Path) -> bool:
     try:

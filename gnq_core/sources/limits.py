@@ -195,15 +195,26 @@ def weights_bytes(kind: str, files: Iterable[Path], itemsize: int | None = None)
         if kind != "safetensors":
             total += file.stat().st_size
             continue
-        for name, entry in _safetensors_header(file).items():
-            if name == "__metadata__" or not isinstance(entry, dict):
-                continue
-            dtype, shape = entry.get("dtype"), entry.get("shape")
-            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-                raise ValueError(f"tensor {name!r} has shape {shape!r}")
+        for dtype, elements in _safetensors_tensors(file):
             size = itemsize if itemsize and dtype in _FLOATING else _SAFETENSORS_ITEMSIZE.get(dtype, 8)
-            total += math.prod(shape) * size
+            total += elements * size
     return total
+
+
+def _safetensors_tensors(file: Path) -> Iterator[tuple[Any, int]]:
+    """(dtype, number of elements) of each tensor a safetensors file's header lists."""
+    for name, entry in _safetensors_header(file).items():
+        if name == "__metadata__" or not isinstance(entry, dict):
+            continue
+        shape = entry.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"tensor {name!r} has shape {shape!r}")
+        yield entry.get("dtype"), math.prod(shape)
+
+
+def weights_elements(files: Iterable[Path]) -> int:
+    """Numbers stored in safetensors files (the model's parameters), from their headers alone."""
+    return sum(elements for file in files for _, elements in _safetensors_tensors(file))
 
 
 def _cgroup_room() -> int | None:
