@@ -417,16 +417,24 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         wait_for_text_or_error(page, "2 checkpoint(s)", 60)
         settle(page)
 
+        # Values typed before the dataset arrives must survive the upload's re-render (issue 37).
+        set_form_value(page, "Run name", RUN_NAME)
+        set_form_value(page, "Max length (tokens)", "32")
+        settle(page)
         page.get_by_text("Upload a file", exact=True).click()
         settle(page)
         uploader = page.locator('[data-testid="stFileUploader"]').filter(has_text="Texts:")
         uploader.locator('input[type="file"]').set_input_files(str(data))
         wait_for_text_or_error(page, f"{N_TEXTS} texts", 60)
         settle(page)
+        typed = {label: page.get_by_label(label, exact=True).input_value()
+                 for label in ("Run name", "Max length (tokens)")}
+        if typed != {"Run name": RUN_NAME, "Max length (tokens)": "32"}:
+            problems.append(f"values typed into the form were replaced by the upload's re-render: {typed}")
+            set_form_value(page, "Run name", RUN_NAME)
+            set_form_value(page, "Max length (tokens)", "32")
 
-        set_form_value(page, "Run name", RUN_NAME)
         set_form_value(page, "Batch size", "8")
-        set_form_value(page, "Max length (tokens)", "32")
         attack = "Run the extraction attack on the last checkpoint"
         assert page.get_by_role("checkbox", name=attack).is_checked()  # its label names a help button too
         set_form_value(page, "Prefix tokens", "4")

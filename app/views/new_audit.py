@@ -25,6 +25,7 @@ from gnq_core.pipelines import (
     AuditSettings,
     ExtractJob,
     check_upload_tree,
+    default_threads,
     estimate_audit,
     list_jobs,
     new_job_id,
@@ -35,7 +36,6 @@ from gnq_core.pipelines import (
     uploads_dir,
 )
 from gnq_core.results import MIN_BATCH_SIZE, uploads_root
-from gnq_core.runtime import default_threads
 from gnq_core.sources import (
     SUFFIXES,
     CheckpointError,

@@ -20,4 +20,5 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".train": ("run_training",),
     ".uploads": ("check_upload_tree", "safe_relative_path", "save_uploads", "uploads_dir"),
     "gnq_core.progress": ("JobProgress", "Reporter", "seconds_left"),
+    "gnq_core.runtime": ("default_threads",),
 })

@@ -192,8 +192,10 @@ def load_texts(
                                       "shorten or split it, or raise GNQ_MAX_TEXT_BYTES)")
         texts.append(text)
         groups.append(_as_group(shown, group, gcol, i))
-        secrets.append(_as_values(secret))
-        public.append(_as_flag(shown, pub, public_column, i))
+        if secret_column is not None:  # lists only when asked: a million empty ones cost ~56 MB
+            secrets.append(_as_values(secret))
+        if public_column is not None:
+            public.append(_as_flag(shown, pub, public_column, i))
     if not texts:
         what = f"all {dropped} rows have an empty text" if dropped else "no rows"
         raise DatasetError(shown, f"no examples ({what} in column {tcol!r})")
