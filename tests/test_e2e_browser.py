@@ -411,7 +411,9 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         assert urllib.parse.urlparse(page.url).path.rstrip("/").endswith("/new_audit"), page.url
 
         # --- Upload the checkpoint folder and the CSV, fill the settings, start.
-        page.get_by_text("Upload a folder", exact=True).click()
+        # (the base-model choice for PEFT adapters offers "Upload a folder" too)
+        page.get_by_role("radiogroup", name="Checkpoints", exact=True).get_by_text("Upload a folder",
+                                                                               exact=True).click()
         uploader = page.locator('[data-testid="stFileUploader"]').filter(has_text="checkpoint folder")
         uploader.locator('input[type="file"]').set_input_files(str(ckpts))  # a webkitdirectory input
         wait_for_text_or_error(page, "2 checkpoint(s)", 60)

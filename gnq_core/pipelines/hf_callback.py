@@ -42,7 +42,8 @@ from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_fil
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
 
-__all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "lm_collator", "token_mean_objective"]
+__all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "GNQTrainerSteps", "lm_collator",
+           "token_mean_objective"]
 
 EXAMPLE_ID = "example_id"
 GNQ_BATCHES = ("step", "micro-batch")
@@ -417,7 +418,26 @@ def token_mean_objective(gnq: GNQCallback, logits: torch.Tensor, labels: torch.T
     return (losses * n).sum() / total
 
 
-class GNQTrainer(Trainer):
+class GNQTrainerSteps:
+    """What every GNQ trainer adds to a Trainer's step and log (GNQTrainer, trl_gnq.GNQSFTTrainer):
+    the pass closed after each backward, and GNQ's summaries in every training log."""
+
+    gnq: GNQCallback
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's logging, with GNQ's summaries since the last log added to a training log
+        (not an evaluation's), so every ``report_to`` integration shows them beside the loss."""
+        if "loss" in logs or "train_loss" in logs:
+            logs = {**logs, **self.gnq.summaries()}
+        super().log(logs, *args, **kwargs)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.gnq.after_backward(self.state)
+        return loss
+
+
+class GNQTrainer(GNQTrainerSteps, Trainer):
     """``transformers.Trainer`` with in-run GNQ on every micro-batch (see the module doc)."""
 
     def __init__(self, *args: Any, gnq: GNQConfig, **kwargs: Any) -> None:
@@ -448,14 +468,3 @@ class GNQTrainer(Trainer):
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         return token_mean_objective(self.gnq, logits, labels, num_items_in_batch)
 
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        """The Trainer's logging, with GNQ's summaries since the last log added to a training log
-        (not an evaluation's), so every ``report_to`` integration shows them beside the loss."""
-        if "loss" in logs or "train_loss" in logs:
-            logs = {**logs, **self.gnq.summaries()}
-        super().log(logs, *args, **kwargs)
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        self.gnq.after_backward(self.state)
-        return loss

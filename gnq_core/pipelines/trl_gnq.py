@@ -39,7 +39,13 @@ import torch
 from trl import SFTTrainer, pack_dataset
 
 from gnq_core.engine.compiled import check_no_compile_setting, check_not_compiled
-from gnq_core.pipelines.hf_callback import EXAMPLE_ID, GNQCallback, GNQConfig, token_mean_objective
+from gnq_core.pipelines.hf_callback import (
+    EXAMPLE_ID,
+    GNQCallback,
+    GNQConfig,
+    GNQTrainerSteps,
+    token_mean_objective,
+)
 from gnq_core.sources.tokens import collate as right_pad
 
 TOKEN_IDS = "gnq_example_ids"  # a packed row's example id per token
@@ -114,7 +120,7 @@ def with_example_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]]
     return collate_rows
 
 
-class GNQSFTTrainer(SFTTrainer):
+class GNQSFTTrainer(GNQTrainerSteps, SFTTrainer):
     """``trl.SFTTrainer`` with in-run GNQ on every micro-batch (see the module doc)."""
 
     def __init__(self, *args: Any, gnq: GNQConfig, **kwargs: Any) -> None:
@@ -174,12 +180,3 @@ class GNQSFTTrainer(SFTTrainer):
         loss = token_mean_objective(self.gnq, outputs.logits, labels, num_items_in_batch)
         return (loss, outputs) if return_outputs else loss
 
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        if "loss" in logs or "train_loss" in logs:
-            logs = {**logs, **self.gnq.summaries()}
-        super().log(logs, *args, **kwargs)
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        self.gnq.after_backward(self.state)
-        return loss
