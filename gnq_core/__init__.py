@@ -9,7 +9,6 @@ first use, so ``import gnq_core`` does not import torch.
 
 import sys
 
-from gnq_core import _compat
 from gnq_core._lazy import lazy_exports
 
 _ENTRY_MODULES = ("gnq_core.cli", "gnq_core.pipelines.jobs")
@@ -37,4 +36,3 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "gnq_core.pipelines.hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
     "gnq_core.results.store": ("Store",),
 })
-_compat.install()

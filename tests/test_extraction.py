@@ -11,7 +11,8 @@ from lm_fixtures import texts, tiny_gpt2, tiny_llama, tokenizer
 from tokenizers import Tokenizer, decoders
 from transformers import PreTrainedTokenizerFast
 
-from gnq_core.pipelines.extraction import ExtractionResult, extraction_attack, greedy_decode
+from gnq_core.pipelines.attacks.decode import greedy_decode
+from gnq_core.pipelines.extraction import ExtractionResult, extraction_attack
 from gnq_core.sources.tokens import encode_texts, pad_id
 
 
@@ -194,3 +195,45 @@ def test_training_mode_is_restored():
     model.eval()
     extraction_attack(model, tok, ids, [0, 1], prefix_tokens=4)
     assert not any(m.training for m in model.modules())
+
+
+# ------------------------------------------------------------ the attacks' entrance (issue 39)
+def test_forward_batches_follow_the_order_match_one_forward_each_and_restore_train_mode():
+    from gnq_core.pipelines.attacks.forward import forward_batches
+
+    torch.manual_seed(3)
+    model = tiny_gpt2()
+    model.train()
+    ids = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
+    seen = []
+    for chunk, batch, logits in forward_batches(model, ids, pad=0, batch_size=2, order=[3, 1, 0]):
+        assert not model.training and torch.is_inference_mode_enabled()
+        seen.append(chunk)
+        for row, i in enumerate(chunk):
+            with torch.no_grad():
+                alone = model(input_ids=torch.tensor([ids[i]])).logits[0]
+            torch.testing.assert_close(logits[row, : len(ids[i])], alone, rtol=1e-4, atol=1e-5)
+            assert batch.input_ids[row, : len(ids[i])].tolist() == ids[i]
+    assert seen == [[3, 1], [0]] and model.training
+
+
+def test_run_attacks_runs_and_stores_each_attack_in_order_and_merges_their_counts():
+    from gnq_core.pipelines.attacks.contract import run_attacks
+
+    calls = []
+
+    class Counting:
+        def __init__(self, name: str, counts: dict):
+            self.name, self.counts = name, counts
+
+        def run(self, target):
+            calls.append(("run", self.name, target))
+            return self.name.upper()
+
+        def store(self, target, result):
+            calls.append(("store", self.name, result))
+            return self.counts
+
+    summary = run_attacks([Counting("a", {"x": 1, "y": 2}), Counting("b", {"y": 3})], "T")
+    assert summary == {"x": 1, "y": 3} and list(summary) == ["x", "y"]
+    assert calls == [("run", "a", "T"), ("store", "a", "A"), ("run", "b", "T"), ("store", "b", "B")]

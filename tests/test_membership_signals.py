@@ -259,8 +259,9 @@ def test_suffix_logprob_equals_an_explicit_sampler_and_greedy_at_k_1():
     decoding reproduces the suffix."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from gnq_core.pipelines.attacks.decode import greedy_decode
     from gnq_core.pipelines.discoverable import discoverable, suffix_logprob
-    from gnq_core.pipelines.extraction import extraction_attack, greedy_decode
+    from gnq_core.pipelines.extraction import extraction_attack
 
     seed = int(torch.randint(0, 2**31, ()))
     torch.manual_seed(seed)

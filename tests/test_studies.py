@@ -20,7 +20,7 @@ from gnq_core.analysis.summaries import group_auc, targeted_rows
 from gnq_core.cli import app
 from gnq_core.results.store import Store
 from gnq_core.studies.base import wikitext_chunks
-from gnq_core.studies.common_knowledge import CF_METRIC, cf_subset, counterfactual_memorization
+from gnq_core.studies.counterfactual import CF_METRIC, cf_subset, counterfactual_memorization
 from gnq_core.studies.report import fmt, markdown_table
 from gnq_core.studies.trajectories import audit_epochs
 

@@ -28,6 +28,7 @@ from gnq_core.analysis.counts import run_counts
 from gnq_core.analysis.findings import summary
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts, risk_basis
+from gnq_core.atomic import write_text_atomic
 from gnq_core.results.store import Run, Store
 
 SCHEMA = "gnq-report/2"
@@ -169,7 +170,5 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
 
 
 def write_json(report: RunReport, out) -> None:
-    """Write the JSON atomically (analysis.html_report.write_report's rule: never half-written)."""
-    from gnq_core.analysis.html_report import write_report
-
-    write_report(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n", out)
+    """Write the JSON atomically (a temporary sibling, then a rename): never half-written."""
+    write_text_atomic(out, json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")

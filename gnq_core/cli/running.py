@@ -215,7 +215,7 @@ def demo(
     epochs = epochs if epochs is not None else (DemoJob.epochs if model is None else 2)
     job = DemoJob(out=str(out) if out else None, epochs=epochs, device=device, model=model)
     if background:
-        from gnq_core.pipelines.demo import start_demo_job
+        from gnq_core.pipelines.demo_job import start_demo_job
 
         console.print(start_demo_job(_store(db), job), soft_wrap=True, highlight=False)
         return

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from gnq_core.pipelines.attacks.run import run_extraction
 from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.extraction import run_extraction
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.progress import Reporter
@@ -67,19 +67,3 @@ def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, d
             extra = {} if init is None else {"reference": str(init)}
             run_extraction(store, run, batch_size=64, device=device, reporter=r, **extra)
     return [audit_run, train_run]
-
-
-def start_demo_job(store: Store, job) -> str:
-    """Start the demo as a detached dashboard job (pipelines/jobs.py) unless it is built or being
-    built; one line saying which.  ``make app`` calls this so the dashboard answers at once."""
-    from gnq_core.pipelines.jobs import list_jobs, start_job
-
-    built = store.find_run(AUDIT_RUN) is not None and store.find_run(TRAIN_RUN) is not None
-    if built and all(store.run(n).status == "done" for n in (AUDIT_RUN, TRAIN_RUN)) and not any(
-            store.extractions(store.run(n).run_id).empty for n in (AUDIT_RUN, TRAIN_RUN)):
-        return f"The demo runs are in {store.path} already."
-    if any(j.run == "demo" and j.alive() for j in list_jobs(store.path)):
-        return "The demo is being built in the background; the dashboard's Runs page shows its progress."
-    started = start_job("demo", store.path, [job])
-    return (f"Building the demo in the background (pid {started.pid}, log {started.log}); the dashboard's "
-            "Runs page shows its progress and its results when it is done.")

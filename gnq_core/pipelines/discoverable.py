@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gnq_core.sources.tokens import collate
+from gnq_core.pipelines.attacks.forward import forward_batches
 
 TOP_K, TEMPERATURE = 40, 1.0  # the sampler stored by ``gnq extract`` (one of Hayes et al.'s settings)
 METRIC = "suffix_logprob"
@@ -38,28 +38,19 @@ def suffix_logprob(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], p
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    device = device if device is not None else next(model.parameters()).device
     need = prefix_tokens + suffix_tokens
     out = [math.nan] * len(token_ids)
+    cut = [list(ids[:need]) for ids in token_ids]
     todo = [i for i, ids in enumerate(token_ids) if len(ids) >= need]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for start in range(0, len(todo), batch_size):
-                chunk = todo[start: start + batch_size]
-                b = collate([list(token_ids[i][:need]) for i in chunk], chunk, pad).to(device)
-                logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-                # positions p−1 … p+s−2 predict the suffix tokens p … p+s−1
-                step = logits[:, prefix_tokens - 1: need - 1].double() / temperature
-                if top_k is not None and top_k < step.shape[-1]:
-                    kth = step.topk(top_k, dim=-1).values[..., -1:]
-                    step = step.masked_fill(step < kth, -math.inf)  # ties at the k-th value are kept
-                logq = torch.log_softmax(step, dim=-1).gather(-1, b.input_ids[:, prefix_tokens:need, None])
-                for i, value in zip(chunk, logq.squeeze(-1).sum(-1).cpu().tolist(), strict=True):
-                    out[i] = value
-    finally:
-        model.train(was_training)
+    for chunk, b, logits in forward_batches(model, cut, pad, batch_size, device, order=todo):
+        # positions p−1 … p+s−2 predict the suffix tokens p … p+s−1
+        step = logits[:, prefix_tokens - 1: need - 1].double() / temperature
+        if top_k is not None and top_k < step.shape[-1]:
+            kth = step.topk(top_k, dim=-1).values[..., -1:]
+            step = step.masked_fill(step < kth, -math.inf)  # ties at the k-th value are kept
+        logq = torch.log_softmax(step, dim=-1).gather(-1, b.input_ids[:, prefix_tokens:need, None])
+        for i, value in zip(chunk, logq.squeeze(-1).sum(-1).cpu().tolist(), strict=True):
+            out[i] = value
     return out
 
 

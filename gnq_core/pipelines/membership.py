@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 
 from gnq_core.engine.losses import IGNORE_INDEX
-from gnq_core.sources.tokens import collate
+from gnq_core.pipelines.attacks.forward import forward_batches
 
 MIN_K_FRACTION = 0.2
 TOKEN_SIGNALS = ("min_k", "min_k_plus")  # scores columns token_signals fills, per text and point
@@ -47,21 +47,12 @@ SCORE_COLUMNS = ["attack_loss", "reference_loss", "loss_ratio", "zlib_ratio", "m
 def token_logprobs(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad: int,
                    batch_size: int = 32, device: torch.device | None = None) -> list[np.ndarray]:
     """log p(x_t | x_<t) for t = 1..n-1 of every text (float64; empty for a one-token text)."""
-    device = device if device is not None else next(model.parameters()).device
     out: list[np.ndarray] = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for start in range(0, len(token_ids), batch_size):
-                ids = [list(x) or [pad] for x in token_ids[start: start + batch_size]]
-                b = collate(ids, list(range(len(ids))), pad).to(device)
-                logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-                logp = torch.log_softmax(logits[:, :-1].double(), dim=-1)
-                picked = logp.gather(-1, b.input_ids[:, 1:, None]).squeeze(-1).cpu().numpy()
-                out += [picked[i, : max(0, len(token_ids[start + i]) - 1)] for i in range(len(ids))]
-    finally:
-        model.train(was_training)
+    fed = [list(x) or [pad] for x in token_ids]
+    for chunk, b, logits in forward_batches(model, fed, pad, batch_size, device):
+        logp = torch.log_softmax(logits[:, :-1].double(), dim=-1)
+        picked = logp.gather(-1, b.input_ids[:, 1:, None]).squeeze(-1).cpu().numpy()
+        out += [picked[row, : max(0, len(token_ids[i]) - 1)] for row, i in enumerate(chunk)]
     return out
 
 
@@ -128,19 +119,9 @@ def forward_signals(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], 
     ``min_k``, ``min_k_plus`` (``token_signals``) — the columns an audit stores, without GNQ."""
     from gnq_core.engine.losses import per_example_lm_loss
 
-    device = device if device is not None else next(model.parameters()).device
     rows: dict[str, list[float]] = {"loss": [], "min_k": [], "min_k_plus": []}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for start in range(0, len(token_ids), batch_size):
-                chunk = list(range(start, min(len(token_ids), start + batch_size)))
-                b = collate([token_ids[i] for i in chunk], chunk, pad).to(device)
-                logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-                rows["loss"] += per_example_lm_loss(logits, b.labels).double().cpu().tolist()
-                for name, values in token_signals(logits, b.labels).items():
-                    rows[name] += values
-    finally:
-        model.train(was_training)
+    for _, b, logits in forward_batches(model, token_ids, pad, batch_size, device):
+        rows["loss"] += per_example_lm_loss(logits, b.labels).double().cpu().tolist()
+        for name, values in token_signals(logits, b.labels).items():
+            rows[name] += values
     return pd.DataFrame(rows)

@@ -146,7 +146,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
 
 
 def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
-    from gnq_core.pipelines.extraction import run_extraction
+    from gnq_core.pipelines.attacks.run import run_extraction
     from gnq_core.pipelines.text_labels import ensure_text_labels
 
     _threads(job.threads)

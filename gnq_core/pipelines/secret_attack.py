@@ -43,11 +43,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import torch
 
 from gnq_core.pipelines.attack_defaults import DEFAULT_SECRET_CANDIDATES as DEFAULT_CANDIDATES
+from gnq_core.pipelines.attacks.decode import greedy_decode
+from gnq_core.pipelines.attacks.forward import evaluating
 from gnq_core.results.store import SECRET_ATTACK_COLUMNS
 from gnq_core.sources.secrets import find_secrets, luhn_ok, values_from_json
+from gnq_core.sources.tokens import pad_id
 
 MAX_SECRETS_PER_TEXT = 64   # every value of a text (a bound only against pathological texts)
 MIN_EXPOSURE_DIGITS = 3
@@ -244,9 +246,6 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
     """One row per attackable secret-like value (``SECRET_ATTACK_COLUMNS``), in text order.
     ``progress(label, total)`` opens a stage and ``advance(n)`` moves it: decoding counts value
     batches, exposure counts values."""
-    from gnq_core.pipelines.extraction import greedy_decode
-    from gnq_core.sources.tokens import pad_id
-
     pad = pad_id(tokenizer)
     targets = secret_targets(tokenizer, texts, example_ids, token_ids, stored_values)
     text_of = dict(zip((int(e) for e in example_ids), texts, strict=True))
@@ -262,18 +261,13 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
         if progress is not None:
             progress(f"secret-like values: {len(targets)} decoded by the {label}", len(chunks))
         gen: dict[int, str] = {}
-        was_training = m.training
-        m.eval()
-        try:
-            with torch.inference_mode():
-                for chunk in chunks:
-                    n_new = len(targets[chunk[0]].target_ids)
-                    out = greedy_decode(m, [targets[i].prompt_ids for i in chunk], n_new, pad, device)
-                    gen |= {i: tokenizer.decode(o) for i, o in zip(chunk, out, strict=True)}
-                    if advance is not None:
-                        advance(1)
-        finally:
-            m.train(was_training)
+        with evaluating(m):
+            for chunk in chunks:
+                n_new = len(targets[chunk[0]].target_ids)
+                out = greedy_decode(m, [targets[i].prompt_ids for i in chunk], n_new, pad, device)
+                gen |= {i: tokenizer.decode(o) for i, o in zip(chunk, out, strict=True)}
+                if advance is not None:
+                    advance(1)
         return [gen[i] for i in range(len(targets))]
 
     by_kind: dict[str, set[str]] = {}

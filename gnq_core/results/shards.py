@@ -38,11 +38,8 @@ from gnq_core.results.store import (
     Run,
     Store,
     StoreError,
-    _apply_migrations,
-    _insert_examples,
-    _insert_run,
     first_line,
-    shard_select,
+    shard_view,
 )
 
 RUN_FILE = "run.json"
@@ -269,34 +266,3 @@ def open_store(path: str | Path | None = None, **kwargs: Any) -> Store:
     if path is not None and is_shard_folder(path):
         return ShardStore(path)
     return Store(path, **kwargs)
-
-
-@contextlib.contextmanager
-def shard_view(spec: RunSpec, status: str, examples: pd.DataFrame, points: pd.DataFrame,
-               files: dict[str, list[str]]) -> Iterator[duckdb.DuckDBPyConnection]:
-    """An in-memory store holding one run (run 1) whose scores and batches are views over its
-    Parquet shards (DuckDB reads them at query time, nothing is copied).  ``points``: point,
-    label, kind, status; ``files``: scores / batches -> Parquet files."""
-    con = duckdb.connect(":memory:")
-    try:
-        _apply_migrations(con, 0)
-        run_id = _insert_run(con, spec)
-        con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run_id])
-        _insert_examples(con, run_id, examples)
-        con.register("shard_points", points.assign(run_id=run_id)[["run_id", "point", "label", "kind",
-                                                                   "status"]])
-        con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")
-        for table, paths in files.items():
-            con.execute(f"DROP TABLE {table}")
-            select = shard_select(table, paths, run_id) if paths else \
-                f"SELECT {run_id} AS run_id, {', '.join(_null_columns(table))} WHERE FALSE"
-            con.execute(f"CREATE VIEW {table} AS {select}")
-        yield con
-    finally:
-        con.close()
-
-
-def _null_columns(table: str) -> list[str]:
-    types = {"finite": "BOOLEAN", "gnq": "DOUBLE", "loss": "DOUBLE", "self_influence": "DOUBLE",
-             "condition": "DOUBLE", "seconds": "DOUBLE", "gnq_mode": "VARCHAR"}
-    return [f"NULL::{types.get(c, 'BIGINT')} AS {c}" for c in SHARD_COLUMNS[table]]

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -47,6 +48,11 @@ from gnq_core.results.store_writes import (  # noqa: F401 (re-exported)
     _insert_run,
     shard_select,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gnq_core.results.records import RunSpec
 
 DEFAULT_DB = Path("data") / "gnq.duckdb"
 WAIT_MESSAGE_EVERY = 300.0  # seconds between two "busy; waiting" messages of one Store
@@ -189,3 +195,35 @@ class Store(StoreQueries, StoreWrites):
             return 0
         with self.connect(read_only=True) as con:
             return _current_version(con, self.path)
+
+
+@contextlib.contextmanager
+def shard_view(spec: RunSpec, status: str, examples: pd.DataFrame, points: pd.DataFrame,
+               files: dict[str, list[str]]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """For ``results/shards.py`` (which runs no SQL of its own): an in-memory store holding one
+    run (run 1) whose scores and batches are views over its Parquet shards (DuckDB reads them at
+    query time, nothing is copied).  ``points``: point,
+    label, kind, status; ``files``: scores / batches -> Parquet files."""
+    con = duckdb.connect(":memory:")
+    try:
+        _apply_migrations(con, 0)
+        run_id = _insert_run(con, spec)
+        con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run_id])
+        _insert_examples(con, run_id, examples)
+        con.register("shard_points", points.assign(run_id=run_id)[["run_id", "point", "label", "kind",
+                                                                   "status"]])
+        con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")
+        for table, paths in files.items():
+            con.execute(f"DROP TABLE {table}")
+            select = shard_select(table, paths, run_id) if paths else \
+                f"SELECT {run_id} AS run_id, {', '.join(_null_columns(table))} WHERE FALSE"
+            con.execute(f"CREATE VIEW {table} AS {select}")
+        yield con
+    finally:
+        con.close()
+
+
+def _null_columns(table: str) -> list[str]:
+    types = {"finite": "BOOLEAN", "gnq": "DOUBLE", "loss": "DOUBLE", "self_influence": "DOUBLE",
+             "condition": "DOUBLE", "seconds": "DOUBLE", "gnq_mode": "VARCHAR"}
+    return [f"NULL::{types.get(c, 'BIGINT')} AS {c}" for c in SHARD_COLUMNS[table]]

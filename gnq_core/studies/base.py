@@ -220,7 +220,7 @@ def attack_last_point(ctx: StudyContext, run, prefix_tokens: int, threshold: flo
     threshold) is already stored; returns the point's row.  ``suffix_tokens``/``reference``: the
     fixed-length, calibrated rule of ``pipelines.extraction`` (None: the rest of the text,
     uncalibrated)."""
-    from gnq_core.pipelines.extraction import run_extraction
+    from gnq_core.pipelines.attacks.run import run_extraction
 
     points = ctx.store.points(run.run_id)
     done = points[points["status"] == "done"]

@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
@@ -35,17 +34,16 @@ import torch
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, group_separation
-from gnq_core.atomic import atomic_path, write_text_atomic
-from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
+from gnq_core.atomic import atomic_path
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
-from gnq_core.pipelines.train import run_training, train_epoch
-from gnq_core.results.store import Run, StoreError
+from gnq_core.pipelines.train import run_training
+from gnq_core.results.store import Run
 from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
 from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
-from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
+from gnq_core.sources.tokens import encode_texts, pad_id
 from gnq_core.studies import paraphrases
 from gnq_core.studies import report as rep
 from gnq_core.studies.base import (
@@ -57,10 +55,10 @@ from gnq_core.studies.base import (
     wikitext_chunks,
     write_dataset,
 )
+from gnq_core.studies.counterfactual import CF_METRIC, counterfactual, train_subset_epoch
 
 STUDY = "common-knowledge"
 POSITIVE, NEGATIVE = "surprising", "common"  # AUC > 0.5: surprising claims score higher
-CF_METRIC = "counterfactual_memorization"
 
 
 @dataclass(frozen=True)
@@ -212,8 +210,8 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
                                              map_location="cpu", weights_only=True))
     for epoch in range(start, settings.epochs):
         reporter.stage(f"pretrain epoch {epoch + 1}/{settings.epochs}", len(ids))
-        _train_epoch(model, optimizer, ids, list(range(len(ids))), settings, epoch, pad_id(tokenizer), device,
-                     reporter.advance)
+        train_subset_epoch(model, optimizer, ids, list(range(len(ids))), settings, epoch, pad_id(tokenizer),
+                           device, reporter.advance)
         path = out_dir / f"epoch-{epoch + 1}"
         save_checkpoint(model, tokenizer, path)
         with atomic_path(path / OPTIMIZER_STATE) as tmp:
@@ -224,105 +222,6 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
             if keep is not None and epoch not in keep:
                 shutil.rmtree(previous)
     return final
-
-
-def _train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[list[int]],
-                 subset: list[int], settings: TrainSettings, epoch: int, pad: int, device: torch.device,
-                 advance=None) -> None:
-    """One epoch of the pipelines' training loop (``train.train_epoch``: seeded batches, the batch
-    mean of the per-example losses, AdamW), without GNQ, over the texts ``subset``."""
-    batches = [[subset[i] for i in part] for part in batch_partition(len(subset), settings.batch_size,
-                                                                     settings.seed + epoch)]
-    train_epoch(model, optimizer, ids, batches, pad, device, settings.loss, advance=advance)
-
-
-# ----------------------------------------------------------------------------- counterfactual memorization
-def cf_subset(n: int, model: int, seed: int) -> list[int]:
-    """Training subset of counterfactual model ``model``: models 2q and 2q+1 split one seeded
-    permutation of the n texts into complementary halves."""
-    perm = np.random.default_rng([seed, 7919, model // 2]).permutation(n)
-    half = perm[: n // 2] if model % 2 == 0 else perm[n // 2:]
-    return sorted(int(i) for i in half)
-
-
-def counterfactual_memorization(n: int, subsets: list[list[int]], scores: list[list[float]]) -> pd.DataFrame:
-    """mem(x) = mean score on x of the models trained with x − mean of those trained without it.
-
-    Columns: example_id, value (NaN when x was never in or never out), mean_in, mean_out, n_in, n_out.
-    """
-    s = np.asarray(scores, dtype=float)  # models × examples
-    member = np.zeros_like(s, dtype=bool)
-    for m, subset in enumerate(subsets):
-        member[m, subset] = True
-    n_in, n_out = member.sum(0), (~member).sum(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean_in = np.where(member, s, 0).sum(0) / n_in
-        mean_out = np.where(~member, s, 0).sum(0) / n_out
-    return pd.DataFrame({"example_id": np.arange(n), "value": mean_in - mean_out, "mean_in": mean_in,
-                         "mean_out": mean_out, "n_in": n_in, "n_out": n_out})
-
-
-def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset, settings: TrainSettings,
-                   n_models: int, folder: Path, reporter) -> pd.DataFrame:
-    """Train the counterfactual models not trained yet (one JSON of results per model), then store
-    the per-example memorization on ``run`` (replacing earlier values)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(settings.device)
-    recipe = {k: v for k, v in asdict(settings).items() if k not in ("device", "preset", "vocab_size")}
-    recipe |= {"init": str(init.resolve()), "dataset_hash": dataset.sha256, "score": "token accuracy"}
-    _, tokenizer = load_checkpoint(init)
-    ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
-    results = []
-    reporter.stage(f"counterfactual models ({n_models})", n_models)
-    for m in range(n_models):
-        path = folder / f"model-{m:03d}.json"
-        if path.is_file():
-            saved = json.loads(path.read_text())
-            if saved["recipe"] != recipe:
-                raise StoreError(f"{path}: counterfactual model trained with other settings or data; "
-                                 "pass --tag NAME to build the study under new names")
-        else:
-            subset = cf_subset(len(ids), m, settings.seed)
-            model, _ = load_checkpoint(init, device=device)
-            _fine_tune(model, ids, subset, settings, pad_id(tokenizer), device)
-            accuracy, loss = _evaluate(model, ids, settings.batch_size, pad_id(tokenizer), device)
-            saved = {"recipe": recipe, "subset": subset, "accuracy": accuracy, "loss": loss}
-            write_text_atomic(path, json.dumps(saved))
-        results.append(saved)
-        reporter.advance(1)
-    mem = counterfactual_memorization(len(ids), [r["subset"] for r in results],
-                                      [r["accuracy"] for r in results])
-    ctx.store.write_metric(run.run_id, CF_METRIC, mem[["example_id", "value"]],
-                           settings=recipe | {"models": n_models, "definition": "mean token accuracy "
-                                              "of models trained with x minus without x"})
-    return mem
-
-
-def _fine_tune(model: torch.nn.Module, ids: list[list[int]], subset: list[int], settings: TrainSettings,
-               pad: int, device: torch.device) -> None:
-    """The fine-tune of ``train.run_training`` (same optimiser, loss, batches, order) on a subset,
-    without GNQ."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    for epoch in range(settings.epochs):
-        _train_epoch(model, optimizer, ids, subset, settings, epoch, pad, device)
-
-
-def _evaluate(model: torch.nn.Module, ids: list[list[int]], batch_size: int, pad: int,
-              device: torch.device) -> tuple[list[float], list[float]]:
-    """Per example: next-token accuracy under teacher forcing, and the mean NLL."""
-    model.eval()
-    accuracy, loss = [], []
-    with torch.inference_mode():
-        for start in range(0, len(ids), batch_size):
-            chunk = list(range(start, min(len(ids), start + batch_size)))
-            b = collate([ids[i] for i in chunk], chunk, pad).to(device)
-            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-            target = b.labels[:, 1:]
-            valid = target != IGNORE_INDEX
-            hits = ((logits[:, :-1].argmax(-1) == target) & valid).sum(1)
-            accuracy += (hits / valid.sum(1).clamp(min=1)).double().tolist()
-            loss += per_example_lm_loss(logits, b.labels).double().tolist()
-    return accuracy, loss
 
 
 # ----------------------------------------------------------------------------------------- report

@@ -31,7 +31,7 @@ import pandas as pd
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
-from gnq_core.pipelines.extraction import run_extraction
+from gnq_core.pipelines.attacks.run import run_extraction
 from gnq_core.pipelines.membership import forward_signals
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
@@ -40,7 +40,7 @@ from gnq_core.sources.checkpoints import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.real_models import PROVENANCE, cached_model
 from gnq_core.sources.tokens import encode_texts, pad_id
-from gnq_core.studies import common_knowledge as ck
+from gnq_core.studies import counterfactual as cf
 from gnq_core.studies import paraphrases
 from gnq_core.studies import report as rep
 from gnq_core.studies.base import StudyContext, Timings, same_settings_or_tag, write_dataset
@@ -134,7 +134,7 @@ def run(ctx: StudyContext, model: Path | None = None) -> Path:
     with timings.stage("fine-tune"), ctx.reporter(name) as r, same_settings_or_tag():
         finetune = run_training(store, data, work / "finetune", name=name, init=init, settings=ft, reporter=r)
     with timings.stage("counterfactual models"), ctx.reporter(name) as r:
-        ck.counterfactual(ctx, finetune, init, data, ft, cfg.cf_models, work / "counterfactual", r)
+        cf.counterfactual(ctx, finetune, init, data, ft, cfg.cf_models, work / "counterfactual", r)
     with timings.stage("extraction attack"), ctx.reporter(name) as r:
         if store.extractions(finetune.run_id).empty:  # a rerun keeps the stored attack
             run_extraction(store, finetune, prefix_tokens=cfg.prefix_tokens, suffix_tokens=None,
@@ -167,7 +167,7 @@ def verdicts(table: pd.DataFrame, premise: pd.DataFrame, cf_models: int) -> list
     g_all, g_len = _claim(table, "gnq_total", ev.SCOPE_ALL), _claim(table, "gnq_total", ev.SCOPE_LENGTH)
     g_gain = _claim(table, "gnq_total", ev.SCOPE_GAIN)
     loss_all = _claim(table, ev.LOSS, ev.SCOPE_ALL)
-    cf_all = _claim(table, ck.CF_METRIC, ev.SCOPE_ALL)
+    cf_all = _claim(table, cf.CF_METRIC, ev.SCOPE_ALL)
     above = g_all is not None and g_all["auc lo"] > 0.5
     more = (above and cf_all is not None and abs(g_all["auc"] - 0.5) > abs(cf_all["auc"] - 0.5))
     lines = [

@@ -21,12 +21,13 @@ from gnq_core.analysis.summaries import group_auc, quantile_bins, targeted_rows
 from gnq_core.studies import common_knowledge as ck
 from gnq_core.studies import report as rep
 from gnq_core.studies.base import StudyContext, Timings, attack_last_point, attacked_totals
+from gnq_core.studies.counterfactual import CF_METRIC
 
 STUDY = "extraction"
 FRACTIONS = (0.05, 0.10, 0.20)
 STRATEGIES = [("GNQ (max over epochs)", "gnq_max", True),
               ("GNQ (last epoch)", "gnq_last", True),
-              ("Counterfactual memorization", ck.CF_METRIC, True),
+              ("Counterfactual memorization", CF_METRIC, True),
               ("Loss (lowest, last epoch)", "loss_last", False),
               ("Self-influence K_jj (last epoch)", "self_influence_last", True)]
 

@@ -45,7 +45,7 @@ from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.tokens import encode_texts, pad_id
 from gnq_core.studies import report as rep
 from gnq_core.studies.base import StudyContext, Timings, ag_news, same_settings_or_tag, write_dataset
-from gnq_core.studies.common_knowledge import cf_subset
+from gnq_core.studies.counterfactual import cf_subset
 
 STUDY = "membership"
 FPR_LEVELS = (0.001, 0.01, 0.1)  # the field's low-FPR reading (LiRA): 0.1%, 1%, 10%

@@ -80,7 +80,6 @@ def attack_counts(checkpoint: Path, dataset: TextDataset, settings: TrainSetting
                   reporter) -> list[int]:
     """[extracted, attacked] of the fixed-length prefix attack on one checkpoint (texts shorter
     than p + s are not attackable)."""
-    import torch
 
     from gnq_core.pipelines.extraction import extraction_attack
     from gnq_core.runtime import resolve_device
@@ -91,10 +90,8 @@ def attack_counts(checkpoint: Path, dataset: TextDataset, settings: TrainSetting
     model, tokenizer = load_checkpoint(checkpoint, device=device)
     ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
     reporter.stage(f"sweep attack {checkpoint.parent.name}/{checkpoint.name}", len(ids))
-    with torch.inference_mode():
-        results = extraction_attack(model, tokenizer, ids, list(range(len(ids))),
-                                    prefix_tokens=rule.prefix_tokens, threshold=rule.threshold, batch_size=64,
-                                    suffix_tokens=rule.suffix_tokens, device=device,
-                                    progress=reporter.advance)
+    results = extraction_attack(model, tokenizer, ids, list(range(len(ids))),
+                                prefix_tokens=rule.prefix_tokens, threshold=rule.threshold, batch_size=64,
+                                suffix_tokens=rule.suffix_tokens, device=device, progress=reporter.advance)
     done = [r for r in results if not r.skipped]
     return [int(sum(bool(r.success) for r in done)), len(done)]

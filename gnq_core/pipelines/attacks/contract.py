@@ -1,0 +1,59 @@
+"""What every attack on an audited checkpoint is: an ``Attack`` has a ``name``, ``run``s on a
+``Target`` (the models, texts and token ids loaded once) and ``store``s its result, returning
+the counts it adds to the attack's summary; ``run_attacks`` runs a list of them in order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+__all__ = ["Attack", "Target", "run_attacks"]
+
+
+@dataclass
+class Target:
+    """One attacked checkpoint of a stored run, and what every attack on it shares."""
+
+    store: Any  # results.store.Store
+    run: Any  # the run's RunInfo
+    point: int
+    label: str  # the checkpoint's label, e.g. 'epoch-3'
+    model: torch.nn.Module
+    tokenizer: Any
+    examples: Any  # the run's texts (pandas frame: example_id, text, secret, secret_values)
+    ids: list[list[int]]  # each text's token ids (sources.tokens.encode_texts)
+    device: torch.device
+    batch_size: int
+    version: str  # code_version() recorded with the rows
+    reporter: Any  # progress.Reporter
+    reference: torch.nn.Module | None = None  # the calibration model, or None
+    reference_path: str | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        return self.examples["text"].tolist()
+
+    @property
+    def example_ids(self) -> list[int]:
+        return self.examples["example_id"].tolist()
+
+
+class Attack(Protocol):
+    """An attack: ``run`` computes, ``store`` writes what ``run`` returned and gives its counts."""
+
+    name: str
+
+    def run(self, target: Target) -> Any: ...
+
+    def store(self, target: Target, result: Any) -> dict: ...
+
+
+def run_attacks(attacks: Sequence[Attack], target: Target) -> dict:
+    """Run and store each attack in order; their counts merged into one summary."""
+    summary: dict = {}
+    for attack in attacks:
+        summary |= attack.store(target, attack.run(target))
+    return summary

@@ -1,0 +1,162 @@
+"""The attacks ``gnq extract`` stores, each an ``Attack`` (``contract``): greedy prefix
+extraction (pipelines/extraction.py), calibrated membership scores (pipelines/membership.py),
+(n, p)-discoverable extraction (pipelines/discoverable.py) and the secret-targeted attack
+(pipelines/secret_attack.py); ``stored_attacks`` lists those a rule asks for, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from gnq_core.pipelines.attacks.contract import Attack, Target
+from gnq_core.pipelines.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_logprob
+from gnq_core.pipelines.extraction import ExtractionResult, extraction_attack, results_frame
+from gnq_core.pipelines.membership import MIN_K_FRACTION, SCORE_COLUMNS, membership_scores, token_logprobs
+from gnq_core.pipelines.secret_attack import DETECT, attack_secrets, describe_rule
+from gnq_core.sources.tokens import pad_id
+
+__all__ = ["Discoverable", "GreedyExtraction", "Membership", "SecretValues", "stored_attacks"]
+
+
+@dataclass
+class GreedyExtraction:
+    """Prefix-completion extraction, calibrated by the reference model when there is one.  Its
+    rows are committed batch by batch as they are decoded (an interrupted attack resumes), so
+    ``run`` writes them and ``store`` reads back the counts."""
+
+    prefix_tokens: int
+    threshold: float
+    suffix_tokens: int | None
+    name: str = "extraction"
+
+    def run(self, t: Target) -> None:
+        kwargs = dict(prefix_tokens=self.prefix_tokens, threshold=self.threshold, batch_size=t.batch_size,
+                      device=t.device, suffix_tokens=self.suffix_tokens)
+        example_ids, store, run = t.example_ids, t.store, t.run
+        ref_results: dict[int, ExtractionResult] = {}
+        if t.reference is not None:
+            t.reporter.stage(f"reference {Path(t.reference_path).name} (p={self.prefix_tokens})", len(t.ids))
+            ref_results = {r.example_id: r for r in extraction_attack(
+                t.reference, t.tokenizer, t.ids, example_ids, progress=t.reporter.advance, **kwargs)}
+        finished = store.attacked_examples(run.run_id, t.point, self.prefix_tokens, self.threshold)
+        if finished is None or len(finished) >= len(t.examples):
+            store.delete_extractions(run.run_id, t.point, self.prefix_tokens)  # a new attack replaces the old
+            finished = set()
+        elif finished:
+            t.reporter.log(f"resuming the attack: {len(finished)} of {len(t.examples)} texts already done")
+
+        def commit(results: list[ExtractionResult]) -> None:
+            frame = results_frame(t.tokenizer, results, self.threshold)
+            if self.suffix_tokens is not None:
+                frame["suffix_tokens"] = self.suffix_tokens
+            if ref_results:
+                refs = [ref_results[r.example_id] for r in results]
+                frame["reference_match"] = [r.match_fraction for r in refs]
+                frame["reference_generated"] = [r.generated_text for r in refs]
+            store.write_extractions(run.run_id, t.point, self.prefix_tokens, frame, t.version)
+
+        t.reporter.stage(f"attack {t.label} (p={self.prefix_tokens})", len(t.ids))
+        extraction_attack(t.model, t.tokenizer, t.ids, example_ids, progress=t.reporter.advance,
+                          done=finished, on_batch=commit, **kwargs)
+
+    def store(self, t: Target, result: None) -> dict:
+        """Counts and both models' match rates over the attackable texts."""
+        stored = t.store.extractions(t.run.run_id, t.point)
+        stored = stored[stored["prefix_tokens"] == self.prefix_tokens]
+        attackable = stored[stored["match_fraction"].notna()]
+        reproduced = attackable["success"].fillna(False).astype(bool)
+        ref = attackable["reference_match"].astype(float) if "reference_match" in attackable else None
+        ref_hit = (ref >= self.threshold) if ref is not None else reproduced & False
+        return {"attacked": len(attackable), "skipped": len(stored) - len(attackable),
+                "reproduced": int(reproduced.sum()), "reference_reproduced": int(ref_hit.sum()),
+                "both_reproduced": int((reproduced & ref_hit).sum()),
+                "extracted": int((reproduced & ~ref_hit).sum()),
+                "mean_match": float(attackable["match_fraction"].mean()) if len(attackable) else None,
+                "reference_mean_match": float(ref.mean()) if ref is not None and ref.notna().any() else None}
+
+
+@dataclass
+class Membership:
+    """Calibrated membership scores of every text (needs the reference model), as metrics."""
+
+    name: str = "membership"
+
+    def run(self, t: Target) -> pd.DataFrame:
+        pad = pad_id(t.tokenizer)
+        target = token_logprobs(t.model, t.ids, pad, t.batch_size, t.device)
+        reference = token_logprobs(t.reference, t.ids, pad, t.batch_size, t.device)
+        return membership_scores(t.texts, target, reference)
+
+    def store(self, t: Target, scores: pd.DataFrame) -> dict:
+        settings = {"checkpoint": t.label, "reference": str(t.reference_path),
+                    "min_k_fraction": MIN_K_FRACTION}
+        for metric in SCORE_COLUMNS:
+            t.store.write_metric(t.run.run_id, metric, pd.DataFrame({"example_id": t.example_ids,
+                                                                     "value": scores[metric]}), settings)
+        return {}
+
+
+@dataclass
+class Discoverable:
+    """log q of each text's suffix under the stored sampler, with the rule."""
+
+    prefix_tokens: int
+    suffix_tokens: int
+    name: str = "discoverable"
+
+    def run(self, t: Target) -> list[float]:
+        return suffix_logprob(t.model, t.ids, self.prefix_tokens, self.suffix_tokens, pad_id(t.tokenizer),
+                              batch_size=t.batch_size, device=t.device)
+
+    def store(self, t: Target, values: list[float]) -> dict:
+        p, s = self.prefix_tokens, self.suffix_tokens
+        frame = pd.DataFrame({"example_id": t.example_ids, "value": values})
+        t.store.write_metric(t.run.run_id, METRIC, frame, {
+            "rule": f"log probability that top-{TOP_K} sampling at temperature {TEMPERATURE:g} emits "
+                    f"exactly the next {s} tokens after the first {p} ((n, p)-discoverable: "
+                    "1 − (1 − e^value)^n ≥ p)", "prefix_tokens": p, "suffix_tokens": s,
+            "top_k": TOP_K, "temperature": TEMPERATURE, "checkpoint": t.label})
+        return {}
+
+
+@dataclass
+class SecretValues:
+    """The secret-targeted attack on every value stored with the texts (a text labelled before
+    values were stored: found again), on the same models; its counts."""
+
+    n_candidates: int
+    name: str = "secrets"
+
+    def rule(self, t: Target) -> str:
+        return describe_rule(self.n_candidates, Path(t.reference_path).name if t.reference_path else None)
+
+    def run(self, t: Target) -> pd.DataFrame:
+        ex = t.examples
+        stored = [v if isinstance(v, str) else None if pd.isna(s) else DETECT
+                  for v, s in zip(ex["secret_values"], ex["secret"], strict=True)]
+        return attack_secrets(t.model, t.tokenizer, t.texts, t.example_ids, t.ids, reference=t.reference,
+                              n_candidates=self.n_candidates, seed=int(t.run.seed or 0),
+                              batch_size=t.batch_size, device=t.device, rule=self.rule(t),
+                              max_length=t.run.max_length, stored_values=stored, progress=t.reporter.stage,
+                              advance=t.reporter.advance)
+
+    def store(self, t: Target, rows: pd.DataFrame) -> dict:
+        t.store.write_secret_attacks(t.run.run_id, t.point, rows, t.version)
+        return {"secret_rule": self.rule(t), "secrets_attacked": len(rows),
+                "secret_candidates": self.n_candidates,
+                "secrets_reproduced": int(rows["reproduced"].sum()),
+                "secrets_extracted": int(rows["extracted"].sum())}
+
+
+def stored_attacks(prefix_tokens: int, threshold: float, suffix_tokens: int | None, calibrated: bool,
+                   secret_candidates: int) -> list[Attack]:
+    """The attacks ``gnq extract`` runs, in order: membership scores only with a reference, the
+    discoverable rule only with a fixed suffix length."""
+    attacks: list[Attack] = [GreedyExtraction(prefix_tokens, threshold, suffix_tokens)]
+    if calibrated:
+        attacks.append(Membership())
+    if suffix_tokens is not None:
+        attacks.append(Discoverable(prefix_tokens, suffix_tokens))
+    return [*attacks, SecretValues(secret_candidates)]
