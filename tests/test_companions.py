@@ -86,8 +86,8 @@ def tiny(tmp_path_factory):
 def test_audit_companions_rows_say_their_companion_set(tiny):
     db, out, data = tiny
     args = ["audit", "--checkpoints", out / "epoch-1", "--data", data, "--db", db, "--name", "comp",
-            "--companions", 16, "--batch-size", 5, "--max-length", 16, "--dtype", "float64", "--sketch-k", 256,
-            "--seed", 2, "--quiet"]
+            "--companions", 16, "--batch-size", 5, "--max-length", 16, "--dtype", "float64",
+            "--sketch-k", 256, "--seed", 2, "--quiet"]
     result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     store = Store(db)

@@ -126,9 +126,10 @@ def audit(
                                        help="With --base-model: GNQ over all parameters of the merged model "
                                             "instead of the adapter's (not comparable with in-run GNQ)."),
     companions: str = typer.Option(None, "--companions", show_default=False,
-                                   help="GNQ of each text against N other texts of the data, or 'all' of them, "
-                                        "through seeded sketches of the gradients (DESIGN.md §9), instead of "
-                                        "against its batch; --batch-size is then the texts per pass."),
+                                   help="GNQ of each text against N other texts of the data, or 'all' of "
+                                        "them, through seeded sketches of the gradients (DESIGN.md §9), "
+                                        "instead of against its batch; --batch-size is then the texts per "
+                                        "pass."),
     sketch_k: int = typer.Option(AuditSettings.sketch_k, "--sketch-k",
                                  help="With --companions: sketch dimensions per weight matrix."),
     quiet: bool = QuietOption,

@@ -84,7 +84,8 @@ class AuditSettings:
                                                f"{self.dtype!r} (checkpoints saved in bf16/fp16 are read "
                                                "into it)")
         resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
-        _whole(self.sketch_k, "--sketch-k", 1), _whole(self.sketch_vocab_rows, "the sketch's vocabulary rows", 1)
+        _whole(self.sketch_k, "--sketch-k", 1)
+        _whole(self.sketch_vocab_rows, "the sketch's vocabulary rows", 1)
         if self.companions is not None and self.companions != COMPANIONS_ALL:
             _whole(self.companions, "--companions (or 'all')", 1)
 
