@@ -127,3 +127,28 @@ def test_identity_sized_sketch_gives_the_exact_gnq_of_one_batch(tiny, tmp_path):
     assert rel_err(torch.tensor(stored["gnq"].to_numpy()), res.gnq) < 1e-9
     assert rel_err(torch.tensor(stored["self_influence"].to_numpy()), res.self_influence) < 1e-9
     assert rel_err(torch.tensor(stored["loss"].to_numpy()), losses.detach()) < 1e-12
+
+
+def test_the_lean_kernel_solve_matches_gnq_from_kernel_and_estimates_large_conditions(monkeypatch):
+    from gnq_core.engine import companions
+
+    gen = torch.Generator().manual_seed(5)
+    S = torch.randn(60, 20, dtype=torch.float64, generator=gen)
+    exact = gnq_from_kernel(S @ S.T, 0.2)
+    gnq, condition = companions.kernel_gnq(S @ S.T, 0.2)
+    assert rel_err(gnq, exact.gnq) < 1e-9 and abs(condition / exact.condition - 1) < 1e-9
+    monkeypatch.setattr(companions, "EXACT_CONDITION", 8)  # the power-iteration estimate
+    _, estimate = companions.kernel_gnq(S @ S.T, 0.2)
+    assert abs(estimate / exact.condition - 1) < 1e-3
+    _, estimate = sketch_space_gnq(S, 0.2)
+    assert abs(estimate / exact.condition - 1) < 1e-3
+
+
+def test_sketch_widths_are_the_widths_of_the_sketches():
+    """``Sketcher.widths()`` (used to zero-fill a key a batch never used) for blocked plans."""
+    from gnq_core.engine.representations import DenseFactor, OuterRep
+    from gnq_core.engine.sketch import Sketcher, SketchSpec
+
+    sketcher = Sketcher(SketchSpec(k=256, block=4))
+    rep = OuterRep(DenseFactor(torch.randn(3, 5, 40)), DenseFactor(torch.randn(3, 5, 30)))
+    assert sketcher.sketch("w", rep).shape[1] == sketcher.widths()["w"] == 256

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from gnq_core.engine.solve import LAM_ABSOLUTE, GNQNumericalError, check_lam_mode, gnq_from_kernel
+from gnq_core.engine.solve import LAM_ABSOLUTE, GNQNumericalError, check_lam_mode
 
-__all__ = ["CompanionSolution", "companion_gnq", "sketch_gram", "sketch_space_gnq"]
+__all__ = ["CompanionSolution", "companion_gnq", "kernel_gnq", "sketch_gram", "sketch_space_gnq"]
 
 GRAM_CHUNK = 512  # rows of S cast to float64 at a time for the Gram
+EXACT_CONDITION = 4096  # systems up to this size get their exact condition number (eigvalsh)
+POWER_STEPS = 100  # larger ones: power iterations (an estimate)
 
 
 @dataclass
@@ -47,9 +49,57 @@ def sketch_gram(S: torch.Tensor, chunk: int = GRAM_CHUNK) -> torch.Tensor:
     return K
 
 
+def _condition(A: torch.Tensor, smallest: float | None = None) -> float:
+    """2-norm condition number of the SPD matrix A (``smallest``: its smallest eigenvalue when
+    known).  Exact (eigvalsh) up to ``EXACT_CONDITION`` rows; above, the extreme eigenvalues by
+    ``POWER_STEPS`` power iterations (λ_max from below, λ_min from 1/λ_max(A⁻¹) via the Cholesky
+    factor): an estimate, recorded for information only."""
+    if A.shape[0] <= EXACT_CONDITION:
+        eig = torch.linalg.eigvalsh(A)
+        return float(eig[-1] / (eig[0] if smallest is None else smallest))
+    top = _power(lambda v: A @ v, A.shape[0], A)
+    if smallest is None:
+        L = torch.linalg.cholesky(A)
+        smallest = 1.0 / _power(lambda v: torch.cholesky_solve(v[:, None], L)[:, 0], A.shape[0], A)
+    return top / smallest
+
+
+def _power(apply, n: int, like: torch.Tensor) -> float:
+    v = torch.randn(n, dtype=torch.float64, device=like.device, generator=torch.Generator(like.device)
+                    .manual_seed(0))
+    value = 0.0
+    for _ in range(POWER_STEPS):
+        w = apply(v / v.norm())
+        value, v = float(w.norm()), w
+    return value
+
+
+def kernel_gnq(K: torch.Tensor, lam: float, chunk: int = GRAM_CHUNK) -> tuple[torch.Tensor, float]:
+    """``solve.gnq_from_kernel``'s numbers with three n × n matrices at a time (K, L, M; K is
+    overwritten): h_j = Σ_k K_jk M_jk by row blocks, M_jj = (1 − h_j)/λ, GNQ_j = h_j / (λ M_jj)."""
+    if not bool(torch.isfinite(K).all()):
+        raise GNQNumericalError("the sketches have NaN/Inf entries (non-finite loss or gradient)")
+    n = K.shape[0]
+    K.diagonal().add_(lam)  # K + λI, in place
+    L, info = torch.linalg.cholesky_ex(K)
+    if int(info) != 0:
+        raise GNQNumericalError(f"K + λI is not positive definite (λ={lam:g})")
+    condition = _condition(K) if n <= EXACT_CONDITION else None
+    M = torch.cholesky_inverse(L)
+    del L
+    if condition is None:
+        top = _power(lambda v: K @ v, n, K)
+        condition = top * _power(lambda v: M @ v, n, M)
+    K.diagonal().sub_(lam)
+    h = torch.empty(n, dtype=torch.float64, device=K.device)
+    for i in range(0, n, chunk):
+        h[i:i + chunk] = (K[i:i + chunk] * M[i:i + chunk]).sum(dim=1)
+    return h / (lam * M.diagonal()), condition
+
+
 def sketch_space_gnq(S: torch.Tensor, lam: float, chunk: int = GRAM_CHUNK) -> tuple[torch.Tensor, float]:
     """GNQ of every row of S against the others through the m × m system A = SᵀS + λI (module
-    docstring); also the condition number of K + λI_n (λ_max(A)/λ when n > m: K has rank ≤ m)."""
+    docstring); also the condition number of K + λI_n (n > m: λ_max(A)/λ, K has rank ≤ m)."""
     if lam <= 0:
         raise ValueError(f"lam must be > 0, got {lam}")
     n, m = S.shape
@@ -67,16 +117,21 @@ def sketch_space_gnq(S: torch.Tensor, lam: float, chunk: int = GRAM_CHUNK) -> tu
     for i in range(0, n, chunk):
         Z = torch.linalg.solve_triangular(L, S[i:i + chunk].to(torch.float64).T, upper=False)
         q[i:i + chunk] = (Z * Z).sum(dim=0)
-    top = float(torch.linalg.eigvalsh(A)[-1])
-    smallest = lam if n > m else float(torch.linalg.eigvalsh(sketch_gram(S) + lam * torch.eye(
-        n, dtype=torch.float64, device=S.device))[0])
-    return q / (1 - q), top / smallest
+    # K + λI_n has A's eigenvalues and, when n > m, λ (n − m times): its smallest is then λ
+    if n > m:
+        condition = _condition(A, lam)
+    else:  # K + λI_n is full rank: its own spectrum (tests; companion_gnq takes the n × n path here)
+        K = sketch_gram(S)
+        K.diagonal().add_(lam)
+        condition = _condition(K)
+    return q / (1 - q), condition
 
 
 def companion_gnq(S: torch.Tensor, lam: float, lam_mode: str = "absolute") -> CompanionSolution:
     """GNQ of each of the n texts of S [n, m] against the other n − 1 (n ≥ 2), by the cheaper
     system: the n × n Gram when n ≤ m, else the m × m one.  ``lam_mode`` as in ``effective_lam``
-    (relative: λ · the set's mean ‖s_j‖²)."""
+    (relative: λ · the set's mean ‖s_j‖²).  The n × n path needs S only for the Gram: a caller
+    that passes S without keeping a reference lets its n·m numbers go before the solve."""
     n, m = S.shape
     if n < 2:
         raise ValueError(f"a companion set needs at least 2 texts, got {n}")
@@ -88,7 +143,9 @@ def companion_gnq(S: torch.Tensor, lam: float, lam_mode: str = "absolute") -> Co
     if check_lam_mode(lam_mode) != LAM_ABSOLUTE and float(norms.mean()) > 0:
         lam_eff = float(lam) * float(norms.mean())
     if n <= m:
-        solution = gnq_from_kernel(sketch_gram(S), lam_eff)
-        return CompanionSolution(solution.gnq, norms, lam_eff, solution.condition, "texts")
+        K = sketch_gram(S)
+        del S
+        gnq, condition = kernel_gnq(K, lam_eff)
+        return CompanionSolution(gnq, norms, lam_eff, condition, "texts")
     gnq, condition = sketch_space_gnq(S, lam_eff)
     return CompanionSolution(gnq, norms, lam_eff, condition, "sketch")

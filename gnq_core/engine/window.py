@@ -227,7 +227,19 @@ class WindowAuditor(GNQAuditor):
             raise RuntimeError("take_sketches() on an empty window: add micro-batches first")
         if failure is not None:
             raise GNQNumericalError(f"a micro-batch of this window: {failure}") from failure
-        return self.window_sketches(window, dtype)
+        widths = self.sketcher.widths()
+        out = torch.empty(sum(m.batch_size for m in window), sum(widths.values()), dtype=dtype)
+        row = 0
+        for m in window:  # each micro-batch's parts are let go once copied: one copy held at a time
+            assert m.sketch is not None
+            S = m.sketch.matrix(widths)
+            if m.weights is not None:
+                S = S / m.weights.to(S.device).reshape(-1, 1)
+            out = out.to(S.device)
+            out[row:row + m.batch_size] = S
+            row += m.batch_size
+            m.sketch = None
+        return out
 
     def sketch_kernel(self, window: list[_Micro]) -> torch.Tensor:
         S = self.window_sketches(window)

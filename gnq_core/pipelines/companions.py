@@ -88,11 +88,13 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
                     reporter.advance(len(batch.example_ids))
 
             def solve() -> tuple[list[float] | None, list[float], float | None, int]:
-                S = auditor.take_sketches(hold)
-                if S.shape[0] < MIN_BATCH_SIZE:  # a set of one text has no companions: NULL GNQ
-                    return None, (S.double() ** 2).sum(dim=1).tolist(), None, S.shape[0]
-                sol = companion_gnq(S, settings.lam, settings.lam_mode)
-                return sol.gnq.tolist(), sol.self_influence.tolist(), sol.condition, S.shape[0]
+                n = len(members)
+                if n < MIN_BATCH_SIZE:  # a set of one text has no companions: NULL GNQ, K_jj kept
+                    S = auditor.take_sketches(torch.float64)
+                    return None, (S * S).sum(dim=1).tolist(), None, n
+                # the sketches go straight in: the n × n path frees them once their Gram exists
+                sol = companion_gnq(auditor.take_sketches(hold), settings.lam, settings.lam_mode)
+                return sol.gnq.tolist(), sol.self_influence.tolist(), sol.condition, n
 
             rows, result = score_batch(solve, torch.cat(losses), members, targets=torch.cat(targets),
                                        batch_index=int(index), step=None, started=t0, extra=extra,
