@@ -87,8 +87,7 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
                 if reporter is not None:
                     reporter.advance(len(batch.example_ids))
 
-            def solve() -> tuple[list[float] | None, list[float], float | None, int]:
-                n = len(members)
+            def solve(n: int = len(members)) -> tuple[list[float] | None, list[float], float | None, int]:
                 if n < MIN_BATCH_SIZE:  # a set of one text has no companions: NULL GNQ, K_jj kept
                     S = auditor.take_sketches(torch.float64)
                     return None, (S * S).sum(dim=1).tolist(), None, n
