@@ -152,3 +152,11 @@ def test_sketch_widths_are_the_widths_of_the_sketches():
     sketcher = Sketcher(SketchSpec(k=256, block=4))
     rep = OuterRep(DenseFactor(torch.randn(3, 5, 40)), DenseFactor(torch.randn(3, 5, 30)))
     assert sketcher.sketch("w", rep).shape[1] == sketcher.widths()["w"] == 256
+
+
+def test_the_companion_sentence_names_the_set():
+    from gnq_core.pipelines.companions import companion_sentence
+
+    assert companion_sentence({"lam_mode": "absolute"}) is None
+    assert "16 other texts" in companion_sentence({"companions": 16, "sketch": "k=256"})
+    assert "every other text" in companion_sentence({"companions": "all"})
