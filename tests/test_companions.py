@@ -160,3 +160,14 @@ def test_the_companion_sentence_names_the_set():
     assert companion_sentence({"lam_mode": "absolute"}) is None
     assert "16 other texts" in companion_sentence({"companions": 16, "sketch": "k=256"})
     assert "every other text" in companion_sentence({"companions": "all"})
+
+
+def test_sketch_rows_widen_for_a_parameter_first_used_later():
+    from gnq_core.engine.companions import SketchRows
+
+    rows = SketchRows(3)
+    rows.put(torch.tensor([[1.0, 2.0, 3.0]]), {"a": 1, "c": 2})
+    rows.put(torch.tensor([[4.0, 5.0, 6.0, 7.0], [8.0, 9.0, 10.0, 11.0]]), {"a": 1, "b": 1, "c": 2})
+    assert rows.take().tolist() == [[1, 0, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    with pytest.raises(ValueError, match="0 of 3"):
+        SketchRows(3).take()

@@ -20,7 +20,8 @@ import torch
 
 from gnq_core.engine.solve import LAM_ABSOLUTE, GNQNumericalError, check_lam_mode
 
-__all__ = ["CompanionSolution", "companion_gnq", "kernel_gnq", "sketch_gram", "sketch_space_gnq"]
+__all__ = ["CompanionSolution", "SketchRows", "companion_gnq", "kernel_gnq", "sketch_gram",
+           "sketch_space_gnq"]
 
 GRAM_CHUNK = 512  # rows of S cast to float64 at a time for the Gram
 EXACT_CONDITION = 4096  # systems up to this size get their exact condition number (eigvalsh)
@@ -34,6 +35,55 @@ class CompanionSolution:
     lam: float  # the ridge used (λ, or λ · mean K_jj in relative mode)
     condition: float  # of K + λI_n
     space: str  # "texts" (the n × n Gram) or "sketch" (the m × m system)
+
+
+class SketchRows:
+    """The [n, m] sketches of a companion set, filled a micro-batch at a time into one tensor
+    (the micro-batches' parts are let go as they come: one copy of the set's sketches is held).
+
+    Rows come with the widths of the parameter keys they were laid out by (sorted keys, as
+    ``SketchBatch.matrix``); a key first seen in a later micro-batch (a parameter the earlier ones
+    did not use) widens the earlier rows with zeros in its columns."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.filled = n, 0
+        self.widths: dict[str, int] = {}
+        self._S: torch.Tensor | None = None
+
+    def put(self, rows: torch.Tensor, widths: dict[str, int]) -> None:
+        if self.filled + rows.shape[0] > self.n:
+            raise ValueError(f"{self.filled + rows.shape[0]} sketch rows for a set of {self.n}")
+        if rows.shape[1] != sum(widths.values()):
+            raise ValueError(f"rows of width {rows.shape[1]} for keys of total width {sum(widths.values())}")
+        if self._S is None:
+            self._S = rows.new_zeros(self.n, rows.shape[1])
+        elif widths != self.widths:
+            self._S = _relayout(self._S, self.widths, widths)
+        self.widths = dict(widths)
+        self._S[self.filled:self.filled + rows.shape[0]] = rows
+        self.filled += rows.shape[0]
+
+    def take(self) -> torch.Tensor:
+        """The [n, m] sketches (all rows put); the holder lets them go."""
+        if self._S is None or self.filled != self.n:
+            raise ValueError(f"{self.filled} of {self.n} sketch rows were put")
+        S, self._S = self._S, None
+        return S
+
+
+def _relayout(S: torch.Tensor, old: dict[str, int], new: dict[str, int]) -> torch.Tensor:
+    """S's columns laid out by ``old``'s sorted keys, moved to ``new``'s (a superset; zeros)."""
+    if any(new.get(k) != w for k, w in old.items()):
+        raise ValueError("a parameter's sketch width changed within a companion set")
+    out = S.new_zeros(S.shape[0], sum(new.values()))
+    starts, at = {}, 0
+    for key in sorted(new):
+        starts[key], at = at, at + new[key]
+    at = 0
+    for key in sorted(old):
+        out[:, starts[key]:starts[key] + old[key]] = S[:, at:at + old[key]]
+        at += old[key]
+    return out
 
 
 def sketch_gram(S: torch.Tensor, chunk: int = GRAM_CHUNK) -> torch.Tensor:

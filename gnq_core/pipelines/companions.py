@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gnq_core.engine.companions import companion_gnq
+from gnq_core.engine.companions import SketchRows, companion_gnq
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.window import WindowAuditor
@@ -73,12 +73,14 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
             members = sets.batch(index)
             micro = _micro_batches(members, settings.batch_size)
             losses, targets, extra = [], [], {}
+            held = SketchRows(len(members))
             for batch in stream_batches(tokenizer, texts, micro, range(len(micro)), settings.max_length):
                 b = batch.to(device)
                 logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
                 loss = per_example_lm_loss(logits, b.labels, settings.loss)
                 auditor.backward(loss.sum())  # output gradients only
                 auditor.add_micro_batch()
+                held.put(auditor.take_sketches(hold), auditor.sketcher.widths())  # parts let go now
                 model.zero_grad(set_to_none=True)
                 losses.append(loss.detach())
                 targets.append(lm_target_counts(b.labels))
@@ -87,12 +89,13 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
                 if reporter is not None:
                     reporter.advance(len(batch.example_ids))
 
-            def solve(n: int = len(members)) -> tuple[list[float] | None, list[float], float | None, int]:
+            def solve(n: int = len(members), rows: SketchRows = held
+                      ) -> tuple[list[float] | None, list[float], float | None, int]:
                 if n < MIN_BATCH_SIZE:  # a set of one text has no companions: NULL GNQ, K_jj kept
-                    S = auditor.take_sketches(torch.float64)
+                    S = rows.take().to(torch.float64)
                     return None, (S * S).sum(dim=1).tolist(), None, n
                 # the sketches go straight in: the n × n path frees them once their Gram exists
-                sol = companion_gnq(auditor.take_sketches(hold), settings.lam, settings.lam_mode)
+                sol = companion_gnq(rows.take(), settings.lam, settings.lam_mode)
                 return sol.gnq.tolist(), sol.self_influence.tolist(), sol.condition, n
 
             rows, result = score_batch(solve, torch.cat(losses), members, targets=torch.cat(targets),
