@@ -6,6 +6,8 @@ all the texts equals the exact GNQ of the same texts audited as one batch."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import torch
@@ -171,3 +173,23 @@ def test_sketch_rows_widen_for_a_parameter_first_used_later():
     assert rows.take().tolist() == [[1, 0, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     with pytest.raises(ValueError, match="0 of 3"):
         SketchRows(3).take()
+
+
+@pytest.mark.slow
+def test_runs_page_states_the_companion_set(tiny, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    db, out, data = tiny
+    result = runner.invoke(app, [str(a) for a in (
+        "audit", "--checkpoints", out / "epoch-1", "--data", data, "--db", db, "--name", "page",
+        "--companions", "all", "--batch-size", 8, "--max-length", 16, "--sketch-k", 64, "--quiet")],
+        catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("GNQ_DB", str(db))
+    root = Path(__file__).resolve().parents[1]
+    at = AppTest.from_file(str(root / "app" / "views" / "runs.py"), default_timeout=60)
+    at.session_state["run_name"] = "page"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    shown = "\n".join(m.value for m in at.markdown)
+    assert "Companion set." in shown and "every other text" in shown and "64 per matrix" in shown
