@@ -125,7 +125,7 @@ def audit(
     merge_adapter: bool = typer.Option(False, "--merge-adapter",
                                        help="With --base-model: GNQ over all parameters of the merged model "
                                             "instead of the adapter's (not comparable with in-run GNQ)."),
-    companions: str = typer.Option(None, "--companions", show_default=False,
+    companions: str = typer.Option(None, "--companions", show_default=False, metavar="N|all",
                                    help="GNQ of each text against N other texts of the data, or 'all' of "
                                         "them, through seeded sketches of the gradients (DESIGN.md §9), "
                                         "instead of against its batch; --batch-size is then the texts per "
