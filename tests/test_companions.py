@@ -157,7 +157,7 @@ def test_sketch_widths_are_the_widths_of_the_sketches():
 
 
 def test_the_companion_sentence_names_the_set():
-    from gnq_core.pipelines.companions import companion_sentence
+    from gnq_core.analysis.gnq_nature import companion_sentence
 
     assert companion_sentence({"lam_mode": "absolute"}) is None
     assert "16 other texts" in companion_sentence({"companions": 16, "sketch": "k=256"})
@@ -176,7 +176,7 @@ def test_sketch_rows_widen_for_a_parameter_first_used_later():
 
 
 @pytest.mark.slow
-def test_runs_page_states_the_companion_set(tiny, monkeypatch):
+def test_the_runs_page_and_report_state_the_companion_set(tiny, monkeypatch, tmp_path):
     from streamlit.testing.v1 import AppTest
 
     db, out, data = tiny
@@ -193,3 +193,9 @@ def test_runs_page_states_the_companion_set(tiny, monkeypatch):
     assert not at.exception, [e.message for e in at.exception]
     shown = "\n".join(m.value for m in at.markdown)
     assert "Companion set." in shown and "every other text" in shown and "64 per matrix" in shown
+
+    report = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", "--run", "page", "--out", str(report), "--db", str(db),
+                                 "--resamples", "20"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "against every other text of the data" in report.read_text(encoding="utf-8")

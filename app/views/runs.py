@@ -9,8 +9,8 @@ from app import charts, show, state
 from app.columns import column_config
 from app.jobs_view import job_panel
 from gnq_core.analysis import LEAKED, PARTLY, run_counts, summary
+from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.pipelines import DemoJob, list_jobs, start_job
-from gnq_core.pipelines.companions import companion_sentence
 
 LEAKED_STATUSES = (LEAKED, PARTLY)
 

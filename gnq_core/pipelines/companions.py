@@ -105,13 +105,3 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
             results.append(result)
     return columns, results
 
-
-def companion_sentence(run_settings: dict) -> str | None:
-    """What a run's GNQ was measured against, for a companions audit (None otherwise): the
-    dashboard's and report's statement of the companion set."""
-    n = run_settings.get("companions")
-    if n is None:
-        return None
-    against = "every other text of the data" if n == "all" else f"{n} other texts of the data"
-    return (f"GNQ of each text against {against} (seeded companion sets, not its batch), through "
-            f"sketched gradients: {run_settings.get('sketch', 'sketch not recorded')}.")
