@@ -109,3 +109,14 @@ def record_gnq(scores: pd.DataFrame, clusters: pd.DataFrame) -> pd.DataFrame:
     out["complete"] = out["shared_batches"] == 0
     return out.reset_index(names="cluster_id")[columns].sort_values("record_gnq", ascending=False,
                                                                      na_position="last").reset_index(drop=True)
+
+
+def companion_sentence(run_settings: dict) -> str | None:
+    """What a run's GNQ was measured against, for a companions audit (None otherwise): the
+    dashboard's and report's statement of the companion set."""
+    n = run_settings.get("companions")
+    if n is None:
+        return None
+    against = "every other text of the data" if n == "all" else f"{n} other texts of the data"
+    return (f"GNQ of each text against {against} (seeded companion sets, not its batch), through "
+            f"sketched gradients: {run_settings.get('sketch', 'sketch not recorded')}.")

@@ -29,6 +29,7 @@ from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import run_report
 from gnq_core.analysis.findings import summary, texts_table_html
+from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.verdict import rank_texts
 from gnq_core.atomic import check_target, write_text_atomic
@@ -156,7 +157,9 @@ def _provenance(fields: list[tuple[str, Any]]) -> str:
 def _nature(data: run_report.RunReport) -> str:
     """The sentence on GNQ vs the gradient norm, and the record-level GNQ of copy clusters."""
     e = html.escape
-    parts = [f"<p class='sentence'>{e(data.nature['sentence'])}</p>",
+    companions = companion_sentence(data.run.settings)
+    parts = [*([f"<p class='sentence'>{e(companions)}</p>"] if companions else []),
+             f"<p class='sentence'>{e(data.nature['sentence'])}</p>",
              "<p class='caption'>K_jj = ‖g_j‖² is the gradient norm squared; without batch companions "
              "GNQ = K_jj/λ, and the share 1 − GNQ·λ/K_jj is what the companions explain (λ_eff for a "
              "relative λ). Thresholds: docs/DESIGN.md §8.</p>"]

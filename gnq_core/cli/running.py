@@ -125,6 +125,13 @@ def audit(
     merge_adapter: bool = typer.Option(False, "--merge-adapter",
                                        help="With --base-model: GNQ over all parameters of the merged model "
                                             "instead of the adapter's (not comparable with in-run GNQ)."),
+    companions: str = typer.Option(None, "--companions", show_default=False, metavar="N|all",
+                                   help="GNQ of each text against N other texts of the data, or 'all' of "
+                                        "them, through seeded sketches of the gradients (DESIGN.md §9), "
+                                        "instead of against its batch; --batch-size is then the texts per "
+                                        "pass."),
+    sketch_k: int = typer.Option(AuditSettings.sketch_k, "--sketch-k",
+                                 help="With --companions: sketch dimensions per weight matrix."),
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
@@ -134,7 +141,8 @@ def audit(
     _set_threads(threads)
 
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
-                             device=device, dtype=dtype, loss=loss, lam_mode=lam_mode)
+                             device=device, dtype=dtype, loss=loss, lam_mode=lam_mode,
+                             companions=_companions(companions), sketch_k=sketch_k)
     if reference is not None and non_members is None:
         raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
     _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
@@ -145,6 +153,16 @@ def audit(
                       non_members=str(non_members) if non_members else None, reference=reference,
                       base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter),
              db, quiet)
+
+
+def _companions(value: str | None) -> int | str | None:
+    """--companions N or 'all' (the settings check the value)."""
+    if value is None or value.strip().lower() == "all":
+        return None if value is None else "all"
+    try:
+        return int(value)
+    except ValueError:
+        return value
 
 
 @app.command()

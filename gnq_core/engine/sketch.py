@@ -238,8 +238,8 @@ class Sketcher:
         return torch.einsum("iru,bij,jrv->bruv", RA, G3, RC).reshape(B, -1) * math.sqrt(r)
 
     def widths(self) -> dict[str, int]:
-        """Sketch width of every parameter key seen so far."""
-        return {key: plan.rows.k * (1 if plan.cols is None else plan.cols.k)
+        """Sketch width of every parameter key seen so far (r blocks of s × s': r·s·s')."""
+        return {key: plan.rows.k * (1 if plan.cols is None else plan.cols.k // plan.blocks)
                 for key, plan in self._plans.items()}
 
     def projection(self, key: str) -> tuple[Projection, Projection | None]:

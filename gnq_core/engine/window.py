@@ -215,12 +215,38 @@ class WindowAuditor(GNQAuditor):
         solution = gnq_from_kernel(K, lam)
         return WindowResult(solution.gnq, K, lam, B, len(window), mode, k, seed, solution.condition)
 
+    def take_sketches(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """The window's sketches [B_eff, m] in ``dtype``, without a solve; starts a new window
+        (post hoc companions, ``engine.companions``).  Sketch mode only; a micro-batch with a
+        non-finite loss or gradient raises ``GNQNumericalError`` as ``finish_window`` does."""
+        if self.mode != "sketch":
+            raise RuntimeError("take_sketches() needs mode='sketch'")
+        window, self._window, self._kept_bytes = self._window, [], 0
+        failure, self._failure = self._failure, None
+        if not window:
+            raise RuntimeError("take_sketches() on an empty window: add micro-batches first")
+        if failure is not None:
+            raise GNQNumericalError(f"a micro-batch of this window: {failure}") from failure
+        widths = self.sketcher.widths()
+        out = torch.empty(sum(m.batch_size for m in window), sum(widths.values()), dtype=dtype)
+        row = 0
+        for m in window:  # each micro-batch's parts are let go once copied: one copy held at a time
+            assert m.sketch is not None
+            S = m.sketch.matrix(widths)
+            if m.weights is not None:
+                S = S / m.weights.to(S.device).reshape(-1, 1)
+            out = out.to(S.device)
+            out[row:row + m.batch_size] = S
+            row += m.batch_size
+            m.sketch = None
+        return out
+
     def sketch_kernel(self, window: list[_Micro]) -> torch.Tensor:
         S = self.window_sketches(window)
         return S @ S.T
 
-    def window_sketches(self, window: list[_Micro]) -> torch.Tensor:
-        """[B_eff, m] float64 sketches of the window's per-example-loss gradients."""
+    def window_sketches(self, window: list[_Micro], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """[B_eff, m] sketches of the window's per-example-loss gradients (float64 by default)."""
         widths = self.sketcher.widths()
         rows = []
         for m in window:
@@ -228,7 +254,7 @@ class WindowAuditor(GNQAuditor):
             S = m.sketch.matrix(widths)
             if m.weights is not None:
                 S = S / m.weights.to(S.device).reshape(-1, 1)
-            rows.append(S)
+            rows.append(S.to(dtype))
         return torch.cat(rows)
 
     def exact_kernel(self, window: list[_Micro]) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, lm_target_counts, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
+from gnq_core.pipelines.companions import audit_companions, companion_sets, sketch_spec
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.membership import TOKEN_SIGNALS, token_signals
 from gnq_core.pipelines.prefetch import Prefetch
@@ -107,6 +108,8 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
     """
     reporter = reporter or Reporter()
     ranks = ranks or Ranks()
+    if settings.companions is not None and ranks.world > 1:
+        raise ValueError("--companions runs in one process: run it without torchrun")
     tokenizer_dir = tokenizer  # the loop below binds each checkpoint's tokenizer to ``tokenizer``
     if adapters is not None and tokenizer_dir is None:
         tokenizer_dir = str(adapters.base)  # the base's tokenizer
@@ -201,7 +204,10 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
     # Copies in one batch explain each other (GNQ ≈ 1): keep them apart.  A run audited before
     # this rule keeps its plain partition, so all its checkpoints share one partition.
     clusters = cluster_ids(store, run) if run.settings.get("partition") == COPIES_APART else None
-    partition = seeded_partition(len(dataset), settings.batch_size, settings.seed, clusters)
+    if settings.companions is not None:  # the GNQ batches are the companion sets
+        partition = companion_sets(len(dataset), settings, clusters)
+    else:
+        partition = seeded_partition(len(dataset), settings.batch_size, settings.seed, clusters)
     return run, [i for i in range(len(refs)) if i not in done], partition
 
 
@@ -225,6 +231,9 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
     mine = ranks.share(len(partition))
     size = sum(partition.size(k) for k in mine)
     reporter.stage(f"{ref.label}", size)
+    if settings.companions is not None:
+        return audit_companions(model, tokenizer, dataset.texts, partition, mine, settings, device, reporter,
+                                trainable_only=trainable_only)
     batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length)
     rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
                          loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only)
@@ -249,4 +258,13 @@ def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settin
         code_version=code_version(), device=str(device), dtype=settings.dtype, loss=settings.loss,
         settings={"checkpoints": [r.label for r in refs], "text_column": dataset.text_column,
                   "group_column": dataset.group_column, "partition": COPIES_APART, **secret_settings(dataset),
-                  "loss": settings.loss, "lam_mode": settings.lam_mode})
+                  "loss": settings.loss, "lam_mode": settings.lam_mode, **_companion_settings(settings)})
+
+
+def _companion_settings(settings: AuditSettings) -> dict[str, Any]:
+    """A companions audit's run settings: N and the sketch (absent for a batch audit, so the
+    settings of runs made before companions existed still match on resume)."""
+    if settings.companions is None:
+        return {}
+    return {"companions": settings.companions, "sketch": sketch_spec(settings).describe(),
+            "gnq_batch": f"{settings.companions} companions per text (sketched)"}

@@ -45,7 +45,8 @@ def _finite(value: object, option: str, low: float = 0.0) -> None:
              f"{option} must be a finite number ≥ {low:g}, got {value!r}")
 
 
-FULL_PRECISION = ("float32", "float64")  # what --dtype takes (its --help says so)
+FULL_PRECISION = ("float32", "float64")
+COMPANIONS_ALL = "all"  # what --dtype takes (its --help says so)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,11 @@ class AuditSettings:
     dtype: str = "float32"
     loss: str = "token_mean"       # ℓ_j: the token mean or the token sum (engine/losses.py)
     lam_mode: str = "absolute"     # λ = lam, or "relative": lam · the batch's mean K_jj (engine/solve.py)
+    # post hoc only: GNQ of each text against N others of the data ("all": every other text) through
+    # sketches (engine/companions.py); None: against the others of its batch, exactly
+    companions: int | str | None = None
+    sketch_k: int = 4096           # sketch dimensions per weight matrix (engine/sketch.py DEFAULT_K)
+    sketch_vocab_rows: int = 1024  # buckets of a vocabulary-sized parameter's vocabulary side
 
     def __post_init__(self) -> None:
         # here, not at the top: the CLI reads these types' defaults for its --help without torch
@@ -78,6 +84,17 @@ class AuditSettings:
                                                f"{self.dtype!r} (checkpoints saved in bf16/fp16 are read "
                                                "into it)")
         resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
+        _whole(self.sketch_k, "--sketch-k", 1)
+        _whole(self.sketch_vocab_rows, "the sketch's vocabulary rows", 1)
+        if self.companions is not None and self.companions != COMPANIONS_ALL:
+            _whole(self.companions, "--companions (or 'all')", 1)
+
+    @property
+    def companion_set_size(self) -> int | None:
+        """Texts per companion set (N + 1; 0: all the texts), None without ``companions``."""
+        if self.companions is None:
+            return None
+        return 0 if self.companions == COMPANIONS_ALL else int(self.companions) + 1
 
 
 @dataclass(frozen=True)
@@ -93,6 +110,7 @@ class TrainSettings(AuditSettings):
         from gnq_core.sources.models import PRESETS  # here: transformers is slow to import
 
         super().__post_init__()
+        _require(self.companions is None, "--companions is post hoc: it applies to gnq audit, not training")
         _whole(self.epochs, "--epochs", 1)
         _finite(self.lr, "--lr"), _finite(self.weight_decay, "the weight decay")
         _require(self.preset in PRESETS, f"unknown model preset {self.preset!r} ({', '.join(PRESETS)})")

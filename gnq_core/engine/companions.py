@@ -1,0 +1,201 @@
+"""GNQ of each text against a companion set, from the texts' sketches (DESIGN.md §9).
+
+S is the [n, m] matrix of the sketches s_j = Π g_j of n texts.  GNQ_j against the n − 1 others is
+
+    GNQ_j = s_jᵀ (Σ_{i≠j} s_i s_iᵀ + λ I_m)⁻¹ s_j.
+
+* n ≤ m: the n × n Gram K = S Sᵀ and the ordinary leave-one-out solve (``solve.gnq_from_kernel``).
+* n > m (more texts than sketch dimensions): the m × m system.  With A = SᵀS + λI_m and
+  q_j = s_jᵀ A⁻¹ s_j, Sherman–Morrison on A − s_j s_jᵀ gives GNQ_j = q_j / (1 − q_j), and the
+  push-through identity S(SᵀS + λI)⁻¹Sᵀ = SSᵀ(SSᵀ + λI)⁻¹ = K M says q_j is the same h_j the
+  n × n solve uses: both paths give the same numbers.  q_j = ‖L⁻¹ s_j‖² with A = L Lᵀ.
+  1 − q_j is a difference, so GNQ_j's relative rounding is about 1e-16 · (1 + GNQ_j).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gnq_core.engine.solve import LAM_ABSOLUTE, GNQNumericalError, check_lam_mode
+
+__all__ = ["CompanionSolution", "SketchRows", "companion_gnq", "kernel_gnq", "sketch_gram",
+           "sketch_space_gnq"]
+
+GRAM_CHUNK = 512  # rows of S cast to float64 at a time for the Gram
+EXACT_CONDITION = 4096  # systems up to this size get their exact condition number (eigvalsh)
+POWER_STEPS = 100  # larger ones: power iterations (an estimate)
+
+
+@dataclass
+class CompanionSolution:
+    gnq: torch.Tensor  # float64 [n]
+    self_influence: torch.Tensor  # float64 [n]: ‖s_j‖², the sketched K_jj
+    lam: float  # the ridge used (λ, or λ · mean K_jj in relative mode)
+    condition: float  # of K + λI_n
+    space: str  # "texts" (the n × n Gram) or "sketch" (the m × m system)
+
+
+class SketchRows:
+    """The [n, m] sketches of a companion set, filled a micro-batch at a time into one tensor
+    (the micro-batches' parts are let go as they come: one copy of the set's sketches is held).
+
+    Rows come with the widths of the parameter keys they were laid out by (sorted keys, as
+    ``SketchBatch.matrix``); a key first seen in a later micro-batch (a parameter the earlier ones
+    did not use) widens the earlier rows with zeros in its columns."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.filled = n, 0
+        self.widths: dict[str, int] = {}
+        self._S: torch.Tensor | None = None
+
+    def put(self, rows: torch.Tensor, widths: dict[str, int]) -> None:
+        if self.filled + rows.shape[0] > self.n:
+            raise ValueError(f"{self.filled + rows.shape[0]} sketch rows for a set of {self.n}")
+        if rows.shape[1] != sum(widths.values()):
+            raise ValueError(f"rows of width {rows.shape[1]} for keys of total width {sum(widths.values())}")
+        if self._S is None:
+            self._S = rows.new_zeros(self.n, rows.shape[1])
+        elif widths != self.widths:
+            self._S = _relayout(self._S, self.widths, widths)
+        self.widths = dict(widths)
+        self._S[self.filled:self.filled + rows.shape[0]] = rows
+        self.filled += rows.shape[0]
+
+    def take(self) -> torch.Tensor:
+        """The [n, m] sketches (all rows put); the holder lets them go."""
+        if self._S is None or self.filled != self.n:
+            raise ValueError(f"{self.filled} of {self.n} sketch rows were put")
+        S, self._S = self._S, None
+        return S
+
+
+def _relayout(S: torch.Tensor, old: dict[str, int], new: dict[str, int]) -> torch.Tensor:
+    """S's columns laid out by ``old``'s sorted keys, moved to ``new``'s (a superset; zeros)."""
+    if any(new.get(k) != w for k, w in old.items()):
+        raise ValueError("a parameter's sketch width changed within a companion set")
+    out = S.new_zeros(S.shape[0], sum(new.values()))
+    starts, at = {}, 0
+    for key in sorted(new):
+        starts[key], at = at, at + new[key]
+    at = 0
+    for key in sorted(old):
+        out[:, starts[key]:starts[key] + old[key]] = S[:, at:at + old[key]]
+        at += old[key]
+    return out
+
+
+def sketch_gram(S: torch.Tensor, chunk: int = GRAM_CHUNK) -> torch.Tensor:
+    """K = S Sᵀ in float64, S cast a block of rows at a time (S may be held in float32)."""
+    n = S.shape[0]
+    K = torch.empty(n, n, dtype=torch.float64, device=S.device)
+    for i in range(0, n, chunk):
+        Si = S[i:i + chunk].to(torch.float64)
+        for j in range(0, i + 1, chunk):
+            block = Si @ S[j:j + chunk].to(torch.float64).T
+            K[i:i + chunk, j:j + chunk] = block
+            K[j:j + chunk, i:i + chunk] = block.T
+    return K
+
+
+def _condition(A: torch.Tensor, smallest: float | None = None) -> float:
+    """2-norm condition number of the SPD matrix A (``smallest``: its smallest eigenvalue when
+    known).  Exact (eigvalsh) up to ``EXACT_CONDITION`` rows; above, the extreme eigenvalues by
+    ``POWER_STEPS`` power iterations (λ_max from below, λ_min from 1/λ_max(A⁻¹) via the Cholesky
+    factor): an estimate, recorded for information only."""
+    if A.shape[0] <= EXACT_CONDITION:
+        eig = torch.linalg.eigvalsh(A)
+        return float(eig[-1] / (eig[0] if smallest is None else smallest))
+    top = _power(lambda v: A @ v, A.shape[0], A)
+    if smallest is None:
+        L = torch.linalg.cholesky(A)
+        smallest = 1.0 / _power(lambda v: torch.cholesky_solve(v[:, None], L)[:, 0], A.shape[0], A)
+    return top / smallest
+
+
+def _power(apply, n: int, like: torch.Tensor) -> float:
+    v = torch.randn(n, dtype=torch.float64, device=like.device, generator=torch.Generator(like.device)
+                    .manual_seed(0))
+    value = 0.0
+    for _ in range(POWER_STEPS):
+        w = apply(v / v.norm())
+        value, v = float(w.norm()), w
+    return value
+
+
+def kernel_gnq(K: torch.Tensor, lam: float, chunk: int = GRAM_CHUNK) -> tuple[torch.Tensor, float]:
+    """``solve.gnq_from_kernel``'s numbers with three n × n matrices at a time (K, L, M; K is
+    overwritten): h_j = Σ_k K_jk M_jk by row blocks, M_jj = (1 − h_j)/λ, GNQ_j = h_j / (λ M_jj)."""
+    if not bool(torch.isfinite(K).all()):
+        raise GNQNumericalError("the sketches have NaN/Inf entries (non-finite loss or gradient)")
+    n = K.shape[0]
+    K.diagonal().add_(lam)  # K + λI, in place
+    L, info = torch.linalg.cholesky_ex(K)
+    if int(info) != 0:
+        raise GNQNumericalError(f"K + λI is not positive definite (λ={lam:g})")
+    condition = _condition(K) if n <= EXACT_CONDITION else None
+    M = torch.cholesky_inverse(L)
+    del L
+    if condition is None:
+        top = _power(lambda v: K @ v, n, K)
+        condition = top * _power(lambda v: M @ v, n, M)
+    K.diagonal().sub_(lam)
+    h = torch.empty(n, dtype=torch.float64, device=K.device)
+    for i in range(0, n, chunk):
+        h[i:i + chunk] = (K[i:i + chunk] * M[i:i + chunk]).sum(dim=1)
+    return h / (lam * M.diagonal()), condition
+
+
+def sketch_space_gnq(S: torch.Tensor, lam: float, chunk: int = GRAM_CHUNK) -> tuple[torch.Tensor, float]:
+    """GNQ of every row of S against the others through the m × m system A = SᵀS + λI (module
+    docstring); also the condition number of K + λI_n (n > m: λ_max(A)/λ, K has rank ≤ m)."""
+    if lam <= 0:
+        raise ValueError(f"lam must be > 0, got {lam}")
+    n, m = S.shape
+    A = torch.zeros(m, m, dtype=torch.float64, device=S.device)
+    for i in range(0, n, chunk):
+        Si = S[i:i + chunk].to(torch.float64)
+        A += Si.T @ Si
+    if not bool(torch.isfinite(A).all()):
+        raise GNQNumericalError("the sketches have NaN/Inf entries (non-finite loss or gradient)")
+    A.diagonal().add_(lam)
+    L, info = torch.linalg.cholesky_ex(A)
+    if int(info) != 0:
+        raise GNQNumericalError(f"SᵀS + λI is not positive definite (λ={lam:g})")
+    q = torch.empty(n, dtype=torch.float64, device=S.device)
+    for i in range(0, n, chunk):
+        Z = torch.linalg.solve_triangular(L, S[i:i + chunk].to(torch.float64).T, upper=False)
+        q[i:i + chunk] = (Z * Z).sum(dim=0)
+    # K + λI_n has A's eigenvalues and, when n > m, λ (n − m times): its smallest is then λ
+    if n > m:
+        condition = _condition(A, lam)
+    else:  # K + λI_n is full rank: its own spectrum (tests; companion_gnq takes the n × n path here)
+        K = sketch_gram(S)
+        K.diagonal().add_(lam)
+        condition = _condition(K)
+    return q / (1 - q), condition
+
+
+def companion_gnq(S: torch.Tensor, lam: float, lam_mode: str = "absolute") -> CompanionSolution:
+    """GNQ of each of the n texts of S [n, m] against the other n − 1 (n ≥ 2), by the cheaper
+    system: the n × n Gram when n ≤ m, else the m × m one.  ``lam_mode`` as in ``effective_lam``
+    (relative: λ · the set's mean ‖s_j‖²).  The n × n path needs S only for the Gram: a caller
+    that passes S without keeping a reference lets its n·m numbers go before the solve."""
+    n, m = S.shape
+    if n < 2:
+        raise ValueError(f"a companion set needs at least 2 texts, got {n}")
+    norms = torch.zeros(n, dtype=torch.float64, device=S.device)
+    for i in range(0, n, GRAM_CHUNK):
+        Si = S[i:i + GRAM_CHUNK].to(torch.float64)
+        norms[i:i + GRAM_CHUNK] = (Si * Si).sum(dim=1)
+    lam_eff = float(lam)  # as solve.effective_lam, without forming the n × n diagonal
+    if check_lam_mode(lam_mode) != LAM_ABSOLUTE and float(norms.mean()) > 0:
+        lam_eff = float(lam) * float(norms.mean())
+    if n <= m:
+        K = sketch_gram(S)
+        del S
+        gnq, condition = kernel_gnq(K, lam_eff)
+        return CompanionSolution(gnq, norms, lam_eff, condition, "texts")
+    gnq, condition = sketch_space_gnq(S, lam_eff)
+    return CompanionSolution(gnq, norms, lam_eff, condition, "sketch")

@@ -1,0 +1,201 @@
+"""``gnq audit --companions N|all``: GNQ of each text against N others through sketches.
+
+The m × m (push-through) solve equals the n × n leave-one-out solve and the definition in float64;
+end to end, the rows say their companion set, and with an identity-sized sketch GNQ against
+all the texts equals the exact GNQ of the same texts audited as one batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from conftest import rel_err
+from lm_fixtures import texts
+from typer.testing import CliRunner
+
+from gnq_core import GNQAuditor, per_example_lm_loss
+from gnq_core.cli import app
+from gnq_core.engine.companions import companion_gnq, sketch_gram, sketch_space_gnq
+from gnq_core.engine.solve import gnq_from_kernel
+from gnq_core.pipelines.audit import run_audit
+from gnq_core.pipelines.settings import AuditSettings, TrainSettings
+from gnq_core.results.store import Store
+from gnq_core.sources.checkpoints import find_checkpoints, load_checkpoint
+from gnq_core.sources.datasets import load_texts
+from gnq_core.sources.tokens import collate, encode_texts, pad_id
+
+runner = CliRunner()
+
+
+def definition(S: torch.Tensor, lam: float) -> torch.Tensor:
+    """GNQ_j = s_jᵀ (Σ_{i≠j} s_i s_iᵀ + λI)⁻¹ s_j, one inverse per text."""
+    out = []
+    for j in range(S.shape[0]):
+        others = torch.cat([S[:j], S[j + 1:]])
+        A = others.T @ others + lam * torch.eye(S.shape[1], dtype=torch.float64)
+        out.append(S[j] @ torch.linalg.solve(A, S[j]))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("n,m", [(40, 7), (25, 24), (9, 30)])
+def test_sketch_space_solve_equals_the_leave_one_out_solve(n, m):
+    gen = torch.Generator().manual_seed(n * 100 + m)
+    S = torch.randn(n, m, dtype=torch.float64, generator=gen) * torch.rand(n, 1, dtype=torch.float64,
+                                                                           generator=gen)
+    lam = 0.3
+    exact = gnq_from_kernel(S @ S.T, lam)
+    gnq, condition = sketch_space_gnq(S, lam)
+    assert rel_err(gnq, exact.gnq) < 1e-9
+    assert rel_err(gnq, definition(S, lam)) < 1e-9
+    assert abs(condition - exact.condition) / exact.condition < 1e-9
+    sol = companion_gnq(S, lam)
+    assert sol.space == ("sketch" if n > m else "texts")
+    assert rel_err(sol.gnq, exact.gnq) < 1e-9 and rel_err(sol.self_influence, (S * S).sum(1)) < 1e-12
+    assert rel_err(sketch_gram(S, chunk=4), S @ S.T) < 1e-13
+    relative = companion_gnq(S, 0.01, "relative")  # λ = 0.01 · mean ‖s_j‖², on either path
+    assert rel_err(relative.gnq, gnq_from_kernel(S @ S.T, 0.01 * float((S * S).sum(1).mean())).gnq) < 1e-9
+    with pytest.raises(ValueError, match="at least 2"):
+        companion_gnq(S[:1], lam)
+
+
+def test_the_settings_refuse_bad_companions():
+    assert AuditSettings(companions=16).companion_set_size == 17
+    assert AuditSettings(companions="all").companion_set_size == 0
+    for bad in (0, "some", 1.5):
+        with pytest.raises(ValueError, match="--companions"):
+            AuditSettings(companions=bad)
+    with pytest.raises(ValueError, match="post hoc"):
+        TrainSettings(companions=4)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("companions")
+    data = root / "news.csv"
+    pd.DataFrame({"text": list(texts(24))}).to_csv(data, index=False)
+    db, out = root / "gnq.duckdb", root / "tiny"
+    result = runner.invoke(app, [str(a) for a in (
+        "train", "--data", data, "--from-scratch", "--preset", "tiny", "--epochs", 1, "--batch-size", 8,
+        "--lr", 3e-3, "--max-length", 16, "--vocab-size", 300, "--out", out, "--db", db, "--dtype", "float64",
+        "--quiet")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return db, out, data
+
+
+@pytest.mark.slow
+def test_audit_companions_rows_say_their_companion_set(tiny):
+    db, out, data = tiny
+    args = ["audit", "--checkpoints", out / "epoch-1", "--data", data, "--db", db, "--name", "comp",
+            "--companions", 16, "--batch-size", 5, "--max-length", 16, "--dtype", "float64",
+            "--sketch-k", 256, "--seed", 2, "--quiet"]
+    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    store = Store(db)
+    run = store.run("comp")
+    assert run.settings["companions"] == 16 and "k=256" in run.settings["sketch"]
+    batches = store.batches(run.run_id)
+    assert sorted(batches["size"]) == [7, 17]  # 24 texts: a set of 16 + 1 and the remainder
+    assert set(batches["gnq_mode"]) == {"companions"}
+    assert set(batches["sketch_k"]) == {256} and set(batches["sketch_seed"]) == {2}
+    scores = store.scores(run.run_id)
+    assert len(scores) == 24 and scores["gnq"].notna().all() and (scores["gnq"] > 0).all()
+
+    bad = runner.invoke(app, [str(a) for a in [*args[:8], "comp2", "--companions", "most", *args[11:]]])
+    assert bad.exit_code == 1 and "--companions" in bad.output and "Traceback" not in bad.output
+
+
+@pytest.mark.slow
+def test_identity_sized_sketch_gives_the_exact_gnq_of_one_batch(tiny, tmp_path):
+    _, out, data = tiny
+    dataset = load_texts(data)
+    settings = AuditSettings(lam=0.05, batch_size=5, max_length=16, dtype="float64", companions="all",
+                             sketch_k=1 << 20, sketch_vocab_rows=1 << 12)  # every projection the identity
+    store = Store(tmp_path / "c.duckdb")
+    run = run_audit(store, find_checkpoints(out),
+                    dataset, name="all", settings=settings)
+    stored = store.scores(run.run_id).set_index("example_id").sort_index()
+    assert list(store.batches(run.run_id)["size"]) == [24]
+
+    model, tok = load_checkpoint(out / "epoch-1", dtype=torch.float64)
+    ids = encode_texts(tok, dataset.texts, 16)
+    batch = collate(ids, list(range(len(ids))), pad_id(tok))
+    with GNQAuditor(model, lam=0.05) as auditor:
+        losses = per_example_lm_loss(model(input_ids=batch.input_ids,
+                                           attention_mask=batch.attention_mask).logits, batch.labels)
+        losses.sum().backward()
+        res = auditor.compute()
+    assert rel_err(torch.tensor(stored["gnq"].to_numpy()), res.gnq) < 1e-9
+    assert rel_err(torch.tensor(stored["self_influence"].to_numpy()), res.self_influence) < 1e-9
+    assert rel_err(torch.tensor(stored["loss"].to_numpy()), losses.detach()) < 1e-12
+
+
+def test_the_lean_kernel_solve_matches_gnq_from_kernel_and_estimates_large_conditions(monkeypatch):
+    from gnq_core.engine import companions
+
+    gen = torch.Generator().manual_seed(5)
+    S = torch.randn(60, 20, dtype=torch.float64, generator=gen)
+    exact = gnq_from_kernel(S @ S.T, 0.2)
+    gnq, condition = companions.kernel_gnq(S @ S.T, 0.2)
+    assert rel_err(gnq, exact.gnq) < 1e-9 and abs(condition / exact.condition - 1) < 1e-9
+    monkeypatch.setattr(companions, "EXACT_CONDITION", 8)  # the power-iteration estimate
+    _, estimate = companions.kernel_gnq(S @ S.T, 0.2)
+    assert abs(estimate / exact.condition - 1) < 1e-3
+    _, estimate = sketch_space_gnq(S, 0.2)
+    assert abs(estimate / exact.condition - 1) < 1e-3
+
+
+def test_sketch_widths_are_the_widths_of_the_sketches():
+    """``Sketcher.widths()`` (used to zero-fill a key a batch never used) for blocked plans."""
+    from gnq_core.engine.representations import DenseFactor, OuterRep
+    from gnq_core.engine.sketch import Sketcher, SketchSpec
+
+    sketcher = Sketcher(SketchSpec(k=256, block=4))
+    rep = OuterRep(DenseFactor(torch.randn(3, 5, 40)), DenseFactor(torch.randn(3, 5, 30)))
+    assert sketcher.sketch("w", rep).shape[1] == sketcher.widths()["w"] == 256
+
+
+def test_the_companion_sentence_names_the_set():
+    from gnq_core.analysis.gnq_nature import companion_sentence
+
+    assert companion_sentence({"lam_mode": "absolute"}) is None
+    assert "16 other texts" in companion_sentence({"companions": 16, "sketch": "k=256"})
+    assert "every other text" in companion_sentence({"companions": "all"})
+
+
+def test_sketch_rows_widen_for_a_parameter_first_used_later():
+    from gnq_core.engine.companions import SketchRows
+
+    rows = SketchRows(3)
+    rows.put(torch.tensor([[1.0, 2.0, 3.0]]), {"a": 1, "c": 2})
+    rows.put(torch.tensor([[4.0, 5.0, 6.0, 7.0], [8.0, 9.0, 10.0, 11.0]]), {"a": 1, "b": 1, "c": 2})
+    assert rows.take().tolist() == [[1, 0, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    with pytest.raises(ValueError, match="0 of 3"):
+        SketchRows(3).take()
+
+
+@pytest.mark.slow
+def test_the_runs_page_and_report_state_the_companion_set(tiny, monkeypatch, tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    db, out, data = tiny
+    result = runner.invoke(app, [str(a) for a in (
+        "audit", "--checkpoints", out / "epoch-1", "--data", data, "--db", db, "--name", "page",
+        "--companions", "all", "--batch-size", 8, "--max-length", 16, "--sketch-k", 64, "--quiet")],
+        catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("GNQ_DB", str(db))
+    root = Path(__file__).resolve().parents[1]
+    at = AppTest.from_file(str(root / "app" / "views" / "runs.py"), default_timeout=60)
+    at.session_state["run_name"] = "page"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    shown = "\n".join(m.value for m in at.markdown)
+    assert "Companion set." in shown and "every other text" in shown and "64 per matrix" in shown
+
+    report = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", "--run", "page", "--out", str(report), "--db", str(db),
+                                 "--resamples", "20"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "against every other text of the data" in report.read_text(encoding="utf-8")
