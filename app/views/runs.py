@@ -8,8 +8,7 @@ import streamlit as st
 from app import charts, show, state
 from app.columns import column_config
 from app.jobs_view import job_panel
-from gnq_core.analysis import LEAKED, PARTLY, run_counts, summary
-from gnq_core.analysis.gnq_nature import companion_sentence
+from gnq_core.analysis import LEAKED, PARTLY, gnq_nature, run_counts, summary
 from gnq_core.pipelines import DemoJob, list_jobs, start_job
 
 LEAKED_STATUSES = (LEAKED, PARTLY)
@@ -96,7 +95,7 @@ c4.metric("Leaked", f"{counts.status('leaked')} / {counts.texts}" if counts.atta
                f"{counts.window_reproduced} of {counts.window_attacked} windows came out; "
                f"{counts.values_leaked} of {counts.values_attacked} secret-like values came out whole.")
 
-if sentence := companion_sentence(run.settings):
+if sentence := gnq_nature.companion_sentence(run.settings):
     st.markdown("**Companion set.** " + state.plain(sentence))
 nature = state.gnq_nature(str(state.db_path()), run.run_id, version)
 st.markdown("**What GNQ is on this run.** " + nature["sentence"])
