@@ -66,10 +66,14 @@ def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
 
 
 def _warn_unscored(store: Store, run: Run, progress: JobProgress) -> None:
-    """The texts a run could not score: one token has no next token to predict (no loss, no gradient)."""
+    """The texts a run could not score: one token has no next token to predict (no loss, no
+    gradient); a text alone in its GNQ batch has no companions (no GNQ)."""
     if short := store.too_short_to_score(run.run_id):
         progress.warn(f"{short} text(s) have fewer than 2 tokens: no next token to predict, so no GNQ or "
                       "loss (stored as missing, not 0)")
+    if alone := store.without_companions(run.run_id):
+        progress.warn(f"{alone} text(s) were alone in their GNQ batch (a last batch of one text): no "
+                      "companions, so no GNQ (stored as missing; loss and K_jj kept)")
 
 
 def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:

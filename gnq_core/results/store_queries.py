@@ -101,6 +101,13 @@ class StoreQueries:
             return con.execute("SELECT count(*) FROM examples WHERE run_id = ? AND n_tokens < 2",
                                [run_id]).fetchone()[0]
 
+    def without_companions(self, run_id: int) -> int:
+        """How many of a run's texts were alone in their GNQ batch at some point (a last partial
+        batch of one): no companions, so GNQ is NULL while loss and K_jj are kept."""
+        with self.connect(read_only=True) as con:
+            return con.execute("SELECT count(DISTINCT example_id) FROM scores WHERE run_id = ? "
+                               "AND gnq IS NULL AND self_influence IS NOT NULL", [run_id]).fetchone()[0]
+
     def text_labels_missing(self, run_id: int) -> bool:
         """Whether some of a run's examples have no copy/secret labels yet (ensure_text_labels), or
         labels from before every value was kept (schema 11: ``public`` is written with them)."""
