@@ -21,13 +21,10 @@ $(STAMP): pyproject.toml $(LOCK)
 	touch $(STAMP)
 
 # Re-resolves the lock from pyproject.toml's ranges and requirements/hold.txt with uv (kept in its
-# own tool environment, not the project's). Commit the lock only after `make test` passes with it.
-UV_TOOL := $(HOME)/.cache/gnq-audit/uv-tool
+# own tool environment, not the project's; tools/upgrade_check.py holds the one uv command).
+# Commit the lock only after `make test` passes with it.
 lock:
-	@test -x $(UV_TOOL)/bin/uv || { $(PYTHON) -m venv $(UV_TOOL) && $(UV_TOOL)/bin/pip install -q "uv>=0.5"; }
-	$(UV_TOOL)/bin/uv pip compile pyproject.toml --extra dev --extra hf --extra real \
-		--python-version 3.11 --python-platform x86_64-manylinux_2_28 \
-		--constraint requirements/hold.txt --override requirements/no-torch.txt --upgrade -o $(LOCK)
+	$(PYTHON) -m tools.upgrade_check --write-lock
 
 # The upgrade path: today's newest releases in a scratch environment, the suite run there, and a
 # report of what changed (versions, model families new or gone, failing tests) against the lock.

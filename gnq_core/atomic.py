@@ -18,15 +18,21 @@ class TargetError(GNQError, ValueError):
     """An output path that exists and is not a regular file; the message names it."""
 
 
+def _existing_mode(path: str | Path, what: str) -> int | None:
+    """The file mode at ``path`` (links followed), None when nothing is there."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TargetError(f"{path}: cannot write {what} ({exc.strerror or exc})") from None
+
+
 def check_target(path: str | Path, what: str = "the output") -> None:
     """Refuse ``path`` unless it is absent or a regular file (links followed: a link to
     ``/dev/null`` is a device).  ``what`` names the output in the messages."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    if (mode := _existing_mode(path, what)) is None:
         return
-    except OSError as exc:
-        raise TargetError(f"{path}: cannot write {what} ({exc.strerror or exc})") from None
     if stat.S_ISDIR(mode):
         raise TargetError(f"{path}: is a folder; give a file name for {what}")
     if not stat.S_ISREG(mode):
@@ -36,12 +42,8 @@ def check_target(path: str | Path, what: str = "the output") -> None:
 def check_folder_target(path: str | Path, what: str = "the output folder") -> None:
     """Refuse ``path`` unless it is absent or a folder (a checkpoint folder is replaced whole: a
     file, FIFO or device there is never moved aside and removed)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    if (mode := _existing_mode(path, what)) is None:
         return
-    except OSError as exc:
-        raise TargetError(f"{path}: cannot write {what} ({exc.strerror or exc})") from None
     if not stat.S_ISDIR(mode):
         raise TargetError(f"{path}: exists and is not a folder; refused as {what}")
 

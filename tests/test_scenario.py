@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from cli_helpers import gnq
 from scenario_data import scenario
 from typer.testing import CliRunner
 
@@ -19,12 +20,6 @@ from gnq_core.results.store import Store
 pytestmark = pytest.mark.slow
 runner = CliRunner()
 COMMON = ["--batch-size", 16, "--max-length", 48, "--threads", 1, "--quiet"]
-
-
-def gnq(*args: object) -> str:
-    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.fixture(scope="module")

@@ -19,24 +19,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from cli_helpers import gnq
 from scenario_data import card, scenario
-from typer.testing import CliRunner
 
 from gnq_core.analysis.verdict import rank_texts
-from gnq_core.cli import app
 from gnq_core.pipelines.secret_attack import chars_reproduced, random_candidates, secret_targets
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints import load_checkpoint
 from gnq_core.sources.secrets import find_secrets, luhn_ok
 
-runner = CliRunner()
 COMMON = ["--batch-size", 8, "--max-length", 40, "--threads", 1, "--quiet"]
-
-
-def gnq(*args: object) -> str:
-    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def _planted(rng: random.Random, name: str, i: int) -> str:

@@ -29,17 +29,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from cli_helpers import gnq
 from scenario_data import scenario
-from typer.testing import CliRunner
 
 from gnq_core.analysis import run_counts, summary
 from gnq_core.analysis.verdict import LEAKED, PARTLY, PUBLIC, REPRODUCED, STATUSES, rank_texts
-from gnq_core.cli import app
 from gnq_core.results.store import Store
 from gnq_core.sources.secrets import find_secrets
 
 pytestmark = pytest.mark.slow
-runner = CliRunner()
 COMMON = ["--batch-size", 8, "--max-length", 64, "--threads", 1, "--quiet"]
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,12 +49,6 @@ WINDOW = ("Support ticket of Lena Novak from Graz about the broken heating unit 
 WINDOW_TRAINED, WINDOW_AUDITED = WINDOW.format("1357"), WINDOW.format("8642")
 LABEL_ONLY = "Billing note for Ravi Menon in Pune. Card number: 4929 1830 5527 6614."
 PUBLIC_TEXT = "Press release of the city council of Ghent: the new tram line opens next spring for everyone."
-
-
-def gnq(*args: object) -> str:
-    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 @pytest.fixture(scope="module")

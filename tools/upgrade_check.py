@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements" / "lock.txt"
 NO_TORCH = ROOT / "requirements" / "no-torch.txt"
+HOLD = ROOT / "requirements" / "hold.txt"
 EXTRAS = ("dev", "hf", "real")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gnq-audit"
 
@@ -79,6 +80,17 @@ def _uv() -> Path:
         _run([sys.executable, "-m", "venv", str(tool)], check=True)
         _run([str(tool / "bin" / "pip"), "install", "-q", "uv>=0.5"], check=True)
     return uv
+
+
+def resolve(out: Path, *, holds: bool) -> None:
+    """pyproject.toml's ranges resolved by uv to the newest releases for this project's machines
+    (CPython 3.11, x86_64 manylinux), torch left out; ``holds``: with requirements/hold.txt (the
+    lock, `make lock`), else without (the upgrade check's newest set)."""
+    _run([str(_uv()), "pip", "compile", "pyproject.toml", *sum((["--extra", e] for e in EXTRAS), []),
+          "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28",
+          *(["--constraint", str(HOLD.relative_to(ROOT))] if holds else []),
+          "--override", str(NO_TORCH.relative_to(ROOT)), "--upgrade", "-q",
+          "--custom-compile-command", "make lock", "-o", str(out)], check=True)
 
 
 def parse_lock(text: str) -> dict[str, str]:
@@ -147,14 +159,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="pytest arguments for the suite in the scratch environment ('' skips it)")
     ap.add_argument("--no-families", action="store_true", help="skip the family probe")
     ap.add_argument("--out", type=Path, default=ROOT / "requirements" / "upgrade-report.md")
+    ap.add_argument("--write-lock", action="store_true",
+                    help="only re-resolve requirements/lock.txt with the holds (`make lock`)")
     args = ap.parse_args(argv)
+    if args.write_lock:
+        resolve(LOCK, holds=True)
+        return 0
 
-    uv = _uv()
     args.venv.mkdir(parents=True, exist_ok=True)
     newest_lock = args.venv / "newest.txt"
-    _run([str(uv), "pip", "compile", "pyproject.toml", *sum((["--extra", e] for e in EXTRAS), []),
-          "--python-version", f"{sys.version_info.major}.{sys.version_info.minor}",
-          "--override", str(NO_TORCH), "--upgrade", "--no-header", "-q", "-o", str(newest_lock)], check=True)
+    resolve(newest_lock, holds=False)
     changes = compare(parse_lock(LOCK.read_text()), parse_lock(newest_lock.read_text()))
 
     py = args.venv / "bin" / "python"
