@@ -110,3 +110,33 @@ def test_without_process_group_it_is_the_window_auditor():
     ref = exact_gnq(model, lm_losses, batch, LAM)
     assert res.world_size == 1 and res.sizes == [3] and res.comm.bytes_sent == 0
     assert rel_err(res.gnq, ref.gnq) <= TOL
+
+
+def test_trainer_under_torchrun_scores_every_ranks_window(tmp_path):
+    """examples/finetune_with_gnq.py under torchrun (2 processes): the GNQ batch is the update's,
+    micro 2 × accumulation 2 × world 2 = 8 texts, stated in run.json and the Trainer's logs; each
+    rank writes its own texts, rank 0 the batch row."""
+    import json
+
+    import pandas as pd
+
+    root = HERE.parent
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+           str(root / "examples" / "finetune_with_gnq.py"),
+           "--out", str(tmp_path / "ft"), "--max-steps", "1", "--batch-size", "2", "--grad-accum", "2"]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "'gnq/b_eff': 8" in proc.stdout
+    shards = tmp_path / "ft" / "shards"
+    settings = json.loads((shards / "run.json").read_text())["run"]["settings"]
+    assert settings["b_eff"] == 8 and settings["world_size"] == 2 and settings["scope"] == "global"
+    assert "on each of 2 processes (B_eff = 8)" in settings["gnq_batch"]
+    batches = [pd.read_parquet(shards / "batches" / f"rank-0000{r}.steps-00000001-00000001.parquet")
+               for r in range(2)]
+    assert len(batches[0]) == 1 and batches[0]["size"].iloc[0] == 8 and len(batches[1]) == 0
+    scores = [pd.read_parquet(shards / "scores" / f"rank-0000{r}.steps-00000001-00000001.parquet")
+              for r in range(2)]
+    assert [len(s) for s in scores] == [4, 4] and all(s["gnq"].notna().all() for s in scores)
+    assert set(scores[0]["example_id"]).isdisjoint(scores[1]["example_id"])
