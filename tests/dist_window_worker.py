@@ -2,7 +2,8 @@
 
 Each rank runs one accumulation window of 2 micro-batches of its own texts through a DDP tiny
 GPT-2 (tied head) with ``DistributedWindowAuditor`` and saves the window's result: sketched,
-exact, and ``auto`` with a budget only rank 1 outgrows (so every rank must sketch).
+exact, ``auto`` with a budget only rank 1 outgrows (so every rank must sketch), and a window that
+fails on one rank only.
 """
 
 from __future__ import annotations
@@ -61,6 +62,29 @@ def window(init_state, parts, **audit) -> dict:
             "bytes_sent": r.comm.bytes_sent, "by_kind": dict(r.comm.by_kind)}
 
 
+def failing_then_fine(init_state, parts, rank: int) -> dict:
+    """Rank 1's second micro-batch has a NaN loss: the window fails on every rank (none waits on
+    a gather that never comes), and the next window is scored normally."""
+    from gnq_core.engine.solve import GNQNumericalError
+
+    model = tiny_gpt2()
+    model.load_state_dict(init_state)
+    ddp = DDP(model)
+    raised = []
+    with DistributedWindowAuditor(ddp, LAM, mode="exact") as auditor:
+        for poisoned in (True, False):
+            for i, part in enumerate(parts):
+                w = torch.full((part["input_ids"].shape[0],), 0.25)
+                nan = float("nan") if poisoned and rank == 1 and i == 1 else 1.0
+                (w * lm_losses(ddp, part) * nan).sum().backward()
+                auditor.add_micro_batch(w)
+            try:
+                r = auditor.finish_window()
+            except GNQNumericalError as exc:
+                raised.append(str(exc))
+    return {"raised": raised, "gnq": r.gnq}
+
+
 def main(out: Path) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -72,7 +96,8 @@ def main(out: Path) -> None:
              "sketch": window(init, parts, mode="sketch", sketch=SPEC),
              "exact": window(init, parts, mode="exact"),
              "auto": window(init, parts, mode="auto", sketch=SPEC,
-                            window_budget=10**12 if rank == 0 else 1_000)}
+                            window_budget=10**12 if rank == 0 else 1_000),
+             "nan": failing_then_fine(init, parts, rank)}
     torch.save(saved, out / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()

@@ -97,6 +97,17 @@ def test_one_rank_past_its_budget_sketches_every_rank(ranks):
         assert rel_err(saved["auto"]["gnq"], saved["sketch"]["gnq"]) <= 1e-12
 
 
+def test_a_non_finite_micro_batch_on_one_rank_fails_the_window_on_every_rank(ranks):
+    for r, saved in enumerate(ranks):
+        raised = saved["nan"]["raised"]
+        assert len(raised) == 1, f"rank {r}"
+        if r == 0:  # its own window was finite: it names the rank that was not
+            assert "rank 1 had a non-finite loss or gradient" in raised[0]
+    # the next window is scored as usual
+    assert torch.equal(ranks[0]["nan"]["gnq"], ranks[1]["nan"]["gnq"])
+    assert rel_err(ranks[0]["nan"]["gnq"], ranks[0]["exact"]["gnq"]) <= TOL
+
+
 def test_without_process_group_it_is_the_window_auditor():
     torch.manual_seed(0)
     from lm_fixtures import lm_batch
