@@ -37,12 +37,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnq_core.engine.distributed import CommStats, _flatten, _meta, _signature, _unflatten, unwrap_model
-from gnq_core.engine.distributed import _Comm as Comm
+from gnq_core.engine.distributed import Comm, CommStats, exchange_layout, gather_factors, unwrap_model
 from gnq_core.engine.grams import inner
 from gnq_core.engine.representations import Rep
 from gnq_core.engine.solve import GNQNumericalError
-from gnq_core.engine.window import WindowAuditor, WindowResult, _Micro
+from gnq_core.engine.window import WindowAuditor, WindowResult
+
+Window = list[Any]  # the window's micro-batch records (WindowAuditor's)
 
 __all__ = ["DistributedWindowAuditor", "DistributedWindowResult"]
 
@@ -118,7 +119,7 @@ class DistributedWindowAuditor(WindowAuditor):
                                        comm=self._comm.stats)
 
     # ------------------------------------------------------------------ the window's K
-    def sketch_kernel(self, window: list[_Micro]) -> torch.Tensor:
+    def sketch_kernel(self, window: Window) -> torch.Tensor:
         S = self.window_sketches(window, self._wire)
         if self.world_size > 1:
             dims = torch.tensor(list(S.shape), dtype=torch.long, device=self._device)
@@ -131,7 +132,7 @@ class DistributedWindowAuditor(WindowAuditor):
         S = S.to(torch.float64)
         return S @ S.T
 
-    def exact_kernel(self, window: list[_Micro]) -> torch.Tensor:
+    def exact_kernel(self, window: Window) -> torch.Tensor:
         own = super().exact_kernel(window)
         if self.world_size == 1:
             return own
@@ -149,7 +150,7 @@ class DistributedWindowAuditor(WindowAuditor):
                             self._add_cross(rows, window, key, theirs, weights[r][b], start)
         return torch.cat([t.to(own.device) for t in self._comm.gather(rows.to(self._device), "kernel")])
 
-    def _add_cross(self, rows: torch.Tensor, window: list[_Micro], key: str, theirs: Rep,
+    def _add_cross(self, rows: torch.Tensor, window: Window, key: str, theirs: Rep,
                    their_weights: torch.Tensor | None, start: int) -> None:
         """rows[own texts, their texts] += ⟨g_j, g_k⟩ of one use of ``key`` on another rank."""
         row = 0
@@ -163,7 +164,7 @@ class DistributedWindowAuditor(WindowAuditor):
                 rows[row:row + m.batch_size, start:start + block.shape[1]] += block
             row += m.batch_size
 
-    def _window_layout(self, window: list[_Micro]
+    def _window_layout(self, window: Window
                        ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
         """Every rank's start of each of its micro-batches in its window, and their weights;
         checks that the ranks' windows have the same structure (else the gathers would not pair)."""
@@ -188,14 +189,7 @@ class DistributedWindowAuditor(WindowAuditor):
 
     def _gather_rep(self, rep: Rep) -> list[Rep]:
         """Every rank's version of one representation, sent as its factors (or dense gradients)."""
-        parts, structure = _flatten(rep)
-        meta = torch.tensor(_meta(parts, structure, rep), dtype=torch.long, device=parts[0].device)
-        metas = [m.tolist() for m in self._comm.gather(meta, "meta")]
-        if any(_signature(m) != _signature(metas[0]) for m in metas):
-            raise RuntimeError("DistributedWindowAuditor: the ranks kept different layers (or layers of "
-                               "different widths) at the same place of their windows")
-        columns = [self._comm.gather(t, "factors") for t in parts]
-        return [_unflatten([col[r] for col in columns], structure) for r in range(self.world_size)]
+        return gather_factors(self._comm, *exchange_layout(self._comm, rep))
 
     def close(self) -> None:
         super().close()
