@@ -32,7 +32,7 @@ import lm_fixtures
 import pytest
 import torch
 
-from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.models import build_model, train_tokenizer
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from gnq_core.pipelines.membership import min_k_prob, token_signals
 from gnq_core.pipelines.non_members import FRAME_SIGNALS, membership_frame
 from gnq_core.results.store import Store
 from gnq_core.sources import real_models
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 
 runner = CliRunner()
@@ -228,7 +228,7 @@ def test_demo_with_a_real_model_fine_tunes_it(tmp_path, monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from gnq_core.pipelines.demo import build_demo
-    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.checkpoints.save import save_checkpoint
     from gnq_core.sources.models import train_tokenizer
 
     rows = unique_texts(24)

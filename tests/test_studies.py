@@ -381,7 +381,7 @@ def test_real_scale_fine_tunes_the_given_model_and_reports_each_claim(tmp_path, 
     committed reports/common-knowledge-real): premise, fine-tune, counterfactual pair, evidence."""
     from dataclasses import replace
 
-    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.checkpoints.save import save_checkpoint
     from gnq_core.sources.models import build_model, train_tokenizer
     from gnq_core.studies import common_knowledge as ck
     from gnq_core.studies import common_knowledge_real as real

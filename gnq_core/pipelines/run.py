@@ -99,7 +99,7 @@ def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
 def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[str]:
     from gnq_core.pipelines.audit import run_audit
     from gnq_core.pipelines.ranks import Ranks
-    from gnq_core.sources.checkpoints import find_checkpoints
+    from gnq_core.sources.checkpoints.series import find_checkpoints
 
     ranks = Ranks.from_env()
     _threads(job.threads)

@@ -34,7 +34,10 @@ from gnq_core.progress import Reporter
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Run, Store, StoreError
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype, seed_everything
-from gnq_core.sources.checkpoints import check_checkpoint, checkpoint_hash, load_checkpoint, save_checkpoint
+from gnq_core.sources.checkpoints.checks import check_checkpoint
+from gnq_core.sources.checkpoints.files import checkpoint_hash
+from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id

@@ -40,7 +40,8 @@ from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.results.store import Run
 from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
-from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import encode_texts, pad_id
