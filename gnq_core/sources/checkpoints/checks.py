@@ -71,6 +71,17 @@ def allowed_missing(model: PreTrainedModel, config: Any) -> set[str]:
     return keys
 
 
+def loading_problem(model: PreTrainedModel, config: Any, info: dict[str, Any]) -> str:
+    """What ``from_pretrained``'s loading info says is wrong with the weights: shapes that do not
+    match the config, or weights missing that the model does not tie ("" if none)."""
+    if info.get("mismatched_keys"):
+        keys = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info["mismatched_keys"])
+        return f"weights do not match {CONFIG_NAME} (shape mismatch: {', '.join(keys[:3])})"
+    missing = sorted(set(map(str, info.get("missing_keys") or ())) - allowed_missing(model, config))
+    more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+    return f"weights do not match {CONFIG_NAME}: missing {', '.join(missing[:3])}{more}" if missing else ""
+
+
 def check_vocab(folder: Path, config: Any, tokenizer: PreTrainedTokenizerBase) -> None:
     """The tokenizer's ids fit the config's vocabulary (its embedding rows)."""
     vocab_size = config_vocab_size(config)
@@ -134,13 +145,8 @@ def _header_problem(folder: Path, config: Any, files: list[Path]) -> str:
         return f"weights do not match {CONFIG_NAME} ({type(exc).__name__}: {reason(exc)})"
     finally:
         hf_logging.set_verbosity(verbosity)
-    if info.get("mismatched_keys"):
-        keys = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info["mismatched_keys"])
-        return f"weights do not match {CONFIG_NAME} (shape mismatch: {', '.join(keys[:3])})"
-    missing = sorted(set(map(str, info.get("missing_keys") or ())) - allowed_missing(model, config))
-    if missing:
-        more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
-        return f"weights do not match {CONFIG_NAME}: missing {', '.join(missing[:3])}{more}"
+    if problem := loading_problem(model, config, info):
+        return problem
     if (stored := integer_weight(state, [name for name, _ in model.named_parameters()])) is not None:
         return f"weights do not match {CONFIG_NAME}: {stored}"
     return ""

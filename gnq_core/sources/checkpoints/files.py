@@ -18,36 +18,20 @@ from gnq_core.sources.links import LinkError, check_folder_links
 CONFIG_NAME = "config.json"
 ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter checkpoint (sources/adapters.py)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-
-
 SAFE_WEIGHTS = "model.safetensors"
-
-
 SAFE_INDEX = "model.safetensors.index.json"
-
-
 PICKLE_WEIGHTS = "pytorch_model.bin"
-
-
 PICKLE_INDEX = "pytorch_model.bin.index.json"
-
 
 # Files whose presence means the folder has a tokenizer AutoTokenizer can read locally.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
                    "spiece.model", "sentencepiece.bpe.model")
 
-
 # Pickles a training run leaves beside the weights (optimizer state, trainer arguments, RNG states).
 _NOT_WEIGHTS = re.compile(r"^(training_args|optimizer|scheduler|scaler|rng_state|random_states)")
-
-
 _SHARD = re.compile(r"-\d+-of-\d+\.[^.]+$")
-
-
 # Folders save_checkpoint writes before they are complete (or while replacing an old checkpoint).
 IN_PROGRESS = re.compile(r"\.(tmp|old)-\d+$")
-
-
 _CHUNK = 2**20
 
 

@@ -12,7 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from gnq_core.sources import limits
-from gnq_core.sources.checkpoints.checks import allowed_missing, check_memory, check_vocab, shape_mismatches
+from gnq_core.sources.checkpoints.checks import check_memory, check_vocab, loading_problem, shape_mismatches
 from gnq_core.sources.checkpoints.config import load_config
 from gnq_core.sources.checkpoints.errors import CheckpointError, as_checkpoint_error, folder_error, reason
 from gnq_core.sources.checkpoints.files import CONFIG_NAME, checkpoint_dir, weight_files
@@ -83,15 +83,8 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
         where = files[0] if len(files) == 1 else folder
         raise folder_error(where, f"cannot load the weights ({type(exc).__name__}: {reason(exc)})") from exc
 
-    if info.get("mismatched_keys"):
-        keys = sorted(map(str, info["mismatched_keys"]))
-        raise folder_error(folder, f"weights do not match {CONFIG_NAME} (shape mismatch: "
-                                   f"{', '.join(keys[:3])})")
-    missing = set(map(str, info.get("missing_keys") or ())) - allowed_missing(model, config)
-    if missing:
-        keys = sorted(missing)
-        more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
-        raise folder_error(folder, f"weights do not match {CONFIG_NAME}: missing {', '.join(keys[:3])}{more}")
+    if problem := loading_problem(model, config, info):
+        raise folder_error(folder, problem)
     unexpected = sorted(map(str, info.get("unexpected_keys") or ()))
     if unexpected:
         warnings.warn(f"{folder}: {len(unexpected)} weights not used by the model (e.g. {unexpected[0]})",
