@@ -99,7 +99,8 @@ def test_an_audit_of_uploaded_checkpoints_can_be_attacked_after_the_job(audited,
     attack, the others are recorded as gone and an attack on one says so in one line."""
     import time
 
-    from gnq_core.pipelines.jobs import list_jobs, start_job, uploads_dir
+    from gnq_core.pipelines.jobs import list_jobs, start_job
+    from gnq_core.pipelines.uploads import uploads_dir
 
     _, series, data, _ = audited
     db = tmp_path / "gnq.duckdb"

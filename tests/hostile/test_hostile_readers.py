@@ -109,7 +109,7 @@ def decode_panics(tmp_path_factory):
 
 def test_decoding_with_a_panicking_tokenizer_is_one_line_naming_its_folder(decode_panics, capfd):
     from gnq_core.sources.checkpoints.load import load_checkpoint
-    from gnq_core.sources.tokens import TokenizerFailure
+    from gnq_core.sources.tokenizer_panics import TokenizerFailure
 
     _, tokenizer = load_checkpoint(decode_panics)
     ids = tokenizer("hello there", add_special_tokens=False)["input_ids"]

@@ -108,7 +108,8 @@ def test_a_tokenizer_that_panics_is_one_line_naming_its_folder(tmp_path, capfd):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from gnq_core.sources.tokens import TokenizerFailure, encode_texts
+    from gnq_core.sources.tokenizer_panics import TokenizerFailure
+    from gnq_core.sources.tokens import encode_texts
 
     raw = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
     raw.pre_tokenizer = _panicking_pre_tokenizer()
