@@ -34,13 +34,14 @@ import torch
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, group_separation
-from gnq_core.atomic import atomic_path
 from gnq_core.pipelines.audit import run_audit
+from gnq_core.pipelines.resume import TRAINER_STATE, resume_from, save_trainer_state
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.results.store import Run
 from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
-from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import encode_texts, pad_id
@@ -177,26 +178,24 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
 
 
 # ----------------------------------------------------------------------------------------- pretraining
-OPTIMIZER_STATE = "optimizer.pt"
-
-
 def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, reporter,
              keep: Collection[int] | None = None) -> Path:
     """Train a tokenizer and a GPT-2 from scratch on the corpus, without GNQ (the study's GNQ is in
     the fine-tune; leaving it out here saves most of the compute).  A checkpoint is saved per
-    epoch, with the optimizer state beside the latest only; a rerun continues after the last saved
-    epoch.  ``keep``: the epochs whose checkpoints stay (None: all; the last always stays), so a
-    GPT-2-small sweep of 100 epochs keeps its schedule's checkpoints, not 100 of ~1 GB each.
+    epoch, with the trainer state (pipelines/resume.py) beside the latest only; a rerun continues
+    after the last saved epoch.  ``keep``: the epochs whose checkpoints stay (None: all; the last
+    always stays), so a GPT-2-small sweep of 100 epochs keeps its schedule's checkpoints, not 100
+    of ~1 GB each.
     Returns the final checkpoint folder."""
     final = out_dir / f"epoch-{settings.epochs}"
-    if (final / OPTIMIZER_STATE).is_file():
+    if (final / TRAINER_STATE).is_file():
         return final
     device = resolve_device(settings.device)
     saved = [e for e in range(settings.epochs - 1, 0, -1)
-             if (out_dir / f"epoch-{e}" / OPTIMIZER_STATE).is_file()]
+             if (out_dir / f"epoch-{e}" / TRAINER_STATE).is_file()]
     start = saved[0] if saved else 0
     if start:
-        model, tokenizer = load_checkpoint(out_dir / f"epoch-{start}", device=device)
+        model, tokenizer, optimizer_state, rng_state = resume_from(out_dir / f"epoch-{start}", device)
     else:
         seed_everything(settings.seed)
         tokenizer = train_tokenizer(dataset.texts, vocab_size=settings.vocab_size)
@@ -206,19 +205,18 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
     ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     if start:
-        optimizer.load_state_dict(torch.load(out_dir / f"epoch-{start}" / OPTIMIZER_STATE,
-                                             map_location="cpu", weights_only=True))
+        optimizer.load_state_dict(optimizer_state)
+        torch.set_rng_state(rng_state)
     for epoch in range(start, settings.epochs):
         reporter.stage(f"pretrain epoch {epoch + 1}/{settings.epochs}", len(ids))
         train_subset_epoch(model, optimizer, ids, list(range(len(ids))), settings, epoch, pad_id(tokenizer),
                            device, reporter.advance)
         path = out_dir / f"epoch-{epoch + 1}"
         save_checkpoint(model, tokenizer, path)
-        with atomic_path(path / OPTIMIZER_STATE) as tmp:
-            torch.save(optimizer.state_dict(), tmp)
+        save_trainer_state(path, optimizer, epoch + 1, (epoch + 1) * -(-len(ids) // settings.batch_size))
         previous = out_dir / f"epoch-{epoch}"
         if epoch >= 1 and previous.is_dir():  # only the latest state is needed to resume
-            (previous / OPTIMIZER_STATE).unlink(missing_ok=True)
+            (previous / TRAINER_STATE).unlink(missing_ok=True)
             if keep is not None and epoch not in keep:
                 shutil.rmtree(previous)
     return final
