@@ -95,7 +95,7 @@ def variant_spec(variant: str, k: int, seed: int, vocab: int, block: int | None,
 def representations(model, batch) -> tuple[torch.Tensor, dict[str, list], frozenset[str], int]:
     """(exact K, every parameter's representations, vocabulary keys) from one audited pass: an
     exact window of one micro-batch keeps the representations the sketches are made from."""
-    with WindowAuditor(model, 1.0, mode="exact") as aud:
+    with WindowAuditor(model, 1.0, mode="exact", window_budget=1 << 40) as aud:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         aud.backward(per_example_lm_loss(out.logits, batch.labels).sum())
         result = aud.add_micro_batch()

@@ -54,12 +54,13 @@ __all__ = ["DEFAULT_BLOCK", "DEFAULT_COLUMNS", "DEFAULT_K", "DEFAULT_TOTAL", "DE
            "DEFAULT_VOCAB_ROWS", "SHARED", "Projection", "SketchBatch", "SketchSpec", "Sketcher",
            "sketched_gnq", "vocab_keys", "weight_matrices"]
 
-# Defaults chosen from benchmarks/results/sketch_error-cpu.json (see DESIGN.md §9).
+# Defaults chosen from benchmarks/results/sketch_error-cpu.json, sketch_error-shared-cpu.json and
+# sketch_error-smollm2-cpu.json (see DESIGN.md §9).
 DEFAULT_K = 4096
 DEFAULT_VOCAB_ROWS = 1024
 DEFAULT_VOCAB_COLS: int | None = None
 DEFAULT_BLOCK: int | None = 8
-DEFAULT_COLUMNS: int | None = 8192
+DEFAULT_COLUMNS: int | None = 16384
 DEFAULT_TOTAL: int | None = 65536
 SHARED = "*shared*"  # the key of the shared vector in SketchBatch.parts / Sketcher.widths()
 
