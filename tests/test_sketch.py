@@ -112,7 +112,7 @@ def test_columns_budget_sets_the_blocks_per_matrix():
     assert [spec.blocks(n) for n in (None, 2, 16, 210, 10**4)] == [64, 64, 64, 5, 1]
     assert SketchSpec(k=4096, block=8, columns=None).blocks(210) == 64
     rep = OuterRep(DenseFactor(torch.randn(2, 3, 100)), DenseFactor(torch.randn(2, 3, 100)))
-    sk = Sketcher(SketchSpec(k=4096, block=8, total=None), matrices=210)
+    sk = Sketcher(SketchSpec(k=4096, block=8, columns=8192, total=None), matrices=210)
     assert sk.sketch("w", rep).shape[1] == 5 * 64
     assert kernel_err(sk.sketch("w", rep), kron_of_explicit(sk, "w", rep)) <= TOL
 
