@@ -165,7 +165,7 @@ def test_a_texts_sketch_does_not_depend_on_its_batch():
 # ------------------------------------------------------------------ the envelope
 def wide_model(family: str, vocab: int = 2048, width: int = 128, layers: int = 2) -> torch.nn.Module:
     """Wide enough that the default sketch projects every matrix side (√k < width); ``layers``
-    deep (12: the columns budget leaves 12 blocks per matrix instead of 64)."""
+    deep (12: the columns budget leaves 24 blocks per matrix instead of 64)."""
     if family == "gpt2":
         cfg = GPT2Config(vocab_size=vocab, n_positions=32, n_embd=width, n_layer=layers, n_head=4,
                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
