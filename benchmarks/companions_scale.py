@@ -4,7 +4,8 @@
 
 Tiny GPT-2 preset (2 layers × 64, vocabulary 2048, tokenizer trained on the texts), float32,
 AG News texts (title + description) cut to 64 tokens, the default sketch (k = 4096 per matrix
-in 8 × 8 blocks, 1024 vocabulary buckets × hidden), micro-batches of 16, one thread.  Each size
+in 8 × 8 blocks, 1024 vocabulary buckets × hidden, folded into 65,536 shared dimensions),
+micro-batches of 16, one thread.  Each size
 runs in a fresh child process (``--one N``) through the pipeline's ``audit_companions`` (one
 companion set of every text), so its peak resident memory is its own; the solve
 (``companion_gnq``) is timed apart.  Wall seconds and this process's CPU seconds are both

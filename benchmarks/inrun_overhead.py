@@ -28,6 +28,10 @@ PRESETS = {
     "llama-1b": dict(llama=True, num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                      tie_word_embeddings=True),
+    # SmolLM2-135M's shape (30 layers × 576, GQA 9/3 heads, tied 49,152-row embedding), random init
+    "smollm2-135m": dict(llama=True, num_hidden_layers=30, hidden_size=576, intermediate_size=1536,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                         tie_word_embeddings=True),
 }
 PRECISIONS = ("fp32", "bf16", "tf32")  # bf16: autocast, fp32 master weights; tf32: TF32 matmuls
 

@@ -1,6 +1,7 @@
 """In-run GNQ per optimizer step: an accumulation window of micro-batches, against the plain step.
 
     python -m benchmarks.window_inrun          # CPU shape cpu-small (4 layers, width 256, vocab 8192)
+    python -m benchmarks.window_inrun --preset smollm2-135m --variants plain window_sketch
 
 One optimizer step = ``accumulation`` micro-batches of ``batch`` texts (B_eff = batch ×
 accumulation).  Variants, interleaved, medians of the repeats, one thread, in this process's
@@ -9,13 +10,17 @@ CPU seconds (``time.process_time``: a shared machine's load shifts wall time by 
 * ``micro``: GNQAuditor on each micro-batch (fused; the per-micro-batch mode);
 * ``window_sketch``: WindowAuditor(mode="sketch"), the default SketchSpec, one GNQ over B_eff;
 * ``window_exact``: WindowAuditor(mode="exact"), kept factors and cross-micro-batch Grams.
-Also reported: the bytes each window variant holds at the end of the window.
+Also reported: the bytes each window variant holds at the end of the window, per text, and at
+B_eff = 1,024 (the sketch holds one [B, total] vector per micro-batch: bytes per text × 1,024),
+and the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import statistics
 import time
 
 import torch
@@ -27,8 +32,11 @@ from gnq_core.engine.window import WindowAuditor
 from .common import interleaved_timed, write
 from .inrun_overhead import PRESETS, build
 
+VARIANTS = ("plain", "micro", "window_sketch", "window_exact")
 
-def run(preset: str, batch: int, accumulation: int, length: int, repeats: int, budget: int) -> dict:
+
+def run(preset: str, batch: int, accumulation: int, length: int, repeats: int, budget: int,
+        variants: tuple[str, ...] = VARIANTS) -> dict:
     torch.manual_seed(0)
     model = build(preset, length).train()
     vocab = model.config.vocab_size
@@ -42,8 +50,9 @@ def run(preset: str, batch: int, accumulation: int, length: int, repeats: int, b
     # projections are drawn once), the others paused during a variant's step
     auditors = {kind: WindowAuditor(model, 1e-2, mode=kind.removeprefix("window_"), sketch=SketchSpec(),
                                     window_budget=budget, check_uses=False)
-                for kind in ("window_sketch", "window_exact")}
-    auditors["micro"] = GNQAuditor(model, lam=1e-2, check_uses=False)  # fused: installed last
+                for kind in ("window_sketch", "window_exact") if kind in variants}
+    if "micro" in variants:
+        auditors["micro"] = GNQAuditor(model, lam=1e-2, check_uses=False)  # fused: installed last
 
     def step(kind: str) -> float:
         auditor = auditors.get(kind)
@@ -66,18 +75,29 @@ def run(preset: str, batch: int, accumulation: int, length: int, repeats: int, b
             opt.zero_grad(set_to_none=True)
             return time.process_time() - start
 
-    variants = {k: (lambda k=k: step(k)) for k in ("plain", "micro", "window_sketch", "window_exact")}
-    for fn in variants.values():  # warm-up
+    kinds = dict.fromkeys(["plain", *(v for v in variants if v in auditors)])
+    fns = {k: (lambda k=k: step(k)) for k in kinds}
+    load_before = os.getloadavg()
+    for fn in fns.values():  # warm-up
         fn()
-    res = interleaved_timed(variants, repeats)
+    res = interleaved_timed(fns, repeats)
+    load_after = os.getloadavg()
+    sketcher = auditors["window_sketch"].sketcher if "window_sketch" in auditors else None
     for a in auditors.values():
         a.close()
     plain = res["plain"]["median_s"]
     return {"preset": preset, "batch": batch, "accumulation": accumulation, "b_eff": B_eff, "length": length,
             "repeats": repeats, "sketch": SketchSpec().describe(), "window_budget": budget,
+            "weight_matrices": None if sketcher is None else sketcher.matrices,
+            "blocks_per_matrix": None if sketcher is None else SketchSpec().blocks(sketcher.matrices),
+            "load_average_before": load_before, "load_average_after": load_after,
             **{f"{k}_s": v["median_s"] for k, v in res.items()},
             **{f"{k}_ratio": v["median_s"] / plain for k, v in res.items() if k != "plain"},
+            **{f"{k}_ratio_per_round_median": statistics.median(
+                a / p for a, p in zip(v["all_s"], res["plain"]["all_s"], strict=True))
+               for k, v in res.items() if k != "plain"},
             "held_bytes": held, "held_bytes_per_text": {k: v / B_eff for k, v in held.items()},
+            "held_bytes_at_b_eff_1024": {k: v / B_eff * 1024 for k, v in held.items()},
             "all_s": {k: v["all_s"] for k, v in res.items()}}
 
 
@@ -89,11 +109,15 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget", type=int, default=4 << 30, help="exact window's budget in bytes")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--tag", default="", help="suffix of the results file")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    row = run(args.preset, args.batch, args.accumulation, args.length, args.repeats, args.budget)
+    row = run(args.preset, args.batch, args.accumulation, args.length, args.repeats, args.budget,
+              tuple(args.variants))
     print({k: v for k, v in row.items() if k != "all_s"})
-    print(write(f"window_inrun-{args.preset}", {"threads": 1, "rows": [row]}))
+    name = f"window_inrun-{args.preset}" + (f"-{args.tag}" if args.tag else "")
+    print(write(name, {"threads": 1, "rows": [row]}))
 
 
 if __name__ == "__main__":

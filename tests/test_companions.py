@@ -148,13 +148,16 @@ def test_the_lean_kernel_solve_matches_gnq_from_kernel_and_estimates_large_condi
 
 
 def test_sketch_widths_are_the_widths_of_the_sketches():
-    """``Sketcher.widths()`` (used to zero-fill a key a batch never used) for blocked plans."""
+    """``Sketcher.widths()`` (used to zero-fill a key a batch never used) for blocked plans, side
+    by side; folded into a shared vector, one width for every key."""
     from gnq_core.engine.representations import DenseFactor, OuterRep
-    from gnq_core.engine.sketch import Sketcher, SketchSpec
+    from gnq_core.engine.sketch import SHARED, Sketcher, SketchSpec
 
-    sketcher = Sketcher(SketchSpec(k=256, block=4))
+    sketcher = Sketcher(SketchSpec(k=256, block=4, total=None))
     rep = OuterRep(DenseFactor(torch.randn(3, 5, 40)), DenseFactor(torch.randn(3, 5, 30)))
     assert sketcher.sketch("w", rep).shape[1] == sketcher.widths()["w"] == 256
+    shared = Sketcher(SketchSpec(k=256, block=4, total=1024))
+    assert shared.sketch_all({"w": [rep]}).shape[1] == shared.widths()[SHARED] == 1024
 
 
 def test_the_companion_sentence_names_the_set():

@@ -11,7 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.representations import DenseFactor, DenseRep, OneHotFactor, OuterRep
-from gnq_core.engine.sketch import Sketcher, SketchSpec, sketched_gnq
+from gnq_core.engine.sketch import Projection, Sketcher, SketchSpec, sketched_gnq, weight_matrices
 from gnq_core.engine.solve import gnq_from_kernel
 from gnq_core.engine.window import WindowAuditor
 from tests.conftest import TOL, kernel_err
@@ -76,6 +76,53 @@ def test_same_seed_same_projection_other_seed_not():
     assert torch.equal(a, b) and not torch.allclose(a, c)
 
 
+def test_folded_sketch_is_a_countsketch_of_the_parameters_sketches():
+    """With ``total`` the parameters' sketches are CountSketched, each by its own seeded map,
+    into one shared vector: S = Σ_key s_key C_key."""
+    spec = SketchSpec(k=32, block=4, total=48, seed=int(torch.randint(0, 999, ())))
+    reps = {"a": [OuterRep(DenseFactor(torch.randn(3, 5, 40)), DenseFactor(torch.randn(3, 5, 24)))],
+            "b": [DenseRep(torch.randn(3, 30)), DenseRep(torch.randn(3, 30))]}  # a parameter used twice
+    sk = Sketcher(spec)
+    S = sk.sketch_all(reps)
+
+    def folded(key: str, r) -> torch.Tensor:
+        s = sk.sketch(key, r)
+        return s @ Projection(s.shape[1], 48, "count", spec.seed, key, "fold").matrix()
+
+    ref = sum(folded(key, r) for key in reps for r in reps[key])
+    assert S.shape == (3, 48) and kernel_err(S, ref) <= TOL
+
+
+def test_folded_sketch_is_unbiased():
+    """E⟨Fs, Ft⟩ = ⟨s, t⟩ for the fold F into the shared vector: the mean over many seeds of
+    the folded Gram approaches the Gram of the parameters kept whole."""
+    gen = torch.Generator().manual_seed(1)
+    reps = {"a": [DenseRep(torch.randn(3, 40, generator=gen))],
+            "b": [DenseRep(torch.randn(3, 50, generator=gen))]}
+    exact = sum(r.G @ r.G.T for rs in reps.values() for r in rs)
+    grams = [(lambda S: S @ S.T)(Sketcher(SketchSpec(k=64, total=64, seed=s)).sketch_all(reps))
+             for s in range(2000)]
+    assert kernel_err(torch.stack(grams).mean(0), exact) < 0.03
+
+
+def test_columns_budget_sets_the_blocks_per_matrix():
+    """``columns`` per side over all n matrices: r = round(columns / (n·b)) blocks, between 1 and
+    k / b²; without a count (or columns=None) every matrix gets k / b²."""
+    spec = SketchSpec(k=4096, block=8, columns=8192)
+    assert [spec.blocks(n) for n in (None, 2, 16, 210, 10**4)] == [64, 64, 64, 5, 1]
+    assert SketchSpec(k=4096, block=8, columns=None).blocks(210) == 64
+    rep = OuterRep(DenseFactor(torch.randn(2, 3, 100)), DenseFactor(torch.randn(2, 3, 100)))
+    sk = Sketcher(SketchSpec(k=4096, block=8, columns=8192, total=None), matrices=210)
+    assert sk.sketch("w", rep).shape[1] == 5 * 64
+    assert kernel_err(sk.sketch("w", rep), kron_of_explicit(sk, "w", rep)) <= TOL
+
+
+def test_identity_sized_sketch_stays_side_by_side():
+    """A k per matrix above ``total`` (an identity-sized sketch) is not folded: it stays exact."""
+    assert SketchSpec(k=10**6).shared is None and SketchSpec().shared == 65536
+    assert SketchSpec(total=None).shared is None
+
+
 def test_shape_change_is_refused():
     sk = Sketcher(SketchSpec(k=16))
     sk.sketch("x", DenseRep(torch.randn(2, 30)))
@@ -116,14 +163,16 @@ def test_a_texts_sketch_does_not_depend_on_its_batch():
 
 
 # ------------------------------------------------------------------ the envelope
-def wide_model(family: str, vocab: int = 2048, width: int = 128) -> torch.nn.Module:
-    """Wide enough that the default sketch projects every matrix side (√k < width)."""
+def wide_model(family: str, vocab: int = 2048, width: int = 128, layers: int = 2) -> torch.nn.Module:
+    """Wide enough that the default sketch projects every matrix side (√k < width); ``layers``
+    deep (12: the columns budget leaves 24 blocks per matrix instead of 64)."""
     if family == "gpt2":
-        cfg = GPT2Config(vocab_size=vocab, n_positions=32, n_embd=width, n_layer=2, n_head=4,
+        cfg = GPT2Config(vocab_size=vocab, n_positions=32, n_embd=width, n_layer=layers, n_head=4,
                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
         return GPT2LMHeadModel(cfg).double()
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=2 * width,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=32,
                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     return LlamaForCausalLM(cfg).double()
 
@@ -150,7 +199,8 @@ def envelope(family: str, specs: list[SketchSpec], B: int = 64, T: int = 16) -> 
     """(Spearman, median relative error) of sketched vs exact GNQ on fresh random inputs, each the
     median over ``specs`` (seeds) as in benchmarks/sketch_error.py's table: one pass keeps the
     representations (an exact window of one micro-batch) and every seed sketches them."""
-    model = wide_model(family)
+    name, _, depth = family.partition("-")
+    model = wide_model(name, layers=12 if depth == "deep" else 2)
     batch = random_batch(B, T, model.config.vocab_size)
     with WindowAuditor(model, 1.0, mode="exact") as auditor:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
@@ -161,15 +211,14 @@ def envelope(family: str, specs: list[SketchSpec], B: int = 64, T: int = 16) -> 
     exact = gnq_from_kernel(K, lam).gnq
     rhos, rels = [], []
     for spec in specs:
-        sk = Sketcher(spec, vocab)
-        S = torch.cat([sum(sk.sketch(key, r) for r in reps[key]) for key in sorted(reps)], dim=1)
+        S = Sketcher(spec, vocab, weight_matrices(model, vocab)).sketch_all(reps)
         approx = sketched_gnq(S, lam).gnq
         rhos.append(spearman(approx, exact))
         rels.append(float(((approx - exact).abs() / exact).median()))
     return float(torch.tensor(rhos).median()), float(torch.tensor(rels).median())
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "llama-deep"])
 def test_default_sketch_within_envelope(family):
     first = int(torch.randint(0, 2**31, ()))
     rho, rel = envelope(family, [SketchSpec(seed=first + i) for i in range(3)])

@@ -113,6 +113,23 @@ def test_sketch_window_records_its_settings():
     assert res.gnq is not None and torch.isfinite(res.gnq).all()
 
 
+def test_sketch_window_holds_one_shared_vector_per_text():
+    """The default sketch folds every parameter into one vector of ``total`` numbers per text:
+    the window holds B_eff × total × 4 bytes for a float32 model, whatever its parameters, and
+    the Gram of those vectors is the window's K."""
+    model = tiny_llama().float()
+    batch = lm_batch([6, 8, 5, 9, 7, 4], seed=3)
+    with WindowAuditor(model, LAM, mode="sketch") as auditor:
+        for start in range(0, 6, 2):
+            part = {k: v[start:start + 2] for k, v in batch.items()}
+            lm_losses(model, part).sum().backward()
+            auditor.add_micro_batch()
+        assert auditor.held_bytes() == 6 * SketchSpec().total * 4
+        S = auditor.window_sketches(auditor._window)
+        res = auditor.finish_window()
+    assert S.shape == (6, SketchSpec().total) and kernel_err(res.kernel, S @ S.T) <= TOL
+
+
 def test_bad_mode():
     with pytest.raises(ValueError, match="window mode"):
         WindowAuditor(tiny_gpt2(), LAM, mode="approximate")

@@ -21,6 +21,17 @@ batches can be put in one Gram.
   on few tokens, so few of them collide), their hidden side kept whole by default
   (``vocab_cols=None``, "one-sided") or projected to ``vocab_cols``.
 
+* ``columns`` bounds the projected columns per side summed over the model's weight matrices
+  (the projections' cost): with n matrices (``Sketcher(..., matrices=n)``) each gets
+  r = max(1, min(k / b², round(columns / (n·b)))) blocks, so a deep model (SmolLM2: 210
+  matrices) gets few blocks per matrix and its error still averages over all of them, while a
+  two-layer model keeps k per matrix.
+* ``total`` folds every parameter's sketch into ONE shared vector of ``total`` dimensions per
+  text (a CountSketch of each parameter's sketch, seeded per parameter): the window holds
+  ``total`` numbers per text whatever the model (65,536 float32 = 256 KB).  Inner products stay
+  unbiased; ``total=None`` — or a k per matrix above ``total`` (an identity-sized sketch) —
+  keeps the parameters' sketches side by side (exact for identity projections).
+
 The sketch is linear in g, so a parameter used several times (a tied embedding/head) gets the
 sum of its uses' sketches: no cross terms are needed.  Every projection is unbiased, so the
 sketched K is unbiased entry by entry; its error is measured by ``benchmarks/sketch_error.py``
@@ -39,14 +50,19 @@ from torch import nn
 from gnq_core.engine.representations import DenseFactor, DenseRep, Factor, OneHotFactor, OuterRep, Rep
 from gnq_core.engine.solve import Solution, gnq_from_kernel
 
-__all__ = ["DEFAULT_BLOCK", "DEFAULT_K", "DEFAULT_VOCAB_COLS", "DEFAULT_VOCAB_ROWS", "Projection",
-           "SketchBatch", "SketchSpec", "Sketcher", "sketched_gnq", "vocab_keys"]
+__all__ = ["DEFAULT_BLOCK", "DEFAULT_COLUMNS", "DEFAULT_K", "DEFAULT_TOTAL", "DEFAULT_VOCAB_COLS",
+           "DEFAULT_VOCAB_ROWS", "SHARED", "Projection", "SketchBatch", "SketchSpec", "Sketcher",
+           "sketched_gnq", "vocab_keys", "weight_matrices"]
 
-# Defaults chosen from benchmarks/results/sketch_error-cpu.json (see DESIGN.md §9).
+# Defaults chosen from benchmarks/results/sketch_error-cpu.json, sketch_error-shared-cpu.json and
+# sketch_error-smollm2-cpu.json (see DESIGN.md §9).
 DEFAULT_K = 4096
 DEFAULT_VOCAB_ROWS = 1024
 DEFAULT_VOCAB_COLS: int | None = None
 DEFAULT_BLOCK: int | None = 8
+DEFAULT_COLUMNS: int | None = 16384
+DEFAULT_TOTAL: int | None = 65536
+SHARED = "*shared*"  # the key of the shared vector in SketchBatch.parts / Sketcher.widths()
 
 
 @dataclass(frozen=True)
@@ -60,10 +76,14 @@ class SketchSpec:
     vocab_rows: int = DEFAULT_VOCAB_ROWS
     vocab_cols: int | None = DEFAULT_VOCAB_COLS
     block: int | None = DEFAULT_BLOCK
+    columns: int | None = DEFAULT_COLUMNS
+    total: int | None = DEFAULT_TOTAL
 
     def __post_init__(self) -> None:
-        if self.block is not None and (not isinstance(self.block, int) or self.block < 1):
-            raise ValueError(f"sketch block must be a whole number >= 1 or None, got {self.block!r}")
+        for name in ("block", "columns", "total"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"sketch {name} must be a whole number >= 1 or None, got {value!r}")
         for name in ("k", "vocab_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -80,8 +100,24 @@ class SketchSpec:
 
     def describe(self) -> str:
         cols = "whole" if self.vocab_cols is None else str(self.vocab_cols)
-        return (f"k={self.k} per matrix in {self.side}x{self.side} blocks, vocabulary {self.vocab_rows} "
-                f"buckets x hidden {cols}, seed {self.seed}")
+        budget = "" if self.columns is None else f" (at most {self.columns} columns per side in all)"
+        shared = "side by side" if self.shared is None else f"folded into {self.shared} shared dimensions"
+        return (f"k={self.k} per matrix in {self.side}x{self.side} blocks{budget}, vocabulary "
+                f"{self.vocab_rows} buckets x hidden {cols}, {shared}, seed {self.seed}")
+
+    @property
+    def shared(self) -> int | None:
+        """Dimensions of the shared vector the parameters' sketches are folded into; None (side by
+        side) when ``total`` is None or narrower than one matrix's k (an identity-sized sketch)."""
+        return None if self.total is None or self.k > self.total else self.total
+
+    def blocks(self, matrices: int | None) -> int:
+        """Kronecker blocks per projected matrix: k / b², fewer under ``columns`` for n matrices."""
+        b = self.side
+        r = max(1, self.k // (b * b))
+        if self.columns is None or not matrices:
+            return r
+        return max(1, min(r, round(self.columns / (matrices * b))))
 
 
 def _generator(seed: int, key: str, side: str) -> torch.Generator:
@@ -161,10 +197,13 @@ class Sketcher:
     of a parameter and every batch get the same projection; ``vocab`` holds the keys of
     vocabulary-sized parameters (``vocab_keys``)."""
 
-    def __init__(self, spec: SketchSpec, vocab: frozenset[str] = frozenset()) -> None:
+    def __init__(self, spec: SketchSpec, vocab: frozenset[str] = frozenset(),
+                 matrices: int | None = None) -> None:
         self.spec = spec
         self.vocab = vocab
+        self.matrices = matrices  # weight matrices of the model (``weight_matrices``): the columns budget
         self._plans: dict[str, _Plan] = {}
+        self._folds: dict[str, Projection] = {}
 
     def _plan(self, key: str, rep: Rep) -> _Plan:
         plan = self._plans.get(key)
@@ -201,7 +240,7 @@ class Sketcher:
             return _Plan(side(p0, None, "gauss", "rows"), side(p1, max(1, s.k // p0), "gauss", "cols"))
         if p1 <= b:
             return _Plan(side(p0, max(1, s.k // p1), "gauss", "rows"), side(p1, None, "gauss", "cols"))
-        r = max(1, s.k // (b * b))  # r blocks: each side Gaussian to r·b columns (even if r·b > its width)
+        r = s.blocks(self.matrices)  # r blocks: each side Gaussian to r·b columns (even if r·b > its width)
         return _Plan(Projection(p0, r * b, "gauss", s.seed, key, "rows"),
                      Projection(p1, r * b, "gauss", s.seed, key, "cols"), blocks=r)
 
@@ -225,6 +264,40 @@ class Sketcher:
         c = plan.cols.dense(c)  # [B, T, k1]
         return _blocks(a, c, plan.blocks)
 
+    def fold(self, key: str, sketch: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """One parameter's sketch [B, m] CountSketched into the shared vector [B, total] (added to
+        ``out`` in place when given).  Seeded by (seed, key): the same in every batch."""
+        total = self.spec.shared
+        if total is None:
+            raise ValueError("fold() needs a SketchSpec with a shared vector (total set, k <= total)")
+        proj = self._folds.get(key)
+        if proj is None or proj.n != sketch.shape[1]:
+            proj = self._folds[key] = Projection(sketch.shape[1], total, "count", self.spec.seed, key, "fold")
+        buckets, signs = proj._on(sketch.dtype, sketch.device)
+        if out is None:
+            out = sketch.new_zeros(sketch.shape[0], total)
+        return out.index_add_(1, buckets, sketch * signs)
+
+    def add(self, batch: SketchBatch, key: str, rep: Rep) -> None:
+        """One contribution's sketch into ``batch``: under its key, or folded into the shared vector."""
+        s = self.sketch(key, rep)
+        if self.spec.shared is None:
+            batch.add(key, s)
+        elif SHARED in batch.parts:
+            self.fold(key, s, batch.parts[SHARED])
+        else:
+            batch.add(SHARED, self.fold(key, s))
+
+    def sketch_all(self, reps: dict[str, list[Rep]]) -> torch.Tensor:
+        """[B, width] float64 sketches of every parameter's representations (uses summed), laid out as
+        a window lays them out (benchmarks, tests)."""
+        B = next(r for rs in reps.values() for r in rs).batch
+        batch = SketchBatch(B)
+        for key in sorted(reps):
+            for r in reps[key]:
+                self.add(batch, key, r)
+        return batch.matrix(self.widths())
+
     def project_explicit(self, key: str, G: torch.Tensor) -> torch.Tensor:
         """Π g for explicit gradients G [B, n] in the representation's layout (``materialize()``):
         the definition the factor path must match (tests)."""
@@ -238,7 +311,10 @@ class Sketcher:
         return torch.einsum("iru,bij,jrv->bruv", RA, G3, RC).reshape(B, -1) * math.sqrt(r)
 
     def widths(self) -> dict[str, int]:
-        """Sketch width of every parameter key seen so far (r blocks of s × s': r·s·s')."""
+        """Sketch width of every parameter key seen so far (r blocks of s × s': r·s·s'), or
+        {SHARED: total} when the sketches are folded into one shared vector."""
+        if self.spec.shared is not None:
+            return {SHARED: self.spec.shared}
         return {key: plan.rows.k * (1 if plan.cols is None else plan.cols.k // plan.blocks)
                 for key, plan in self._plans.items()}
 
@@ -306,6 +382,14 @@ def vocab_keys(model: nn.Module, names: dict[int, str] | None = None) -> frozens
     if head is not None and getattr(head, "weight", None) is not None and id(head.weight) in names:
         out.add(names[id(head.weight)])
     return frozenset(out)
+
+
+def weight_matrices(model: nn.Module, vocab: frozenset[str], names: dict[int, str] | None = None) -> int:
+    """How many weight matrices (trainable, ≥ 2 dimensions, not vocabulary-sized) the sketch's
+    ``columns`` budget is shared by."""
+    names = names or {id(p): n for n, p in model.named_parameters()}
+    return sum(1 for p in model.parameters()
+               if p.requires_grad and p.dim() >= 2 and names[id(p)] not in vocab)
 
 
 def sketched_gnq(sketches: torch.Tensor, lam: float, weights: torch.Tensor | None = None,

@@ -35,7 +35,7 @@ from gnq_core.engine.grams import inner
 from gnq_core.engine.kernels import Contribution
 from gnq_core.engine.pass_state import Hooked
 from gnq_core.engine.representations import DenseRep, OuterRep, Rep
-from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys
+from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys, weight_matrices
 from gnq_core.engine.solve import GNQNumericalError, effective_lam, gnq_from_kernel
 from gnq_core.errors import GNQError
 
@@ -105,7 +105,8 @@ class WindowAuditor(GNQAuditor):
         self.keep_exact = mode != "sketch" if keep_exact is None else keep_exact
         self._window_mode = "sketch" if mode == "sketch" else "exact"  # this window's, so far
         self._names = {id(p): n for n, p in model.named_parameters()}
-        self.sketcher = Sketcher(self.spec, vocab_keys(model, self._names))
+        vocab = vocab_keys(model, self._names)
+        self.sketcher = Sketcher(self.spec, vocab, weight_matrices(model, vocab, self._names))
         self._current: _Micro | None = None
         self._window: list[_Micro] = []
         self._kept_bytes = 0
@@ -129,7 +130,7 @@ class WindowAuditor(GNQAuditor):
             key = "+".join(self._names[h.ids[n]] for n in c.params)
             if micro is not None:
                 if micro.sketch is not None:
-                    micro.sketch.add(key, self.sketcher.sketch(key, c.rep))
+                    self.sketcher.add(micro.sketch, key, c.rep)
                 else:
                     self._keep(micro, key, c.rep)
             formed.append(c)
@@ -140,7 +141,7 @@ class WindowAuditor(GNQAuditor):
         if self._kept_bytes > self.window_budget and self.mode == "auto":
             self._switch_to_sketch()
             assert micro.sketch is not None
-            micro.sketch.add(key, self.sketcher.sketch(key, rep))
+            self.sketcher.add(micro.sketch, key, rep)
             return
         if self._kept_bytes > self.window_budget:
             raise WindowBudgetError(
@@ -155,7 +156,7 @@ class WindowAuditor(GNQAuditor):
             m.sketch = SketchBatch(m.batch_size)
             for key, reps in m.reps.items():
                 for r in reps:
-                    m.sketch.add(key, self.sketcher.sketch(key, r))
+                    self.sketcher.add(m.sketch, key, r)
             m.reps = {}
         self._kept_bytes = 0
         self._window_mode = "sketch"

@@ -418,7 +418,8 @@ class GNQCallback(TrainerCallback):
                                "window_budget": c.window_budget}
         if c.window_mode != "exact":
             out["sketch"] = {"k": self._spec.k, "seed": self._spec.seed, "block": self._spec.block,
-                             "vocab_rows": self._spec.vocab_rows, "vocab_cols": self._spec.vocab_cols}
+                             "vocab_rows": self._spec.vocab_rows, "vocab_cols": self._spec.vocab_cols,
+                             "columns": self._spec.columns, "total": self._spec.shared}
         return out
 
 
