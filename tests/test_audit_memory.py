@@ -21,7 +21,7 @@ import pytest
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.results import records
-from gnq_core.results.records import ScoreColumns, TextResult, score_frame
+from gnq_core.results.records import ScoreColumns, TextResult, batch_results
 from gnq_core.results.store import Store
 from gnq_core.sources import copies, tokens
 from gnq_core.sources.checkpoints import save_checkpoint
@@ -75,23 +75,49 @@ def test_audit_memory_grows_by_a_small_per_text_index(checkpoint, tmp_path, monk
     assert slope < PER_TEXT, f"{slope:.0f} bytes of traced peak per text"
 
 
-def test_score_columns_write_the_rows_of_score_frame():
+def _expected(texts: list[TextResult], point: int) -> pd.DataFrame:
+    """The typed ``scores`` rows of records, one dict per text (the old per-text path, as oracle)."""
+    rows = [{"point": point, "example_id": t.example_id, "batch_index": t.batch_index, "step": t.step,
+             "gnq": t.gnq, "loss": t.loss, "self_influence": t.self_influence, **t.extra} for t in texts]
+    frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["point", *records.SCORE_COLUMNS])
+    return frame.astype({"point": "int64", "example_id": "int64", "batch_index": "int64", "step": "Int64",
+                         "gnq": "float64", "loss": "float64", "self_influence": "float64"})
+
+
+def test_score_columns_write_the_rows_their_texts_are():
     rng = np.random.default_rng(0)
     texts = [TextResult(int(e), k // 3, None if k % 4 else k, None if k % 5 == 0 else float(rng.random()),
-                        float(rng.random()), None if k % 5 == 0 else float(rng.random()))
+                        float(rng.random()), None if k % 5 == 0 else float(rng.random()),
+                        {"min_k": float(rng.random())})
              for k, e in enumerate(rng.permutation(40))]
-    columns = ScoreColumns(4)  # grows past its first capacity
+    columns = ScoreColumns(4, ["min_k"])  # grows past its first capacity
     for start in range(0, 40, 3):
-        columns.add(texts[start: start + 3])
+        columns.add(ScoreColumns.of_texts(texts[start: start + 3]))
     frames = list(columns.frames(point=2, chunk=7))
     assert len(frames) == 6
-    pd.testing.assert_frame_equal(pd.concat(frames, ignore_index=True), score_frame(texts, 2))
-    pd.testing.assert_frame_equal(next(ScoreColumns().frames(point=2)), score_frame([], 2))
-    shuffled = ScoreColumns.joined([_columns(texts[21:]), _columns(texts[:21])])  # ranks' parts: batch order
-    pd.testing.assert_frame_equal(next(shuffled.frames(point=2)), score_frame(texts, 2))
+    pd.testing.assert_frame_equal(pd.concat(frames, ignore_index=True), _expected(texts, 2))
+    pd.testing.assert_frame_equal(next(ScoreColumns().frames(point=2)), _expected([], 2))
+    shuffled = ScoreColumns.joined([ScoreColumns.of_texts(texts[21:]), ScoreColumns.of_texts(texts[:21])])
+    pd.testing.assert_frame_equal(shuffled.frame(point=2), _expected(texts, 2))  # ranks' parts: batch order
 
 
-def _columns(texts: list[TextResult]) -> ScoreColumns:
-    out = ScoreColumns()
-    out.add(texts)
-    return out
+def test_one_batch_of_engine_tensors_becomes_its_rows():
+    """``batch_results`` takes the engine's tensors as they come: a text without targets has NULL
+    scores (its forward signal kept), a non-finite batch NULL GNQ and K_jj."""
+    torch = pytest.importorskip("torch")
+    gnq, kjj = torch.rand(4, dtype=torch.float64), torch.rand(4, dtype=torch.float64)
+    losses, signal = torch.rand(4, dtype=torch.float32), np.array([0.5, np.nan, 0.25, 1.0])
+    scored = torch.tensor([True, True, False, True])
+    columns, batch = batch_results(torch.tensor([7, 3, 9, 1]), losses, gnq, kjj, batch_index=5, step=11,
+                                   condition=2.0, finite=True, seconds=0.1, extra={"min_k": signal},
+                                   scored=scored)
+    texts = [TextResult(e, 5, 11, *((None,) * 3 if not ok else (float(g), float(l), float(k))),
+                        {"min_k": float(s)})
+             for e, g, l, k, s, ok in zip([7, 3, 9, 1], gnq, losses.double(), kjj, signal, scored.tolist(),
+                                          strict=True)]
+    pd.testing.assert_frame_equal(columns.frame(0), _expected(texts, 0))
+    assert (batch.size, batch.step, batch.finite) == (4, 11, True)
+    columns, _ = batch_results([1, 2], [1.0, 2.0], None, None, batch_index=0, step=None, condition=None,
+                               finite=False, seconds=0.0)
+    pd.testing.assert_frame_equal(columns.frame(1), _expected([TextResult(1, 0, None, None, 1.0, None),
+                                                               TextResult(2, 0, None, None, 2.0, None)], 1))

@@ -82,7 +82,7 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
                                        targets=lm_target_counts(b.labels), batch_index=index, step=None,
                                        started=t0, extra=token_signals(logits, b.labels))
             model.zero_grad(set_to_none=True)
-            texts.add(rows)
+            texts.add(rows)  # columns to columns: no object per text
             results.append(result)
             if reporter is not None:
                 reporter.advance(len(batch.example_ids))

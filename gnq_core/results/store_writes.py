@@ -27,7 +27,6 @@ from gnq_core.results.records import (
     TextResult,
     batch_frame,
     resume_mismatches,
-    score_frames,
 )
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError, _now
@@ -152,7 +151,9 @@ class StoreWrites:
         with self.transaction() as con:
             for table in ("scores", "batches"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ? AND point = ?", [run_id, point])
-            for frame in score_frames(texts, point):  # ScoreColumns: in chunks, never one frame of all
+            if not isinstance(texts, ScoreColumns):
+                texts = ScoreColumns.of_texts(texts)
+            for frame in texts.frames(point):  # in chunks, never one frame of all
                 con.register("new_scores", frame.assign(run_id=run_id))
                 con.execute("INSERT INTO scores BY NAME SELECT * FROM new_scores")
                 con.unregister("new_scores")

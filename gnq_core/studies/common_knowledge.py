@@ -38,9 +38,10 @@ from gnq_core.atomic import atomic_path
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
+from gnq_core.pipelines.training_loop import Checkpoints, Epoch, Progress, seeded_batches, train
 from gnq_core.results.store import Run
 from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
-from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
+from gnq_core.sources.checkpoints import load_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import encode_texts, pad_id
@@ -55,7 +56,7 @@ from gnq_core.studies.base import (
     wikitext_chunks,
     write_dataset,
 )
-from gnq_core.studies.counterfactual import CF_METRIC, counterfactual, train_subset_epoch
+from gnq_core.studies.counterfactual import CF_METRIC, counterfactual
 
 STUDY = "common-knowledge"
 POSITIVE, NEGATIVE = "surprising", "common"  # AUC > 0.5: surprising claims score higher
@@ -208,19 +209,22 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
     if start:
         optimizer.load_state_dict(torch.load(out_dir / f"epoch-{start}" / OPTIMIZER_STATE,
                                              map_location="cpu", weights_only=True))
-    for epoch in range(start, settings.epochs):
-        reporter.stage(f"pretrain epoch {epoch + 1}/{settings.epochs}", len(ids))
-        train_subset_epoch(model, optimizer, ids, list(range(len(ids))), settings, epoch, pad_id(tokenizer),
-                           device, reporter.advance)
-        path = out_dir / f"epoch-{epoch + 1}"
-        save_checkpoint(model, tokenizer, path)
+
+    def save_state(path: Path, epoch: Epoch) -> None:
         with atomic_path(path / OPTIMIZER_STATE) as tmp:
             torch.save(optimizer.state_dict(), tmp)
-        previous = out_dir / f"epoch-{epoch}"
-        if epoch >= 1 and previous.is_dir():  # only the latest state is needed to resume
+        previous = out_dir / f"epoch-{epoch.number}"
+        if epoch.number >= 1 and previous.is_dir():  # only the latest state is needed to resume
             (previous / OPTIMIZER_STATE).unlink(missing_ok=True)
-            if keep is not None and epoch not in keep:
+            if keep is not None and epoch.number not in keep:
                 shutil.rmtree(previous)
+
+    # the one training loop, without the GNQ callback
+    train(model, optimizer, ids, pad_id(tokenizer), device,
+          seeded_batches(range(len(ids)), settings.batch_size, settings.seed),
+          epochs=range(start, settings.epochs), loss=settings.loss,
+          callbacks=[Progress(reporter, settings.epochs, "pretrain epoch"),
+                     Checkpoints(model, tokenizer, out_dir, save_state)])
     return final
 
 

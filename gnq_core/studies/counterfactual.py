@@ -18,25 +18,15 @@ from gnq_core.atomic import write_text_atomic
 from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
 from gnq_core.pipelines.attacks.forward import forward_batches
 from gnq_core.pipelines.settings import TrainSettings
-from gnq_core.pipelines.train import train_epoch
+from gnq_core.pipelines.training_loop import seeded_batches, train
 from gnq_core.results.store import Run, StoreError
 from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
-from gnq_core.sources.tokens import batch_partition, encode_texts, pad_id
+from gnq_core.sources.tokens import encode_texts, pad_id
 from gnq_core.studies.base import StudyContext
 
 CF_METRIC = "counterfactual_memorization"
-
-
-def train_subset_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[list[int]],
-                 subset: list[int], settings: TrainSettings, epoch: int, pad: int, device: torch.device,
-                 advance=None) -> None:
-    """One epoch of the pipelines' training loop (``train.train_epoch``: seeded batches, the batch
-    mean of the per-example losses, AdamW), without GNQ, over the texts ``subset``."""
-    batches = [[subset[i] for i in part] for part in batch_partition(len(subset), settings.batch_size,
-                                                                     settings.seed + epoch)]
-    train_epoch(model, optimizer, ids, batches, pad, device, settings.loss, advance=advance)
 
 
 def cf_subset(n: int, model: int, seed: int) -> list[int]:
@@ -102,11 +92,11 @@ def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset
 
 def _fine_tune(model: torch.nn.Module, ids: list[list[int]], subset: list[int], settings: TrainSettings,
                pad: int, device: torch.device) -> None:
-    """The fine-tune of ``train.run_training`` (same optimiser, loss, batches, order) on a subset,
-    without GNQ."""
+    """The fine-tune of ``train.run_training`` (the one training loop: same optimiser, loss,
+    batches, order) on a subset, without callbacks (no GNQ, no checkpoints)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    for epoch in range(settings.epochs):
-        train_subset_epoch(model, optimizer, ids, subset, settings, epoch, pad, device)
+    train(model, optimizer, ids, pad, device, seeded_batches(subset, settings.batch_size, settings.seed),
+          epochs=range(settings.epochs), loss=settings.loss)
 
 
 def _evaluate(model: torch.nn.Module, ids: list[list[int]], batch_size: int, pad: int,
