@@ -1,10 +1,10 @@
-"""The results contract (DESIGN.md §6): one text's result, one batch's, and their run.
+"""The results contract (DESIGN.md §6): texts' score rows, one batch's result, and their run.
 
 Every producer (``gnq train``, ``gnq audit``, the Trainer integration and its shards) builds
 these records: ``batch_results`` builds a batch's score rows as ``ScoreColumns`` (numpy columns,
 no object per text); ``ScoreColumns.frames`` / ``batch_frame`` are the one place they become
 table rows, for the DuckDB store (``Store.write_point``) and for Parquet shards (``ShardWriter``)
-alike.  ``TextResult`` is one text's row as a record (for callers building rows by hand).
+alike.
 
 A new per-text column: a migration adds it to the ``scores`` table, the producer passes it in
 ``extra`` (``{"column": values}``); rows are inserted by column name, so neither the writers nor
@@ -31,19 +31,6 @@ BATCH_COLUMNS = ["batch_index", "step", "size", "condition", "finite", "seconds"
                  "sketch_seed"]
 WRITE_CHUNK = 100_000  # score rows per frame when ScoreColumns are written
 MIN_BATCH_SIZE = 2  # GNQ_j compares example j with the others of its batch (Σ_{k≠j}): B = 1 has none
-
-
-@dataclass(frozen=True)
-class TextResult:
-    """One text's scores in one GNQ batch at one point (a checkpoint or an epoch)."""
-
-    example_id: int
-    batch_index: int
-    step: int | None  # the optimizer step (in-run); None post hoc
-    gnq: float | None  # None: the batch was not finite
-    loss: float | None
-    self_influence: float | None  # K_jj
-    extra: Mapping[str, Any] = field(default_factory=dict)  # further columns of ``scores``, by name
 
 
 @dataclass(frozen=True)
@@ -120,21 +107,6 @@ class ScoreColumns:
         return self.n
 
     _COLUMNS = ("example_id", "batch_index", "step", "step_missing", "values")
-
-    @classmethod
-    def of_texts(cls, texts: Sequence[TextResult]) -> ScoreColumns:
-        """``TextResult`` records as columns (their ``extra`` names, NaN where a text lacks one)."""
-        names = list(dict.fromkeys(c for t in texts for c in t.extra))
-        out = cls(len(texts), names)
-        out.example_id[:len(texts)] = [t.example_id for t in texts]
-        out.batch_index[:len(texts)] = [t.batch_index for t in texts]
-        out.step_missing[:len(texts)] = [t.step is None for t in texts]
-        out.step[:len(texts)] = [0 if t.step is None else t.step for t in texts]
-        out.values[:len(texts)] = [[math.nan if v is None else v for v in (t.gnq, t.loss, t.self_influence,
-                                                                           *(t.extra.get(c) for c in names))]
-                                   for t in texts]
-        out.n = len(texts)
-        return out
 
     def column(self, name: str) -> np.ndarray:
         """One float column's values (``gnq``, ``loss``, ``self_influence`` or an extra), a view."""
