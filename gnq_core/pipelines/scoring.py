@@ -7,8 +7,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from gnq_core.engine.auditor import GNQResult
+from gnq_core.engine.auditor import GNQAuditor, GNQResult
+from gnq_core.engine.losses import lm_target_counts
 from gnq_core.engine.solve import GNQNumericalError
+from gnq_core.pipelines.membership import token_signals
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, ScoreColumns, batch_results
 
 Values = Sequence[float] | torch.Tensor  # per text; tensors go to the columns without a list between
@@ -49,3 +51,12 @@ def score_batch(compute: Callable[[], Scores], losses: torch.Tensor,
                          condition=condition, finite=finite, seconds=time.perf_counter() - started, size=size,
                          extra=extra, scored=targets > 0, gnq_mode=gnq_mode, sketch_k=sketch_k,
                          sketch_seed=sketch_seed)
+
+
+def score_pass(auditor: GNQAuditor, logits: torch.Tensor, labels: torch.Tensor, losses: torch.Tensor,
+               example_ids: Sequence[int], *, batch_index: int, step: int | None, started: float,
+               weights: torch.Tensor | None = None) -> tuple[ScoreColumns, BatchResult]:
+    """``score_batch`` of the auditor's last backward (``weights`` as in ``compute``), with its signals."""
+    return score_batch(lambda: scores_of(auditor.compute(weights=weights)), losses, example_ids,
+                       targets=lm_target_counts(labels), batch_index=batch_index, step=step, started=started,
+                       extra=token_signals(logits, labels))

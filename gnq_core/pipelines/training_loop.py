@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, lm_target_counts, per_example_lm_loss
-from gnq_core.pipelines.membership import TOKEN_SIGNALS, token_signals
-from gnq_core.pipelines.scoring import score_batch, scores_of
+from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, per_example_lm_loss
+from gnq_core.pipelines.membership import TOKEN_SIGNALS
+from gnq_core.pipelines.scoring import score_pass
 from gnq_core.progress import Reporter
 from gnq_core.results.records import BatchResult, ScoreColumns
 from gnq_core.results.store import Store
@@ -40,7 +40,6 @@ class Epoch:
 
 @dataclass
 class Step:
-    epoch: int
     index: int  # the batch's number in its epoch
     number: int  # the optimizer step, from 1 over the run
     example_ids: list[int]
@@ -89,7 +88,7 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[li
             else:
                 (losses * w.to(device=losses.device, dtype=losses.dtype)).sum().backward()
             number = e * len(epoch.batches) + index + 1
-            step = Step(e, index, number, list(part), b, logits, losses, w, started)
+            step = Step(index, number, list(part), b, logits, losses, w, started)
             for c in callbacks:
                 c.after_backward(step)
             if not step.skip:
@@ -117,10 +116,9 @@ class GNQScores(Callback):
         self.results = []
 
     def after_backward(self, step: Step) -> None:
-        rows, result = score_batch(lambda: scores_of(self.auditor.compute(weights=step.weights)), step.losses,
-                                   step.example_ids, targets=lm_target_counts(step.batch.labels),
-                                   batch_index=step.index, step=step.number, started=step.started,
-                                   extra=token_signals(step.logits, step.batch.labels))
+        rows, result = score_pass(self.auditor, step.logits, step.batch.labels, step.losses, step.example_ids,
+                                  batch_index=step.index, step=step.number, started=step.started,
+                                  weights=step.weights)
         self.columns.add(rows)
         self.results.append(result)
         step.skip = step.skip or not result.finite  # stepping on it would corrupt the model

@@ -76,7 +76,12 @@ def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset
         else:
             subset = cf_subset(len(ids), m, settings.seed)
             model, _ = load_checkpoint(init, device=device)
-            _fine_tune(model, ids, subset, settings, pad_id(tokenizer), device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr,
+                                          weight_decay=settings.weight_decay)
+            # gnq train's loop (optimiser, loss, batch order) on the subset, without callbacks
+            train(model, optimizer, ids, pad_id(tokenizer), device,
+                  seeded_batches(subset, settings.batch_size, settings.seed), epochs=range(settings.epochs),
+                  loss=settings.loss)
             accuracy, loss = _evaluate(model, ids, settings.batch_size, pad_id(tokenizer), device)
             saved = {"recipe": recipe, "subset": subset, "accuracy": accuracy, "loss": loss}
             write_text_atomic(path, json.dumps(saved))
@@ -88,15 +93,6 @@ def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset
                            settings=recipe | {"models": n_models, "definition": "mean token accuracy "
                                               "of models trained with x minus without x"})
     return mem
-
-
-def _fine_tune(model: torch.nn.Module, ids: list[list[int]], subset: list[int], settings: TrainSettings,
-               pad: int, device: torch.device) -> None:
-    """The fine-tune of ``train.run_training`` (the one training loop: same optimiser, loss,
-    batches, order) on a subset, without callbacks (no GNQ, no checkpoints)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    train(model, optimizer, ids, pad, device, seeded_batches(subset, settings.batch_size, settings.seed),
-          epochs=range(settings.epochs), loss=settings.loss)
 
 
 def _evaluate(model: torch.nn.Module, ids: list[list[int]], batch_size: int, pad: int,
