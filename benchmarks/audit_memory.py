@@ -47,7 +47,7 @@ def write_texts(path: Path, n: int, seed: int = 0) -> None:
 
 def prepare(work: Path, length: int) -> Path:
     """One tiny-preset checkpoint with a tokenizer trained on the benchmark's own kind of text."""
-    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.checkpoints.save import save_checkpoint
     from gnq_core.sources.models import build_model, train_tokenizer
 
     sample = work / "sample.txt"

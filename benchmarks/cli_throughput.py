@@ -25,7 +25,7 @@ from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.extraction import run_extraction
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
 

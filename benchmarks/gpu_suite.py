@@ -33,7 +33,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.models import train_tokenizer
 from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
 

@@ -1,8 +1,7 @@
 """Fine-tune a small causal LM with the Hugging Face Trainer and GNQ over every optimizer step.
 
     python examples/finetune_with_gnq.py                                   # one process
-    python -m torch.distributed.run --nproc_per_node 2 examples/finetune_with_gnq.py --scope global \
-        --gnq-batch micro-batch   # windows pooled across processes are not built yet
+    python -m torch.distributed.run --nproc_per_node 2 examples/finetune_with_gnq.py   # B_eff: 8 × 2 × 2
     gnq ingest runs/finetune-gnq/shards --db data/gnq.duckdb               # then the dashboard
 
 No network: the tokenizer is trained here on the texts, the model is a tiny GPT-2 built from
@@ -20,7 +19,7 @@ import torch
 from transformers import TrainingArguments
 
 from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator  # GNQ
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import encode_texts, pad_id
@@ -39,7 +38,9 @@ def main() -> None:
     ap.add_argument("--grad-accum", type=int, default=2)
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--lam", type=float, default=1e-2)
-    ap.add_argument("--scope", choices=["rank", "global"], default="rank")
+    ap.add_argument("--scope", choices=["rank", "global"],
+                    help="whose texts form a GNQ batch: every process's (default with --gnq-batch step) "
+                         "or this process's (default with micro-batch)")
     ap.add_argument("--gnq-batch", choices=["step", "micro-batch"], default="step",
                     help="GNQ over each optimizer step's micro-batches (default) or each micro-batch")
     ap.add_argument("--db", type=Path, help="also ingest the shards into this store at the end")

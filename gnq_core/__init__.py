@@ -32,6 +32,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "gnq_core.engine.sketch": ("SketchSpec",),
     "gnq_core.engine.solve": ("GNQNumericalError", "gnq_from_kernel"),
     "gnq_core.engine.window": ("WindowAuditor",),
+    "gnq_core.engine.window_ddp": ("DistributedWindowAuditor",),
     "gnq_core.errors": ("GNQError", "one_line"),
     "gnq_core.pipelines.hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
     "gnq_core.results.store": ("Store",),

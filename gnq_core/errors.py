@@ -5,6 +5,8 @@ derive from GNQError, whose first line names the file or run and the problem."""
 
 from __future__ import annotations
 
+import re
+
 
 class GNQError(Exception):
     """Base of gnq_core's user-facing errors: the message's first line says it all."""
@@ -17,11 +19,18 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return GNQError, ValueError, OSError
 
 
-def one_line(exc: BaseException | str) -> str:
-    """The message's first line; an OSError as its file and cause (disk full, read-only folder:
-    ``out/epoch-2/model.safetensors: No space left on device``)."""
+def one_line(exc: BaseException | str, limit: int | None = None, *, whole: bool = False) -> str:
+    """The message's first line, stripped (an empty message: the exception's type name, or "" for a
+    string); an OSError as its file and cause (disk full, read-only folder:
+    ``out/epoch-2/model.safetensors: No space left on device``).  ``whole``: every line of the text,
+    joined by a space (a message whose later lines matter).  ``limit``: at most that many characters,
+    the last one "…"."""
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
         target = f" -> {exc.filename2}" if exc.filename2 else ""
-        return f"{exc.filename}{target}: {exc.strerror}"
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        line = f"{exc.filename}{target}: {exc.strerror}"
+    elif whole:
+        line = re.sub(r"\s*[\r\n\u2028\u2029\x0b\x0c\x1c-\x1e\x85]+\s*", " ", str(exc)).strip()
+    else:
+        text = str(exc).strip()
+        line = text.splitlines()[0].strip() if text else "" if isinstance(exc, str) else type(exc).__name__
+    return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"

@@ -7,6 +7,7 @@ Engine code only calls ``reporter.stage(...)`` and ``reporter.advance(...)``; wh
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import sys
 import time
@@ -117,9 +118,23 @@ class ProgressFile:
 
 
 class RunProgress(Protocol):
-    """What JobProgress needs of the store: the run's progress fields (results.store.Store)."""
+    """What JobProgress needs of the store: its runs and their progress fields (results.store.Store)."""
+
+    def find_run(self, name: str) -> Any: ...
 
     def set_progress(self, run_id: int, done: int, total: int, note: str | None = None) -> None: ...
+
+
+def run_ref(store: RunProgress, name: str) -> Callable[[], int | None]:
+    """The id of the run ``name`` once the job has created it (looked up until then, kept after)."""
+    found: list[int] = []
+
+    def get() -> int | None:
+        if not found and (run := store.find_run(name)) is not None:
+            found.append(run.run_id)
+        return found[0] if found else None
+
+    return get
 
 
 class JobProgress:
@@ -136,17 +151,26 @@ class JobProgress:
         if self.file is not None:
             self.file.plan(stages)
 
-    def reporter(self, run_ref: Callable[[], int | None] | None = None) -> Reporter:
-        """A Reporter for one run; ``run_ref`` gives the run's id once the job has created it."""
+    def planned(self, stages: int) -> JobProgress:
+        """This channel for a job run as several jobs (the demo): ``stages`` planned once for them
+        all, the jobs' own plans ignored."""
+        self.plan(stages)
+        steps = copy.copy(self)
+        steps.plan = lambda stages: None  # type: ignore[method-assign]
+        return steps
+
+    def reporter(self, run: str | None = None) -> Reporter:
+        """A Reporter for the run named ``run``; its progress goes to the store once the job has
+        created the run."""
+        run_id = run_ref(self.store, run) if run is not None and self.store is not None else None
 
         def sink(done: int, total: int, label: str) -> None:
-            run_id = run_ref() if run_ref is not None else None
-            if run_id is not None and self.store is not None:
-                self.store.set_progress(run_id, done, total, label)
+            if run_id is not None and self.store is not None and (found := run_id()) is not None:
+                self.store.set_progress(found, done, total, label)
             if self.file is not None:
                 self.file(done, total, label)
 
-        return Reporter(quiet=self.quiet, sink=sink if run_ref is not None or self.file is not None else None)
+        return Reporter(quiet=self.quiet, sink=sink if run is not None or self.file is not None else None)
 
 
 def read_progress(path: str | Path) -> dict[str, Any] | None:

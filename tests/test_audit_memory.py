@@ -24,7 +24,7 @@ from gnq_core.results import records
 from gnq_core.results.records import ScoreColumns, batch_results
 from gnq_core.results.store import Store
 from gnq_core.sources import copies, tokens
-from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
 

@@ -19,14 +19,11 @@ from lm_fixtures import texts
 from safetensors.torch import load_file, save_file
 from transformers import BertConfig, PreTrainedTokenizerFast
 
-from gnq_core.sources.checkpoints import (
-    CheckpointError,
-    CheckpointRef,
-    checkpoint_hash,
-    find_checkpoints,
-    load_checkpoint,
-    save_checkpoint,
-)
+from gnq_core.sources.checkpoints.errors import CheckpointError
+from gnq_core.sources.checkpoints.files import CheckpointRef, checkpoint_hash
+from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
+from gnq_core.sources.checkpoints.series import find_checkpoints
 from gnq_core.sources.models import PRESETS, build_model, train_tokenizer
 
 VOCAB = 400

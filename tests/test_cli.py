@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.analysis.verdict import rank_texts
 from gnq_core.cli import app
-from gnq_core.pipelines.train import TRAINER_STATE
+from gnq_core.pipelines.resume import TRAINER_STATE
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
 

@@ -22,7 +22,8 @@ from gnq_core.engine.solve import gnq_from_kernel
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import find_checkpoints, load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.checkpoints.series import find_checkpoints
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 

@@ -32,7 +32,7 @@ import lm_fixtures
 import pytest
 import torch
 
-from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.models import build_model, train_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -105,15 +105,16 @@ def demo_store(audit_inputs, tmp_path: Path) -> Path:
     two epochs instead of twelve (about 20 s on 2 CPU cores)."""
     if not CHROMIUM.exists():  # before the build: a machine without the browser skips at once
         _need_browser(f"{CHROMIUM} not found: the browser test needs Debian's chromium")
-    from gnq_core.pipelines.demo import build_demo
+    from gnq_core.pipelines.run import run_job
+    from gnq_core.pipelines.settings import DemoJob
     from gnq_core.results.store import Store
 
     db = tmp_path / "gnq.duckdb"
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)  # as `gnq demo` runs (conftest makes float64 the default)
     try:
-        build_demo(Store(db), out_dir=tmp_path / "demo-checkpoints", epochs=2, device="cpu",
-                   data=audit_inputs[1])
+        run_job(DemoJob(out=str(tmp_path / "demo-checkpoints"), epochs=2, device="cpu",
+                        data=str(audit_inputs[1])), Store(db))
     finally:
         torch.set_default_dtype(previous)
     return db

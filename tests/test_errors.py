@@ -28,7 +28,7 @@ def _error_classes() -> dict[str, type[BaseException]]:
 
 def test_every_error_class_is_a_gnq_error():
     classes = _error_classes()
-    for name in ("pipelines.protected_paths.OverwriteError", "sources.series_checks.SeriesError",
+    for name in ("pipelines.protected_paths.OverwriteError", "sources.checkpoints.series.SeriesError",
                  "sources.tokenizer_panics.TokenizerFailure", "pipelines.finite_share.NumericalFailureError",
                  "engine.kernels.base.UnsupportedModuleError"):
         assert f"gnq_core.{name}" in classes
@@ -37,7 +37,7 @@ def test_every_error_class_is_a_gnq_error():
 
 
 def test_a_gnq_error_is_one_line_and_a_user_error():
-    from gnq_core.sources.series_checks import SeriesError
+    from gnq_core.sources.checkpoints.series import SeriesError
 
     exc = SeriesError("a: b\nmore")
     assert isinstance(exc, user_errors()) and isinstance(exc, ValueError)  # `except ValueError` still holds

@@ -349,3 +349,33 @@ def test_the_form_sets_the_jobs_threads_and_reference_model(series, tmp_path, mo
     assert not at.exception and not at.error, [e.value for e in at.error]
     audit, extract = started[0]
     assert audit.threads == 2 and extract.threads == 2 and extract.reference == str(base)
+
+
+def test_the_form_offers_the_companion_set_of_the_cli(series, tmp_path, monkeypatch):
+    """Issue 34: the form offers --companions N|all and --sketch-k with the CLI's defaults (its
+    batch; AuditSettings.sketch_k), explains the companion set and that its numbers are sketched
+    with a measured error, and passes the choice to the audit job's settings."""
+    from gnq_core.pipelines import AuditSettings
+
+    at, started = _filled_form(series, tmp_path, monkeypatch)
+    assert not at.exception, [e.message for e in at.exception]
+    choice = at.selectbox(key="form_companions")
+    assert choice.value == "batch" and at.number_input(key="form_sketch_k").value == AuditSettings.sketch_k
+    shown = " ".join(c.value for c in at.caption)
+    assert "Companion set" in shown and "sketched" in shown and "measured error" in shown
+    def start() -> None:
+        next(b for b in at.button if b.label == "Start audit").click().run()
+
+    start()
+    settings = started[-1][0].settings
+    assert (settings.companions, settings.sketch_k) == (AuditSettings.companions, AuditSettings.sketch_k)
+    at.selectbox(key="form_companions").set_value("n")
+    at.number_input(key="form_companions_n").set_value(5)
+    at.number_input(key="form_sketch_k").set_value(256)
+    start()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    settings = started[-1][0].settings
+    assert (settings.companions, settings.sketch_k, settings.companion_set_size) == (5, 256, 6)
+    at.selectbox(key="form_companions").set_value("all")
+    start()
+    assert started[-1][0].settings.companions == "all"

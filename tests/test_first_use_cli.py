@@ -77,7 +77,7 @@ def test_runs_shows_long_names_whole(audited):
 
 def test_a_trainer_output_folder_lists_its_checkpoints(audited, tmp_path):
     """Trainer output: checkpoint-*/ plus the final model saved at the top (and often in final/ too)."""
-    from gnq_core.sources.checkpoints import find_checkpoints
+    from gnq_core.sources.checkpoints.series import find_checkpoints
 
     _, series, _, _ = audited
     out = tmp_path / "trainer-out"
@@ -99,7 +99,8 @@ def test_an_audit_of_uploaded_checkpoints_can_be_attacked_after_the_job(audited,
     attack, the others are recorded as gone and an attack on one says so in one line."""
     import time
 
-    from gnq_core.pipelines.jobs import list_jobs, start_job, uploads_dir
+    from gnq_core.pipelines.jobs import list_jobs, start_job
+    from gnq_core.pipelines.uploads import uploads_dir
 
     _, series, data, _ = audited
     db = tmp_path / "gnq.duckdb"
@@ -154,7 +155,7 @@ def test_checkpoints_saved_without_a_tokenizer_are_audited_with_tokenizer(audite
     """Issue 26: Trainer checkpoints saved without tokenizer files are refused with the way out
     (--tokenizer, or processing_class=tokenizer); with --tokenizer the audit runs, records it, and
     the attack reads the texts with the same tokenizer."""
-    from gnq_core.sources.checkpoints import TOKENIZER_FILES
+    from gnq_core.sources.checkpoints.files import TOKENIZER_FILES
 
     db, series, data, _ = audited
     bare = tmp_path / "bare"

@@ -270,21 +270,6 @@ KNOWN_PRIVATE_IMPORTS = {
                                                                   "_current_version"},
     ("gnq_core.results.store", "gnq_core.results.store_writes"): {"_insert_examples", "_insert_run"},
     ("gnq_core.results.store_writes", "gnq_core.results.store_schema"): {"_now"},
-    # checkpoints split by size, not concept: its modules share their helpers
-    ("gnq_core.sources.checkpoint_checks", "gnq_core.sources.checkpoint_files"): {
-        "_config_vocab_size", "_error", "_reason"},
-    ("gnq_core.sources.checkpoint_io", "gnq_core.sources.checkpoint_checks"): {
-        "_allowed_missing", "_as_checkpoint_error", "_check_memory", "_check_vocab", "_load_tokenizer",
-        "_shape_mismatches"},
-    ("gnq_core.sources.checkpoint_io", "gnq_core.sources.checkpoint_files"): {
-        "_check_safetensors", "_checkpoint_dir", "_error", "_load_config", "_load_pickled_weights",
-        "_reason", "_weight_files"},
-    ("gnq_core.sources.checkpoints", "gnq_core.sources.checkpoint_checks"): {
-        "_allowed_missing", "_as_checkpoint_error", "_check_memory", "_check_vocab", "_load_tokenizer",
-        "_shape_mismatches"},
-    ("gnq_core.sources.checkpoints", "gnq_core.sources.checkpoint_files"): {
-        "_IN_PROGRESS", "_check_safetensors", "_checkpoint_dir", "_error", "_load_config",
-        "_load_pickled_weights", "_reason", "_weight_files"},
 }
 
 

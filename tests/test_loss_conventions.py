@@ -118,7 +118,7 @@ def test_training_and_audit_record_the_convention_and_train_the_same_model(tmp_p
     from gnq_core.pipelines.settings import TrainSettings
     from gnq_core.pipelines.train import run_training
     from gnq_core.results.store import Store
-    from gnq_core.sources.checkpoints import load_checkpoint
+    from gnq_core.sources.checkpoints.load import load_checkpoint
     from gnq_core.sources.datasets import load_texts
 
     path = tmp_path / "t.txt"
@@ -159,7 +159,7 @@ def test_cli_audit_takes_the_loss_and_lambda_mode_and_refuses_unknown_ones(tmp_p
 
     from gnq_core.cli import app
     from gnq_core.results.store import Store
-    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.checkpoints.save import save_checkpoint
     from gnq_core.sources.models import build_model, train_tokenizer
 
     rows = list(texts(8))

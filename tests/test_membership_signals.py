@@ -20,7 +20,7 @@ from gnq_core.pipelines.membership import min_k_prob, token_signals
 from gnq_core.pipelines.non_members import FRAME_SIGNALS, membership_frame
 from gnq_core.results.store import Store
 from gnq_core.sources import real_models
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 
 runner = CliRunner()
@@ -227,8 +227,9 @@ def test_demo_with_a_real_model_fine_tunes_it(tmp_path, monkeypatch):
     """``gnq demo --model smollm2`` fine-tunes the fetched model (a tiny Llama stands in for it)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gnq_core.pipelines.demo import build_demo
-    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.pipelines.run import run_job
+    from gnq_core.pipelines.settings import DemoJob
+    from gnq_core.sources.checkpoints.save import save_checkpoint
     from gnq_core.sources.models import train_tokenizer
 
     rows = unique_texts(24)
@@ -242,15 +243,15 @@ def test_demo_with_a_real_model_fine_tunes_it(tmp_path, monkeypatch):
     monkeypatch.setattr(real_models, "fetch_model", lambda key: tmp_path / "base")
     pd.DataFrame({"text": rows}).to_csv(tmp_path / "demo.csv", index=False)
     store = Store(tmp_path / "gnq.duckdb")
-    names = build_demo(store, out_dir=tmp_path / "ckpt", epochs=2, data=tmp_path / "demo.csv",
-                       model="smollm2")
-    assert names == ["demo-smollm2-audit", "demo-smollm2-training"]
+    said = run_job(DemoJob(out=str(tmp_path / "ckpt"), epochs=2, data=str(tmp_path / "demo.csv"),
+                           model="smollm2"), store)
+    assert said[0].startswith("demo runs 'demo-smollm2-audit', 'demo-smollm2-training' built in ")
     train = store.run("demo-smollm2-training")
     assert train.settings["init"] == str((tmp_path / "base").resolve()) and not train.settings["from_scratch"]
     assert train.model_hash is not None  # the init checkpoint's hash is recorded
     assert store.run(train.run_id).settings["attack"]["reference"] == str(tmp_path / "base")
     with pytest.raises(ValueError, match="unknown demo model"):
-        build_demo(store, data=tmp_path / "demo.csv", model="gpt5")
+        DemoJob(data=str(tmp_path / "demo.csv"), model="gpt5")
 
 
 def test_suffix_logprob_equals_an_explicit_sampler_and_greedy_at_k_1():

@@ -23,7 +23,7 @@ from gnq_core.engine.reference import per_example_gradients
 from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
 from gnq_core.results.store import Store
 from gnq_core.sources.adapters import Adapters, load_adapter_checkpoint
-from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.models import train_tokenizer
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 

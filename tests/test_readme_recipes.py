@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from gnq_core.cli import app
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.models import train_tokenizer
 
 pytest.importorskip("peft")

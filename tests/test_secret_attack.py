@@ -25,7 +25,7 @@ from scenario_data import card, scenario
 from gnq_core.analysis.verdict import rank_texts
 from gnq_core.pipelines.secret_attack import chars_reproduced, random_candidates, secret_targets
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.secrets import find_secrets, luhn_ok
 
 COMMON = ["--batch-size", 8, "--max-length", 40, "--threads", 1, "--quiet"]

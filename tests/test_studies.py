@@ -363,17 +363,47 @@ def test_paper_scale_is_the_papers_setup(tmp_path):
 def test_pretrain_keeps_the_schedules_checkpoints_and_the_latest_optimizer_state(tmp_path):
     from lm_fixtures import texts
 
+    from gnq_core.pipelines.resume import TRAINER_STATE
     from gnq_core.pipelines.settings import TrainSettings
     from gnq_core.progress import Reporter
     from gnq_core.sources.datasets import load_texts
-    from gnq_core.studies.common_knowledge import OPTIMIZER_STATE, pretrain
+    from gnq_core.studies.common_knowledge import pretrain
 
     (tmp_path / "t.txt").write_text("\n".join(texts(8)) + "\n")
     settings = TrainSettings(epochs=3, batch_size=4, max_length=16, vocab_size=300, device="cpu")
     final = pretrain(load_texts(tmp_path / "t.txt"), tmp_path / "run", settings, Reporter(), keep={1})
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch-1", "epoch-3"]
-    assert [p.parent.name for p in (tmp_path / "run").glob(f"*/{OPTIMIZER_STATE}")] == ["epoch-3"]
+    assert [p.parent.name for p in (tmp_path / "run").glob(f"*/{TRAINER_STATE}")] == ["epoch-3"]
     assert final == tmp_path / "run" / "epoch-3"
+
+
+def test_pretrain_stopped_after_an_epoch_then_rerun_equals_an_uninterrupted_pretrain(tmp_path):
+    """The studies' pretraining resumes as run_training does (pipelines/resume.py): weights, optimizer
+    and RNG state from the last saved epoch, so the rerun ends with the uninterrupted run's weights."""
+    from lm_fixtures import texts
+    from safetensors.torch import load_file
+
+    from gnq_core.pipelines.settings import TrainSettings
+    from gnq_core.progress import Reporter
+    from gnq_core.sources.datasets import load_texts
+    from gnq_core.studies.common_knowledge import pretrain
+
+    class StopAtEpoch2(Reporter):
+        def stage(self, label, total):
+            if label.startswith("pretrain epoch 2/"):
+                raise KeyboardInterrupt
+            super().stage(label, total)
+
+    (tmp_path / "t.txt").write_text("\n".join(texts(8)) + "\n")
+    data = load_texts(tmp_path / "t.txt")
+    settings = TrainSettings(epochs=3, batch_size=4, max_length=16, vocab_size=300, device="cpu")
+    whole = pretrain(data, tmp_path / "whole", settings, Reporter())
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(data, tmp_path / "part", settings, StopAtEpoch2())
+    assert sorted(p.name for p in (tmp_path / "part").iterdir()) == ["epoch-1"]
+    resumed = pretrain(data, tmp_path / "part", settings, Reporter())
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_real_scale_fine_tunes_the_given_model_and_reports_each_claim(tmp_path, monkeypatch):
@@ -381,7 +411,7 @@ def test_real_scale_fine_tunes_the_given_model_and_reports_each_claim(tmp_path, 
     committed reports/common-knowledge-real): premise, fine-tune, counterfactual pair, evidence."""
     from dataclasses import replace
 
-    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.checkpoints.save import save_checkpoint
     from gnq_core.sources.models import build_model, train_tokenizer
     from gnq_core.studies import common_knowledge as ck
     from gnq_core.studies import common_knowledge_real as real

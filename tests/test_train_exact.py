@@ -19,7 +19,7 @@ from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.training_loop import Callback, seeded_batches, train
 from gnq_core.results.store import Store
 from gnq_core.runtime import seed_everything
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.models import build_model
 from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id

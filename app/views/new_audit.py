@@ -56,6 +56,26 @@ from gnq_core.sources import (
 LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
 DEFAULT = AuditSettings  # the form starts at the settings type's defaults (its fields' class attributes)
 LAM_MODE_LABELS = {LAM_ABSOLUTE: "absolute (default)", LAM_RELATIVE: "relative to the batch's mean K_jj"}
+# The companion set (the CLI's --companions N|all): None, N or "all", as AuditSettings.companions takes.
+COMPANION_LABELS = {"batch": "the other texts of its batch (exact; default)",
+                    "n": "N other texts of the data (sketched)",
+                    "all": "every other text of the data (sketched)"}
+COMPANIONS_N = 1024  # the N offered first: --companions has no default N (without it: the batch)
+COMPANIONS_NOTE = (
+    "**Companion set**: the texts each text's GNQ is measured against (the others whose gradients may "
+    "explain its gradient). Default: the other texts of its batch, exactly. *N* or *all*: the data's texts "
+    "in seeded sets of N + 1 (or one set of all of them) — the paper's definition with this dataset "
+    "standing in for the training set — and Batch size is then only the texts per pass. Those numbers are "
+    "**sketched**: each text's gradient is reduced to a seeded random projection of *k* dimensions per "
+    "weight matrix, so GNQ is approximate, with a measured error (its relative error and Spearman "
+    "correlation with exact GNQ as k grows: benchmarks/results/sketch_error-cpu.json; at the default k a "
+    "test holds it to Spearman ≥ 0.99 and median relative error ≤ 5%). The Runs page and the report say "
+    "which companion set a run used.")
+
+
+def companion_choice(companions: int | str | None) -> str:
+    """The form's choice for an ``AuditSettings.companions`` value."""
+    return "batch" if companions is None else "all" if companions == "all" else "n"
 
 st.title("New audit")
 state.sidebar(creates=True)
@@ -296,6 +316,20 @@ with st.form("settings"):
                             key="form_lam_mode",
                             help="Relative: λ × the batch's mean ‖g_j‖², so GNQ does not change with the "
                                  "gradients' overall scale (compare checkpoints whose gradients shrink).")
+    c1, c2, c3 = st.columns([2, 1, 1])
+    choices = list(COMPANION_LABELS)
+    companion_set = c1.selectbox("Companions (what GNQ measures each text against)", choices,
+                                 index=choices.index(companion_choice(DEFAULT.companions)),
+                                 format_func=COMPANION_LABELS.get, key="form_companions",
+                                 help="The CLI's --companions N|all (default: its batch).")
+    companions_n = c2.number_input(
+        "Companion texts N", min_value=1, step=64, key="form_companions_n",
+        value=DEFAULT.companions if isinstance(DEFAULT.companions, int) else COMPANIONS_N,
+        help="With 'N other texts of the data': each text against N others (the CLI's --companions N).")
+    sketch_k = c3.number_input("Sketch k", min_value=1, value=DEFAULT.sketch_k, step=512, key="form_sketch_k",
+                               help="With companions from the data: sketch dimensions per weight matrix (the "
+                                    "CLI's --sketch-k); larger is closer to exact, slower and bigger.")
+    st.caption(COMPANIONS_NOTE)
     c1, c2, c3, c4 = st.columns(4)
     attack = c1.checkbox("Run the extraction attack on the last checkpoint", value=True, key="form_attack",
                          help="Calibrated: a text counts as extracted when the last checkpoint writes its "
@@ -356,8 +390,9 @@ if submitted:
     if reference.strip() and (reference_path is None or problem):
         submitted = False  # the attack's reference is refused on the page, not as a failed job
     try:  # validated here, so a bad value is refused on the page rather than as a failed job
+        companions = {"batch": None, "n": int(companions_n), "all": "all"}[companion_set]
         audit = AuditSettings(lam=lam, batch_size=int(batch_size), max_length=int(max_length), seed=int(seed),
-                              loss=loss, lam_mode=lam_mode)
+                              loss=loss, lam_mode=lam_mode, companions=companions, sketch_k=int(sketch_k))
         steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
                           text_column=text_column, group_column=group_column, settings=audit,
                           secret_column=secret_column, public_column=public_column,

@@ -21,4 +21,5 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".solve": ("GNQNumericalError", "LAM_ABSOLUTE", "LAM_MODES", "LAM_RELATIVE", "check_lam_mode",
                "gnq_from_kernel"),
     ".window": ("WindowAuditor", "WindowBudgetError", "WindowResult"),
+    ".window_ddp": ("DistributedWindowAuditor", "DistributedWindowResult"),
 })

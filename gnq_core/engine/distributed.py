@@ -67,7 +67,8 @@ from gnq_core.engine.representations import (
 )
 from gnq_core.engine.solve import unweight_kernel
 
-__all__ = ["CommStats", "DistributedGNQAuditor", "DistributedGNQResult", "Scope", "Strategy", "unwrap_model"]
+__all__ = ["Comm", "CommStats", "DistributedGNQAuditor", "DistributedGNQResult", "Scope", "Strategy",
+           "exchange_layout", "gather_factors", "unwrap_model"]
 
 Scope = Literal["rank", "global"]
 Strategy = Literal["auto", "factors", "gradients"]
@@ -152,7 +153,7 @@ class DistributedGNQAuditor(GNQAuditor):
         check_not_compiled(model)  # before any process group or hook is made
         self.scope = scope
         self.strategy = strategy
-        self._comm = _Comm.create(group) if scope == "global" else _Comm.single()
+        self._comm = Comm.create(group) if scope == "global" else Comm.single()
         self._sizes: list[int] = []
         super().__init__(unwrap_model(model), lam, path=path, memory_budget=memory_budget,
                          check_uses=check_uses, fused=fused)
@@ -234,13 +235,7 @@ class DistributedGNQAuditor(GNQAuditor):
     # ------------------------------------------------------------------ gathering
     def _gather(self, rep: Rep) -> tuple[Rep, list[Rep]]:
         """All ranks' versions of one contribution, sent as factors or as gradients."""
-        parts, structure = _flatten(rep)
-        meta = torch.tensor(_meta(parts, structure, rep), dtype=torch.long)
-        metas = [m.tolist() for m in self._comm.gather(meta.to(parts[0].device), "meta")]
-        if any(_signature(m) != _signature(metas[0]) for m in metas):
-            raise RuntimeError("DistributedGNQAuditor: the ranks reached different layers (or layers of "
-                               "different widths) at the same point of the backward; every rank must "
-                               "run the same model on a batch of the same structure")
+        parts, structure, metas = exchange_layout(self._comm, rep)
         shapes = [_shapes(m, len(parts)) for m in metas]
         mode = self._choose(parts, shapes, rep, metas)
         self._comm.stats.layers[mode] += 1
@@ -249,8 +244,7 @@ class DistributedGNQAuditor(GNQAuditor):
             G = local.G  # type: ignore[union-attr]
             gathered = self._comm.gather(G, "gradients", [(s[0][0], G.shape[1]) for s in shapes])
             return local, [DenseRep(g) for g in gathered]
-        columns = [self._comm.gather(t, "factors", [s[i] for s in shapes]) for i, t in enumerate(parts)]
-        return rep, [_unflatten([col[r] for col in columns], structure) for r in range(self.world_size)]
+        return rep, gather_factors(self._comm, parts, structure, metas)
 
     def _choose(self, parts: list[torch.Tensor], shapes: list[list[tuple[int, ...]]], rep: Rep,
                 metas: list[list[int]]) -> str:
@@ -277,6 +271,28 @@ class DistributedGNQAuditor(GNQAuditor):
     def close(self) -> None:
         super().close()
         self._comm.close()
+
+
+# ---------------------------------------------------------------------- gathering reps
+def exchange_layout(comm: Comm, rep: Rep) -> tuple[list[torch.Tensor], tuple, list[list[int]]]:
+    """``rep``'s tensors, its structure and every rank's layout of it (kind, dtypes, shapes);
+    raises when the ranks hold different layers (or widths) at this point."""
+    parts, structure = _flatten(rep)
+    meta = torch.tensor(_meta(parts, structure, rep), dtype=torch.long)
+    metas = [m.tolist() for m in comm.gather(meta.to(parts[0].device), "meta")]
+    if any(_signature(m) != _signature(metas[0]) for m in metas):
+        raise RuntimeError("DistributedGNQAuditor: the ranks reached different layers (or layers of "
+                           "different widths) at the same point of the backward; every rank must "
+                           "run the same model on a batch of the same structure")
+    return parts, structure, metas
+
+
+def gather_factors(comm: Comm, parts: list[torch.Tensor], structure: tuple, metas: list[list[int]]
+                   ) -> list[Rep]:
+    """Every rank's version of one representation, from its factors (``exchange_layout`` first)."""
+    shapes = [_shapes(m, len(parts)) for m in metas]
+    columns = [comm.gather(t, "factors", [s[i] for s in shapes]) for i, t in enumerate(parts)]
+    return [_unflatten([col[r] for col in columns], structure) for r in range(comm.world)]
 
 
 # ---------------------------------------------------------------------- serialising reps
@@ -350,7 +366,7 @@ def _values(rep: OuterRep) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- communication
-class _Comm:
+class Comm:
     """all_gather of tensors whose shapes differ between ranks: pad to the largest, trim after."""
 
     def __init__(self, group: Any, rank: int, world: int, owned: bool) -> None:
@@ -358,11 +374,11 @@ class _Comm:
         self.stats = CommStats()
 
     @classmethod
-    def single(cls) -> _Comm:
+    def single(cls) -> Comm:
         return cls(None, 0, 1, False)
 
     @classmethod
-    def create(cls, group: Any = None) -> _Comm:
+    def create(cls, group: Any = None) -> Comm:
         if not (dist.is_available() and dist.is_initialized()):
             return cls.single()
         ranks = None if group is None else dist.get_process_group_ranks(group)

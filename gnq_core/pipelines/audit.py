@@ -37,16 +37,12 @@ from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
 from gnq_core.results.store import Run, Store
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype
 from gnq_core.sources.adapters import Adapters, adapter_hash, check_adapter, load_adapter_checkpoint
-from gnq_core.sources.checkpoints import (
-    CheckpointRef,
-    check_checkpoint,
-    checkpoint_hash,
-    find_checkpoints,
-    load_checkpoint,
-    load_tokenizer,
-)
+from gnq_core.sources.checkpoints.checks import check_checkpoint
+from gnq_core.sources.checkpoints.files import CheckpointRef, checkpoint_hash
+from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.checkpoints.series import check_one_series, find_checkpoints
+from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
 from gnq_core.sources.datasets import TextDataset
-from gnq_core.sources.series_checks import check_one_series
 from gnq_core.sources.tokens import LMBatch, Partition, seeded_partition, stream_batches, token_counts
 
 COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partition"] of new audits

@@ -12,58 +12,52 @@ reference is the base model).  On one CPU thread that takes roughly 15 minutes a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
-from gnq_core.pipelines.attacks.run import run_extraction
-from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.settings import AuditSettings, TrainSettings
-from gnq_core.pipelines.train import run_training
-from gnq_core.progress import Reporter
+from gnq_core.pipelines.settings import (
+    AuditJob,
+    AuditSettings,
+    DemoJob,
+    ExtractJob,
+    JobSettings,
+    TrainJob,
+    TrainSettings,
+)
 from gnq_core.results.layout import demo_checkpoints
 from gnq_core.results.store import Store
-from gnq_core.sources.datasets import load_texts
 
 DEMO_DATA = Path(__file__).resolve().parents[2] / "data" / "demo.csv"
 TRAIN_RUN, AUDIT_RUN = "demo-training", "demo-audit"
-REAL_MODELS = ("smollm2",)
 
 
-def build_demo(store: Store, *, out_dir: Path | None = None, epochs: int = 12, device: str = "auto",
-               data: Path = DEMO_DATA, model: str | None = None,
-               reporter_factory: Callable[[Callable[[], int | None]], Reporter] | None = None) -> list[str]:
-    """Train, audit and attack; every step resumes, so an interrupted demo continues on rerun."""
-    dataset = load_texts(data)
-    init = None
-    train_run, audit_run, default_dir = TRAIN_RUN, AUDIT_RUN, demo_checkpoints(store.path)
-    if model is not None:
-        if model not in REAL_MODELS:
-            raise ValueError(f"unknown demo model {model!r} (known: {', '.join(REAL_MODELS)})")
+def demo_runs(job: DemoJob) -> tuple[str, str]:
+    """The demo's (training, audit) run names."""
+    if job.model is None:
+        return TRAIN_RUN, AUDIT_RUN
+    return f"demo-{job.model}-training", f"demo-{job.model}-audit"
+
+
+def demo_steps(job: DemoJob, store: Store) -> Iterator[JobSettings]:
+    """The demo as the jobs ``run_job`` runs one after the other: train, audit, and the attack on
+    each run not attacked yet (a rerun of a built demo is instant; every step resumes)."""
+    data = job.data or str(DEMO_DATA)
+    init, default_dir = None, demo_checkpoints(store.path)
+    train_run, audit_run = demo_runs(job)
+    if job.model is not None:
         from gnq_core.sources.real_models import fetch_model
 
-        init = fetch_model(model)
-        train_run, audit_run = f"demo-{model}-training", f"demo-{model}-audit"
-        default_dir = default_dir.with_name(f"demo-{model}-checkpoints")
-    out_dir = Path(out_dir) if out_dir is not None else default_dir
-
-    def reporter(name: str) -> Reporter:
-        if reporter_factory is None:
-            return Reporter()
-        return reporter_factory(lambda: getattr(store.find_run(name), "run_id", None))
-
+        init = str(fetch_model(job.model))
+        default_dir = default_dir.with_name(f"demo-{job.model}-checkpoints")
+    out = job.out or str(default_dir)
     # A pretrained model is fine-tuned (a small learning rate); the tiny one is trained from scratch.
-    train = TrainSettings(epochs=epochs, batch_size=16, lr=3e-3 if init is None else 1e-4, lam=1e-2,
-                          max_length=64, seed=0, preset="tiny", vocab_size=1024, device=device)
-    with reporter(train_run) as r:
-        trained = run_training(store, dataset, out_dir, name=train_run, init=init, settings=train, reporter=r)
-    audit = AuditSettings(lam=1e-2, batch_size=16, max_length=64, seed=0, device=device)
-    with reporter(audit_run) as r:
-        audited = run_audit(store, out_dir, dataset, name=audit_run, settings=audit, reporter=r)
-    for run in (audited, trained):
-        if not store.extractions(run.run_id).empty:
-            continue  # already attacked: a rerun of the demo is instant
-        with reporter(run.name) as r:
+    train = TrainSettings(epochs=job.epochs, batch_size=16, lr=3e-3 if init is None else 1e-4, lam=1e-2,
+                          max_length=64, seed=0, preset="tiny", vocab_size=1024, device=job.device)
+    yield TrainJob(data=data, out=out, name=train_run, init=init, settings=train)
+    audit = AuditSettings(lam=1e-2, batch_size=16, max_length=64, seed=0, device=job.device)
+    yield AuditJob(data=data, checkpoints=out, name=audit_run, settings=audit)
+    for name in (audit_run, train_run):
+        if store.extractions(store.run(name).run_id).empty:
             # gnq extract's rule; a fine-tune's reference is its base model
-            extra = {} if init is None else {"reference": str(init)}
-            run_extraction(store, run, batch_size=64, device=device, reporter=r, **extra)
-    return [audit_run, train_run]
+            yield ExtractJob(run=name, batch_size=64, device=job.device,
+                             **({} if init is None else {"reference": init}))

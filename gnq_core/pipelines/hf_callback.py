@@ -34,6 +34,7 @@ from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import DEFAULT_WINDOW_BUDGET, WINDOW_MODES, WindowAuditor
+from gnq_core.engine.window_ddp import DistributedWindowAuditor
 from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.results.precision import observed_precision, precision_note, trainer_precision
@@ -53,7 +54,9 @@ GNQ_BATCHES = ("step", "micro-batch")
 class GNQConfig:
     out: str | Path  # the shards folder (one per training run)
     lam: float = 1e-2
-    scope: Scope = "rank"
+    # Whose texts form the GNQ batch: "global" (every process's) or "rank" (this process's); None:
+    # "global" with gnq_batch="step" (the batch of one update), "rank" with "micro-batch".
+    scope: Scope | None = None
     strategy: Strategy = "auto"
     flush_every: int = 50  # optimizer steps per shard file (and at every epoch end)
     name: str | None = None  # run name (default: the shards folder's name)
@@ -72,8 +75,9 @@ class GNQConfig:
     flag_gnq: float | None = None
     log_top: int = 3  # ids of the highest-GNQ texts since the last log, as gnq/top{k}_example_id
     # The batch of the GNQ: "step" (default), every micro-batch of one optimizer step's
-    # accumulation window on this process (B_eff = per_device_train_batch_size ×
-    # gradient_accumulation_steps; engine.window), or "micro-batch" (each on its own, as before).
+    # accumulation window on every process (B_eff = per_device_train_batch_size ×
+    # gradient_accumulation_steps × world_size; engine.window_ddp; with scope="rank" this
+    # process's window alone), or "micro-batch" (each on its own, as before).
     gnq_batch: str = "step"
     window_mode: str = "auto"  # "step" only: "exact", "sketch" or "auto" (exact while it fits)
     sketch: SketchSpec | None = None  # "step" with a sketch: its settings (default SketchSpec())
@@ -85,6 +89,8 @@ class GNQConfig:
         if self.window_mode not in WINDOW_MODES:
             raise ValueError(f"window_mode must be one of {', '.join(WINDOW_MODES)}, "
                              f"got {self.window_mode!r}")
+        if self.scope is None:
+            self.scope = "global" if self.gnq_batch == "step" else "rank"
 
 
 def lm_collator(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
@@ -110,7 +116,7 @@ class GNQCallback(TrainerCallback):
 
     def __init__(self, config: GNQConfig, trainer: Trainer) -> None:
         self.config, self.trainer = config, trainer
-        self.auditor: DistributedGNQAuditor | None = None
+        self.auditor: DistributedGNQAuditor | WindowAuditor | None = None
         self.writer: ShardWriter | None = None
         self.meta: dict[str, Any] | None = None
         self.rank, self.world, self.batch_size = 0, 1, 0
@@ -167,16 +173,14 @@ class GNQCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.rank, self.world = args.process_index, args.world_size
         c = self.config
-        if self._windowed and c.scope == "global" and self.world > 1:
-            raise ValueError("GNQConfig(gnq_batch='step') with scope='global' across processes is not "
-                             "built yet: use scope='rank' (each process's window) or gnq_batch='micro-batch'")
-        self.batch_size = args.per_device_train_batch_size * (self.world if c.scope == "global" else 1)
+        self.batch_size = args.per_device_train_batch_size * (self.world if self._global else 1)
         if self._windowed:
-            self.batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            self.batch_size *= args.gradient_accumulation_steps
         check_gnq_settings(c.lam, self.batch_size)  # on every rank, before anything is written
         if self._windowed:
-            self.auditor = WindowAuditor(model, c.lam, mode=c.window_mode, sketch=self._spec,
-                                         window_budget=c.window_budget, check_uses=c.check_uses)
+            window = DistributedWindowAuditor if self._global else WindowAuditor
+            self.auditor = window(model, c.lam, mode=c.window_mode, sketch=self._spec,
+                                  window_budget=c.window_budget, check_uses=c.check_uses)
         else:
             self.auditor = DistributedGNQAuditor(model, lam=c.lam, scope=c.scope, strategy=c.strategy,
                                                  check_uses=c.check_uses, fused=self._fused)
@@ -294,11 +298,10 @@ class GNQCallback(TrainerCallback):
             gnq = res.local_gnq if res.batch_size >= MIN_BATCH_SIZE else None  # no companions
             return gnq, res.kernel.diagonal()[res.local], res.condition, res.batch_size
 
-        index = self.micro if self.config.scope == "global" else self.micro * self.world + self.rank
         texts, batch = score_batch(compute, self._losses, self._ids, targets=self._counts,
-                                   batch_index=index, step=state.global_step + 1, started=self._t0,
-                                   extra=self._signals)
-        self._record(batch.step, texts, [] if self.config.scope == "global" and self.rank != 0 else [batch])
+                                   batch_index=self._batch_index, step=state.global_step + 1,
+                                   started=self._t0, extra=self._signals)
+        self._record(batch.step, texts, self._batch_rows(batch))
         self._weights = None
 
     def _finish_window(self, step: int) -> None:
@@ -316,7 +319,9 @@ class GNQCallback(TrainerCallback):
         def compute() -> Scores:
             if res is None:
                 raise failure
-            return res.gnq, res.kernel.diagonal(), res.condition, res.batch_size
+            mine = getattr(res, "local", slice(None))  # every rank's window: this rank's texts
+            gnq = None if res.gnq is None else res.gnq[mine]
+            return gnq, res.kernel.diagonal()[mine], res.condition, res.batch_size
 
         signals = None
         if all(m["signals"] is not None for m in pending):
@@ -324,11 +329,11 @@ class GNQCallback(TrainerCallback):
         texts, batch = score_batch(compute, torch.cat([m["losses"] for m in pending]),
                                    torch.cat([m["ids"] for m in pending]),
                                    targets=torch.cat([m["counts"] for m in pending]),
-                                   batch_index=self.micro * self.world + self.rank,
+                                   batch_index=self._batch_index,
                                    step=step, started=pending[0]["t0"], extra=signals,
                                    gnq_mode=self._mode_of(res), sketch_k=None if res is None else res.k,
                                    sketch_seed=None if res is None else res.seed)
-        self._record(batch.step, texts, [batch])
+        self._record(batch.step, texts, self._batch_rows(batch))
 
     # ------------------------------------------------------------------ run description
     def _examples_frame(self) -> pd.DataFrame:
@@ -373,7 +378,21 @@ class GNQCallback(TrainerCallback):
 
     @property
     def _fused(self) -> bool:
-        return self.config.fused and self.config.scope != "global" and not self._windowed
+        return self.config.fused and not self._global and not self._windowed
+
+    @property
+    def _global(self) -> bool:
+        """The GNQ batch pools every process's texts."""
+        return self.config.scope == "global"
+
+    @property
+    def _batch_index(self) -> int:
+        """The GNQ batch within the epoch: a global batch has one index on every rank."""
+        return self.micro if self._global else self.micro * self.world + self.rank
+
+    def _batch_rows(self, batch: Any) -> list[Any]:
+        """A global batch's ``batches`` row is written once, by rank 0."""
+        return [] if self._global and self.rank != 0 else [batch]
 
     def _mode_of(self, res: Any) -> str:
         if res is not None:
@@ -390,8 +409,10 @@ class GNQCallback(TrainerCallback):
 
     def _gnq_batch_words(self, args) -> str:
         if not self._windowed:
-            return "one micro-batch" + (" of every rank" if self.config.scope == "global" else "")
-        where = " of this process" if self.world > 1 else ""
+            return "one micro-batch" + (" of every rank" if self._global else "")
+        where = ""
+        if self.world > 1:
+            where = f" on each of {self.world} processes" if self._global else " of this process"
         return (f"one optimizer step: {args.gradient_accumulation_steps} micro-batch(es) of "
                 f"{args.per_device_train_batch_size}{where} (B_eff = {self.batch_size})")
 

@@ -29,19 +29,9 @@ from typing import Any
 from gnq_core.atomic import write_text_atomic
 from gnq_core.pipelines.kept import keep_last_checkpoint
 from gnq_core.pipelines.settings import JobSettings, job_dict, job_from_dict
-from gnq_core.pipelines.uploads import (  # noqa: F401 (re-exported: their home before uploads.py)
-    DEFAULT_MAX_UPLOAD_BYTES,
-    Upload,
-    check_upload_tree,
-    inside,
-    max_upload_bytes,
-    remove_uploads,
-    safe_relative_path,
-    save_uploads,
-    uploads_dir,
-)
+from gnq_core.pipelines.uploads import inside, remove_uploads
 from gnq_core.progress import read_progress
-from gnq_core.results.layout import jobs_dir, uploads_root  # noqa: F401 (re-exported)
+from gnq_core.results.layout import jobs_dir
 
 
 @dataclass

@@ -34,7 +34,9 @@ from gnq_core.pipelines.membership import token_logprobs
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.progress import Reporter
 from gnq_core.results.store import Run, Store, StoreError
-from gnq_core.sources.checkpoints import CheckpointRef, find_checkpoints, load_checkpoint
+from gnq_core.sources.checkpoints.files import CheckpointRef
+from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.checkpoints.series import find_checkpoints
 from gnq_core.sources.datasets import DatasetError, TextDataset
 from gnq_core.sources.tokens import encode_texts, pad_id
 

@@ -74,7 +74,9 @@ def verify_checkpoint(path: str | Path, expected_hash: object, what: str) -> Non
     """A checkpoint reused after it was recorded (attacked, resumed from) must be the one recorded:
     its weights' hash against the stored ``model_hash``; refused in one line when it differs."""
     from gnq_core.sources.adapters import adapter_hash, is_adapter_checkpoint
-    from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint, checkpoint_hash
+    from gnq_core.sources.checkpoints.checks import check_checkpoint
+    from gnq_core.sources.checkpoints.errors import CheckpointError
+    from gnq_core.sources.checkpoints.files import checkpoint_hash
 
     if not isinstance(expected_hash, str) or not expected_hash:
         return  # recorded without a hash (older stores): nothing to compare with

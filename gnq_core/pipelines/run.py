@@ -29,21 +29,6 @@ def run_job(settings: JobSettings, store: Store | None, progress: JobProgress | 
     return runners[settings.kind](settings, store, progress)
 
 
-def run_ref(store: Store, name: str) -> Callable[[], int | None]:
-    """The run's id once the job has created it (progress goes to the store from then on)."""
-    cache: dict[str, int] = {}
-
-    def get() -> int | None:
-        if "id" not in cache:
-            run = store.find_run(name)
-            if run is None:
-                return None
-            cache["id"] = run.run_id
-        return cache["id"]
-
-    return get
-
-
 def _threads(threads: int | None) -> None:
     """torch CPU threads for this job (the form's setting, the CLI's --threads); None: as is."""
     if threads:
@@ -83,7 +68,7 @@ def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
     name = job.name or Path(job.out).resolve().name
     progress.plan(None)
     t0 = time.perf_counter()
-    with progress.reporter(run_ref(store, name)) as reporter:
+    with progress.reporter(name) as reporter:
         run = run_training(store, dataset, job.out, name=name, init=job.init, settings=job.settings,
                            reporter=reporter)
     _warn_unscored(store, run, progress)
@@ -99,7 +84,7 @@ def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
 def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[str]:
     from gnq_core.pipelines.audit import run_audit
     from gnq_core.pipelines.ranks import Ranks
-    from gnq_core.sources.checkpoints import find_checkpoints
+    from gnq_core.sources.checkpoints.series import find_checkpoints
 
     ranks = Ranks.from_env()
     _threads(job.threads)
@@ -130,7 +115,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     assert store is not None, "the lead rank writes the rows: it needs the store"
     progress.plan(len(refs))  # one stage per checkpoint
     t0 = time.perf_counter()
-    with progress.reporter(run_ref(store, name)) as reporter:
+    with progress.reporter(name) as reporter:
         run = run_audit(store, refs, dataset, name=name, settings=job.settings, reporter=reporter,
                         ranks=ranks, tokenizer=job.tokenizer, adapters=adapters)
     ranks.finish()
@@ -141,7 +126,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
         from gnq_core.pipelines.non_members import SUFFIX, audit_non_members
 
         t0 = time.perf_counter()
-        with progress.reporter(run_ref(store, name + SUFFIX)) as reporter:
+        with progress.reporter(name + SUFFIX) as reporter:
             other = audit_non_members(store, run, refs, outside, job.settings, reporter,
                                       reference=job.reference)
         said.append(f"non-members: run {other.name!r}, {len(outside)} texts in "
@@ -158,7 +143,7 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
     outside = _non_members_of(store, info, job.non_members) if job.non_members else None
     progress.plan(None)
     t0 = time.perf_counter()
-    with progress.reporter(lambda: info.run_id) as reporter:
+    with progress.reporter(info.name) as reporter:
         summary = run_extraction(store, info, checkpoint=job.checkpoint, prefix_tokens=job.prefix_tokens,
                                  suffix_tokens=job.suffix_tokens, threshold=job.threshold,
                                  reference=job.reference, batch_size=job.batch_size, device=job.device,
@@ -194,18 +179,19 @@ def add_non_members(store: Store, info, outside: TextDataset | str, progress: Jo
     if info.settings.get("non_members_hash") == outside.sha256 and store.find_run(info.name + SUFFIX):
         return []
     t0 = time.perf_counter()
-    with progress.reporter(run_ref(store, info.name + SUFFIX)) as reporter:
+    with progress.reporter(info.name + SUFFIX) as reporter:
         other = non_members_of_audit(store, info, outside, device=device, reporter=reporter,
                                      reference=reference)
     return [f"non-members: run {other.name!r}, {len(outside)} texts in {time.perf_counter() - t0:.1f} s"]
 
 
 def _demo(job: DemoJob, store: Store, progress: JobProgress) -> list[str]:
-    from gnq_core.pipelines.demo import build_demo
+    from gnq_core.pipelines.demo import demo_runs, demo_steps
 
-    progress.plan(2 * job.epochs + 2)  # train and audit each epoch, attack both runs
+    steps = progress.planned(2 * job.epochs + 2)  # train and audit each epoch, attack both runs
     t0 = time.perf_counter()
-    names = build_demo(store, out_dir=job.out, epochs=job.epochs, device=job.device, model=job.model,
-                       reporter_factory=progress.reporter)
-    return [f"demo runs {', '.join(repr(n) for n in names)} built in {time.perf_counter() - t0:.0f} s; "
+    for step in demo_steps(job, store):
+        run_job(step, store, steps)
+    train_run, audit_run = demo_runs(job)
+    return [f"demo runs {audit_run!r}, {train_run!r} built in {time.perf_counter() - t0:.0f} s; "
             f"store {store.path}. Open the dashboard: gnq dashboard (or make app)"]

@@ -206,6 +206,7 @@ class DemoJob:
     epochs: int = 12
     device: str = "auto"
     model: str | None = None  # None: the tiny model from scratch; "smollm2": fine-tune the real model
+    data: str | None = None  # the texts; None: data/demo.csv
 
     def __post_init__(self) -> None:
         _require(self.model in (None, "smollm2"), f"unknown demo model {self.model!r} (known: smollm2)")

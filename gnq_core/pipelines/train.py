@@ -20,23 +20,25 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from gnq_core.atomic import atomic_path, check_folder_target
+from gnq_core.atomic import check_folder_target
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.protected_paths import OverwriteError, refuse_overwrite, verify_checkpoint
+from gnq_core.pipelines.resume import resume_from
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.text_labels import dataset_labels, secret_settings
 from gnq_core.pipelines.training_loop import Checkpoints, GNQScores, Progress, seeded_batches, train
 from gnq_core.progress import Reporter
 from gnq_core.results.records import RunSpec
-from gnq_core.results.store import Run, Store, StoreError
+from gnq_core.results.store import Run, Store
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype, seed_everything
-from gnq_core.sources.checkpoints import check_checkpoint, checkpoint_hash, load_checkpoint
+from gnq_core.sources.checkpoints.checks import check_checkpoint
+from gnq_core.sources.checkpoints.files import checkpoint_hash
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import encode_texts, pad_id
 
-TRAINER_STATE = "trainer_state.pt"
 # How the weight gradient is formed, recorded in the run settings (gnq_core.engine.fused).
 WEIGHT_GRADIENTS = "fused: the sum of the per-example gradients the audit forms"
 
@@ -79,7 +81,7 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
             resume_at = out_dir / f"epoch-{start_epoch}"
             stored = store.points(run.run_id).set_index("point")["model_hash"].get(start_epoch - 1)
             verify_checkpoint(resume_at, stored, f"run {run.name!r}'s epoch-{start_epoch}")
-            model, tokenizer, optimizer_state, rng_state = _resume_from(resume_at)
+            model, tokenizer, optimizer_state, rng_state = resume_from(resume_at)
             reporter.log(f"resuming run {run.name!r} after epoch {start_epoch}")
         ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
         store.set_status(run.run_id, "running")
@@ -95,13 +97,12 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
     # Fused: the per-example gradients the audit forms anyway are summed into the weight gradient,
     # so autograd's own weight-gradient matmuls are skipped (same step up to float rounding).
     auditor = GNQAuditor(model, lam=settings.lam, lam_mode=settings.lam_mode, fused=True)
-    checkpoints = Checkpoints(model, tokenizer, out_dir, lambda path, epoch: _save_trainer_state(
-        path, optimizer, epoch.number + 1, (epoch.number + 1) * len(epoch.batches)))
     with store.tracking(run.run_id), auditor:
         train(model, optimizer, ids, pad_id(tokenizer), device,
               seeded_batches(range(len(ids)), settings.batch_size, settings.seed),
               epochs=range(start_epoch, settings.epochs), loss=settings.loss,
-              callbacks=[Progress(reporter, settings.epochs), checkpoints,  # saved before the rows name it
+              callbacks=[Progress(reporter, settings.epochs),
+                         Checkpoints(model, tokenizer, optimizer, out_dir),  # saved before the rows name it
                          GNQScores(auditor, store, run.run_id)])
         check_mostly_finite(store, run)  # inside tracking: a numerical failure marks the run 'failed'
     return store.run(run.run_id)
@@ -130,23 +131,6 @@ def _initial_model(dataset: TextDataset, init: str | Path | None, settings: Trai
     model = build_model(settings.preset, vocab_size=len(tokenizer), max_length=settings.max_length,
                         seed=settings.seed, eos_token_id=tokenizer.eos_token_id)
     return model, tokenizer, None
-
-
-def _save_trainer_state(path: Path, optimizer: torch.optim.Optimizer, epochs_done: int, step: int) -> None:
-    """Optimizer and RNG state beside the weights, so a rerun continues exactly where this left off."""
-    with atomic_path(path / TRAINER_STATE) as tmp:
-        torch.save({"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
-                    "epochs_done": epochs_done, "step": step}, tmp)
-
-
-def _resume_from(path: Path):
-    state_file = path / TRAINER_STATE
-    if not state_file.is_file():
-        raise StoreError(f"{path}: cannot resume, {TRAINER_STATE} is missing; start a new run with "
-                         "another --name")
-    model, tokenizer = load_checkpoint(path)
-    state = torch.load(state_file, map_location="cpu", weights_only=True)  # never unpickle code
-    return model, tokenizer, state["optimizer"], state["rng"]
 
 
 def _run_spec(dataset: TextDataset, out_dir: Path, name: str, init: str | Path | None,

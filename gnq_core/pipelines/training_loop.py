@@ -20,11 +20,13 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, per_example_lm_loss
 from gnq_core.pipelines.membership import TOKEN_SIGNALS
+from gnq_core.pipelines.resume import save_trainer_state
 from gnq_core.pipelines.scoring import score_pass
 from gnq_core.progress import Reporter
 from gnq_core.results.records import BatchResult, ScoreColumns
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import checkpoint_hash, save_checkpoint
+from gnq_core.sources.checkpoints.files import checkpoint_hash
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.tokens import LMBatch, batch_partition, collate
 
 Batches = Callable[[int], list[list[int]]]  # epoch → its batches (lists of indices into ids)
@@ -131,17 +133,18 @@ class GNQScores(Callback):
 
 
 class Checkpoints(Callback):
-    """At each epoch's end the model and tokenizer under ``out_dir/epoch-K`` (K = epoch + 1),
-    then ``save_state(folder, epoch)``: what a rerun resumes from (optimizer, RNG)."""
+    """At each epoch's end the model and tokenizer under ``out_dir/epoch-K`` (K = epoch + 1) and
+    the trainer state a rerun resumes from (resume.py: optimizer, RNG)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, out_dir: Path,
-                 save_state: Callable[[Path, Epoch], None]) -> None:
-        self.model, self.tokenizer, self.out_dir, self.save_state = model, tokenizer, out_dir, save_state
+    def __init__(self, model: torch.nn.Module, tokenizer, optimizer: torch.optim.Optimizer,
+                 out_dir: Path) -> None:
+        self.model, self.tokenizer, self.optimizer, self.out_dir = model, tokenizer, optimizer, out_dir
 
     def epoch_end(self, epoch: Epoch) -> None:
         epoch.checkpoint = self.out_dir / f"epoch-{epoch.number + 1}"
         save_checkpoint(self.model, self.tokenizer, epoch.checkpoint)
-        self.save_state(epoch.checkpoint, epoch)
+        save_trainer_state(epoch.checkpoint, self.optimizer, epoch.number + 1,
+                           (epoch.number + 1) * len(epoch.batches))
 
 
 class Progress(Callback):

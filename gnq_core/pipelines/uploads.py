@@ -60,7 +60,7 @@ def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | Non
     file where a folder must go, a read-only disk) is one ValueError line naming the file."""
     limit = max_upload_bytes() if max_total_bytes is None else max_total_bytes
     files = [f for f in files if not skipped_upload(f.name)]
-    with _one_line(str(into)):
+    with _as_upload_error(str(into)):
         into.mkdir(parents=True, exist_ok=True)
     root = into.resolve()
     total = sum(int(f.size) for f in files)
@@ -75,7 +75,7 @@ def save_uploads(files: Sequence[Upload], into: Path, max_total_bytes: int | Non
     for f, target in pending:
         if _same_size(target, f.size):
             continue
-        with _one_line(f.name):
+        with _as_upload_error(f.name):
             _no_symlink_between(root, target, f.name)
             target.parent.mkdir(parents=True, exist_ok=True)
             check_target(target, "the upload")  # a FIFO or a device there is never written into
@@ -92,7 +92,7 @@ def _shown(name: str) -> str:
 
 
 @contextlib.contextmanager
-def _one_line(name: str) -> Iterator[None]:
+def _as_upload_error(name: str) -> Iterator[None]:
     """An OSError (a name too long, a file where a folder must go, a full disk) as one ValueError line."""
     try:
         yield

@@ -5,9 +5,13 @@ from gnq_core._lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".adapters": ("Adapters", "check_adapter", "find_adapter_checkpoints"),
-    ".checkpoints": ("CheckpointError", "CheckpointRef", "check_checkpoint", "checkpoint_hash",
-                     "find_checkpoints", "load_checkpoint", "max_positions", "parameter_count",
-                     "save_checkpoint"),
+    ".checkpoints.checks": ("check_checkpoint",),
+    ".checkpoints.config": ("max_positions",),
+    ".checkpoints.errors": ("CheckpointError",),
+    ".checkpoints.files": ("CheckpointRef", "checkpoint_hash", "parameter_count"),
+    ".checkpoints.load": ("load_checkpoint",),
+    ".checkpoints.save": ("save_checkpoint",),
+    ".checkpoints.series": ("find_checkpoints",),
     ".copies": ("find_copies",),
     ".datasets": ("SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "load_texts"),
     ".limits": ("LimitError",),

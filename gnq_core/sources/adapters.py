@@ -17,29 +17,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gnq_core.sources.checkpoint_files import (
+from gnq_core.sources.checkpoints.config import load_config
+from gnq_core.sources.checkpoints.errors import CheckpointError, folder_error, reason
+from gnq_core.sources.checkpoints.files import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     CONFIG_NAME,
-    CheckpointError,
     CheckpointRef,
-    folder_error,
-    load_config,
     read_chunks,
-    reason,
 )
+from gnq_core.sources.checkpoints.series import trailing_number
 
 __all__ = ["Adapters", "adapter_hash", "check_adapter", "find_adapter_checkpoints", "is_adapter_checkpoint",
            "load_adapter_checkpoint", "load_model_at"]
 
-_TRAILING_NUMBER = re.compile(r"(\d+)$")
 PEFT_HINT = "pip install 'gnq-audit[peft]' (or pip install peft)"
 
 
@@ -88,9 +85,9 @@ def find_adapter_checkpoints(directory: str | Path) -> list[CheckpointRef]:
                        and is_adapter_folder(p)), key=lambda p: p.name)
     except OSError as exc:
         raise folder_error(root, f"cannot list the directory ({reason(exc)})") from exc
-    numbered = sorted(((int(m.group(1)), p) for p in subs if (m := _TRAILING_NUMBER.search(p.name))),
+    numbered = sorted(((n, p) for p in subs if (n := trailing_number(p.name)) is not None),
                       key=lambda t: (t[0], t[1].name))
-    unnumbered = [p for p in subs if not _TRAILING_NUMBER.search(p.name)]
+    unnumbered = [p for p in subs if trailing_number(p.name) is None]
     refs = [CheckpointRef(label=p.name, path=p, order=n) for n, p in numbered]
     start = numbered[-1][0] + 1 if numbered else 0
     refs += [CheckpointRef(label=p.name, path=p, order=start + i) for i, p in enumerate(unnumbered)]
@@ -184,7 +181,7 @@ def load_adapter_checkpoint(folder: str | Path, adapters: Adapters, *, device: t
     """The base model with the adapter of ``folder`` applied, in eval mode on ``device`` in
     ``dtype``, and the base's tokenizer (or ``tokenizer``'s).  Unmerged: only the adapter's
     parameters require gradients (GNQ over them); merged: every parameter of the merged model does."""
-    from gnq_core.sources.checkpoints import load_checkpoint
+    from gnq_core.sources.checkpoints.load import load_checkpoint
 
     folder = Path(folder)
     _adapter_files(folder)
@@ -209,7 +206,7 @@ def load_model_at(path: str | Path, base: str | None, *, device: torch.device | 
                   ) -> tuple[torch.nn.Module, Any]:
     """A full checkpoint, or an adapter checkpoint merged into ``base`` (a run's
     ``settings["base_model"]``): for what reads a model's outputs only (an attack's decoding)."""
-    from gnq_core.sources.checkpoints import load_checkpoint
+    from gnq_core.sources.checkpoints.load import load_checkpoint
 
     if base is not None and is_adapter_checkpoint(path):
         return load_adapter_checkpoint(path, Adapters(Path(base), merged=True), device=device, dtype=dtype,

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gnq_core.errors import GNQError
+from gnq_core.errors import GNQError, one_line
 
 __all__ = ["MAX_TEXT_BYTES", "SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "env_bytes",
            "file_sha256", "load_texts"]
@@ -66,7 +66,7 @@ class DatasetError(GNQError, ValueError):
         self.problem = problem
         self.line = line
         where = self.path if line is None else f"{self.path}:{line}"  # file.csv:2: as compilers do
-        super().__init__(_one_line(f"{where}: {problem}"))
+        super().__init__(one_line(f"{where}: {problem}", whole=True))
 
 
 @dataclass(frozen=True)
@@ -502,7 +502,3 @@ def _as_group(shown: str, value: Any, column: str | None, row: int) -> str | Non
 
 def _list_columns(columns: Sequence[str]) -> str:
     return "columns: " + (", ".join(columns) if columns else "none")
-
-
-def _one_line(message: str) -> str:
-    return re.sub(r"\s*[\r\n\u2028\u2029\x0b\x0c\x1c-\x1e\x85]+\s*", " ", message).strip()

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from gnq_core.engine.losses import IGNORE_INDEX
-from gnq_core.sources.tokenizer_panics import TokenizerFailure, panics_as_one_line  # noqa: F401 (its old home)
+from gnq_core.sources.tokenizer_panics import panics_as_one_line
 
 
 def encode_texts(tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:

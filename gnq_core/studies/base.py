@@ -49,7 +49,7 @@ class StudyContext:
     data_dir: Path | None = None  # default: ../shared/data next to the repository
     tag: str | None = None
     command: str = ""
-    reporter_factory: Callable[[Callable[[], int | None]], Reporter] | None = None
+    reporter_factory: Callable[[str], Reporter] | None = None  # JobProgress.reporter
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -85,8 +85,7 @@ class StudyContext:
         """A progress reporter that also writes the run's progress to the store once it exists."""
         if self.reporter_factory is None:
             return Reporter()
-        store = self.store
-        return self.reporter_factory(lambda: getattr(store.find_run(run_name), "run_id", None))
+        return self.reporter_factory(run_name)
 
     def shared_data(self) -> Path:
         """The real-text folder (WikiText-2, AG News), or one clear error naming it."""

@@ -34,14 +34,14 @@ import torch
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, group_separation
-from gnq_core.atomic import atomic_path
 from gnq_core.pipelines.audit import run_audit
+from gnq_core.pipelines.resume import TRAINER_STATE, resume_from
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
-from gnq_core.pipelines.training_loop import Checkpoints, Epoch, Progress, seeded_batches, train
+from gnq_core.pipelines.training_loop import Callback, Checkpoints, Epoch, Progress, seeded_batches, train
 from gnq_core.results.store import Run
 from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import encode_texts, pad_id
@@ -178,26 +178,24 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
 
 
 # ----------------------------------------------------------------------------------------- pretraining
-OPTIMIZER_STATE = "optimizer.pt"
-
-
 def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, reporter,
              keep: Collection[int] | None = None) -> Path:
     """Train a tokenizer and a GPT-2 from scratch on the corpus, without GNQ (the study's GNQ is in
     the fine-tune; leaving it out here saves most of the compute).  A checkpoint is saved per
-    epoch, with the optimizer state beside the latest only; a rerun continues after the last saved
-    epoch.  ``keep``: the epochs whose checkpoints stay (None: all; the last always stays), so a
-    GPT-2-small sweep of 100 epochs keeps its schedule's checkpoints, not 100 of ~1 GB each.
+    epoch, with the trainer state (pipelines/resume.py) beside the latest only; a rerun continues
+    after the last saved epoch.  ``keep``: the epochs whose checkpoints stay (None: all; the last
+    always stays), so a GPT-2-small sweep of 100 epochs keeps its schedule's checkpoints, not 100
+    of ~1 GB each.
     Returns the final checkpoint folder."""
     final = out_dir / f"epoch-{settings.epochs}"
-    if (final / OPTIMIZER_STATE).is_file():
+    if (final / TRAINER_STATE).is_file():
         return final
     device = resolve_device(settings.device)
     saved = [e for e in range(settings.epochs - 1, 0, -1)
-             if (out_dir / f"epoch-{e}" / OPTIMIZER_STATE).is_file()]
+             if (out_dir / f"epoch-{e}" / TRAINER_STATE).is_file()]
     start = saved[0] if saved else 0
     if start:
-        model, tokenizer = load_checkpoint(out_dir / f"epoch-{start}", device=device)
+        model, tokenizer, optimizer_state, rng_state = resume_from(out_dir / f"epoch-{start}", device)
     else:
         seed_everything(settings.seed)
         tokenizer = train_tokenizer(dataset.texts, vocab_size=settings.vocab_size)
@@ -207,25 +205,30 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
     ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     if start:
-        optimizer.load_state_dict(torch.load(out_dir / f"epoch-{start}" / OPTIMIZER_STATE,
-                                             map_location="cpu", weights_only=True))
-
-    def save_state(path: Path, epoch: Epoch) -> None:
-        with atomic_path(path / OPTIMIZER_STATE) as tmp:
-            torch.save(optimizer.state_dict(), tmp)
-        previous = out_dir / f"epoch-{epoch.number}"
-        if epoch.number >= 1 and previous.is_dir():  # only the latest state is needed to resume
-            (previous / OPTIMIZER_STATE).unlink(missing_ok=True)
-            if keep is not None and epoch.number not in keep:
-                shutil.rmtree(previous)
-
+        optimizer.load_state_dict(optimizer_state)
+        torch.set_rng_state(rng_state)
     # the one training loop, without the GNQ callback
     train(model, optimizer, ids, pad_id(tokenizer), device,
           seeded_batches(range(len(ids)), settings.batch_size, settings.seed),
           epochs=range(start, settings.epochs), loss=settings.loss,
           callbacks=[Progress(reporter, settings.epochs, "pretrain epoch"),
-                     Checkpoints(model, tokenizer, out_dir, save_state)])
+                     Checkpoints(model, tokenizer, optimizer, out_dir), _LatestStateOnly(out_dir, keep)])
     return final
+
+
+class _LatestStateOnly(Callback):
+    """After ``Checkpoints``: the previous epoch's trainer state goes (only the latest is needed to
+    resume), and its folder too unless ``keep`` lists it."""
+
+    def __init__(self, out_dir: Path, keep: Collection[int] | None) -> None:
+        self.out_dir, self.keep = out_dir, keep
+
+    def epoch_end(self, epoch: Epoch) -> None:
+        previous = self.out_dir / f"epoch-{epoch.number}"
+        if epoch.number >= 1 and previous.is_dir():
+            (previous / TRAINER_STATE).unlink(missing_ok=True)
+            if self.keep is not None and epoch.number not in self.keep:
+                shutil.rmtree(previous)
 
 
 # ----------------------------------------------------------------------------------------- report

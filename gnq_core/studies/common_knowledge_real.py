@@ -36,7 +36,7 @@ from gnq_core.pipelines.membership import forward_signals
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.runtime import resolve_device
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.real_models import PROVENANCE, cached_model
 from gnq_core.sources.tokens import encode_texts, pad_id

@@ -21,7 +21,7 @@ from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.training_loop import seeded_batches, train
 from gnq_core.results.store import Run, StoreError
 from gnq_core.runtime import resolve_device
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.tokens import encode_texts, pad_id
 from gnq_core.studies.base import StudyContext

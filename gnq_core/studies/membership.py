@@ -40,7 +40,7 @@ from gnq_core.pipelines.membership import forward_signals
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.runtime import resolve_device
-from gnq_core.sources.checkpoints import load_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.tokens import encode_texts, pad_id
 from gnq_core.studies import report as rep

@@ -83,7 +83,7 @@ def attack_counts(checkpoint: Path, dataset: TextDataset, settings: TrainSetting
 
     from gnq_core.pipelines.extraction import extraction_attack
     from gnq_core.runtime import resolve_device
-    from gnq_core.sources.checkpoints import load_checkpoint
+    from gnq_core.sources.checkpoints.load import load_checkpoint
     from gnq_core.sources.tokens import encode_texts
 
     device = resolve_device(settings.device)

@@ -132,7 +132,7 @@ def write_texts_csv(path: Path, n: int) -> Path:
 
 def make_series(folder: Path, n: int, max_length: int = 32) -> Path:
     """n checkpoints epoch-1..epoch-n of a tiny GPT-2 (different seeds) with a locally trained tokenizer."""
-    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.checkpoints.save import save_checkpoint
     from gnq_core.sources.models import build_model, train_tokenizer
 
     tokenizer = train_tokenizer(texts(200), vocab_size=300)

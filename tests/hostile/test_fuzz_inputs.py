@@ -22,8 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gnq_core.sources import checkpoints
-from gnq_core.sources.checkpoints import CheckpointError
+from gnq_core.sources.checkpoints.checks import check_checkpoint
+from gnq_core.sources.checkpoints.errors import CheckpointError
+from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
 from gnq_core.sources.datasets import DatasetError, TextDataset, load_texts
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -163,7 +164,7 @@ def replaced(folder: Path, name: str, body: bytes) -> Iterator[Path]:
 def check_or_refuse(folder: Path) -> None:
     with time_limit():
         try:
-            checkpoints.check_checkpoint(folder)
+            check_checkpoint(folder)
         except CheckpointError as exc:
             one_line_naming(exc, folder.name)
 
@@ -231,6 +232,6 @@ def test_tokenizer_files_are_loaded_or_refused_in_one_line(checkpoint: Path, nam
         mutate(json.loads((checkpoint / name).read_text()), path, replacement)).encode()
     with replaced(checkpoint, name, body), time_limit():
         try:
-            checkpoints.load_tokenizer(checkpoint)  # the config's limits, then the tokenizer
+            load_tokenizer(checkpoint)  # the config's limits, then the tokenizer
         except CheckpointError as exc:
             one_line_naming(exc, checkpoint.name)

@@ -30,7 +30,8 @@ from gnq_core.cli import app
 from gnq_core.pipelines.jobs import list_jobs, start_job
 from gnq_core.pipelines.settings import AuditJob, AuditSettings
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import check_checkpoint, save_checkpoint
+from gnq_core.sources.checkpoints.checks import check_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.models import build_model, train_tokenizer
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 from hostile_helpers import as_a_fresh_process, gnq, gnq_cmd, kill_when, run_row, write_texts_csv
 
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import checkpoint_hash
+from gnq_core.sources.checkpoints.files import checkpoint_hash
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ import pytest
 from hostile_helpers import gnq_fails, make_series, write_texts_csv
 
 from gnq_core.sources import limits
-from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint
+from gnq_core.sources.checkpoints.checks import check_checkpoint
+from gnq_core.sources.checkpoints.errors import CheckpointError
 
 GIB = 2**30
 

@@ -15,7 +15,8 @@ from lm_fixtures import texts
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import load_checkpoint, save_checkpoint
+from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.models import train_tokenizer
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from hostile_helpers import gnq, make_series, write_texts_csv
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.sources.checkpoints import checkpoint_hash
+from gnq_core.sources.checkpoints.files import checkpoint_hash
 
 pytestmark = pytest.mark.slow
 

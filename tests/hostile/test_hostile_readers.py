@@ -108,8 +108,8 @@ def decode_panics(tmp_path_factory):
 
 
 def test_decoding_with_a_panicking_tokenizer_is_one_line_naming_its_folder(decode_panics, capfd):
-    from gnq_core.sources.checkpoints import load_checkpoint
-    from gnq_core.sources.tokens import TokenizerFailure
+    from gnq_core.sources.checkpoints.load import load_checkpoint
+    from gnq_core.sources.tokenizer_panics import TokenizerFailure
 
     _, tokenizer = load_checkpoint(decode_panics)
     ids = tokenizer("hello there", add_special_tokens=False)["input_ids"]
@@ -128,7 +128,7 @@ def test_the_guarded_backend_is_still_the_tokenizer(decode_panics, tmp_path):
 
     from tokenizers import Tokenizer
 
-    from gnq_core.sources.checkpoints import load_tokenizer
+    from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(decode_panics)
     assert isinstance(tokenizer.backend_tokenizer, Tokenizer)

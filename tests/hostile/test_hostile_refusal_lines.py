@@ -16,7 +16,8 @@ from lm_fixtures import texts
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.sources.checkpoints import CheckpointError, check_checkpoint
+from gnq_core.sources.checkpoints.checks import check_checkpoint
+from gnq_core.sources.checkpoints.errors import CheckpointError
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def llama(tmp_path_factory):
     """A tiny Llama checkpoint (rotary embeddings) with 64 positions."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.checkpoints.save import save_checkpoint
     from gnq_core.sources.models import train_tokenizer
 
     folder = tmp_path_factory.mktemp("llama") / "ckpt"

@@ -9,9 +9,9 @@ from lm_fixtures import texts
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.sources.checkpoints import save_checkpoint
+from gnq_core.sources.checkpoints.save import save_checkpoint
+from gnq_core.sources.checkpoints.series import SeriesError, check_one_series
 from gnq_core.sources.models import build_model, train_tokenizer
-from gnq_core.sources.series_checks import SeriesError, check_one_series
 
 
 def _checkpoint(folder, vocab_size: int, preset: str = "tiny", seed: int = 0, tokenizer=None):

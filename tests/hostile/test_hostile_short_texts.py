@@ -12,7 +12,7 @@ from hostile_helpers import app_page, gnq, make_series
 from lm_fixtures import texts
 
 from gnq_core.results.store import Store
-from gnq_core.sources.checkpoints import load_tokenizer
+from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 from test_hostile_uploads import Uploaded
 
 from gnq_core.pipelines import jobs
-from gnq_core.pipelines.jobs import save_uploads
+from gnq_core.pipelines.uploads import save_uploads
 
 
 def one_line(files: list[Uploaded], into: Path, match: str) -> str:

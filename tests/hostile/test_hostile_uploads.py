@@ -13,15 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gnq_core.pipelines.jobs import (
-    Job,
-    check_upload_tree,
-    list_jobs,
-    save_uploads,
-    start_job,
-    uploads_dir,
-)
+from gnq_core.pipelines.jobs import Job, list_jobs, start_job
 from gnq_core.pipelines.settings import DemoJob, ExtractJob, TrainJob, TrainSettings, job_dict
+from gnq_core.pipelines.uploads import check_upload_tree, save_uploads, uploads_dir
 
 
 @dataclass

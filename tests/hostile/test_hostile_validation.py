@@ -108,7 +108,8 @@ def test_a_tokenizer_that_panics_is_one_line_naming_its_folder(tmp_path, capfd):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from gnq_core.sources.tokens import TokenizerFailure, encode_texts
+    from gnq_core.sources.tokenizer_panics import TokenizerFailure
+    from gnq_core.sources.tokens import encode_texts
 
     raw = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
     raw.pre_tokenizer = _panicking_pre_tokenizer()
@@ -137,7 +138,7 @@ def test_an_audit_over_a_panicking_tokenizer_prints_one_line(tmp_path, capfd):
 
     from hostile_helpers import make_series
 
-    from gnq_core.sources.checkpoints import load_tokenizer
+    from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
     from gnq_core.sources.tokens import char_bound
 
     series = make_series(tmp_path / "ckpts", 1, max_length=256)
@@ -191,14 +192,15 @@ def test_the_pickle_refusal_is_not_preceded_by_a_torch_warning(tmp_path):
     import pickle
     import warnings
 
-    from gnq_core.sources.checkpoints import CheckpointError, _load_pickled_weights
+    from gnq_core.sources.checkpoints.errors import CheckpointError
+    from gnq_core.sources.checkpoints.formats import load_pickled_weights
 
     weights = tmp_path / "pytorch_model.bin"
     weights.write_bytes(pickle.dumps({"w": _Payload()}, protocol=4))  # not torch's protocol 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(CheckpointError, match="refusing to unpickle"):
-            _load_pickled_weights([weights])
+            load_pickled_weights([weights])
     assert not [w for w in caught if issubclass(w.category, UserWarning)], [str(w.message) for w in caught]
 
 

@@ -81,7 +81,7 @@ def test_an_integer_weight_where_the_model_has_floats_is_refused(tmp_path, serie
 def test_integer_buffers_are_not_weights():
     import torch
 
-    from gnq_core.sources.weight_checks import integer_weight
+    from gnq_core.sources.checkpoints.values import integer_weight
 
     state = {"model.pos_ids": torch.zeros(3, dtype=torch.int64), "model.w": torch.zeros(2)}
     assert integer_weight(state, ["model.w"]) is None

@@ -144,7 +144,7 @@ def test_an_upload_name_with_a_nul_is_one_line_naming_it(tmp_path):
 
 
 def test_a_checkpoint_is_never_saved_over_a_file_or_a_fifo(tmp_path):
-    from gnq_core.sources.checkpoints import save_checkpoint
+    from gnq_core.sources.checkpoints.save import save_checkpoint
 
     fifo = tmp_path / "epoch-1"
     os.mkfifo(fifo)

@@ -46,7 +46,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     from gnq_core.progress import Reporter
     from gnq_core.runtime import code_version, resolve_device
     from gnq_core.sources.adapters import load_model_at
-    from gnq_core.sources.checkpoints import TOKENIZER_FILES
+    from gnq_core.sources.checkpoints.files import TOKENIZER_FILES
     from gnq_core.sources.tokens import encode_texts
 
     reporter = reporter or Reporter()
@@ -131,7 +131,7 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
 def _check_same_tokens(ref_path: str, ref_tokenizer, tokenizer, texts, max_length: int, ids) -> None:
     """The reference must read the texts as the same token ids, or "the same continuation" means
     nothing: refused in one line before anything is written."""
-    from gnq_core.sources.checkpoints import CheckpointError
+    from gnq_core.sources.checkpoints.errors import CheckpointError
     from gnq_core.sources.tokens import encode_texts
 
     if ref_tokenizer.get_vocab() != tokenizer.get_vocab() or encode_texts(ref_tokenizer, texts,
