@@ -159,8 +159,8 @@ class GNQCallback(TrainerCallback):
     def results(self) -> pd.DataFrame:
         """This process's score rows so far, as the shards hold them (point, example_id,
         batch_index, step, gnq, loss, self_influence and the forward signals; NaN: NULL)."""
-        frames = [c.frame(point) for point, c in self._scored]
-        return pd.concat(frames, ignore_index=True) if frames else ScoreColumns().frame(0).iloc[:0]
+        frames = [c.frame(point) for point, c in self._scored] or [ScoreColumns().frame(0)]
+        return pd.concat(frames, ignore_index=True)
 
     def _record(self, step: int, texts: ScoreColumns, batches: list[BatchResult]) -> None:
         """One scored batch or window: to this rank's shards and the in-memory rows."""
