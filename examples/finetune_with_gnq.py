@@ -70,12 +70,13 @@ def main() -> None:
                          data_collator=lm_collator(pad_id(tokenizer)), gnq=gnq)
     trainer.train()
     if training.process_index == 0:
-        scored = [r for r in trainer.gnq.results if r.gnq is not None]
-        top = max(scored, key=lambda r: r.gnq)
+        scored = trainer.gnq.results.dropna(subset=["gnq"])  # rank 0's score rows, one a text and step
+        top = scored.loc[scored["gnq"].idxmax()]
+        example = int(top["example_id"])
         print(f"rank 0 scored {len(scored)} example-steps; shards in {gnq.out}"
               + (f", ingested into {args.db}" if args.db else f"; load them: gnq ingest {gnq.out} --db FILE"))
-        print(f"highest GNQ on rank 0: {top.gnq:.3g} (example {top.example_id}: "
-              f"{data.texts[top.example_id][:70]!r})")
+        print(f"highest GNQ on rank 0: {top.gnq:.3g} (example {example}: "
+              f"{data.texts[example][:70]!r})")
 
 
 if __name__ == "__main__":

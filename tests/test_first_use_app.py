@@ -64,7 +64,7 @@ def scored_store(tmp_path_factory):
     import numpy as np
     import pandas as pd
 
-    from gnq_core.results.records import RunSpec, batch_results
+    from gnq_core.results.records import RunSpec, ScoreColumns, batch_results
     from gnq_core.results.store import Store
 
     db = tmp_path_factory.mktemp("scored") / "gnq.duckdb"
@@ -84,12 +84,12 @@ def scored_store(tmp_path_factory):
             gnq = rng.lognormal(size=n) / 3
             gnq[1] = gnq[0] * (1 + 1e-12)  # the same trajectory but for float rounding
             loss, influence = rng.uniform(1, 3, n), rng.uniform(size=n)
-            texts, batches = [], []
+            texts, batches = ScoreColumns(), []
             for b in range(3):
                 ids = list(range(4 * b, 4 * b + 4))
-                t, batch = batch_results(ids, loss[ids].tolist(), gnq[ids].tolist(), influence[ids].tolist(),
+                t, batch = batch_results(ids, loss[ids], gnq[ids], influence[ids],
                                          batch_index=b, step=None, condition=3.0, finite=True, seconds=0.1)
-                texts += t
+                texts.add(t)
                 batches.append(batch)
             store.write_point(run.run_id, p, texts, batches, 0.1)
     return db

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.cli import app
-from gnq_core.results.records import BatchResult, RunSpec, TextResult
+from gnq_core.results.records import RunSpec, ScoreColumns, batch_results
 from gnq_core.results.store import Store
 
 runner = CliRunner()
@@ -41,10 +41,11 @@ def _points(store: Store, run_id: int, gnq: np.ndarray, hashes: list[str]) -> No
         store.add_points(run_id, [{"point": point, "label": f"epoch-{point + 1}", "kind": "epoch",
                                    "model_hash": model_hash}])
         loss = 3.0 - gnq / gnq.max()
-        scores = [TextResult(e, e // 4, None, float(gnq[e] * (point + 1)), float(loss[e]), 1.0)
-                  for e in range(N)]
-        batches = [BatchResult(b, None, 4, 2.0, True, 0.1) for b in range(N // 4)]
-        store.write_point(run_id, point, scores, batches, 0.1, model_hash=model_hash)
+        parts = [batch_results(range(b, b + 4), loss[b: b + 4], gnq[b: b + 4] * (point + 1), [1.0] * 4,
+                               batch_index=b // 4, step=None, condition=2.0, finite=True, seconds=0.1)
+                 for b in range(0, N, 4)]
+        texts = ScoreColumns.joined([p[0] for p in parts])
+        store.write_point(run_id, point, texts, [p[1] for p in parts], 0.1, model_hash=model_hash)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from gnq_core.analysis.verdict import flag, rank_texts
-from gnq_core.results.records import BatchResult, RunSpec, TextResult
+from gnq_core.results.records import RunSpec, ScoreColumns, batch_results
 from gnq_core.results.store import SCHEMA_VERSION, Store, StoreError, _apply_migrations, default_db_path
 
 EXAMPLES = pd.DataFrame({"example_id": [0, 1, 2, 3], "text": ["a b", "c d e", "f", "g h"],
@@ -26,9 +26,10 @@ def _run(store: Store, name: str = "r"):
 
 
 def _point(store: Store, run_id: int, point: int, gnq: list[float]) -> None:
-    texts = [TextResult(e, e // 2, None, g, 1.0 + e, 0.5) for e, g in enumerate(gnq)]
-    batches = [BatchResult(i, None, 2, 3.0 + i, True, 0.1) for i in (0, 1)]
-    store.write_point(run_id, point, texts, batches, 0.2)
+    parts = [batch_results([e, e + 1], [1.0 + e, 2.0 + e], gnq[e: e + 2], [0.5, 0.5], batch_index=e // 2,
+                           step=None, condition=3.0 + e // 2, finite=True, seconds=0.1)
+             for e in range(0, len(gnq), 2)]
+    store.write_point(run_id, point, ScoreColumns.joined([p[0] for p in parts]), [p[1] for p in parts], 0.2)
 
 
 @pytest.fixture
@@ -108,9 +109,10 @@ def test_rewriting_a_point_replaces_and_a_failed_write_leaves_it_intact(store):
     _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 4.0])
     _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 5.0])
     assert len(store.scores(run.run_id)) == 4
-    bad = [TextResult(0, 0, None, 9.0, 1.0, 1.0)] * 2  # duplicate key
+    bad = batch_results([0, 0], [1.0, 1.0], [9.0, 9.0], [1.0, 1.0], batch_index=0, step=None, condition=1.0,
+                        finite=True, seconds=0.0)  # duplicate key
     with pytest.raises(duckdb.Error):
-        store.write_point(run.run_id, 0, bad, [BatchResult(0, None, 2, 1.0, True, 0.0)], 0.0)
+        store.write_point(run.run_id, 0, *bad, 0.0)
     assert list(store.scores(run.run_id)["gnq"]) == [1.0, 2.0, 3.0, 5.0]
 
 
@@ -173,8 +175,9 @@ def test_reading_an_older_store_migrates_it_first(tmp_path):
 def test_an_extra_per_text_column_lands_by_name_once_the_table_has_it(store, tmp_path):
     run = _run(store)
     store.add_points(run.run_id, [dict(point=0, label="c", kind="checkpoint")])
-    texts = [TextResult(e, 0, None, 1.0, 1.0, 0.5, extra={"copies": 3 - e}) for e in range(4)]
-    batch = [BatchResult(0, None, 4, 2.0, True, 0.1)]
+    texts, batch = batch_results(range(4), [1.0] * 4, [1.0] * 4, [0.5] * 4, batch_index=0, step=None,
+                                 condition=2.0, finite=True, seconds=0.1, extra={"copies": [3, 2, 1, 0]})
+    batch = [batch]
     with pytest.raises(duckdb.Error, match="copies"):  # no such column yet: refused, nothing written
         store.write_point(run.run_id, 0, texts, batch, 0.1)
     assert store.scores(run.run_id).empty

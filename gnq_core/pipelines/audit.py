@@ -22,14 +22,14 @@ import pandas as pd
 import torch
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import TOKEN_MEAN, lm_target_counts, per_example_lm_loss
+from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
 from gnq_core.pipelines.companions import audit_companions, companion_sets, sketch_spec
 from gnq_core.pipelines.finite_share import check_mostly_finite
-from gnq_core.pipelines.membership import TOKEN_SIGNALS, token_signals
+from gnq_core.pipelines.membership import TOKEN_SIGNALS
 from gnq_core.pipelines.prefetch import Prefetch
 from gnq_core.pipelines.ranks import Ranks
-from gnq_core.pipelines.scoring import score_batch, scores_of
+from gnq_core.pipelines.scoring import score_pass
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.pipelines.text_labels import cluster_ids, dataset_labels, secret_settings
 from gnq_core.progress import Reporter
@@ -74,11 +74,10 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
             logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
             losses = per_example_lm_loss(logits, b.labels, loss)
             auditor.backward(losses.sum())  # output gradients only: no weight-gradient matmuls
-            rows, result = score_batch(lambda: scores_of(auditor.compute()), losses, batch.example_ids,
-                                       targets=lm_target_counts(b.labels), batch_index=index, step=None,
-                                       started=t0, extra=token_signals(logits, b.labels))
+            rows, result = score_pass(auditor, logits, b.labels, losses, batch.example_ids, batch_index=index,
+                                      step=None, started=t0)
             model.zero_grad(set_to_none=True)
-            texts.add(rows)
+            texts.add(rows)  # columns to columns: no object per text
             results.append(result)
             if reporter is not None:
                 reporter.advance(len(batch.example_ids))

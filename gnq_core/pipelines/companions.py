@@ -22,7 +22,7 @@ from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.window import WindowAuditor
 from gnq_core.pipelines.membership import TOKEN_SIGNALS, token_signals
-from gnq_core.pipelines.scoring import score_batch
+from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.progress import Reporter
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, ScoreColumns
@@ -85,21 +85,22 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
                 losses.append(loss.detach())
                 targets.append(lm_target_counts(b.labels))
                 for name, values in token_signals(logits, b.labels).items():
-                    extra.setdefault(name, []).extend(values)
+                    extra.setdefault(name, []).append(values)
                 if reporter is not None:
                     reporter.advance(len(batch.example_ids))
 
             def solve(n: int = len(members), rows: SketchRows = held
-                      ) -> tuple[list[float] | None, list[float], float | None, int]:
+                      ) -> Scores:
                 if n < MIN_BATCH_SIZE:  # a set of one text has no companions: NULL GNQ, K_jj kept
                     S = rows.take().to(torch.float64)
-                    return None, (S * S).sum(dim=1).tolist(), None, n
+                    return None, (S * S).sum(dim=1), None, n
                 # the sketches go straight in: the n × n path frees them once their Gram exists
                 sol = companion_gnq(rows.take(), settings.lam, settings.lam_mode)
-                return sol.gnq.tolist(), sol.self_influence.tolist(), sol.condition, n
+                return sol.gnq, sol.self_influence, sol.condition, n
 
             rows, result = score_batch(solve, torch.cat(losses), members, targets=torch.cat(targets),
-                                       batch_index=int(index), step=None, started=t0, extra=extra,
+                                       batch_index=int(index), step=None, started=t0,
+                                       extra={name: np.concatenate(parts) for name, parts in extra.items()},
                                        gnq_mode=COMPANIONS_MODE, sketch_k=spec.k, sketch_seed=spec.seed)
             columns.add(rows)
             results.append(result)

@@ -38,7 +38,7 @@ from gnq_core.engine.window_ddp import DistributedWindowAuditor
 from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.results.precision import observed_precision, precision_note, trainer_precision
-from gnq_core.results.records import MIN_BATCH_SIZE, RunSpec, TextResult, check_gnq_settings
+from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, RunSpec, ScoreColumns, check_gnq_settings
 from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
@@ -121,13 +121,13 @@ class GNQCallback(TrainerCallback):
         self.meta: dict[str, Any] | None = None
         self.rank, self.world, self.batch_size = 0, 1, 0
         self.point, self.micro = -1, 0
-        self.results: list[TextResult] = []  # this process's records, also kept in memory
+        self._scored: list[tuple[int, ScoreColumns]] = []  # this process's rows by point, also kept in memory
         self._ids: torch.Tensor | None = None
         self._losses: torch.Tensor | None = None
-        self._signals: dict[str, list[float]] | None = None  # Min-K% / Min-K%++ of the batch
+        self._signals: dict[str, np.ndarray] | None = None  # Min-K% / Min-K%++ of the batch
         self._weights: torch.Tensor | None = None
         self._t0 = 0.0
-        self._since_log: list[TextResult] = []
+        self._since_log: list[ScoreColumns] = []
         self._pending: list[dict[str, Any]] = []  # the window's micro-batches so far (step mode)
         self.windows_without_gnq = 0  # windows of < 2 texts: no companions, GNQ NULL
         self.precision: dict[str, str] = {}  # compute_dtype, mixed_precision (results/precision.py)
@@ -140,22 +140,34 @@ class GNQCallback(TrainerCallback):
         so far), ``gnq/above_threshold`` (texts above it) and ``gnq/top{k}_example_id``, and per
         optimizer step ``gnq/b_eff`` and ``gnq/windows_without_gnq``; all numbers (loggers take
         scalars).  Empty when nothing was audited since the last call."""
-        window = [r for r in self._since_log if r.gnq is not None and np.isfinite(r.gnq)]
-        audited, self._since_log = bool(self._since_log), []
+        since, self._since_log = self._since_log, []
         batch = {"gnq/b_eff": self.batch_size, "gnq/windows_without_gnq": self.windows_without_gnq} \
-            if self._windowed and audited else {}  # what the batch of these GNQs was
-        if not window:
+            if self._windowed and since else {}  # what the batch of these GNQs was
+        values, ids = _finite_gnq(since)
+        if not len(values):
             return batch
-        values = np.array([r.gnq for r in window])
-        every = np.array([r.gnq for r in self.results if r.gnq is not None and np.isfinite(r.gnq)])
         threshold = self.config.flag_gnq
         if threshold is None:
-            threshold = float(np.quantile(every, 0.9))
+            threshold = float(np.quantile(_finite_gnq([c for _, c in self._scored])[0], 0.9))
         out = {"gnq/median": float(np.median(values)), "gnq/p99": float(np.quantile(values, 0.99)),
                "gnq/threshold": threshold, "gnq/above_threshold": int((values > threshold).sum())}
-        top = sorted(window, key=lambda r: -r.gnq)[: self.config.log_top]
-        out |= {f"gnq/top{k}_example_id": int(r.example_id) for k, r in enumerate(top, start=1)}
+        top = np.argsort(-values, kind="stable")[: self.config.log_top]
+        out |= {f"gnq/top{k}_example_id": int(ids[i]) for k, i in enumerate(top, start=1)}
         return out | batch
+
+    @property
+    def results(self) -> pd.DataFrame:
+        """This process's score rows so far, as the shards hold them (point, example_id,
+        batch_index, step, gnq, loss, self_influence and the forward signals; NaN: NULL)."""
+        frames = [c.frame(point) for point, c in self._scored] or [ScoreColumns().frame(0)]
+        return pd.concat(frames, ignore_index=True)
+
+    def _record(self, step: int, texts: ScoreColumns, batches: list[BatchResult]) -> None:
+        """One scored batch or window: to this rank's shards and the in-memory rows."""
+        self.writer.add(step, self.point, texts, batches)
+        self._scored.append((self.point, texts))
+        self._since_log.append(texts)
+        self.micro += 1
 
     # ------------------------------------------------------------------ trainer events
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -259,7 +271,7 @@ class GNQCallback(TrainerCallback):
         self._ids, self._weights, self._t0 = example_ids.detach().cpu(), None, time.perf_counter()
 
     def watch_losses(self, losses: torch.Tensor, counts: torch.Tensor,
-                     signals: dict[str, list[float]] | None = None) -> None:
+                     signals: dict[str, np.ndarray] | None = None) -> None:
         """Keep ℓ_j (and the forward signals, ``membership.token_signals``); the hook receives
         ∂objective/∂ℓ_j in the backward: the weights w_j."""
         self._losses, self._counts = losses.detach(), counts.detach()
@@ -283,16 +295,13 @@ class GNQCallback(TrainerCallback):
 
         def compute() -> Scores:
             res = self.auditor.compute(weights=self._weights)
-            gnq = res.local_gnq.tolist() if res.batch_size >= MIN_BATCH_SIZE else None  # no companions
-            return gnq, res.kernel.diagonal()[res.local].tolist(), res.condition, res.batch_size
+            gnq = res.local_gnq if res.batch_size >= MIN_BATCH_SIZE else None  # no companions
+            return gnq, res.kernel.diagonal()[res.local], res.condition, res.batch_size
 
-        texts, batch = score_batch(compute, self._losses, self._ids.tolist(), targets=self._counts,
+        texts, batch = score_batch(compute, self._losses, self._ids, targets=self._counts,
                                    batch_index=self._batch_index, step=state.global_step + 1,
                                    started=self._t0, extra=self._signals)
-        self.writer.add(batch.step, self.point, texts, self._batch_rows(batch))
-        self.results += texts
-        self._since_log += texts
-        self.micro += 1
+        self._record(batch.step, texts, self._batch_rows(batch))
         self._weights = None
 
     def _finish_window(self, step: int) -> None:
@@ -311,23 +320,20 @@ class GNQCallback(TrainerCallback):
             if res is None:
                 raise failure
             mine = getattr(res, "local", slice(None))  # every rank's window: this rank's texts
-            gnq = None if res.gnq is None else res.gnq[mine].tolist()
-            return gnq, res.kernel.diagonal()[mine].tolist(), res.condition, res.batch_size
+            gnq = None if res.gnq is None else res.gnq[mine]
+            return gnq, res.kernel.diagonal()[mine], res.condition, res.batch_size
 
         signals = None
         if all(m["signals"] is not None for m in pending):
-            signals = {k: [v for m in pending for v in m["signals"][k]] for k in pending[0]["signals"]}
+            signals = {k: np.concatenate([m["signals"][k] for m in pending]) for k in pending[0]["signals"]}
         texts, batch = score_batch(compute, torch.cat([m["losses"] for m in pending]),
-                                   torch.cat([m["ids"] for m in pending]).tolist(),
+                                   torch.cat([m["ids"] for m in pending]),
                                    targets=torch.cat([m["counts"] for m in pending]),
                                    batch_index=self._batch_index,
                                    step=step, started=pending[0]["t0"], extra=signals,
                                    gnq_mode=self._mode_of(res), sketch_k=None if res is None else res.k,
                                    sketch_seed=None if res is None else res.seed)
-        self.writer.add(batch.step, self.point, texts, self._batch_rows(batch))
-        self.results += texts
-        self._since_log += texts
-        self.micro += 1
+        self._record(batch.step, texts, self._batch_rows(batch))
 
     # ------------------------------------------------------------------ run description
     def _examples_frame(self) -> pd.DataFrame:
@@ -422,6 +428,14 @@ class GNQCallback(TrainerCallback):
                              "columns": self._spec.columns, "total": self._spec.shared}
         return out
 
+
+
+def _finite_gnq(parts: Sequence[ScoreColumns]) -> tuple[np.ndarray, np.ndarray]:
+    """The finite GNQ values of ``parts`` and their texts' example ids, in order."""
+    gnq = np.concatenate([c.column("gnq") for c in parts]) if parts else np.empty(0)
+    ids = np.concatenate([c.example_id[: c.n] for c in parts]) if parts else np.empty(0, np.int64)
+    keep = np.isfinite(gnq)
+    return gnq[keep], ids[keep]
 
 
 def token_mean_objective(gnq: GNQCallback, logits: torch.Tensor, labels: torch.Tensor,

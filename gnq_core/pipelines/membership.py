@@ -65,7 +65,7 @@ def min_k_prob(logprobs: np.ndarray, k: float = MIN_K_FRACTION) -> float:
 
 
 def token_signals(logits: torch.Tensor, labels: torch.Tensor, k: float = MIN_K_FRACTION
-                  ) -> dict[str, list[float]]:
+                  ) -> dict[str, np.ndarray]:
     """Per sequence of the batch: ``min_k`` (Min-K%) and ``min_k_plus`` (Min-K%++) over its
     next-token targets (labels != -100, the shift as in ``per_example_lm_loss``); NaN for a
     sequence without targets.  Forward quantities only (detached; no graph is kept)."""
@@ -84,14 +84,14 @@ def token_signals(logits: torch.Tensor, labels: torch.Tensor, k: float = MIN_K_F
         return {"min_k": _lowest_mean(picked, valid, k), "min_k_plus": _lowest_mean(plus, valid, k)}
 
 
-def _lowest_mean(values: torch.Tensor, valid: torch.Tensor, k: float) -> list[float]:
+def _lowest_mean(values: torch.Tensor, valid: torch.Tensor, k: float) -> np.ndarray:
     """Per row, the mean of the lowest ⌈k·n⌉ of its n valid values (NaN when n = 0)."""
     n = valid.sum(-1)
     m = torch.ceil(k * n.double()).long().clamp_min(1)
     ordered = values.double().masked_fill(~valid, math.inf).sort(-1).values
     take = torch.arange(ordered.shape[-1], device=ordered.device)[None] < m[:, None]
     means = torch.where(take, ordered, 0).sum(-1) / m
-    return torch.where(n > 0, means, math.nan).cpu().tolist()
+    return torch.where(n > 0, means, math.nan).cpu().numpy()
 
 
 def zlib_bits(text: str) -> int:
@@ -123,5 +123,5 @@ def forward_signals(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], 
     for _, b, logits in forward_batches(model, token_ids, pad, batch_size, device):
         rows["loss"] += per_example_lm_loss(logits, b.labels).double().cpu().tolist()
         for name, values in token_signals(logits, b.labels).items():
-            rows[name] += values
+            rows[name].extend(values.tolist())
     return pd.DataFrame(rows)

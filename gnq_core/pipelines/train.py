@@ -1,20 +1,19 @@
 """In-run audited training: GNQ of every example at every step, from the training's own backward.
 
-A nanoGPT-style loop, kept readable: seeded shuffles per epoch, AdamW, per-example mean NLL
-(losses.py) averaged over the batch, and the auditor reading the same backward that produces
-the update (weights 1/B undo the batch mean, DESIGN.md §1; GNQ's ℓ_j is that mean, or with
-``loss="token_sum"`` the sum, whose weights are 1/(B n_j)).  After each epoch the model is
-saved under RUN_DIR/epoch-K (safetensors + tokenizer + trainer state) and the epoch's scores are
-committed; a rerun of an unfinished run continues after its last finished epoch.  The batches
-are the training's own (plain seeded shuffles); when two copies of a text share one, the store
-shows that text's GNQ as measured with a copy in the batch (``gnq_with_copy``) and ``gnq train``
-reports how many steps had one (``Store.steps_with_copies``).
+The one training loop (training_loop.py: seeded shuffles per epoch, AdamW, per-example mean NLL
+averaged over the batch) with its three callbacks: ``GNQScores``, the auditor reading the same
+backward that produces the update (weights 1/B undo the batch mean, DESIGN.md §1; GNQ's ℓ_j is
+that mean, or with ``loss="token_sum"`` the sum, whose weights are 1/(B n_j)); ``Checkpoints``,
+the model saved after each epoch under RUN_DIR/epoch-K (safetensors + tokenizer + trainer
+state) before the epoch's scores are committed; ``Progress``.  A rerun of an unfinished run
+continues after its last finished epoch.  The batches are the training's own (plain seeded
+shuffles); when two copies of a text share one, the store shows that text's GNQ as measured
+with a copy in the batch (``gnq_with_copy``) and ``gnq train`` reports how many steps had one
+(``Store.steps_with_copies``).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -23,14 +22,12 @@ import torch
 
 from gnq_core.atomic import check_folder_target
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, lm_target_counts, per_example_lm_loss
 from gnq_core.pipelines.finite_share import check_mostly_finite
-from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.protected_paths import OverwriteError, refuse_overwrite, verify_checkpoint
-from gnq_core.pipelines.resume import resume_from, save_trainer_state
-from gnq_core.pipelines.scoring import score_batch, scores_of
+from gnq_core.pipelines.resume import resume_from
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.text_labels import dataset_labels, secret_settings
+from gnq_core.pipelines.training_loop import Checkpoints, GNQScores, Progress, seeded_batches, train
 from gnq_core.progress import Reporter
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Run, Store
@@ -38,10 +35,9 @@ from gnq_core.runtime import code_version, resolve_device, resolve_dtype, seed_e
 from gnq_core.sources.checkpoints.checks import check_checkpoint
 from gnq_core.sources.checkpoints.files import checkpoint_hash
 from gnq_core.sources.checkpoints.load import load_checkpoint
-from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.models import build_model, train_tokenizer
-from gnq_core.sources.tokens import batch_partition, collate, encode_texts, pad_id
+from gnq_core.sources.tokens import encode_texts, pad_id
 
 # How the weight gradient is formed, recorded in the run settings (gnq_core.engine.fused).
 WEIGHT_GRADIENTS = "fused: the sum of the per-example gradients the audit forms"
@@ -98,32 +94,18 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
         torch.set_rng_state(rng_state)
     store.add_points(run.run_id, [dict(point=e, label=f"epoch-{e + 1}", kind="epoch",
                                        path=str(out_dir / f"epoch-{e + 1}")) for e in range(settings.epochs)])
-    pad = pad_id(tokenizer)
     # Fused: the per-example gradients the audit forms anyway are summed into the weight gradient,
     # so autograd's own weight-gradient matmuls are skipped (same step up to float rounding).
     auditor = GNQAuditor(model, lam=settings.lam, lam_mode=settings.lam_mode, fused=True)
     with store.tracking(run.run_id), auditor:
-        for epoch in range(start_epoch, settings.epochs):
-            _train_epoch(store, run, epoch, model, tokenizer, optimizer, auditor, ids, pad, out_dir,
-                         settings, device, reporter)
+        train(model, optimizer, ids, pad_id(tokenizer), device,
+              seeded_batches(range(len(ids)), settings.batch_size, settings.seed),
+              epochs=range(start_epoch, settings.epochs), loss=settings.loss,
+              callbacks=[Progress(reporter, settings.epochs),
+                         Checkpoints(model, tokenizer, optimizer, out_dir),  # saved before the rows name it
+                         GNQScores(auditor, store, run.run_id)])
         check_mostly_finite(store, run)  # inside tracking: a numerical failure marks the run 'failed'
     return store.run(run.run_id)
-
-
-def _train_epoch(store: Store, run: Run, epoch: int, model, tokenizer, optimizer, auditor: GNQAuditor,
-                 ids: list[list[int]], pad: int, out_dir: Path, settings: TrainSettings,
-                 device: torch.device, reporter: Reporter) -> None:
-    t0 = time.perf_counter()
-    partition = batch_partition(len(ids), settings.batch_size, settings.seed + epoch)
-    steps_before = epoch * len(partition)
-    reporter.stage(f"epoch {epoch + 1}/{settings.epochs}", len(ids))
-    texts, results = train_epoch(model, optimizer, ids, partition, pad, device, settings.loss,
-                                 auditor=auditor, steps_before=steps_before, advance=reporter.advance)
-    path = out_dir / f"epoch-{epoch + 1}"
-    save_checkpoint(model, tokenizer, path)
-    save_trainer_state(path, optimizer, epoch + 1, steps_before + len(partition))
-    store.write_point(run.run_id, epoch, texts, results, time.perf_counter() - t0, path=str(path),
-                      model_hash=checkpoint_hash(path))
 
 
 def _refuse_overwrite(store: Store, out_dir: Path, start_epoch: int, epochs: int, dataset: TextDataset,
@@ -138,47 +120,6 @@ def _refuse_overwrite(store: Store, out_dir: Path, start_epoch: int, epochs: int
     if existing:
         raise OverwriteError(f"{existing[0]}: already exists and this run did not make it; choose "
                              "another --out (or remove it)")
-
-
-def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[list[int]],
-                partition: Sequence[Sequence[int]], pad: int, device: torch.device, loss: str = TOKEN_MEAN, *,
-                auditor: GNQAuditor | None = None, steps_before: int = 0,
-                advance: Callable[[int], None] | None = None) -> tuple[list, list]:
-    """One epoch of the training loop, the one every trainer here uses (``run_training``, the
-    studies' pretraining and counterfactual models): for each batch of ``partition`` (lists of
-    indices into ``ids``) the batch mean of the per-example losses, its backward and an optimizer
-    step.  With ``auditor``, every example's GNQ from that same backward (the texts' rows and the
-    batches' results are returned; a non-finite batch is recorded and not stepped on)."""
-    model.train()
-    texts, results = [], []
-    for index, part in enumerate(partition):
-        tb = time.perf_counter()
-        b = collate([ids[i] for i in part], list(part), pad).to(device)
-        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-        losses = per_example_lm_loss(logits, b.labels, loss)
-        # The update is the batch mean of the token means whatever the convention GNQ is measured
-        # in; w undoes it: Σ_j w_j ℓ_j is that objective (1/B, or 1/(B n_j) for token sums).
-        w = batch_mean_weights(b.labels, loss)
-        if loss == TOKEN_MEAN:
-            losses.mean().backward()
-        else:
-            (losses * w.to(device=losses.device, dtype=losses.dtype)).sum().backward()
-        finite = True
-        if auditor is not None:
-            rows, result = score_batch(lambda w=w: scores_of(auditor.compute(weights=w)), losses, list(part),
-                                       targets=lm_target_counts(b.labels), batch_index=index,
-                                       step=steps_before + index + 1, started=tb,
-                                       extra=token_signals(logits, b.labels))
-            texts += rows
-            results.append(result)
-            finite = result.finite
-        if finite:
-            optimizer.step()
-        # A non-finite batch is recorded and skipped: stepping on it would corrupt the model.
-        optimizer.zero_grad(set_to_none=True)
-        if advance is not None:
-            advance(len(part))
-    return texts, results
 
 
 def _initial_model(dataset: TextDataset, init: str | Path | None, settings: TrainSettings):

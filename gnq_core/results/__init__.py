@@ -6,7 +6,7 @@ from gnq_core._lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".export": ("FORMATS", "ExportError", "export_frame", "to_bytes", "write_table"),
     ".layout": ("jobs_dir", "uploads_root"),
-    ".records": ("MIN_BATCH_SIZE", "RunSpec", "ScoreColumns", "TextResult"),
+    ".records": ("MIN_BATCH_SIZE", "RunSpec", "ScoreColumns"),
     ".shards": ("ShardError", "ingest", "open_store"),
     ".store": ("Run", "RunNotFoundError", "Store", "StoreError", "default_db_path"),
 })

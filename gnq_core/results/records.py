@@ -1,12 +1,14 @@
-"""The results contract (DESIGN.md §6): one text's result, one batch's, and their run.
+"""The results contract (DESIGN.md §6): texts' score rows, one batch's result, and their run.
 
 Every producer (``gnq train``, ``gnq audit``, the Trainer integration and its shards) builds
-these records; ``score_frame`` / ``batch_frame`` are the one place they become table rows, for
-the DuckDB store (``Store.write_point``) and for Parquet shards (``ShardWriter``) alike.
+these records: ``batch_results`` builds a batch's score rows as ``ScoreColumns`` (numpy columns,
+no object per text); ``ScoreColumns.frames`` / ``batch_frame`` are the one place they become
+table rows, for the DuckDB store (``Store.write_point``) and for Parquet shards (``ShardWriter``)
+alike.
 
 A new per-text column: a migration adds it to the ``scores`` table, the producer passes it in
-``TextResult.extra`` (``{"column": value}``); rows are inserted by column name, so neither the
-writers nor the other producers change (a text without the value gets NULL).
+``extra`` (``{"column": values}``); rows are inserted by column name, so neither the writers nor
+the other producers change (a text without the value gets NULL).
 """
 
 from __future__ import annotations
@@ -14,29 +16,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:  # the results layer never imports torch (the dashboard reads it)
+    import torch
+
+    Floats = Sequence[float] | np.ndarray | torch.Tensor  # per-text values, as the engine hands them
 
 SCORE_COLUMNS = ["example_id", "batch_index", "step", "gnq", "loss", "self_influence"]
 BATCH_COLUMNS = ["batch_index", "step", "size", "condition", "finite", "seconds", "gnq_mode", "sketch_k",
                  "sketch_seed"]
 WRITE_CHUNK = 100_000  # score rows per frame when ScoreColumns are written
 MIN_BATCH_SIZE = 2  # GNQ_j compares example j with the others of its batch (Σ_{k≠j}): B = 1 has none
-
-
-@dataclass(frozen=True)
-class TextResult:
-    """One text's scores in one GNQ batch at one point (a checkpoint or an epoch)."""
-
-    example_id: int
-    batch_index: int
-    step: int | None  # the optimizer step (in-run); None post hoc
-    gnq: float | None  # None: the batch was not finite
-    loss: float | None
-    self_influence: float | None  # K_jj
-    extra: Mapping[str, Any] = field(default_factory=dict)  # further columns of ``scores``, by name
 
 
 @dataclass(frozen=True)
@@ -56,45 +50,45 @@ class BatchResult:
     sketch_seed: int | None = None
 
 
-def batch_results(example_ids: Sequence[int], losses: Sequence[float], gnq: Sequence[float] | None,
-                  self_influence: Sequence[float] | None, *, batch_index: int, step: int | None,
+def batch_results(example_ids: Sequence[int] | np.ndarray | torch.Tensor, losses: Floats,
+                  gnq: Floats | None, self_influence: Floats | None, *, batch_index: int, step: int | None,
                   condition: float | None, finite: bool, seconds: float,
-                  size: int | None = None, extra: Mapping[str, Sequence[float]] | None = None,
-                  scored: Sequence[bool] | None = None, gnq_mode: str = "exact",
+                  size: int | None = None, extra: Mapping[str, Floats] | None = None,
+                  scored: Sequence[bool] | np.ndarray | torch.Tensor | None = None, gnq_mode: str = "exact",
                   sketch_k: int | None = None, sketch_seed: int | None = None
-                  ) -> tuple[list[TextResult], BatchResult]:
-    """The records of one batch; ``gnq``/``self_influence`` None when it was not finite, and all
-    three scores None for a text not ``scored`` (too short to have a next token).
-    ``size`` defaults to the number of texts (a global batch of several ranks is larger);
-    ``extra``: further per-text columns, one value per text (``TextResult.extra``)."""
-    extra = extra or {}
+                  ) -> tuple[ScoreColumns, BatchResult]:
+    """The records of one batch, the one score-row builder: the texts' rows as columns (numpy,
+    straight from the engine's tensors: no object per text) and the batch's ``BatchResult``.
+    ``gnq``/``self_influence`` None when it was not finite; all three scores NaN (NULL) for a
+    text not ``scored`` (too short to have a next token).  ``size`` defaults to the number of
+    texts (a global batch of several ranks is larger); ``extra``: further per-text columns, one
+    value per text, by name."""
+    ids = _array(example_ids, np.int64)
+    n = len(ids)
+    columns = ScoreColumns(n, tuple(extra or ()))
+    columns.example_id[:n], columns.batch_index[:n] = ids, batch_index
+    columns.step[:n], columns.step_missing[:n] = 0 if step is None else step, step is None
+    for j, values in enumerate((gnq, losses, self_influence, *(extra or {}).values())):
+        columns.values[:n, j] = math.nan if values is None else _array(values, np.float64)
+    if scored is not None:
+        columns.values[:n, :3][~_array(scored, bool)] = math.nan
+    columns.n = n
+    return columns, BatchResult(batch_index, step, n if size is None else size, condition, finite, seconds,
+                                gnq_mode, sketch_k, sketch_seed)
 
-    def scores(i: int) -> tuple[float | None, float | None, float | None]:
-        if scored is not None and not scored[i]:
-            return None, None, None
-        return gnq[i] if gnq else None, float(losses[i]), self_influence[i] if self_influence else None
 
-    texts = [TextResult(int(e), batch_index, step, *scores(i),
-                        {name: values[i] for name, values in extra.items()})
-             for i, e in enumerate(example_ids)]
-    return texts, BatchResult(batch_index, step, len(texts) if size is None else size, condition, finite,
-                              seconds, gnq_mode, sketch_k, sketch_seed)
-
-
-def score_frame(texts: Sequence[TextResult], point: int) -> pd.DataFrame:
-    """``scores`` rows (all columns but run_id), typed; extra columns after the fixed ones."""
-    rows = [{"point": point, **{c: getattr(t, c) for c in SCORE_COLUMNS}, **t.extra} for t in texts]
-    frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["point", *SCORE_COLUMNS])
-    return frame.astype({"point": "int64", "example_id": "int64", "batch_index": "int64", "step": "Int64",
-                         "gnq": "float64", "loss": "float64", "self_influence": "float64"})
+def _array(values: Floats | Sequence[Any], dtype: type) -> np.ndarray:
+    if hasattr(values, "detach"):  # a tensor, as the engine hands it over
+        values = values.detach().cpu()
+        return (values.double() if dtype is np.float64 else values).numpy().astype(dtype, copy=False)
+    return np.asarray(values, dtype)
 
 
 class ScoreColumns:
-    """One point's text results as numpy columns, filled batch by batch: about 50 bytes a text
-    instead of a ``TextResult`` object (~400 bytes), so a point of millions of texts stays small.
-    ``Store.write_point`` takes it in place of a list of ``TextResult`` and writes it in chunks;
-    its frames are exactly ``score_frame``'s.  ``extra``: the names of further float columns
-    every text carries in ``TextResult.extra`` (the audit's forward signals)."""
+    """Score rows as numpy columns, filled batch by batch: about 50 bytes a text, so a point of
+    millions of texts stays small.  ``Store.write_point`` and ``ShardWriter`` take them and
+    ``frames`` makes the typed ``scores`` rows, in chunks.  ``extra``: the names of further
+    float columns every row carries (the forward signals); NaN is NULL."""
 
     _FIXED = ("gnq", "loss", "self_influence")
 
@@ -112,50 +106,46 @@ class ScoreColumns:
     def __len__(self) -> int:
         return self.n
 
-    def _columns(self) -> list[str]:
-        return ["example_id", "batch_index", "step", "step_missing", "values"]
+    _COLUMNS = ("example_id", "batch_index", "step", "step_missing", "values")
 
-    def add(self, texts: Sequence[TextResult]) -> None:
-        k = len(texts)
+    def column(self, name: str) -> np.ndarray:
+        """One float column's values (``gnq``, ``loss``, ``self_influence`` or an extra), a view."""
+        return self.values[: self.n, self._floats.index(name)]
+
+    def add(self, other: ScoreColumns) -> None:
+        """Append ``other``'s rows (its extra columns by name: the same names, any order)."""
+        if set(other.extra) != set(self.extra):
+            raise ValueError(f"every row needs exactly the extra columns {list(self.extra)}")
+        k = other.n
         if self.n + k > len(self.example_id):  # grow geometrically
             size = max(2 * len(self.example_id), self.n + k)
-            for name in self._columns():
+            for name in self._COLUMNS:
                 old = getattr(self, name)
                 new = np.empty((size, *old.shape[1:]), old.dtype)
                 new[: self.n] = old[: self.n]
                 setattr(self, name, new)
         rows = slice(self.n, self.n + k)
-        if any(set(t.extra) != set(self.extra) for t in texts):
-            raise ValueError(f"every text needs exactly the extra columns {list(self.extra)}")
-        self.example_id[rows] = [t.example_id for t in texts]
-        self.batch_index[rows] = [t.batch_index for t in texts]
-        self.step_missing[rows] = [t.step is None for t in texts]
-        self.step[rows] = [0 if t.step is None else t.step for t in texts]
-        self.values[rows] = [[math.nan if v is None else v
-                              for v in (t.gnq, t.loss, t.self_influence, *(t.extra[c] for c in self.extra))]
-                             for t in texts]
+        for name in self._COLUMNS[:-1]:
+            getattr(self, name)[rows] = getattr(other, name)[:k]
+        self.values[rows] = other.values[:k, [other._floats.index(c) for c in self._floats]]
         self.n += k
 
     @classmethod
     def joined(cls, parts: Sequence[ScoreColumns]) -> ScoreColumns:
         """Several ranks' columns as one, ordered by batch index (stable: a batch's texts keep
         their order)."""
-        extra = parts[0].extra if parts else ()
-        if any(p.extra != extra for p in parts):
-            raise ValueError("ScoreColumns with different extra columns cannot be joined")
-        out = cls(sum(len(p) for p in parts), extra)
-        for name in out._columns():
-            setattr(out, name, np.concatenate([getattr(p, name)[: p.n] for p in parts]))
-        out.n = len(out.example_id)
-        if np.any(np.diff(out.batch_index) < 0):
-            keep = np.argsort(out.batch_index, kind="stable")
-            for name in out._columns():
+        out = cls(sum(len(p) for p in parts), parts[0].extra if parts else ())
+        for part in parts:
+            out.add(part)
+        if np.any(np.diff(out.batch_index[: out.n]) < 0):
+            keep = np.argsort(out.batch_index[: out.n], kind="stable")
+            for name in out._COLUMNS:
                 setattr(out, name, getattr(out, name)[keep])
         return out
 
     def frames(self, point: int, chunk: int | None = None) -> Iterator[pd.DataFrame]:
-        """``score_frame`` of these rows, ``chunk`` (default ``WRITE_CHUNK``) rows at a time (one
-        empty frame when there are none)."""
+        """The typed ``scores`` rows (all columns but run_id; extra ones after the fixed ones),
+        ``chunk`` (default ``WRITE_CHUNK``) rows at a time (one empty frame when there are none)."""
         chunk = chunk or WRITE_CHUNK
         for start in range(0, max(self.n, 1), chunk):
             rows = slice(start, min(start + chunk, self.n))
@@ -167,13 +157,9 @@ class ScoreColumns:
                 **{c: self.values[rows, j].copy() for j, c in enumerate(self._floats)}})
             yield frame
 
-
-def score_frames(texts: Sequence[TextResult] | ScoreColumns, point: int) -> Iterator[pd.DataFrame]:
-    """A point's ``scores`` rows as typed frames: in chunks from ``ScoreColumns``, else one frame."""
-    if isinstance(texts, ScoreColumns):
-        yield from texts.frames(point)
-    else:
-        yield score_frame(texts, point)
+    def frame(self, point: int) -> pd.DataFrame:
+        """All the rows as one typed frame (``frames`` in one chunk)."""
+        return next(self.frames(point, chunk=max(self.n, 1)))
 
 
 def batch_frame(batches: Sequence[BatchResult], point: int) -> pd.DataFrame:

@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from gnq_core.atomic import atomic_path, write_text_atomic
-from gnq_core.results.records import BatchResult, RunSpec, TextResult, batch_frame, score_frame
+from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns, batch_frame
 from gnq_core.results.store import (
     SHARD_COLUMNS,
     Run,
@@ -65,9 +65,9 @@ class ShardWriter:
         self._first_step: int | None = None
         self._last_step: int | None = None
 
-    def add(self, step: int, point: int, texts: Sequence[TextResult], batches: Sequence[BatchResult]) -> None:
+    def add(self, step: int, point: int, texts: ScoreColumns, batches: Sequence[BatchResult]) -> None:
         """The records of one optimizer step at ``point`` (the epoch)."""
-        self._frames["scores"].append(score_frame(texts, point))
+        self._frames["scores"].append(texts.frame(point))
         self._frames["batches"].append(batch_frame(batches, point))
         self._first_step = step if self._first_step is None else self._first_step
         self._last_step = step

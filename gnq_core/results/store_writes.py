@@ -24,10 +24,8 @@ from gnq_core.results.records import (
     BatchResult,
     RunSpec,
     ScoreColumns,
-    TextResult,
     batch_frame,
     resume_mismatches,
-    score_frames,
 )
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError, _now
@@ -145,14 +143,14 @@ class StoreWrites:
                                VALUES (?, ?, ?, ?, ?, ?, 'pending') ON CONFLICT DO NOTHING""",
                             [run_id, p["point"], p["label"], p["kind"], p.get("path"), p.get("model_hash")])
 
-    def write_point(self, run_id: int, point: int, texts: Sequence[TextResult] | ScoreColumns,
+    def write_point(self, run_id: int, point: int, texts: ScoreColumns,
                     batches: Sequence[BatchResult], seconds: float, *, path: str | None = None,
                     model_hash: str | None = None) -> None:
         """All of one point's rows and its 'done' mark, atomically (a rerun replaces, never duplicates)."""
         with self.transaction() as con:
             for table in ("scores", "batches"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ? AND point = ?", [run_id, point])
-            for frame in score_frames(texts, point):  # ScoreColumns: in chunks, never one frame of all
+            for frame in texts.frames(point):  # in chunks, never one frame of all
                 con.register("new_scores", frame.assign(run_id=run_id))
                 con.execute("INSERT INTO scores BY NAME SELECT * FROM new_scores")
                 con.unregister("new_scores")
@@ -303,7 +301,7 @@ def shard_select(table: str, files: Sequence[str], run_id: int) -> str:
 
     An example can appear twice in one point (a distributed sampler pads the last batches by
     repeating examples): its first occurrence (lowest step) is kept, as the table's key wants.
-    Columns beyond ``SHARD_COLUMNS`` (``TextResult.extra``) come along, matched by name.
+    Columns beyond ``SHARD_COLUMNS`` (``ScoreColumns.extra``) come along, matched by name.
     """
     paths = ", ".join(duckdb_literal(f) for f in files)  # literal: no glob semantics
     return (f"SELECT {int(run_id)} AS run_id, * FROM read_parquet([{paths}], union_by_name = true) "

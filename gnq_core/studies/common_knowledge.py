@@ -35,13 +35,13 @@ from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, group_separation
 from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.resume import TRAINER_STATE, resume_from, save_trainer_state
+from gnq_core.pipelines.resume import TRAINER_STATE, resume_from
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
+from gnq_core.pipelines.training_loop import Callback, Checkpoints, Epoch, Progress, seeded_batches, train
 from gnq_core.results.store import Run
 from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
 from gnq_core.sources.checkpoints.load import load_checkpoint
-from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import encode_texts, pad_id
@@ -56,7 +56,7 @@ from gnq_core.studies.base import (
     wikitext_chunks,
     write_dataset,
 )
-from gnq_core.studies.counterfactual import CF_METRIC, counterfactual, train_subset_epoch
+from gnq_core.studies.counterfactual import CF_METRIC, counterfactual
 
 STUDY = "common-knowledge"
 POSITIVE, NEGATIVE = "surprising", "common"  # AUC > 0.5: surprising claims score higher
@@ -207,19 +207,28 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
     if start:
         optimizer.load_state_dict(optimizer_state)
         torch.set_rng_state(rng_state)
-    for epoch in range(start, settings.epochs):
-        reporter.stage(f"pretrain epoch {epoch + 1}/{settings.epochs}", len(ids))
-        train_subset_epoch(model, optimizer, ids, list(range(len(ids))), settings, epoch, pad_id(tokenizer),
-                           device, reporter.advance)
-        path = out_dir / f"epoch-{epoch + 1}"
-        save_checkpoint(model, tokenizer, path)
-        save_trainer_state(path, optimizer, epoch + 1, (epoch + 1) * -(-len(ids) // settings.batch_size))
-        previous = out_dir / f"epoch-{epoch}"
-        if epoch >= 1 and previous.is_dir():  # only the latest state is needed to resume
-            (previous / TRAINER_STATE).unlink(missing_ok=True)
-            if keep is not None and epoch not in keep:
-                shutil.rmtree(previous)
+    # the one training loop, without the GNQ callback
+    train(model, optimizer, ids, pad_id(tokenizer), device,
+          seeded_batches(range(len(ids)), settings.batch_size, settings.seed),
+          epochs=range(start, settings.epochs), loss=settings.loss,
+          callbacks=[Progress(reporter, settings.epochs, "pretrain epoch"),
+                     Checkpoints(model, tokenizer, optimizer, out_dir), _LatestStateOnly(out_dir, keep)])
     return final
+
+
+class _LatestStateOnly(Callback):
+    """After ``Checkpoints``: the previous epoch's trainer state goes (only the latest is needed to
+    resume), and its folder too unless ``keep`` lists it."""
+
+    def __init__(self, out_dir: Path, keep: Collection[int] | None) -> None:
+        self.out_dir, self.keep = out_dir, keep
+
+    def epoch_end(self, epoch: Epoch) -> None:
+        previous = self.out_dir / f"epoch-{epoch.number}"
+        if epoch.number >= 1 and previous.is_dir():
+            (previous / TRAINER_STATE).unlink(missing_ok=True)
+            if self.keep is not None and epoch.number not in self.keep:
+                shutil.rmtree(previous)
 
 
 # ----------------------------------------------------------------------------------------- report

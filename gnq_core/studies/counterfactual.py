@@ -18,25 +18,15 @@ from gnq_core.atomic import write_text_atomic
 from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
 from gnq_core.pipelines.attacks.forward import forward_batches
 from gnq_core.pipelines.settings import TrainSettings
-from gnq_core.pipelines.train import train_epoch
+from gnq_core.pipelines.training_loop import seeded_batches, train
 from gnq_core.results.store import Run, StoreError
 from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
-from gnq_core.sources.tokens import batch_partition, encode_texts, pad_id
+from gnq_core.sources.tokens import encode_texts, pad_id
 from gnq_core.studies.base import StudyContext
 
 CF_METRIC = "counterfactual_memorization"
-
-
-def train_subset_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[list[int]],
-                 subset: list[int], settings: TrainSettings, epoch: int, pad: int, device: torch.device,
-                 advance=None) -> None:
-    """One epoch of the pipelines' training loop (``train.train_epoch``: seeded batches, the batch
-    mean of the per-example losses, AdamW), without GNQ, over the texts ``subset``."""
-    batches = [[subset[i] for i in part] for part in batch_partition(len(subset), settings.batch_size,
-                                                                     settings.seed + epoch)]
-    train_epoch(model, optimizer, ids, batches, pad, device, settings.loss, advance=advance)
 
 
 def cf_subset(n: int, model: int, seed: int) -> list[int]:
@@ -86,7 +76,12 @@ def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset
         else:
             subset = cf_subset(len(ids), m, settings.seed)
             model, _ = load_checkpoint(init, device=device)
-            _fine_tune(model, ids, subset, settings, pad_id(tokenizer), device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr,
+                                          weight_decay=settings.weight_decay)
+            # gnq train's loop (optimiser, loss, batch order) on the subset, without callbacks
+            train(model, optimizer, ids, pad_id(tokenizer), device,
+                  seeded_batches(subset, settings.batch_size, settings.seed), epochs=range(settings.epochs),
+                  loss=settings.loss)
             accuracy, loss = _evaluate(model, ids, settings.batch_size, pad_id(tokenizer), device)
             saved = {"recipe": recipe, "subset": subset, "accuracy": accuracy, "loss": loss}
             write_text_atomic(path, json.dumps(saved))
@@ -98,15 +93,6 @@ def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset
                            settings=recipe | {"models": n_models, "definition": "mean token accuracy "
                                               "of models trained with x minus without x"})
     return mem
-
-
-def _fine_tune(model: torch.nn.Module, ids: list[list[int]], subset: list[int], settings: TrainSettings,
-               pad: int, device: torch.device) -> None:
-    """The fine-tune of ``train.run_training`` (same optimiser, loss, batches, order) on a subset,
-    without GNQ."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    for epoch in range(settings.epochs):
-        train_subset_epoch(model, optimizer, ids, subset, settings, epoch, pad, device)
 
 
 def _evaluate(model: torch.nn.Module, ids: list[list[int]], batch_size: int, pad: int,
