@@ -66,9 +66,10 @@ COMPANIONS_NOTE = (
     "explain its gradient). Default: the other texts of its batch, exactly. *N* or *all*: the data's texts "
     "in seeded sets of N + 1 (or one set of all of them) — the paper's definition with this dataset "
     "standing in for the training set — and Batch size is then only the texts per pass. Those numbers are "
-    "**sketched**: each text's gradient is reduced to a seeded random projection of *k* dimensions per "
-    "weight matrix, so GNQ is approximate, with a measured error (its relative error and Spearman "
-    "correlation with exact GNQ as k grows: benchmarks/results/sketch_error-cpu.json; at the default k a "
+    "**sketched**: each text's gradient is reduced to a seeded random projection (up to *k* dimensions per "
+    "weight matrix, folded into one vector of 65,536 per text), so GNQ is approximate, with a measured error "
+    "(its relative error and Spearman correlation with exact GNQ: benchmarks/results/sketch_error-shared-cpu"
+    ".json and sketch_error-smollm2-cpu.json; at the defaults a "
     "test holds it to Spearman ≥ 0.99 and median relative error ≤ 5%). The Runs page and the report say "
     "which companion set a run used.")
 
