@@ -6,6 +6,7 @@ its folder (to /etc/passwd) is refused on the New audit page."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -80,5 +81,5 @@ def test_a_dataset_path_linking_out_of_its_folder_is_refused(tmp_path, monkeypat
     at = app_page("new_audit", data_mode="Local path", data_path_input=str(link))
     errors = [rendered(e.value) for e in at.error]
     assert any(f"{link}: a link to /etc/passwd, outside" in e for e in errors), errors
-    assert not any(" texts" in rendered(c.value) for c in at.caption)  # was "24 texts"
+    assert not any(re.search(r"\d texts", rendered(c.value)) for c in at.caption)  # was "24 texts"
 
