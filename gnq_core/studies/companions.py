@@ -83,7 +83,7 @@ class Config:
     dtype: str = "float32"
 
 
-QUICK = Config(model="tiny", members=24, non_members=16, records=8, copies=2, max_length=24, batch_size=8,
+QUICK = Config(model="tiny", members=24, non_members=16, records=8, copies=2, max_length=48, batch_size=8,
                lr=3e-3, epochs=1, lam=1e-2, sketch_k=1 << 16, vocab_rows=1 << 12, sizes=(4, 16),
                prefix_tokens=4, suffix_tokens=4, error_batch=8, error_specs=((64, 64), (1 << 16, 1 << 12)),
                seeds=(0, 1), min_records=2, resamples=100, dtype="float64")
@@ -252,7 +252,10 @@ def sketch_pass(model, ids: list[list[int]], pad: int, spec: SketchSpec, cfg: Co
     S = rows.take()
     back = np.empty(len(ids), dtype=np.int64)
     back[order] = np.arange(len(ids))
-    return S[torch.from_numpy(back)], losses, exact
+    index = torch.from_numpy(back)
+    if exact is not None:  # the one micro-batch was in ``order``: back to the texts' order
+        exact = exact[index][:, index]
+    return S[index], losses, exact
 
 
 # ----------------------------------------------------------------------------------------- GNQ
