@@ -525,6 +525,15 @@ def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -
     outcomes = pd.concat([outcome_rows(r, cfg) for r in results], ignore_index=True)
     path = work / "sketch_error.json"
     error = json.loads(path.read_text()) if path.is_file() else None
+    # compute time from what each finished part recorded (processes building seeds side by side
+    # share timings.json, so its sums can miss a stage)
+    timings.data = {}
+    for x in results:
+        stages = dict(x.meta["seconds"])
+        stages["rest (fine-tuned attack, Gram)"] = x.meta["seconds_total"] - sum(stages.values())
+        timings.data |= {f"seed {x.seed}: {k}": v for k, v in stages.items()}
+    if error is not None:
+        timings.data["sketch error batch"] = error["exact_seconds"] + sum(r["seconds"] for r in error["rows"])
     return _write(ctx, cfg, results, shares, outcomes, error, timings)
 
 
