@@ -54,6 +54,9 @@ from gnq_core.studies.base import StudyContext, Timings, ag_news, machine
 
 STUDY = "companions"
 ALL = "all"
+MEMBERS, CORPUS_MEMBERS, RECORD_MEMBERS, NON_MEMBERS = ("members", "members: corpus texts",
+                                                      "members: record copies", "non-members")
+MEMBERSHIP, MEMBERSHIP_CORPUS, EXTRACTION = "membership", "membership (corpus texts)", "extraction"
 MIN_RECORDS = 20  # independent positive (and negative) records a membership/extraction number needs
 DEMO_DATA = Path(__file__).resolve().parents[2] / "data" / "demo.csv"
 
@@ -77,6 +80,7 @@ class Config:
     suffix_tokens: int
     error_batch: int  # texts of the exact-vs-sketch batch (item 4); 0: not measured
     error_specs: tuple[tuple[int, int], ...] = ()  # (k, vocab_rows) measured against the exact batch
+    error_seeds: int = 2  # sketch seeds per (k, vocab_rows)
     seeds: tuple[int, ...] = (0, 1, 2)
     min_records: int = MIN_RECORDS
     resamples: int = RESAMPLES
@@ -370,7 +374,7 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
 def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, log=print) -> dict | None:
     """Sketched vs exact GNQ on one batch of ``error_batch`` member texts at the base weights: the
     exact Gram of the batch (``GNQAuditor``'s, through ``WindowAuditor(keep_exact=True)``) and the
-    Gram of the sketches at each (k, vocabulary buckets), 3 sketch seeds each."""
+    Gram of the sketches at each (k, vocabulary buckets), ``error_seeds`` sketch seeds each."""
     path = work / "sketch_error.json"
     if cfg.error_batch < 2:
         return None
@@ -395,7 +399,7 @@ def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, l
     kjj = K.diagonal().numpy()
     share = 1 - g_exact * cfg.lam / kjj
     for k, vocab in cfg.error_specs:
-        for sketch_seed in range(3):
+        for sketch_seed in range(cfg.error_seeds):
             with timings.stage("sketch error (sketches)"):
                 t = time.perf_counter()
                 spec = SketchSpec(k=k, vocab_rows=vocab, seed=sketch_seed)
@@ -414,6 +418,7 @@ def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, l
                 f"median {rows[-1]['median_rel_error']:.4f}, "
                 f"Spearman {rows[-1]['spearman']:.4f}")
     out = {"texts": len(ids), "tokens": [len(x) for x in ids], "weights": "base model (before fine-tuning)",
+           "sketch_seeds": cfg.error_seeds,
            "exact_seconds": exact_seconds, "exact_share_median": float(np.median(share)),
            "exact_share_p10": float(np.quantile(share, 0.1)),
            "exact_share_p90": float(np.quantile(share, 0.9)),
@@ -465,9 +470,11 @@ def outcome_rows(res: SeedResult, cfg: Config) -> pd.DataFrame:
     CV gain over length + loss (loss itself: over length alone), intervals by copy cluster."""
     f = res.frame
     rows = []
-    outcomes = [("membership", f, f["member"].to_numpy(bool))]
+    corpus_texts = f[f["kind"] == "corpus"]
     attacked = f[f["member"] & f["extracted"].notna()]
-    outcomes.append(("extraction", attacked, attacked["extracted"].to_numpy(float) == 1))
+    outcomes = [(MEMBERSHIP, f, f["member"].to_numpy(bool)),
+                (MEMBERSHIP_CORPUS, corpus_texts, corpus_texts["member"].to_numpy(bool)),
+                (EXTRACTION, attacked, attacked["extracted"].to_numpy(float) == 1)]
     for outcome, part, y in outcomes:
         loss = part["loss"].to_numpy(float)
         signals = [(f"GNQ (c = {c})", np.log(np.maximum(part[f"gnq_{c}"].to_numpy(float), 1e-300)), loss,
@@ -486,7 +493,9 @@ def share_rows(res: SeedResult) -> pd.DataFrame:
     f = res.frame
     rows = []
     for c in res.sizes:
-        for who, part in (("members", f[f["member"]]), ("non-members", f[~f["member"]])):
+        groups = ((MEMBERS, f[f["member"]]), (CORPUS_MEMBERS, f[f["member"] & (f["kind"] == "corpus")]),
+                  (RECORD_MEMBERS, f[f["member"] & (f["kind"] == "record")]), (NON_MEMBERS, f[~f["member"]]))
+        for who, part in groups:
             s = part[f"share_{c}"].to_numpy(float)
             rho = spearmanr(part[f"gnq_{c}"], part["k_jj"]).statistic
             rows.append({"seed": res.seed, "c": str(c), "texts": who, "n": len(part),
@@ -546,17 +555,18 @@ def _saved(work: Path, seed: int) -> dict:
 
 def departure_sentence(shares: pd.DataFrame) -> str:
     """Where GNQ departs from the gradient norm, by a rule fixed before reading the numbers: the
-    smallest c whose median share explained (members, mean over seeds) is ≥ 0.10 or whose
-    Spearman(GNQ, K_jj) is < 0.90."""
+    smallest c whose median share explained is ≥ 0.10 or whose Spearman(GNQ, K_jj) is < 0.90, on
+    the corpus members (texts without copies: a record's copies explain each other by
+    construction), mean over seeds."""
     columns = ["share median", "spearman(GNQ, K_jj)"]
-    m = shares[shares["texts"] == "members"].groupby("c", sort=False)[columns].mean()
+    m = shares[shares["texts"] == CORPUS_MEMBERS].groupby("c", sort=False)[columns].mean()
     parts = [f"c = {c}: median share {v['share median']:.3f}, Spearman {v['spearman(GNQ, K_jj)']:.3f}"
              for c, v in m.iterrows()]
     departs = [c for c, v in m.iterrows() if v["share median"] >= 0.10 or v["spearman(GNQ, K_jj)"] < 0.90]
     verdict = (f"GNQ departs from the gradient norm from c = {departs[0]} on" if departs else
                "GNQ does not depart from the gradient norm at any companion size measured")
-    return (f"**{verdict}** (rule: median share explained ≥ 0.10 or Spearman(GNQ, K_jj) < 0.90, members, "
-            f"mean over seeds). " + "; ".join(parts) + ".")
+    return (f"**{verdict}** (rule: median share explained ≥ 0.10 or Spearman(GNQ, K_jj) < 0.90 on the "
+            f"corpus members, mean over seeds). " + "; ".join(parts) + ".")
 
 
 def _setup(ctx: StudyContext, cfg: Config, results: list[SeedResult]) -> str:
@@ -591,7 +601,7 @@ AUC_CAPTION = ("AUC within exact token length, pair-weighted (for GNQ and K_jj, 
                "too few. GNQ and K_jj enter as logarithms.")
 ERROR_CAPTION = ("{texts} member texts in one exact batch at the {weights}; exact = the GNQAuditor's Gram "
                  "of the batch ({seconds:.0f} s); the exact share explained there: median {median:.4f} "
-                 "(10–90%: {p10:.4f}–{p90:.4f}). Medians over 3 sketch seeds of the median and 95th "
+                 "(10–90%: {p10:.4f}–{p90:.4f}). Medians over {seeds} sketch seeds of the median and 95th "
                  "percentile of GNQ's relative error per text, and of Spearman with the exact GNQ.")
 SHARE_CAPTION = ("Share explained = 1 − GNQ·λ/K_jj (0: companions explain nothing, GNQ = ‖g‖²/λ). "
                  "Means over {n} seed(s) of each seed's median, 10th and 90th percentiles over texts and "
@@ -626,8 +636,9 @@ def _write(ctx: StudyContext, cfg: Config, results: list[SeedResult], shares: pd
     mean = shares.groupby(["c", "texts"], sort=False)[columns].mean().reset_index()
     r.table(mean, caption=SHARE_CAPTION.format(n=len(results)))
     r.table(shares, caption="Per seed.")
-    for outcome, title in (("membership", "Membership (members vs held-out non-members)"),
-                           ("extraction", "Extraction (members: extracted vs not)")):
+    for outcome, title in ((MEMBERSHIP, "Membership (members vs held-out non-members)"),
+                           (MEMBERSHIP_CORPUS, "Membership among the corpus texts (no copies)"),
+                           (EXTRACTION, "Extraction (members: extracted vs not)")):
         part = outcomes[outcomes["outcome"] == outcome]
         r.text(f"## {title}")
         r.table(_auc_table(part), caption=AUC_CAPTION.format(m=cfg.min_records))
@@ -640,6 +651,7 @@ def _write(ctx: StudyContext, cfg: Config, results: list[SeedResult], shares: pd
         agg = pd.DataFrame(error["rows"]).groupby(["k", "vocab_rows", "width"], sort=False)[keys].median()
         r.table(agg.reset_index(), {k: ".4f" for k in keys[:4]} | {"seconds": ".1f"},
                 caption=ERROR_CAPTION.format(texts=error["texts"], weights=error["weights"],
+                                             seeds=error.get("sketch_seeds", cfg.error_seeds),
                                              seconds=error["exact_seconds"],
                                              median=error["exact_share_median"],
                                              p10=error["exact_share_p10"], p90=error["exact_share_p90"]))
