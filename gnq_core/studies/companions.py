@@ -95,7 +95,7 @@ FULL = Config(model="smollm2", members=260, non_members=120, records=40, copies=
               batch_size=8, lr=2e-4, epochs=1, lam=1e-2, sketch_k=1024, vocab_rows=1024,
               sizes=(16, 64, 256, 1024),
               prefix_tokens=12, suffix_tokens=8, error_batch=32,
-              error_specs=((256, 256), (1024, 1024), (4096, 1024)))
+              error_specs=((1024, 1024), (4096, 1024), (256, 256)))
 
 
 def config(ctx: StudyContext, **overrides) -> Config:
@@ -374,12 +374,15 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
 def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, log=print) -> dict | None:
     """Sketched vs exact GNQ on one batch of ``error_batch`` member texts at the base weights: the
     exact Gram of the batch (``GNQAuditor``'s, through ``WindowAuditor(keep_exact=True)``) and the
-    Gram of the sketches at each (k, vocabulary buckets), ``error_seeds`` sketch seeds each."""
-    path = work / "sketch_error.json"
+    Gram of the sketches at each (k, vocabulary buckets), ``error_seeds`` sketch seeds each (all
+    specs for sketch seed 0 first).  Written after every measurement, and resumed: a partial
+    table is reportable (``complete`` says whether it is)."""
+    path, exact_path = work / "sketch_error.json", work / "sketch_error_exact.npy"
     if cfg.error_batch < 2:
         return None
-    if path.is_file():
-        return json.loads(path.read_text())
+    out = json.loads(path.read_text()) if path.is_file() else None
+    if out is not None and out.get("complete", True):
+        return out
     from scipy.stats import spearmanr
 
     from gnq_core.engine.solve import gnq_from_kernel
@@ -388,18 +391,27 @@ def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, l
     texts = frame[frame["member"] & (frame["kind"] == "corpus")]["text"].tolist()[:cfg.error_batch]
     model, tok = load_model(cfg, frame.drop_duplicates("unique")["text"].tolist(), 0)
     ids, pad = encode_texts(tok, texts, cfg.max_length), pad_id(tok)
-    rows = []
-    with timings.stage("sketch error (exact batch)"):
-        t = time.perf_counter()
-        _, _, exact = sketch_pass(model, ids, pad, SketchSpec(k=64, vocab_rows=64), cfg, keep_exact=True)
-        exact_seconds = time.perf_counter() - t
-    assert exact is not None
-    K = exact.to(torch.float64)
+    if out is None or not exact_path.is_file():
+        with timings.stage("sketch error (exact batch)"):
+            t = time.perf_counter()
+            _, _, exact = sketch_pass(model, ids, pad, SketchSpec(k=64, vocab_rows=64), cfg, keep_exact=True)
+            exact_seconds = time.perf_counter() - t
+        assert exact is not None
+        np.save(exact_path, exact.to(torch.float64).numpy())
+        out = {"texts": len(ids), "tokens": [len(x) for x in ids],
+               "weights": "base model (before fine-tuning)",
+               "sketch_seeds": cfg.error_seeds, "exact_seconds": exact_seconds, "rows": [], "complete": False}
+    K = torch.from_numpy(np.load(exact_path))
     g_exact = gnq_from_kernel(K.clone(), cfg.lam).gnq.numpy()
     kjj = K.diagonal().numpy()
     share = 1 - g_exact * cfg.lam / kjj
-    for k, vocab in cfg.error_specs:
-        for sketch_seed in range(cfg.error_seeds):
+    out |= {"exact_share_median": float(np.median(share)), "exact_share_p10": float(np.quantile(share, 0.1)),
+            "exact_share_p90": float(np.quantile(share, 0.9))}
+    done = {(r["k"], r["vocab_rows"], r["sketch_seed"]) for r in out["rows"]}
+    for sketch_seed in range(cfg.error_seeds):
+        for k, vocab in cfg.error_specs:
+            if (k, vocab, sketch_seed) in done:
+                continue
             with timings.stage("sketch error (sketches)"):
                 t = time.perf_counter()
                 spec = SketchSpec(k=k, vocab_rows=vocab, seed=sketch_seed)
@@ -408,21 +420,18 @@ def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, l
             Ks = sketch_gram(S)
             g = gnq_from_kernel(Ks.clone(), cfg.lam).gnq.numpy()
             rel = np.abs(g - g_exact) / g_exact
-            rows.append({"k": k, "vocab_rows": vocab, "sketch_seed": sketch_seed, "width": int(S.shape[1]),
-                         "median_rel_error": float(np.median(rel)),
-                         "p95_rel_error": float(np.quantile(rel, 0.95)),
-                         "spearman": float(spearmanr(g, g_exact).statistic),
-                         "kjj_median_rel_error": float(np.median(np.abs(Ks.diagonal().numpy() - kjj) / kjj)),
-                         "seconds": seconds})
-            log(f"sketch error k={k} vocab={vocab} seed {sketch_seed}: "
-                f"median {rows[-1]['median_rel_error']:.4f}, "
-                f"Spearman {rows[-1]['spearman']:.4f}")
-    out = {"texts": len(ids), "tokens": [len(x) for x in ids], "weights": "base model (before fine-tuning)",
-           "sketch_seeds": cfg.error_seeds,
-           "exact_seconds": exact_seconds, "exact_share_median": float(np.median(share)),
-           "exact_share_p10": float(np.quantile(share, 0.1)),
-           "exact_share_p90": float(np.quantile(share, 0.9)),
-           "rows": rows, "machine": machine("cpu"), "load_average": list(os.getloadavg())}
+            out["rows"].append({
+                "k": k, "vocab_rows": vocab, "sketch_seed": sketch_seed, "width": int(S.shape[1]),
+                "median_rel_error": float(np.median(rel)), "p95_rel_error": float(np.quantile(rel, 0.95)),
+                "spearman": float(spearmanr(g, g_exact).statistic),
+                "kjj_median_rel_error": float(np.median(np.abs(Ks.diagonal().numpy() - kjj) / kjj)),
+                "seconds": seconds})
+            out |= {"machine": machine("cpu"), "load_average": list(os.getloadavg())}
+            write_text_atomic(path, json.dumps(out, indent=2))
+            row = out["rows"][-1]
+            log(f"sketch error k={k} vocab={vocab} seed {sketch_seed}: median {row['median_rel_error']:.4f}, "
+                f"Spearman {row['spearman']:.4f}")
+    out["complete"] = True
     write_text_atomic(path, json.dumps(out, indent=2))
     return out
 
