@@ -57,6 +57,7 @@ ALL = "all"
 MEMBERS, CORPUS_MEMBERS, RECORD_MEMBERS, NON_MEMBERS = ("members", "members: corpus texts",
                                                       "members: record copies", "non-members")
 MEMBERSHIP, MEMBERSHIP_CORPUS, EXTRACTION = "membership", "membership (corpus texts)", "extraction"
+GRAM_ROWS = 64  # sketch rows cast to float64 at a time for the Gram (460 × 840k float64 is 3 GB)
 MIN_RECORDS = 20  # independent positive (and negative) records a membership/extraction number needs
 DEMO_DATA = Path(__file__).resolve().parents[2] / "data" / "demo.csv"
 
@@ -230,8 +231,9 @@ def attack(model, tok, ids: list[list[int]], cfg: Config) -> np.ndarray:
 
 
 def sketch_pass(model, ids: list[list[int]], pad: int, spec: SketchSpec, cfg: Config,
-                keep_exact: bool = False) -> tuple[torch.Tensor, np.ndarray, torch.Tensor | None]:
-    """(sketches [n, m], losses [n], exact K of the one micro-batch when ``keep_exact``): each
+                keep_exact: bool = False) -> tuple[torch.Tensor, np.ndarray, torch.Tensor | None, int]:
+    """(Gram of the sketches [n, n] float64, losses [n], exact K of the one micro-batch when
+    ``keep_exact``, sketch width m): each
     text's per-example-loss gradient sketched at the model's weights, in micro-batches of texts of
     similar length (a sketch does not depend on the micro-batch)."""
     order = np.argsort([len(x) for x in ids], kind="stable")
@@ -254,12 +256,14 @@ def sketch_pass(model, ids: list[list[int]], pad: int, spec: SketchSpec, cfg: Co
             model.zero_grad(set_to_none=True)
             losses[part] = loss.detach().double().numpy()
     S = rows.take()
-    back = np.empty(len(ids), dtype=np.int64)
-    back[order] = np.arange(len(ids))
-    index = torch.from_numpy(back)
-    if exact is not None:  # the one micro-batch was in ``order``: back to the texts' order
-        exact = exact[index][:, index]
-    return S[index], losses, exact
+    width = S.shape[1]
+    K = sketch_gram(S, GRAM_ROWS)  # rows in ``order``; S (float32) is the only copy held
+    del S
+    back = torch.from_numpy(np.argsort(order, kind="stable"))
+    K = K[back][:, back]  # back to the texts' order
+    if exact is not None:  # the one micro-batch was in ``order`` too
+        exact = exact[back][:, back]
+    return K, losses, exact, width
 
 
 # ----------------------------------------------------------------------------------------- GNQ
@@ -344,11 +348,9 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
     spec = SketchSpec(k=cfg.sketch_k, seed=seed, vocab_rows=cfg.vocab_rows)
     with timings.stage(f"seed {seed}: sketch pass"):
         t = time.perf_counter()
-        S, losses, _ = sketch_pass(model, ids, pad, spec, cfg)
+        K, losses, _, width = sketch_pass(model, ids, pad, spec, cfg)
+        K = K.numpy()
         seconds["sketch pass"] = time.perf_counter() - t
-        width = S.shape[1]
-        K = sketch_gram(S).numpy()
-        del S
     log(f"seed {seed}: sketched {len(ids)} texts ({width:,} dimensions) in {seconds['sketch pass']:.0f} s")
     u = frame["unique"].to_numpy()
     frame["n_tokens"] = np.array([len(x) for x in ids])[u]
@@ -394,7 +396,8 @@ def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, l
     if out is None or not exact_path.is_file():
         with timings.stage("sketch error (exact batch)"):
             t = time.perf_counter()
-            _, _, exact = sketch_pass(model, ids, pad, SketchSpec(k=64, vocab_rows=64), cfg, keep_exact=True)
+            _, _, exact, _ = sketch_pass(model, ids, pad, SketchSpec(k=64, vocab_rows=64), cfg,
+                                         keep_exact=True)
             exact_seconds = time.perf_counter() - t
         assert exact is not None
         np.save(exact_path, exact.to(torch.float64).numpy())
@@ -415,13 +418,12 @@ def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, l
             with timings.stage("sketch error (sketches)"):
                 t = time.perf_counter()
                 spec = SketchSpec(k=k, vocab_rows=vocab, seed=sketch_seed)
-                S, _, _ = sketch_pass(model, ids, pad, spec, cfg)
+                Ks, _, _, width = sketch_pass(model, ids, pad, spec, cfg)
                 seconds = time.perf_counter() - t
-            Ks = sketch_gram(S)
             g = gnq_from_kernel(Ks.clone(), cfg.lam).gnq.numpy()
             rel = np.abs(g - g_exact) / g_exact
             out["rows"].append({
-                "k": k, "vocab_rows": vocab, "sketch_seed": sketch_seed, "width": int(S.shape[1]),
+                "k": k, "vocab_rows": vocab, "sketch_seed": sketch_seed, "width": int(width),
                 "median_rel_error": float(np.median(rel)), "p95_rel_error": float(np.quantile(rel, 0.95)),
                 "spearman": float(spearmanr(g, g_exact).statistic),
                 "kjj_median_rel_error": float(np.median(np.abs(Ks.diagonal().numpy() - kjj) / kjj)),
