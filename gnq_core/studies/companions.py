@@ -498,6 +498,54 @@ def outcome_rows(res: SeedResult, cfg: Config) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+POOLED = "pooled"
+
+
+def pooled_extraction_rows(results: list[SeedResult], cfg: Config) -> pd.DataFrame:
+    """Extraction over the seeds' models together (each seed alone has too few extracted records):
+    pairs compared only within one seed and one exact token length; signals as within-seed
+    z-scores of their logarithms (loss: of itself); copy clusters kept apart per seed."""
+    parts = []
+    for r in results:
+        a = r.frame[r.frame["member"] & r.frame["extracted"].notna()].copy()
+        a[cl.CLUSTER] = r.seed * 1_000_000 + a[cl.CLUSTER]
+        a["stratum"] = r.seed * 1000 + a["n_tokens"]
+        z = lambda v: (v - v.mean()) / v.std()  # noqa: E731
+        a["loss_z"] = z(a["loss"])
+        for c in r.sizes:
+            a[f"z_{c}"] = z(np.log(np.maximum(a[f"gnq_{c}"], 1e-300)))
+        a["z_k_jj"] = z(np.log(a["k_jj"]))
+        parts.append(a)
+    f = pd.concat(parts, ignore_index=True)
+    y, groups = f["extracted"].to_numpy(float) == 1, cl.groups_of(f)
+    loss, n = f["loss_z"].to_numpy(float), f["n_tokens"].to_numpy(float)
+    signals = [(f"GNQ (c = {c})", f[f"z_{c}"].to_numpy(float), loss, str(c)) for c in results[0].sizes]
+    signals += [("‖g‖² (K_jj)", f["z_k_jj"].to_numpy(float), loss, "-"), ("−loss", -loss, None, "-")]
+    rows = []
+    for name, score, base_loss, c in signals:
+        w = within_length_auc(score, y, f["stratum"].to_numpy(float), resamples=cfg.resamples, seed=0,
+                              groups=groups, min_records=cfg.min_records)
+        gain = cv_gain(score, y, n, base_loss, resamples=cfg.resamples, seed=0, groups=groups,
+                       min_records=cfg.min_records, signal_is_loss=base_loss is None)
+        pos, neg = cl.records(y, groups)
+        rows.append({"seed": POOLED, "outcome": EXTRACTION, "signal": name, "c": c, "texts": len(f),
+                     "auc_within_length": w.auc, "auc_lo": w.lo, "auc_hi": w.hi, "gain": gain.gain,
+                     "gain_lo": gain.lo, "gain_hi": gain.hi, "positive_records": pos, "negative_records": neg,
+                     "note": w.note or gain.note})
+    return pd.DataFrame(rows)
+
+
+def held_out_record_rate(results: list[SeedResult]) -> tuple[int, int]:
+    """(held-out records that pass the extraction rule, held-out records attacked): records never
+    trained on whose next tokens come out anyway (the template was learned, not the record)."""
+    hits = total = 0
+    for r in results:
+        f = r.frame
+        part = f[~f["member"] & (f["kind"] == "record") & f["extracted"].notna()]
+        hits, total = hits + int((part["extracted"] == 1).sum()), total + len(part)
+    return hits, total
+
+
 def share_rows(res: SeedResult) -> pd.DataFrame:
     from scipy.stats import spearmanr
 
@@ -542,7 +590,9 @@ def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -
         raise ValueError(f"{work}: no finished seed to report")
     results = [analyse_seed(seed_dir(work, s), replace(cfg, **_saved(work, s))) for s in done]
     shares = pd.concat([share_rows(r) for r in results], ignore_index=True)
-    outcomes = pd.concat([outcome_rows(r, cfg) for r in results], ignore_index=True)
+    outcomes = pd.concat([outcome_rows(r, cfg) for r in results] + [pooled_extraction_rows(results, cfg)],
+                         ignore_index=True)
+    outcomes["seed"] = outcomes["seed"].astype(str)
     path = work / "sketch_error.json"
     error = json.loads(path.read_text()) if path.is_file() else None
     # compute time from what each finished part recorded (processes building seeds side by side
@@ -652,7 +702,14 @@ def _write(ctx: StudyContext, cfg: Config, results: list[SeedResult], shares: pd
                            (EXTRACTION, "Extraction (members: extracted vs not)")):
         part = outcomes[outcomes["outcome"] == outcome]
         r.text(f"## {title}")
+        if outcome == EXTRACTION:
+            hits, total = held_out_record_rate(results)
+            r.text(f"Held-out records (never trained on) that pass the same rule: {hits} of {total}: for "
+                   "those templates the fine-tuned model writes the template's next tokens, not a "
+                   "memorised record. Rows `pooled`: all seeds' models together, pairs compared only "
+                   "within one seed and one exact length, signals as within-seed z-scores.")
         r.table(_auc_table(part), caption=AUC_CAPTION.format(m=cfg.min_records))
+        part = part[part["seed"] != POOLED]
         m = part.groupby("signal", sort=False)[["auc_within_length", "gain"]].mean().reset_index()
         r.table(m.rename(columns={"auc_within_length": "mean AUC within length", "gain": "mean CV gain"}),
                 caption=f"Means over {len(results)} seed(s) of the numbers above (too few: n/a).")
@@ -668,5 +725,6 @@ def _write(ctx: StudyContext, cfg: Config, results: list[SeedResult], shares: pd
                                              p10=error["exact_share_p10"], p90=error["exact_share_p90"]))
     out = {"config": asdict(cfg), "seeds": [x.seed for x in results], "shares": shares, "outcomes": outcomes,
            "departure": departure, "sketch_error": error, "seed_meta": [x.meta for x in results],
+           "held_out_records_passing_extraction": list(held_out_record_rate(results)),
            "load_average": list(os.getloadavg())}
     return r.write(out, command=ctx.command, timings=timings, device="cpu")
