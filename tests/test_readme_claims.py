@@ -172,6 +172,15 @@ CLAIMS["companions record copies share c = 256"] = lambda: companions_share("256
 CLAIMS["companions sketch error k = 1024"] = lambda: f"a median {companions_error(1024)}"
 CLAIMS["companions held-out records passing"] = lambda: "{} of {} held-out records".format(
     *report("companions/results.json")["held_out_records_passing_extraction"])
+CLAIMS["companions extraction pooled"] = lambda: (
+    f"GNQ against all members {companions_auc('extraction', 'GNQ (c = all)', 'pooled')} "
+    "(extracted texts lower: "
+    f"mostly record copies), K_jj {companions_auc('extraction', '‖g‖² (K_jj)', 'pooled')}, loss "
+    f"{companions_auc('extraction', '−loss', 'pooled')}; CV gain of GNQ "
+    f"{companions_auc('extraction', 'GNQ (c = all)', 'pooled', 'gain')}")
+CLAIMS["companions extraction records"] = lambda: "{} extracted records over both".format(
+    one(report("companions/results.json")["outcomes"], outcome="extraction", signal="−loss",
+        seed="pooled")["positive_records"])
 for _s in map(str, report("companions/results.json")["seeds"]):
     CLAIMS[f"companions membership GNQ seed {_s}"] = lambda s=_s: (
         f"seed {s}: GNQ {companions_auc('membership', 'GNQ (c = all)', s)}, "
