@@ -178,7 +178,7 @@ CLAIMS["companions extraction pooled"] = lambda: (
     f"mostly record copies), K_jj {companions_auc('extraction', '‖g‖² (K_jj)', 'pooled')}, loss "
     f"{companions_auc('extraction', '−loss', 'pooled')}; CV gain of GNQ "
     f"{companions_auc('extraction', 'GNQ (c = all)', 'pooled', 'gain')}")
-CLAIMS["companions extraction records"] = lambda: "{} extracted records over both".format(
+CLAIMS["companions extraction records"] = lambda: "{} extracted records over all".format(
     one(report("companions/results.json")["outcomes"], outcome="extraction", signal="−loss",
         seed="pooled")["positive_records"])
 for _s in map(str, report("companions/results.json")["seeds"]):
