@@ -98,6 +98,28 @@ def demo_nature(run: str) -> str:
     return f"share explained {100 * n['explained_median']:.1f}%"
 
 
+def companions_share(c: str, texts: str = "members: corpus texts", key: str = "share median") -> str:
+    """The companions study's mean over seeds of a share row (``reports/companions/``)."""
+    rows = [r for r in report("companions/results.json")["shares"] if r["c"] == c and r["texts"] == texts]
+    assert rows
+    return f"{sum(r[key] for r in rows) / len(rows):.3f}"
+
+
+def companions_auc(outcome: str, signal: str, seed: str, key: str = "auc") -> str:
+    r = one(report("companions/results.json")["outcomes"], outcome=outcome, signal=signal, seed=seed)
+    if key == "gain":
+        return ci(r["gain"], r["gain_lo"], r["gain_hi"], "+.3f")
+    return ci(r["auc_within_length"], r["auc_lo"], r["auc_hi"])
+
+
+def companions_error(k: int) -> str:
+    rows = [r for r in report("companions/results.json")["sketch_error"]["rows"] if r["k"] == k]
+    rows.sort(key=lambda r: r["median_rel_error"])
+    median = rows[(len(rows) - 1) // 2]["median_rel_error"] if len(rows) % 2 else \
+        (rows[len(rows) // 2 - 1]["median_rel_error"] + rows[len(rows) // 2]["median_rel_error"]) / 2
+    return f"{100 * median:.1f}%"
+
+
 CLAIMS: dict[str, Callable[[], str]] = {
     "real-model λ·GNQ/K_jj median":
         lambda: f"{report('real-model/results.json')['gnq_lambda_over_kjj_median']:.2f}",
@@ -142,6 +164,34 @@ CLAIMS: dict[str, Callable[[], str]] = {
     "ck-real group GNQ_last gain": lambda: ck_real("group", "gnq_last", "over length + loss", "gain"),
     "ck-real group loss": lambda: ck_real("group", "loss_last", "all"),
 }
+
+for _c in ("16", "64", "256", "all"):
+    CLAIMS[f"companions share c = {_c}"] = lambda c=_c: companions_share(c)
+    CLAIMS[f"companions Spearman c = {_c}"] = lambda c=_c: companions_share(c, key="spearman(GNQ, K_jj)")
+CLAIMS["companions record copies share c = 256"] = lambda: companions_share("256", "members: record copies")
+CLAIMS["companions sketch error k = 1024"] = lambda: f"a median {companions_error(1024)}"
+CLAIMS["companions held-out records passing"] = lambda: "{} of {} held-out records".format(
+    *report("companions/results.json")["held_out_records_passing_extraction"])
+CLAIMS["companions extraction pooled"] = lambda: (
+    f"GNQ against all members {companions_auc('extraction', 'GNQ (c = all)', 'pooled')} "
+    "(extracted texts lower: "
+    f"mostly record copies), K_jj {companions_auc('extraction', '‖g‖² (K_jj)', 'pooled')}, loss "
+    f"{companions_auc('extraction', '−loss', 'pooled')}; CV gain of GNQ "
+    f"{companions_auc('extraction', 'GNQ (c = all)', 'pooled', 'gain')}")
+CLAIMS["companions extraction records"] = lambda: "{} extracted records over all".format(
+    one(report("companions/results.json")["outcomes"], outcome="extraction", signal="−loss",
+        seed="pooled")["positive_records"])
+for _s in map(str, report("companions/results.json")["seeds"]):
+    CLAIMS[f"companions membership GNQ seed {_s}"] = lambda s=_s: (
+        f"seed {s}: GNQ {companions_auc('membership', 'GNQ (c = all)', s)}, "
+        f"K_jj {companions_auc('membership', '‖g‖² (K_jj)', s)}")
+    CLAIMS[f"companions membership GNQ gain seed {_s}"] = lambda s=_s: (
+        f"seed {s} {companions_auc('membership', 'GNQ (c = all)', s, 'gain')}")
+    CLAIMS[f"companions corpus membership seed {_s}"] = lambda s=_s: (
+        f"seed {s}: GNQ {companions_auc('membership (corpus texts)', 'GNQ (c = all)', s)}, CV gain "
+        f"{companions_auc('membership (corpus texts)', 'GNQ (c = all)', s, 'gain')}")
+    CLAIMS[f"companions corpus loss seed {_s}"] = lambda s=_s: companions_auc(
+        "membership (corpus texts)", "−loss", s)
 
 
 @pytest.mark.parametrize("claim", list(CLAIMS))

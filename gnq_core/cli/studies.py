@@ -164,3 +164,43 @@ def study_membership(
     ctx = _study("membership", db, quick, data_dir, reports, work, tag, seed, device, quiet, options, threads,
                  scale)
     _run_study(ctx, quiet, membership.run, **options)
+
+
+@study_app.command("companions")
+@user_errors
+def study_companions(
+    db: Path = DbOption, quick: bool = QuickOption,
+    seeds: str = typer.Option(None, show_default=False,
+                              help="Seeds to build, comma-separated (default 0,1,2; 0,1 with --quick). Each "
+                                   "finished seed is kept: two processes may build different seeds at once."),
+    members: int = typer.Option(None, min=4, show_default=False, help="Distinct corpus texts trained on."),
+    non_members: int = typer.Option(None, min=2, show_default=False, help="Distinct corpus texts held out."),
+    records: int = typer.Option(None, min=1, show_default=False,
+                                help="Planted records inserted (as many more are held out)."),
+    copies: int = typer.Option(None, min=1, show_default=False, help="Copies of each inserted record."),
+    sketch_k: int = typer.Option(None, min=1, show_default=False,
+                                 help="Sketch dimensions per weight matrix."),
+    vocab_rows: int = typer.Option(None, min=1, show_default=False,
+                                   help="Sketch buckets of the vocabulary side."),
+    error_batch: int = typer.Option(None, min=0, show_default=False,
+                                    help="Texts of the sketched-vs-exact batch (0: not measured)."),
+    report_only: bool = typer.Option(False, "--report-only",
+                                     help="Write the report from the finished seeds."),
+    data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
+    tag: str = TagOption, device: str = DeviceOption, threads: int = ThreadsOption, quiet: bool = QuietOption,
+) -> None:
+    """GNQ against 16 … all training texts through gradient sketches (SmolLM2 fine-tuned on CPU): the
+    share of each gradient its companions explain, and membership and extraction AUC."""
+    from gnq_core.studies import companions
+
+    try:
+        seed_list = [int(s) for s in seeds.split(",")] if seeds else None
+    except ValueError:
+        raise ValueError(f"--seeds must be whole numbers separated by commas, got {seeds!r}") from None
+    options = dict(seeds=seed_list, members=members, non_members=non_members, records=records, copies=copies,
+                   sketch_k=sketch_k, vocab_rows=vocab_rows, error_batch=error_batch, report_only=report_only)
+    shown = {k: v for k, v in options.items() if k not in ("seeds", "report_only")} | (
+        {"seeds": seeds} if seeds else {})
+    ctx = _study("companions", db, quick, data_dir, reports, work, tag, 0, device, quiet, shown, threads)
+    _run_study(ctx, quiet, companions.run, **options,
+               log=(lambda _m: None) if quiet else (lambda m: typer.echo(m, err=True)))
