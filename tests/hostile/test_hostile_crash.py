@@ -56,12 +56,12 @@ def test_train_killed_twice_then_rerun_equals_an_uninterrupted_run(tmp_path, dat
     # 1. Killed during the first epoch: the run exists, no epoch is finished.
     proc = subprocess.Popen(gnq_cmd(*args))
     kill_when(proc, lambda: (r := run_row(db, "t")) is not None and r["progress_total"] > 0,
-              "the first epoch started", paused=True)
+              "the first epoch started", paused=True, store=db)
     assert run_row(db, "t")["points_done"] == 0
     # 2. Rerun, killed again during the second epoch (after epoch 1 was committed).
     proc = subprocess.Popen(gnq_cmd(*args))
     kill_when(proc, lambda: run_row(db, "t")["points_done"] >= 1, "the first epoch was committed",
-              paused=True)
+              paused=True, store=db)
     assert run_row(db, "t")["points_done"] == 1 and run_row(db, "t")["status"] == "running"
     # 3. Rerun to the end.
     with as_a_fresh_process():
@@ -95,7 +95,7 @@ def test_extract_killed_mid_attack_then_rerun_equals_an_uninterrupted_attack(tmp
         shutil.copy(source, killed)
         proc = subprocess.Popen(gnq_cmd(*args, "--db", killed))
         kill_when(proc, lambda: run_row(killed, "t")["extraction_rows"] >= 4, "some texts were attacked",
-                  paused=True)
+                  paused=True, store=killed)
         partial = int(run_row(killed, "t")["extraction_rows"])
         if partial < N:
             break
@@ -125,7 +125,7 @@ def test_audit_killed_mid_series_then_rerun_equals_an_uninterrupted_run(tmp_path
             "--max-length", 16, "--dtype", "float64", "--quiet"]
     proc = subprocess.Popen(gnq_cmd(*args, "--db", killed))
     kill_when(proc, lambda: run_row(killed, "a")["points_done"] >= 1, "the first checkpoint was committed",
-              paused=True)
+              paused=True, store=killed)
     assert 1 <= run_row(killed, "a")["points_done"] < 3, "the kill should land mid-audit"
     with as_a_fresh_process():
         gnq(*args, "--db", killed)
