@@ -1,16 +1,16 @@
 """Interrupted jobs: `gnq train`, `gnq audit` and `gnq extract` are killed with SIGKILL (no
 handler runs, nothing is flushed) at chosen moments, then rerun; the result must equal an
-uninterrupted run's: the same rows, none missing, none twice, and the same final weights."""
+uninterrupted run's: the same rows, none missing, none twice, and the same final weights.  The
+killed jobs are processes forked from a zygote that has the imports done (zygote.py)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 
 import pandas as pd
 import pytest
-from hostile_helpers import as_a_fresh_process, gnq, gnq_cmd, kill_when, run_row, write_texts_csv
+from hostile_helpers import as_a_fresh_process, gnq, kill_when, run_row, write_texts_csv
 
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints.files import checkpoint_hash
@@ -33,7 +33,7 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def clean_training(tmp_path_factory, data):
+def clean_training(tmp_path_factory, data, zygote):  # noqa: ARG001 - the zygote imports meanwhile
     """The uninterrupted run every interrupted one is compared with."""
     root = tmp_path_factory.mktemp("clean")
     with as_a_fresh_process():
@@ -49,19 +49,19 @@ def rows(db, name: str, table: str) -> pd.DataFrame:
     return frame.drop(columns=drop).reset_index(drop=True)
 
 
-def test_train_killed_twice_then_rerun_equals_an_uninterrupted_run(tmp_path, data, clean_training):
+def test_train_killed_twice_then_rerun_equals_an_uninterrupted_run(tmp_path, data, clean_training, zygote):
     db, out = tmp_path / "gnq.duckdb", tmp_path / "out"
     args = train_args(data, out, db)
 
     # 1. Killed during the first epoch: the run exists, no epoch is finished.
-    proc = subprocess.Popen(gnq_cmd(*args))
+    proc = zygote.start(*args)
     kill_when(proc, lambda: (r := run_row(db, "t")) is not None and r["progress_total"] > 0,
-              "the first epoch started", paused=True)
+              "the first epoch started", paused=True, store=db)
     assert run_row(db, "t")["points_done"] == 0
     # 2. Rerun, killed again during the second epoch (after epoch 1 was committed).
-    proc = subprocess.Popen(gnq_cmd(*args))
+    proc = zygote.start(*args)
     kill_when(proc, lambda: run_row(db, "t")["points_done"] >= 1, "the first epoch was committed",
-              paused=True)
+              paused=True, store=db)
     assert run_row(db, "t")["points_done"] == 1 and run_row(db, "t")["status"] == "running"
     # 3. Rerun to the end.
     with as_a_fresh_process():
@@ -82,7 +82,8 @@ def test_train_killed_twice_then_rerun_equals_an_uninterrupted_run(tmp_path, dat
     assert sorted(p.name for p in out.iterdir()) == [f"epoch-{e}" for e in range(1, EPOCHS + 1)]
 
 
-def test_extract_killed_mid_attack_then_rerun_equals_an_uninterrupted_attack(tmp_path, clean_training):
+def test_extract_killed_mid_attack_then_rerun_equals_an_uninterrupted_attack(tmp_path, clean_training,
+                                                                            zygote):
     source, _ = clean_training
     killed, clean = tmp_path / "killed.duckdb", tmp_path / "clean.duckdb"
     shutil.copy(source, clean)
@@ -93,9 +94,9 @@ def test_extract_killed_mid_attack_then_rerun_equals_an_uninterrupted_attack(tmp
     # batch, start over from the copy (a race of the test, not of the code).
     for _attempt in range(4):
         shutil.copy(source, killed)
-        proc = subprocess.Popen(gnq_cmd(*args, "--db", killed))
+        proc = zygote.start(*args, "--db", killed)
         kill_when(proc, lambda: run_row(killed, "t")["extraction_rows"] >= 4, "some texts were attacked",
-                  paused=True)
+                  paused=True, store=killed)
         partial = int(run_row(killed, "t")["extraction_rows"])
         if partial < N:
             break
@@ -114,7 +115,8 @@ def test_extract_killed_mid_attack_then_rerun_equals_an_uninterrupted_attack(tmp
     assert len(rows(killed, "t", "extractions")) == N
 
 
-def test_audit_killed_mid_series_then_rerun_equals_an_uninterrupted_run(tmp_path, data, clean_training):
+def test_audit_killed_mid_series_then_rerun_equals_an_uninterrupted_run(tmp_path, data, clean_training,
+                                                                        zygote):
     _, out = clean_training
     series = tmp_path / "series"
     series.mkdir()
@@ -123,9 +125,9 @@ def test_audit_killed_mid_series_then_rerun_equals_an_uninterrupted_run(tmp_path
     killed, clean = tmp_path / "killed.duckdb", tmp_path / "clean.duckdb"
     args = ["audit", "--checkpoints", series, "--data", data, "--name", "a", "--batch-size", 8,
             "--max-length", 16, "--dtype", "float64", "--quiet"]
-    proc = subprocess.Popen(gnq_cmd(*args, "--db", killed))
+    proc = zygote.start(*args, "--db", killed)
     kill_when(proc, lambda: run_row(killed, "a")["points_done"] >= 1, "the first checkpoint was committed",
-              paused=True)
+              paused=True, store=killed)
     assert 1 <= run_row(killed, "a")["points_done"] < 3, "the kill should land mid-audit"
     with as_a_fresh_process():
         gnq(*args, "--db", killed)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import threading
 import time
 
 import duckdb
 import pytest
-from hostile_helpers import gnq_cmd, make_series, run_row, write_texts_csv
+from hostile_helpers import make_series, run_row, write_texts_csv
+from zygote import Zygote, ZygoteJob
 
 from gnq_core import interrupts
 from gnq_core.pipelines.prefetch import Prefetch
@@ -56,13 +56,16 @@ def test_the_checkpoint_loader_cannot_pin_the_process():
 
 
 @pytest.mark.slow
-def test_two_signals_mid_audit_leave_one_final_status(tmp_path):
-    """Ctrl-C, then the dashboard's SIGTERM 5 ms later (before: 'running' left in 10 of 12 trials)."""
+def test_two_signals_mid_audit_leave_one_final_status(tmp_path, zygote):
+    """Ctrl-C, then the dashboard's SIGTERM 5 ms later (before: 'running' left in 10 of 12 trials).
+    The audit is a process forked from the zygote (it starts without importing; its handlers are
+    the ones `gnq` installs, as in any process)."""
     series = make_series(tmp_path / "series", 3, max_length=16)
     # on a quiet machine a small audit can end before the poll sees it mid-run: then a larger one
     for n_texts in (400, 1600, 6400):
         db = tmp_path / f"gnq-{n_texts}.duckdb"
-        proc = _audit_until_mid_run(series, write_texts_csv(tmp_path / f"texts-{n_texts}.csv", n_texts), db)
+        data = write_texts_csv(tmp_path / f"texts-{n_texts}.csv", n_texts)
+        proc = _audit_until_mid_run(zygote, series, data, db)
         if proc is not None:
             break
     else:
@@ -76,12 +79,11 @@ def test_two_signals_mid_audit_leave_one_final_status(tmp_path):
     assert run_row(db, "r")["status"] == "cancelled"
 
 
-def _audit_until_mid_run(series, data, db) -> subprocess.Popen | None:
+def _audit_until_mid_run(zygote: Zygote, series, data, db) -> ZygoteJob | None:
     """Starts `gnq audit` and returns it once its run is 'running' with progress; None if it ended first."""
-    proc = subprocess.Popen(gnq_cmd("audit", "--checkpoints", series, "--data", data, "--db", db, "--name",
-                                    "r", "--batch-size", 4, "--max-length", 16, "--quiet"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "GNQ_BUSY_TIMEOUT": "30"})
+    proc = zygote.start("audit", "--checkpoints", series, "--data", data, "--db", db, "--name", "r",
+                        "--batch-size", 4, "--max-length", 16, "--quiet",
+                        env={**os.environ, "GNQ_BUSY_TIMEOUT": "30"})
     deadline = time.monotonic() + 240
     while True:
         row = None
