@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -29,3 +31,44 @@ def kernel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 TOL = 1e-9
 PATHS = ["auto", "ghost", "materialize"]
+
+
+# The hostile suite's zygote (tests/hostile/zygote.py). Its hooks live here, not in a
+# tests/hostile/conftest.py: test modules import helpers with `from conftest import ...`, and a
+# second conftest module would take that name for the whole run.
+_early_zygotes: list = []
+
+
+def _new_zygote():
+    import tempfile
+
+    from zygote import Zygote  # tests/hostile is on sys.path once a hostile test is collected
+
+    return Zygote(Path(tempfile.mkdtemp(prefix="gnq-zygote-")))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When a selected test will use the zygote, start it now: it imports while the first tests run."""
+    if any("zygote" in getattr(item, "fixturenames", ()) for item in session.items):
+        _early_zygotes.append(_new_zygote())
+
+
+@pytest.fixture(scope="session")
+def zygote():
+    """Starts `gnq` jobs as processes in moments (zygote.py): one per session, its imports done once."""
+    import shutil
+
+    zygote = _early_zygotes.pop() if _early_zygotes else _new_zygote()
+    yield zygote
+    zygote.close()
+    shutil.rmtree(zygote.folder, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:  # noqa: ARG001
+    """A zygote started early whose tests were all skipped."""
+    import shutil
+
+    while _early_zygotes:
+        zygote = _early_zygotes.pop()
+        zygote.close()
+        shutil.rmtree(zygote.folder, ignore_errors=True)
