@@ -10,7 +10,7 @@ runs in a fresh child process (``--one N``) through the pipeline's ``audit_compa
 companion set of every text), so its peak resident memory is its own; the solve
 (``companion_gnq``) is timed apart.  Wall seconds and this process's CPU seconds are both
 reported (the machine is shared).  The figure for 20,000 texts is an extrapolation from the
-largest size measured (``extrapolate``), not a measurement.
+largest size measured (``extrapolate``); ``--one 20000 --no-split --save NAME`` measures it.
 """
 
 from __future__ import annotations
@@ -35,16 +35,25 @@ LENGTH, BATCH, VOCAB = 64, 16, 2048
 
 
 def load_texts(n: int) -> list[str]:
-    with DATA.open(newline="", encoding="utf-8") as f:
-        rows = [f"{r[1]}. {r[2]}".replace("\\n", " ") for r in csv.reader(f)]
+    """The first n texts of AG News's test rows, then (past its 7,600) its 2,000 train rows,
+    WikiText-2's non-heading lines and Tiny Shakespeare's speeches: 20,846 texts in all."""
+    rows = []
+    for path in (DATA, DATA.with_name("train_2000.csv")):
+        with path.open(newline="", encoding="utf-8") as f:
+            rows += [f"{r[1]}. {r[2]}".replace("\\n", " ") for r in csv.reader(f)]
+    root = DATA.parents[1]
+    for name in ("wiki.test.raw", "wiki.valid.raw"):
+        lines = (root / "wikitext2" / name).read_text(encoding="utf-8").splitlines()
+        rows += [line.strip() for line in lines if line.strip() and not line.strip().startswith("=")]
+    speeches = (root / "extra" / "tinyshakespeare.txt").read_text(encoding="utf-8").split("\n\n")
+    rows += [s.strip() for s in speeches if s.strip()]
     if n > len(rows):
-        raise SystemExit(f"{DATA} has {len(rows)} texts, not {n}")
+        raise SystemExit(f"{root} has {len(rows)} texts, not {n}")
     return rows[:n]
 
 
-def one(n: int) -> dict:
-    torch.set_num_threads(1)
-    from gnq_core.engine.companions import kernel_gnq
+def one(n: int, threads: int = 1, split: bool = True) -> dict:
+    torch.set_num_threads(threads)
     from gnq_core.engine.sketch import SketchSpec
     from gnq_core.pipelines import companions
     from gnq_core.pipelines.settings import AuditSettings
@@ -74,17 +83,24 @@ def one(n: int) -> dict:
     wall, cpu = time.perf_counter() - w, time.process_time() - c
     assert results[0].finite and results[0].size == n, results[0]
     gnq = cols.values[:n, 0]
-    # the solve without the Gram (Cholesky, M, h: ∝ n³), timed on an SPD matrix of the same size
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if split:  # the solve without the Gram (Cholesky, M, h: ∝ n³), timed on an SPD matrix of the same size
+        solve |= factor_split(n, solve["solve_cpu_s"])
+    return {"n": n, "threads": threads, "total_wall_s": wall, "total_cpu_s": cpu,
+            "pass_cpu_s": cpu - solve["solve_cpu_s"], "peak_rss_bytes": peak,
+            "sketch": SketchSpec().describe(), "gnq_median": float(np.median(gnq)), **solve}
+
+
+def factor_split(n: int, solve_cpu_s: float) -> dict:
+    from gnq_core.engine.companions import kernel_gnq
+
     X = torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     K = X @ X.T / n
     del X
     c = time.process_time()
     kernel_gnq(K, 1.0)
-    solve["factor_cpu_s"] = time.process_time() - c
-    solve["gram_cpu_s"] = solve["solve_cpu_s"] - solve["factor_cpu_s"]
-    return {"n": n, "total_wall_s": wall, "total_cpu_s": cpu, "pass_cpu_s": cpu - solve["solve_cpu_s"],
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "sketch": SketchSpec().describe(), "gnq_median": float(np.median(gnq)), **solve}
+    factor = time.process_time() - c
+    return {"factor_cpu_s": factor, "gram_cpu_s": solve_cpu_s - factor}
 
 
 def extrapolate(rows: list[dict], target: int) -> dict:
@@ -110,9 +126,19 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[250, 500, 1000, 2000])
     parser.add_argument("--one", type=int, default=None)
     parser.add_argument("--target", type=int, default=20_000)
+    parser.add_argument("--threads", type=int, default=1, help="with --one: torch threads")
+    parser.add_argument("--no-split", action="store_true",
+                        help="with --one: skip timing the solve's factorisation apart (a second n³ solve)")
+    parser.add_argument("--save", default=None,
+                        help="with --one: also write benchmarks/results/NAME-<device>.json")
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(one(args.one)))
+        row = one(args.one, args.threads, not args.no_split)
+        print(json.dumps(row))
+        if args.save:
+            print(write(args.save, {"preset": "tiny", "length": LENGTH, "batch": BATCH, "vocab": VOCAB,
+                                    "threads": args.threads, "measured": [row],
+                                    "load_average": os.getloadavg()}))
         return
     rows = []
     for n in args.sizes:
