@@ -34,16 +34,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("dist")
+def torchrun_ranks(worker: str, out: Path) -> list[dict]:
+    """Runs tests/``worker`` as 2 gloo ranks under torchrun; each rank's saved ``rank{r}.pt``."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           str(HERE / "dist_worker.py"), str(out)]
+           str(HERE / worker), str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    return torchrun_ranks("dist_worker.py", tmp_path_factory.mktemp("dist"))
 
 
 def concat_lm(batches: list[dict]) -> dict:

@@ -14,7 +14,7 @@ import torch
 from conftest import TOL, kernel_err, rel_err
 from dist_window_worker import LAM, SPEC, lm_losses
 from lm_fixtures import tiny_gpt2
-from test_distributed import concat_lm, free_port
+from test_distributed import concat_lm, free_port, torchrun_ranks
 
 from gnq_core.engine.reference import exact_gnq
 from gnq_core.engine.window import WindowAuditor
@@ -25,14 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("dist-window")
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           str(HERE / "dist_window_worker.py"), str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return torchrun_ranks("dist_window_worker.py", tmp_path_factory.mktemp("dist-window"))
 
 
 def one_process_window(ranks: list[dict], parts: list[dict], **audit):
