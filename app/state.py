@@ -198,32 +198,22 @@ def open_example(example_id: int) -> None:
                        query_params={"text": str(int(example_id))} | ({"run": run} if run else {}))
 
 
-def selected_points(event) -> list[int]:
+# Streamlit's chart and table events are dicts (with attribute access too).
+def selected_points(event: dict | None) -> list[int]:
     """Example ids from a plotly selection/click event (customdata[0] carries the id)."""
-    if not event:
-        return []
-    selection = event.get("selection") if isinstance(event, dict) else getattr(event, "selection", None)
-    if not selection:
-        return []
-    pts = selection.get("points", []) if isinstance(selection, dict) else getattr(selection, "points", [])
     ids = []
-    for p in pts:
+    for p in ((event or {}).get("selection") or {}).get("points", []):
         data = p.get("customdata")
-        if data is None:
-            continue
-        value = data[0] if isinstance(data, list | tuple) else data
         try:
-            ids.append(int(value))
-        except (TypeError, ValueError):
+            ids.append(int(data[0] if isinstance(data, list | tuple) else data))
+        except (TypeError, ValueError):  # a mark without an example id
             continue
     return ids
 
 
-def selected_rows(event, frame: pd.DataFrame) -> list[int]:
+def selected_rows(event: dict | None, frame: pd.DataFrame) -> list[int]:
     """Example ids of the rows selected in an st.dataframe event."""
-    if not event:
-        return []
-    rows = event.selection.rows if hasattr(event, "selection") else event.get("selection", {}).get("rows", [])
+    rows = ((event or {}).get("selection") or {}).get("rows", [])
     return [int(frame.iloc[r]["example_id"]) for r in rows if r < len(frame)]
 
 

@@ -15,7 +15,6 @@ problem is one ``CheckpointError`` line naming the folder.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from gnq_core.sources.checkpoints.files import (
     ADAPTER_WEIGHTS,
     CONFIG_NAME,
     CheckpointRef,
-    read_chunks,
+    hash_files,
 )
 from gnq_core.sources.checkpoints.series import trailing_number
 
@@ -117,15 +116,7 @@ def _adapter_files(folder: Path) -> tuple[dict[str, Any], Path]:
 def adapter_hash(folder: str | Path) -> str:
     """sha256 over adapter_config.json and adapter_model.safetensors: the adapter's identity."""
     folder = Path(folder)
-    digest = hashlib.sha256()
-    for file in (folder / ADAPTER_WEIGHTS, folder / ADAPTER_CONFIG):
-        try:
-            digest.update(file.name.encode() + b"\0" + file.stat().st_size.to_bytes(8, "little"))
-            for chunk in read_chunks(file):
-                digest.update(chunk)
-        except OSError as exc:
-            raise folder_error(file, f"cannot read ({reason(exc)})") from exc
-    return digest.hexdigest()
+    return hash_files([folder / ADAPTER_WEIGHTS, folder / ADAPTER_CONFIG])
 
 
 def _peft_config(folder: Path, raw: dict[str, Any]) -> Any:
