@@ -9,9 +9,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.charts import describe
+from app.charts.base import describe
 from app.columns import column_config
-from app.state import open_example, plain, selected_rows
+from app.state import open_example, plain
 from gnq_core.analysis import grouped, texts_table_html
 
 
@@ -48,5 +48,6 @@ def table(frame: pd.DataFrame, key: str, config: dict | None = None) -> None:
     event = st.dataframe(frame, hide_index=True, width="stretch", on_select="rerun",
                          selection_mode="single-row", key=key,
                          column_config=column_config(frame) if config is None else config)
-    if ids := selected_rows(event, frame):
-        open_example(ids[0])
+    rows = [r for r in ((event or {}).get("selection") or {}).get("rows", []) if r < len(frame)]  # a dict
+    if rows:
+        open_example(int(frame.iloc[rows[0]]["example_id"]))

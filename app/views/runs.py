@@ -56,8 +56,7 @@ if frame.empty:
                 "texts (common facts, surprising false claims and a few repeated fake customer records) "
                 "with in-run GNQ, audits its checkpoints and runs the extraction attack — about a minute "
                 "on a laptop CPU.")
-    running = [j for j in list_jobs(state.db_path()) if j.run == "demo" and j.alive()]
-    if not running and st.button("Build the demo run", type="primary"):
+    if st.button("Build the demo run", type="primary"):  # a demo already building stopped the page above
         start_job("demo", state.db_path(), [DemoJob()])
         st.rerun()
     job_panel(state.db_path(), only_alive=True)

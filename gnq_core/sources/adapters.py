@@ -31,6 +31,7 @@ from gnq_core.sources.checkpoints.files import (
     CheckpointRef,
     hash_files,
 )
+from gnq_core.sources.checkpoints.formats import meta_state
 from gnq_core.sources.checkpoints.series import trailing_number
 
 __all__ = ["Adapters", "adapter_hash", "check_adapter", "find_adapter_checkpoints", "is_adapter_checkpoint",
@@ -139,12 +140,10 @@ def check_adapter(folder: str | Path, base: str | Path) -> None:
     folder, base = Path(folder), Path(base)
     raw, weights = _adapter_files(folder)
     config = _peft_config(folder, raw)
-    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     try:
-        with safe_open(str(weights), framework="pt") as f:
-            stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+        stored = {k: tuple(v.shape) for k, v in meta_state([weights]).items()}
     except Exception as exc:
         raise folder_error(weights, f"cannot read the adapter weights ({reason(exc)})") from exc
     peft = _peft()

@@ -179,7 +179,7 @@ def load_texts(
                                       f"{limit:,} per text (GNQ reads at most --max-length tokens of it; "
                                       "shorten or split it, or raise GNQ_MAX_TEXT_BYTES)")
         texts.append(text)
-        groups.append(_as_group(shown, group, gcol, i))
+        groups.append((_as_text(shown, group, gcol, i) or None) if gcol is not None else None)
         if secret_column is not None:  # lists only when asked: a million empty ones cost ~56 MB
             secrets.append(_as_values(secret))
         if public_column is not None:
@@ -469,13 +469,6 @@ def _as_text(shown: str, value: Any, column: str, row: int) -> str | None:
         raise DatasetError(shown, f"row {row + 1}: column {column!r} holds a {type(value).__name__}, not a "
                                   "text; flatten it into one string per row")
     return str(value)
-
-
-def _as_group(shown: str, value: Any, column: str | None, row: int) -> str | None:
-    if column is None:
-        return None
-    text = _as_text(shown, value, column, row)
-    return text if text else None
 
 
 def _list_columns(columns: Sequence[str]) -> str:

@@ -177,17 +177,6 @@ def check_token_ids(folder: Path, vocab: dict[str, int], rows: int | None, what:
 # --------------------------------------------------------------------------------------------- memory
 
 
-def _safetensors_header(file: Path) -> dict[str, Any]:
-    with file.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        if length > _MAX_HEADER_BYTES:
-            raise ValueError("header too large")
-        header = json.loads(f.read(length))
-    if not isinstance(header, dict):
-        raise ValueError("header is not an object")
-    return header
-
-
 def weights_bytes(kind: str, files: Iterable[Path], itemsize: int | None = None) -> int:
     """Bytes the weights take once loaded: from the safetensors headers (elements x element size,
     floating tensors at ``itemsize`` when the load converts them), or the pickled files' sizes."""
@@ -204,7 +193,14 @@ def weights_bytes(kind: str, files: Iterable[Path], itemsize: int | None = None)
 
 def _safetensors_tensors(file: Path) -> Iterator[tuple[Any, int]]:
     """(dtype, number of elements) of each tensor a safetensors file's header lists."""
-    for name, entry in _safetensors_header(file).items():
+    with file.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > _MAX_HEADER_BYTES:
+            raise ValueError("header too large")
+        header = json.loads(f.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("header is not an object")
+    for name, entry in header.items():
         if name == "__metadata__" or not isinstance(entry, dict):
             continue
         shape = entry.get("shape")
