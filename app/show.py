@@ -44,10 +44,10 @@ def texts(ranked: pd.DataFrame, *, limit: int | None = None, key: str = "") -> N
 
 def table(frame: pd.DataFrame, key: str, config: dict | None = None) -> None:
     """A table of texts (an ``example_id`` column) whose selected row opens that text's drill-down;
-    ``config``: its column_config (default: ``columns.column_config``)."""
+    ``config``: its column_config (default: ``columns.column_config``). Streamlit's event is a dict."""
     event = st.dataframe(frame, hide_index=True, width="stretch", on_select="rerun",
                          selection_mode="single-row", key=key,
                          column_config=column_config(frame) if config is None else config)
-    rows = [r for r in ((event or {}).get("selection") or {}).get("rows", []) if r < len(frame)]  # a dict
+    rows = [r for r in ((event or {}).get("selection") or {}).get("rows", []) if r < len(frame)]
     if rows:
         open_example(int(frame.iloc[rows[0]]["example_id"]))
