@@ -326,8 +326,8 @@ def test_markdown_table_and_formats():
 
 
 def test_audit_epochs_include_first_and_last():
-    assert audit_epochs(30, 3) == [1, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
-    assert audit_epochs(4, 2) == [1, 2, 4] and audit_epochs(5, 2) == [1, 2, 4, 5]
+    assert list(audit_epochs(30, 3)) == [1, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
+    assert list(audit_epochs(4, 2)) == [1, 2, 4] and list(audit_epochs(5, 2)) == [1, 2, 4, 5]
 
 
 @needs_data

@@ -103,9 +103,7 @@ FULL = Config(model="smollm2", members=260, non_members=120, records=40, copies=
 
 
 def config(ctx: StudyContext, **overrides) -> Config:
-    cfg = QUICK if ctx.quick else FULL
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return replace(cfg, **given)
+    return replace(QUICK if ctx.quick else FULL, **{k: v for k, v in overrides.items() if v is not None})
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -466,11 +464,13 @@ def analyse_seed(folder: Path, cfg: Config) -> SeedResult:
 
 
 def _auc_cells(score: np.ndarray, y: np.ndarray, frame: pd.DataFrame, cfg: Config, seed: int,
-               loss: np.ndarray | None) -> dict:
+               loss: np.ndarray | None, strata: np.ndarray | None = None) -> dict:
+    """AUC within ``strata`` (default: exact token length) and CV gain over length + ``loss`` (None:
+    the signal is the loss; over length alone), intervals by copy cluster."""
     groups = cl.groups_of(frame)
     n = frame["n_tokens"].to_numpy(float)
-    w = within_length_auc(score, y, n, resamples=cfg.resamples, seed=seed, groups=groups,
-                          min_records=cfg.min_records)
+    w = within_length_auc(score, y, n if strata is None else strata, resamples=cfg.resamples, seed=seed,
+                          groups=groups, min_records=cfg.min_records)
     gain = cv_gain(score, y, n, loss, resamples=cfg.resamples, seed=seed, groups=groups,
                    min_records=cfg.min_records, signal_is_loss=loss is None)
     pos, neg = cl.records(y, groups)
@@ -520,22 +520,12 @@ def pooled_extraction_rows(results: list[SeedResult], cfg: Config) -> pd.DataFra
         a["z_k_jj"] = z(np.log(a["k_jj"]))
         parts.append(a)
     f = pd.concat(parts, ignore_index=True)
-    y, groups = f["extracted"].to_numpy(float) == 1, cl.groups_of(f)
-    loss, n = f["loss_z"].to_numpy(float), f["n_tokens"].to_numpy(float)
+    y, loss = f["extracted"].to_numpy(float) == 1, f["loss_z"].to_numpy(float)
     signals = [(f"GNQ (c = {c})", f[f"z_{c}"].to_numpy(float), loss, str(c)) for c in results[0].sizes]
     signals += [("‖g‖² (K_jj)", f["z_k_jj"].to_numpy(float), loss, "-"), ("−loss", -loss, None, "-")]
-    rows = []
-    for name, score, base_loss, c in signals:
-        w = within_length_auc(score, y, f["stratum"].to_numpy(float), resamples=cfg.resamples, seed=0,
-                              groups=groups, min_records=cfg.min_records)
-        gain = cv_gain(score, y, n, base_loss, resamples=cfg.resamples, seed=0, groups=groups,
-                       min_records=cfg.min_records, signal_is_loss=base_loss is None)
-        pos, neg = cl.records(y, groups)
-        rows.append({"seed": POOLED, "outcome": EXTRACTION, "signal": name, "c": c, "texts": len(f),
-                     "auc_within_length": w.auc, "auc_lo": w.lo, "auc_hi": w.hi, "gain": gain.gain,
-                     "gain_lo": gain.lo, "gain_hi": gain.hi, "positive_records": pos, "negative_records": neg,
-                     "note": w.note or gain.note})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"seed": POOLED, "outcome": EXTRACTION, "signal": name, "c": c, "texts": len(f),
+                          **_auc_cells(score, y, f, cfg, 0, base_loss, f["stratum"].to_numpy(float))}
+                         for name, score, base_loss, c in signals])
 
 
 def held_out_record_rate(results: list[SeedResult]) -> tuple[int, int]:

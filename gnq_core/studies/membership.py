@@ -26,7 +26,7 @@ import json
 import math
 import warnings
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,6 @@ from gnq_core.studies.base import StudyContext, Timings, ag_news, same_settings_
 from gnq_core.studies.counterfactual import cf_subset
 
 STUDY = "membership"
-FPR_LEVELS = (0.001, 0.01, 0.1)  # the field's low-FPR reading (LiRA): 0.1%, 1%, 10%
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ CANDIDATES = [("gnq_total", "GNQ_total (in-run)"), ("self_influence", "K_jj (las
 def run(ctx: StudyContext, models: int | None = None, canaries: int = 0) -> Path:
     cfg = ctx.pick(QUICK, FULL, PAPER)
     if models is not None:
-        cfg = Config(**{**cfg.__dict__, "models": models})
+        cfg = replace(cfg, models=models)
     if cfg.models < 2 or cfg.models % 2:
         raise ValueError(f"--models must be even and at least 2 (complementary halves), got {cfg.models}")
     work = ctx.work_dir(STUDY)
@@ -89,9 +88,7 @@ def run(ctx: StudyContext, models: int | None = None, canaries: int = 0) -> Path
                              max_length=cfg.max_length, seed=ctx.seed, preset=cfg.preset,
                              vocab_size=2048, device=ctx.device)
     planted = make_canaries(canaries, ctx.seed) if canaries else []
-    per_model = []
-    for m in range(cfg.models):
-        per_model.append(_model(ctx, cfg, settings, texts, m, work, timings, planted))
+    per_model = [_model(ctx, cfg, settings, texts, m, work, timings, planted) for m in range(cfg.models)]
     frames = [_text_rows(ctx, r, texts) for r in per_model]
     aucs = membership_aucs(frames, ctx.seed)
     per_text = separation(frames, n)
@@ -181,9 +178,8 @@ def membership_aucs(frames: list[pd.DataFrame], seed: int) -> pd.DataFrame:
         for column, label, higher in FORWARD:
             s = frame[column].to_numpy(float) * (1 if higher else -1)
             keep = np.isfinite(s)
-            point = pr.metrics_matrix(s[keep], y[keep], fpr_levels=FPR_LEVELS, fractions=())
-            boot = pr.bootstrap(s[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())
-            lo, hi = pr.interval(boot["auc"])
+            point = pr.metrics_matrix(s[keep], y[keep], fractions=())  # TPR at 0.1%, 1%, 10% FPR (LiRA)
+            lo, hi = rep.auc_interval(s[keep], y[keep], seed)
             rows.append({"model": int(frame["model"].iloc[0]), "signal": label, "n": int(keep.sum()),
                          "members": int(y[keep].sum()), "auc": float(point["auc"][0]), "auc lo": lo,
                          "auc hi": hi, **{k: float(v[0]) for k, v in point.items() if k.startswith("tpr")}})
@@ -232,10 +228,9 @@ def _write(ctx: StudyContext, cfg: Config, aucs: pd.DataFrame, per_text: pd.Data
                                  f"of {len(per_text)} AG News texts, {cfg.epochs} epochs"))
     r.text(__doc__.split("\n\n", 1)[1])
     mean = aucs.groupby("signal", sort=False)[["auc", "auc lo", "auc hi"]].mean().reset_index()
-    shown = aucs.assign(**{"AUC [95% CI]": [rep.ci(a, lo, hi) for a, lo, hi in
-                                           zip(aucs["auc"], aucs["auc lo"], aucs["auc hi"], strict=True)]})
+    shown = aucs.assign(**{"AUC [95% CI]": rep.ci_column(aucs, "auc")})
     r.text("## Membership AUC per model (members vs non-members of that model, last epoch)")
-    tprs = [f"tpr@{a:g}" for a in FPR_LEVELS]
+    tprs = [f"tpr@{a:g}" for a in pr.FPR_LEVELS]
     r.table(shown[["model", "signal", "n", "members", "AUC [95% CI]", *tprs]],
             caption="Intervals: 95% stratified bootstrap over texts (members and non-members resampled "
                     "separately). tpr@α: share of members caught while flagging at most α of the "
@@ -243,8 +238,8 @@ def _write(ctx: StudyContext, cfg: Config, aucs: pd.DataFrame, per_text: pd.Data
                     "every non-member). The mean over models follows.")
     r.table(mean.rename(columns={"auc": "mean AUC", "auc lo": "mean lo", "auc hi": "mean hi"}))
     r.text("## What predicts the per-text separation (out-model loss − in-model loss)")
-    cells = [rep.ci(a, lo, hi) for a, lo, hi in zip(rho["rho"], rho["rho lo"], rho["rho hi"], strict=True)]
-    r.table(rho.assign(**{"Spearman ρ [95% CI]": cells})[["signal", "n", "Spearman ρ [95% CI]"]],
+    shown = rho.assign(**{"Spearman ρ [95% CI]": rep.ci_column(rho, "rho")})
+    r.table(shown[["signal", "n", "Spearman ρ [95% CI]"]],
         caption=f"Separation: mean {rep.fmt(per_text['separation'].mean())} nats over texts. Intervals: "
                 "95% bootstrap over texts. Signals are averaged over the models that trained on the text.")
     if not canaries.empty:

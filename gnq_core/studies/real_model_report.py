@@ -22,7 +22,6 @@ from gnq_core.sources.real_models import PROVENANCE
 from gnq_core.studies import report as rep
 from gnq_core.studies.base import machine
 
-FPR_LEVELS = (0.001, 0.01, 0.1)
 # (column, label, higher means member): fixed by each signal's meaning before any outcome is read;
 # GNQ and K_jj follow the project's convention (higher = more at risk), which may point the wrong
 # way for membership after training (an AUC below 0.5 says so).
@@ -45,12 +44,12 @@ def membership_table(frame: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
         s, y = s[keep], y_all[keep]
         if not 0 < y.sum() < len(y):
             continue
-        point = pr.metrics_matrix(s, y, fpr_levels=FPR_LEVELS, fractions=())
-        boot = pr.bootstrap(s, y, pr.RESAMPLES, seed, fpr_levels=FPR_LEVELS, fractions=())
+        point = pr.metrics_matrix(s, y, fractions=())
+        boot = pr.bootstrap(s, y, pr.RESAMPLES, seed, fractions=())
         row = {"signal": label, "direction": "higher" if higher else "lower", "members": int(y.sum()),
                "non-members": int((~y).sum()),
                "AUC [95% CI]": rep.ci(point["auc"][0], *pr.interval(boot["auc"]))}
-        for a in FPR_LEVELS:
+        for a in pr.FPR_LEVELS:
             key = f"tpr@{a:g}"
             row[f"TPR at {a:.1%} FPR"] = rep.ci(point[key][0], *pr.interval(boot[key]))
         rows.append(row)
@@ -94,11 +93,7 @@ non-members at that checkpoint). Reference for the loss ratio: the base model.""
             f"of the non-members (with {int((~frame['member']).sum())} non-members, 0.1% and 1% FPR both "
             "mean no non-member flagged). Intervals: 95% stratified bootstrap (1000 resamples, seed 0).")
     ratio = store.scores(train.run_id).eval("gnq * @train.lam / self_influence")
-    r.text(f"""## What GNQ is on this run
-
-Median GNQ·λ/K_jj over the in-run scores: {ratio.median():.3f} (10–90%: {ratio.quantile(0.1):.3f}–
-{ratio.quantile(0.9):.3f}); 1 would mean batch companions explain nothing of a text's gradient, so
-GNQ ranks like ‖g‖²/λ.""")
+    r.text("## What GNQ is on this run\n\n" + rep.ratio_sentence(ratio))
     totals = signal_frame(store, train)
     attacked = totals[totals["extracted"].notna()]
     result = pr.evaluate(attacked, resamples=pr.RESAMPLES, seed=args.seed)
