@@ -249,24 +249,19 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
     cf = examples.merge(store.metrics(prep.finetune.run_id), on="example_id", how="left")
     last = traj[traj["point"] == traj["point"].max()]
     mean = traj.groupby(["example_id", "group"], as_index=False)[["gnq", "loss", "self_influence"]].mean()
-    summary = []
-    lengths = examples.set_index("example_id")["n_tokens"]
-    for value, name in METRICS:
-        summary.append({"score": name,
-                        "AUC at the last epoch": group_auc(last[value], last["group"], POSITIVE, NEGATIVE),
-                        "AUC of the mean over epochs": group_auc(mean[value], mean["group"], POSITIVE,
-                                                                 NEGATIVE),
-                        "median common": last.loc[last["group"] == NEGATIVE, value].median(),
-                        "median surprising": last.loc[last["group"] == POSITIVE, value].median(),
-                        **auc_intervals(last[value], last["group"], last["example_id"].map(lengths),
-                                        ctx.seed)})
+
+    def row(name: str, values: pd.Series, groups: pd.Series, lengths: pd.Series, mean_auc: float) -> dict:
+        return {"score": name, "AUC at the last epoch": group_auc(values, groups, POSITIVE, NEGATIVE),
+                "AUC of the mean over epochs": mean_auc, "median common": values[groups == NEGATIVE].median(),
+                "median surprising": values[groups == POSITIVE].median(),
+                **auc_intervals(values, groups, lengths, ctx.seed)}
+
+    lengths = last["example_id"].map(examples.set_index("example_id")["n_tokens"])
+    summary = [row(name, last[value], last["group"], lengths,
+                   group_auc(mean[value], mean["group"], POSITIVE, NEGATIVE)) for value, name in METRICS]
     cf_values = cf.get(CF_METRIC, pd.Series(np.nan, index=cf.index))
     cf_auc = group_auc(cf_values, cf["group"], POSITIVE, NEGATIVE)
-    summary.append({"score": "counterfactual memorization", "AUC at the last epoch": cf_auc,
-                    "AUC of the mean over epochs": cf_auc,
-                    "median common": cf_values[cf["group"] == NEGATIVE].median(),
-                    "median surprising": cf_values[cf["group"] == POSITIVE].median(),
-                    **auc_intervals(cf_values, cf["group"], cf["n_tokens"], ctx.seed)})
+    summary.append(row("counterfactual memorization", cf_values, cf["group"], cf["n_tokens"], cf_auc))
     lam = prep.finetune.lam
     relation = {"spearman": float(last["gnq"].rank().corr(last["self_influence"].rank())),
                 "ratio": float((last["gnq"] * lam / last["self_influence"]).median()), "lam": lam}

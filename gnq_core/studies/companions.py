@@ -665,8 +665,7 @@ SHARE_CAPTION = ("Share explained = 1 − GNQ·λ/K_jj (0: companions explain no
 def _auc_table(part: pd.DataFrame) -> pd.DataFrame:
     cells = [nt if isinstance(nt, str) and nt else rep.ci(a, lo, hi) for a, lo, hi, nt in
              zip(part["auc_within_length"], part["auc_lo"], part["auc_hi"], part["note"], strict=True)]
-    gains = [rep.ci(a, lo, hi, "+.3f") for a, lo, hi in
-             zip(part["gain"], part["gain_lo"], part["gain_hi"], strict=True)]
+    gains = rep.ci_column(part, "gain", "gain_lo", "gain_hi", "+.3f")
     return part.assign(**{"AUC within length [95%]": cells, "CV gain [95%]": gains})[
         ["seed", "signal", "texts", "positive_records", "negative_records", "AUC within length [95%]",
          "CV gain [95%]"]]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import warnings
-import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from scipy.stats import spearmanr
 from gnq_core.analysis import predictive as pr
 from gnq_core.atomic import write_text_atomic
 from gnq_core.pipelines.canaries import Canary, exposure, inserted, make_canaries
-from gnq_core.pipelines.membership import forward_signals
+from gnq_core.pipelines.membership import forward_signals, zlib_bits
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.runtime import resolve_device
@@ -152,7 +151,7 @@ def _text_rows(ctx: StudyContext, saved: dict, texts: list[str]) -> pd.DataFrame
                           "outcome": np.isin(np.arange(n), saved["subset"]),
                           **{c: saved[c] for c in ("loss", "min_k", "min_k_plus", "n_tokens")}})
     frame["zlib_ratio"] = (frame["loss"] * (frame["n_tokens"] - 1).clip(lower=1) / math.log(2)
-                           / [8 * len(zlib.compress(t.encode("utf-8"))) for t in texts])
+                           / [zlib_bits(t) for t in texts])
     store, run_id = ctx.store, saved["run_id"]
     scores = store.scores(run_id)
     first, last = scores["point"].min(), scores["point"].max()

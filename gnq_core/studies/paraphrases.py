@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
@@ -109,13 +110,7 @@ def bank(n: int | None = None, seed: int = 0, path: Path = KNOWLEDGE) -> Bank:
     by_relation: dict[str, list[Fact]] = {}
     for f in facts:
         by_relation.setdefault(f.relation, []).append(f)
-    chosen: list[Fact] = []
-    queues = [list(v) for v in by_relation.values()]
-    while queues and (n is None or len(chosen) < n):
-        for q in queues:
-            if q and (n is None or len(chosen) < n):
-                chosen.append(q.pop(0))
-        queues = [q for q in queues if q]
+    chosen = [f for turn in zip_longest(*by_relation.values()) for f in turn if f is not None][:n]
     claim_object: dict[Fact, str] = {}
     for k, relation in enumerate(sorted({f.relation for f in chosen})):
         group = [f for f in chosen if f.relation == relation]

@@ -174,7 +174,7 @@ def _axes(width: float = 7, height: float = 4):
 
 
 def group_bands(traj: pd.DataFrame, value: str, groups: Sequence[str], *, title: str, ylabel: str,
-                log: bool = True, xlabels: Sequence[str] | None = None):
+                xlabels: Sequence[str], log: bool = True):
     """Per group: the median of ``value`` over the points (line) and its 25–75% range (band)."""
     fig, ax = _axes()
     points = sorted(traj["point"].unique())
@@ -186,8 +186,7 @@ def group_bands(traj: pd.DataFrame, value: str, groups: Sequence[str], *, title:
         ax.fill_between(points, q[0.25], q[0.75], alpha=0.25, color=colour)
     if log:
         ax.set_yscale("log")
-    ax.set_xticks(points, list(xlabels) if xlabels is not None else [str(p) for p in points],
-                  rotation=45 if len(points) > 8 else 0)
+    ax.set_xticks(points, list(xlabels), rotation=45 if len(points) > 8 else 0)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.legend()
@@ -195,13 +194,9 @@ def group_bands(traj: pd.DataFrame, value: str, groups: Sequence[str], *, title:
     return fig
 
 
-def group_histograms(values: pd.Series, groups: pd.Series, order: Sequence[str], *, title: str,
-                     xlabel: str, log: bool = False):
+def group_histograms(values: pd.Series, groups: pd.Series, order: Sequence[str], *, title: str, xlabel: str):
     fig, ax = _axes()
     v = values.astype(float)
-    if log:
-        v = np.log10(v.where(v > 0))
-        xlabel = f"log10 {xlabel}"
     finite = v[np.isfinite(v)]
     edges = np.histogram_bin_edges(finite, bins=30) if len(finite) else 10
     for g in order:
@@ -285,12 +280,12 @@ def quantile_bars(bins: pd.DataFrame, *, title: str, score_label: str):
     return fig
 
 
-def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: str, seed: int = 0,
-                       resamples: int = pr.RESAMPLES) -> dict[str, Any]:
+def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: str, seed: int = 0
+                       ) -> dict[str, Any]:
     """Add the predictive-power table of every signal in ``frame`` (analysis.signals'
     frame of the attacked run) against its ``extracted`` outcome, its ROC chart and the length-bin
     table; returns the numbers for results.json."""
-    result = pr.evaluate(frame, resamples=resamples, seed=seed)
+    result = pr.evaluate(frame, seed=seed)
     sentence, length_sentence = pr.best_signal_sentence(result), pr.within_length_sentence(result)
     r.text("### Which signal predicts extraction?")
     r.text(f"{sentence}\n\n{length_sentence}")
@@ -309,12 +304,12 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
                     "over all texts). A signal that is a function of length alone scores 0.5 "
                     "there, whatever length predicts overall.")
     extraction = [o for o in ev.outcomes_in(frame) if o.name == "extraction"]
-    evidence = ev.evidence_table(frame, resamples=resamples, seed=seed, outcomes=extraction)
+    evidence = ev.evidence_table(frame, seed=seed, outcomes=extraction)
     if len(evidence):
         r.text(ev.gain_sentence(evidence))
         r.table(ev.display(evidence, "extraction"),
                 caption="Every signal over all texts, at low FPR, within exact token length and as the "
                         "cross-validated gain over length + loss (analysis.evidence, the table `gnq report "
-                        "--json` writes). " + ev.method(resamples, seed, result.level))
+                        "--json` writes). " + ev.method(pr.RESAMPLES, seed, result.level))
     return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": length_sentence,
             "predictive_stratified": result.stratified, "evidence": evidence}
