@@ -281,9 +281,7 @@ def convention_table(store, audits: dict, frame: pd.DataFrame, seed: int) -> pd.
         f = outcome.merge(totals, on="example_id", how="left")
         rho, lo, hi = spearman_interval(f["gnq_total"].to_numpy(float), f["n_tokens"].to_numpy(float), seed)
         attacked = f[f["extracted"].notna()].reset_index(drop=True)
-        signal = pr.Signal("gnq_total", "GNQ_total", True, "")
-        table = pr.stratified_table(attacked, [signal], seed=seed)
-        row = table.iloc[0]
+        row = pr.stratified_table(attacked, [pr.SIGNAL_BY_COLUMN["gnq_total"]], seed=seed).iloc[0]
         rows.append({"run": run.name, "loss": loss, "λ": lam_mode,
                      "Spearman with length": rep.ci(rho, lo, hi),
                      "AUC (all texts)": rep.ci(row.get("auc"), row.get("auc lo"), row.get("auc hi")),
