@@ -531,12 +531,9 @@ def pooled_extraction_rows(results: list[SeedResult], cfg: Config) -> pd.DataFra
 def held_out_record_rate(results: list[SeedResult]) -> tuple[int, int]:
     """(held-out records that pass the extraction rule, held-out records attacked): records never
     trained on whose next tokens come out anyway (the template was learned, not the record)."""
-    hits = total = 0
-    for r in results:
-        f = r.frame
-        part = f[~f["member"] & (f["kind"] == "record") & f["extracted"].notna()]
-        hits, total = hits + int((part["extracted"] == 1).sum()), total + len(part)
-    return hits, total
+    held_out = pd.concat([r.frame[~r.frame["member"] & (r.frame["kind"] == "record")] for r in results])
+    attacked = held_out["extracted"].dropna()
+    return int((attacked == 1).sum()), len(attacked)
 
 
 def share_rows(res: SeedResult) -> pd.DataFrame:

@@ -82,7 +82,6 @@ def run(ctx: StudyContext, models: int | None = None, canaries: int = 0) -> Path
     work = ctx.work_dir(STUDY)
     timings = Timings(work)
     texts = [t for t, _ in ag_news(ctx.shared_data(), cfg.texts)]
-    n = len(texts)
     settings = TrainSettings(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, lam=1e-2,
                              max_length=cfg.max_length, seed=ctx.seed, preset=cfg.preset,
                              vocab_size=2048, device=ctx.device)
@@ -90,7 +89,7 @@ def run(ctx: StudyContext, models: int | None = None, canaries: int = 0) -> Path
     per_model = [_model(ctx, cfg, settings, texts, m, work, timings, planted) for m in range(cfg.models)]
     frames = [_text_rows(ctx, r, texts) for r in per_model]
     aucs = membership_aucs(frames, ctx.seed)
-    per_text = separation(frames, n)
+    per_text = separation(frames, len(texts))
     rho = spearman_table(per_text, ctx.seed)
     canary_rows = pd.DataFrame([c for r in per_model for c in r.get("canaries", [])])
     return _write(ctx, cfg, aucs, per_text, rho, timings, canary_rows)
