@@ -7,7 +7,8 @@ pretraining text never used, so a low loss or GNQ on it cannot come from a verba
 Made-up claims pair each subject with another subject's object of the same relation (a seeded
 derangement that never lands on the true object), worded like the audited facts: same template,
 same vocabulary, lengths matched by design, and never seen in pretraining in any wording.
-Everything is deterministic (templates and a seeded permutation; no network, no model).
+The sentences are deterministic (templates and a seeded permutation; no network, no model);
+``object_nll`` and ``premise_rows`` then ask a model whether it expects each fact's object.
 """
 
 from __future__ import annotations
