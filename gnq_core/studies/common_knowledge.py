@@ -272,10 +272,8 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
 
 def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, seed: int) -> dict[str, object]:
     """The AUC of surprising over common with its 95% bootstrap interval (stratified by group),
-    and the same within exact token length, pair-weighted (``length_control.within_length_auc``):
+    and the same within exact token length, pair-weighted (``predictive.within_length_auc``):
     "0.85 [0.78, 0.91]"."""
-    from gnq_core.analysis.length_control import within_length_auc
-
     v = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
     y = (groups == POSITIVE).to_numpy()
     keep = np.isfinite(v) & groups.isin([POSITIVE, NEGATIVE]).to_numpy()
@@ -283,7 +281,7 @@ def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, see
         return {"AUC [95% CI]": "n/a", "AUC within exact length": "n/a"}
     lo, hi = rep.auc_interval(v[keep], y[keep], seed)
     auc = float(pr.metrics_matrix(v[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
-    w = within_length_auc(v[keep], y[keep], pd.to_numeric(n_tokens, errors="coerce").to_numpy(float)[keep],
+    w = pr.within_length_auc(v[keep], y[keep], pd.to_numeric(n_tokens, errors="coerce").to_numpy(float)[keep],
                           seed=seed)
     return {"AUC [95% CI]": f"{auc:.3f} [{lo:.3f}, {hi:.3f}]",
             "AUC within exact length": f"{w.auc:.3f} [{w.lo:.3f}, {w.hi:.3f}] ({w.strata} lengths)",

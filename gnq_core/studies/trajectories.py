@@ -200,7 +200,7 @@ attacked, so every attacked text has a target of the same length (paper: p = 45,
              f"Bars: success rate (p = {cfg.prefix_tokens}, s = {cfg.suffix_tokens}, "
              f"match ≥ {cfg.threshold:g}); "
              "line: mean GNQ_total per bin (Fig. 6).")
-    r.figure(rep.trajectory_lines(matrix[labels_to_points(traj, labels)], labels,
+    r.figure(rep.trajectory_lines(matrix, labels,
                                   title=f"GNQ trajectories of {len(picked)} random training texts",
                                   highlight=high), "trajectories.png",
              f"GNQ per checkpoint for {len(picked)} random texts; the two highest on average in bold "
@@ -254,15 +254,14 @@ def rank_corr(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def spearman_interval(x: np.ndarray, y: np.ndarray, seed: int, resamples: int = pr.RESAMPLES
-                      ) -> tuple[float, float, float]:
+def spearman_interval(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[float, float, float]:
     """Spearman's ρ with a 95% percentile bootstrap interval (texts resampled with replacement)."""
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]
     if len(x) < 3:
         return float("nan"), float("nan"), float("nan")
     rho = rank_corr(x, y)
-    idx = np.random.default_rng(seed).integers(0, len(x), (resamples, len(x)))
+    idx = np.random.default_rng(seed).integers(0, len(x), (pr.RESAMPLES, len(x)))
     boot = np.asarray([rank_corr(x[i], y[i]) for i in idx], dtype=float)
     if not np.isfinite(boot).any():  # e.g. every text has one length
         return rho, float("nan"), float("nan")
@@ -378,9 +377,3 @@ def _trend(spearman: float, spearman_last: float, last: str) -> str:
         text += (": a text the model already reproduces has a small gradient, hence a small GNQ, at the "
                  "late checkpoints, while the texts still being learned keep large ones")
     return text + "."
-
-
-def labels_to_points(traj: pd.DataFrame, labels: list[str]) -> list[int]:
-    """Matrix columns (points) in the order of ``labels``."""
-    point_of = dict(zip(traj["label"], traj["point"], strict=False))
-    return [point_of[label] for label in labels]
