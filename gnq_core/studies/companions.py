@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from scipy.stats import spearmanr
 
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis.length_control import cv_gain
@@ -46,6 +47,7 @@ from gnq_core.atomic import write_text_atomic
 from gnq_core.engine.companions import SketchRows, kernel_gnq, sketch_gram
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.solve import gnq_from_kernel
 from gnq_core.engine.window import WindowAuditor
 from gnq_core.pipelines.extraction import extraction_attack
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
@@ -386,10 +388,6 @@ def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, l
     out = json.loads(path.read_text()) if path.is_file() else None
     if out is not None and out.get("complete", True):
         return out
-    from scipy.stats import spearmanr
-
-    from gnq_core.engine.solve import gnq_from_kernel
-
     frame = study_texts(corpus(ctx, cfg), cfg, 0)
     texts = frame[frame["member"] & (frame["kind"] == "corpus")]["text"].tolist()[:cfg.error_batch]
     model, tok = load_model(cfg, frame.drop_duplicates("unique")["text"].tolist(), 0)
@@ -537,8 +535,6 @@ def held_out_record_rate(results: list[SeedResult]) -> tuple[int, int]:
 
 
 def share_rows(res: SeedResult) -> pd.DataFrame:
-    from scipy.stats import spearmanr
-
     f = res.frame
     rows = []
     for c in res.sizes:
