@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
+from gnq_core.runtime import resolve_device
 from gnq_core.studies.base import StudyContext, Timings, machine
 
 Format = str | Callable[[Any], str]
@@ -142,8 +144,6 @@ GNQ ranks like ‖g‖²/λ."""
 
 def scale_banner(ctx: StudyContext, model: str) -> str:
     """The report's first line: at which scale and on which device its numbers were measured."""
-    from gnq_core.runtime import resolve_device
-
     device = resolve_device(ctx.device)
     where = "CPU" if device.type == "cpu" else f"{device.type.upper()} ({machine(ctx.device).split(' (')[0]})"
     if ctx.preset == "paper":
@@ -291,8 +291,7 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
     r.text(f"{sentence}\n\n{length_sentence}")
     r.table(pr.display_table(result), caption=f"{what} Each cell: estimate [{result.level:.0%} interval]. "
                                               + result.method())
-    from gnq_core.analysis import evidence as ev
-    from gnq_core.analysis.predictive_figures import roc_png
+    from gnq_core.analysis.predictive_figures import roc_png  # plotly: imported when a report needs it
 
     r.figure(roc_png(pr.roc_points(frame), result.table[result.table["scope"] == pr.ALL]), filename,
              "ROC curve of each signal against the attack's outcome, log false-positive axis (legend: AUC "
