@@ -13,7 +13,7 @@ that text, left out of that outcome's rows):
   against the rest (outcome ``group``, positive ``group = NAME``).
 
 Scopes: ``all`` (AUC and TPR at each low FPR over every text with both values), ``exact length``
-(pair-weighted AUC within exact token length, length_control.within_length_auc) and
+(pair-weighted AUC within exact token length, predictive.within_length_auc) and
 ``over length + loss`` (cross-validated AUC gain, length_control.cv_gain).
 """
 
@@ -130,7 +130,7 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
     if few:
         row["note"] = few
     elif scorable:
-        w = lc.within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level,
+        w = pr.within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level,
                                  groups=groups, min_records=min_records)
         row |= {"auc": w.auc, "auc lo": w.lo, "auc hi": w.hi, "strata": w.strata, "pairs": w.pairs}
         if not w.strata:

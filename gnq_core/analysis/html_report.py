@@ -33,7 +33,8 @@ from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.verdict import rank_texts
 from gnq_core.atomic import check_target, write_text_atomic
-from gnq_core.results.store import Run, Store
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
 
 TOP = 50           # rows of the verdict table
 TEXTS_IN_FULL = 10  # top flagged texts shown with their whole text and the model's continuation

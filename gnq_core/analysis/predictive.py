@@ -434,7 +434,7 @@ def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], *, outco
                      resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL,
                      min_records: int = MIN_RECORDS) -> pd.DataFrame:
     """Per signal: the raw AUC over all attacked texts next to the AUC within exact token length,
-    pair-weighted (``length_control.within_length_auc``), both with cluster-bootstrap intervals
+    pair-weighted (``within_length_auc``), both with cluster-bootstrap intervals
     (copies by ``cluster_id``).  Without an ``n_tokens`` column every text has one length, so
     then the two agree."""
     y = attacked[outcome].astype(bool).to_numpy() if len(attacked) else np.zeros(0, dtype=bool)

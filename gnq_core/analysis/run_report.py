@@ -29,7 +29,8 @@ from gnq_core.analysis.findings import summary
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts, risk_basis
 from gnq_core.atomic import write_text_atomic
-from gnq_core.results.store import Run, Store
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
 
 SCHEMA = "gnq-report/2"
 

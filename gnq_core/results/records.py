@@ -214,7 +214,7 @@ _LABELS = {"checkpoints": "checkpoint series", "init": "--init"}
 
 def resume_mismatches(stored: Any, spec: RunSpec, *, ignore: Sequence[str] = ("device",),
                       growing: Sequence[str] = ("checkpoints",)) -> list[str]:
-    """What differs between a stored run (``store.Run``) and the spec of its rerun."""
+    """What differs between a stored run (``store_queries.Run``) and the spec of its rerun."""
     found = [] if stored.dataset_hash == spec.dataset_hash else ["dataset content"]
     pairs = [(k, getattr(stored, k), getattr(spec, k)) for k in _CORE] + [
         (k, stored.settings[k], list(v) if isinstance(v, tuple) else v) for k, v in spec.settings.items()

@@ -39,7 +39,7 @@ from gnq_core.pipelines.resume import TRAINER_STATE, resume_from
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.pipelines.training_loop import Callback, Checkpoints, Epoch, Progress, seeded_batches, train
-from gnq_core.results.store import Run
+from gnq_core.results.store_queries import Run
 from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
@@ -280,9 +280,9 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
 
 def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, seed: int) -> dict[str, object]:
     """The AUC of surprising over common with its 95% bootstrap interval (stratified by group),
-    and the same within exact token length, pair-weighted (``length_control.within_length_auc``):
+    and the same within exact token length, pair-weighted (``predictive.within_length_auc``):
     "0.85 [0.78, 0.91]"."""
-    from gnq_core.analysis.length_control import within_length_auc
+    from gnq_core.analysis.predictive import within_length_auc
 
     v = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
     y = (groups == POSITIVE).to_numpy()
