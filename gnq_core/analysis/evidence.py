@@ -116,13 +116,8 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
     if few:
         row["note"] = few
     elif scorable:
-        point = pr.metrics_matrix(score[keep], y[keep], fpr_levels=FPR_LEVELS, fractions=())
-        boot = pr.bootstrap(score[keep], y[keep], resamples, seed, groups[keep], fpr_levels=FPR_LEVELS,
-                            fractions=())
-        for key, value in point.items():
-            row[key] = float(value[0])
-            row[f"{key} lo"], row[f"{key} hi"] = pr.metric_interval(
-                key, row[key], boot[key], score[keep], y[keep], groups[keep], level)
+        row |= pr.metrics_with_intervals(score[keep], y[keep], groups[keep], resamples, seed, level,
+                                         fpr_levels=FPR_LEVELS, fractions=())[0]
     else:
         row["note"] = "needs both outcomes among the texts with this signal"
     yield row
@@ -192,26 +187,21 @@ def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digi
         return pd.DataFrame()
     by = {scope: part[part["scope"] == scope].set_index("signal") for scope in SCOPES}
     order = by[SCOPE_ALL].sort_values("auc", ascending=False, na_position="last").index
-
-    def cell(row: pd.Series, key: str, fmt: str = f".{digits}f") -> str:
-        if pd.isna(row.get(key)):
-            note = row.get("note")
-            return cl.TOO_FEW if isinstance(note, str) and note.startswith(cl.TOO_FEW) else "n/a"
-        return f"{row[key]:{fmt}} [{row[f'{key} lo']:{fmt}}, {row[f'{key} hi']:{fmt}}]"
-
+    fmt = f".{digits}f"
     out = pd.DataFrame({"signal": by[SCOPE_ALL].loc[order, "label"].to_numpy(),
                         "direction": [f"{d} = {part['positive'].iloc[0].removeprefix('group = ')}"
                                       for d in by[SCOPE_ALL].loc[order, "direction"]],
                         unit: by[SCOPE_ALL].loc[order, "n"].to_numpy(),
                         "positives": by[SCOPE_ALL].loc[order, "positives"].to_numpy(),
                         "independent positives (records)": by[SCOPE_ALL].loc[order, "records"].to_numpy()})
-    out["AUC (all texts)"] = [cell(by[SCOPE_ALL].loc[s], "auc") for s in order]
+    out["AUC (all texts)"] = [pr.interval_cell(by[SCOPE_ALL].loc[s], "auc", fmt) for s in order]
     for t in _TPR:
-        out[pr.metric_title(t)] = [cell(by[SCOPE_ALL].loc[s], t) for s in order]
-    out["AUC within exact length"] = [cell(by[SCOPE_LENGTH].loc[s], "auc") for s in order]
+        out[pr.metric_title(t)] = [pr.interval_cell(by[SCOPE_ALL].loc[s], t, fmt) for s in order]
+    out["AUC within exact length"] = [pr.interval_cell(by[SCOPE_LENGTH].loc[s], "auc", fmt) for s in order]
     gains = by[SCOPE_GAIN]
     out["CV AUC gain over length + loss"] = [
-        cell(gains.loc[s], "gain", f"+.{digits + 1}f") if s in gains.index else "n/a" for s in order]
+        pr.interval_cell(gains.loc[s], "gain", f"+.{digits + 1}f") if s in gains.index else "n/a"
+        for s in order]
     out["LR p"] = ["n/a" if s not in gains.index or pd.isna(gains.loc[s, "lr p"])
                    else f"{gains.loc[s, 'lr p']:.2g}" for s in order]
     return out

@@ -90,6 +90,18 @@ def _top_k(frame: pd.DataFrame, column: str, k: int, descending: bool) -> pd.Dat
     return frame.loc[order.index[:k]]
 
 
+def _attacked(totals: pd.DataFrame, threshold: float) -> tuple[pd.DataFrame, pd.Series, list[str]]:
+    """The rows with an extraction match (``example_id`` from the index where the column is absent),
+    their success (match >= ``threshold``) and the sorted group names ("(none)": no group)."""
+    match = _numeric(totals, "extraction_match")
+    pool = totals.loc[match.notna()]
+    if "example_id" not in pool.columns:
+        pool = pool.assign(example_id=pool.index)
+    groups = (sorted(pool["group"].fillna("(none)").astype(str).unique())
+              if "group" in pool.columns and pool["group"].notna().any() else [])
+    return pool, _successes(match[pool.index], threshold), groups
+
+
 def _group_breakdown(rows: pd.DataFrame, success: pd.Series, groups: list[str]) -> str:
     if "group" not in rows.columns or not groups:
         return ""
@@ -111,16 +123,10 @@ def targeted_attack_table(totals: pd.DataFrame, fractions: Sequence[float] = (0.
     """
     if totals.empty or "extraction_match" not in totals.columns:
         return pd.DataFrame(columns=TARGETED_COLUMNS)
-    match = _numeric(totals, "extraction_match")
-    pool = totals.loc[match.notna()]
-    if "example_id" not in pool.columns:
-        pool = pool.assign(example_id=pool.index)
+    pool, success, groups = _attacked(totals, threshold)
     n = len(pool)
     if n == 0:
         return pd.DataFrame(columns=TARGETED_COLUMNS)
-    success = _successes(match[pool.index], threshold)
-    groups = (sorted(pool["group"].fillna("(none)").astype(str).unique())
-              if "group" in pool.columns and pool["group"].notna().any() else [])
     rng = np.random.default_rng(seed)
     positions = np.arange(n)
     succ = success.to_numpy()
@@ -160,15 +166,9 @@ def targeted_rows(totals: pd.DataFrame, strategies: Sequence[tuple[str, str, boo
     per-group breakdown of the extracted texts ("common=0, surprising=20"); a strategy whose
     column is missing or all-null is left out.
     """
-    match = _numeric(totals, "extraction_match") if not totals.empty else pd.Series(dtype=float)
-    pool = totals.loc[match.notna()] if not totals.empty else totals
+    pool, success, groups = _attacked(totals, threshold)
     if pool.empty:
         return pd.DataFrame(columns=TARGETED_ROW_COLUMNS)
-    if "example_id" not in pool.columns:
-        pool = pool.assign(example_id=pool.index)
-    success = _successes(match[pool.index], threshold)
-    groups = (sorted(pool["group"].fillna("(none)").astype(str).unique())
-              if "group" in pool.columns and pool["group"].notna().any() else [])
     n, rows = len(pool), []
 
     def add(label: str, f: float, picked: pd.DataFrame) -> None:

@@ -321,14 +321,6 @@ def value_outcome(extracted: object, chars: object, hits: object, reference_hits
     return PARTLY if partly_leaked(int(chars), int(hits), ref, novel) else "not leaked"
 
 
-def leaked(frame: pd.DataFrame) -> pd.Series:
-    """Whether each text leaked (status ``leaked``): for a text with a secret-like value, whether
-    the model wrote a value itself (calibrated; pipelines/secret_attack.py); for any other text,
-    whether the text attack extracted it.  A card-number text whose 8-token window " card 4539 14"
-    came out has not leaked its card number: it is "text reproduced"."""
-    return statuses(frame) == LEAKED
-
-
 def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float | None = None,
          min_gnq: float | None = None, group: str | None = None,
          statuses: tuple[str, ...] = ()) -> pd.DataFrame:

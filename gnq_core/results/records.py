@@ -149,13 +149,11 @@ class ScoreColumns:
         chunk = chunk or WRITE_CHUNK
         for start in range(0, max(self.n, 1), chunk):
             rows = slice(start, min(start + chunk, self.n))
-            n = rows.stop - rows.start
-            frame = pd.DataFrame({
-                "point": np.full(n, point, np.int64), "example_id": self.example_id[rows].copy(),
-                "batch_index": self.batch_index[rows].copy(),
+            yield pd.DataFrame({
+                "point": np.full(rows.stop - rows.start, point, np.int64),
+                "example_id": self.example_id[rows].copy(), "batch_index": self.batch_index[rows].copy(),
                 "step": pd.arrays.IntegerArray(self.step[rows].copy(), self.step_missing[rows].copy()),
                 **{c: self.values[rows, j].copy() for j, c in enumerate(self._floats)}})
-            yield frame
 
     def frame(self, point: int) -> pd.DataFrame:
         """All the rows as one typed frame (``frames`` in one chunk)."""
