@@ -99,13 +99,8 @@ def effective_records(labels: np.ndarray, groups: np.ndarray | None) -> float:
     positive clusters' sizes (in texts), and the same over the negative ones; the smaller."""
     y = np.asarray(labels, dtype=bool)
     codes = _codes(groups, len(y))
-    pos = _positive_clusters(y, codes)
-    sizes = np.bincount(codes, minlength=len(pos)).astype(float)
-    out = []
-    for side in (pos, ~pos):
-        s = sizes[side]
-        out.append(s.sum() ** 2 / (s ** 2).sum() if len(s) else 0.0)
-    return float(min(out))
+    positive = _positive_clusters(y, codes)[codes]  # per text: whether its cluster is a positive one
+    return min(kish(codes[positive]), kish(codes[~positive]))
 
 
 def too_few(labels: np.ndarray, groups: np.ndarray | None, minimum: int = MIN_RECORDS) -> str:

@@ -149,9 +149,8 @@ def _provenance(fields: list[tuple[str, Any]]) -> str:
                          for k, v in sorted(item.items())]
             else:
                 rows.append((name, ", ".join(map(str, item)) if isinstance(item, list) else item))
-    fields = rows
     frame = pd.DataFrame([(k, "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))
-                          for k, v in fields], columns=["field", "value"])
+                          for k, v in rows], columns=["field", "value"])
     return _table(frame)
 
 

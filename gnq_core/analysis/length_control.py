@@ -166,12 +166,11 @@ def cv_gain(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, loss: n
     n = len(y)
     pos, neg = records(y, g)
     if min(pos, neg) < FOLDS:
-        return Gain(*(math.nan,) * 6, n, base,
-                    note=f"needs at least {FOLDS} independent records of each outcome "
-                         f"(has {pos} and {neg})")
-    few = too_few(y, g, min_records) if min_records else ""
-    if few:
-        return Gain(*(math.nan,) * 6, n, base, note=few)
+        note = f"needs at least {FOLDS} independent records of each outcome (has {pos} and {neg})"
+    else:
+        note = too_few(y, g, min_records) if min_records else ""
+    if note:
+        return Gain(*(math.nan,) * 6, n, base, note=note)
     base_extra = [lo_] if use_loss else []
     key = (keep.tobytes(), y.tobytes(), None if g is None else g.tobytes(), use_loss, seed, resamples)
     if cache is not None and key in cache:

@@ -497,16 +497,10 @@ def fmt_int(value) -> str:
     return "n/a" if pd.isna(value) else str(int(value))
 
 
-def _metrics(fpr_levels: Sequence[float] = FPR_LEVELS) -> list[str]:
-    return ["auc", *(f"tpr@{a:g}" for a in fpr_levels), *(f"precision@{q:g}" for q in TOP_FRACTIONS)]
-
-
-def _columns(fpr_levels: Sequence[float] = FPR_LEVELS) -> list[str]:
+def _columns(fpr_levels: Sequence[float]) -> list[str]:
+    metrics = ["auc", *(f"tpr@{a:g}" for a in fpr_levels), *(f"precision@{q:g}" for q in TOP_FRACTIONS)]
     return ["scope", "unit", "signal", "label", "direction", "n", "extracted", "records",
-            *(c for m in _metrics(fpr_levels) for c in (m, f"{m} lo", f"{m} hi")), "note"]
-
-
-METRICS = _metrics()
+            *(c for m in metrics for c in (m, f"{m} lo", f"{m} hi")), "note"]
 
 
 def metric_title(metric: str) -> str:
@@ -521,26 +515,17 @@ def metric_title(metric: str) -> str:
 def display_table(result: Predictive, scope: str | None = ALL, digits: int = 2) -> pd.DataFrame:
     """One row per signal (and scope when ``scope`` is None): "value [lo, hi]" strings, best AUC first."""
     table = result.table if scope is None else result.table[result.table["scope"] == scope]
-    return _display(result, table, digits, with_scope=scope is None)
-
-
-def _fpr_levels_of(table: pd.DataFrame) -> tuple[float, ...]:
-    return tuple(float(c[4:]) for c in table.columns if c.startswith("tpr@") and not c.endswith(("lo", "hi")))
-
-
-def _display(result: Predictive, table: pd.DataFrame, digits: int, with_scope: bool) -> pd.DataFrame:
     order = {s: i for i, s in enumerate(dict.fromkeys(result.table["scope"]))}
     table = (table.assign(_scope=table["scope"].map(order))
              .sort_values(["_scope", "auc"], ascending=[True, False], na_position="last"))
-
     out = pd.DataFrame({"signal": table["label"],
                         "direction": table["direction"].map({"higher": "higher = extracted",
                                                              "lower": "lower = extracted"}),
                         result.unit: table["n"], "extracted": table["extracted"],
                         "independent positives (records)": table["records"]})
-    for metric in (m for m in _metrics(_fpr_levels_of(result.table)) if m in table.columns):
+    for metric in (c for c in result.table.columns if f"{c} lo" in result.table.columns):  # table order
         out[metric_title(metric)] = [interval_cell(r, metric, f".{digits}f") for _, r in table.iterrows()]
-    if with_scope:
+    if scope is None:
         out.insert(0, "scope", table["scope"])
     return out.reset_index(drop=True)
 

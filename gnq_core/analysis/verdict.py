@@ -285,10 +285,6 @@ def _flag(frame: pd.DataFrame, name: str) -> pd.Series:
     return frame[name].astype("boolean").fillna(False).astype(bool)
 
 
-def _count(frame: pd.DataFrame, name: str) -> pd.Series:
-    return _col(frame, name).fillna(0.0)
-
-
 def _has_secret(frame: pd.DataFrame) -> pd.Series:
     return frame["secret"].notna() if "secret" in frame else pd.Series(False, index=frame.index)
 
@@ -299,8 +295,8 @@ def statuses(frame: pd.DataFrame, risk: pd.Series | None = None) -> pd.Series:
     public = _flag(frame, "public")
     secret = _has_secret(frame) & ~public
     window = _flag(frame, "extracted")
-    values_leaked = _flag(frame, "secret_reproduced") | (_count(frame, "secret_values_leaked") > 0)
-    partly = _count(frame, "secret_values_partly") > 0
+    values_leaked = _flag(frame, "secret_reproduced") | (_col(frame, "secret_values_leaked") > 0)
+    partly = _col(frame, "secret_values_partly") > 0  # NaN (not attacked) compares False
     risk = risk if risk is not None else risk_components(frame)["risk"]
     top_risk = risk >= risk.quantile(0.8) if len(risk) else pd.Series(False, index=frame.index)
     status = np.select(

@@ -34,13 +34,7 @@ from gnq_core.results.store_schema import (
     _current_version,
     check_tables,
 )
-from gnq_core.results.store_writes import (
-    SHARD_COLUMNS,
-    StoreWrites,
-    _insert_examples,
-    _insert_run,
-    shard_select,
-)
+from gnq_core.results.store_writes import StoreWrites, _insert_examples, _insert_run, shard_select
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -207,16 +201,9 @@ def shard_view(spec: RunSpec, status: str, examples: pd.DataFrame, points: pd.Da
                                                                    "status"]])
         con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")
         for table, paths in files.items():
-            con.execute(f"DROP TABLE {table}")
-            select = shard_select(table, paths, run_id) if paths else \
-                f"SELECT {run_id} AS run_id, {', '.join(_null_columns(table))} WHERE FALSE"
-            con.execute(f"CREATE VIEW {table} AS {select}")
+            if paths:  # a table without shards yet stays the schema's empty table
+                con.execute(f"DROP TABLE {table}")
+                con.execute(f"CREATE VIEW {table} AS {shard_select(table, paths, run_id)}")
         yield con
     finally:
         con.close()
-
-
-def _null_columns(table: str) -> list[str]:
-    types = {"finite": "BOOLEAN", "gnq": "DOUBLE", "loss": "DOUBLE", "self_influence": "DOUBLE",
-             "condition": "DOUBLE", "seconds": "DOUBLE", "gnq_mode": "VARCHAR"}
-    return [f"NULL::{types.get(c, 'BIGINT')} AS {c}" for c in SHARD_COLUMNS[table]]
