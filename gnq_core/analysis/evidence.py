@@ -188,15 +188,14 @@ def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digi
     by = {scope: part[part["scope"] == scope].set_index("signal") for scope in SCOPES}
     order = by[SCOPE_ALL].sort_values("auc", ascending=False, na_position="last").index
     fmt = f".{digits}f"
-    out = pd.DataFrame({"signal": by[SCOPE_ALL].loc[order, "label"].to_numpy(),
+    first = by[SCOPE_ALL].loc[order]  # the "all texts" rows, best AUC first
+    out = pd.DataFrame({"signal": first["label"].to_numpy(),
                         "direction": [f"{d} = {part['positive'].iloc[0].removeprefix('group = ')}"
-                                      for d in by[SCOPE_ALL].loc[order, "direction"]],
-                        unit: by[SCOPE_ALL].loc[order, "n"].to_numpy(),
-                        "positives": by[SCOPE_ALL].loc[order, "positives"].to_numpy(),
-                        "independent positives (records)": by[SCOPE_ALL].loc[order, "records"].to_numpy()})
-    out["AUC (all texts)"] = [pr.interval_cell(by[SCOPE_ALL].loc[s], "auc", fmt) for s in order]
-    for t in _TPR:
-        out[pr.metric_title(t)] = [pr.interval_cell(by[SCOPE_ALL].loc[s], t, fmt) for s in order]
+                                      for d in first["direction"]],
+                        unit: first["n"].to_numpy(), "positives": first["positives"].to_numpy(),
+                        "independent positives (records)": first["records"].to_numpy()})
+    for key, title in [("auc", "AUC (all texts)"), *((t, pr.metric_title(t)) for t in _TPR)]:
+        out[title] = [pr.interval_cell(row, key, fmt) for _, row in first.iterrows()]
     out["AUC within exact length"] = [pr.interval_cell(by[SCOPE_LENGTH].loc[s], "auc", fmt) for s in order]
     gains = by[SCOPE_GAIN]
     out["CV AUC gain over length + loss"] = [

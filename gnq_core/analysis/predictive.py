@@ -209,6 +209,17 @@ def _group_ends(sorted_scores: np.ndarray) -> np.ndarray:
     return last
 
 
+def rank_auc(positive: Sequence[float] | np.ndarray, negative: Sequence[float] | np.ndarray) -> float:
+    """The AUC of two samples in its Mann–Whitney form, U / (n₊·n₋): P(a positive value exceeds a
+    negative one), ties ½; NaN values are ignored, NaN when either side has none."""
+    pos, neg = (np.asarray(v, dtype=float) for v in (positive, negative))
+    pos, neg = pos[~np.isnan(pos)], neg[~np.isnan(neg)]
+    if len(pos) == 0 or len(neg) == 0:
+        return math.nan
+    ranks = pd.Series(np.concatenate([pos, neg])).rank(method="average").to_numpy()
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
 def roc_curve_points(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(FPR, TPR) at every threshold, from (0, 0) to (1, 1): scikit-learn's ``roc_curve`` with
     ``drop_intermediate=False`` (tested), without importing scikit-learn (seconds on a busy machine)."""

@@ -50,15 +50,6 @@ def strip_formula_guard(text: str) -> str:
     return text[1:] if text.startswith(FORMULA_GUARD) else text
 
 
-def _check_target(path: Path) -> None:
-    """Refuse to replace anything but a regular file (a device such as /dev/full, a FIFO, a socket):
-    atomic.check_target's rule, as an ExportError."""
-    try:
-        check_target(path, "the export")
-    except TargetError as exc:
-        raise ExportError(str(exc)) from None
-
-
 def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, neutralise: bool = True) -> Path:
     """Write ``frame`` as ``fmt`` to ``path`` via a temporary sibling file and a rename.  Any
     failure (a read-only folder, a full disk, a path under a file) is one ExportError line and
@@ -66,7 +57,10 @@ def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, neutralise: 
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
     path = Path(path)
-    _check_target(path)
+    try:  # never replace anything but a regular file (a device such as /dev/full, a FIFO, a socket)
+        check_target(path, "the export")
+    except TargetError as exc:
+        raise ExportError(str(exc)) from None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
