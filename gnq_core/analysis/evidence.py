@@ -112,19 +112,19 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
             "n": int(keep.sum()), "positives": int(y[keep].sum()), "records": pos, "negative records": neg}
     scorable = 0 < y[keep].sum() < keep.sum()
     few = cl.too_few(y[keep], groups[keep], min_records) if scorable else ""
+    if few:  # no number in any scope
+        for scope in SCOPES:
+            yield {**head, "scope": scope, "note": few}
+        return
     row = {**head, "scope": SCOPE_ALL}
-    if few:
-        row["note"] = few
-    elif scorable:
+    if scorable:
         row |= pr.metrics_with_intervals(score[keep], y[keep], groups[keep], resamples, seed, level,
                                          fpr_levels=FPR_LEVELS, fractions=())[0]
     else:
         row["note"] = "needs both outcomes among the texts with this signal"
     yield row
     row = {**head, "scope": SCOPE_LENGTH}
-    if few:
-        row["note"] = few
-    elif scorable:
+    if scorable:
         w = pr.within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level,
                                  groups=groups, min_records=min_records)
         row |= {"auc": w.auc, "auc lo": w.lo, "auc hi": w.hi, "strata": w.strata, "pairs": w.pairs}
@@ -134,9 +134,7 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
             row["note"] = w.note
     yield row
     row = {**head, "scope": SCOPE_GAIN}
-    if few:
-        row["note"] = few
-    elif scorable and cv:
+    if scorable and cv:
         g = lc.cv_gain(score, y, lengths, loss, resamples=resamples, seed=seed, level=level,
                        signal_is_loss=signal.column == LOSS, cache=cache, groups=groups,
                        min_records=min_records)

@@ -70,9 +70,7 @@ def quantile_bins(totals: pd.DataFrame, bins: int = 10, threshold: float = 1.0,
         n=("score", "size"), lo=("score", "min"), hi=("score", "max"), mean_score=("score", "mean"),
         success_rate=("success", "mean"), mean_match=("match", "mean"),
         example_ids=("example_id", lambda v: [int(i) for i in v])).reset_index()
-    out["bin"] = out["bin"].astype(int)
-    out["n"] = out["n"].astype(int)
-    return out[QUANTILE_BIN_COLUMNS]
+    return out.astype({"bin": int, "n": int})[QUANTILE_BIN_COLUMNS]
 
 
 # --------------------------------------------------------------------------- Table 3
