@@ -20,7 +20,8 @@ import torch
 from gnq_core.atomic import write_text_atomic
 from gnq_core.progress import Reporter
 from gnq_core.results.layout import studies_root
-from gnq_core.results.store import Store, StoreError
+from gnq_core.results.store import Store
+from gnq_core.results.store_schema import StoreError
 from gnq_core.sources.datasets import DatasetError, load_texts
 
 REPO = Path(__file__).resolve().parents[2]

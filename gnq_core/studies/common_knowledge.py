@@ -39,7 +39,7 @@ from gnq_core.pipelines.resume import TRAINER_STATE, resume_from
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.pipelines.training_loop import Callback, Checkpoints, Epoch, Progress, seeded_batches, train
-from gnq_core.results.store import Run
+from gnq_core.results.store_queries import Run
 from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
@@ -282,7 +282,7 @@ def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, see
     lo, hi = rep.auc_interval(v[keep], y[keep], seed)
     auc = float(pr.metrics_matrix(v[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
     w = pr.within_length_auc(v[keep], y[keep], pd.to_numeric(n_tokens, errors="coerce").to_numpy(float)[keep],
-                          seed=seed)
+                             seed=seed)
     return {"AUC [95% CI]": f"{auc:.3f} [{lo:.3f}, {hi:.3f}]",
             "AUC within exact length": f"{w.auc:.3f} [{w.lo:.3f}, {w.hi:.3f}] ({w.strata} lengths)",
             "auc": auc, "auc lo": lo, "auc hi": hi, "stratified auc": w.auc}
