@@ -47,7 +47,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from gnq_core.engine.representations import DenseFactor, DenseRep, Factor, OneHotFactor, OuterRep, Rep
+from gnq_core.engine.representations import (
+    DenseFactor,
+    DenseRep,
+    Factor,
+    OneHotFactor,
+    OuterRep,
+    Rep,
+    compute_dtype,
+)
 from gnq_core.engine.solve import Solution, gnq_from_kernel
 
 __all__ = ["DEFAULT_BLOCK", "DEFAULT_COLUMNS", "DEFAULT_K", "DEFAULT_TOTAL", "DEFAULT_VOCAB_COLS",
@@ -80,17 +88,12 @@ class SketchSpec:
     total: int | None = DEFAULT_TOTAL
 
     def __post_init__(self) -> None:
-        for name in ("block", "columns", "total"):
+        for name, optional in (("block", True), ("columns", True), ("total", True), ("k", False),
+                               ("vocab_rows", False), ("vocab_cols", True)):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"sketch {name} must be a whole number >= 1 or None, got {value!r}")
-        for name in ("k", "vocab_rows"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"sketch {name} must be a whole number >= 1, got {value!r}")
-        if self.vocab_cols is not None and (not isinstance(self.vocab_cols, int) or self.vocab_cols < 1):
-            raise ValueError(f"sketch vocab_cols must be a whole number >= 1 or None, "
-                             f"got {self.vocab_cols!r}")
+            if not (optional and value is None) and (not isinstance(value, int) or value < 1):
+                or_none = " or None" if optional else ""
+                raise ValueError(f"sketch {name} must be a whole number >= 1{or_none}, got {value!r}")
 
     @property
     def side(self) -> int:
@@ -251,12 +254,12 @@ class Sketcher:
             rep = DenseRep(rep.materialize())  # a norm layer's deferred record
         plan = self._plan(key, rep)
         if isinstance(rep, DenseRep):
-            G = rep.G.to(_dtype(rep.G))
+            G = rep.G.to(compute_dtype(rep.G))
             return plan.rows.dense(G)
         assert plan.cols is not None
         if not isinstance(rep.C, DenseFactor):
             raise TypeError("OuterRep.C must be dense to sketch")
-        dtype = _dtype(rep.C.values)
+        dtype = compute_dtype(rep.C.values)
         a = _apply(plan.rows, rep.A, dtype)  # [B, T, k0]
         c = rep.C.values.to(dtype)
         if rep.bias:
@@ -337,10 +340,6 @@ def _side(n: int, k: int | None, kind: str, seed: int, key: str, side: str) -> P
     if k is None or n <= k:
         return Projection(n, n, "identity", seed, key, side)
     return Projection(n, k, kind, seed, key, side)
-
-
-def _dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 @dataclass
