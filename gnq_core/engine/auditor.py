@@ -24,11 +24,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from gnq_core.engine.assignment import assign_kernels, describe
 from gnq_core.engine.batch import BatchDimensionError
 from gnq_core.engine.compiled import check_not_compiled
 from gnq_core.engine.coverage import Coverage
-from gnq_core.engine.first_batch import FirstBatch
 from gnq_core.engine.frontier import backward_targets
 from gnq_core.engine.hooks import AuditHooks
 from gnq_core.engine.kernels import UnsupportedModuleError
@@ -106,40 +104,14 @@ class GNQAuditor(AuditHooks):
             raise ValueError(f"lam must be > 0, got {lam}")
         if path not in ("auto", "ghost", "materialize"):
             raise ValueError(f"path must be 'auto', 'ghost' or 'materialize', got {path!r}")
-        self.model = model
         self.lam = float(lam)
         self.lam_mode = lam_mode
-        self._path = None if path == "auto" else path
-        self._budget = memory_budget
-        self._enabled = True
-        self._pass = None
-        self._computed_last = False
-        self._fused = fused
-        self._fused_modules = []
-        self._fused_now = set()
-        # CPU buffers reused across steps (fused chunks; norm layers' stacks at compute()), by
-        # (dtype, slot): a fresh 100 MB tensor per step costs more in page faults than its arithmetic
-        self._scratch: dict[tuple[torch.dtype, str], torch.Tensor] = {}
-        self._hooked = assign_kernels(model)
-        self._static_coverage = describe(model, self._hooked)
-        self._first = FirstBatch(model, self._hooked, check_uses)
-        self._handles = [model.register_forward_pre_hook(self._on_root_forward, with_kwargs=True),
-                         model.register_forward_hook(self._on_root_done, always_call=True)]
-        self._module_handles = []
-        self._install_module_hooks()
+        super().__init__(model, None if path == "auto" else path, memory_budget, fused, check_uses)
+
     @property
     def coverage(self) -> Coverage:
         """Which module covers which parameters, with which kernel (paths filled per batch)."""
         return self._static_coverage
-
-    def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device, slot: str = "fused"
-                   ) -> torch.Tensor:
-        if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
-            return torch.empty(numel, dtype=dtype, device=device)
-        buf = self._scratch.get((dtype, slot))
-        if buf is None or buf.numel() < numel:
-            buf = self._scratch[(dtype, slot)] = torch.empty(numel, dtype=dtype)
-        return buf[:numel]
 
     def backward(self, loss: torch.Tensor) -> None:
         """The backward a post-hoc audit needs: every covered module's output gradient, no ``.grad``.

@@ -89,7 +89,7 @@ def _per_example(kind: str, x, dy, mean, rstd, eps: float, weight: bool, bias: b
     return per_w, per_b
 
 
-Workspace = Callable[[int, torch.dtype, torch.device, str], torch.Tensor]
+Workspace = Callable[..., torch.Tensor]  # (numel, dtype, device[, slot]) -> a reusable buffer
 
 
 def batched_per_example(records: list[NormRecord], workspace: Workspace | None = None) -> torch.Tensor:

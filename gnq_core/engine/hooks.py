@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.assignment import assign_kernels, describe
 from gnq_core.engine.batch import BatchDimensionError, batch_first_outputs, leading_dim, model_family
-from gnq_core.engine.coverage import Coverage
+from gnq_core.engine.cost_model import InnerPath
 from gnq_core.engine.extension_points import ExtensionPoints
 from gnq_core.engine.first_batch import FirstBatch
 from gnq_core.engine.frontier import depends_on
@@ -34,20 +34,27 @@ from gnq_core.engine.recompute import in_backward, is_duplicate, note_forward_ca
 
 
 class AuditHooks(ExtensionPoints):
-    """The hooks ``GNQAuditor`` installs, and the passes they open (its state, set there)."""
+    """The hooks ``GNQAuditor`` installs on ``model``, and the passes they open."""
 
-    model: nn.Module
-    _hooked: list[Hooked]
-    _static_coverage: Coverage
-    _first: FirstBatch
-    _enabled: bool
-    _fused: bool
-    _pass: PassState | None
-    _computed_last: bool
-    _module_handles: list[Any]
-    _fused_modules: list[nn.Module]
-    _fused_now: set[int]  # modules whose current call went the fused way
-    _workspace: Callable[..., torch.Tensor]
+    def __init__(self, model: nn.Module, path: InnerPath | None, budget: int, fused: bool,
+                 check_uses: bool) -> None:
+        self.model = model
+        self._path, self._budget, self._fused = path, budget, fused
+        self._enabled = True
+        self._pass: PassState | None = None
+        self._computed_last = False
+        self._fused_modules: list[nn.Module] = []
+        self._fused_now: set[int] = set()  # modules whose current call went the fused way
+        # CPU buffers reused across steps (fused chunks; norm layers' stacks at compute()), by
+        # (dtype, slot): a fresh 100 MB tensor per step costs more in page faults than its arithmetic
+        self._scratch: dict[tuple[torch.dtype, str], torch.Tensor] = {}
+        self._hooked = assign_kernels(model)
+        self._static_coverage = describe(model, self._hooked)
+        self._first = FirstBatch(model, self._hooked, check_uses)
+        self._handles = [model.register_forward_pre_hook(self._on_root_forward, with_kwargs=True),
+                         model.register_forward_hook(self._on_root_done, always_call=True)]
+        self._module_handles: list[Any] = []
+        self._install_module_hooks()
 
     def _install_module_hooks(self) -> None:
         for h in self._hooked:
@@ -77,6 +84,15 @@ class AuditHooks(ExtensionPoints):
         self._hooked = assign_kernels(self.model, plan)
         self._static_coverage = describe(self.model, self._hooked)
         self._install_module_hooks()
+
+    def _workspace(self, numel: int, dtype: torch.dtype, device: torch.device, slot: str = "fused"
+                   ) -> torch.Tensor:
+        if device.type != "cpu":  # the CUDA caching allocator already reuses blocks
+            return torch.empty(numel, dtype=dtype, device=device)
+        buf = self._scratch.get((dtype, slot))
+        if buf is None or buf.numel() < numel:
+            buf = self._scratch[(dtype, slot)] = torch.empty(numel, dtype=dtype)
+        return buf[:numel]
 
     def _recording(self) -> bool:
         """Whether a forward now is audited (not paused, hooks not suspended, autograd on)."""
@@ -193,26 +209,24 @@ class AuditHooks(ExtensionPoints):
         module = h.module
         if self._recording():
             p = self._pass or self._start_pass(leading_dim(args, kwargs))
-            shared = any(pid in p.used_beyond_lookups for pid in h.param_ids)
-            sink = functools.partial(self._fused_call, h, p)
-            if in_backward() and is_duplicate(p, module):  # the same function again, recording nothing
-                sink = functools.partial(self._dead_sink, h, p)
-                shared = shared_before(p, h.param_ids, module)  # as the forward's call saw it
+            again = in_backward() and is_duplicate(p, module)  # the same function again, recording nothing
+            shared = (shared_before(p, h.param_ids, module) if again  # as the forward's call saw it
+                      else any(pid in p.used_beyond_lookups for pid in h.param_ids))
+            sink = functools.partial(self._open_sink, h, p, not again)
             request = FuseRequest(p.batch_size, tuple(h.params), self._path, self._budget, shared, sink)
             out = h.kernel.fused_forward(module, args, kwargs, request)
             if out is not NotImplemented:
                 return out
         return type(module).forward(module, *args, **kwargs)
 
-    def _fused_call(self, h: Hooked, p: PassState) -> FusedSink:
-        """Register a call that reports to the auditor from its own backward (no output hook)."""
+    def _open_sink(self, h: Hooked, p: PassState, recorded: bool) -> FusedSink:
+        """Register a call that reports to the auditor from its own backward (no output hook);
+        not ``recorded``: a checkpoint's recomputation of a call already captured, whose backward
+        never runs."""
+        self._fused_now.add(id(h.module))
         call = Call(h, None, [], [])
+        if not recorded:
+            return FusedSink(p, call, lambda _: False, self._workspace)
         p.register(call)
         note_forward_call(p, h.module)
-        self._fused_now.add(id(h.module))
         return FusedSink(p, call, self._is_current, self._workspace)
-
-    def _dead_sink(self, h: Hooked, p: PassState) -> FusedSink:
-        """A checkpoint's recomputation of a call already captured: its backward never runs."""
-        self._fused_now.add(id(h.module))
-        return FusedSink(p, Call(h, None, [], []), lambda _: False, self._workspace)

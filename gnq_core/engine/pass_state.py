@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from gnq_core.engine.deferred import NormRecord, NormRep, batched_per_example, group
+from gnq_core.engine.deferred import NormRecord, NormRep, Workspace, batched_per_example, group
 from gnq_core.engine.fused import sync_free
 from gnq_core.engine.kernels import Contribution, Kernel
 from gnq_core.engine.representations import DenseRep, Rep
@@ -29,9 +28,6 @@ from gnq_core.engine.tied import add_cross_terms
 # block at once but kept for one joint Gram per step; more than DEFER_TOTAL kept are flushed.
 DEFER_WIDTH = 2**16
 DEFER_TOTAL = 2**18
-
-Workspace = Callable[..., torch.Tensor]  # (numel, dtype, device[, slot]) -> a reusable buffer
-
 
 class GramSource(Protocol):
     """The auditor's extension points that the bookkeeping forms every block of K with."""
