@@ -129,7 +129,7 @@ class DistributedWindowAuditor(OwnComm, WindowAuditor):
         for b, m in enumerate(window):
             for key in sorted(m.reps):
                 for rep in m.reps[key]:  # every rank's representation of one use in its micro-batch b
-                    for r, theirs in enumerate(self._gather_rep(rep)):
+                    for r, theirs in enumerate(gather_factors(self._comm, *exchange_layout(self._comm, rep))):
                         if r != rank:
                             start = offsets[r] + starts[r][b]
                             self._add_cross(rows, window, key, theirs, weights[r][b], start)
@@ -171,7 +171,3 @@ class DistributedWindowAuditor(OwnComm, WindowAuditor):
             for r, (f, t) in enumerate(zip(flags, every, strict=True)):
                 weights[r].append(t.cpu() if int(f) else None)
         return starts, weights
-
-    def _gather_rep(self, rep: Rep) -> list[Rep]:
-        """Every rank's version of one representation, sent as its factors (or dense gradients)."""
-        return gather_factors(self._comm, *exchange_layout(self._comm, rep))

@@ -23,8 +23,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.kernels.base import Kernel, UnsupportedModuleError, dense_contributions, hooks_suspended
-from gnq_core.engine.kernels.registry import generic_kernel as registry_generic
-from gnq_core.engine.kernels.registry import register, register_generic
+from gnq_core.engine.kernels.registry import generic_kernel, register, register_generic
 
 if TYPE_CHECKING:
     from gnq_core.engine.planning import Plan
@@ -303,7 +302,7 @@ def planned_kernel(name: str, kernel: Kernel, plan: Plan | None) -> Kernel:
     if plan is None:
         return kernel
     if name in plan.enclose:
-        base = kernel if isinstance(kernel, GenericKernel) else registry_generic()
+        base = kernel if isinstance(kernel, GenericKernel) else generic_kernel()
         return base.bound(plan.in_dims.get(name), enclosing=True)
     if isinstance(kernel, GenericKernel):
         return kernel.bound(plan.in_dims.get(name))
