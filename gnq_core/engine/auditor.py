@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from gnq_core.engine.batch import BatchDimensionError
+from gnq_core.engine.batch import BatchDimensionError, module_label
 from gnq_core.engine.compiled import check_not_compiled
 from gnq_core.engine.coverage import Coverage
 from gnq_core.engine.frontier import backward_targets
@@ -180,7 +180,8 @@ class GNQAuditor(AuditHooks):
         for h in self._hooked:
             check = h.kernel.take_check() if hasattr(h.kernel, "take_check") else None
             if check is not None:
-                checks.append((check[0].to(device), f"{self._label(h)}: {check[1]}", UnsupportedModuleError))
+                why = f"{module_label(self.model, h.name, h.module)}: {check[1]}"
+                checks.append((check[0].to(device), why, UnsupportedModuleError))
         return checks
 
     @contextlib.contextmanager

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.assignment import assign_kernels, describe
-from gnq_core.engine.batch import BatchDimensionError, batch_first_outputs, leading_dim, model_family
+from gnq_core.engine.batch import BatchDimensionError, batch_first_outputs, leading_dim, module_label
 from gnq_core.engine.cost_model import InnerPath
 from gnq_core.engine.extension_points import ExtensionPoints
 from gnq_core.engine.first_batch import FirstBatch
@@ -191,17 +191,13 @@ class AuditHooks(ExtensionPoints):
         call.saved, call.grads = None, None
         p.accumulate(call, self.on_contributions(h, contributions))
 
-    def _label(self, h: Hooked) -> str:
-        """The model family and the module, as a kernel's refusal names them."""
-        return f"{model_family(self.model)}: module '{h.name}' ({type(h.module).__name__})"
-
     @contextlib.contextmanager
     def _named(self, h: Hooked) -> Iterator[None]:
         """A kernel's refusal, in one line naming the model family and the module."""
         try:
             yield
         except UnsupportedModuleError as exc:
-            raise UnsupportedModuleError(f"{self._label(h)}: {exc}") from exc
+            raise UnsupportedModuleError(f"{module_label(self.model, h.name, h.module)}: {exc}") from exc
 
     # ------------------------------------------------------------------ fused path
     def _fused_forward(self, h: Hooked, *args, **kwargs):

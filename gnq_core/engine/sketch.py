@@ -47,15 +47,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from gnq_core.engine.representations import (
-    DenseFactor,
-    DenseRep,
-    Factor,
-    OneHotFactor,
-    OuterRep,
-    Rep,
-    compute_dtype,
-)
+from gnq_core.engine.representations import DenseFactor, DenseRep, OneHotFactor, OuterRep, Rep, compute_dtype
 from gnq_core.engine.solve import Solution, gnq_from_kernel
 
 __all__ = ["DEFAULT_BLOCK", "DEFAULT_COLUMNS", "DEFAULT_K", "DEFAULT_TOTAL", "DEFAULT_VOCAB_COLS",
@@ -180,7 +172,7 @@ class Projection:
         return self.dense(torch.eye(self.n, dtype=dtype))
 
 
-def _apply(p: Projection, f: Factor, dtype: torch.dtype) -> torch.Tensor:
+def _apply(p: Projection, f: DenseFactor | OneHotFactor, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(f, OneHotFactor):
         return p.one_hot(f.tokens, dtype)
     return p.dense(f.values.to(dtype))
