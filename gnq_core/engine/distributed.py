@@ -65,6 +65,7 @@ from gnq_core.engine.representations import (
     OuterRep,
     Rep,
     compute_dtype,
+    dense_values,
 )
 from gnq_core.engine.solve import unweight_kernel
 
@@ -274,7 +275,7 @@ class DistributedGNQAuditor(OwnComm, GNQAuditor):
         factor_bytes = sum(world * math.prod(max(s[i] for s in shapes)) * t.element_size()
                            for i, t in enumerate(parts))
         batch = max(s[0][0] for s in shapes)
-        grad_bytes = world * batch * rep.numel * (8 if compute_dtype(_values(rep)) == torch.float64 else 4)
+        grad_bytes = world * batch * rep.numel * compute_dtype(dense_values(rep)).itemsize
         return "factors" if factor_bytes <= grad_bytes else "gradients"
 
     def compute(self, weights: torch.Tensor | None = None) -> DistributedGNQResult:
@@ -366,10 +367,6 @@ def _shapes(meta: list[int], n: int) -> list[tuple[int, ...]]:
         chunk = body[i * (2 + _MAX_DIMS):(i + 1) * (2 + _MAX_DIMS)]
         shapes.append(tuple(chunk[2:2 + chunk[1]]))
     return shapes
-
-
-def _values(rep: OuterRep) -> torch.Tensor:
-    return rep.C.values if isinstance(rep.C, DenseFactor) else rep.A.values  # type: ignore[union-attr]
 
 
 # ---------------------------------------------------------------------- communication

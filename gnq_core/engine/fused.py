@@ -185,7 +185,7 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
         # B·T rows at most, where gathering them from each chunk took ops in every chunk
         kept = _products(left.index_select(-1, keep_rows.to(device)).transpose(1, 2), right, dtype)
     cpu = device.type == "cpu"
-    row_bytes = B * cols * (8 if dtype == torch.float64 else 4)
+    row_bytes = B * cols * dtype.itemsize
     step = max(1, min(rows, (min(budget, CPU_CHUNK_BYTES) if cpu else budget) // max(row_bytes, 1)))
     if cpu:  # short chunks make the per-example products slow (a wide input: few rows per chunk)
         step = min(rows, max(step, min(CPU_CHUNK_MIN_ROWS, budget // max(row_bytes, 1))))

@@ -313,10 +313,6 @@ class Sketcher:
         return {key: plan.rows.k * (1 if plan.cols is None else plan.cols.k // plan.blocks)
                 for key, plan in self._plans.items()}
 
-    def projection(self, key: str) -> tuple[Projection, Projection | None]:
-        plan = self._plans[key]
-        return plan.rows, plan.cols
-
 
 def _blocks(a: torch.Tensor, c: torch.Tensor, r: int) -> torch.Tensor:
     """Σ_t over positions of r Kronecker blocks a_tr c_trᵀ, [B, T, r·s] × [B, T, r·s'] -> [B, r·s·s'].
@@ -344,10 +340,7 @@ class SketchBatch:
     def add(self, key: str, sketch: torch.Tensor) -> None:
         if sketch.shape[0] != self.batch_size:
             raise ValueError(f"a sketch of {sketch.shape[0]} rows for a batch of {self.batch_size}")
-        if key in self.parts:
-            self.parts[key] = self.parts[key] + sketch
-        else:
-            self.parts[key] = sketch
+        self.parts[key] = self.parts[key] + sketch if key in self.parts else sketch
 
     def matrix(self, widths: dict[str, int] | None = None) -> torch.Tensor:
         """[B, m] float64: the parts side by side in the sorted order of ``widths``' keys

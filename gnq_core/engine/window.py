@@ -116,7 +116,6 @@ class WindowAuditor(GNQAuditor):
         self._current: _Micro | None = None
         self._window: list[_Micro] = []
         self._kept_bytes = 0
-        self.last_micro_sketch: SketchBatch | None = None
         self._failure: GNQNumericalError | None = None
 
     # ------------------------------------------------------------------ per contribution
@@ -185,7 +184,6 @@ class WindowAuditor(GNQAuditor):
             micro.kernel = result.kernel if result is not None else torch.full((B, B), float("nan"),
                                                                                 dtype=torch.float64)
         micro.weights = None if weights is None else weights.detach().to(torch.float64).reshape(-1).cpu()
-        self.last_micro_sketch = micro.sketch
         self._window.append(micro)
         self._current = None
         return result if self.keep_exact else None
@@ -198,10 +196,6 @@ class WindowAuditor(GNQAuditor):
             if m.sketch is not None:
                 total += sum(t.numel() * t.element_size() for t in m.sketch.parts.values())
         return total
-
-    @property
-    def window_size(self) -> int:
-        return sum(m.batch_size for m in self._window)
 
     def finish_window(self) -> WindowResult:
         """GNQ of every text of the window against all the window's other texts; starts a new
