@@ -64,8 +64,7 @@ class NormRecord:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.x, self.dy, self.mean, self.rstd)
-                   if t is not None)
+        return sum(t.nbytes for t in (self.x, self.dy, self.mean, self.rstd) if t is not None)
 
     def per_example(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """This call's per-example gradients ([B, d] or None for weight and bias)."""

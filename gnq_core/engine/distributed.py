@@ -412,7 +412,7 @@ class Comm:
     def _all_gather(self, t: torch.Tensor, kind: str) -> list[torch.Tensor]:
         out = [torch.empty_like(t) for _ in range(self.world)]
         dist.all_gather(out, t, group=self.group)
-        self.stats.add(kind, t.numel() * t.element_size(), self.world)
+        self.stats.add(kind, t.nbytes, self.world)
         return out
 
     def close(self) -> None:

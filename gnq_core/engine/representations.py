@@ -63,11 +63,11 @@ class OuterRep:
 
     @property
     def batch(self) -> int:
-        return _batch_of(self.A)
+        return factor_tensor(self.A).shape[0]
 
     @property
     def length(self) -> int:
-        return _length_of(self.A)
+        return factor_tensor(self.A).shape[1]
 
     @property
     def numel(self) -> int:
@@ -124,12 +124,9 @@ class DenseRep:
 Rep = OuterRep | DenseRep
 
 
-def _batch_of(f: Factor) -> int:
-    return (f.values if isinstance(f, DenseFactor) else f.tokens).shape[0]
-
-
-def _length_of(f: Factor) -> int:
-    return (f.values if isinstance(f, DenseFactor) else f.tokens).shape[1]
+def factor_tensor(f: Factor) -> torch.Tensor:
+    """A factor's tensor: its values [B, T, p] or its tokens [B, T]."""
+    return f.values if isinstance(f, DenseFactor) else f.tokens
 
 
 def dense_values(r: OuterRep) -> torch.Tensor:

@@ -33,7 +33,7 @@ from torch import nn
 from gnq_core.engine.auditor import GNQAuditor, GNQResult
 from gnq_core.engine.kernels import Contribution
 from gnq_core.engine.pass_state import Hooked
-from gnq_core.engine.representations import DenseRep, OuterRep, Rep
+from gnq_core.engine.representations import DenseRep, OuterRep, Rep, factor_tensor
 from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys, weight_matrices
 from gnq_core.engine.solve import GNQNumericalError, effective_lam, gnq_from_kernel
 from gnq_core.errors import GNQError
@@ -74,13 +74,8 @@ class _Micro:
 
 def _nbytes(rep: Rep) -> int:
     if isinstance(rep, DenseRep):
-        return rep.G.numel() * rep.G.element_size()
-    total = 0
-    for f in (rep.A, rep.C):
-        t = getattr(f, "values", None)
-        t = t if t is not None else f.tokens  # type: ignore[union-attr]
-        total += t.numel() * t.element_size()
-    return total
+        return rep.G.nbytes
+    return factor_tensor(rep.A).nbytes + factor_tensor(rep.C).nbytes
 
 
 def _loss_sketches(m: _Micro, widths: dict[str, int]) -> torch.Tensor:
@@ -194,7 +189,7 @@ class WindowAuditor(GNQAuditor):
         for m in self._window:
             total += sum(_nbytes(r) for reps in m.reps.values() for r in reps)
             if m.sketch is not None:
-                total += sum(t.numel() * t.element_size() for t in m.sketch.parts.values())
+                total += sum(t.nbytes for t in m.sketch.parts.values())
         return total
 
     def finish_window(self) -> WindowResult:
