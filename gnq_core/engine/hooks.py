@@ -208,14 +208,14 @@ class AuditHooks(ExtensionPoints):
             again = in_backward() and is_duplicate(p, module)  # the same function again, recording nothing
             shared = (shared_before(p, h.param_ids, module) if again  # as the forward's call saw it
                       else any(pid in p.used_beyond_lookups for pid in h.param_ids))
-            sink = functools.partial(self._open_sink, h, p, not again)
+            sink = functools.partial(self._fused_call, h, p, not again)
             request = FuseRequest(p.batch_size, tuple(h.params), self._path, self._budget, shared, sink)
             out = h.kernel.fused_forward(module, args, kwargs, request)
             if out is not NotImplemented:
                 return out
         return type(module).forward(module, *args, **kwargs)
 
-    def _open_sink(self, h: Hooked, p: PassState, recorded: bool) -> FusedSink:
+    def _fused_call(self, h: Hooked, p: PassState, recorded: bool) -> FusedSink:
         """Register a call that reports to the auditor from its own backward (no output hook);
         not ``recorded``: a checkpoint's recomputation of a call already captured, whose backward
         never runs."""
