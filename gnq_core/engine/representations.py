@@ -27,6 +27,13 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+def as_sequence(t: torch.Tensor, B: int, width: int | None = None) -> torch.Tensor:
+    """[B, ..., d] as [B, T, width] (default: the last dim; no op when it already is that: this
+    runs per layer per step)."""
+    width = t.shape[-1] if width is None else width
+    return t if t.dim() == 3 and t.shape[-1] == width else t.reshape(B, -1, width)
+
+
 @dataclass
 class DenseFactor:
     """A dense factor: values[j, t, :] for example j and position t."""
