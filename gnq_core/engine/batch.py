@@ -20,10 +20,11 @@ class BatchDimensionError(GNQError, ValueError):
     """A covered module saw a tensor whose leading dimension is not the batch."""
 
 
-def model_family(model: nn.Module) -> str:
-    """The model's family for messages: its config's ``model_type``, else its class name."""
-    config = getattr(model, "config", None)
-    return str(getattr(config, "model_type", None) or type(model).__name__)
+def module_label(model: nn.Module, name: str, module: nn.Module) -> str:
+    """How messages name a module: the model's family (its config's ``model_type``, else its
+    class name), the module's name and its type."""
+    family = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
+    return f"{family}: module '{name}' ({type(module).__name__})"
 
 
 def leading_dim(args: tuple, kwargs: dict) -> int | None:
@@ -45,8 +46,7 @@ def batch_first_outputs(flat_out: list, diff: list[int], batch_size: int, model:
         o = flat_out[i]
         if o.dim() == 0 or o.shape[0] not in (1, B):
             raise BatchDimensionError(
-                f"{model_family(model)}: module '{name}' ({type(module).__name__}) returned shape "
-                f"{tuple(o.shape)}; "
+                f"{module_label(model, name, module)} returned shape {tuple(o.shape)}; "
                 f"per-example gradients need batch-first outputs [B={B}, ...]")
         if o.shape[0] == 1 and B > 1:  # broadcast over the batch (e.g. position embeddings):
             flat_out[i] = o.expand(B, *o.shape[1:])  # expand so each example's Δ is seen

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
-
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,
     DenseFactor,
@@ -82,7 +80,7 @@ def choose_path(r: OuterRep, s: OuterRep, memory_budget: int = DEFAULT_MEMORY_BU
 
 
 def _choose_path(r: OuterRep, s: OuterRep, memory_budget: int) -> InnerPath:
-    bytes_per = 8 if compute_dtype(dense_values(r)) == torch.float64 else 4
+    bytes_per = compute_dtype(dense_values(r)).itemsize
     materialize_bytes = (r.batch + (0 if s is r else s.batch)) * _materialized_numel(r, s) * bytes_per
     if materialize_bytes > memory_budget:
         return "ghost"

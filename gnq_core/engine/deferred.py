@@ -21,13 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gnq_core.engine.representations import compute_dtype
-
-
-def _seq(t: torch.Tensor, B: int, width: int | None = None) -> torch.Tensor:
-    """[B, ..., d] as [B, T, width] (default: the last dim; no op when it already is that)."""
-    width = t.shape[-1] if width is None else width
-    return t if t.dim() == 3 and t.shape[-1] == width else t.reshape(B, -1, width)
+from gnq_core.engine.representations import as_sequence, compute_dtype
 
 
 @dataclass
@@ -48,13 +42,13 @@ class NormRecord:
                    width: int, weight: bool, bias: bool) -> NormRecord:
         """``width``: the number of normalised elements (the normalised dims may be several)."""
         B = x.shape[0]
-        return cls("layer", _seq(x, B, width), _seq(dy, B, width), _seq(mean, B, 1), _seq(rstd, B, 1),
-                   0.0, weight, bias)
+        return cls("layer", as_sequence(x, B, width), as_sequence(dy, B, width), as_sequence(mean, B, 1),
+                   as_sequence(rstd, B, 1), 0.0, weight, bias)
 
     @classmethod
     def rms_norm(cls, x: torch.Tensor, dy: torch.Tensor, eps: float) -> NormRecord:
         B = x.shape[0]
-        return cls("rms", _seq(x, B), _seq(dy, B), None, None, eps, True, False)
+        return cls("rms", as_sequence(x, B), as_sequence(dy, B), None, None, eps, True, False)
 
     @property
     def key(self) -> tuple:
@@ -64,8 +58,7 @@ class NormRecord:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.x, self.dy, self.mean, self.rstd)
-                   if t is not None)
+        return sum(t.nbytes for t in (self.x, self.dy, self.mean, self.rstd) if t is not None)
 
     def per_example(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """This call's per-example gradients ([B, d] or None for weight and bias)."""
@@ -89,7 +82,7 @@ def _per_example(kind: str, x, dy, mean, rstd, eps: float, weight: bool, bias: b
     return per_w, per_b
 
 
-Workspace = Callable[[int, torch.dtype, torch.device, str], torch.Tensor]
+Workspace = Callable[..., torch.Tensor]  # (numel, dtype, device[, slot]) -> a reusable buffer
 
 
 def batched_per_example(records: list[NormRecord], workspace: Workspace | None = None) -> torch.Tensor:

@@ -45,6 +45,7 @@ The fused path (``fused=True``) forms its Gram inside autograd and cannot be glo
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -64,11 +65,12 @@ from gnq_core.engine.representations import (
     OuterRep,
     Rep,
     compute_dtype,
+    dense_values,
 )
 from gnq_core.engine.solve import unweight_kernel
 
-__all__ = ["Comm", "CommStats", "DistributedGNQAuditor", "DistributedGNQResult", "Scope", "Strategy",
-           "exchange_layout", "gather_factors", "unwrap_model"]
+__all__ = ["Comm", "CommStats", "DistributedGNQAuditor", "DistributedGNQResult", "OwnComm", "RankRows",
+           "Scope", "Strategy", "exchange_layout", "gather_factors", "unwrap_model"]
 
 Scope = Literal["rank", "global"]
 Strategy = Literal["auto", "factors", "gradients"]
@@ -104,13 +106,14 @@ class CommStats:
 
 
 @dataclass
-class DistributedGNQResult(GNQResult):
-    scope: str = "rank"
+class RankRows:
+    """Where this rank's examples stand in a result over the examples of all ranks."""
+
     rank: int = 0
     world_size: int = 1
     offset: int = 0  # this rank's examples are gnq[offset : offset + local_size]
     local_size: int = 0
-    sizes: list[int] = field(default_factory=list)  # micro-batch size of every rank (global scope)
+    sizes: list[int] = field(default_factory=list)  # examples of every rank (its micro-batch or window)
     comm: CommStats = field(default_factory=CommStats)
 
     @property
@@ -118,12 +121,36 @@ class DistributedGNQResult(GNQResult):
         return slice(self.offset, self.offset + self.local_size)
 
     @property
-    def local_gnq(self) -> torch.Tensor:
-        """GNQ of this rank's own examples, in its micro-batch's order."""
-        return self.gnq[self.local]
+    def local_gnq(self) -> torch.Tensor | None:
+        """GNQ of this rank's own examples, in their order (None: no GNQ, a window of < 2 texts)."""
+        gnq = self.gnq  # type: ignore[attr-defined]
+        return None if gnq is None else gnq[self.local]
 
 
-class DistributedGNQAuditor(GNQAuditor):
+class OwnComm:
+    """An auditor that communicates on a process group of its own (``self._comm``)."""
+
+    _comm: Comm
+
+    @property
+    def rank(self) -> int:
+        return self._comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._comm.world
+
+    def close(self) -> None:
+        super().close()  # type: ignore[misc]
+        self._comm.close()
+
+
+@dataclass
+class DistributedGNQResult(RankRows, GNQResult):
+    scope: str = "rank"
+
+
+class DistributedGNQAuditor(OwnComm, GNQAuditor):
     """``GNQAuditor`` for a model trained with torch.distributed (see the module doc).
 
     Args:
@@ -157,14 +184,6 @@ class DistributedGNQAuditor(GNQAuditor):
         self._sizes: list[int] = []
         super().__init__(unwrap_model(model), lam, path=path, memory_budget=memory_budget,
                          check_uses=check_uses, fused=fused)
-
-    @property
-    def rank(self) -> int:
-        return self._comm.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._comm.world
 
     @property
     def _global(self) -> bool:
@@ -253,10 +272,10 @@ class DistributedGNQAuditor(GNQAuditor):
         if self.strategy == "gradients":
             return "gradients"
         world = self.world_size
-        factor_bytes = sum(world * _prod(max(s[i] for s in shapes)) * t.element_size()
+        factor_bytes = sum(world * math.prod(max(s[i] for s in shapes)) * t.element_size()
                            for i, t in enumerate(parts))
         batch = max(s[0][0] for s in shapes)
-        grad_bytes = world * batch * rep.numel * (8 if compute_dtype(_values(rep)) == torch.float64 else 4)
+        grad_bytes = world * batch * rep.numel * compute_dtype(dense_values(rep)).itemsize
         return "factors" if factor_bytes <= grad_bytes else "gradients"
 
     def compute(self, weights: torch.Tensor | None = None) -> DistributedGNQResult:
@@ -267,10 +286,6 @@ class DistributedGNQAuditor(GNQAuditor):
         return DistributedGNQResult(**vars(res), scope=self.scope, rank=self.rank,
                                     world_size=self.world_size, offset=offset, local_size=local,
                                     sizes=list(sizes), comm=self._comm.stats)
-
-    def close(self) -> None:
-        super().close()
-        self._comm.close()
 
 
 # ---------------------------------------------------------------------- gathering reps
@@ -354,17 +369,6 @@ def _shapes(meta: list[int], n: int) -> list[tuple[int, ...]]:
     return shapes
 
 
-def _prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
-
-
-def _values(rep: OuterRep) -> torch.Tensor:
-    return rep.C.values if isinstance(rep.C, DenseFactor) else rep.A.values  # type: ignore[union-attr]
-
-
 # ---------------------------------------------------------------------- communication
 class Comm:
     """all_gather of tensors whose shapes differ between ranks: pad to the largest, trim after."""
@@ -408,7 +412,7 @@ class Comm:
     def _all_gather(self, t: torch.Tensor, kind: str) -> list[torch.Tensor]:
         out = [torch.empty_like(t) for _ in range(self.world)]
         dist.all_gather(out, t, group=self.group)
-        self.stats.add(kind, t.numel() * t.element_size(), self.world)
+        self.stats.add(kind, t.nbytes, self.world)
         return out
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from gnq_core.engine.assignment import owners
-from gnq_core.engine.batch import BatchDimensionError, leading_dim, model_family
+from gnq_core.engine.batch import BatchDimensionError, leading_dim, module_label
 from gnq_core.engine.coverage import UncoveredParametersError, UseChecker
 from gnq_core.engine.pass_state import Hooked
 from gnq_core.engine.planning import Plan, probe, probeable
@@ -52,9 +52,8 @@ class FirstBatch:
             raise UncoveredParametersError(plan.violations)
         if plan.refused:
             name, why = next(iter(plan.refused.items()))
-            module = self.model.get_submodule(name)
             raise BatchDimensionError(
-                f"{model_family(self.model)}: module '{name}' ({type(module).__name__}) {why}, and no "
+                f"{module_label(self.model, name, self.model.get_submodule(name))} {why}, and no "
                 "enclosing module sees batch-first tensors, so its per-example gradients cannot be "
                 "attributed")
         return plan

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from gnq_core.engine.cpu_gram import applies as cpu_gram_applies
 from gnq_core.engine.cpu_gram import upper_gram_
 from gnq_core.engine.deferred import NormRecord
-from gnq_core.engine.representations import DenseRep, compute_dtype
+from gnq_core.engine.representations import DenseRep, as_sequence, compute_dtype
 
 # On CPU, G is formed in chunks of about this size in one reused buffer: a fresh 100+ MB tensor
 # per step costs more in page faults than the Gram itself, and small chunks stay in cache
@@ -130,8 +130,8 @@ class FusedLinearFunction(torch.autograd.Function):
         dtype = compute_dtype(dy)
         # bf16/fp16 factors stay as they are on CUDA (tensor cores, fp32 accumulation and output)
         factor_dtype = dy.dtype if _tensor_core_products(dy) else dtype
-        X = _as(_batch_seq(x, B), factor_dtype)
-        D = _as(_batch_seq(dy, B), factor_dtype)
+        X = _as(as_sequence(x, B), factor_dtype)
+        D = _as(as_sequence(dy, B), factor_dtype)
         # parameter layout [rows, cols]: Linear [out, in] = Δᵀ X; Conv1D [in, out] = Xᵀ Δ
         left, right = (X, D) if in_out else (D, X)
         grad_b = D.sum(dim=1, dtype=dtype) if ctx.has_bias else None  # per-example bias gradients [B, out]
@@ -167,11 +167,6 @@ def _plain_parameter_grads(ctx, x: torch.Tensor, dy: torch.Tensor
     return grad_w, grad_b
 
 
-def _batch_seq(t: torch.Tensor, B: int) -> torch.Tensor:
-    """t as [B, T, d] (no op at all when it already is: this runs per layer per step)."""
-    return t if t.dim() == 3 else t.reshape(B, -1, t.shape[-1])
-
-
 def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tensor | None, dtype: torch.dtype,
                  budget: int, sink: GradientSink) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Σ_j G_j (the weight gradient) and, when asked, G's rows ``keep_rows``, with
@@ -185,7 +180,7 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
         # B·T rows at most, where gathering them from each chunk took ops in every chunk
         kept = _products(left.index_select(-1, keep_rows.to(device)).transpose(1, 2), right, dtype)
     cpu = device.type == "cpu"
-    row_bytes = B * cols * (8 if dtype == torch.float64 else 4)
+    row_bytes = B * cols * dtype.itemsize
     step = max(1, min(rows, (min(budget, CPU_CHUNK_BYTES) if cpu else budget) // max(row_bytes, 1)))
     if cpu:  # short chunks make the per-example products slow (a wide input: few rows per chunk)
         step = min(rows, max(step, min(CPU_CHUNK_MIN_ROWS, budget // max(row_bytes, 1))))

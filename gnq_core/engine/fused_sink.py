@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-from gnq_core.engine.deferred import NormRecord
+from gnq_core.engine.deferred import NormRecord, Workspace
 from gnq_core.engine.kernels.base import dense_contributions
-from gnq_core.engine.pass_state import Call, PassState, Workspace
+from gnq_core.engine.pass_state import Call, PassState
 from gnq_core.engine.representations import DenseRep
 from gnq_core.engine.tied import add_cross_terms, rows_still_needed
 

@@ -75,7 +75,7 @@ def ghost_inner(
     """blocksum((A_r A_sᵀ) ⊙ (C_r C_sᵀ [+1])) over all position pairs, in row chunks."""
     dtype = compute_dtype(dense_values(r))
     B_r, T_r, B_s, T_s = r.batch, r.length, s.batch, s.length
-    bytes_per_row = T_r * B_s * T_s * (8 if dtype == torch.float64 else 4) * 2
+    bytes_per_row = T_r * B_s * T_s * dtype.itemsize * 2
     chunk = max(1, min(B_r, memory_budget // max(bytes_per_row, 1)))
 
     def rows(A: Factor, C: Factor, a: torch.Tensor | None = None) -> torch.Tensor:

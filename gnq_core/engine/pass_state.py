@@ -5,42 +5,32 @@ Gram contributions here once its output gradients have arrived.  Narrow per-exam
 are kept for one joint Gram, norm layers' factors for one stacked computation at ``compute()``
 (``engine.deferred``), fused layers add into per-dtype accumulators, and a parameter used by
 several calls gets its cross terms (``engine.tied``).  Every Gram block goes through the
-auditor's extension points (``GramSource``), so a subclass can change what the batch is.
+auditor's extension points (``engine.extension_points``), so a subclass can change what the batch is.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from gnq_core.engine.deferred import NormRecord, NormRep, batched_per_example, group
+from gnq_core.engine.deferred import NormRecord, NormRep, Workspace, batched_per_example, group
 from gnq_core.engine.fused import sync_free
 from gnq_core.engine.kernels import Contribution, Kernel
 from gnq_core.engine.representations import DenseRep, Rep
 from gnq_core.engine.tied import add_cross_terms
 
+if TYPE_CHECKING:  # the auditor's extension points, which type their hooks with this module's
+    from gnq_core.engine.extension_points import ExtensionPoints
+
 # Per-example gradients at most this wide (elements per example) are not turned into a Gram
 # block at once but kept for one joint Gram per step; more than DEFER_TOTAL kept are flushed.
 DEFER_WIDTH = 2**16
 DEFER_TOTAL = 2**18
-
-Workspace = Callable[..., torch.Tensor]  # (numel, dtype, device[, slot]) -> a reusable buffer
-
-
-class GramSource(Protocol):
-    """The auditor's extension points that the bookkeeping forms every block of K with."""
-
-    def gram_block(self, rep: Rep) -> tuple[torch.Tensor, str]: ...
-
-    def cross_block(self, a: Rep, b: Rep) -> torch.Tensor: ...
-
-    def merge_rows(self, rows: torch.Tensor | None, device: torch.device) -> torch.Tensor | None: ...
 
 
 @dataclass
@@ -75,7 +65,7 @@ class PassState:
     """State of one forward/backward: which calls used which parameter, and the K so far."""
 
     batch_size: int
-    grams: GramSource
+    grams: ExtensionPoints  # forms every block of K
     budget: int  # bytes of norm layers' factors kept for compute()
     workspace: Workspace
     calls: list[Call] = field(default_factory=list)

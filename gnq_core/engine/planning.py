@@ -30,6 +30,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from gnq_core.engine.batch import module_label
 from gnq_core.engine.coverage import UseChecker
 from gnq_core.engine.kernels.base import UnsupportedModuleError, hooks_suspended
 
@@ -217,8 +218,7 @@ def probe(model: nn.Module, args: tuple, kwargs: dict, batch_size: int,
     for name, m in model.named_modules():  # its own reason, before the probe finds mixed rows
         why = BatchNormKernel.refusal(m) if any(p.requires_grad for p in m.parameters()) else None
         if why:
-            family = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
-            raise UnsupportedModuleError(f"{family}: module '{name}' ({type(m).__name__}): {why}")
+            raise UnsupportedModuleError(f"{module_label(model, name, m)}: {why}")
     args2, kwargs2, index = _second_batch(args, kwargs, batch_size)
     with _no_side_effects(model):
         reference: dict[str, list[tuple[Leaves, Leaves]]] = {}

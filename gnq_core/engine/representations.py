@@ -27,6 +27,13 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+def as_sequence(t: torch.Tensor, B: int, width: int | None = None) -> torch.Tensor:
+    """[B, ..., d] as [B, T, width] (default: the last dim; no op when it already is that: this
+    runs per layer per step)."""
+    width = t.shape[-1] if width is None else width
+    return t if t.dim() == 3 and t.shape[-1] == width else t.reshape(B, -1, width)
+
+
 @dataclass
 class DenseFactor:
     """A dense factor: values[j, t, :] for example j and position t."""
@@ -63,11 +70,11 @@ class OuterRep:
 
     @property
     def batch(self) -> int:
-        return _batch_of(self.A)
+        return factor_tensor(self.A).shape[0]
 
     @property
     def length(self) -> int:
-        return _length_of(self.A)
+        return factor_tensor(self.A).shape[1]
 
     @property
     def numel(self) -> int:
@@ -124,12 +131,9 @@ class DenseRep:
 Rep = OuterRep | DenseRep
 
 
-def _batch_of(f: Factor) -> int:
-    return (f.values if isinstance(f, DenseFactor) else f.tokens).shape[0]
-
-
-def _length_of(f: Factor) -> int:
-    return (f.values if isinstance(f, DenseFactor) else f.tokens).shape[1]
+def factor_tensor(f: Factor) -> torch.Tensor:
+    """A factor's tensor: its values [B, T, p] or its tokens [B, T]."""
+    return f.values if isinstance(f, DenseFactor) else f.tokens
 
 
 def dense_values(r: OuterRep) -> torch.Tensor:

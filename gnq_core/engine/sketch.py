@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from gnq_core.engine.representations import DenseFactor, DenseRep, Factor, OneHotFactor, OuterRep, Rep
+from gnq_core.engine.representations import DenseFactor, DenseRep, OneHotFactor, OuterRep, Rep, compute_dtype
 from gnq_core.engine.solve import Solution, gnq_from_kernel
 
 __all__ = ["DEFAULT_BLOCK", "DEFAULT_COLUMNS", "DEFAULT_K", "DEFAULT_TOTAL", "DEFAULT_VOCAB_COLS",
@@ -80,17 +80,12 @@ class SketchSpec:
     total: int | None = DEFAULT_TOTAL
 
     def __post_init__(self) -> None:
-        for name in ("block", "columns", "total"):
+        for name, optional in (("block", True), ("columns", True), ("total", True), ("k", False),
+                               ("vocab_rows", False), ("vocab_cols", True)):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"sketch {name} must be a whole number >= 1 or None, got {value!r}")
-        for name in ("k", "vocab_rows"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"sketch {name} must be a whole number >= 1, got {value!r}")
-        if self.vocab_cols is not None and (not isinstance(self.vocab_cols, int) or self.vocab_cols < 1):
-            raise ValueError(f"sketch vocab_cols must be a whole number >= 1 or None, "
-                             f"got {self.vocab_cols!r}")
+            if not (optional and value is None) and (not isinstance(value, int) or value < 1):
+                or_none = " or None" if optional else ""
+                raise ValueError(f"sketch {name} must be a whole number >= 1{or_none}, got {value!r}")
 
     @property
     def side(self) -> int:
@@ -177,7 +172,7 @@ class Projection:
         return self.dense(torch.eye(self.n, dtype=dtype))
 
 
-def _apply(p: Projection, f: Factor, dtype: torch.dtype) -> torch.Tensor:
+def _apply(p: Projection, f: DenseFactor | OneHotFactor, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(f, OneHotFactor):
         return p.one_hot(f.tokens, dtype)
     return p.dense(f.values.to(dtype))
@@ -251,12 +246,12 @@ class Sketcher:
             rep = DenseRep(rep.materialize())  # a norm layer's deferred record
         plan = self._plan(key, rep)
         if isinstance(rep, DenseRep):
-            G = rep.G.to(_dtype(rep.G))
+            G = rep.G.to(compute_dtype(rep.G))
             return plan.rows.dense(G)
         assert plan.cols is not None
         if not isinstance(rep.C, DenseFactor):
             raise TypeError("OuterRep.C must be dense to sketch")
-        dtype = _dtype(rep.C.values)
+        dtype = compute_dtype(rep.C.values)
         a = _apply(plan.rows, rep.A, dtype)  # [B, T, k0]
         c = rep.C.values.to(dtype)
         if rep.bias:
@@ -318,10 +313,6 @@ class Sketcher:
         return {key: plan.rows.k * (1 if plan.cols is None else plan.cols.k // plan.blocks)
                 for key, plan in self._plans.items()}
 
-    def projection(self, key: str) -> tuple[Projection, Projection | None]:
-        plan = self._plans[key]
-        return plan.rows, plan.cols
-
 
 def _blocks(a: torch.Tensor, c: torch.Tensor, r: int) -> torch.Tensor:
     """Σ_t over positions of r Kronecker blocks a_tr c_trᵀ, [B, T, r·s] × [B, T, r·s'] -> [B, r·s·s'].
@@ -339,10 +330,6 @@ def _side(n: int, k: int | None, kind: str, seed: int, key: str, side: str) -> P
     return Projection(n, k, kind, seed, key, side)
 
 
-def _dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
 @dataclass
 class SketchBatch:
     """The sketches of one batch, by parameter key (uses of one parameter summed)."""
@@ -353,10 +340,7 @@ class SketchBatch:
     def add(self, key: str, sketch: torch.Tensor) -> None:
         if sketch.shape[0] != self.batch_size:
             raise ValueError(f"a sketch of {sketch.shape[0]} rows for a batch of {self.batch_size}")
-        if key in self.parts:
-            self.parts[key] = self.parts[key] + sketch
-        else:
-            self.parts[key] = sketch
+        self.parts[key] = self.parts[key] + sketch if key in self.parts else sketch
 
     def matrix(self, widths: dict[str, int] | None = None) -> torch.Tensor:
         """[B, m] float64: the parts side by side in the sorted order of ``widths``' keys

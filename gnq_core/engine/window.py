@@ -31,10 +31,9 @@ import torch
 from torch import nn
 
 from gnq_core.engine.auditor import GNQAuditor, GNQResult
-from gnq_core.engine.grams import inner
 from gnq_core.engine.kernels import Contribution
 from gnq_core.engine.pass_state import Hooked
-from gnq_core.engine.representations import DenseRep, OuterRep, Rep
+from gnq_core.engine.representations import DenseRep, OuterRep, Rep, factor_tensor
 from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys, weight_matrices
 from gnq_core.engine.solve import GNQNumericalError, effective_lam, gnq_from_kernel
 from gnq_core.errors import GNQError
@@ -75,13 +74,15 @@ class _Micro:
 
 def _nbytes(rep: Rep) -> int:
     if isinstance(rep, DenseRep):
-        return rep.G.numel() * rep.G.element_size()
-    total = 0
-    for f in (rep.A, rep.C):
-        t = getattr(f, "values", None)
-        t = t if t is not None else f.tokens  # type: ignore[union-attr]
-        total += t.numel() * t.element_size()
-    return total
+        return rep.G.nbytes
+    return factor_tensor(rep.A).nbytes + factor_tensor(rep.C).nbytes
+
+
+def _loss_sketches(m: _Micro, widths: dict[str, int]) -> torch.Tensor:
+    """A sketched micro-batch's [B, m] sketches of its per-example-loss gradients (rows / w_j)."""
+    assert m.sketch is not None
+    S = m.sketch.matrix(widths)
+    return S if m.weights is None else S / m.weights.to(S.device).reshape(-1, 1)
 
 
 class WindowAuditor(GNQAuditor):
@@ -110,7 +111,6 @@ class WindowAuditor(GNQAuditor):
         self._current: _Micro | None = None
         self._window: list[_Micro] = []
         self._kept_bytes = 0
-        self.last_micro_sketch: SketchBatch | None = None
         self._failure: GNQNumericalError | None = None
 
     # ------------------------------------------------------------------ per contribution
@@ -179,7 +179,6 @@ class WindowAuditor(GNQAuditor):
             micro.kernel = result.kernel if result is not None else torch.full((B, B), float("nan"),
                                                                                 dtype=torch.float64)
         micro.weights = None if weights is None else weights.detach().to(torch.float64).reshape(-1).cpu()
-        self.last_micro_sketch = micro.sketch
         self._window.append(micro)
         self._current = None
         return result if self.keep_exact else None
@@ -190,23 +189,14 @@ class WindowAuditor(GNQAuditor):
         for m in self._window:
             total += sum(_nbytes(r) for reps in m.reps.values() for r in reps)
             if m.sketch is not None:
-                total += sum(t.numel() * t.element_size() for t in m.sketch.parts.values())
+                total += sum(t.nbytes for t in m.sketch.parts.values())
         return total
-
-    @property
-    def window_size(self) -> int:
-        return sum(m.batch_size for m in self._window)
 
     def finish_window(self) -> WindowResult:
         """GNQ of every text of the window against all the window's other texts; starts a new
         window.  Fewer than 2 texts: ``gnq`` None (no companions: GNQ is not defined)."""
-        window, self._window, self._kept_bytes = self._window, [], 0
         mode, self._window_mode = self._window_mode, "sketch" if self.mode == "sketch" else "exact"
-        failure, self._failure = self._failure, None
-        if not window:
-            raise RuntimeError("finish_window() on an empty window: add micro-batches first")
-        if failure is not None:
-            raise GNQNumericalError(f"a micro-batch of this window: {failure}") from failure
+        window = self._take_window("finish_window()")
         K = self.sketch_kernel(window) if mode == "sketch" else self.exact_kernel(window)
         B = K.shape[0]
         k, seed = (self.spec.k, self.spec.seed) if mode == "sketch" else (None, None)
@@ -222,25 +212,27 @@ class WindowAuditor(GNQAuditor):
         non-finite loss or gradient raises ``GNQNumericalError`` as ``finish_window`` does."""
         if self.mode != "sketch":
             raise RuntimeError("take_sketches() needs mode='sketch'")
-        window, self._window, self._kept_bytes = self._window, [], 0
-        failure, self._failure = self._failure, None
-        if not window:
-            raise RuntimeError("take_sketches() on an empty window: add micro-batches first")
-        if failure is not None:
-            raise GNQNumericalError(f"a micro-batch of this window: {failure}") from failure
+        window = self._take_window("take_sketches()")
         widths = self.sketcher.widths()
         out = torch.empty(sum(m.batch_size for m in window), sum(widths.values()), dtype=dtype)
         row = 0
         for m in window:  # each micro-batch's parts are let go once copied: one copy held at a time
-            assert m.sketch is not None
-            S = m.sketch.matrix(widths)
-            if m.weights is not None:
-                S = S / m.weights.to(S.device).reshape(-1, 1)
+            S = _loss_sketches(m, widths)
             out = out.to(S.device)
             out[row:row + m.batch_size] = S
             row += m.batch_size
             m.sketch = None
         return out
+
+    def _take_window(self, caller: str) -> list[_Micro]:
+        """The window's micro-batches, a new window started; an empty or failed window raises."""
+        window, self._window, self._kept_bytes = self._window, [], 0
+        failure, self._failure = self._failure, None
+        if not window:
+            raise RuntimeError(f"{caller} on an empty window: add micro-batches first")
+        if failure is not None:
+            raise GNQNumericalError(f"a micro-batch of this window: {failure}") from failure
+        return window
 
     def sketch_kernel(self, window: list[_Micro]) -> torch.Tensor:
         S = self.window_sketches(window)
@@ -249,14 +241,7 @@ class WindowAuditor(GNQAuditor):
     def window_sketches(self, window: list[_Micro], dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """[B_eff, m] sketches of the window's per-example-loss gradients (float64 by default)."""
         widths = self.sketcher.widths()
-        rows = []
-        for m in window:
-            assert m.sketch is not None
-            S = m.sketch.matrix(widths)
-            if m.weights is not None:
-                S = S / m.weights.to(S.device).reshape(-1, 1)
-            rows.append(S.to(dtype))
-        return torch.cat(rows)
+        return torch.cat([_loss_sketches(m, widths).to(dtype) for m in window])
 
     def exact_kernel(self, window: list[_Micro]) -> torch.Tensor:
         """The window's exact K: micro-batch kernels on the diagonal, cross blocks from the kept
@@ -274,7 +259,7 @@ class WindowAuditor(GNQAuditor):
                 for key, reps_a in ma.reps.items():
                     for ra in reps_a:
                         for rb in mb.reps.get(key, []):
-                            gram, _ = inner(ra, rb, self._path, self._budget)
+                            gram, _ = self.pair_gram(ra, rb)
                             block += gram.to(device)
                 if ma.weights is not None:
                     block = block / ma.weights.to(device).reshape(-1, 1)

@@ -31,14 +31,21 @@ its own, as ``DistributedGNQAuditor``'s (every rank must construct the auditor).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from gnq_core.engine.distributed import Comm, CommStats, exchange_layout, gather_factors, unwrap_model
-from gnq_core.engine.grams import inner
+from gnq_core.engine.distributed import (
+    Comm,
+    CommStats,
+    OwnComm,
+    RankRows,
+    exchange_layout,
+    gather_factors,
+    unwrap_model,
+)
 from gnq_core.engine.representations import Rep
 from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import WindowAuditor, WindowResult
@@ -49,25 +56,11 @@ __all__ = ["DistributedWindowAuditor", "DistributedWindowResult"]
 
 
 @dataclass
-class DistributedWindowResult(WindowResult):
-    rank: int = 0
-    world_size: int = 1
-    offset: int = 0  # this rank's texts are gnq[offset : offset + local_size]
-    local_size: int = 0
-    sizes: list[int] = field(default_factory=list)  # texts in every rank's window
-    comm: CommStats = field(default_factory=CommStats)
-
-    @property
-    def local(self) -> slice:
-        return slice(self.offset, self.offset + self.local_size)
-
-    @property
-    def local_gnq(self) -> torch.Tensor | None:
-        """GNQ of this rank's own texts, in its window's order (None: no GNQ, < 2 texts)."""
-        return None if self.gnq is None else self.gnq[self.local]
+class DistributedWindowResult(RankRows, WindowResult):
+    """A window's result over every rank's window (``sizes``: texts in every rank's window)."""
 
 
-class DistributedWindowAuditor(WindowAuditor):
+class DistributedWindowAuditor(OwnComm, WindowAuditor):
     """``WindowAuditor`` whose window is every rank's window (see the module doc).
 
     Args:
@@ -85,14 +78,6 @@ class DistributedWindowAuditor(WindowAuditor):
         first = next(inner_model.parameters(), None)
         self._wire = torch.float64 if first is not None and first.dtype == torch.float64 else torch.float32
         self._device = first.device if first is not None else torch.device("cpu")  # where gathers run
-
-    @property
-    def rank(self) -> int:
-        return self._comm.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._comm.world
 
     def finish_window(self) -> DistributedWindowResult:
         """GNQ of every text of every rank's window against all the others; starts a new window.
@@ -144,7 +129,7 @@ class DistributedWindowAuditor(WindowAuditor):
         for b, m in enumerate(window):
             for key in sorted(m.reps):
                 for rep in m.reps[key]:  # every rank's representation of one use in its micro-batch b
-                    for r, theirs in enumerate(self._gather_rep(rep)):
+                    for r, theirs in enumerate(gather_factors(self._comm, *exchange_layout(self._comm, rep))):
                         if r != rank:
                             start = offsets[r] + starts[r][b]
                             self._add_cross(rows, window, key, theirs, weights[r][b], start)
@@ -156,7 +141,7 @@ class DistributedWindowAuditor(WindowAuditor):
         row = 0
         for m in window:
             for mine in m.reps.get(key, []):
-                block = inner(mine, theirs, self._path, self._budget)[0].to(rows.device)
+                block = self.pair_gram(mine, theirs)[0].to(rows.device)
                 if m.weights is not None:
                     block = block / m.weights.to(rows.device).reshape(-1, 1)
                 if their_weights is not None:
@@ -186,11 +171,3 @@ class DistributedWindowAuditor(WindowAuditor):
             for r, (f, t) in enumerate(zip(flags, every, strict=True)):
                 weights[r].append(t.cpu() if int(f) else None)
         return starts, weights
-
-    def _gather_rep(self, rep: Rep) -> list[Rep]:
-        """Every rank's version of one representation, sent as its factors (or dense gradients)."""
-        return gather_factors(self._comm, *exchange_layout(self._comm, rep))
-
-    def close(self) -> None:
-        super().close()
-        self._comm.close()

@@ -14,6 +14,7 @@ gradient is the pullback of a cotangent that is δ_j on example j's rows and 0 e
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,8 +24,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.kernels.base import Kernel, UnsupportedModuleError, dense_contributions, hooks_suspended
-from gnq_core.engine.kernels.registry import generic_kernel as registry_generic
-from gnq_core.engine.kernels.registry import register, register_generic
+from gnq_core.engine.kernels.registry import generic_kernel, register, register_generic
 
 if TYPE_CHECKING:
     from gnq_core.engine.planning import Plan
@@ -76,6 +76,23 @@ def _reproduces(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     scale = want.abs().nan_to_num(0, 0, 0).amax()
     close = (got - want).abs() <= tol * (scale + want.abs())
     return (close | (got == want) | (got.isnan() & want.isnan())).all()
+
+
+def _autograd_vjp(f: Callable, theta: dict[str, torch.Tensor]) -> tuple[tuple, Callable]:
+    """``torch.func.vjp(f, theta)`` by plain autograd, for autograd.Functions torch.func cannot
+    transform (RecurrentGemma): the outputs (detached) and their pullback to ``theta`` (zeros
+    for a parameter they do not use; ``retain``: the graph stays for another pullback)."""
+    leaves = {n: t.clone().requires_grad_() for n, t in theta.items()}
+    with torch.enable_grad():
+        outs = f(leaves)
+
+    def pull(cotangents: tuple, retain: bool = False) -> tuple[dict[str, torch.Tensor]]:
+        got = torch.autograd.grad(outs, list(leaves.values()), cotangents, retain_graph=retain,
+                                  allow_unused=True)
+        return ({n: torch.zeros_like(t) if g is None else g
+                 for (n, t), g in zip(leaves.items(), got, strict=True)},)
+
+    return tuple(o.detach() for o in outs), pull
 
 
 @register_generic
@@ -173,19 +190,9 @@ class GenericKernel(Kernel):
                 flat_out, _ = tree_flatten(functional_call(module, p, args, kwargs))
                 return tuple(flat_out[i] for i in diff)
 
-            cotangents = tuple(gj.unsqueeze(0) for gj in grads_j)
-            if func:
-                outs, pull = vjp(f, theta)
-                (g,) = pull(cotangents)
-                return g, outs
-            # plain autograd: for autograd.Functions torch.func cannot transform (RecurrentGemma)
-            leaves_p = {n: t.clone().requires_grad_() for n, t in theta.items()}
-            with torch.enable_grad():
-                outs = f(leaves_p)
-                got = torch.autograd.grad(outs, list(leaves_p.values()), cotangents, allow_unused=True)
-            return ({n: torch.zeros_like(t) if g is None else g
-                     for (n, t), g in zip(leaves_p.items(), got, strict=True)},
-                    tuple(o.detach() for o in outs))
+            outs, pull = vjp(f, theta) if func else _autograd_vjp(f, theta)
+            (g,) = pull(tuple(gj.unsqueeze(0) for gj in grads_j))
+            return g, outs
 
         grads = tuple(grads)
 
@@ -264,17 +271,10 @@ class GenericKernel(Kernel):
                 raise
             except RuntimeError:  # autograd.Functions torch.func cannot transform
                 pass
-            leaves_p = {n: t.clone().requires_grad_() for n, t in theta.items()}
-            with torch.enable_grad():
-                outs = f(leaves_p)
+            outs, pull = _autograd_vjp(f, theta)
             self._check_outputs(saved, outs, per_example=False)
-            rows = []
-            for j in range(B):
-                got = torch.autograd.grad(outs, list(leaves_p.values()), tuple(c[j] for c in cots),
-                                          retain_graph=j < B - 1, allow_unused=True)
-                rows.append([torch.zeros_like(t) if q is None else q for t, q in zip(leaves_p.values(), got,
-                                                                                       strict=True)])
-            return {n: torch.stack([r[i] for r in rows]) for i, n in enumerate(leaves_p)}
+            rows = [pull(tuple(c[j] for c in cots), retain=j < B - 1)[0] for j in range(B)]
+            return {n: torch.stack([r[n] for r in rows]) for n in theta}
 
     @staticmethod
     def _agrees(batched: dict, one, inputs: list, dims: list, grads: tuple) -> bool:
@@ -303,7 +303,7 @@ def planned_kernel(name: str, kernel: Kernel, plan: Plan | None) -> Kernel:
     if plan is None:
         return kernel
     if name in plan.enclose:
-        base = kernel if isinstance(kernel, GenericKernel) else registry_generic()
+        base = kernel if isinstance(kernel, GenericKernel) else generic_kernel()
         return base.bound(plan.in_dims.get(name), enclosing=True)
     if isinstance(kernel, GenericKernel):
         return kernel.bound(plan.in_dims.get(name))

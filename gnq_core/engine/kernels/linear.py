@@ -15,16 +15,12 @@ from gnq_core.engine.cost_model import fused_is_cheaper
 from gnq_core.engine.fused import FusedLinearFunction
 from gnq_core.engine.kernels.base import Contribution, Kernel, batch_first, first_input
 from gnq_core.engine.kernels.registry import register
-from gnq_core.engine.representations import DenseFactor, OuterRep
+from gnq_core.engine.representations import DenseFactor, OuterRep, as_sequence
 
 try:  # transformers is a dependency, but keep the engine importable without it
     from transformers.pytorch_utils import Conv1D as HFConv1D
 except ImportError:  # pragma: no cover
     HFConv1D = None
-
-
-def _as_sequence(t: torch.Tensor, batch_size: int) -> torch.Tensor:
-    return t.reshape(batch_size, -1, t.shape[-1])
 
 
 def linear_contributions(
@@ -36,8 +32,8 @@ def linear_contributions(
 ) -> list[Contribution]:
     """Contributions of a layer y = x·W(+b); ``weight_is_in_out`` for W stored [d_in, d_out]."""
     B = x.shape[0]
-    X = DenseFactor(_as_sequence(x, B))
-    D = DenseFactor(_as_sequence(delta, B))
+    X = DenseFactor(as_sequence(x, B))
+    D = DenseFactor(as_sequence(delta, B))
     has_w, has_b = "weight" in params, "bias" in params
     no_input = DenseFactor(X.values[..., :0])  # width-0 factor: with bias=True, C = [1] gives ∇b
     if has_w and has_b and not split:

@@ -40,15 +40,12 @@ class LayerNormKernel(Kernel):
         dtype = compute_dtype(delta)
         x = saved.reshape(B, -1, width).to(dtype)
         d = delta.reshape(B, -1, width).to(dtype)
-        per_example = {}
-        if "weight" in params:
-            mean = x.mean(dim=-1, keepdim=True)
-            var = x.var(dim=-1, unbiased=False, keepdim=True)
-            x_hat = (x - mean) * torch.rsqrt(var + module.eps)
-            per_example["weight"] = (d * x_hat).sum(dim=1)
-        if "bias" in params:
-            per_example["bias"] = d.sum(dim=1)
-        return dense_contributions(per_example, split)
+        mean = x.mean(dim=-1, keepdim=True)
+        rstd = torch.rsqrt(x.var(dim=-1, unbiased=False, keepdim=True) + module.eps)
+        record = NormRecord.layer_norm(x, d, mean, rstd, width, "weight" in params, "bias" in params)
+        per_w, per_b = record.per_example()  # the closed form the fused path defers
+        given = {n: g for n, g in (("weight", per_w), ("bias", per_b)) if g is not None}
+        return dense_contributions(given, split)
 
     def fused_forward(self, module, args, kwargs, request):
         """Per-example LayerNorm gradients are B×d: always formed, reusing the forward's statistics."""

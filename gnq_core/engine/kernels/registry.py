@@ -43,8 +43,7 @@ def kernel_for(module: nn.Module) -> Kernel:
     for base in t.__mro__[1:]:
         if base in _KERNELS and getattr(t, "forward", None) is getattr(base, "forward", None):
             return _KERNELS[base]
-    assert _generic is not None, "generic kernel not registered"
-    return _generic
+    return generic_kernel()
 
 
 def can_fuse(module: nn.Module) -> bool:
