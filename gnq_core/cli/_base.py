@@ -83,13 +83,6 @@ def _fail(line: str) -> None:
     raise typer.Exit(code=1) from None
 
 
-def _set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 def _store(db: Path | None, *, create: bool = True):
     """The store; ``create=False`` (reading commands) refuses one that does not exist yet."""
     from gnq_core.results.store import Store

@@ -21,7 +21,6 @@ from gnq_core.cli._base import (
     SecretPatternOption,
     TextColumnOption,
     _run_job,
-    _set_threads,
     _store,
     app,
     console,
@@ -72,8 +71,6 @@ def train(
     quiet: bool = QuietOption,
 ) -> None:
     """Train or fine-tune a causal LM with in-run GNQ on every step, saving a checkpoint per epoch."""
-    _set_threads(threads)
-
     if (init is None) == (not from_scratch):
         raise ValueError("give exactly one of --init CHECKPOINT_DIR or --from-scratch")
     settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, lam=lam, max_length=max_length,
@@ -82,7 +79,7 @@ def train(
     _run_job(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
                         text_column=text_column, group_column=group_column, settings=settings,
                         secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
-                        public_column=public_column), db, quiet)
+                        public_column=public_column, threads=threads), db, quiet)
 
 
 @app.command()
@@ -138,8 +135,6 @@ def audit(
 
     Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
     batches and rank 0 writes the rows (the same rows as one process)."""
-    _set_threads(threads)
-
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype, loss=loss, lam_mode=lam_mode,
                              companions=_companions(companions), sketch_k=sketch_k)
@@ -151,8 +146,8 @@ def audit(
                       public_column=public_column,
                       tokenizer=str(tokenizer) if tokenizer else None,
                       non_members=str(non_members) if non_members else None, reference=reference,
-                      base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter),
-             db, quiet)
+                      base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter,
+                      threads=threads), db, quiet)
 
 
 def _companions(value: str | None) -> int | str | None:
@@ -199,8 +194,6 @@ def extract(
 ) -> None:
     """Calibrated extraction attack: reveal each text's first p tokens, greedy-decode s more; extracted
     when they match exactly and the reference model does not produce them too."""
-    _set_threads(threads)
-
     if preset is not None:
         if preset not in PROTOCOL_PRESETS:
             raise ValueError(f"--preset must be one of {', '.join(PROTOCOL_PRESETS)}, not {preset!r}")
@@ -209,7 +202,7 @@ def extract(
                         batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
                         reference=None if reference == "none" else reference,
                         non_members=str(non_members) if non_members else None,
-                        secret_candidates=secret_candidates), db, quiet)
+                        secret_candidates=secret_candidates, threads=threads), db, quiet)
 
 
 @app.command()

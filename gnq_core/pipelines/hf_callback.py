@@ -457,6 +457,25 @@ class GNQTrainerSteps:
     the pass closed after each backward, and GNQ's summaries in every training log."""
 
     gnq: GNQCallback
+    kept_columns: tuple[str, ...] = (EXAMPLE_ID,)  # kept through RemoveColumnsCollator
+
+    def _refuse_compute_loss_func(self, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("compute_loss_func") is not None:
+            raise ValueError(f"{type(self).__name__} computes the loss from per-example losses itself; "
+                             "compute_loss_func cannot be combined with it")
+
+    def _start_gnq(self, callback: GNQCallback) -> None:
+        """After the Trainer's own setup: refuse a compiled model, then audit with ``callback``."""
+        plugin = getattr(getattr(self.accelerator, "state", None), "dynamo_plugin", None)
+        backend = getattr(getattr(plugin, "backend", None), "value", None)
+        check_no_compile_setting(bool(self.args.torch_compile), backend)
+        check_not_compiled(self.model)
+        self.gnq = callback
+        self.add_callback(callback)
+
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        self._signature_columns += [c for c in self.kept_columns if c not in self._signature_columns]
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's logging, with GNQ's summaries since the last log added to a training log
@@ -475,21 +494,9 @@ class GNQTrainer(GNQTrainerSteps, Trainer):
     """``transformers.Trainer`` with in-run GNQ on every micro-batch (see the module doc)."""
 
     def __init__(self, *args: Any, gnq: GNQConfig, **kwargs: Any) -> None:
-        if kwargs.get("compute_loss_func") is not None:
-            raise ValueError("GNQTrainer computes the loss from per-example losses itself; "
-                             "compute_loss_func cannot be combined with it")
+        self._refuse_compute_loss_func(kwargs)
         super().__init__(*args, compute_loss_func=self._objective, **kwargs)
-        plugin = getattr(getattr(self.accelerator, "state", None), "dynamo_plugin", None)
-        backend = getattr(getattr(plugin, "backend", None), "value", None)
-        check_no_compile_setting(bool(self.args.torch_compile), backend)
-        check_not_compiled(self.model)
-        self.gnq = GNQCallback(gnq, self)
-        self.add_callback(self.gnq)
-
-    def _set_signature_columns_if_needed(self) -> None:
-        super()._set_signature_columns_if_needed()
-        if EXAMPLE_ID not in self._signature_columns:  # keep it through RemoveColumnsCollator
-            self._signature_columns.append(EXAMPLE_ID)
+        self._start_gnq(GNQCallback(gnq, self))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids = inputs.pop(EXAMPLE_ID, None)

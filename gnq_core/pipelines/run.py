@@ -64,6 +64,7 @@ def _warn_unscored(store: Store, run: Run, progress: JobProgress) -> None:
 def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
     from gnq_core.pipelines.train import run_training
 
+    _threads(job.threads)
     dataset = _texts(job, progress)
     name = job.name or Path(job.out).resolve().name
     progress.plan(None)

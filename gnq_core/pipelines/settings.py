@@ -127,10 +127,12 @@ class _TextsJob:
     secret_column: str | None = None  # each row's private value(s), found in its text (issue 37)
     secret_patterns: tuple[str, ...] = ()  # regexes of values to treat as secret (group 1: the value)
     public_column: str | None = None  # true: the text is public, nothing private in it
+    threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
 
     def __post_init__(self) -> None:
         from gnq_core.sources.secrets import compile_patterns
 
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
         object.__setattr__(self, "secret_patterns", tuple(self.secret_patterns or ()))
         compile_patterns(self.secret_patterns)
 
@@ -154,14 +156,12 @@ class AuditJob(_TextsJob):
     settings: AuditSettings = field(default_factory=AuditSettings)
     non_members: str | None = None  # texts the model never saw, audited into NAME.non-members
     reference: str | None = None  # "first" or a model folder: reference loss of members and non-members
-    threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
     tokenizer: str | None = None  # a folder with the tokenizer, for checkpoints saved without one
     base_model: str | None = None  # the checkpoints are PEFT adapters of this model (sources/adapters.py)
     merge_adapter: bool = False  # GNQ over all parameters of the merged model, not the adapter's
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
         _require(not self.merge_adapter or self.base_model is not None,
                  "--merge-adapter applies to adapter checkpoints: give their base model with --base-model")
         _require(self.base_model is None or self.non_members is None,
