@@ -26,15 +26,7 @@ from gnq_core.cli._base import (
     console,
     user_errors,
 )
-from gnq_core.pipelines.attack_defaults import (
-    DEFAULT_ATTACK_BATCH,
-    DEFAULT_PREFIX,
-    DEFAULT_REFERENCE,
-    DEFAULT_SECRET_CANDIDATES,
-    DEFAULT_SUFFIX,
-    DEFAULT_THRESHOLD,
-    PROTOCOL_PRESETS,
-)
+from gnq_core.pipelines.attack_defaults import PROTOCOL_PRESETS
 from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
 
 
@@ -165,17 +157,19 @@ def _companions(value: str | None) -> int | str | None:
 def extract(
     run: str = typer.Option(..., help="Run name or id."),
     checkpoint: str = typer.Option(None, help="Checkpoint label to attack (default: the last)."),
-    prefix_tokens: int = typer.Option(DEFAULT_PREFIX, help="Tokens of each text revealed to the model (p)."),
-    suffix_tokens: int = typer.Option(DEFAULT_SUFFIX, help="Tokens that must follow exactly (s); texts "
-                                                           "shorter than p + s are not attackable."),
-    threshold: float = typer.Option(DEFAULT_THRESHOLD,
+    prefix_tokens: int = typer.Option(ExtractJob.prefix_tokens,
+                                      help="Tokens of each text revealed to the model (p)."),
+    suffix_tokens: int = typer.Option(ExtractJob.suffix_tokens,
+                                      help="Tokens that must follow exactly (s); texts shorter than p + s "
+                                           "are not attackable."),
+    threshold: float = typer.Option(ExtractJob.threshold,
                                     help="Reproduced when this share of the s tokens matches (1: exactly)."),
-    reference: str = typer.Option(DEFAULT_REFERENCE,
+    reference: str = typer.Option(ExtractJob.reference,
                                   help="Reference model: 'first' (the run's first checkpoint), a checkpoint "
                                        "folder (for a fine-tune, its base), or 'none'. A text the reference "
                                        "also reproduces is not extracted."),
-    batch_size: int = typer.Option(DEFAULT_ATTACK_BATCH, help="Texts decoded together."),
-    secret_candidates: int = typer.Option(DEFAULT_SECRET_CANDIDATES,
+    batch_size: int = typer.Option(ExtractJob.batch_size, help="Texts decoded together."),
+    secret_candidates: int = typer.Option(ExtractJob.secret_candidates,
                                           help="Random values of each digit secret's format scored beside "
                                                "it; its exposure is estimated from their likelihoods (1: "
                                                "no exposure)."),

@@ -12,14 +12,7 @@ import operator
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from gnq_core.pipelines.attack_defaults import (
-    DEFAULT_ATTACK_BATCH,
-    DEFAULT_PREFIX,
-    DEFAULT_REFERENCE,
-    DEFAULT_SECRET_CANDIDATES,
-    DEFAULT_SUFFIX,
-    DEFAULT_THRESHOLD,
-)
+from gnq_core.pipelines import attack_defaults as attack
 
 
 def _require(ok: bool, message: str) -> None:
@@ -176,15 +169,15 @@ class ExtractJob:
     kind: ClassVar[str] = "extract"
     run: str
     checkpoint: str | None = None  # a point label; default: the last
-    prefix_tokens: int = DEFAULT_PREFIX
-    threshold: float = DEFAULT_THRESHOLD
-    batch_size: int = DEFAULT_ATTACK_BATCH
+    prefix_tokens: int = attack.DEFAULT_PREFIX
+    threshold: float = attack.DEFAULT_THRESHOLD
+    batch_size: int = attack.DEFAULT_ATTACK_BATCH
     device: str = "auto"
-    suffix_tokens: int = DEFAULT_SUFFIX  # exactly s tokens must follow (pipelines/extraction.py)
-    reference: str | None = DEFAULT_REFERENCE  # "first" checkpoint, a model folder, or None: no calibration
+    suffix_tokens: int = attack.DEFAULT_SUFFIX  # exactly s tokens must follow (pipelines/extraction.py)
+    reference: str | None = attack.DEFAULT_REFERENCE  # "first", a model folder, or None: no calibration
     non_members: str | None = None  # texts never seen: audited over the run's checkpoints (audit runs)
     threads: int | None = None
-    secret_candidates: int = DEFAULT_SECRET_CANDIDATES  # N random values per secret for its exposure
+    secret_candidates: int = attack.DEFAULT_SECRET_CANDIDATES  # N random values per secret for its exposure
 
     def __post_init__(self) -> None:
         _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
