@@ -162,9 +162,10 @@ class GNQCallback(TrainerCallback):
         frames = [c.frame(point) for point, c in self._scored] or [ScoreColumns().frame(0)]
         return pd.concat(frames, ignore_index=True)
 
-    def _record(self, step: int, texts: ScoreColumns, batches: list[BatchResult]) -> None:
-        """One scored batch or window: to this rank's shards and the in-memory rows."""
-        self.writer.add(step, self.point, texts, batches)
+    def _record(self, texts: ScoreColumns, batch: BatchResult) -> None:
+        """One scored batch or window: to this rank's shards and the in-memory rows (a global
+        batch's ``batches`` row is written once, by rank 0)."""
+        self.writer.add(batch.step, self.point, texts, [] if self._global and self.rank != 0 else [batch])
         self._scored.append((self.point, texts))
         self._since_log.append(texts)
         self.micro += 1
@@ -301,7 +302,7 @@ class GNQCallback(TrainerCallback):
         texts, batch = score_batch(compute, self._losses, self._ids, targets=self._counts,
                                    batch_index=self._batch_index, step=state.global_step + 1,
                                    started=self._t0, extra=self._signals)
-        self._record(batch.step, texts, self._batch_rows(batch))
+        self._record(texts, batch)
         self._weights = None
 
     def _finish_window(self, step: int) -> None:
@@ -333,7 +334,7 @@ class GNQCallback(TrainerCallback):
                                    step=step, started=pending[0]["t0"], extra=signals,
                                    gnq_mode=self._mode_of(res), sketch_k=None if res is None else res.k,
                                    sketch_seed=None if res is None else res.seed)
-        self._record(batch.step, texts, self._batch_rows(batch))
+        self._record(texts, batch)
 
     # ------------------------------------------------------------------ run description
     def _examples_frame(self) -> pd.DataFrame:
@@ -390,10 +391,6 @@ class GNQCallback(TrainerCallback):
         """The GNQ batch within the epoch: a global batch has one index on every rank."""
         return self.micro if self._global else self.micro * self.world + self.rank
 
-    def _batch_rows(self, batch: Any) -> list[Any]:
-        """A global batch's ``batches`` row is written once, by rank 0."""
-        return [] if self._global and self.rank != 0 else [batch]
-
     def _mode_of(self, res: Any) -> str:
         if res is not None:
             return res.mode
@@ -427,7 +424,6 @@ class GNQCallback(TrainerCallback):
                              "vocab_rows": self._spec.vocab_rows, "vocab_cols": self._spec.vocab_cols,
                              "columns": self._spec.columns, "total": self._spec.shared}
         return out
-
 
 
 def _finite_gnq(parts: Sequence[ScoreColumns]) -> tuple[np.ndarray, np.ndarray]:

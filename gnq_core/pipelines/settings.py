@@ -72,7 +72,6 @@ class AuditSettings:
         _whole(self.batch_size, "--batch-size", 2)
         _whole(self.max_length, "--max-length", 2)
         check_loss_convention(self.loss), check_lam_mode(self.lam_mode)
-        _require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
         _require(self.dtype in FULL_PRECISION, f"--dtype must be {' or '.join(FULL_PRECISION)}, got "
                                                f"{self.dtype!r} (checkpoints saved in bf16/fp16 are read "
                                                "into it)")
