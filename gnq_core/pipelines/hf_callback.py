@@ -312,8 +312,10 @@ class GNQCallback(TrainerCallback):
             return
         try:
             res = self.auditor.finish_window()
+            mode = res.mode
         except GNQNumericalError as exc:  # recorded as a non-finite batch by score_batch
             res, failure = None, exc
+            mode = "sketch" if self.config.window_mode == "sketch" else "exact"
         if res is not None and res.gnq is None:
             self.windows_without_gnq += 1
 
@@ -332,7 +334,7 @@ class GNQCallback(TrainerCallback):
                                    targets=torch.cat([m["counts"] for m in pending]),
                                    batch_index=self._batch_index,
                                    step=step, started=pending[0]["t0"], extra=signals,
-                                   gnq_mode=self._mode_of(res), sketch_k=None if res is None else res.k,
+                                   gnq_mode=mode, sketch_k=None if res is None else res.k,
                                    sketch_seed=None if res is None else res.seed)
         self._record(texts, batch)
 
@@ -390,11 +392,6 @@ class GNQCallback(TrainerCallback):
     def _batch_index(self) -> int:
         """The GNQ batch within the epoch: a global batch has one index on every rank."""
         return self.micro if self._global else self.micro * self.world + self.rank
-
-    def _mode_of(self, res: Any) -> str:
-        if res is not None:
-            return res.mode
-        return "sketch" if self.config.window_mode == "sketch" else "exact"
 
     @property
     def _windowed(self) -> bool:

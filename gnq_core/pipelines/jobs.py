@@ -192,12 +192,11 @@ def run_steps(job_path: Path) -> int:
             try:
                 for line in run_job(job.settings(i), store, progress):
                     print(line, flush=True)
-            except user_errors() as exc:
-                print(f"error: {one_line(exc)}", flush=True)
-                rc = 1
-                break
-            except Exception:  # a bug: its traceback in the log, the job marked failed
-                traceback.print_exc()
+            except Exception as exc:  # a bug: its traceback in the log; either way the job failed
+                if isinstance(exc, user_errors()):
+                    print(f"error: {one_line(exc)}", flush=True)
+                else:
+                    traceback.print_exc()
                 rc = 1
                 break
     except KeyboardInterrupt:

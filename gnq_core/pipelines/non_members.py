@@ -92,8 +92,7 @@ def check_run_takes_non_members(store: Store, run: Run, dataset: TextDataset) ->
 def non_members_of_audit(store: Store, run: Run, dataset: TextDataset, *, device: str = "auto",
                          reporter: Reporter | None = None, reference: str | None = None) -> Run:
     """``audit_non_members`` for a stored audit run, with its own settings and checkpoints (what
-    ``gnq extract --non-members`` does).  A training run is refused: its in-run numbers are
-    measured mid-epoch, before each update, and are not comparable with a checkpoint's."""
+    ``gnq extract --non-members`` does), after ``check_run_takes_non_members``."""
     check_run_takes_non_members(store, run, dataset)
     settings = AuditSettings(lam=run.lam, batch_size=run.batch_size, max_length=run.max_length, seed=run.seed,
                              device=device, dtype=run.dtype or "float32",

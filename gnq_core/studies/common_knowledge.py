@@ -189,9 +189,8 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
     if (final / TRAINER_STATE).is_file():
         return final
     device = resolve_device(settings.device)
-    saved = [e for e in range(settings.epochs - 1, 0, -1)
-             if (out_dir / f"epoch-{e}" / TRAINER_STATE).is_file()]
-    start = saved[0] if saved else 0
+    start = next((e for e in range(settings.epochs - 1, 0, -1)
+                  if (out_dir / f"epoch-{e}" / TRAINER_STATE).is_file()), 0)  # the latest saved epoch
     model, tokenizer, optimizer, _ = start_training(dataset, None, settings, device,
                                                     out_dir / f"epoch-{start}" if start else None)
     ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
