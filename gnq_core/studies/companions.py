@@ -185,7 +185,7 @@ def load_model(cfg: Config, texts: list[str], seed: int):
     """(model, tokenizer): the cached SmolLM2 (``gnq model fetch smollm2``), or a tiny tied Llama
     with a byte-level tokenizer trained on the texts."""
     if cfg.model == "smollm2":
-        from gnq_core.sources.checkpoint_io import load_checkpoint
+        from gnq_core.sources.checkpoints.load import load_checkpoint
         from gnq_core.sources.real_models import fetch_model
 
         model, tok = load_checkpoint(fetch_model("smollm2"))
