@@ -72,11 +72,10 @@ class Job:
     def alive(self) -> bool:
         if self.pid is None or self.status not in ("queued", "running"):
             return False
-        try:  # started by this process (the dashboard): reap it if it died, or it lingers as a zombie
+        # started by this process (the dashboard): reap it if it died, or it lingers as a zombie
+        with contextlib.suppress(ChildProcessError):
             if os.waitpid(self.pid, os.WNOHANG)[0] == self.pid:
                 return False
-        except ChildProcessError:
-            pass
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
