@@ -122,11 +122,9 @@ class GNQCallback(TrainerCallback):
         self.rank, self.world, self.batch_size = 0, 1, 0
         self.point, self.micro = -1, 0
         self._scored: list[tuple[int, ScoreColumns]] = []  # this process's rows by point, also kept in memory
-        self._ids: torch.Tensor | None = None
-        self._losses: torch.Tensor | None = None
-        self._signals: dict[str, np.ndarray] | None = None  # Min-K% / Min-K%++ of the batch
+        # this micro-batch: ids, t0, losses ℓ_j, counts (targets) and signals (Min-K% / Min-K%++)
+        self._current: dict[str, Any] = {}
         self._weights: torch.Tensor | None = None
-        self._t0 = 0.0
         self._since_log: list[ScoreColumns] = []
         self._pending: list[dict[str, Any]] = []  # the window's micro-batches so far (step mode)
         self.windows_without_gnq = 0  # windows of < 2 texts: no companions, GNQ NULL
@@ -269,14 +267,14 @@ class GNQCallback(TrainerCallback):
             raise ValueError(f"GNQTrainer: the batch has no '{EXAMPLE_ID}'; add it to every training "
                              "row and use gnq_core.pipelines.hf_callback.lm_collator"
                              " (or a collator that keeps it)")
-        self._ids, self._weights, self._t0 = example_ids.detach().cpu(), None, time.perf_counter()
+        self._current, self._weights = {"ids": example_ids.detach().cpu(), "t0": time.perf_counter()}, None
 
     def watch_losses(self, losses: torch.Tensor, counts: torch.Tensor,
                      signals: dict[str, np.ndarray] | None = None) -> None:
         """Keep ℓ_j (and the forward signals, ``membership.token_signals``); the hook receives
         ∂objective/∂ℓ_j in the backward: the weights w_j."""
-        self._losses, self._counts = losses.detach(), counts.detach()
-        self._signals = signals
+        self._current = {**self._current, "losses": losses.detach(), "counts": counts.detach(),
+                       "signals": signals}  # a new dict: a window's earlier micro-batches keep theirs
         if losses.requires_grad:
             def keep(grad: torch.Tensor) -> None:
                 w = grad.detach().to(torch.float64)
@@ -289,8 +287,7 @@ class GNQCallback(TrainerCallback):
             return
         if self._windowed:  # pooled with the window's other micro-batches at the optimizer step
             self.auditor.add_micro_batch(self._weights)
-            self._pending.append({"ids": self._ids, "losses": self._losses, "counts": self._counts,
-                                  "signals": self._signals, "t0": self._t0})
+            self._pending.append(self._current)
             self._weights = None
             return
 
@@ -299,9 +296,10 @@ class GNQCallback(TrainerCallback):
             gnq = res.local_gnq if res.batch_size >= MIN_BATCH_SIZE else None  # no companions
             return gnq, res.kernel.diagonal()[res.local], res.condition, res.batch_size
 
-        texts, batch = score_batch(compute, self._losses, self._ids, targets=self._counts,
+        m = self._current
+        texts, batch = score_batch(compute, m["losses"], m["ids"], targets=m["counts"],
                                    batch_index=self._batch_index, step=state.global_step + 1,
-                                   started=self._t0, extra=self._signals)
+                                   started=m["t0"], extra=m["signals"])
         self._record(texts, batch)
         self._weights = None
 
