@@ -171,16 +171,15 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
         spec = replace(spec, settings=spec.settings | {"tokenizer": str(Path(tokenizer).resolve())})
     run = store.resumable_run(spec)
     finished = set() if run is None else set(store.points(run.run_id).query("status == 'done'")["point"])
+    unfinished = [ref.path for i, ref in enumerate(refs) if i not in finished]
     if adapters is not None:  # one base, each adapter checked against it
         check_checkpoint(adapters.base, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
-        for i, ref in enumerate(refs):
-            if i not in finished:
-                check_adapter(ref.path, adapters.base)
+        for path in unfinished:
+            check_adapter(path, adapters.base)
         model_path = adapters.base
     else:
-        for i, ref in enumerate(refs):  # a broken checkpoint still to audit: refused before any write
-            if i not in finished:
-                check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
+        for path in unfinished:  # a broken checkpoint still to audit: refused before any write
+            check_checkpoint(path, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
         check_one_series([Path(r.path) for r in refs], tokenizer)  # one tokenizer, one architecture
         model_path = refs[0].path
     if run is None:

@@ -1,15 +1,13 @@
 """In-run audited training: GNQ of every example at every step, from the training's own backward.
 
 The one training loop (training_loop.py: seeded shuffles per epoch, AdamW, per-example mean NLL
-averaged over the batch) with its three callbacks: ``GNQScores``, the auditor reading the same
-backward that produces the update (weights 1/B undo the batch mean, DESIGN.md §1; GNQ's ℓ_j is
-that mean, or with ``loss="token_sum"`` the sum, whose weights are 1/(B n_j)); ``Checkpoints``,
-the model saved after each epoch under RUN_DIR/epoch-K (safetensors + tokenizer + trainer
-state) before the epoch's scores are committed; ``Progress``.  A rerun of an unfinished run
-continues after its last finished epoch.  The batches are the training's own (plain seeded
-shuffles); when two copies of a text share one, the store shows that text's GNQ as measured
-with a copy in the batch (``gnq_with_copy``) and ``gnq train`` reports how many steps had one
-(``Store.steps_with_copies``).
+averaged over the batch) with its three callbacks (their docstrings say what each does):
+``GNQScores``, the auditor reading the backward that makes the update; ``Checkpoints``,
+RUN_DIR/epoch-K after each epoch, saved before the epoch's scores are committed; ``Progress``.
+A rerun of an unfinished run continues after its last finished epoch.  The batches are the
+training's own (plain seeded shuffles); when two copies of a text share one, the store shows
+that text's GNQ as measured with a copy in the batch (``gnq_with_copy``) and ``gnq train``
+reports how many steps had one (``Store.steps_with_copies``).
 """
 
 from __future__ import annotations
