@@ -1,4 +1,5 @@
-"""Charts on a page: drawn in the viewer's theme, each with a text alternative below it."""
+"""Charts and tables on a page: charts drawn in the viewer's theme, each with a text alternative
+below it; tables of texts that open a text's drill-down."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.charts import describe
+from app.charts.base import describe
+from app.columns import column_config
 from app.state import open_example, plain
 from gnq_core.analysis import grouped, texts_table_html
 
@@ -38,3 +40,14 @@ def texts(ranked: pd.DataFrame, *, limit: int | None = None, key: str = "") -> N
                               key=key, placeholder="choose a text…")
         if c2.button("Open", key=f"{key}_open", disabled=picked is None):
             open_example(int(picked))
+
+
+def table(frame: pd.DataFrame, key: str, config: dict | None = None) -> None:
+    """A table of texts (an ``example_id`` column) whose selected row opens that text's drill-down;
+    ``config``: its column_config (default: ``columns.column_config``). Streamlit's event is a dict."""
+    event = st.dataframe(frame, hide_index=True, width="stretch", on_select="rerun",
+                         selection_mode="single-row", key=key,
+                         column_config=column_config(frame) if config is None else config)
+    rows = [r for r in ((event or {}).get("selection") or {}).get("rows", []) if r < len(frame)]
+    if rows:
+        open_example(int(frame.iloc[rows[0]]["example_id"]))

@@ -55,11 +55,6 @@ def totals(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
     return rank_texts(store(db).example_totals(run_id))
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
-def points(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
-    return store(db).points(run_id)
-
-
 @st.cache_data(max_entries=64, show_spinner=False)
 def trajectories(db: str, run_id: int, version: str, ids: tuple[int, ...] | None) -> pd.DataFrame:  # noqa: ARG001
     return store(db).trajectories(run_id, list(ids) if ids is not None else None)
@@ -154,17 +149,13 @@ def sidebar(creates: bool = False) -> Run | None:
             st.session_state["run_picker"] = current if current in names else names[0]
         # the value comes from the session state alone: a default as well makes Streamlit warn
         # ("created with a default value but also had its value set via the Session State API")
-        name = st.selectbox("Run", names, key="run_picker", format_func=lambda n: f"{n} ({_kind(frame, n)})")
+        kinds = dict(zip(frame["name"], frame["kind"] + ", " + frame["status"], strict=True))
+        name = st.selectbox("Run", names, key="run_picker", format_func=lambda n: f"{n} ({kinds[n]})")
         if name != current:
             st.session_state[RUN_KEY] = name
             st.session_state.pop(EXAMPLE_KEY, None)
         st.query_params["run"] = st.session_state["_linked_run"] = name  # the address shows the run
         return store().run(name)
-
-
-def _kind(frame: pd.DataFrame, name: str) -> str:
-    row = frame[frame["name"] == name].iloc[0]
-    return f"{row['kind']}, {row['status']}"
 
 
 def require_run() -> Run:
@@ -198,33 +189,17 @@ def open_example(example_id: int) -> None:
                        query_params={"text": str(int(example_id))} | ({"run": run} if run else {}))
 
 
-def selected_points(event) -> list[int]:
+# Streamlit's chart events are dicts (with attribute access too).
+def selected_points(event: dict | None) -> list[int]:
     """Example ids from a plotly selection/click event (customdata[0] carries the id)."""
-    if not event:
-        return []
-    selection = event.get("selection") if isinstance(event, dict) else getattr(event, "selection", None)
-    if not selection:
-        return []
-    pts = selection.get("points", []) if isinstance(selection, dict) else getattr(selection, "points", [])
     ids = []
-    for p in pts:
+    for p in ((event or {}).get("selection") or {}).get("points", []):
         data = p.get("customdata")
-        if data is None:
-            continue
-        value = data[0] if isinstance(data, list | tuple) else data
         try:
-            ids.append(int(value))
-        except (TypeError, ValueError):
+            ids.append(int(data[0] if isinstance(data, list | tuple) else data))
+        except (TypeError, ValueError):  # a mark without an example id
             continue
     return ids
-
-
-def selected_rows(event, frame: pd.DataFrame) -> list[int]:
-    """Example ids of the rows selected in an st.dataframe event."""
-    if not event:
-        return []
-    rows = event.selection.rows if hasattr(event, "selection") else event.get("selection", {}).get("rows", [])
-    return [int(frame.iloc[r]["example_id"]) for r in rows if r < len(frame)]
 
 
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:=&])")

@@ -61,7 +61,7 @@ def auc_exclusions(samples: list[pd.DataFrame], clustered: bool, resamples: int)
             continue
         boot = pr.bootstrap(s, y, resamples, i, groups, fpr_levels=(), fractions=())["auc"]
         lo, hi = pr.interval(boot, records=cl.effective_records(y, groups))
-        w = lc.within_length_auc(s, y, f["n_tokens"].to_numpy(), resamples=resamples, seed=i, groups=groups)
+        w = pr.within_length_auc(s, y, f["n_tokens"].to_numpy(), resamples=resamples, seed=i, groups=groups)
         out.append((_excludes(lo, hi, 0.5), _excludes(w.lo, w.hi, 0.5)))
     return np.array(out)
 

@@ -15,6 +15,7 @@ import pytest
 import streamlit  # noqa: F401 (registers its plotly template as the default, as in the dashboard)
 
 from app import charts
+from app.charts import base
 from gnq_core.analysis.summaries import quantile_bins
 
 EVIL = "<script>alert('x')</script> & <b>bold</b> " + "long " * 40
@@ -62,14 +63,14 @@ def no_data(fig: go.Figure) -> bool:
 
 # --------------------------------------------------------------------------- helpers
 def test_helpers():
-    assert charts.use_log([1, 10, 1000]) and not charts.use_log([1, 10, 50])
-    assert not charts.use_log([0, 1, 1e6]) and not charts.use_log([]) and not charts.use_log([np.nan, 5])
-    s = charts.short_text(EVIL)
+    assert base.use_log([1, 10, 1000]) and not base.use_log([1, 10, 50])
+    assert not base.use_log([0, 1, 1e6]) and not base.use_log([]) and not base.use_log([np.nan, 5])
+    s = base.short_text(EVIL)
     assert "<" not in s and "&lt;script&gt;" in s
-    assert len(charts.short_text("x" * 200)) == charts.TEXT_LIMIT and charts.short_text("a\n  b") == "a b"
-    assert charts.short_text(None) == "" and charts.short_text(np.nan) == ""
-    assert charts.group_colors(["b", "a", None]) == charts.group_colors(["a", None, "b", "a"])
-    assert set(charts.group_colors(["b", "a", None])) == {"a", "b", charts.NO_GROUP}
+    assert len(base.short_text("x" * 200)) == base.TEXT_LIMIT and base.short_text("a\n  b") == "a b"
+    assert base.short_text(None) == "" and base.short_text(np.nan) == ""
+    assert base.group_colors(["b", "a", None]) == base.group_colors(["a", None, "b", "a"])
+    assert set(base.group_colors(["b", "a", None])) == {"a", "b", base.NO_GROUP}
 
 
 # --------------------------------------------------------------------------- overview
@@ -106,7 +107,7 @@ def test_gnq_vs_loss():
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "linear"
     assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert set().union(*(ids_in(tr) for tr in fig.data)) == set(t["example_id"])
-    colors = charts.group_colors(t["group"])
+    colors = base.group_colors(t["group"])
     assert {tr.marker.color for tr in fig.data} == set(colors.values())
     assert_escaped(fig)
 
@@ -138,8 +139,8 @@ def test_trajectories_roles_and_axes():
     assert list(fig.layout.xaxis.ticktext) == ["epoch-1", "epoch-2", "epoch-3", "epoch-4"]
     assert ids_in(fig.data[0]) == {1, 3, 4}
     assert ids_in(fig.data[1]) == {5}
-    assert fig.data[1].line.color == charts.ROLE_COLORS["top"]
-    assert fig.data[0].line.color == charts.OTHER_COLOR
+    assert fig.data[1].line.color == base.ROLE_COLORS["top"]
+    assert fig.data[0].line.color == base.OTHER_COLOR
     assert_escaped(fig)
 
 
@@ -321,7 +322,7 @@ def every_figure() -> list[go.Figure]:
             charts.group_distributions(traj), charts.example_trajectory(traj[traj.example_id == 1]),
             charts.extraction_vs_quantile(quantile_bins(t)), charts.regression_data(X, Y, W, B, 0, gnq),
             charts.gradient_space(G, 0, circle, {2: circle}, 1.0), charts.ranking_comparison(gnq, gnq),
-            charts.run_comparison(pairs, "a", "b", 2), charts.empty_figure("nothing"), roc]
+            charts.run_comparison(pairs, "a", "b", 2), base.empty_figure("nothing"), roc]
 
 
 def test_all_builders_json_roundtrip():
@@ -404,7 +405,7 @@ def test_no_chart_sets_a_background_or_a_colour_that_vanishes_in_one_theme():
                 continue  # translucent: a band or a crowd of points, blended with either background
             for bg in backgrounds:
                 assert contrast(colour, bg) >= 2.0, f"{title}: {where} = {colour} on {bg}"
-        assert title and charts.describe(fig).startswith(re.sub("<[^>]+>", " ", title).strip()[:10])
+        assert title and base.describe(fig).startswith(re.sub("<[^>]+>", " ", title).strip()[:10])
         for name in (k for k in layout if re.fullmatch(r"[xy]axis\d*", k)):
             axis = fig.layout[name]
             assert axis.visible is False or axis.title.text, f"{title}: {name} has no title"
@@ -416,15 +417,13 @@ def test_a_reference_line_is_described_as_a_line_not_as_points():
     fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="same GNQ in both"),
                      go.Scatter(x=[0.2, 0.5, 0.7], y=[0.1, 0.4, 0.9], mode="markers", name="world")])
     fig.update_layout(title="GNQ_total", xaxis_title="a", yaxis_title="b")
-    text = charts.describe(fig)
+    text = base.describe(fig)
     assert "same GNQ in both (a line)" in text and "world (3 points)" in text
 
 
 def test_a_lone_ungrouped_series_is_not_named_and_log_ticks_show_whole_values():
     """Issue 26: no caption "series: (none)"; a log axis labels 200, 500, 1000 (not "2, 5, 1000")."""
-    from app.charts import base
-
     points = go.Scatter(x=[1, 10, 1000], y=[1, 2, 3], mode="markers", name=base.NO_GROUP)
     fig = base.layout(go.Figure([points]), "GNQ", "GNQ_total", "loss", log_x=True)
-    assert "series" not in charts.describe(fig) and "(none)" not in charts.describe(fig)
+    assert "series" not in base.describe(fig) and "(none)" not in base.describe(fig)
     assert fig.layout.xaxis.tickformat == "~g" and fig.layout.yaxis.tickformat is None

@@ -35,10 +35,10 @@ def test_a_length_only_signal_scores_one_half_within_exact_length():
     lengths, y = _length_driven()
     signal = -lengths  # the signal is the text length (short = positive, its direction)
     assert pr.metrics_matrix(signal, y)["auc"][0] >= 0.8  # length alone predicts the outcome
-    w = lc.within_length_auc(signal, y, lengths, resamples=200)
+    w = pr.within_length_auc(signal, y, lengths, resamples=200)
     assert w.auc == pytest.approx(0.5, abs=0.05) and w.lo <= w.auc <= w.hi
     assert w.strata >= 10 and w.pairs > 0
-    merged = lc.within_length_auc(signal, y, lengths, resamples=50, merge=True)
+    merged = pr.within_length_auc(signal, y, lengths, resamples=50, merge=True)
     assert merged.auc == pytest.approx(0.5, abs=0.05) and merged.merged > 0
     # the old control let length predict inside its bins
     assert _old_three_bin_auc(signal, y, lengths) > 0.6
@@ -49,14 +49,14 @@ def test_within_length_auc_is_pair_weighted_and_merges_only_when_asked():
     lengths = np.array([10, 10] + [20] * 20, dtype=float)
     y = np.array([True, False] + [True] * 10 + [False] * 10)
     s = np.array([1.0, 0.0] + [0.0] * 10 + [1.0] * 10)
-    w = lc.within_length_auc(s, y, lengths, resamples=50)
+    w = pr.within_length_auc(s, y, lengths, resamples=50)
     assert w.auc == pytest.approx(1 / 101) and w.pairs == 101 and w.strata == 2  # not (1 + 0) / 2
     lengths = np.array([5, 6, 7, 7, 8, 9], float)
     labels = np.array([1, 1, 1, 0, 1, 1], bool)
-    assert list(lc.length_strata(lengths, labels)) == [0, 1, 2, 2, 3, 4]  # exact length by default
+    assert list(pr.length_strata(lengths, labels)) == [0, 1, 2, 2, 3, 4]  # exact length by default
     # merge=True: 5 and 6 (positives only) join 7; 8 and 9 join the last stratum
-    assert list(lc.length_strata(lengths, labels, merge=True)) == [0, 0, 0, 0, 0, 0]
-    strata = lc.length_strata(np.array([5, 5, 6, 6], float), np.array([1, 0, 1, 0], bool), merge=True)
+    assert list(pr.length_strata(lengths, labels, merge=True)) == [0, 0, 0, 0, 0, 0]
+    strata = pr.length_strata(np.array([5, 5, 6, 6], float), np.array([1, 0, 1, 0], bool), merge=True)
     assert list(strata) == [0, 0, 1, 1]  # both lengths hold both outcomes: never merged
 
 
@@ -65,7 +65,7 @@ def test_within_length_interval_covers_one_half_for_a_random_signal():
     covered = []
     for seed in range(40):  # resampling each length alone covered 0.5 in 60-68% here
         lengths, y = _length_driven(300, seed)
-        w = lc.within_length_auc(rng.random(300), y, lengths, resamples=200, seed=seed)
+        w = pr.within_length_auc(rng.random(300), y, lengths, resamples=200, seed=seed)
         covered.append(w.lo <= 0.5 <= w.hi)
     assert np.mean(covered) >= 0.85  # nominal 95%
 

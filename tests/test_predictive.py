@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score, roc_curve
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 
 
@@ -74,7 +75,7 @@ def test_a_weighted_row_equals_the_resample_written_out():
     y = rng.random(n) < 0.4
     y[:2] = [True, False]
     s = rng.integers(0, 8, n).astype(float)
-    weights = pr.stratified_weights(y, 25, 2)
+    weights = cl.cluster_weights(y, None, 25, 2)
     batch = pr.metrics_matrix(s, y, weights)
     for i, w in enumerate(weights.astype(int)):
         one = pr.metrics_matrix(np.repeat(s, w), np.repeat(y, w))
@@ -124,7 +125,7 @@ def test_bootstrap_is_deterministic_by_seed_and_stratified():
     pd.testing.assert_frame_equal(a, b)
     assert not np.array_equal(a["auc lo"].to_numpy(), c["auc lo"].to_numpy())  # another seed, other resamples
     y = f["extracted"].to_numpy()
-    weights = pr.stratified_weights(y, 50, 0)
+    weights = cl.cluster_weights(y, None, 50, 0)
     assert (weights[:, y].sum(axis=1) == y.sum()).all() and (weights[:, ~y].sum(axis=1) == (~y).sum()).all()
     # chunked evaluation gives the same numbers as one block
     s = f["zlib_ratio"].to_numpy()

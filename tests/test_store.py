@@ -13,7 +13,8 @@ import pytest
 
 from gnq_core.analysis.verdict import flag, rank_texts
 from gnq_core.results.records import RunSpec, ScoreColumns, batch_results
-from gnq_core.results.store import SCHEMA_VERSION, Store, StoreError, _apply_migrations, default_db_path
+from gnq_core.results.store import Store, default_db_path
+from gnq_core.results.store_schema import SCHEMA_VERSION, StoreError, _apply_migrations
 
 EXAMPLES = pd.DataFrame({"example_id": [0, 1, 2, 3], "text": ["a b", "c d e", "f", "g h"],
                          "grp": ["common", "surprising", None, "common"], "n_tokens": [2, 3, 1, 2]})

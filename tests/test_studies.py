@@ -21,7 +21,7 @@ from gnq_core.cli import app
 from gnq_core.results.store import Store
 from gnq_core.studies.base import wikitext_chunks
 from gnq_core.studies.counterfactual import CF_METRIC, cf_subset, counterfactual_memorization
-from gnq_core.studies.report import fmt, markdown_table
+from gnq_core.studies.report import auc_cell, auc_interval, ci_column, fmt, markdown_table
 from gnq_core.studies.trajectories import audit_epochs
 
 runner = CliRunner()
@@ -325,9 +325,21 @@ def test_markdown_table_and_formats():
     assert fmt(float("nan")) == "n/a" and fmt(0.5) == "0.500" and fmt(3) == "3"
 
 
+def test_auc_cells_and_interval_columns():
+    # one class among the finite values: the AUC alone; both classes: with its bootstrap interval
+    assert auc_cell(0.5, [1.0, 2.0, np.nan], [True, True, False], seed=0) == "0.500"
+    scores, labels = np.array([1.0, 2.0, 3.0, 4.0]), np.array([False, False, True, True])
+    lo, hi = auc_interval(scores, labels, seed=0)
+    assert auc_cell(1.0, scores, labels, seed=0) == f"1.000 [{lo:.3f}, {hi:.3f}]"
+    assert lo <= 1.0 == hi
+    frame = pd.DataFrame({"gap": [0.5, np.nan], "gap lo": [0.1, 0.2], "gap hi": [0.9, 1.0], "g_lo": [0, 1]})
+    assert ci_column(frame, "gap") == ["0.50 [0.10, 0.90]", "n/a [0.20, 1.00]"]
+    assert ci_column(frame, "gap", "g_lo", spec=".1f") == ["0.5 [0, 0.9]", "n/a [1, 1.0]"]
+
+
 def test_audit_epochs_include_first_and_last():
-    assert audit_epochs(30, 3) == [1, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
-    assert audit_epochs(4, 2) == [1, 2, 4] and audit_epochs(5, 2) == [1, 2, 4, 5]
+    assert list(audit_epochs(30, 3)) == [1, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
+    assert list(audit_epochs(4, 2)) == [1, 2, 4] and list(audit_epochs(5, 2)) == [1, 2, 4, 5]
 
 
 @needs_data

@@ -15,21 +15,6 @@ empty input (it answers a figure saying "no data").  Conventions shared by all b
   one group → colour map (``group_colors``) for all figures.
 """
 
-from app.charts.base import (
-    LABELS,
-    NO_GROUP,
-    OTHER_COLOR,
-    ROLE_COLORS,
-    TEXT_LIMIT,
-    describe,
-    empty_figure,
-    escape,
-    group_colors,
-    group_name,
-    label,
-    short_text,
-    use_log,
-)
 from app.charts.compare import run_comparison
 from app.charts.extraction import extraction_vs_quantile
 from app.charts.groups import group_distributions
@@ -37,7 +22,5 @@ from app.charts.regression import gradient_space, ranking_comparison, regression
 from app.charts.runs import gnq_histogram, gnq_vs_loss
 from app.charts.trajectories import example_trajectory, trajectories
 
-__all__ = ["LABELS", "NO_GROUP", "OTHER_COLOR", "ROLE_COLORS", "TEXT_LIMIT", "describe", "empty_figure",
-           "escape", "example_trajectory", "extraction_vs_quantile", "gnq_histogram", "gnq_vs_loss",
-           "gradient_space", "group_colors", "group_distributions", "group_name", "label",
-           "ranking_comparison", "regression_data", "run_comparison", "short_text", "trajectories", "use_log"]
+__all__ = ["example_trajectory", "extraction_vs_quantile", "gnq_histogram", "gnq_vs_loss", "gradient_space",
+           "group_distributions", "ranking_comparison", "regression_data", "run_comparison", "trajectories"]

@@ -29,10 +29,6 @@ st.caption(f"{len(picked):,} texts selected on the map (lasso or box in the char
            "to list only those.")
 columns = ["example_id", "rank", "gnq_total", "loss_last", "group", "extracted", "text"]
 table = view.sort_values("rank")[columns]
-event = st.dataframe(table, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
-                     key="map_table",
-                     column_config={**column_config(table),
-                                    "gnq_total": st.column_config.NumberColumn(format="%.3g"),
-                                    "loss_last": st.column_config.NumberColumn("loss", format="%.3f")})
-if ids := state.selected_rows(event, table):
-    state.open_example(ids[0])
+show.table(table, "map_table", {**column_config(table),
+                                 "gnq_total": st.column_config.NumberColumn(format="%.3g"),
+                                 "loss_last": st.column_config.NumberColumn("loss", format="%.3f")})

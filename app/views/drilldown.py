@@ -12,6 +12,14 @@ from app import charts, show, state
 from app.columns import column_config
 from gnq_core.analysis import COLUMN_HELP, action, nearest_by_trajectory, token_alignment, value_outcome
 
+# The record's numbers after its rank: (label, column, format); help from COLUMN_HELP where it has one.
+METRICS = (("Risk", "risk", ".2f"), ("GNQ_total", "gnq_total", ".3g"),
+           ("GNQ percentile", "gnq_percentile", ".1f"), ("Copies", "copies", ".0f"),
+           ("GNQ with a copy in the batch", "gnq_with_copy", ".0f"),
+           ("Loss (last)", "loss_last", ".3f"), ("Self-influence K_jj", "self_influence_last", ".3g"),
+           ("Loss ratio to reference", "loss_ratio", ".3g"), ("zlib ratio", "zlib_ratio", ".3g"),
+           ("Min-20% log p", "min_k_prob", ".2f"), ("Reference match", "reference_match", ".0%"))
+
 
 def _tokens(value) -> list[str]:
     # None / NA for attacks stored before tokens were recorded (schema < 3)
@@ -55,21 +63,10 @@ verdict_line = f"**{state.plain(row['status'])}**: {state.plain(reason)}  \n**Wh
 alert = {"leaked": st.error, "partly leaked": st.error, "text reproduced": st.warning,
          "secret": st.warning}.get(row["status"], st.info)
 alert(verdict_line)
-c = st.columns(6)
-c[0].metric("Rank", f"{row['rank']} / {len(totals)}", help=COLUMN_HELP["rank"])
-c[1].metric("Risk", _num(row["risk"], ".2f"), help=COLUMN_HELP["risk"])
-c[2].metric("GNQ_total", _num(row["gnq_total"], ".3g"), help=COLUMN_HELP["gnq_total"])
-c[3].metric("GNQ percentile", _num(row["gnq_percentile"], ".1f"), help=COLUMN_HELP["gnq_percentile"])
-c[4].metric("Copies", _num(row["copies"], ".0f"), help=COLUMN_HELP["copies"])
-c[5].metric("GNQ with a copy in the batch", _num(row["gnq_with_copy"], ".0f"),
-            help=COLUMN_HELP["gnq_with_copy"])
-c = st.columns(6)
-c[0].metric("Loss (last)", _num(row["loss_last"], ".3f"), help=COLUMN_HELP["loss_last"])
-c[1].metric("Self-influence K_jj", _num(row["self_influence_last"], ".3g"))
-c[2].metric("Loss ratio to reference", _num(row["loss_ratio"], ".3g"), help=COLUMN_HELP["loss_ratio"])
-c[3].metric("zlib ratio", _num(row["zlib_ratio"], ".3g"), help=COLUMN_HELP["zlib_ratio"])
-c[4].metric("Min-20% log p", _num(row["min_k_prob"], ".2f"), help=COLUMN_HELP["min_k_prob"])
-c[5].metric("Reference match", _num(row["reference_match"], ".0%"), help=COLUMN_HELP["reference_match"])
+cells = st.columns(6) + st.columns(6)  # two rows of six
+cells[0].metric("Rank", f"{row['rank']} / {len(totals)}", help=COLUMN_HELP["rank"])
+for cell, (label, column, fmt) in zip(cells[1:], METRICS, strict=True):
+    cell.metric(label, _num(row[column], fmt), help=COLUMN_HELP.get(column))
 group = state.plain(row["group"]) if pd.notna(row["group"]) else "—"
 secret = (f" · secret-like: {state.plain(row['secret'])} at characters {int(row['secret_start'])}–"
           f"{int(row['secret_end'])}" if isinstance(row.get("secret"), str) else "")
@@ -137,9 +134,5 @@ else:
     near = near.merge(totals[["example_id", "rank", "gnq_total", "copies", "group", "text"]], on="example_id")
     # log10 units: 4e-13 is float rounding of an identical trajectory, shown as 0
     near["distance"] = near["distance"].round(4)
-    event = st.dataframe(near, hide_index=True, width="stretch", on_select="rerun",
-                         selection_mode="single-row", key="near",
-                         column_config={**column_config(near), "distance": st.column_config.NumberColumn(
-                             "distance", format="%.3f", help="Euclidean, in decades of GNQ (log10)")})
-    if sel := state.selected_rows(event, near):
-        state.open_example(sel[0])
+    show.table(near, "near", {**column_config(near), "distance": st.column_config.NumberColumn(
+        "distance", format="%.3f", help="Euclidean, in decades of GNQ (log10)")})

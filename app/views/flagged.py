@@ -7,7 +7,6 @@ from __future__ import annotations
 import streamlit as st
 
 from app import address, show, state
-from app.columns import column_config
 from app.flagged_filters import EXTRACTION, MODES, ORDERS, STATUS_CHOICES, Filters, flagged
 from gnq_core.analysis import grouped
 from gnq_core.results import export_frame, to_bytes
@@ -84,10 +83,7 @@ if len(grouped(picked_rows)) > TEXT_ROWS:
     st.caption(f"The first {TEXT_ROWS} texts (copies share a row); all of them are in the table below"
                " and the downloads.")
 with st.expander("All columns, as downloaded (select a row to open its drill-down)"):
-    event = st.dataframe(out, hide_index=True, width="stretch", on_select="rerun",
-                         selection_mode="single-row", key="flagged_table", column_config=column_config(out))
-    if sel := state.selected_rows(event, out):
-        state.open_example(sel[0])
+    show.table(out, "flagged_table")
 if out.empty:
     st.caption("Nothing to export: no text matches these filters.")
 st.caption("In the CSV, a cell that begins with =, +, - or @ (a phone number such as +1 415…) gets one "

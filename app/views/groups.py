@@ -23,8 +23,7 @@ if len(groups) >= 2:
     c1, c2 = st.columns(2)
     pos = c1.selectbox("Expected higher GNQ", groups,
                        index=groups.index("surprising") if "surprising" in groups else 0)
-    neg = c2.selectbox("Expected lower GNQ", [g for g in groups if g != pos],
-                       index=0)
+    neg = c2.selectbox("Expected lower GNQ", [g for g in groups if g != pos])
     sep = group_separation(traj, positive=pos, negative=neg)
     st.dataframe(sep.drop(columns="point").rename(columns={"label": "checkpoint"}), hide_index=True,
                  width="stretch")

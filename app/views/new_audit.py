@@ -105,12 +105,35 @@ def staging() -> Path:
     return path
 
 
-@st.cache_data(ttl=30, show_spinner=False, max_entries=256)
-def checkpoint_problem(path: str, mtime: float, tokenizer: str | None = None) -> str | None:  # noqa: ARG001
-    """Why a checkpoint cannot be audited (one line naming the file), or None: shown before the
-    audit starts, instead of as a failed job."""
+def uploaded_folder(files: list, name: str) -> Path | None:
+    """The uploaded folder, saved as ``name`` in the staging folder; refused: shown, None."""
     try:
-        check_checkpoint(path, tokenizer=tokenizer)
+        target = staging() / name
+        save_uploads(files, target)
+        check_upload_tree(staging())
+        # The browser names files by their path under the picked folder's parent
+        # ("run/epoch-1/config.json"): step into that single top folder.
+        entries = list(target.iterdir())
+        while not (target / "config.json").exists() and len(entries) == 1 and entries[0].is_dir():
+            target = entries[0]
+            entries = list(target.iterdir())
+        return target
+    except (ValueError, OSError) as exc:
+        st.error(state.plain(one_line(exc)))
+        return None
+
+
+@st.cache_data(ttl=30, show_spinner=False, max_entries=256)
+def checkpoint_problem(path: str, mtime: float, tokenizer: str | None = None,  # noqa: ARG001 (cache key)
+                       base: str | None = None) -> str | None:
+    """Why a checkpoint cannot be audited, or a PEFT adapter checkpoint does not fit the ``base``
+    model (one line naming the file), or None: shown before the audit starts, instead of as a
+    failed job."""
+    try:
+        if base is not None:
+            check_adapter(path, base)
+        else:
+            check_checkpoint(path, tokenizer=tokenizer)
     except CheckpointError as exc:
         return str(exc)
     return None
@@ -126,16 +149,6 @@ def secret_values_in(path: str, mtime: float, text_column: str | None, secret_co
     stored = secret_labels(data.texts, declared=data.secret_values, public=data.public)["secret_values"]
     counts = [len(json.loads(v)) for v in stored if isinstance(v, str)]
     return sum(counts), len(counts)
-
-
-@st.cache_data(ttl=30, show_spinner=False, max_entries=256)
-def adapter_problem(path: str, mtime: float, base: str) -> str | None:  # noqa: ARG001 (cache key)
-    """Why a PEFT adapter checkpoint does not fit the base model (one line), or None."""
-    try:
-        check_adapter(path, base)
-    except CheckpointError as exc:
-        return str(exc)
-    return None
 
 
 @st.cache_data(ttl=30, show_spinner=False, max_entries=256)
@@ -157,19 +170,7 @@ if ckpt_mode == "Upload a folder":
                              "(epoch-\\*, checkpoint-\\*…)",  # \\*: Markdown would eat a '*' pair
                              accept_multiple_files="directory", key="ckpt_upload")
     if files:
-        try:
-            target = staging() / "checkpoints"
-            save_uploads(files, target)
-            check_upload_tree(staging())
-            # The browser names files by their path under the picked folder's parent
-            # ("run/epoch-1/config.json"): step into that single top folder.
-            entries = list(target.iterdir())
-            while not (target / "config.json").exists() and len(entries) == 1 and entries[0].is_dir():
-                target = entries[0]
-                entries = list(target.iterdir())
-            checkpoints = target
-        except (ValueError, OSError) as exc:
-            st.error(state.plain(one_line(exc)))
+        checkpoints = uploaded_folder(files, "checkpoints")
 else:
     typed = st.text_input("Checkpoint folder on this machine", key="ckpt_path",
                           placeholder="/path/to/run (with epoch-1/, epoch-2/… or a config.json)")
@@ -192,15 +193,7 @@ elif base_mode == "Upload a folder":
     files = st.file_uploader("The base model's Hugging Face folder", accept_multiple_files="directory",
                              key="base_upload")
     if files:
-        try:
-            base_dir = staging() / "base"
-            save_uploads(files, base_dir)
-            check_upload_tree(staging())
-            while not (base_dir / "config.json").exists() and len(list(base_dir.iterdir())) == 1:
-                base_dir = next(base_dir.iterdir())
-        except (ValueError, OSError) as exc:
-            st.error(state.plain(one_line(exc)))
-            base_dir = None
+        base_dir = uploaded_folder(files, "base")
 merge_adapter = base_dir is not None and st.checkbox(
     "GNQ over all parameters of the merged model", key="merge_adapter",
     help="Default: GNQ over the adapter's parameters, the quantity measured in-run (comparable with it). "
@@ -215,13 +208,12 @@ if checkpoints is not None:
     except CheckpointError as exc:
         st.error(state.plain(exc))
     tok = str(tokenizer_dir) if tokenizer_dir else None
-    if base_dir is not None:
-        base_problem = (checkpoint_problem(str(base_dir), base_dir.stat().st_mtime, tok) if base_dir.exists()
-                        else f"{base_dir}: no such folder")
-        problems = [base_problem] if base_problem else [
-            p for r in refs if (p := adapter_problem(str(r.path), r.path.stat().st_mtime, str(base_dir)))]
-    else:
-        problems = [p for r in refs if (p := checkpoint_problem(str(r.path), r.path.stat().st_mtime, tok))]
+    base = str(base_dir) if base_dir is not None else None
+    base_problem = None if base_dir is None else (
+        checkpoint_problem(base, base_dir.stat().st_mtime, tok) if base_dir.exists()
+        else f"{base_dir}: no such folder")
+    problems = [base_problem] if base_problem else [
+        p for r in refs if (p := checkpoint_problem(str(r.path), r.path.stat().st_mtime, tok, base))]
     if problems:
         st.error(state.plain(problems[0]) + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
         refs = []
@@ -254,19 +246,17 @@ if data_path is not None:
             c1, c2 = st.columns(2)
             text_column = c1.selectbox("Text column", columns,
                                        index=columns.index("text") if "text" in columns else 0)
-            options = ["(none)"] + [c for c in columns if c != text_column]
-            group_column = c2.selectbox("Group column (optional)", options,
+            options = [None] + [c for c in columns if c != text_column]  # None: shown as "(none)"
+            optional = {"format_func": lambda c: "(none)" if c is None else c}
+            group_column = c2.selectbox("Group column (optional)", options, **optional,
                                         index=options.index("group") if "group" in options else 0)
-            group_column = None if group_column == "(none)" else group_column
             c1, c2 = st.columns(2)
-            secret_column = c1.selectbox("Secret column (optional)", options, key="secret_column",
+            secret_column = c1.selectbox("Secret column (optional)", options, key="secret_column", **optional,
                                          help="Each row's private value(s), ';'-separated: found in its text "
                                               "and attacked like any secret-like value (--secret-column).")
-            secret_column = None if secret_column == "(none)" else secret_column
-            public_column = c2.selectbox("Public column (optional)", options, key="public_column",
+            public_column = c2.selectbox("Public column (optional)", options, key="public_column", **optional,
                                          help="true/false, yes/no, 1/0: a public text is not searched for "
                                               "secrets and never 'at risk' (--public-column).")
-            public_column = None if public_column == "(none)" else public_column
         dataset = load_texts(data_path, text_column=text_column, group_column=group_column,
                              secret_column=secret_column, public_column=public_column)
         groups = sorted({g for g in dataset.groups if g is not None})

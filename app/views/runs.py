@@ -6,7 +6,6 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, show, state
-from app.columns import column_config
 from app.jobs_view import job_panel
 from gnq_core.analysis import LEAKED, PARTLY, gnq_nature, run_counts, summary
 from gnq_core.pipelines import DemoJob, list_jobs, start_job
@@ -36,12 +35,7 @@ def leaked_texts(run) -> None:
     if leaked.empty:
         return
     with st.expander("All columns (select a row to open its drill-down)"):
-        table = leaked[["text", "status", "reason", "copies", "secret", "example_id"]]
-        event = st.dataframe(table, hide_index=True, width="stretch", on_select="rerun",
-                             selection_mode="single-row", key="runs_leaked",
-                             column_config=column_config(table))
-        if ids := state.selected_rows(event, table):
-            state.open_example(ids[0])
+        show.table(leaked[["text", "status", "reason", "copies", "secret", "example_id"]], "runs_leaked")
 
 
 st.title("Runs")
@@ -62,8 +56,7 @@ if frame.empty:
                 "texts (common facts, surprising false claims and a few repeated fake customer records) "
                 "with in-run GNQ, audits its checkpoints and runs the extraction attack — about a minute "
                 "on a laptop CPU.")
-    running = [j for j in list_jobs(state.db_path()) if j.run == "demo" and j.alive()]
-    if not running and st.button("Build the demo run", type="primary"):
+    if st.button("Build the demo run", type="primary"):  # a demo already building stopped the page above
         start_job("demo", state.db_path(), [DemoJob()])
         st.rerun()
     job_panel(state.db_path(), only_alive=True)
@@ -119,7 +112,4 @@ st.caption("The verdict order: leaked texts first, then secret-like content, the
 with st.expander("All columns (select a row to open its drill-down)"):
     top = scored.nsmallest(20, "rank")[["text", "status", "reason", "example_id", "rank", "copies", "secret",
                                         "gnq_total", "risk", "extracted", "group"]]
-    event = st.dataframe(top, hide_index=True, width="stretch", on_select="rerun",
-                         selection_mode="single-row", key="runs_top", column_config=column_config(top))
-    if ids := state.selected_rows(event, top):
-        state.open_example(ids[0])
+    show.table(top, "runs_top")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, show, state
-from app.columns import column_config
 from gnq_core.analysis import top_bottom
 
 MAX_LINES = 300  # above this, the rest of the run is drawn as a quantile band
@@ -45,8 +44,5 @@ st.subheader("Highest and lowest GNQ_total (paper Table 4)")
 high, low = top_bottom(scored, k=max(int(k), 1))  # the k highlighted above
 for title, frame in (("Highest", high), ("Lowest", low)):
     st.markdown(f"**{title}**")
-    show = frame[["example_id", "gnq_rank", "gnq_total", "copies", "group", "extracted", "text"]]
-    event = st.dataframe(show, hide_index=True, width="stretch", on_select="rerun",
-                         selection_mode="single-row", key=f"tb_{title}", column_config=column_config(show))
-    if ids_ := state.selected_rows(event, show):
-        state.open_example(ids_[0])
+    show.table(frame[["example_id", "gnq_rank", "gnq_total", "copies", "group", "extracted", "text"]],
+               f"tb_{title}")

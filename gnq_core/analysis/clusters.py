@@ -38,13 +38,18 @@ UNITS = (UNIT_TEXTS, UNIT_RECORDS)
 CLUSTER = "cluster_id"
 
 
+def numeric_column(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A column as float (NaN where missing or not a number); all NaN when the column is absent."""
+    if name not in frame.columns:
+        return pd.Series(np.nan, index=frame.index, dtype=float)
+    return pd.to_numeric(frame[name], errors="coerce").astype(float)
+
+
 def groups_of(frame: pd.DataFrame) -> np.ndarray:
     """One record id per row: the row's copy cluster (``cluster_id``), or for a row without one
     (unique text, or no copy detection) an id of its own.  Float ids; compare only for equality."""
-    n = len(frame)
-    c = (pd.to_numeric(frame[CLUSTER], errors="coerce").to_numpy(dtype=float)
-         if CLUSTER in frame.columns else np.full(n, np.nan))
-    return np.where(np.isfinite(c), c, -1.0 - np.arange(n))
+    c = numeric_column(frame, CLUSTER).to_numpy()
+    return np.where(np.isfinite(c), c, -1.0 - np.arange(len(frame)))
 
 
 def _codes(groups: np.ndarray | None, n: int) -> np.ndarray:
@@ -99,13 +104,8 @@ def effective_records(labels: np.ndarray, groups: np.ndarray | None) -> float:
     positive clusters' sizes (in texts), and the same over the negative ones; the smaller."""
     y = np.asarray(labels, dtype=bool)
     codes = _codes(groups, len(y))
-    pos = _positive_clusters(y, codes)
-    sizes = np.bincount(codes, minlength=len(pos)).astype(float)
-    out = []
-    for side in (pos, ~pos):
-        s = sizes[side]
-        out.append(s.sum() ** 2 / (s ** 2).sum() if len(s) else 0.0)
-    return float(min(out))
+    positive = _positive_clusters(y, codes)[codes]  # per text: whether its cluster is a positive one
+    return min(kish(codes[positive]), kish(codes[~positive]))
 
 
 def too_few(labels: np.ndarray, groups: np.ndarray | None, minimum: int = MIN_RECORDS) -> str:

@@ -9,6 +9,7 @@ values the secret attack probed (pipelines/secret_attack.py), each counted once.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -47,8 +48,6 @@ def _sum(frame: pd.DataFrame, name: str) -> int:
 
 
 def _values_in(stored: object) -> int:
-    import json
-
     return len(json.loads(stored)) if isinstance(stored, str) and stored else 0
 
 

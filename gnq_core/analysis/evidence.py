@@ -13,7 +13,7 @@ that text, left out of that outcome's rows):
   against the rest (outcome ``group``, positive ``group = NAME``).
 
 Scopes: ``all`` (AUC and TPR at each low FPR over every text with both values), ``exact length``
-(pair-weighted AUC within exact token length, length_control.within_length_auc) and
+(pair-weighted AUC within exact token length, predictive.within_length_auc) and
 ``over length + loss`` (cross-validated AUC gain, length_control.cv_gain).
 """
 
@@ -112,25 +112,20 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
             "n": int(keep.sum()), "positives": int(y[keep].sum()), "records": pos, "negative records": neg}
     scorable = 0 < y[keep].sum() < keep.sum()
     few = cl.too_few(y[keep], groups[keep], min_records) if scorable else ""
+    if few:  # no number in any scope
+        for scope in SCOPES:
+            yield {**head, "scope": scope, "note": few}
+        return
     row = {**head, "scope": SCOPE_ALL}
-    if few:
-        row["note"] = few
-    elif scorable:
-        point = pr.metrics_matrix(score[keep], y[keep], fpr_levels=FPR_LEVELS, fractions=())
-        boot = pr.bootstrap(score[keep], y[keep], resamples, seed, groups[keep], fpr_levels=FPR_LEVELS,
-                            fractions=())
-        for key, value in point.items():
-            row[key] = float(value[0])
-            row[f"{key} lo"], row[f"{key} hi"] = pr.metric_interval(
-                key, row[key], boot[key], score[keep], y[keep], groups[keep], level)
+    if scorable:
+        row |= pr.metrics_with_intervals(score[keep], y[keep], groups[keep], resamples, seed, level,
+                                         fpr_levels=FPR_LEVELS, fractions=())[0]
     else:
         row["note"] = "needs both outcomes among the texts with this signal"
     yield row
     row = {**head, "scope": SCOPE_LENGTH}
-    if few:
-        row["note"] = few
-    elif scorable:
-        w = lc.within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level,
+    if scorable:
+        w = pr.within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level,
                                  groups=groups, min_records=min_records)
         row |= {"auc": w.auc, "auc lo": w.lo, "auc hi": w.hi, "strata": w.strata, "pairs": w.pairs}
         if not w.strata:
@@ -139,9 +134,7 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
             row["note"] = w.note
     yield row
     row = {**head, "scope": SCOPE_GAIN}
-    if few:
-        row["note"] = few
-    elif scorable and cv:
+    if scorable and cv:
         g = lc.cv_gain(score, y, lengths, loss, resamples=resamples, seed=seed, level=level,
                        signal_is_loss=signal.column == LOSS, cache=cache, groups=groups,
                        min_records=min_records)
@@ -192,26 +185,20 @@ def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digi
         return pd.DataFrame()
     by = {scope: part[part["scope"] == scope].set_index("signal") for scope in SCOPES}
     order = by[SCOPE_ALL].sort_values("auc", ascending=False, na_position="last").index
-
-    def cell(row: pd.Series, key: str, fmt: str = f".{digits}f") -> str:
-        if pd.isna(row.get(key)):
-            note = row.get("note")
-            return cl.TOO_FEW if isinstance(note, str) and note.startswith(cl.TOO_FEW) else "n/a"
-        return f"{row[key]:{fmt}} [{row[f'{key} lo']:{fmt}}, {row[f'{key} hi']:{fmt}}]"
-
-    out = pd.DataFrame({"signal": by[SCOPE_ALL].loc[order, "label"].to_numpy(),
+    fmt = f".{digits}f"
+    first = by[SCOPE_ALL].loc[order]  # the "all texts" rows, best AUC first
+    out = pd.DataFrame({"signal": first["label"].to_numpy(),
                         "direction": [f"{d} = {part['positive'].iloc[0].removeprefix('group = ')}"
-                                      for d in by[SCOPE_ALL].loc[order, "direction"]],
-                        unit: by[SCOPE_ALL].loc[order, "n"].to_numpy(),
-                        "positives": by[SCOPE_ALL].loc[order, "positives"].to_numpy(),
-                        "independent positives (records)": by[SCOPE_ALL].loc[order, "records"].to_numpy()})
-    out["AUC (all texts)"] = [cell(by[SCOPE_ALL].loc[s], "auc") for s in order]
-    for t in _TPR:
-        out[pr.metric_title(t)] = [cell(by[SCOPE_ALL].loc[s], t) for s in order]
-    out["AUC within exact length"] = [cell(by[SCOPE_LENGTH].loc[s], "auc") for s in order]
+                                      for d in first["direction"]],
+                        unit: first["n"].to_numpy(), "positives": first["positives"].to_numpy(),
+                        "independent positives (records)": first["records"].to_numpy()})
+    for key, title in [("auc", "AUC (all texts)"), *((t, pr.metric_title(t)) for t in _TPR)]:
+        out[title] = [pr.interval_cell(row, key, fmt) for _, row in first.iterrows()]
+    out["AUC within exact length"] = [pr.interval_cell(by[SCOPE_LENGTH].loc[s], "auc", fmt) for s in order]
     gains = by[SCOPE_GAIN]
     out["CV AUC gain over length + loss"] = [
-        cell(gains.loc[s], "gain", f"+.{digits + 1}f") if s in gains.index else "n/a" for s in order]
+        pr.interval_cell(gains.loc[s], "gain", f"+.{digits + 1}f") if s in gains.index else "n/a"
+        for s in order]
     out["LR p"] = ["n/a" if s not in gains.index or pd.isna(gains.loc[s, "lr p"])
                    else f"{gains.loc[s, 'lr p']:.2g}" for s in order]
     return out

@@ -32,19 +32,12 @@ GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "example_ids",
                  "action", "rank"]
 
 
-def _n(value: object) -> int:
-    return int(value) if pd.notna(value) else 1
-
-
-def _kinds(row: pd.Series) -> list[str]:
-    secret = row.get("secret")
-    return [k.strip() for k in secret.split(",")] if isinstance(secret, str) else []
-
-
 def action(row: pd.Series) -> str:
     """The recommended next step for one verdict row."""
-    status, copies, kinds = row.get("status"), _n(row.get("copies")), _kinds(row)
-    what = _secret_words(row) if kinds else ""
+    status = row.get("status")
+    copies = int(row["copies"]) if pd.notna(row.get("copies")) else 1
+    has_secret = isinstance(row.get("secret"), str)  # the kinds found, "card number, pin"
+    what = _secret_words(row) if has_secret else ""
     value = row.get("secret_value") if isinstance(row.get("secret_value"), str) else row.get("secret_match")
     span = f" ({value})" if isinstance(value, str) else ""
     exposure = row.get("secret_exposure")
@@ -60,7 +53,7 @@ def action(row: pd.Series) -> str:
         return (f"Scrub {what}{span} before the next training: the model writes the text around it, not the "
                 f"value itself. Remove the text if it is private.{dedupe}")
     if status == LEAKED:
-        if kinds:
+        if has_secret:
             return (f"Scrub {what}{span} from the data and retrain (or unlearn it): the model writes it. "
                     "Treat it as exposed: change it.")
         if copies > 1:

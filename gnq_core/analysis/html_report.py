@@ -33,7 +33,8 @@ from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.verdict import rank_texts
 from gnq_core.atomic import check_target, write_text_atomic
-from gnq_core.results.store import Run, Store
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
 
 TOP = 50           # rows of the verdict table
 TEXTS_IN_FULL = 10  # top flagged texts shown with their whole text and the model's continuation
@@ -148,9 +149,8 @@ def _provenance(fields: list[tuple[str, Any]]) -> str:
                          for k, v in sorted(item.items())]
             else:
                 rows.append((name, ", ".join(map(str, item)) if isinstance(item, list) else item))
-    fields = rows
     frame = pd.DataFrame([(k, "" if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))
-                          for k, v in fields], columns=["field", "value"])
+                          for k, v in rows], columns=["field", "value"])
     return _table(frame)
 
 

@@ -26,7 +26,7 @@ Two controls, shared by the dashboard, ``gnq report`` (HTML and JSON) and the st
   and loss do not.
 
 The within-length control is defined beside the bootstrap it shares (``predictive``, whose
-stratified table reports it) and re-exported here.  scikit-learn is imported only inside
+stratified table reports it).  scikit-learn is imported only inside
 ``cv_gain`` (seconds on a busy machine; pages that do not need it stay quick).
 """
 
@@ -39,17 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gnq_core.analysis.clusters import effective_records, records, too_few
-from gnq_core.analysis.predictive import (  # noqa: F401 (the within-length control: re-exported)
-    LEVEL,
-    RESAMPLES,
-    WithinLength,
-    bootstrap,
-    interval,
-    length_strata,
-    metrics_matrix,
-    stratified_weights,
-    within_length_auc,
-)
+from gnq_core.analysis.predictive import LEVEL, RESAMPLES, bootstrap, interval, metrics_matrix
 
 FOLDS = 5
 SPLINE_KNOTS = 5
@@ -176,12 +166,11 @@ def cv_gain(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, loss: n
     n = len(y)
     pos, neg = records(y, g)
     if min(pos, neg) < FOLDS:
-        return Gain(*(math.nan,) * 6, n, base,
-                    note=f"needs at least {FOLDS} independent records of each outcome "
-                         f"(has {pos} and {neg})")
-    few = too_few(y, g, min_records) if min_records else ""
-    if few:
-        return Gain(*(math.nan,) * 6, n, base, note=few)
+        note = f"needs at least {FOLDS} independent records of each outcome (has {pos} and {neg})"
+    else:
+        note = too_few(y, g, min_records) if min_records else ""
+    if note:
+        return Gain(*(math.nan,) * 6, n, base, note=note)
     base_extra = [lo_] if use_loss else []
     key = (keep.tobytes(), y.tobytes(), None if g is None else g.tobytes(), use_loss, seed, resamples)
     if cache is not None and key in cache:

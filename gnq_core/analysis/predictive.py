@@ -209,6 +209,17 @@ def _group_ends(sorted_scores: np.ndarray) -> np.ndarray:
     return last
 
 
+def rank_auc(positive: Sequence[float] | np.ndarray, negative: Sequence[float] | np.ndarray) -> float:
+    """The AUC of two samples in its Mann–Whitney form, U / (n₊·n₋): P(a positive value exceeds a
+    negative one), ties ½; NaN values are ignored, NaN when either side has none."""
+    pos, neg = (np.asarray(v, dtype=float) for v in (positive, negative))
+    pos, neg = pos[~np.isnan(pos)], neg[~np.isnan(neg)]
+    if len(pos) == 0 or len(neg) == 0:
+        return math.nan
+    ranks = pd.Series(np.concatenate([pos, neg])).rank(method="average").to_numpy()
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
 def roc_curve_points(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(FPR, TPR) at every threshold, from (0, 0) to (1, 1): scikit-learn's ``roc_curve`` with
     ``drop_intermediate=False`` (tested), without importing scikit-learn (seconds on a busy machine)."""
@@ -225,19 +236,12 @@ def top_k(n: int, fraction: float) -> int:
     return max(1, min(n, int(math.floor(fraction * n + 0.5))))
 
 
-def stratified_weights(labels: np.ndarray, resamples: int, seed: int,
-                       groups: np.ndarray | None = None) -> np.ndarray:
-    """resamples × n counts: each resample draws the extracted texts from the extracted ones and
-    the kept from the kept (with replacement), so every resample keeps both class sizes; with
-    ``groups`` (copy clusters) it draws whole clusters (``clusters.cluster_weights``)."""
-    return cluster_weights(labels, groups, resamples, seed)
-
-
 def bootstrap(scores: np.ndarray, labels: np.ndarray, resamples: int = RESAMPLES, seed: int = 0,
               groups: np.ndarray | None = None, **kwargs) -> dict[str, np.ndarray]:
-    """``metrics_matrix`` over stratified resamples of one sample (in memory-bounded chunks);
-    ``groups``: resample copy clusters, not texts."""
-    weights = stratified_weights(labels, resamples, seed, groups)
+    """``metrics_matrix`` over stratified resamples of one sample (in memory-bounded chunks): each
+    resample draws the extracted texts from the extracted ones and the kept from the kept, so it
+    keeps both class sizes (``clusters.cluster_weights``); ``groups``: copy clusters, drawn whole."""
+    weights = cluster_weights(labels, groups, resamples, seed)
     chunk = max(1, _CELLS // max(1, len(weights[0])))
     parts = [metrics_matrix(scores, labels, weights[i:i + chunk], **kwargs)
              for i in range(0, resamples, chunk)]
@@ -267,6 +271,20 @@ def metric_interval(key: str, value: float, boot: np.ndarray, scores: np.ndarray
         top = np.argsort(-np.asarray(scores, dtype=float), kind="stable")[:k]
         return wilson(value, kish(None if groups is None else groups[top], k), level)
     return interval(boot, level, effective_records(y, groups))
+
+
+def metrics_with_intervals(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray | None,
+                           resamples: int, seed: int, level: float = LEVEL,
+                           **kwargs) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """``metrics_matrix`` of one sample as ``{key: value, "key lo": .., "key hi": ..}`` (each
+    interval by ``metric_interval``), and the cluster-bootstrap samples behind them."""
+    boot = bootstrap(scores, labels, resamples, seed, groups, **kwargs)
+    row: dict[str, float] = {}
+    for key, value in metrics_matrix(scores, labels, **kwargs).items():
+        row[key] = float(value[0])
+        row[f"{key} lo"], row[f"{key} hi"] = metric_interval(key, row[key], boot[key], scores, labels,
+                                                             groups, level)
+    return row, boot
 
 
 def rate_interval(outcomes: Sequence[bool] | np.ndarray, resamples: int | None = None,
@@ -324,12 +342,8 @@ def evaluate(frame: pd.DataFrame, *, outcome: str = OUTCOME, resamples: int = RE
         if few:
             row["note"] = few
         elif 0 < y.sum() < len(y):
-            point = {k: float(v[0]) for k, v in metrics_matrix(s, y, fpr_levels=fpr_levels).items()}
-            boot = bootstrap(s, y, resamples, seed, groups, fpr_levels=fpr_levels)
-            for key, value in point.items():
-                row[key] = value
-                row[f"{key} lo"], row[f"{key} hi"] = metric_interval(key, value, boot[key], s, y, groups,
-                                                                     level)
+            values, boot = metrics_with_intervals(s, y, groups, resamples, seed, level, fpr_levels=fpr_levels)
+            row |= values
             result.boot_auc[(ALL, signal.column)] = boot["auc"]
             result.rows_of[(ALL, signal.column)] = tuple(attacked.index[keep])
         rows.append(row)
@@ -383,7 +397,7 @@ def within_length_auc(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarra
                       min_records: int = 0) -> WithinLength:
     """Pair-weighted AUC within exact token length (see the module docstring), on the texts with
     a finite score and length, with a percentile bootstrap interval.  The resamples draw texts
-    from all lengths at once (stratified by outcome only, ``stratified_weights``: two signals on
+    from all lengths at once (stratified by outcome only, ``cluster_weights``: two signals on
     the same texts get the same resamples), so a length's pairs vary between resamples as they
     would between samples; resampling each length on its own held its tiny counts fixed and
     covered 0.5 for a random signal in 60% of samples of 300 texts (nominal 95%).  ``groups``
@@ -407,7 +421,7 @@ def within_length_auc(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarra
     if few:
         return WithinLength(math.nan, math.nan, math.nan, len(parts), int(pairs.sum()), merged, few)
     aucs = np.array([metrics_matrix(s[p], y[p], fpr_levels=(), fractions=())["auc"][0] for p in parts])
-    weights = stratified_weights(y, resamples, seed, g)
+    weights = cluster_weights(y, g, resamples, seed)
     boot = []
     for rows in np.array_split(weights, max(1, resamples * len(y) // _CELLS)):
         num, den = np.zeros(len(rows)), np.zeros(len(rows))
@@ -434,7 +448,7 @@ def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], *, outco
                      resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL,
                      min_records: int = MIN_RECORDS) -> pd.DataFrame:
     """Per signal: the raw AUC over all attacked texts next to the AUC within exact token length,
-    pair-weighted (``length_control.within_length_auc``), both with cluster-bootstrap intervals
+    pair-weighted (``within_length_auc``), both with cluster-bootstrap intervals
     (copies by ``cluster_id``).  Without an ``n_tokens`` column every text has one length, so
     then the two agree."""
     y = attacked[outcome].astype(bool).to_numpy() if len(attacked) else np.zeros(0, dtype=bool)
@@ -451,10 +465,8 @@ def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], *, outco
         if few and 0 < y[keep].sum() < keep.sum():
             row["note"] = few
         elif 0 < y[keep].sum() < keep.sum():
-            raw = bootstrap(score[keep], y[keep], resamples, seed, groups[keep], fpr_levels=(),
-                            fractions=())["auc"]
-            row["auc"] = float(metrics_matrix(score[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
-            row["auc lo"], row["auc hi"] = interval(raw, level, effective_records(y[keep], groups[keep]))
+            row |= metrics_with_intervals(score[keep], y[keep], groups[keep], resamples, seed, level,
+                                          fpr_levels=(), fractions=())[0]
             w = within_length_auc(score, y, lengths, resamples=resamples, seed=seed, level=level,
                                   groups=groups, min_records=min_records)
             row |= {"stratified auc": w.auc, "stratified lo": w.lo, "stratified hi": w.hi,
@@ -466,17 +478,13 @@ def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], *, outco
 def display_stratified(result: Predictive, digits: int = 2) -> pd.DataFrame:
     """``Predictive.stratified`` as "value [lo, hi]" strings, best raw AUC first."""
     table = result.stratified.sort_values("auc", ascending=False, na_position="last")
-
-    def cell(row: pd.Series, point: str, lo: str, hi: str) -> str:
-        if pd.isna(row.get(point)):
-            return TOO_FEW if _is_too_few(row) else "n/a"
-        return f"{row[point]:.{digits}f} [{row[lo]:.{digits}f}, {row[hi]:.{digits}f}]"
-
+    fmt = f".{digits}f"
     return pd.DataFrame({
         "signal": table["label"],
-        "AUC (all texts)": [cell(r, "auc", "auc lo", "auc hi") for _, r in table.iterrows()],
+        "AUC (all texts)": [interval_cell(r, "auc", fmt) for _, r in table.iterrows()],
         "AUC within exact length (pair-weighted)": [
-            cell(r, "stratified auc", "stratified lo", "stratified hi") for _, r in table.iterrows()],
+            interval_cell(r, "stratified auc", fmt, "stratified lo", "stratified hi")
+            for _, r in table.iterrows()],
         "lengths scored": [fmt_int(v) for v in table["strata"]],
         "pairs": [fmt_int(v) for v in table["pairs"]],
         "positive records": [fmt_int(v) for v in table["records"]],
@@ -488,21 +496,22 @@ def _is_too_few(row: pd.Series) -> bool:
     return isinstance(note, str) and note.startswith(TOO_FEW)
 
 
+def interval_cell(row: pd.Series, key: str, fmt: str = ".2f", lo: str = "", hi: str = "") -> str:
+    """"value [lo, hi]" of ``key`` (its bounds in "``key`` lo" and "``key`` hi" unless named); "too
+    few" for no value where the row's note says the records are too few, else "n/a"."""
+    if pd.isna(row.get(key)):
+        return TOO_FEW if _is_too_few(row) else "n/a"
+    return f"{row[key]:{fmt}} [{row[lo or f'{key} lo']:{fmt}}, {row[hi or f'{key} hi']:{fmt}}]"
+
+
 def fmt_int(value) -> str:
     return "n/a" if pd.isna(value) else str(int(value))
 
 
-def _metrics(fpr_levels: Sequence[float] = FPR_LEVELS) -> list[str]:
-    return ["auc", *(f"tpr@{a:g}" for a in fpr_levels), *(f"precision@{q:g}" for q in TOP_FRACTIONS)]
-
-
-def _columns(fpr_levels: Sequence[float] = FPR_LEVELS) -> list[str]:
+def _columns(fpr_levels: Sequence[float]) -> list[str]:
+    metrics = ["auc", *(f"tpr@{a:g}" for a in fpr_levels), *(f"precision@{q:g}" for q in TOP_FRACTIONS)]
     return ["scope", "unit", "signal", "label", "direction", "n", "extracted", "records",
-            *(c for m in _metrics(fpr_levels) for c in (m, f"{m} lo", f"{m} hi")), "note"]
-
-
-METRICS = _metrics()
-_COLUMNS = _columns()
+            *(c for m in metrics for c in (m, f"{m} lo", f"{m} hi")), "note"]
 
 
 def metric_title(metric: str) -> str:
@@ -514,38 +523,20 @@ def metric_title(metric: str) -> str:
     return "AUC"
 
 
-METRIC_TITLES = {m: metric_title(m) for m in METRICS}
-
-
 def display_table(result: Predictive, scope: str | None = ALL, digits: int = 2) -> pd.DataFrame:
     """One row per signal (and scope when ``scope`` is None): "value [lo, hi]" strings, best AUC first."""
     table = result.table if scope is None else result.table[result.table["scope"] == scope]
-    return _display(result, table, digits, with_scope=scope is None)
-
-
-def _fpr_levels_of(table: pd.DataFrame) -> tuple[float, ...]:
-    return tuple(float(c[4:]) for c in table.columns if c.startswith("tpr@") and not c.endswith(("lo", "hi")))
-
-
-def _display(result: Predictive, table: pd.DataFrame, digits: int, with_scope: bool) -> pd.DataFrame:
     order = {s: i for i, s in enumerate(dict.fromkeys(result.table["scope"]))}
     table = (table.assign(_scope=table["scope"].map(order))
              .sort_values(["_scope", "auc"], ascending=[True, False], na_position="last"))
-
-    def cell(row: pd.Series, metric: str) -> str:
-        if pd.isna(row.get(metric)):
-            return TOO_FEW if _is_too_few(row) else "n/a"
-        lo, hi = row[f"{metric} lo"], row[f"{metric} hi"]
-        return f"{row[metric]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
     out = pd.DataFrame({"signal": table["label"],
                         "direction": table["direction"].map({"higher": "higher = extracted",
                                                              "lower": "lower = extracted"}),
                         result.unit: table["n"], "extracted": table["extracted"],
                         "independent positives (records)": table["records"]})
-    for metric in (m for m in _metrics(_fpr_levels_of(result.table)) if m in table.columns):
-        out[metric_title(metric)] = [cell(r, metric) for _, r in table.iterrows()]
-    if with_scope:
+    for metric in (c for c in result.table.columns if f"{c} lo" in result.table.columns):  # table order
+        out[metric_title(metric)] = [interval_cell(r, metric, f".{digits}f") for _, r in table.iterrows()]
+    if scope is None:
         out.insert(0, "scope", table["scope"])
     return out.reset_index(drop=True)
 

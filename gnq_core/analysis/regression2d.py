@@ -70,13 +70,6 @@ def _grad_matrix(G: np.ndarray) -> np.ndarray:
     return G
 
 
-def _check_lam(lam: float) -> float:
-    lam = float(lam)
-    if not (np.isfinite(lam) and lam > 0):
-        raise ValueError(f"lam must be a finite positive number, got {lam}")
-    return lam
-
-
 def _spd2(S: np.ndarray) -> np.ndarray:
     S = np.asarray(S, dtype=np.float64)
     if S.ndim != 2 or S.shape[0] != S.shape[1]:
@@ -121,8 +114,9 @@ def gnq(G: np.ndarray, lam: float) -> np.ndarray:
     (σ = 0 past rank), so h_j = [K M]_jj = Σ_k U_jk² σ_k²/(σ_k² + λ) and
     λ M_jj = 1 − h_j = Σ_k U_jk² λ/(σ_k² + λ): both sums of non-negative terms, no cancellation.
     """
-    G = _grad_matrix(G)
-    lam = _check_lam(lam)
+    G, lam = _grad_matrix(G), float(lam)
+    if not (np.isfinite(lam) and lam > 0):
+        raise ValueError(f"lam must be a finite positive number, got {lam}")
     n = G.shape[0]
     if n == 0:
         return np.zeros(0)

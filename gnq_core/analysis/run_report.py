@@ -29,7 +29,8 @@ from gnq_core.analysis.findings import summary
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts, risk_basis
 from gnq_core.atomic import write_text_atomic
-from gnq_core.results.store import Run, Store
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
 
 SCHEMA = "gnq-report/2"
 
@@ -158,9 +159,8 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
     done = store.points(run.run_id)
     scores = scores[scores["point"].isin(done.loc[done["status"] == "done", "point"])]
     nature = gnq_nature.summary(scores, run.lam, run.settings.get("lam_mode", "absolute"))
-    records = gnq_nature.record_gnq(scores, frame[["example_id", "cluster_id"]]
-                                    if "cluster_id" in frame.columns else pd.DataFrame(
-                                        columns=["example_id", "cluster_id"]))
+    # without a cluster_id column every text is unique (NaN): no record of copies
+    records = gnq_nature.record_gnq(scores, frame.reindex(columns=["example_id", "cluster_id"]))
     scored = frame if membership is None else ev.with_membership(frame, membership)
     table = ev.evidence_table(scored, resamples=resamples, seed=seed, cv=cv)
     return RunReport(run=run, provenance=provenance(store, run, attacks), frame=frame, evidence=table,

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 
 from gnq_core.results.precision import precision_note
-from gnq_core.results.store import Run, Store
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
 
 
 def signal_frame(store: Store, run: Run, totals: pd.DataFrame | None = None) -> pd.DataFrame:

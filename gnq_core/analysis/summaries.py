@@ -19,6 +19,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis.clusters import numeric_column
+from gnq_core.analysis.predictive import rank_auc
+
 QUANTILE_BIN_COLUMNS = ["bin", "n", "lo", "hi", "mean_score", "success_rate", "mean_match", "example_ids"]
 TARGETED_COLUMNS = ["fraction", "k", "n", "base_rate", "by_gnq", "by_loss", "by_self_influence",
                     "random_mean", "random_std", "by_gnq_count", "by_loss_count",
@@ -32,13 +35,6 @@ ALIGNMENT_COLUMNS = ["position", "original", "generated", "match"]
 _STRATEGIES = [("by_gnq", "gnq_total", True),
                ("by_loss", "loss_last", False),          # lowest loss first: the MIA-style pick
                ("by_self_influence", "self_influence_last", True)]
-
-
-def _numeric(frame: pd.DataFrame, column: str) -> pd.Series:
-    """A column as float (NaN where missing or not a number); all-NaN when the column is absent."""
-    if column not in frame.columns:
-        return pd.Series(np.nan, index=frame.index, dtype=float)
-    return pd.to_numeric(frame[column], errors="coerce").astype(float)
 
 
 def _successes(match: pd.Series, threshold: float) -> pd.Series:
@@ -58,7 +54,7 @@ def quantile_bins(totals: pd.DataFrame, bins: int = 10, threshold: float = 1.0,
     """
     if totals.empty or bins < 1:
         return pd.DataFrame(columns=QUANTILE_BIN_COLUMNS)
-    s, m = _numeric(totals, score), _numeric(totals, "extraction_match")
+    s, m = numeric_column(totals, score), numeric_column(totals, "extraction_match")
     keep = s.notna() & m.notna()
     if not keep.any():
         return pd.DataFrame(columns=QUANTILE_BIN_COLUMNS)
@@ -74,20 +70,30 @@ def quantile_bins(totals: pd.DataFrame, bins: int = 10, threshold: float = 1.0,
         n=("score", "size"), lo=("score", "min"), hi=("score", "max"), mean_score=("score", "mean"),
         success_rate=("success", "mean"), mean_match=("match", "mean"),
         example_ids=("example_id", lambda v: [int(i) for i in v])).reset_index()
-    out["bin"] = out["bin"].astype(int)
-    out["n"] = out["n"].astype(int)
-    return out[QUANTILE_BIN_COLUMNS]
+    return out.astype({"bin": int, "n": int})[QUANTILE_BIN_COLUMNS]
 
 
 # --------------------------------------------------------------------------- Table 3
 def _top_k(frame: pd.DataFrame, column: str, k: int, descending: bool) -> pd.DataFrame:
     """The k rows ranked first by ``column`` (NaN last, ties by example_id); empty when all NaN."""
-    values = _numeric(frame, column)
+    values = numeric_column(frame, column)
     if values.isna().all():
         return frame.iloc[0:0]
     order = pd.DataFrame({"v": -values if descending else values, "id": frame["example_id"]})
     order = order.sort_values(["v", "id"], na_position="last", kind="mergesort")
     return frame.loc[order.index[:k]]
+
+
+def _attacked(totals: pd.DataFrame, threshold: float) -> tuple[pd.DataFrame, pd.Series, list[str]]:
+    """The rows with an extraction match (``example_id`` from the index where the column is absent),
+    their success (match >= ``threshold``) and the sorted group names ("(none)": no group)."""
+    match = numeric_column(totals, "extraction_match")
+    pool = totals.loc[match.notna()]
+    if "example_id" not in pool.columns:
+        pool = pool.assign(example_id=pool.index)
+    groups = (sorted(pool["group"].fillna("(none)").astype(str).unique())
+              if "group" in pool.columns and pool["group"].notna().any() else [])
+    return pool, _successes(match[pool.index], threshold), groups
 
 
 def _group_breakdown(rows: pd.DataFrame, success: pd.Series, groups: list[str]) -> str:
@@ -111,16 +117,10 @@ def targeted_attack_table(totals: pd.DataFrame, fractions: Sequence[float] = (0.
     """
     if totals.empty or "extraction_match" not in totals.columns:
         return pd.DataFrame(columns=TARGETED_COLUMNS)
-    match = _numeric(totals, "extraction_match")
-    pool = totals.loc[match.notna()]
-    if "example_id" not in pool.columns:
-        pool = pool.assign(example_id=pool.index)
+    pool, success, groups = _attacked(totals, threshold)
     n = len(pool)
     if n == 0:
         return pd.DataFrame(columns=TARGETED_COLUMNS)
-    success = _successes(match[pool.index], threshold)
-    groups = (sorted(pool["group"].fillna("(none)").astype(str).unique())
-              if "group" in pool.columns and pool["group"].notna().any() else [])
     rng = np.random.default_rng(seed)
     positions = np.arange(n)
     succ = success.to_numpy()
@@ -160,15 +160,9 @@ def targeted_rows(totals: pd.DataFrame, strategies: Sequence[tuple[str, str, boo
     per-group breakdown of the extracted texts ("common=0, surprising=20"); a strategy whose
     column is missing or all-null is left out.
     """
-    match = _numeric(totals, "extraction_match") if not totals.empty else pd.Series(dtype=float)
-    pool = totals.loc[match.notna()] if not totals.empty else totals
+    pool, success, groups = _attacked(totals, threshold)
     if pool.empty:
         return pd.DataFrame(columns=TARGETED_ROW_COLUMNS)
-    if "example_id" not in pool.columns:
-        pool = pool.assign(example_id=pool.index)
-    success = _successes(match[pool.index], threshold)
-    groups = (sorted(pool["group"].fillna("(none)").astype(str).unique())
-              if "group" in pool.columns and pool["group"].notna().any() else [])
     n, rows = len(pool), []
 
     def add(label: str, f: float, picked: pd.DataFrame) -> None:
@@ -191,22 +185,13 @@ def targeted_rows(totals: pd.DataFrame, strategies: Sequence[tuple[str, str, boo
 
 # --------------------------------------------------------------------------- Fig. 3
 def group_auc(values: Sequence[float], groups: Sequence[str], positive: str, negative: str) -> float:
-    """P(a random ``positive`` item scores higher than a random ``negative`` one), ties count ½.
-
-    The Mann–Whitney U statistic divided by n_pos·n_neg; NaN values are ignored, and the answer
-    is NaN when either group has no values.
-    """
+    """P(a random ``positive`` item scores higher than a random ``negative`` one), ties count ½
+    (``predictive.rank_auc``: NaN values ignored, NaN when either group has none)."""
     v = pd.to_numeric(pd.Series(list(values), dtype=object), errors="coerce").astype(float).to_numpy()
     g = np.asarray([str(x) if x is not None else None for x in groups], dtype=object)
     if len(v) != len(g):
         raise ValueError(f"group_auc: {len(v)} values but {len(g)} group labels")
-    finite = ~np.isnan(v)
-    pos, neg = v[finite & (g == positive)], v[finite & (g == negative)]
-    if len(pos) == 0 or len(neg) == 0:
-        return float("nan")
-    ranks = pd.Series(np.concatenate([pos, neg])).rank(method="average").to_numpy()
-    u = ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2
-    return float(u / (len(pos) * len(neg)))
+    return rank_auc(v[g == positive], v[g == negative])
 
 
 def group_separation(traj: pd.DataFrame, positive: str, negative: str, value: str = "gnq") -> pd.DataFrame:
@@ -218,7 +203,7 @@ def group_separation(traj: pd.DataFrame, positive: str, negative: str, value: st
     rows = []
     has_label = "label" in traj.columns
     for point, part in traj.groupby("point", sort=True):
-        vals = _numeric(part, value)
+        vals = numeric_column(part, value)
         grp = part["group"].astype(object).where(part["group"].notna(), None)
         pos, neg = vals[(grp == positive) & vals.notna()], vals[(grp == negative) & vals.notna()]
         rows.append({"point": point, "label": part["label"].iloc[0] if has_label else str(point),
@@ -234,7 +219,7 @@ def log_trajectory_matrix(traj: pd.DataFrame, value: str = "gnq") -> pd.DataFram
     """example × point matrix of log10(value); non-positive or missing values are NaN."""
     if traj.empty or value not in traj.columns:
         return pd.DataFrame()
-    v = _numeric(traj, value)
+    v = numeric_column(traj, value)
     logged = np.log10(v.where(v > 0))
     frame = pd.DataFrame({"example_id": traj["example_id"].to_numpy(), "point": traj["point"].to_numpy(),
                           "v": logged.to_numpy()})
@@ -293,7 +278,7 @@ def top_bottom(totals: pd.DataFrame, k: int = 2,
     """
     if totals.empty or score not in totals.columns or k <= 0:
         return totals.iloc[0:0], totals.iloc[0:0]
-    s = _numeric(totals, score)
+    s = numeric_column(totals, score)
     ids = totals["example_id"] if "example_id" in totals.columns else pd.Series(totals.index, totals.index)
     order = pd.DataFrame({"s": s, "id": ids})[s.notna()]
     top_idx = order.assign(neg=-order["s"]).sort_values(["neg", "id"], kind="mergesort").index[:k]

@@ -60,7 +60,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gnq_core.analysis.clusters import groups_of, records
+from gnq_core.analysis.clusters import groups_of, numeric_column, records
+from gnq_core.analysis.predictive import rank_auc
 
 VERDICT_COLUMNS = ["rank", "percentile", "status", "reason", "risk", "verdict_score"]
 LEAKED, PARTLY, REPRODUCED, SECRET, AT_RISK, PUBLIC, LOW = (
@@ -152,39 +153,23 @@ def _pct(values: pd.Series, higher_is_stronger: bool = True) -> pd.Series:
     return r / max(1, int(v.notna().sum()))
 
 
-def _col(frame: pd.DataFrame, name: str) -> pd.Series:
-    if name not in frame.columns:
-        return pd.Series(np.nan, index=frame.index, dtype=float)
-    return pd.to_numeric(frame[name], errors="coerce").astype(float)
-
-
 def risk_components(totals: pd.DataFrame) -> pd.DataFrame:
     """exposure, membership and risk per text (see the module docstring), index of ``totals``."""
-    copies = _col(totals, "copies").fillna(1.0).clip(lower=1.0)
-    with_copy = _col(totals, "gnq_with_copy").fillna(0.0)
-    points = _col(totals, "n_points").fillna(0.0)
+    copies = numeric_column(totals, "copies").fillna(1.0).clip(lower=1.0)
+    with_copy = numeric_column(totals, "gnq_with_copy").fillna(0.0)
+    points = numeric_column(totals, "n_points").fillna(0.0)
     gnq_valid = with_copy < np.maximum(points, 1.0) / 2  # at most half its GNQ values spoiled by a copy
-    gnq = _col(totals, "gnq_total").where(gnq_valid)
+    gnq = numeric_column(totals, "gnq_total").where(gnq_valid)
     exposure = pd.concat([_pct(gnq), 1.0 - 1.0 / copies], axis=1).max(axis=1)
-    membership = pd.concat([_pct(_col(totals, "loss_ratio"), higher_is_stronger=False),
-                            _pct(_col(totals, "zlib_ratio"), higher_is_stronger=False),
-                            _pct(_col(totals, "min_k_prob"))], axis=1).mean(axis=1)
-    loss = _pct(_col(totals, "loss_last"), higher_is_stronger=False)
+    membership = pd.concat([_pct(numeric_column(totals, "loss_ratio"), higher_is_stronger=False),
+                            _pct(numeric_column(totals, "zlib_ratio"), higher_is_stronger=False),
+                            _pct(numeric_column(totals, "min_k_prob"))], axis=1).mean(axis=1)
+    loss = _pct(numeric_column(totals, "loss_last"), higher_is_stronger=False)
     risk = pd.concat([exposure, membership], axis=1).mean(axis=1).fillna(0.0)
     chosen, basis = _validated_risk(totals, {"exposure": exposure, "membership": membership, "loss": loss})
     return pd.DataFrame({"exposure": exposure, "membership": membership, "loss": loss,
                          "risk": risk if chosen is None else chosen,
                          "gnq_percentile_valid": _pct(gnq), "risk_basis": basis})
-
-
-def _auc(score: pd.Series, y: pd.Series) -> float:
-    keep = score.notna()
-    s, t = score[keep], y[keep]
-    pos, neg = int(t.sum()), int((~t).sum())
-    if not pos or not neg:
-        return float("nan")
-    ranks = s.rank(method="average")
-    return float((ranks[t].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 
 def _validated_risk(totals: pd.DataFrame, parts: dict[str, pd.Series],
@@ -206,7 +191,7 @@ def _validated_risk(totals: pd.DataFrame, parts: dict[str, pd.Series],
     folds = grouped_folds(y, groups, seed)
 
     def chosen_on(rows: pd.Index) -> list[str]:
-        return [k for k, v in candidates.items() if _auc(v[rows], y[rows]) > VALID_AUC]
+        return [k for k, v in candidates.items() if rank_auc(v[rows][y[rows]], v[rows][~y[rows]]) > VALID_AUC]
 
     risk = pd.Series(np.nan, index=totals.index)
     every: list[list[str]] = []
@@ -285,10 +270,6 @@ def _flag(frame: pd.DataFrame, name: str) -> pd.Series:
     return frame[name].astype("boolean").fillna(False).astype(bool)
 
 
-def _count(frame: pd.DataFrame, name: str) -> pd.Series:
-    return _col(frame, name).fillna(0.0)
-
-
 def _has_secret(frame: pd.DataFrame) -> pd.Series:
     return frame["secret"].notna() if "secret" in frame else pd.Series(False, index=frame.index)
 
@@ -299,8 +280,8 @@ def statuses(frame: pd.DataFrame, risk: pd.Series | None = None) -> pd.Series:
     public = _flag(frame, "public")
     secret = _has_secret(frame) & ~public
     window = _flag(frame, "extracted")
-    values_leaked = _flag(frame, "secret_reproduced") | (_count(frame, "secret_values_leaked") > 0)
-    partly = _count(frame, "secret_values_partly") > 0
+    values_leaked = _flag(frame, "secret_reproduced") | (numeric_column(frame, "secret_values_leaked") > 0)
+    partly = numeric_column(frame, "secret_values_partly") > 0  # NaN (not attacked) compares False
     risk = risk if risk is not None else risk_components(frame)["risk"]
     top_risk = risk >= risk.quantile(0.8) if len(risk) else pd.Series(False, index=frame.index)
     status = np.select(
@@ -319,14 +300,6 @@ def value_outcome(extracted: object, chars: object, hits: object, reference_hits
     ref = int(reference_hits) if pd.notna(reference_hits) else None
     novel = int(novel_hits) if novel_hits is not None and pd.notna(novel_hits) else None
     return PARTLY if partly_leaked(int(chars), int(hits), ref, novel) else "not leaked"
-
-
-def leaked(frame: pd.DataFrame) -> pd.Series:
-    """Whether each text leaked (status ``leaked``): for a text with a secret-like value, whether
-    the model wrote a value itself (calibrated; pipelines/secret_attack.py); for any other text,
-    whether the text attack extracted it.  A card-number text whose 8-token window " card 4539 14"
-    came out has not leaked its card number: it is "text reproduced"."""
-    return statuses(frame) == LEAKED
 
 
 def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float | None = None,

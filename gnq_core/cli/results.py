@@ -87,7 +87,7 @@ def report(
     from gnq_core.analysis import run_report
     from gnq_core.analysis.html_report import build_report, check_writable, write_report
     from gnq_core.pipelines.protected_paths import refuse_overwrite
-    from gnq_core.results.store import StoreError
+    from gnq_core.results.store_schema import StoreError
 
     if out is None and json_out is None:
         raise ValueError("give --out FILE.html and/or --json FILE.json")

@@ -5,7 +5,8 @@ loop thought: it ends 'failed' with the count in its message and one line on std
 from __future__ import annotations
 
 from gnq_core.errors import GNQError
-from gnq_core.results.store import Run, Store
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
 
 MOSTLY = 0.5  # more than half the batches
 

@@ -32,7 +32,9 @@ from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.membership import token_logprobs, zlib_bits
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.progress import Reporter
-from gnq_core.results.store import Run, Store, StoreError
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
+from gnq_core.results.store_schema import StoreError
 from gnq_core.sources.checkpoints.files import CheckpointRef
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.checkpoints.series import find_checkpoints

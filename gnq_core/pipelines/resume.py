@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gnq_core.atomic import atomic_path
-from gnq_core.results.store import StoreError
+from gnq_core.results.store_schema import StoreError
 from gnq_core.sources.checkpoints.load import load_checkpoint
 
 TRAINER_STATE = "trainer_state.pt"

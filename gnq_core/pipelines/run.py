@@ -14,7 +14,8 @@ from pathlib import Path
 
 from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, JobSettings, TrainJob
 from gnq_core.progress import JobProgress
-from gnq_core.results.store import Run, Store
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
 from gnq_core.sources.datasets import TextDataset
 
 

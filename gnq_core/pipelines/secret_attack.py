@@ -47,7 +47,7 @@ import pandas as pd
 from gnq_core.pipelines.attack_defaults import DEFAULT_SECRET_CANDIDATES as DEFAULT_CANDIDATES
 from gnq_core.pipelines.attacks.decode import greedy_decode
 from gnq_core.pipelines.attacks.forward import evaluating
-from gnq_core.results.store import SECRET_ATTACK_COLUMNS
+from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
 from gnq_core.sources.secrets import find_secrets, luhn_ok, values_from_json
 from gnq_core.sources.tokens import pad_id
 

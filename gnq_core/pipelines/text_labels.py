@@ -9,7 +9,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from gnq_core.results.store import Run, Store
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.secrets import compile_patterns, secret_labels

@@ -29,7 +29,8 @@ from gnq_core.pipelines.text_labels import dataset_labels, secret_settings
 from gnq_core.pipelines.training_loop import Checkpoints, GNQScores, Progress, adamw, seeded_batches, train
 from gnq_core.progress import Reporter
 from gnq_core.results.records import RunSpec
-from gnq_core.results.store import Run, Store
+from gnq_core.results.store import Store
+from gnq_core.results.store_queries import Run
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype, seed_everything
 from gnq_core.sources.checkpoints.checks import check_checkpoint
 from gnq_core.sources.checkpoints.files import checkpoint_hash

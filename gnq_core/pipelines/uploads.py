@@ -14,7 +14,7 @@ from typing import Protocol
 
 from gnq_core.atomic import check_target
 from gnq_core.results.layout import uploads_root
-from gnq_core.sources.datasets import env_bytes
+from gnq_core.sources.limits import env_int
 from gnq_core.terminal import terminal_safe
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
@@ -29,7 +29,7 @@ def uploads_dir(db: str | Path, job_id: str) -> Path:
 
 def max_upload_bytes() -> int:
     """The most one job may upload in all: ``$GNQ_MAX_UPLOAD_BYTES``, else 16 GiB."""
-    return env_bytes("GNQ_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES)
+    return env_int("GNQ_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES, unit="a number of bytes")
 
 
 class Upload(Protocol):

@@ -8,5 +8,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".layout": ("jobs_dir", "uploads_root"),
     ".records": ("MIN_BATCH_SIZE", "RunSpec", "ScoreColumns"),
     ".shards": ("ShardError", "ingest", "open_store"),
-    ".store": ("Run", "RunNotFoundError", "Store", "StoreError", "default_db_path"),
+    ".store": ("Store", "default_db_path"),
+    ".store_queries": ("Run",),
+    ".store_schema": ("RunNotFoundError", "StoreError"),
 })

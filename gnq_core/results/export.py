@@ -50,20 +50,6 @@ def strip_formula_guard(text: str) -> str:
     return text[1:] if text.startswith(FORMULA_GUARD) else text
 
 
-def _csv(frame: pd.DataFrame, target: str | Path | io.StringIO, neutralise: bool) -> None:
-    (neutralise_formulas(frame) if neutralise else frame).to_csv(target, index=False, quoting=csv.QUOTE_ALL,
-                                                                lineterminator="\n")
-
-
-def _check_target(path: Path) -> None:
-    """Refuse to replace anything but a regular file (a device such as /dev/full, a FIFO, a socket):
-    atomic.check_target's rule, as an ExportError."""
-    try:
-        check_target(path, "the export")
-    except TargetError as exc:
-        raise ExportError(str(exc)) from None
-
-
 def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, neutralise: bool = True) -> Path:
     """Write ``frame`` as ``fmt`` to ``path`` via a temporary sibling file and a rename.  Any
     failure (a read-only folder, a full disk, a path under a file) is one ExportError line and
@@ -71,19 +57,17 @@ def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, neutralise: 
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r} (use {', '.join(FORMATS)})")
     path = Path(path)
-    _check_target(path)
+    try:  # never replace anything but a regular file (a device such as /dev/full, a FIFO, a socket)
+        check_target(path, "the export")
+    except TargetError as exc:
+        raise ExportError(str(exc)) from None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ExportError(f"{path}: cannot create its folder {path.parent} ({exc.strerror or exc})") from None
     try:
         with atomic_path(path) as tmp:
-            if fmt == "csv":
-                _csv(frame, tmp, neutralise)
-            elif fmt == "jsonl":
-                frame.to_json(tmp, orient="records", lines=True, force_ascii=False)
-            else:
-                frame.to_parquet(tmp, index=False)
+            tmp.write_bytes(to_bytes(frame, fmt, neutralise=neutralise))
     except OSError as exc:
         raise ExportError(f"{path}: cannot write the export ({exc.strerror or exc})") from None
     return path
@@ -92,9 +76,8 @@ def write_table(frame: pd.DataFrame, path: str | Path, fmt: str, *, neutralise: 
 def to_bytes(frame: pd.DataFrame, fmt: str, *, neutralise: bool = True) -> bytes:
     """The same formats in memory (the dashboard's download buttons)."""
     if fmt == "csv":
-        buf = io.StringIO()
-        _csv(frame, buf, neutralise)
-        return buf.getvalue().encode()
+        return (neutralise_formulas(frame) if neutralise else frame).to_csv(
+            index=False, quoting=csv.QUOTE_ALL, lineterminator="\n").encode()
     if fmt == "jsonl":
         return frame.to_json(orient="records", lines=True, force_ascii=False).encode()
     if fmt == "parquet":

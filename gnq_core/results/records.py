@@ -149,13 +149,11 @@ class ScoreColumns:
         chunk = chunk or WRITE_CHUNK
         for start in range(0, max(self.n, 1), chunk):
             rows = slice(start, min(start + chunk, self.n))
-            n = rows.stop - rows.start
-            frame = pd.DataFrame({
-                "point": np.full(n, point, np.int64), "example_id": self.example_id[rows].copy(),
-                "batch_index": self.batch_index[rows].copy(),
+            yield pd.DataFrame({
+                "point": np.full(rows.stop - rows.start, point, np.int64),
+                "example_id": self.example_id[rows].copy(), "batch_index": self.batch_index[rows].copy(),
                 "step": pd.arrays.IntegerArray(self.step[rows].copy(), self.step_missing[rows].copy()),
                 **{c: self.values[rows, j].copy() for j, c in enumerate(self._floats)}})
-            yield frame
 
     def frame(self, point: int) -> pd.DataFrame:
         """All the rows as one typed frame (``frames`` in one chunk)."""
@@ -214,7 +212,7 @@ _LABELS = {"checkpoints": "checkpoint series", "init": "--init"}
 
 def resume_mismatches(stored: Any, spec: RunSpec, *, ignore: Sequence[str] = ("device",),
                       growing: Sequence[str] = ("checkpoints",)) -> list[str]:
-    """What differs between a stored run (``store.Run``) and the spec of its rerun."""
+    """What differs between a stored run (``store_queries.Run``) and the spec of its rerun."""
     found = [] if stored.dataset_hash == spec.dataset_hash else ["dataset content"]
     pairs = [(k, getattr(stored, k), getattr(spec, k)) for k in _CORE] + [
         (k, stored.settings[k], list(v) if isinstance(v, tuple) else v) for k, v in spec.settings.items()

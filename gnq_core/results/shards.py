@@ -7,7 +7,7 @@ A shards folder (one training run)::
     SHARDS/scores/rank-00001.steps-00000051-00000100.parquet
     SHARDS/batches/rank-00001.steps-00000051-00000100.parquet
 
-Scores and batches shards have the store's columns (``store.SHARD_COLUMNS``: all but run_id);
+Scores and batches shards have the store's columns (``store_writes.SHARD_COLUMNS``: all but run_id);
 each rank writes one pair per step range, each file atomically (``gnq_core.atomic``).
 ``gnq ingest SHARDS --db DB`` loads a folder into the DuckDB store in one transaction,
 idempotently; ``ShardStore`` answers every ``Store`` query straight from the
@@ -32,15 +32,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from gnq_core.atomic import atomic_path, write_text_atomic
+from gnq_core.errors import one_line
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns, batch_frame
-from gnq_core.results.store import (
-    SHARD_COLUMNS,
-    Run,
-    Store,
-    StoreError,
-    first_line,
-    shard_view,
-)
+from gnq_core.results.store import Store, shard_view
+from gnq_core.results.store_queries import Run
+from gnq_core.results.store_schema import StoreError
+from gnq_core.results.store_writes import SHARD_COLUMNS
 
 RUN_FILE = "run.json"
 EXAMPLES_FILE = "examples.parquet"
@@ -193,7 +190,7 @@ def _check_schema(path: Path, table: str) -> None:
     try:
         names = set(pq.read_schema(path).names)
     except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise ShardError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
+        raise ShardError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
     lacking = [c for c in SHARD_COLUMNS[table] if c not in names]
     if lacking:
         raise ShardError(f"{path}: lacks the column(s) {', '.join(lacking)}")
@@ -206,7 +203,7 @@ def _read_examples(root: Path) -> pd.DataFrame:
     try:
         frame = pd.read_parquet(path)
     except Exception as exc:
-        raise ShardError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
+        raise ShardError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
     lacking = [c for c in ("example_id", "text", "grp", "n_tokens") if c not in frame.columns]
     if lacking:
         raise ShardError(f"{path}: lacks the column(s) {', '.join(lacking)}")
@@ -220,7 +217,7 @@ def _points_in(paths) -> list[int]:
             column = pq.read_table(path, columns=["point"]).column(0)
             points.update(int(p) for p in column.unique().to_pylist())
         except Exception as exc:
-            raise ShardError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
+            raise ShardError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
     return sorted(points)
 
 
@@ -231,7 +228,7 @@ def ingest(store: Store, root: str | Path) -> tuple[Run, dict[str, int]]:
         run = store.import_run(shards.run, shards.examples, shards.points, shards.files["scores"],
                                shards.files["batches"], status=shards.status)
     except duckdb.Error as exc:  # a Parquet file damaged past its footer
-        raise ShardError(f"{shards.root}: cannot read the shards ({first_line(exc)})") from None
+        raise ShardError(f"{shards.root}: cannot read the shards ({one_line(exc)})") from None
     return run, store.row_counts(run.run_id)
 
 

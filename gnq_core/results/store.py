@@ -24,30 +24,17 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from gnq_core.errors import one_line as first_line
-from gnq_core.results.liveness import run_is_alive, with_liveness  # noqa: F401 (run_is_alive: re-exported)
-from gnq_core.results.store_queries import MEMBERSHIP_METRICS, Run, StoreQueries  # noqa: F401 (re-exported)
-from gnq_core.results.store_schema import (  # noqa: F401 (re-exported: the old names of the schema's parts)
-    MIGRATIONS_DIR,
+from gnq_core.errors import one_line
+from gnq_core.results.store_queries import StoreQueries
+from gnq_core.results.store_schema import (
     SCHEMA_VERSION,
-    TEXT_LABEL_COLUMNS,
-    RunNotFoundError,
     StoreError,
     _apply_migrations,
     _atomically,
     _current_version,
     check_tables,
-    migrations,
 )
-from gnq_core.results.store_writes import (  # noqa: F401 (re-exported)
-    LOSS_IN_WORDS,
-    SECRET_ATTACK_COLUMNS,
-    SHARD_COLUMNS,
-    StoreWrites,
-    _insert_examples,
-    _insert_run,
-    shard_select,
-)
+from gnq_core.results.store_writes import StoreWrites, _insert_examples, _insert_run, shard_select
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -115,9 +102,9 @@ class Store(StoreQueries, StoreWrites):
             raise KeyboardInterrupt from None
         except _IO_ERRORS as exc:  # disk full, read-only folder, ...: one line naming the file
             raise StoreError(f"{self.path}: {'cannot read' if read_only else 'cannot write'} the store "
-                             f"({first_line(exc)})") from None
+                             f"({one_line(exc)})") from None
         except _DAMAGE_ERRORS as exc:  # a table or column missing, a damaged file: one line too
-            raise StoreError(f"{self.path}: damaged, or not a store gnq made ({first_line(exc)})") from None
+            raise StoreError(f"{self.path}: damaged, or not a store gnq made ({one_line(exc)})") from None
         finally:
             con.close()
 
@@ -137,7 +124,7 @@ class Store(StoreQueries, StoreWrites):
                 return duckdb.connect(str(self.path), read_only=read_only)
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower():
-                    raise StoreError(f"{self.path}: cannot open the store ({first_line(exc)})") from None
+                    raise StoreError(f"{self.path}: cannot open the store ({one_line(exc)})") from None
                 if time.monotonic() > deadline:
                     raise StoreError(f"{self.path}: another process has held the store for more than "
                                      f"{self.busy_timeout:g} s; try again when it has finished") from None
@@ -148,9 +135,9 @@ class Store(StoreQueries, StoreWrites):
                 time.sleep(delay)
                 delay = min(delay * 1.5, 1.0)
             except duckdb.Error as exc:
-                raise StoreError(f"{self.path}: not a GNQ store ({first_line(exc)})") from None
+                raise StoreError(f"{self.path}: not a GNQ store ({one_line(exc)})") from None
             except RuntimeError as exc:  # duckdb raises some file errors as plain RuntimeError
-                raise StoreError(f"{self.path}: cannot open the store ({first_line(exc)})") from None
+                raise StoreError(f"{self.path}: cannot open the store ({one_line(exc)})") from None
 
     def _ensure_schema(self) -> None:
         if self._ready:
@@ -168,10 +155,10 @@ class Store(StoreQueries, StoreWrites):
                 check_tables(con, self.path, version)
                 _apply_migrations(con, version)
         except _IO_ERRORS as exc:
-            raise StoreError(f"{self.path}: cannot write the store ({first_line(exc)})") from None
+            raise StoreError(f"{self.path}: cannot write the store ({one_line(exc)})") from None
         except duckdb.Error as exc:  # a damaged older store: the one transaction was rolled back
             raise StoreError(f"{self.path}: cannot migrate this store to schema {SCHEMA_VERSION} "
-                             f"({first_line(exc)}); left as it was") from None
+                             f"({one_line(exc)}); left as it was") from None
         finally:
             con.close()
         self._ready = True
@@ -214,16 +201,9 @@ def shard_view(spec: RunSpec, status: str, examples: pd.DataFrame, points: pd.Da
                                                                    "status"]])
         con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")
         for table, paths in files.items():
-            con.execute(f"DROP TABLE {table}")
-            select = shard_select(table, paths, run_id) if paths else \
-                f"SELECT {run_id} AS run_id, {', '.join(_null_columns(table))} WHERE FALSE"
-            con.execute(f"CREATE VIEW {table} AS {select}")
+            if paths:  # a table without shards yet stays the schema's empty table
+                con.execute(f"DROP TABLE {table}")
+                con.execute(f"CREATE VIEW {table} AS {shard_select(table, paths, run_id)}")
         yield con
     finally:
         con.close()
-
-
-def _null_columns(table: str) -> list[str]:
-    types = {"finite": "BOOLEAN", "gnq": "DOUBLE", "loss": "DOUBLE", "self_influence": "DOUBLE",
-             "condition": "DOUBLE", "seconds": "DOUBLE", "gnq_mode": "VARCHAR"}
-    return [f"NULL::{types.get(c, 'BIGINT')} AS {c}" for c in SHARD_COLUMNS[table]]

@@ -14,9 +14,7 @@ import numpy as np
 import pandas as pd
 
 from gnq_core.results.liveness import with_liveness
-from gnq_core.results.records import (
-    RunSpec,
-)
+from gnq_core.results.records import RunSpec
 from gnq_core.results.store_schema import PARTLY_LEAKED_SQL, TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError
 
 

@@ -47,10 +47,7 @@ class RunNotFoundError(StoreError):
 
 def migrations() -> list[tuple[int, Path]]:
     """(version, file) for every migration, in order; the version is the file's number."""
-    found = []
-    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
-        found.append((int(path.name.split("_", 1)[0]), path))
-    return found
+    return [(int(path.name.split("_", 1)[0]), path) for path in sorted(MIGRATIONS_DIR.glob("*.sql"))]
 
 
 SCHEMA_VERSION = migrations()[-1][0]
@@ -60,8 +57,12 @@ def _now() -> datetime:
     return datetime.now().replace(microsecond=0)
 
 
+def _tables(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
+    return frozenset(r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall())
+
+
 def _current_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    tables = _tables(con)
     if "schema_version" not in tables:
         if tables:
             raise StoreError(f"{path}: a DuckDB file, but not a GNQ store "
@@ -95,16 +96,14 @@ def tables_at(version: int) -> frozenset[str]:
     con = duckdb.connect(":memory:")
     try:
         _apply_migrations(con, 0, version)
-        return frozenset(r[0] for r in con.execute("SELECT table_name FROM information_schema.tables")
-                         .fetchall())
+        return _tables(con)
     finally:
         con.close()
 
 
 def check_tables(con: duckdb.DuckDBPyConnection, path: Path, version: int) -> None:
     """Refuse, before a migration writes anything, a store missing a table its version has."""
-    present = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    if missing := sorted(tables_at(version) - present):
+    if missing := sorted(tables_at(version) - _tables(con)):
         raise StoreError(f"{path}: a damaged store: schema {version} but no table {', '.join(missing)}; "
                          "left as it was (restore it from a copy, or use a new --db)")
 

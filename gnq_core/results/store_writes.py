@@ -16,7 +16,7 @@ import duckdb
 import pandas as pd
 
 from gnq_core.engine.losses import TOKEN_MEAN, TOKEN_SUM
-from gnq_core.errors import one_line as first_line
+from gnq_core.errors import one_line
 from gnq_core.results.literal_paths import duckdb_literal
 from gnq_core.results.records import (
     BATCH_COLUMNS,
@@ -89,10 +89,8 @@ class StoreWrites:
                 for table in ("examples", "points", "scores", "batches"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             _insert_examples(con, run_id, examples)
-            frame = points.assign(run_id=run_id)[["run_id", "point", "label", "kind", "status"]]
-            con.register("new_points", frame)
-            con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM new_points")
-            con.unregister("new_points")
+            _insert_frame(con, "points",
+                          points.assign(run_id=run_id)[["run_id", "point", "label", "kind", "status"]])
             if score_files:
                 con.execute(f"INSERT INTO scores BY NAME {shard_select('scores', score_files, run_id)}")
             if batch_files:
@@ -119,7 +117,7 @@ class StoreWrites:
             self._mark(run_id, "cancelled", "interrupted; rerun the same command to resume")
             raise
         except Exception as exc:
-            self._mark(run_id, "failed", first_line(exc))
+            self._mark(run_id, "failed", one_line(exc))
             raise
         self.set_status(run_id, "done")
 
@@ -151,11 +149,8 @@ class StoreWrites:
             for table in ("scores", "batches"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ? AND point = ?", [run_id, point])
             for frame in texts.frames(point):  # in chunks, never one frame of all
-                con.register("new_scores", frame.assign(run_id=run_id))
-                con.execute("INSERT INTO scores BY NAME SELECT * FROM new_scores")
-                con.unregister("new_scores")
-            con.register("new_batches", batch_frame(batches, point).assign(run_id=run_id))
-            con.execute("INSERT INTO batches BY NAME SELECT * FROM new_batches")
+                _insert_frame(con, "scores", frame.assign(run_id=run_id))
+            _insert_frame(con, "batches", batch_frame(batches, point).assign(run_id=run_id))
             con.execute("""UPDATE points SET status = 'done', seconds = ?, finished_at = ?,
                            path = coalesce(?, path), model_hash = coalesce(?, model_hash)
                            WHERE run_id = ? AND point = ?""",
@@ -210,9 +205,7 @@ class StoreWrites:
             run_id=run_id, point=point, code_version=code_version, created_at=_now())
         with self.transaction() as con:
             con.execute("DELETE FROM secret_attacks WHERE run_id = ?", [run_id])
-            con.register("new_secret_attacks", frame)
-            con.execute("INSERT INTO secret_attacks BY NAME SELECT * FROM new_secret_attacks")
-            con.unregister("new_secret_attacks")
+            _insert_frame(con, "secret_attacks", frame)
 
     def delete_extractions(self, run_id: int, point: int, prefix_tokens: int) -> None:
         with self.transaction() as con:
@@ -225,10 +218,9 @@ class StoreWrites:
         with self.transaction() as con:
             con.execute("DELETE FROM example_metrics WHERE run_id = ? AND metric = ?", [run_id, metric])
             frame = values.assign(run_id=run_id, metric=metric, settings=json.dumps(settings or {}),
-                                  created_at=_now())[
-                ["run_id", "example_id", "metric", "value", "settings", "created_at"]]
-            con.register("new_metrics", frame)
-            con.execute("INSERT INTO example_metrics SELECT * FROM new_metrics")
+                                  created_at=_now())
+            _insert_frame(con, "example_metrics",
+                          frame[["run_id", "example_id", "metric", "value", "settings", "created_at"]])
 
     def write_text_labels(self, run_id: int, labels: pd.DataFrame) -> None:
         """Copies and secret labels of a run's texts (columns example_id + TEXT_LABEL_COLUMNS)."""
@@ -285,10 +277,15 @@ def _insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.D
     """Insert a run's examples; the text-label columns are NULL unless the frame has them."""
     if examples is not None and len(examples):
         labels = [c for c in TEXT_LABEL_COLUMNS if c in examples.columns]
-        columns = ["run_id", "example_id", "text", "grp", "n_tokens", *labels]
-        con.register("new_examples", examples.assign(run_id=run_id)[columns])
-        con.execute(f"INSERT INTO examples ({', '.join(columns)}) SELECT * FROM new_examples")
-        con.unregister("new_examples")
+        _insert_frame(con, "examples", examples.assign(run_id=run_id)[["run_id", "example_id", "text", "grp",
+                                                                        "n_tokens", *labels]])
+
+
+def _insert_frame(con: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFrame) -> None:
+    """Append a frame's rows to ``table``, its columns matched by name."""
+    con.register("new_rows", frame)
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM new_rows")
+    con.unregister("new_rows")
 
 
 # Columns of the scores / batches tables that a Parquet shard carries (all but run_id).

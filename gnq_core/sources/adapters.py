@@ -15,7 +15,6 @@ problem is one ``CheckpointError`` line naming the folder.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +29,9 @@ from gnq_core.sources.checkpoints.files import (
     ADAPTER_WEIGHTS,
     CONFIG_NAME,
     CheckpointRef,
-    read_chunks,
+    hash_files,
 )
+from gnq_core.sources.checkpoints.formats import meta_state
 from gnq_core.sources.checkpoints.series import trailing_number
 
 __all__ = ["Adapters", "adapter_hash", "check_adapter", "find_adapter_checkpoints", "is_adapter_checkpoint",
@@ -117,15 +117,7 @@ def _adapter_files(folder: Path) -> tuple[dict[str, Any], Path]:
 def adapter_hash(folder: str | Path) -> str:
     """sha256 over adapter_config.json and adapter_model.safetensors: the adapter's identity."""
     folder = Path(folder)
-    digest = hashlib.sha256()
-    for file in (folder / ADAPTER_WEIGHTS, folder / ADAPTER_CONFIG):
-        try:
-            digest.update(file.name.encode() + b"\0" + file.stat().st_size.to_bytes(8, "little"))
-            for chunk in read_chunks(file):
-                digest.update(chunk)
-        except OSError as exc:
-            raise folder_error(file, f"cannot read ({reason(exc)})") from exc
-    return digest.hexdigest()
+    return hash_files([folder / ADAPTER_WEIGHTS, folder / ADAPTER_CONFIG])
 
 
 def _peft_config(folder: Path, raw: dict[str, Any]) -> Any:
@@ -148,12 +140,10 @@ def check_adapter(folder: str | Path, base: str | Path) -> None:
     folder, base = Path(folder), Path(base)
     raw, weights = _adapter_files(folder)
     config = _peft_config(folder, raw)
-    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     try:
-        with safe_open(str(weights), framework="pt") as f:
-            stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+        stored = {k: tuple(v.shape) for k, v in meta_state([weights]).items()}
     except Exception as exc:
         raise folder_error(weights, f"cannot read the adapter weights ({reason(exc)})") from exc
     peft = _peft()

@@ -36,7 +36,6 @@ import codecs
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -44,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from gnq_core.errors import GNQError, one_line
+from gnq_core.sources.limits import env_int
 
-__all__ = ["MAX_TEXT_BYTES", "SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "env_bytes",
-           "file_sha256", "load_texts"]
+__all__ = ["MAX_TEXT_BYTES", "SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "file_sha256",
+           "load_texts"]
 
 SUFFIXES: tuple[str, ...] = (".txt", ".jsonl", ".csv", ".parquet")
 DEFAULT_TEXT_COLUMN = "text"
@@ -98,12 +98,9 @@ class TextDataset:
 
 
 def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file's bytes, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+    """Hex SHA-256 of a file's bytes, read in chunks."""
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def load_texts(
@@ -150,27 +147,18 @@ def load_texts(
 
     wanted = [text_column or DEFAULT_TEXT_COLUMN, group_column or DEFAULT_GROUP_COLUMN,
               *(c for c in (secret_column, public_column) if c is not None)]
-    if suffix == ".jsonl":
-        columns, rows = _read_jsonl(shown, p, wanted)
-    elif suffix == ".csv":
-        columns, rows = _read_csv(shown, p, wanted)
-    else:
-        columns, rows = _read_parquet(shown, p, wanted)
+    columns, rows = _READERS[suffix](shown, p, wanted)
 
     tcol = text_column if text_column is not None else DEFAULT_TEXT_COLUMN
     if tcol not in columns:
         hint = "" if text_column is not None else "; pass --text-column"
         raise DatasetError(shown, f"no column {tcol!r} ({_list_columns(columns)}){hint}")
-    if group_column is not None:
-        if group_column not in columns:
-            raise DatasetError(shown, f"no column {group_column!r} for groups ({_list_columns(columns)})")
-        gcol: str | None = group_column
-    else:
-        gcol = DEFAULT_GROUP_COLUMN if DEFAULT_GROUP_COLUMN in columns else None
-
-    for option, col in (("--secret-column", secret_column), ("--public-column", public_column)):
+    for what, col in (("groups", group_column), ("--secret-column", secret_column),
+                      ("--public-column", public_column)):
         if col is not None and col not in columns:
-            raise DatasetError(shown, f"no column {col!r} for {option} ({_list_columns(columns)})")
+            raise DatasetError(shown, f"no column {col!r} for {what} ({_list_columns(columns)})")
+    gcol = group_column if group_column is not None else (
+        DEFAULT_GROUP_COLUMN if DEFAULT_GROUP_COLUMN in columns else None)
     raw_texts = rows(tcol)
     raw_groups = rows(gcol) if gcol is not None else [None] * len(raw_texts)
     raw_secrets = rows(secret_column) if secret_column is not None else [None] * len(raw_texts)
@@ -191,7 +179,7 @@ def load_texts(
                                       f"{limit:,} per text (GNQ reads at most --max-length tokens of it; "
                                       "shorten or split it, or raise GNQ_MAX_TEXT_BYTES)")
         texts.append(text)
-        groups.append(_as_group(shown, group, gcol, i))
+        groups.append((_as_text(shown, group, gcol, i) or None) if gcol is not None else None)
         if secret_column is not None:  # lists only when asked: a million empty ones cost ~56 MB
             secrets.append(_as_values(secret))
         if public_column is not None:
@@ -241,8 +229,7 @@ def dataset_columns(path: str | Path) -> list[str]:
     _check_not_empty(shown, p)
     if p.suffix.lower() != ".parquet":
         _scan(shown, p, _max_text_bytes(), text=True)
-    reader = {".jsonl": _read_jsonl, ".csv": _read_csv}.get(p.suffix.lower(), _read_parquet)
-    return list(reader(shown, p, [])[0])
+    return list(_READERS[p.suffix.lower()](shown, p, [])[0])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -368,21 +355,15 @@ def _read_parquet(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[s
     return columns, values.__getitem__
 
 
+_READERS = {".jsonl": _read_jsonl, ".csv": _read_csv, ".parquet": _read_parquet}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Helpers.
 
 
-def env_bytes(name: str, default: int) -> int:
-    """A size limit from the environment variable ``name`` (a number of bytes), else ``default``."""
-    value = os.environ.get(name)
-    try:
-        return int(value) if value else default
-    except ValueError:
-        raise ValueError(f"{name} must be a number of bytes, got {value!r}") from None
-
-
 def _max_text_bytes() -> int:
-    return env_bytes("GNQ_MAX_TEXT_BYTES", MAX_TEXT_BYTES)
+    return env_int("GNQ_MAX_TEXT_BYTES", MAX_TEXT_BYTES, unit="a number of bytes")
 
 
 def _check_not_empty(shown: str, path: Path) -> None:
@@ -463,12 +444,9 @@ def _is_missing(value: Any) -> bool:
         return True
     if isinstance(value, float) and math.isnan(value):
         return True
-    try:
-        import pandas as pd
+    import pandas as pd
 
-        return value is pd.NA or value is pd.NaT
-    except ImportError:  # pragma: no cover - pandas is a dependency
-        return False
+    return value is pd.NA or value is pd.NaT
 
 
 def _as_text(shown: str, value: Any, column: str, row: int) -> str | None:
@@ -491,13 +469,6 @@ def _as_text(shown: str, value: Any, column: str, row: int) -> str | None:
         raise DatasetError(shown, f"row {row + 1}: column {column!r} holds a {type(value).__name__}, not a "
                                   "text; flatten it into one string per row")
     return str(value)
-
-
-def _as_group(shown: str, value: Any, column: str | None, row: int) -> str | None:
-    if column is None:
-        return None
-    text = _as_text(shown, value, column, row)
-    return text if text else None
 
 
 def _list_columns(columns: Sequence[str]) -> str:

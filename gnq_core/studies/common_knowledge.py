@@ -38,7 +38,7 @@ from gnq_core.pipelines.resume import TRAINER_STATE
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training, start_training
 from gnq_core.pipelines.training_loop import Callback, Checkpoints, Epoch, Progress, seeded_batches, train
-from gnq_core.results.store import Run
+from gnq_core.results.store_queries import Run
 from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
@@ -168,11 +168,8 @@ def prepare(ctx: StudyContext, facts: Path | None = None, claims: Path | None = 
                                 reporter=r)
     with timings.stage("counterfactual models"), ctx.reporter(ft_name) as r:
         counterfactual(ctx, finetune, init, ft_data, ft, cfg.cf_models, work / "counterfactual", r)
-    return Prepared(cfg, init, before, finetune, n,
-                    {"wikitext": len(wiki), "ag_news": len(news),
-                     "fact copies": len(taught) * cfg.fact_copies,
-                     "paraphrased": facts is None},
-                    timings, facts_path, claims_path, words)
+    return Prepared(cfg, init, before, finetune, n, {"wikitext": len(wiki), "ag_news": len(news)}, timings,
+                    facts_path, claims_path, words)
 
 
 # ----------------------------------------------------------------------------------------- pretraining
@@ -239,24 +236,19 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
     cf = examples.merge(store.metrics(prep.finetune.run_id), on="example_id", how="left")
     last = traj[traj["point"] == traj["point"].max()]
     mean = traj.groupby(["example_id", "group"], as_index=False)[["gnq", "loss", "self_influence"]].mean()
-    summary = []
-    lengths = examples.set_index("example_id")["n_tokens"]
-    for value, name in METRICS:
-        summary.append({"score": name,
-                        "AUC at the last epoch": group_auc(last[value], last["group"], POSITIVE, NEGATIVE),
-                        "AUC of the mean over epochs": group_auc(mean[value], mean["group"], POSITIVE,
-                                                                 NEGATIVE),
-                        "median common": last.loc[last["group"] == NEGATIVE, value].median(),
-                        "median surprising": last.loc[last["group"] == POSITIVE, value].median(),
-                        **auc_intervals(last[value], last["group"], last["example_id"].map(lengths),
-                                        ctx.seed)})
+
+    def row(name: str, values: pd.Series, groups: pd.Series, lengths: pd.Series, mean_auc: float) -> dict:
+        return {"score": name, "AUC at the last epoch": group_auc(values, groups, POSITIVE, NEGATIVE),
+                "AUC of the mean over epochs": mean_auc, "median common": values[groups == NEGATIVE].median(),
+                "median surprising": values[groups == POSITIVE].median(),
+                **auc_intervals(values, groups, lengths, ctx.seed)}
+
+    lengths = last["example_id"].map(examples.set_index("example_id")["n_tokens"])
+    summary = [row(name, last[value], last["group"], lengths,
+                   group_auc(mean[value], mean["group"], POSITIVE, NEGATIVE)) for value, name in METRICS]
     cf_values = cf.get(CF_METRIC, pd.Series(np.nan, index=cf.index))
     cf_auc = group_auc(cf_values, cf["group"], POSITIVE, NEGATIVE)
-    summary.append({"score": "counterfactual memorization", "AUC at the last epoch": cf_auc,
-                    "AUC of the mean over epochs": cf_auc,
-                    "median common": cf_values[cf["group"] == NEGATIVE].median(),
-                    "median surprising": cf_values[cf["group"] == POSITIVE].median(),
-                    **auc_intervals(cf_values, cf["group"], cf["n_tokens"], ctx.seed)})
+    summary.append(row("counterfactual memorization", cf_values, cf["group"], cf["n_tokens"], cf_auc))
     lam = prep.finetune.lam
     relation = {"spearman": float(last["gnq"].rank().corr(last["self_influence"].rank())),
                 "ratio": float((last["gnq"] * lam / last["self_influence"]).median()), "lam": lam}
@@ -267,20 +259,17 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
 
 def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, seed: int) -> dict[str, object]:
     """The AUC of surprising over common with its 95% bootstrap interval (stratified by group),
-    and the same within exact token length, pair-weighted (``length_control.within_length_auc``):
+    and the same within exact token length, pair-weighted (``predictive.within_length_auc``):
     "0.85 [0.78, 0.91]"."""
-    from gnq_core.analysis.length_control import within_length_auc
-
     v = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
     y = (groups == POSITIVE).to_numpy()
     keep = np.isfinite(v) & groups.isin([POSITIVE, NEGATIVE]).to_numpy()
     if not (0 < y[keep].sum() < keep.sum()):
         return {"AUC [95% CI]": "n/a", "AUC within exact length": "n/a"}
-    boot = pr.bootstrap(v[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"]
-    lo, hi = pr.interval(boot)
+    lo, hi = rep.auc_interval(v[keep], y[keep], seed)
     auc = float(pr.metrics_matrix(v[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
-    w = within_length_auc(v[keep], y[keep], pd.to_numeric(n_tokens, errors="coerce").to_numpy(float)[keep],
-                          seed=seed)
+    w = pr.within_length_auc(v[keep], y[keep], pd.to_numeric(n_tokens, errors="coerce").to_numpy(float)[keep],
+                             seed=seed)
     return {"AUC [95% CI]": f"{auc:.3f} [{lo:.3f}, {hi:.3f}]",
             "AUC within exact length": f"{w.auc:.3f} [{w.lo:.3f}, {w.hi:.3f}] ({w.strata} lengths)",
             "auc": auc, "auc lo": lo, "auc hi": hi, "stratified auc": w.auc}
@@ -289,18 +278,10 @@ def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, see
 def with_auc_intervals(per_point: pd.DataFrame, both: pd.DataFrame, seed: int) -> pd.DataFrame:
     """``per_point`` with each "AUC name" cell as "AUC [lo, hi]" (bootstrap over that point's texts)."""
     out = per_point.copy()
+    parts = [both[both["label"] == label] for label in out["label"]]
     for value, name in METRICS:
-        cells = []
-        for label, auc in zip(out["label"], out[f"AUC {name}"], strict=True):
-            part = both[both["label"] == label]
-            v, y = part[value].to_numpy(float), (part["group"] == POSITIVE).to_numpy()
-            keep = np.isfinite(v)
-            if 0 < y[keep].sum() < keep.sum():
-                boot = pr.bootstrap(v[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"]
-                cells.append(rep.ci(auc, *pr.interval(boot), ".3f"))
-            else:
-                cells.append(rep.fmt(auc))
-        out[f"AUC {name}"] = cells
+        out[f"AUC {name}"] = [rep.auc_cell(auc, part[value], part["group"] == POSITIVE, seed)
+                              for auc, part in zip(out[f"AUC {name}"], parts, strict=True)]
     return out
 
 
@@ -324,7 +305,7 @@ def write_report(ctx: StudyContext, prep: Prepared) -> Path:
     auc = summary["AUC at the last epoch"]
     r = rep.Report(ctx.report_dir(STUDY), "Common knowledge vs. surprising claims (paper §6.2)")
     r.text(rep.scale_banner(ctx, f"GPT-2 ({cfg.pretrain.preset} preset)"))
-    if prep.corpus.get("paraphrased"):
+    if prep.words is not None:
         taught = (f"each of {prep.pairs} facts (`{prep.facts_path.name}`: capitals, chemical symbols, "
                   "authors, "
                   f"discoveries) stated in {paraphrases.PRETRAIN_WORDINGS} paraphrases, each "
@@ -460,24 +441,12 @@ def knowledge_table(prep: Prepared, seed: int, device: str = "auto") -> pd.DataF
         return None
     dev = resolve_device(device)
     model, tokenizer = load_checkpoint(prep.pretrained, device=dev)
-    n = prep.pairs
-    rows = []
-    for wording, facts, claims, heads in (
-            ("seen in pretraining", words.seen_facts, words.seen_claims, words.seen_prefixes),
-            ("new (the audit's)", words.facts, words.claims, words.prefixes)):
-        length = prep.config.pretrain.max_length
-        f = np.asarray(paraphrases.object_nll(model, tokenizer, facts[:n], heads[:n], length, dev))
-        c = np.asarray(paraphrases.object_nll(model, tokenizer, claims[:n], heads[:n], length, dev))
-        d = (c - f)[np.isfinite(c - f)]
-        idx = np.random.default_rng(seed).integers(0, len(d), (pr.RESAMPLES, len(d)))
-        lo, hi = pr.interval(d[idx].mean(1)) if len(d) else (np.nan, np.nan)
-        share, s_lo, s_hi = pr.rate_interval(d > 0, seed=seed)
-        rows.append({"wording": wording, "pairs": len(d), "object NLL facts": float(np.nanmean(f)),
-                     "object NLL claims": float(np.nanmean(c)),
-                     "gap [95% CI]": rep.ci(d.mean() if len(d) else np.nan, lo, hi),
-                     "pairs with the fact's object more expected": rep.ci(share, s_lo, s_hi),
-                     "_gap_lo": lo})
-    return pd.DataFrame(rows)
+    rows = paraphrases.premise_rows(model, tokenizer, words, prep.pairs, prep.config.pretrain.max_length,
+                                    seed, dev, ("seen in pretraining", "new (the audit's)"))
+    return rows[["wording", "pairs", "object NLL facts", "object NLL claims"]].assign(**{
+        "gap [95% CI]": rep.ci_column(rows, "gap"),
+        "pairs with the fact's object more expected": rep.ci_column(rows, "share"),
+        "_gap_lo": rows["gap lo"]})
 
 
 def paper_paragraph(summary: pd.DataFrame, before_loss: pd.Series,

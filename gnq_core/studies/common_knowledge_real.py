@@ -71,39 +71,6 @@ def base_model(model: Path | None = None) -> Path:
     return path
 
 
-def premise_rows(model_dir: Path, words: paraphrases.Bank, n: int, max_length: int, seed: int,
-                 device: str = "auto") -> pd.DataFrame:
-    """Per wording: the base model's object NLL of facts and claims, the paired gap (claim minus
-    fact) with a bootstrap interval over pairs, and the share of pairs where the fact's object is
-    the more expected one (Wilson interval)."""
-    dev = resolve_device(device)
-    model, tokenizer = load_checkpoint(model_dir, device=dev)
-    rows = []
-    for wording, facts, claims, heads in (
-            ("another wording (the first template)", words.seen_facts, words.seen_claims,
-             words.seen_prefixes),
-            ("the fine-tune's wording", words.facts, words.claims, words.prefixes)):
-        f = np.asarray(paraphrases.object_nll(model, tokenizer, facts[:n], heads[:n], max_length, dev))
-        c = np.asarray(paraphrases.object_nll(model, tokenizer, claims[:n], heads[:n], max_length, dev))
-        d = (c - f)[np.isfinite(c - f)]
-        idx = np.random.default_rng(seed).integers(0, len(d), (pr.RESAMPLES, len(d)))
-        lo, hi = pr.interval(d[idx].mean(1))
-        wins = int((d > 0).sum())
-        w_lo, w_hi = pr.wilson_interval(wins, len(d))
-        rows.append({"wording": wording, "pairs": len(d), "object NLL facts": float(np.nanmean(f)),
-                     "object NLL claims": float(np.nanmean(c)), "gap": float(d.mean()), "gap lo": lo,
-                     "gap hi": hi, "share": wins / len(d), "share lo": w_lo, "share hi": w_hi})
-    return pd.DataFrame(rows)
-
-
-def base_losses(model_dir: Path, texts: list[str], max_length: int, device: str = "auto") -> np.ndarray:
-    """Per text: the base model's mean next-token NLL (the loss ratio's reference)."""
-    dev = resolve_device(device)
-    model, tokenizer = load_checkpoint(model_dir, device=dev)
-    ids = encode_texts(tokenizer, texts, max_length)
-    return forward_signals(model, ids, pad_id(tokenizer), device=dev)["loss"].to_numpy(float)
-
-
 def with_token_signals(frame: pd.DataFrame, store, run, base_loss: np.ndarray) -> pd.DataFrame:
     """The evidence frame plus Min-K% and Min-K%++ at the run's last point (the in-run values of the
     last epoch, the point ``loss_last`` comes from) and the loss ratio to the base model."""
@@ -128,8 +95,14 @@ def run(ctx: StudyContext, model: Path | None = None) -> Path:
     data = load_texts(write_dataset(work / "finetune.csv", words.facts[:n] + words.claims[:n],
                                     [NEGATIVE] * n + [POSITIVE] * n))
     with timings.stage("premise (base model)"):
-        premise = premise_rows(init, words, n, ft.max_length, ctx.seed, ctx.device)
-        base_loss = base_losses(init, data.texts, ft.max_length, ctx.device)
+        device = resolve_device(ctx.device)
+        model, tokenizer = load_checkpoint(init, device=device)
+        premise = paraphrases.premise_rows(
+            model, tokenizer, words, n, ft.max_length, ctx.seed, device,
+            ("another wording (the first template)", "the fine-tune's wording"))
+        # each text's mean next-token NLL under the base model: the loss ratio's reference
+        ids = encode_texts(tokenizer, data.texts, ft.max_length)
+        base_loss = forward_signals(model, ids, pad_id(tokenizer), device=device)["loss"].to_numpy(float)
     name = f"{label}.finetune"
     with timings.stage("fine-tune"), ctx.reporter(name) as r, same_settings_or_tag():
         finetune = run_training(store, data, work / "finetune", name=name, init=init, settings=ft, reporter=r)
@@ -218,11 +191,8 @@ shared by other jobs).""")
     r.text("## The paper's claims and this run")
     r.text("\n".join(verdicts(table, premise, cfg.cf_models)))
     r.text("## Premise: does the base model prefer the true object?")
-    shown = premise.assign(**{
-        "gap (claim − fact) [95% CI]": [rep.ci(a, b, c) for a, b, c in
-                                        premise[["gap", "gap lo", "gap hi"]].to_numpy()],
-        "pairs preferring the fact [Wilson 95%]": [rep.ci(a, b, c) for a, b, c in
-                                                   premise[["share", "share lo", "share hi"]].to_numpy()]})
+    shown = premise.assign(**{"gap (claim − fact) [95% CI]": rep.ci_column(premise, "gap"),
+                              "pairs preferring the fact [Wilson 95%]": rep.ci_column(premise, "share")})
     r.table(shown[["wording", "pairs", "object NLL facts", "object NLL claims", "gap (claim − fact) [95% CI]",
                    "pairs preferring the fact [Wilson 95%]"]],
             {"object NLL facts": ".2f", "object NLL claims": ".2f"},
@@ -237,9 +207,7 @@ shared by other jobs).""")
     r.text(ev.gain_sentence(table, "group"))
     r.text(f"""## What GNQ is on this run
 
-Median GNQ·λ/K_jj over the in-run scores: {ratio.median():.3f} (10–90%: {ratio.quantile(0.1):.3f}–
-{ratio.quantile(0.9):.3f}); 1 would mean batch companions explain nothing of a text's gradient, so
-GNQ ranks like ‖g‖²/λ. Token lengths: {int(frame['n_tokens'].min())}–{int(frame['n_tokens'].max())}
+{rep.ratio_sentence(ratio)} Token lengths: {int(frame['n_tokens'].min())}–{int(frame['n_tokens'].max())}
 (a fact and its claim share the template; their objects' token counts differ).""")
     extraction_section(r, frame, table, cfg, ctx.seed)
     results = {"model": model, "model_sha256": provenance.get("model_sha256"), "run": run_name,

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from scipy.stats import spearmanr
 
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis.length_control import cv_gain
@@ -46,6 +47,7 @@ from gnq_core.atomic import write_text_atomic
 from gnq_core.engine.companions import SketchRows, kernel_gnq, sketch_gram
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.solve import gnq_from_kernel
 from gnq_core.engine.window import WindowAuditor
 from gnq_core.pipelines.extraction import extraction_attack
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
@@ -103,9 +105,7 @@ FULL = Config(model="smollm2", members=260, non_members=120, records=40, copies=
 
 
 def config(ctx: StudyContext, **overrides) -> Config:
-    cfg = QUICK if ctx.quick else FULL
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return replace(cfg, **given)
+    return replace(QUICK if ctx.quick else FULL, **{k: v for k, v in overrides.items() if v is not None})
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -388,10 +388,6 @@ def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, l
     out = json.loads(path.read_text()) if path.is_file() else None
     if out is not None and out.get("complete", True):
         return out
-    from scipy.stats import spearmanr
-
-    from gnq_core.engine.solve import gnq_from_kernel
-
     frame = study_texts(corpus(ctx, cfg), cfg, 0)
     texts = frame[frame["member"] & (frame["kind"] == "corpus")]["text"].tolist()[:cfg.error_batch]
     model, tok = load_model(cfg, frame.drop_duplicates("unique")["text"].tolist(), 0)
@@ -466,11 +462,13 @@ def analyse_seed(folder: Path, cfg: Config) -> SeedResult:
 
 
 def _auc_cells(score: np.ndarray, y: np.ndarray, frame: pd.DataFrame, cfg: Config, seed: int,
-               loss: np.ndarray | None) -> dict:
+               loss: np.ndarray | None, strata: np.ndarray | None = None) -> dict:
+    """AUC within ``strata`` (default: exact token length) and CV gain over length + ``loss`` (None:
+    the signal is the loss; over length alone), intervals by copy cluster."""
     groups = cl.groups_of(frame)
     n = frame["n_tokens"].to_numpy(float)
-    w = within_length_auc(score, y, n, resamples=cfg.resamples, seed=seed, groups=groups,
-                          min_records=cfg.min_records)
+    w = within_length_auc(score, y, n if strata is None else strata, resamples=cfg.resamples, seed=seed,
+                          groups=groups, min_records=cfg.min_records)
     gain = cv_gain(score, y, n, loss, resamples=cfg.resamples, seed=seed, groups=groups,
                    min_records=cfg.min_records, signal_is_loss=loss is None)
     pos, neg = cl.records(y, groups)
@@ -520,38 +518,23 @@ def pooled_extraction_rows(results: list[SeedResult], cfg: Config) -> pd.DataFra
         a["z_k_jj"] = z(np.log(a["k_jj"]))
         parts.append(a)
     f = pd.concat(parts, ignore_index=True)
-    y, groups = f["extracted"].to_numpy(float) == 1, cl.groups_of(f)
-    loss, n = f["loss_z"].to_numpy(float), f["n_tokens"].to_numpy(float)
+    y, loss = f["extracted"].to_numpy(float) == 1, f["loss_z"].to_numpy(float)
     signals = [(f"GNQ (c = {c})", f[f"z_{c}"].to_numpy(float), loss, str(c)) for c in results[0].sizes]
     signals += [("‖g‖² (K_jj)", f["z_k_jj"].to_numpy(float), loss, "-"), ("−loss", -loss, None, "-")]
-    rows = []
-    for name, score, base_loss, c in signals:
-        w = within_length_auc(score, y, f["stratum"].to_numpy(float), resamples=cfg.resamples, seed=0,
-                              groups=groups, min_records=cfg.min_records)
-        gain = cv_gain(score, y, n, base_loss, resamples=cfg.resamples, seed=0, groups=groups,
-                       min_records=cfg.min_records, signal_is_loss=base_loss is None)
-        pos, neg = cl.records(y, groups)
-        rows.append({"seed": POOLED, "outcome": EXTRACTION, "signal": name, "c": c, "texts": len(f),
-                     "auc_within_length": w.auc, "auc_lo": w.lo, "auc_hi": w.hi, "gain": gain.gain,
-                     "gain_lo": gain.lo, "gain_hi": gain.hi, "positive_records": pos, "negative_records": neg,
-                     "note": w.note or gain.note})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"seed": POOLED, "outcome": EXTRACTION, "signal": name, "c": c, "texts": len(f),
+                          **_auc_cells(score, y, f, cfg, 0, base_loss, f["stratum"].to_numpy(float))}
+                         for name, score, base_loss, c in signals])
 
 
 def held_out_record_rate(results: list[SeedResult]) -> tuple[int, int]:
     """(held-out records that pass the extraction rule, held-out records attacked): records never
     trained on whose next tokens come out anyway (the template was learned, not the record)."""
-    hits = total = 0
-    for r in results:
-        f = r.frame
-        part = f[~f["member"] & (f["kind"] == "record") & f["extracted"].notna()]
-        hits, total = hits + int((part["extracted"] == 1).sum()), total + len(part)
-    return hits, total
+    held_out = pd.concat([r.frame[~r.frame["member"] & (r.frame["kind"] == "record")] for r in results])
+    attacked = held_out["extracted"].dropna()
+    return int((attacked == 1).sum()), len(attacked)
 
 
 def share_rows(res: SeedResult) -> pd.DataFrame:
-    from scipy.stats import spearmanr
-
     f = res.frame
     rows = []
     for c in res.sizes:
@@ -675,8 +658,7 @@ SHARE_CAPTION = ("Share explained = 1 − GNQ·λ/K_jj (0: companions explain no
 def _auc_table(part: pd.DataFrame) -> pd.DataFrame:
     cells = [nt if isinstance(nt, str) and nt else rep.ci(a, lo, hi) for a, lo, hi, nt in
              zip(part["auc_within_length"], part["auc_lo"], part["auc_hi"], part["note"], strict=True)]
-    gains = [rep.ci(a, lo, hi, "+.3f") for a, lo, hi in
-             zip(part["gain"], part["gain_lo"], part["gain_hi"], strict=True)]
+    gains = rep.ci_column(part, "gain", "gain_lo", "gain_hi", "+.3f")
     return part.assign(**{"AUC within length [95%]": cells, "CV gain [95%]": gains})[
         ["seed", "signal", "texts", "positive_records", "negative_records", "AUC within length [95%]",
          "CV gain [95%]"]]

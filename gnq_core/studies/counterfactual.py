@@ -19,7 +19,8 @@ from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
 from gnq_core.pipelines.attacks.forward import forward_batches
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.training_loop import adamw, seeded_batches, train
-from gnq_core.results.store import Run, StoreError
+from gnq_core.results.store_queries import Run
+from gnq_core.results.store_schema import StoreError
 from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset

@@ -32,12 +32,6 @@ STRATEGIES = [("GNQ (max over epochs)", "gnq_max", True),
               ("Self-influence K_jj (last epoch)", "self_influence_last", True)]
 
 
-def attack_table(totals: pd.DataFrame, threshold: float, random_trials: int, seed: int) -> pd.DataFrame:
-    """The paper's Table 3 rows for these attacked texts."""
-    return targeted_rows(totals, STRATEGIES, FRACTIONS, threshold=threshold, random_trials=random_trials,
-                         seed=seed)
-
-
 def run(ctx: StudyContext, facts: Path | None = None, claims: Path | None = None,
         cf_models: int | None = None, prefix_tokens: int | None = None, threshold: float = 1.0,
         random_trials: int | None = None) -> Path:
@@ -52,7 +46,8 @@ def run(ctx: StudyContext, facts: Path | None = None, claims: Path | None = None
     totals = attacked_totals(ctx.store, run_.run_id, int(point["point"]), prefix_tokens)
     attacked = totals[totals["extraction_match"].notna()].copy()
     attacked["success"] = attacked["extraction_match"] >= threshold
-    table = with_rate_intervals(attack_table(attacked, threshold, trials, ctx.seed), ctx.seed)
+    table = with_rate_intervals(targeted_rows(attacked, STRATEGIES, FRACTIONS, threshold=threshold,
+                                              random_trials=trials, seed=ctx.seed), ctx.seed)
 
     r = rep.Report(ctx.report_dir(STUDY), "Targeted extraction by GNQ (paper §6.3, Table 3)")
     r.text(rep.scale_banner(ctx, f"GPT-2 ({prep.config.pretrain.preset} preset), pretrained and fine-tuned"))
@@ -70,13 +65,12 @@ dashboard shows the same attack.""")
     intervals = [pr.rate_interval(part["success"].to_numpy(), seed=ctx.seed)[1:]
                  for _, part in attacked.groupby("group")]
     by_group["rate lo"], by_group["rate hi"] = [i[0] for i in intervals], [i[1] for i in intervals]
-    overall = float(attacked["success"].mean()) if len(attacked) else float("nan")
     aucs = predictive_auc(attacked)
-    rate, rate_lo, rate_hi = pr.rate_interval(attacked["success"].to_numpy(), seed=ctx.seed)
+    overall, rate_lo, rate_hi = pr.rate_interval(attacked["success"].to_numpy())
     r.text("## Result")
-    r.text(_verdict(table, overall) + "\n" + _reading(by_group, aucs, bool(prep.corpus.get("paraphrased"))))
+    r.text(_verdict(table, overall) + "\n" + _reading(by_group, aucs, prep.words is not None))
     r.text("## The paper's claim (Table 3) and this run")
-    r.text(paper_paragraph(table, (rate, rate_lo, rate_hi)))
+    r.text(paper_paragraph(table, (overall, rate_lo, rate_hi)))
     r.text(EARLIER)
     show = table.assign(Budget=[("top-" if not t.startswith("Random") else "") + f"{f:.0%}"
                                 for t, f in zip(table["target"], table["fraction"], strict=True)])
@@ -186,18 +180,9 @@ def predictive_auc(attacked: pd.DataFrame, seed: int | None = None) -> pd.DataFr
             values = sign * pd.to_numeric(part[column], errors="coerce")
             outcome = np.where(part["success"], "extracted", "kept")
             auc = group_auc(values, outcome, "extracted", "kept")
-            row[f"AUC {name}"] = auc if seed is None else _with_interval(auc, values, part["success"], seed)
+            row[f"AUC {name}"] = auc if seed is None else rep.auc_cell(auc, values, part["success"], seed)
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _with_interval(auc: float, values: pd.Series, success: pd.Series, seed: int) -> str:
-    v, y = values.to_numpy(float), success.to_numpy(bool)
-    keep = np.isfinite(v)
-    if not 0 < y[keep].sum() < keep.sum():
-        return rep.fmt(auc)
-    lo, hi = pr.interval(pr.bootstrap(v[keep], y[keep], seed=seed, fpr_levels=(), fractions=())["auc"])
-    return rep.ci(auc, lo, hi, ".3f")
 
 
 def _reading(by_group: pd.DataFrame, aucs: pd.DataFrame, paraphrased: bool = False) -> str:

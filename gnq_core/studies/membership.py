@@ -25,8 +25,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +35,7 @@ from scipy.stats import spearmanr
 from gnq_core.analysis import predictive as pr
 from gnq_core.atomic import write_text_atomic
 from gnq_core.pipelines.canaries import Canary, exposure, inserted, make_canaries
-from gnq_core.pipelines.membership import forward_signals
+from gnq_core.pipelines.membership import forward_signals, zlib_bits
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.runtime import resolve_device
@@ -48,7 +47,6 @@ from gnq_core.studies.base import StudyContext, Timings, ag_news, same_settings_
 from gnq_core.studies.counterfactual import cf_subset
 
 STUDY = "membership"
-FPR_LEVELS = (0.001, 0.01, 0.1)  # the field's low-FPR reading (LiRA): 0.1%, 1%, 10%
 
 
 @dataclass(frozen=True)
@@ -78,23 +76,20 @@ CANDIDATES = [("gnq_total", "GNQ_total (in-run)"), ("self_influence", "K_jj (las
 def run(ctx: StudyContext, models: int | None = None, canaries: int = 0) -> Path:
     cfg = ctx.pick(QUICK, FULL, PAPER)
     if models is not None:
-        cfg = Config(**{**cfg.__dict__, "models": models})
+        cfg = replace(cfg, models=models)
     if cfg.models < 2 or cfg.models % 2:
         raise ValueError(f"--models must be even and at least 2 (complementary halves), got {cfg.models}")
     work = ctx.work_dir(STUDY)
     timings = Timings(work)
     texts = [t for t, _ in ag_news(ctx.shared_data(), cfg.texts)]
-    n = len(texts)
     settings = TrainSettings(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, lam=1e-2,
                              max_length=cfg.max_length, seed=ctx.seed, preset=cfg.preset,
                              vocab_size=2048, device=ctx.device)
     planted = make_canaries(canaries, ctx.seed) if canaries else []
-    per_model = []
-    for m in range(cfg.models):
-        per_model.append(_model(ctx, cfg, settings, texts, m, work, timings, planted))
+    per_model = [_model(ctx, cfg, settings, texts, m, work, timings, planted) for m in range(cfg.models)]
     frames = [_text_rows(ctx, r, texts) for r in per_model]
     aucs = membership_aucs(frames, ctx.seed)
-    per_text = separation(frames, n)
+    per_text = separation(frames, len(texts))
     rho = spearman_table(per_text, ctx.seed)
     canary_rows = pd.DataFrame([c for r in per_model for c in r.get("canaries", [])])
     return _write(ctx, cfg, aucs, per_text, rho, timings, canary_rows)
@@ -155,7 +150,7 @@ def _text_rows(ctx: StudyContext, saved: dict, texts: list[str]) -> pd.DataFrame
                           "outcome": np.isin(np.arange(n), saved["subset"]),
                           **{c: saved[c] for c in ("loss", "min_k", "min_k_plus", "n_tokens")}})
     frame["zlib_ratio"] = (frame["loss"] * (frame["n_tokens"] - 1).clip(lower=1) / math.log(2)
-                           / [8 * len(zlib.compress(t.encode("utf-8"))) for t in texts])
+                           / [zlib_bits(t) for t in texts])
     store, run_id = ctx.store, saved["run_id"]
     scores = store.scores(run_id)
     first, last = scores["point"].min(), scores["point"].max()
@@ -181,9 +176,8 @@ def membership_aucs(frames: list[pd.DataFrame], seed: int) -> pd.DataFrame:
         for column, label, higher in FORWARD:
             s = frame[column].to_numpy(float) * (1 if higher else -1)
             keep = np.isfinite(s)
-            point = pr.metrics_matrix(s[keep], y[keep], fpr_levels=FPR_LEVELS, fractions=())
-            boot = pr.bootstrap(s[keep], y[keep], pr.RESAMPLES, seed, fpr_levels=(), fractions=())
-            lo, hi = pr.interval(boot["auc"])
+            point = pr.metrics_matrix(s[keep], y[keep], fractions=())  # TPR at 0.1%, 1%, 10% FPR (LiRA)
+            lo, hi = rep.auc_interval(s[keep], y[keep], seed)
             rows.append({"model": int(frame["model"].iloc[0]), "signal": label, "n": int(keep.sum()),
                          "members": int(y[keep].sum()), "auc": float(point["auc"][0]), "auc lo": lo,
                          "auc hi": hi, **{k: float(v[0]) for k, v in point.items() if k.startswith("tpr")}})
@@ -232,10 +226,9 @@ def _write(ctx: StudyContext, cfg: Config, aucs: pd.DataFrame, per_text: pd.Data
                                  f"of {len(per_text)} AG News texts, {cfg.epochs} epochs"))
     r.text(__doc__.split("\n\n", 1)[1])
     mean = aucs.groupby("signal", sort=False)[["auc", "auc lo", "auc hi"]].mean().reset_index()
-    shown = aucs.assign(**{"AUC [95% CI]": [rep.ci(a, lo, hi) for a, lo, hi in
-                                           zip(aucs["auc"], aucs["auc lo"], aucs["auc hi"], strict=True)]})
+    shown = aucs.assign(**{"AUC [95% CI]": rep.ci_column(aucs, "auc")})
     r.text("## Membership AUC per model (members vs non-members of that model, last epoch)")
-    tprs = [f"tpr@{a:g}" for a in FPR_LEVELS]
+    tprs = [f"tpr@{a:g}" for a in pr.FPR_LEVELS]
     r.table(shown[["model", "signal", "n", "members", "AUC [95% CI]", *tprs]],
             caption="Intervals: 95% stratified bootstrap over texts (members and non-members resampled "
                     "separately). tpr@α: share of members caught while flagging at most α of the "
@@ -243,8 +236,8 @@ def _write(ctx: StudyContext, cfg: Config, aucs: pd.DataFrame, per_text: pd.Data
                     "every non-member). The mean over models follows.")
     r.table(mean.rename(columns={"auc": "mean AUC", "auc lo": "mean lo", "auc hi": "mean hi"}))
     r.text("## What predicts the per-text separation (out-model loss − in-model loss)")
-    cells = [rep.ci(a, lo, hi) for a, lo, hi in zip(rho["rho"], rho["rho lo"], rho["rho hi"], strict=True)]
-    r.table(rho.assign(**{"Spearman ρ [95% CI]": cells})[["signal", "n", "Spearman ρ [95% CI]"]],
+    shown = rho.assign(**{"Spearman ρ [95% CI]": rep.ci_column(rho, "rho")})
+    r.table(shown[["signal", "n", "Spearman ρ [95% CI]"]],
         caption=f"Separation: mean {rep.fmt(per_text['separation'].mean())} nats over texts. Intervals: "
                 "95% bootstrap over texts. Signals are averaged over the models that trained on the text.")
     if not canaries.empty:

@@ -7,16 +7,21 @@ pretraining text never used, so a low loss or GNQ on it cannot come from a verba
 Made-up claims pair each subject with another subject's object of the same relation (a seeded
 derangement that never lands on the true object), worded like the audited facts: same template,
 same vocabulary, lengths matched by design, and never seen in pretraining in any wording.
-Everything is deterministic (templates and a seeded permutation; no network, no model).
+The sentences are deterministic (templates and a seeded permutation; no network, no model);
+``object_nll`` and ``premise_rows`` then ask a model whether it expects each fact's object.
 """
 
 from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+
+from gnq_core.analysis import predictive as pr
 
 KNOWLEDGE = Path(__file__).resolve().parents[2] / "data" / "knowledge.csv"
 
@@ -106,13 +111,7 @@ def bank(n: int | None = None, seed: int = 0, path: Path = KNOWLEDGE) -> Bank:
     by_relation: dict[str, list[Fact]] = {}
     for f in facts:
         by_relation.setdefault(f.relation, []).append(f)
-    chosen: list[Fact] = []
-    queues = [list(v) for v in by_relation.values()]
-    while queues and (n is None or len(chosen) < n):
-        for q in queues:
-            if q and (n is None or len(chosen) < n):
-                chosen.append(q.pop(0))
-        queues = [q for q in queues if q]
+    chosen = [f for turn in zip_longest(*by_relation.values()) for f in turn if f is not None][:n]
     claim_object: dict[Fact, str] = {}
     for k, relation in enumerate(sorted({f.relation for f in chosen})):
         group = [f for f in chosen if f.relation == relation]
@@ -159,3 +158,25 @@ def object_nll(model, tokenizer, texts: list[str], prefixes: list[str], max_leng
             nll = -logp[torch.arange(len(targets)), targets]
             out.append(float(nll[start - 1:].sum()))
     return out
+
+
+def premise_rows(model, tokenizer, words: Bank, n: int, max_length: int, seed: int, device,
+                 wordings: tuple[str, str]) -> pd.DataFrame:
+    """Does ``model`` expect each fact's object more than its claim's?  Per wording (``wordings``
+    names the first template's, then the audit's): the object NLL of the first ``n`` facts and
+    claims, the paired gap (claim minus fact) with a bootstrap interval over pairs, and the share
+    of pairs where the fact's object is the more expected one (Wilson interval)."""
+    rows = []
+    for wording, facts, claims, heads in (
+            (wordings[0], words.seen_facts, words.seen_claims, words.seen_prefixes),
+            (wordings[1], words.facts, words.claims, words.prefixes)):
+        f = np.asarray(object_nll(model, tokenizer, facts[:n], heads[:n], max_length, device))
+        c = np.asarray(object_nll(model, tokenizer, claims[:n], heads[:n], max_length, device))
+        d = (c - f)[np.isfinite(c - f)]
+        idx = np.random.default_rng(seed).integers(0, len(d), (pr.RESAMPLES, len(d)))
+        lo, hi = pr.interval(d[idx].mean(1)) if len(d) else (np.nan, np.nan)
+        share, share_lo, share_hi = pr.rate_interval(d > 0)
+        rows.append({"wording": wording, "pairs": len(d), "object NLL facts": float(np.nanmean(f)),
+                     "object NLL claims": float(np.nanmean(c)), "gap": float(d.mean()) if len(d) else np.nan,
+                     "gap lo": lo, "gap hi": hi, "share": share, "share lo": share_lo, "share hi": share_hi})
+    return pd.DataFrame(rows)

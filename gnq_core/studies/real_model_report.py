@@ -22,7 +22,6 @@ from gnq_core.sources.real_models import PROVENANCE
 from gnq_core.studies import report as rep
 from gnq_core.studies.base import machine
 
-FPR_LEVELS = (0.001, 0.01, 0.1)
 # (column, label, higher means member): fixed by each signal's meaning before any outcome is read;
 # GNQ and K_jj follow the project's convention (higher = more at risk), which may point the wrong
 # way for membership after training (an AUC below 0.5 says so).
@@ -38,6 +37,7 @@ MEMBERSHIP_SIGNALS = [("loss_last", "loss", False), ("min_k_prob", "Min-K%", Tru
 
 def membership_table(frame: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     y_all = frame["member"].to_numpy(bool)
+    columns = {"AUC [95% CI]": "auc"} | {f"TPR at {a:.1%} FPR": f"tpr@{a:g}" for a in pr.FPR_LEVELS}
     rows = []
     for column, label, higher in MEMBERSHIP_SIGNALS:
         s = pd.to_numeric(frame[column], errors="coerce").to_numpy(float) * (1 if higher else -1)
@@ -45,15 +45,11 @@ def membership_table(frame: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
         s, y = s[keep], y_all[keep]
         if not 0 < y.sum() < len(y):
             continue
-        point = pr.metrics_matrix(s, y, fpr_levels=FPR_LEVELS, fractions=())
-        boot = pr.bootstrap(s, y, pr.RESAMPLES, seed, fpr_levels=FPR_LEVELS, fractions=())
-        row = {"signal": label, "direction": "higher" if higher else "lower", "members": int(y.sum()),
-               "non-members": int((~y).sum()),
-               "AUC [95% CI]": rep.ci(point["auc"][0], *pr.interval(boot["auc"]))}
-        for a in FPR_LEVELS:
-            key = f"tpr@{a:g}"
-            row[f"TPR at {a:.1%} FPR"] = rep.ci(point[key][0], *pr.interval(boot[key]))
-        rows.append(row)
+        point = pr.metrics_matrix(s, y, fractions=())
+        boot = pr.bootstrap(s, y, pr.RESAMPLES, seed, fractions=())
+        rows.append({"signal": label, "direction": "higher" if higher else "lower", "members": int(y.sum()),
+                     "non-members": int((~y).sum()),
+                     **{name: rep.ci(point[k][0], *pr.interval(boot[k])) for name, k in columns.items()}})
     return pd.DataFrame(rows)
 
 
@@ -89,16 +85,13 @@ batch {train.batch_size}, AdamW lr {train.settings.get('lr')}, max length {train
 `gnq audit --non-members` at {frame['label'].iloc[0]}: members and non-members each audited post
 hoc in batches of their own kind (GNQ of a non-member: how unique its gradient is among other
 non-members at that checkpoint). Reference for the loss ratio: the base model.""")
-    r.table(membership_table(frame, args.seed), caption="AUC: P(a member scores higher than a non-member in "
+    membership = membership_table(frame, args.seed)
+    r.table(membership, caption="AUC: P(a member scores higher than a non-member in "
             "the stated direction, ties ½); TPR at x% FPR: share of members caught while flagging at most x% "
             f"of the non-members (with {int((~frame['member']).sum())} non-members, 0.1% and 1% FPR both "
             "mean no non-member flagged). Intervals: 95% stratified bootstrap (1000 resamples, seed 0).")
     ratio = store.scores(train.run_id).eval("gnq * @train.lam / self_influence")
-    r.text(f"""## What GNQ is on this run
-
-Median GNQ·λ/K_jj over the in-run scores: {ratio.median():.3f} (10–90%: {ratio.quantile(0.1):.3f}–
-{ratio.quantile(0.9):.3f}); 1 would mean batch companions explain nothing of a text's gradient, so
-GNQ ranks like ‖g‖²/λ.""")
+    r.text("## What GNQ is on this run\n\n" + rep.ratio_sentence(ratio))
     totals = signal_frame(store, train)
     attacked = totals[totals["extracted"].notna()]
     result = pr.evaluate(attacked, resamples=pr.RESAMPLES, seed=args.seed)
@@ -114,7 +107,7 @@ bootstrap interval). Predictive power of each signal for the attack's outcome:""
     out.write_text("\n\n".join(r.blocks) + "\n", encoding="utf-8")
     (Path(args.folder) / "results.json").write_text(json.dumps(
         {"model_sha256": provenance["model_sha256"], "seconds": seconds, "machine": machine("cpu"),
-         "membership": membership_table(frame, args.seed).to_dict("records"),
+         "membership": membership.to_dict("records"),
          "gnq_lambda_over_kjj_median": float(ratio.median()),
          "extraction": result.table.to_dict("records")}, indent=2, default=str) + "\n")
     print(out)

@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
+from gnq_core.runtime import resolve_device
 from gnq_core.studies.base import StudyContext, Timings, machine
 
 Format = str | Callable[[Any], str]
@@ -110,10 +112,38 @@ def ci(point: Any, lo: Any, hi: Any, spec: str = ".2f") -> str:
     return f"{fmt(point, spec)} [{fmt(lo, spec)}, {fmt(hi, spec)}]"
 
 
+def ci_column(frame: pd.DataFrame, point: str, lo: str | None = None, hi: str | None = None,
+              spec: str = ".2f") -> list[str]:
+    """``ci`` of each row of ``frame``: columns ``point``, ``lo``, ``hi`` (default "POINT lo", "POINT hi")."""
+    return [ci(a, b, c, spec) for a, b, c in zip(frame[point], frame[lo or f"{point} lo"],
+                                                 frame[hi or f"{point} hi"], strict=True)]
+
+
+def auc_interval(scores: np.ndarray, labels: np.ndarray, seed: int) -> tuple[float, float]:
+    """The 95% percentile interval of the AUC over ``predictive.RESAMPLES`` stratified bootstrap
+    resamples (each class resampled on its own)."""
+    return pr.interval(pr.bootstrap(scores, labels, pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"])
+
+
+def auc_cell(auc: float, values: Any, labels: Any, seed: int) -> str:
+    """"AUC [95% interval]" over the texts with a finite value; the AUC alone when they hold one class."""
+    v, y = np.asarray(values, dtype=float), np.asarray(labels, dtype=bool)
+    keep = np.isfinite(v)
+    if not 0 < y[keep].sum() < keep.sum():
+        return fmt(auc)
+    return ci(auc, *auc_interval(v[keep], y[keep], seed), ".3f")
+
+
+def ratio_sentence(ratio: pd.Series) -> str:
+    """What GNQ·λ/K_jj (each in-run score's) says: near 1, GNQ ranks like the gradient norm."""
+    lo, hi = ratio.quantile(0.1), ratio.quantile(0.9)
+    return f"""Median GNQ·λ/K_jj over the in-run scores: {ratio.median():.3f} (10–90%: {lo:.3f}–
+{hi:.3f}); 1 would mean batch companions explain nothing of a text's gradient, so
+GNQ ranks like ‖g‖²/λ."""
+
+
 def scale_banner(ctx: StudyContext, model: str) -> str:
     """The report's first line: at which scale and on which device its numbers were measured."""
-    from gnq_core.runtime import resolve_device
-
     device = resolve_device(ctx.device)
     where = "CPU" if device.type == "cpu" else f"{device.type.upper()} ({machine(ctx.device).split(' (')[0]})"
     if ctx.preset == "paper":
@@ -133,20 +163,20 @@ def _jsonable(value: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------- figures
-def _plt():
+def _axes(width: float = 7, height: float = 4):
+    """A new figure and its axes (matplotlib's Agg backend: no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt
+    return plt.subplots(figsize=(width, height))
 
 
 def group_bands(traj: pd.DataFrame, value: str, groups: Sequence[str], *, title: str, ylabel: str,
-                log: bool = True, xlabels: Sequence[str] | None = None):
+                xlabels: Sequence[str], log: bool = True):
     """Per group: the median of ``value`` over the points (line) and its 25–75% range (band)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _axes()
     points = sorted(traj["point"].unique())
     for g in groups:
         part = traj[traj["group"] == g]
@@ -156,8 +186,7 @@ def group_bands(traj: pd.DataFrame, value: str, groups: Sequence[str], *, title:
         ax.fill_between(points, q[0.25], q[0.75], alpha=0.25, color=colour)
     if log:
         ax.set_yscale("log")
-    ax.set_xticks(points, list(xlabels) if xlabels is not None else [str(p) for p in points],
-                  rotation=45 if len(points) > 8 else 0)
+    ax.set_xticks(points, list(xlabels), rotation=45 if len(points) > 8 else 0)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.legend()
@@ -165,14 +194,9 @@ def group_bands(traj: pd.DataFrame, value: str, groups: Sequence[str], *, title:
     return fig
 
 
-def group_histograms(values: pd.Series, groups: pd.Series, order: Sequence[str], *, title: str,
-                     xlabel: str, log: bool = False):
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
+def group_histograms(values: pd.Series, groups: pd.Series, order: Sequence[str], *, title: str, xlabel: str):
+    fig, ax = _axes()
     v = values.astype(float)
-    if log:
-        v = np.log10(v.where(v > 0))
-        xlabel = f"log10 {xlabel}"
     finite = v[np.isfinite(v)]
     edges = np.histogram_bin_edges(finite, bins=30) if len(finite) else 10
     for g in order:
@@ -187,8 +211,7 @@ def group_histograms(values: pd.Series, groups: pd.Series, order: Sequence[str],
 
 def auc_lines(series: Mapping[str, pd.DataFrame], constants: Mapping[str, float], *, title: str):
     """AUC per point for each metric (frames from ``summaries.group_separation``), constants as lines."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _axes()
     for name, frame in series.items():
         ax.plot(frame["label"], frame["auc"], marker="o", label=name)
     for (name, value), style in zip(constants.items(), ["--", ":", "-."], strict=False):
@@ -206,8 +229,7 @@ def auc_lines(series: Mapping[str, pd.DataFrame], constants: Mapping[str, float]
 
 def strategy_bars(table: pd.DataFrame, *, title: str):
     """Extraction rate per target set and budget (rows of ``analysis.targeted_rows``)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = _axes(8, 4)
     targets = list(dict.fromkeys(table["target"]))
     fractions = sorted(table["fraction"].unique())
     width = 0.8 / max(1, len(fractions))
@@ -225,8 +247,7 @@ def strategy_bars(table: pd.DataFrame, *, title: str):
 
 def trajectory_lines(matrix: pd.DataFrame, labels: Sequence[str], *, title: str, highlight: Sequence[int]):
     """One GNQ line per example (rows of an example × point matrix), log scale."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _axes(8, 4.5)
     x = np.arange(matrix.shape[1])
     for example_id, row in matrix.iterrows():
         strong = example_id in highlight
@@ -244,8 +265,7 @@ def trajectory_lines(matrix: pd.DataFrame, labels: Sequence[str], *, title: str,
 
 def quantile_bars(bins: pd.DataFrame, *, title: str, score_label: str):
     """Attack success per quantile bin (bars) with the bin's mean score (line, right axis)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _axes()
     ax.bar(bins["bin"], bins["success_rate"], color="tab:blue", alpha=0.7, label="attack success rate")
     ax.set_xlabel(f"{score_label} quantile bin (1 = lowest)")
     ax.set_ylabel("success rate")
@@ -260,18 +280,20 @@ def quantile_bars(bins: pd.DataFrame, *, title: str, score_label: str):
     return fig
 
 
-def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: str, seed: int = 0,
-                       resamples: int = pr.RESAMPLES) -> dict[str, Any]:
+def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: str, seed: int = 0
+                       ) -> dict[str, Any]:
     """Add the predictive-power table of every signal in ``frame`` (analysis.signals'
     frame of the attacked run) against its ``extracted`` outcome, its ROC chart and the length-bin
     table; returns the numbers for results.json."""
-    result = pr.evaluate(frame, resamples=resamples, seed=seed)
+    result = pr.evaluate(frame, seed=seed)
     sentence, length_sentence = pr.best_signal_sentence(result), pr.within_length_sentence(result)
     r.text("### Which signal predicts extraction?")
     r.text(f"{sentence}\n\n{length_sentence}")
     r.table(pr.display_table(result), caption=f"{what} Each cell: estimate [{result.level:.0%} interval]. "
                                               + result.method())
-    r.figure(roc_lines(pr.roc_points(frame), result), filename,
+    from gnq_core.analysis.predictive_figures import roc_png  # plotly: imported when a report needs it
+
+    r.figure(roc_png(pr.roc_points(frame), result.table[result.table["scope"] == pr.ALL]), filename,
              "ROC curve of each signal against the attack's outcome, log false-positive axis (legend: AUC "
              "[95% interval]); dotted: chance.")
     r.table(pr.display_stratified(result),
@@ -280,23 +302,13 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
                     "length are compared; a length whose texts share one outcome adds nothing; bootstrap "
                     "over all texts). A signal that is a function of length alone scores 0.5 "
                     "there, whatever length predicts overall.")
-    from gnq_core.analysis import evidence as ev
-
     extraction = [o for o in ev.outcomes_in(frame) if o.name == "extraction"]
-    evidence = ev.evidence_table(frame, resamples=resamples, seed=seed, outcomes=extraction)
+    evidence = ev.evidence_table(frame, seed=seed, outcomes=extraction)
     if len(evidence):
         r.text(ev.gain_sentence(evidence))
         r.table(ev.display(evidence, "extraction"),
                 caption="Every signal over all texts, at low FPR, within exact token length and as the "
                         "cross-validated gain over length + loss (analysis.evidence, the table `gnq report "
-                        "--json` writes). " + ev.method(resamples, seed, result.level))
+                        "--json` writes). " + ev.method(pr.RESAMPLES, seed, result.level))
     return {"predictive": result.table, "predictive_sentence": sentence, "predictive_bins": length_sentence,
             "predictive_stratified": result.stratified, "evidence": evidence}
-
-
-def roc_lines(points: pd.DataFrame, result: pr.Predictive):
-    """The ROC curves of ``predictive.roc_points``, legend ordered by AUC, log FPR axis (the
-    low-FPR region the attack literature reads; analysis.predictive_figures.roc_png)."""
-    from gnq_core.analysis.predictive_figures import roc_png
-
-    return roc_png(points, result.table[result.table["scope"] == pr.ALL])

@@ -15,8 +15,13 @@ import pandas as pd
 
 from gnq_core.analysis import predictive as pr
 from gnq_core.atomic import write_text_atomic
+from gnq_core.pipelines.extraction import extraction_attack
 from gnq_core.pipelines.settings import TrainSettings
+from gnq_core.runtime import resolve_device
+from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
+from gnq_core.sources.tokens import encode_texts
+from gnq_core.studies.common_knowledge import pretrain
 
 SWEEP_FILE = "sweep.json"
 
@@ -53,8 +58,6 @@ def run_sweep(dataset: TextDataset, work: Path, settings: TrainSettings, lrs: tu
     """Train one plain run per lr (resumes) and attack each epoch of ``epochs``; the attacks are
     kept in ``work``/sweep.json (recomputed when the rule or the data change).  Columns: lr,
     epoch, attacked, extracted, rate, rate lo, rate hi (95% Wilson)."""
-    from gnq_core.studies.common_knowledge import pretrain
-
     path = work / SWEEP_FILE
     key = {"rule": asdict(rule), "dataset": dataset.sha256,
            "settings": {k: v for k, v in asdict(settings).items() if k not in ("device", "lr")}}
@@ -80,12 +83,6 @@ def attack_counts(checkpoint: Path, dataset: TextDataset, settings: TrainSetting
                   reporter) -> list[int]:
     """[extracted, attacked] of the fixed-length prefix attack on one checkpoint (texts shorter
     than p + s are not attackable)."""
-
-    from gnq_core.pipelines.extraction import extraction_attack
-    from gnq_core.runtime import resolve_device
-    from gnq_core.sources.checkpoints.load import load_checkpoint
-    from gnq_core.sources.tokens import encode_texts
-
     device = resolve_device(settings.device)
     model, tokenizer = load_checkpoint(checkpoint, device=device)
     ids = encode_texts(tokenizer, dataset.texts, settings.max_length)

@@ -63,19 +63,20 @@ class Config:
     rel_lam: float = 1e-2   # c of the relative-λ audits: λ = c · mean K_jj
 
 
-def _schedule(epochs: int, every: int) -> tuple[int, ...]:
+def audit_epochs(epochs: int, every: int) -> tuple[int, ...]:
+    """Every ``every``-th epoch, with the first and the last."""
     return tuple(sorted({1, epochs, *range(every, epochs + 1, every)}))
 
 
 # CPU (tiny GPT-2): 40 epochs at lr 2e-3 extracted about half of 256 texts before (p = 32, rest of text).
-FULL = Config(examples=192, min_words=0, sweep_lrs=(1e-3, 2e-3, 4e-3), schedule=_schedule(40, 8),
+FULL = Config(examples=192, min_words=0, sweep_lrs=(1e-3, 2e-3, 4e-3), schedule=audit_epochs(40, 8),
               prefix_tokens=24, suffix_tokens=16, threshold=0.98, bins=10, plotted=20,
               train=TrainSettings(epochs=40, batch_size=16, lr=2e-3, lam=1e-2, max_length=64, preset="tiny",
                                   vocab_size=1024))
 # The paper's §6.4 on a CUDA GPU: GPT-2 small (12×768) from scratch, 500 AG News texts of ≥ 45
 # words (so p = 45 leaves a target), 100 epochs, checkpoints 1, 10, …, 100, p = 45, match ≥ 0.98.
 # lr: GPT-2 small trained from scratch at 1.5e-4 on an H100 (3e-4 and 6e-4 did not, B 16 T 64).
-PAPER = Config(examples=500, min_words=45, sweep_lrs=(5e-5, 1e-4, 1.5e-4), schedule=_schedule(100, 10),
+PAPER = Config(examples=500, min_words=45, sweep_lrs=(5e-5, 1e-4, 1.5e-4), schedule=audit_epochs(100, 10),
                prefix_tokens=45, suffix_tokens=12, threshold=0.98, bins=10, plotted=20,
                train=TrainSettings(epochs=100, batch_size=16, lr=1.5e-4, lam=1e-2, max_length=128,
                                    preset="gpt2-small", vocab_size=8192))
@@ -86,10 +87,6 @@ QUICK = Config(examples=32, min_words=0, sweep_lrs=(5e-3, 1e-2), schedule=(1, 4,
 # (suffix, λ mode) of the audits beside the main one (token mean, absolute λ)
 VARIANTS = {"audit": ("token_mean", "absolute"), "audit-sum": ("token_sum", "absolute"),
             "audit-rel": ("token_mean", "relative"), "audit-rel-sum": ("token_sum", "relative")}
-
-
-def audit_epochs(epochs: int, every: int) -> list[int]:
-    return list(_schedule(epochs, every))
 
 
 def run(ctx: StudyContext, prefix_tokens: int | None = None, threshold: float | None = None,
@@ -156,8 +153,7 @@ def write_report(ctx: StudyContext, cfg: Config, sweep: pd.DataFrame, regime: tu
     success = attacked["extraction_match"] >= cfg.threshold
     per_point = (traj.groupby(["point", "label"])["gnq"].quantile([0.1, 0.5, 0.9]).unstack().reset_index()
                  .rename(columns={0.1: "GNQ 10%", 0.5: "GNQ median", 0.9: "GNQ 90%"}).drop(columns="point"))
-    loss_per_point = traj.groupby("point")["loss"].median().to_numpy()
-    per_point["loss median"] = loss_per_point
+    per_point["loss median"] = traj.groupby("point")["loss"].median().to_numpy()
 
     r = rep.Report(ctx.report_dir(STUDY), "GNQ during training (paper §6.4, Fig. 5–6, Table 4)")
     t = cfg.train
@@ -204,7 +200,7 @@ attacked, so every attacked text has a target of the same length (paper: p = 45,
              f"Bars: success rate (p = {cfg.prefix_tokens}, s = {cfg.suffix_tokens}, "
              f"match ≥ {cfg.threshold:g}); "
              "line: mean GNQ_total per bin (Fig. 6).")
-    r.figure(rep.trajectory_lines(matrix[labels_to_points(traj, labels)], labels,
+    r.figure(rep.trajectory_lines(matrix, labels,
                                   title=f"GNQ trajectories of {len(picked)} random training texts",
                                   highlight=high), "trajectories.png",
              f"GNQ per checkpoint for {len(picked)} random texts; the two highest on average in bold "
@@ -258,15 +254,14 @@ def rank_corr(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def spearman_interval(x: np.ndarray, y: np.ndarray, seed: int, resamples: int = pr.RESAMPLES
-                      ) -> tuple[float, float, float]:
+def spearman_interval(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[float, float, float]:
     """Spearman's ρ with a 95% percentile bootstrap interval (texts resampled with replacement)."""
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]
     if len(x) < 3:
         return float("nan"), float("nan"), float("nan")
     rho = rank_corr(x, y)
-    idx = np.random.default_rng(seed).integers(0, len(x), (resamples, len(x)))
+    idx = np.random.default_rng(seed).integers(0, len(x), (pr.RESAMPLES, len(x)))
     boot = np.asarray([rank_corr(x[i], y[i]) for i in idx], dtype=float)
     if not np.isfinite(boot).any():  # e.g. every text has one length
         return rho, float("nan"), float("nan")
@@ -285,9 +280,7 @@ def convention_table(store, audits: dict, frame: pd.DataFrame, seed: int) -> pd.
         f = outcome.merge(totals, on="example_id", how="left")
         rho, lo, hi = spearman_interval(f["gnq_total"].to_numpy(float), f["n_tokens"].to_numpy(float), seed)
         attacked = f[f["extracted"].notna()].reset_index(drop=True)
-        signal = pr.Signal("gnq_total", "GNQ_total", True, "")
-        table = pr.stratified_table(attacked, [signal], seed=seed)
-        row = table.iloc[0]
+        row = pr.stratified_table(attacked, [pr.SIGNAL_BY_COLUMN["gnq_total"]], seed=seed).iloc[0]
         rows.append({"run": run.name, "loss": loss, "λ": lam_mode,
                      "Spearman with length": rep.ci(rho, lo, hi),
                      "AUC (all texts)": rep.ci(row.get("auc"), row.get("auc lo"), row.get("auc hi")),
@@ -384,9 +377,3 @@ def _trend(spearman: float, spearman_last: float, last: str) -> str:
         text += (": a text the model already reproduces has a small gradient, hence a small GNQ, at the "
                  "late checkpoints, while the texts still being learned keep large ones")
     return text + "."
-
-
-def labels_to_points(traj: pd.DataFrame, labels: list[str]) -> list[int]:
-    """Matrix columns (points) in the order of ``labels``."""
-    point_of = dict(zip(traj["label"], traj["point"], strict=False))
-    return [point_of[label] for label in labels]

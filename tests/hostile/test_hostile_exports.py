@@ -32,7 +32,8 @@ from gnq_core.results.export import (
     to_bytes,
     write_table,
 )
-from gnq_core.results.store import Store, StoreError
+from gnq_core.results.store import Store
+from gnq_core.results.store_schema import StoreError
 
 TEXTS = ["plain text one", "line\rbreak then =1+1", "=HYPERLINK(\"http://x\",\"click\")", "+1 plus",
          "-2 minus", "@SUM(A1)", "\tTab first", "'quoted already", 'say "hi", then, go', "two\nlines",

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from gnq_core.results.literal_paths import duckdb_literal
-from gnq_core.results.store import shard_select
+from gnq_core.results.store_writes import shard_select
 
 
 @pytest.mark.parametrize("name", ["run[1]", "run*", "run?", "ru[n]1", "it's[1]"])

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from hostile_helpers import make_series
 
-from gnq_core.results.store import Store, StoreError
-from gnq_core.results.store_schema import _apply_migrations
+from gnq_core.results.store import Store
+from gnq_core.results.store_schema import StoreError, _apply_migrations
 from gnq_core.sources.datasets import DatasetError, load_texts
 
 

@@ -57,7 +57,8 @@ def test_numpy_integers_are_whole_numbers():
 
 @pytest.mark.parametrize("ref", ["²", "٣", "1²"])
 def test_a_run_named_by_a_unicode_digit_is_not_found_not_a_traceback(tmp_path, ref):
-    from gnq_core.results.store import RunNotFoundError, Store
+    from gnq_core.results.store import Store
+    from gnq_core.results.store_schema import RunNotFoundError
 
     store = Store(tmp_path / "gnq.duckdb")
     store._ensure_schema()
@@ -83,7 +84,8 @@ def test_a_store_missing_a_table_is_one_line(tmp_path, table):
 @pytest.mark.parametrize("cut", [4096, 262_144])
 def test_a_truncated_store_is_one_line_for_readers_and_writers(tmp_path, cut):
     """issue 30: writing to a truncated store gave a DuckDB traceback."""
-    from gnq_core.results.store import Store, StoreError
+    from gnq_core.results.store import Store
+    from gnq_core.results.store_schema import StoreError
 
     db = tmp_path / "gnq.duckdb"
     Store(db)._ensure_schema()

@@ -19,10 +19,13 @@ from hostile_helpers import app_page, gnq, make_series, write_texts_csv
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
+from gnq_core.results.liveness import run_is_alive
 from gnq_core.results.records import RunSpec
-from gnq_core.results.store import Store, StoreError, run_is_alive
 
 # Runs `gnq` with a store whose disk "fills up" at the first write of scores: from then on every
+from gnq_core.results.store import Store
+from gnq_core.results.store_schema import StoreError
+
 # statement that writes fails as DuckDB fails on a full disk (so marking the run failed fails too).
 FULL_DISK_GNQ = textwrap.dedent("""
     import sys, duckdb

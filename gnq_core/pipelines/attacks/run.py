@@ -77,7 +77,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
 
 def _attacked_point(store, run, checkpoint: str | None):
     from gnq_core.pipelines.protected_paths import verify_checkpoint
-    from gnq_core.results.store import StoreError
+    from gnq_core.results.store_schema import StoreError
 
     points = store.points(run.run_id)
     done = points[points["status"] == "done"]

@@ -1,5 +1,5 @@
 """Checking a checkpoint short of reading its weights (``check_checkpoint``), and the checks a load
-shares with it: memory, weight shapes and the tied weights allowed missing, vocabulary."""
+shares with it: memory and weight files, weight shapes and the tied weights allowed missing, vocabulary."""
 
 from __future__ import annotations
 
@@ -20,33 +20,40 @@ from gnq_core.sources.checkpoints.tokenizer import read_tokenizer
 from gnq_core.sources.checkpoints.values import integer_weight, nonfinite_tensor
 
 
-def check_memory(folder: Path, kind: str, files: list[Path], dtype: torch.dtype | None) -> None:
+def check_weights(folder: Path, kind: str, files: list[Path],
+                  dtype: torch.dtype | None) -> dict[str, torch.Tensor] | None:
     """The weights' size in memory (safetensors headers; converted to ``dtype`` if given) against
-    the memory available, before anything is allocated."""
+    the memory available, before anything is allocated; then each safetensors header, or the
+    pickled weights loaded weights-only (memory-mapped: anything but tensors refused), returned."""
     itemsize = torch.empty((), dtype=dtype).element_size() if dtype is not None else None
-    limits.check_memory(folder, kind, files, itemsize)
+    limits.check_memory(folder, kind, files, itemsize)  # before safetensors maps the file
+    if kind != "safetensors":
+        return load_pickled_weights(files)
+    for file in files:
+        check_safetensors(file)
+    return None
 
 
-def shape_mismatches(model_class: type[PreTrainedModel], config: Any, kind: str, files: list[Path],
-                     state: dict[str, torch.Tensor] | None,
-                     expected: dict[str, tuple[int, ...]] | None = None) -> str:
-    """Best-effort description of the first weights whose shape differs from what config.json builds
-    (``expected``: the shapes, when the caller has already built the model on the meta device)."""
+def shape_mismatch(exc: Exception, model_class: type[PreTrainedModel], config: Any, kind: str,
+                   files: list[Path], state: dict[str, torch.Tensor] | None) -> str | None:
+    """``from_pretrained``'s failure ``exc`` as the problem when it is about weight shapes, else None."""
+    text = str(exc).lower()
+    if "ignore_mismatched_sizes" not in text and "size mismatch" not in text:
+        return None
+    detail = _first_mismatch(model_class, config, kind, files, state)
+    return f"weights do not match {CONFIG_NAME} (shape mismatch{detail})"
+
+
+def _first_mismatch(model_class: type[PreTrainedModel], config: Any, kind: str, files: list[Path],
+                    state: dict[str, torch.Tensor] | None) -> str:
+    """Best-effort description of the first weights whose shape differs from what config.json builds."""
     try:
-        if expected is None:
-            with torch.device("meta"):
-                built = model_class._from_config(config)
-            expected = {k: tuple(v.shape) for k, v in built.state_dict().items()}
-        found: dict[str, tuple[int, ...]] = {}
-        if state is not None:
-            found = {k: tuple(v.shape) for k, v in state.items()}
-        elif kind == "safetensors":
-            from safetensors import safe_open
-
-            for file in files:
-                with safe_open(str(file), framework="pt") as f:
-                    names = f.keys()  # safe_open objects are not iterable
-                    found.update({k: tuple(f.get_slice(k).get_shape()) for k in names})
+        with torch.device("meta"):
+            built = model_class._from_config(config)
+        expected = {k: tuple(v.shape) for k, v in built.state_dict().items()}
+        if state is None and kind == "safetensors":
+            state = meta_state(files)  # names and shapes from the headers
+        found = {k: tuple(v.shape) for k, v in (state or {}).items()}
         bad = [f"{k} is {list(found[k])} in the weights but {list(v)} per {CONFIG_NAME}"
                for k, v in expected.items() if k in found and found[k] != v]
     except Exception:
@@ -108,12 +115,7 @@ def check_checkpoint(path: str | Path, max_length: int | None = None,
                                        f"the model has (max_position_embeddings in {CONFIG_NAME}); use "
                                        f"--max-length {positions} or less")
         kind, files = weight_files(folder)
-        check_memory(folder, kind, files, dtype)  # before safetensors maps the file
-        if kind == "safetensors":
-            for file in files:
-                check_safetensors(file)
-        else:
-            load_pickled_weights(files)  # weights-only, memory-mapped: refuses anything but tensors
+        check_weights(folder, kind, files, dtype)
         check_vocab(folder, config, read_tokenizer(folder, config, tokenizer))
         if kind == "safetensors" and (problem := _header_problem(folder, config, files)):
             raise folder_error(folder, problem)
@@ -138,11 +140,8 @@ def _header_problem(folder: Path, config: Any, files: list[Path]) -> str:
         model, info = model_class.from_pretrained(None, config=config, state_dict=state, device_map="meta",
                                                   output_loading_info=True, ignore_mismatched_sizes=False)
     except Exception as exc:
-        text = str(exc).lower()
-        if "ignore_mismatched_sizes" in text or "size mismatch" in text:
-            detail = shape_mismatches(model_class, config, "safetensors", files, None)
-            return f"weights do not match {CONFIG_NAME} (shape mismatch{detail})"
-        return f"weights do not match {CONFIG_NAME} ({type(exc).__name__}: {reason(exc)})"
+        return (shape_mismatch(exc, model_class, config, "safetensors", files, None)
+                or f"weights do not match {CONFIG_NAME} ({type(exc).__name__}: {reason(exc)})")
     finally:
         hf_logging.set_verbosity(verbosity)
     if problem := loading_problem(model, config, info):

@@ -32,11 +32,9 @@ _ENCODER_TYPES = frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) & frozenset(MODEL_
 hf_logging.disable_progress_bar()
 
 
-def _class_names(value: str | tuple[str, ...] | list[str]) -> set[str]:
-    return {value} if isinstance(value, str) else set(value)
-
-
-_CAUSAL_LM_CLASSES = frozenset(n for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for n in _class_names(v))
+# A mapping value is one class name or several.
+_CAUSAL_LM_CLASSES = frozenset(n for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+                               for n in ((v,) if isinstance(v, str) else v))
 
 
 def load_config(folder: Path) -> Any:

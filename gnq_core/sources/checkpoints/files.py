@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,11 +109,19 @@ def weight_files(folder: Path) -> tuple[str, list[Path]]:
     raise folder_error(folder, f"no weight files ({SAFE_WEIGHTS}, {SAFE_INDEX} or {PICKLE_WEIGHTS})")
 
 
-def read_chunks(path: Path) -> Iterator[bytes]:
-    """The file's bytes, a MiB at a time."""
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            yield chunk
+def hash_files(files: Iterable[Path]) -> str:
+    """sha256 (hex) over the files in the order given, each as its name, its size and its bytes
+    (streamed, a MiB at a time)."""
+    digest = hashlib.sha256()
+    for file in files:
+        try:
+            digest.update(file.name.encode() + b"\0" + file.stat().st_size.to_bytes(8, "little"))
+            with file.open("rb") as f:
+                while chunk := f.read(_CHUNK):
+                    digest.update(chunk)
+        except OSError as exc:
+            raise folder_error(file, f"cannot read ({reason(exc)})") from exc
+    return digest.hexdigest()
 
 
 def checkpoint_hash(path: str | Path) -> str:
@@ -127,16 +135,7 @@ def checkpoint_hash(path: str | Path) -> str:
     if not config.is_file():
         raise folder_error(folder, f"no {CONFIG_NAME}")
     _, weights = weight_files(folder)
-    digest = hashlib.sha256()
-    for file in [*sorted(weights, key=lambda p: p.name), config]:
-        try:
-            size = file.stat().st_size
-            digest.update(file.name.encode() + b"\0" + size.to_bytes(8, "little"))
-            for chunk in read_chunks(file):
-                digest.update(chunk)
-        except OSError as exc:
-            raise folder_error(file, f"cannot read ({reason(exc)})") from exc
-    return digest.hexdigest()
+    return hash_files([*sorted(weights, key=lambda p: p.name), config])
 
 
 def parameter_count(path: str | Path) -> int | None:

@@ -12,11 +12,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from gnq_core.sources import limits
-from gnq_core.sources.checkpoints.checks import check_memory, check_vocab, loading_problem, shape_mismatches
+from gnq_core.sources.checkpoints.checks import check_vocab, check_weights, loading_problem, shape_mismatch
 from gnq_core.sources.checkpoints.config import load_config
 from gnq_core.sources.checkpoints.errors import CheckpointError, as_checkpoint_error, folder_error, reason
-from gnq_core.sources.checkpoints.files import CONFIG_NAME, checkpoint_dir, weight_files
-from gnq_core.sources.checkpoints.formats import check_safetensors, load_pickled_weights
+from gnq_core.sources.checkpoints.files import checkpoint_dir, weight_files
 from gnq_core.sources.checkpoints.tokenizer import read_tokenizer
 
 
@@ -64,21 +63,15 @@ def _load(folder: Path, *, device: torch.device | str, dtype: torch.dtype | None
     }
     state: dict[str, torch.Tensor] | None = None
     try:
-        check_memory(folder, kind, files, dtype)
-        if kind == "safetensors":
-            for file in files:
-                check_safetensors(file)
+        state = check_weights(folder, kind, files, dtype)
+        if state is None:
             model, info = model_class.from_pretrained(folder, use_safetensors=True, **common)
         else:
-            state = load_pickled_weights(files)
             model, info = model_class.from_pretrained(None, state_dict=state, **common)
     except (CheckpointError, limits.LimitError):
         raise
     except Exception as exc:
-        text = str(exc).lower()
-        if "ignore_mismatched_sizes" in text or "size mismatch" in text:
-            detail = shape_mismatches(model_class, config, kind, files, state)
-            problem = f"weights do not match {CONFIG_NAME} (shape mismatch{detail})"
+        if problem := shape_mismatch(exc, model_class, config, kind, files, state):
             raise folder_error(folder, problem) from exc
         where = files[0] if len(files) == 1 else folder
         raise folder_error(where, f"cannot load the weights ({type(exc).__name__}: {reason(exc)})") from exc
