@@ -31,11 +31,10 @@ from gnq_core.terminal import markup_safe, terminal_safe
 class Reporter:
     """Forwards progress to an optional rich bar and an optional sink (e.g. the store), throttled."""
 
-    def __init__(self, *, quiet: bool = True, sink: Callable[[int, int, str], None] | None = None,
-                 sink_interval: float = 1.0) -> None:
+    def __init__(self, *, quiet: bool = True, sink: Callable[[int, int, str], None] | None = None) -> None:
         self.quiet = quiet
         self.sink = sink
-        self.sink_interval = sink_interval
+        self.sink_interval = 1.0  # seconds between the sink's writes (stage changes always go through)
         self._bar: Progress | None = None
         self._task = None
         self._done = 0

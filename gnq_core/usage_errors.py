@@ -6,7 +6,7 @@ silent exit."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -15,14 +15,18 @@ from typer.core import TyperGroup
 from gnq_core.terminal import markup_safe
 
 
+def fail(line: str) -> NoReturn:
+    """``error: LINE`` on stderr and exit code 1 (the ``gnq`` commands' one line)."""
+    Console(stderr=True).print(f"[red]error:[/] {markup_safe(line)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=1) from None
+
+
 class OneLineValueErrors(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)  # parses the subcommand's options, then runs it
         except typer.BadParameter as exc:
-            Console(stderr=True).print(f"[red]error:[/] {markup_safe(exc.format_message())}",
-                                       highlight=False, soft_wrap=True)
-            raise typer.Exit(code=1) from None
+            fail(exc.format_message())
         except KeyboardInterrupt:
             Console(stderr=True).print("interrupted", highlight=False, markup=False)
             raise typer.Exit(code=130) from None

@@ -264,7 +264,7 @@ KNOWN_PRIVATE_IMPORTS = {
     ("gnq_core.analysis.findings", "gnq_core.analysis.verdict"): {"_secret_words"},
     # the CLI's shared helpers live in its private module _base
     ("gnq_core.cli.results", "gnq_core.cli._base"): {"_done", "_store", "_warn"},
-    ("gnq_core.cli.running", "gnq_core.cli._base"): {"_run_job", "_set_threads", "_store"},
+    ("gnq_core.cli.running", "gnq_core.cli._base"): {"_run_job", "_store"},
     ("gnq_core.cli.studies", "gnq_core.cli._base"): {"_done", "_store", "_warn"},
     # the store's modules share their helpers (shards.py uses store.shard_view, runs no SQL)
     ("gnq_core.results.store", "gnq_core.results.store_schema"): {"_apply_migrations", "_atomically",

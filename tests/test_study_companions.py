@@ -111,3 +111,18 @@ def test_bad_seeds_is_one_line(tmp_path):
                                       str(tmp_path / "gnq.duckdb")])
     assert result.exit_code == 1 and "--seeds" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_full_scale_loads_the_fetched_smollm2_checkpoint(tmp_path, monkeypatch):
+    """The full scale's model is the cached SmolLM2 checkpoint, loaded as float32 (its loader's
+    import once named a module that no longer exists, so only --quick could run)."""
+    from gnq_core.sources import real_models
+    from gnq_core.sources.checkpoints.save import save_checkpoint
+    from gnq_core.sources.models import build_model, train_tokenizer
+
+    tok = train_tokenizer(["a few words to train a tokenizer on", "and a few more"], vocab_size=300)
+    save_checkpoint(build_model("tiny", vocab_size=len(tok), max_length=32, seed=0,
+                                eos_token_id=tok.eos_token_id).double(), tok, tmp_path / "smollm2")
+    monkeypatch.setattr(real_models, "fetch_model", lambda name: tmp_path / name)
+    model, loaded = co.load_model(co.FULL, [], seed=0)
+    assert next(model.parameters()).dtype == torch.float32 and len(loaded) == len(tok)

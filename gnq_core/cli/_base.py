@@ -16,7 +16,7 @@ from gnq_core import interrupts
 # The options' defaults are the settings types' (pipelines/settings.py: light, no torch).
 from gnq_core.pipelines.settings import AuditSettings, JobSettings
 from gnq_core.terminal import markup_safe, terminal_safe
-from gnq_core.usage_errors import OneLineValueErrors
+from gnq_core.usage_errors import OneLineValueErrors, fail
 
 interrupts.quiet_interrupt_at_exit()  # Ctrl-C before a command starts: one line, no traceback
 
@@ -69,25 +69,13 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except user_errors() as exc:
-            _fail(one_line(exc))
+            fail(one_line(exc))
         except KeyboardInterrupt:
             err_console.print("interrupted: finished checkpoints/epochs are saved; rerun the same command "
                               "to resume")
             raise typer.Exit(code=130) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def _fail(line: str) -> None:
-    err_console.print(f"[red]error:[/] {markup_safe(line)}", highlight=False, markup=True, soft_wrap=True)
-    raise typer.Exit(code=1) from None
-
-
-def _set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 def _store(db: Path | None, *, create: bool = True):
@@ -123,7 +111,6 @@ def main() -> None:
     # The dashboard cancels a job with SIGTERM: treat it like Ctrl-C (the run is marked
     # 'cancelled', finished checkpoints stay, a rerun resumes); a second signal changes nothing.
     interrupts.install()
-
 
 
 def _done(quiet: bool, message: str) -> None:

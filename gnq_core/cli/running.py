@@ -21,21 +21,12 @@ from gnq_core.cli._base import (
     SecretPatternOption,
     TextColumnOption,
     _run_job,
-    _set_threads,
     _store,
     app,
     console,
     user_errors,
 )
-from gnq_core.pipelines.attack_defaults import (
-    DEFAULT_ATTACK_BATCH,
-    DEFAULT_PREFIX,
-    DEFAULT_REFERENCE,
-    DEFAULT_SECRET_CANDIDATES,
-    DEFAULT_SUFFIX,
-    DEFAULT_THRESHOLD,
-    PROTOCOL_PRESETS,
-)
+from gnq_core.pipelines.attack_defaults import PROTOCOL_PRESETS
 from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
 
 
@@ -72,8 +63,6 @@ def train(
     quiet: bool = QuietOption,
 ) -> None:
     """Train or fine-tune a causal LM with in-run GNQ on every step, saving a checkpoint per epoch."""
-    _set_threads(threads)
-
     if (init is None) == (not from_scratch):
         raise ValueError("give exactly one of --init CHECKPOINT_DIR or --from-scratch")
     settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, lam=lam, max_length=max_length,
@@ -82,7 +71,7 @@ def train(
     _run_job(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
                         text_column=text_column, group_column=group_column, settings=settings,
                         secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
-                        public_column=public_column), db, quiet)
+                        public_column=public_column, threads=threads), db, quiet)
 
 
 @app.command()
@@ -138,8 +127,6 @@ def audit(
 
     Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
     batches and rank 0 writes the rows (the same rows as one process)."""
-    _set_threads(threads)
-
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype, loss=loss, lam_mode=lam_mode,
                              companions=_companions(companions), sketch_k=sketch_k)
@@ -151,8 +138,8 @@ def audit(
                       public_column=public_column,
                       tokenizer=str(tokenizer) if tokenizer else None,
                       non_members=str(non_members) if non_members else None, reference=reference,
-                      base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter),
-             db, quiet)
+                      base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter,
+                      threads=threads), db, quiet)
 
 
 def _companions(value: str | None) -> int | str | None:
@@ -170,17 +157,19 @@ def _companions(value: str | None) -> int | str | None:
 def extract(
     run: str = typer.Option(..., help="Run name or id."),
     checkpoint: str = typer.Option(None, help="Checkpoint label to attack (default: the last)."),
-    prefix_tokens: int = typer.Option(DEFAULT_PREFIX, help="Tokens of each text revealed to the model (p)."),
-    suffix_tokens: int = typer.Option(DEFAULT_SUFFIX, help="Tokens that must follow exactly (s); texts "
-                                                           "shorter than p + s are not attackable."),
-    threshold: float = typer.Option(DEFAULT_THRESHOLD,
+    prefix_tokens: int = typer.Option(ExtractJob.prefix_tokens,
+                                      help="Tokens of each text revealed to the model (p)."),
+    suffix_tokens: int = typer.Option(ExtractJob.suffix_tokens,
+                                      help="Tokens that must follow exactly (s); texts shorter than p + s "
+                                           "are not attackable."),
+    threshold: float = typer.Option(ExtractJob.threshold,
                                     help="Reproduced when this share of the s tokens matches (1: exactly)."),
-    reference: str = typer.Option(DEFAULT_REFERENCE,
+    reference: str = typer.Option(ExtractJob.reference,
                                   help="Reference model: 'first' (the run's first checkpoint), a checkpoint "
                                        "folder (for a fine-tune, its base), or 'none'. A text the reference "
                                        "also reproduces is not extracted."),
-    batch_size: int = typer.Option(DEFAULT_ATTACK_BATCH, help="Texts decoded together."),
-    secret_candidates: int = typer.Option(DEFAULT_SECRET_CANDIDATES,
+    batch_size: int = typer.Option(ExtractJob.batch_size, help="Texts decoded together."),
+    secret_candidates: int = typer.Option(ExtractJob.secret_candidates,
                                           help="Random values of each digit secret's format scored beside "
                                                "it; its exposure is estimated from their likelihoods (1: "
                                                "no exposure)."),
@@ -199,8 +188,6 @@ def extract(
 ) -> None:
     """Calibrated extraction attack: reveal each text's first p tokens, greedy-decode s more; extracted
     when they match exactly and the reference model does not produce them too."""
-    _set_threads(threads)
-
     if preset is not None:
         if preset not in PROTOCOL_PRESETS:
             raise ValueError(f"--preset must be one of {', '.join(PROTOCOL_PRESETS)}, not {preset!r}")
@@ -209,7 +196,7 @@ def extract(
                         batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
                         reference=None if reference == "none" else reference,
                         non_members=str(non_members) if non_members else None,
-                        secret_candidates=secret_candidates), db, quiet)
+                        secret_candidates=secret_candidates, threads=threads), db, quiet)
 
 
 @app.command()

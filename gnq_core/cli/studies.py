@@ -43,9 +43,11 @@ ThreadsOption = typer.Option(1, min=1, help="torch CPU threads. The studies' sma
                                           "from more, and lose much when other jobs share the cores.")
 
 
-def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, reports: Path, work: Path | None,
-           tag: str | None, seed: int, device: str, quiet: bool, extra: dict[str, Any], threads: int,
-           scale: str = "full"):
+def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, data_dir: Path | None,
+           reports: Path, work: Path | None, tag: str | None, seed: int, device: str, quiet: bool,
+           threads: int, scale: str, options: dict[str, Any], shown: dict[str, Any] | None = None) -> None:
+    """Run study ``name`` with ``options``; its report names the command with the ``shown`` ones
+    (default: the options)."""
     import torch
 
     from gnq_core.progress import JobProgress
@@ -61,16 +63,13 @@ def _study(name: str, db: Path | None, quick: bool, data_dir: Path | None, repor
     defaults = {"data_dir": None, "reports": Path("reports"), "work": None, "tag": None, "seed": 0,
                 "device": "auto", "threads": 1}
     given = dict(data_dir=data_dir, reports=reports, work=work, tag=tag, seed=seed, device=device,
-                 threads=threads) | extra
+                 threads=threads) | (options if shown is None else shown)
     flags += [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
               if v is not None and v != defaults.get(k)]
-    return StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
-                        reports_root=reports,
-                        data_dir=data_dir, tag=tag, command=" ".join(["gnq study", name, *flags]),
-                        reporter_factory=JobProgress(store, quiet=quiet, warn=_warn).reporter)
-
-
-def _run_study(ctx, quiet: bool, run: Callable[..., Path], **options: Any) -> None:
+    ctx = StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
+                       reports_root=reports, data_dir=data_dir, tag=tag,
+                       command=" ".join(["gnq study", name, *flags]),
+                       reporter_factory=JobProgress(store, quiet=quiet, warn=_warn).reporter)
     t0 = time.perf_counter()
     path = run(ctx, **options)
     _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
@@ -89,9 +88,8 @@ def study_common_knowledge(
     from gnq_core.studies import common_knowledge
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models)
-    ctx = _study("common-knowledge", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
-                 threads, scale)
-    _run_study(ctx, quiet, common_knowledge.run, **options)
+    _study("common-knowledge", common_knowledge.run, db, quick, data_dir, reports, work, tag, seed, device,
+           quiet, threads, scale, options)
 
 
 @study_app.command("extraction")
@@ -114,10 +112,8 @@ def study_extraction(
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
                    prefix_tokens=prefix_tokens, threshold=threshold)
-    shown = options | dict(threshold=None if threshold == 1.0 else threshold)
-    ctx = _study("extraction", db, quick, data_dir, reports, work, tag, seed, device, quiet, shown, threads,
-                 scale)
-    _run_study(ctx, quiet, extraction.run, **options)
+    _study("extraction", extraction.run, db, quick, data_dir, reports, work, tag, seed, device, quiet,
+           threads, scale, options, shown=options | dict(threshold=None if threshold == 1.0 else threshold))
 
 
 @study_app.command("trajectories")
@@ -138,9 +134,8 @@ def study_trajectories(
     from gnq_core.studies import trajectories
 
     options = dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
-    ctx = _study("trajectories", db, quick, data_dir, reports, work, tag, seed, device, quiet, options,
-                 threads, scale)
-    _run_study(ctx, quiet, trajectories.run, **options)
+    _study("trajectories", trajectories.run, db, quick, data_dir, reports, work, tag, seed, device, quiet,
+           threads, scale, options)
 
 
 @study_app.command("membership")
@@ -161,9 +156,8 @@ def study_membership(
     from gnq_core.studies import membership
 
     options = dict(models=models, canaries=canaries)
-    ctx = _study("membership", db, quick, data_dir, reports, work, tag, seed, device, quiet, options, threads,
-                 scale)
-    _run_study(ctx, quiet, membership.run, **options)
+    _study("membership", membership.run, db, quick, data_dir, reports, work, tag, seed, device, quiet,
+           threads, scale, options)
 
 
 @study_app.command("companions")
@@ -201,6 +195,6 @@ def study_companions(
                    sketch_k=sketch_k, vocab_rows=vocab_rows, error_batch=error_batch, report_only=report_only)
     shown = {k: v for k, v in options.items() if k not in ("seeds", "report_only")} | (
         {"seeds": seeds} if seeds else {})
-    ctx = _study("companions", db, quick, data_dir, reports, work, tag, 0, device, quiet, shown, threads)
-    _run_study(ctx, quiet, companions.run, **options,
-               log=(lambda _m: None) if quiet else (lambda m: typer.echo(m, err=True)))
+    log = (lambda _m: None) if quiet else (lambda m: typer.echo(m, err=True))
+    _study("companions", companions.run, db, quick, data_dir, reports, work, tag, 0, device, quiet, threads,
+           "full", options | {"log": log}, shown)

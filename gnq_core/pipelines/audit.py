@@ -130,11 +130,11 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
         if adapters is not None:
             model, tok = load_adapter_checkpoint(path, adapters, device=device, dtype=dtype,
                                                  tokenizer=tokenizer_dir)
-            _prepare_for_audit(model, dtype)
-            return model, tok, adapter_hash(path) if ranks.lead else None
-        model, tok = load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer_dir)
+        else:
+            model, tok = load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer_dir)
         _prepare_for_audit(model, dtype)
-        return model, tok, checkpoint_hash(path) if ranks.lead else None
+        hash_of = checkpoint_hash if adapters is None else adapter_hash
+        return model, tok, hash_of(path) if ranks.lead else None
 
     tracking = store.tracking(run.run_id) if run is not None else contextlib.nullcontext()
     with tracking:
@@ -172,16 +172,15 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
         spec = replace(spec, settings=spec.settings | {"tokenizer": str(Path(tokenizer).resolve())})
     run = store.resumable_run(spec)
     finished = set() if run is None else set(store.points(run.run_id).query("status == 'done'")["point"])
+    unfinished = [ref.path for i, ref in enumerate(refs) if i not in finished]
     if adapters is not None:  # one base, each adapter checked against it
         check_checkpoint(adapters.base, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
-        for i, ref in enumerate(refs):
-            if i not in finished:
-                check_adapter(ref.path, adapters.base)
+        for path in unfinished:
+            check_adapter(path, adapters.base)
         model_path = adapters.base
     else:
-        for i, ref in enumerate(refs):  # a broken checkpoint still to audit: refused before any write
-            if i not in finished:
-                check_checkpoint(ref.path, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
+        for path in unfinished:  # a broken checkpoint still to audit: refused before any write
+            check_checkpoint(path, settings.max_length, resolve_dtype(settings.dtype), tokenizer)
         check_one_series([Path(r.path) for r in refs], tokenizer)  # one tokenizer, one architecture
         model_path = refs[0].path
     if run is None:
@@ -234,9 +233,7 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
     rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
                          loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only)
     parts = ranks.gather(rows)
-    if not ranks.lead:
-        return rows
-    if len(parts) == 1:
+    if not ranks.lead or len(parts) == 1:
         return rows
     results = sorted((r for p in parts for r in p[1]), key=lambda r: r.batch_index)
     return ScoreColumns.joined([p[0] for p in parts]), results

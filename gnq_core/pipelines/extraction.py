@@ -26,12 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gnq_core.pipelines.attack_defaults import (
-    DEFAULT_PREFIX,
-    DEFAULT_REFERENCE,
-    DEFAULT_SUFFIX,
-    DEFAULT_THRESHOLD,
-)
+from gnq_core.pipelines import attack_defaults as attack
 from gnq_core.pipelines.attacks.decode import greedy_decode
 from gnq_core.pipelines.attacks.forward import evaluating, model_device
 from gnq_core.sources.tokenizer_panics import panics_as_one_line
@@ -144,16 +139,14 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
     return [r for r in results if r is not None]
 
 
-
-
 @dataclass(frozen=True)
 class AttackRule:
     """What "extracted" means for one stored attack (recorded in the run's settings)."""
 
-    prefix_tokens: int = DEFAULT_PREFIX
-    suffix_tokens: int | None = DEFAULT_SUFFIX  # None: the rest of the text (the studies' rule)
-    threshold: float = DEFAULT_THRESHOLD
-    reference: str | None = DEFAULT_REFERENCE  # None: no calibration; else "first" or a model folder
+    prefix_tokens: int = attack.DEFAULT_PREFIX
+    suffix_tokens: int | None = attack.DEFAULT_SUFFIX  # None: the rest of the text (the studies' rule)
+    threshold: float = attack.DEFAULT_THRESHOLD
+    reference: str | None = attack.DEFAULT_REFERENCE  # None: no calibration; else "first" or a model folder
 
     def describe(self, reference_name: str | None) -> str:
         target = (f"exactly the next {self.suffix_tokens} tokens" if self.suffix_tokens

@@ -122,11 +122,9 @@ class GNQCallback(TrainerCallback):
         self.rank, self.world, self.batch_size = 0, 1, 0
         self.point, self.micro = -1, 0
         self._scored: list[tuple[int, ScoreColumns]] = []  # this process's rows by point, also kept in memory
-        self._ids: torch.Tensor | None = None
-        self._losses: torch.Tensor | None = None
-        self._signals: dict[str, np.ndarray] | None = None  # Min-K% / Min-K%++ of the batch
+        # this micro-batch: ids, t0, losses ℓ_j, counts (targets) and signals (Min-K% / Min-K%++)
+        self._current: dict[str, Any] = {}
         self._weights: torch.Tensor | None = None
-        self._t0 = 0.0
         self._since_log: list[ScoreColumns] = []
         self._pending: list[dict[str, Any]] = []  # the window's micro-batches so far (step mode)
         self.windows_without_gnq = 0  # windows of < 2 texts: no companions, GNQ NULL
@@ -162,9 +160,10 @@ class GNQCallback(TrainerCallback):
         frames = [c.frame(point) for point, c in self._scored] or [ScoreColumns().frame(0)]
         return pd.concat(frames, ignore_index=True)
 
-    def _record(self, step: int, texts: ScoreColumns, batches: list[BatchResult]) -> None:
-        """One scored batch or window: to this rank's shards and the in-memory rows."""
-        self.writer.add(step, self.point, texts, batches)
+    def _record(self, texts: ScoreColumns, batch: BatchResult) -> None:
+        """One scored batch or window: to this rank's shards and the in-memory rows (a global
+        batch's ``batches`` row is written once, by rank 0)."""
+        self.writer.add(batch.step, self.point, texts, [] if self._global and self.rank != 0 else [batch])
         self._scored.append((self.point, texts))
         self._since_log.append(texts)
         self.micro += 1
@@ -268,14 +267,14 @@ class GNQCallback(TrainerCallback):
             raise ValueError(f"GNQTrainer: the batch has no '{EXAMPLE_ID}'; add it to every training "
                              "row and use gnq_core.pipelines.hf_callback.lm_collator"
                              " (or a collator that keeps it)")
-        self._ids, self._weights, self._t0 = example_ids.detach().cpu(), None, time.perf_counter()
+        self._current, self._weights = {"ids": example_ids.detach().cpu(), "t0": time.perf_counter()}, None
 
     def watch_losses(self, losses: torch.Tensor, counts: torch.Tensor,
                      signals: dict[str, np.ndarray] | None = None) -> None:
         """Keep ℓ_j (and the forward signals, ``membership.token_signals``); the hook receives
         ∂objective/∂ℓ_j in the backward: the weights w_j."""
-        self._losses, self._counts = losses.detach(), counts.detach()
-        self._signals = signals
+        self._current = {**self._current, "losses": losses.detach(), "counts": counts.detach(),
+                       "signals": signals}  # a new dict: a window's earlier micro-batches keep theirs
         if losses.requires_grad:
             def keep(grad: torch.Tensor) -> None:
                 w = grad.detach().to(torch.float64)
@@ -288,8 +287,7 @@ class GNQCallback(TrainerCallback):
             return
         if self._windowed:  # pooled with the window's other micro-batches at the optimizer step
             self.auditor.add_micro_batch(self._weights)
-            self._pending.append({"ids": self._ids, "losses": self._losses, "counts": self._counts,
-                                  "signals": self._signals, "t0": self._t0})
+            self._pending.append(self._current)
             self._weights = None
             return
 
@@ -298,10 +296,11 @@ class GNQCallback(TrainerCallback):
             gnq = res.local_gnq if res.batch_size >= MIN_BATCH_SIZE else None  # no companions
             return gnq, res.kernel.diagonal()[res.local], res.condition, res.batch_size
 
-        texts, batch = score_batch(compute, self._losses, self._ids, targets=self._counts,
+        m = self._current
+        texts, batch = score_batch(compute, m["losses"], m["ids"], targets=m["counts"],
                                    batch_index=self._batch_index, step=state.global_step + 1,
-                                   started=self._t0, extra=self._signals)
-        self._record(batch.step, texts, self._batch_rows(batch))
+                                   started=m["t0"], extra=m["signals"])
+        self._record(texts, batch)
         self._weights = None
 
     def _finish_window(self, step: int) -> None:
@@ -311,8 +310,10 @@ class GNQCallback(TrainerCallback):
             return
         try:
             res = self.auditor.finish_window()
+            mode = res.mode
         except GNQNumericalError as exc:  # recorded as a non-finite batch by score_batch
             res, failure = None, exc
+            mode = "sketch" if self.config.window_mode == "sketch" else "exact"
         if res is not None and res.gnq is None:
             self.windows_without_gnq += 1
 
@@ -331,9 +332,9 @@ class GNQCallback(TrainerCallback):
                                    targets=torch.cat([m["counts"] for m in pending]),
                                    batch_index=self._batch_index,
                                    step=step, started=pending[0]["t0"], extra=signals,
-                                   gnq_mode=self._mode_of(res), sketch_k=None if res is None else res.k,
+                                   gnq_mode=mode, sketch_k=None if res is None else res.k,
                                    sketch_seed=None if res is None else res.seed)
-        self._record(batch.step, texts, self._batch_rows(batch))
+        self._record(texts, batch)
 
     # ------------------------------------------------------------------ run description
     def _examples_frame(self) -> pd.DataFrame:
@@ -390,15 +391,6 @@ class GNQCallback(TrainerCallback):
         """The GNQ batch within the epoch: a global batch has one index on every rank."""
         return self.micro if self._global else self.micro * self.world + self.rank
 
-    def _batch_rows(self, batch: Any) -> list[Any]:
-        """A global batch's ``batches`` row is written once, by rank 0."""
-        return [] if self._global and self.rank != 0 else [batch]
-
-    def _mode_of(self, res: Any) -> str:
-        if res is not None:
-            return res.mode
-        return "sketch" if self.config.window_mode == "sketch" else "exact"
-
     @property
     def _windowed(self) -> bool:
         return self.config.gnq_batch == "step"
@@ -429,7 +421,6 @@ class GNQCallback(TrainerCallback):
         return out
 
 
-
 def _finite_gnq(parts: Sequence[ScoreColumns]) -> tuple[np.ndarray, np.ndarray]:
     """The finite GNQ values of ``parts`` and their texts' example ids, in order."""
     gnq = np.concatenate([c.column("gnq") for c in parts]) if parts else np.empty(0)
@@ -457,6 +448,25 @@ class GNQTrainerSteps:
     the pass closed after each backward, and GNQ's summaries in every training log."""
 
     gnq: GNQCallback
+    kept_columns: tuple[str, ...] = (EXAMPLE_ID,)  # kept through RemoveColumnsCollator
+
+    def _refuse_compute_loss_func(self, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("compute_loss_func") is not None:
+            raise ValueError(f"{type(self).__name__} computes the loss from per-example losses itself; "
+                             "compute_loss_func cannot be combined with it")
+
+    def _start_gnq(self, callback: GNQCallback) -> None:
+        """After the Trainer's own setup: refuse a compiled model, then audit with ``callback``."""
+        plugin = getattr(getattr(self.accelerator, "state", None), "dynamo_plugin", None)
+        backend = getattr(getattr(plugin, "backend", None), "value", None)
+        check_no_compile_setting(bool(self.args.torch_compile), backend)
+        check_not_compiled(self.model)
+        self.gnq = callback
+        self.add_callback(callback)
+
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        self._signature_columns += [c for c in self.kept_columns if c not in self._signature_columns]
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's logging, with GNQ's summaries since the last log added to a training log
@@ -475,21 +485,9 @@ class GNQTrainer(GNQTrainerSteps, Trainer):
     """``transformers.Trainer`` with in-run GNQ on every micro-batch (see the module doc)."""
 
     def __init__(self, *args: Any, gnq: GNQConfig, **kwargs: Any) -> None:
-        if kwargs.get("compute_loss_func") is not None:
-            raise ValueError("GNQTrainer computes the loss from per-example losses itself; "
-                             "compute_loss_func cannot be combined with it")
+        self._refuse_compute_loss_func(kwargs)
         super().__init__(*args, compute_loss_func=self._objective, **kwargs)
-        plugin = getattr(getattr(self.accelerator, "state", None), "dynamo_plugin", None)
-        backend = getattr(getattr(plugin, "backend", None), "value", None)
-        check_no_compile_setting(bool(self.args.torch_compile), backend)
-        check_not_compiled(self.model)
-        self.gnq = GNQCallback(gnq, self)
-        self.add_callback(self.gnq)
-
-    def _set_signature_columns_if_needed(self) -> None:
-        super()._set_signature_columns_if_needed()
-        if EXAMPLE_ID not in self._signature_columns:  # keep it through RemoveColumnsCollator
-            self._signature_columns.append(EXAMPLE_ID)
+        self._start_gnq(GNQCallback(gnq, self))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids = inputs.pop(EXAMPLE_ID, None)

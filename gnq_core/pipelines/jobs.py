@@ -72,11 +72,10 @@ class Job:
     def alive(self) -> bool:
         if self.pid is None or self.status not in ("queued", "running"):
             return False
-        try:  # started by this process (the dashboard): reap it if it died, or it lingers as a zombie
+        # started by this process (the dashboard): reap it if it died, or it lingers as a zombie
+        with contextlib.suppress(ChildProcessError):
             if os.waitpid(self.pid, os.WNOHANG)[0] == self.pid:
                 return False
-        except ChildProcessError:
-            pass
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -192,12 +191,11 @@ def run_steps(job_path: Path) -> int:
             try:
                 for line in run_job(job.settings(i), store, progress):
                     print(line, flush=True)
-            except user_errors() as exc:
-                print(f"error: {one_line(exc)}", flush=True)
-                rc = 1
-                break
-            except Exception:  # a bug: its traceback in the log, the job marked failed
-                traceback.print_exc()
+            except Exception as exc:  # a bug: its traceback in the log; either way the job failed
+                if isinstance(exc, user_errors()):
+                    print(f"error: {one_line(exc)}", flush=True)
+                else:
+                    traceback.print_exc()
                 rc = 1
                 break
     except KeyboardInterrupt:

@@ -11,12 +11,12 @@ at the kept copies (provenance that still exists; the sha256 of both stays in th
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from gnq_core.pipelines.uploads import inside
 from gnq_core.results.layout import kept_root
 from gnq_core.results.store import Store
 
@@ -28,12 +28,11 @@ def keep_last_checkpoint(db: str | Path, run_name: str, uploads: Sequence[str | 
     if not Path(db).exists() or (run := store.find_run(run_name)) is None:
         return None
     points = store.points(run.run_id)
-    doomed = [Path(os.path.abspath(u)) for u in uploads]
 
-    def inside(path: object) -> bool:
-        return bool(path) and any(Path(os.path.abspath(str(path))).is_relative_to(u) for u in doomed)
+    def doomed(path: object) -> bool:
+        return bool(path) and any(inside(Path(str(path)), Path(u)) for u in uploads)
 
-    moved: dict[int, str | None] = {int(p.point): None for p in points.itertuples() if inside(p.path)}
+    moved: dict[int, str | None] = {int(p.point): None for p in points.itertuples() if doomed(p.path)}
     if not moved:
         return None
     done = points[(points["status"] == "done") & points["point"].isin(list(moved))]
@@ -48,10 +47,10 @@ def keep_last_checkpoint(db: str | Path, run_name: str, uploads: Sequence[str | 
         moved[int(last["point"])] = str(kept)
     store.set_point_paths(run.run_id, moved)
     data = None
-    if inside(run.dataset_path) and Path(run.dataset_path).is_file():
+    if doomed(run.dataset_path) and Path(run.dataset_path).is_file():
         data = kept_root(db) / f"{run.run_id}-data" / Path(run.dataset_path).name
         data.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(run.dataset_path, data)
-    store.set_run_paths(run.run_id, model_path=str(kept) if kept and inside(run.model_path) else None,
+    store.set_run_paths(run.run_id, model_path=str(kept) if kept and doomed(run.model_path) else None,
                         dataset_path=str(data) if data else None)
     return kept

@@ -22,7 +22,6 @@ True for a member and False for a non-member.
 from __future__ import annotations
 
 import math
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ import pandas as pd
 
 from gnq_core.engine.losses import TOKEN_SUM
 from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.membership import token_logprobs
+from gnq_core.pipelines.membership import token_logprobs, zlib_bits
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.progress import Reporter
 from gnq_core.results.store import Store
@@ -95,8 +94,7 @@ def check_run_takes_non_members(store: Store, run: Run, dataset: TextDataset) ->
 def non_members_of_audit(store: Store, run: Run, dataset: TextDataset, *, device: str = "auto",
                          reporter: Reporter | None = None, reference: str | None = None) -> Run:
     """``audit_non_members`` for a stored audit run, with its own settings and checkpoints (what
-    ``gnq extract --non-members`` does).  A training run is refused: its in-run numbers are
-    measured mid-epoch, before each update, and are not comparable with a checkpoint's."""
+    ``gnq extract --non-members`` does), after ``check_run_takes_non_members``."""
     check_run_takes_non_members(store, run, dataset)
     settings = AuditSettings(lam=run.lam, batch_size=run.batch_size, max_length=run.max_length, seed=run.seed,
                              device=device, dtype=run.dtype or "float32",
@@ -170,8 +168,7 @@ def _signals(store: Store, run: Run, point: int) -> pd.DataFrame:
     predicted = (frame["n_tokens"] - 1).clip(lower=1)
     loss = frame["loss_last"]
     nats = loss if run.settings.get("loss") == TOKEN_SUM else loss * predicted
-    zbits = frame["text"].map(lambda t: 8 * len(zlib.compress(t.encode("utf-8"))))
-    frame["zlib_ratio"] = nats / math.log(2) / zbits
+    frame["zlib_ratio"] = nats / math.log(2) / frame["text"].map(zlib_bits)
     metrics = store.metrics(run.run_id).set_index("example_id")
     reference = metrics[REFERENCE_METRIC] if REFERENCE_METRIC in metrics.columns else math.nan
     frame["loss_ratio"] = loss / reference

@@ -25,17 +25,13 @@ def run_job(settings: JobSettings, store: Store | None, progress: JobProgress | 
     the others may pass ``store=None``.  Ctrl-C / SIGTERM (KeyboardInterrupt) marks the run
     'cancelled' and keeps what is finished; a rerun resumes."""
     progress = progress or JobProgress(store)
-    runners: dict[str, Callable[..., list[str]]] = {
-        "train": _train, "audit": _audit, "extract": _extract, "demo": _demo}
-    return runners[settings.kind](settings, store, progress)
-
-
-def _threads(threads: int | None) -> None:
-    """torch CPU threads for this job (the form's setting, the CLI's --threads); None: as is."""
-    if threads:
+    if threads := getattr(settings, "threads", None):  # torch CPU threads (--threads); None: as is
         import torch
 
         torch.set_num_threads(threads)
+    runners: dict[str, Callable[..., list[str]]] = {
+        "train": _train, "audit": _audit, "extract": _extract, "demo": _demo}
+    return runners[settings.kind](settings, store, progress)
 
 
 def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
@@ -88,7 +84,6 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     from gnq_core.sources.checkpoints.series import find_checkpoints
 
     ranks = Ranks.from_env()
-    _threads(job.threads)
     dataset = _texts(job, progress)
     adapters = None
     if job.base_model is not None:
@@ -139,7 +134,6 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
     from gnq_core.pipelines.attacks.run import run_extraction
     from gnq_core.pipelines.text_labels import ensure_text_labels
 
-    _threads(job.threads)
     info = store.require_existing().run(job.run)
     outside = _non_members_of(store, info, job.non_members) if job.non_members else None
     progress.plan(None)

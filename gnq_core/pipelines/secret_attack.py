@@ -56,7 +56,6 @@ MIN_EXPOSURE_DIGITS = 3
 DETECT = False  # in ``stored_values``: no labels stored for this text, find its values now
 
 
-
 @dataclass(frozen=True)
 class SecretTarget:
     example_id: int

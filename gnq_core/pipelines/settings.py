@@ -12,14 +12,7 @@ import operator
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from gnq_core.pipelines.attack_defaults import (
-    DEFAULT_ATTACK_BATCH,
-    DEFAULT_PREFIX,
-    DEFAULT_REFERENCE,
-    DEFAULT_SECRET_CANDIDATES,
-    DEFAULT_SUFFIX,
-    DEFAULT_THRESHOLD,
-)
+from gnq_core.pipelines import attack_defaults as attack
 
 
 def _require(ok: bool, message: str) -> None:
@@ -79,7 +72,6 @@ class AuditSettings:
         _whole(self.batch_size, "--batch-size", 2)
         _whole(self.max_length, "--max-length", 2)
         check_loss_convention(self.loss), check_lam_mode(self.lam_mode)
-        _require(self.max_length >= 2, f"--max-length must be at least 2 tokens, got {self.max_length}")
         _require(self.dtype in FULL_PRECISION, f"--dtype must be {' or '.join(FULL_PRECISION)}, got "
                                                f"{self.dtype!r} (checkpoints saved in bf16/fp16 are read "
                                                "into it)")
@@ -127,10 +119,12 @@ class _TextsJob:
     secret_column: str | None = None  # each row's private value(s), found in its text (issue 37)
     secret_patterns: tuple[str, ...] = ()  # regexes of values to treat as secret (group 1: the value)
     public_column: str | None = None  # true: the text is public, nothing private in it
+    threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
 
     def __post_init__(self) -> None:
         from gnq_core.sources.secrets import compile_patterns
 
+        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
         object.__setattr__(self, "secret_patterns", tuple(self.secret_patterns or ()))
         compile_patterns(self.secret_patterns)
 
@@ -154,14 +148,12 @@ class AuditJob(_TextsJob):
     settings: AuditSettings = field(default_factory=AuditSettings)
     non_members: str | None = None  # texts the model never saw, audited into NAME.non-members
     reference: str | None = None  # "first" or a model folder: reference loss of members and non-members
-    threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
     tokenizer: str | None = None  # a folder with the tokenizer, for checkpoints saved without one
     base_model: str | None = None  # the checkpoints are PEFT adapters of this model (sources/adapters.py)
     merge_adapter: bool = False  # GNQ over all parameters of the merged model, not the adapter's
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
         _require(not self.merge_adapter or self.base_model is not None,
                  "--merge-adapter applies to adapter checkpoints: give their base model with --base-model")
         _require(self.base_model is None or self.non_members is None,
@@ -176,15 +168,15 @@ class ExtractJob:
     kind: ClassVar[str] = "extract"
     run: str
     checkpoint: str | None = None  # a point label; default: the last
-    prefix_tokens: int = DEFAULT_PREFIX
-    threshold: float = DEFAULT_THRESHOLD
-    batch_size: int = DEFAULT_ATTACK_BATCH
+    prefix_tokens: int = attack.DEFAULT_PREFIX
+    threshold: float = attack.DEFAULT_THRESHOLD
+    batch_size: int = attack.DEFAULT_ATTACK_BATCH
     device: str = "auto"
-    suffix_tokens: int = DEFAULT_SUFFIX  # exactly s tokens must follow (pipelines/extraction.py)
-    reference: str | None = DEFAULT_REFERENCE  # "first" checkpoint, a model folder, or None: no calibration
+    suffix_tokens: int = attack.DEFAULT_SUFFIX  # exactly s tokens must follow (pipelines/extraction.py)
+    reference: str | None = attack.DEFAULT_REFERENCE  # "first", a model folder, or None: no calibration
     non_members: str | None = None  # texts never seen: audited over the run's checkpoints (audit runs)
     threads: int | None = None
-    secret_candidates: int = DEFAULT_SECRET_CANDIDATES  # N random values per secret for its exposure
+    secret_candidates: int = attack.DEFAULT_SECRET_CANDIDATES  # N random values per secret for its exposure
 
     def __post_init__(self) -> None:
         _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")

@@ -1,15 +1,13 @@
 """In-run audited training: GNQ of every example at every step, from the training's own backward.
 
 The one training loop (training_loop.py: seeded shuffles per epoch, AdamW, per-example mean NLL
-averaged over the batch) with its three callbacks: ``GNQScores``, the auditor reading the same
-backward that produces the update (weights 1/B undo the batch mean, DESIGN.md §1; GNQ's ℓ_j is
-that mean, or with ``loss="token_sum"`` the sum, whose weights are 1/(B n_j)); ``Checkpoints``,
-the model saved after each epoch under RUN_DIR/epoch-K (safetensors + tokenizer + trainer
-state) before the epoch's scores are committed; ``Progress``.  A rerun of an unfinished run
-continues after its last finished epoch.  The batches are the training's own (plain seeded
-shuffles); when two copies of a text share one, the store shows that text's GNQ as measured
-with a copy in the batch (``gnq_with_copy``) and ``gnq train`` reports how many steps had one
-(``Store.steps_with_copies``).
+averaged over the batch) with its three callbacks (their docstrings say what each does):
+``GNQScores``, the auditor reading the backward that makes the update; ``Checkpoints``,
+RUN_DIR/epoch-K after each epoch, saved before the epoch's scores are committed; ``Progress``.
+A rerun of an unfinished run continues after its last finished epoch.  The batches are the
+training's own (plain seeded shuffles); when two copies of a text share one, the store shows
+that text's GNQ as measured with a copy in the batch (``gnq_with_copy``) and ``gnq train``
+reports how many steps had one (``Store.steps_with_copies``).
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gnq_core.atomic import check_folder_target
 from gnq_core.engine.auditor import GNQAuditor
@@ -27,7 +26,7 @@ from gnq_core.pipelines.protected_paths import OverwriteError, refuse_overwrite,
 from gnq_core.pipelines.resume import resume_from
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.text_labels import dataset_labels, secret_settings
-from gnq_core.pipelines.training_loop import Checkpoints, GNQScores, Progress, seeded_batches, train
+from gnq_core.pipelines.training_loop import Checkpoints, GNQScores, Progress, adamw, seeded_batches, train
 from gnq_core.progress import Reporter
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Store
@@ -50,20 +49,18 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
     """Train (from scratch, or fine-tune ``init``) with in-run GNQ; resumes an unfinished run."""
     reporter = reporter or Reporter()
     out_dir = Path(out_dir).resolve()
-    device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
+    device = resolve_device(settings.device)
     spec = _run_spec(dataset, out_dir, name, init, settings, device)
     run = store.resumable_run(spec)
     start_epoch = 0
     if run is None:
         _refuse_overwrite(store, out_dir, 0, settings.epochs, dataset, init, None)
-        seed_everything(settings.seed)
-        model, tokenizer, init_hash = _initial_model(dataset, init, settings)
+        model, tokenizer, optimizer, init_hash = start_training(dataset, init, settings, device)
         ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
         examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": [len(x) for x in ids]})
         run = store.create_run(replace(spec, model_hash=init_hash),
                                pd.concat([examples, dataset_labels(dataset)], axis=1))
-        optimizer_state = rng_state = None
     else:
         finished = store.points(run.run_id).query("status == 'done'")["point"]
         # A run killed during its first epoch has no finished epoch: start it over.
@@ -75,24 +72,16 @@ def run_training(store: Store, dataset: TextDataset, out_dir: str | Path, *, nam
             return store.run(run.run_id)
         _refuse_overwrite(store, out_dir, start_epoch, settings.epochs, dataset, init, run.run_id)
         if start_epoch == 0:
-            seed_everything(settings.seed)
-            model, tokenizer, _ = _initial_model(dataset, init, settings)
-            optimizer_state = rng_state = None
+            model, tokenizer, optimizer, _ = start_training(dataset, init, settings, device)
         else:
             resume_at = out_dir / f"epoch-{start_epoch}"
             stored = store.points(run.run_id).set_index("point")["model_hash"].get(start_epoch - 1)
             verify_checkpoint(resume_at, stored, f"run {run.name!r}'s epoch-{start_epoch}")
-            model, tokenizer, optimizer_state, rng_state = resume_from(resume_at)
+            model, tokenizer, optimizer, _ = start_training(dataset, init, settings, device, resume_at)
             reporter.log(f"resuming run {run.name!r} after epoch {start_epoch}")
         ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
         store.set_status(run.run_id, "running")
 
-    model.to(device=device, dtype=dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    if optimizer_state is not None:
-        optimizer.load_state_dict(optimizer_state)
-    if rng_state is not None:
-        torch.set_rng_state(rng_state)
     store.add_points(run.run_id, [dict(point=e, label=f"epoch-{e + 1}", kind="epoch",
                                        path=str(out_dir / f"epoch-{e + 1}")) for e in range(settings.epochs)])
     # Fused: the per-example gradients the audit forms anyway are summed into the weight gradient,
@@ -123,7 +112,28 @@ def _refuse_overwrite(store: Store, out_dir: Path, start_epoch: int, epochs: int
                              "another --out (or remove it)")
 
 
+def start_training(dataset: TextDataset, init: str | Path | None, settings: TrainSettings,
+                   device: torch.device, resume_at: Path | None = None,
+                   ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, torch.optim.Optimizer, str | None]:
+    """The model on ``device`` in the settings' dtype, its tokenizer, ``gnq train``'s optimizer and
+    ``init``'s hash: a fresh start (``_initial_model``), or the training saved in ``resume_at``
+    continued exactly where it left off (resume.py).  The studies' pretraining starts here too."""
+    init_hash = optimizer_state = None
+    if resume_at is None:
+        model, tokenizer, init_hash = _initial_model(dataset, init, settings)
+    else:
+        model, tokenizer, optimizer_state, rng_state = resume_from(resume_at)
+    model.to(device=device, dtype=resolve_dtype(settings.dtype))
+    optimizer = adamw(model, settings)
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+        torch.set_rng_state(rng_state)
+    return model, tokenizer, optimizer, init_hash
+
+
 def _initial_model(dataset: TextDataset, init: str | Path | None, settings: TrainSettings):
+    """Seeded: ``init``'s model, or a BPE tokenizer trained on the texts and a fresh model."""
+    seed_everything(settings.seed)
     if init is not None:
         check_checkpoint(init, settings.max_length)
         model, tokenizer = load_checkpoint(init)

@@ -22,6 +22,7 @@ from gnq_core.engine.losses import TOKEN_MEAN, batch_mean_weights, per_example_l
 from gnq_core.pipelines.membership import TOKEN_SIGNALS
 from gnq_core.pipelines.resume import save_trainer_state
 from gnq_core.pipelines.scoring import score_pass
+from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.progress import Reporter
 from gnq_core.results.records import BatchResult, ScoreColumns
 from gnq_core.results.store import Store
@@ -66,6 +67,11 @@ def seeded_batches(indices: Sequence[int], batch_size: int, seed: int) -> Batche
     """Epoch e's batches: a shuffle of ``indices`` seeded by ``seed + e``, cut into batch_size."""
     return lambda epoch: [[indices[i] for i in part]
                           for part in batch_partition(len(indices), batch_size, seed + epoch)]
+
+
+def adamw(model: torch.nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
+    """``gnq train``'s optimizer: AdamW at the settings' learning rate and weight decay."""
+    return torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
 
 
 def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: list[list[int]], pad: int,

@@ -38,7 +38,6 @@ import pandas as pd
 import torch
 from trl import SFTTrainer, pack_dataset
 
-from gnq_core.engine.compiled import check_no_compile_setting, check_not_compiled
 from gnq_core.pipelines.hf_callback import (
     EXAMPLE_ID,
     GNQCallback,
@@ -123,10 +122,10 @@ def with_example_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]]
 class GNQSFTTrainer(GNQTrainerSteps, SFTTrainer):
     """``trl.SFTTrainer`` with in-run GNQ on every micro-batch (see the module doc)."""
 
+    kept_columns = (EXAMPLE_ID, TOKEN_IDS)
+
     def __init__(self, *args: Any, gnq: GNQConfig, **kwargs: Any) -> None:
-        if kwargs.get("compute_loss_func") is not None:
-            raise ValueError("GNQSFTTrainer computes the loss from per-example losses itself; "
-                             "compute_loss_func cannot be combined with it")
+        self._refuse_compute_loss_func(kwargs)
         config = kwargs.get("args")
         packing = bool(getattr(config, "packing", False))
         if packing and getattr(config, "packing_strategy", "bfd") != "bfd":
@@ -138,23 +137,13 @@ class GNQSFTTrainer(GNQTrainerSteps, SFTTrainer):
                              "with no text ids; use packing=True (packing_strategy='bfd') or "
                              "padding_free=False")
         super().__init__(*args, **kwargs)
-        plugin = getattr(getattr(self.accelerator, "state", None), "dynamo_plugin", None)
-        backend = getattr(getattr(plugin, "backend", None), "value", None)
-        check_no_compile_setting(bool(self.args.torch_compile), backend)
-        check_not_compiled(self.model)
         if packing:  # one row per document, right-padded, with its text's id
             self.data_collator = unpacked_collator(self.processing_class.pad_token_id)
         else:
             self.data_collator = with_example_ids(self.data_collator)
-        self.gnq = _SFTCallback(gnq, self)
-        self.gnq.trainer_name = "trl.SFTTrainer (GNQSFTTrainer)"
-        self.add_callback(self.gnq)
-
-    def _set_signature_columns_if_needed(self) -> None:
-        super()._set_signature_columns_if_needed()
-        for column in (EXAMPLE_ID, TOKEN_IDS):  # kept through RemoveColumnsCollator
-            if column not in self._signature_columns:
-                self._signature_columns.append(column)
+        callback = _SFTCallback(gnq, self)
+        callback.trainer_name = "trl.SFTTrainer (GNQSFTTrainer)"
+        self._start_gnq(callback)
 
     def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
         """TRL's preparation; when packing, the texts' ids ride along as a per-token column through

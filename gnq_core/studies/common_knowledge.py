@@ -29,21 +29,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, group_separation
 from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.resume import TRAINER_STATE, resume_from
+from gnq_core.pipelines.resume import TRAINER_STATE
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
-from gnq_core.pipelines.train import run_training
+from gnq_core.pipelines.train import run_training, start_training
 from gnq_core.pipelines.training_loop import Callback, Checkpoints, Epoch, Progress, seeded_batches, train
 from gnq_core.results.store_queries import Run
-from gnq_core.runtime import resolve_device, resolve_dtype, seed_everything
+from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
-from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import encode_texts, pad_id
 from gnq_core.studies import paraphrases
 from gnq_core.studies import report as rep
@@ -188,22 +186,11 @@ def pretrain(dataset: TextDataset, out_dir: Path, settings: TrainSettings, repor
     if (final / TRAINER_STATE).is_file():
         return final
     device = resolve_device(settings.device)
-    saved = [e for e in range(settings.epochs - 1, 0, -1)
-             if (out_dir / f"epoch-{e}" / TRAINER_STATE).is_file()]
-    start = saved[0] if saved else 0
-    if start:
-        model, tokenizer, optimizer_state, rng_state = resume_from(out_dir / f"epoch-{start}", device)
-    else:
-        seed_everything(settings.seed)
-        tokenizer = train_tokenizer(dataset.texts, vocab_size=settings.vocab_size)
-        model = build_model(settings.preset, vocab_size=len(tokenizer), max_length=settings.max_length,
-                            seed=settings.seed, eos_token_id=tokenizer.eos_token_id)
-        model.to(device=device, dtype=resolve_dtype(settings.dtype))
+    start = next((e for e in range(settings.epochs - 1, 0, -1)
+                  if (out_dir / f"epoch-{e}" / TRAINER_STATE).is_file()), 0)  # the latest saved epoch
+    model, tokenizer, optimizer, _ = start_training(dataset, None, settings, device,
+                                                    out_dir / f"epoch-{start}" if start else None)
     ids = encode_texts(tokenizer, dataset.texts, settings.max_length)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    if start:
-        optimizer.load_state_dict(optimizer_state)
-        torch.set_rng_state(rng_state)
     # the one training loop, without the GNQ callback
     train(model, optimizer, ids, pad_id(tokenizer), device,
           seeded_batches(range(len(ids)), settings.batch_size, settings.seed),

@@ -18,7 +18,7 @@ from gnq_core.atomic import write_text_atomic
 from gnq_core.engine.losses import IGNORE_INDEX, per_example_lm_loss
 from gnq_core.pipelines.attacks.forward import forward_batches
 from gnq_core.pipelines.settings import TrainSettings
-from gnq_core.pipelines.training_loop import seeded_batches, train
+from gnq_core.pipelines.training_loop import adamw, seeded_batches, train
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import StoreError
 from gnq_core.runtime import resolve_device
@@ -77,10 +77,8 @@ def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset
         else:
             subset = cf_subset(len(ids), m, settings.seed)
             model, _ = load_checkpoint(init, device=device)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr,
-                                          weight_decay=settings.weight_decay)
             # gnq train's loop (optimiser, loss, batch order) on the subset, without callbacks
-            train(model, optimizer, ids, pad_id(tokenizer), device,
+            train(model, adamw(model, settings), ids, pad_id(tokenizer), device,
                   seeded_batches(subset, settings.batch_size, settings.seed), epochs=range(settings.epochs),
                   loss=settings.loss)
             accuracy, loss = _evaluate(model, ids, settings.batch_size, pad_id(tokenizer), device)

@@ -8,15 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gnq_core.pipelines.attack_defaults import (
-    DEFAULT_ATTACK_BATCH,
-    DEFAULT_PREFIX,
-    DEFAULT_REFERENCE,
-    DEFAULT_SECRET_CANDIDATES,
-    DEFAULT_SUFFIX,
-    DEFAULT_THRESHOLD,
-    FIRST_CHECKPOINT,
-)
+from gnq_core.pipelines import attack_defaults as attack
 from gnq_core.pipelines.attacks.contract import Target, run_attacks
 from gnq_core.pipelines.attacks.stored import stored_attacks
 from gnq_core.pipelines.extraction import AttackRule
@@ -24,11 +16,11 @@ from gnq_core.pipelines.extraction import AttackRule
 __all__ = ["run_extraction"]
 
 
-def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: int = DEFAULT_PREFIX,
-                   threshold: float = DEFAULT_THRESHOLD, batch_size: int = DEFAULT_ATTACK_BATCH,
-                   device: str = "auto", suffix_tokens: int | None = DEFAULT_SUFFIX,
-                   reference: str | None = DEFAULT_REFERENCE,
-                   reporter=None, secret_candidates: int = DEFAULT_SECRET_CANDIDATES) -> dict:
+def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: int = attack.DEFAULT_PREFIX,
+                   threshold: float = attack.DEFAULT_THRESHOLD, batch_size: int = attack.DEFAULT_ATTACK_BATCH,
+                   device: str = "auto", suffix_tokens: int | None = attack.DEFAULT_SUFFIX,
+                   reference: str | None = attack.DEFAULT_REFERENCE,
+                   reporter=None, secret_candidates: int = attack.DEFAULT_SECRET_CANDIDATES) -> dict:
     """Attack every example of a stored run with one of its checkpoints; store the results.
 
     ``checkpoint`` is a point label (e.g. 'epoch-3'); default: the run's last finished point.
@@ -115,7 +107,7 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
     without one, or when the first checkpoint is the one attacked."""
     if reference is None:
         return None
-    if reference != FIRST_CHECKPOINT:
+    if reference != attack.FIRST_CHECKPOINT:
         return str(Path(reference).resolve())  # recorded absolute: outputs elsewhere must not replace it
     from gnq_core.pipelines.protected_paths import verify_checkpoint
 
