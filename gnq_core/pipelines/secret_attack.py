@@ -134,15 +134,15 @@ def matched_chars(value: str, target_text: str, generated_text: str) -> tuple[in
 
 
 def format_places(value: str, others: Sequence[str]) -> set[int]:
-    """Indices of ``value``'s letters and digits that its format explains: where the most common
-    character of the ``others`` (the run's other values of its kind) at that index is the same
-    ("+44 20 7946" shared by a data set's phone numbers).  No others: none."""
+    """Indices of ``value``'s letters and digits that its format explains: where at least half of
+    the ``others`` (the run's other values of its kind) have the same character at that index
+    ("+44 20 7946" shared by a data set's phone numbers), a tie included.  No others: none."""
     mine = [c for c in value if c.isalnum()]
     theirs = [[c for c in o if c.isalnum()] for o in others]
     places = set()
     for j, c in enumerate(mine):
         column = [t[j] for t in theirs if j < len(t)]
-        if column and max(set(column), key=column.count) == c and column.count(c) * 2 >= len(column):
+        if column and column.count(c) * 2 >= len(column):
             places.add(j)
     return places
 
