@@ -107,6 +107,35 @@ def test_audit_companions_rows_say_their_companion_set(tiny):
     assert bad.exit_code == 1 and "--companions" in bad.output and "Traceback" not in bad.output
 
 
+
+def test_the_sketches_are_let_go_before_the_n_by_n_solve(tiny, monkeypatch):
+    """The n × n path needs the [n, m] sketches only for their Gram: an audit's sketches are freed
+    before the solve's K, L and M exist (at 20,000 texts they are 5 GB of the peak)."""
+    import weakref
+
+    from gnq_core.engine import companions
+
+    taken, alive_at_solve = [], []
+    take, solve = companions.SketchRows.take, companions.kernel_gnq
+
+    def tracked_take(self):
+        S = take(self)
+        taken.append(weakref.ref(S))
+        return S
+
+    def checked_solve(K, lam, *args):
+        alive_at_solve.append(sum(ref() is not None for ref in taken))
+        return solve(K, lam, *args)
+
+    monkeypatch.setattr(companions.SketchRows, "take", tracked_take)
+    monkeypatch.setattr(companions, "kernel_gnq", checked_solve)
+    db, out, data = tiny
+    args = ["audit", "--checkpoints", out / "epoch-1", "--data", data, "--db", db, "--name", "freed",
+            "--companions", "all", "--batch-size", 8, "--max-length", 16, "--sketch-k", 256, "--quiet"]
+    result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert taken and alive_at_solve == [0]
+
 @pytest.mark.slow
 def test_identity_sized_sketch_gives_the_exact_gnq_of_one_batch(tiny, tmp_path):
     _, out, data = tiny
