@@ -1,7 +1,9 @@
-"""Small runtime facts shared by the commands: device, dtype, code version, seeding."""
+"""Small runtime facts shared by the commands: device, dtype, code version, seeding, memory."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import random
 import subprocess
@@ -76,3 +78,13 @@ def default_threads() -> int:
     except OSError:
         load = 0.0
     return idle_cores(cores, load)
+
+
+def release_freed_memory() -> None:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing).
+    A pass over thousands of texts frees many micro-batch-sized tensors between long-lived small
+    ones, and glibc keeps those pages: at 20,000 companions they were ~6 GB of the peak."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)

@@ -189,6 +189,7 @@ def companion_gnq(S: torch.Tensor, lam: float, lam_mode: str = "absolute") -> Co
     for i in range(0, n, GRAM_CHUNK):
         Si = S[i:i + GRAM_CHUNK].to(torch.float64)
         norms[i:i + GRAM_CHUNK] = (Si * Si).sum(dim=1)
+    del Si  # a float64 block of up to GRAM_CHUNK sketches, not to be held through the solve
     lam_eff = float(lam)  # as solve.effective_lam, without forming the n × n diagonal
     if check_lam_mode(lam_mode) != LAM_ABSOLUTE and float(norms.mean()) > 0:
         lam_eff = float(lam) * float(norms.mean())

@@ -26,6 +26,7 @@ from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.progress import Reporter
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, ScoreColumns
+from gnq_core.runtime import release_freed_memory
 from gnq_core.sources.tokens import Partition, seeded_partition, stream_batches
 
 COMPANIONS_MODE = "companions"  # batches.gnq_mode of a companion set
@@ -95,6 +96,7 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
                     S = rows.take().to(torch.float64)
                     return None, (S * S).sum(dim=1), None, n
                 # the sketches go straight in: the n × n path frees them once their Gram exists
+                release_freed_memory()  # and the pass's freed heap goes before the Gram's n × n
                 sol = companion_gnq(rows.take(), settings.lam, settings.lam_mode)
                 return sol.gnq, sol.self_influence, sol.condition, n
 
