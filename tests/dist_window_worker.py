@@ -45,17 +45,22 @@ def lm_losses(model, batch):
     return per_example_lm_loss(out.logits, batch["labels"])
 
 
+def audit_window(auditor, model, parts):
+    """Each micro-batch's mean-weighted loss backward, added to the auditor's window; its result."""
+    n = sum(p["input_ids"].shape[0] for p in parts)
+    with auditor:
+        for part in parts:
+            w = torch.full((part["input_ids"].shape[0],), 1.0 / n)
+            (w * lm_losses(model, part)).sum().backward()
+            auditor.add_micro_batch(w)
+        return auditor.finish_window()
+
+
 def window(init_state, parts, **audit) -> dict:
     model = tiny_gpt2()
     model.load_state_dict(init_state)
     ddp = DDP(model)
-    n = sum(p["input_ids"].shape[0] for p in parts)
-    with DistributedWindowAuditor(ddp, LAM, **audit) as auditor:
-        for part in parts:
-            w = torch.full((part["input_ids"].shape[0],), 1.0 / n)
-            (w * lm_losses(ddp, part)).sum().backward()
-            auditor.add_micro_batch(w)
-        r = auditor.finish_window()
+    r = audit_window(DistributedWindowAuditor(ddp, LAM, **audit), ddp, parts)
     return {"gnq": r.gnq, "kernel": r.kernel, "mode": r.mode, "k": r.k, "seed": r.seed,
             "batch_size": r.batch_size, "micro_batches": r.micro_batches, "sizes": r.sizes,
             "offset": r.offset, "local_size": r.local_size, "local_gnq": r.local_gnq,

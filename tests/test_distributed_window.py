@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TOL, kernel_err, rel_err
-from dist_window_worker import LAM, SPEC, lm_losses
+from dist_window_worker import LAM, SPEC, audit_window, lm_losses
 from lm_fixtures import tiny_gpt2
 from test_distributed import concat_lm, free_port, torchrun_ranks
 
@@ -32,13 +32,7 @@ def one_process_window(ranks: list[dict], parts: list[dict], **audit):
     """The same micro-batches, in rank order, as one window of one process."""
     model = tiny_gpt2()
     model.load_state_dict(ranks[0]["init"])
-    n = sum(p["input_ids"].shape[0] for p in parts)
-    with WindowAuditor(model, LAM, **audit) as auditor:
-        for part in parts:
-            w = torch.full((part["input_ids"].shape[0],), 1.0 / n)
-            (w * lm_losses(model, part)).sum().backward()
-            auditor.add_micro_batch(w)
-        return auditor.finish_window()
+    return audit_window(WindowAuditor(model, LAM, **audit), model, parts)
 
 
 def every_part(ranks: list[dict]) -> list[dict]:
