@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import random
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -84,7 +84,7 @@ def release_freed_memory() -> None:
     """Give the heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing).
     A pass over thousands of texts frees many micro-batch-sized tensors between long-lived small
     ones, and glibc keeps those pages: at 20,000 companions they were ~6 GB of the peak."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    if sys.platform.startswith("linux"):  # the process's own C library; musl has no malloc_trim
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+        if trim is not None:
+            trim(0)
