@@ -24,6 +24,7 @@ from gnq_core.pipelines import (
     AuditJob,
     AuditSettings,
     ExtractJob,
+    abandoned_uploads,
     check_upload_tree,
     default_threads,
     estimate_audit,
@@ -33,6 +34,7 @@ from gnq_core.pipelines import (
     save_uploads,
     start_job,
     tokens_per_text,
+    touch_staging,
     uploads_dir,
 )
 from gnq_core.results import MIN_BATCH_SIZE, uploads_root
@@ -85,6 +87,7 @@ db = state.db_path()
 if "staging" not in st.session_state:
     st.session_state["staging"] = new_job_id()
 staging_id = st.session_state["staging"]
+touch_staging(uploads_root(db) / staging_id)  # in use: another session's clean-up keeps it
 
 
 def _local(typed: str) -> Path | None:
@@ -407,10 +410,10 @@ if submitted and steps:
 job_panel(db)
 
 with st.expander("Clean up abandoned uploads", key="cleanup_uploads"):  # one element across reruns
-    folder = uploads_root(db)
     busy = {j.job_id for j in list_jobs(db) if j.alive()} | {staging_id}
-    leftovers = [p for p in folder.glob("*") if p.is_dir() and p.name not in busy] if folder.exists() else []
-    st.caption(f"{len(leftovers)} upload folder(s) not used by a running job.")
+    leftovers = abandoned_uploads(db, busy)
+    st.caption(f"{len(leftovers)} upload folder(s) not used by a running job nor touched by a session for "
+               "a day.")
     if leftovers and st.button("Delete them"):
         for p in leftovers:
             shutil.rmtree(p, ignore_errors=True)

@@ -18,7 +18,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".settings": ("AuditJob", "AuditSettings", "DemoJob", "ExtractJob", "JobSettings", "TrainJob",
                   "TrainSettings", "job_dict", "job_from_dict"),
     ".train": ("run_training",),
-    ".uploads": ("check_upload_tree", "safe_relative_path", "save_uploads", "uploads_dir"),
+    ".uploads": ("abandoned_uploads", "check_upload_tree", "safe_relative_path", "save_uploads",
+                 "touch_staging", "uploads_dir"),
     "gnq_core.progress": ("JobProgress", "Reporter", "seconds_left"),
     "gnq_core.runtime": ("default_threads",),
 })

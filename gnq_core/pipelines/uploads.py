@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -25,6 +26,39 @@ def uploads_dir(db: str | Path, job_id: str) -> Path:
     d = uploads_root(db) / job_id
     d.mkdir(parents=True, exist_ok=False)
     return d
+
+
+# A staging folder of a session that has not started its job yet is "in use" while its session
+# touches it (each run of the New audit page does); untouched this long, it is abandoned.
+ABANDONED_AFTER_S = 24 * 3600
+
+
+def touch_staging(folder: Path) -> None:
+    """Mark a session's staging folder as in use now (its modification time)."""
+    with contextlib.suppress(OSError):
+        os.utime(folder)
+
+
+def abandoned_uploads(db: str | Path, busy: set[str], now: float | None = None,
+                      after_s: float = ABANDONED_AFTER_S) -> list[Path]:
+    """Upload folders of this store that no live job (``busy``: job ids) uses and that no session
+    has touched for ``after_s`` seconds: another session's staged uploads, waiting for its Start
+    audit, are not abandoned."""
+    root = uploads_root(db)
+    now = time.time() if now is None else now
+    try:
+        folders = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and p.name not in busy]
+    except OSError:
+        return []
+    return [p for p in folders if now - _last_touched(p) > after_s]
+
+
+def _last_touched(folder: Path) -> float:
+    """The latest modification time of the folder or anything in it (a file being uploaded too)."""
+    try:
+        return max([folder.stat().st_mtime] + [p.lstat().st_mtime for p in folder.rglob("*")])
+    except OSError:
+        return time.time()  # changing under us: in use
 
 
 def max_upload_bytes() -> int:
