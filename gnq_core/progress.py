@@ -175,7 +175,7 @@ class JobProgress:
 def read_progress(path: str | Path) -> dict[str, Any] | None:
     """What a ProgressFile last wrote, or None."""
     try:
-        state = json.loads(Path(path).read_text())
+        state = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) else None

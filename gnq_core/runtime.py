@@ -50,9 +50,9 @@ def code_version() -> str:
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                             text=True, timeout=5, check=True).stdout.strip()
+                             text=True, timeout=5, check=True, encoding="utf-8").stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+                               capture_output=True, text=True, timeout=5, encoding="utf-8").stdout.strip()
         return f"{version}+g{sha}{'.dirty' if dirty else ''}"
     except (OSError, subprocess.SubprocessError):
         return version

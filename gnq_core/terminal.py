@@ -10,7 +10,9 @@ and rich markup (``[red]``) is escaped, so the terminal shows the name and acts 
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 import unicodedata
 
 from rich.markup import escape as _escape_markup
@@ -37,3 +39,12 @@ def terminal_safe(text: object, *, keep_newlines: bool = False) -> str:
 def markup_safe(text: object) -> str:
     """``terminal_safe`` and with rich markup escaped: for strings printed with markup on."""
     return _escape_markup(terminal_safe(text))
+
+
+def encodable_streams() -> None:
+    """stdout and stderr write what their encoding cannot hold as escapes (``\\xd7``) instead of
+    raising: under the C locale (ASCII) a message with "×" or a Greek text would otherwise end the
+    command with "'ascii' codec can't encode"."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # replaced by a test runner, or closed
+            stream.reconfigure(errors="backslashreplace")

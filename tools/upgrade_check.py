@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     args.venv.mkdir(parents=True, exist_ok=True)
     newest_lock = args.venv / "newest.txt"
     resolve(newest_lock, holds=False)
-    changes = compare(parse_lock(LOCK.read_text()), parse_lock(newest_lock.read_text()))
+    changes = compare(parse_lock(LOCK.read_text(encoding="utf-8")),
+                      parse_lock(newest_lock.read_text(encoding="utf-8")))
 
     py = args.venv / "bin" / "python"
     if not py.exists():

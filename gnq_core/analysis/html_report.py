@@ -122,7 +122,7 @@ def check_writable(out: str | Path) -> Path:
         raise ValueError(f"{out}: the folder {out.parent} does not exist")
     probe = out.with_name(f".{out.name}.probe-{os.getpid()}")
     try:
-        probe.write_text("")
+        probe.write_text("", encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"{out}: cannot write the report here ({exc.strerror or exc})") from None
     probe.unlink(missing_ok=True)

@@ -15,10 +15,11 @@ from gnq_core import interrupts
 
 # The options' defaults are the settings types' (pipelines/settings.py: light, no torch).
 from gnq_core.pipelines.settings import AuditSettings, JobSettings
-from gnq_core.terminal import markup_safe, terminal_safe
+from gnq_core.terminal import encodable_streams, markup_safe, terminal_safe
 from gnq_core.usage_errors import OneLineValueErrors, fail
 
 interrupts.quiet_interrupt_at_exit()  # Ctrl-C before a command starts: one line, no traceback
+encodable_streams()  # the C locale's ASCII: "×" in a message is escaped, not a crash
 
 app = typer.Typer(
     help="GNQ Audit: which training texts has your model encoded? (gradient uniqueness)",

@@ -58,7 +58,7 @@ class Job:
 
     @classmethod
     def load(cls, path: Path) -> Job:
-        return cls(**json.loads(path.read_text()))
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
 
     def settings(self, step: int) -> JobSettings:
         if not 0 <= step < len(self.steps):
@@ -98,7 +98,7 @@ class Job:
         if not inside(log, jobs_dir(self.db)):
             return ""
         try:
-            return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
 
@@ -210,4 +210,7 @@ def run_steps(job_path: Path) -> int:
 
 
 if __name__ == "__main__":
+    from gnq_core.terminal import encodable_streams
+
+    encodable_streams()  # the job's log under the C locale: escapes, not an encoding error
     sys.exit(run_steps(Path(sys.argv[1])))

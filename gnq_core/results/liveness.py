@@ -33,7 +33,7 @@ def run_is_alive(pid: Any, host: Any, heartbeat_at: Any, *, now: datetime | None
     except (PermissionError, OverflowError):
         return True  # exists, owned by someone else
     try:  # a dead child not yet reaped by its parent (the dashboard) still has a pid: a zombie
-        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{int(pid)}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
 

@@ -135,7 +135,7 @@ def read_shards(root: str | Path) -> ShardSet:
         raise ShardError(f"{root}: no such shards folder")
     run_path = root / RUN_FILE
     try:
-        meta = json.loads(run_path.read_text())
+        meta = json.loads(run_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ShardError(f"{root}: not a shards folder ({RUN_FILE} is missing)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

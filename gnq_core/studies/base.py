@@ -183,7 +183,8 @@ class Timings:
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / TIMINGS
-        self.data: dict[str, float] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        saved = self.path.read_text(encoding="utf-8") if self.path.is_file() else "{}"
+        self.data: dict[str, float] = json.loads(saved)
         self.started = time.perf_counter()
 
     @contextlib.contextmanager

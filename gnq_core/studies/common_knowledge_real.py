@@ -87,7 +87,8 @@ def run(ctx: StudyContext, model: Path | None = None) -> Path:
     cfg = REAL
     ft = TrainSettings(**(asdict(cfg.finetune) | {"seed": ctx.seed, "device": ctx.device}))
     init = base_model(model)
-    provenance = json.loads((init / PROVENANCE).read_text()) if (init / PROVENANCE).is_file() else {}
+    provenance = (json.loads((init / PROVENANCE).read_text(encoding="utf-8")) if (init / PROVENANCE).is_file()
+                  else {})
     store, label, work = ctx.store, ctx.label(STUDY), ctx.work_dir(STUDY)
     timings = Timings(work)
     words = paraphrases.bank(cfg.pairs, ctx.seed)

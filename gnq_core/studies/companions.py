@@ -385,7 +385,7 @@ def sketch_error(ctx: StudyContext, cfg: Config, work: Path, timings: Timings, l
     path, exact_path = work / "sketch_error.json", work / "sketch_error_exact.npy"
     if cfg.error_batch < 2:
         return None
-    out = json.loads(path.read_text()) if path.is_file() else None
+    out = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     if out is not None and out.get("complete", True):
         return out
     frame = study_texts(corpus(ctx, cfg), cfg, 0)
@@ -448,7 +448,7 @@ class SeedResult:
 
 def analyse_seed(folder: Path, cfg: Config) -> SeedResult:
     frame = pd.read_csv(folder / "texts.csv")
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     K = np.load(folder / "gram.npy")
     u = frame["unique"].to_numpy()
     Kt = K[np.ix_(u, u)]
@@ -580,7 +580,7 @@ def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -
                          ignore_index=True)
     outcomes["seed"] = outcomes["seed"].astype(str)
     path = work / "sketch_error.json"
-    error = json.loads(path.read_text()) if path.is_file() else None
+    error = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     # compute time from what each finished part recorded (processes building seeds side by side
     # share timings.json, so its sums can miss a stage)
     timings.data = {}
@@ -595,7 +595,7 @@ def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -
 
 def _saved(work: Path, seed: int) -> dict:
     """The settings a seed was built with (its analysis must use its λ and sizes)."""
-    saved = json.loads((seed_dir(work, seed) / "meta.json").read_text())["config"]
+    saved = json.loads((seed_dir(work, seed) / "meta.json").read_text(encoding="utf-8"))["config"]
     return {k: tuple(v) if isinstance(v, list) and k == "sizes" else v for k, v in saved.items()
             if k in ("lam", "sizes", "members", "records", "copies")}
 

@@ -70,7 +70,7 @@ def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset
     for m in range(n_models):
         path = folder / f"model-{m:03d}.json"
         if path.is_file():
-            saved = json.loads(path.read_text())
+            saved = json.loads(path.read_text(encoding="utf-8"))
             if saved["recipe"] != recipe:
                 raise StoreError(f"{path}: counterfactual model trained with other settings or data; "
                                  "pass --tag NAME to build the study under new names")

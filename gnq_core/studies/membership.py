@@ -108,7 +108,7 @@ def _model(ctx: StudyContext, cfg: Config, settings: TrainSettings, texts: list[
         trained = run_training(ctx.store, load_texts(data), work / f"model-{m:02d}", name=name,
                                settings=settings, reporter=r)
     if cache.is_file():
-        saved = json.loads(cache.read_text())
+        saved = json.loads(cache.read_text(encoding="utf-8"))
         if saved["subset"] == subset and saved["run_id"] == trained.run_id:
             return saved
     with timings.stage("score all texts (forward)"):

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     store = Store(args.db)
     train, audit = store.run("real-ft"), store.run("real-ft-last")
-    provenance = json.loads((Path(args.model) / PROVENANCE).read_text())
+    provenance = json.loads((Path(args.model) / PROVENANCE).read_text(encoding="utf-8"))
     seconds = dict(kv.split("=") for kv in args.seconds.split(",") if kv)
     frame = membership_frame(store, audit)
     metrics = pd.concat([store.metrics(r.run_id).assign(run_id=r.run_id) for r in
@@ -109,7 +109,7 @@ bootstrap interval). Predictive power of each signal for the attack's outcome:""
         {"model_sha256": provenance["model_sha256"], "seconds": seconds, "machine": machine("cpu"),
          "membership": membership.to_dict("records"),
          "gnq_lambda_over_kjj_median": float(ratio.median()),
-         "extraction": result.table.to_dict("records")}, indent=2, default=str) + "\n")
+         "extraction": result.table.to_dict("records")}, indent=2, default=str) + "\n", encoding="utf-8")
     print(out)
     return out
 

@@ -91,7 +91,8 @@ command skips what is finished and rewrites this report from the store.""")
                              "machine": machine(device)}
         path = self.folder / "report.md"
         path.write_text("\n\n".join(self.blocks) + "\n", encoding="utf-8")
-        (self.folder / "results.json").write_text(json.dumps(results, indent=2, default=_jsonable) + "\n")
+        (self.folder / "results.json").write_text(json.dumps(results, indent=2, default=_jsonable) + "\n",
+                                                  encoding="utf-8")
         return path
 
 

@@ -61,7 +61,7 @@ def run_sweep(dataset: TextDataset, work: Path, settings: TrainSettings, lrs: tu
     path = work / SWEEP_FILE
     key = {"rule": asdict(rule), "dataset": dataset.sha256,
            "settings": {k: v for k, v in asdict(settings).items() if k not in ("device", "lr")}}
-    saved = json.loads(path.read_text()) if path.is_file() else {}
+    saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     rates: dict[str, list[int]] = saved.get("rates", {}) if saved.get("key") == key else {}
     rows = []
     for lr in lrs:
