@@ -38,7 +38,8 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,12 +138,39 @@ def format_places(value: str, others: Sequence[str]) -> set[int]:
     """Indices of ``value``'s letters and digits that its format explains: where at least half of
     the ``others`` (the run's other values of its kind) have the same character at that index
     ("+44 20 7946" shared by a data set's phone numbers), a tie included.  No others: none."""
-    mine = [c for c in value if c.isalnum()]
-    theirs = [[c for c in o if c.isalnum()] for o in others]
+    return _explained(value, _columns(others), own=0)
+
+
+def format_places_of(values: set[str]) -> dict[str, set[int]]:
+    """``format_places`` of each value against all the others, counted once for all (linear in
+    the values, where a call per value is quadratic: 39 s for 4,000)."""
+    columns = _columns(values)
+    return {v: _explained(v, columns, own=1) for v in values}
+
+
+def _columns(values: Iterable[str]) -> list[tuple[Counter[str], int]]:
+    """Per index of the letters and digits: how often each character is there, and how many values
+    reach that index."""
+    columns: list[tuple[Counter[str], int]] = []
+    for v in values:
+        for j, c in enumerate(ch for ch in v if ch.isalnum()):
+            if j == len(columns):
+                columns.append((Counter(), 0))
+            counts, n = columns[j]
+            counts[c] += 1
+            columns[j] = (counts, n + 1)
+    return columns
+
+
+def _explained(value: str, columns: list[tuple[Counter[str], int]], own: int) -> set[int]:
+    """The places of ``value`` where at least half the values counted in ``columns`` (less ``own``
+    times ``value`` itself) have its character."""
     places = set()
-    for j, c in enumerate(mine):
-        column = [t[j] for t in theirs if j < len(t)]
-        if column and column.count(c) * 2 >= len(column):
+    for j, c in enumerate(ch for ch in value if ch.isalnum()):
+        if j >= len(columns):
+            break
+        counts, n = columns[j]
+        if n > own and (counts[c] - own) * 2 >= n - own:
             places.add(j)
     return places
 
@@ -272,6 +300,7 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
     by_kind: dict[str, set[str]] = {}
     for t in targets:
         by_kind.setdefault(t.kind, set()).add(t.value)
+    explained = {kind: format_places_of(values) for kind, values in by_kind.items()}
     generated = decode_all(model, "audited model") if targets else []
     ref_generated = (decode_all(reference, "reference model") if targets and reference is not None
                      else [None] * len(targets))
@@ -282,7 +311,7 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
         target_text = tokenizer.decode(t.target_ids)
         n, places = matched_chars(t.value, target_text, gen)
         hits = len(places)
-        format_explained = format_places(t.value, sorted(by_kind[t.kind] - {t.value}))
+        format_explained = explained[t.kind][t.value]
         ref_hits = chars_reproduced(t.value, target_text, ref)[1] if ref is not None else None
         exp = exposure_of(model, tokenizer, str(text_of[t.example_id]), t, n_candidates, seed, pad,
                           batch_size, device, max_length) if n_candidates > 1 else None

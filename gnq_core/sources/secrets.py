@@ -27,9 +27,10 @@ the per-text label the store keeps: the kinds found, the first match's span, and
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -84,7 +85,6 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("api key", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}\b")),                    # Slack token
     ("api key", re.compile(r"\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}\b")),            # Stripe key
     ("api key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),                          # Google API key
-    ("api key", re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}")),  # JWT
     ("api key", re.compile(r"(?i)\b(?:api[ _-]?key|access[ _-]?token|secret[ _-]?key|auth[ _-]?token|token)"
                            + _ANNOUNCED_VALUE + r"([A-Za-z0-9_\-]{16,})")),
     ("card number", re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")),
@@ -102,10 +102,62 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("id number", re.compile(r"(?i)\b(?:passport|document|licen[cs]e|national id|tax id) (?:number|no\.?|id)"
                              r"\s*[:#]?\s*([A-Z]{0,3}\d{6,})\b")),
     ("ssn", re.compile(r"\b\d{3}-\d{2}-\d{4}\b")),
-    ("email", re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")),
     ("phone", re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,8}(?:[ .-]\d{2,8}){1,4}"
                          r"(?![\w-])")),
 ]
+
+
+# Two shapes are found by the scans below rather than by a regex: as regexes (a JSON Web Token
+# ``\beyJ[T]{8,}\.eyJ[T]{8,}\.[T]{8,}``, an e-mail address ``\b[L]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b``)
+# Python's engine retries every word boundary of a long run of T or L characters and rescans the
+# run from each: quadratic ("ab-ab-ab-…", 600 KB, took minutes).  The scans find the same matches
+# in one pass: within one run every start reaches the same run end, so only the first can match.
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9_\-]*")
+_JWT_HEAD = re.compile(r"\beyJ")
+_JWT_TAIL = re.compile(r"\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}")
+_EMAIL_LOCAL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
+_EMAIL_DOMAIN = re.compile(r"@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")
+_WORD = re.compile(r"\w")
+
+
+def _jwts(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each JSON Web Token, as the regex above finds them, in one pass."""
+    resume, run_end, tail = 0, -1, None
+    for head in _JWT_HEAD.finditer(text):
+        start = head.start()
+        if start < resume:
+            continue
+        if start >= run_end:  # a new run of token characters: its end and what follows it, once
+            run_end = _TOKEN_RUN.match(text, start + 3).end()
+            tail = _JWT_TAIL.match(text, run_end)
+        if tail is not None and run_end - start - 3 >= 8:
+            yield start, tail.end()
+            resume = tail.end()
+
+
+def _boundary(text: str, i: int) -> bool:
+    """Whether ``\\b`` matches at ``i`` (Python's Unicode word characters)."""
+    before = i > 0 and _WORD.match(text, i - 1) is not None
+    return before != (i < len(text) and _WORD.match(text, i) is not None)
+
+
+def _emails(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each e-mail address, as the regex above finds them, in one pass: per "@"
+    with a domain after it, the run of local-part characters before it, from its first word
+    boundary not inside the previous address."""
+    resume = 0
+    for domain in _EMAIL_DOMAIN.finditer(text):
+        at = domain.start()
+        run = at
+        while run > resume and text[run - 1] in _EMAIL_LOCAL:  # runs before two "@" never overlap
+            run -= 1
+        start = next((i for i in range(run, at) if _boundary(text, i)), None)
+        if start is not None:
+            yield start, domain.end()
+            resume = domain.end()
+
+
+_SCANNED = (("api key", _jwts), ("email", _emails))
 
 
 def _valid(kind: str, found: str) -> bool:
@@ -231,12 +283,20 @@ def find_secrets(text: str, extra_patterns: Sequence[re.Pattern[str]] = (),
             if _valid(kind, m.group(0)):
                 value = 1 if m.re.groups else 0  # the announced value's group, else the whole match
                 found.append(SecretMatch(kind, m.start(), m.end(), m.group(0), m.start(value), m.end(value)))
+    for kind, scan in _SCANNED:
+        found += [SecretMatch(kind, a, b, text[a:b], a, b) for a, b in scan(text)]
     labelled = _labelled(text)
     kept = _without_overlaps(found + [s for s in labelled if s.kind != GENERIC])
     # a value after any secret-like key counts where no match of a known kind covers it
-    generic = [s for s in labelled if s.kind == GENERIC
-               and not any(k.value_start < s.value_end and s.value_start < k.value_end for k in kept)]
+    generic = [s for s in labelled if s.kind == GENERIC and not _covered(s, kept)]
     return _without_overlaps(kept + generic) if generic else kept
+
+
+def _covered(s: SecretMatch, kept: list[SecretMatch]) -> bool:
+    """Whether a value of ``kept`` (in order, not overlapping) overlaps ``s``'s value: only the
+    last one starting before ``s``'s value ends can (their ends increase too)."""
+    i = bisect.bisect_left(kept, s.value_end, key=lambda k: k.value_start) - 1
+    return i >= 0 and kept[i].value_end > s.value_start
 
 
 def _without_overlaps(found: list[SecretMatch]) -> list[SecretMatch]:

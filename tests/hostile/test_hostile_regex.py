@@ -1,0 +1,65 @@
+"""Regular expressions on untrusted input run with a bound: the secret-like scan is linear in the
+text (a hyphenated run "ab-ab-ab-…" made the e-mail pattern retry every word boundary), the
+format check linear in the number of values, and an adapter's patterns (PEFT reads a string
+target_modules as a regex) are checked in a worker process with a time limit."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+
+import pytest
+
+from gnq_core.sources.secrets import find_secrets
+
+# The regexes the scans replace: the reference their matches must equal.
+JWT = re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}")
+EMAIL = re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")
+HOSTILE = ["ab-", "a.", "eyJa-", "eyJaaaaaaaa.eyJa-", "x@", "a-@b", "pin: 1234 key: 12345 ", "PIN 1234 pin: 5678 ",
+           "token: aaaaaaaaaaaaaaaaaaaa "]
+
+
+@pytest.mark.parametrize("piece", HOSTILE)
+def test_the_secret_scan_is_linear_in_the_text(piece):
+    """200 KB of a repeated piece: seconds at most (the e-mail pattern took ~30 s on "ab-" of this size,
+    the JWT pattern and the check of generic values against the known kinds grew as its square)."""
+    text = (piece * (200_000 // len(piece) + 1))[:200_000]
+    start = time.perf_counter()
+    find_secrets(text)
+    assert time.perf_counter() - start < 5
+
+
+def test_the_scans_find_what_the_regexes_found():
+    pieces = ["a", "Z", "1", "_", "-", ".", "@", "%", "+", " ", "é", "ß", "eyJ", "eyJhbGciOi", "x@y.com", ".com", "co",
+              "\n", "jo.doe", "@ex-ample.org", "é@x.de", "eyJabcdefgh.eyJabcdefghi.abcdefghij", "-a", "_a"]
+    rng = random.Random(0)
+    seen = {"api key": 0, "email": 0}
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 20)))
+        found = [(s.kind, s.start, s.end) for s in find_secrets(text) if s.kind in seen]
+        expected = sorted([("api key", m.start(), m.end()) for m in JWT.finditer(text)]
+                          + [("email", m.start(), m.end()) for m in EMAIL.finditer(text)], key=lambda t: t[1])
+        # the scan reports what survives overlaps; every regex match that did is one of the scan's
+        assert set(found) <= set(expected), text
+        kept = {(k, a, b) for k, a, b in expected if not any(s.start < b and a < s.end and (s.kind, s.start, s.end)
+                                                            != (k, a, b) for s in find_secrets(text))}
+        assert kept <= set(found), text
+        for kind, *_ in found:
+            seen[kind] += 1
+    assert min(seen.values()) > 100
+
+
+def test_the_format_of_many_values_is_counted_once():
+    """``format_places`` for each of 4,000 values of one kind took 39 s (each against all the others);
+    counted once for all: milliseconds, the same places."""
+    from gnq_core.pipelines.secret_attack import format_places, format_places_of
+
+    rng = random.Random(1)
+    values = {f"+44 20 7946 {rng.randrange(10_000):04d}" for _ in range(4000)}
+    start = time.perf_counter()
+    places = format_places_of(values)
+    assert time.perf_counter() - start < 2
+    for v in sorted(values)[:20]:
+        assert places[v] == format_places(v, sorted(values - {v}))
+    assert places[next(iter(values))] >= set(range(8))  # "+44 20 7946": the format
