@@ -24,7 +24,12 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
-from gnq_core.pipelines.companions import audit_companions, companion_sets, sketch_spec
+from gnq_core.pipelines.companions import (
+    audit_companions,
+    check_companion_memory,
+    companion_sets,
+    sketch_spec,
+)
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.membership import TOKEN_SIGNALS
 from gnq_core.pipelines.prefetch import Prefetch
@@ -164,6 +169,7 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
              adapters: Adapters | None = None) -> tuple[Run, list[int], Partition]:
     """The run (created or resumed), the checkpoints still to audit and the batch partition,
     after every check."""
+    check_companion_memory(len(dataset), settings)  # known before any pass: refused before any write
     spec = _run_spec(refs, dataset, name, settings, device)
     if adapters is not None:
         spec = replace(spec, settings=spec.settings | {"base_model": str(adapters.base.resolve()),

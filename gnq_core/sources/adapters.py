@@ -22,13 +22,16 @@ from typing import Any
 
 import torch
 
-from gnq_core.sources.checkpoints.config import load_config
-from gnq_core.sources.checkpoints.errors import CheckpointError, folder_error, reason
+from gnq_core.sources import limits
+from gnq_core.sources.adapter_patterns import check_adapter_patterns
+from gnq_core.sources.checkpoints.config import MAX_CONFIG_BYTES, load_config
+from gnq_core.sources.checkpoints.errors import CheckpointError, as_checkpoint_error, folder_error, reason
 from gnq_core.sources.checkpoints.files import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     CONFIG_NAME,
     CheckpointRef,
+    checkpoint_dir,
     hash_files,
 )
 from gnq_core.sources.checkpoints.formats import meta_state
@@ -91,6 +94,8 @@ def find_adapter_checkpoints(directory: str | Path) -> list[CheckpointRef]:
     refs = [CheckpointRef(label=p.name, path=p, order=n) for n, p in numbered]
     start = numbered[-1][0] + 1 if numbered else 0
     refs += [CheckpointRef(label=p.name, path=p, order=start + i) for i, p in enumerate(unnumbered)]
+    if is_adapter_folder(root):
+        checkpoint_dir(root)  # its files are hashed below: none may link out of it
     if is_adapter_folder(root) and (not refs or adapter_hash(root) != adapter_hash(refs[-1].path)):
         refs.append(CheckpointRef(label=root.name, path=root, order=(refs[-1].order + 1) if refs else 0))
     if not refs:
@@ -99,11 +104,16 @@ def find_adapter_checkpoints(directory: str | Path) -> list[CheckpointRef]:
 
 
 def _adapter_files(folder: Path) -> tuple[dict[str, Any], Path]:
-    """The adapter's config (JSON) and its safetensors weights, or a CheckpointError."""
+    """The adapter's config (JSON) and its safetensors weights, or a CheckpointError: checked as a
+    checkpoint folder's are (a folder, no link out of it, a config of a plausible size)."""
+    checkpoint_dir(folder)
+    config_path = folder / ADAPTER_CONFIG
     try:
-        raw = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise folder_error(folder / ADAPTER_CONFIG, f"cannot read the config ({reason(exc)})") from exc
+        if config_path.stat().st_size > MAX_CONFIG_BYTES:
+            raise folder_error(config_path, f"implausibly large ({config_path.stat().st_size} bytes)")
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise folder_error(config_path, f"cannot read the config ({reason(exc)})") from exc
     if not isinstance(raw, dict) or not isinstance(raw.get("peft_type"), str):
         raise folder_error(folder / ADAPTER_CONFIG, "not a PEFT adapter config (no peft_type)")
     weights = folder / ADAPTER_WEIGHTS
@@ -127,10 +137,17 @@ def _peft_config(folder: Path, raw: dict[str, Any]) -> Any:
     except KeyError:
         raise folder_error(folder / ADAPTER_CONFIG, f"unknown PEFT type {raw['peft_type']!r}") from None
     try:
-        return config_class.from_peft_type(**raw)
+        config = config_class.from_peft_type(**raw)
     except Exception as exc:
         raise folder_error(folder / ADAPTER_CONFIG,
                      f"not a valid {raw['peft_type']} config ({reason(exc)})") from exc
+    if config.is_prompt_learning or config.is_adaption_prompt:
+        # virtual tokens or prompts added to the input, not weights of the model: GNQ's gradients
+        # are over the model's own layers, and loading such an adapter for an audit fails
+        raise folder_error(folder / ADAPTER_CONFIG,
+                           f"a {raw['peft_type']} adapter (learned prompt tokens), which an audit cannot "
+                           "measure: only adapters of the model's weights (LoRA, DoRA, IA3, ...) are audited")
+    return config
 
 
 def check_adapter(folder: str | Path, base: str | Path) -> None:
@@ -142,15 +159,20 @@ def check_adapter(folder: str | Path, base: str | Path) -> None:
     config = _peft_config(folder, raw)
     from transformers import AutoModelForCausalLM
 
+    with as_checkpoint_error(folder):
+        limits.check_memory(folder, "safetensors", [weights])
     try:
         stored = {k: tuple(v.shape) for k, v in meta_state([weights]).items()}
     except Exception as exc:
         raise folder_error(weights, f"cannot read the adapter weights ({reason(exc)})") from exc
     peft = _peft()
     mismatch = f"does not fit the base model {base}"
+    with torch.device("meta"):
+        base_model = AutoModelForCausalLM.from_config(load_config(base))
+    check_adapter_patterns(folder / ADAPTER_CONFIG, raw, [name for name, _ in base_model.named_modules()])
     try:
         with torch.device("meta"):
-            model = peft.get_peft_model(AutoModelForCausalLM.from_config(load_config(base)), config)
+            model = peft.get_peft_model(base_model, config)
     except (ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise folder_error(folder, f"{mismatch} ({reason(exc)}); give the model it was trained from with "
                              "--base-model") from exc
@@ -174,8 +196,10 @@ def load_adapter_checkpoint(folder: str | Path, adapters: Adapters, *, device: t
     from gnq_core.sources.checkpoints.load import load_checkpoint
 
     folder = Path(folder)
-    _adapter_files(folder)
+    raw, _ = _adapter_files(folder)
+    _peft_config(folder, raw)
     model, tok = load_checkpoint(adapters.base, device=device, dtype=dtype, tokenizer=tokenizer)
+    check_adapter_patterns(folder / ADAPTER_CONFIG, raw, [name for name, _ in model.named_modules()])
     peft = _peft()
     try:
         wrapped = peft.PeftModel.from_pretrained(model, str(folder), is_trainable=True,

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -226,11 +228,11 @@ _PASSWORDISH = re.compile(r"(?i)pass|pwd|secret|token|key|clave|senha|geheim|wac
                           r"contrase|chiave|sleutel|schl")
 
 
-def _labelled(text: str) -> list[SecretMatch]:
+def _labelled(text: str, cutoff: _Cutoff) -> list[SecretMatch]:
     """Values announced by a label of a known kind, and by any secret-like key (``GENERIC``)."""
     found: list[SecretMatch] = []
     for kind, pattern in _LABELLED:
-        for m in pattern.finditer(text):
+        for m in cutoff.take(pattern.finditer(text)):
             value = m.group(1)
             digits = re.sub(r"\D", "", value)
             if kind in ("card number", "phone", "ssn", "account number") and len(digits) < 4:
@@ -241,7 +243,7 @@ def _labelled(text: str) -> list[SecretMatch]:
             verified = (luhn_ok(digits) if kind == "card number" else
                         iban_ok(value) if kind == "iban" else True)
             found.append(SecretMatch(kind, m.start(), m.end(), m.group(0), m.start(1), m.end(1), verified))
-    for m in _KEY_VALUE.finditer(text):
+    for m in cutoff.take(_KEY_VALUE.finditer(text)):
         key, value = m.group(1), m.group(2)
         if not _KEY_WORDS.search(key):
             continue
@@ -262,34 +264,66 @@ def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
     return out
 
 
+# At most this many values of a text are kept (the secret attack probes its first 64): a declared
+# secret of one character, or a pattern matching every word, found a match per character of a
+# 1.5 MB text (1.5 million, +2.2 GB).
+MAX_VALUES_PER_TEXT = 1024
+
+
+class _Cutoff:
+    """Where the matches of a text stop being complete: each source of matches (a pattern, a
+    declared value) stops after ``MAX_VALUES_PER_TEXT`` of them, and every match ending by the end
+    of the last one it gave is found, as without the bound (later matches start after it)."""
+
+    def __init__(self) -> None:
+        self.at = math.inf
+
+    def take(self, matches: Iterable[Any]) -> Iterator[Any]:
+        """``matches`` (regex matches, or (start, end) pairs), at most ``MAX_VALUES_PER_TEXT``."""
+        for n, m in enumerate(matches, 1):
+            yield m
+            if n == MAX_VALUES_PER_TEXT:
+                self.at = min(self.at, m[1] if isinstance(m, tuple) else m.end())
+                return
+
+
+def _occurrences(text: str, value: str) -> Iterator[tuple[int, int]]:
+    start = text.find(value)
+    while start >= 0:
+        yield start, start + len(value)
+        start = text.find(value, start + len(value))
+
+
 def find_secrets(text: str, extra_patterns: Sequence[re.Pattern[str]] = (),
                  declared: Iterable[str] = ()) -> list[SecretMatch]:
     """Every secret-like match in ``text``, in order, without overlaps (the module docstring says
-    what ``extra_patterns`` and ``declared`` add)."""
+    what ``extra_patterns`` and ``declared`` add); at most ``MAX_VALUES_PER_TEXT``, the first."""
     text = str(text)
+    cutoff = _Cutoff()
     found: list[SecretMatch] = []
     for value in sorted({str(v).strip() for v in declared if v is not None and str(v).strip()}):
-        start = text.find(value)
-        while start >= 0:
-            found.append(SecretMatch("declared", start, start + len(value), value, start, start + len(value)))
-            start = text.find(value, start + len(value))
+        spans = cutoff.take(_occurrences(text, value))
+        found += [SecretMatch("declared", a, b, value, a, b) for a, b in spans]
     for pattern in extra_patterns:
-        for m in pattern.finditer(text):
+        for m in cutoff.take(pattern.finditer(text)):
             g = 1 if m.re.groups else 0
             if m.end(g) > m.start(g):
                 found.append(SecretMatch("custom", m.start(), m.end(), m.group(0), m.start(g), m.end(g)))
     for kind, pattern in _PATTERNS:
-        for m in pattern.finditer(text):
+        for m in cutoff.take(pattern.finditer(text)):
             if _valid(kind, m.group(0)):
                 value = 1 if m.re.groups else 0  # the announced value's group, else the whole match
                 found.append(SecretMatch(kind, m.start(), m.end(), m.group(0), m.start(value), m.end(value)))
     for kind, scan in _SCANNED:
-        found += [SecretMatch(kind, a, b, text[a:b], a, b) for a, b in scan(text)]
-    labelled = _labelled(text)
+        found += [SecretMatch(kind, a, b, text[a:b], a, b) for a, b in cutoff.take(scan(text))]
+    labelled = _labelled(text, cutoff)
     kept = _without_overlaps(found + [s for s in labelled if s.kind != GENERIC])
     # a value after any secret-like key counts where no match of a known kind covers it
     generic = [s for s in labelled if s.kind == GENERIC and not _covered(s, kept)]
-    return _without_overlaps(kept + generic) if generic else kept
+    result = _without_overlaps(kept + generic) if generic else kept
+    if cutoff.at < math.inf:
+        result = [s for s in result if s.end <= cutoff.at]
+    return result[:MAX_VALUES_PER_TEXT]
 
 
 def _covered(s: SecretMatch, kept: list[SecretMatch]) -> bool:

@@ -21,7 +21,7 @@ from gnq_core.sources.checkpoints.errors import CheckpointError, folder_error, r
 from gnq_core.sources.checkpoints.files import CONFIG_NAME, checkpoint_dir
 from gnq_core.sources.checkpoints.values import nonfinite_config_field
 
-_MAX_CONFIG_BYTES = 16 * 2**20
+MAX_CONFIG_BYTES = 16 * 2**20
 
 
 # Model types whose causal-LM class is an encoder run as a decoder: only causal with is_decoder=True.
@@ -43,7 +43,7 @@ def load_config(folder: Path) -> Any:
     if not config_path.is_file():
         raise folder_error(folder, f"no {CONFIG_NAME}")
     try:
-        if config_path.stat().st_size > _MAX_CONFIG_BYTES:
+        if config_path.stat().st_size > MAX_CONFIG_BYTES:
             raise folder_error(config_path, f"implausibly large ({config_path.stat().st_size} bytes)")
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except CheckpointError:
