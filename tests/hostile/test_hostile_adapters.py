@@ -137,3 +137,32 @@ def test_the_dashboards_other_sessions_keep_answering_while_an_adapter_is_checke
     checking.join()
     assert isinstance(outcome[0], CheckpointError) and "takes more than" in str(outcome[0])
     assert longest < 2, f"the other threads waited {longest:.1f} s"
+
+
+def test_a_page_answers_within_2_s_while_another_session_checks_an_adapter(adapters, tmp_path, monkeypatch):
+    """Two dashboard sessions in one server process: one types a hostile adapter into New audit,
+    the other opens the Runs page meanwhile and gets it within 2 s, every time."""
+    from hostile_helpers import ROOT, app_page
+    from streamlit.testing.v1 import AppTest
+
+    root, db = adapters
+    monkeypatch.setenv("GNQ_DB", str(db))
+    monkeypatch.setenv("GNQ_REGEX_SECONDS", "5")  # the check runs long enough to be measured beside
+    folder = _lora_with(root, tmp_path, target_modules=BACKTRACKS)
+    app_page("runs")  # the other session's page, once before: its imports are not what is measured
+    checker = AppTest.from_file(str(ROOT / "app" / "views" / "new_audit.py"), default_timeout=120)
+    checker.run()
+    checker.radio(key="base_mode").set_value("Local path").run()
+    checker.text_input(key="base_path").set_value(str(root / "base")).run()
+    checker.radio(key="ckpt_mode").set_value("Local path").run()
+    typed = threading.Thread(target=lambda: checker.text_input(key="ckpt_path").set_value(str(folder)).run())
+    typed.start()
+    took = []
+    while typed.is_alive():
+        start = time.monotonic()
+        page = app_page("runs")
+        took.append(time.monotonic() - start)
+        assert not page.exception
+    typed.join()
+    assert took and max(took) < 2, took
+    assert "takes more than 5 s" in "\n".join(e.value for e in checker.error)

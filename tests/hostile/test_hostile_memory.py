@@ -54,8 +54,8 @@ def test_the_largest_set_that_fits_is_named(store, monkeypatch):
     from gnq_core.pipelines.settings import AuditSettings
 
     monkeypatch.setenv("GNQ_MAX_MEMORY", str(companion_memory(30, 65536, 4)))
-    with pytest.raises(ValueError, match=r"a companion set of 40 texts needs about 10\.5 MB .* GNQ_MAX_MEMORY "
-                                         r"is 7\.9 MB; .* N at most 29, or give fewer texts"):
+    refusal = r"set of 40 texts needs about 10\.5 MB .* GNQ_MAX_MEMORY is 7\.9 MB; .* N at most 29,"
+    with pytest.raises(ValueError, match=refusal):
         check_companion_memory(40, AuditSettings(companions="all"))
     check_companion_memory(40, AuditSettings(companions=29))  # sets of 30: they fit
 
