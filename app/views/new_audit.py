@@ -25,6 +25,7 @@ from gnq_core.pipelines import (
     AuditSettings,
     ExtractJob,
     abandoned_uploads,
+    check_companion_memory,
     check_upload_tree,
     default_threads,
     estimate_audit,
@@ -387,6 +388,7 @@ if submitted:
         companions = {"batch": None, "n": int(companions_n), "all": "all"}[companion_set]
         audit = AuditSettings(lam=lam, batch_size=int(batch_size), max_length=int(max_length), seed=int(seed),
                               loss=loss, lam_mode=lam_mode, companions=companions, sketch_k=int(sketch_k))
+        check_companion_memory(len(dataset) if dataset is not None else 0, audit)  # sets beyond memory
         steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
                           text_column=text_column, group_column=group_column, settings=audit,
                           secret_column=secret_column, public_column=public_column,

@@ -8,6 +8,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".attack_defaults": ("DEFAULT_ATTACK_BATCH", "DEFAULT_PREFIX", "DEFAULT_REFERENCE", "DEFAULT_SUFFIX",
                          "DEFAULT_SECRET_CANDIDATES", "DEFAULT_THRESHOLD", "FIRST_CHECKPOINT"),
     ".audit": ("run_audit",),
+    ".companion_plan": ("check_companion_memory",),
     ".estimate": ("Estimate", "estimate_audit", "tokens_per_text"),
     ".attacks.run": ("run_extraction",),
     ".extraction": ("AttackRule",),

@@ -24,12 +24,8 @@ import torch
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
 from gnq_core.engine.solve import LAM_ABSOLUTE
-from gnq_core.pipelines.companions import (
-    audit_companions,
-    check_companion_memory,
-    companion_sets,
-    sketch_spec,
-)
+from gnq_core.pipelines.companion_plan import check_companion_memory, sketch_spec
+from gnq_core.pipelines.companions import audit_companions, companion_sets
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.membership import TOKEN_SIGNALS
 from gnq_core.pipelines.prefetch import Prefetch

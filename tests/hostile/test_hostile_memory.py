@@ -11,7 +11,7 @@ import tracemalloc
 import pytest
 from hostile_helpers import assert_store_unchanged, gnq, gnq_fails, make_series, store_fingerprint
 
-from gnq_core.pipelines.companions import companion_memory
+from gnq_core.pipelines.companion_plan import companion_memory
 from gnq_core.sources import secrets
 from gnq_core.sources.limits import format_bytes
 from gnq_core.sources.secrets import MAX_VALUES_PER_TEXT, find_secrets, secret_labels
@@ -50,7 +50,7 @@ def test_companions_beyond_memory_are_refused_before_the_audit(store, tmp_path):
 def test_the_largest_set_that_fits_is_named(store, monkeypatch):
     """Under a stated limit (GNQ_MAX_MEMORY) the refusal names the largest N whose sets fit in it,
     and that N is accepted."""
-    from gnq_core.pipelines.companions import check_companion_memory
+    from gnq_core.pipelines.companion_plan import check_companion_memory
     from gnq_core.pipelines.settings import AuditSettings
 
     monkeypatch.setenv("GNQ_MAX_MEMORY", str(companion_memory(30, 65536, 4)))
