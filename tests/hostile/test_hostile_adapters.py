@@ -166,3 +166,13 @@ def test_a_page_answers_within_2_s_while_another_session_checks_an_adapter(adapt
     typed.join()
     assert took and max(took) < 2, took
     assert "takes more than 5 s" in "\n".join(e.value for e in checker.error)
+
+
+def test_adapter_weights_beyond_memory_are_refused_before_they_are_read(adapters, monkeypatch):
+    from gnq_core.sources.adapters import check_adapter
+
+    root, _ = adapters
+    monkeypatch.setenv("GNQ_MAX_MEMORY", "100")
+    with pytest.raises(CheckpointError, match=r"lora: the weights need .* of memory to load \(from the "
+                                              r"safetensors headers\) but GNQ_MAX_MEMORY is"):
+        check_adapter(root / "lora", root / "base")
