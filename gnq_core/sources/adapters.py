@@ -167,12 +167,15 @@ def check_adapter(folder: str | Path, base: str | Path) -> None:
         raise folder_error(weights, f"cannot read the adapter weights ({reason(exc)})") from exc
     peft = _peft()
     mismatch = f"does not fit the base model {base}"
-    with torch.device("meta"):
-        base_model = AutoModelForCausalLM.from_config(load_config(base))
-    check_adapter_patterns(folder / ADAPTER_CONFIG, raw, [name for name, _ in base_model.named_modules()])
+    base_config = load_config(base)
     try:
         with torch.device("meta"):
+            base_model = AutoModelForCausalLM.from_config(base_config)
+            # PEFT matches the config's regexes against these names: tried first, with a time limit
+            check_adapter_patterns(folder / ADAPTER_CONFIG, raw, [n for n, _ in base_model.named_modules()])
             model = peft.get_peft_model(base_model, config)
+    except CheckpointError:
+        raise
     except (ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise folder_error(folder, f"{mismatch} ({reason(exc)}); give the model it was trained from with "
                              "--base-model") from exc
