@@ -15,8 +15,9 @@ TEXT_CALLS = ("open", "read_text", "write_text")
 
 
 def _without_encoding(path) -> list[str]:
-    """Calls that read or write text in the locale's encoding: open() / Path.open() in a text mode,
-    read_text / write_text, subprocess.run / Popen / check_output with text=True, without encoding=."""
+    """Calls that read or write text in the locale's encoding: open() / Path.open() / os.fdopen() /
+    temporary files in a text mode, read_text / write_text, subprocess.run / Popen / check_output
+    with text=True, without encoding=."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if not isinstance(node, ast.Call):
@@ -29,10 +30,13 @@ def _without_encoding(path) -> list[str]:
         owner = ast.unparse(fn.value) if isinstance(fn, ast.Attribute) else ""
         if name in ("run", "Popen", "check_output") and owner == "subprocess":
             text = any(k in keywords for k in ("text", "universal_newlines"))
-        elif name == "open" and owner != "os":  # os.open: a descriptor, no encoding
-            position = 1 if isinstance(fn, ast.Name) else 0  # open(path, mode) / path.open(mode)
+        elif (name == "open" and owner != "os") or name == "fdopen":  # os.open: a descriptor, no encoding
+            position = 0 if name == "open" and owner not in ("", "io", "codecs") else 1  # path.open(mode)
             mode = node.args[position] if len(node.args) > position else keywords.get("mode")
             text = not (isinstance(mode, ast.Constant) and "b" in str(mode.value))
+        elif name in ("TemporaryFile", "NamedTemporaryFile", "SpooledTemporaryFile"):  # binary unless told
+            mode = node.args[0] if node.args else keywords.get("mode")
+            text = isinstance(mode, ast.Constant) and "b" not in str(mode.value)
         else:
             text = name in ("read_text", "write_text")
         if text:
