@@ -51,3 +51,13 @@ def table(frame: pd.DataFrame, key: str, config: dict | None = None) -> None:
     rows = [r for r in ((event or {}).get("selection") or {}).get("rows", []) if r < len(frame)]
     if rows:
         open_example(int(frame.iloc[rows[0]]["example_id"]))
+
+
+def risk_basis(ranked: pd.DataFrame) -> None:
+    """What the ``risk`` number is on this run (analysis.risk.RiskBasis), beside it: a warning when
+    the ranking is loss-only and uncalibrated (no reference model, no ground truth)."""
+    basis = ranked.attrs.get("risk")
+    if basis is None:
+        return
+    said = f"**Memorisation risk: {plain(basis.label)}.** {plain(basis.words)}"
+    (st.warning if basis.loss_only else st.caption)(said)
