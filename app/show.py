@@ -12,7 +12,7 @@ import streamlit as st
 from app.charts.base import describe
 from app.columns import column_config
 from app.state import open_example, plain
-from gnq_core.analysis import grouped, texts_table_html
+from gnq_core.analysis import RiskBasis, grouped, texts_table_html
 
 
 def chart(fig: go.Figure, where: Any = None, note: str = "", **kwargs: Any) -> Any:
@@ -56,8 +56,8 @@ def table(frame: pd.DataFrame, key: str, config: dict | None = None) -> None:
 def risk_basis(ranked: pd.DataFrame) -> None:
     """What the ``risk`` number is on this run (analysis.risk.RiskBasis), beside it: a warning when
     the ranking is loss-only and uncalibrated (no reference model, no ground truth)."""
-    basis = ranked.attrs.get("risk")
-    if basis is None:
+    if "risk" not in ranked.attrs:
         return
+    basis = RiskBasis.from_dict(ranked.attrs["risk"])
     said = f"**Memorisation risk: {plain(basis.label)}.** {plain(basis.words)}"
     (st.warning if basis.loss_only else st.caption)(said)

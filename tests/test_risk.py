@@ -10,8 +10,12 @@ import pandas as pd
 from scipy import stats
 
 from gnq_core.analysis.predictive import rank_auc
-from gnq_core.analysis.risk import MIN_PER_OUTCOME, risk_components
+from gnq_core.analysis.risk import MIN_PER_OUTCOME, RiskBasis, risk_components
 from gnq_core.analysis.verdict import rank_texts
+
+
+def basis_of(frame: pd.DataFrame) -> RiskBasis:
+    return RiskBasis.from_dict(frame.attrs["risk"])
 
 
 def learned(n: int = 300, seed: int = 0) -> pd.DataFrame:
@@ -44,12 +48,12 @@ def test_gnq_anticorrelated_with_the_outcome_never_enters_risk_positively():
     shuffled_gnq = frame["gnq_total"].sample(frac=1, random_state=1).to_numpy()
     shuffled = risk_components(frame.assign(gnq_total=shuffled_gnq))
     pd.testing.assert_series_equal(default["risk"], shuffled["risk"])
-    assert default["gnq_sign"].eq(0).all() and default.attrs["risk"].label == "calibrated, not validated"
+    assert default["gnq_sign"].eq(0).all() and basis_of(default).label == "calibrated, not validated"
     assert auc(default["risk"], y) > 0.7  # the calibrated membership scores point the right way
 
     # the outcome as ground truth (extraction): GNQ enters, reversed, as the outcome measures
     validated = risk_components(frame.assign(extracted=pd.array(y, dtype="boolean")))
-    basis = validated.attrs["risk"]
+    basis = basis_of(validated)
     assert basis.ground_truth == "extraction" and "gnq reversed" in basis.components
     assert "gnq" not in basis.components  # never in the direction the outcome contradicts
     assert (validated["gnq_sign"] == -1).all()
@@ -66,7 +70,7 @@ def test_a_direction_the_ground_truth_validates_enters_in_that_direction():
     frame["gnq_total"] = 1.0 / frame["gnq_total"]
     y = frame["truth"]
     validated = risk_components(frame.assign(extracted=pd.array(y, dtype="boolean")))
-    assert "gnq" in validated.attrs["risk"].components and (validated["gnq_sign"] == 1).all()
+    assert "gnq" in basis_of(validated).components and (validated["gnq_sign"] == 1).all()
     assert stats.spearmanr(validated["risk"], frame["gnq_total"]).statistic > 0
 
 
@@ -97,12 +101,12 @@ def test_never_trained_texts_choose_the_components():
     few[: MIN_PER_OUTCOME - 1] = True
     frame["extracted"] = pd.array(few, dtype="boolean")
     parts = risk_components(frame, membership_frame(frame, rng))
-    basis = parts.attrs["risk"]
+    basis = basis_of(parts)
     assert basis.ground_truth == "membership" and basis.label == "validated on non-members"
     assert "kjj reversed" in basis.components and "kjj" not in basis.components
     assert stats.spearmanr(parts["risk"], frame["self_influence_last"]).statistic < 0
     # without the never-trained texts the same run is not validated, and says why
-    alone = risk_components(frame).attrs["risk"]
+    alone = basis_of(risk_components(frame))
     assert alone.ground_truth is None and "too weak to choose" in alone.words
     assert f"extraction: {MIN_PER_OUTCOME - 1} positive" in alone.words
 
@@ -110,11 +114,11 @@ def test_never_trained_texts_choose_the_components():
 def test_without_reference_or_ground_truth_the_ranking_says_loss_only():
     frame = learned().drop(columns=["loss_ratio"])  # no reference model: Min-K%++ alone
     ranked = rank_texts(frame)
-    basis = ranked.attrs["risk"]
+    basis = basis_of(ranked)
     assert basis.loss_only and ranked.attrs["risk_label"] == "loss-only, uncalibrated"
     assert "no reference model" in basis.words and "Min-K%++" in basis.words
     at_risk = ranked[ranked["status"] == "at risk"]
     assert len(at_risk) and at_risk["reason"].str.contains("loss-only, uncalibrated").all()
     # copies: a repeated text's risk is at least its repetition's
     with_copies = risk_components(frame.assign(copies=[4] * 8 + [1] * (len(frame) - 8)))
-    assert (with_copies["risk"][:8] >= 0.75).all() and "repetition" in with_copies.attrs["risk"].components
+    assert (with_copies["risk"][:8] >= 0.75).all() and "repetition" in basis_of(with_copies).components

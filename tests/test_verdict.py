@@ -12,6 +12,7 @@ import pytest
 import torch
 from lm_fixtures import tiny_gpt2
 
+from gnq_core.analysis.risk import RiskBasis
 from gnq_core.analysis.verdict import COLUMN_HELP, VERDICT_COLUMNS, flag, rank_texts, risk_components
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.membership import membership_scores, min_k_prob, token_logprobs
@@ -85,7 +86,8 @@ def test_without_any_evidence_gnq_does_not_order_the_texts():
     # with the loss alone: loss-only and uncalibrated, said so
     lossy = rank_texts(bare.assign(loss_last=[3.0, 2.0, 0.5, 3.0, 1.0, 4.0]))
     assert list(lossy["example_id"][:2]) == [2, 4] and lossy.attrs["risk_label"] == "loss-only, uncalibrated"
-    assert lossy.attrs["risk"].loss_only and "no reference model" in lossy.attrs["risk_basis"]
+    assert RiskBasis.from_dict(lossy.attrs["risk"]).loss_only
+    assert "no reference model" in lossy.attrs["risk_basis"]
     at_risk = lossy[lossy["status"] == "at risk"]
     assert len(at_risk) and at_risk["reason"].str.contains("loss-only, uncalibrated").all()
 

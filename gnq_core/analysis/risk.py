@@ -72,6 +72,15 @@ class RiskBasis:
     def loss_only(self) -> bool:
         return self.ground_truth is None and not self.calibrated
 
+    def to_dict(self) -> dict:
+        """JSON-safe (a frame's ``attrs`` travel to Arrow and Parquet as JSON)."""
+        return {"label": self.label, "words": self.words, "components": list(self.components),
+                "ground_truth": self.ground_truth, "calibrated": self.calibrated}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RiskBasis:
+        return cls(d["label"], d["words"], tuple(d["components"]), d["ground_truth"], d["calibrated"])
+
 
 def _pct(values: pd.Series, higher_is_stronger: bool = True) -> pd.Series:
     """Percentile in (0, 1] within the non-missing values (ties share their mean rank); NaN stays."""
@@ -241,7 +250,7 @@ def risk_components(totals: pd.DataFrame, membership: pd.DataFrame | None = None
                     seed: int = 0) -> pd.DataFrame:
     """Per text (index of ``totals``): every component, ``risk``, ``gnq_percentile_valid``,
     ``gnq_sign`` (+1 / −1: GNQ entered risk in that direction, 0: not used) and ``risk_basis`` /
-    ``risk_label`` (``RiskBasis``: words, label); ``attrs["risk"]`` holds the ``RiskBasis``.
+    ``risk_label`` (``RiskBasis``: words, label); ``attrs["risk"]`` holds ``RiskBasis.to_dict()``.
     ``membership``: members and never-trained texts (``pipelines.non_members.membership_frame``),
     ground truth when the extraction outcome has too few records."""
     parts = components(totals)
@@ -277,5 +286,5 @@ def risk_components(totals: pd.DataFrame, membership: pd.DataFrame | None = None
     out = pd.DataFrame({**parts, "risk": risk.fillna(0.0), "gnq_percentile_valid": parts["gnq"],
                         "gnq_sign": gnq_sign, "risk_basis": basis.words, "risk_label": basis.label},
                        index=totals.index)
-    out.attrs["risk"] = basis
+    out.attrs["risk"] = basis.to_dict()
     return out

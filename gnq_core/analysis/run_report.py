@@ -159,6 +159,7 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
     basis = totals.attrs.get("risk")
     if basis is None:  # a frame ranked elsewhere: what the run's risk is, again
         basis = risk_components(store.example_totals(run.run_id), membership).attrs["risk"]
+    basis = RiskBasis.from_dict(basis)
     frame = signal_frame(store, run, totals)
     attacks = store.extractions(run.run_id)
     scores = store.scores(run.run_id)

@@ -132,7 +132,7 @@ def rank_texts(totals: pd.DataFrame, membership: pd.DataFrame | None = None) -> 
     verdict_score, ordered by rank (ties by example_id).  ``membership``: the run's texts and
     never-trained ones (``pipelines.non_members.membership_frame``), ground truth for the risk's
     components.  ``attrs``: ``risk_basis`` (words), ``risk_label`` (a few words) and ``risk``
-    (analysis.risk.RiskBasis)."""
+    (analysis.risk.RiskBasis.to_dict())."""
     frame = totals.copy()
     if frame.empty:
         numeric = {"rank": "int64", "percentile": "float64", "risk": "float64", "verdict_score": "float64"}
@@ -151,13 +151,13 @@ def rank_texts(totals: pd.DataFrame, membership: pd.DataFrame | None = None) -> 
                        zip(frame.iterrows(), frame["status"], strict=True)]
     out = frame.loc[order.index].reset_index(drop=True)
     basis = parts.attrs["risk"]
-    out.attrs |= {"risk_basis": basis.words, "risk_label": basis.label, "risk": basis}
+    out.attrs |= {"risk_basis": basis["words"], "risk_label": basis["label"], "risk": basis}
     return out
 
 
 def risk_basis(totals: pd.DataFrame, membership: pd.DataFrame | None = None) -> str:
     """Which components ``risk`` uses on this run and why, in words (``risk_components``)."""
-    return risk_components(totals, membership).attrs["risk"].words if len(totals) else ""
+    return risk_components(totals, membership).attrs["risk"]["words"] if len(totals) else ""
 
 
 def _flag(frame: pd.DataFrame, name: str) -> pd.Series:
