@@ -53,11 +53,12 @@ def table(frame: pd.DataFrame, key: str, config: dict | None = None) -> None:
         open_example(int(frame.iloc[rows[0]]["example_id"]))
 
 
-def risk_basis(ranked: pd.DataFrame) -> None:
+def risk_basis(ranked: pd.DataFrame, warn: bool = True) -> None:
     """What the ``risk`` number is on this run (analysis.risk.RiskBasis), beside it: a warning when
-    the ranking is loss-only and uncalibrated (no reference model, no ground truth)."""
+    the ranking is loss-only and uncalibrated (no reference model, no ground truth) and ``warn``,
+    else a caption."""
     if "risk" not in ranked.attrs:
         return
     basis = RiskBasis.from_dict(ranked.attrs["risk"])
     said = f"**Memorisation risk: {plain(basis.label)}.** {plain(basis.words)}"
-    (st.warning if basis.loss_only else st.caption)(said)
+    (st.warning if basis.loss_only and warn else st.caption)(said)
