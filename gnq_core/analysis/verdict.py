@@ -65,12 +65,12 @@ COLUMN_HELP: dict[str, str] = {
               "out. at risk: memorisation risk in this run's top 20%. public: marked public. low: none "
               "of these.",
     "reason": "Why the text sits where it does, in words.",
-    "risk": "Memorisation risk, 0-1, before any attack: the mean of the components whose direction holds "
-            "on evidence (calibrated membership: loss ratio to the reference, zlib ratio, Min-K%++; and "
-            "1 − 1/copies for a repeated text); GNQ and K_jj only where this run's ground truth (extraction, "
-            "or --non-members) validates them, in the direction it measures. 0.9 = stronger evidence than "
-            "for 90% of this run's texts. Without a reference model or ground truth: loss-only and "
-            "uncalibrated (the page says which).",
+    "risk": "Memorisation risk, 0-1, before any attack, from what points the right way on evidence: the "
+            "calibrated membership percentile (loss ratio to the reference, zlib ratio, Min-K%++), or for a "
+            "repeated text 1 − 1/copies where larger. Where this run's ground truth (extraction, or "
+            "--non-members) validates components, the mean of those, GNQ and K_jj included in the "
+            "direction it measures. 0.9 = stronger evidence than for 90% of this run's texts. Without a "
+            "reference model or ground truth: loss-only and uncalibrated (the page says which).",
     "gnq_total": "GNQ summed over the run's checkpoints. GNQ = g_jᵀ(Σ_{k≠j} g_k g_kᵀ + λI)⁻¹ g_j: how much "
                  "of the text's gradient its batch companions cannot explain. About 1 or less: explained (a "
                  "copy in the batch gives ≈ 1); large (up to ‖g‖²/λ): the model must encode this text "
@@ -153,11 +153,6 @@ def rank_texts(totals: pd.DataFrame, membership: pd.DataFrame | None = None) -> 
     basis = parts.attrs["risk"]
     out.attrs |= {"risk_basis": basis["words"], "risk_label": basis["label"], "risk": basis}
     return out
-
-
-def risk_basis(totals: pd.DataFrame, membership: pd.DataFrame | None = None) -> str:
-    """Which components ``risk`` uses on this run and why, in words (``risk_components``)."""
-    return risk_components(totals, membership).attrs["risk"]["words"] if len(totals) else ""
 
 
 def _flag(frame: pd.DataFrame, name: str) -> pd.Series:
