@@ -69,6 +69,11 @@ class RiskBasis:
     calibrated: bool = False           # a reference model's loss ratio is among the scores
 
     @property
+    def sentence(self) -> str:
+        """``words`` as a sentence of its own (after the label)."""
+        return self.words[:1].upper() + self.words[1:]
+
+    @property
     def loss_only(self) -> bool:
         return self.ground_truth is None and not self.calibrated
 
