@@ -15,7 +15,7 @@ import streamlit as st
 
 from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.analysis import rank_texts
-from gnq_core.results import Run, Store, StoreError, default_db_path, open_store
+from gnq_core.results import Run, Store, default_db_path, open_store
 
 RUN_KEY, EXAMPLE_KEY = "run_name", "example_id"
 PAGES = {}  # filled by main.py: title -> st.Page, so pages can link to each other
@@ -53,14 +53,10 @@ def runs() -> pd.DataFrame:
 def totals(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
     """Per-text totals in the verdict order (rank 1 first), with status, reason and risk (its
     components chosen on the run's never-trained texts too, when it has them)."""
-    from gnq_core.pipelines import membership_of
+    from gnq_core.pipelines import ground_truth_of
 
     s = store(db)
-    try:
-        membership = membership_of(s, s.run(run_id))
-    except StoreError:  # the never-trained texts' audit shares no finished checkpoint yet
-        membership = None
-    return rank_texts(s.example_totals(run_id), membership)
+    return rank_texts(s.example_totals(run_id), ground_truth_of(s, s.run(run_id)))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -90,9 +90,8 @@ c4.metric("Leaked", f"{counts.status(LEAKED)} / {counts.texts}" if counts.attack
 c5.metric("Partly leaked", f"{counts.status(PARTLY)} / {counts.texts}" if counts.attacked else "not run",
           help="Texts of which part of a secret-like value comes out (at least 3 and a quarter of its "
                "letters and digits, more than the reference model writes), or a different value sharing "
-               "them: scrub "
-               f"the value and retrain or unlearn, and change it. {counts.values_partly} of "
-               f"{counts.values_attacked} secret-like values came out in part.")
+               "them: scrub the value and retrain or unlearn, and change it. "
+               f"{counts.values_partly} of {counts.values_attacked} secret-like values came out in part.")
 
 if sentence := gnq_nature.companion_sentence(run.settings):
     st.markdown("**Companion set.** " + state.plain(sentence))

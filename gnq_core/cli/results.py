@@ -57,9 +57,9 @@ def export(
     info = store.run(run)
     refuse_overwrite([out], store)  # never onto the store, its WAL, a dataset or a checkpoint
     ensure_text_labels(store, info)
-    from gnq_core.pipelines.non_members import membership_of
+    from gnq_core.pipelines.non_members import ground_truth_of
 
-    ranked = rank_texts(store.example_totals(info.run_id), membership_of(store, info))
+    ranked = rank_texts(store.example_totals(info.run_id), ground_truth_of(store, info))
     flagged = flag(ranked, top=top, min_percentile=min_percentile,
                    min_gnq=min_gnq, group=group, statuses=tuple(status or ()))
     has_attack = not store.extractions(info.run_id).empty
