@@ -12,7 +12,7 @@ import streamlit as st
 from app.charts.base import describe
 from app.columns import column_config
 from app.state import open_example, plain
-from gnq_core.analysis import grouped, texts_table_html
+from gnq_core.analysis import RiskBasis, grouped, texts_table_html
 
 
 def chart(fig: go.Figure, where: Any = None, note: str = "", **kwargs: Any) -> Any:
@@ -51,3 +51,14 @@ def table(frame: pd.DataFrame, key: str, config: dict | None = None) -> None:
     rows = [r for r in ((event or {}).get("selection") or {}).get("rows", []) if r < len(frame)]
     if rows:
         open_example(int(frame.iloc[rows[0]]["example_id"]))
+
+
+def risk_basis(ranked: pd.DataFrame, warn: bool = True) -> None:
+    """What the ``risk`` number is on this run (analysis.risk.RiskBasis), beside it: a warning when
+    the ranking is loss-only and uncalibrated (no reference model, no ground truth) and ``warn``,
+    else a caption."""
+    if "risk" not in ranked.attrs:
+        return
+    basis = RiskBasis.from_dict(ranked.attrs["risk"])
+    said = f"**Memorisation risk: {plain(basis.label)}.** {plain(basis.sentence)}"
+    (st.warning if basis.loss_only and warn else st.caption)(said)

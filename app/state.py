@@ -51,8 +51,12 @@ def runs() -> pd.DataFrame:
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def totals(db: str, run_id: int, version: str) -> pd.DataFrame:  # noqa: ARG001
-    """Per-text totals in the verdict order (rank 1 first), with status, reason and risk."""
-    return rank_texts(store(db).example_totals(run_id))
+    """Per-text totals in the verdict order (rank 1 first), with status, reason and risk (its
+    components chosen on the run's never-trained texts too, when it has them)."""
+    from gnq_core.pipelines import ground_truth_of
+
+    s = store(db)
+    return rank_texts(s.example_totals(run_id), ground_truth_of(s, s.run(run_id)))
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -76,6 +76,12 @@ def test_runs_page(store_path, monkeypatch):
     assert at.metric[0].value == "32"
     runs = at.dataframe[0].value
     assert set(runs["name"]) == {"audited", "run"}
+    # partial leaks have a tile of their own; the risk's basis is said beside the ranking
+    ranked = rank_texts(Store(store_path).example_totals(Store(store_path).run("audited").run_id))
+    tiles = {m.label: m.value for m in at.metric}
+    assert tiles["Partly leaked"] == f"{(ranked['status'] == 'partly leaked').sum()} / 32"
+    said = [c.value for c in [*at.caption, *at.warning] if "Memorisation risk" in c.value]
+    assert said and f"Memorisation risk: {ranked.attrs['risk_label']}" in said[0].replace("\\", "")
 
 
 def test_trajectories_page(store_path, monkeypatch):

@@ -146,6 +146,9 @@ def test_audit_with_non_members_stores_signals_and_a_membership_frame(tmp_path):
     member_rows = rows[(rows["outcome"] == "membership") & (rows["scope"] == "all")]
     assert {"loss_last", "min_k_plus", "min_k_prob", "gnq_last"} <= set(member_rows["signal"])
     assert (member_rows["n"] == 48).all() and (member_rows["positives"] == 24).all()
+    # the never-trained texts are ground truth for the verdict's risk too: tried, and named
+    verdict = json.loads((tmp_path / "b.json").read_text())["verdict"]
+    assert verdict["risk_ground_truth"] == "membership" or "membership: " in verdict["risk_basis"], verdict
     assert frame_b["member"].sum() == 24 and frame_b["loss_ratio"].notna().all()
     same = frame_b[~frame_b["member"]].sort_values("example_id")["min_k_plus"].to_numpy()
     np.testing.assert_allclose(same, got["min_k_plus"], rtol=1e-9)  # epoch-2 either way

@@ -112,6 +112,8 @@ def test_a_run_without_attack_or_points_still_reports(db, tmp_path):
     store = Store(db)
     text = build_report(store, store.run("trained"), resamples=20)
     assert "No extraction attack is stored for this run" in text and "Provenance" in text
+    # no reference model, no ground truth: the ranking is said to be loss-only and uncalibrated
+    assert "Memorisation risk: loss-only, uncalibrated.</b>" in text and "no reference model" in text
     hostile = _run(store, "<i>run</i>", "audit")  # a name is user data too
     text = build_report(store, hostile, resamples=20)
     assert "<i>run</i>" not in text and "&lt;i&gt;run&lt;/i&gt;" in text
@@ -219,6 +221,10 @@ def test_report_json_holds_every_table_with_provenance(db, tmp_path):
     assert gain["base"] == "length spline + loss" and gain["cv_auc_gain"]["value"] is not None
     assert 0 <= gain["lr_p"] <= 1
     assert doc["verdict"]["risk_basis"]  # which components the risk uses, in words
+    # here the extracted texts are those with the highest GNQ: the run's own outcome validates GNQ,
+    # so it enters risk, as it is
+    assert doc["verdict"]["risk_label"] == "validated on extraction"
+    assert doc["verdict"]["risk_ground_truth"] == "extraction" and "gnq" in doc["verdict"]["risk_components"]
     nature = doc["gnq_on_this_run"]
     assert "gradient" in nature["sentence"] and nature["n"] == 2 * N
 

@@ -100,9 +100,12 @@ def test_each_record_gets_the_status_its_secret_earns(audited):
     # the trained card shares its first 8 digits with the audited one and no other digit's place
     assert row["partly"]["status"] == PARTLY, row["partly"]["reason"]
     assert (row["partly"]["secret_chars_reproduced"], row["partly"]["secret_chars"]) == (8, 16)
-    assert row["partly"]["reason"].startswith("partly leaked: prompted with the text up to it, the model "
-                                              "writes 8 of 16 characters of the card-number-like string")
+    # the model writes the card it was trained on: another card, said so, not "8 of 16 characters of it"
     assert rows.loc[ids["partly"], "generated"].strip().startswith("4539 1488 0343")
+    assert row["partly"]["reason"].startswith("partly leaked: prompted with the text up to it, the model "
+                                              "writes 4539 1488 0343")
+    assert ("not the card-number-like string 4539 1488 7712 3390: a different value, 8 of its 16 characters "
+            "in place") in row["partly"]["reason"]
 
     # the window (tokens 13-20) comes out, the alarm code sits past it and does not
     assert ids["window"] in rows.index, "the alarm code must be attackable (within --max-length tokens)"
@@ -167,6 +170,8 @@ def test_every_surface_states_the_same_numbers(audited, monkeypatch):
     assert at.error[0].value.replace("\\", "") == headline  # shown as Markdown, its symbols escaped
     tile = next(m for m in at.metric if m.label == "Leaked")
     assert tile.value == f"{counts.status(LEAKED)} / {counts.texts}"
+    partly_tile = next(m for m in at.metric if m.label == "Partly leaked")
+    assert partly_tile.value == f"{counts.status(PARTLY)} / {counts.texts}"
     flagged = AppTest.from_file(str(ROOT / "app" / "views" / "flagged.py"), default_timeout=120)
     flagged.session_state["run_name"] = "audit"
     flagged.run()

@@ -93,10 +93,12 @@ def test_totals_rank_percentile_and_trajectories(store):
     assert totals.loc[1, "gnq_max"] == 5.0 and totals.loc[1, "gnq_last"] == 1.0
     assert totals.loc[2, "gnq_rank"] == 4 and totals.loc[1, "gnq_percentile"] == pytest.approx(100.0)
     assert totals.loc[2, "gnq_percentile"] == pytest.approx(25.0)
-    # no copies, secrets or attack: the verdict order is GNQ's order
+    # no copies, secrets, attack or Min-K%++: the verdict orders by the loss alone (losses 1, 2, 3, 4),
+    # never by GNQ, and says so
     ranked = rank_texts(store.example_totals(run.run_id))
-    assert list(flag(ranked, top=2)["example_id"]) == [1, 3]
-    assert list(flag(ranked, group="common")["example_id"]) == [3, 0]
+    assert ranked.attrs["risk_label"] == "loss-only, uncalibrated"
+    assert list(flag(ranked, top=2)["example_id"]) == [0, 1]
+    assert list(flag(ranked, group="common")["example_id"]) == [0, 3]
     assert list(flag(ranked, min_gnq=3.5)["example_id"]) == [1, 3]
     traj = store.trajectories(run.run_id, [1])
     assert list(traj["gnq"]) == [5.0, 1.0] and list(traj["label"]) == ["epoch-1", "epoch-2"]

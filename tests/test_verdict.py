@@ -12,6 +12,7 @@ import pytest
 import torch
 from lm_fixtures import tiny_gpt2
 
+from gnq_core.analysis.risk import RiskBasis
 from gnq_core.analysis.verdict import COLUMN_HELP, VERDICT_COLUMNS, flag, rank_texts, risk_components
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.membership import membership_scores, min_k_prob, token_logprobs
@@ -54,6 +55,7 @@ def test_reasons_say_why_in_words():
     assert "card-number-like string" in reasons[0]
     assert "repeated 4×: copies explain each other, so GNQ cannot see it" in reasons[3]
     assert reasons[1].startswith("contains a PIN")
+    # "encoded" on the loss ratio's word; GNQ is said, not counted (no ground truth here validates it)
     assert reasons[2] == "unique and encoded: GNQ in the top 1% and loss 5× below the reference"
     assert reasons[4].startswith("the model completes it, but so does the reference model")
     assert "no strong sign of memorisation" in reasons[5]
@@ -62,7 +64,9 @@ def test_reasons_say_why_in_words():
 def test_risk_ignores_gnq_measured_with_a_copy_and_counts_repetition():
     parts = risk_components(totals())
     assert np.isnan(parts.loc[0, "gnq_percentile_valid"])  # GNQ spoiled by a copy in the batch
-    assert parts.loc[0, "exposure"] == pytest.approx(0.75)  # 1 - 1/4
+    assert parts.loc[0, "repetition"] == pytest.approx(0.75)  # 1 - 1/4
+    assert parts.loc[0, "risk"] >= 0.75  # the larger of membership and repetition
+    assert parts.loc[2, "risk"] == pytest.approx(1.0)  # unique: its membership alone, not marked down
     apart = risk_components(totals(gnq_with_copy=0))  # copies kept apart: GNQ counts again
     assert apart.loc[0, "gnq_percentile_valid"] == pytest.approx(2.5 / 6)  # ties with its copy: ranks 2, 3
     assert parts["risk"].between(0, 1).all()
@@ -71,11 +75,21 @@ def test_risk_ignores_gnq_measured_with_a_copy_and_counts_repetition():
     pd.testing.assert_series_equal(flipped["risk"], parts["risk"])
 
 
-def test_without_attack_or_labels_the_order_is_gnq():
+def test_without_any_evidence_gnq_does_not_order_the_texts():
+    """GNQ alone is no evidence of memorisation (learned texts had smaller GNQ on every run measured):
+    with nothing else measured, no text is "at risk" and the basis says there is no evidence."""
     bare = totals()[["example_id", "text", "group", "gnq_total", "n_points"]]
     ranked = rank_texts(bare)
-    assert list(ranked["example_id"]) == list(bare.sort_values("gnq_total", ascending=False)["example_id"])
+    assert list(ranked["example_id"]) == list(range(6)) and (ranked["risk"] == 0).all()
+    assert set(ranked["status"]) == {"low"} and ranked.attrs["risk_label"] == "no evidence"
     assert rank_texts(bare.iloc[0:0]).empty
+    # with the loss alone: loss-only and uncalibrated, said so
+    lossy = rank_texts(bare.assign(loss_last=[3.0, 2.0, 0.5, 3.0, 1.0, 4.0]))
+    assert list(lossy["example_id"][:2]) == [2, 4] and lossy.attrs["risk_label"] == "loss-only, uncalibrated"
+    assert RiskBasis.from_dict(lossy.attrs["risk"]).loss_only
+    assert "no reference model" in lossy.attrs["risk_basis"]
+    at_risk = lossy[lossy["status"] == "at risk"]
+    assert len(at_risk) and at_risk["reason"].str.contains("loss-only, uncalibrated").all()
 
 
 def test_flag_filters_combine():
@@ -147,7 +161,7 @@ def test_status_and_reason_never_contradict():
     assert at_risk["reason"].str.contains("top").all()  # top 20% by risk, or GNQ / loss in words
     low = ranked[ranked["status"] == "low"]
     assert not low["reason"].str.contains("unique and encoded").any()
-    assert not (low["reason"].str.contains("no strong sign") & low["reason"].str.contains("top")).any()
+    assert not low["reason"].str.contains("memorisation risk in this run's top").any()
 
 
 def test_risk_uses_the_components_that_validate_on_the_runs_outcome():

@@ -65,8 +65,10 @@ alert = {"leaked": st.error, "partly leaked": st.error, "text reproduced": st.wa
 alert(verdict_line)
 cells = st.columns(6) + st.columns(6)  # two rows of six
 cells[0].metric("Rank", f"{row['rank']} / {len(totals)}", help=COLUMN_HELP["rank"])
+basis = totals.attrs.get("risk") or {}  # what risk is on this run, beside its number
+helps = {"risk": f"{COLUMN_HELP['risk']} On this run: {basis['label']}: {basis['words']}"} if basis else {}
 for cell, (label, column, fmt) in zip(cells[1:], METRICS, strict=True):
-    cell.metric(label, _num(row[column], fmt), help=COLUMN_HELP.get(column))
+    cell.metric(label, _num(row[column], fmt), help=helps.get(column, COLUMN_HELP.get(column)))
 group = state.plain(row["group"]) if pd.notna(row["group"]) else "—"
 secret = (f" · secret-like: {state.plain(row['secret'])} at characters {int(row['secret_start'])}–"
           f"{int(row['secret_end'])}" if isinstance(row.get("secret"), str) else "")

@@ -79,6 +79,7 @@ st.caption(f"{len(out):,} of {n:,} texts. "
            + (f"Attack rule: {state.plain(attack['rule'])}." if attack.get("rule") else
               "No calibrated attack stored yet: the verdict uses copies, secret-like content and GNQ."))
 show.texts(picked_rows, limit=TEXT_ROWS, key="flagged_pick")
+show.risk_basis(scored, warn=False)  # the Runs page warns; here it is said beside the list
 if len(grouped(picked_rows)) > TEXT_ROWS:
     st.caption(f"The first {TEXT_ROWS} texts (copies share a row); all of them are in the table below"
                " and the downloads.")

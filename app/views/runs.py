@@ -25,11 +25,12 @@ def leaked_texts(run) -> None:
         return
     secret_rule = f" {state.plain(attack['secret_rule'])}." if attack.get("secret_rule") else ""
     rule = f" Rule: {state.plain(attack['rule'])}.{secret_rule}" if attack.get("rule") else ""
-    said = state.plain(summary(totals, run_counts(totals)))
+    counts = run_counts(totals)
+    said = state.plain(summary(totals, counts))
     if leaked.empty:
         st.success(f"{said}")
-    else:
-        st.error(said)
+    else:  # a partial leak alone is a warning, not "nothing leaked"
+        (st.error if counts.status(LEAKED) else st.warning)(said)
         show.texts(leaked, key="runs_leaked_pick")
     st.caption(rule.strip())
     if leaked.empty:
@@ -76,17 +77,21 @@ version = state.version(run.run_id)
 totals = state.totals(str(state.db_path()), run.run_id, version)
 scored = totals[totals["gnq_total"].notna()]
 st.subheader(f"Run {state.plain(repr(run.name))}")
-c1, c2, c3, c4 = st.columns(4)
+c1, c2, c3, c4, c5 = st.columns(5)
 c1.metric("Examples", f"{len(totals):,}")
 c2.metric("Points (checkpoints / epochs)", int(totals["n_points"].max() or 0) if len(scored) else 0)
 c3.metric("Median GNQ_total", f"{scored['gnq_total'].median():.3g}" if len(scored) else "–")
 counts = run_counts(totals)  # the headline's numbers: one object (analysis/counts.py)
-c4.metric("Leaked", f"{counts.status('leaked')} / {counts.texts}" if counts.attacked else "not run",
+c4.metric("Leaked", f"{counts.status(LEAKED)} / {counts.texts}" if counts.attacked else "not run",
           help="Texts whose secret-like value the model writes whole, or, without one, whose window it "
-               f"writes word for word. Also: {counts.status('partly leaked')} partly leaked, "
-               f"{counts.status('text reproduced')} text reproduced (the window, not the value); "
-               f"{counts.window_reproduced} of {counts.window_attacked} windows came out; "
+               f"writes word for word. Also: {counts.status('text reproduced')} text reproduced (the window, "
+               f"not the value); {counts.window_reproduced} of {counts.window_attacked} windows came out; "
                f"{counts.values_leaked} of {counts.values_attacked} secret-like values came out whole.")
+c5.metric("Partly leaked", f"{counts.status(PARTLY)} / {counts.texts}" if counts.attacked else "not run",
+          help="Texts of which part of a secret-like value comes out (at least 3 and a quarter of its "
+               "letters and digits, more than the reference model writes), or a different value sharing "
+               "them: scrub the value and retrain or unlearn, and change it. "
+               f"{counts.values_partly} of {counts.values_attacked} secret-like values came out in part.")
 
 if sentence := gnq_nature.companion_sentence(run.settings):
     st.markdown("**Companion set.** " + state.plain(sentence))
@@ -109,6 +114,7 @@ st.subheader("Top flagged texts")
 show.texts(scored.nsmallest(20, "rank"), key="runs_top_pick")
 st.caption("The verdict order: leaked texts first, then secret-like content, then memorisation risk; "
            "copies of a text share one row (×N). Sort by GNQ alone on **Flagged texts**.")
+show.risk_basis(totals)
 with st.expander("All columns (select a row to open its drill-down)"):
     top = scored.nsmallest(20, "rank")[["text", "status", "reason", "example_id", "rank", "copies", "secret",
                                         "gnq_total", "risk", "extracted", "group"]]

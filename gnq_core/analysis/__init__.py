@@ -11,6 +11,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".flagging": ("GNQ_ORDER", "VERDICT_ORDER", "TextFilter", "flagged"),
     ".html_report": ("build_report", "check_writable", "write_report"),
     ".predictive_figures": ("roc_figure",),
+    ".risk": ("RiskBasis", "risk_components"),
     ".signals": ("gnq_provenance", "signal_frame"),
     ".summaries": ("group_auc", "group_separation", "nearest_by_trajectory", "quantile_bins",
                    "targeted_attack_table", "token_alignment", "top_bottom"),

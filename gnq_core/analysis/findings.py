@@ -25,7 +25,7 @@ import html
 import pandas as pd
 
 from gnq_core.analysis.counts import RunCounts, by_record, run_counts
-from gnq_core.analysis.verdict import LEAKED, PARTLY, PUBLIC, REPRODUCED, SECRET, _secret_words
+from gnq_core.analysis.verdict import LEAKED, PARTLY, PUBLIC, REPRODUCED, SECRET, _secret_words, written_part
 
 HIGH_EXPOSURE = 4.0  # bits: the value ranks above 15 of 16 random values of its format
 GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "example_ids", "reason_short", "reason",
@@ -46,7 +46,7 @@ def action(row: pd.Series) -> str:
         return "Nothing to do: marked public."
     if status == PARTLY:
         n, hits = row.get("secret_chars"), row.get("secret_chars_reproduced")
-        part = f"{int(hits)} of its {int(n)} characters" if pd.notna(n) and pd.notna(hits) else "part of it"
+        part = written_part(row, its=True) if pd.notna(n) and pd.notna(hits) else "part of it"
         return (f"Scrub {what}{span} from the data and retrain (or unlearn it): the model writes {part}. "
                 f"Treat it as partly exposed: change it.{dedupe}")
     if status == REPRODUCED:
@@ -111,8 +111,8 @@ def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
     secret, public = c.status(SECRET), c.status(PUBLIC)
     if not c.attacked:
         head = "No extraction attack stored yet: nothing is known to have leaked."
-    elif not leaked:
-        head = "No text leaked."
+    elif not leaked:  # a partial leak is not "nothing": said at once, with its own action below
+        head = "No text leaked whole." if partly else "No text leaked."
     else:
         head = f"{_plural(leaked, 'text')} leaked"
         if c.distinct_by_status.get(LEAKED, leaked) != leaked:
@@ -126,7 +126,8 @@ def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
         head += "."
     more = []
     if partly:
-        more.append(f"{_plural(partly, 'text')} partly leaked (part of a secret-like value written).")
+        more.append(f"{_plural(partly, 'text')} partly leaked: the model writes part of a secret-like value "
+                    "(or a different value sharing characters with it).")
     if reproduced:
         verb = "comes" if reproduced == 1 else "come"
         more.append(f"{_plural(reproduced, 'text')} with a secret-like value {verb} out word for word around "
@@ -137,8 +138,11 @@ def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
     if public:
         more.append(f"{_plural(public, 'text')} marked public.")
     do = []
-    if leaked or partly:
+    if leaked:
         do.append("scrub or remove the leaked texts and retrain (change any leaked secret)")
+    if partly:
+        do.append("scrub the partly leaked values and retrain or unlearn them (change them: part of each "
+                  "is out)")
     if secret or reproduced:
         do.append("scrub the other secrets before the next training")
     if (grouped(ranked)["copies_listed"] > 1).any():

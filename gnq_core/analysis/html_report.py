@@ -91,8 +91,9 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              f"<p class='sentence'>{e(summary(ranked))}</p>",
              "<h2>Verdict: the texts to look at first</h2>",
              f"<p class='caption'>Ordered by {e(order_name)}; copies of a text share one row (×N). "
-             f"The first {min(top, len(ranked))} of {len(ranked)} texts. Memorisation risk: "
-             f"{e(data.risk_basis)}.</p>",
+             f"The first {min(top, len(ranked))} of {len(ranked)} texts.</p>",
+             f"<p class='{'sentence' if data.risk.loss_only else 'caption'}'><b>Memorisation risk: "
+             f"{e(data.risk.label)}.</b> {e(data.risk.sentence)}</p>",
              texts_table_html(ranked.head(top)) if "status" in ranked else _verdict_table(ranked.head(top)),
              "<h2>Which signal predicts extraction?</h2>", _predictive(data, attacks),
              _other_outcomes(data, plotly_loaded=_scorable(frame, attacks)),

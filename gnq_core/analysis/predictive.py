@@ -78,7 +78,8 @@ class Signal:
 # convention), never the data.
 SIGNALS: tuple[Signal, ...] = (
     Signal("risk", "combined verdict (risk)", True,
-           "the verdict's memorisation risk before any attack (GNQ/copies exposure + calibrated membership)"),
+           "the verdict's memorisation risk before any attack (calibrated membership and copies; GNQ or K_jj "
+           "where this run's ground truth validates them)"),
     Signal("gnq_total", "GNQ_total", True, "GNQ summed over the run's checkpoints or epochs"),
     Signal("gnq_max", "GNQ_max", True, "the largest GNQ over the run's points"),
     Signal("gnq_last", "GNQ_last", True, "GNQ at the last point"),

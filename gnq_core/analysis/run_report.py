@@ -26,8 +26,9 @@ from gnq_core.analysis import gnq_nature
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.counts import run_counts
 from gnq_core.analysis.findings import summary
+from gnq_core.analysis.risk import RiskBasis, risk_components
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
-from gnq_core.analysis.verdict import rank_texts, risk_basis
+from gnq_core.analysis.verdict import rank_texts
 from gnq_core.atomic import write_text_atomic
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
@@ -44,7 +45,7 @@ class RunReport:
     nature: dict                     # gnq_nature.summary
     records: pd.DataFrame            # gnq_nature.record_gnq
     gnq_source: str                  # where the GNQ columns come from, in words
-    risk_basis: str                  # which components the verdict's risk uses, and why
+    risk: RiskBasis                  # which components the verdict's risk uses, and why
     resamples: int
     seed: int
     level: float = pr.LEVEL
@@ -65,7 +66,10 @@ class RunReport:
                        "fpr_levels": list(ev.FPR_LEVELS), "gnq_source": self.gnq_source,
                        "units": list(cl.UNITS), "min_records": cl.MIN_RECORDS},
             "gnq_on_this_run": {k: v for k, v in self.nature.items()},
-            "verdict": {"risk_basis": self.risk_basis, "summary": self.summary, "counts": self.counts},
+            "verdict": {"risk_basis": self.risk.words, "risk_label": self.risk.label,
+                        "risk_components": list(self.risk.components),
+                        "risk_ground_truth": self.risk.ground_truth, "risk_calibrated": self.risk.calibrated,
+                        "summary": self.summary, "counts": self.counts},
             "record_gnq": self.records.to_dict(orient="records"),
             "tables": [_row(r) for r in self.evidence.to_dict(orient="records")],
         })
@@ -151,8 +155,11 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
     at one checkpoint (``pipelines.non_members.membership_frame``, both sides measured the same
     way), scored as the membership outcome beside the run's own rows (``with_membership``)."""
     if totals is None:
-        totals = rank_texts(store.example_totals(run.run_id))
-    basis = totals.attrs.get("risk_basis") or risk_basis(store.example_totals(run.run_id))
+        totals = rank_texts(store.example_totals(run.run_id), membership)
+    basis = totals.attrs.get("risk")
+    if basis is None:  # a frame ranked elsewhere: what the run's risk is, again
+        basis = risk_components(store.example_totals(run.run_id), membership).attrs["risk"]
+    basis = RiskBasis.from_dict(basis)
     frame = signal_frame(store, run, totals)
     attacks = store.extractions(run.run_id)
     scores = store.scores(run.run_id)
@@ -164,7 +171,7 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
     scored = frame if membership is None else ev.with_membership(frame, membership)
     table = ev.evidence_table(scored, resamples=resamples, seed=seed, cv=cv)
     return RunReport(run=run, provenance=provenance(store, run, attacks), frame=frame, evidence=table,
-                     nature=nature, records=records, gnq_source=gnq_provenance(store, run), risk_basis=basis,
+                     nature=nature, records=records, gnq_source=gnq_provenance(store, run), risk=basis,
                      resamples=resamples, seed=seed, counts=run_counts(totals).to_dict(),
                      summary=summary(totals) if "status" in totals else "")
 

@@ -52,14 +52,15 @@ def _source(store: Store, run: Run) -> str:
     return text + "; no in-run training run of these checkpoints is in the store."
 
 
-AT_POINT = ["gnq_total", "gnq_max", "gnq_mean", "gnq_last", "loss_last", "self_influence_last", "n_points"]
+AT_POINT = ["gnq_total", "gnq_max", "gnq_mean", "gnq_last", "loss_last", "self_influence_last", "min_k_plus",
+            "n_points"]
 
 
 def aligned_to_attack(frame: pd.DataFrame, scores: pd.DataFrame, points: pd.DataFrame,
                       attacks: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with the per-point signals read at the attacked point: when ``gnq extract
     --checkpoint`` attacked an earlier point than the run's last finished one, GNQ_total/max/mean
-    sum over the points up to the attacked one and GNQ_last, loss and K_jj are its values there
+    sum over the points up to the attacked one and GNQ_last, loss, K_jj and Min-K%++ are its values there
     (the attacked model's, not a later one's).  ``signals_point`` names the point read (NaN: no
     attack, the last point's values stay)."""
     done = points[points["status"] == "done"]
@@ -76,6 +77,8 @@ def aligned_to_attack(frame: pd.DataFrame, scores: pd.DataFrame, points: pd.Data
                            "gnq_mean": by["gnq"].mean(), "n_points": by["gnq"].count()})
     values["gnq_last"], values["loss_last"] = at["gnq"], at["loss"]
     values["self_influence_last"] = at["self_influence"]
+    if "min_k_plus" in at.columns:
+        values["min_k_plus"] = at["min_k_plus"]
     out = frame.drop(columns=[c for c in AT_POINT if c in frame.columns])
     out = out.merge(values.reset_index(), on="example_id", how="left")
     return out.assign(signals_point=label)

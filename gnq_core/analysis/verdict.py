@@ -7,33 +7,13 @@ What each signal means, and so how they combine (no weights fitted to any data s
   text the model emits verbatim has leaked.  Leaked texts come first.
 * **Secret-like content** (``secret``) says how much a leak would hurt, not how likely it is:
   a card number matters even if it has not leaked yet.  Among the rest, such texts come next.
-* **Memorisation risk** (``risk`` in [0, 1]) orders everything else: how strongly the
-  measurements point to the model having encoded the text, before any attack.  It is the mean
-  of two kinds of evidence, each a percentile within the run (so 0.9 = stronger than for 90%
-  of this run's texts):
-
-  - *exposure* — GNQ's percentile (how little of the text's gradient its batch companions
-    explain: the model must encode it specifically), or, for a text with copies, the share of
-    its training signal that repetition adds, 1 − 1/copies (0.75 for 4 copies; repetition drives
-    memorisation, Kandpal et al. 2022), whichever is larger.  GNQ measured with a copy of the
-    text in the same batch explains nothing about the text (copies explain each other, GNQ ≈ 1)
-    and is then not used;
-  - *calibrated membership* — the mean percentile of the three calibrated scores of
-    pipelines/membership.py (loss ratio to the reference and zlib ratio, lower = stronger;
-    Min-K% prob, higher = stronger), when the run has been attacked with a reference.
-
-  ``risk`` leaves the attack's outcome out, so it can be scored against that outcome.
-
-  **From evidence** (issue 25): when the run has its own ground truth (an attack with at least
-  ``MIN_PER_OUTCOME`` extracted and kept texts), ``risk`` is the mean of the components that
-  validate on it — exposure, calibrated membership, low loss — chosen by cross-validation: the
-  texts are split into ``FOLDS`` folds (seeded) *grouped by copy cluster* (``cluster_id``: the
-  copies of a record always share a fold, and folds are balanced over positive and negative
-  records), and a text's risk uses the components whose AUC against extraction exceeds
-  ``VALID_AUC`` on the *other* folds, so neither a text's own outcome nor a copy's chooses its
-  risk (per-text folds let a copy's outcome choose: on null data with copies the chosen risk
-  scored AUC 0.58, issue 36).  ``MIN_PER_OUTCOME`` counts independent records (copies once).
-  Otherwise the default above.  ``risk_basis`` says which was used, in words.
+* **Memorisation risk** (``risk`` in [0, 1], analysis/risk.py) orders everything else: how
+  strongly the measurements point to the model having encoded the text, before any attack, from
+  the components whose direction holds on evidence (calibrated membership, repetition), and GNQ
+  or K_jj only where the run's own ground truth (extraction, or never-trained texts) validates
+  them, in the direction it measures.  ``risk`` leaves the attack's outcome out, so it can be
+  scored against that outcome; ``risk_basis`` says what it is on the run, in words, and
+  ``risk_label`` in a few ("loss-only, uncalibrated" without a reference model or ground truth).
 
 **Status** (issue 37: the secret decides), one vocabulary for every page, the report and the
 export (``STATUSES``, most severe first):
@@ -60,8 +40,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gnq_core.analysis.clusters import groups_of, numeric_column, records
-from gnq_core.analysis.predictive import rank_auc
+from gnq_core.analysis.clusters import numeric_column
+from gnq_core.analysis.risk import risk_components
+from gnq_core.sources.value_match import ValueMatch, compare
 
 VERDICT_COLUMNS = ["rank", "percentile", "status", "reason", "risk", "verdict_score"]
 LEAKED, PARTLY, REPRODUCED, SECRET, AT_RISK, PUBLIC, LOW = (
@@ -69,12 +50,6 @@ LEAKED, PARTLY, REPRODUCED, SECRET, AT_RISK, PUBLIC, LOW = (
 STATUSES = (LEAKED, PARTLY, REPRODUCED, SECRET, AT_RISK, LOW, PUBLIC)
 # verdict_score = tier + risk (risk in [0, 1]): a leaked text with a secret above one without
 TIERS = {LEAKED: 6.0, PARTLY: 4.0, REPRODUCED: 3.0, SECRET: 2.0, AT_RISK: 0.0, LOW: 0.0, PUBLIC: -2.0}
-FOLDS = 5
-MIN_PER_OUTCOME = 5       # extracted and kept records each (copies once), for the run's own outcome to choose
-VALID_AUC = 0.55          # a component validates when it beats chance by this margin on the other folds
-COMPONENT_WORDS = {"exposure": "exposure (GNQ percentile, or 1 − 1/copies)",
-                   "membership": "calibrated membership (loss ratio, zlib ratio, Min-K%)",
-                   "loss": "low loss"}
 
 # What every column means, for tooltips, captions and the exported data's documentation.
 COLUMN_HELP: dict[str, str] = {
@@ -90,9 +65,12 @@ COLUMN_HELP: dict[str, str] = {
               "out. at risk: memorisation risk in this run's top 20%. public: marked public. low: none "
               "of these.",
     "reason": "Why the text sits where it does, in words.",
-    "risk": "Memorisation risk, 0-1, before any attack: the mean of exposure (GNQ percentile, or "
-            "1 − 1/copies for a repeated text) and the calibrated membership percentile. 0.9 = stronger "
-            "evidence than for 90% of this run's texts.",
+    "risk": "Memorisation risk, 0-1, before any attack, from what points the right way on evidence: the "
+            "calibrated membership percentile (loss ratio to the reference, zlib ratio, Min-K%++), or for a "
+            "repeated text 1 − 1/copies where larger. Where this run's ground truth (extraction, or "
+            "--non-members) validates components, the mean of those, GNQ and K_jj included in the "
+            "direction it measures. 0.9 = stronger evidence than for 90% of this run's texts. Without a "
+            "reference model or ground truth: loss-only and uncalibrated (the page says which).",
     "gnq_total": "GNQ summed over the run's checkpoints. GNQ = g_jᵀ(Σ_{k≠j} g_k g_kᵀ + λI)⁻¹ g_j: how much "
                  "of the text's gradient its batch companions cannot explain. About 1 or less: explained (a "
                  "copy in the batch gives ≈ 1); large (up to ‖g‖²/λ): the model must encode this text "
@@ -139,6 +117,9 @@ COLUMN_HELP: dict[str, str] = {
                   "reference; 0.25 = loss 4× below it. Lower = more memorised.",
     "zlib_ratio": "Bits the model needs for the text / bits zlib needs. Lower = the model predicts it far "
                   "better than its surface redundancy explains.",
+    "min_k_plus": "Min-K%++ (Zhang et al. 2024): Min-K% of each token's log-probability standardised by the "
+                  "mean and spread of the model's own prediction there. Higher = more likely a training "
+                  "member; needs no reference model.",
     "min_k_prob": "Mean log-probability of the 20% least likely tokens (nats). Closer to 0 = more likely "
                   "a training member.",
     "loss_last": "Mean next-token loss at the last checkpoint (nats per token); low alone often just means "
@@ -146,101 +127,17 @@ COLUMN_HELP: dict[str, str] = {
 }
 
 
-def _pct(values: pd.Series, higher_is_stronger: bool = True) -> pd.Series:
-    """Percentile in (0, 1] within the non-missing values (ties share their mean rank); NaN stays."""
-    v = pd.to_numeric(values, errors="coerce").astype(float)
-    r = (v if higher_is_stronger else -v).rank(method="average")
-    return r / max(1, int(v.notna().sum()))
-
-
-def risk_components(totals: pd.DataFrame) -> pd.DataFrame:
-    """exposure, membership and risk per text (see the module docstring), index of ``totals``."""
-    copies = numeric_column(totals, "copies").fillna(1.0).clip(lower=1.0)
-    with_copy = numeric_column(totals, "gnq_with_copy").fillna(0.0)
-    points = numeric_column(totals, "n_points").fillna(0.0)
-    gnq_valid = with_copy < np.maximum(points, 1.0) / 2  # at most half its GNQ values spoiled by a copy
-    gnq = numeric_column(totals, "gnq_total").where(gnq_valid)
-    exposure = pd.concat([_pct(gnq), 1.0 - 1.0 / copies], axis=1).max(axis=1)
-    membership = pd.concat([_pct(numeric_column(totals, "loss_ratio"), higher_is_stronger=False),
-                            _pct(numeric_column(totals, "zlib_ratio"), higher_is_stronger=False),
-                            _pct(numeric_column(totals, "min_k_prob"))], axis=1).mean(axis=1)
-    loss = _pct(numeric_column(totals, "loss_last"), higher_is_stronger=False)
-    risk = pd.concat([exposure, membership], axis=1).mean(axis=1).fillna(0.0)
-    chosen, basis = _validated_risk(totals, {"exposure": exposure, "membership": membership, "loss": loss})
-    return pd.DataFrame({"exposure": exposure, "membership": membership, "loss": loss,
-                         "risk": risk if chosen is None else chosen,
-                         "gnq_percentile_valid": _pct(gnq), "risk_basis": basis})
-
-
-def _validated_risk(totals: pd.DataFrame, parts: dict[str, pd.Series],
-                    seed: int = 0) -> tuple[pd.Series | None, str]:
-    """(risk, basis): the cross-validated choice of components (module docstring), or (None, the
-    default's basis) when the run has no ground truth of its own to choose with."""
-    default = ("default: the mean of exposure and calibrated membership (no ground truth of this run to "
-               "validate components on)")
-    if "extracted" not in totals.columns:
-        return None, default
-    outcome = totals["extracted"].astype("boolean")
-    known = outcome.notna()
-    y = outcome[known].astype(bool)
-    groups = pd.Series(groups_of(totals), index=totals.index)[y.index]
-    if min(records(y.to_numpy(), groups.to_numpy())) < MIN_PER_OUTCOME:
-        return None, default + (f" (fewer than {MIN_PER_OUTCOME} extracted or kept records, copies "
-                                "counted once)")
-    candidates = {k: v for k, v in parts.items() if v.notna().any()}
-    folds = grouped_folds(y, groups, seed)
-
-    def chosen_on(rows: pd.Index) -> list[str]:
-        return [k for k, v in candidates.items() if rank_auc(v[rows][y[rows]], v[rows][~y[rows]]) > VALID_AUC]
-
-    risk = pd.Series(np.nan, index=totals.index)
-    every: list[list[str]] = []
-    for f in range(FOLDS):
-        names = chosen_on(folds.index[folds != f])
-        every.append(names)
-        test = folds.index[folds == f]
-        risk[test] = _mean_of(candidates, names, test)
-    names = chosen_on(y.index)  # texts without an outcome: chosen on every attacked text
-    rest = totals.index[~known.to_numpy()]
-    risk[rest] = _mean_of(candidates, names, rest)
-    used = sorted({n for names in every for n in names})
-    if not used:
-        return None, (f"default: no component beat AUC {VALID_AUC} against this run's extraction outcome "
-                      "on the cross-validation folds")
-    return risk.fillna(0.0), (
-        "validated on this run's extraction outcome (cross-validated, " + f"{FOLDS} folds grouped by copy "
-        "cluster, so copies of a text never choose each other's components): the mean of "
-        + ", ".join(COMPONENT_WORDS[n] for n in used) + f" — the components with AUC > {VALID_AUC} on the "
-        "other folds")
-
-
-def grouped_folds(y: pd.Series, groups: pd.Series, seed: int = 0) -> pd.Series:
-    """A fold 0..FOLDS−1 per text (index of ``y``): whole copy clusters are dealt to the folds in a
-    seeded random order, the positive clusters (any copy extracted) first and then the rest, so
-    the copies of a record share a fold and every fold gets its share of both outcomes."""
-    rng = np.random.default_rng(seed)
-    positive = y.groupby(groups).any()
-    fold_of: dict = {}
-    for side in (positive[positive].index, positive[~positive].index):
-        order = rng.permutation(len(side))
-        fold_of |= {side[i]: (len(fold_of) + j) % FOLDS for j, i in enumerate(order)}
-    return groups.map(fold_of).astype(int)
-
-
-def _mean_of(candidates: dict[str, pd.Series], names: list[str], rows: pd.Index) -> pd.Series:
-    if not names:  # nothing validated on these folds: the default components
-        names = [n for n in ("exposure", "membership") if n in candidates]
-    return pd.concat([candidates[n][rows] for n in names], axis=1).mean(axis=1)
-
-
-def rank_texts(totals: pd.DataFrame) -> pd.DataFrame:
+def rank_texts(totals: pd.DataFrame, membership: pd.DataFrame | None = None) -> pd.DataFrame:
     """``totals`` (Store.example_totals) plus rank, percentile, status, reason, risk and
-    verdict_score, ordered by rank (ties by example_id)."""
+    verdict_score, ordered by rank (ties by example_id).  ``membership``: the run's texts and
+    never-trained ones (``pipelines.non_members.membership_frame``), ground truth for the risk's
+    components.  ``attrs``: ``risk_basis`` (words), ``risk_label`` (a few words) and ``risk``
+    (analysis.risk.RiskBasis.to_dict())."""
     frame = totals.copy()
     if frame.empty:
         numeric = {"rank": "int64", "percentile": "float64", "risk": "float64", "verdict_score": "float64"}
         return frame.assign(**{c: pd.Series(dtype=numeric.get(c, object)) for c in VERDICT_COLUMNS})
-    parts = risk_components(frame)
+    parts = risk_components(frame, membership)
     status = statuses(frame, parts["risk"])
     frame["risk"] = parts["risk"]
     frame["verdict_score"] = status.map(TIERS) + 1.0 * _has_secret(frame) + parts["risk"]
@@ -253,14 +150,9 @@ def rank_texts(totals: pd.DataFrame) -> pd.DataFrame:
     frame["reason"] = [_reason(row, parts.loc[i], status) for (i, row), status in
                        zip(frame.iterrows(), frame["status"], strict=True)]
     out = frame.loc[order.index].reset_index(drop=True)
-    out.attrs["risk_basis"] = str(parts["risk_basis"].iloc[0]) if len(parts) else ""
+    basis = parts.attrs["risk"]
+    out.attrs |= {"risk_basis": basis["words"], "risk_label": basis["label"], "risk": basis}
     return out
-
-
-def risk_basis(totals: pd.DataFrame) -> str:
-    """Which components ``risk`` uses on this run and why, in words (``risk_components``)."""
-    parts = risk_components(totals)
-    return str(parts["risk_basis"].iloc[0]) if len(parts) else ""
 
 
 def _flag(frame: pd.DataFrame, name: str) -> pd.Series:
@@ -283,7 +175,8 @@ def statuses(frame: pd.DataFrame, risk: pd.Series | None = None) -> pd.Series:
     values_leaked = _flag(frame, "secret_reproduced") | (numeric_column(frame, "secret_values_leaked") > 0)
     partly = numeric_column(frame, "secret_values_partly") > 0  # NaN (not attacked) compares False
     risk = risk if risk is not None else risk_components(frame)["risk"]
-    top_risk = risk >= risk.quantile(0.8) if len(risk) else pd.Series(False, index=frame.index)
+    # risk 0 is no evidence at all (a run without any score): never "at risk" for that
+    top_risk = (risk >= risk.quantile(0.8)) & (risk > 0) if len(risk) else pd.Series(False, index=frame.index)
     status = np.select(
         [public, secret & values_leaked, secret & partly, secret & window, secret, window, top_risk],
         [PUBLIC, LEAKED, PARTLY, REPRODUCED, SECRET, LEAKED, AT_RISK], LOW)
@@ -368,7 +261,8 @@ def _reason(row: pd.Series, parts: pd.Series, status: str = "") -> str:
             clauses.append(f"repeated {int(copies)}×: copies explain each other, so GNQ cannot see it")
     text, strong = _evidence(row, parts, unique=not (pd.notna(copies) and int(copies) > 1), status=status)
     if status == "at risk" and not strong:  # the status's own ground, never "no strong sign" beside it
-        clauses.append(f"memorisation risk in this run's top 20% (risk {parts['risk']:.2f})")
+        clauses.append(f"memorisation risk in this run's top 20% (risk {parts['risk']:.2f}, "
+                       f"{parts['risk_label']})")
     clauses.append(text)
     return "; ".join(c for c in clauses if c)
 
@@ -409,24 +303,51 @@ def _secret_attack(row: pd.Series) -> str:
         came_out = f" (its next {int(row['attack_suffix_tokens'])} tokens after the first " \
                    f"{int(row['attack_prefix_tokens'])} do come out word for word)" \
             if pd.notna(row.get("attack_suffix_tokens")) else " (the text attack's window does come out)"
+    part = written_part(row)
     if partly_n:
-        return (f"partly leaked: prompted with the text up to it, the model writes {hits} of {n} characters "
-                f"of {what}{ref}{came_out}{values}{exp}")
+        return (f"partly leaked: prompted with the text up to it, the model writes {part}{ref}{came_out}"
+                f"{values}{exp}")
     head = "text reproduced, the value not: " if window else "not leaked: "
     if hits == n:
         said = f"{head}the model writes {what}, but so does the reference model: predictable"
     else:
-        said = f"{head}prompted with the text up to it, the model writes {hits} of {n} characters of {what}"
+        said = f"{head}prompted with the text up to it, the model writes {part}"
     return said + came_out + values + exp
 
 
+def value_written(row: pd.Series) -> ValueMatch | None:
+    """What the model wrote in place of the text's most exposed value (sources.value_match), when
+    the stored generation gives the stored count (None otherwise, e.g. a store whose count lined
+    characters up by position: then only the count is said)."""
+    value, generated = row.get("secret_value"), row.get("secret_value_generated")
+    if not (isinstance(value, str) and isinstance(generated, str)) or pd.isna(row.get("secret_chars")):
+        return None
+    match = compare(value, generated)
+    same = match.hits == int(row["secret_chars_reproduced"]) and match.chars == int(row["secret_chars"])
+    return match if same else None
+
+
+def written_part(row: pd.Series, its: bool = False) -> str:
+    """The part of the value the model wrote, in words: "3 of 4 characters of the PIN", or for a
+    complete other value "7399, not the PIN 7319: a different value, 3 of its 4 characters in
+    place" (``its``: "3 of its 4 characters", for a sentence about the value)."""
+    n, hits = int(row["secret_chars"]), int(row["secret_chars_reproduced"])
+    what, match = _secret_words(row), value_written(row)
+    if match is not None and match.different:
+        return (f"{match.written_text}, not {what} {row['secret_value']}: a different value, {hits} of its "
+                f"{n} characters in place")
+    return f"{hits} of its {n} characters" if its else f"{hits} of {n} characters of {what}"
+
+
 def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") -> tuple[str, bool]:
-    """The GNQ and loss-ratio evidence in words, and whether it is strong on its own."""
-    g = parts["gnq_percentile_valid"]
+    """The GNQ and loss-ratio evidence in words, and whether it is strong on its own: the loss
+    ratio to the reference, or GNQ in the direction this run's ground truth validated (on the
+    runs measured, learned texts had smaller GNQ: a high GNQ is no sign of memorisation by itself)."""
+    g, sign = parts["gnq_percentile_valid"], int(parts.get("gnq_sign", 0))
     ratio = row.get("loss_ratio")
     bits = []
     if pd.notna(g):
-        bits.append(f"GNQ {_share(g)}")
+        bits.append(f"GNQ {_share(g)}" + (" (lower GNQ = more at risk on this run)" if sign < 0 else ""))
     if pd.notna(ratio) and ratio > 0:
         if ratio <= 1 / 1.5:
             bits.append(f"loss {1 / ratio:.0f}× below the reference" if ratio <= 0.4
@@ -434,12 +355,14 @@ def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") 
         else:
             bits.append("loss no lower than the reference's")
     text = " and ".join(bits)
-    strong = (pd.notna(g) and g >= 0.8) or (pd.notna(ratio) and ratio <= 1 / 1.5)
+    gnq_strong = pd.notna(g) and sign != 0 and (g if sign > 0 else 1 - g) >= 0.8
+    ratio_strong = pd.notna(ratio) and ratio <= 1 / 1.5
+    strong = gnq_strong or ratio_strong
     if status in (LOW, PUBLIC):  # the words must not claim more than the status
         if strong:
             return f"{text}, but memorisation risk overall below this run's top 20%", False
         return (f"no strong sign of memorisation: {text}" if text else ""), False
-    if unique and pd.notna(g) and g >= 0.8 and pd.notna(ratio) and ratio <= 1 / 1.5:
+    if unique and strong:
         return f"unique and encoded: {text}", True
     if not text or strong or status:
         return text, strong

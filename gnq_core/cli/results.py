@@ -57,7 +57,10 @@ def export(
     info = store.run(run)
     refuse_overwrite([out], store)  # never onto the store, its WAL, a dataset or a checkpoint
     ensure_text_labels(store, info)
-    flagged = flag(rank_texts(store.example_totals(info.run_id)), top=top, min_percentile=min_percentile,
+    from gnq_core.pipelines.non_members import ground_truth_of
+
+    ranked = rank_texts(store.example_totals(info.run_id), ground_truth_of(store, info))
+    flagged = flag(ranked, top=top, min_percentile=min_percentile,
                    min_gnq=min_gnq, group=group, statuses=tuple(status or ()))
     has_attack = not store.extractions(info.run_id).empty
     write_table(export_frame(flagged, has_attack), out, format, neutralise=not exact_csv)

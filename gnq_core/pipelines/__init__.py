@@ -14,7 +14,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".extraction": ("AttackRule",),
     ".hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
     ".jobs": ("Job", "cancel_job", "list_jobs", "new_job_id", "start_job"),
-    ".non_members": ("membership_frame", "membership_of"),
+    ".non_members": ("ground_truth_of", "membership_frame", "membership_of"),
     ".run": ("run_job",),
     ".settings": ("AuditJob", "AuditSettings", "DemoJob", "ExtractJob", "JobSettings", "TrainJob",
                   "TrainSettings", "job_dict", "job_from_dict"),

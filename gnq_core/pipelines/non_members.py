@@ -129,6 +129,16 @@ def membership_of(store: Store, run: Run) -> pd.DataFrame | None:
     return membership_frame(store, run) if run.settings.get("non_members_run") else None
 
 
+def ground_truth_of(store: Store, run: Run) -> pd.DataFrame | None:
+    """``membership_of`` for ranking the run's texts (analysis.verdict.rank_texts chooses its risk's
+    components on it): None, not an error, while the never-trained texts cannot be read yet (their
+    audit shares no finished checkpoint with the run, or its run is gone)."""
+    try:
+        return membership_of(store, run)
+    except StoreError:
+        return None
+
+
 def membership_frame(store: Store, run: Run, point: int | None = None) -> pd.DataFrame:
     """Members (``member`` True) and non-members (False) at one checkpoint, one row per text.
 

@@ -116,22 +116,19 @@ def secret_targets(tokenizer, texts: Sequence[str], example_ids: Sequence[int],
 
 
 def chars_reproduced(value: str, target_text: str, generated_text: str) -> tuple[int, int]:
-    """(letters and digits of ``value``, how many of them ``generated_text`` has at the same
-    position), the value located in the decoded target tokens (which may begin with a space)."""
+    """(letters and digits of ``value``, how many of them ``generated_text`` has at their place in
+    the value's own sequence, separators ignored: sources.value_match)."""
     n, hits = matched_chars(value, target_text, generated_text)
     return n, len(hits)
 
 
 def matched_chars(value: str, target_text: str, generated_text: str) -> tuple[int, list[int]]:
     """(letters and digits of ``value``, the indices among them that ``generated_text`` has at
-    their place): ``chars_reproduced`` with the places."""
-    significant = [(i, c) for i, c in enumerate(value) if c.isalnum()]
-    off = target_text.find(value)
-    if off < 0:  # the tokenizer normalises the text: compare the letters and digits in order
-        got = [c for c in generated_text if c.isalnum()]
-        return len(significant), [j for j, (_, c) in enumerate(significant) if j < len(got) and got[j] == c]
-    return len(significant), [j for j, (i, c) in enumerate(significant)
-                              if off + i < len(generated_text) and generated_text[off + i] == c]
+    their place): ``chars_reproduced`` with the places (sources.value_match.written_in_place)."""
+    from gnq_core.sources.value_match import written_in_place
+
+    match = written_in_place(value, target_text, generated_text)
+    return match.chars, list(match.places)
 
 
 def format_places(value: str, others: Sequence[str]) -> set[int]:

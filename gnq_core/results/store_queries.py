@@ -235,6 +235,7 @@ agg AS (
            sum(s.gnq) AS gnq_total, max(s.gnq) AS gnq_max, avg(s.gnq) AS gnq_mean,
            arg_max(s.gnq, s.point) AS gnq_last, arg_max(s.loss, s.point) AS loss_last,
            arg_max(s.self_influence, s.point) AS self_influence_last,
+           arg_max(s.min_k_plus, s.point) AS min_k_plus,
            count(s.gnq) AS n_points
     FROM scores s WHERE s.run_id = $run AND s.point IN (SELECT point FROM done)
     GROUP BY s.example_id),
@@ -265,7 +266,8 @@ secret_attack AS (  -- per text: how many of its values leaked, and the most exp
            string_agg(generated, ' | ' ORDER BY secret_start) AS secret_generated
     FROM secret_rows GROUP BY example_id),
 secret_shown AS (  -- the text's most exposed value (leaked, else partly, else the most characters)
-    SELECT example_id, kind AS secret_kind, value AS secret_value, chars AS secret_chars,
+    SELECT example_id, kind AS secret_kind, value AS secret_value, generated AS secret_value_generated,
+           chars AS secret_chars,
            chars_reproduced AS secret_chars_reproduced,
            reference_chars_reproduced AS reference_secret_chars_reproduced
     FROM secret_rows
@@ -276,7 +278,8 @@ membership AS (
     FROM example_metrics WHERE run_id = $run GROUP BY example_id),
 totals AS (
     SELECT e.example_id, e.text, e.grp AS "group", e.n_tokens,
-           a.gnq_total, a.gnq_max, a.gnq_last, a.gnq_mean, a.loss_last, a.self_influence_last, a.n_points,
+           a.gnq_total, a.gnq_max, a.gnq_last, a.gnq_mean, a.loss_last, a.self_influence_last,
+           a.min_k_plus, a.n_points,
            CAST(rank() OVER (ORDER BY a.gnq_total DESC NULLS LAST) AS INTEGER) AS gnq_rank,
            100.0 * cume_dist() OVER (ORDER BY a.gnq_total ASC NULLS FIRST) AS gnq_percentile,
            e.copies, e.cluster_id, c.gnq_with_copy,
@@ -287,7 +290,8 @@ totals AS (
            x.generated_text AS extraction_generated, x.prefix_tokens AS attack_prefix_tokens,
            x.suffix_tokens AS attack_suffix_tokens,
            sa.secret_reproduced, sa.secret_values_attacked, sa.secret_values_leaked, sa.secret_values_partly,
-           ss.secret_kind, ss.secret_value, CAST(ss.secret_chars AS INTEGER) AS secret_chars,
+           ss.secret_kind, ss.secret_value, ss.secret_value_generated,
+           CAST(ss.secret_chars AS INTEGER) AS secret_chars,
            CAST(ss.secret_chars_reproduced AS INTEGER) AS secret_chars_reproduced,
            CAST(ss.reference_secret_chars_reproduced AS INTEGER) AS reference_secret_chars_reproduced,
            sa.secret_exposure, sa.secret_generated,
