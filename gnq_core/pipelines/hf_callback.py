@@ -15,10 +15,12 @@ batch of the GNQ is and what the shard rows mean: DESIGN.md §7.
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, RunSpec, Score
 from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
+from gnq_core.values import finite, flag, one_of, require, whole
 
 __all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "GNQTrainerSteps", "lm_collator",
            "token_mean_objective"]
@@ -84,11 +87,38 @@ class GNQConfig:
     window_budget: int = DEFAULT_WINDOW_BUDGET  # bytes of factors an exact window may keep
 
     def __post_init__(self) -> None:
-        if self.gnq_batch not in GNQ_BATCHES:
-            raise ValueError(f"gnq_batch must be one of {', '.join(GNQ_BATCHES)}, got {self.gnq_batch!r}")
-        if self.window_mode not in WINDOW_MODES:
-            raise ValueError(f"window_mode must be one of {', '.join(WINDOW_MODES)}, "
-                             f"got {self.window_mode!r}")
+        """Every value checked here, when the config is built: a bad one is one line naming it,
+        not a failure at the first step with a shards folder already written."""
+        def name(field: str) -> str:
+            return f"GNQConfig {field}"
+
+        require(isinstance(self.out, str | PathLike) and str(self.out) != "",
+                f"{name('out')} must be a folder path, got {self.out!r}")
+        finite(self.lam, name("lam"), 0.0, above=True)
+        one_of(self.gnq_batch, name("gnq_batch"), GNQ_BATCHES)
+        one_of(self.window_mode, name("window_mode"), WINDOW_MODES)
+        one_of(self.scope, name("scope"), (None, "global", "rank"))
+        one_of(self.strategy, name("strategy"), ("auto", "factors", "gradients"))
+        whole(self.flush_every, name("flush_every (optimizer steps per shard file)"), 1)
+        require(self.name is None or (isinstance(self.name, str) and self.name.strip() != ""),
+                f"{name('name')} must be a non-empty string or None, got {self.name!r}")
+        for field in ("texts", "groups"):
+            value = getattr(self, field)
+            require(value is None or (hasattr(value, "__getitem__") and not isinstance(value, str | bytes)),
+                    f"{name(field)} must be a sequence or mapping by example_id, or None, got "
+                    f"{type(value).__name__}")
+        require(isinstance(self.dataset_path, str), f"{name('dataset_path')} must be a string")
+        if self.max_length is not None:
+            whole(self.max_length, name("max_length"), 1)
+        require(self.db is None or (isinstance(self.db, str | PathLike) and str(self.db) != ""),
+                f"{name('db')} must be a store path or None, got {self.db!r}")
+        flag(self.check_uses, name("check_uses")), flag(self.fused, name("fused"))
+        if self.flag_gnq is not None:
+            finite(self.flag_gnq, name("flag_gnq"), -math.inf)
+        whole(self.log_top, name("log_top"), 0)
+        require(self.sketch is None or isinstance(self.sketch, SketchSpec),
+                f"{name('sketch')} must be a SketchSpec or None, got {type(self.sketch).__name__}")
+        whole(self.window_budget, name("window_budget (bytes)"), 1, sys.maxsize)
         if self.scope is None:
             self.scope = "global" if self.gnq_batch == "step" else "rank"
 
