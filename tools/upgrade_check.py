@@ -60,8 +60,11 @@ for family in new:
                               "why": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         continue
     refusals = [c.refusal for c in cells if c.refusal]
+    inexact = [f"{c.path}: {c.detail}" for c in cells if not c.refusal and not c.exact]
     if refusals:
         out["new"][family] = {"task": found[family], "verdict": "refused", "why": refusals[0][:300]}
+    elif inexact:  # beyond the bound derived from the problem (gnq_core.engine.tolerance)
+        out["new"][family] = {"task": found[family], "verdict": "inexact", "why": inexact[0][:300]}
     else:
         out["new"][family] = {"task": found[family], "verdict": "exact",
                               "error": max(c.error for c in cells)}
