@@ -101,10 +101,10 @@ class AuditHooks(ExtensionPoints):
         return self._enabled and not hooks_are_suspended() and torch.is_grad_enabled()
 
     def _on_root_forward(self, module, args, kwargs):
-        self._compile_guard()  # compiled after the auditor attached: hooks traced, probes blind
         self._first.settle()
         if not self._recording():
             return
+        self._compile_guard()  # compiled after the auditor attached: hooks traced, probes blind
         if self._first.wants_plan(args, kwargs):
             self._plan(args, kwargs)
             for h in self._hooked:  # hooks added during this call's pre-hooks run from the next one

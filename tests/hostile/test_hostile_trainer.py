@@ -155,3 +155,59 @@ def test_compute_loss_func_is_refused_in_one_line(tmp_path):
                    gnq=GNQConfig(out=tmp_path / "shards"))
     assert "\n" not in str(info.value)
     assert not (tmp_path / "shards").exists()
+
+
+def _sft(tmp_path, **config):
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from gnq_core.sources.models import train_tokenizer
+
+    pool = list(texts()[:18])
+    tok = train_tokenizer(pool, vocab_size=320)
+    data = datasets.Dataset.from_dict({"prompt": [t[:30] for t in pool[:9]],
+                                       "completion": [" " + t[30:60] for t in pool[:9]],
+                                       "example_id": list(range(100, 109))})
+    settings = {"per_device_train_batch_size": 3, "max_steps": 3, "max_length": 32} | config
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), learning_rate=1e-2, optim="sgd", report_to=[],
+                         save_strategy="no", logging_strategy="no", use_cpu=True, bf16=False, seed=0,
+                         disable_tqdm=True, dataset_num_proc=None, **settings)
+    return trl, tok, data, args
+
+
+def test_sft_label_smoothing_matches_trl_and_dft_is_refused(tmp_path):
+    import warnings
+
+    trl, tok, data, args = _sft(tmp_path, label_smoothing_factor=EPS)
+    from gnq_core.pipelines.trl_gnq import GNQSFTTrainer
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        model = tiny_gpt2(vocab_size=len(tok))
+        model.config.pad_token_id = tok.pad_token_id
+        init = {n: p.detach().clone() for n, p in model.named_parameters()}
+        stock = copy_of(model, init, tok)
+        with warnings.catch_warnings():  # TRL's note that the user's option is deprecated there
+            warnings.filterwarnings("ignore", message=".*label_smoothing_factor.*")
+            GNQSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                          gnq=GNQConfig(out=tmp_path / "shards", lam=LAM)).train()
+            trl.SFTTrainer(model=stock, args=_sft(tmp_path / "stock", label_smoothing_factor=EPS)[3],
+                           train_dataset=data.remove_columns("example_id"), processing_class=tok).train()
+        ours = dict(model.named_parameters())
+        for n, p in stock.named_parameters():
+            theirs, mine = p.detach() - init[n], ours[n].detach() - init[n]
+            assert (theirs - mine).abs().max() <= 1e-5 * theirs.abs().max(), n
+    finally:
+        torch.set_default_dtype(previous)
+    with pytest.raises(ValueError, match="loss_type='dft'") as info:
+        GNQSFTTrainer(model=tiny_gpt2(vocab_size=len(tok)), args=_sft(tmp_path / "dft", loss_type="dft")[3],
+                      train_dataset=data, processing_class=tok, gnq=GNQConfig(out=tmp_path / "dft-shards"))
+    assert "\n" not in str(info.value) and not (tmp_path / "dft-shards").exists()
+
+
+def copy_of(model, init, tok):
+    twin = tiny_gpt2(vocab_size=len(tok))
+    twin.config.pad_token_id = tok.pad_token_id
+    twin.load_state_dict(init, strict=False)
+    return twin
