@@ -72,3 +72,32 @@ def pytest_sessionfinish(session: pytest.Session) -> None:  # noqa: ARG001
         zygote = _early_zygotes.pop()
         zygote.close()
         shutil.rmtree(zygote.folder, ignore_errors=True)
+
+
+# FutureWarning / DeprecationWarning from gnq_core's own call sites fail the test (own_warnings.py).
+def pytest_configure(config: pytest.Config) -> None:  # noqa: ARG001
+    import own_warnings
+
+    own_warnings.install()
+
+
+def _fail_on_own_warnings(phase: str):
+    import own_warnings
+
+    own_warnings.take()  # a previous phase's, already reported
+    result = yield
+    seen = own_warnings.take()
+    if seen:
+        pytest.fail(f"deprecated API called by our code during {phase} (fix the call site):\n  "
+                    + "\n  ".join(seen), pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):  # noqa: ARG001
+    return (yield from _fail_on_own_warnings("setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):  # noqa: ARG001
+    return (yield from _fail_on_own_warnings("the test"))

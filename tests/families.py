@@ -34,6 +34,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from gnq_core.engine.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.tolerance import exactness, kernel_noise, rounding_sensitivity
 
 VOCAB, WIDTH, B, T = 64, 32, 3, 5
 PATHS = ("unfused", "fused", "posthoc")
@@ -211,16 +212,20 @@ def losses(model: torch.nn.Module, task: str, inputs: dict[str, torch.Tensor]) -
 class Cell:
     family: str
     path: str
-    exact: bool
-    error: float | None = None  # relative kernel error against the reference
+    exact: bool  # within the derived bound (gnq_core.engine.tolerance)
+    error: float | None = None  # largest relative error (kernel or GNQ) against the reference
     refusal: str | None = None  # "ExceptionType: message" when the auditor refused
+    detail: str = ""  # the errors and their bounds
 
 
 def check(model: torch.nn.Module, family: str, task: str, lam: float = 1e-2,
-          cond: Condition | None = None, seed: int = 0) -> list[Cell]:
+          cond: Condition | None = None, seed: int = 0, floor: float = 0.0) -> list[Cell]:
     """One batch on every path against explicit per-example gradients (float64) from the same
     forward: the reference and every audited forward start from one random-number seed, so they
-    draw the same dropout masks."""
+    draw the same dropout masks.  Exact means within the bound derived from the problem
+    (gnq_core.engine.tolerance: the Gram's length P, the solve's conditioning and, when that a
+    priori bound is exceeded, the model's own rounding measured by ``reference_noise``);
+    ``floor``: a stated lower bound (a family that computes in float32 on purpose)."""
     cond = condition(family) if cond is None else cond
     inputs = batch(task, seed, cond)
     model.train(cond.train)
@@ -233,10 +238,41 @@ def check(model: torch.nn.Module, family: str, task: str, lam: float = 1e-2,
     except Exception as exc:  # noqa: BLE001  (the model itself does not run tiny in float64)
         raise NotBuildable(f"float64 forward: {type(exc).__name__}: {exc}".split("\n")[0]) from exc
     K_ref, gnq_ref = G @ G.T, loo_gnq(G, lam)
-    return [_one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed) for path in PATHS]
+    measured: list[float] = []
+
+    def noise() -> float:  # measured once, only where a path exceeds the a priori bound
+        if not measured:
+            measured.append(reference_noise(model, task, inputs, params, seed))
+        return measured[0]
+
+    return [_one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed, noise, floor)
+            for path in PATHS]
 
 
-def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed=0) -> Cell:
+def reference_noise(model: torch.nn.Module, task: str, inputs: dict[str, torch.Tensor],
+                    params: list[torch.Tensor], seed: int = 0) -> float:
+    """The model's own rounding, as this machine does it (gnq_core.engine.tolerance): the larger
+    of how far two honest references differ (per-example gradients from the batch's forward and
+    from each example's own forward, eval mode: no dropout to tell them apart) and how far the
+    reference moves when the parameters are perturbed at their rounding (the model's mode, the
+    same dropout masks)."""
+    def reference() -> torch.Tensor:
+        transformers.set_seed(seed)
+        return per_example_gradients(losses(model, task, inputs), params)
+
+    sensitivity = rounding_sensitivity(reference, params, seed)
+    training = model.training
+    model.eval()
+    try:
+        together = reference()
+        rows = [{k: v[j:j + 1] for k, v in inputs.items()} for j in range(together.shape[0])]
+        alone = torch.cat([per_example_gradients(losses(model, task, row), params) for row in rows])
+    finally:
+        model.train(training)
+    return max(sensitivity, kernel_noise(together, alone))
+
+
+def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed=0, noise=None, floor=0.0) -> Cell:
     from gnq_core import GNQAuditor
 
     model.zero_grad(set_to_none=True)
@@ -253,9 +289,11 @@ def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed=0) ->
         return Cell(family, path, False, refusal=f"{type(exc).__name__}: {exc}".split("\n")[0])
     finally:
         model.zero_grad(set_to_none=True)
-    err = ((res.kernel - K_ref).abs().max() / K_ref.abs().max()).item()
-    err = max(err, ((res.gnq - gnq_ref).abs() / gnq_ref.abs()).max().item())
-    return Cell(family, path, err <= 1e-9, error=err)
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    result = exactness(res.kernel, res.gnq, K_ref, gnq_ref, lam, n_params, floor=floor)
+    if not result.ok and noise is not None:
+        result = exactness(res.kernel, res.gnq, K_ref, gnq_ref, lam, n_params, noise=noise(), floor=floor)
+    return Cell(family, path, result.ok, error=result.error, detail=result.describe())
 
 
 def render(exact: dict[str, str], expected: dict[str, tuple[str, str]],

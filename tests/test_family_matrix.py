@@ -21,7 +21,9 @@ import pytest
 import torch
 from families import README_END, README_START, NotBuildable, build, check, families, render
 
-# Exact on every path (kernel and GNQ within 1e-9 of the reference, or TOLERANCE below).
+# Exact on every path: kernel and GNQ within the bound derived from the problem (the Gram's length,
+# the solve's conditioning, the model's own rounding measured on this machine:
+# gnq_core.engine.tolerance), never below TOLERANCE's stated floor.
 EXACT: dict[str, str] = {
     "afmoe": "causal", "albert": "masked", "apertus": "causal", "apertus1p5_text": "causal",
     "arcee": "causal", "aria_text": "causal", "axk1": "causal", "axk2": "causal", "bailing_hybrid": "causal",
@@ -68,7 +70,7 @@ EXACT: dict[str, str] = {
 }
 
 # Families whose own forward computes in float32 inside a float64 model: the replayed kernels
-# agree with the reference to that precision, not to 1e-9.
+# agree with the reference to that precision (a stated floor under the derived bound).
 TOLERANCE: dict[str, tuple[float, str]] = {
     "deepseek_v4": (1e-6, "norms, rotary embeddings and attention scores computed in float32"),
 }
@@ -140,9 +142,10 @@ def test_every_family_is_listed():
 def _check(family: str) -> None:
     task = families()[family]
     kind, why = EXPECTED.get(family, ("exact", ""))
+    floor = TOLERANCE.get(family, (0.0, ""))[0]
     try:
         model = build(family, task)
-        cells = check(model, family, task)
+        cells = check(model, family, task, floor=floor)
     except NotBuildable as exc:
         assert kind == "unbuildable", f"{family} no longer builds tiny ({exc}); expected {kind}"
         return
@@ -156,8 +159,7 @@ def _check(family: str) -> None:
             assert "\n" not in cell.refusal
         else:
             assert cell.refusal is None, f"{family} {cell.path} refused: {cell.refusal}"
-            tol = TOLERANCE.get(family, (1e-9, ""))[0]
-            assert cell.error <= tol, f"{family} {cell.path}: relative error {cell.error:.2e} > {tol:g}"
+            assert cell.exact, f"{family} {cell.path}: {cell.detail}"
 
 
 @pytest.mark.parametrize("family", sorted(set(families()) - SLOW))

@@ -30,3 +30,48 @@ def test_the_lock_is_a_resolved_set_without_torch():
     # torch (and the CUDA packages a PyPI torch wheel pulls in) stay out: an installed torch is reused
     assert not {p for p in lock if p == "torch" or p.startswith(("nvidia-", "triton"))}
     assert all(v[0].isdigit() for v in lock.values())
+
+
+def _report(**parts) -> dict:
+    return {"date": "d", "machine": "m", "venv": "v", "changes": compare({}, {}), **parts}
+
+
+def test_a_suite_that_crashes_at_start_up_is_a_failure_not_a_pass(tmp_path):
+    """pytest exit 4 (it could not start: here an unknown option) names no failed test; the
+    check reports the crash and fails, never "No test failed."."""
+    import subprocess
+    import sys
+
+    from tools.upgrade_check import _pytest_summary, failures
+
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n", encoding="utf-8")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--no-such-option"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 4
+    tests = {"args": "-q", "seconds": 1.0, **_pytest_summary(run.stdout + run.stderr, run.returncode)}
+    assert tests["crashed"] and not tests["passed"] and tests["failed"] == []
+    text = render(_report(tests=tests))
+    assert "No test failed." not in text and "crashed" in text and "exit 4" in text
+    assert failures(_report(tests=tests)) == [tests["why"]]
+    ok = {"args": "-q", "seconds": 1.0, **_pytest_summary("1 passed in 0.01s", 0)}
+    assert "No test failed." in render(_report(tests=ok)) and failures(_report(tests=ok)) == []
+    failed = {"args": "-q", "seconds": 1.0, **_pytest_summary("FAILED t.py::x - boom\n1 failed", 1)}
+    assert failures(_report(tests=failed)) and "No test failed." not in render(_report(tests=failed))
+
+
+def test_a_crashed_family_probe_is_a_failure_not_transformers_none():
+    import subprocess
+    import sys
+
+    from tools.upgrade_check import _family_probe, failures
+
+    run = subprocess.run([sys.executable, "-c", "import no_such_module_for_the_probe"],
+                         capture_output=True, text=True, timeout=60)
+    fam = _family_probe(run.returncode, run.stdout, run.stderr)
+    assert "crashed" in fam["error"] and "ModuleNotFoundError" in fam["error"]
+    text = render(_report(families=fam))
+    assert "transformers None" not in text and "not checked" in text and "ModuleNotFoundError" in text
+    assert failures(_report(families=fam)) == [fam["error"]]
+    # a probe that printed its line but then exited non-zero crashed too
+    late = _family_probe(1, 'FAMILIES {"transformers": "5.0", "new": {}, "gone": []}\n', "Segmentation fault")
+    assert "error" in late

@@ -11,7 +11,9 @@ own ``.venv`` or ``requirements/lock.txt``:
    or no longer does, and checks each new one on the engine (exact / refused / not buildable tiny);
 5. runs the test suite there (``--tests`` picks the pytest arguments);
 
-and writes what it found to ``requirements/upgrade-report.md`` and ``.json``. Moving the lock
+and writes what it found to ``requirements/upgrade-report.md`` and ``.json``.  It exits 1 when the
+suite failed or crashed (any pytest exit but 0: one that could not start is a failure, not "no
+test failed") or the family probe crashed. Moving the lock
 forward is then one commit: the hold lifted, ``make lock``, the family lists and README's table.
 """
 
@@ -58,8 +60,11 @@ for family in new:
                               "why": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         continue
     refusals = [c.refusal for c in cells if c.refusal]
+    inexact = [f"{c.path}: {c.detail}" for c in cells if not c.refusal and not c.exact]
     if refusals:
         out["new"][family] = {"task": found[family], "verdict": "refused", "why": refusals[0][:300]}
+    elif inexact:  # beyond the bound derived from the problem (gnq_core.engine.tolerance)
+        out["new"][family] = {"task": found[family], "verdict": "inexact", "why": inexact[0][:300]}
     else:
         out["new"][family] = {"task": found[family], "verdict": "exact",
                               "error": max(c.error for c in cells)}
@@ -115,10 +120,47 @@ def compare(locked: dict[str, str], newest: dict[str, str]) -> dict[str, list]:
             "dropped": sorted(set(locked) - set(newest))}
 
 
-def _pytest_summary(output: str) -> dict:
+# pytest's exit codes (pytest.ExitCode): only 0 is a pass, only 1 a run that finished with failures;
+# every other code is a suite that did not run to its end, a failure of the check, never a pass.
+PYTEST_EXITS = {0: "all passed", 1: "tests failed", 2: "interrupted", 3: "internal error",
+                4: "usage error (the suite could not start)", 5: "no tests collected"}
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _pytest_summary(output: str, exit_code: int) -> dict:
+    """The suite's verdict from its exit code (a crash is a failure) and its output (what failed)."""
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", output, flags=re.M)))
     tail = [ln for ln in output.splitlines() if re.search(r"\d+ (passed|failed)", ln)]
-    return {"failed": failed, "summary": tail[-1].strip("= ") if tail else "no summary line"}
+    out = {"failed": failed, "summary": tail[-1].strip("= ") if tail else "no summary line",
+           "exit": exit_code, "passed": exit_code == 0, "crashed": exit_code not in (0, 1)}
+    if out["crashed"]:
+        out["why"] = (f"pytest exit {exit_code} ({PYTEST_EXITS.get(exit_code, 'killed or crashed')}): "
+                      f"{_last_line(output)}")
+    return out
+
+
+def _family_probe(returncode: int, stdout: str, stderr: str) -> dict:
+    """The probe's findings, or a crash (no result line, or a non-zero exit) as an error."""
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("FAMILIES ")), None)
+    if returncode != 0 or line is None:
+        return {"error": f"the family probe crashed (exit {returncode}): {_last_line(stderr or stdout)}",
+                "stderr": stderr[-2000:]}
+    return json.loads(line[9:])
+
+
+def failures(report: dict) -> list[str]:
+    """Why the check did not pass: a crashed probe, a suite that crashed or had failures."""
+    found = []
+    if (report.get("families") or {}).get("error"):
+        found.append(report["families"]["error"])
+    tests = report.get("tests")
+    if tests and not tests.get("passed", False):
+        found.append(tests.get("why") or f"{len(tests['failed'])} test(s) failed: {tests['summary']}")
+    return found
 
 
 def render(report: dict) -> str:
@@ -130,7 +172,9 @@ def render(report: dict) -> str:
               for m in c["moved"]] or ["| (none) | | | |"]
     added, dropped = ", ".join(c["added"]) or "none", ", ".join(c["dropped"]) or "none"
     lines += ["", f"Added: {added}. Dropped: {dropped}.", ""]
-    if fam:
+    if fam.get("error"):
+        lines += ["## Model families: not checked", "", f"**Failed**: {fam['error']}", ""]
+    elif fam:
         lines += [f"## Model families in transformers {fam.get('transformers')}", "",
                   f"Gone from transformers: {', '.join(fam.get('gone', [])) or 'none'}. "
                   f"Task changed: {', '.join(fam.get('task_changed', [])) or 'none'}.", "",
@@ -144,7 +188,13 @@ def render(report: dict) -> str:
     if tests:
         lines += ["## Test suite on the newest releases", "", f"`pytest {tests['args']}`: {tests['summary']} "
                   f"({tests['seconds']:.0f} s).", ""]
-        lines += [f"- {t}" for t in tests["failed"]] or ["No test failed."]
+        if tests.get("crashed"):
+            lines.append(f"**The suite crashed, a failure**: {tests['why']}")
+        elif tests.get("passed", not tests["failed"]):
+            lines.append("No test failed.")
+        lines += [f"- {t}" for t in tests["failed"]]
+        if not tests["failed"] and not tests.get("passed", True) and not tests.get("crashed"):
+            lines.append(f"pytest exit {tests['exit']} with no failure named: see its output")
         lines.append("")
     lines += ["To move the lock: lift the hold in requirements/hold.txt, `make lock`, list the new families "
               "in tests/test_family_matrix.py, `cd tests && python -m families` (README's table), "
@@ -189,18 +239,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_families:
         probe = _run([str(py), "-c", _FAMILY_PROBE], capture_output=True,
                      env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
-        line = next((ln for ln in probe.stdout.splitlines() if ln.startswith("FAMILIES ")), None)
-        report["families"] = json.loads(line[9:]) if line else {"error": probe.stderr[-2000:]}
+        report["families"] = _family_probe(probe.returncode, probe.stdout, probe.stderr)
     if args.tests.strip():
         start = time.time()
         run = _run([str(py), "-m", "pytest", *args.tests.split()], capture_output=True,
                    env={**os.environ, "GNQ_REQUIRE_BROWSER": "1"})
-        report["tests"] = {"args": args.tests, "seconds": time.time() - start, "exit": run.returncode,
-                           **_pytest_summary(run.stdout + run.stderr)}
+        report["tests"] = {"args": args.tests, "seconds": time.time() - start,
+                           **_pytest_summary(run.stdout + run.stderr, run.returncode)}
     args.out.write_text(render(report), encoding="utf-8")
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.out} and {args.out.with_suffix('.json').name}")
-    return 0
+    problems = failures(report)
+    for problem in problems:
+        print(f"upgrade check failed: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

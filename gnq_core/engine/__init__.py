@@ -16,7 +16,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".losses": ("IGNORE_INDEX", "LOSS_CONVENTIONS", "TOKEN_MEAN", "TOKEN_SUM", "check_loss_convention",
                 "lm_token_mean_weights", "per_example_lm_loss"),
     ".reference": ("exact_gnq", "per_example_gradients"),
-    ".selfcheck": ("TOLERANCE", "run_selfcheck"),
+    ".selfcheck": ("run_selfcheck",),
     ".sketch": ("SketchSpec", "Sketcher", "sketched_gnq"),
     ".solve": ("GNQNumericalError", "LAM_ABSOLUTE", "LAM_MODES", "LAM_RELATIVE", "check_lam_mode",
                "gnq_from_kernel"),

@@ -17,6 +17,7 @@ by ``engine.assignment``) and the first batch's checks (``engine.first_batch``).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -40,6 +41,7 @@ from gnq_core.engine.solve import (
     gnq_from_kernel,
     weights_valid,
 )
+from gnq_core.values import finite, flag, whole
 
 __all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
 
@@ -100,8 +102,9 @@ class GNQAuditor(AuditHooks):
     ) -> None:
         check_lam_mode(lam_mode)
         check_not_compiled(model)  # hooks and probes need eager modules: refused before any is added
-        if not lam > 0:
-            raise ValueError(f"lam must be > 0, got {lam}")
+        finite(lam, "lam", 0.0, above=True)
+        whole(memory_budget, "memory_budget (bytes)", 1, sys.maxsize)
+        flag(check_uses, "check_uses"), flag(fused, "fused")
         if path not in ("auto", "ghost", "materialize"):
             raise ValueError(f"path must be 'auto', 'ghost' or 'materialize', got {path!r}")
         self.lam = float(lam)

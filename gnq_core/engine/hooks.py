@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.assignment import assign_kernels, describe
 from gnq_core.engine.batch import BatchDimensionError, batch_first_outputs, leading_dim, module_label
+from gnq_core.engine.compiled import compile_guard
 from gnq_core.engine.cost_model import InnerPath
 from gnq_core.engine.extension_points import ExtensionPoints
 from gnq_core.engine.first_batch import FirstBatch
@@ -41,6 +42,7 @@ class AuditHooks(ExtensionPoints):
         self.model = model
         self._path, self._budget, self._fused = path, budget, fused
         self._enabled = True
+        self._compile_guard = compile_guard(model)
         self._pass: PassState | None = None
         self._computed_last = False
         self._fused_modules: list[nn.Module] = []
@@ -102,6 +104,7 @@ class AuditHooks(ExtensionPoints):
         self._first.settle()
         if not self._recording():
             return
+        self._compile_guard()  # compiled after the auditor attached: hooks traced, probes blind
         if self._first.wants_plan(args, kwargs):
             self._plan(args, kwargs)
             for h in self._hooked:  # hooks added during this call's pre-hooks run from the next one

@@ -83,7 +83,8 @@ class SketchSpec:
         for name, optional in (("block", True), ("columns", True), ("total", True), ("k", False),
                                ("vocab_rows", False), ("vocab_cols", True)):
             value = getattr(self, name)
-            if not (optional and value is None) and (not isinstance(value, int) or value < 1):
+            if not (optional and value is None) and (not isinstance(value, int) or isinstance(value, bool)
+                                                     or value < 1):
                 or_none = " or None" if optional else ""
                 raise ValueError(f"sketch {name} must be a whole number >= 1{or_none}, got {value!r}")
 

@@ -24,6 +24,7 @@ then over: the next micro-batch starts a new one).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from gnq_core.engine.representations import DenseRep, OuterRep, Rep, factor_tens
 from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys, weight_matrices
 from gnq_core.engine.solve import GNQNumericalError, effective_lam, gnq_from_kernel
 from gnq_core.errors import GNQError
+from gnq_core.values import require, whole
 
 WINDOW_MODES = ("auto", "exact", "sketch")
 DEFAULT_WINDOW_BUDGET = 1 << 30
@@ -97,6 +99,9 @@ class WindowAuditor(GNQAuditor):
                  keep_exact: bool | None = None, **kwargs: Any) -> None:
         if mode not in WINDOW_MODES:
             raise ValueError(f"window mode must be one of {', '.join(WINDOW_MODES)}, got {mode!r}")
+        whole(window_budget, "window_budget (bytes)", 1, sys.maxsize)  # now, not at the first step
+        require(sketch is None or isinstance(sketch, SketchSpec),
+                f"sketch must be a SketchSpec or None, got {type(sketch).__name__}")
         kwargs["fused"] = False  # every call's representations must reach on_contributions
         super().__init__(model, lam, **kwargs)
         self.mode = mode

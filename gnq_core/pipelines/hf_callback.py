@@ -15,10 +15,12 @@ batch of the GNQ is and what the shard rows mean: DESIGN.md §7.
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, RunSpec, Score
 from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
+from gnq_core.values import finite, flag, one_of, require, whole
 
 __all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "GNQTrainerSteps", "lm_collator",
            "token_mean_objective"]
@@ -84,11 +87,38 @@ class GNQConfig:
     window_budget: int = DEFAULT_WINDOW_BUDGET  # bytes of factors an exact window may keep
 
     def __post_init__(self) -> None:
-        if self.gnq_batch not in GNQ_BATCHES:
-            raise ValueError(f"gnq_batch must be one of {', '.join(GNQ_BATCHES)}, got {self.gnq_batch!r}")
-        if self.window_mode not in WINDOW_MODES:
-            raise ValueError(f"window_mode must be one of {', '.join(WINDOW_MODES)}, "
-                             f"got {self.window_mode!r}")
+        """Every value checked here, when the config is built: a bad one is one line naming it,
+        not a failure at the first step with a shards folder already written."""
+        def name(field: str) -> str:
+            return f"GNQConfig {field}"
+
+        require(isinstance(self.out, str | PathLike) and str(self.out) != "",
+                f"{name('out')} must be a folder path, got {self.out!r}")
+        finite(self.lam, name("lam"), 0.0, above=True)
+        one_of(self.gnq_batch, name("gnq_batch"), GNQ_BATCHES)
+        one_of(self.window_mode, name("window_mode"), WINDOW_MODES)
+        one_of(self.scope, name("scope"), (None, "global", "rank"))
+        one_of(self.strategy, name("strategy"), ("auto", "factors", "gradients"))
+        whole(self.flush_every, name("flush_every (optimizer steps per shard file)"), 1)
+        require(self.name is None or (isinstance(self.name, str) and self.name.strip() != ""),
+                f"{name('name')} must be a non-empty string or None, got {self.name!r}")
+        for field in ("texts", "groups"):
+            value = getattr(self, field)
+            require(value is None or (hasattr(value, "__getitem__") and not isinstance(value, str | bytes)),
+                    f"{name(field)} must be a sequence or mapping by example_id, or None, got "
+                    f"{type(value).__name__}")
+        require(isinstance(self.dataset_path, str), f"{name('dataset_path')} must be a string")
+        if self.max_length is not None:
+            whole(self.max_length, name("max_length"), 1)
+        require(self.db is None or (isinstance(self.db, str | PathLike) and str(self.db) != ""),
+                f"{name('db')} must be a store path or None, got {self.db!r}")
+        flag(self.check_uses, name("check_uses")), flag(self.fused, name("fused"))
+        if self.flag_gnq is not None:
+            finite(self.flag_gnq, name("flag_gnq"), -math.inf)
+        whole(self.log_top, name("log_top"), 0)
+        require(self.sketch is None or isinstance(self.sketch, SketchSpec),
+                f"{name('sketch')} must be a SketchSpec or None, got {type(self.sketch).__name__}")
+        whole(self.window_budget, name("window_budget (bytes)"), 1, sys.maxsize)
         if self.scope is None:
             self.scope = "global" if self.gnq_batch == "step" else "rank"
 
@@ -429,18 +459,43 @@ def _finite_gnq(parts: Sequence[ScoreColumns]) -> tuple[np.ndarray, np.ndarray]:
     return gnq[keep], ids[keep]
 
 
-def token_mean_objective(gnq: GNQCallback, logits: torch.Tensor, labels: torch.Tensor,
-                         num_items_in_batch: Any = None) -> torch.Tensor:
+def token_mean_objective(gnq: GNQCallback | None, logits: torch.Tensor, labels: torch.Tensor,
+                         num_items_in_batch: Any = None, *, label_smoothing: float = 0.0,
+                         shift: bool = True) -> torch.Tensor:
     """Σ_j n_j ℓ_j / N: the token-mean loss, from per-example losses (ℓ_j and the forward's
-    signals handed to ``gnq``; N: the Trainer's target count over the accumulation window)."""
-    losses = per_example_lm_loss(logits, labels)
-    counts = lm_target_counts(labels)
+    signals handed to ``gnq``, unless None: an evaluation; N: the Trainer's target count over the
+    accumulation window, or this batch's when the Trainer gives none).  ``label_smoothing`` ε
+    smooths each target's loss as transformers' ``LabelSmoother`` does (engine/losses.py), so
+    ℓ_j is the per-example loss of the objective stepped on and its GNQ is exact for it."""
+    losses = per_example_lm_loss(logits, labels, label_smoothing=label_smoothing, shift=shift)
+    counts = lm_target_counts(labels, shift=shift)
     n = counts.to(losses.dtype)
     total = num_items_in_batch if num_items_in_batch is not None else n.sum()
     if torch.is_tensor(total):
         total = total.to(device=losses.device, dtype=losses.dtype)
-    gnq.watch_losses(losses, counts, token_signals(logits, labels))
+    if gnq is not None:
+        gnq.watch_losses(losses, counts, token_signals(logits, labels))
     return (losses * n).sum() / total
+
+
+class _TrainerObjective:
+    """The stock Trainer's loss, Σ_j n_j ℓ_j / N, formed from per-example losses.  Installed as
+    the Trainer's ``label_smoother``, the one loss hook the Trainer calls with the outputs, the
+    labels and N: every other decision (whether N counts the accumulation window, the division
+    by the accumulation steps, the scaling across devices) stays the Trainer's own, as does the
+    user's ``label_smoothing_factor`` ε (the stock smoother's shift rule with ε > 0; without
+    smoothing the causal LM's own next-token loss)."""
+
+    def __init__(self, epsilon: float) -> None:
+        self.epsilon = float(epsilon)
+        self.gnq: GNQCallback | None = None  # set for each audited (training) forward
+
+    def __call__(self, model_output: Any, labels: torch.Tensor, shift_labels: bool = False,
+                 num_items_in_batch: Any = None) -> torch.Tensor:
+        logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]
+        gnq, self.gnq = self.gnq, None
+        return token_mean_objective(gnq, logits, labels, num_items_in_batch, label_smoothing=self.epsilon,
+                                    shift=shift_labels or self.epsilon == 0)
 
 
 class GNQTrainerSteps:
@@ -486,17 +541,18 @@ class GNQTrainer(GNQTrainerSteps, Trainer):
 
     def __init__(self, *args: Any, gnq: GNQConfig, **kwargs: Any) -> None:
         self._refuse_compute_loss_func(kwargs)
-        super().__init__(*args, compute_loss_func=self._objective, **kwargs)
+        super().__init__(*args, **kwargs)
+        smoother = self.label_smoother  # the Trainer's (label_smoothing_factor), or None
+        self.label_smoother = _TrainerObjective(0.0 if smoother is None else smoother.epsilon)
         self._start_gnq(GNQCallback(gnq, self))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids = inputs.pop(EXAMPLE_ID, None)
         if model.training and torch.is_grad_enabled():
+            if "labels" not in inputs:  # the Trainer would take the model's own loss: no ℓ_j to audit
+                raise ValueError("GNQTrainer: the batch has no 'labels'; use "
+                                 "gnq_core.pipelines.hf_callback.lm_collator (or a collator that sets them)")
             self.gnq.before_forward(ids)
+            self.label_smoother.gnq = self.gnq
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                     num_items_in_batch=num_items_in_batch)
-
-    def _objective(self, outputs, labels, num_items_in_batch=None) -> torch.Tensor:
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
-        return token_mean_objective(self.gnq, logits, labels, num_items_in_batch)
-

@@ -7,36 +7,13 @@ them as JSON (``job_dict`` / ``job_from_dict``), never as a command line.
 
 from __future__ import annotations
 
-import math
-import operator
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from gnq_core.pipelines import attack_defaults as attack
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-# The store keeps seeds, sizes and counts in INTEGER columns (32-bit): a value must fit before the
-# run is created, or the insert fails half-way (a run with no points blocking its name).
-INT32_MAX = 2**31 - 1
-
-
-def _whole(value: object, option: str, low: int, high: int = INT32_MAX) -> None:
-    try:  # ints and numpy integers; not bools, floats or strings
-        ok = not isinstance(value, bool) and low <= operator.index(value) <= high  # type: ignore[arg-type]
-    except TypeError:
-        ok = False
-    _require(ok, f"{option} must be a whole number from {low:,} to {high:,}, got {value!r}")
-
-
-def _finite(value: object, option: str, low: float = 0.0) -> None:
-    _require(isinstance(value, int | float) and math.isfinite(value) and value >= low,
-             f"{option} must be a finite number ≥ {low:g}, got {value!r}")
-
+from gnq_core.values import finite as _finite
+from gnq_core.values import require as _require
+from gnq_core.values import whole as _whole
 
 FULL_PRECISION = ("float32", "float64")
 COMPANIONS_ALL = "all"  # what --dtype takes (its --help says so)

@@ -13,9 +13,10 @@ TRL prepares the dataset as usual (tokenising, building ``labels`` with −100 o
 when the loss is completion-only, truncating).  This subclass keeps ``example_id`` through that
 preparation and through TRL's collator, and computes the loss itself from per-example losses:
 Σ_j n_j ℓ_j / N, TRL's token-mean loss over the completion tokens (the same update), with ℓ_j
-each text's mean NLL over its own completion tokens.  It needs no ``compute_loss_func`` (which
-TRL deprecates).  TRL's per-batch metrics beyond the loss (token accuracy, entropy) are not
-logged; GNQ's summaries are.
+each text's mean NLL over its own completion tokens (label-smoothed as TRL's, with
+``label_smoothing_factor``; ``loss_type="dft"`` is refused in one line).  It needs no
+``compute_loss_func`` (which TRL deprecates).  TRL's per-batch metrics beyond the loss (token
+accuracy, entropy) are not logged; GNQ's summaries are.
 
 Packing (``packing=True``, TRL's default ``packing_strategy="bfd"``): each text's example id
 goes into the packed rows as a per-token column, packed by TRL's own ``pack_dataset`` beside the
@@ -132,6 +133,10 @@ class GNQSFTTrainer(GNQTrainerSteps, SFTTrainer):
             raise ValueError(f"GNQSFTTrainer: packing_strategy={config.packing_strategy!r} splits a text "
                              "over rows, so no row holds one text's gradient; use packing_strategy='bfd' "
                              "(the default)")
+        if getattr(config, "loss_type", "nll") != "nll":
+            raise ValueError(f"GNQSFTTrainer: loss_type={config.loss_type!r} weights each token by its own "
+                             "detached probability, a loss GNQ's per-example losses do not form; use "
+                             "loss_type='nll' (the default)")
         if getattr(config, "padding_free", False) and not packing:
             raise ValueError("GNQSFTTrainer: padding_free without packing concatenates a batch's texts "
                              "with no text ids; use packing=True (packing_strategy='bfd') or "
@@ -166,6 +171,7 @@ class GNQSFTTrainer(GNQTrainerSteps, SFTTrainer):
         self.gnq.before_forward(ids)
         labels = inputs["labels"]
         outputs = model(**{k: v for k, v in inputs.items() if k != "labels"}, use_cache=False)
-        loss = token_mean_objective(self.gnq, outputs.logits, labels, num_items_in_batch)
+        loss = token_mean_objective(self.gnq, outputs.logits, labels, num_items_in_batch,
+                                    label_smoothing=self.args.label_smoothing_factor)  # TRL's LabelSmoother
         return (loss, outputs) if return_outputs else loss
 

@@ -15,7 +15,10 @@ problem is one ``CheckpointError`` line naming the folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,18 @@ def _peft() -> Any:
     except ImportError:
         raise CheckpointError(f"PEFT adapter checkpoints need the peft package: {PEFT_HINT}") from None
     return peft
+
+
+@contextlib.contextmanager
+def _peft_wrapping() -> Iterator[None]:
+    """Around PEFT's wrapping of a model: PEFT (0.21) reads ``model.is_gradient_checkpointing``,
+    which transformers deprecates for ``is_activation_checkpointing`` (a FutureWarning on stderr,
+    under ``--quiet`` too, at every adapter load).  That one warning is PEFT's to fix; only it is
+    silenced, only here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        yield
 
 
 def is_adapter_folder(folder: Path) -> bool:
@@ -169,7 +184,7 @@ def check_adapter(folder: str | Path, base: str | Path) -> None:
     mismatch = f"does not fit the base model {base}"
     base_config = load_config(base)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _peft_wrapping():
             base_model = AutoModelForCausalLM.from_config(base_config)
             # PEFT matches the config's regexes against these names: tried first, with a time limit
             check_adapter_patterns(folder / ADAPTER_CONFIG, raw, [n for n, _ in base_model.named_modules()])
@@ -205,8 +220,9 @@ def load_adapter_checkpoint(folder: str | Path, adapters: Adapters, *, device: t
     check_adapter_patterns(folder / ADAPTER_CONFIG, raw, [name for name, _ in model.named_modules()])
     peft = _peft()
     try:
-        wrapped = peft.PeftModel.from_pretrained(model, str(folder), is_trainable=True,
-                                                 autocast_adapter_dtype=False)
+        with _peft_wrapping():
+            wrapped = peft.PeftModel.from_pretrained(model, str(folder), is_trainable=True,
+                                                     autocast_adapter_dtype=False)
     except Exception as exc:
         raise folder_error(folder, f"cannot apply the adapter to {adapters.base} ({reason(exc)})") from exc
     wrapped.to(device=device, dtype=dtype or next(model.parameters()).dtype)

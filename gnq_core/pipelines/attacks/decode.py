@@ -5,20 +5,36 @@ forward for each example at every step (tests/test_extraction.py checks this).""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from gnq_core.pipelines.attacks.forward import model_device
 
-__all__ = ["greedy_decode"]
+__all__ = ["cache_argument", "greedy_decode", "returned_cache"]
 
 
-def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+def _forward_parameters(model: torch.nn.Module) -> set[str]:
     try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
+        return set(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):
-        return False
+        return set()
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The forward's name for the KV cache: ``cache`` (transformers ≥ 5.24, where
+    ``past_key_values`` is deprecated, to go in 5.40) or ``past_key_values`` (earlier releases)."""
+    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The cache a forward returned: a ModelOutput's read by key (its deprecated attribute alias
+    ``past_key_values`` logs a warning), any other output's by attribute."""
+    if isinstance(out, Mapping):
+        return next((out[k] for k in ("cache", "past_key_values") if k in out), None)
+    cache = getattr(out, "cache", None)
+    return getattr(out, "past_key_values", None) if cache is None else cache
 
 
 def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], n_new: int, pad: int,
@@ -42,18 +58,20 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], n_ne
     input_ids, mask = input_ids.to(device), mask.to(device)
     # Positions count real tokens only: the first real token of every row is position 0.
     position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
-    extra = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(model) else {}
+    cache_name = cache_argument(model)
 
     out_ids = torch.empty((B, n_new), dtype=torch.long, device=device)
-    past = None
+    past = None  # the first call makes the model's own kind of cache (KV, a state-space model's state)
     for step in range(n_new):
+        cache = {} if past is None else {cache_name: past}
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                    past_key_values=past, use_cache=True, **extra)
+                    use_cache=True, **cache, **extra)
         nxt = out.logits[:, -1, :].argmax(dim=-1)
         out_ids[:, step] = nxt
         if step == n_new - 1:
             break
-        past = out.past_key_values
+        past = returned_cache(out)
         input_ids = nxt[:, None]
         position_ids = position_ids[:, -1:] + 1
         mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
