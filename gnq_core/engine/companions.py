@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gnq_core.engine.solve import LAM_ABSOLUTE, GNQNumericalError, check_lam_mode
+from gnq_core.engine.conventions import LAM_ABSOLUTE, check_lam_mode
+from gnq_core.engine.solve import GNQNumericalError
 
 __all__ = ["CompanionSolution", "SketchRows", "companion_gnq", "kernel_gnq", "sketch_gram",
            "sketch_space_gnq"]

@@ -22,8 +22,8 @@ import pandas as pd
 import torch
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
-from gnq_core.engine.solve import LAM_ABSOLUTE
+from gnq_core.engine.conventions import LAM_ABSOLUTE, TOKEN_MEAN
+from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.companions import audit_companions, companion_sets, sketch_spec
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.membership import TOKEN_SIGNALS

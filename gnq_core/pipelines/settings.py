@@ -62,8 +62,7 @@ class AuditSettings:
 
     def __post_init__(self) -> None:
         # here, not at the top: the CLI reads these types' defaults for its --help without torch
-        from gnq_core.engine.losses import check_loss_convention
-        from gnq_core.engine.solve import check_lam_mode
+        from gnq_core.engine.conventions import check_lam_mode, check_loss_convention
         from gnq_core.results.records import check_gnq_settings
         from gnq_core.runtime import resolve_device, resolve_dtype
 
