@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.cli import app
-from gnq_core.engine.companions import companion_gnq, sketch_gram, sketch_space_gnq
-from gnq_core.engine.solve import gnq_from_kernel
+from gnq_core.engine.companions import SketchSystem, companion_gnq, sketch_gram, sketch_space_gnq
+from gnq_core.engine.solve import GNQNumericalError, gnq_from_kernel
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.results.store import Store
@@ -59,6 +59,40 @@ def test_sketch_space_solve_equals_the_leave_one_out_solve(n, m):
     assert rel_err(relative.gnq, gnq_from_kernel(S @ S.T, 0.01 * float((S * S).sum(1).mean())).gnq) < 1e-9
     with pytest.raises(ValueError, match="at least 2"):
         companion_gnq(S[:1], lam)
+
+
+@pytest.mark.parametrize("n,m", [(40, 7), (9, 30)])
+def test_the_streamed_system_equals_the_leave_one_out_solve(n, m):
+    """A added a few rows at a time, factored in place, GNQ from each row: the n × n numbers, and
+    the condition number of K + λI_n (n > m: λ_max(A) / λ; n ≤ m: A's n-th largest eigenvalue)."""
+    gen = torch.Generator().manual_seed(n + m)
+    S = torch.randn(n, m, dtype=torch.float64, generator=gen) * torch.rand(n, 1, dtype=torch.float64,
+                                                                           generator=gen)
+    for lam, mode in ((0.3, "absolute"), (0.01, "relative")):
+        system = SketchSystem(m)
+        for i in range(0, n, 4):
+            system.add(S[i:i + 4])
+        lam_eff = system.lam(lam, mode)
+        expected_lam = lam * float((S * S).sum(1).mean()) if mode == "relative" else lam
+        assert abs(lam_eff - expected_lam) / expected_lam < 1e-5
+        exact = gnq_from_kernel(S @ S.T, lam_eff)
+        factor = system.factor(lam_eff)
+        assert system.A is None  # its memory is the factor's
+        gnq = torch.cat([factor.gnq(S[i:i + 3]) for i in range(0, n, 3)])
+        assert rel_err(gnq, exact.gnq) < 1e-9
+        assert abs(factor.condition - exact.condition) / exact.condition < 1e-9
+
+
+def test_the_streamed_system_refuses_what_it_cannot_solve():
+    system = SketchSystem(3)
+    system.add(torch.ones(1, 3))
+    with pytest.raises(ValueError, match="at least 2"):
+        system.factor(0.1)
+    system.add(torch.full((1, 3), float("nan")))
+    with pytest.raises(GNQNumericalError):
+        system.factor(0.1)
+    with pytest.raises(ValueError, match="width 4"):
+        SketchSystem(3).add(torch.ones(2, 4))
 
 
 def test_the_settings_refuse_bad_companions():
