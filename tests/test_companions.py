@@ -83,6 +83,22 @@ def test_the_streamed_system_equals_the_leave_one_out_solve(n, m):
         assert abs(factor.condition - exact.condition) / exact.condition < 1e-9
 
 
+def test_the_streamed_systems_large_condition_is_a_power_estimate(monkeypatch):
+    """Above ``EXACT_CONDITION`` rows, λ_max(A) by power iterations on A's lower triangle (syrk
+    fills only that one) over λ."""
+    from gnq_core.engine import companions
+
+    monkeypatch.setattr(companions, "EXACT_CONDITION", 4)
+    S = torch.randn(60, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    system = SketchSystem(12)
+    system.add(S)
+    assert float(system.A.triu(1).abs().max()) == 0  # the lower triangle only
+    exact = gnq_from_kernel(S @ S.T, 0.2)
+    factor = system.factor(0.2)
+    assert abs(factor.condition - exact.condition) / exact.condition < 1e-6
+    assert rel_err(factor.gnq(S), exact.gnq) < 1e-9
+
+
 def test_the_streamed_system_refuses_what_it_cannot_solve():
     system = SketchSystem(3)
     system.add(torch.ones(1, 3))

@@ -221,28 +221,63 @@ def streamed_bytes(m: int) -> int:
 
 class SketchSystem:
     """A = Σ_j s_j s_jᵀ over a companion set's sketches (m × m, float64), added a micro-batch at a
-    time, so that the sketches need not be held; ``n`` texts so far."""
+    time, so that the sketches need not be held; ``n`` texts so far.
+
+    Rows wait until ``FLUSH_ROWS`` have come (a rank-16 update would read and write all of A for
+    few FLOPs), then go in as one rank-k update: on the CPU BLAS's syrk, which forms only A's
+    lower triangle (half the FLOPs; the factor, the trace and the condition number read only
+    that triangle); on a GPU the whole product."""
+
+    FLUSH_ROWS = 512
 
     def __init__(self, m: int, device: torch.device | str = "cpu", A: torch.Tensor | None = None,
                  n: int = 0) -> None:
-        self.A = torch.zeros(m, m, dtype=torch.float64, device=device) if A is None else A
+        self._A = torch.zeros(m, m, dtype=torch.float64, device=device) if A is None else A
         self.n = n
+        self._pending: list[torch.Tensor] = []
+        self._waiting = 0
+
+    @property
+    def A(self) -> torch.Tensor | None:
+        """A with every row added (its lower triangle at least); None once factored."""
+        self._flush()
+        return self._A
 
     def add(self, rows: torch.Tensor) -> None:
-        """Add rows [b, m] of sketches (any float dtype; cast to float64 here)."""
-        if rows.shape[1] != self.A.shape[0]:
-            raise ValueError(f"sketch rows of width {rows.shape[1]} for a system of {self.A.shape[0]}")
-        R = rows.to(device=self.A.device, dtype=torch.float64)
-        self.A.addmm_(R.T, R)
+        """Add rows [b, m] of sketches (any float dtype; float64 in the sum)."""
+        if rows.shape[1] != self._A.shape[0]:
+            raise ValueError(f"sketch rows of width {rows.shape[1]} for a system of {self._A.shape[0]}")
+        self._pending.append(rows)
+        self._waiting += rows.shape[0]
         self.n += rows.shape[0]
+        if self._waiting >= self.FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        R = torch.cat(self._pending).to(device=self._A.device, dtype=torch.float64)
+        self._pending, self._waiting = [], 0
+        if self._A.device.type != "cpu":
+            self._A.addmm_(R.T, R)
+            return
+        from scipy.linalg.blas import dsyrk
+
+        # A's C-order memory is Aᵀ in Fortran order and R's is Rᵀ: syrk's upper triangle of
+        # Rᵀ (Rᵀ)ᵀ in Fortran is the lower triangle of RᵀR in C order, added in place
+        dsyrk(1.0, R.numpy().T, beta=1.0, c=self._A.numpy().T, trans=0, lower=0, overwrite_c=1)
 
     def all_reduce(self, group=None) -> None:
         """Sum every rank's A and n (torch.distributed; each rank added its own share of the texts)."""
         import torch.distributed as dist
 
-        count = torch.tensor([float(self.n)], dtype=torch.float64, device=self.A.device)
-        dist.all_reduce(self.A, group=group)
+        A = self.A
+        summed = A.cpu()  # the ranks talk over gloo (pipelines/ranks.py): on the CPU
+        count = torch.tensor([float(self.n)], dtype=torch.float64)
+        dist.all_reduce(summed, group=group)
         dist.all_reduce(count, group=group)
+        if summed is not A:
+            A.copy_(summed)
         self.n = int(count.item())
 
     def lam(self, lam: float, lam_mode: str = LAM_ABSOLUTE) -> float:
@@ -259,12 +294,12 @@ class SketchSystem:
             raise ValueError(f"lam must be > 0, got {lam}")
         if self.n < 2:
             raise ValueError(f"a companion set needs at least 2 texts, got {self.n}")
-        A, m = self.A, self.A.shape[0]
+        A, m = self.A, self._A.shape[0]
         if not bool(torch.isfinite(A).all()):
             raise GNQNumericalError("the sketches have NaN/Inf entries (non-finite loss or gradient)")
         A.diagonal().add_(lam)
         condition = _system_condition(A, lam, self.n)
-        self.A = None  # type: ignore[assignment]  (the factor takes its memory)
+        self._A = None  # type: ignore[assignment]  (the factor takes its memory)
         return SketchFactor(_cholesky_in_place(A, lam), lam, condition, m)
 
 
@@ -286,14 +321,19 @@ class SketchFactor:
 
 
 def _system_condition(A: torch.Tensor, lam: float, n: int) -> float:
-    """Condition number of K + λI_n from A = SᵀS + λI: λ_max(A) over λ when n > m (K has rank ≤ m);
-    n ≤ m: over the n-th largest eigenvalue of A (exact up to ``EXACT_CONDITION``; above, λ: an
-    upper bound)."""
+    """Condition number of K + λI_n from A = SᵀS + λI (its lower triangle): λ_max(A) over λ when
+    n > m (K has rank ≤ m); n ≤ m: over the n-th largest eigenvalue of A (exact up to
+    ``EXACT_CONDITION``; above, over λ: an upper bound)."""
     m = A.shape[0]
     if m <= EXACT_CONDITION:
-        eig = torch.linalg.eigvalsh(A)
+        eig = torch.linalg.eigvalsh(A, UPLO="L")
         return float(eig[-1] / (lam if n > m else eig[m - n]))
-    return _power(lambda v: A @ v, m, A) / lam
+    if A.device.type != "cpu":
+        return _power(lambda v: A @ v, m, A) / lam
+    from scipy.linalg.blas import dsymv
+
+    F = A.numpy().T  # the lower triangle in C order is Fortran's upper
+    return _power(lambda v: torch.from_numpy(dsymv(1.0, F, v.numpy(), lower=0)), m, A) / lam
 
 
 def _cholesky_in_place(A: torch.Tensor, lam: float) -> torch.Tensor:

@@ -215,7 +215,7 @@ def _streamed(passes: _Passes, members: list[int], spec: SketchSpec, settings: A
     system = _saved_system(saved, provenance, m, ranks)
     if system is None:  # pass 1: A = SᵀS, each rank over its share
         passes.reporter.stage(f"{checkpoint or 'companions'}: pass 1 of 2, the m × m system", len(share))
-        system, finite = SketchSystem(m), True
+        system, finite = SketchSystem(m, passes.device), True
         for rows, _, _, _, _ in passes.run(share, signals=False):
             if rows is None:
                 finite = False
@@ -238,15 +238,25 @@ def _streamed(passes: _Passes, members: list[int], spec: SketchSpec, settings: A
     # pass 2: each text's sketch again, its GNQ and K_jj; losses and signals from the same forward
     passes.reporter.stage(f"{checkpoint or 'companions'}: pass 2 of 2, each text's GNQ", len(share))
     gnq, kjj, losses, targets, extra = [], [], [], [], {}
-    for rows, _, loss, target, signals in passes.run(share):
-        if rows is not None and factor is not None:
-            S = rows.to(torch.float64)
+    waiting: list[torch.Tensor] = []
+
+    def score_waiting() -> None:  # one triangular solve for many rows: L is read once for them
+        if waiting and factor is not None:
+            S = torch.cat(waiting).to(torch.float64)
             gnq.append(factor.gnq(S).cpu())
             kjj.append((S * S).sum(dim=1).cpu())
+        waiting.clear()
+
+    for rows, _, loss, target, signals in passes.run(share):
+        if rows is not None and factor is not None:
+            waiting.append(rows)
+            if sum(len(w) for w in waiting) >= SketchSystem.FLUSH_ROWS:
+                score_waiting()
         losses.append(loss.cpu())
         targets.append(target.cpu())
         for name, values in signals.items():
             extra.setdefault(name, []).append(values)
+    score_waiting()
     finite = factor is not None and sum(len(g) for g in gnq) == len(share)
     mine = (finite, _cat(gnq), _cat(kjj), _cat(losses), _cat(targets),
             {name: np.concatenate(parts) for name, parts in extra.items()})
@@ -295,7 +305,7 @@ def _saved_system(saved: Path | None, provenance: dict[str, Any] | None, m: int,
     system = None
     if ranks.lead and saved is not None and saved.is_file():
         try:
-            kept = torch.load(saved, weights_only=True)
+            kept = torch.load(saved, weights_only=True, map_location="cpu")
             if kept.get("provenance") == json.loads(json.dumps(provenance)) and kept["A"].shape == (m, m):
                 system = SketchSystem(m, A=kept["A"], n=int(kept["n"]))
         except (OSError, RuntimeError, KeyError, AttributeError, ValueError):
@@ -303,7 +313,7 @@ def _saved_system(saved: Path | None, provenance: dict[str, Any] | None, m: int,
     found = ranks.broadcast(None if system is None else system.n)
     if found is None:
         return None
-    if ranks.world > 1:  # every rank factors the same A
+    if ranks.world > 1:  # every rank factors the same A (sent over gloo, on the CPU)
         import torch.distributed as dist
 
         if system is None:
