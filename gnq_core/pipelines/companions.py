@@ -216,11 +216,12 @@ def _streamed(passes: _Passes, members: list[int], spec: SketchSpec, settings: A
     if system is None:  # pass 1: A = SᵀS, each rank over its share
         passes.reporter.stage(f"{checkpoint or 'companions'}: pass 1 of 2, the m × m system", len(share))
         system, finite = SketchSystem(m, passes.device), True
-        for rows, _, _, _, _ in passes.run(share, signals=False):
+        for k, (rows, _, _, _, _) in enumerate(passes.run(share, signals=False)):
             if rows is None:
                 finite = False
             else:
                 system.add(rows)
+            _trim_now(k, settings.batch_size)
         if not finite:  # a NaN poisons A on every rank alike
             system.A.fill_(float("nan"))
         if ranks.world > 1:
@@ -247,7 +248,8 @@ def _streamed(passes: _Passes, members: list[int], spec: SketchSpec, settings: A
             kjj.append((S * S).sum(dim=1).cpu())
         waiting.clear()
 
-    for rows, _, loss, target, signals in passes.run(share):
+    for k, (rows, _, loss, target, signals) in enumerate(passes.run(share)):
+        _trim_now(k, settings.batch_size)
         if rows is not None and factor is not None:
             waiting.append(rows)
             if sum(len(w) for w in waiting) >= SketchSystem.FLUSH_ROWS:
@@ -278,6 +280,14 @@ def _streamed(passes: _Passes, members: list[int], spec: SketchSpec, settings: A
                        batch_index=index, step=None, started=t0,
                        extra={name: np.concatenate([p[5][name] for p in parts]) for name in parts[0][5]},
                        gnq_mode=COMPANIONS_MODE, sketch_k=spec.k, sketch_seed=spec.seed)
+
+
+def _trim_now(micro_batch: int, batch_size: int) -> None:
+    """Hand the heap's freed pages back every ``FLUSH_ROWS`` texts: the passes free each micro-batch's
+    large tensors between the small ones they keep (losses, signals), and glibc would keep those
+    pages, growing the peak with n (≈ 190 KB a text measured) where it must not grow."""
+    if (micro_batch + 1) % max(1, SketchSystem.FLUSH_ROWS // batch_size) == 0:
+        release_freed_memory()
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
