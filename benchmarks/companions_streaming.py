@@ -140,6 +140,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[2500, 5000])
     parser.add_argument("--equal", type=int, default=2000,
                         help="texts for the streamed = n × n check (0: none)")
+    parser.add_argument("--equal-from", type=Path, default=None,
+                        help="with --equal 0: keep the equality check of this earlier results file")
     parser.add_argument("--targets", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--one", type=int, default=None)
     parser.add_argument("--solve", default="sketch")
@@ -159,6 +161,9 @@ def main() -> None:
         equal = {"n": args.equal, "dtype": "float64", "max_rel_diff": float(rel.max()),
                  "median_rel_diff": float(np.median(rel)), "runs": runs}
         print(equal, flush=True)
+    if not args.equal and args.equal_from is not None:
+        earlier = json.loads(args.equal_from.read_text())
+        equal = earlier["equal"] | {"from_run_of": earlier["when"]}
     rows = []
     for n in args.sizes:
         rows.append(child(n, "sketch", "float32"))
