@@ -63,6 +63,31 @@ def test_two_ranks_write_exactly_the_rows_of_one_process(series, tmp_path):
     pd.testing.assert_frame_equal(ranked_batches, single_batches, check_exact=False, rtol=1e-12)
 
 
+def test_two_ranks_stream_the_training_set_companions_of_one_process(series, tmp_path):
+    """`--companions all` under torchrun: each rank adds its share of the texts into A, A is
+    all-reduced (gloo), each rank scores its share; the rows equal one process's (which holds the
+    26 sketches and solves n × n: the same quantity by the other path)."""
+    checkpoints, data = series
+    one, two = tmp_path / "one.duckdb", tmp_path / "two.duckdb"
+    extra = ["--companions", "all", "--sketch-k", "256", "--sketch-total", "256"]
+    result = CliRunner().invoke(app, ["audit", "--checkpoints", str(checkpoints), "--data", str(data),
+                                      "--db", str(one), "--name", "a", *ARGS, *extra], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), "-m", "gnq_core.cli", "audit",
+           "--checkpoints", str(checkpoints), "--data", str(data), "--db", str(two), "--name", "a", *ARGS,
+           *extra]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (single, single_batches), (ranked, ranked_batches) = rows(one, "a"), rows(two, "a")
+    assert len(single) == 2 * 26 and single["gnq"].notna().all()
+    pd.testing.assert_frame_equal(ranked, single, check_exact=False, rtol=1e-9)
+    assert list(single_batches["size"]) == [26, 26] and set(single_batches["gnq_mode"]) == {"companions"}
+    pd.testing.assert_frame_equal(ranked_batches, single_batches, check_exact=False, rtol=1e-9)
+    assert not any((tmp_path / "companions").glob("*.pt"))  # each checkpoint's A let go once scored
+
+
 def test_an_audit_tokenises_batch_by_batch_and_loads_each_checkpoint_once(series, tmp_path, monkeypatch):
     """Token ids are never held for the whole dataset (issue 20: bounded memory): the token
     counts are taken in chunks, then each checkpoint tokenises one batch at a time."""

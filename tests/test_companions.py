@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.cli import app
-from gnq_core.engine.companions import companion_gnq, sketch_gram, sketch_space_gnq
-from gnq_core.engine.solve import gnq_from_kernel
+from gnq_core.engine.companions import SketchSystem, companion_gnq, sketch_gram, sketch_space_gnq
+from gnq_core.engine.solve import GNQNumericalError, gnq_from_kernel
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.results.store import Store
@@ -59,6 +59,56 @@ def test_sketch_space_solve_equals_the_leave_one_out_solve(n, m):
     assert rel_err(relative.gnq, gnq_from_kernel(S @ S.T, 0.01 * float((S * S).sum(1).mean())).gnq) < 1e-9
     with pytest.raises(ValueError, match="at least 2"):
         companion_gnq(S[:1], lam)
+
+
+@pytest.mark.parametrize("n,m", [(40, 7), (9, 30)])
+def test_the_streamed_system_equals_the_leave_one_out_solve(n, m):
+    """A added a few rows at a time, factored in place, GNQ from each row: the n × n numbers, and
+    the condition number of K + λI_n (n > m: λ_max(A) / λ; n ≤ m: A's n-th largest eigenvalue)."""
+    gen = torch.Generator().manual_seed(n + m)
+    S = torch.randn(n, m, dtype=torch.float64, generator=gen) * torch.rand(n, 1, dtype=torch.float64,
+                                                                           generator=gen)
+    for lam, mode in ((0.3, "absolute"), (0.01, "relative")):
+        system = SketchSystem(m)
+        for i in range(0, n, 4):
+            system.add(S[i:i + 4])
+        lam_eff = system.lam(lam, mode)
+        expected_lam = lam * float((S * S).sum(1).mean()) if mode == "relative" else lam
+        assert abs(lam_eff - expected_lam) / expected_lam < 1e-5
+        exact = gnq_from_kernel(S @ S.T, lam_eff)
+        factor = system.factor(lam_eff)
+        assert system.A is None  # its memory is the factor's
+        gnq = torch.cat([factor.gnq(S[i:i + 3]) for i in range(0, n, 3)])
+        assert rel_err(gnq, exact.gnq) < 1e-9
+        assert abs(factor.condition - exact.condition) / exact.condition < 1e-9
+
+
+def test_the_streamed_systems_large_condition_is_a_power_estimate(monkeypatch):
+    """Above ``EXACT_CONDITION`` rows, λ_max(A) by power iterations on A's lower triangle (syrk
+    fills only that one) over λ."""
+    from gnq_core.engine import companions
+
+    monkeypatch.setattr(companions, "EXACT_CONDITION", 4)
+    S = torch.randn(60, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    system = SketchSystem(12)
+    system.add(S)
+    assert float(system.A.triu(1).abs().max()) == 0  # the lower triangle only
+    exact = gnq_from_kernel(S @ S.T, 0.2)
+    factor = system.factor(0.2)
+    assert abs(factor.condition - exact.condition) / exact.condition < 1e-6
+    assert rel_err(factor.gnq(S), exact.gnq) < 1e-9
+
+
+def test_the_streamed_system_refuses_what_it_cannot_solve():
+    system = SketchSystem(3)
+    system.add(torch.ones(1, 3))
+    with pytest.raises(ValueError, match="at least 2"):
+        system.factor(0.1)
+    system.add(torch.full((1, 3), float("nan")))
+    with pytest.raises(GNQNumericalError):
+        system.factor(0.1)
+    with pytest.raises(ValueError, match="width 4"):
+        SketchSystem(3).add(torch.ones(2, 4))
 
 
 def test_the_settings_refuse_bad_companions():
@@ -135,6 +185,87 @@ def test_the_sketches_are_let_go_before_the_n_by_n_solve(tiny, monkeypatch):
     result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert taken and alive_at_solve == [0]
+
+def _all_companions(tiny, db: Path, name: str, **settings) -> tuple[pd.DataFrame, pd.DataFrame]:
+    _, out, data = tiny
+    settings = AuditSettings(lam=0.05, batch_size=5, max_length=16, dtype="float64", seed=2, sketch_k=256,
+                             companions="all", **settings)
+    store = Store(db)
+    run = run_audit(store, find_checkpoints(out / "epoch-1"), load_texts(data), name=name, settings=settings)
+    return store.scores(run.run_id), store.batches(run.run_id)
+
+
+def test_the_streamed_training_set_path_equals_the_n_by_n_path(tiny, tmp_path, monkeypatch):
+    """The same sketches, solved both ways: the held n × n Gram and the m × m system streamed in two
+    passes (A formed in the first, each text's sketch again in the second) give the same rows."""
+    from gnq_core.engine.companions import SketchFactor
+
+    scored, gnq = [], SketchFactor.gnq
+    monkeypatch.setattr(SketchFactor, "gnq", lambda self, rows: scored.append(len(rows)) or gnq(self, rows))
+    held, held_batches = _all_companions(tiny, tmp_path / "a.duckdb", "held", sketch_total=512,
+                                         companions_solve="texts")
+    assert not scored
+    streamed, streamed_batches = _all_companions(tiny, tmp_path / "b.duckdb", "streamed", sketch_total=512,
+                                                 companions_solve="sketch")
+    assert len(held) == 24 and held["gnq"].notna().all() and sum(scored) == 24  # streamed, once each
+    assert rel_err(torch.tensor(streamed["gnq"].values), torch.tensor(held["gnq"].values)) < 1e-9
+    for column in ("loss", "self_influence", "min_k", "min_k_plus"):
+        assert rel_err(torch.tensor(streamed[column].values), torch.tensor(held[column].values)) < 1e-12
+    assert held_batches["size"].tolist() == streamed_batches["size"].tolist() == [24]
+    assert abs(streamed_batches["condition"][0] / held_batches["condition"][0] - 1) < 1e-9
+    assert not (tmp_path / "companions").exists() or not any((tmp_path / "companions").iterdir())
+
+
+def test_the_cheaper_solve_is_chosen_and_says_why():
+    from gnq_core.pipelines.companion_plan import sketch_spec
+    from gnq_core.pipelines.companions import choose_solve
+    from gnq_core.pipelines.ranks import Ranks
+
+    settings = AuditSettings(companions="all")
+    spec = sketch_spec(settings)
+    assert spec.shared == 16384  # the training-set mode's m: one 2 GiB m × m matrix
+    assert choose_solve(2_000, spec, settings, Ranks())[0] == "texts"
+    solve, why = choose_solve(100_000, spec, settings, Ranks())
+    assert solve == "sketch" and "2.00 GiB" in why and "100,000" in why
+    assert choose_solve(2_000, spec, settings, Ranks(0, 2))[0] == "sketch"  # ranks share the texts
+    assert choose_solve(100_000, spec, AuditSettings(companions="all", companions_solve="texts"),
+                        Ranks())[0] == "texts"
+    assert sketch_spec(AuditSettings(companions=16)).shared == 65536
+    with pytest.raises(ValueError, match="solve"):
+        AuditSettings(companions="all", companions_solve="fast")
+
+
+def test_a_rerun_reuses_the_first_pass_of_an_interrupted_streamed_set(tiny, tmp_path, monkeypatch):
+    """A is saved (whole or not at all) after the first pass with what it was formed from; a run
+    stopped in the second pass resumes from it, and the set's rows equal an uninterrupted run's."""
+    from gnq_core.engine.companions import SketchFactor
+    from gnq_core.pipelines import companions
+
+    db = tmp_path / "gnq.duckdb"
+    reference, _ = _all_companions(tiny, tmp_path / "ref.duckdb", "r", sketch_total=256,
+                                   companions_solve="sketch")
+    first_passes = []
+    run = companions._Passes.run
+
+    def counted(self, members, signals=True):
+        first_passes.append(not signals)
+        return run(self, members, signals)
+
+    monkeypatch.setattr(companions._Passes, "run", counted)
+    gnq = SketchFactor.gnq
+    monkeypatch.setattr(SketchFactor, "gnq", lambda self, rows: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        _all_companions(tiny, db, "r", sketch_total=256, companions_solve="sketch")
+    kept = list((tmp_path / "companions").iterdir())
+    assert len(kept) == 1 and kept[0].name == "run-1-point-0.pt"
+    assert torch.load(kept[0], weights_only=True)["provenance"]["texts"] == 24
+    monkeypatch.setattr(SketchFactor, "gnq", gnq)
+    first_passes.clear()
+    resumed, _ = _all_companions(tiny, db, "r", sketch_total=256, companions_solve="sketch")
+    assert first_passes == [False]  # the second pass only
+    assert rel_err(torch.tensor(resumed["gnq"].values), torch.tensor(reference["gnq"].values)) < 1e-12
+    assert not any((tmp_path / "companions").iterdir())  # scored: A is let go
+
 
 @pytest.mark.slow
 def test_identity_sized_sketch_gives_the_exact_gnq_of_one_batch(tiny, tmp_path):

@@ -121,6 +121,10 @@ def audit(
                                         "pass."),
     sketch_k: int = typer.Option(AuditSettings.sketch_k, "--sketch-k",
                                  help="With --companions: sketch dimensions per weight matrix."),
+    sketch_total: int = typer.Option(AuditSettings.sketch_total, "--sketch-total", min=1, show_default=False,
+                                     help="With --companions: m, the dimensions each text's sketch is folded "
+                                          "into (default 16,384 with 'all': its m × m system is 2 GiB, and "
+                                          "more texts than m are streamed in two passes; else 65,536)."),
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
@@ -129,7 +133,7 @@ def audit(
     batches and rank 0 writes the rows (the same rows as one process)."""
     settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
                              device=device, dtype=dtype, loss=loss, lam_mode=lam_mode,
-                             companions=_companions(companions), sketch_k=sketch_k)
+                             companions=_companions(companions), sketch_k=sketch_k, sketch_total=sketch_total)
     if reference is not None and non_members is None:
         raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
     _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,

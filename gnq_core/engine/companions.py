@@ -10,6 +10,11 @@ S is the [n, m] matrix of the sketches s_j = Π g_j of n texts.  GNQ_j against t
   push-through identity S(SᵀS + λI)⁻¹Sᵀ = SSᵀ(SSᵀ + λI)⁻¹ = K M says q_j is the same h_j the
   n × n solve uses: both paths give the same numbers.  q_j = ‖L⁻¹ s_j‖² with A = L Lᵀ.
   1 − q_j is a difference, so GNQ_j's relative rounding is about 1e-16 · (1 + GNQ_j).
+* Streamed (``SketchSystem``): the m × m path without S.  A first pass adds each micro-batch's
+  s_j s_jᵀ into A (float64; across torch.distributed ranks, each rank its share, then one
+  all-reduce), ``factor`` turns A + λI into its Cholesky factor in place, and a second pass
+  recomputes each text's sketch and takes q_j from it: memory one m × m matrix and a micro-batch,
+  whatever n.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from gnq_core.engine.solve import LAM_ABSOLUTE, GNQNumericalError, check_lam_mode
+from gnq_core.engine.conventions import LAM_ABSOLUTE, check_lam_mode
+from gnq_core.engine.solve import GNQNumericalError
 
-__all__ = ["CompanionSolution", "SketchRows", "companion_gnq", "kernel_gnq", "sketch_gram",
-           "sketch_space_gnq"]
+__all__ = ["CompanionSolution", "SketchFactor", "SketchRows", "SketchSystem", "companion_gnq",
+           "held_bytes", "kernel_gnq", "sketch_gram", "sketch_space_gnq", "streamed_bytes"]
 
 GRAM_CHUNK = 512  # rows of S cast to float64 at a time for the Gram
 EXACT_CONDITION = 4096  # systems up to this size get their exact condition number (eigvalsh)
@@ -200,3 +206,149 @@ def companion_gnq(S: torch.Tensor, lam: float, lam_mode: str = "absolute") -> Co
         return CompanionSolution(gnq, norms, lam_eff, condition, "texts")
     gnq, condition = sketch_space_gnq(S, lam_eff)
     return CompanionSolution(gnq, norms, lam_eff, condition, "sketch")
+
+
+def held_bytes(n: int, m: int, row_bytes: int = 4) -> int:
+    """The n × n path's peak for n texts of m numbers: the sketches (``row_bytes`` a number, until
+    K exists) and three n × n float64 matrices in the solve."""
+    return n * m * row_bytes + 3 * 8 * n * n
+
+
+def streamed_bytes(m: int) -> int:
+    """The streamed path's: one m × m float64 matrix (A, then its factor in its place)."""
+    return 8 * m * m
+
+
+class SketchSystem:
+    """A = Σ_j s_j s_jᵀ over a companion set's sketches (m × m, float64), added a micro-batch at a
+    time, so that the sketches need not be held; ``n`` texts so far.
+
+    Rows wait until ``FLUSH_ROWS`` have come (a rank-16 update would read and write all of A for
+    few FLOPs), then go in as one rank-k update: on the CPU BLAS's syrk, which forms only A's
+    lower triangle (half the FLOPs; the factor, the trace and the condition number read only
+    that triangle); on a GPU the whole product."""
+
+    FLUSH_ROWS = 512
+
+    def __init__(self, m: int, device: torch.device | str = "cpu", A: torch.Tensor | None = None,
+                 n: int = 0) -> None:
+        self._A = torch.zeros(m, m, dtype=torch.float64, device=device) if A is None else A
+        self.n = n
+        self._pending: list[torch.Tensor] = []
+        self._waiting = 0
+
+    @property
+    def A(self) -> torch.Tensor | None:
+        """A with every row added (its lower triangle at least); None once factored."""
+        self._flush()
+        return self._A
+
+    def add(self, rows: torch.Tensor) -> None:
+        """Add rows [b, m] of sketches (any float dtype; float64 in the sum)."""
+        if rows.shape[1] != self._A.shape[0]:
+            raise ValueError(f"sketch rows of width {rows.shape[1]} for a system of {self._A.shape[0]}")
+        self._pending.append(rows)
+        self._waiting += rows.shape[0]
+        self.n += rows.shape[0]
+        if self._waiting >= self.FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        R = torch.cat(self._pending).to(device=self._A.device, dtype=torch.float64)
+        self._pending, self._waiting = [], 0
+        if self._A.device.type != "cpu":
+            self._A.addmm_(R.T, R)
+            return
+        from scipy.linalg.blas import dsyrk
+
+        # A's C-order memory is Aᵀ in Fortran order and R's is Rᵀ: syrk's upper triangle of
+        # Rᵀ (Rᵀ)ᵀ in Fortran is the lower triangle of RᵀR in C order, added in place
+        dsyrk(1.0, R.numpy().T, beta=1.0, c=self._A.numpy().T, trans=0, lower=0, overwrite_c=1)
+
+    def all_reduce(self, group=None) -> None:
+        """Sum every rank's A and n (torch.distributed; each rank added its own share of the texts)."""
+        import torch.distributed as dist
+
+        A = self.A
+        summed = A.cpu()  # the ranks talk over gloo (pipelines/ranks.py): on the CPU
+        count = torch.tensor([float(self.n)], dtype=torch.float64)
+        dist.all_reduce(summed, group=group)
+        dist.all_reduce(count, group=group)
+        if summed is not A:
+            A.copy_(summed)
+        self.n = int(count.item())
+
+    def lam(self, lam: float, lam_mode: str = LAM_ABSOLUTE) -> float:
+        """λ of the solve: ``lam``, or relative: λ · the set's mean ‖s_j‖² (trace(A) / n)."""
+        mean = float(self.A.diagonal().sum()) / max(self.n, 1)
+        if check_lam_mode(lam_mode) != LAM_ABSOLUTE and mean > 0:
+            return float(lam) * mean
+        return float(lam)
+
+    def factor(self, lam: float) -> SketchFactor:
+        """The Cholesky factor of A + λI, formed in A's memory (A is gone after this), and the
+        condition number of K + λI_n (``sketch_space_gnq``'s)."""
+        if lam <= 0:
+            raise ValueError(f"lam must be > 0, got {lam}")
+        if self.n < 2:
+            raise ValueError(f"a companion set needs at least 2 texts, got {self.n}")
+        A, m = self.A, self._A.shape[0]
+        if not all(bool(torch.isfinite(A[i:i + GRAM_CHUNK]).all()) for i in range(0, m, GRAM_CHUNK)):
+            raise GNQNumericalError("the sketches have NaN/Inf entries (non-finite loss or gradient)")
+        A.diagonal().add_(lam)
+        condition = _system_condition(A, lam, self.n)
+        self._A = None  # type: ignore[assignment]  (the factor takes its memory)
+        return SketchFactor(_cholesky_in_place(A, lam), lam, condition, m)
+
+
+@dataclass
+class SketchFactor:
+    """L with L Lᵀ = SᵀS + λI: q_j = ‖L⁻¹ s_j‖² and GNQ_j = q_j / (1 − q_j) of any row of the set."""
+
+    L: torch.Tensor
+    lam: float
+    condition: float
+    m: int
+
+    def gnq(self, rows: torch.Tensor) -> torch.Tensor:
+        """GNQ [b] (float64) of rows [b, m] of the set the factor was formed from."""
+        Z = torch.linalg.solve_triangular(self.L, rows.to(device=self.L.device, dtype=torch.float64).T,
+                                          upper=False)
+        q = (Z * Z).sum(dim=0)
+        return q / (1 - q)
+
+
+def _system_condition(A: torch.Tensor, lam: float, n: int) -> float:
+    """Condition number of K + λI_n from A = SᵀS + λI (its lower triangle): λ_max(A) over λ when
+    n > m (K has rank ≤ m); n ≤ m: over the n-th largest eigenvalue of A (exact up to
+    ``EXACT_CONDITION``; above, over λ: an upper bound)."""
+    m = A.shape[0]
+    if m <= EXACT_CONDITION:
+        eig = torch.linalg.eigvalsh(A, UPLO="L")
+        return float(eig[-1] / (lam if n > m else eig[m - n]))
+    if A.device.type != "cpu":
+        return _power(lambda v: A @ v, m, A) / lam
+    from scipy.linalg.blas import dsymv
+
+    F = A.numpy().T  # the lower triangle in C order is Fortran's upper
+    return _power(lambda v: torch.from_numpy(dsymv(1.0, F, v.numpy(), lower=0)), m, A) / lam
+
+
+def _cholesky_in_place(A: torch.Tensor, lam: float) -> torch.Tensor:
+    """The lower Cholesky factor of the symmetric A, in A's own memory on the CPU (LAPACK potrf:
+    no second m × m matrix; at m = 16,384 that is 2 GiB); on a GPU torch's, beside A."""
+    if A.device.type != "cpu":
+        L, info = torch.linalg.cholesky_ex(A)
+        if int(info) != 0:
+            raise GNQNumericalError(f"SᵀS + λI is not positive definite (λ={lam:g})")
+        return L
+    from scipy.linalg import lapack
+
+    # A is symmetric: its C-order memory is A in Fortran order too.  potrf's upper factor U
+    # (A = UᵀU, Fortran) read back in C order is L = Uᵀ, lower, with A = L Lᵀ.
+    U, info = lapack.dpotrf(A.numpy().T, lower=0, clean=1, overwrite_a=1)
+    if info != 0:
+        raise GNQNumericalError(f"SᵀS + λI is not positive definite (λ={lam:g})")
+    return torch.from_numpy(U.T)

@@ -12,15 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
-TOKEN_MEAN, TOKEN_SUM = "token_mean", "token_sum"
-LOSS_CONVENTIONS = (TOKEN_MEAN, TOKEN_SUM)
-
-
-def check_loss_convention(convention: str) -> str:
-    if convention not in LOSS_CONVENTIONS:
-        raise ValueError(f"unknown loss convention {convention!r} ({', '.join(LOSS_CONVENTIONS)})")
-    return convention
+from gnq_core.engine.conventions import IGNORE_INDEX, TOKEN_MEAN, TOKEN_SUM, check_loss_convention
 
 
 def per_example_lm_loss(logits: torch.Tensor, labels: torch.Tensor,

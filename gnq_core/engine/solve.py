@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gnq_core.engine.conventions import LAM_ABSOLUTE, check_lam_mode
+
 
 class GNQNumericalError(ArithmeticError):
     """K + λI could not be factorised (non-finite entries or not positive definite)."""
@@ -93,16 +95,6 @@ def gnq_from_kernel(kernel: torch.Tensor, lam: float, *, check: bool = True) -> 
     if check:
         solution.check()
     return solution
-
-
-LAM_ABSOLUTE, LAM_RELATIVE = "absolute", "relative"
-LAM_MODES = (LAM_ABSOLUTE, LAM_RELATIVE)
-
-
-def check_lam_mode(mode: str) -> str:
-    if mode not in LAM_MODES:
-        raise ValueError(f"unknown λ mode {mode!r} ({', '.join(LAM_MODES)})")
-    return mode
 
 
 def effective_lam(kernel: torch.Tensor, lam: float, mode: str = LAM_ABSOLUTE) -> float:

@@ -22,8 +22,8 @@ import pandas as pd
 import torch
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import TOKEN_MEAN, per_example_lm_loss
-from gnq_core.engine.solve import LAM_ABSOLUTE
+from gnq_core.engine.conventions import LAM_ABSOLUTE, TOKEN_MEAN
+from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.companion_plan import check_companion_memory, sketch_spec
 from gnq_core.pipelines.companions import audit_companions, companion_sets
 from gnq_core.pipelines.finite_share import check_mostly_finite
@@ -31,9 +31,10 @@ from gnq_core.pipelines.membership import TOKEN_SIGNALS
 from gnq_core.pipelines.prefetch import Prefetch
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_pass
-from gnq_core.pipelines.settings import AuditSettings
+from gnq_core.pipelines.settings import COMPANIONS_ALL, AuditSettings
 from gnq_core.pipelines.text_labels import cluster_ids, dataset_labels, secret_settings
 from gnq_core.progress import Reporter
+from gnq_core.results.layout import companions_root
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
@@ -105,8 +106,9 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
     """
     reporter = reporter or Reporter()
     ranks = ranks or Ranks()
-    if settings.companions is not None and ranks.world > 1:
-        raise ValueError("--companions runs in one process: run it without torchrun")
+    if settings.companions not in (None, COMPANIONS_ALL) and ranks.world > 1:
+        raise ValueError("--companions N runs in one process: run it without torchrun (--companions all "
+                         "runs under torchrun)")
     tokenizer_dir = tokenizer  # the loop below binds each checkpoint's tokenizer to ``tokenizer``
     if adapters is not None and tokenizer_dir is None:
         tokenizer_dir = str(adapters.base)  # the base's tokenizer
@@ -147,8 +149,9 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
             model, tokenizer, model_hash = upcoming.result() if upcoming is not None else load(point)
             upcoming = Prefetch(load, todo[n + 1]) if n + 1 < len(todo) else None
             ref = refs[point]
+            saved = companions_root(store.path) / f"run-{run.run_id}-point-{point}.pt" if run else None
             texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
-                                          reporter, ranks, trainable_only=adapters is not None
+                                          reporter, ranks, saved, trainable_only=adapters is not None
                                           and not adapters.merged)
             del model
             if run is not None:
@@ -222,15 +225,20 @@ def _prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
 
 def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, partition: Partition,
                  ref: CheckpointRef, settings: AuditSettings, device: torch.device, reporter: Reporter,
-                 ranks: Ranks, trainable_only: bool = False) -> tuple[ScoreColumns, list[BatchResult]]:
+                 ranks: Ranks, saved: Path | None = None, trainable_only: bool = False
+                 ) -> tuple[ScoreColumns, list[BatchResult]]:
     """This rank's batches of one checkpoint, tokenised batch by batch; on the lead, every rank's
-    records in batch order."""
+    records in batch order.  Companions against all the texts: every rank takes part in the one
+    set (its share of the texts); ``saved``: where that set's first pass is kept."""
     mine = ranks.share(len(partition))
     size = sum(partition.size(k) for k in mine)
     reporter.stage(f"{ref.label}", size)
     if settings.companions is not None:
-        return audit_companions(model, tokenizer, dataset.texts, partition, mine, settings, device, reporter,
-                                trainable_only=trainable_only)
+        every = ranks.world > 1  # only --companions all gets here under torchrun: its one set, shared
+        return audit_companions(model, tokenizer, dataset.texts, partition,
+                                range(len(partition)) if every else mine, settings, device, reporter,
+                                trainable_only=trainable_only, ranks=ranks, saved=saved,
+                                checkpoint=str(ref.path))
     batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length)
     rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
                          loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only)

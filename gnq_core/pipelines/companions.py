@@ -7,27 +7,49 @@ pass in micro-batches of ``batch_size`` reduces every text's gradient to its ske
 text against the set's other texts comes from the sketches (``engine.companions``).  The set is
 the rows' GNQ batch: its ``batches`` row has gnq_mode 'companions', size N + 1 (each text is
 measured against size − 1 others), sketch_k and sketch_seed.
+
+A set the held n × n path would need more memory for than one m × m matrix (a training set:
+``all``) is streamed instead: a first pass adds each micro-batch's sketches into A = SᵀS and lets
+them go, A + λI is factored once, and a second pass recomputes each text's sketch and its GNQ
+(``engine.companions.SketchSystem``).  A is saved beside the store after the first pass, with what
+it was formed from, and a rerun that finds it skips that pass.  Under torchrun every rank adds its
+share of the texts and A is all-reduced; each rank then scores its share and the lead writes.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Sequence
+import zlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from gnq_core.engine.companions import SketchRows, companion_gnq
+from gnq_core.atomic import atomic_path
+from gnq_core.engine.companions import (
+    SketchFactor,
+    SketchRows,
+    SketchSystem,
+    companion_gnq,
+    held_bytes,
+    streamed_bytes,
+)
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
+from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import WindowAuditor
 from gnq_core.pipelines.companion_plan import sketch_spec
 from gnq_core.pipelines.membership import TOKEN_SIGNALS, token_signals
+from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.progress import Reporter
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, ScoreColumns
-from gnq_core.runtime import release_freed_memory
-from gnq_core.sources.tokens import Partition, seeded_partition, stream_batches
+from gnq_core.runtime import code_version, release_freed_memory
+from gnq_core.sources.tokens import LMBatch, Partition, seeded_partition, stream_batches
 
 COMPANIONS_MODE = "companions"  # batches.gnq_mode of a companion set
 
@@ -42,6 +64,24 @@ def companion_sets(n_texts: int, settings: AuditSettings, clusters: Sequence[int
     return seeded_partition(n_texts, size or max(n_texts, 1), settings.seed, clusters)
 
 
+def choose_solve(n: int, spec: SketchSpec, settings: AuditSettings, ranks: Ranks) -> tuple[str, str]:
+    """"texts" (hold the n sketches, solve n × n) or "sketch" (stream the m × m system), and why.
+    Streamed when it needs less memory, and always across ranks (each holds only its share)."""
+    m = spec.shared
+    if settings.companions_solve != "auto" or m is None:  # side by side: m is known only once sketched
+        solve = "texts" if m is None else settings.companions_solve
+        return solve, f"{solve} as asked" if m is not None else "texts: the sketch is not folded (m unknown)"
+    held, streamed = held_bytes(n, m), streamed_bytes(m)
+    if ranks.world > 1:
+        return "sketch", f"sketch: {ranks.world} ranks share the texts ({streamed / 2**30:.2f} GiB each)"
+    if held <= streamed:
+        return "texts", (f"texts: {n:,} texts × m = {m:,} held and an n × n solve, {held / 2**30:.2f} GiB, "
+                         f"no more than the streamed m × m system's {streamed / 2**30:.2f} GiB")
+    return "sketch", (f"sketch: the m × m system streamed in two passes, {streamed / 2**30:.2f} GiB whatever "
+                      f"n, where holding {n:,} texts' sketches and an n × n solve would take "
+                      f"{held / 2**30:.2f} GiB")
+
+
 def _micro_batches(texts: list[int], batch_size: int) -> Partition:
     n = len(texts)
     return Partition(np.asarray(texts, dtype=np.int64),
@@ -50,43 +90,55 @@ def _micro_batches(texts: list[int], batch_size: int) -> Partition:
 
 def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], sets: Partition,
                      indices: Sequence[int], settings: AuditSettings, device: torch.device,
-                     reporter: Reporter | None = None, *, trainable_only: bool = False
+                     reporter: Reporter | None = None, *, trainable_only: bool = False,
+                     ranks: Ranks | None = None, saved: Path | None = None, checkpoint: str = ""
                      ) -> tuple[ScoreColumns, list[BatchResult]]:
     """GNQ, loss, sketched self-influence and the forward signals of every text of the companion
-    sets ``indices`` at the model's current weights; one ``BatchResult`` per set."""
+    sets ``indices`` at the model's current weights; one ``BatchResult`` per set.
+
+    Each set takes the cheaper solve (``choose_solve``; logged).  Streamed: ``saved`` is where the
+    first pass's A is kept until the set is scored (a rerun that finds it, formed from the same
+    ``checkpoint``, texts and sketch, skips that pass); under ``ranks`` every rank calls this with
+    the same sets, and the lead gets the rows (the others get none)."""
     spec = sketch_spec(settings)
+    ranks = ranks or Ranks()
     capacity = sum(sets.size(k) for k in indices)
-    columns, results = ScoreColumns(capacity, TOKEN_SIGNALS), []
+    columns, results = ScoreColumns(capacity if ranks.lead else 0, TOKEN_SIGNALS), []
     model.eval()
     if not trainable_only:
         for p in model.parameters():
             p.requires_grad_(True)
     dtype = next(model.parameters()).dtype
     hold = torch.float64 if dtype == torch.float64 else torch.float32  # the sketches as computed
+    reporter = reporter or Reporter()
     with WindowAuditor(model, lam=settings.lam, mode="sketch", sketch=spec, keep_exact=False) as auditor:
+        passes = _Passes(model, auditor, tokenizer, texts, settings, device, hold, reporter)
         for index in indices:
             t0 = time.perf_counter()
             members = sets.batch(index)
-            micro = _micro_batches(members, settings.batch_size)
+            solve, why = choose_solve(len(members), spec, settings, ranks)
+            if solve == "sketch" and len(members) >= MIN_BATCH_SIZE:
+                reporter.log(f"companion set of {len(members):,} texts: {why}")
+                found = _streamed(passes, members, spec, settings, ranks, saved, checkpoint, t0, int(index))
+                if found is not None:
+                    columns.add(found[0])
+                    results.append(found[1])
+                continue
+            if ranks.world > 1:
+                raise ValueError("--companions N runs in one process: run it without torchrun "
+                                 "(--companions all runs under torchrun)")
+            if len(members) > 1000:  # a training set's choice is worth a line; a small set's is not
+                reporter.log(f"companion set of {len(members):,} texts: {why}")
             losses, targets, extra = [], [], {}
             held = SketchRows(len(members))
-            for batch in stream_batches(tokenizer, texts, micro, range(len(micro)), settings.max_length):
-                b = batch.to(device)
-                logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-                loss = per_example_lm_loss(logits, b.labels, settings.loss)
-                auditor.backward(loss.sum())  # output gradients only
-                auditor.add_micro_batch()
-                held.put(auditor.take_sketches(hold), auditor.sketcher.widths())  # parts let go now
-                model.zero_grad(set_to_none=True)
-                losses.append(loss.detach())
-                targets.append(lm_target_counts(b.labels))
-                for name, values in token_signals(logits, b.labels).items():
+            for rows, widths, loss, target, signals in passes.run(members):
+                held.put(rows, widths)  # the micro-batch's parts are let go now
+                losses.append(loss)
+                targets.append(target)
+                for name, values in signals.items():
                     extra.setdefault(name, []).append(values)
-                if reporter is not None:
-                    reporter.advance(len(batch.example_ids))
 
-            def solve(n: int = len(members), rows: SketchRows = held
-                      ) -> Scores:
+            def solve_held(n: int = len(members), rows: SketchRows = held) -> Scores:
                 if n < MIN_BATCH_SIZE:  # a set of one text has no companions: NULL GNQ, K_jj kept
                     S = rows.take().to(torch.float64)
                     return None, (S * S).sum(dim=1), None, n
@@ -95,7 +147,7 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
                 sol = companion_gnq(rows.take(), settings.lam, settings.lam_mode)
                 return sol.gnq, sol.self_influence, sol.condition, n
 
-            rows, result = score_batch(solve, torch.cat(losses), members, targets=torch.cat(targets),
+            rows, result = score_batch(solve_held, torch.cat(losses), members, targets=torch.cat(targets),
                                        batch_index=int(index), step=None, started=t0,
                                        extra={name: np.concatenate(parts) for name, parts in extra.items()},
                                        gnq_mode=COMPANIONS_MODE, sketch_k=spec.k, sketch_seed=spec.seed)
@@ -103,3 +155,169 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
             results.append(result)
     return columns, results
 
+
+class _Passes:
+    """One pass over some texts in micro-batches of ``batch_size``: each text's sketch, loss,
+    number of targets and forward signals, a micro-batch at a time."""
+
+    def __init__(self, model: torch.nn.Module, auditor: WindowAuditor, tokenizer, texts: Sequence[str],
+                 settings: AuditSettings, device: torch.device, hold: torch.dtype,
+                 reporter: Reporter) -> None:
+        self.model, self.auditor, self.tokenizer, self.texts = model, auditor, tokenizer, texts
+        self.settings, self.device, self.hold, self.reporter = settings, device, hold, reporter
+
+    def run(self, members: list[int], signals: bool = True
+            ) -> Iterator[tuple[torch.Tensor | None, dict[str, int], torch.Tensor, torch.Tensor, dict]]:
+        """(sketches [b, m] or None for a micro-batch whose loss or gradient is not finite, their
+        widths, losses, targets, signals) of each micro-batch of ``members``, in order."""
+        micro = _micro_batches(members, self.settings.batch_size)
+        for batch in stream_batches(self.tokenizer, self.texts, micro, range(len(micro)),
+                                    self.settings.max_length):
+            b: LMBatch = batch.to(self.device)
+            logits = self.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+            loss = per_example_lm_loss(logits, b.labels, self.settings.loss)
+            self.auditor.backward(loss.sum())  # output gradients only
+            self.auditor.add_micro_batch()
+            try:
+                rows: torch.Tensor | None = self.auditor.take_sketches(self.hold)
+            except GNQNumericalError:
+                rows = None
+            self.model.zero_grad(set_to_none=True)
+            yield (rows, self.auditor.sketcher.widths(), loss.detach(), lm_target_counts(b.labels),
+                   token_signals(logits, b.labels) if signals else {})
+            self.reporter.advance(len(batch.example_ids))
+
+
+def _streamed(passes: _Passes, members: list[int], spec: SketchSpec, settings: AuditSettings, ranks: Ranks,
+              saved: Path | None, checkpoint: str, t0: float, index: int
+              ) -> tuple[ScoreColumns, BatchResult] | None:
+    """One companion set by the streamed m × m system (two passes); the lead's rows, None elsewhere."""
+    m = spec.shared
+    assert m is not None
+    n = len(members)
+    share = members[ranks.rank * n // ranks.world:(ranks.rank + 1) * n // ranks.world]  # in order
+    provenance = _provenance(passes.model, checkpoint, members, spec, settings) if ranks.lead else None
+    system = _saved_system(saved, provenance, m, ranks)
+    if system is None:  # pass 1: A = SᵀS, each rank over its share
+        passes.reporter.stage(f"{checkpoint or 'companions'}: pass 1 of 2, the m × m system", len(share))
+        system, finite = SketchSystem(m, passes.device), True
+        for k, (rows, _, _, _, _) in enumerate(passes.run(share, signals=False)):
+            if rows is None:
+                finite = False
+            else:
+                system.add(rows)
+            _trim_now(k, settings.batch_size)
+        if not finite:  # a NaN poisons A on every rank alike
+            system.A.fill_(float("nan"))
+        if ranks.world > 1:
+            system.all_reduce()
+        if ranks.lead and saved is not None:
+            _save_system(saved, system, provenance)
+    lam = system.lam(settings.lam, settings.lam_mode)
+    factor: SketchFactor | None
+    try:
+        factor = system.factor(lam)
+    except GNQNumericalError:
+        factor = None
+    del system
+    release_freed_memory()
+    # pass 2: each text's sketch again, its GNQ and K_jj; losses and signals from the same forward
+    passes.reporter.stage(f"{checkpoint or 'companions'}: pass 2 of 2, each text's GNQ", len(share))
+    gnq, kjj, losses, targets, extra = [], [], [], [], {}
+    waiting: list[torch.Tensor] = []
+
+    def score_waiting() -> None:  # one triangular solve for many rows: L is read once for them
+        if waiting and factor is not None:
+            S = torch.cat(waiting).to(torch.float64)
+            gnq.append(factor.gnq(S).cpu())
+            kjj.append((S * S).sum(dim=1).cpu())
+        waiting.clear()
+
+    for k, (rows, _, loss, target, signals) in enumerate(passes.run(share)):
+        _trim_now(k, settings.batch_size)
+        if rows is not None and factor is not None:
+            waiting.append(rows)
+            if sum(len(w) for w in waiting) >= SketchSystem.FLUSH_ROWS:
+                score_waiting()
+        losses.append(loss.cpu())
+        targets.append(target.cpu())
+        for name, values in signals.items():
+            extra.setdefault(name, []).append(values)
+    score_waiting()
+    finite = factor is not None and sum(len(g) for g in gnq) == len(share)
+    mine = (finite, _cat(gnq), _cat(kjj), _cat(losses), _cat(targets),
+            {name: np.concatenate(parts) for name, parts in extra.items()})
+    parts = ranks.gather(mine)
+    if not ranks.lead:
+        return None
+    if saved is not None:
+        saved.unlink(missing_ok=True)  # the set is scored: its A is no longer needed
+    every = all(p[0] for p in parts)
+    condition = factor.condition if factor is not None else None
+
+    def solve() -> Scores:
+        if not every:
+            raise GNQNumericalError("the sketches have NaN/Inf entries (non-finite loss or gradient)")
+        return torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts]), condition, n
+
+    return score_batch(solve, torch.cat([p[3] for p in parts]), members,
+                       targets=torch.cat([p[4] for p in parts]),
+                       batch_index=index, step=None, started=t0,
+                       extra={name: np.concatenate([p[5][name] for p in parts]) for name in parts[0][5]},
+                       gnq_mode=COMPANIONS_MODE, sketch_k=spec.k, sketch_seed=spec.seed)
+
+
+def _trim_now(micro_batch: int, batch_size: int) -> None:
+    """Hand the heap's freed pages back every ``FLUSH_ROWS`` texts: the passes free each micro-batch's
+    large tensors between the small ones they keep (losses, signals), and glibc would keep those
+    pages, growing the peak with n (≈ 190 KB a text measured) where it must not grow."""
+    if (micro_batch + 1) % max(1, SketchSystem.FLUSH_ROWS // batch_size) == 0:
+        release_freed_memory()
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def _provenance(model: torch.nn.Module, checkpoint: str, members: list[int], spec: SketchSpec,
+                settings: AuditSettings) -> dict[str, Any]:
+    """What a saved A was formed from: a rerun reuses it only when all of it is the same.  The
+    weights enter by two sums (a checkpoint rewritten at the same path is not mistaken for it)."""
+    with torch.no_grad():
+        weights = [float(sum(p.double().sum() for p in model.parameters())),
+                   float(sum(p.double().abs().sum() for p in model.parameters()))]
+    return {"what": "A = sum of s_j s_j^T over a companion set's sketches", "checkpoint": checkpoint,
+            "weights": weights, "texts": len(members),
+            "members_crc32": zlib.crc32(np.asarray(members, dtype=np.int64).tobytes()),
+            "sketch": spec.describe(), "m": spec.shared, "loss": settings.loss,
+            "max_length": settings.max_length, "dtype": settings.dtype, "code_version": code_version()}
+
+
+def _saved_system(saved: Path | None, provenance: dict[str, Any] | None, m: int, ranks: Ranks
+                  ) -> SketchSystem | None:
+    """The lead's saved A when it was formed from the same ``provenance`` (every rank gets it),
+    else None (pass 1 runs)."""
+    system = None
+    if ranks.lead and saved is not None and saved.is_file():
+        try:
+            kept = torch.load(saved, weights_only=True, map_location="cpu")
+            if kept.get("provenance") == json.loads(json.dumps(provenance)) and kept["A"].shape == (m, m):
+                system = SketchSystem(m, A=kept["A"], n=int(kept["n"]))
+        except (OSError, RuntimeError, KeyError, AttributeError, ValueError):
+            system = None  # unreadable: formed again
+    found = ranks.broadcast(None if system is None else system.n)
+    if found is None:
+        return None
+    if ranks.world > 1:  # every rank factors the same A (sent over gloo, on the CPU)
+        import torch.distributed as dist
+
+        if system is None:
+            system = SketchSystem(m, n=found)
+        dist.broadcast(system.A, src=0)
+    return system
+
+
+def _save_system(path: Path, system: SketchSystem, provenance: dict[str, Any] | None) -> None:
+    """A and its provenance, written whole or not at all."""
+    with atomic_path(path) as tmp:
+        torch.save({"provenance": json.loads(json.dumps(provenance)), "A": system.A, "n": system.n}, tmp)

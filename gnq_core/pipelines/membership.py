@@ -29,15 +29,15 @@ each token after the first predicted from the ones before it.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from gnq_core.engine.losses import IGNORE_INDEX
+from gnq_core.engine.conventions import IGNORE_INDEX
 from gnq_core.pipelines.attacks.forward import forward_batches
+from gnq_core.pipelines.compression import zlib_bits
 
 MIN_K_FRACTION = 0.2
 TOKEN_SIGNALS = ("min_k", "min_k_plus")  # scores columns token_signals fills, per text and point
@@ -92,10 +92,6 @@ def _lowest_mean(values: torch.Tensor, valid: torch.Tensor, k: float) -> np.ndar
     take = torch.arange(ordered.shape[-1], device=ordered.device)[None] < m[:, None]
     means = torch.where(take, ordered, 0).sum(-1) / m
     return torch.where(n > 0, means, math.nan).cpu().numpy()
-
-
-def zlib_bits(text: str) -> int:
-    return 8 * len(zlib.compress(text.encode("utf-8")))
 
 
 def membership_scores(texts: Sequence[str], target: Sequence[np.ndarray],

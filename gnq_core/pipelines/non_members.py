@@ -27,19 +27,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gnq_core.engine.losses import TOKEN_SUM
-from gnq_core.pipelines.audit import run_audit
-from gnq_core.pipelines.membership import token_logprobs, zlib_bits
+from gnq_core.engine.conventions import TOKEN_SUM
+from gnq_core.pipelines.compression import zlib_bits
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.progress import Reporter
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import StoreError
 from gnq_core.sources.checkpoints.files import CheckpointRef
-from gnq_core.sources.checkpoints.load import load_checkpoint
-from gnq_core.sources.checkpoints.series import find_checkpoints
 from gnq_core.sources.datasets import DatasetError, TextDataset
-from gnq_core.sources.tokens import encode_texts, pad_id
 
 SUFFIX = ".non-members"
 REFERENCE_METRIC = "reference_loss"  # the same metric the calibrated attack writes
@@ -65,6 +61,9 @@ def audit_non_members(store: Store, member: Run, checkpoints: str | list[Checkpo
     """Audit ``dataset`` over ``checkpoints`` into ``member``'s linked non-member run (resumes);
     with ``reference`` (a checkpoint folder, or "first": the series' first checkpoint) the
     reference model's loss of every member and non-member text is stored too."""
+    from gnq_core.pipelines.audit import run_audit  # here: the membership frame reads without torch
+    from gnq_core.sources.checkpoints.series import find_checkpoints
+
     check_disjoint(list(store.examples(member.run_id)["text"]), dataset)
     refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
     name = member.name + SUFFIX
@@ -105,6 +104,10 @@ def non_members_of_audit(store: Store, run: Run, dataset: TextDataset, *, device
 
 def store_reference_loss(store: Store, run: Run, reference: str, settings: AuditSettings) -> None:
     """Each text's mean next-token loss under the reference model (``reference_loss`` metric)."""
+    from gnq_core.pipelines.membership import token_logprobs
+    from gnq_core.sources.checkpoints.load import load_checkpoint
+    from gnq_core.sources.tokens import encode_texts, pad_id
+
     model, tokenizer = load_checkpoint(reference)
     texts = list(store.examples(run.run_id)["text"])
     ids = encode_texts(tokenizer, texts, settings.max_length)

@@ -17,6 +17,7 @@ from gnq_core.values import whole as _whole
 
 FULL_PRECISION = ("float32", "float64")
 COMPANIONS_ALL = "all"  # what --dtype takes (its --help says so)
+COMPANION_SOLVES = ("auto", "texts", "sketch")  # the cheaper; the held n × n path; the streamed m × m one
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,14 @@ class AuditSettings:
     companions: int | str | None = None
     sketch_k: int = 4096           # sketch dimensions per weight matrix (engine/sketch.py DEFAULT_K)
     sketch_vocab_rows: int = 1024  # buckets of a vocabulary-sized parameter's vocabulary side
+    # m, the shared vector's dimensions; None: 16,384 against all the texts (an m × m system of
+    # 2 GiB streams a training set), else 65,536 (pipelines/companions.py)
+    sketch_total: int | None = None
+    companions_solve: str = "auto"  # "auto": the cheaper; "texts": n × n; "sketch": streamed m × m
 
     def __post_init__(self) -> None:
         # here, not at the top: the CLI reads these types' defaults for its --help without torch
-        from gnq_core.engine.losses import check_loss_convention
-        from gnq_core.engine.solve import check_lam_mode
+        from gnq_core.engine.conventions import check_lam_mode, check_loss_convention
         from gnq_core.results.records import check_gnq_settings
         from gnq_core.runtime import resolve_device, resolve_dtype
 
@@ -55,6 +59,11 @@ class AuditSettings:
         resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
         _whole(self.sketch_k, "--sketch-k", 1)
         _whole(self.sketch_vocab_rows, "the sketch's vocabulary rows", 1)
+        if self.sketch_total is not None:
+            _whole(self.sketch_total, "the sketch's total dimensions", 1)
+        _require(self.companions_solve in COMPANION_SOLVES,
+                 f"the companions' solve must be one of {', '.join(COMPANION_SOLVES)}, "
+                 f"got {self.companions_solve!r}")
         if self.companions is not None and self.companions != COMPANIONS_ALL:
             _whole(self.companions, "--companions (or 'all')", 1)
 

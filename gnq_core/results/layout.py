@@ -6,6 +6,7 @@
     <folder>/kept-checkpoints/   the last audited checkpoint of an uploaded series (attacks need it)
     <folder>/demo-checkpoints/   the demo's checkpoints (gnq demo)
     <folder>/studies/            the studies' checkpoints and intermediate files (gnq study)
+    <folder>/companions/         a streamed companion set's first pass (A = SᵀS), until it is scored
 """
 
 from __future__ import annotations
@@ -38,3 +39,7 @@ def demo_checkpoints(db: str | Path) -> Path:
 
 def studies_root(db: str | Path) -> Path:
     return Path(db).parent / "studies"
+
+
+def companions_root(db: str | Path) -> Path:
+    return store_folder(db) / "companions"

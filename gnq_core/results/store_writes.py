@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from gnq_core.engine.losses import TOKEN_MEAN, TOKEN_SUM
+from gnq_core.engine.conventions import TOKEN_MEAN, TOKEN_SUM
 from gnq_core.errors import one_line
 from gnq_core.results.literal_paths import duckdb_literal
 from gnq_core.results.records import (

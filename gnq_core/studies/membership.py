@@ -35,7 +35,8 @@ from scipy.stats import spearmanr
 from gnq_core.analysis import predictive as pr
 from gnq_core.atomic import write_text_atomic
 from gnq_core.pipelines.canaries import Canary, exposure, inserted, make_canaries
-from gnq_core.pipelines.membership import forward_signals, zlib_bits
+from gnq_core.pipelines.compression import zlib_bits
+from gnq_core.pipelines.membership import forward_signals
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.runtime import resolve_device

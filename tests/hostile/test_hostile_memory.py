@@ -5,6 +5,7 @@ character of a 1.5 MB text)."""
 
 from __future__ import annotations
 
+import re
 import time
 import tracemalloc
 
@@ -30,31 +31,36 @@ def store(tmp_path_factory):
 
 
 def test_companions_beyond_memory_are_refused_before_the_audit(store, tmp_path):
-    """100,000 texts as one companion set: 26 GB of sketches and a 65,536 × 65,536 system (129 GB in
-    all) that no machine here has; it was started and ended in an out-of-memory kill or a traceback
-    and a 'failed' run."""
+    """100,000 texts as one companion set with a 65,536-wide sketch: 26 GB of sketches and an n × n
+    solve, or a streamed 65,536 × 65,536 system (34 GB), that no machine here has; it was started
+    and ended in an out-of-memory kill or a traceback and a 'failed' run."""
     _, series, _, db = store
     data = tmp_path / "many.txt"
     data.write_text("".join(f"text {i}\n" for i in range(100_000)), encoding="utf-8")
     before = store_fingerprint(db)
     start = time.monotonic()
     line = gnq_fails("audit", "--checkpoints", series, "--data", data, "--db", db, "--name", "huge",
-                     "--companions", "all", "--max-length", 16, "--quiet")
+                     "--companions", "all", "--sketch-total", 65536, "--max-length", 16, "--quiet")
     assert time.monotonic() - start < 120
     need = format_bytes(companion_memory(100_000, 65536, 4))
     assert f"--companions all: a companion set of 100,000 texts needs about {need} of memory" in line
     assert "refused before the audit: use --companions N with N at most" in line and "fewer texts" in line
+    assert "--sketch-total" in line
     assert_store_unchanged(db, before)
 
 
 def test_the_largest_set_that_fits_is_named(store, monkeypatch):
     """Under a stated limit (GNQ_MAX_MEMORY) the refusal names the largest N whose sets fit in it,
     and that N is accepted."""
-    from gnq_core.pipelines.companion_plan import check_companion_memory
+    from gnq_core.pipelines.companion_plan import check_companion_memory, sketch_spec
     from gnq_core.pipelines.settings import AuditSettings
 
-    monkeypatch.setenv("GNQ_MAX_MEMORY", str(companion_memory(30, 65536, 4)))
-    refusal = r"set of 40 texts needs about 10\.5 MB .* GNQ_MAX_MEMORY is 7\.9 MB; .* N at most 29,"
+    m = sketch_spec(AuditSettings(companions="all")).shared
+    limit = companion_memory(30, m, 4)
+    monkeypatch.setenv("GNQ_MAX_MEMORY", str(limit))
+    need = re.escape(format_bytes(companion_memory(40, m, 4)))
+    room = re.escape(format_bytes(limit))
+    refusal = rf"set of 40 texts needs about {need} .* GNQ_MAX_MEMORY is {room}; .* N at most 29,"
     with pytest.raises(ValueError, match=refusal):
         check_companion_memory(40, AuditSettings(companions="all"))
     check_companion_memory(40, AuditSettings(companions=29))  # sets of 30: they fit
