@@ -62,8 +62,8 @@ def test_the_largest_set_that_fits_is_named(store, monkeypatch):
     room = re.escape(format_bytes(limit))
     refusal = rf"set of 40 texts needs about {need} .* GNQ_MAX_MEMORY is {room}; .* N at most 29,"
     with pytest.raises(ValueError, match=refusal):
-        check_companion_memory(40, AuditSettings(companions="all"))
-    check_companion_memory(40, AuditSettings(companions=29))  # sets of 30: they fit
+        check_companion_memory(40, AuditSettings(companions="all", sketch_total=m))
+    check_companion_memory(40, AuditSettings(companions=29, sketch_total=m))  # sets of 30: they fit
 
 
 def test_a_one_character_declared_secret_keeps_a_bounded_number_of_matches():
