@@ -48,12 +48,12 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], n_ne
     past = None
     for step in range(n_new):
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                    past_key_values=past, use_cache=True, **extra)
+                    cache=past, use_cache=True, **extra)  # transformers 5: `cache`, not `past_key_values`
         nxt = out.logits[:, -1, :].argmax(dim=-1)
         out_ids[:, step] = nxt
         if step == n_new - 1:
             break
-        past = out.past_key_values
+        past = out.cache
         input_ids = nxt[:, None]
         position_ids = position_ids[:, -1:] + 1
         mask = torch.cat([mask, mask.new_ones((B, 1))], dim=1)
