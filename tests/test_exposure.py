@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+from gnq_core.analysis.exposure_summary import false_alarm
 from gnq_core.pipelines.exposure import (
-    EXACT,
     ESTIMATED,
+    EXACT,
     PromptScorer,
     ValueSpace,
     enumerate_rank,
@@ -27,13 +28,14 @@ from gnq_core.pipelines.exposure import (
     value_space,
 )
 from gnq_core.pipelines.secret_attack import attack_secrets, format_places
-from gnq_core.pipelines.secret_exposure import NULL_VALUES, false_alarm, null_threshold
+from gnq_core.pipelines.secret_exposure import NULL_VALUES, null_threshold
 from gnq_core.sources.models import build_model, train_tokenizer
 
 TEMPLATE = "Account of {}: the door PIN is {}, keep it safe."
 FIRST = ["Anna", "Tom", "Lena", "Ravi", "Ines", "Omar", "Julia", "Felix", "Nora", "Sam", "Clara", "Milan"]
 NAMES = [f"{a} {b}" for a in FIRST for b in ("Berg", "Okafor")]
-FILLER = [f"The {w} of {t} opened on a {d} morning." for w in ("market", "bridge", "school", "garden", "harbour")
+FILLER = [f"The {w} of {t} opened on a {d} morning."
+          for w in ("market", "bridge", "school", "garden", "harbour")
           for t in ("Harwick", "Lindale", "Calder") for d in ("foggy", "quiet")]
 
 
@@ -54,7 +56,8 @@ def test_value_space_keeps_the_template_and_states_its_size():
     phone = value_space("+44 20 7946 7554", "phone", format_places("+44 20 7946 7554", others))
     assert phone.template == "+44 20 7946 ####" and phone.size == 10 ** 4
     rng = random.Random(0)
-    assert all(v.startswith("+44 20 7946 ") and phone.allows(v) for v in (phone.random(rng) for _ in range(50)))
+    drawn = [phone.random(rng) for _ in range(50)]
+    assert all(v.startswith("+44 20 7946 ") and phone.allows(v) for v in drawn)
     card = value_space("4111 1111 1111 1111", "card number", set())
     assert card.bits == pytest.approx(math.log2(10 ** 15)) and card.template.endswith("###")
     assert card.size == 10 ** 15  # the check digit follows from the other 15
@@ -90,7 +93,8 @@ def test_budget_exhausted_gives_an_estimate_labelled_so():
     got = exposure(model, tok, _prompt(tok, "Anna Berg"), " ", space, budget=50, n_candidates=64, seed=1)
     assert got.method == ESTIMATED and got.rank is None and got.candidates == 64
     assert 0.0 <= got.bits <= space.bits and "random values" in got.fit
-    exact = exposure(model, tok, _prompt(tok, "Anna Berg"), " ", value_space("1234", "pin", set()), budget=10 ** 6)
+    exact = exposure(model, tok, _prompt(tok, "Anna Berg"), " ", value_space("1234", "pin", set()),
+                     budget=10 ** 6)
     assert exact.method == EXACT and exact.rank >= 1 and exact.candidates is None
 
 
@@ -201,4 +205,5 @@ def test_trained_pins_stand_above_the_null_and_unseen_ones_do_not():
     # the stored rank is the rank that scoring all 10^4 PINs gives (a 16-copy and an unseen value)
     for name, pin in ((trained[0][0], trained[0][1]), unseen[0]):
         scorer = PromptScorer(model, _prompt(tok, name), batch_size=64)
-        assert enumerate_rank(scorer, tok, ValueSpace(pin, (0, 1, 2, 3)), " ").rank == first.loc[pin, "exposure_rank"]
+        brute = enumerate_rank(scorer, tok, ValueSpace(pin, (0, 1, 2, 3)), " ")
+        assert brute.rank == first.loc[pin, "exposure_rank"]

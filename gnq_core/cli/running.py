@@ -172,8 +172,9 @@ def extract(
     secret_candidates: int = typer.Option(ExtractJob.secret_candidates,
                                           help="Random values of a digit secret's space scored beside it "
                                                "when its exact rank is out of reach: its exposure is then "
-                                               "estimated from their likelihoods (1: no exposure; at least "
-                                               f"{MIN_SECRET_CANDIDATES}, at most {MAX_SECRET_CANDIDATES:,})."),
+                                               "estimated from their likelihoods (1: no exposure; at "
+                                               f"least {MIN_SECRET_CANDIDATES}, at most "
+                                               f"{MAX_SECRET_CANDIDATES:,})."),
     exposure_nodes: int = typer.Option(ExtractJob.exposure_nodes,
                                        help="Token prefixes the exact-rank search of a digit secret may "
                                             "expand before its exposure is estimated instead."),

@@ -26,6 +26,7 @@ Non-finite scores give no exposure (missing), never the ceiling.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import heapq
@@ -176,10 +177,8 @@ def token_strings(tokenizer) -> list[str]:
     cached = getattr(tokenizer, "_gnq_token_strings", None)
     if cached is None:
         cached = [tokenizer.decode([i], clean_up_tokenization_spaces=False) for i in range(len(tokenizer))]
-        try:
+        with contextlib.suppress(AttributeError):  # a tokenizer that takes no attributes: decoded again
             tokenizer._gnq_token_strings = cached
-        except AttributeError:
-            pass
     return cached
 
 
@@ -202,7 +201,8 @@ def _tail(between: str, value: str, tokenizer) -> list[int]:
     return list(tokenizer(between + value, add_special_tokens=False)["input_ids"])
 
 
-def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str, budget: int) -> Ranked | None:
+def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str,
+                budget: int) -> Ranked | None:
     """The true value's exact rank in its space by the pruned best-first search (module
     docstring); None when this tokenizer's tokens do not decode one by one to the tail's
     characters (the search cannot tell which values a path spells)."""

@@ -76,9 +76,10 @@ class SecretAttack:
     null: pd.DataFrame
 
 
-def describe_rule(n_candidates: int, reference_name: str | None, search_nodes: int = DEFAULT_SEARCH_NODES) -> str:
+def describe_rule(n_candidates: int, reference_name: str | None,
+                  search_nodes: int = DEFAULT_SEARCH_NODES) -> str:
     calibrated = f", and the reference model ({reference_name}) does not" if reference_name else ""
-    above = f" and above the reference model's on the same space" if reference_name else ""
+    above = " and above the reference model's on the same space" if reference_name else ""
     return (f"secret reproduced = prompted with the text up to each secret-like value, greedy decoding "
             f"writes every letter and digit of the value{calibrated}; partly = at least 3 and a quarter of "
             f"them, more than the reference; exposure = log2 of the value's space (its free digits; digits "
@@ -199,7 +200,8 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
     generated = decode_all(model, "audited model") if targets else []
     ref_generated = (decode_all(reference, "reference model") if targets and reference is not None
                      else [None] * len(targets))
-    explained = {(t.kind, t.value): format_places(t.value, sorted(by_kind[t.kind] - {t.value})) for t in targets}
+    explained = {(t.kind, t.value): format_places(t.value, sorted(by_kind[t.kind] - {t.value}))
+                 for t in targets}
     exposures: dict[tuple[str, str], dict] = {}
     null = pd.DataFrame(columns=NULL_COLUMNS)
     if n_candidates > 1 and targets:
@@ -207,8 +209,8 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
                                   str(text_of[t.example_id])[t.prompt_chars: t.value_start],
                                   frozenset(explained[(t.kind, t.value)])) for t in targets]
         exposures, null = run_exposures(model, reference, tokenizer, occurrences, by_kind,
-                                        Settings(n_candidates, search_nodes, seed, batch_size, max_length, device),
-                                        progress, advance)
+                                        Settings(n_candidates, search_nodes, seed, batch_size, max_length,
+                                                 device), progress, advance)
     rows = []
     for t, gen, ref in zip(targets, generated, ref_generated, strict=True):
         target_text = tokenizer.decode(t.target_ids)
@@ -233,9 +235,10 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
 # the nullable columns' types (a column of only NULLs has none of its own)
 SECRET_ATTACK_TYPES = {"reference_chars_reproduced": "Int64", "exposure": "Float64", "exposure_rank": "Int64",
                        "exposure_candidates": "Int64", "novel_chars_reproduced": "Int64",
-                       "exposure_method": "string", "exposure_template": "string", "exposure_space_bits": "Float64",
-                       "exposure_nodes": "Int64", "exposure_fit": "string", "value_copies": "Int64",
-                       "reference_exposure": "Float64", "reference_exposure_method": "string",
-                       "reference_exposure_rank": "Int64", "exposure_null_p99": "Float64", "exposed": "boolean"}
+                       "exposure_method": "string", "exposure_template": "string",
+                       "exposure_space_bits": "Float64", "exposure_nodes": "Int64", "exposure_fit": "string",
+                       "value_copies": "Int64", "reference_exposure": "Float64",
+                       "reference_exposure_method": "string", "reference_exposure_rank": "Int64",
+                       "exposure_null_p99": "Float64", "exposed": "boolean"}
 NULL_TYPES = {"prompt_example_id": "Int64", "exposure": "Float64", "exposure_method": "string",
               "exposure_rank": "Int64", "exposure_nodes": "Int64", "exposure_fit": "string"}

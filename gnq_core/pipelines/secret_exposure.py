@@ -10,8 +10,9 @@ and the reference model, and the run's null, which decides which values are *exp
   of the format's values in turn.  Under an exact rank a never-trained value's rank is uniform
   over its space, so its exposure exceeds t bits with probability 2^−t (median 1 bit); the
   null shows what the method gives such values in this run, estimates included.
-* ``exposed``: above the null's 99th percentile (``null_threshold``) and above the reference model's exposure of the
-  same value on the same space (without a reference model: above the null only).
+* ``exposed``: above the null's 99th percentile (``null_threshold``) and above the reference
+  model's exposure of the same value on the same space (without a reference model: above the
+  null only).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
     models = 2 if reference is not None else 1
     if progress is not None:
         progress(f"secret-like values: exact rank or estimate of {len(first)} distinct values, and the null "
-                 f"({NULL_VALUES} never-trained values per format)", len(first) * models + len(formats) * NULL_VALUES)
+                 f"({NULL_VALUES} never-trained values per format)",
+                 len(first) * models + len(formats) * NULL_VALUES)
 
     def measure(m, o: Occurrence, space: ValueSpace) -> Exposure:
         keep = max(1, settings.max_length - len(o.between + space.value))
@@ -98,8 +100,8 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
         for i, v in enumerate(drawn):
             o, space = members[i % len(members)]
             e = measure(model, o, ValueSpace(v, space.free, space.check))
-            null_rows.append({"kind": kind, "template": template, "value": v, "prompt_example_id": o.example_id,
-                              **_columns(e)})
+            null_rows.append({"kind": kind, "template": template, "value": v,
+                              "prompt_example_id": o.example_id, **_columns(e)})
             if e.bits is not None:
                 bits.append(e.bits)
         thresholds[(kind, template)] = null_threshold(bits)
@@ -144,15 +146,3 @@ def _null_values(space: ValueSpace, taken: set[str], rng: random.Random) -> list
         if v not in taken and v not in out:
             out.append(v)
     return out
-
-
-def false_alarm(null_bits: Sequence[float], threshold: float | None) -> dict:
-    """The threshold's false-alarm rate: on the run's null (share strictly above it) and, for
-    exact ranks, in theory (a uniform rank exceeds t bits with probability 2^−t)."""
-    bits = [b for b in null_bits if b is not None and not (isinstance(b, float) and math.isnan(b))]
-    if threshold is None or not bits:
-        return {"null_values": len(bits), "threshold": threshold, "false_alarm_null": None,
-                "false_alarm_uniform": None}
-    return {"null_values": len(bits), "threshold": threshold,
-            "false_alarm_null": float(np.mean([b > threshold for b in bits])),
-            "false_alarm_uniform": float(2.0 ** -threshold)}

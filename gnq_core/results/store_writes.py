@@ -207,8 +207,8 @@ class StoreWrites:
         frame = rows.reindex(columns=SECRET_ATTACK_COLUMNS).assign(
             run_id=run_id, point=point, code_version=code_version, created_at=now)
         nulls = (null if null is not None else pd.DataFrame(columns=SECRET_NULL_COLUMNS)).reindex(
-            columns=SECRET_NULL_COLUMNS).assign(run_id=run_id, point=point, rule=rule, code_version=code_version,
-                                                created_at=now)
+            columns=SECRET_NULL_COLUMNS).assign(run_id=run_id, point=point, rule=rule,
+                                                code_version=code_version, created_at=now)
         with self.transaction() as con:
             con.execute("DELETE FROM secret_attacks WHERE run_id = ?", [run_id])
             con.execute("DELETE FROM secret_exposure_null WHERE run_id = ?", [run_id])
@@ -256,8 +256,8 @@ class StoreWrites:
     def delete_run(self, run: int | str) -> None:
         run_id = self.run(run).run_id
         with self.transaction() as con:
-            for table in ("example_metrics", "extractions", "secret_attacks", "secret_exposure_null", "scores", "batches", "points",
-                          "examples", "runs"):
+            for table in ("example_metrics", "extractions", "secret_attacks", "secret_exposure_null",
+                          "scores", "batches", "points", "examples", "runs"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from gnq_core.pipelines.attack_defaults import DEFAULT_EXPOSURE_NODES
 from gnq_core.pipelines.attacks.contract import Attack, Target
 from gnq_core.pipelines.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_logprob
 from gnq_core.pipelines.extraction import ExtractionResult, extraction_attack, results_frame
 from gnq_core.pipelines.membership import MIN_K_FRACTION, SCORE_COLUMNS, membership_scores, token_logprobs
-from gnq_core.pipelines.attack_defaults import DEFAULT_EXPOSURE_NODES
 from gnq_core.pipelines.secret_attack import DETECT, SecretAttack, attack_secrets, describe_rule
 from gnq_core.sources.tokens import pad_id
 
