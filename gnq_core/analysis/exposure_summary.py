@@ -18,6 +18,11 @@ VALUE_COLUMNS = ["kind", "value", "template", "copies", "exposure", "method", "r
                  "exposed", "leaked"]
 
 
+# a value's exposure columns as the Flagged texts' detail shows them (secret_attacks' names)
+EXPOSURE_SHOWN = ["exposure", "exposure_method", "exposure_rank", "exposure_template", "reference_exposure",
+                  "exposure_null_p99", "exposed", "value_copies"]
+
+
 def exposure_summary(store: Store, run_id: int) -> dict[str, Any]:
     """{"values": per distinct value, "formats": per format its null and threshold, "exact_share":
     the share of values whose rank is exact, "estimated": how many were estimated}."""
