@@ -12,10 +12,11 @@ import math
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from gnq_core.analysis.exposure_summary import false_alarm
+from gnq_core.analysis.exposure_summary import exposure_summary, false_alarm
 from gnq_core.pipelines.exposure import (
     ESTIMATED,
     EXACT,
@@ -207,3 +208,63 @@ def test_trained_pins_stand_above_the_null_and_unseen_ones_do_not():
         scorer = PromptScorer(model, _prompt(tok, name), batch_size=64)
         brute = enumerate_rank(scorer, tok, ValueSpace(pin, (0, 1, 2, 3)), " ")
         assert brute.rank == first.loc[pin, "exposure_rank"]
+
+
+@pytest.mark.parametrize("count, said", [(2_000_000_000, "from 1 to 65,536"), (2, "at least 20"),
+                                         (0, "from 1 to 65,536")])
+def test_candidate_counts_exposure_cannot_use_are_refused_in_one_line(tmp_path, count, said):
+    """Too few random values cannot rank a value (one candidate beaten gave the ceiling); two
+    billion never finish: both refused before the store is opened."""
+    from typer.testing import CliRunner
+
+    from gnq_core.cli import app
+
+    db = tmp_path / "gnq.duckdb"
+    result = CliRunner().invoke(app, ["extract", "--run", "r", "--db", str(db),
+                                      "--secret-candidates", str(count)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "--secret-candidates" in lines[0] and said in lines[0]
+    assert not db.exists()
+
+
+def test_the_store_keeps_the_null_beside_the_values(tmp_path):
+    from test_store import _point, _run
+
+    from gnq_core.results.store import Store
+    from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
+
+    store = Store(tmp_path / "gnq.duckdb")
+    run = _run(store)
+    _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 4.0])
+    base = {c: None for c in SECRET_ATTACK_COLUMNS} | {
+        "secret_end": 4, "kind": "pin", "prompt_tokens": 3, "value_tokens": 1, "generated": "x", "chars": 4,
+        "chars_reproduced": 0, "reproduced": False, "extracted": False, "rule": "r",
+        "exposure_method": "exact",
+        "exposure_template": "####", "exposure_space_bits": math.log2(1e4), "exposure_null_p99": 6.64,
+        "value_copies": 2}
+    rows = pd.DataFrame([base | {"example_id": 0, "secret_start": 0, "value": "4821", "exposure": 13.29,
+                                 "exposure_rank": 1, "exposed": True, "reference_exposure": 1.0},
+                         base | {"example_id": 1, "secret_start": 0, "value": "4821", "exposure": 13.29,
+                                 "exposure_rank": 1, "exposed": True, "reference_exposure": 1.0},
+                         base | {"example_id": 2, "secret_start": 0, "value": "0007", "exposure": 0.5,
+                                 "exposure_rank": 7000, "exposed": False, "value_copies": 1}])
+    null = pd.DataFrame({"kind": "pin", "template": "####", "value": ["1111", "2222"],
+                         "prompt_example_id": 0,
+                         "exposure": [0.3, 2.0], "exposure_method": "exact", "exposure_rank": [8000, 2500],
+                         "exposure_nodes": 100, "exposure_fit": None})
+    store.write_secret_attacks(run.run_id, 0, rows, "test", null, "the rule")
+    values = store.secret_values(run.run_id)
+    assert values["value"].tolist() == ["4821", "0007"] and values["copies"].tolist() == [2, 1]
+    stored = store.secret_exposure_null(run.run_id)
+    assert stored["value"].tolist() == ["1111", "2222"] and (stored["rule"] == "the rule").all()
+    summary = exposure_summary(store, run.run_id)
+    assert summary["exact_share"] == 1.0 and summary["exposed"] == 1
+    (fmt,) = summary["formats"]
+    assert fmt["null_values"] == 2 and fmt["false_alarm_null"] == 0.0 and fmt["threshold"] == 6.64
+    totals = store.example_totals(run.run_id).set_index("example_id")
+    assert bool(totals.loc[0, "secret_exposed"]) and not bool(totals.loc[2, "secret_exposed"])
+    store.write_secret_attacks(run.run_id, 0, rows.iloc[2:], "test")  # a new attack replaces both
+    assert store.secret_exposure_null(run.run_id).empty
+    store.delete_run(run.run_id)
+    assert store.secret_values(run.run_id).empty
