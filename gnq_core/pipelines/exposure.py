@@ -165,9 +165,10 @@ class PromptScorer:
             chunk = paths[s: s + self.batch_size]
             logp, lengths = self._forward(chunk)
             for r, p in enumerate(chunk):
-                ids = torch.tensor(list(p), dtype=torch.long)
+                ids = torch.tensor(list(p), dtype=torch.long, device=logp.device)
                 first = self.root[ids[0]]
-                rest = logp[r, torch.arange(len(p) - 1), ids[1:]].sum() if len(p) > 1 else 0.0
+                steps = torch.arange(len(p) - 1, device=logp.device)
+                rest = logp[r, steps, ids[1:]].sum() if len(p) > 1 else 0.0
                 out.append(float(first + rest))
         return np.array(out, dtype=float)
 
