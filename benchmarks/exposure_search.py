@@ -9,7 +9,7 @@ the non-memorised value is another 6-digit code after the same prompt.  ``tiny``
 trained from scratch on the same record among filler texts.  Each value's exposure is measured
 as ``gnq extract`` measures it (pipelines/exposure.py) with the default node budget and with a
 larger one, timed; ``--store``: the exact share of the run's distinct values
-(``analysis.exposure_summary``).
+(``analysis.exposures``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 import torch
 
 from gnq_core.pipelines.attack_defaults import DEFAULT_EXPOSURE_NODES, DEFAULT_SECRET_CANDIDATES
-from gnq_core.pipelines.exposure import exposure, value_space
+from gnq_core.pipelines.exposure import exposure, token_strings, value_space
 
 from .common import write
 
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--store", default=None)
     parser.add_argument("--run", default="demo")
-    parser.add_argument("--budgets", default=f"{DEFAULT_EXPOSURE_NODES},65536")
+    parser.add_argument("--budgets", default=f"{DEFAULT_EXPOSURE_NODES}")
     args = parser.parse_args()
     torch.manual_seed(0)
     model, tok = _smollm2() if args.model == "smollm2" else _tiny()
@@ -84,7 +84,10 @@ def main() -> None:
     train_s = time.perf_counter() - t0
     model.eval()
     prompt = tok(PROMPT, add_special_tokens=False)["input_ids"]
-    rows = []
+    rows: list[dict] = []
+    payload = {"model": args.model, "tokens_of_the_code": tok.tokenize(" " + MEMORISED),
+               "fine_tune_steps_to_write_it": steps, "fine_tune_seconds": round(train_s, 1), "values": rows}
+    token_strings(tok)  # decoded once per tokenizer (an attack does it once), not part of a value's time
     for budget in (int(b) for b in args.budgets.split(",")):
         for label, value in (("memorised", MEMORISED), ("not memorised", OTHER)):
             space = value_space(value, "pin", set())
@@ -97,10 +100,9 @@ def main() -> None:
                          "seconds": round(seconds, 2),
                          "seconds_per_node": round(seconds / max(got.nodes, 1), 5), "fit": got.fit})
             print(rows[-1], flush=True)
-    payload = {"model": args.model, "tokens_of_the_code": tok.tokenize(" " + MEMORISED),
-               "fine_tune_steps_to_write_it": steps, "fine_tune_seconds": round(train_s, 1), "values": rows}
+            write(f"exposure_search-{args.model}", payload)  # each value as it is measured
     if args.store:
-        from gnq_core.analysis.exposure_summary import exposure_summary
+        from gnq_core.analysis.exposures import exposure_summary
         from gnq_core.results.store import Store
 
         store = Store(args.store)

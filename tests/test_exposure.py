@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from gnq_core.analysis.exposure_summary import exposure_summary, false_alarm
+from gnq_core.analysis.exposures import exposure_summary, false_alarm
 from gnq_core.pipelines.exposure import (
     ESTIMATED,
     EXACT,
@@ -94,6 +94,7 @@ def test_budget_exhausted_gives_an_estimate_labelled_so():
     got = exposure(model, tok, _prompt(tok, "Anna Berg"), " ", space, budget=50, n_candidates=64, seed=1)
     assert got.method == ESTIMATED and got.rank is None and got.candidates == 64
     assert 0.0 <= got.bits <= space.bits and "random values" in got.fit
+    assert got.nodes == 64 and "no search" in got.fit  # its rank is far beyond 50 nodes: not searched
     exact = exposure(model, tok, _prompt(tok, "Anna Berg"), " ", value_space("1234", "pin", set()),
                      budget=10 ** 6)
     assert exact.method == EXACT and exact.rank >= 1 and exact.candidates is None
@@ -182,7 +183,7 @@ def test_trained_pins_stand_above_the_null_and_unseen_ones_do_not():
             [TEMPLATE.format(n, p) for n, p in unseen]
         ids = [tok(t, add_special_tokens=False)["input_ids"] for t in audited]
         got = attack_secrets(model, tok, audited, list(range(len(audited))), ids, reference=reference,
-                             seed=7, max_length=64)
+                             seed=7, max_length=64, search_nodes=4096)
     finally:
         torch.set_default_dtype(previous)
     rows, null = got.rows, got.null

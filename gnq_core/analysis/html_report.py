@@ -28,7 +28,7 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import run_report
-from gnq_core.analysis.exposure_summary import null_sentence, values_table
+from gnq_core.analysis.exposures import null_sentence, values_table
 from gnq_core.analysis.findings import summary, texts_table_html
 from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.analysis.predictive_figures import roc_figure

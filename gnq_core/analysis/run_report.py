@@ -25,7 +25,7 @@ from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import gnq_nature
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.counts import run_counts
-from gnq_core.analysis.exposure_summary import exposure_summary
+from gnq_core.analysis.exposures import exposure_summary
 from gnq_core.analysis.findings import summary
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts, risk_basis
@@ -51,7 +51,7 @@ class RunReport:
     level: float = pr.LEVEL
     counts: dict[str, Any] = field(default_factory=dict)  # analysis.counts: the pages' numbers
     summary: str = ""                # findings.summary: the pages' headline
-    exposure: dict = field(default_factory=dict)  # analysis.exposure_summary: per distinct secret value
+    exposure: dict = field(default_factory=dict)  # analysis.exposures: per distinct secret value
     generated: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def to_json(self) -> dict[str, Any]:

@@ -18,6 +18,8 @@ PROTOCOL_PRESETS = {"12/8": (DEFAULT_PREFIX, DEFAULT_SUFFIX), "32/32": (32, 32),
 DEFAULT_SECRET_CANDIDATES = 128
 MIN_SECRET_CANDIDATES, MAX_SECRET_CANDIDATES = 20, 65_536
 # Token prefixes the exact-rank search may expand per value before the estimate takes over,
-# --exposure-nodes (benchmarks/exposure_search.py measures a node's cost).
-DEFAULT_EXPOSURE_NODES = 4096
+# --exposure-nodes.  benchmarks/exposure_search.py on SmolLM2-135M, CPU (2 busy cores): a memorised
+# 6-digit value is ranked exactly in 14 nodes (4 s), a node costs ~0.11 s; 1,024 nodes bound a
+# value's search near 2 minutes there, ~30× what a memorised 16-digit card needs (2 per digit).
+DEFAULT_EXPOSURE_NODES = 1024
 MAX_EXPOSURE_NODES = 10_000_000

@@ -203,10 +203,12 @@ def _tail(between: str, value: str, tokenizer) -> list[int]:
 
 
 def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str,
-                budget: int) -> Ranked | None:
+                budget: int, least_rank: int = 1) -> Ranked | None:
     """The true value's exact rank in its space by the pruned best-first search (module
     docstring); None when this tokenizer's tokens do not decode one by one to the tail's
-    characters (the search cannot tell which values a path spells)."""
+    characters (the search cannot tell which values a path spells).  ``least_rank``: a lower
+    bound on the rank; when even it needs more nodes than ``budget`` (an expansion completes at
+    most as many values as tokens fit there), nothing is searched (``rank`` None, 0 nodes)."""
     text = between + space.value
     true_ids = _tail(between, space.value, tokenizer)
     strings = token_strings(tokenizer)
@@ -227,6 +229,8 @@ def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str
     alphabet = set(text) | set(DIGITS)
     pool = [(i, s) for i, s in enumerate(strings) if s and set(s) <= alphabet]
     fitting = [[(i, len(s)) for i, s in pool if fits(s, pos)] for pos in range(len(text))]
+    if least_rank - 1 > budget * max(len(f) for f in fitting):
+        return Ranked(None, 0, 0, float("nan"))
     # the true value's score, accumulated token by token exactly as the search accumulates it
     prefixes = [true_ids[:k] for k in range(len(true_ids))]
     steps = scorer.next_logprobs(prefixes)
@@ -305,18 +309,38 @@ def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: Value
     enumerating a space within ``budget``) finishes, else estimated from ``n_candidates``."""
     try:
         scorer = PromptScorer(model, prompt, batch_size, device)
-        ranked = search_rank(scorer, tokenizer, space, between, budget)
+        true, others = _sample(scorer, tokenizer, space, between, n_candidates, seed)
+        ranked = search_rank(scorer, tokenizer, space, between, budget, _least_rank(true, others, space.size))
         if ranked is None and space.size <= budget:
             ranked = enumerate_rank(scorer, tokenizer, space, between)
         if ranked is not None and ranked.rank is not None:
             return Exposure(space.bits - math.log2(ranked.rank), EXACT, ranked.rank, ranked.nodes, None, None)
-        return _estimate(scorer, tokenizer, space, between, ranked, n_candidates, seed)
+        bits, fit = estimate_bits(true, others, space.bits)
+        if ranked is not None and ranked.nodes == 0:
+            fit += f"; no search: the sample puts its rank beyond what {budget} nodes can reach"
+        elif ranked is not None:  # the search already saw ``found`` values at least as likely
+            bits = min(bits, space.bits - math.log2(ranked.found + 1))
+            fit += f"; at most what the {ranked.found} values the search found at least as likely allow"
+        return Exposure(max(0.0, bits), ESTIMATED, None, (ranked.nodes if ranked else 0) + len(others) + 1,
+                        len(others) + 1, fit)
     except NonFinite:
         return Exposure(None, None, None, 0, None, None)
 
 
-def _estimate(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str, ranked: Ranked | None,
-              n_candidates: int, seed: int) -> Exposure:
+def _least_rank(true: float, others: np.ndarray, size: int) -> int:
+    """A 99 % lower bound on the value's rank from the share of random values at least as likely
+    (Clopper–Pearson): the search is not started when even this is out of its reach."""
+    from scipy import stats
+
+    k, n = int((others >= true).sum()), len(others)
+    if k == 0:
+        return 1
+    return 1 + int(float(stats.beta.ppf(0.01, k, n - k + 1)) * (size - 1))
+
+
+def _sample(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str, n_candidates: int,
+            seed: int) -> tuple[float, np.ndarray]:
+    """(the value's score, those of ``n_candidates`` − 1 distinct random values of its space)."""
     rng = random.Random(seed)
     n = int(min(max(n_candidates, MIN_CANDIDATES), space.size - 1))
     seen, others = {space.value}, []
@@ -328,12 +352,7 @@ def _estimate(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str, 
     scores = scorer.scores([_tail(between, v, tokenizer) for v in [space.value, *others]])
     if not np.isfinite(scores).all():
         raise NonFinite("a log-likelihood is not finite")
-    bits, fit = estimate_bits(float(scores[0]), scores[1:], space.bits)
-    if ranked is not None:  # the search already saw ``found`` values at least as likely
-        bits = min(bits, space.bits - math.log2(ranked.found + 1))
-        fit += f"; at most what the {ranked.found} values the search found at least as likely allow"
-    return Exposure(max(0.0, bits), ESTIMATED, None, (ranked.nodes if ranked else 0) + len(scores),
-                    len(scores), fit)
+    return float(scores[0]), scores[1:]
 
 
 def estimate_bits(true: float, others: np.ndarray, ceiling: float) -> tuple[float, str]:
