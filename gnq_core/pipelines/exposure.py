@@ -320,7 +320,9 @@ def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: Value
             fit += f"; no search: the sample puts its rank beyond what {budget} nodes can reach"
         elif ranked is not None:  # the search already saw ``found`` values at least as likely
             bits = min(bits, space.bits - math.log2(ranked.found + 1))
-            fit += f"; at most what the {ranked.found} values the search found at least as likely allow"
+            fit += f"; the exact search ran out of its {budget} nodes"
+            if ranked.found:
+                fit += f" after {ranked.found} values at least as likely (the cap they put on it)"
         return Exposure(max(0.0, bits), ESTIMATED, None, (ranked.nodes if ranked else 0) + len(others) + 1,
                         len(others) + 1, fit)
     except NonFinite:
