@@ -45,6 +45,7 @@ from gnq_core.sources.secrets import luhn_ok
 EXACT, ESTIMATED = "exact", "estimated"
 MIN_FREE_DIGITS = 3  # fewer free digits (a space under 1,000 values): no exposure is measured
 DIGITS = "0123456789"
+PROBE_NODES = 64  # the search tried first, before any random value is scored
 
 
 @dataclass(frozen=True)
@@ -309,15 +310,25 @@ def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: Value
     enumerating a space within ``budget``) finishes, else estimated from ``n_candidates``."""
     try:
         scorer = PromptScorer(model, prompt, batch_size, device)
+        # a memorised value is ranked within a few nodes: no random values needed
+        probe = search_rank(scorer, tokenizer, space, between, min(budget, PROBE_NODES))
+        if probe is not None and probe.rank is not None:
+            return Exposure(space.bits - math.log2(probe.rank), EXACT, probe.rank, probe.nodes, None, None)
         true, others = _sample(scorer, tokenizer, space, between, n_candidates, seed)
-        ranked = search_rank(scorer, tokenizer, space, between, budget, _least_rank(true, others, space.size))
+        ranked = probe
+        if probe is not None and budget > PROBE_NODES:
+            least = _least_rank(true, others, space.size)
+            ranked = search_rank(scorer, tokenizer, space, between, budget, least)
+            ranked = probe if ranked.nodes == 0 else ranked
         if ranked is None and space.size <= budget:
             ranked = enumerate_rank(scorer, tokenizer, space, between)
         if ranked is not None and ranked.rank is not None:
             return Exposure(space.bits - math.log2(ranked.rank), EXACT, ranked.rank, ranked.nodes, None, None)
         bits, fit = estimate_bits(true, others, space.bits)
-        if ranked is not None and ranked.nodes == 0:
-            fit += f"; no search: the sample puts its rank beyond what {budget} nodes can reach"
+        if ranked is probe and probe is not None and budget > PROBE_NODES:
+            bits = min(bits, space.bits - math.log2(probe.found + 1))
+            fit += (f"; the exact search stopped after {probe.nodes} nodes: the sample puts the rank beyond "
+                    f"what {budget} nodes can reach")
         elif ranked is not None:  # the search already saw ``found`` values at least as likely
             bits = min(bits, space.bits - math.log2(ranked.found + 1))
             fit += f"; the exact search ran out of its {budget} nodes"
