@@ -138,6 +138,9 @@ def test_estimate_ranks_past_the_sample_and_stays_below_its_ceiling():
     assert estimate_bits(50.0, cands, math.log2(10 ** 4))[0] == pytest.approx(math.log2(10 ** 4))
     assert "skew-normal" in estimate_bits(50.0, cands, 20.0)[1]
     assert "sampled share" in estimate_bits(0.0, cands, 20.0)[1]
+    # random values without spread: the sampled bound log2 128, not an extrapolation to the ceiling
+    bits, how = estimate_bits(5.0, np.zeros(127), 20.0)
+    assert bits == pytest.approx(7.0) and how.startswith("sampled share: 1 of 128")
 
 
 def test_null_threshold_and_false_alarm():

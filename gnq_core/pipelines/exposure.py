@@ -377,7 +377,7 @@ def estimate_bits(true: float, others: np.ndarray, ceiling: float) -> tuple[floa
 
     others = np.asarray(others, dtype=float)
     beaten = int((others >= true).sum())
-    if beaten or len(others) < 3:
+    if beaten or len(others) < 3 or float(others.std()) == 0.0:  # nothing to extrapolate from
         share = (beaten + 1) / (len(others) + 1)
         how = f"sampled share: {beaten + 1} of {len(others) + 1} random values at least as likely"
     else:
