@@ -15,10 +15,14 @@ number of other values of the space at least as likely, exposure = log2 |space| 
   canonical tokenisation (each value once).  This holds for any tokenizer whose tokens decode
   one by one to their characters (checked on the true value; otherwise, enumeration when the
   space fits the budget).  A memorised value is found after few nodes.
-* **Estimate** beyond the node budget: ``n`` random values of the space are scored; their
-  sampled share when some beat the value, else a skew-normal fitted to their scores (by its
-  moments) gives the share of the space at least as likely, capped by what the search already
-  found.  Labelled ``estimated``, with its fit.
+* **Order of work**: the search runs first with ``PROBE_NODES`` (a memorised value is ranked in
+  about two nodes per digit); if it does not finish, ``n`` random values of the space are
+  scored, and the search resumes with the whole node budget only when a 99 % lower bound on
+  the rank from that sample is within its reach (a non-memorised 6-digit value would spend the
+  budget and end estimated anyway).
+* **Estimate** otherwise: the random values' sampled share when some beat the value, else a
+  skew-normal fitted to their scores (by its moments) gives the share of the space at least as
+  likely, capped by what the search already found.  Labelled ``estimated``, with its fit.
 
 Scores are computed after one forward of the prompt whose KV cache every candidate shares.
 Non-finite scores give no exposure (missing), never the ceiling.
