@@ -25,7 +25,8 @@ EXPOSURE_SHOWN = ["exposure", "exposure_method", "exposure_rank", "exposure_temp
 
 def exposure_summary(store: Store, run_id: int) -> dict[str, Any]:
     """{"values": per distinct value, "formats": per format its null and threshold, "exact_share":
-    the share of values whose rank is exact, "estimated": how many were estimated}."""
+    the share of the measured values whose rank is exact, "estimated": how many were estimated,
+    "not_measured": values whose likelihoods were not finite}."""
     values = store.secret_values(run_id).reindex(columns=VALUE_COLUMNS)
     null = store.secret_exposure_null(run_id)
     formats = []
@@ -42,7 +43,7 @@ def exposure_summary(store: Store, run_id: int) -> dict[str, Any]:
     measured = values["method"].notna()
     exact = int((values["method"] == "exact").sum())
     return {"values": values.to_dict(orient="records"), "formats": formats,
-            "distinct_values": int(measured.sum()), "exact": exact,
+            "distinct_values": len(values), "not_measured": int((~measured).sum()), "exact": exact,
             "estimated": int((values["method"] == "estimated").sum()),
             "exact_share": exact / int(measured.sum()) if measured.any() else None,
             "exposed": int(values["exposed"].fillna(False).astype(bool).sum())}

@@ -263,7 +263,7 @@ def _exposure(summary: dict) -> list[str]:
             "<p class='caption'>One row per distinct value (copies share it). Exposure = log2 of the "
             "value's space (its free digits, the format's other characters kept) − log2 of its rank there "
             "by the audited model's likelihood; the reference model's beside it. "
-            f"{summary['exact']} of {summary['distinct_values']} ranks exact"
+            f"{summary['exact']} of {summary['exact'] + summary['estimated']} ranks exact"
             + (f" ({share:.0%}); the others estimated from random values (their fit in the JSON)"
                if share is not None and summary["estimated"] else "")
             + ". Exposed (above the never-trained null's 99th percentile and above the reference): "

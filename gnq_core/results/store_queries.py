@@ -219,9 +219,10 @@ class StoreQueries:
         return self._rows_of("secret_exposure_null", run_id, None, "kind, template, value")
 
     def secret_values(self, run_id: int) -> pd.DataFrame:
-        """One row per distinct secret value the attack measured (kind, value): its exposure
-        under the audited and the reference model, rank, method, copies and its format's null
-        threshold (every copy carries the same numbers; the first occurrence's row)."""
+        """One row per distinct secret value with an exposure space (kind, value): its exposure
+        under the audited and the reference model, rank, method (NULL: not measurable), copies
+        and its format's null threshold (every copy carries the same numbers; the first
+        occurrence's row)."""
         return self._query("""
             SELECT kind, value, exposure_template AS template, value_copies AS copies, exposure,
                    exposure_method AS method, exposure_rank AS rank, exposure_space_bits AS space_bits,
@@ -229,7 +230,7 @@ class StoreQueries:
                    reference_exposure, reference_exposure_method AS reference_method,
                    reference_exposure_rank AS reference_rank, exposure_null_p99 AS null_p99, exposed,
                    bool_or(extracted) OVER (PARTITION BY kind, value) AS leaked
-            FROM secret_attacks WHERE run_id = ? AND exposure_method IS NOT NULL
+            FROM secret_attacks WHERE run_id = ? AND exposure_template IS NOT NULL
             QUALIFY row_number() OVER (PARTITION BY kind, value ORDER BY example_id, secret_start) = 1
             ORDER BY exposure DESC NULLS LAST, kind, value""", [run_id])
 
