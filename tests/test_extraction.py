@@ -127,11 +127,11 @@ class ConstantLM(torch.nn.Module):
         self.vocab, self.token = vocab, token
         self.dummy = torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache=False, **kwargs):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None,
+                use_cache=False, **kwargs):  # transformers 5's names: `cache`, not `past_key_values`
         logits = torch.zeros(*input_ids.shape, self.vocab)
         logits[..., self.token] = 1.0
-        return SimpleNamespace(logits=logits, past_key_values=None)
+        return SimpleNamespace(logits=logits, cache=None)
 
 
 def test_skipping_threshold_and_progress():

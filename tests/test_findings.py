@@ -40,8 +40,12 @@ def test_each_status_gets_its_action():
     assert "change it" in action(by_id.loc[0])
     assert action(by_id.loc[1]).startswith("Deduplicate: keep at most one of its 3 copies")
     assert "no retraining needed" in action(by_id.loc[4])
-    assert "retrain soon" in action(by_id.loc[4].copy().rename(None).to_frame().T.assign(
-        secret_exposure=6.0).iloc[0])
+    ranked_high = by_id.loc[4].copy().rename(None).to_frame().T.assign(secret_exposure=9.0)
+    # only a value above the run's null and the reference calls for retraining, whatever its bits
+    assert "retrain soon" in action(ranked_high.assign(secret_exposed=True).iloc[0])
+    estimated = ranked_high.assign(secret_exposed=True, secret_exposure_estimated=True).iloc[0]
+    assert "(estimated)" in action(estimated)
+    assert "retrain soon" not in action(ranked_high.assign(secret_exposed=False).iloc[0])
     assert action(by_id.loc[5]) == "Nothing to do."
 
 

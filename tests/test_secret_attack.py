@@ -11,11 +11,9 @@ none of the secret's characters, are not.
 
 from __future__ import annotations
 
-import math
 import random
 import shutil
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -23,10 +21,10 @@ from cli_helpers import gnq
 from scenario_data import card, scenario
 
 from gnq_core.analysis.verdict import rank_texts
-from gnq_core.pipelines.secret_attack import chars_reproduced, random_candidates, secret_targets
+from gnq_core.pipelines.secret_attack import chars_reproduced, secret_targets
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints.load import load_checkpoint
-from gnq_core.sources.secrets import find_secrets, luhn_ok
+from gnq_core.sources.secrets import find_secrets
 
 COMMON = ["--batch-size", 8, "--max-length", 40, "--threads", 1, "--quiet"]
 
@@ -116,11 +114,14 @@ def test_planted_secrets_the_model_writes_are_marked_and_unseen_ones_are_not(aud
     for i in unseen:  # never trained on: the generated window holds (almost) none of its characters
         assert not written[i][0] and not totals.loc[i, "secret_reproduced"]
     assert totals.loc[data["group"] == "filler", "secret_reproduced"].isna().all()
-    # exposure: a written-out PIN / card / phone beats every random value of its format
+    # exposure: a written-out PIN / card / phone ranks first among the values of its space (exact),
+    # or its estimate goes past log2 N = 7 bits, where a sampled rank stops
     digits = rows.loc[[i for i in planted if written[i][0]]].query("kind in ['pin', 'card number', 'phone']")
-    # (the estimate goes past log2 N = 7 bits, where the sampled rank stops)
-    assert len(digits) and (digits["exposure_rank"] == 1).all() and (digits["exposure"] > 5).all()
+    assert len(digits) and (digits["exposure"] > 5).all()
+    exact = digits["exposure_method"] == "exact"
+    assert (digits.loc[exact, "exposure_rank"] == 1).all()
     assert rows.loc[unseen, "exposure"].dropna().lt(7).all()
+    assert rows.loc[unseen, "exposed"].dropna().eq(False).all()
     # the rule is recorded in the rows and in the run's settings; the verdict uses the secret
     assert rows["rule"].str.startswith("secret reproduced = prompted with the text up to").all()
     # the run records its model's and dataset's sha256 (an audit: its latest checkpoint's weights)
@@ -157,14 +158,6 @@ def test_value_tokens_and_characters():
     assert secret_targets(tok, [text], [7], [ids[:5]]) == []
 
 
-def test_random_candidates_keep_the_format():
-    rng = random.Random(0)
-    cands = random_candidates("4111 1111 1111 1111", "card number", 50, rng)
-    assert len(set(cands)) == 50 and "4111 1111 1111 1111" not in cands
-    assert all(luhn_ok(c.replace(" ", "")) and c[4] == " " for c in cands)
-    assert len(random_candidates("12", "pin", 500, rng)) == 99  # the format holds only 100 values
-
-
 def test_a_text_window_without_the_secret_is_not_a_leak():
     """" card 4539 14" coming out of the text attack's window is not the card number leaking."""
     base = {"text": "x", "copies": 1, "attack_prefix_tokens": 12, "attack_suffix_tokens": 8,
@@ -186,24 +179,6 @@ def test_a_text_window_without_the_secret_is_not_a_leak():
     assert ranked.loc[1, "reason"].startswith("leaked: prompted with the text up to it, the model writes the "
                                               "card-number-like string (16 of 16 characters)")
     assert ranked.loc[1, "rank"] < ranked.loc[0, "rank"]
-
-
-def test_exposure_estimate_ranks_past_the_sample_and_stays_below_its_ceiling():
-    """Carlini et al.'s analytic exposure: with standard-normal candidate scores, a true score z
-    has exposure ≈ −log2 P(Z ≥ z); the sampled bound would say log2 128 = 7 bits for all of them."""
-    from scipy import stats
-
-    from gnq_core.pipelines.secret_attack import estimated_exposure, format_size
-
-    rng = np.random.default_rng(0)
-    cands = rng.standard_normal(127)
-    got = [estimated_exposure(z, cands, 10 ** 16) for z in (-3.0, 0.0, 3.0, 4.0, 5.0)]
-    assert got == sorted(got) and got[0] < 0.1 and got[1] == pytest.approx(1.0, abs=0.5)
-    assert got[2] == pytest.approx(-math.log2(stats.norm.sf(3.0)), abs=1.5) and got[2] > 7
-    assert got[4] > got[3] > got[2]  # all above every candidate, still ranked
-    assert estimated_exposure(50.0, cands, 10 ** 4) == pytest.approx(math.log2(10 ** 4))  # the ceiling
-    assert format_size("4111 1111 1111 1111", "card number") == 10 ** 15  # the check digit is fixed
-    assert format_size("4929 1830 5527 6614", "card number") == 10 ** 16  # fails Luhn: not fixed
 
 
 def test_characters_the_format_explains_are_not_a_partial_leak():

@@ -23,6 +23,7 @@ Then the counts: the Runs page's headline and tile, the Flagged texts filter, ``
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -123,11 +124,16 @@ def test_each_record_gets_the_status_its_secret_earns(audited):
     assert row["public"]["status"] == PUBLIC and pd.isna(row["public"]["secret"])
     assert ids["public"] not in rows.index  # nothing private in it: not probed
 
-    # every value of a text probed, each once; exposure ranks below its ceiling (53 bits for a card)
+    # every value of a text probed, each once; the card the model writes out ranks first among the
+    # values of its space (its free digits), found by the exact search or estimated from 64 values
     assert set(rows.index) >= {ids["written"], ids["partly"], ids["window"], ids["label"]}
     card = rows.loc[ids["label"]]
-    assert card["exposure_candidates"] == 64 and card["exposure_rank"] == 1
-    assert 6.0 <= card["exposure"] < 53.0
+    assert card["exposure"] <= card["exposure_space_bits"] <= math.log2(10 ** 16)
+    if card["exposure_method"] == "exact":
+        assert card["exposure_rank"] == 1 and card["exposure"] == pytest.approx(card["exposure_space_bits"])
+    else:
+        assert card["exposure_method"] == "estimated" and card["exposure_candidates"] == 64
+        assert card["exposure"] >= 6.0
 
 
 def test_every_surface_states_the_same_numbers(audited, monkeypatch):

@@ -10,7 +10,14 @@ import streamlit as st
 
 from app import charts, show, state
 from app.columns import column_config
-from gnq_core.analysis import COLUMN_HELP, action, nearest_by_trajectory, token_alignment, value_outcome
+from gnq_core.analysis import (
+    COLUMN_HELP,
+    EXPOSURE_SHOWN,
+    action,
+    nearest_by_trajectory,
+    token_alignment,
+    value_outcome,
+)
 
 # The record's numbers after its rank: (label, column, format); help from COLUMN_HELP where it has one.
 METRICS = (("Risk", "risk", ".2f"), ("GNQ_total", "gnq_total", ".3g"),
@@ -116,16 +123,22 @@ if not secrets.empty:
     secrets = secrets.assign(outcome=[value_outcome(r.extracted, r.chars, r.chars_reproduced,
                                                     r.reference_chars_reproduced, r.novel_chars_reproduced)
                                       for r in secrets.itertuples()])
+    secrets = secrets.reindex(columns=[*secrets.columns, *[c for c in EXPOSURE_SHOWN if c not in secrets]])
     st.dataframe(secrets[["kind", "value", "outcome", "generated", "chars", "chars_reproduced",
-                          "reference_generated", "reference_chars_reproduced", "exposure", "exposure_rank",
-                          "exposure_candidates"]],
+                          "reference_generated", "reference_chars_reproduced", *EXPOSURE_SHOWN]],
                  hide_index=True, width="stretch",
                  column_config={"generated": "the model wrote", "chars_reproduced": "characters reproduced",
                                 "reference_generated": "the reference wrote",
                                 "reference_chars_reproduced": "reference: characters",
-                                "exposure_rank": "rank among them",
                                 "exposure": st.column_config.NumberColumn("exposure (bits)", format="%.1f"),
-                                "exposure_candidates": "N random values"})
+                                "exposure_method": "rank: exact or estimated",
+                                "exposure_rank": "rank in its space",
+                                "exposure_template": "its format (# free)",
+                                "reference_exposure": st.column_config.NumberColumn("reference (bits)",
+                                                                                   format="%.1f"),
+                                "exposure_null_p99": st.column_config.NumberColumn(
+                                    "never-trained 99th pct (bits)", format="%.1f"),
+                                "value_copies": "copies of the value"})
 
 st.subheader("Nearest neighbours by GNQ trajectory")
 traj = state.trajectories(db, run.run_id, version, None)

@@ -21,6 +21,8 @@ from gnq_core.pipelines import (
     DEFAULT_SECRET_CANDIDATES,
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
+    MAX_SECRET_CANDIDATES,
+    MIN_SECRET_CANDIDATES,
     AuditJob,
     AuditSettings,
     ExtractJob,
@@ -346,10 +348,12 @@ with st.form("settings"):
                             placeholder="one regular expression a line, e.g. REF-(\\d{5})",
                             help="Values to treat as secret (--secret-pattern): the first group, else the "
                                  "whole match, is the value.")
-    candidates = c4.number_input("Secret candidates", min_value=1, value=DEFAULT_SECRET_CANDIDATES, step=16,
-                                 key="secret_candidates",
-                                 help="Random values of each digit secret's format scored beside it; its "
-                                      "exposure is estimated from their likelihoods (--secret-candidates).")
+    candidates = c4.number_input("Secret candidates", min_value=1, max_value=MAX_SECRET_CANDIDATES,
+                                 value=DEFAULT_SECRET_CANDIDATES, step=16, key="secret_candidates",
+                                 help="Random values of a digit secret's space scored beside it when its "
+                                      "exact rank is out of reach; its exposure is then estimated from their "
+                                      f"likelihoods (--secret-candidates; 1: no exposure, else at least "
+                                      f"{MIN_SECRET_CANDIDATES}).")
     threads = c2.number_input("CPU threads", min_value=1, value=default_threads(), step=1, key="threads",
                               help="torch CPU threads of the job (the CLI's --threads). The default is the "
                                    "cores idle when the page opened; 1 is best when other jobs share the "

@@ -7,7 +7,16 @@ import streamlit as st
 
 from app import charts, show, state
 from app.jobs_view import job_panel
-from gnq_core.analysis import LEAKED, PARTLY, gnq_nature, run_counts, summary
+from gnq_core.analysis import (
+    LEAKED,
+    PARTLY,
+    exposure_summary,
+    gnq_nature,
+    null_sentence,
+    run_counts,
+    summary,
+    values_table,
+)
 from gnq_core.pipelines import DemoJob, list_jobs, start_job
 
 LEAKED_STATUSES = (LEAKED, PARTLY)
@@ -39,6 +48,22 @@ def leaked_texts(run) -> None:
         show.table(leaked[["text", "status", "reason", "copies", "secret", "example_id"]], "runs_leaked")
 
 
+def secret_exposure(run) -> None:
+    """Each distinct secret value's exposure beside the reference's and its format's null."""
+    said = exposure_summary(state.store(), run.run_id)
+    if not said["values"]:
+        return
+    estimated = f", {said['estimated']} estimated" if said["estimated"] else ""
+    with st.expander(f"Secret values: exposure ({said['distinct_values']} distinct, {said['exact']} exact"
+                     f"{estimated}; {said['exposed']} exposed)"):
+        st.caption("Exposure = log2 of the value's space (its free digits) − log2 of its rank there by the "
+                   "model's likelihood; exposed = above the never-trained null's 99th percentile and above "
+                   "the reference model.")
+        st.dataframe(values_table(said), hide_index=True, width="stretch")
+        for fmt in said["formats"]:
+            st.caption(state.plain(null_sentence(fmt)))
+
+
 st.title("Runs")
 if any(j.run == "demo" and j.alive() for j in list_jobs(state.db_path())):
     # The demo job is writing the store: show its progress from the job's own file, without
@@ -51,6 +76,7 @@ run = state.sidebar()
 frame = state.runs()
 if run is not None:
     leaked_texts(run)
+    secret_exposure(run)
 
 if frame.empty:
     st.markdown("This store has no runs yet. The **demo** trains a tiny GPT-2 on the project's own "

@@ -27,7 +27,6 @@ import pandas as pd
 from gnq_core.analysis.counts import RunCounts, by_record, run_counts
 from gnq_core.analysis.verdict import LEAKED, PARTLY, PUBLIC, REPRODUCED, SECRET, _secret_words, written_part
 
-HIGH_EXPOSURE = 4.0  # bits: the value ranks above 15 of 16 random values of its format
 GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "example_ids", "reason_short", "reason",
                  "action", "rank"]
 
@@ -61,14 +60,20 @@ def action(row: pd.Series) -> str:
         return ("Remove it if it is private, then retrain: the model writes it. If it is public, mark it so "
                 "(--public-column) and nothing is needed.")
     if status == SECRET:
-        if pd.notna(exposure) and float(exposure) >= HIGH_EXPOSURE:
+        if pd.notna(exposure) and _yes(row.get("secret_exposed")):
+            how = " (estimated)" if _yes(row.get("secret_exposure_estimated")) else ""
             return (f"Scrub {what}{span} and retrain soon: the model does not write it yet, but ranks it "
-                    f"above most random values of its format (exposure {float(exposure):.1f} bits).{dedupe}")
+                    f"above most values of its format (exposure {float(exposure):.1f} bits{how}), beyond "
+                    f"never-trained values and the reference model.{dedupe}")
         return (f"Scrub {what}{span} before the next training; no retraining needed for it now: the model "
                 f"does not write it.{dedupe}")
     if status == "at risk" and copies > 1:
         return f"Deduplicate its {copies} copies before the next training; no retraining needed now."
     return "Nothing to do."
+
+
+def _yes(value: object) -> bool:
+    return bool(pd.notna(value) and bool(value))
 
 
 def grouped(ranked: pd.DataFrame) -> pd.DataFrame:

@@ -28,6 +28,7 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import run_report
+from gnq_core.analysis.exposures import null_sentence, values_table
 from gnq_core.analysis.findings import summary, texts_table_html
 from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.analysis.predictive_figures import roc_figure
@@ -97,6 +98,7 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              texts_table_html(ranked.head(top)) if "status" in ranked else _verdict_table(ranked.head(top)),
              "<h2>Which signal predicts extraction?</h2>", _predictive(data, attacks),
              _other_outcomes(data, plotly_loaded=_scorable(frame, attacks)),
+             *_exposure(data.exposure),
              f"<h2>Top {min(TEXTS_IN_FULL, len(distinct))} flagged texts in full</h2>",
              _texts_in_full(distinct.head(TEXTS_IN_FULL)),
              "<h2>What GNQ is on this run</h2>", _nature(data),
@@ -250,6 +252,25 @@ def _other_outcomes(data: run_report.RunReport, plotly_loaded: bool) -> str:
             parts.append(figure.to_html(full_html=False, include_plotlyjs=not plotly_loaded,
                                         config={"displaylogo": False}))
     return "\n".join(parts)
+
+
+def _exposure(summary: dict) -> list[str]:
+    """The secret values' exposure and each format's null (none: no section)."""
+    if not summary.get("values"):
+        return []
+    e = html.escape
+    share = summary["exact_share"]
+    return ["<h2>Secret values: exposure</h2>",
+            "<p class='caption'>One row per distinct value (copies share it). Exposure = log2 of the "
+            "value's space (its free digits, the format's other characters kept) − log2 of its rank there "
+            "by the audited model's likelihood; the reference model's beside it. "
+            f"{summary['exact']} of {summary['exact'] + summary['estimated']} ranks exact"
+            + (f" ({share:.0%}); the others estimated from random values (their fit in the JSON)"
+               if share is not None and summary["estimated"] else "")
+            + ". Exposed (above the never-trained null's 99th percentile and above the reference): "
+              f"{summary['exposed']}.</p>",
+            _table(values_table(summary)),
+            *[f"<p class='caption'>Null — {e(null_sentence(f))}</p>" for f in summary["formats"]]]
 
 
 def _texts_in_full(top: pd.DataFrame) -> str:

@@ -25,6 +25,7 @@ from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import gnq_nature
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.counts import run_counts
+from gnq_core.analysis.exposures import exposure_summary
 from gnq_core.analysis.findings import summary
 from gnq_core.analysis.risk import RiskBasis, risk_components
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
@@ -51,6 +52,7 @@ class RunReport:
     level: float = pr.LEVEL
     counts: dict[str, Any] = field(default_factory=dict)  # analysis.counts: the pages' numbers
     summary: str = ""                # findings.summary: the pages' headline
+    exposure: dict = field(default_factory=dict)  # analysis.exposures: per distinct secret value
     generated: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def to_json(self) -> dict[str, Any]:
@@ -71,6 +73,7 @@ class RunReport:
                         "risk_ground_truth": self.risk.ground_truth, "risk_calibrated": self.risk.calibrated,
                         "summary": self.summary, "counts": self.counts},
             "record_gnq": self.records.to_dict(orient="records"),
+            "secret_exposure": self.exposure,
             "tables": [_row(r) for r in self.evidence.to_dict(orient="records")],
         })
 
@@ -173,7 +176,8 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
     return RunReport(run=run, provenance=provenance(store, run, attacks), frame=frame, evidence=table,
                      nature=nature, records=records, gnq_source=gnq_provenance(store, run), risk=basis,
                      resamples=resamples, seed=seed, counts=run_counts(totals).to_dict(),
-                     summary=summary(totals) if "status" in totals else "")
+                     summary=summary(totals) if "status" in totals else "",
+                     exposure=exposure_summary(store, run.run_id))
 
 
 def write_json(report: RunReport, out) -> None:

@@ -110,8 +110,13 @@ COLUMN_HELP: dict[str, str] = {
                     "counted).",
     "secret_chars_reproduced": "How many of them the audited model wrote at their place.",
     "reference_secret_chars_reproduced": "How many of them the reference model wrote.",
-    "secret_exposure": "Bits: log2 N − log2 rank of the value's likelihood among N random values of its "
-                       "format (digits only; log2 N = more likely than every other one).",
+    "secret_exposure": "Bits: log2 of the value's space (its free digits, the format's other characters "
+                       "kept) − log2 of its rank there by likelihood; the text's most exposed value (digits "
+                       "only; the ceiling = more likely than every other value of its space).",
+    "secret_exposed": "The value's exposure is above the 99th percentile of never-trained values of its "
+                      "format (the run's null) and above the reference model's exposure of it.",
+    "secret_exposure_estimated": "The rank behind the exposure was estimated from random values, not found "
+                                 "exactly (the search's node budget ran out).",
     "secret_generated": "What the audited model wrote where the secret-like value stands.",
     "loss_ratio": "Loss under the audited model / loss under the reference: 1 = learned no more than the "
                   "reference; 0.25 = loss 4× below it. Lower = more memorised.",
@@ -274,6 +279,19 @@ def _secret_words(row: pd.Series) -> str:
     return _SECRET_WORDS.get(first, "the secret").replace("a ", "the ", 1).replace("an ", "the ", 1)
 
 
+def _exposure_clause(row: pd.Series, exposure: object) -> str:
+    """"; exposure 13.3 bits (estimated), above never-trained values" for a measured value."""
+    if pd.isna(exposure):
+        return ""
+    how = " (estimated)" if _true(row.get("secret_exposure_estimated")) else ""
+    said = f"; exposure {float(exposure):.1f} bits over the values of its format{how}"
+    exposed = row.get("secret_exposed")
+    if pd.notna(exposed):
+        said += (", above never-trained values of its format and the reference model" if _true(exposed)
+                 else ", within what never-trained values or the reference model reach")
+    return said
+
+
 def _secret_attack(row: pd.Series) -> str:
     """The secret-targeted attack's outcome in words ('' when the text's secret was not attacked):
     the status's word first, then the most exposed value's characters, then how many values."""
@@ -283,7 +301,7 @@ def _secret_attack(row: pd.Series) -> str:
     what = _secret_words(row)
     ref_hits = row.get("reference_secret_chars_reproduced")
     exposure = row.get("secret_exposure")
-    exp = f"; exposure {exposure:.1f} bits among random values of its format" if pd.notna(exposure) else ""
+    exp = _exposure_clause(row, exposure)
     attacked = int(row["secret_values_attacked"]) if pd.notna(row.get("secret_values_attacked")) else 1
     leaked_n = int(row["secret_values_leaked"]) if pd.notna(row.get("secret_values_leaked")) else int(
         _true(row["secret_reproduced"]))

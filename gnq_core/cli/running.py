@@ -26,7 +26,7 @@ from gnq_core.cli._base import (
     console,
     user_errors,
 )
-from gnq_core.pipelines.attack_defaults import PROTOCOL_PRESETS
+from gnq_core.pipelines.attack_defaults import MAX_SECRET_CANDIDATES, MIN_SECRET_CANDIDATES, PROTOCOL_PRESETS
 from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
 
 
@@ -174,9 +174,14 @@ def extract(
                                        "also reproduces is not extracted."),
     batch_size: int = typer.Option(ExtractJob.batch_size, help="Texts decoded together."),
     secret_candidates: int = typer.Option(ExtractJob.secret_candidates,
-                                          help="Random values of each digit secret's format scored beside "
-                                               "it; its exposure is estimated from their likelihoods (1: "
-                                               "no exposure)."),
+                                          help="Random values of a digit secret's space scored beside it "
+                                               "when its exact rank is out of reach: its exposure is then "
+                                               "estimated from their likelihoods (1: no exposure; at "
+                                               f"least {MIN_SECRET_CANDIDATES}, at most "
+                                               f"{MAX_SECRET_CANDIDATES:,})."),
+    exposure_nodes: int = typer.Option(ExtractJob.exposure_nodes,
+                                       help="Token prefixes the exact-rank search of a digit secret may "
+                                            "expand before its exposure is estimated instead."),
     preset: str = typer.Option(None, show_default=False,
                                help="(p, s) of a protocol to compare with, instead of --prefix-tokens/"
                                     "--suffix-tokens: 12/8 (this tool's default), 32/32 (Pythia's "
@@ -200,7 +205,8 @@ def extract(
                         batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
                         reference=None if reference == "none" else reference,
                         non_members=str(non_members) if non_members else None,
-                        secret_candidates=secret_candidates, threads=threads), db, quiet)
+                        secret_candidates=secret_candidates, exposure_nodes=exposure_nodes, threads=threads),
+             db, quiet)
 
 
 @app.command()

@@ -6,7 +6,8 @@ from gnq_core._lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".attack_defaults": ("DEFAULT_ATTACK_BATCH", "DEFAULT_PREFIX", "DEFAULT_REFERENCE", "DEFAULT_SUFFIX",
-                         "DEFAULT_SECRET_CANDIDATES", "DEFAULT_THRESHOLD", "FIRST_CHECKPOINT"),
+                         "DEFAULT_SECRET_CANDIDATES", "DEFAULT_THRESHOLD", "FIRST_CHECKPOINT",
+                         "MAX_SECRET_CANDIDATES", "MIN_SECRET_CANDIDATES"),
     ".audit": ("run_audit",),
     ".companion_plan": ("check_companion_memory",),
     ".estimate": ("Estimate", "estimate_audit", "tokens_per_text"),

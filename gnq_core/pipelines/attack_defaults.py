@@ -11,6 +11,15 @@ DEFAULT_ATTACK_BATCH = 32  # texts decoded together
 # (p, s) of the protocols `gnq extract --preset` compares with: this tool's default, Pythia's
 # memorisation studies, Carlini et al.'s extraction benchmark.
 PROTOCOL_PRESETS = {"12/8": (DEFAULT_PREFIX, DEFAULT_SUFFIX), "32/32": (32, 32), "50/50": (50, 50)}
-# N: random values of a secret's format scored beside it; the exposure estimate is fitted to
-# their likelihoods (pipelines/secret_attack.py), --secret-candidates
+# N: random values of a secret's space scored beside it when its exact rank is out of reach; the
+# exposure estimate is fitted to their likelihoods (pipelines/exposure.py), --secret-candidates.
+# 1 turns exposure off; fewer than MIN cannot fit an estimate; more than MAX is refused (a space
+# smaller than N is scored whole instead).
 DEFAULT_SECRET_CANDIDATES = 128
+MIN_SECRET_CANDIDATES, MAX_SECRET_CANDIDATES = 20, 65_536
+# Token prefixes the exact-rank search may expand per value before the estimate takes over,
+# --exposure-nodes.  benchmarks/exposure_search.py on SmolLM2-135M, CPU (2 busy cores): a memorised
+# 6-digit value is ranked exactly in 14 nodes (4 s), a node costs ~0.11 s; 1,024 nodes bound a
+# value's search near 2 minutes there, ~30× what a memorised 16-digit card needs (2 per digit).
+DEFAULT_EXPOSURE_NODES = 1024
+MAX_EXPOSURE_NODES = 10_000_000

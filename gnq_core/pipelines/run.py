@@ -142,7 +142,8 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
         summary = run_extraction(store, info, checkpoint=job.checkpoint, prefix_tokens=job.prefix_tokens,
                                  suffix_tokens=job.suffix_tokens, threshold=job.threshold,
                                  reference=job.reference, batch_size=job.batch_size, device=job.device,
-                                 reporter=reporter, secret_candidates=job.secret_candidates)
+                                 reporter=reporter, secret_candidates=job.secret_candidates,
+                                 exposure_nodes=job.exposure_nodes)
     ensure_text_labels(store, info)
     said = [f"run {info.name!r}, {summary['label']}: {summary['attacked']} texts attacked "
             f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "

@@ -16,18 +16,20 @@ value's first character and greedy-decodes as many tokens as the value spans in 
 * ``novel_chars_reproduced`` — of the characters reproduced, those the value's format does not
   explain (``format_places``: where the run's other values of its kind mostly have another
   character); "partly leaked" needs 3 of them (results.store_schema.PARTLY_LEAKED_SQL).
-* ``exposure`` (Carlini et al. 2019, "The secret sharer") for values made only of digits and
-  separators (PIN, phone, card, SSN, account numbers, any labelled or declared digit value):
-  N − 1 random candidates of the same format (each digit drawn uniformly, separators kept; a
-  valid card number's last digit is its Luhn check digit) are scored by the audited model's
-  log-likelihood of the value after the same prompt; ``rank`` = 1 + the number of candidates at
-  least as likely as the true value, and exposure = log2 N − log2 rank while the sample can
-  measure the share (rank > 1).  Beyond it, for a value the model prefers to every candidate,
-  that bound saturates at log2 N (7 bits for N = 128) and cannot rank such values, so
-  ``exposure`` is the paper's analytic estimate (§4.3): a skew-normal fitted to the candidates'
-  log-likelihoods (by its moments) gives the share of *all* values of the format at least as
-  likely as the true one, exposure = −log2 of it (at least log2 N, at most log2 of the format's
-  size: 53 bits for a 16-digit card).  N is ``--secret-candidates``.
+* ``exposure`` (Carlini et al. 2019, "The secret sharer"; ``pipelines.exposure``) for values
+  made only of digits and separators (PIN, phone, card, SSN, account numbers, any labelled or
+  declared digit value), over the value's own randomness: its space is the values that redraw
+  its free digits (those the run's format does not fix, ``format_places``; a valid card number's
+  check digit follows from the others), every other character kept, so a Luhn-valid 16-digit
+  card number's ceiling is log2 10^15 = 49.8 bits and "+44 20 7946 ####" holds 10^4 values.
+  rank = the value's rank among *all* values of its space by the audited model's likelihood
+  after the same prompt, found exactly by a pruned search (``exposure_method`` 'exact') within
+  ``--exposure-nodes``, else estimated from ``--secret-candidates`` random values ('estimated',
+  its fit in ``exposure_fit``); exposure = log2 |space| − log2 rank.  One computation per
+  distinct value (its first occurrence's prompt; ``value_copies`` beside it), under the audited
+  and the reference model.  The run's null: for every format (kind and template), ``NULL_VALUES``
+  values the run does not hold, drawn in the same template and scored the same way after its
+  values' prompts; ``exposed`` = above the null's 99th percentile and above the reference.
 
 A value whose first character is in the text's first token (nothing to prompt with) or that
 ends beyond ``max_length`` tokens is not attackable and gets no row.
@@ -35,25 +37,22 @@ ends beyond ``max_length`` tokens is not attackable and gets no row.
 
 from __future__ import annotations
 
-import math
-import random
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from gnq_core.pipelines.attack_defaults import DEFAULT_SECRET_CANDIDATES as DEFAULT_CANDIDATES
 from gnq_core.pipelines.attacks.decode import greedy_decode
 from gnq_core.pipelines.attacks.forward import evaluating
+from gnq_core.pipelines.exposure import DEFAULT_SEARCH_NODES
+from gnq_core.pipelines.secret_exposure import NULL_COLUMNS, NULL_VALUES, Occurrence, Settings, run_exposures
 from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
-from gnq_core.sources.secrets import find_secrets, luhn_ok, values_from_json
+from gnq_core.sources.secrets import find_secrets, values_from_json
 from gnq_core.sources.tokens import pad_id
 
 MAX_SECRETS_PER_TEXT = 64   # every value of a text (a bound only against pathological texts)
-MIN_EXPOSURE_DIGITS = 3
 DETECT = False  # in ``stored_values``: no labels stored for this text, find its values now
 
 
@@ -69,12 +68,25 @@ class SecretTarget:
     target_ids: list[int]  # the tokens spanning the value (the first may start with a space)
 
 
-def describe_rule(n_candidates: int, reference_name: str | None) -> str:
+@dataclass(frozen=True)
+class SecretAttack:
+    """The attack's rows (``SECRET_ATTACK_COLUMNS``) and the run's exposure null
+    (``secret_exposure.NULL_COLUMNS``)."""
+
+    rows: pd.DataFrame
+    null: pd.DataFrame
+
+
+def describe_rule(n_candidates: int, reference_name: str | None,
+                  search_nodes: int = DEFAULT_SEARCH_NODES) -> str:
     calibrated = f", and the reference model ({reference_name}) does not" if reference_name else ""
+    above = " and above the reference model's on the same space" if reference_name else ""
     return (f"secret reproduced = prompted with the text up to each secret-like value, greedy decoding "
             f"writes every letter and digit of the value{calibrated}; partly = at least 3 and a quarter of "
-            f"them, more than the reference; exposure = −log2 of the share of values of its format at least "
-            f"as likely (skew-normal fitted to N = {n_candidates} random values' likelihoods; digits only)")
+            f"them, more than the reference; exposure = log2 of the value's space (its free digits; digits "
+            f"only) − log2 of its rank among all of them, exact by a pruned search within {search_nodes} "
+            f"nodes, else estimated from N = {n_candidates} random values' likelihoods; exposed = above the "
+            f"99th percentile of {NULL_VALUES} never-trained values per format{above}")
 
 
 def _token_starts(tokenizer, text: str, ids: Sequence[int]) -> list[int]:
@@ -172,104 +184,17 @@ def _explained(value: str, columns: list[tuple[Counter[str], int]], own: int) ->
     return places
 
 
-def format_size(value: str, kind: str) -> int:
-    """How many values ``random_candidates`` draws from: 10 per digit (a valid card number's
-    check digit fixed)."""
-    digits = [c for c in value if c.isdigit()]
-    return 10 ** (len(digits) - (1 if _luhn_card(value, kind) else 0))
-
-
-def _luhn_card(value: str, kind: str) -> bool:
-    return kind == "card number" and luhn_ok("".join(c for c in value if c.isdigit()))
-
-
-def random_candidates(value: str, kind: str, n: int, rng: random.Random) -> list[str]:
-    """``n`` distinct random values of ``value``'s format (digits redrawn, separators kept),
-    none equal to ``value``; a valid card number keeps a valid Luhn check digit."""
-    slots = [i for i, c in enumerate(value) if c.isdigit()]
-    luhn = _luhn_card(value, kind)
-    space = format_size(value, kind)
-    n = min(n, space - 1)
-    seen, out = {value}, []
-    while len(out) < n:
-        chars = list(value)
-        for i in slots:
-            chars[i] = str(rng.randrange(10))
-        if luhn:
-            chars[slots[-1]] = next(d for d in "0123456789"
-                                    if luhn_ok("".join(chars[i] for i in slots[:-1]) + d))
-        cand = "".join(chars)
-        if cand not in seen:
-            seen.add(cand)
-            out.append(cand)
-    return out
-
-
-def estimated_exposure(true_score: float, candidate_scores: np.ndarray, space: int) -> float:
-    """Carlini et al.'s analytic exposure (module docstring): −log2 P(score ≥ true score) under a
-    skew-normal fitted to the candidates' scores, between 0 and log2 ``space``."""
-    from scipy import stats
-
-    ceiling = math.log2(space)
-    scores = np.asarray(candidate_scores, dtype=float)
-    if len(scores) < 3 or float(scores.std()) == 0.0:
-        share = float((scores >= true_score).mean()) if len(scores) else 1.0
-    else:
-        share = float(stats.skewnorm.sf(true_score, *_skewnorm_moments(scores)))
-    if share <= 0.0 or not math.isfinite(share):
-        return ceiling
-    return float(min(ceiling, max(0.0, -math.log2(share))))
-
-
-def _skewnorm_moments(x: np.ndarray) -> tuple[float, float, float]:
-    """(shape, loc, scale) of the skew-normal with ``x``'s mean, variance and skewness (the method
-    of moments: closed form, milliseconds, where a maximum-likelihood fit takes ~0.2 s a value;
-    the skewness is clipped to the family's range, |γ| < 0.995)."""
-    from scipy import stats
-
-    mean, sd = float(x.mean()), float(x.std(ddof=1))
-    gamma = float(np.clip(stats.skew(x), -0.99, 0.99))
-    g = abs(gamma) ** (2 / 3)
-    delta = math.copysign(math.sqrt(math.pi / 2 * g / (g + ((4 - math.pi) / 2) ** (2 / 3))), gamma)
-    scale = sd / math.sqrt(1 - 2 * delta ** 2 / math.pi)
-    return delta / math.sqrt(1 - delta ** 2), mean - scale * delta * math.sqrt(2 / math.pi), scale
-
-
-def exposure_of(model, tokenizer, text: str, target: SecretTarget, n_candidates: int, seed: int,
-                pad: int, batch_size: int, device, max_length: int) -> tuple[float, int, int] | None:
-    """(exposure in bits, rank, N) of ``target``'s value among random same-format values, by the
-    log-likelihood of the value's tokens after the same prompt tokens; None for a format that
-    is not digits only (or holds fewer than ``MIN_EXPOSURE_DIGITS`` digits)."""
-    from gnq_core.pipelines.membership import token_logprobs
-
-    if not re.fullmatch(r"[\d\s().+\-/]+", target.value) or \
-            sum(c.isdigit() for c in target.value) < MIN_EXPOSURE_DIGITS:
-        return None
-    rng = random.Random(seed * 1_000_003 + target.example_id * 1009 + target.value_start)
-    values = [target.value, *random_candidates(target.value, target.kind, n_candidates - 1, rng)]
-    between = text[target.prompt_chars: target.value_start]  # e.g. the space before the value
-    tails = [tokenizer(between + v, add_special_tokens=False)["input_ids"] for v in values]
-    context = target.prompt_ids[-max(1, max_length - max(len(t) for t in tails)):]  # one context for all
-    logprobs = token_logprobs(model, [context + t for t in tails], pad, batch_size, device)
-    scores = np.array([lp[len(lp) - len(t):].sum() for lp, t in zip(logprobs, tails, strict=True)])
-    rank = 1 + int((scores[1:] >= scores[0]).sum())
-    sampled = math.log2(len(values)) - math.log2(rank)
-    if rank > 1:  # the sample measures the share itself: no tail to extrapolate
-        return sampled, rank, len(values)
-    exposure = estimated_exposure(float(scores[0]), scores[1:], format_size(target.value, target.kind))
-    return max(sampled, exposure), rank, len(values)
-
-
 def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence[int],
                    token_ids: Sequence[Sequence[int]], *, reference=None,
-                   n_candidates: int = DEFAULT_CANDIDATES,
+                   n_candidates: int = DEFAULT_CANDIDATES, search_nodes: int = DEFAULT_SEARCH_NODES,
                    seed: int = 0, batch_size: int = 32, device=None, rule: str = "",
                    max_length: int = 1024, stored_values: Sequence[object] | None = None,
                    progress: Callable[[str, int], None] | None = None,
-                   advance: Callable[[int], None] | None = None) -> pd.DataFrame:
-    """One row per attackable secret-like value (``SECRET_ATTACK_COLUMNS``), in text order.
-    ``progress(label, total)`` opens a stage and ``advance(n)`` moves it: decoding counts value
-    batches, exposure counts values."""
+                   advance: Callable[[int], None] | None = None) -> SecretAttack:
+    """One row per attackable secret-like value (``SECRET_ATTACK_COLUMNS``), in text order, and
+    the run's exposure null.  ``progress(label, total)`` opens a stage and ``advance(n)`` moves
+    it: decoding counts value batches, exposure counts values.  ``n_candidates`` ≤ 1: no
+    exposure."""
     pad = pad_id(tokenizer)
     targets = secret_targets(tokenizer, texts, example_ids, token_ids, stored_values)
     text_of = dict(zip((int(e) for e in example_ids), texts, strict=True))
@@ -297,23 +222,27 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
     by_kind: dict[str, set[str]] = {}
     for t in targets:
         by_kind.setdefault(t.kind, set()).add(t.value)
-    explained = {kind: format_places_of(values) for kind, values in by_kind.items()}
+    places_of = {kind: format_places_of(values) for kind, values in by_kind.items()}
+    explained = {(t.kind, t.value): places_of[t.kind][t.value] for t in targets}
     generated = decode_all(model, "audited model") if targets else []
     ref_generated = (decode_all(reference, "reference model") if targets and reference is not None
                      else [None] * len(targets))
-    if progress is not None and n_candidates > 1:
-        progress(f"secret-like values: exposure among {n_candidates} candidates each", len(targets))
+    exposures: dict[tuple[str, str], dict] = {}
+    null = pd.DataFrame(columns=NULL_COLUMNS)
+    if n_candidates > 1 and targets:
+        occurrences = [Occurrence(t.example_id, t.value_start, t.kind, t.value, tuple(t.prompt_ids),
+                                  str(text_of[t.example_id])[t.prompt_chars: t.value_start],
+                                  frozenset(explained[(t.kind, t.value)])) for t in targets]
+        exposures, null = run_exposures(model, reference, tokenizer, occurrences, by_kind,
+                                        Settings(n_candidates, search_nodes, seed, batch_size, max_length,
+                                                 device), progress, advance)
     rows = []
     for t, gen, ref in zip(targets, generated, ref_generated, strict=True):
         target_text = tokenizer.decode(t.target_ids)
         n, places = matched_chars(t.value, target_text, gen)
         hits = len(places)
-        format_explained = explained[t.kind][t.value]
+        format_explained = explained[(t.kind, t.value)]
         ref_hits = chars_reproduced(t.value, target_text, ref)[1] if ref is not None else None
-        exp = exposure_of(model, tokenizer, str(text_of[t.example_id]), t, n_candidates, seed, pad,
-                          batch_size, device, max_length) if n_candidates > 1 else None
-        if advance is not None and n_candidates > 1:
-            advance(1)
         reproduced = n > 0 and hits == n
         rows.append({"example_id": t.example_id, "secret_start": t.value_start, "secret_end": t.value_end,
                      "kind": t.kind, "value": t.value, "prompt_tokens": len(t.prompt_ids),
@@ -322,10 +251,19 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
                      "reproduced": reproduced, "reference_generated": ref,
                      "reference_chars_reproduced": ref_hits,
                      "extracted": reproduced and not (ref_hits is not None and ref_hits == n),
-                     "exposure": exp[0] if exp else None, "exposure_rank": exp[1] if exp else None,
-                     "exposure_candidates": exp[2] if exp else None, "rule": rule,
-                     "novel_chars_reproduced": len(set(places) - format_explained)})
+                     "rule": rule, "novel_chars_reproduced": len(set(places) - format_explained),
+                     **exposures.get((t.kind, t.value), {})})
     frame = pd.DataFrame(rows, columns=SECRET_ATTACK_COLUMNS)
-    return frame.astype({"reference_chars_reproduced": "Int64", "exposure": "Float64",
-                         "exposure_rank": "Int64", "exposure_candidates": "Int64",
-                         "novel_chars_reproduced": "Int64"})
+    return SecretAttack(frame.astype(SECRET_ATTACK_TYPES), null.astype(NULL_TYPES))
+
+
+# the nullable columns' types (a column of only NULLs has none of its own)
+SECRET_ATTACK_TYPES = {"reference_chars_reproduced": "Int64", "exposure": "Float64", "exposure_rank": "Int64",
+                       "exposure_candidates": "Int64", "novel_chars_reproduced": "Int64",
+                       "exposure_method": "string", "exposure_template": "string",
+                       "exposure_space_bits": "Float64", "exposure_nodes": "Int64", "exposure_fit": "string",
+                       "value_copies": "Int64", "reference_exposure": "Float64",
+                       "reference_exposure_method": "string", "reference_exposure_rank": "Int64",
+                       "exposure_null_p99": "Float64", "exposed": "boolean"}
+NULL_TYPES = {"prompt_example_id": "Int64", "exposure": "Float64", "exposure_method": "string",
+              "exposure_rank": "Int64", "exposure_nodes": "Int64", "exposure_fit": "string"}

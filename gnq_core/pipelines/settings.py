@@ -163,10 +163,15 @@ class ExtractJob:
     non_members: str | None = None  # texts never seen: audited over the run's checkpoints (audit runs)
     threads: int | None = None
     secret_candidates: int = attack.DEFAULT_SECRET_CANDIDATES  # N random values per secret for its exposure
+    exposure_nodes: int = attack.DEFAULT_EXPOSURE_NODES  # the exact-rank search's budget per value
 
     def __post_init__(self) -> None:
         _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
-        _whole(self.secret_candidates, "--secret-candidates", 1)
+        _whole(self.secret_candidates, "--secret-candidates", 1, attack.MAX_SECRET_CANDIDATES)
+        _require(self.secret_candidates == 1 or self.secret_candidates >= attack.MIN_SECRET_CANDIDATES,
+                 f"--secret-candidates must be 1 (no exposure) or at least {attack.MIN_SECRET_CANDIDATES} "
+                 f"(fewer random values cannot rank a value), got {self.secret_candidates}")
+        _whole(self.exposure_nodes, "--exposure-nodes", 1, attack.MAX_EXPOSURE_NODES)
         _whole(self.prefix_tokens, "--prefix-tokens", 1), _whole(self.suffix_tokens, "--suffix-tokens", 1)
         _whole(self.batch_size, "--batch-size", 1)
         _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")

@@ -214,6 +214,26 @@ class StoreQueries:
     def secret_attacks(self, run_id: int) -> pd.DataFrame:
         return self._rows_of("secret_attacks", run_id, None, "example_id, secret_start")
 
+    def secret_exposure_null(self, run_id: int) -> pd.DataFrame:
+        """The run's exposure null (pipelines/secret_exposure.py): never-trained values per format."""
+        return self._rows_of("secret_exposure_null", run_id, None, "kind, template, value")
+
+    def secret_values(self, run_id: int) -> pd.DataFrame:
+        """One row per distinct secret value with an exposure space (kind, value): its exposure
+        under the audited and the reference model, rank, method (NULL: not measurable), copies
+        and its format's null threshold (every copy carries the same numbers; the first
+        occurrence's row)."""
+        return self._query("""
+            SELECT kind, value, exposure_template AS template, value_copies AS copies, exposure,
+                   exposure_method AS method, exposure_rank AS rank, exposure_space_bits AS space_bits,
+                   exposure_nodes AS nodes, exposure_candidates AS candidates, exposure_fit AS fit,
+                   reference_exposure, reference_exposure_method AS reference_method,
+                   reference_exposure_rank AS reference_rank, exposure_null_p99 AS null_p99, exposed,
+                   bool_or(extracted) OVER (PARTITION BY kind, value) AS leaked
+            FROM secret_attacks WHERE run_id = ? AND exposure_template IS NOT NULL
+            QUALIFY row_number() OVER (PARTITION BY kind, value ORDER BY example_id, secret_start) = 1
+            ORDER BY exposure DESC NULLS LAST, kind, value""", [run_id])
+
     def attacked_examples(self, run_id: int, point: int, prefix_tokens: int,
                           threshold: float) -> set[int] | None:
         """Examples with a stored attack at this point and prefix length; None when some were
@@ -263,6 +283,8 @@ secret_attack AS (  -- per text: how many of its values leaked, and the most exp
            CAST(count(*) FILTER (WHERE extracted) AS INTEGER) AS secret_values_leaked,
            CAST(count(*) FILTER (WHERE partly) AS INTEGER) AS secret_values_partly,
            max(exposure) AS secret_exposure,
+           bool_or(exposed) AS secret_exposed,
+           bool_or(exposure_method = 'estimated') AS secret_exposure_estimated,
            string_agg(generated, ' | ' ORDER BY secret_start) AS secret_generated
     FROM secret_rows GROUP BY example_id),
 secret_shown AS (  -- the text's most exposed value (leaked, else partly, else the most characters)
@@ -294,7 +316,7 @@ totals AS (
            CAST(ss.secret_chars AS INTEGER) AS secret_chars,
            CAST(ss.secret_chars_reproduced AS INTEGER) AS secret_chars_reproduced,
            CAST(ss.reference_secret_chars_reproduced AS INTEGER) AS reference_secret_chars_reproduced,
-           sa.secret_exposure, sa.secret_generated,
+           sa.secret_exposure, sa.secret_exposed, sa.secret_exposure_estimated, sa.secret_generated,
            """ + ", ".join(f"m.{m}" for m in MEMBERSHIP_METRICS) + """
     FROM examples e
     LEFT JOIN agg a USING (example_id)

@@ -198,14 +198,23 @@ class StoreWrites:
                         [run_id, point, prefix_tokens])
             con.execute("INSERT INTO extractions SELECT * FROM new_extractions")
 
-    def write_secret_attacks(self, run_id: int, point: int, rows: pd.DataFrame, code_version: str) -> None:
-        """The secret-targeted attack's rows (pipelines/secret_attack.py) at one point, replacing
-        the run's earlier ones (the latest attack is the one shown), in one transaction."""
+    def write_secret_attacks(self, run_id: int, point: int, rows: pd.DataFrame, code_version: str,
+                             null: pd.DataFrame | None = None, rule: str = "") -> None:
+        """The secret-targeted attack's rows (pipelines/secret_attack.py) and its exposure null
+        at one point, replacing the run's earlier ones (the latest attack is the one shown), in
+        one transaction."""
+        now = _now()
         frame = rows.reindex(columns=SECRET_ATTACK_COLUMNS).assign(
-            run_id=run_id, point=point, code_version=code_version, created_at=_now())
+            run_id=run_id, point=point, code_version=code_version, created_at=now)
+        nulls = (null if null is not None else pd.DataFrame(columns=SECRET_NULL_COLUMNS)).reindex(
+            columns=SECRET_NULL_COLUMNS).assign(run_id=run_id, point=point, rule=rule,
+                                                code_version=code_version, created_at=now)
         with self.transaction() as con:
             con.execute("DELETE FROM secret_attacks WHERE run_id = ?", [run_id])
+            con.execute("DELETE FROM secret_exposure_null WHERE run_id = ?", [run_id])
             _insert_frame(con, "secret_attacks", frame)
+            if len(nulls):
+                _insert_frame(con, "secret_exposure_null", nulls)
 
     def delete_extractions(self, run_id: int, point: int, prefix_tokens: int) -> None:
         with self.transaction() as con:
@@ -247,8 +256,8 @@ class StoreWrites:
     def delete_run(self, run: int | str) -> None:
         run_id = self.run(run).run_id
         with self.transaction() as con:
-            for table in ("example_metrics", "extractions", "secret_attacks", "scores", "batches", "points",
-                          "examples", "runs"):
+            for table in ("example_metrics", "extractions", "secret_attacks", "secret_exposure_null",
+                          "scores", "batches", "points", "examples", "runs"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
 
@@ -266,11 +275,17 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
          os.getpid(), socket.gethostname(), now]).fetchone()[0]
 
 
-# The secret attack's columns (pipelines/secret_attack.py; migration 0008), as the attack writes them.
+# The secret attack's columns (pipelines/secret_attack.py; migrations 0009, 0011, 0013), as the attack
+# writes them, and its exposure null's (pipelines/secret_exposure.py; migration 0013).
 SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
                          "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",
                          "reference_generated", "reference_chars_reproduced", "extracted", "exposure",
-                         "exposure_rank", "exposure_candidates", "rule", "novel_chars_reproduced"]
+                         "exposure_rank", "exposure_candidates", "rule", "novel_chars_reproduced",
+                         "exposure_method", "exposure_template", "exposure_space_bits", "exposure_nodes",
+                         "exposure_fit", "value_copies", "reference_exposure", "reference_exposure_method",
+                         "reference_exposure_rank", "exposure_null_p99", "exposed"]
+SECRET_NULL_COLUMNS = ["kind", "template", "value", "prompt_example_id", "exposure", "exposure_method",
+                       "exposure_rank", "exposure_nodes", "exposure_fit"]
 
 
 def _insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:

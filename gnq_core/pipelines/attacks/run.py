@@ -20,7 +20,8 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
                    threshold: float = attack.DEFAULT_THRESHOLD, batch_size: int = attack.DEFAULT_ATTACK_BATCH,
                    device: str = "auto", suffix_tokens: int | None = attack.DEFAULT_SUFFIX,
                    reference: str | None = attack.DEFAULT_REFERENCE,
-                   reporter=None, secret_candidates: int = attack.DEFAULT_SECRET_CANDIDATES) -> dict:
+                   reporter=None, secret_candidates: int = attack.DEFAULT_SECRET_CANDIDATES,
+                   exposure_nodes: int = attack.DEFAULT_EXPOSURE_NODES) -> dict:
     """Attack every example of a stored run with one of its checkpoints; store the results.
 
     ``checkpoint`` is a point label (e.g. 'epoch-3'); default: the run's last finished point.
@@ -65,7 +66,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     target = Target(store, run, point, row["label"], model, tokenizer, examples, ids, dev, batch_size,
                     version, reporter, ref_model, ref_path)
     summary = run_attacks(stored_attacks(prefix_tokens, threshold, suffix_tokens, ref_model is not None,
-                                         secret_candidates), target)
+                                         secret_candidates, exposure_nodes), target)
     summary["label"] = row["label"]
     store.update_settings(run.run_id, {"attack": {
         "rule": rule.describe(Path(ref_path).name if ref_path else None),

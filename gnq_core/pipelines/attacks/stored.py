@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from gnq_core.pipelines.attack_defaults import DEFAULT_EXPOSURE_NODES
 from gnq_core.pipelines.attacks.contract import Attack, Target
 from gnq_core.pipelines.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_logprob
 from gnq_core.pipelines.extraction import ExtractionResult, extraction_attack, results_frame
 from gnq_core.pipelines.membership import MIN_K_FRACTION, SCORE_COLUMNS, membership_scores, token_logprobs
-from gnq_core.pipelines.secret_attack import DETECT, attack_secrets, describe_rule
+from gnq_core.pipelines.secret_attack import DETECT, SecretAttack, attack_secrets, describe_rule
 from gnq_core.sources.tokens import pad_id
 
 __all__ = ["Discoverable", "GreedyExtraction", "Membership", "SecretValues", "stored_attacks"]
@@ -127,31 +128,35 @@ class SecretValues:
     values were stored: found again), on the same models; its counts."""
 
     n_candidates: int
+    search_nodes: int = DEFAULT_EXPOSURE_NODES
     name: str = "secrets"
 
     def rule(self, t: Target) -> str:
-        return describe_rule(self.n_candidates, Path(t.reference_path).name if t.reference_path else None)
+        return describe_rule(self.n_candidates, Path(t.reference_path).name if t.reference_path else None,
+                             self.search_nodes)
 
-    def run(self, t: Target) -> pd.DataFrame:
+    def run(self, t: Target) -> SecretAttack:
         ex = t.examples
         stored = [v if isinstance(v, str) else None if pd.isna(s) else DETECT
                   for v, s in zip(ex["secret_values"], ex["secret"], strict=True)]
         return attack_secrets(t.model, t.tokenizer, t.texts, t.example_ids, t.ids, reference=t.reference,
-                              n_candidates=self.n_candidates, seed=int(t.run.seed or 0),
+                              n_candidates=self.n_candidates, search_nodes=self.search_nodes,
+                              seed=int(t.run.seed or 0),
                               batch_size=t.batch_size, device=t.device, rule=self.rule(t),
                               max_length=t.run.max_length, stored_values=stored, progress=t.reporter.stage,
                               advance=t.reporter.advance)
 
-    def store(self, t: Target, rows: pd.DataFrame) -> dict:
-        t.store.write_secret_attacks(t.run.run_id, t.point, rows, t.version)
+    def store(self, t: Target, result: SecretAttack) -> dict:
+        rows = result.rows
+        t.store.write_secret_attacks(t.run.run_id, t.point, rows, t.version, result.null, self.rule(t))
         return {"secret_rule": self.rule(t), "secrets_attacked": len(rows),
-                "secret_candidates": self.n_candidates,
+                "secret_candidates": self.n_candidates, "exposure_nodes": self.search_nodes,
                 "secrets_reproduced": int(rows["reproduced"].sum()),
                 "secrets_extracted": int(rows["extracted"].sum())}
 
 
 def stored_attacks(prefix_tokens: int, threshold: float, suffix_tokens: int | None, calibrated: bool,
-                   secret_candidates: int) -> list[Attack]:
+                   secret_candidates: int, exposure_nodes: int = DEFAULT_EXPOSURE_NODES) -> list[Attack]:
     """The attacks ``gnq extract`` runs, in order: membership scores only with a reference, the
     discoverable rule only with a fixed suffix length."""
     attacks: list[Attack] = [GreedyExtraction(prefix_tokens, threshold, suffix_tokens)]
@@ -159,4 +164,4 @@ def stored_attacks(prefix_tokens: int, threshold: float, suffix_tokens: int | No
         attacks.append(Membership())
     if suffix_tokens is not None:
         attacks.append(Discoverable(prefix_tokens, suffix_tokens))
-    return [*attacks, SecretValues(secret_candidates)]
+    return [*attacks, SecretValues(secret_candidates, exposure_nodes)]

@@ -1,0 +1,412 @@
+"""Exposure of a secret over its own randomness (Carlini et al. 2019, "The secret sharer").
+
+A value's *space* is every value its format allows: its free digits (those the run's format
+does not fix, ``secret_attack.format_places``) take any digit, every other character stays as
+it is ("+44 20 7946 ####"), and a valid card number's check digit follows from the others.  The
+model scores a value by the log-likelihood of its tokens (the canonical tokenisation of the
+text between the prompt and the value, then the value) after the same prompt; rank = 1 + the
+number of other values of the space at least as likely, exposure = log2 |space| − log2 rank.
+
+* **Exact rank** (``search_rank``): a best-first search over token prefixes whose characters fit
+  the template.  A prefix's log-likelihood only falls as tokens are added, so a prefix already
+  less likely than the whole true value cannot lead to a value that outranks it and is pruned;
+  every value that does outrank it is reached along its canonical tokenisation (each of its
+  prefixes is at least as likely as it), and a complete path counts only if it *is* its string's
+  canonical tokenisation (each value once).  This holds for any tokenizer whose tokens decode
+  one by one to their characters (checked on the true value; otherwise, enumeration when the
+  space fits the budget).  A memorised value is found after few nodes.
+* **Order of work**: the search runs first with ``PROBE_NODES`` (a memorised value is ranked in
+  about two nodes per digit); if it does not finish, ``n`` random values of the space are
+  scored, and the search resumes with the whole node budget only when a 99 % lower bound on
+  the rank from that sample is within its reach (a non-memorised 6-digit value would spend the
+  budget and end estimated anyway).
+* **Estimate** otherwise: the random values' sampled share when some beat the value, else a
+  skew-normal fitted to their scores (by its moments) gives the share of the space at least as
+  likely, capped by what the search already found.  Labelled ``estimated``, with its fit.
+
+Scores are computed after one forward of the prompt whose KV cache every candidate shares.
+Non-finite scores give no exposure (missing), never the ceiling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import heapq
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gnq_core.pipelines.attack_defaults import DEFAULT_EXPOSURE_NODES as DEFAULT_SEARCH_NODES
+from gnq_core.pipelines.attack_defaults import MIN_SECRET_CANDIDATES as MIN_CANDIDATES
+from gnq_core.pipelines.attacks.decode import cache_argument, returned_cache
+from gnq_core.sources.secrets import luhn_ok
+
+EXACT, ESTIMATED = "exact", "estimated"
+MIN_FREE_DIGITS = 3  # fewer free digits (a space under 1,000 values): no exposure is measured
+DIGITS = "0123456789"
+PROBE_NODES = 64  # the search tried first, before any random value is scored
+
+
+@dataclass(frozen=True)
+class ValueSpace:
+    """The values a secret's format allows (module docstring): ``value`` with its ``free``
+    indices redrawn, a valid card number's check digit (``check``) recomputed."""
+
+    value: str
+    free: tuple[int, ...]
+    check: int | None = None
+
+    @property
+    def size(self) -> int:
+        return 10 ** len(self.free)
+
+    @property
+    def bits(self) -> float:
+        return len(self.free) * math.log2(10)
+
+    @property
+    def template(self) -> str:
+        """The value with its free digits (and check digit) as '#': "+44 20 7946 ####"."""
+        hidden = set(self.free) | ({self.check} if self.check is not None else set())
+        return "".join("#" if i in hidden else c for i, c in enumerate(self.value))
+
+    def fill(self, digits: Sequence[str]) -> str:
+        chars = list(self.value)
+        for i, d in zip(self.free, digits, strict=True):
+            chars[i] = d
+        if self.check is not None:
+            body = [c for i, c in enumerate(chars) if c.isdigit() and i != self.check]
+            chars[self.check] = next(d for d in DIGITS if luhn_ok("".join(body) + d))
+        return "".join(chars)
+
+    def random(self, rng: random.Random) -> str:
+        return self.fill([str(rng.randrange(10)) for _ in self.free])
+
+    def allows(self, candidate: str) -> bool:
+        """``candidate`` is a value of this space (template kept, check digit valid)."""
+        if len(candidate) != len(self.value):
+            return False
+        hidden = set(self.free) | ({self.check} if self.check is not None else set())
+        for i, (c, v) in enumerate(zip(candidate, self.value, strict=True)):
+            if (c.isdigit() if i in hidden else c == v) is False:
+                return False
+        return self.check is None or luhn_ok("".join(c for c in candidate if c.isdigit()))
+
+
+def value_space(value: str, kind: str, fixed: set[int]) -> ValueSpace | None:
+    """The space of a digits-only ``value`` (separators allowed), ``fixed`` = the indices among its
+    letters and digits that the run's format explains; None when it is not digits only or leaves
+    fewer than ``MIN_FREE_DIGITS`` free digits (too few values to rank among)."""
+    if not value or any(not (c.isdigit() or c in " ().+-/") for c in value):
+        return None
+    digits = [i for i, c in enumerate(value) if c.isdigit()]
+    check = digits[-1] if kind == "card number" and luhn_ok("".join(value[i] for i in digits)) else None
+    free = tuple(i for j, i in enumerate(digits) if j not in fixed and i != check)
+    if len(free) < MIN_FREE_DIGITS:
+        return None
+    return ValueSpace(value, free, check)
+
+
+def value_seed(seed: int, *parts: str) -> int:
+    """A seed from the run's seed and the value itself (copies of a value draw the same values)."""
+    digest = hashlib.sha256("\x1f".join([str(seed), *parts]).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+class PromptScorer:
+    """Log-likelihoods of token continuations after one prompt, the prompt's KV cache computed
+    once and shared by every batch of candidates."""
+
+    def __init__(self, model, prompt: Sequence[int], batch_size: int, device=None):
+        self.model, self.batch_size = model, max(1, int(batch_size))
+        self.device = device if device is not None else next(model.parameters()).device
+        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+        self.cache = returned_cache(out)  # the model's Cache object
+        self.cache_name = cache_argument(model)  # `cache` on transformers >= 5.24, else `past_key_values`
+        self.context = ids.shape[1]
+        self.root = torch.log_softmax(out.logits[0, -1].double(), dim=-1)
+
+    def _forward(self, paths: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-softmax over every position, lengths) for right-padded ``paths`` (non-empty)."""
+        width = max(len(p) for p in paths)
+        ids = torch.zeros((len(paths), width), dtype=torch.long)
+        mask = torch.zeros((len(paths), self.context + width), dtype=torch.long)
+        mask[:, : self.context] = 1
+        for r, p in enumerate(paths):
+            ids[r, : len(p)] = torch.tensor(list(p), dtype=torch.long)
+            mask[r, self.context: self.context + len(p)] = 1
+        cache = copy.deepcopy(self.cache)  # a forward extends the cache it is given
+        cache.batch_repeat_interleave(len(paths))
+        with torch.inference_mode():
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                             use_cache=True, **{self.cache_name: cache})
+        return torch.log_softmax(out.logits.double(), dim=-1), torch.tensor([len(p) for p in paths])
+
+    def next_logprobs(self, paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """log p(next token | prompt, path) for every path, (len(paths), vocab)."""
+        rows: list[torch.Tensor] = []
+        nonempty = [p for p in paths if len(p)]
+        got = iter(())
+        if nonempty:
+            parts = []
+            for s in range(0, len(nonempty), self.batch_size):
+                logp, lengths = self._forward(nonempty[s: s + self.batch_size])
+                parts.append(logp[torch.arange(len(lengths)), lengths - 1])
+            got = iter(torch.cat(parts))
+        for p in paths:
+            rows.append(next(got) if len(p) else self.root)
+        return torch.stack(rows).cpu()
+
+    def scores(self, paths: Sequence[Sequence[int]]) -> np.ndarray:
+        """Total log-likelihood of each (non-empty) path after the prompt."""
+        out = []
+        for s in range(0, len(paths), self.batch_size):
+            chunk = paths[s: s + self.batch_size]
+            logp, lengths = self._forward(chunk)
+            for r, p in enumerate(chunk):
+                ids = torch.tensor(list(p), dtype=torch.long, device=logp.device)
+                first = self.root[ids[0]]
+                steps = torch.arange(len(p) - 1, device=logp.device)
+                rest = logp[r, steps, ids[1:]].sum() if len(p) > 1 else 0.0
+                out.append(float(first + rest))
+        return np.array(out, dtype=float)
+
+
+def token_strings(tokenizer) -> list[str]:
+    """Every token's characters, decoded one by one (cached on the tokenizer object)."""
+    cached = getattr(tokenizer, "_gnq_token_strings", None)
+    if cached is None:
+        cached = [tokenizer.decode([i], clean_up_tokenization_spaces=False) for i in range(len(tokenizer))]
+        with contextlib.suppress(AttributeError):  # a tokenizer that takes no attributes: decoded again
+            tokenizer._gnq_token_strings = cached
+    return cached
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """What the exact search or the enumeration found: ``rank`` None when the node budget ran
+    out (``found`` values at least as likely had been seen by then)."""
+
+    rank: int | None
+    nodes: int
+    found: int
+    score: float
+
+
+class NonFinite(ValueError):
+    """A score is NaN or infinite: no rank can be read from it."""
+
+
+def _tail(between: str, value: str, tokenizer) -> list[int]:
+    return list(tokenizer(between + value, add_special_tokens=False)["input_ids"])
+
+
+def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str,
+                budget: int, least_rank: int = 1) -> Ranked | None:
+    """The true value's exact rank in its space by the pruned best-first search (module
+    docstring); None when this tokenizer's tokens do not decode one by one to the tail's
+    characters (the search cannot tell which values a path spells).  ``least_rank``: a lower
+    bound on the rank; when even it needs more nodes than ``budget`` (an expansion completes at
+    most as many values as tokens fit there), nothing is searched (``rank`` None, 0 nodes)."""
+    text = between + space.value
+    true_ids = _tail(between, space.value, tokenizer)
+    strings = token_strings(tokenizer)
+    if not true_ids or "".join(strings[i] for i in true_ids) != text:
+        return None
+    off = len(between)
+    hidden = set(space.free) | ({space.check} if space.check is not None else set())
+
+    def fits(s: str, pos: int) -> bool:
+        if not s or pos + len(s) > len(text):
+            return False
+        for k, c in enumerate(s):
+            j = pos + k - off
+            if (c.isdigit() if j in hidden else c == text[pos + k]) is False:
+                return False
+        return True
+
+    alphabet = set(text) | set(DIGITS)
+    pool = [(i, s) for i, s in enumerate(strings) if s and set(s) <= alphabet]
+    fitting = [[(i, len(s)) for i, s in pool if fits(s, pos)] for pos in range(len(text))]
+    if least_rank - 1 > budget * max(len(f) for f in fitting):
+        return Ranked(None, 0, 0, float("nan"))
+    # the true value's score, accumulated token by token exactly as the search accumulates it
+    prefixes = [true_ids[:k] for k in range(len(true_ids))]
+    steps = scorer.next_logprobs(prefixes)
+    score = float(sum(steps[k, t] for k, t in enumerate(true_ids)))
+    if not math.isfinite(score):
+        raise NonFinite("the value's log-likelihood is not finite")
+    nodes = len(prefixes)
+    heap: list[tuple[float, int, tuple[int, ...], int]] = [(-0.0, 0, (), 0)]
+    tie = 1
+    found = 0
+    while heap:
+        batch = [heapq.heappop(heap) for _ in range(min(len(heap), scorer.batch_size))]
+        if nodes + len(batch) > budget:
+            return Ranked(None, nodes, found, score)
+        nodes += len(batch)
+        nxt = scorer.next_logprobs([b[2] for b in batch])
+        if torch.isnan(nxt).any():
+            raise NonFinite("a candidate's log-likelihood is NaN")
+        leaves: list[tuple[tuple[int, ...], str]] = []
+        for (neg, _, path, pos), row in zip(batch, nxt, strict=True):
+            options = fitting[pos]
+            if not options:
+                continue
+            ids = torch.tensor([i for i, _ in options])
+            child = (-neg) + row[ids]
+            for (tok, n), sc in zip(options, child.tolist(), strict=True):
+                if not sc >= score:  # pruned: every value below this prefix is less likely
+                    continue
+                if pos + n == len(text):
+                    leaves.append(((*path, tok), "".join(strings[t] for t in (*path, tok))))
+                else:
+                    heapq.heappush(heap, (-sc, tie, (*path, tok), pos + n))
+                    tie += 1
+        if leaves:
+            canon = tokenizer([s for _, s in leaves], add_special_tokens=False)["input_ids"]
+            for (path, s), c in zip(leaves, canon, strict=True):
+                value = s[off:]
+                if value != space.value and list(c) == list(path) and space.allows(value):
+                    found += 1
+    return Ranked(found + 1, nodes, found, score)
+
+
+def enumerate_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str) -> Ranked:
+    """The exact rank by scoring every value of the space (its full continuation each)."""
+    values = [space.fill(d) for d in _all_digits(len(space.free))]
+    tails = [_tail(between, v, tokenizer) for v in values]
+    scores = scorer.scores(tails)
+    true = float(scores[values.index(space.value)])
+    if not np.isfinite(scores).all():
+        raise NonFinite("a log-likelihood is not finite")
+    found = int((scores >= true).sum()) - 1
+    return Ranked(found + 1, len(values), found, true)
+
+
+def _all_digits(n: int):
+    for k in range(10 ** n):
+        yield f"{k:0{n}d}"
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """One value's exposure under one model."""
+
+    bits: float | None   # None: not measurable (non-finite scores)
+    method: str | None   # EXACT or ESTIMATED
+    rank: int | None     # exact rank in the space (None: estimated)
+    nodes: int           # candidate prefixes / values the model scored
+    candidates: int | None  # random values behind an estimate
+    fit: str | None      # how the estimate was made
+
+
+def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: ValueSpace, *,
+             budget: int = DEFAULT_SEARCH_NODES, n_candidates: int = 128, seed: int = 0,
+             batch_size: int = 32, device=None) -> Exposure:
+    """``space.value``'s exposure after ``prompt`` (module docstring): exact where the search (or
+    enumerating a space within ``budget``) finishes, else estimated from ``n_candidates``."""
+    try:
+        scorer = PromptScorer(model, prompt, batch_size, device)
+        # a memorised value is ranked within a few nodes: no random values needed
+        probe = search_rank(scorer, tokenizer, space, between, min(budget, PROBE_NODES))
+        if probe is not None and probe.rank is not None:
+            return Exposure(space.bits - math.log2(probe.rank), EXACT, probe.rank, probe.nodes, None, None)
+        true, others = _sample(scorer, tokenizer, space, between, n_candidates, seed)
+        ranked = probe
+        if probe is not None and budget > PROBE_NODES:
+            least = _least_rank(true, others, space.size)
+            ranked = search_rank(scorer, tokenizer, space, between, budget, least)
+            ranked = probe if ranked.nodes == 0 else ranked
+        if ranked is None and space.size <= budget:
+            ranked = enumerate_rank(scorer, tokenizer, space, between)
+        if ranked is not None and ranked.rank is not None:
+            return Exposure(space.bits - math.log2(ranked.rank), EXACT, ranked.rank, ranked.nodes, None, None)
+        bits, fit = estimate_bits(true, others, space.bits)
+        if ranked is probe and probe is not None and budget > PROBE_NODES:
+            bits = min(bits, space.bits - math.log2(probe.found + 1))
+            fit += (f"; the exact search stopped after {probe.nodes} nodes: the sample puts the rank beyond "
+                    f"what {budget} nodes can reach")
+        elif ranked is not None:  # the search already saw ``found`` values at least as likely
+            bits = min(bits, space.bits - math.log2(ranked.found + 1))
+            fit += f"; the exact search ran out of its {budget} nodes"
+            if ranked.found:
+                fit += f" after {ranked.found} values at least as likely (the cap they put on it)"
+        return Exposure(max(0.0, bits), ESTIMATED, None, (ranked.nodes if ranked else 0) + len(others) + 1,
+                        len(others) + 1, fit)
+    except NonFinite:
+        return Exposure(None, None, None, 0, None, None)
+
+
+def _least_rank(true: float, others: np.ndarray, size: int) -> int:
+    """A 99 % lower bound on the value's rank from the share of random values at least as likely
+    (Clopper–Pearson): the search is not started when even this is out of its reach."""
+    from scipy import stats
+
+    k, n = int((others >= true).sum()), len(others)
+    if k == 0:
+        return 1
+    return 1 + int(float(stats.beta.ppf(0.01, k, n - k + 1)) * (size - 1))
+
+
+def _sample(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str, n_candidates: int,
+            seed: int) -> tuple[float, np.ndarray]:
+    """(the value's score, those of ``n_candidates`` − 1 distinct random values of its space)."""
+    rng = random.Random(seed)
+    n = int(min(max(n_candidates, MIN_CANDIDATES), space.size - 1))
+    seen, others = {space.value}, []
+    while len(others) < n - 1:
+        v = space.random(rng)
+        if v not in seen:
+            seen.add(v)
+            others.append(v)
+    scores = scorer.scores([_tail(between, v, tokenizer) for v in [space.value, *others]])
+    if not np.isfinite(scores).all():
+        raise NonFinite("a log-likelihood is not finite")
+    return float(scores[0]), scores[1:]
+
+
+def estimate_bits(true: float, others: np.ndarray, ceiling: float) -> tuple[float, str]:
+    """(exposure, how) of a value scoring ``true`` among random values of its space scoring
+    ``others``: their sampled share when some are at least as likely, else −log2 of the share a
+    skew-normal fitted to them puts at or above ``true`` (Carlini et al. §4.3); at most ``ceiling``
+    (log2 of the space's size)."""
+    from scipy import stats
+
+    others = np.asarray(others, dtype=float)
+    beaten = int((others >= true).sum())
+    if beaten or len(others) < 3 or float(others.std()) == 0.0:  # nothing to extrapolate from
+        share = (beaten + 1) / (len(others) + 1)
+        how = f"sampled share: {beaten + 1} of {len(others) + 1} random values at least as likely"
+    else:
+        a, loc, scale = skewnorm_moments(others)
+        share = float(stats.skewnorm.sf(true, a, loc, scale)) if scale > 0 else 0.0
+        how = (f"skew-normal (shape {a:.3g}, loc {loc:.4g}, scale {scale:.4g}) fitted by its moments to "
+               f"{len(others)} random values' log-likelihoods")
+    bits = -math.log2(share) if share > 0 and math.isfinite(share) else ceiling
+    return float(min(max(bits, 0.0), ceiling)), how
+
+
+def skewnorm_moments(x: np.ndarray) -> tuple[float, float, float]:
+    """(shape, loc, scale) of the skew-normal with ``x``'s mean, variance and skewness (the method
+    of moments: closed form, milliseconds, where a maximum-likelihood fit takes ~0.2 s a value;
+    the skewness is clipped to the family's range, |γ| < 0.995)."""
+    from scipy import stats
+
+    x = np.asarray(x, dtype=float)
+    if len(x) < 3 or float(x.std()) == 0.0:
+        return 0.0, float(x.mean()) if len(x) else 0.0, 0.0
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    gamma = float(np.clip(stats.skew(x), -0.99, 0.99))
+    g = abs(gamma) ** (2 / 3)
+    delta = math.copysign(math.sqrt(math.pi / 2 * g / (g + ((4 - math.pi) / 2) ** (2 / 3))), gamma)
+    scale = sd / math.sqrt(1 - 2 * delta ** 2 / math.pi)
+    return delta / math.sqrt(1 - delta ** 2), mean - scale * delta * math.sqrt(2 / math.pi), scale
