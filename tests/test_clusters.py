@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from gnq_core.analysis import clusters as cl
-from gnq_core.analysis.verdict import FOLDS, grouped_folds
+from gnq_core.analysis.risk import FOLDS, grouped_folds
 
 
 def _old_stratified_weights(labels: np.ndarray, resamples: int, seed: int) -> np.ndarray:
