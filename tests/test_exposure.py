@@ -275,3 +275,43 @@ def test_the_store_keeps_the_null_beside_the_values(tmp_path):
     assert store.secret_exposure_null(run.run_id).empty
     store.delete_run(run.run_id)
     assert store.secret_values(run.run_id).empty
+
+
+def test_a_user_patterns_free_group_is_the_space_exposure_ranks_in():
+    """A pattern naming its ``free`` group says which characters vary: the rest of the value is
+    its format, kept in every candidate (here the account's branch, 7731, which no run-wide
+    format check could find from one value), and stored so that a later attack sees it too."""
+    from gnq_core.pipelines.secret_attack import secret_targets
+    from gnq_core.sources.secrets import compile_patterns, find_secrets, values_from_json, values_json
+
+    people = (("Anna Berg", "4821"), ("Tom Okafor", "0377"))
+    texts = [f"Account of {n}: ACCT-7731-{p}, keep it safe." for n, p in people]
+    pattern = compile_patterns([r"ACCT-(\d{4}-(?P<free>\d{4}))"])
+    found = [find_secrets(t, pattern) for t in texts]
+    assert [f[0].value for f in found] == ["7731-4821", "7731-0377"]
+    stored = [values_json(f) for f in found]
+    again = values_from_json(texts[0], stored[0])[0]
+    assert (again.free_start, again.free_end) == (found[0][0].free_start, found[0][0].free_end)
+    assert texts[0][again.free_start: again.free_end] == "4821"
+    # a pattern without the named group keeps the rule it had: its first group is the value
+    plain = find_secrets(texts[0], compile_patterns([r"ACCT-(\d{4}-\d{4})"]))[0]
+    assert plain.value == "7731-4821" and plain.free_start == -1
+
+    tok = _tokenizer()
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    targets = secret_targets(tok, texts, [0, 1], ids, stored)
+    assert [t.fixed_by_pattern() for t in targets] == [{0, 1, 2, 3}] * 2
+    space = value_space(targets[0].value, targets[0].kind, targets[0].fixed_by_pattern())
+    assert space.template == "7731-####" and space.size == 10 ** 4
+
+    torch.manual_seed(0)
+    model = build_model("tiny", len(tok), 64, seed=0).eval()
+    # one text: the run has no other value to find a format from, so only the pattern can fix 7731
+    rows = attack_secrets(model, tok, texts[:1], [0], ids[:1], seed=3, max_length=64,
+                          stored_values=stored[:1]).rows
+    assert rows["exposure_template"].tolist() == ["7731-####"]
+    assert rows["exposure_space_bits"].astype(float).tolist() == pytest.approx([4 * math.log2(10)])
+    unnamed = [values_json(find_secrets(texts[0], compile_patterns([r"ACCT-(\d{4}-\d{4})"])))]
+    rows = attack_secrets(model, tok, texts[:1], [0], ids[:1], seed=3, max_length=64,
+                          stored_values=unnamed).rows
+    assert rows["exposure_template"].tolist() == ["####-####"]

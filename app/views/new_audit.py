@@ -346,8 +346,9 @@ with st.form("settings"):
     c3, c4 = st.columns([3, 1])
     patterns = c3.text_area("Secret patterns (optional)", key="secret_patterns", height=68,
                             placeholder="one regular expression a line, e.g. REF-(\\d{5})",
-                            help="Values to treat as secret (--secret-pattern): the first group, else the "
-                                 "whole match, is the value.")
+                            help="Values to treat as secret (--secret-pattern): the group named 'value',"
+                                 " else the first group, else the whole match, is the value; a group named "
+                                 "'free' marks the characters that vary (ACCT-7731-(?P<free>\\d{4})).")
     candidates = c4.number_input("Secret candidates", min_value=1, max_value=MAX_SECRET_CANDIDATES,
                                  value=DEFAULT_SECRET_CANDIDATES, step=16, key="secret_candidates",
                                  help="Random values of a digit secret's space scored beside it when its "

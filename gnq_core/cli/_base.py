@@ -47,7 +47,9 @@ SecretColumnOption = typer.Option(None, "--secret-column", show_default=False,
                                        "list): found in its text and attacked like any secret-like value.")
 SecretPatternOption = typer.Option(None, "--secret-pattern", show_default=False,
                                    help="A regular expression of values to treat as secret (repeatable); "
-                                        "its first group, else the whole match, is the value.")
+                                        "its group named 'value', else its first group, else the whole match,"
+                                        " is the value; a group named 'free' marks the characters that vary "
+                                        "(exposure ranks the value among those, the rest kept).")
 PublicColumnOption = typer.Option(None, "--public-column", show_default=False,
                                   help="Column marking public texts (true/false, yes/no, 1/0): not searched "
                                        "for secrets, never 'at risk'.")

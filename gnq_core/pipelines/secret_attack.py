@@ -66,6 +66,15 @@ class SecretTarget:
     prompt_ids: list[int]  # the text's tokens before the one holding the value's first character
     prompt_chars: int  # where the characters of those tokens end
     target_ids: list[int]  # the tokens spanning the value (the first may start with a space)
+    free: tuple[int, int] | None = None  # a user pattern's ``free`` group, characters of the value
+
+    def fixed_by_pattern(self) -> set[int] | None:
+        """Indices among the value's letters and digits outside its pattern's ``free`` group (its
+        format, as the user wrote it); None where the pattern names no such group."""
+        if self.free is None:
+            return None
+        alnum = [i for i, c in enumerate(self.value) if c.isalnum()]
+        return {j for j, i in enumerate(alnum) if not self.free[0] <= i < self.free[1]}
 
 
 @dataclass(frozen=True)
@@ -122,8 +131,10 @@ def secret_targets(tokenizer, texts: Sequence[str], example_ids: Sequence[int],
             m = next((i for i, a in enumerate(starts) if a >= s.value_end), None)
             if k == 0 or m is None or m <= k:
                 continue  # nothing to prompt with, or the value runs past the tokens kept
+            free = ((s.free_start - s.value_start, s.free_end - s.value_start) if s.free_start >= 0
+                    else None)
             out.append(SecretTarget(int(eid), s.kind, s.value, s.value_start, s.value_end, ids[:k], starts[k],
-                                    ids[k:m]))
+                                    ids[k:m], free))
     return out
 
 
@@ -224,6 +235,7 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
         by_kind.setdefault(t.kind, set()).add(t.value)
     places_of = {kind: format_places_of(values) for kind, values in by_kind.items()}
     explained = {(t.kind, t.value): places_of[t.kind][t.value] for t in targets}
+    named = {(t.kind, t.value): fixed for t in targets if (fixed := t.fixed_by_pattern()) is not None}
     generated = decode_all(model, "audited model") if targets else []
     ref_generated = (decode_all(reference, "reference model") if targets and reference is not None
                      else [None] * len(targets))
@@ -232,7 +244,8 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
     if n_candidates > 1 and targets:
         occurrences = [Occurrence(t.example_id, t.value_start, t.kind, t.value, tuple(t.prompt_ids),
                                   str(text_of[t.example_id])[t.prompt_chars: t.value_start],
-                                  frozenset(explained[(t.kind, t.value)])) for t in targets]
+                                  frozenset(named.get((t.kind, t.value), explained[(t.kind, t.value)])))
+                       for t in targets]
         exposures, null = run_exposures(model, reference, tokenizer, occurrences, by_kind,
                                         Settings(n_candidates, search_nodes, seed, batch_size, max_length,
                                                  device), progress, advance)

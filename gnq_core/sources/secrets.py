@@ -15,7 +15,9 @@ cannot know (a name, an address) is not claimed: the label means "looks like a s
 names something private, in several languages) is a secret of the label's kind even when its
 checksum fails, as made-up and test numbers do: such a match has ``verified=False``.  What the
 user knows and the tool cannot: ``extra_patterns`` (``--secret-pattern``, kind "custom": the
-regex's first group, else its whole match, is the value) and ``declared`` values
+regex's group named ``value``, else its first other group, else its whole match, is the value;
+a group named ``free`` marks the value's characters that vary, the rest being its format) and
+``declared`` values
 (``--secret-column``: the row's private value(s), found where they occur in its text, kind
 "declared").
 
@@ -54,6 +56,10 @@ class SecretMatch:
     value_start: int = -1
     value_end: int = -1
     verified: bool = True  # False: found by its label alone, its checksum fails (card, IBAN)
+    # a user pattern's group named ``free``: the characters of the value that vary from value to value
+    # (the rest is its format, kept in every candidate when exposure ranks it); -1: not named
+    free_start: int = -1
+    free_end: int = -1
 
     @property
     def value(self) -> str:
@@ -264,6 +270,23 @@ def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
     return out
 
 
+def _value_group(pattern: re.Pattern[str]) -> int | str:
+    """A user pattern's value: its group named ``value``, else its first group other than
+    ``free``, else the whole match."""
+    if "value" in pattern.groupindex:
+        return "value"
+    free = pattern.groupindex.get("free")
+    return next((g for g in range(1, pattern.groups + 1) if g != free), 0)
+
+
+def _free_span(m: re.Match[str], value: int | str) -> tuple[int, int]:
+    """The span of the match's ``free`` group inside its value, (-1, -1) when not named or empty."""
+    if "free" not in m.re.groupindex or m.start("free") < 0:
+        return -1, -1
+    a, b = max(m.start("free"), m.start(value)), min(m.end("free"), m.end(value))
+    return (a, b) if b > a else (-1, -1)
+
+
 # At most this many values of a text are kept (the secret attack probes its first 64): a declared
 # secret of one character, or a pattern matching every word, found a match per character of a
 # 1.5 MB text (1.5 million, +2.2 GB).
@@ -305,10 +328,12 @@ def find_secrets(text: str, extra_patterns: Sequence[re.Pattern[str]] = (),
         spans = cutoff.take(_occurrences(text, value))
         found += [SecretMatch("declared", a, b, value, a, b) for a, b in spans]
     for pattern in extra_patterns:
+        g = _value_group(pattern)
         for m in cutoff.take(pattern.finditer(text)):
-            g = 1 if m.re.groups else 0
             if m.end(g) > m.start(g):
-                found.append(SecretMatch("custom", m.start(), m.end(), m.group(0), m.start(g), m.end(g)))
+                free = _free_span(m, g)
+                found.append(SecretMatch("custom", m.start(), m.end(), m.group(0), m.start(g), m.end(g),
+                                         free_start=free[0], free_end=free[1]))
     for kind, pattern in _PATTERNS:
         for m in cutoff.take(pattern.finditer(text)):
             if _valid(kind, m.group(0)):
@@ -346,7 +371,9 @@ def _without_overlaps(found: list[SecretMatch]) -> list[SecretMatch]:
 def values_json(found: Sequence[SecretMatch]) -> str:
     """Every match of a text as the store keeps it (``secret_values``)."""
     return json.dumps([{"kind": s.kind, "start": s.start, "end": s.end, "value_start": s.value_start,
-                        "value_end": s.value_end, "verified": s.verified} for s in found])
+                        "value_end": s.value_end, "verified": s.verified,
+                        **({"free_start": s.free_start, "free_end": s.free_end} if s.free_start >= 0 else {})}
+                       for s in found])
 
 
 def values_from_json(text: str, stored: object) -> list[SecretMatch]:
@@ -355,7 +382,8 @@ def values_from_json(text: str, stored: object) -> list[SecretMatch]:
         return []
     text = str(text)
     return [SecretMatch(v["kind"], v["start"], v["end"], text[v["start"]:v["end"]], v["value_start"],
-                        v["value_end"], bool(v.get("verified", True))) for v in json.loads(stored)]
+                        v["value_end"], bool(v.get("verified", True)), int(v.get("free_start", -1)),
+                        int(v.get("free_end", -1))) for v in json.loads(stored)]
 
 
 def secret_labels(texts: Sequence[str], extra_patterns: Sequence[re.Pattern[str]] = (),
