@@ -252,7 +252,7 @@ def test_new_audit_keeps_typed_values_when_checkpoints_and_data_arrive(store_pat
     assert fields["Batch size"].value == 4
     shown = texts_of(at)
     assert "Estimated time: about" in shown and "an estimate:" in shown
-    assert "32 texts × 2 checkpoint(s)" in shown and "README" in shown
+    assert "32 texts × 2 checkpoint(s)" in shown and "docs/performance.md" in shown
 
 def test_regression_page_outlier_is_outside_the_ellipse(tmp_path, monkeypatch):
     at = page("regression", tmp_path / "none.duckdb", monkeypatch)
