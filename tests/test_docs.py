@@ -1,7 +1,8 @@
 """The documentation as a user meets it: a README read in two minutes, and a docs site that builds.
 
 The site is built with ``mkdocs build --strict`` (a broken link, a missing page or a docstring the
-API page cannot parse is an error) and the CLI reference is what ``--help`` says today.
+API page cannot parse is an error), the CLI reference is what ``--help`` says today, and no page,
+message or comment cites a tracker number where the reason itself should stand.
 """
 
 from __future__ import annotations
@@ -73,3 +74,22 @@ def test_cli_reference_is_current():
     page = (ROOT / "docs" / "cli-reference.md").read_text(encoding="utf-8")
     assert page == cli_reference.render(), "docs/cli-reference.md is stale: python -m tools.cli_reference"
     assert "## `gnq audit`" in page and "## `gnq study companions`" in page
+
+
+# A tracker number says nothing to a reader of the code or the docs; the reason itself should stand.
+# CHANGELOG.md keeps its dated history; tests/ describe behaviour but are not shipped.
+NO_TRACKER_NUMBERS = ("gnq_core", "app", "tools", "docs", "README.md", "SECURITY.md")
+TEXT = {".py", ".md", ".sql", ".toml", ".yml", ".txt", ".html", ".js", ".css"}
+TRACKER_NUMBER = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+
+
+def test_no_issue_numbers_in_code_docs_or_messages():
+    found = []
+    for name in NO_TRACKER_NUMBERS:
+        path = ROOT / name
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in TEXT)
+        for f in files:
+            for n, line in enumerate(f.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if TRACKER_NUMBER.search(line):
+                    found.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    assert not found, "cite the reason, not the issue number:\n" + "\n".join(found)

@@ -1,4 +1,4 @@
-"""The audit-time estimate shown before Start (issue 37): measured throughput scaled by
+"""The audit-time estimate shown before Start: measured throughput scaled by
 parameters × tokens, and the parameter count read from a checkpoint without loading it."""
 
 from __future__ import annotations
