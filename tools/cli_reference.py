@@ -46,13 +46,16 @@ def render() -> str:
     from gnq_core.cli import app
 
     env = {"COLUMNS": str(WIDTH), "NO_COLOR": "1", "TERM": "dumb", "_TYPER_FORCE_DISABLE_TERMINAL": "1"}
-    old = {k: os.environ.get(k) for k in env}
+    unset = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")  # a user's colour settings: no escapes
+    old = {k: os.environ.get(k) for k in (*env, *unset)}
     os.environ.update(env)
+    for k in unset:
+        os.environ.pop(k, None)
     try:
         runner = CliRunner()
         parts = [HEADER]
         for path in _paths(typer.main.get_command(app)):
-            result = runner.invoke(app, [*path, "--help"], prog_name="gnq", env=env)
+            result = runner.invoke(app, [*path, "--help"], prog_name="gnq")
             if result.exit_code != 0:
                 raise RuntimeError(f"gnq {' '.join(path)} --help exited {result.exit_code}")
             text = "\n".join(line.rstrip() for line in result.output.strip("\n").splitlines())
