@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 LOCK   := requirements/lock.txt
 
-.PHONY: app test install lint clean browser smollm2 lock upgrade-check
+.PHONY: app test install lint clean browser smollm2 lock upgrade-check docs
 
 install: $(STAMP)
 
@@ -53,8 +53,13 @@ smollm2: $(STAMP)
 	$(PY) -m pip install -q -c $(LOCK) -e ".[dev,real]"
 	$(VENV)/bin/gnq model fetch smollm2
 
+# The documentation site (mkdocs.yml), built offline into site/ (open site/index.html); --strict
+# turns a broken link or a page missing from the nav into an error, as in tests/test_docs.py.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gnq_core app tests tools
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

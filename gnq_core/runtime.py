@@ -66,7 +66,7 @@ def idle_cores(cores: int, load: float) -> int:
 def default_threads() -> int:
     """torch CPU threads a new job should take on this machine: the cores this process may use,
     at most the physical ones (torch's own default, which the CLI keeps), that the load average
-    leaves idle (competing OpenMP threads can slow a step 10×, README)."""
+    leaves idle (competing OpenMP threads can slow a step 10×, docs/performance.md)."""
     import os
 
     import psutil

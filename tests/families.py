@@ -8,7 +8,8 @@ users call a model (`model(input_ids=..., attention_mask=...)`, `use_cache` at i
 train mode with the config's dropout), and compares with explicit per-example gradients taken
 from the same forward (the same dropout masks).  Each family gets one of `CONDITIONS` by a
 deterministic rotation on its name: right- or left-padded, B=3 T=5 or B=T=4.
-Used by tests/test_family_matrix.py and by `python -m tests.families` (writes README's family table).
+Used by tests/test_family_matrix.py and by `python -m tests.families` (writes the family table of
+docs/api.md).
 """
 
 from __future__ import annotations
@@ -298,7 +299,7 @@ def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed=0, no
 
 def render(exact: dict[str, str], expected: dict[str, tuple[str, str]],
            tolerance: dict[str, tuple[float, str]], notes: dict[str, str] | None = None) -> str:
-    """README's family table, from the matrix test's own lists (tests/test_family_matrix.py)."""
+    """The family table of docs/api.md, from the matrix test's own lists (tests/test_family_matrix.py)."""
     notes = notes or {}
     tasks = {"causal": "causal LM", "masked": "masked LM", "seq2seq": "sequence-to-sequence LM"}
     checked = [f for f, _ in exact.items()] + [f for f, (kind, _) in expected.items() if kind == "refused"]
@@ -326,18 +327,20 @@ def render(exact: dict[str, str], expected: dict[str, tuple[str, str]],
     return "\n".join(lines) + "\n"
 
 
-def write_readme() -> None:
-    """Replace README's family section (between its markers) with ``render``'s table."""
+def write_table() -> None:
+    """Replace the family section of docs/api.md (between its markers) with ``render``'s table."""
     from test_family_matrix import EXACT, EXPECTED, NOTES, TOLERANCE
 
-    path = Path(__file__).resolve().parents[1] / "README.md"
+    path = TABLE_PAGE
     text = path.read_text(encoding="utf-8")
-    start, end = text.index(README_START) + len(README_START), text.index(README_END)
+    start, end = text.index(TABLE_START) + len(TABLE_START), text.index(TABLE_END)
     path.write_text(text[:start] + "\n" + render(EXACT, EXPECTED, TOLERANCE, NOTES) + text[end:],
                     encoding="utf-8")
 
 
-README_START, README_END = "<!-- families:start -->", "<!-- families:end -->"
+# The Python API page of the docs site holds the table (README is kept short).
+TABLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+TABLE_START, TABLE_END = "<!-- families:start -->", "<!-- families:end -->"
 
 if __name__ == "__main__":
-    write_readme()
+    write_table()

@@ -72,7 +72,7 @@ def test_runs_page(store_path, monkeypatch):
     at = page("runs", store_path, monkeypatch, run_name="audited")
     shown = texts_of(at)
     assert "Top flagged texts" in shown and "audited" in shown
-    assert "What GNQ is on this run." in shown and "gradient norm" in shown  # issue 25
+    assert "What GNQ is on this run." in shown and "gradient norm" in shown
     assert at.metric[0].value == "32"
     runs = at.dataframe[0].value
     assert set(runs["name"]) == {"audited", "run"}
@@ -104,7 +104,7 @@ def test_extraction_page(store_path, monkeypatch):
     assert set(power["direction"]) <= {"higher = extracted", "lower = extracted"}
     assert (power["texts"] == 32).all()
     assert "bootstrap resamples of copy clusters" in texts_of(at)
-    # issue 25: the length control and the gain over length + loss are columns of one table per
+    # the length control and the gain over length + loss are columns of one table per
     # outcome; the tiny model extracts nothing here, so the groups' table is the one scored
     assert "No signal can be scored against extraction" in texts_of(at)
     groups = next(d.value for d in at.dataframe if "AUC (all texts)" in d.value.columns)
@@ -228,7 +228,7 @@ def _form_fields(at: AppTest) -> dict[str, object]:
 
 
 def test_new_audit_keeps_typed_values_when_checkpoints_and_data_arrive(store_path, monkeypatch):
-    """Issue 37: values typed into the form survive the reruns an upload or a typed path causes.
+    """Values typed into the form survive the reruns an upload or a typed path causes.
     The browser holds a form's typed values until Start and keeps them across a rerun only while
     each field keeps its identity; before, a default, limit or name that changed with the
     checkpoints (Run name, Max length) made a new field, at its default. A value the form holds
@@ -252,7 +252,7 @@ def test_new_audit_keeps_typed_values_when_checkpoints_and_data_arrive(store_pat
     assert fields["Batch size"].value == 4
     shown = texts_of(at)
     assert "Estimated time: about" in shown and "an estimate:" in shown
-    assert "32 texts × 2 checkpoint(s)" in shown and "README" in shown
+    assert "32 texts × 2 checkpoint(s)" in shown and "docs/performance.md" in shown
 
 def test_regression_page_outlier_is_outside_the_ellipse(tmp_path, monkeypatch):
     at = page("regression", tmp_path / "none.duckdb", monkeypatch)

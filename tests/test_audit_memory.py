@@ -1,4 +1,4 @@
-"""Bounded memory of `gnq audit` (issue 20): what an audit holds beyond the texts themselves
+"""Bounded memory of `gnq audit`: what an audit holds beyond the texts themselves
 grows by a small per-text index (numpy columns), never by Python objects or token lists per text.
 
 The full-size number (2,000,000 texts under 2 GB max RSS) is benchmarks/audit_memory.py; here

@@ -89,7 +89,7 @@ def test_two_ranks_stream_the_training_set_companions_of_one_process(series, tmp
 
 
 def test_an_audit_tokenises_batch_by_batch_and_loads_each_checkpoint_once(series, tmp_path, monkeypatch):
-    """Token ids are never held for the whole dataset (issue 20: bounded memory): the token
+    """Token ids are never held for the whole dataset (bounded memory): the token
     counts are taken in chunks, then each checkpoint tokenises one batch at a time."""
     from gnq_core.pipelines import audit
     from gnq_core.sources import tokens

@@ -1,4 +1,4 @@
-"""Issue 28: Grams in one accumulator, norm layers' gradients formed per shape group at compute(),
+"""Grams in one accumulator, norm layers' gradients formed per shape group at compute(),
 fused as the default — exact against explicit per-example gradients (float64), and the ops a
 step dispatches stay within 1.15× of a plain step."""
 

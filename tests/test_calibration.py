@@ -1,4 +1,4 @@
-"""Calibration of the copy-aware intervals (issue 36): null simulations shaped like the demo.
+"""Calibration of the copy-aware intervals: null simulations shaped like the demo.
 
 The demo's data: ~435 attackable texts, 23 records repeated 4 times, the rest unique; the
 positives a few records.  The signal is noise (a value per record, copies nearly equal, as GNQ,

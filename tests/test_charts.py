@@ -275,7 +275,7 @@ def test_ranking_comparison():
 
 
 def membership_roc() -> go.Figure:
-    """The membership log-ROC of an evidence table (issue 25: members vs non-members)."""
+    """The membership log-ROC of an evidence table (members vs non-members)."""
     from gnq_core.analysis import evidence as ev
     from gnq_core.analysis.predictive import roc_points
     from gnq_core.analysis.predictive_figures import roc_figure
@@ -422,7 +422,7 @@ def test_a_reference_line_is_described_as_a_line_not_as_points():
 
 
 def test_a_lone_ungrouped_series_is_not_named_and_log_ticks_show_whole_values():
-    """Issue 26: no caption "series: (none)"; a log axis labels 200, 500, 1000 (not "2, 5, 1000")."""
+    """No caption "series: (none)"; a log axis labels 200, 500, 1000 (not "2, 5, 1000")."""
     points = go.Scatter(x=[1, 10, 1000], y=[1, 2, 3], mode="markers", name=base.NO_GROUP)
     fig = base.layout(go.Figure([points]), "GNQ", "GNQ_total", "loss", log_x=True)
     assert "series" not in base.describe(fig) and "(none)" not in base.describe(fig)

@@ -1,4 +1,4 @@
-"""Issue 35: activation (gradient) checkpointing is exact.  torch.utils.checkpoint recomputes a
+"""Activation (gradient) checkpointing is exact.  torch.utils.checkpoint recomputes a
 region's forward inside the backward; the auditor recognises the recomputation (engine/recompute.py)
 and uses each call's capture once: GNQ equals explicit per-example gradients (float64) for both
 reentrant settings, fused or not, and the weight gradients equal those of the same model without

@@ -4,7 +4,13 @@ tests/hostile/test_hostile_crash.py.)"""
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -141,6 +147,36 @@ def test_train_audit_extract_export_match_a_direct_computation(trained, dataset_
     post = next(r for r in listing if r["name"] == "post")
     assert post["lam"] == 0.05 and post["seed"] == 3 and post["dataset_hash"] and post["code_version"]
     assert "post" in gnq("runs", "--db", db)
+
+
+def test_runs_at_80_columns_and_the_csv_guard_explained(trained, tmp_path):
+    """A user's terminal: `gnq runs` at 80 columns shows whole headers and dates (columns left out are
+    named), and `gnq export` says why a phone number "+351 …" reads "'+351 …" in the CSV."""
+    db, out = trained
+    data = tmp_path / "phones.csv"
+    rows = [f"+351 912 345 {600 + i} is the number of desk {i}" for i in range(4)] + list(texts(8))
+    pd.DataFrame({"text": rows}).to_csv(data, index=False)
+    gnq("audit", "--checkpoints", out, "--data", data, "--db", db, "--name", "phones", "--batch-size", 4,
+        "--max-length", 24, "--dtype", "float64", "--quiet")
+    said = " ".join(gnq("export", "--db", db, "--run", "phones", "--out", tmp_path / "flagged.csv").split())
+    with open(tmp_path / "flagged.csv", newline="", encoding="utf-8") as f:
+        guarded = sum(cell.startswith("'+351") for row in csv.reader(f) for cell in row)
+    assert guarded >= 4 and f"{guarded} cell(s) begin with '" in said, said
+    assert "CSV injection" in said and "--exact-csv" in said
+    assert "begin with '" not in gnq("export", "--db", db, "--run", "phones", "--out", tmp_path / "x.csv",
+                                     "--exact-csv")
+    assert "begin with '" not in gnq("export", "--db", db, "--run", "phones", "--out", tmp_path / "x.jsonl")
+
+    root = Path(__file__).resolve().parents[1]
+    for width in (80, 200):
+        env = {**os.environ, "COLUMNS": str(width), "PYTHONPATH": str(root)}
+        shown = subprocess.run([sys.executable, "-m", "gnq_core.cli", "runs", "--db", str(db)], env=env,
+                               capture_output=True, text=True, check=True, timeout=120).stdout
+        lines = shown.splitlines()
+        assert max(len(line) for line in lines) <= width and "…" not in shown, shown
+        assert all(h in shown for h in ("status", "points", "updated")) and "phones" in shown
+        assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d ", shown), shown
+        assert ("left out to fit 80 columns" in shown) == (width == 80), shown
 
 
 def test_audit_rerun_skips_finished_checkpoints(trained, dataset_csv):

@@ -10,7 +10,7 @@ from gnq_core.analysis.risk import FOLDS, grouped_folds
 
 
 def _old_stratified_weights(labels: np.ndarray, resamples: int, seed: int) -> np.ndarray:
-    """The per-text stratified bootstrap as it was before issue 36 (written out)."""
+    """The per-text stratified bootstrap as it was before copy clusters (written out)."""
     y = np.asarray(labels, dtype=bool)
     n = len(y)
     rng = np.random.default_rng(seed)

@@ -274,7 +274,7 @@ def test_the_value_is_the_secret_not_the_words_announcing_it():
     assert find_secrets("reset the password for your account today") == []
 
 
-# ------------------------------------------------------------------- labelled values (issue 37)
+# ------------------------------------------------------------------- labelled values
 @pytest.mark.parametrize(("text", "kind", "value", "verified"), [
     ("Card number: 4929 1830 5527 6614.", "card number", "4929 1830 5527 6614", False),  # fails Luhn
     ("Card number: 4111 1111 1111 1111.", "card number", "4111 1111 1111 1111", True),

@@ -275,7 +275,7 @@ def test_error_columns_for_txt(tmp_path: Path) -> None:
 
 
 def test_ragged_csv_refused_with_line_number(tmp_path: Path) -> None:
-    """Issue 20 item 2: an unquoted comma in the first data row made pandas take the first field as
+    """An unquoted comma in the first data row made pandas take the first field as
     the index and drop 6 of 7 texts; now the row is refused by line, whatever its position."""
     path = tmp_path / "texts.csv"
     path.write_text("text\nhello, world\n" + "".join(f"text {i}\n" for i in range(6)), encoding="utf-8")

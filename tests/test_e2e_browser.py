@@ -420,7 +420,7 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         wait_for_text_or_error(page, "2 checkpoint(s)", 60)
         settle(page)
 
-        # Values typed before the dataset arrives must survive the upload's re-render (issue 37).
+        # Values typed before the dataset arrives must survive the upload's re-render.
         set_form_value(page, "Run name", RUN_NAME)
         set_form_value(page, "Max length (tokens)", "32")
         settle(page)
@@ -482,7 +482,7 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         if f"Run '{RUN_NAME}'" not in body_text(shared):
             problems.append("the shared address did not open the same run")
         shared.close()
-        # --- One set of numbers (issue 37): the headline and the "Leaked" tile state the counts
+        # --- One set of numbers: the headline and the "Leaked" tile state the counts
         # every other surface states (analysis.counts.RunCounts of the store's verdict).
         from gnq_core.analysis import rank_texts, run_counts, summary
         from gnq_core.results.store import Store

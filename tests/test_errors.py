@@ -1,6 +1,6 @@
 """One error hierarchy: every error class gnq_core defines for a user's mistake or an untrusted
 file derives from GNQError, so one ``except GNQError`` (the CLI, a dashboard job, the pages) shows
-it as one line (issue 30)."""
+it as one line."""
 
 from __future__ import annotations
 

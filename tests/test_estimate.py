@@ -1,4 +1,4 @@
-"""The audit-time estimate shown before Start (issue 37): measured throughput scaled by
+"""The audit-time estimate shown before Start: measured throughput scaled by
 parameters × tokens, and the parameter count read from a checkpoint without loading it."""
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def test_the_estimate_scales_with_each_input():
     assert bigger > 50 * one and longer > 5 * one  # the parameters × tokens term dominates
     attacked = estimate_audit(**base, attack=True)
     assert attacked.attack_s > STARTUP_S and attacked.total_s == attacked.audit_s + attacked.attack_s
-    assert all(w in attacked.basis for w in ("10.0M parameters", "README", "≈50 tokens", "gnq extract"))
+    assert all(w in attacked.basis
+               for w in ("10.0M parameters", "docs/performance.md", "≈50 tokens", "gnq extract"))
     # the compute term at one thread is twice the benchmark's two; the fixed cost per text is not scaled
     rate = fit(AUDIT_MEASURED)
     one_thread = estimate_audit(**base, threads=1).audit_s - STARTUP_S

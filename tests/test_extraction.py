@@ -197,7 +197,7 @@ def test_training_mode_is_restored():
     assert not any(m.training for m in model.modules())
 
 
-# ------------------------------------------------------------ the attacks' entrance (issue 39)
+# ------------------------------------------------------------ the attacks' entrance
 def test_forward_batches_follow_the_order_match_one_forward_each_and_restore_train_mode():
     from gnq_core.pipelines.attacks.forward import forward_batches
 

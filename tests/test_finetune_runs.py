@@ -1,4 +1,4 @@
-"""Issue 35: what a fine-tuning run records is true — the project's example runs, run.json's
+"""What a fine-tuning run records is true — the project's example runs, run.json's
 max_length and epochs, the precision of the gradients (Trainer bf16, a user's autocast) — and
 ``--dtype`` takes exactly what its --help says."""
 
@@ -119,7 +119,7 @@ def compiled_layer(model):
 
 @pytest.mark.parametrize("how", [compiled_whole, compiled_in_place, compiled_layer])
 def test_torch_compile_is_refused_at_setup(how, tmp_path):
-    """Issue 35: not a crash in planning after minutes of compiling — one line before anything runs."""
+    """Not a crash in planning after minutes of compiling — one line before anything runs."""
     from gnq_core.engine.auditor import GNQAuditor
     from gnq_core.engine.compiled import CompiledModelError
     from gnq_core.engine.distributed import DistributedGNQAuditor

@@ -1,4 +1,4 @@
-"""What a first audit ran into on the dashboard (issue 18), each page run headless with AppTest."""
+"""What a first audit ran into on the dashboard, each page run headless with AppTest."""
 
 from __future__ import annotations
 
@@ -316,7 +316,7 @@ def _filled_form(series, tmp_path, monkeypatch):
 
 
 def test_the_form_passes_the_loss_and_lambda_scale_to_the_job(series, tmp_path, monkeypatch):
-    """The loss convention and λ scale (issue 19's settings) are chosen on the form and reach the
+    """The loss convention and λ scale are chosen on the form and reach the
     audit job's settings; the defaults stay token mean and absolute λ."""
     at, started = _filled_form(series, tmp_path, monkeypatch)
     assert not at.exception, [e.message for e in at.exception]
@@ -332,7 +332,7 @@ def test_the_form_passes_the_loss_and_lambda_scale_to_the_job(series, tmp_path, 
 
 
 def test_the_form_sets_the_jobs_threads_and_reference_model(series, tmp_path, monkeypatch):
-    """Issue 26: the job uses 1 CPU thread by default (README's advice on a shared machine) or the
+    """The job uses 1 CPU thread by default (README's advice on a shared machine) or the
     number given, and the attack's reference is the model folder typed (a fine-tune's base); a
     reference that is no model is refused on the page, no job started."""
     monkeypatch.setenv("GNQ_DATA_ROOTS", "/")
@@ -352,7 +352,7 @@ def test_the_form_sets_the_jobs_threads_and_reference_model(series, tmp_path, mo
 
 
 def test_the_form_offers_the_companion_set_of_the_cli(series, tmp_path, monkeypatch):
-    """Issue 34: the form offers --companions N|all and --sketch-k with the CLI's defaults (its
+    """The form offers --companions N|all and --sketch-k with the CLI's defaults (its
     batch; AuditSettings.sketch_k), explains the companion set and that its numbers are sketched
     with a measured error, and passes the choice to the audit job's settings."""
     from gnq_core.pipelines import AuditSettings

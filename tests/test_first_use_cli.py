@@ -1,4 +1,4 @@
-"""What a first audit ran into on the command line (issue 18): λ = 0 left a failed run behind,
+"""What a first audit ran into on the command line: λ = 0 left a failed run behind,
 a typo in --db created an empty store, `gnq export` wanted --format beside `--out x.csv`,
 `gnq runs` cut long names, a Trainer output folder was misread, and an audit of uploaded
 checkpoints could not be attacked later."""
@@ -114,7 +114,7 @@ def test_an_audit_of_uploaded_checkpoints_can_be_attacked_after_the_job(audited,
     while list_jobs(db)[0].status == "running" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list_jobs(db)[0].status == "done" and not upload.exists()
-    # issue 26: the run's provenance points at the kept copies, which exist (hashes unchanged)
+    # the run's provenance points at the kept copies, which exist (hashes unchanged)
     run = Store(db).run("up")
     assert Path(run.model_path).is_dir() and Path(run.dataset_path).is_file()
     from gnq_core.sources.datasets import load_texts
@@ -152,7 +152,7 @@ def test_a_job_step_writes_its_progress_where_the_dashboard_reads_it(audited, tm
 
 
 def test_checkpoints_saved_without_a_tokenizer_are_audited_with_tokenizer(audited, tmp_path):
-    """Issue 26: Trainer checkpoints saved without tokenizer files are refused with the way out
+    """Trainer checkpoints saved without tokenizer files are refused with the way out
     (--tokenizer, or processing_class=tokenizer); with --tokenizer the audit runs, records it, and
     the attack reads the texts with the same tokenizer."""
     from gnq_core.sources.checkpoints.files import TOKENIZER_FILES

@@ -275,7 +275,7 @@ def test_shard_folder_is_not_reused(tmp_path):
 
 
 def test_gnq_summaries_reach_the_trainers_own_logs(tmp_path):
-    """Issue 26: every training log (what W&B, TensorBoard or MLflow receive) carries GNQ's median,
+    """Every training log (what W&B, TensorBoard or MLflow receive) carries GNQ's median,
     p99, count above the flag threshold and top text ids over the micro-batches since the last log."""
     from transformers import TrainerCallback
 

@@ -147,7 +147,7 @@ def test_a_modules_all_lists_every_public_name_others_import_from_it():
     assert not bad, "\n".join(bad)
 
 
-# ---------------------------------------------------------------- cycles and private names (issue 39)
+# ---------------------------------------------------------------- cycles and private names
 def module_name(path: Path, root: Path = ROOT) -> str:
     parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -249,14 +249,15 @@ def source_files(root: Path = ROOT) -> dict[str, Path]:
             for p in sorted((root / top).rglob("*.py"))}
 
 
-# Cycles through imports inside functions, which hide them from Python's own import.  Issue 39's
-# five (extraction <-> secret_attack, length_control <-> predictive, html_report <-> run_report,
-# demo -> jobs -> run, common_knowledge <-> common_knowledge_real) are gone, each by moving the
+# Cycles through imports inside functions, which hide them from Python's own import.  The
+# five found when the packages were split into layers (extraction <-> secret_attack,
+# length_control <-> predictive, html_report <-> run_report, demo -> jobs -> run,
+# common_knowledge <-> common_knowledge_real) are gone, each by moving the
 # shared piece to a module both import.  An entry here lets a known one stay until it is split;
 # an entry that no longer is a cycle fails the test: delete it then.
 KNOWN_FUNCTION_LEVEL_CYCLES: set[frozenset[str]] = set()
 
-# Private names imported from another module (issue 39: "shims and private names across
+# Private names imported from another module ("shims and private names across
 # modules").  Each is listed, by importer and the module it comes from; a new one fails the test,
 # and so does an entry no longer imported (delete it then).
 KNOWN_PRIVATE_IMPORTS = {

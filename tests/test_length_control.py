@@ -1,5 +1,5 @@
 """analysis.length_control, analysis.evidence and analysis.gnq_nature on synthetic data with known
-answers (issue 25): the length control removes a length-only signal, the CV gain sees added
+answers: the length control removes a length-only signal, the CV gain sees added
 information and only that, TPR at low FPR equals scikit-learn's, the frame contract's outcomes."""
 
 from __future__ import annotations

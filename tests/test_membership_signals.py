@@ -1,4 +1,4 @@
-"""Issue 25's data half: Min-K% / Min-K%++ from a forward pass against an explicit per-text
+"""Membership signals: Min-K% / Min-K%++ from a forward pass against an explicit per-text
 computation, the audit's stored signals, non-members (membership ground truth), the
 leave-half-out study and the real model's cache."""
 

@@ -1,4 +1,4 @@
-"""Issue 35: PEFT (LoRA) runs audited post hoc.  A Trainer run of a PeftModel saves adapter
+"""PEFT (LoRA) runs audited post hoc.  A Trainer run of a PeftModel saves adapter
 checkpoints (adapter_config.json + adapter_model.safetensors); ``gnq audit --base-model`` audits
 them over the adapter's parameters — the quantity GNQTrainer measures in-run — so the post-hoc GNQ
 of checkpoint-k equals the in-run GNQ of step k+1 (the same texts at the same weights), in float64.

@@ -178,7 +178,7 @@ def test_roc_points_per_signal():
     assert ((perfect["fpr"] == 0) & (perfect["tpr"] == 1)).any()
 
 
-# ----------------------------------------------------------------------------------------- issue 19
+# -------------------------------------------------------------------- intervals of rates and AUCs
 def test_rate_interval_contains_the_rate_and_narrows_with_n():
     rng = np.random.default_rng(0)
     small = rng.random(40) < 0.3
@@ -192,7 +192,7 @@ def test_rate_interval_contains_the_rate_and_narrows_with_n():
 
 
 def test_rate_interval_never_collapses_at_zero_or_all():
-    """Issue 25: the bootstrap gave [0, 0] for 0 of 10 and [1, 1] for 10 of 10; Wilson does not."""
+    """The bootstrap gave [0, 0] for 0 of 10 and [1, 1] for 10 of 10; Wilson does not."""
     rate, lo, hi = pr.rate_interval(np.ones(10, bool))
     assert rate == 1.0 and hi == pytest.approx(1.0) and 0.6 < lo < 0.8  # Wilson 95%: 0.722
     rate, lo, hi = pr.rate_interval(np.zeros(10, bool))

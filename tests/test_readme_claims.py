@@ -1,6 +1,7 @@
-"""README's "What GNQ tells you": every number it cites is read here from a committed report's JSON,
-formatted as the README writes it, and must appear in that section (issue 36).  A report rerun
-with other numbers, or a README edit that drifts from the reports, fails this test."""
+"""The evidence page (docs/evidence.md, "What GNQ tells you"): every number it cites is read here from
+a committed report's JSON, formatted as the page writes it, and must appear on that page, so a claim
+is never stated without the report behind it.  A report rerun with other numbers, or an edit of the
+page that drifts from the reports, fails this test."""
 
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+EVIDENCE = ROOT / "docs" / "evidence.md"
 
 
 @cache
 def section() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("## What GNQ tells you")
-    end = text.index("\n## ", start + 3)
-    return " ".join(text[start:end].replace("−", "-").split())  # the README's minus sign; one line
+    text = EVIDENCE.read_text(encoding="utf-8")
+    return " ".join(text.replace("−", "-").split())  # the page's minus sign; one line
 
 
 @cache
@@ -76,7 +76,7 @@ def demo(run: str, positive: str, signal: str, scope: str, unit: str, key: str =
 
 
 def demo_records(run: str, positive: str) -> str:
-    """"N of M texts ... K independent records": the counts the README cites for an outcome."""
+    """"N of M texts ... K independent records": the counts the evidence page cites for an outcome."""
     r = one(report(f"demo/{run}.json")["tables"], positive=positive, signal="gnq_total", scope="all",
             unit="texts")
     return f"{r['positives']} of {r['n']} texts, {r['independent_positives']} records"
@@ -197,7 +197,7 @@ for _s in map(str, report("companions/results.json")["seeds"]):
 @pytest.mark.parametrize("claim", list(CLAIMS))
 def test_readme_cites_the_reports_number(claim):
     expected = CLAIMS[claim]().replace("−", "-")
-    assert expected in section(), f"README's 'What GNQ tells you' should cite {claim} as {expected!r}"
+    assert expected in section(), f"docs/evidence.md should cite {claim} as {expected!r}"
 
 
 def test_every_cited_report_exists_and_every_claim_states_its_records_and_seeds():
@@ -205,9 +205,7 @@ def test_every_cited_report_exists_and_every_claim_states_its_records_and_seeds(
     assert cited >= {"real-model", "membership", "membership-canaries", "common-knowledge-real", "demo"}
     for name in cited:
         assert (ROOT / "reports" / name).is_dir(), name
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("## What GNQ tells you")
-    bullets = text[start:text.index("\n## ", start + 3)].split("\n- ")[1:]
+    bullets = EVIDENCE.read_text(encoding="utf-8").split("\n- ")[1:]
     for b in bullets:
         assert "record" in b and "seed" in b, b[:80]
 

@@ -1,4 +1,4 @@
-"""README's "Fine-tuning recipes" run as written: every ```python block in order in one namespace,
+"""The fine-tuning recipes (docs/recipes.md) run as written: every ```python block in order in one namespace,
 every `gnq ...` command of a ```bash block through the CLI, in a folder holding a tiny model
 (models/base) and texts (data/texts.csv).  Each recipe's run.json / store row is then checked."""
 
@@ -28,9 +28,7 @@ BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.S)
 
 
 def recipes() -> list[tuple[str, str]]:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Fine-tuning recipes\n", 1)[1].split("\n## ", 1)[0]
-    return BLOCK.findall(section)
+    return BLOCK.findall((ROOT / "docs" / "recipes.md").read_text(encoding="utf-8"))
 
 
 def test_every_fine_tuning_recipe_runs(tmp_path, monkeypatch, capfd):
@@ -47,7 +45,7 @@ def test_every_fine_tuning_recipe_runs(tmp_path, monkeypatch, capfd):
     namespace: dict = {}
     for kind, code in blocks:
         if kind == "python":
-            exec(compile(code, "README.md (Fine-tuning recipes)", "exec"), namespace)  # noqa: S102
+            exec(compile(code, "docs/recipes.md", "exec"), namespace)  # noqa: S102
             continue
         command = code.replace("\\\n", " ").strip()
         assert command.startswith("gnq "), command

@@ -181,7 +181,7 @@ def test_report_opens_offline_in_a_real_browser(db, tmp_path, browser):  # noqa:
     assert all(u.startswith(("file:", "data:", "blob:", "about:")) for u in requests), requests
 
 
-# ----------------------------------------------------------------------------------------- issue 25
+# ------------------------------------------------------- what the measurements tell a user
 def test_report_json_holds_every_table_with_provenance(db, tmp_path):
     """`gnq report --json`: schema gnq-report/2; per outcome × signal the three scopes; the numbers
     equal analysis.predictive's on the same frame; provenance names what produced the run."""

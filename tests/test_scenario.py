@@ -54,7 +54,7 @@ def test_leaked_planted_texts_rank_at_the_top(run):
     assert (planted & extracted).sum() >= 1, "the fine-tune should write some planted text's window"
     # leaked by the verdict's rule: for a text with a secret-like value, the secret attack decides
     # (its window coming out without the secret is no leak); otherwise the text attack
-    # (its window coming out without the secret is "text reproduced", never "leaked": issue 37)
+    # (its window coming out without the secret is "text reproduced", never "leaked")
     has_value = out["secret_reproduced"].notna()
     has_secret = out["secret"].notna()
     expected = out["secret_reproduced"].where(has_value, extracted & ~has_secret).astype(bool)

@@ -183,7 +183,7 @@ def test_a_text_window_without_the_secret_is_not_a_leak():
 
 def test_characters_the_format_explains_are_not_a_partial_leak():
     """"+44 20 7946" that every phone number of a data set shares is the format: a model that
-    writes it has learned the format, not the secret (issue 37's partly leaked)."""
+    writes it has learned the format, not the secret (partly leaked)."""
     from gnq_core.pipelines.secret_attack import format_places, matched_chars
     from gnq_core.results.store_schema import partly_leaked
 

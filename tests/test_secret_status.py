@@ -1,4 +1,4 @@
-"""Issue 37, "did my secret leak?": what came out of the secret decides, and every surface states
+""""did my secret leak?": what came out of the secret decides, and every surface states
 the same numbers.
 
 A tiny GPT-2 is trained from scratch (through the real ``gnq train``) on filler texts and five

@@ -202,7 +202,7 @@ def test_an_extra_per_text_column_lands_by_name_once_the_table_has_it(store, tmp
 
 
 def test_a_text_with_several_values_is_counted_by_its_most_exposed_one(store):
-    """Issue 37: a text's counts are its most exposed value's ("4 of 4"), not sums over its values
+    """A text's counts are its most exposed value's ("4 of 4"), not sums over its values
     ("9 of 19" beside "leaked"); how many of its values leaked whole or in part is kept."""
     run = _run(store)
     _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 4.0])

@@ -40,7 +40,7 @@ def _train(tmp_path, name: str, monkeypatch=None, fused: bool = True):
     return dataset, run, store.scores(run.run_id), store.runs()
 
 
-def _unfused_auditor(model, lam, fused, **options):  # options: lam_mode (issue 19)
+def _unfused_auditor(model, lam, fused, **options):  # options: lam_mode
     return GNQAuditor(model, lam=lam, fused=False, **options)
 
 

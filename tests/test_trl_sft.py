@@ -1,4 +1,4 @@
-"""Issue 35: TRL's SFTTrainer with in-run GNQ (GNQSFTTrainer), offline on a tiny local model and
+"""TRL's SFTTrainer with in-run GNQ (GNQSFTTrainer), offline on a tiny local model and
 a datasets.Dataset: completion-only loss, GNQ of every micro-batch equal to explicit per-example
 gradients (float64) of the weights it was audited at; with packing, GNQ per packed document,
 exact, over TRL's padding-free packed targets; packing that splits texts over rows refused at

@@ -42,7 +42,7 @@ def test_order_is_leaked_then_secret_then_risk():
     assert list(ranked["example_id"]) == [0, 3, 1, 2, 4, 5]
     assert list(ranked["rank"]) == [1, 2, 3, 4, 5, 6]
     # the card-number record's window came out but its card number was not attacked: the window
-    # alone says "text reproduced", never "leaked" (issue 37)
+    # alone says "text reproduced", never "leaked"
     assert list(ranked["status"][:3]) == ["text reproduced", "secret", "secret"]
     assert ranked["percentile"].iloc[0] == 100.0 and ranked["percentile"].iloc[-1] == pytest.approx(100 / 6)
     assert set(VERDICT_COLUMNS) <= set(ranked.columns)
@@ -136,7 +136,7 @@ def test_scores_follow_their_definitions():
     assert math.isnan(no_ref["loss_ratio"]) and no_ref["min_k_prob"] == scores["min_k_prob"]
 
 
-# ----------------------------------------------------------------------------------------- issue 25
+# --------------------------------------------------- GNQ in the risk only where evidence backs it
 def _many(n: int = 200, seed: int = 0) -> pd.DataFrame:
     """Texts whose extraction follows low loss only; GNQ is noise, membership scores are absent."""
     rng = np.random.default_rng(seed)

@@ -14,7 +14,8 @@ own ``.venv`` or ``requirements/lock.txt``:
 and writes what it found to ``requirements/upgrade-report.md`` and ``.json``.  It exits 1 when the
 suite failed or crashed (any pytest exit but 0: one that could not start is a failure, not "no
 test failed") or the family probe crashed. Moving the lock
-forward is then one commit: the hold lifted, ``make lock``, the family lists and README's table.
+forward is then one commit: the hold lifted, ``make lock``, the family lists and the family table of
+docs/api.md.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ def render(report: dict) -> str:
             lines.append(f"pytest exit {tests['exit']} with no failure named: see its output")
         lines.append("")
     lines += ["To move the lock: lift the hold in requirements/hold.txt, `make lock`, list the new families "
-              "in tests/test_family_matrix.py, `cd tests && python -m families` (README's table), "
+              "in tests/test_family_matrix.py, `cd tests && python -m families` (the table in docs/api.md), "
               "`make test`.", ""]
     return "\n".join(lines)
 

@@ -9,7 +9,7 @@ import streamlit as st
 from app import address, show, state
 from app.flagged_filters import EXTRACTION, MODES, ORDERS, STATUS_CHOICES, Filters, flagged
 from gnq_core.analysis import grouped
-from gnq_core.results import export_frame, to_bytes
+from gnq_core.results import FORMULA_GUARD_NOTE, export_frame, to_bytes
 
 TEXT_ROWS = 50
 
@@ -87,9 +87,7 @@ with st.expander("All columns, as downloaded (select a row to open its drill-dow
     show.table(out, "flagged_table")
 if out.empty:
     st.caption("Nothing to export: no text matches these filters.")
-st.caption("In the CSV, a cell that begins with =, +, - or @ (a phone number such as +1 415…) gets one "
-           "leading ' so a spreadsheet does not run it as a formula (CSV injection); "
-           "`gnq export --exact-csv` writes the texts as they are. JSONL and Parquet are always exact.")
+st.caption(f"In the CSV, {FORMULA_GUARD_NOTE}. JSONL and Parquet are always exact.")
 c = st.columns(3)
 for col, fmt, mime in zip(c, ("csv", "jsonl", "parquet"),
                           ("text/csv", "application/jsonl", "application/vnd.apache.parquet"), strict=True):

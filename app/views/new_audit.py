@@ -358,7 +358,7 @@ with st.form("settings"):
     threads = c2.number_input("CPU threads", min_value=1, value=default_threads(), step=1, key="threads",
                               help="torch CPU threads of the job (the CLI's --threads). The default is the "
                                    "cores idle when the page opened; 1 is best when other jobs share the "
-                                   "cores (README: competing threads can slow a step 10×).")
+                                   "cores (docs/performance.md: competing threads can slow a step 10×).")
     c1, c2 = st.columns([1, 4], vertical_alignment="center")
     submitted = c1.form_submit_button("Start audit", type="primary",
                                       disabled=not (refs and dataset is not None))

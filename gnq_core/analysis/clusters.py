@@ -3,7 +3,7 @@
 A dataset with copies (sources/copies.py: ``cluster_id``, the copy cluster; a text without copies
 is its own cluster) holds fewer independent observations than texts: 4 copies of one extracted
 record are one positive, not four.  Treating them as four made a noise signal's 95% AUC interval
-exclude 0.5 in 45% of null samples shaped like the demo (issue 36).  So:
+exclude 0.5 in 45% of null samples shaped like the demo.  So:
 
 * **Cluster bootstrap** (``cluster_weights``): each resample draws copy clusters with replacement,
   positive clusters (any copy positive) from the positive ones and the others from the others, and

@@ -1,5 +1,5 @@
 """Every count a page, the report or the export states about a run's texts, from one object
-(issue 37: the headline, the tiles, the table, the filters and the report agree because they read
+(the headline, the tiles, the table, the filters and the report agree because they read
 the same numbers).
 
 Texts are counted as rows of the verdict (each example once, copies included); ``distinct``

@@ -7,7 +7,7 @@ Two controls, shared by the dashboard, ``gnq report`` (HTML and JSON) and the st
   function of length alone scores exactly 0.5 (ties count ½).  Equivalently: each length stratum's
   AUC weighted by its number of positive×negative pairs.  A length whose texts share one outcome
   holds no pair and adds nothing.  ``merge=True`` merges such a length with the next longer
-  one(s) until the stratum holds both outcomes, as issue 25 proposed; it is not the default
+  one(s) until the stratum holds both outcomes, an option asked for in review; it is not the default
   because the merged pairs compare texts of different lengths again: on the demo run (8
   extracted texts, all of length 31 or 35) it left 2 strata spanning 14–45 tokens, in which text
   length itself scored 0.21 instead of 0.5.  The earlier control (3 quantile bins, unweighted

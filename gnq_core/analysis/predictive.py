@@ -14,7 +14,7 @@ length, the combined verdict's risk...) against a binary outcome (``extracted``)
   texts (k ≥ 1).  Texts tied at the cut share the remaining places in expectation (as a random
   tie-break would on average), so a constant signal gets exactly the base rate.
 
-Every number comes with an interval (analysis/clusters.py, issue 36): ``resamples`` stratified
+Every number comes with an interval (analysis/clusters.py): ``resamples`` stratified
 resamples of copy clusters (extracted and kept records resampled separately, so every resample
 has both; a record's copies drawn together), seeded; the expanded percentile interval at
 ``level`` for the AUC, Wilson over the effective number of records for the rates (TPR,

@@ -4,7 +4,7 @@ the HTML report, ``gnq report --json`` and the dashboard's Extraction and Runs p
 ``RunReport.to_json()`` follows the schema ``gnq-report/2`` (docs/DESIGN.md §8, "The report's
 JSON"): provenance (λ, loss convention, batch size, seed, model and dataset identity, code
 version, attack rule), what GNQ is on this run, the record-level GNQ of each copy cluster, and
-one row per outcome × unit × signal × scope of analysis.evidence.  Version 2 (issue 36): every
+one row per outcome × unit × signal × scope of analysis.evidence.  Version 2 (copies counted once): every
 row states its ``unit`` (texts or records: copies collapsed), ``independent_positives`` (and
 negatives: records, copies once), ``too_few`` (then no estimate, only the note), and its
 intervals resample copy clusters.

@@ -15,7 +15,7 @@ What each signal means, and so how they combine (no weights fitted to any data s
   scored against that outcome; ``risk_basis`` says what it is on the run, in words, and
   ``risk_label`` in a few ("loss-only, uncalibrated" without a reference model or ground truth).
 
-**Status** (issue 37: the secret decides), one vocabulary for every page, the report and the
+**Status** (the secret decides), one vocabulary for every page, the report and the
 export (``STATUSES``, most severe first):
 
 * ``leaked`` — for a text with a secret-like value: the model writes a value whole (every letter

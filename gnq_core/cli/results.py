@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
@@ -41,7 +42,7 @@ def export(
     from gnq_core.analysis.verdict import STATUSES, flag, rank_texts
     from gnq_core.pipelines.protected_paths import refuse_overwrite
     from gnq_core.pipelines.text_labels import ensure_text_labels
-    from gnq_core.results.export import FORMATS, export_frame, write_table
+    from gnq_core.results.export import FORMATS, FORMULA_GUARD_NOTE, export_frame, guarded_cells, write_table
 
     if format is None:
         format = out.suffix.lstrip(".").lower()
@@ -63,8 +64,12 @@ def export(
     flagged = flag(ranked, top=top, min_percentile=min_percentile,
                    min_gnq=min_gnq, group=group, statuses=tuple(status or ()))
     has_attack = not store.extractions(info.run_id).empty
-    write_table(export_frame(flagged, has_attack), out, format, neutralise=not exact_csv)
+    table = export_frame(flagged, has_attack)
+    write_table(table, out, format, neutralise=not exact_csv)
     _done(quiet, f"{len(flagged)} texts of run {info.name!r} written to {out}")
+    guarded = guarded_cells(table) if format == "csv" and not exact_csv else 0
+    if guarded:  # the ' a spreadsheet user sees before "+351 …" is explained where it appears
+        _done(quiet, f"{guarded} cell(s) begin with ': in the CSV, {FORMULA_GUARD_NOTE}.")
 
 
 @app.command()
@@ -148,18 +153,49 @@ def runs(
     if frame.empty:
         console.print(markup_safe(f"{store.path}: no runs yet (try `gnq demo`)"))
         return
-    table = Table(title=markup_safe(f"Runs in {store.path}"))
-    for col in ("id", "name", "kind", "status", "examples", "points", "λ", "B", "seed", "max len",
-                "attacked", "updated"):
-        table.add_column(col)
-    # A run name is what the other commands take: shown whole, never cut to "demo-aud…"
-    table.columns[1].no_wrap = True
-    table.columns[1].min_width = max(len(terminal_safe(n)) for n in frame["name"])
-    for r in frame.itertuples():  # names come from users and folder names: shown as plain, safe text
-        table.add_row(*(Text(terminal_safe(v)) for v in (
-            r.run_id, r.name, r.kind, r.status, r.n_examples, f"{r.points_done}/{r.points_total}",
-            f"{r.lam:g}", r.batch_size, r.seed, r.max_length, r.extraction_rows, r.updated_at)))
+    rows = [[terminal_safe(v) for v in (
+        r.run_id, r.name, r.kind, r.status, r.n_examples, f"{r.points_done}/{r.points_total}", f"{r.lam:g}",
+        r.batch_size, r.seed, r.max_length, r.extraction_rows, _minute(r.updated_at))]
+        for r in frame.itertuples()]  # names come from users and folder names: shown as plain, safe text
+    keep = fit_columns(RUN_COLUMNS, rows, console.width, RUN_COLUMNS_DROPPED_FIRST)
+    left_out = [c for i, c in enumerate(RUN_COLUMNS) if i not in keep]
+    table = Table(title=markup_safe(f"Runs in {store.path}"),
+                  caption=f"{', '.join(left_out)}: left out to fit {console.width} columns "
+                          "(a wider terminal or --json shows them)" if left_out else None)
+    for i in keep:
+        # A run name is what the other commands take: shown whole, never cut to "demo-aud…"
+        table.add_column(RUN_COLUMNS[i], no_wrap=RUN_COLUMNS[i] == "name")
+    for row in rows:
+        table.add_row(*(Text(row[i]) for i in keep))
     console.print(table)
+
+
+RUN_COLUMNS = ("id", "name", "kind", "status", "examples", "points", "λ", "B", "seed", "max len",
+               "attacked", "updated")
+# On a narrow terminal these go first (settings `gnq runs --json` gives in full), so the columns a
+# user acts on (which run, its status, how far it got, when) are shown whole rather than all cut to "st…".
+RUN_COLUMNS_DROPPED_FIRST = ("max len", "seed", "B", "λ", "attacked", "kind", "examples")
+
+
+def fit_columns(header: tuple[str, ...], rows: list[list[str]], width: int,
+                drop_order: tuple[str, ...]) -> list[int]:
+    """Indices of the columns to show: all of them when the table fits ``width`` cells, else the
+    columns of ``drop_order`` left out in turn until it fits (or none are left to drop)."""
+    need = [max(cell_len(c) for c in (h, *(row[i] for row in rows))) for i, h in enumerate(header)]
+    keep = list(range(len(header)))
+    drops = iter(header.index(name) for name in drop_order)
+    # rich's default box: one cell of padding each side and a rule between and around the columns
+    while sum(need[i] + 3 for i in keep) + 1 > width:
+        i = next(drops, None)
+        if i is None:
+            break
+        keep.remove(i)
+    return keep
+
+
+def _minute(stamp: object) -> str:
+    """A timestamp to the minute ("2026-11-28 00:01"): the seconds and microseconds cost 10 columns."""
+    return str(stamp)[:16]
 
 
 @app.command()

@@ -153,6 +153,8 @@ class DistributedGNQResult(RankRows, GNQResult):
 class DistributedGNQAuditor(OwnComm, GNQAuditor):
     """``GNQAuditor`` for a model trained with torch.distributed (see the module doc).
 
+    Other arguments as ``GNQAuditor``.
+
     Args:
         model: the model, wrapped in DDP or not (hooks go on the inner module).
         scope: "rank" (the rank's micro-batch) or "global" (all ranks' micro-batches).
@@ -160,7 +162,6 @@ class DistributedGNQAuditor(OwnComm, GNQAuditor):
             "gradients".
         group: the process group whose ranks form the global batch (default: all ranks); the
             auditor communicates on a new group with the same ranks.
-        Other arguments as ``GNQAuditor``.
     """
 
     def __init__(self, model: nn.Module, lam: float = 1e-2, *, scope: Scope = "global",

@@ -63,10 +63,11 @@ class DistributedWindowResult(RankRows, WindowResult):
 class DistributedWindowAuditor(OwnComm, WindowAuditor):
     """``WindowAuditor`` whose window is every rank's window (see the module doc).
 
+    Other arguments as ``WindowAuditor`` (mode, sketch, window_budget...).
+
     Args:
         model: the model, wrapped in DDP or not (hooks go on the inner module).
         group: the process group whose ranks pool their windows (default: all ranks).
-        Other arguments as ``WindowAuditor`` (mode, sketch, window_budget...).
     """
 
     def __init__(self, model: nn.Module, lam: float = 1e-2, *, group: Any = None, **kwargs: Any) -> None:

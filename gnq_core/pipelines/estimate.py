@@ -1,6 +1,6 @@
 """How long an audit will take, estimated before it starts from measured throughput.
 
-The constants are README's Performance measurements of `gnq audit` and `gnq extract`
+The constants are the measurements of docs/performance.md of `gnq audit` and `gnq extract`
 (``python -m benchmarks.cli_throughput``, ``benchmarks/results/cli_throughput-cpu.json``: 512 AG
 News texts, GPT-2 presets tiny and small, a 2-core x86_64 CPU at 2 torch threads). Time per text
 is modelled as a fixed cost plus parameters × tokens over a rate; the two presets give the two
@@ -100,7 +100,7 @@ def estimate_audit(*, parameters: int, texts: int, checkpoints: int, tokens: flo
     basis = (f"{_count(parameters)} parameters × ≈{tokens:.0f} tokens a text × {texts:,} texts × "
              f"{checkpoints} checkpoint(s) at {threads} thread(s), scaled from `gnq audit` measured at "
              f"{small.per_s:g} texts/s per checkpoint on {small.parameters / 1e6:.1f}M parameters × "
-             f"{small.tokens:g} tokens (README, Performance; {BENCH_MACHINE}); a busy machine is slower"
+             f"{small.tokens:g} tokens (docs/performance.md; {BENCH_MACHINE}); a busy machine is slower"
              + ("; the attack scaled from `gnq extract`" if attack else "")
              + "; secret-value probing not included")
     return Estimate(audit_s=audit_s, attack_s=attack_s, basis=basis)

@@ -102,7 +102,7 @@ class _TextsJob:
     name: str | None = None  # the run; default: the out / checkpoints folder's name
     text_column: str | None = None
     group_column: str | None = None
-    secret_column: str | None = None  # each row's private value(s), found in its text (issue 37)
+    secret_column: str | None = None  # each row's private value(s), found in its text
     secret_patterns: tuple[str, ...] = ()  # regexes of values to treat as secret (group 1: the value)
     public_column: str | None = None  # true: the text is public, nothing private in it
     threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice

@@ -25,24 +25,36 @@ FORMATS = ("csv", "jsonl", "parquet")
 # Cells starting with one of these are escaped with FORMULA_GUARD in CSV exports.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 FORMULA_GUARD = "'"
+# Why a CSV cell may begin with ', said the same way by the dashboard and by `gnq export`.
+FORMULA_GUARD_NOTE = ("a cell that begins with =, +, - or @ (a phone number such as +1 415…) gets one "
+                      "leading ' so a spreadsheet does not run it as a formula (CSV injection); "
+                      "`gnq export --exact-csv` writes the texts as they are")
 
 
 class ExportError(GNQError, ValueError):
     """An export that cannot be written; the message is one line naming the file."""
 
 
+def _needs_guard(value: object) -> bool:
+    return isinstance(value, str) and value.startswith((*FORMULA_STARTS, FORMULA_GUARD))
+
+
+def _text_columns(frame: pd.DataFrame) -> list:
+    return [c for c in frame.columns
+            if not (pd.api.types.is_numeric_dtype(frame[c]) or pd.api.types.is_bool_dtype(frame[c]))]
+
+
 def neutralise_formulas(frame: pd.DataFrame) -> pd.DataFrame:
     """A copy of ``frame`` whose text cells (every column) cannot start a spreadsheet formula."""
-    def guard(value: object) -> object:
-        if isinstance(value, str) and value.startswith((*FORMULA_STARTS, FORMULA_GUARD)):
-            return FORMULA_GUARD + value
-        return value
-
     out = frame.copy()
-    for column in out.columns:
-        if not (pd.api.types.is_numeric_dtype(out[column]) or pd.api.types.is_bool_dtype(out[column])):
-            out[column] = out[column].map(guard)
+    for column in _text_columns(out):
+        out[column] = out[column].map(lambda v: FORMULA_GUARD + v if _needs_guard(v) else v)
     return out
+
+
+def guarded_cells(frame: pd.DataFrame) -> int:
+    """How many cells of ``frame`` the CSV formula guard changes (``neutralise_formulas``)."""
+    return sum(int(frame[c].map(_needs_guard).sum()) for c in _text_columns(frame))
 
 
 def strip_formula_guard(text: str) -> str:

@@ -19,7 +19,7 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 TEXT_LABEL_COLUMNS = ["copies", "cluster_id", "secret", "secret_start", "secret_end", "secret_match",
                       "secret_values", "public"]
 
-# A secret-like value "partly leaked" (issue 37): not all of its letters and digits came out, but at
+# A secret-like value "partly leaked": not all of its letters and digits came out, but at
 # least PARTLY_MIN_CHARS of them that its format does not explain (novel_chars_reproduced: not what
 # the run's other values of its kind have at that place, as "+44 20 7946" of every phone number of
 # a data set), at least a quarter of them, and more than the reference model wrote (a digit guessed

@@ -80,7 +80,7 @@ class TextDataset:
     text_column: str | None  # None for .txt
     group_column: str | None
     dropped: int = 0  # rows dropped because their text was missing, empty or whitespace-only
-    # issue 37: per text, its private values (--secret-column) and whether it is public
+    # per text, its private values (--secret-column) and whether it is public
     # (--public-column); None: no such column
     secret_values: list[list[str]] | None = None
     public: list[bool] | None = None

@@ -63,7 +63,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "voc
                    "special_tokens_map.json")
 # Real tokenizers take < 130 bytes per vocabulary entry (Gemma 3: 33 MB for 262k entries) and
 # < 20 MB for small vocabularies.  Beyond this the file holds far more than the model can use;
-# parsing a 2M-entry vocabulary took 1.37 GB of memory (issue 21).
+# parsing a 2M-entry vocabulary took 1.37 GB of memory (measured).
 TOKENIZER_BYTES_PER_ENTRY = 256
 TOKENIZER_MIN_BYTES = 32 * 2**20
 TOKENIZER_MAX_BYTES = 128 * 2**20

@@ -10,7 +10,7 @@ private keys) as used by detect-secrets and gitleaks; a password, PIN or recover
 recognised by the words that announce it ("PIN 4821", "password: ...", "customer number ...").  What a pattern
 cannot know (a name, an address) is not claimed: the label means "looks like a secret".
 
-**Labelled values** (issue 37): a value after a label and a colon, "=" or "is" ("Card number:
+**Labelled values**: a value after a label and a colon, "=" or "is" ("Card number:
 4929 1830 5527 6614", "Phone: +91 98450 22713", "Passwort: ...", and any "key: value" whose key
 names something private, in several languages) is a secret of the label's kind even when its
 checksum fails, as made-up and test numbers do: such a match has ``verified=False``.  What the

@@ -10,7 +10,7 @@ PNG figures to ``reports/NAME/``:
 * ``trajectories``     — GNQ over checkpoints of a long training run, GNQ_total quantile bins
   (§6.4, Fig. 5–6, Table 4);
 * ``membership``       — leave-half-out membership: per-model membership AUC of each signal, which
-  signal predicts a text's in/out loss separation, canaries with exposure (issue 25);
+  signal predicts a text's in/out loss separation, canaries with exposure;
 * ``real_model_report`` — the report of reports/real-model/run.sh (SmolLM2-135M fine-tuned on CPU).
 """
 

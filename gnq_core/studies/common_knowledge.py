@@ -344,7 +344,7 @@ AUC is the probability that a random surprising claim scores higher than a rando
     gap = loss_gap(t["both"][t["both"]["point"] == -1], ctx.seed)
     knowledge = knowledge_table(prep, ctx.seed, ctx.device)
     r.text(paper_paragraph(summary, before_loss, gap, knowledge))
-    r.text("""Earlier run of this study (quoted from issue 19 and the report at commit d876b60; CPU, tiny
+    r.text("""Earlier run of this study (quoted from the notes and the report at commit d876b60; CPU, tiny
 GPT-2, the older design with the facts mixed into pretraining verbatim, no intervals): AUC of
 surprising over common GNQ 0.849, counterfactual memorization 0.772, loss 0.970 — the loss
 separated the groups best because the model had seen the facts word for word. No GPU run of this

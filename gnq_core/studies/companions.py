@@ -1,4 +1,4 @@
-"""Study: what GNQ is when a text's companions are many (issue 34, item 5; DESIGN.md §9).
+"""Study: what GNQ is when a text's companions are many (DESIGN.md §9).
 
 GNQ_j = ‖g_j‖² left unexplained by a ridge regression of g_j on its companions' gradients, over λ:
 GNQ_j·λ = K_jj − k_jCᵀ(K_CC + λI)⁻¹k_Cj.  In a micro-batch of 2–16 texts the companions explain
@@ -699,7 +699,7 @@ def _write(ctx: StudyContext, cfg: Config, results: list[SeedResult], shares: pd
         r.table(m.rename(columns={"auc_within_length": "mean AUC within length", "gain": "mean CV gain"}),
                 caption=f"Means over {len(results)} seed(s) of the numbers above (too few: n/a).")
     if error is not None:
-        r.text("## Sketched vs exact GNQ on one batch (issue 34, item 4)")
+        r.text("## Sketched vs exact GNQ on one batch (what the sketch costs in accuracy)")
         keys = ["median_rel_error", "p95_rel_error", "spearman", "kjj_median_rel_error", "seconds"]
         agg = pd.DataFrame(error["rows"]).groupby(["k", "vocab_rows", "width"], sort=False)[keys].median()
         r.table(agg.reset_index(), {k: ".4f" for k in keys[:4]} | {"seconds": ".1f"},

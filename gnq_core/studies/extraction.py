@@ -124,7 +124,7 @@ PAPER_TABLE3 = {("GNQ", 0.05): (20, 20), ("GNQ", 0.10): (35, 40), ("GNQ", 0.20):
                 ("Counterfactual", 0.20): (41, 80)}
 
 
-EARLIER = """Earlier runs of this study (quoted from issue 19 and the reports at commit d876b60; CPU, tiny
+EARLIER = """Earlier runs of this study (quoted from the notes and the reports at commit d876b60; CPU, tiny
 GPT-2, the older design with the facts mixed into pretraining verbatim, no intervals): the top
 5/10/20% by GNQ were extracted at 0.375/0.375/0.453, random picks at 0.525/0.456/0.553 — GNQ picked
 worse than chance there. No GPU run of this study exists yet."""

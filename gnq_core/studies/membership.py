@@ -1,4 +1,4 @@
-"""Leave-half-out membership (issue 25, 2b): which signal predicts that a model learned a text?
+"""Leave-half-out membership: which signal predicts that a model learned a text?
 
 N models are trained from scratch with in-run GNQ (``pipelines.train``, the engine's own loop),
 model 2q and 2q+1 on the two complementary halves of one seeded permutation of the texts

@@ -1,5 +1,5 @@
 """Property-based fuzzing of every file GNQ reads from a user: dataset files, config.json,
-safetensors headers and tokenizer files (issue 20 item 2).
+safetensors headers and tokenizer files.
 
 Every generated case must end in a correct read or ONE line naming the file, never a traceback
 (any other exception fails the test) and never a hang (each case has a time limit).  About 3,500

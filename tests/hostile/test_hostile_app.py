@@ -80,7 +80,7 @@ def test_user_data_is_never_rendered_as_markup(hostile_store, monkeypatch, name)
 
 @pytest.mark.parametrize("text", ["²", "٣", "-1", "9" * 40, "1e3"])
 def test_an_odd_linked_text_is_ignored_not_a_traceback(hostile_store, monkeypatch, text):
-    """issue 30: `/drilldown?text=²` raised ValueError ("²".isdigit() is True, int("²") fails)."""
+    """`/drilldown?text=²` raised ValueError ("²".isdigit() is True, int("²") fails)."""
     db, run, _ = hostile_store
     monkeypatch.setenv("GNQ_DB", str(db))
     at = AppTest.from_file(str(ROOT / "app" / "views" / "drilldown.py"), default_timeout=120)

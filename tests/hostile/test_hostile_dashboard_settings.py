@@ -1,4 +1,4 @@
-"""The dashboard's server settings do not depend on the folder it is started from (issue 21 item 4):
+"""The dashboard's server settings do not depend on the folder it is started from:
 a real `streamlit run /abs/path/app/main.py` started in a temporary folder listens on localhost
 only, with usage statistics off; so does `gnq dashboard`.  A dataset path that is a link out of
 its folder (to /etc/passwd) is refused on the New audit page."""

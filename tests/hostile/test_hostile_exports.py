@@ -1,4 +1,4 @@
-"""Exports (issue 21 items 3 and 6; issue 20 items 1 and 3): every text reads back exactly from
+"""Exports: every text reads back exactly from
 CSV (a bare carriage return no longer splits a row), formula-leading cells in every column are
 neutralised with a documented ``'`` (``--exact-csv`` opts out), and an export or a store onto a
 FIFO, a device, a read-only folder, a path under a file or a full disk is one line, exit 1, with

@@ -1,4 +1,4 @@
-"""Nothing reachable before the token (issue 30 item 1): the real server on 127.0.0.1 refuses an
+"""Nothing reachable before the token: the real server on 127.0.0.1 refuses an
 anonymous client's uploads, media downloads, websocket and pages at the HTTP layer; the token
 leaves the address once given; tracebacks never reach the browser; a non-local address without a
 token is refused."""

@@ -1,4 +1,4 @@
-"""The gate matches exact paths and checks every request's Host and Origin (issue 38 item 3):
+"""The gate matches exact paths and checks every request's Host and Origin:
 ``/anything/healthz`` is not the health probe, a host name the dashboard does not serve is refused
 with or without a token (DNS rebinding), and a websocket must come from the dashboard's own origin,
 same port.  The ASGI middleware is driven directly, so no server is started."""

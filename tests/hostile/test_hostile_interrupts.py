@@ -1,4 +1,4 @@
-"""Interruption is idempotent (issue 30 item 4): however many SIGINT/SIGTERM arrive, a run ends with
+"""Interruption is idempotent: however many SIGINT/SIGTERM arrive, a run ends with
 one final status ('cancelled'), no traceback (no DuckDB 'Query interrupted'), and no thread that can
 keep the process alive."""
 

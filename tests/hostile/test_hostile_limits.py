@@ -1,4 +1,4 @@
-"""Checkpoints beyond sane bounds (issue 21 items 1, 2, 7; issue 20 item 6): a config asking for a
+"""Checkpoints beyond sane bounds: a config asking for a
 billion (or -1) layers, a tokenizer mapping a token past the embedding or with millions of entries,
 weights declared larger than the memory, files that are links out of the folder.  Each is refused
 in one line naming the file, quickly, before anything is built, parsed or allocated, and the store

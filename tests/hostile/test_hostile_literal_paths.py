@@ -1,4 +1,4 @@
-"""Paths are literal everywhere (issue 30 item 2): a shards folder named with glob characters
+"""Paths are literal everywhere: a shards folder named with glob characters
 (`[1]`, `*`, `?`) reads its own files, never a sibling's."""
 
 from __future__ import annotations

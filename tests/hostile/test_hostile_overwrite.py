@@ -1,4 +1,4 @@
-"""Nothing overwritten, nothing swapped (issue 30 item 2): no command's output replaces a file the
+"""Nothing overwritten, nothing swapped: no command's output replaces a file the
 tool depends on (another run's checkpoints, the store, a dataset), and a recorded checkpoint is
 verified against its stored hash before it is reused."""
 

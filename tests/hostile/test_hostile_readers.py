@@ -1,5 +1,5 @@
-"""Readers turn malformed columns, numbers and encodings into one line naming the file (issue 38
-item 4 and 5): a Parquet file with two columns of one name, a JSON-escaped lone surrogate in a
+"""Readers turn malformed columns, numbers and encodings into one line naming the file: a Parquet
+file with two columns of one name, a JSON-escaped lone surrogate in a
 .jsonl text or group, a 5,000-digit integer in any .jsonl field; a damaged older store fails its
 migration in one line, left byte for byte as it was; a checkpoint's Rust tokenizer panicking while
 decoding (not only encoding) is one line naming its folder, with nothing of Rust's note on fd 2."""

@@ -1,4 +1,4 @@
-"""A refusal is one line (issue 38 items 6 and 7): transformers' own warnings made while a refused
+"""A refusal is one line: transformers' own warnings made while a refused
 checkpoint was checked are dropped (kept when it passes); a rotary scaling factor of -2 or an
 out-of-range yarn field is refused with the rule, not "division by zero"; a text is cut to a character
 bound from --max-length before it is tokenised, so a 2-million-character word costs no more than a

@@ -1,4 +1,4 @@
-"""One tokenizer and one architecture per series (issue 30 item 2): a series mixing two vocabularies
+"""One tokenizer and one architecture per series: a series mixing two vocabularies
 (362 and 400 tokens) or two architectures is refused in one line before anything is written."""
 
 from __future__ import annotations

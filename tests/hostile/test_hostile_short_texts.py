@@ -1,6 +1,6 @@
 """A text of one token has no next token to predict: no loss, no gradient, so no GNQ.  It is stored
 with NULL GNQ, loss and K_jj (not 0, which reads as "fits perfectly, encodes nothing"), counted in
-one line by `gnq audit` and `gnq train`, never attacked by `gnq extract` (issue 30 item 7)."""
+one line by `gnq audit` and `gnq train`, never attacked by `gnq extract`."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _check(db, output: str, short: int) -> None:
     assert len(mine) and mine[["gnq", "loss", "self_influence"]].isna().all().all()
     assert (others["loss"] > 0).all() and others["self_influence"].map(math.isfinite).all()
     # a text alone in its GNQ batch (13 texts in batches of 4: the last one) has no companions,
-    # so no GNQ (issue 34), and the command says so; every other text has a finite GNQ
+    # so no GNQ, and the command says so; every other text has a finite GNQ
     alone = others["gnq"].isna()
     assert others.loc[~alone, "gnq"].map(math.isfinite).all()
     assert alone.sum() == 1 and "1 text(s) were alone in their GNQ batch" in output

@@ -1,5 +1,5 @@
 """Ctrl-C while `gnq` starts (Python importing typer, rich, torch: the first ~0.1-4 s) is one line and
-exit code 130, never a KeyboardInterrupt traceback (issue 30 item 4), through the real entry points:
+exit code 130, never a KeyboardInterrupt traceback, through the real entry points:
 the console script pyproject declares, ``python -m gnq_core.cli`` and the dashboard's job process.
 
 Delays count from the moment a bare interpreter is up (measured here, so a loaded machine shifts

@@ -1,4 +1,4 @@
-"""Terminal escape sequences (issue 30 item 3): a string from an untrusted file or a user (a CSV
+"""Terminal escape sequences: a string from an untrusted file or a user (a CSV
 header, a checkpoint folder's name, a run name) never reaches the terminal raw: not in the one-line
 errors, the progress bar, `gnq runs`, nor as rich markup."""
 

@@ -1,4 +1,4 @@
-"""Uploads that the file system refuses (issue 21 item 5): a 300-character file name, a file and a
+"""Uploads that the file system refuses: a 300-character file name, a file and a
 folder of the same name, a read-only folder.  Each is one ValueError line naming the file, which
 the New audit page shows in its error box, instead of an uncaught OSError."""
 

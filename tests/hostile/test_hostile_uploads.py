@@ -136,7 +136,7 @@ def test_the_job_log_shown_is_only_ever_read_from_the_jobs_folder(tmp_path):
 
 
 def test_trainer_state_an_audit_never_reads_is_not_saved(tmp_path):
-    """Issue 26: optimizer, scheduler and RNG state and the pickled training arguments that the
+    """Optimizer, scheduler and RNG state and the pickled training arguments that the
     Trainer writes beside each checkpoint are not written to disk (nor counted in its size)."""
     into = tmp_path / "up"
     names = ["run/checkpoint-5/config.json", "run/checkpoint-5/model.safetensors",

@@ -1,4 +1,4 @@
-"""Every value validated before anything is written (issue 30 item 5), against the range of the
+"""Every value validated before anything is written, against the range of the
 store column that will hold it too: one line naming the option, exit code 1, no store, no run."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_a_store_missing_a_table_is_one_line(tmp_path, table):
 
 @pytest.mark.parametrize("cut", [4096, 262_144])
 def test_a_truncated_store_is_one_line_for_readers_and_writers(tmp_path, cut):
-    """issue 30: writing to a truncated store gave a DuckDB traceback."""
+    """Writing to a truncated store gave a DuckDB traceback."""
     from gnq_core.results.store import Store
     from gnq_core.results.store_schema import StoreError
 

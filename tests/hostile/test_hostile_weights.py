@@ -1,4 +1,4 @@
-"""Numerical failure is not silent (issue 30 item 6): NaN/Inf in config.json or in the weights is
+"""Numerical failure is not silent: NaN/Inf in config.json or in the weights is
 refused before a run starts; a run whose batches are mostly non-finite ends 'failed' with one line,
 not 'done' with rc 0."""
 

@@ -1,4 +1,4 @@
-"""Every writer checks its target (issue 38 items 1 and 2): a report (HTML or JSON), an export, an
+"""Every writer checks its target: a report (HTML or JSON), an export, an
 upload, a checkpoint folder and any atomic write refuse a FIFO or a device node instead of
 replacing it; no output replaces an input of its own command (``--non-members``) or a file a
 recorded run depends on: its tokenizer folder, starting checkpoint, reference model, non-member

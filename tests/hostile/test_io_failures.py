@@ -1,4 +1,4 @@
-"""Disk full, read-only folders, dead processes (issue 20 item 4): every I/O failure of gnq audit /
+"""Disk full, read-only folders, dead processes: every I/O failure of gnq audit /
 train / extract and of store writes is one line naming the file and the cause, exit code 1; a
 run whose process died shows as 'interrupted', never 'running' for ever; a rerun resumes."""
 

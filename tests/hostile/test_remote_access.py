@@ -1,4 +1,4 @@
-"""Remote use of the dashboard (issue 20 item 7): a token when served beyond localhost, local paths
+"""Remote use of the dashboard: a token when served beyond localhost, local paths
 only under the data roots (GNQ_DATA_ROOTS), no folders created outside them."""
 
 from __future__ import annotations

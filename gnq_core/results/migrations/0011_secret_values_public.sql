@@ -1,4 +1,4 @@
--- Schema version 11 (issue 37; 10 is batch_gnq_mode on branch i34): every secret-like value of
+-- Schema version 11 (10 is batch_gnq_mode, written on another branch at the same time): every secret-like value of
 -- a text, not only the first, as JSON (sources/secrets.py values_json: kind, match and value spans, verified = its checksum holds),
 -- for the secret attack to probe each; and whether the user marked the text public (a public
 -- text holds nothing private: it is not searched for secrets and never "at risk").
