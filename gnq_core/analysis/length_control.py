@@ -151,25 +151,31 @@ def lr_p(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, base_extra
 def cv_gain(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None, *,
             resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL,
             signal_is_loss: bool = False, cache: dict | None = None, groups: np.ndarray | None = None,
-            min_records: int = 0, copies: np.ndarray | None = None) -> Gain:
+            min_records: int = 0, copies: np.ndarray | None = None,
+            covariates: dict[str, np.ndarray] | None = None) -> Gain:
     """The cross-validated AUC gain of ``scores`` over [length spline + ``loss`` + log ``copies``]
     (see the module docstring), on the texts where score, length, outcome (and loss, copies) are
     all known.  ``signal_is_loss``: no loss in the base; ``copies`` None (the signal is the copy
-    count, or no copy detection ran): no copy count in the base.  ``cache``: a dict shared by calls
-    on the same texts (the base model is fitted once per set of texts scored).  ``groups`` (copy
-    clusters): folds grouped by cluster, the interval a cluster bootstrap expanded for the
-    effective number of records, the LR test on records; fewer than ``min_records`` positive or
-    negative records: no number, ``note`` says why."""
+    count, or no copy detection ran): no copy count in the base.  ``covariates``: more base columns
+    by name (e.g. K_jj, so that a GNQ gain is what the gradient norm does not already say).
+    ``cache``: a dict shared by calls on the same texts (the base model is fitted once per set of
+    texts scored).  ``groups`` (copy clusters): folds grouped by cluster, the interval a cluster
+    bootstrap expanded for the effective number of records, the LR test on records; fewer than
+    ``min_records`` positive or negative records: no number, ``note`` says why."""
     s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     n_len = np.asarray(lengths, dtype=float)
     use_loss = loss is not None and not signal_is_loss
     lo_ = np.asarray(loss, dtype=float) if use_loss else np.zeros(len(s))
     log_c = np.log(np.asarray(copies, dtype=float)) if copies is not None else np.zeros(len(s))
+    more = {k: np.asarray(v, dtype=float) for k, v in (covariates or {}).items()}
     keep = np.isfinite(s) & np.isfinite(n_len) & np.isfinite(lo_) & np.isfinite(log_c)
+    for v in more.values():
+        keep &= np.isfinite(v)
     g = None if groups is None else np.asarray(groups)[keep]
     s, y, n_len, lo_, log_c = s[keep], y[keep], n_len[keep], lo_[keep], log_c[keep]
+    more = {k: v[keep] for k, v in more.items()}
     base = " + ".join(["length spline", *(["loss"] if use_loss else []),
-                       *(["log copies"] if copies is not None else [])])
+                       *(["log copies"] if copies is not None else []), *more])
     n = len(y)
     pos, neg = records(y, g)
     if min(pos, neg) < FOLDS:
@@ -178,9 +184,9 @@ def cv_gain(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, loss: n
         note = too_few(y, g, min_records) if min_records else ""
     if note:
         return Gain(*(math.nan,) * 6, n, base, note=note)
-    base_extra = ([lo_] if use_loss else []) + ([log_c] if copies is not None else [])
+    base_extra = ([lo_] if use_loss else []) + ([log_c] if copies is not None else []) + list(more.values())
     key = (keep.tobytes(), y.tobytes(), None if g is None else g.tobytes(), use_loss, copies is not None,
-           seed, resamples)
+           tuple(more), seed, resamples)
     if cache is not None and key in cache:
         pred_base, auc_base, b_base = cache[key]
     else:
