@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
@@ -53,7 +52,7 @@ from gnq_core.sources.copies import find_copies
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 from gnq_core.studies import report as rep
 from gnq_core.studies.base import StudyContext, Timings, ag_news, machine
-from gnq_core.studies.companions import DEMO_DATA, FIRST, LAST, TOWNS
+from gnq_core.studies.companions import DEMO_DATA, FIRST, LAST, TOWNS, fine_tune, load_model
 from gnq_core.studies.counterfactual import cf_subset, counterfactual_memorization
 
 STUDY = "counterfactual"
@@ -96,7 +95,6 @@ class Config:
     min_seeds: int = 3
     min_gain: float = 0.02
     dtype: str = "float32"
-    hidden: int = 32           # tiny model only
 
 
 QUICK = Config(model="tiny", base_texts=40, records=6, models=4, max_length=40, batch_size=8, lr=1e-2,
@@ -158,43 +156,9 @@ def study_records(texts: list[str], cfg: Config, seed: int) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------- model
-def load_model(cfg: Config, texts: list[str], seed: int):
-    """(model, tokenizer): the cached SmolLM2 (``gnq model fetch smollm2``), or a tiny tied Llama
-    with a byte-level tokenizer trained on the texts."""
-    if cfg.model == "smollm2":
-        from gnq_core.sources.checkpoints.load import load_checkpoint
-        from gnq_core.sources.real_models import fetch_model
-
-        model, tok = load_checkpoint(fetch_model("smollm2"))
-        return model.float(), tok
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from gnq_core.sources.models import train_tokenizer
-
-    tok = train_tokenizer(texts, vocab_size=300)
-    conf = LlamaConfig(vocab_size=len(tok), hidden_size=cfg.hidden, intermediate_size=2 * cfg.hidden,
-                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                       max_position_embeddings=cfg.max_length, tie_word_embeddings=True, pad_token_id=0,
-                       bos_token_id=0, eos_token_id=0)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(conf).to(getattr(torch, cfg.dtype)), tok
-
-
-def fine_tune(model, ids: list[list[int]], pad: int, cfg: Config, seed: int) -> None:
-    """AdamW on ``ids`` (copies included), ``cfg.epochs`` seeded shuffled epochs."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    rng = np.random.default_rng([seed, 1])
-    model.train()
-    for _ in range(cfg.epochs):
-        order = rng.permutation(len(ids))
-        for s in range(0, len(order), cfg.batch_size):
-            part = order[s:s + cfg.batch_size].tolist()
-            b = collate([ids[i] for i in part], part, pad)
-            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-            per_example_lm_loss(logits, b.labels).mean().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    model.eval()
+# The model (the cached SmolLM2, or a tiny tied Llama with a tokenizer trained on the texts) and
+# its fine-tune (AdamW, seeded shuffled epochs) are the companions study's: ``load_model`` and
+# ``fine_tune`` read only model, max_length, dtype, lr, epochs and batch_size from a Config.
 
 
 def expanded(records: list[int], copies: np.ndarray) -> list[int]:
@@ -489,8 +453,8 @@ settled. Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:
                    "AUC top decile [95%]", "CV gain [95%]"]],
             caption="Partial ρ: rank correlation with counterfactual memorisation given length, loss, log "
                     "copies and K_jj (less the signal itself). CV gain: out-of-fold AUC for the top decile "
-                    "over length spline + loss + log copies + K_jj. " + pr.interval_method(cfg.resamples, 0,
-                                                                                              pr.LEVEL))
+                    "over length spline + loss + log copies + K_jj (less the signal itself). "
+                    + pr.interval_method(cfg.resamples, 0, pr.LEVEL))
     r.text(f"""## Compute
 
 This run: {cost['this_run_seconds']:.0f} s on {machine("cpu")}. Full configuration (SmolLM2-135M,
