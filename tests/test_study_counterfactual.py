@@ -35,7 +35,8 @@ def test_quick_study_counterfactual_memorisation_grows_with_copies(tmp_path):
         f = pd.read_csv(tmp_path / "work" / "counterfactual-quick" / f"seed-{seed}" / "records.csv")
         planted = f[f["kind"] == "planted"].groupby("copies")[cs.CF].mean()
         assert planted[8] > planted[1] and planted[8] > f.loc[f["kind"] == "base", cs.CF].mean()
-        assert f[cs.EXPOSURE].isna().all()  # the hook's column, empty until exposure is settled
+        exposure = f.groupby("kind")[cs.EXPOSURE].apply(lambda v: v.notna().mean())
+        assert exposure["planted"] == 1 and exposure["base"] == 0  # every planted value, nothing else
         assert np.isfinite(f[["gnq", "k_jj", "loss", "min_k_plus", "zlib_ratio"]].to_numpy()).all()
     signals = pd.DataFrame(doc["signals"]).set_index("column")
     assert "gnq" in signals.index and "loss_ratio" not in signals.index  # a tiny model has no base model

@@ -16,8 +16,9 @@ minus mean loss over the models that trained on it.  Per seed:
    training texts, copies included, in seeded micro-batches: ``GNQAuditor``, exact), the
    gradient norm² K_jj, loss, loss ratio to the base model (a pretrained model only; a tiny
    model's base is random weights), Min-K%++, zlib ratio, copy count, length.
-4. Exposure of each planted value: column ``exposure``, left empty until the exact-rank exposure
-   of ``pipelines.secret_attack`` is settled (``exposure_hook``).
+4. Exposure of each planted value under the full model (``exposure_hook``: through
+   ``pipelines.secret_attack.exposure_of`` as it is today; the one place to switch when the
+   exact-rank exposure lands there).
 
 The rule is fixed before any number is read (``RULE``): GNQ adds value where its partial rank
 correlation with counterfactual memorisation given [length, loss, log copies, K_jj] has a
@@ -95,10 +96,11 @@ class Config:
     min_seeds: int = 3
     min_gain: float = 0.02
     dtype: str = "float32"
+    exposure_candidates: int = 200  # random values each planted value is ranked among (0: no exposure)
 
 
 QUICK = Config(model="tiny", base_texts=40, records=6, models=4, max_length=40, batch_size=8, lr=1e-2,
-               epochs=6, lam=1e-2, seeds=(0, 1, 2), resamples=200, dtype="float64")
+               epochs=6, lam=1e-2, seeds=(0, 1, 2), resamples=200, dtype="float64", exposure_candidates=100)
 FULL = Config(model="smollm2", base_texts=1000, records=25, models=16, max_length=64, batch_size=8, lr=2e-4,
               epochs=2, lam=1e-2)
 
@@ -193,10 +195,31 @@ def micro_batch_gnq(model, ids: list[list[int]], texts: list[int], pad: int, cfg
         return gnq_sum / count, kjj_sum / count
 
 
-def exposure_hook(model, tok, frame: pd.DataFrame, cfg: Config) -> np.ndarray:
-    """Exposure (bits) of each planted record's value: NaN until the exact-rank exposure of
-    ``pipelines.secret_attack`` is settled; this is the one place that fills the column."""
-    return np.full(len(frame), np.nan)
+def exposure_hook(model, tok, frame: pd.DataFrame, ids: list[list[int]], cfg: Config,
+                  seed: int) -> np.ndarray:
+    """Exposure (bits) of each planted record's value among ``cfg.exposure_candidates`` random
+    values of its format after the same prompt tokens; NaN for base texts.  Through
+    ``pipelines.secret_attack.exposure_of`` as it is today: when the exact-rank exposure lands
+    there, this is the one place to switch."""
+    from gnq_core.pipelines.secret_attack import exposure_of, secret_targets
+
+    out = np.full(len(frame), np.nan)
+    if cfg.exposure_candidates < 2:
+        return out
+    stored = []
+    values = frame["value"].fillna("").astype(str)
+    for text, value, kind in zip(frame["text"], values, frame["kind"], strict=True):
+        at = text.rfind(value) if kind == "planted" and value else -1
+        stored.append(None if at < 0 else json.dumps([{"kind": "pin", "start": at, "end": at + len(value),
+                                                        "value_start": at, "value_end": at + len(value)}]))
+    pad = pad_id(tok)
+    device = next(model.parameters()).device
+    for target in secret_targets(tok, frame["text"].tolist(), list(range(len(frame))), ids, stored):
+        got = exposure_of(model, tok, frame["text"].iloc[target.example_id], target, cfg.exposure_candidates,
+                          seed, pad, 64, device, cfg.max_length)
+        if got is not None:
+            out[target.example_id] = got[0]
+    return out
 
 
 # ----------------------------------------------------------------------------------------- per seed
@@ -259,7 +282,10 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
     frame["zlib_ratio"] = (frame["loss"] * (frame["n_tokens"] - 1).clip(lower=1) / math.log(2)
                            / [zlib_bits(t) for t in frame["text"]])
     frame[GNQ], frame["k_jj"] = gnq, kjj
-    frame[EXPOSURE] = exposure_hook(model, tok, frame, cfg)
+    with timings.stage(f"seed {seed}: exposure"):
+        t = time.perf_counter()
+        frame[EXPOSURE] = exposure_hook(model, tok, frame, ids, cfg, seed)
+        seconds["exposure"] = time.perf_counter() - t
     frame.to_csv(folder / "records.csv", index=False)
     meta = {"seed": seed, "config": asdict(cfg), "seconds": seconds,
             "seconds_total": time.perf_counter() - t0,
@@ -348,8 +374,9 @@ def mean_by_copies(frames: list[pd.DataFrame]) -> pd.DataFrame:
     f = pd.concat(frames, ignore_index=True)
     f["group"] = np.where(f["kind"] == "base", "base texts (1 copy)",
                           "planted × " + f["copies"].astype(str))
-    return (f.groupby("group", sort=False)[CF].agg(["count", "mean", "median"]).reset_index()
-            .rename(columns={"count": "records", "mean": "mean", "median": "median"}))
+    out = f.groupby("group", sort=False)[CF].agg(["count", "mean", "median"])
+    out["mean exposure (bits)"] = f.groupby("group", sort=False)[EXPOSURE].mean()
+    return out.reset_index().rename(columns={"count": "records"})
 
 
 # ----------------------------------------------------------------------------------------- cost
@@ -360,8 +387,9 @@ def full_cost(meta: list[dict], measured: Path | None = None) -> dict:
     """The full configuration's estimated CPU time at K = 8 and 16: per seed, (K/2 + 1) trainings'
     worth of tokens (K models on half the records, one on all) × epochs at the SmolLM2 fine-tune
     rate this machine measured (the companions study's results.json: its fine-tune seconds over its
-    training tokens), plus K + 1 forward passes over the records at a third of that rate per token
-    and one exact micro-batch audit at about one training step per token."""
+    training tokens), plus K + 1 forward passes over the records at a third of that rate per token,
+    one exact micro-batch audit at about one training step per token, and the exposure's forward
+    passes over every planted value's candidates."""
     tokens_records = FULL.base_texts * BASE_TOKENS + FULL.records * len(FULL.copies) * RECORD_TOKENS
     tokens_all = FULL.base_texts * BASE_TOKENS + sum(FULL.records * m * RECORD_TOKENS for m in FULL.copies)
     rate, source = math.nan, "no SmolLM2 measurement found"
@@ -375,13 +403,17 @@ def full_cost(meta: list[dict], measured: Path | None = None) -> dict:
         source = (f"reports/companions/results.json: median SmolLM2 fine-tune {np.median(fine):.0f} s for "
                   f"{trained} tokens")
 
+    exposure = FULL.records * len(FULL.copies) * FULL.exposure_candidates * RECORD_TOKENS / 3
+
     def hours(k: int) -> float:
-        per_seed = (k / 2 + 1) * FULL.epochs * tokens_all + (k + 1) * tokens_records / 3 + tokens_all
+        per_seed = ((k / 2 + 1) * FULL.epochs * tokens_all + (k + 1) * tokens_records / 3 + tokens_all
+                    + exposure)
         return len(FULL.seeds) * per_seed * rate / 3600
 
     return {"tokens_records": tokens_records, "tokens_all": tokens_all, "seconds_per_token_trained": rate,
             "rate_source": source, "estimated_hours_k8": hours(8), "estimated_hours_k16": hours(16),
-            "formula": "seeds × ((K/2 + 1) × epochs × T_all + (K + 1) × T_records / 3 + T_all) × s_token",
+            "formula": ("seeds × ((K/2 + 1) × epochs × T_all + (K + 1) × T_records / 3 + T_all "
+                        "+ planted × candidates × T_record / 3) × s_token"),
             "assumptions": (f"T_all, T_records: {BASE_TOKENS} tokens a base text, {RECORD_TOKENS} a planted "
                             "record"),
             "this_run_seconds": sum(m["seconds_total"] for m in meta)}
@@ -441,11 +473,12 @@ in {cfg.models // 2}); {cfg.epochs} epochs, batch {cfg.batch_size}, AdamW lr {cf
 mean loss of those with it. Signals from one more model trained on every record: GNQ per
 micro-batch (exact, post hoc at the final weights, λ = {cfg.lam:g}) and K_jj averaged over a
 record's copies, loss, loss ratio to the base model (none for a tiny model), Min-K%++, zlib
-ratio, copies, length. Exposure (column `{EXPOSURE}`) is left empty until the exact-rank exposure is
-settled. Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
-    r.table(by_copies, {"mean": ".4f", "median": ".4f"},
-            caption="Counterfactual memorisation (loss out − loss in, nats per token) by how often a record "
-                    "was repeated.")
+ratio, copies, length. Exposure of each planted value: among {cfg.exposure_candidates} random
+values of its format after the same prompt (`secret_attack.exposure_of`, the tail extrapolated where
+the value ranks first). Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
+    r.table(by_copies, {"mean": ".4f", "median": ".4f", "mean exposure (bits)": ".2f"},
+            caption="Counterfactual memorisation (loss out − loss in, nats per token) and the planted "
+                    "values' exposure under the fully trained model, by how often a record was repeated.")
     shown = table.assign(**{"partial ρ [95%]": _cells(table, "partial", ".3f"),
                             "AUC top decile [95%]": _cells(table, "auc", ".3f"),
                             "CV gain [95%]": _cells(table, "gain", "+.3f")})
