@@ -99,7 +99,7 @@ class Config:
     exposure_candidates: int = 200  # random values each planted value is ranked among (0: no exposure)
 
 
-QUICK = Config(model="tiny", base_texts=40, records=6, models=4, max_length=40, batch_size=8, lr=1e-2,
+QUICK = Config(model="tiny", base_texts=40, records=6, models=4, max_length=96, batch_size=8, lr=1e-2,
                epochs=6, lam=1e-2, seeds=(0, 1, 2), resamples=200, dtype="float64", exposure_candidates=100)
 FULL = Config(model="smollm2", base_texts=1000, records=25, models=16, max_length=64, batch_size=8, lr=2e-4,
               epochs=2, lam=1e-2)
