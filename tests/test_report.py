@@ -218,7 +218,7 @@ def test_report_json_holds_every_table_with_provenance(db, tmp_path):
     assert isinstance(length["strata"], int) and length["strata"] >= 1 and length["pairs"] > 0
     assert by[("n_tokens", "exact length")]["auc"]["value"] == pytest.approx(0.5)  # length-only: 0.5
     gain = by[("gnq_total", "over length + loss")]
-    assert gain["base"] == "length spline + loss" and gain["cv_auc_gain"]["value"] is not None
+    assert gain["base"] == "length spline + loss + log copies" and gain["cv_auc_gain"]["value"] is not None
     assert 0 <= gain["lr_p"] <= 1
     assert doc["verdict"]["risk_basis"]  # which components the risk uses, in words
     # here the extracted texts are those with the highest GNQ: the run's own outcome validates GNQ,

@@ -328,10 +328,11 @@ def test_markdown_table_and_formats():
 def test_auc_cells_and_interval_columns():
     # one class among the finite values: the AUC alone; both classes: with its bootstrap interval
     assert auc_cell(0.5, [1.0, 2.0, np.nan], [True, True, False], seed=0) == "0.500"
-    scores, labels = np.array([1.0, 2.0, 3.0, 4.0]), np.array([False, False, True, True])
+    scores, labels = np.arange(24.0), np.arange(24) >= 12   # 12 independent records of each outcome
     lo, hi = auc_interval(scores, labels, seed=0)
     assert auc_cell(1.0, scores, labels, seed=0) == f"1.000 [{lo:.3f}, {hi:.3f}]"
     assert lo <= 1.0 == hi
+    assert auc_cell(1.0, scores[8:], labels[8:], seed=0).startswith("1.000 (too few: 12 vs 4 records)")
     frame = pd.DataFrame({"gap": [0.5, np.nan], "gap lo": [0.1, 0.2], "gap hi": [0.9, 1.0], "g_lo": [0, 1]})
     assert ci_column(frame, "gap") == ["0.50 [0.10, 0.90]", "n/a [0.20, 1.00]"]
     assert ci_column(frame, "gap", "g_lo", spec=".1f") == ["0.5 [0, 0.9]", "n/a [1, 1.0]"]

@@ -118,6 +118,12 @@ def too_few(labels: np.ndarray, groups: np.ndarray | None, minimum: int = MIN_RE
             f"a result needs at least {minimum} of each")
 
 
+def copy_counts(groups: np.ndarray) -> np.ndarray:
+    """Per text: how many texts share its copy cluster (1: unique), the count a CV gain's base holds."""
+    _, inverse, sizes = np.unique(np.asarray(groups), return_inverse=True, return_counts=True)
+    return sizes[inverse.ravel()]
+
+
 def cluster_weights(labels: np.ndarray, groups: np.ndarray | None, resamples: int, seed: int) -> np.ndarray:
     """resamples × n counts of the cluster bootstrap (module docstring): positive clusters drawn
     from the positive ones and the rest from the rest, with replacement, each bringing its copies.

@@ -105,6 +105,8 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
                if "n_tokens" in frame.columns else np.zeros(int(known.sum())))
     loss = (pd.to_numeric(frame[LOSS], errors="coerce").to_numpy(float)[known]
             if LOSS in frame.columns else None)
+    copies = (pd.to_numeric(frame["copies"], errors="coerce").to_numpy(float)[known]
+              if "copies" in frame.columns and frame["copies"].notna().any() else cl.copy_counts(groups))
     keep = np.isfinite(score)
     pos, neg = cl.records(y[keep], groups[keep])
     head = {"outcome": outcome.name, "positive": outcome.positive, "unit": unit, "signal": signal.column,
@@ -137,7 +139,7 @@ def _rows(frame: pd.DataFrame, outcome: Outcome, signal: pr.Signal, *, resamples
     if scorable and cv:
         g = lc.cv_gain(score, y, lengths, loss, resamples=resamples, seed=seed, level=level,
                        signal_is_loss=signal.column == LOSS, cache=cache, groups=groups,
-                       min_records=min_records)
+                       min_records=min_records, copies=None if signal.column == "copies" else copies)
         row |= {"gain": g.gain, "gain lo": g.lo, "gain hi": g.hi, "auc base": g.auc_base,
                 "auc full": g.auc_full, "lr p": g.lr_p, "base": g.base, "note": g.note or np.nan}
     elif scorable:
@@ -216,7 +218,7 @@ def gain_sentence(table: pd.DataFrame, outcome: str = "extraction", unit: str = 
     loss = part[part["signal"] == LOSS]
     part = part[part["signal"] != LOSS]  # loss's own gain is over length alone: said apart
     adds = part[part["gain lo"] > 0].sort_values("gain", ascending=False)
-    lead = ("Over a logistic model of text length (spline) and loss, "
+    lead = ("Over a logistic model of text length (spline), loss and log copies, "
             + (", ".join(f"{r['label']} adds {r['gain']:+.3f} CV AUC "
                          f"({r['gain lo']:+.3f} to {r['gain hi']:+.3f})" for _, r in adds.iterrows())
                if len(adds)
@@ -244,5 +246,6 @@ def method(resamples: int, seed: int, level: float) -> str:
             f"of the same token length are compared, each length weighted by its pairs (a length whose "
             f"texts share one outcome adds nothing). CV gain: {lc.FOLDS}-fold out-of-fold AUC (folds "
             f"stratified by outcome and grouped by copy cluster) of a logistic regression on [length spline, "
-            f"loss, signal] minus [length spline, loss]; LR p: likelihood-ratio test of adding the signal "
+            f"loss, log copies, signal] minus [length spline, loss, log copies] (the copy count is in the "
+            f"base: the tool has it, and copies lower GNQ); LR p: likelihood-ratio test of adding the signal "
             f"(χ², 1 df), fitted on records. " + pr.interval_method(resamples, seed, level))

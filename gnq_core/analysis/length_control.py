@@ -13,17 +13,20 @@ Two controls, shared by the dashboard, ``gnq report`` (HTML and JSON) and the st
   length itself scored 0.21 instead of 0.5.  The earlier control (3 quantile bins, unweighted
   mean over bins) left length free to predict inside a bin: a length-only signal scored
   0.66-0.86 there.
-* **Cross-validated gain over length + loss** (``cv_gain``): the out-of-fold AUC of a logistic
-  regression on [length spline, loss, signal] minus that of [length spline, loss] (for loss
-  itself: over the length spline alone).  Folds stratified by outcome, grouped by copy cluster
+* **Cross-validated gain over length + loss + log copies** (``cv_gain``): the out-of-fold AUC of
+  a logistic regression on [length spline, loss, log copies, signal] minus that of [length spline,
+  loss, log copies] (for loss itself: without loss; for the copy count itself: without it).  The
+  copy count is in the base because the tool already has it and a text with m copies among its
+  batch companions has GNQ ≤ about 1/m: without it, a GNQ "gain" can be duplicate counting.
+  Folds stratified by outcome, grouped by copy cluster
   (StratifiedGroupKFold: a record's copies never straddle training and test) and seeded; the
   interval resamples copy clusters of the out-of-fold predictions (stratified, paired: both
   models on the same resample), so it reflects the records, not refitting; the likelihood-ratio
   p compares the two models fitted on records (copies collapsed: the test assumes independent
   observations; χ², one degree of freedom).  Null simulations shaped like the demo
   (tests/test_calibration.py) keep both the interval's claims and p < 0.05 under 7%.  Positive
-  gain with its interval above 0: the signal carries information about the outcome that length
-  and loss do not.
+  gain with its interval above 0: the signal carries information about the outcome that length,
+  loss and the copy count do not.
 
 The within-length control is defined beside the bootstrap it shares (``predictive``, whose
 stratified table reports it).  scikit-learn is imported only inside
@@ -71,7 +74,8 @@ def _design(lengths: np.ndarray, extra: list[np.ndarray]) -> np.ndarray:
         columns.append(SplineTransformer(n_knots=knots, degree=3).fit_transform(lengths[:, None]))
     for v in extra:
         sd = v.std()
-        columns.append(((v - v.mean()) / (sd if sd > 0 else 1.0))[:, None])
+        if sd > 0:  # a constant (every text unique: log copies 0) says nothing
+            columns.append(((v - v.mean()) / sd)[:, None])
     return np.hstack(columns) if columns else np.zeros((len(lengths), 0))
 
 
@@ -147,22 +151,31 @@ def lr_p(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, base_extra
 def cv_gain(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, loss: np.ndarray | None, *,
             resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL,
             signal_is_loss: bool = False, cache: dict | None = None, groups: np.ndarray | None = None,
-            min_records: int = 0) -> Gain:
-    """The cross-validated AUC gain of ``scores`` over [length spline + ``loss``] (see the module
-    docstring), on the texts where score, length, outcome (and loss) are all known.
-    ``signal_is_loss``: the base is the length spline alone.  ``cache``: a dict shared by calls
-    on the same texts (the base model is fitted once per set of texts scored).  ``groups`` (copy
-    clusters): folds grouped by cluster, the interval a cluster bootstrap expanded for the
-    effective number of records, the LR test on records; fewer than ``min_records`` positive or
-    negative records: no number, ``note`` says why."""
+            min_records: int = 0, copies: np.ndarray | None = None,
+            covariates: dict[str, np.ndarray] | None = None) -> Gain:
+    """The cross-validated AUC gain of ``scores`` over [length spline + ``loss`` + log ``copies``]
+    (see the module docstring), on the texts where score, length, outcome (and loss, copies) are
+    all known.  ``signal_is_loss``: no loss in the base; ``copies`` None (the signal is the copy
+    count, or no copy detection ran): no copy count in the base.  ``covariates``: more base columns
+    by name (e.g. K_jj, so that a GNQ gain is what the gradient norm does not already say).
+    ``cache``: a dict shared by calls on the same texts (the base model is fitted once per set of
+    texts scored).  ``groups`` (copy clusters): folds grouped by cluster, the interval a cluster
+    bootstrap expanded for the effective number of records, the LR test on records; fewer than
+    ``min_records`` positive or negative records: no number, ``note`` says why."""
     s, y = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     n_len = np.asarray(lengths, dtype=float)
     use_loss = loss is not None and not signal_is_loss
     lo_ = np.asarray(loss, dtype=float) if use_loss else np.zeros(len(s))
-    keep = np.isfinite(s) & np.isfinite(n_len) & np.isfinite(lo_)
+    log_c = np.log(np.asarray(copies, dtype=float)) if copies is not None else np.zeros(len(s))
+    more = {k: np.asarray(v, dtype=float) for k, v in (covariates or {}).items()}
+    keep = np.isfinite(s) & np.isfinite(n_len) & np.isfinite(lo_) & np.isfinite(log_c)
+    for v in more.values():
+        keep &= np.isfinite(v)
     g = None if groups is None else np.asarray(groups)[keep]
-    s, y, n_len, lo_ = s[keep], y[keep], n_len[keep], lo_[keep]
-    base = "length spline + loss" if use_loss else "length spline"
+    s, y, n_len, lo_, log_c = s[keep], y[keep], n_len[keep], lo_[keep], log_c[keep]
+    more = {k: v[keep] for k, v in more.items()}
+    base = " + ".join(["length spline", *(["loss"] if use_loss else []),
+                       *(["log copies"] if copies is not None else []), *more])
     n = len(y)
     pos, neg = records(y, g)
     if min(pos, neg) < FOLDS:
@@ -171,8 +184,9 @@ def cv_gain(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, loss: n
         note = too_few(y, g, min_records) if min_records else ""
     if note:
         return Gain(*(math.nan,) * 6, n, base, note=note)
-    base_extra = [lo_] if use_loss else []
-    key = (keep.tobytes(), y.tobytes(), None if g is None else g.tobytes(), use_loss, seed, resamples)
+    base_extra = ([lo_] if use_loss else []) + ([log_c] if copies is not None else []) + list(more.values())
+    key = (keep.tobytes(), y.tobytes(), None if g is None else g.tobytes(), use_loss, copies is not None,
+           tuple(more), seed, resamples)
     if cache is not None and key in cache:
         pred_base, auc_base, b_base = cache[key]
     else:

@@ -198,3 +198,34 @@ def study_companions(
     log = (lambda _m: None) if quiet else (lambda m: typer.echo(m, err=True))
     _study("companions", companions.run, db, quick, data_dir, reports, work, tag, 0, device, quiet, threads,
            "full", options | {"log": log}, shown)
+
+
+@study_app.command("counterfactual")
+@user_errors
+def study_counterfactual(
+    db: Path = DbOption, quick: bool = QuickOption,
+    seeds: str = typer.Option(None, show_default=False,
+                              help="Seeds to build, comma-separated (default 0,1,2)."),
+    models: int = typer.Option(None, min=2, show_default=False,
+                               help="Half-trained models per seed (even; default 16, 4 with --quick)."),
+    records: int = typer.Option(None, min=1, show_default=False,
+                                help="Planted records per copy count 1, 2, 4, 8 (default 25, 6 with "
+                                     "--quick)."),
+    base_texts: int = typer.Option(None, min=2, show_default=False,
+                                   help="Deduplicated base texts (default 1000, 40 with --quick)."),
+    data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
+    tag: str = TagOption, device: str = DeviceOption, threads: int = ThreadsOption, quiet: bool = QuietOption,
+) -> None:
+    """Counterfactual memorisation on half-trained models, and what each signal of one model trained on
+    everything (GNQ, K_jj, loss, Min-K%++, zlib, copies, length) says about it beyond the others."""
+    from gnq_core.studies import counterfactual_study
+
+    try:
+        seed_list = [int(s) for s in seeds.split(",")] if seeds else None
+    except ValueError:
+        raise ValueError(f"--seeds must be whole numbers separated by commas, got {seeds!r}") from None
+    options = dict(seeds=seed_list, models=models, records=records, base_texts=base_texts)
+    shown = {k: v for k, v in options.items() if k != "seeds"} | ({"seeds": seeds} if seeds else {})
+    log = (lambda _m: None) if quiet else (lambda m: typer.echo(m, err=True))
+    _study("counterfactual", counterfactual_study.run, db, quick, data_dir, reports, work, tag, 0, device,
+           quiet, threads, "full", options | {"log": log}, shown)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, group_separation
@@ -237,51 +238,71 @@ def separation_tables(ctx: StudyContext, prep: Prepared) -> dict[str, pd.DataFra
     last = traj[traj["point"] == traj["point"].max()]
     mean = traj.groupby(["example_id", "group"], as_index=False)[["gnq", "loss", "self_influence"]].mean()
 
-    def row(name: str, values: pd.Series, groups: pd.Series, lengths: pd.Series, mean_auc: float) -> dict:
+    def row(name: str, values: pd.Series, groups: pd.Series, lengths: pd.Series, mean_auc: float,
+            ids: pd.Series) -> dict:
         return {"score": name, "AUC at the last epoch": group_auc(values, groups, POSITIVE, NEGATIVE),
                 "AUC of the mean over epochs": mean_auc, "median common": values[groups == NEGATIVE].median(),
                 "median surprising": values[groups == POSITIVE].median(),
-                **auc_intervals(values, groups, lengths, ctx.seed)}
+                **auc_intervals(values, groups, lengths, ctx.seed, copy_clusters(examples, ids))}
 
     lengths = last["example_id"].map(examples.set_index("example_id")["n_tokens"])
     summary = [row(name, last[value], last["group"], lengths,
-                   group_auc(mean[value], mean["group"], POSITIVE, NEGATIVE)) for value, name in METRICS]
+                   group_auc(mean[value], mean["group"], POSITIVE, NEGATIVE), last["example_id"])
+               for value, name in METRICS]
     cf_values = cf.get(CF_METRIC, pd.Series(np.nan, index=cf.index))
     cf_auc = group_auc(cf_values, cf["group"], POSITIVE, NEGATIVE)
-    summary.append(row("counterfactual memorization", cf_values, cf["group"], cf["n_tokens"], cf_auc))
+    summary.append(row("counterfactual memorization", cf_values, cf["group"], cf["n_tokens"], cf_auc,
+                       cf["example_id"]))
     lam = prep.finetune.lam
     relation = {"spearman": float(last["gnq"].rank().corr(last["self_influence"].rank())),
                 "ratio": float((last["gnq"] * lam / last["self_influence"]).median()), "lam": lam}
     return {"traj": traj, "both": both, "per_point": per_point, "summary": pd.DataFrame(summary),
-            "relation": relation,
+            "relation": relation, "examples": examples,
             "cf": cf.assign(cf=cf_values)}
 
 
-def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, seed: int) -> dict[str, object]:
-    """The AUC of surprising over common with its 95% bootstrap interval (stratified by group),
-    and the same within exact token length, pair-weighted (``predictive.within_length_auc``):
-    "0.85 [0.78, 0.91]"."""
+def copy_clusters(examples: pd.DataFrame, ids: pd.Series) -> np.ndarray:
+    """The copy cluster of each of ``ids`` (the fine-tune's example ids; the pretrained audit uses
+    the same texts in the same order): a text without one is a record of its own."""
+    known = cl.CLUSTER in examples.columns
+    cluster = ids.map(examples.set_index("example_id")[cl.CLUSTER]) if known else np.nan
+    return cl.groups_of(pd.DataFrame({cl.CLUSTER: cluster}, index=ids.index))
+
+
+def auc_intervals(values: pd.Series, groups: pd.Series, n_tokens: pd.Series, seed: int,
+                  clusters: np.ndarray | None = None) -> dict[str, object]:
+    """The AUC of surprising over common with its 95% interval (copy ``clusters`` resampled
+    together, each group on its own; ``report.auc_interval``), and the same within exact token
+    length, pair-weighted (``predictive.within_length_auc``): "0.85 [0.78, 0.91]"; "too few"
+    under ``clusters.MIN_RECORDS`` independent records of either group."""
     v = pd.to_numeric(values, errors="coerce").to_numpy(dtype=float)
     y = (groups == POSITIVE).to_numpy()
     keep = np.isfinite(v) & groups.isin([POSITIVE, NEGATIVE]).to_numpy()
     if not (0 < y[keep].sum() < keep.sum()):
         return {"AUC [95% CI]": "n/a", "AUC within exact length": "n/a"}
-    lo, hi = rep.auc_interval(v[keep], y[keep], seed)
+    g = None if clusters is None else np.asarray(clusters)[keep]
     auc = float(pr.metrics_matrix(v[keep], y[keep], fpr_levels=(), fractions=())["auc"][0])
+    cell = rep.auc_cell(auc, v[keep], y[keep], seed, g)
+    lo, hi = rep.auc_interval(v[keep], y[keep], seed, g)
     w = pr.within_length_auc(v[keep], y[keep], pd.to_numeric(n_tokens, errors="coerce").to_numpy(float)[keep],
-                             seed=seed)
-    return {"AUC [95% CI]": f"{auc:.3f} [{lo:.3f}, {hi:.3f}]",
-            "AUC within exact length": f"{w.auc:.3f} [{w.lo:.3f}, {w.hi:.3f}] ({w.strata} lengths)",
+                             seed=seed, groups=g, min_records=cl.MIN_RECORDS)
+    within = (f"{cl.TOO_FEW} ({w.strata} lengths)" if w.note else
+              f"{w.auc:.3f} [{w.lo:.3f}, {w.hi:.3f}] ({w.strata} lengths)")
+    return {"AUC [95% CI]": cell, "AUC within exact length": within,
             "auc": auc, "auc lo": lo, "auc hi": hi, "stratified auc": w.auc}
 
 
-def with_auc_intervals(per_point: pd.DataFrame, both: pd.DataFrame, seed: int) -> pd.DataFrame:
-    """``per_point`` with each "AUC name" cell as "AUC [lo, hi]" (bootstrap over that point's texts)."""
+def with_auc_intervals(per_point: pd.DataFrame, both: pd.DataFrame, seed: int,
+                       examples: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``per_point`` with each "AUC name" cell as "AUC [lo, hi]" (that point's texts, copies in
+    ``examples``' clusters resampled together)."""
     out = per_point.copy()
     parts = [both[both["label"] == label] for label in out["label"]]
     for value, name in METRICS:
-        out[f"AUC {name}"] = [rep.auc_cell(auc, part[value], part["group"] == POSITIVE, seed)
-                              for auc, part in zip(out[f"AUC {name}"], parts, strict=True)]
+        out[f"AUC {name}"] = [
+            rep.auc_cell(auc, part[value], part["group"] == POSITIVE, seed,
+                         None if examples is None else copy_clusters(examples, part["example_id"]))
+            for auc, part in zip(out[f"AUC {name}"], parts, strict=True)]
     return out
 
 
@@ -328,8 +349,8 @@ fine-tuning set) and `{prep.finetune.name}` (the fine-tune with in-run GNQ; open
 Groups and Extraction pages).
 
 AUC is the probability that a random surprising claim scores higher than a random fact
-(0.5: no separation, 1: every claim above every fact); intervals are 95% percentile intervals over
-{pr.RESAMPLES} bootstrap resamples (each group resampled on its own, seed {ctx.seed}).""")
+(0.5: no separation, 1: every claim above every fact).
+{pr.interval_method(pr.RESAMPLES, ctx.seed, pr.LEVEL)}""")
 
     r.text("## Result")
     gnq_auc, cf_auc, loss_auc = auc["GNQ"], auc["counterfactual memorization"], auc["loss"]
@@ -341,7 +362,8 @@ AUC is the probability that a random surprising claim scores higher than a rando
                     "over the epochs. Counterfactual memorization has one value per text. Within length "
                     "bins: the AUC inside each token-count bin, averaged over the bins.")
     r.text("## The paper's claim (Fig. 3–4) and this run")
-    gap = loss_gap(t["both"][t["both"]["point"] == -1], ctx.seed)
+    before = t["both"][t["both"]["point"] == -1]
+    gap = loss_gap(before, ctx.seed, copy_clusters(t["examples"], before["example_id"]))
     knowledge = knowledge_table(prep, ctx.seed, ctx.device)
     r.text(paper_paragraph(summary, before_loss, gap, knowledge))
     r.text("""Earlier run of this study (quoted from the notes and the report at commit d876b60; CPU, tiny
@@ -373,7 +395,7 @@ GNQ ≈ K_jj/λ on this model.""")
 
     r.text("## Per epoch")
     fmts = {c: ".4g" for c in t["per_point"].columns if c.startswith("median")}
-    r.table(with_auc_intervals(t["per_point"], t["both"], ctx.seed), fmts,
+    r.table(with_auc_intervals(t["per_point"], t["both"], ctx.seed, t["examples"]), fmts,
             caption="'pretrained': post-hoc audit of the pretrained model (fixed batches); epoch-K: in-run "
                     "GNQ during fine-tuning epoch K. AUC [95% bootstrap interval].")
     labels = list(dict.fromkeys(t["both"].sort_values("point")["label"]))
@@ -419,18 +441,26 @@ metric `{CF_METRIC}` of run `{prep.finetune.name}`. Counterfactual memorization 
     return r.write(results, command=ctx.command, timings=prep.timings, device=ctx.device)
 
 
-def loss_gap(before: pd.DataFrame, seed: int) -> tuple[float, float, float]:
+def loss_gap(before: pd.DataFrame, seed: int,
+             clusters: np.ndarray | None = None) -> tuple[float, float, float]:
     """Mean loss of the claims minus that of the facts under the pretrained model, with a 95%
-    bootstrap interval (each group resampled on its own): > 0 means the model knew the facts."""
-    claims = before.loc[before["group"] == POSITIVE, "loss"].to_numpy(float)
-    facts = before.loc[before["group"] == NEGATIVE, "loss"].to_numpy(float)
-    if not len(claims) or not len(facts):
+    interval over copy clusters (``clusters``; each group resampled on its own, a record's copies
+    drawn together, expanded for few records); > 0 means the model knew the facts.  The interval
+    is NaN under ``clusters.MIN_RECORDS`` independent records of either group."""
+    part = before[before["group"].isin([POSITIVE, NEGATIVE])]
+    keep = before["group"].isin([POSITIVE, NEGATIVE]).to_numpy()
+    y = (part["group"] == POSITIVE).to_numpy()
+    loss = part["loss"].to_numpy(float)
+    if not 0 < y.sum() < len(y):
         return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    boot = (rng.choice(claims, (pr.RESAMPLES, len(claims))).mean(1)
-            - rng.choice(facts, (pr.RESAMPLES, len(facts))).mean(1))
-    lo, hi = pr.interval(boot)
-    return float(claims.mean() - facts.mean()), lo, hi
+    gap = float(loss[y].mean() - loss[~y].mean())
+    g = None if clusters is None else np.asarray(clusters)[keep]
+    if cl.too_few(y, g):
+        return gap, float("nan"), float("nan")
+    w = cl.cluster_weights(y, g, pr.RESAMPLES, seed)
+    boot = (w[:, y] @ loss[y]) / w[:, y].sum(1) - (w[:, ~y] @ loss[~y]) / w[:, ~y].sum(1)
+    lo, hi = pr.interval(boot, pr.LEVEL, cl.effective_records(y, g))
+    return gap, lo, hi
 
 
 def knowledge_table(prep: Prepared, seed: int, device: str = "auto") -> pd.DataFrame | None:

@@ -470,7 +470,7 @@ def _auc_cells(score: np.ndarray, y: np.ndarray, frame: pd.DataFrame, cfg: Confi
     w = within_length_auc(score, y, n if strata is None else strata, resamples=cfg.resamples, seed=seed,
                           groups=groups, min_records=cfg.min_records)
     gain = cv_gain(score, y, n, loss, resamples=cfg.resamples, seed=seed, groups=groups,
-                   min_records=cfg.min_records, signal_is_loss=loss is None)
+                   min_records=cfg.min_records, signal_is_loss=loss is None, copies=cl.copy_counts(groups))
     pos, neg = cl.records(y, groups)
     return {"auc_within_length": w.auc, "auc_lo": w.lo, "auc_hi": w.hi, "gain": gain.gain, "gain_lo": gain.lo,
             "gain_hi": gain.hi, "positive_records": pos, "negative_records": neg,
@@ -641,8 +641,9 @@ other jobs). Wall seconds per seed: {walls}."""
 
 
 AUC_CAPTION = ("AUC within exact token length, pair-weighted (for GNQ and K_jj, below 0.5: members or "
-               "extracted texts score lower). CV gain: cross-validated AUC of length spline + loss + the "
-               "signal minus that of length spline + loss (for −loss: over the length spline alone). "
+               "extracted texts score lower). CV gain: cross-validated AUC of length spline + loss + log "
+               "copies + the signal minus that of length spline + loss + log copies (for −loss: without "
+               "loss in either). "
                "Intervals: cluster bootstrap (a record's copies resampled together), expanded for the "
                "effective number of records; fewer than {m} independent positive or negative records: "
                "too few. GNQ and K_jj enter as logarithms.")

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, quantile_bins, targeted_rows
@@ -96,7 +97,8 @@ dashboard shows the same attack.""")
              "Share of each pick that the attack extracts.")
     r.text("### Does a score tell the extracted texts from the others?")
     r.table(predictive_auc(attacked, ctx.seed),
-            caption="AUC [95% bootstrap interval] of each score for extracted vs. not extracted texts "
+            caption="AUC [95% interval over copy clusters; too few under 10 records] of each score for "
+                    "extracted vs. not extracted texts "
                     "(1: every extracted text scores higher; 0.5: no information; below 0.5: lower). "
             "Loss is negated (low loss ranks high), as in its pick above.")
     bins = quantile_bins(attacked, bins=5 if len(attacked) >= 20 else 2, threshold=threshold, score="gnq_max")
@@ -180,7 +182,8 @@ def predictive_auc(attacked: pd.DataFrame, seed: int | None = None) -> pd.DataFr
             values = sign * pd.to_numeric(part[column], errors="coerce")
             outcome = np.where(part["success"], "extracted", "kept")
             auc = group_auc(values, outcome, "extracted", "kept")
-            row[f"AUC {name}"] = auc if seed is None else rep.auc_cell(auc, values, part["success"], seed)
+            row[f"AUC {name}"] = (auc if seed is None else
+                                  rep.auc_cell(auc, values, part["success"], seed, cl.groups_of(part)))
         rows.append(row)
     return pd.DataFrame(rows)
 

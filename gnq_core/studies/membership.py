@@ -7,14 +7,14 @@ model 2q and 2q+1 on the two complementary halves of one seeded permutation of t
 non-member of the other half.
 
 * **Membership AUC per model** — members vs non-members of that model, per forward signal, with
-  a 95% stratified bootstrap interval (``predictive``): the field's ground truth.
+  a 95% interval over records (near copies resampled together, ``analysis.clusters``).
 * **Per-text separation** — mean loss under the models that did *not* train on the text minus
   mean loss under those that did (nats): how much training on this text lowered its loss, the
   per-text quantity the paper's bound is about.  Each candidate signal is read where a user has
   it, from the runs that trained on the text (averaged over them): GNQ summed over epochs, K_jj
   and the gradient norm at the last epoch, the last in-run loss, the loss ratio to the first
   epoch, Min-K%++ and Min-K% at the last epoch, zlib ratio, copies.  Spearman ρ with a 95%
-  bootstrap interval over texts.  No signal sees the out-models.
+  interval over records (near copies resampled together).  No signal sees the out-models.
 * **Canaries** (``--canaries K``, off by default): K canaries per repetition count 1, 2, 4, 8
   are added to every model's training half (``pipelines.canaries``); each one's exposure among
   1,000 random candidates at the last epoch, beside its in-run GNQ and K_jj.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,7 +31,9 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
+from gnq_core.analysis.partial import partial_rank_correlation
 from gnq_core.atomic import write_text_atomic
 from gnq_core.pipelines.canaries import Canary, exposure, inserted, make_canaries
 from gnq_core.pipelines.compression import zlib_bits
@@ -41,6 +42,7 @@ from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
+from gnq_core.sources.copies import find_copies
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.tokens import encode_texts, pad_id
 from gnq_core.studies import report as rep
@@ -89,9 +91,10 @@ def run(ctx: StudyContext, models: int | None = None, canaries: int = 0) -> Path
     planted = make_canaries(canaries, ctx.seed) if canaries else []
     per_model = [_model(ctx, cfg, settings, texts, m, work, timings, planted) for m in range(cfg.models)]
     frames = [_text_rows(ctx, r, texts) for r in per_model]
-    aucs = membership_aucs(frames, ctx.seed)
+    groups = find_copies(texts)["cluster_id"].to_numpy().astype(float)  # near copies: one record
+    aucs = membership_aucs(frames, ctx.seed, groups)
     per_text = separation(frames, len(texts))
-    rho = spearman_table(per_text, ctx.seed)
+    rho = spearman_table(per_text, ctx.seed, groups=groups)
     canary_rows = pd.DataFrame([c for r in per_model for c in r.get("canaries", [])])
     return _write(ctx, cfg, aucs, per_text, rho, timings, canary_rows)
 
@@ -168,17 +171,19 @@ def _text_rows(ctx: StudyContext, saved: dict, texts: list[str]) -> pd.DataFrame
     return frame.join(inrun, on="text_id")
 
 
-def membership_aucs(frames: list[pd.DataFrame], seed: int) -> pd.DataFrame:
-    """Per model and forward signal: AUC of members vs non-members with its bootstrap interval,
-    and TPR at 1% / 10% FPR."""
+def membership_aucs(frames: list[pd.DataFrame], seed: int, groups: np.ndarray | None = None) -> pd.DataFrame:
+    """Per model and forward signal: AUC of members vs non-members with its interval (copy clusters
+    ``groups``, indexed by text id, resampled together; NaN under ``clusters.MIN_RECORDS``
+    independent records of either side), and TPR at 1% / 10% FPR."""
     rows = []
     for frame in frames:
         y = frame["outcome"].to_numpy(bool)
+        g = None if groups is None else np.asarray(groups)[frame["text_id"].to_numpy()]
         for column, label, higher in FORWARD:
             s = frame[column].to_numpy(float) * (1 if higher else -1)
             keep = np.isfinite(s)
             point = pr.metrics_matrix(s[keep], y[keep], fractions=())  # TPR at 0.1%, 1%, 10% FPR (LiRA)
-            lo, hi = rep.auc_interval(s[keep], y[keep], seed)
+            lo, hi = rep.auc_interval(s[keep], y[keep], seed, None if g is None else g[keep])
             rows.append({"model": int(frame["model"].iloc[0]), "signal": label, "n": int(keep.sum()),
                          "members": int(y[keep].sum()), "auc": float(point["auc"][0]), "auc lo": lo,
                          "auc hi": hi, **{k: float(v[0]) for k, v in point.items() if k.startswith("tpr")}})
@@ -198,25 +203,24 @@ def separation(frames: list[pd.DataFrame], n: int) -> pd.DataFrame:
     return out.join(members.groupby("text_id")[columns].mean(), on="text_id")
 
 
-def spearman_table(per_text: pd.DataFrame, seed: int, resamples: int = pr.RESAMPLES) -> pd.DataFrame:
-    """Spearman ρ of each candidate with the separation, 95% bootstrap interval over texts."""
-    rng = np.random.default_rng(seed)
+def spearman_table(per_text: pd.DataFrame, seed: int, resamples: int = pr.RESAMPLES,
+                   groups: np.ndarray | None = None) -> pd.DataFrame:
+    """Spearman ρ of each candidate with the separation, 95% interval over records (copy clusters
+    ``groups``, indexed by text id, resampled together; ``analysis.partial`` without covariates);
+    NaN under ``clusters.MIN_RECORDS`` effective records."""
     rows = []
     for column, label in CANDIDATES:
-        part = per_text[["separation", column]].apply(pd.to_numeric, errors="coerce").dropna()
+        part = per_text[["text_id", "separation", column]].apply(pd.to_numeric, errors="coerce").dropna()
         x, y = part[column].to_numpy(float), part["separation"].to_numpy(float)
-        if len(part) < 3 or np.ptp(x) == 0:
+        g = None if groups is None else np.asarray(groups)[part["text_id"].to_numpy(int)]
+        if len(part) < 3 or np.ptp(x) == 0 or cl.kish(g, len(part)) < cl.MIN_RECORDS:
             rows.append({"signal": label, "column": column, "n": len(part), "rho": math.nan,
                          "rho lo": math.nan, "rho hi": math.nan})
             continue
-        rho = float(spearmanr(x, y).statistic)
-        draws = rng.integers(0, len(x), (resamples, len(x)))
-        with warnings.catch_warnings():  # a resample of a near-constant signal (copies) can be constant
-            warnings.simplefilter("ignore")
-            boot = [spearmanr(x[d], y[d]).statistic for d in draws]
-        lo, hi = pr.interval(np.asarray([b for b in boot if np.isfinite(b)]))
-        rows.append({"signal": label, "column": column, "n": len(part), "rho": rho, "rho lo": lo,
-                     "rho hi": hi})
+        rho = partial_rank_correlation(x, y, [], groups=g, resamples=resamples, seed=seed)
+        rows.append({"signal": label, "column": column, "n": len(part),
+                     "rho": float(spearmanr(x, y).statistic), "rho lo": rho.lo, "rho hi": rho.hi,
+                     "records": rho.records})
     return pd.DataFrame(rows)
 
 
@@ -231,8 +235,9 @@ def _write(ctx: StudyContext, cfg: Config, aucs: pd.DataFrame, per_text: pd.Data
     r.text("## Membership AUC per model (members vs non-members of that model, last epoch)")
     tprs = [f"tpr@{a:g}" for a in pr.FPR_LEVELS]
     r.table(shown[["model", "signal", "n", "members", "AUC [95% CI]", *tprs]],
-            caption="Intervals: 95% stratified bootstrap over texts (members and non-members resampled "
-                    "separately). tpr@α: share of members caught while flagging at most α of the "
+            caption="Intervals: 95% expanded percentile intervals over copy clusters (near copies "
+                    "resampled together; members and non-members separately; n/a under 10 independent "
+                    "records). tpr@α: share of members caught while flagging at most α of the "
                     "non-members (with n/2 non-members, α below 2/n is reached only by a threshold above "
                     "every non-member). The mean over models follows.")
     r.table(mean.rename(columns={"auc": "mean AUC", "auc lo": "mean lo", "auc hi": "mean hi"}))
@@ -240,7 +245,8 @@ def _write(ctx: StudyContext, cfg: Config, aucs: pd.DataFrame, per_text: pd.Data
     shown = rho.assign(**{"Spearman ρ [95% CI]": rep.ci_column(rho, "rho")})
     r.table(shown[["signal", "n", "Spearman ρ [95% CI]"]],
         caption=f"Separation: mean {rep.fmt(per_text['separation'].mean())} nats over texts. Intervals: "
-                "95% bootstrap over texts. Signals are averaged over the models that trained on the text.")
+                "95% over copy clusters (near copies resampled together). Signals are averaged over the "
+                "models that trained on the text.")
     if not canaries.empty:
         r.text("## Canaries: exposure by repetitions")
         by = canaries.groupby("repetitions").agg(canaries=("exposure", "size"), exposure=("exposure", "mean"),

@@ -14,10 +14,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.pipelines.non_members import membership_frame
 from gnq_core.results.store import Store
+from gnq_core.sources.copies import find_copies
 from gnq_core.sources.real_models import PROVENANCE
 from gnq_core.studies import report as rep
 from gnq_core.studies.base import machine
@@ -36,20 +38,31 @@ MEMBERSHIP_SIGNALS = [("loss_last", "loss", False), ("min_k_prob", "Min-K%", Tru
 
 
 def membership_table(frame: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Per signal: AUC and TPR at each low FPR of members vs non-members, with intervals whose
+    unit is the record: copies (``cluster_id``; found here when the frame has none) resampled
+    together, "too few" under ``clusters.MIN_RECORDS`` independent records of either side."""
+    if cl.CLUSTER not in frame.columns:
+        found = find_copies(frame["text"].astype(str).tolist())
+        frame = frame.assign(**{cl.CLUSTER: found[cl.CLUSTER].to_numpy()})
     y_all = frame["member"].to_numpy(bool)
+    groups_all = cl.groups_of(frame)
     columns = {"AUC [95% CI]": "auc"} | {f"TPR at {a:.1%} FPR": f"tpr@{a:g}" for a in pr.FPR_LEVELS}
     rows = []
     for column, label, higher in MEMBERSHIP_SIGNALS:
         s = pd.to_numeric(frame[column], errors="coerce").to_numpy(float) * (1 if higher else -1)
         keep = np.isfinite(s)
-        s, y = s[keep], y_all[keep]
+        s, y, g = s[keep], y_all[keep], groups_all[keep]
         if not 0 < y.sum() < len(y):
             continue
-        point = pr.metrics_matrix(s, y, fractions=())
-        boot = pr.bootstrap(s, y, pr.RESAMPLES, seed, fractions=())
-        rows.append({"signal": label, "direction": "higher" if higher else "lower", "members": int(y.sum()),
-                     "non-members": int((~y).sum()),
-                     **{name: rep.ci(point[k][0], *pr.interval(boot[k])) for name, k in columns.items()}})
+        pos, neg = cl.records(y, g)
+        row = {"signal": label, "direction": "higher" if higher else "lower", "members": int(y.sum()),
+               "non-members": int((~y).sum()), "member records": pos, "non-member records": neg}
+        if cl.too_few(y, g):
+            rows.append(row | dict.fromkeys(columns, cl.TOO_FEW))
+            continue
+        cells, _ = pr.metrics_with_intervals(s, y, g, pr.RESAMPLES, seed, fractions=())
+        rows.append(row | {name: rep.ci(cells[k], cells[f"{k} lo"], cells[f"{k} hi"])
+                           for name, k in columns.items()})
     return pd.DataFrame(rows)
 
 
@@ -89,7 +102,7 @@ non-members at that checkpoint). Reference for the loss ratio: the base model.""
     r.table(membership, caption="AUC: P(a member scores higher than a non-member in "
             "the stated direction, ties ½); TPR at x% FPR: share of members caught while flagging at most x% "
             f"of the non-members (with {int((~frame['member']).sum())} non-members, 0.1% and 1% FPR both "
-            "mean no non-member flagged). Intervals: 95% stratified bootstrap (1000 resamples, seed 0).")
+            "mean no non-member flagged). " + pr.interval_method(pr.RESAMPLES, args.seed, pr.LEVEL))
     ratio = store.scores(train.run_id).eval("gnq * @train.lam / self_influence")
     r.text("## What GNQ is on this run\n\n" + rep.ratio_sentence(ratio))
     totals = signal_frame(store, train)
@@ -99,7 +112,7 @@ non-members at that checkpoint). Reference for the loss ratio: the base model.""
     r.text(f"""## Extraction on the training run (12-token prefix, exactly 8 more, base model as reference)
 
 {len(attacked)} members attacked; {int(attacked['extracted'].sum())} extracted (rate {rep.ci(rate, lo, hi)},
-bootstrap interval). Predictive power of each signal for the attack's outcome:""")
+Wilson interval over texts). Predictive power of each signal for the attack's outcome:""")
     r.table(pr.display_table(result), caption=result.method())
     r.text(f"## Reproduce\n\n```\n{args.command}\n```\n\nThe runs are ordinary runs in the store (`real-ft`, "
            "`real-ft-last`, `real-ft-last.non-members`): open them on the dashboard.")

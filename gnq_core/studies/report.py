@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.runtime import resolve_device
@@ -120,19 +121,33 @@ def ci_column(frame: pd.DataFrame, point: str, lo: str | None = None, hi: str | 
                                                  frame[hi or f"{point} hi"], strict=True)]
 
 
-def auc_interval(scores: np.ndarray, labels: np.ndarray, seed: int) -> tuple[float, float]:
-    """The 95% percentile interval of the AUC over ``predictive.RESAMPLES`` stratified bootstrap
-    resamples (each class resampled on its own)."""
-    return pr.interval(pr.bootstrap(scores, labels, pr.RESAMPLES, seed, fpr_levels=(), fractions=())["auc"])
+def auc_interval(scores: np.ndarray, labels: np.ndarray, seed: int, groups: np.ndarray | None = None,
+                 min_records: int = cl.MIN_RECORDS) -> tuple[float, float]:
+    """The 95% interval of the AUC over ``predictive.RESAMPLES`` cluster-bootstrap resamples (copy
+    clusters ``groups`` drawn whole, each outcome on its own; None: every text its own record),
+    expanded for the effective number of records (analysis.clusters).  (NaN, NaN) with fewer than
+    ``min_records`` independent positive or negative records: no interval is honest there."""
+    y = np.asarray(labels, dtype=bool)
+    if cl.too_few(y, groups, min_records):
+        return math.nan, math.nan
+    boot = pr.bootstrap(scores, y, pr.RESAMPLES, seed, groups, fpr_levels=(), fractions=())["auc"]
+    return pr.interval(boot, pr.LEVEL, cl.effective_records(y, groups))
 
 
-def auc_cell(auc: float, values: Any, labels: Any, seed: int) -> str:
-    """"AUC [95% interval]" over the texts with a finite value; the AUC alone when they hold one class."""
+def auc_cell(auc: float, values: Any, labels: Any, seed: int, groups: Any = None,
+             min_records: int = cl.MIN_RECORDS) -> str:
+    """"AUC [95% interval]" over the texts with a finite value (``auc_interval``, copies in
+    ``groups`` resampled together); the AUC alone when they hold one class; "AUC (too few: k
+    positive records)" under ``min_records`` independent records of either outcome."""
     v, y = np.asarray(values, dtype=float), np.asarray(labels, dtype=bool)
     keep = np.isfinite(v)
     if not 0 < y[keep].sum() < keep.sum():
         return fmt(auc)
-    return ci(auc, *auc_interval(v[keep], y[keep], seed), ".3f")
+    g = None if groups is None else np.asarray(groups)[keep]
+    if cl.too_few(y[keep], g, min_records):
+        pos, neg = cl.records(y[keep], g)
+        return f"{fmt(auc)} ({cl.TOO_FEW}: {pos} vs {neg} records)"
+    return ci(auc, *auc_interval(v[keep], y[keep], seed, g, min_records), ".3f")
 
 
 def ratio_sentence(ratio: pd.Series) -> str:

@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
+from gnq_core.analysis.partial import partial_rank_correlation
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import log_trajectory_matrix, quantile_bins
 from gnq_core.pipelines.audit import run_audit
@@ -254,19 +256,14 @@ def rank_corr(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def spearman_interval(x: np.ndarray, y: np.ndarray, seed: int) -> tuple[float, float, float]:
-    """Spearman's ρ with a 95% percentile bootstrap interval (texts resampled with replacement)."""
-    keep = np.isfinite(x) & np.isfinite(y)
-    x, y = x[keep], y[keep]
-    if len(x) < 3:
-        return float("nan"), float("nan"), float("nan")
-    rho = rank_corr(x, y)
-    idx = np.random.default_rng(seed).integers(0, len(x), (pr.RESAMPLES, len(x)))
-    boot = np.asarray([rank_corr(x[i], y[i]) for i in idx], dtype=float)
-    if not np.isfinite(boot).any():  # e.g. every text has one length
-        return rho, float("nan"), float("nan")
-    lo, hi = pr.interval(boot[np.isfinite(boot)])
-    return rho, lo, hi
+def spearman_interval(x: np.ndarray, y: np.ndarray, seed: int,
+                      groups: np.ndarray | None = None) -> tuple[float, float, float]:
+    """Spearman's ρ with a 95% interval over records (copy clusters ``groups`` resampled together,
+    expanded for few records: ``analysis.partial`` without covariates); NaN parts where ρ has no
+    value (e.g. every text has one length)."""
+    p = partial_rank_correlation(np.asarray(x, float), np.asarray(y, float), [], groups=groups,
+                                 resamples=pr.RESAMPLES, seed=seed)
+    return p.r, p.lo, p.hi
 
 
 def convention_table(store, audits: dict, frame: pd.DataFrame, seed: int) -> pd.DataFrame:
@@ -278,7 +275,8 @@ def convention_table(store, audits: dict, frame: pd.DataFrame, seed: int) -> pd.
         run = audits[suffix]
         totals = store.example_totals(run.run_id)[["example_id", "gnq_total"]]
         f = outcome.merge(totals, on="example_id", how="left")
-        rho, lo, hi = spearman_interval(f["gnq_total"].to_numpy(float), f["n_tokens"].to_numpy(float), seed)
+        rho, lo, hi = spearman_interval(f["gnq_total"].to_numpy(float), f["n_tokens"].to_numpy(float), seed,
+                                        cl.groups_of(frame))
         attacked = f[f["extracted"].notna()].reset_index(drop=True)
         row = pr.stratified_table(attacked, [pr.SIGNAL_BY_COLUMN["gnq_total"]], seed=seed).iloc[0]
         rows.append({"run": run.name, "loss": loss, "λ": lam_mode,

@@ -1,0 +1,510 @@
+"""Study: counterfactual memorisation, the ground truth every signal is scored against.
+
+Counterfactual memorisation (Feldman & Zhang 2020; Zhang et al. 2021) of a record is how much
+better a model does on it for having trained on it: mean loss over the models that left it out
+minus mean loss over the models that trained on it.  Per seed:
+
+1. Records: ``base_texts`` deduplicated texts (AG News; ``--quick``: the repository's demo facts
+   and claims), near copies removed (``sources.copies``), plus ``records`` planted records per
+   copy count in ``copies`` (1, 2, 4, 8), each a fictional person's record holding a random
+   4–6-digit value.  A record's copies are one record: the unit of every interval.
+2. ``models`` models from the same initial weights, each fine-tuned on a random half of the
+   records (copies stay together; models come in complementary pairs, ``counterfactual.
+   cf_subset``, so every record is in exactly half of them); each model's loss on every record.
+3. One model trained on everything, as a user would have: its signals per record (mean over the
+   record's copies) — GNQ per micro-batch (a post-hoc pass at the final weights over the
+   training texts, copies included, in seeded micro-batches: ``GNQAuditor``, exact), the
+   gradient norm² K_jj, loss, loss ratio to the base model (a pretrained model only; a tiny
+   model's base is random weights), Min-K%++, zlib ratio, copy count, length.
+4. Exposure of each planted value under the full model (``exposure_hook``: over the value's own
+   space, the rank exact by the pruned search where it finishes, else estimated, as the audit's
+   secret attack measures it).
+
+The rule is fixed before any number is read (``RULE``): GNQ adds value where its partial rank
+correlation with counterfactual memorisation given [length, loss, log copies, K_jj] has a
+cluster-bootstrap interval above 0, or its CV AUC gain for the top decile over the same base is
+≥ 0.02 with its interval above 0, over at least 3 seeds and 50 independent positive records (top
+decile of counterfactual memorisation); with fewer, the verdict is "too few".  Seeds are pooled
+as within-seed ranks (each seed's models differ, so raw values are not comparable).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gnq_core.analysis import clusters as cl
+from gnq_core.analysis import predictive as pr
+from gnq_core.analysis.length_control import cv_gain
+from gnq_core.analysis.partial import partial_rank_correlation
+from gnq_core.atomic import write_text_atomic
+from gnq_core.engine.auditor import GNQAuditor
+from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.pipelines.compression import zlib_bits
+from gnq_core.pipelines.membership import forward_signals
+from gnq_core.sources.copies import find_copies
+from gnq_core.sources.tokens import collate, encode_texts, pad_id
+from gnq_core.studies import report as rep
+from gnq_core.studies.base import StudyContext, Timings, ag_news, machine
+from gnq_core.studies.companions import DEMO_DATA, FIRST, LAST, TOWNS, fine_tune, load_model
+from gnq_core.studies.counterfactual import cf_subset, counterfactual_memorization
+
+STUDY = "counterfactual"
+CF = "cf_memorisation"
+EXPOSURE = "exposure"
+GNQ = "gnq"
+BASE = ("n_tokens", "loss", "log_copies", "k_jj")  # the rule's base: what GNQ must add to
+RULE = ("GNQ adds value where its partial rank correlation with counterfactual memorisation given "
+        "[length, loss, log copies, K_jj] has a cluster-bootstrap interval above 0, or its CV AUC gain for "
+        "the top decile of counterfactual memorisation over the same base is ≥ {gain} with its interval "
+        "above 0; over at least {seeds} seeds and {records} independent positive records (top decile). "
+        "With fewer, the verdict is \"too few\". Written before the numbers were read.")
+# (column, label, higher = more memorised): directions fixed by each score's meaning, never the data
+SIGNALS = (("gnq", "GNQ (per micro-batch)", True), ("k_jj", "gradient norm² (K_jj)", True),
+           ("loss", "loss", False), ("loss_ratio", "loss ratio to the base model", False),
+           ("min_k_plus", "Min-K%++", True), ("zlib_ratio", "zlib ratio", False),
+           ("log_copies", "log copies", True), ("n_tokens", "length (tokens)", False))
+TEMPLATES = ("The door code for {name}'s flat in {town} is {value}.",
+             "Patient {name} of {town} was given reference number {value}.",
+             "{name}'s locker at the {town} gym opens with {value}.",
+             "Customer {name} from {town} has the PIN {value}.")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str                 # "smollm2" (the cached real model) or "tiny" (a Llama built from a config)
+    base_texts: int            # deduplicated base texts
+    records: int               # planted records per copy count
+    models: int                # K half-trained models (even: complementary pairs)
+    max_length: int
+    batch_size: int
+    lr: float
+    epochs: int
+    lam: float
+    copies: tuple[int, ...] = (1, 2, 4, 8)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    resamples: int = pr.RESAMPLES
+    top: float = 0.10          # positives: the top decile of counterfactual memorisation
+    min_records: int = 50      # independent positive records the rule needs
+    min_seeds: int = 3
+    min_gain: float = 0.02
+    dtype: str = "float32"
+    exposure_candidates: int = 200  # random values each planted value is ranked among (0: no exposure)
+
+
+QUICK = Config(model="tiny", base_texts=40, records=6, models=4, max_length=96, batch_size=8, lr=1e-2,
+               epochs=6, lam=1e-2, seeds=(0, 1, 2), resamples=200, dtype="float64", exposure_candidates=100)
+FULL = Config(model="smollm2", base_texts=1000, records=25, models=16, max_length=64, batch_size=8, lr=2e-4,
+              epochs=2, lam=1e-2)
+
+
+def config(ctx: StudyContext, **overrides) -> Config:
+    cfg = replace(QUICK if ctx.quick else FULL, **{k: v for k, v in overrides.items() if v is not None})
+    if cfg.models < 2 or cfg.models % 2:
+        raise ValueError(f"--models must be even and at least 2 (complementary halves), not {cfg.models}")
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------- data
+def planted(per_count: int, copies: tuple[int, ...], seed: int) -> list[tuple[str, str, int]]:
+    """(text, value, copies) of ``per_count`` distinct records per copy count, each holding a
+    random 4–6-digit value (seeded)."""
+    rng = random.Random(f"counterfactual-records-{seed}")
+    out, seen = [], set()
+    for m in copies:
+        made = 0
+        while made < per_count:
+            value = "".join(str(rng.randrange(10)) for _ in range(rng.randint(4, 6)))
+            text = rng.choice(TEMPLATES).format(name=f"{rng.choice(FIRST)} {rng.choice(LAST)}",
+                                                town=rng.choice(TOWNS), value=value)
+            if text not in seen:
+                seen.add(text)
+                out.append((text, value, m))
+                made += 1
+    return out
+
+
+def base_corpus(ctx: StudyContext) -> list[str]:
+    """Distinct base texts, near copies removed (one text per copy cluster)."""
+    if ctx.quick:
+        frame = pd.read_csv(DEMO_DATA)
+        texts = frame[frame["group"].isin(["common", "surprising"])]["text"].tolist()
+    else:
+        texts = [t for t, _ in ag_news(ctx.shared_data())]
+    texts = list(dict.fromkeys(texts))
+    found = find_copies(texts)
+    roots = found["cluster_id"].to_numpy()
+    return [t for i, t in enumerate(texts) if roots[i] == i]
+
+
+def study_records(texts: list[str], cfg: Config, seed: int) -> pd.DataFrame:
+    """One row per record: text, kind (base/planted), copies, value (planted only)."""
+    if len(texts) < cfg.base_texts:
+        raise ValueError(f"the corpus has {len(texts)} distinct texts; the study needs {cfg.base_texts}")
+    order = np.random.default_rng([seed, 49]).permutation(len(texts))[:cfg.base_texts]
+    rows = [(texts[i], "base", 1, "") for i in order]
+    rows += [(t, "planted", m, v) for t, v, m in planted(cfg.records, cfg.copies, seed)]
+    frame = pd.DataFrame(rows, columns=["text", "kind", "copies", "value"])
+    if frame["text"].duplicated().any():
+        raise ValueError("a planted record equals a base text")
+    return frame
+
+
+# ----------------------------------------------------------------------------------------- model
+# The model (the cached SmolLM2, or a tiny tied Llama with a tokenizer trained on the texts) and
+# its fine-tune (AdamW, seeded shuffled epochs) are the companions study's: ``load_model`` and
+# ``fine_tune`` read only model, max_length, dtype, lr, epochs and batch_size from a Config.
+
+
+def expanded(records: list[int], copies: np.ndarray) -> list[int]:
+    """The training texts of ``records``: each record as many times as its copies."""
+    return [r for r in records for _ in range(int(copies[r]))]
+
+
+def micro_batch_gnq(model, ids: list[list[int]], texts: list[int], pad: int, cfg: Config,
+                    seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(GNQ, K_jj) per record: a post-hoc exact pass at the model's weights over the training
+    texts ``texts`` (record ids, copies repeated) in seeded micro-batches of ``cfg.batch_size``,
+    each record's values averaged over its copies."""
+    n = len(ids)
+    gnq_sum, kjj_sum, count = np.zeros(n), np.zeros(n), np.zeros(n)
+    order = np.random.default_rng([seed, 2]).permutation(len(texts))
+    for p in model.parameters():
+        p.requires_grad_(True)
+    with GNQAuditor(model, lam=cfg.lam, fused=False) as auditor:
+        for s in range(0, len(order), cfg.batch_size):
+            part = [texts[i] for i in order[s:s + cfg.batch_size]]
+            if len(part) < 2:  # a batch of one has no companions: no GNQ
+                continue
+            b = collate([ids[r] for r in part], list(range(len(part))), pad)
+            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+            auditor.backward(per_example_lm_loss(logits, b.labels).sum())
+            res = auditor.compute()
+            np.add.at(gnq_sum, part, res.gnq.numpy())
+            np.add.at(kjj_sum, part, res.self_influence.numpy())
+            np.add.at(count, part, 1)
+            model.zero_grad(set_to_none=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return gnq_sum / count, kjj_sum / count
+
+
+def exposure_hook(model, tok, frame: pd.DataFrame, ids: list[list[int]], cfg: Config,
+                  seed: int) -> np.ndarray:
+    """Exposure (bits) of each planted record's value over its own space (every digit free: the
+    values are drawn at random), the rank exact by the pruned search where it finishes within the
+    attack's node budget, else estimated from ``cfg.exposure_candidates`` random values
+    (``pipelines.exposure``, as the audit's secret attack measures it); NaN for base texts."""
+    from gnq_core.pipelines.exposure import exposure, value_seed, value_space
+    from gnq_core.pipelines.secret_attack import secret_targets
+
+    out = np.full(len(frame), np.nan)
+    if cfg.exposure_candidates < 2:
+        return out
+    stored = []
+    values = frame["value"].fillna("").astype(str)
+    for text, value, kind in zip(frame["text"], values, frame["kind"], strict=True):
+        at = text.rfind(value) if kind == "planted" and value else -1
+        stored.append(None if at < 0 else json.dumps([{"kind": "pin", "start": at, "end": at + len(value),
+                                                        "value_start": at, "value_end": at + len(value)}]))
+    device = next(model.parameters()).device
+    texts = frame["text"].astype(str).tolist()
+    for target in secret_targets(tok, texts, list(range(len(frame))), ids, stored):
+        space = value_space(target.value, target.kind, set())
+        if space is None:
+            continue
+        between = texts[target.example_id][target.prompt_chars: target.value_start]
+        keep = max(1, cfg.max_length - len(between + target.value))
+        got = exposure(model, tok, list(target.prompt_ids[-keep:]), between, space,
+                       n_candidates=cfg.exposure_candidates, seed=value_seed(seed, target.value),
+                       batch_size=64, device=device)
+        if got.bits is not None:
+            out[target.example_id] = got.bits
+    return out
+
+
+# ----------------------------------------------------------------------------------------- per seed
+def seed_dir(work: Path, seed: int) -> Path:
+    return work / f"seed-{seed}"
+
+
+def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Timings, log=print) -> Path:
+    """The K half-models, the full model and its signals for one seed: records.csv and meta.json
+    (each half-model's losses saved as it finishes, so an interrupted seed resumes)."""
+    folder = seed_dir(work, seed)
+    if (folder / "meta.json").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    t0, seconds = time.perf_counter(), {}
+    frame = study_records(base_corpus(ctx), cfg, seed)
+    model, tok = load_model(cfg, frame["text"].tolist(), seed)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    pad = pad_id(tok)
+    ids = encode_texts(tok, frame["text"].tolist(), cfg.max_length)
+    copies = frame["copies"].to_numpy()
+    n = len(ids)
+    reference = (forward_signals(model, ids, pad)["loss"].to_numpy() if cfg.model != "tiny"
+                 else np.full(n, np.nan))
+    subsets, losses = [], []
+    with timings.stage(f"seed {seed}: half-trained models"):
+        t = time.perf_counter()
+        for m in range(cfg.models):
+            path = folder / f"model-{m:03d}.json"
+            if path.is_file():
+                saved = json.loads(path.read_text(encoding="utf-8"))
+            else:
+                subset = cf_subset(n, m, seed)
+                model.load_state_dict(init)
+                fine_tune(model, [ids[r] for r in expanded(subset, copies)], pad, cfg, seed * 1000 + m)
+                saved = {"subset": subset, "loss": forward_signals(model, ids, pad)["loss"].tolist()}
+                write_text_atomic(path, json.dumps(saved))
+            subsets.append(saved["subset"])
+            losses.append(saved["loss"])
+            log(f"seed {seed}: model {m + 1}/{cfg.models}")
+        seconds["half-trained models"] = time.perf_counter() - t
+    # loss: memorisation = mean loss out − mean loss in, so the "score" is −loss
+    mem = counterfactual_memorization(n, subsets, [[-v for v in row] for row in losses])
+    with timings.stage(f"seed {seed}: full model and signals"):
+        t = time.perf_counter()
+        model.load_state_dict(init)
+        everything = expanded(list(range(n)), copies)
+        fine_tune(model, [ids[r] for r in everything], pad, cfg, seed * 1000 + cfg.models)
+        seconds["full model"] = time.perf_counter() - t
+        t = time.perf_counter()
+        fwd = forward_signals(model, ids, pad)
+        gnq, kjj = micro_batch_gnq(model, ids, everything, pad, cfg, seed)
+        seconds["signals"] = time.perf_counter() - t
+    frame["n_tokens"] = [len(x) for x in ids]
+    frame["log_copies"] = np.log(copies)
+    frame[CF] = mem["value"].to_numpy()
+    frame["loss_in"], frame["loss_out"] = -mem["mean_in"].to_numpy(), -mem["mean_out"].to_numpy()
+    frame["loss"], frame["min_k_plus"] = fwd["loss"].to_numpy(), fwd["min_k_plus"].to_numpy()
+    frame["loss_ratio"] = frame["loss"] / reference
+    frame["zlib_ratio"] = (frame["loss"] * (frame["n_tokens"] - 1).clip(lower=1) / math.log(2)
+                           / [zlib_bits(t) for t in frame["text"]])
+    frame[GNQ], frame["k_jj"] = gnq, kjj
+    with timings.stage(f"seed {seed}: exposure"):
+        t = time.perf_counter()
+        frame[EXPOSURE] = exposure_hook(model, tok, frame, ids, cfg, seed)
+        seconds["exposure"] = time.perf_counter() - t
+    frame.to_csv(folder / "records.csv", index=False)
+    meta = {"seed": seed, "config": asdict(cfg), "seconds": seconds,
+            "seconds_total": time.perf_counter() - t0,
+            "training_tokens_half": int(np.mean([sum(len(ids[r]) for r in expanded(s, copies))
+                                                 for s in subsets])),
+            "training_tokens_all": int(sum(len(ids[r]) for r in everything)),
+            "tokens": int(sum(len(x) for x in ids)), "machine": machine("cpu")}
+    write_text_atomic(folder / "meta.json", json.dumps(meta, indent=2))
+    return folder
+
+
+# ----------------------------------------------------------------------------------------- analysis
+def pooled(frames: list[pd.DataFrame], top: float) -> pd.DataFrame:
+    """The seeds' records together: every signal and the outcome as within-seed percentile ranks
+    (each seed's models differ), ``positive`` the within-seed top ``top`` of counterfactual
+    memorisation, ``cluster_id`` one per record and seed."""
+    parts = []
+    for f in frames:
+        f = f.copy()
+        for column, _, _ in SIGNALS:
+            f[f"{column}_rank"] = f[column].rank(pct=True) if column != "log_copies" else f[column]
+        f["cf_rank"] = f[CF].rank(pct=True)
+        f["positive"] = f[CF] >= f[CF].quantile(1 - top)
+        f[cl.CLUSTER] = f["seed"] * 1_000_000 + np.arange(len(f))
+        parts.append(f)
+    return pd.concat(parts, ignore_index=True)
+
+
+def signal_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame:
+    """Per signal: Spearman with counterfactual memorisation, the partial rank correlation given the
+    rule's base (less the signal itself), the top-decile AUC and the CV AUC gain over the base,
+    each with its cluster-bootstrap interval; ``positive records`` the independent positives."""
+    y = frame["positive"].to_numpy(bool)
+    groups = cl.groups_of(frame)
+    pos, neg = cl.records(y, groups)
+    rows = []
+    for column, label, higher in SIGNALS:
+        if not frame[column].notna().any():  # e.g. the loss ratio without a pretrained base model
+            continue
+        sign = 1.0 if higher else -1.0
+        score = sign * frame[f"{column}_rank"].to_numpy(float)
+        base = [c for c in BASE if c != column]
+        part = partial_rank_correlation(score, frame["cf_rank"].to_numpy(float),
+                                        [frame[f"{c}_rank"].to_numpy(float) for c in base],
+                                        groups=groups, labels=y, resamples=cfg.resamples, seed=seed)
+        row = {"signal": label, "column": column, "records": len(frame), "positive records": pos,
+               "spearman": float(pd.Series(score).corr(frame["cf_rank"], method="spearman")),
+               "partial": part.r, "partial lo": part.lo, "partial hi": part.hi, "note": ""}
+        keep = np.isfinite(score)
+        few = cl.too_few(y[keep], groups[keep]) if 0 < y[keep].sum() < keep.sum() else "one outcome only"
+        if few:
+            row["note"] = few
+            rows.append(row)
+            continue
+        cells, _ = pr.metrics_with_intervals(score[keep], y[keep], groups[keep], cfg.resamples, seed,
+                                             fpr_levels=(), fractions=())
+        covariates = {"K_jj": frame["k_jj_rank"].to_numpy(float)} if column != "k_jj" else {}
+        gain = cv_gain(score, y, frame["n_tokens_rank"].to_numpy(float), frame["loss_rank"].to_numpy(float),
+                       resamples=cfg.resamples, seed=seed, groups=groups, min_records=cl.MIN_RECORDS,
+                       signal_is_loss=column == "loss",
+                       copies=None if column == "log_copies" else frame["copies"].to_numpy(float),
+                       covariates=covariates)
+        row |= {"auc": cells["auc"], "auc lo": cells["auc lo"], "auc hi": cells["auc hi"], "gain": gain.gain,
+                "gain lo": gain.lo, "gain hi": gain.hi, "gain base": gain.base, "note": gain.note}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def verdict(gnq: pd.Series, seeds: int, cfg: Config) -> str:
+    """The rule (``RULE``) applied to GNQ's row of ``signal_rows``."""
+    if seeds < cfg.min_seeds or gnq["positive records"] < cfg.min_records:
+        return (f"**Too few** to judge GNQ: {seeds} seed(s) and {gnq['positive records']} independent "
+                f"positive records (the rule needs {cfg.min_seeds} and {cfg.min_records}).")
+    partial = gnq["partial lo"] > 0
+    gain = gnq.get("gain", math.nan) >= cfg.min_gain and gnq.get("gain lo", math.nan) > 0
+    if partial or gain:
+        why = ("its partial correlation's interval lies above 0" if partial
+               else "its CV gain reaches the threshold with its interval above 0")
+        return f"**GNQ adds value beyond length, loss, copies and K_jj**: {why}."
+    return ("**GNQ does not add value beyond length, loss, copies and K_jj** on this study: neither its "
+            "partial correlation's interval lies above 0 nor its CV gain reaches the threshold.")
+
+
+def mean_by_copies(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Counterfactual memorisation per copy count (planted records) and of the base texts."""
+    f = pd.concat(frames, ignore_index=True)
+    f["group"] = np.where(f["kind"] == "base", "base texts (1 copy)",
+                          "planted × " + f["copies"].astype(str))
+    out = f.groupby("group", sort=False)[CF].agg(["count", "mean", "median"])
+    out["mean exposure (bits)"] = f.groupby("group", sort=False)[EXPOSURE].mean()
+    return out.reset_index().rename(columns={"count": "records"})
+
+
+# ----------------------------------------------------------------------------------------- cost
+BASE_TOKENS, RECORD_TOKENS = 55, 30  # assumed mean tokens of an AG News row (cut at 64) and a planted record
+
+
+def full_cost(meta: list[dict], measured: Path | None = None) -> dict:
+    """The full configuration's estimated CPU time at K = 8 and 16: per seed, (K/2 + 1) trainings'
+    worth of tokens (K models on half the records, one on all) × epochs at the SmolLM2 fine-tune
+    rate this machine measured (the companions study's results.json: its fine-tune seconds over its
+    training tokens), plus K + 1 forward passes over the records at a third of that rate per token,
+    one exact micro-batch audit at about one training step per token, and the exposure's forward
+    passes over every planted value's candidates."""
+    tokens_records = FULL.base_texts * BASE_TOKENS + FULL.records * len(FULL.copies) * RECORD_TOKENS
+    tokens_all = FULL.base_texts * BASE_TOKENS + sum(FULL.records * m * RECORD_TOKENS for m in FULL.copies)
+    rate, source = math.nan, "no SmolLM2 measurement found"
+    measured = measured or Path(__file__).resolve().parents[2] / "reports" / "companions" / "results.json"
+    if measured.is_file():
+        d = json.loads(measured.read_text(encoding="utf-8"))
+        c = d["config"]
+        trained = (c["members"] + c["records"] * c["copies"]) * c["max_length"] * c["epochs"]
+        fine = [v for k, v in d["stages"].items() if k.endswith("fine-tune")]
+        rate = float(np.median(fine)) / trained
+        source = (f"reports/companions/results.json: median SmolLM2 fine-tune {np.median(fine):.0f} s for "
+                  f"{trained} tokens")
+
+    exposure = FULL.records * len(FULL.copies) * FULL.exposure_candidates * RECORD_TOKENS / 3
+
+    def hours(k: int) -> float:
+        per_seed = ((k / 2 + 1) * FULL.epochs * tokens_all + (k + 1) * tokens_records / 3 + tokens_all
+                    + exposure)
+        return len(FULL.seeds) * per_seed * rate / 3600
+
+    return {"tokens_records": tokens_records, "tokens_all": tokens_all, "seconds_per_token_trained": rate,
+            "rate_source": source, "estimated_hours_k8": hours(8), "estimated_hours_k16": hours(16),
+            "formula": ("seeds × ((K/2 + 1) × epochs × T_all + (K + 1) × T_records / 3 + T_all "
+                        "+ planted × candidates × T_record / 3) × s_token"),
+            "assumptions": (f"T_all, T_records: {BASE_TOKENS} tokens a base text, {RECORD_TOKENS} a planted "
+                            "record"),
+            "this_run_seconds": sum(m["seconds_total"] for m in meta)}
+
+
+# ----------------------------------------------------------------------------------------- report
+def finished_seeds(work: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in work.glob("seed-*") if (p / "meta.json").is_file())
+
+
+def run(ctx: StudyContext, models: int | None = None, records: int | None = None,
+        base_texts: int | None = None, seeds: list[int] | None = None, log=print) -> Path:
+    """Build the seeds not finished yet (each resumes), then write the report from all of them."""
+    cfg = config(ctx, models=models, records=records, base_texts=base_texts,
+                 seeds=tuple(seeds) if seeds else None)
+    work = ctx.work_dir(STUDY)
+    timings = Timings(work)
+    for seed in cfg.seeds:
+        run_seed(ctx, cfg, seed, work, timings, log)
+    return write_report(ctx, cfg, work, timings)
+
+
+def _cells(table: pd.DataFrame, key: str, spec: str) -> list[str]:
+    """"value [lo, hi]" per row; "too few" where the row has no value."""
+    if key not in table:
+        return [cl.TOO_FEW] * len(table)
+    return [rep.ci(v, lo, hi, spec) if pd.notna(v) else cl.TOO_FEW
+            for v, lo, hi in zip(table[key], table[f"{key} lo"], table[f"{key} hi"], strict=True)]
+
+
+def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -> Path:
+    done = [s for s in finished_seeds(work) if s in cfg.seeds]
+    if not done:
+        raise ValueError(f"{work}: no finished seed to report")
+    frames = [pd.read_csv(seed_dir(work, s) / "records.csv").assign(seed=s) for s in done]
+    meta = [json.loads((seed_dir(work, s) / "meta.json").read_text(encoding="utf-8")) for s in done]
+    both = pooled(frames, cfg.top)
+    table = signal_rows(both, cfg)
+    gnq = table.set_index("column").loc[GNQ]
+    words = verdict(gnq, len(done), cfg)
+    by_copies = mean_by_copies(frames)
+    cost = full_cost(meta)
+    timings.data = {f"seed {m['seed']}: {k}": v for m in meta for k, v in m["seconds"].items()}
+    r = rep.Report(ctx.report_dir(STUDY), "Counterfactual memorisation: the ground truth for every signal")
+    r.text(words)
+    r.text("## The rule (fixed before the numbers)\n\n" + RULE.format(gain=cfg.min_gain, seeds=cfg.min_seeds,
+                                                                       records=cfg.min_records))
+    n_base, n_planted = int((frames[0]["kind"] == "base").sum()), int((frames[0]["kind"] == "planted").sum())
+    r.text(f"""## Setup
+
+Per seed ({len(done)}: {", ".join(map(str, done))}): {n_base} deduplicated base texts and {n_planted}
+planted records ({cfg.records} at each of {", ".join(map(str, cfg.copies))} copies, each holding a
+random 4–6-digit value); model `{cfg.model}`. {cfg.models} models from the same initial weights, each
+fine-tuned on a random half of the records (copies together; complementary pairs, so each record is
+in {cfg.models // 2}); {cfg.epochs} epochs, batch {cfg.batch_size}, AdamW lr {cfg.lr:g}, max
+{cfg.max_length} tokens. Counterfactual memorisation = mean loss of the models without the record −
+mean loss of those with it. Signals from one more model trained on every record: GNQ per
+micro-batch (exact, post hoc at the final weights, λ = {cfg.lam:g}) and K_jj averaged over a
+record's copies, loss, loss ratio to the base model (none for a tiny model), Min-K%++, zlib
+ratio, copies, length. Exposure of each planted value over its own space (every digit free), after
+the same prompt: the rank exact by the pruned search where it finishes, else estimated from
+{cfg.exposure_candidates} random values (`pipelines.exposure`, as the audit's secret attack).
+Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
+    r.table(by_copies, {"mean": ".4f", "median": ".4f", "mean exposure (bits)": ".2f"},
+            caption="Counterfactual memorisation (loss out − loss in, nats per token) and the planted "
+                    "values' exposure under the fully trained model, by how often a record was repeated.")
+    shown = table.assign(**{"partial ρ [95%]": _cells(table, "partial", ".3f"),
+                            "AUC top decile [95%]": _cells(table, "auc", ".3f"),
+                            "CV gain [95%]": _cells(table, "gain", "+.3f")})
+    r.table(shown[["signal", "records", "positive records", "spearman", "partial ρ [95%]",
+                   "AUC top decile [95%]", "CV gain [95%]"]],
+            caption="Partial ρ: rank correlation with counterfactual memorisation given length, loss, log "
+                    "copies and K_jj (less the signal itself). CV gain: out-of-fold AUC for the top decile "
+                    "over length spline + loss + log copies + K_jj (less the signal itself). "
+                    + pr.interval_method(cfg.resamples, 0, pr.LEVEL))
+    r.text(f"""## Compute
+
+This run: {cost['this_run_seconds']:.0f} s on {machine("cpu")}. Full configuration (SmolLM2-135M,
+{FULL.base_texts} base texts, {FULL.records * len(FULL.copies)} planted records, {len(FULL.seeds)} seeds,
+{FULL.epochs} epochs), not run here: estimated {cost['estimated_hours_k8']:.0f} CPU hours at K = 8 and
+{cost['estimated_hours_k16']:.0f} at K = 16 on this machine, by {cost['formula']} with s_token =
+{cost['seconds_per_token_trained']:.4f} s ({cost['rate_source']}; {cost['assumptions']}).""")
+    results = {"verdict": words, "rule": RULE.format(gain=cfg.min_gain, seeds=cfg.min_seeds,
+                                                      records=cfg.min_records),
+               "config": asdict(cfg), "seeds": done, "signals": table, "by_copies": by_copies,
+               "cost": cost, "command": ctx.command, "seed_meta": meta}
+    return r.write(results, command=ctx.command, timings=timings, device=ctx.device)

@@ -1,0 +1,86 @@
+"""`gnq study counterfactual --quick`: counterfactual memorisation on half-trained tiny models
+(a record repeated 8× is memorised more than a unique one), the report and results.json with
+command, machine, time and seeds; the partial rank correlation's interval for a noise signal
+covers 0; the CV gain's base can hold K_jj."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+from typer.testing import CliRunner
+
+from gnq_core.analysis import clusters as cl
+from gnq_core.analysis import length_control as lc
+from gnq_core.analysis.partial import partial_rank_correlation
+from gnq_core.cli import app
+from gnq_core.studies import counterfactual_study as cs
+
+
+def test_quick_study_counterfactual_memorisation_grows_with_copies(tmp_path):
+    args = ["study", "counterfactual", "--quick", "--quiet", "--seeds", "0,1",
+            "--db", str(tmp_path / "s.duckdb"), "--reports", str(tmp_path / "reports"),
+            "--work", str(tmp_path / "work")]
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "reports" / "counterfactual-quick"
+    doc = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    assert doc["seeds"] == [0, 1] and "gnq study counterfactual" in doc["command"]
+    assert "--seeds 0,1" in doc["command"]
+    assert doc["machine"] and doc["compute_seconds"] > 0 and doc["cost"]["estimated_hours_k16"] > 0
+    text = (folder / "report.md").read_text(encoding="utf-8")
+    assert text.splitlines()[2].startswith("**Too few**")  # 2 seeds: the rule needs 3 and 50 positives
+    for seed in (0, 1):
+        f = pd.read_csv(tmp_path / "work" / "counterfactual-quick" / f"seed-{seed}" / "records.csv")
+        planted = f[f["kind"] == "planted"].groupby("copies")[cs.CF].mean()
+        assert planted[8] > planted[1] and planted[8] > f.loc[f["kind"] == "base", cs.CF].mean()
+        exposure = f.groupby("kind")[cs.EXPOSURE].apply(lambda v: v.notna().mean())
+        assert exposure["planted"] == 1 and exposure["base"] == 0  # every planted value, nothing else
+        assert np.isfinite(f[["gnq", "k_jj", "loss", "min_k_plus", "zlib_ratio"]].to_numpy()).all()
+    signals = pd.DataFrame(doc["signals"]).set_index("column")
+    assert "gnq" in signals.index and "loss_ratio" not in signals.index  # a tiny model has no base model
+    records = tmp_path / "work" / "counterfactual-quick" / "seed-0" / "records.csv"
+    before = records.stat().st_mtime_ns
+    assert CliRunner().invoke(app, args, catch_exceptions=False).exit_code == 0  # resumes: nothing retrained
+    assert records.stat().st_mtime_ns == before
+
+
+def test_noise_signal_partial_interval_covers_zero():
+    # null samples shaped like the study: records with 1-8 copies, outcome driven by a covariate
+    outside = per_text = 0
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        copies = rng.choice([1, 1, 1, 2, 4, 8], 120)
+        groups = np.repeat(np.arange(120), copies).astype(float)
+        z = np.repeat(rng.normal(size=120), copies)
+        outcome = z + np.repeat(rng.normal(size=120), copies)
+        noise = np.repeat(rng.normal(size=120), copies)
+        top = outcome >= np.quantile(outcome, 0.9)
+        p = partial_rank_correlation(noise, outcome, [z], groups=groups, labels=top, resamples=200, seed=seed)
+        outside += not (p.lo <= 0 <= p.hi)
+        t = partial_rank_correlation(noise, outcome, [z], labels=top, resamples=200, seed=seed)
+        per_text += not (t.lo <= 0 <= t.hi)
+    assert outside <= 6 < per_text  # nominal 5% of 60; resampling copies one by one claims far more
+    strong = partial_rank_correlation(z + 0.1 * noise, outcome, [], groups=groups, resamples=200)
+    assert strong.lo > 0.3
+
+
+def test_cv_gain_base_can_hold_k_jj():
+    rng = np.random.default_rng(5)
+    n = 600
+    kjj = rng.normal(size=n)
+    y = rng.random(n) < 1 / (1 + np.exp(-2 * kjj))
+    lengths, loss = rng.integers(10, 30, n).astype(float), rng.normal(size=n)
+    again = lc.cv_gain(kjj + 1e-3 * rng.normal(size=n), y, lengths, loss, resamples=200,
+                       copies=np.ones(n), covariates={"K_jj": kjj})
+    assert again.base == "length spline + loss + log copies + K_jj" and again.lo <= 0 <= again.hi
+    alone = lc.cv_gain(kjj, y, lengths, loss, resamples=200, copies=np.ones(n))
+    assert alone.lo > 0.1 and cl.copy_counts(np.ones(3)).tolist() == [3, 3, 3]
+
+
+def test_odd_model_count_is_one_line_and_exit_one(tmp_path):
+    result = CliRunner().invoke(app, ["study", "counterfactual", "--quick", "--models", "3",
+                                      "--db", str(tmp_path / "s.duckdb"), "--work", str(tmp_path / "w")])
+    assert result.exit_code == 1 and "--models must be even" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "w").exists()
