@@ -12,8 +12,8 @@ import gnq_core
 from gnq_core.errors import GNQError, one_line, user_errors
 
 # Internal signals, never shown to a user: the solver's failure is caught and the batch stored as
-# non-finite.
-INTERNAL = {"gnq_core.engine.solve.GNQNumericalError"}
+# non-finite; a non-finite likelihood is caught by exposure() and the value stored without one.
+INTERNAL = {"gnq_core.engine.solve.GNQNumericalError", "gnq_core.pipelines.exposure.NonFinite"}
 
 
 def _error_classes() -> dict[str, type[BaseException]]:
