@@ -10,6 +10,7 @@ from app.jobs_view import job_panel
 from gnq_core.analysis import (
     LEAKED,
     PARTLY,
+    VALUES_HELP,
     exposure_summary,
     gnq_nature,
     null_sentence,
@@ -57,9 +58,12 @@ def secret_exposure(run) -> None:
     with st.expander(f"Secret values: exposure ({said['distinct_values']} distinct, {said['exact']} exact"
                      f"{estimated}; {said['exposed']} exposed)"):
         st.caption("Exposure = log2 of the value's space (its free digits) − log2 of its rank there by the "
-                   "model's likelihood; exposed = above the never-trained null's 99th percentile and above "
-                   "the reference model.")
-        st.dataframe(values_table(said), hide_index=True, width="stretch")
+                   "model's likelihood; exposed = above the never-trained values' 99th percentile and above "
+                   "the reference model. Hover a column's name for what it means.")
+        table = values_table(said)
+        st.dataframe(table, hide_index=True, width="stretch",
+                     column_config={c: st.column_config.Column(c, help=VALUES_HELP.get(c)) for c in table})
+        st.markdown("**Never-trained values of each format** (the control)")
         for fmt in said["formats"]:
             st.caption(state.plain(null_sentence(fmt)))
 

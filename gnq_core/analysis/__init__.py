@@ -8,7 +8,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".compare": ("compare_runs",),
     ".findings": ("action", "grouped", "summary", "texts_table_html"),
     ".counts": ("RunCounts", "run_counts"),
-    ".exposures": ("EXPOSURE_SHOWN", "exposure_summary", "null_sentence", "values_table"),
+    ".exposures": ("EXPOSURE_SHOWN", "VALUES_HELP", "exposure_summary", "null_sentence", "values_table"),
     ".flagging": ("GNQ_ORDER", "VERDICT_ORDER", "TextFilter", "flagged"),
     ".html_report": ("build_report", "check_writable", "write_report"),
     ".predictive_figures": ("roc_figure",),
