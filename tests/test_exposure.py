@@ -371,3 +371,34 @@ def test_the_values_table_says_which_rank_is_estimated_and_explains_each_number(
     report = " ".join(_exposure(summary))
     assert "(estimated)" in report and "never-trained 99th pct (bits): 99th percentile" in report
     assert "reference (bits): The same exposure under the reference model" in report
+
+
+def test_a_texts_exposure_columns_come_from_one_value_and_name_it(tmp_path):
+    """A text with two values: its exposure, 'estimated', threshold and reference are all the most
+    exposed value's (exposed first, then bits), never the largest bits of one and the flag of another."""
+    from test_store import _point, _run
+
+    from gnq_core.results.store import Store
+    from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
+
+    store = Store(tmp_path / "gnq.duckdb")
+    run = _run(store)
+    _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 4.0])
+    base = {c: None for c in SECRET_ATTACK_COLUMNS} | {
+        "example_id": 0, "prompt_tokens": 3, "value_tokens": 1, "generated": "x", "chars_reproduced": 0,
+        "reproduced": False, "extracted": False, "rule": "r", "value_copies": 1}
+    rows = pd.DataFrame([
+        base | {"secret_start": 0, "secret_end": 4, "kind": "pin", "value": "4821", "chars": 4,
+                "exposure": 9.0, "exposure_method": "exact", "exposure_rank": 16, "exposure_template": "####",
+                "exposure_space_bits": math.log2(1e4), "exposure_null_p99": 6.64, "reference_exposure": 1.0,
+                "exposed": True},
+        base | {"secret_start": 10, "secret_end": 29, "kind": "card number", "value": "4177 8486 4887 6630",
+                "chars": 16, "exposure": 30.0, "exposure_method": "estimated",
+                "exposure_template": "4### #### #### ####", "exposure_space_bits": 46.5,
+                "exposure_null_p99": 6.7, "reference_exposure": 31.0, "exposed": False}])
+    store.write_secret_attacks(run.run_id, 0, rows, "test")
+    row = store.example_totals(run.run_id).set_index("example_id").loc[0]
+    assert row["secret_exposure_value"] == "4821" and row["secret_exposure_kind"] == "pin"
+    assert row["secret_exposure"] == 9.0 and bool(row["secret_exposed"])
+    assert not bool(row["secret_exposure_estimated"])  # the card's estimate is not this value's
+    assert row["secret_exposure_null_p99"] == 6.64 and row["secret_reference_exposure"] == 1.0
