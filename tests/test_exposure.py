@@ -402,3 +402,45 @@ def test_a_texts_exposure_columns_come_from_one_value_and_name_it(tmp_path):
     assert row["secret_exposure"] == 9.0 and bool(row["secret_exposed"])
     assert not bool(row["secret_exposure_estimated"])  # the card's estimate is not this value's
     assert row["secret_exposure_null_p99"] == 6.64 and row["secret_reference_exposure"] == 1.0
+
+
+def test_each_attacked_value_says_its_exposure_against_the_reference_and_the_null(tmp_path):
+    from gnq_core.analysis.exposures import value_exposure_sentence
+
+    store, run, _ = _stored_exposures(tmp_path, estimated=True)
+    rows = store.secret_attacks(run.run_id).to_dict("records")
+    said = {r["value"]: value_exposure_sentence(r) for r in rows}
+    assert said["4821"].startswith("4821: exposure 13.3 bits, rank 1 of 2^13.3 (exact); under the reference "
+                                   "model 1.0 bits")
+    assert said["4821"].endswith("never saw: 99th percentile 6.6 bits → exposed.")
+    assert "rank ≈ 8 of 2^13.3 (estimated)" in said["5150"]
+    assert "rank ≈ 1,024 of 2^13.3 (estimated)" in said["5150"]  # the reference's rank, estimated too
+    assert said["0007"].endswith("→ not exposed.")
+    assert "not measured" in value_exposure_sentence({"value": "hunter2", "exposure": None})
+
+
+def test_the_drilldown_explains_each_values_exposure(tmp_path, monkeypatch):
+    """The drill-down's secret attack: every exposure column has its help, and each value's exposure
+    is said in words against the reference and the never-trained values (the table is wider than
+    the page)."""
+    import json
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    store, run, _ = _stored_exposures(tmp_path, estimated=True)
+    monkeypatch.setenv("GNQ_DB", str(store.path))
+    app = Path(__file__).resolve().parents[1] / "app" / "views" / "drilldown.py"
+    at = AppTest.from_file(str(app), default_timeout=60)
+    at.session_state["run_name"], at.session_state["example_id"] = run.name, 3
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    captions = [c.value.replace("\\", "") for c in at.caption]  # Markdown escapes dropped
+    assert any(c.startswith("5150: exposure 10.3 bits, rank ≈ 8 of 2^13.3 (estimated); under the reference "
+                            "model 3.3 bits") and "99th percentile 6.6 bits → exposed." in c
+               for c in captions)
+    (table,) = [d for d in at.dataframe if "exposure" in d.value.columns]
+    helps = {c: v.get("help", "") for c, v in json.loads(table.proto.columns).items()}
+    for column in ("exposure", "reference_exposure", "exposure_null_p99", "exposed", "exposure_method"):
+        assert helps[column], column
+    assert "never saw" in helps["exposure_null_p99"] and "false alarms" in helps["exposure_null_p99"]

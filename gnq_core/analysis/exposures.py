@@ -154,3 +154,35 @@ def null_sentence(fmt: dict[str, Any]) -> str:
                  f"of that threshold: {over} of these {fmt['null_values']} ({fmt['false_alarm_null']:.0%}) "
                  f"exceed it, a uniformly random rank would {fmt['false_alarm_uniform']:.1%} of the time")
     return said + "."
+
+
+# the secret attack's exposure columns (EXPOSURE_SHOWN) and the VALUES_HELP entry that explains each
+SHOWN_HELP = {"exposure": "exposure (bits)", "exposure_method": "rank", "exposure_rank": "rank",
+              "exposure_template": "format", "reference_exposure": "reference (bits)",
+              "exposure_null_p99": "never-trained 99th pct (bits)", "exposed": "exposed",
+              "value_copies": "copies"}
+
+
+def value_exposure_sentence(row: pd.Series | dict) -> str:
+    """One attacked value's exposure in words, every number with what it is measured against
+    (``row``: a ``Store.secret_attacks`` row): its rank, exact or estimated, the reference
+    model's, and its format's never-trained 99th percentile."""
+    value = row.get("value")
+    if not _finite(row.get("exposure")):
+        return f"{value}: exposure not measured (only a value of a format with free digits is ranked)."
+    same = {"space_bits": row.get("exposure_space_bits")}
+    mine = rank_words(same | {"method": row.get("exposure_method"), "rank": row.get("exposure_rank"),
+                              "exposure": row.get("exposure")})
+    said = f"{value}: exposure {float(row['exposure']):.1f} bits, rank {mine}"
+    if _finite(row.get("reference_exposure")):
+        theirs = rank_words(same | {"method": row.get("reference_exposure_method"),
+                                    "rank": row.get("reference_exposure_rank"),
+                                    "exposure": row.get("reference_exposure")})
+        said += f"; under the reference model {float(row['reference_exposure']):.1f} bits, rank {theirs}"
+    if _finite(row.get("exposure_null_p99")):
+        p99 = float(row["exposure_null_p99"])
+        said += f"; values of its format the model never saw: 99th percentile {p99:.1f} bits"
+    exposed = row.get("exposed")
+    if exposed is not None and not pd.isna(exposed):
+        said += " → exposed" if bool(exposed) else " → not exposed"
+    return said + "."
