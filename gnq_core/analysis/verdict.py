@@ -134,6 +134,9 @@ COLUMN_HELP: dict[str, str] = {
                   "member; needs no reference model.",
     "min_k_prob": "Mean log-probability of the 20% least likely tokens (nats). Closer to 0 = more likely "
                   "a training member.",
+    "self_influence_last": "K_jj = ‖g_j‖², the text's gradient norm squared at the last checkpoint: how hard "
+                           "the text pulls on the weights. Shown, not used in risk unless this run's ground "
+                           "truth validates it; compare within a run.",
     "loss_last": "Mean next-token loss at the last checkpoint (nats per token); low alone often just means "
                  "an easy text.",
 }
