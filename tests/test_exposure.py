@@ -369,8 +369,8 @@ def test_the_values_table_says_which_rank_is_estimated_and_explains_each_number(
     said = null_sentence(fmt)
     assert "99th percentile, 6.6 bits" in said and "false-alarm rate" in said and "0 of these 2 (0%)" in said
     report = " ".join(_exposure(summary))
-    assert "(estimated)" in report and "never-trained 99th pct (bits): 99th percentile" in report
-    assert "reference (bits): The same exposure under the reference model" in report
+    assert "(estimated)" in report and "never-trained 99th pct (bits)</b>: 99th percentile" in report
+    assert "reference (bits)</b>: The same exposure under the reference model" in report
 
 
 def test_a_texts_exposure_columns_come_from_one_value_and_name_it(tmp_path):

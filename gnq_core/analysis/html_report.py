@@ -270,7 +270,8 @@ def _exposure(summary: dict) -> list[str]:
             + ". Exposed (above the 99th percentile of never-trained values of its format and above the "
               f"reference): {summary['exposed']}.</p>",
             _table(values_table(summary, fit=False)),
-            f"<p class='caption'>{e(' '.join(f'{name}: {VALUES_HELP[name]}' for name in _EXPLAINED))}</p>",
+            "<p class='caption'>" + " ".join(f"<b>{e(name)}</b>: {e(VALUES_HELP[name])}"
+                                             for name in _EXPLAINED) + "</p>",
             "<h3>Never-trained values of each format (the control)</h3>",
             *[f"<p class='caption'>{e(null_sentence(f))}</p>" for f in summary["formats"]]]
 
