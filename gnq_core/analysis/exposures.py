@@ -122,14 +122,14 @@ def values_table(summary: dict[str, Any], fit: bool = True) -> pd.DataFrame:
     if rows.empty:
         return rows
     records = rows.to_dict(orient="records")
-    table = pd.DataFrame({
-        "kind": rows["kind"], "value": rows["value"], "format": rows["template"], "copies": rows["copies"],
-        "exposure (bits)": rows["exposure"].astype(float).round(2),
-        "rank": [rank_words(r) for r in records],
+    table = pd.DataFrame({  # the three numbers compared and the outcome first: they fit a page's width
+        "kind": rows["kind"], "value": rows["value"], "exposure (bits)": rows["exposure"].astype(float).round(2),
         "reference (bits)": rows["reference_exposure"].astype(float).round(2),
-        "reference rank": [rank_words(r, "reference_") for r in records],
         "never-trained 99th pct (bits)": rows["null_p99"].astype(float).round(2),
-        "exposed": [_yes_no(v) for v in rows["exposed"]], "leaked": [_yes_no(v) for v in rows["leaked"]]})
+        "exposed": [_yes_no(v) for v in rows["exposed"]], "leaked": [_yes_no(v) for v in rows["leaked"]],
+        "rank": [rank_words(r) for r in records],
+        "reference rank": [rank_words(r, "reference_") for r in records],
+        "format": rows["template"], "copies": rows["copies"]})
     if fit:
         table["fit"] = rows["fit"].where(rows["fit"].notna(), "")
     return table
