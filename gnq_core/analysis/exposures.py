@@ -123,7 +123,8 @@ def values_table(summary: dict[str, Any], fit: bool = True) -> pd.DataFrame:
         return rows
     records = rows.to_dict(orient="records")
     table = pd.DataFrame({  # the three numbers compared and the outcome first: they fit a page's width
-        "kind": rows["kind"], "value": rows["value"], "exposure (bits)": rows["exposure"].astype(float).round(2),
+        "kind": rows["kind"], "value": rows["value"],
+        "exposure (bits)": rows["exposure"].astype(float).round(2),
         "reference (bits)": rows["reference_exposure"].astype(float).round(2),
         "never-trained 99th pct (bits)": rows["null_p99"].astype(float).round(2),
         "exposed": [_yes_no(v) for v in rows["exposed"]], "leaked": [_yes_no(v) for v in rows["leaked"]],
