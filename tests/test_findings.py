@@ -80,6 +80,18 @@ def test_summary_counts_texts_once():
     assert said.startswith("4 texts leaked (2 distinct, with their copies): 1 card number, 3 texts without a "
                            "secret-like value, word for word.")
     assert "1 other text holds a secret-like value" in said and "deduplicate repeated texts" in said
+    assert "exposed" not in said and "scrub the other secrets before the next training" in said
+
+
+def test_the_headline_and_to_do_name_exposed_secrets_as_the_actions_do():
+    """A secret the model does not write but ranks above never-trained values and the reference is
+    'retrain soon' in its action: the headline counts it and its to-do says so."""
+    ranked = _ranked().assign(secret_exposed=[None, None, None, None, True, None])
+    said = summary(ranked)
+    assert "1 other text holds a secret-like value the model does not write (1 of them ranked above " in said
+    assert "scrub the exposed values and retrain soon" in said
+    assert "scrub the other secrets before the next training" not in said
+    assert "retrain soon" in action(ranked.assign(secret_exposure=9.0).set_index("example_id").loc[4])
 
 
 def test_the_table_escapes_and_wraps():
