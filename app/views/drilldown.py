@@ -119,8 +119,7 @@ secrets = state.store().secret_attacks(run.run_id)
 secrets = secrets[secrets["example_id"] == example_id]
 if not secrets.empty:
     st.subheader("Secret attack")
-    st.caption("Prompted with the text up to each secret-like value, does the model write the value? "
-               + state.plain(secrets["rule"].iloc[0]))
+    st.caption("Rule: " + state.plain(secrets["rule"].iloc[0]))  # it asks whether the model writes the value
     secrets = secrets.assign(outcome=[value_outcome(r.extracted, r.chars, r.chars_reproduced,
                                                     r.reference_chars_reproduced, r.novel_chars_reproduced)
                                       for r in secrets.itertuples()])
