@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import streamlit as st
 
-from gnq_core.analysis import COLUMN_HELP
+from gnq_core.analysis import COLUMN_HELP, SHOWN_HELP, VALUES_HELP
 
 _FORMATS = {"gnq_total": "%.3g", "gnq_max": "%.3g", "gnq_last": "%.3g", "gnq_mean": "%.3g",
             "percentile": "%.1f", "gnq_percentile": "%.1f", "risk": "%.2f", "loss_last": "%.3f",
@@ -32,4 +32,28 @@ def column_config(columns: Iterable[str]) -> dict:
             config[c] = st.column_config.CheckboxColumn(label, help=help_)
         elif help_ is not None or c in _LABELS:
             config[c] = st.column_config.Column(label, help=help_)
+    return config
+
+
+# the drill-down's secret attack table: labels, and the exposure columns' help (analysis.exposures)
+_SECRET_LABELS = {"generated": "the model wrote", "chars_reproduced": "characters reproduced",
+                  "reference_generated": "the reference wrote",
+                  "reference_chars_reproduced": "reference: characters",
+                  "exposure": "exposure (bits)", "exposure_method": "rank: exact or estimated",
+                  "exposure_rank": "rank in its space", "exposure_template": "its format (# free)",
+                  "reference_exposure": "reference (bits)",
+                  "exposure_null_p99": "never-trained 99th pct (bits)",
+                  "exposed": "exposed", "value_copies": "copies of the value"}
+_BITS = ("exposure", "reference_exposure", "exposure_null_p99")
+
+
+def secret_attack_config() -> dict:
+    """column_config of the secret attack's table: readable labels, bits to one decimal, and what
+    each exposure number is measured against as its help."""
+    config = {}
+    for c, label in _SECRET_LABELS.items():
+        help_ = VALUES_HELP[SHOWN_HELP[c]] if c in SHOWN_HELP else None
+        config[c] = (st.column_config.NumberColumn(label, format="%.1f", help=help_) if c in _BITS else
+                     st.column_config.CheckboxColumn(label, help=help_) if c == "exposed" else
+                     st.column_config.Column(label, help=help_))
     return config

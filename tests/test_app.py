@@ -73,7 +73,10 @@ def test_runs_page(store_path, monkeypatch):
     shown = texts_of(at)
     assert "Top flagged texts" in shown and "audited" in shown
     assert "What GNQ is on this run." in shown and "gradient norm" in shown
-    assert at.metric[0].value == "32"
+    tiles = {m.label: m.value for m in at.metric}
+    assert tiles["Examples"] == "32"
+    # the leak tiles come first, above the headline: a new user's first screen
+    assert [m.label for m in at.metric][:2] == ["Leaked", "Partly leaked"]
     runs = at.dataframe[0].value
     assert set(runs["name"]) == {"audited", "run"}
     # partial leaks have a tile of their own; the risk's basis is said beside the ranking

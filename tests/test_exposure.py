@@ -235,7 +235,9 @@ def test_candidate_counts_exposure_cannot_use_are_refused_in_one_line(tmp_path, 
     assert not db.exists()
 
 
-def test_the_store_keeps_the_null_beside_the_values(tmp_path):
+def _stored_exposures(tmp_path, estimated: bool = False):
+    """A store whose run has two PINs' exposures (one value in two texts) and their format's null;
+    ``estimated``: a third text's PIN ranked by the estimate, under both models."""
     from test_store import _point, _run
 
     from gnq_core.results.store import Store
@@ -256,11 +258,22 @@ def test_the_store_keeps_the_null_beside_the_values(tmp_path):
                                  "exposure_rank": 1, "exposed": True, "reference_exposure": 1.0},
                          base | {"example_id": 2, "secret_start": 0, "value": "0007", "exposure": 0.5,
                                  "exposure_rank": 7000, "exposed": False, "value_copies": 1}])
+    if estimated:  # rank 8 by the estimate: 13.29 − 3 bits; the reference's rank 1024
+        rows = pd.concat([rows, pd.DataFrame([base | {
+            "example_id": 3, "secret_start": 0, "value": "5150", "exposure": math.log2(1e4) - 3,
+            "exposure_method": "estimated", "exposure_fit": "skew-normal (shape 1)", "value_copies": 1,
+            "exposed": True, "reference_exposure": math.log2(1e4) - 10,
+            "reference_exposure_method": "estimated"}])], ignore_index=True)
     null = pd.DataFrame({"kind": "pin", "template": "####", "value": ["1111", "2222"],
                          "prompt_example_id": 0,
                          "exposure": [0.3, 2.0], "exposure_method": "exact", "exposure_rank": [8000, 2500],
                          "exposure_nodes": 100, "exposure_fit": None})
     store.write_secret_attacks(run.run_id, 0, rows, "test", null, "the rule")
+    return store, run, rows
+
+
+def test_the_store_keeps_the_null_beside_the_values(tmp_path):
+    store, run, rows = _stored_exposures(tmp_path)
     values = store.secret_values(run.run_id)
     assert values["value"].tolist() == ["4821", "0007"] and values["copies"].tolist() == [2, 1]
     stored = store.secret_exposure_null(run.run_id)
@@ -315,3 +328,119 @@ def test_a_user_patterns_free_group_is_the_space_exposure_ranks_in():
     rows = attack_secrets(model, tok, texts[:1], [0], ids[:1], seed=3, max_length=64,
                           stored_values=unnamed).rows
     assert rows["exposure_template"].tolist() == ["####-####"]
+
+
+def test_the_json_report_gives_each_value_its_rank_both_exposures_and_the_null(tmp_path):
+    from gnq_core.analysis import run_report
+
+    store, run, _ = _stored_exposures(tmp_path, estimated=True)
+    said = run_report.build(store, run, resamples=10, cv=False).to_json()["secret_exposure"]
+    by_value = {v["value"]: v for v in said["values"]}
+    assert sorted(by_value) == ["0007", "4821", "5150"]  # one row per distinct value, copies counted
+    assert by_value["4821"]["copies"] == 2
+    exact, estimated = by_value["4821"], by_value["5150"]
+    assert exact["method"] == "exact" and exact["rank"] == 1 and exact["rank_estimate"] is None
+    assert estimated["method"] == "estimated" and estimated["rank"] is None
+    assert estimated["rank_estimate"] == pytest.approx(8.0)  # 2^(space − exposure), said as an estimate
+    for v in said["values"]:
+        assert {"exposure", "reference_exposure", "reference_method", "null_p99", "exposed"} <= set(v)
+        assert v["null_p99"] == pytest.approx(6.64)
+    assert exact["reference_exposure"] == pytest.approx(1.0)
+    assert estimated["reference_method"] == "estimated"
+    assert said["estimated"] == 1 and said["exact"] == 2
+    (fmt,) = said["formats"]
+    assert fmt["threshold"] == pytest.approx(6.64) and fmt["false_alarm_null"] == 0.0
+
+
+def test_the_values_table_says_which_rank_is_estimated_and_explains_each_number(tmp_path):
+    from gnq_core.analysis.exposures import VALUES_HELP, null_sentence, values_table
+    from gnq_core.analysis.html_report import _exposure
+
+    store, run, _ = _stored_exposures(tmp_path, estimated=True)
+    summary = exposure_summary(store, run.run_id)
+    table = values_table(summary).set_index("value")
+    assert table.at["4821", "rank"] == "1 of 2^13.3 (exact)"
+    assert table.at["5150", "rank"] == "≈ 8 of 2^13.3 (estimated)"
+    assert table.at["5150", "reference rank"] == "≈ 1,024 of 2^13.3 (estimated)"  # the reference's too
+    assert table.at["4821", "exposed"] == "yes" and table.at["0007", "exposed"] == "no"
+    assert set(values_table(summary).columns) - {"kind", "value"} <= set(VALUES_HELP)  # each: its help
+    assert "fit" not in values_table(summary, fit=False)
+    (fmt,) = summary["formats"]
+    said = null_sentence(fmt)
+    assert "99th percentile, 6.6 bits" in said and "false-alarm rate" in said and "0 of these 2 (0%)" in said
+    report = " ".join(_exposure(summary))
+    assert "(estimated)" in report and "never-trained 99th pct (bits)</b>: 99th percentile" in report
+    assert "reference (bits)</b>: The same exposure under the reference model" in report
+
+
+def test_a_texts_exposure_columns_come_from_one_value_and_name_it(tmp_path):
+    """A text with two values: its exposure, 'estimated', threshold and reference are all the most
+    exposed value's (exposed first, then bits), never the largest bits of one and the flag of another."""
+    from test_store import _point, _run
+
+    from gnq_core.results.store import Store
+    from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
+
+    store = Store(tmp_path / "gnq.duckdb")
+    run = _run(store)
+    _point(store, run.run_id, 0, [1.0, 2.0, 3.0, 4.0])
+    base = {c: None for c in SECRET_ATTACK_COLUMNS} | {
+        "example_id": 0, "prompt_tokens": 3, "value_tokens": 1, "generated": "x", "chars_reproduced": 0,
+        "reproduced": False, "extracted": False, "rule": "r", "value_copies": 1}
+    rows = pd.DataFrame([
+        base | {"secret_start": 0, "secret_end": 4, "kind": "pin", "value": "4821", "chars": 4,
+                "exposure": 9.0, "exposure_method": "exact", "exposure_rank": 16, "exposure_template": "####",
+                "exposure_space_bits": math.log2(1e4), "exposure_null_p99": 6.64, "reference_exposure": 1.0,
+                "exposed": True},
+        base | {"secret_start": 10, "secret_end": 29, "kind": "card number", "value": "4177 8486 4887 6630",
+                "chars": 16, "exposure": 30.0, "exposure_method": "estimated",
+                "exposure_template": "4### #### #### ####", "exposure_space_bits": 46.5,
+                "exposure_null_p99": 6.7, "reference_exposure": 31.0, "exposed": False}])
+    store.write_secret_attacks(run.run_id, 0, rows, "test")
+    row = store.example_totals(run.run_id).set_index("example_id").loc[0]
+    assert row["secret_exposure_value"] == "4821" and row["secret_exposure_kind"] == "pin"
+    assert row["secret_exposure"] == 9.0 and bool(row["secret_exposed"])
+    assert not bool(row["secret_exposure_estimated"])  # the card's estimate is not this value's
+    assert row["secret_exposure_null_p99"] == 6.64 and row["secret_reference_exposure"] == 1.0
+
+
+def test_each_attacked_value_says_its_exposure_against_the_reference_and_the_null(tmp_path):
+    from gnq_core.analysis.exposures import value_exposure_sentence
+
+    store, run, _ = _stored_exposures(tmp_path, estimated=True)
+    rows = store.secret_attacks(run.run_id).to_dict("records")
+    said = {r["value"]: value_exposure_sentence(r) for r in rows}
+    assert said["4821"].startswith("4821: exposure 13.3 bits, rank 1 of 2^13.3 (exact); under the reference "
+                                   "model 1.0 bits")
+    assert said["4821"].endswith("never saw: 99th percentile 6.6 bits → exposed.")
+    assert "rank ≈ 8 of 2^13.3 (estimated)" in said["5150"]
+    assert "rank ≈ 1,024 of 2^13.3 (estimated)" in said["5150"]  # the reference's rank, estimated too
+    assert said["0007"].endswith("→ not exposed.")
+    assert "not measured" in value_exposure_sentence({"value": "hunter2", "exposure": None})
+
+
+def test_the_drilldown_explains_each_values_exposure(tmp_path, monkeypatch):
+    """The drill-down's secret attack: every exposure column has its help, and each value's exposure
+    is said in words against the reference and the never-trained values (the table is wider than
+    the page)."""
+    import json
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    store, run, _ = _stored_exposures(tmp_path, estimated=True)
+    monkeypatch.setenv("GNQ_DB", str(store.path))
+    app = Path(__file__).resolve().parents[1] / "app" / "views" / "drilldown.py"
+    at = AppTest.from_file(str(app), default_timeout=60)
+    at.session_state["run_name"], at.session_state["example_id"] = run.name, 3
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    captions = [c.value.replace("\\", "") for c in at.caption]  # Markdown escapes dropped
+    assert any(c.startswith("5150: exposure 10.3 bits, rank ≈ 8 of 2^13.3 (estimated); under the reference "
+                            "model 3.3 bits") and "99th percentile 6.6 bits → exposed." in c
+               for c in captions)
+    (table,) = [d for d in at.dataframe if "exposure" in d.value.columns]
+    helps = {c: v.get("help", "") for c, v in json.loads(table.proto.columns).items()}
+    for column in ("exposure", "reference_exposure", "exposure_null_p99", "exposed", "exposure_method"):
+        assert helps[column], column
+    assert "never saw" in helps["exposure_null_p99"] and "false alarms" in helps["exposure_null_p99"]

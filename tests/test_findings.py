@@ -44,9 +44,34 @@ def test_each_status_gets_its_action():
     # only a value above the run's null and the reference calls for retraining, whatever its bits
     assert "retrain soon" in action(ranked_high.assign(secret_exposed=True).iloc[0])
     estimated = ranked_high.assign(secret_exposed=True, secret_exposure_estimated=True).iloc[0]
-    assert "(estimated)" in action(estimated)
+    assert "bits, estimated)" in action(estimated)
     assert "retrain soon" not in action(ranked_high.assign(secret_exposed=False).iloc[0])
     assert action(by_id.loc[5]) == "Nothing to do."
+
+
+def test_an_exposed_value_is_named_with_the_numbers_it_passed():
+    """A text's exposure is about its most exposed value: when that is not the value its other
+    columns show (another value of the text), the action and the reason name it, and say the
+    never-trained 99th percentile and the reference's exposure it stands above."""
+    from gnq_core.analysis.verdict import _exposure_clause
+
+    row = _ranked().set_index("example_id").loc[4].copy()
+    row["secret_value"], row["secret_kind"], row["secret_exposure"] = "972249", "account number", 34.9
+    row["secret_exposed"], row["secret_exposure_estimated"] = True, True
+    row["secret_exposure_kind"], row["secret_exposure_value"] = "card number", "4400 2978 7534 7783"
+    row["secret_exposure_null_p99"], row["secret_reference_exposure"] = 6.67, 7.2
+    said = action(row)
+    assert said.startswith("Scrub the card-number-like string 4400 2978 7534 7783 and retrain soon")
+    assert "(never-trained 99th percentile 6.7 bits, reference model 7.2)" in said and "972249" not in said
+    clause = _exposure_clause(row, 34.9)
+    assert clause.startswith("; exposure of the card-number-like string 4400 2978 7534 7783: 34.9 bits")
+    assert "(estimated)" in clause and "never-trained 99th percentile 6.7 bits" in clause
+    row["status"] = "partly leaked"  # the partly leaked value first, the other exposed one after it
+    said = action(row)
+    assert said.startswith("Scrub the account or record number (972249)")
+    assert "Scrub the card-number-like string 4400 2978 7534 7783 too" in said and "estimated" in said
+    row["secret_exposure_value"] = "972249"  # the same value: not named twice
+    assert "too:" not in action(row) and "exposure of" not in _exposure_clause(row, 34.9)
 
 
 def test_summary_counts_texts_once():
@@ -55,6 +80,18 @@ def test_summary_counts_texts_once():
     assert said.startswith("4 texts leaked (2 distinct, with their copies): 1 card number, 3 texts without a "
                            "secret-like value, word for word.")
     assert "1 other text holds a secret-like value" in said and "deduplicate repeated texts" in said
+    assert "exposed" not in said and "scrub the other secrets before the next training" in said
+
+
+def test_the_headline_and_to_do_name_exposed_secrets_as_the_actions_do():
+    """A secret the model does not write but ranks above never-trained values and the reference is
+    'retrain soon' in its action: the headline counts it and its to-do says so."""
+    ranked = _ranked().assign(secret_exposed=[None, None, None, None, True, None])
+    said = summary(ranked)
+    assert "1 other text holds a secret-like value the model does not write (1 of them ranked above " in said
+    assert "scrub the exposed values and retrain soon" in said
+    assert "scrub the other secrets before the next training" not in said
+    assert "retrain soon" in action(ranked.assign(secret_exposure=9.0).set_index("example_id").loc[4])
 
 
 def test_the_table_escapes_and_wraps():

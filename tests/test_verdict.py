@@ -101,7 +101,9 @@ def test_flag_filters_combine():
 
 def test_every_verdict_column_has_help():
     for column in VERDICT_COLUMNS + ["gnq_total", "copies", "secret", "extracted", "loss_ratio", "zlib_ratio",
-                                     "min_k_prob", "reference_match", "gnq_with_copy"]:
+                                     "min_k_prob", "reference_match", "gnq_with_copy", "self_influence_last",
+                                     "loss_last", "secret_exposure", "secret_exposure_value",
+                                     "secret_reference_exposure", "secret_exposure_null_p99"]:
         if column != "verdict_score":
             assert COLUMN_HELP[column]
 

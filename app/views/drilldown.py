@@ -9,13 +9,14 @@ import pandas as pd
 import streamlit as st
 
 from app import charts, show, state
-from app.columns import column_config
+from app.columns import column_config, secret_attack_config
 from gnq_core.analysis import (
     COLUMN_HELP,
     EXPOSURE_SHOWN,
     action,
     nearest_by_trajectory,
     token_alignment,
+    value_exposure_sentence,
     value_outcome,
 )
 
@@ -118,27 +119,16 @@ secrets = state.store().secret_attacks(run.run_id)
 secrets = secrets[secrets["example_id"] == example_id]
 if not secrets.empty:
     st.subheader("Secret attack")
-    st.caption("Prompted with the text up to each secret-like value, does the model write the value? "
-               + state.plain(secrets["rule"].iloc[0]))
+    st.caption("Rule: " + state.plain(secrets["rule"].iloc[0]))  # it asks whether the model writes the value
     secrets = secrets.assign(outcome=[value_outcome(r.extracted, r.chars, r.chars_reproduced,
                                                     r.reference_chars_reproduced, r.novel_chars_reproduced)
                                       for r in secrets.itertuples()])
     secrets = secrets.reindex(columns=[*secrets.columns, *[c for c in EXPOSURE_SHOWN if c not in secrets]])
     st.dataframe(secrets[["kind", "value", "outcome", "generated", "chars", "chars_reproduced",
                           "reference_generated", "reference_chars_reproduced", *EXPOSURE_SHOWN]],
-                 hide_index=True, width="stretch",
-                 column_config={"generated": "the model wrote", "chars_reproduced": "characters reproduced",
-                                "reference_generated": "the reference wrote",
-                                "reference_chars_reproduced": "reference: characters",
-                                "exposure": st.column_config.NumberColumn("exposure (bits)", format="%.1f"),
-                                "exposure_method": "rank: exact or estimated",
-                                "exposure_rank": "rank in its space",
-                                "exposure_template": "its format (# free)",
-                                "reference_exposure": st.column_config.NumberColumn("reference (bits)",
-                                                                                   format="%.1f"),
-                                "exposure_null_p99": st.column_config.NumberColumn(
-                                    "never-trained 99th pct (bits)", format="%.1f"),
-                                "value_copies": "copies of the value"})
+                 hide_index=True, width="stretch", column_config=secret_attack_config())
+    for r in secrets.to_dict(orient="records"):  # each value's exposure against what it must pass
+        st.caption(state.plain(value_exposure_sentence(r)))
 
 st.subheader("Nearest neighbours by GNQ trajectory")
 traj = state.trajectories(db, run.run_id, version, None)

@@ -10,6 +10,7 @@ from app.jobs_view import job_panel
 from gnq_core.analysis import (
     LEAKED,
     PARTLY,
+    VALUES_HELP,
     exposure_summary,
     gnq_nature,
     null_sentence,
@@ -34,7 +35,8 @@ def leaked_texts(run) -> None:
         return
     secret_rule = f" {state.plain(attack['secret_rule'])}." if attack.get("secret_rule") else ""
     rule = f" Rule: {state.plain(attack['rule'])}.{secret_rule}" if attack.get("rule") else ""
-    counts = run_counts(totals)
+    counts = run_counts(totals)  # the headline's numbers: one object (analysis/counts.py)
+    tiles(run, counts)
     said = state.plain(summary(totals, counts))
     if leaked.empty:
         st.success(f"{said}")
@@ -48,6 +50,29 @@ def leaked_texts(run) -> None:
         show.table(leaked[["text", "status", "reason", "copies", "secret", "example_id"]], "runs_leaked")
 
 
+def tiles(run, counts) -> None:
+    """The first screen's numbers: texts leaked whole, in part, and the secret values exposed."""
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Leaked", f"{counts.status(LEAKED)} / {counts.texts}",
+              help="Texts whose secret-like value the model writes whole, or, without one, whose window "
+                   f"it writes word for word. Also: {counts.status('text reproduced')} text reproduced (the "
+                   f"window, not the value); {counts.window_reproduced} of {counts.window_attacked} windows "
+                   f"came out; {counts.values_leaked} of {counts.values_attacked} secret-like values came "
+                   "out whole.")
+    c2.metric("Partly leaked", f"{counts.status(PARTLY)} / {counts.texts}",
+              help="Texts of which part of a secret-like value comes out (at least 3 and a quarter of its "
+                   "letters and digits, more than the reference model writes), or a different value sharing "
+                   "them: scrub the value and retrain or unlearn, and change it. "
+                   f"{counts.values_partly} of {counts.values_attacked} secret-like values came out in part.")
+    said = exposure_summary(state.store(), run.run_id)
+    if said["values"]:
+        c3.metric("Exposed values", f"{said['exposed']} / {said['distinct_values']}",
+                  help="Distinct secret values the model ranks above the 99th percentile of never-trained "
+                       "values of their format and above the reference model, written or not "
+                       f"({said['exact']} ranks exact, {said['estimated']} estimated): see **Secret values: "
+                       "exposure** below.")
+
+
 def secret_exposure(run) -> None:
     """Each distinct secret value's exposure beside the reference's and its format's null."""
     said = exposure_summary(state.store(), run.run_id)
@@ -57,9 +82,12 @@ def secret_exposure(run) -> None:
     with st.expander(f"Secret values: exposure ({said['distinct_values']} distinct, {said['exact']} exact"
                      f"{estimated}; {said['exposed']} exposed)"):
         st.caption("Exposure = log2 of the value's space (its free digits) − log2 of its rank there by the "
-                   "model's likelihood; exposed = above the never-trained null's 99th percentile and above "
-                   "the reference model.")
-        st.dataframe(values_table(said), hide_index=True, width="stretch")
+                   "model's likelihood; exposed = above the never-trained values' 99th percentile and above "
+                   "the reference model. Hover a column's name for what it means.")
+        table = values_table(said)
+        st.dataframe(table, hide_index=True, width="stretch",
+                     column_config={c: st.column_config.Column(c, help=VALUES_HELP.get(c)) for c in table})
+        st.markdown("**Never-trained values of each format** (the control)")
         for fmt in said["formats"]:
             st.caption(state.plain(null_sentence(fmt)))
 
@@ -103,21 +131,10 @@ version = state.version(run.run_id)
 totals = state.totals(str(state.db_path()), run.run_id, version)
 scored = totals[totals["gnq_total"].notna()]
 st.subheader(f"Run {state.plain(repr(run.name))}")
-c1, c2, c3, c4, c5 = st.columns(5)
+c1, c2, c3 = st.columns(3)
 c1.metric("Examples", f"{len(totals):,}")
 c2.metric("Points (checkpoints / epochs)", int(totals["n_points"].max() or 0) if len(scored) else 0)
 c3.metric("Median GNQ_total", f"{scored['gnq_total'].median():.3g}" if len(scored) else "–")
-counts = run_counts(totals)  # the headline's numbers: one object (analysis/counts.py)
-c4.metric("Leaked", f"{counts.status(LEAKED)} / {counts.texts}" if counts.attacked else "not run",
-          help="Texts whose secret-like value the model writes whole, or, without one, whose window it "
-               f"writes word for word. Also: {counts.status('text reproduced')} text reproduced (the window, "
-               f"not the value); {counts.window_reproduced} of {counts.window_attacked} windows came out; "
-               f"{counts.values_leaked} of {counts.values_attacked} secret-like values came out whole.")
-c5.metric("Partly leaked", f"{counts.status(PARTLY)} / {counts.texts}" if counts.attacked else "not run",
-          help="Texts of which part of a secret-like value comes out (at least 3 and a quarter of its "
-               "letters and digits, more than the reference model writes), or a different value sharing "
-               "them: scrub the value and retrain or unlearn, and change it. "
-               f"{counts.values_partly} of {counts.values_attacked} secret-like values came out in part.")
 
 if sentence := gnq_nature.companion_sentence(run.settings):
     st.markdown("**Companion set.** " + state.plain(sentence))

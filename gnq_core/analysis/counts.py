@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from gnq_core.analysis.verdict import LEAKED, STATUSES
+from gnq_core.analysis.verdict import LEAKED, SECRET, STATUSES
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class RunCounts:
     window_attacked: int = 0         # texts the text attack's window was tried on
     window_reproduced: int = 0       # texts whose window came out (calibrated)
     leaked_kinds: dict[str, int] = field(default_factory=dict)  # the leaked texts' leaked value kinds
+    secret_exposed: int = 0          # texts of status secret whose value is exposed (retrain soon)
 
     def status(self, name: str) -> int:
         return int(self.by_status.get(name, 0))
@@ -85,6 +86,13 @@ def run_counts(ranked: pd.DataFrame) -> RunCounts:
         values_partly=_sum(ranked, "secret_values_partly"),
         window_attacked=int(window.notna().sum()),
         window_reproduced=int(window.astype("boolean").fillna(False).astype(bool).sum()),
-        leaked_kinds=dict(kinds.most_common()))
+        leaked_kinds=dict(kinds.most_common()),
+        secret_exposed=int(((status == SECRET) & _flag(ranked, "secret_exposed")).sum()))
+
+
+def _flag(frame: pd.DataFrame, name: str) -> pd.Series:
+    if name not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame[name].astype("boolean").fillna(False).astype(bool)
 
 

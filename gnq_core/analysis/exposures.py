@@ -42,6 +42,7 @@ def exposure_summary(store: Store, run_id: int) -> dict[str, Any]:
                         **false_alarm(bits, threshold)})
     measured = values["method"].notna()
     exact = int((values["method"] == "exact").sum())
+    values["rank_estimate"] = [estimated_rank(r) for r in values.to_dict(orient="records")]
     return {"values": values.to_dict(orient="records"), "formats": formats,
             "distinct_values": len(values), "not_measured": int((~measured).sum()), "exact": exact,
             "estimated": int((values["method"] == "estimated").sum()),
@@ -61,40 +62,128 @@ def false_alarm(null_bits: Sequence[float], threshold: float | None) -> dict:
             "false_alarm_uniform": float(2.0 ** -threshold)}
 
 
-def rank_words(row: pd.Series | dict) -> str:
-    """"rank 1 of 10^4 (exact)" or "estimated" with its exposure's basis, for a value's row."""
-    method, bits = row.get("method"), row.get("space_bits")
-    size = f"2^{bits:.1f}" if isinstance(bits, float) and math.isfinite(bits) else "its space"
-    if method == "exact" and pd.notna(row.get("rank")):
-        return f"rank {int(row['rank']):,} of {size} (exact)"
+def estimated_rank(row: dict) -> float | None:
+    """The rank an estimated exposure stands for, 2^(log2 |space| − exposure) (None for an exact
+    rank, which ``rank`` holds, or a value not measured)."""
+    bits, space = row.get("exposure"), row.get("space_bits")
+    if row.get("method") != "estimated" or not _finite(bits) or not _finite(space):
+        return None
+    return float(2.0 ** (float(space) - float(bits)))
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _count(n: float) -> str:
+    return f"{n:,.0f}" if n < 1e6 else f"2^{math.log2(n):.1f}"
+
+
+def rank_words(row: pd.Series | dict, prefix: str = "") -> str:
+    """"1 of 2^13.3 (exact)" or "≈ 430 of 2^46.5 (estimated)" for a value's row; ``prefix``:
+    the reference model's columns ("reference_" before method and rank; the space is the same)."""
+    method, rank, bits = row.get(f"{prefix}method"), row.get(f"{prefix}rank"), row.get("space_bits")
+    size = f"2^{bits:.1f}" if _finite(bits) else "its space"
+    if method == "exact" and pd.notna(rank):
+        return f"{int(rank):,} of {size} (exact)"
     if method == "estimated":
-        return f"estimated among {size} ({row.get('fit')})"
+        guess = estimated_rank({"method": method, "space_bits": bits,
+                                "exposure": row.get(f"{prefix}exposure" if prefix else "exposure")})
+        return f"≈ {_count(guess)} of {size} (estimated)" if guess is not None else f"of {size} (estimated)"
     return "not measured"
 
 
-def values_table(summary: dict[str, Any]) -> pd.DataFrame:
-    """The per-value rows as a readable table (the report's and the Runs page's)."""
+# What each column of ``values_table`` means: the Runs page's column help, the report's caption.
+VALUES_HELP: dict[str, str] = {
+    "format": "The value's template: # = a free digit (the part ranked), the other characters kept as "
+              "written.",
+    "copies": "Texts holding this value: its copies share one computation and one number.",
+    "exposure (bits)": "log2 of the number of values of its format − log2 of its rank among them by the "
+                       "audited model's likelihood. The ceiling (rank 1) = the model prefers it to every "
+                       "other value of its format; about 1.4 = a uniformly random rank.",
+    "rank": "Its rank among all values of its format: exact (a pruned search found it) or estimated from "
+            "random values when the search ran out of nodes (the fit is in the last column and the JSON).",
+    "reference (bits)": "The same exposure under the reference model (the base model or the run's first "
+                        "checkpoint): what the value is worth without this training.",
+    "reference rank": "The reference model's rank of the value, exact or estimated.",
+    "never-trained 99th pct (bits)": "99th percentile of the exposure of values of the same format the "
+                                     "model never saw (the run's control): above it, 1% false alarms.",
+    "exposed": "yes: exposure above the never-trained 99th percentile and above the reference model's.",
+    "leaked": "yes: the model writes the value whole when prompted with its text (and the reference does "
+              "not).",
+    "fit": "How an estimated rank was found: the distribution fitted to random values' likelihoods.",
+}
+
+
+def values_table(summary: dict[str, Any], fit: bool = True) -> pd.DataFrame:
+    """The per-value rows as a readable table (the report's and the Runs page's; ``fit``: the
+    estimate's fit as the last column, left to the JSON in the report). Column help: VALUES_HELP."""
     rows = pd.DataFrame(summary["values"], columns=VALUE_COLUMNS)
     if rows.empty:
         return rows
-    return pd.DataFrame({
-        "kind": rows["kind"], "value": rows["value"], "template": rows["template"], "copies": rows["copies"],
+    records = rows.to_dict(orient="records")
+    table = pd.DataFrame({  # the three numbers compared and the outcome first: they fit a page's width
+        "kind": rows["kind"], "value": rows["value"],
         "exposure (bits)": rows["exposure"].astype(float).round(2),
-        "rank": [rank_words(r) for r in rows.to_dict(orient="records")],
         "reference (bits)": rows["reference_exposure"].astype(float).round(2),
-        "null 99th pct (bits)": rows["null_p99"].astype(float).round(2),
-        "exposed": rows["exposed"], "leaked": rows["leaked"]})
+        "never-trained 99th pct (bits)": rows["null_p99"].astype(float).round(2),
+        "exposed": [_yes_no(v) for v in rows["exposed"]], "leaked": [_yes_no(v) for v in rows["leaked"]],
+        "rank": [rank_words(r) for r in records],
+        "reference rank": [rank_words(r, "reference_") for r in records],
+        "format": rows["template"], "copies": rows["copies"]})
+    if fit:
+        table["fit"] = rows["fit"].where(rows["fit"].notna(), "")
+    return table
+
+
+def _yes_no(value: object) -> str:
+    return "" if value is None or pd.isna(value) else ("yes" if bool(value) else "no")
 
 
 def null_sentence(fmt: dict[str, Any]) -> str:
-    """One format's null in words."""
+    """One format's never-trained control in words: its spread, the threshold and the threshold's
+    false-alarm rate on it (and for a uniformly random rank)."""
     if not fmt["null_values"]:
         return f"{fmt['kind']} {fmt['template']}: no never-trained value could be measured."
-    said = (f"{fmt['kind']} {fmt['template']}: {fmt['null_values']} never-trained values score median "
+    said = (f"{fmt['kind']} {fmt['template']}: {fmt['null_values']} values the model never saw score median "
             f"{fmt['null_median']:.1f} bits, at most {fmt['null_max']:.1f}")
     if fmt["null_estimated"]:
         said += f" ({fmt['null_estimated']} of them estimated)"
     if fmt["threshold"] is not None:
-        said += (f"; exposed above {fmt['threshold']:.1f} bits, which {fmt['false_alarm_null']:.0%} of them "
-                 f"exceed (a uniform rank: {fmt['false_alarm_uniform']:.1%})")
+        over = round(fmt["false_alarm_null"] * fmt["null_values"])
+        said += (f". Exposed = above their 99th percentile, {fmt['threshold']:.1f} bits; false-alarm rate "
+                 f"of that threshold: {over} of these {fmt['null_values']} ({fmt['false_alarm_null']:.0%}) "
+                 f"exceed it, a uniformly random rank would {fmt['false_alarm_uniform']:.1%} of the time")
+    return said + "."
+
+
+# the secret attack's exposure columns (EXPOSURE_SHOWN) and the VALUES_HELP entry that explains each
+SHOWN_HELP = {"exposure": "exposure (bits)", "exposure_method": "rank", "exposure_rank": "rank",
+              "exposure_template": "format", "reference_exposure": "reference (bits)",
+              "exposure_null_p99": "never-trained 99th pct (bits)", "exposed": "exposed",
+              "value_copies": "copies"}
+
+
+def value_exposure_sentence(row: pd.Series | dict) -> str:
+    """One attacked value's exposure in words, every number with what it is measured against
+    (``row``: a ``Store.secret_attacks`` row): its rank, exact or estimated, the reference
+    model's, and its format's never-trained 99th percentile."""
+    value = row.get("value")
+    if not _finite(row.get("exposure")):
+        return f"{value}: exposure not measured (only a value of a format with free digits is ranked)."
+    same = {"space_bits": row.get("exposure_space_bits")}
+    mine = rank_words(same | {"method": row.get("exposure_method"), "rank": row.get("exposure_rank"),
+                              "exposure": row.get("exposure")})
+    said = f"{value}: exposure {float(row['exposure']):.1f} bits, rank {mine}"
+    if _finite(row.get("reference_exposure")):
+        theirs = rank_words(same | {"method": row.get("reference_exposure_method"),
+                                    "rank": row.get("reference_exposure_rank"),
+                                    "exposure": row.get("reference_exposure")})
+        said += f"; under the reference model {float(row['reference_exposure']):.1f} bits, rank {theirs}"
+    if _finite(row.get("exposure_null_p99")):
+        p99 = float(row["exposure_null_p99"])
+        said += f"; values of its format the model never saw: 99th percentile {p99:.1f} bits"
+    exposed = row.get("exposed")
+    if exposed is not None and not pd.isna(exposed):
+        said += " → exposed" if bool(exposed) else " → not exposed"
     return said + "."

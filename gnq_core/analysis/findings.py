@@ -25,7 +25,17 @@ import html
 import pandas as pd
 
 from gnq_core.analysis.counts import RunCounts, by_record, run_counts
-from gnq_core.analysis.verdict import LEAKED, PARTLY, PUBLIC, REPRODUCED, SECRET, _secret_words, written_part
+from gnq_core.analysis.verdict import (
+    LEAKED,
+    PARTLY,
+    PUBLIC,
+    REPRODUCED,
+    SECRET,
+    _secret_words,
+    exposed_value_words,
+    exposure_bounds,
+    written_part,
+)
 
 GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "example_ids", "reason_short", "reason",
                  "action", "rank"]
@@ -41,6 +51,13 @@ def action(row: pd.Series) -> str:
     span = f" ({value})" if isinstance(value, str) else ""
     exposure = row.get("secret_exposure")
     dedupe = f" Deduplicate its {copies} copies too." if copies > 1 else ""
+    other = exposed_value_words(row)  # a value of the text other than the one its status is about
+    also = ""
+    if status in (PARTLY, REPRODUCED, LEAKED) and _yes(row.get("secret_exposed")) and other:
+        also = (f" Scrub{other.removeprefix(' of')} too: the model ranks it above never-trained values of "
+                f"its format and the reference (exposure {float(exposure):.1f} bits"
+                f"{', estimated' if _yes(row.get('secret_exposure_estimated')) else ''}).")
+    dedupe = also + dedupe
     if status == PUBLIC:
         return "Nothing to do: marked public."
     if status == PARTLY:
@@ -54,17 +71,19 @@ def action(row: pd.Series) -> str:
     if status == LEAKED:
         if has_secret:
             return (f"Scrub {what}{span} from the data and retrain (or unlearn it): the model writes it. "
-                    "Treat it as exposed: change it.")
+                    f"Treat it as exposed: change it.{also}")
         if copies > 1:
             return f"Deduplicate: keep at most one of its {copies} copies, then retrain: the model writes it."
         return ("Remove it if it is private, then retrain: the model writes it. If it is public, mark it so "
                 "(--public-column) and nothing is needed.")
     if status == SECRET:
         if pd.notna(exposure) and _yes(row.get("secret_exposed")):
-            how = " (estimated)" if _yes(row.get("secret_exposure_estimated")) else ""
+            how = ", estimated" if _yes(row.get("secret_exposure_estimated")) else ""
+            if other:  # the exposed value is not the one named first
+                what, span = other.removeprefix(" of "), ""
             return (f"Scrub {what}{span} and retrain soon: the model does not write it yet, but ranks it "
                     f"above most values of its format (exposure {float(exposure):.1f} bits{how}), beyond "
-                    f"never-trained values and the reference model.{dedupe}")
+                    f"never-trained values and the reference model{exposure_bounds(row)}.{dedupe}")
         return (f"Scrub {what}{span} before the next training; no retraining needed for it now: the model "
                 f"does not write it.{dedupe}")
     if status == "at risk" and copies > 1:
@@ -139,7 +158,9 @@ def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
                     "it, the value not: text reproduced, not a leaked secret.")
     if secret:
         verb = "holds a secret-like value" if secret == 1 else "hold secret-like values"
-        more.append(f"{_plural(secret, 'other text')} {verb} the model does not write.")
+        exposed = (f" ({c.secret_exposed} of them ranked above never-trained values of their format and the "
+                   "reference model: exposed)" if c.secret_exposed else "")
+        more.append(f"{_plural(secret, 'other text')} {verb} the model does not write{exposed}.")
     if public:
         more.append(f"{_plural(public, 'text')} marked public.")
     do = []
@@ -148,7 +169,9 @@ def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
     if partly:
         do.append("scrub the partly leaked values and retrain or unlearn them (change them: part of each "
                   "is out)")
-    if secret or reproduced:
+    if c.secret_exposed:
+        do.append("scrub the exposed values and retrain soon")
+    if secret - c.secret_exposed or reproduced:
         do.append("scrub the other secrets before the next training")
     if (grouped(ranked)["copies_listed"] > 1).any():
         do.append("deduplicate repeated texts")

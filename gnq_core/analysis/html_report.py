@@ -28,7 +28,7 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import run_report
-from gnq_core.analysis.exposures import null_sentence, values_table
+from gnq_core.analysis.exposures import VALUES_HELP, null_sentence, values_table
 from gnq_core.analysis.findings import summary, texts_table_html
 from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.analysis.predictive_figures import roc_figure
@@ -267,10 +267,17 @@ def _exposure(summary: dict) -> list[str]:
             f"{summary['exact']} of {summary['exact'] + summary['estimated']} ranks exact"
             + (f" ({share:.0%}); the others estimated from random values (their fit in the JSON)"
                if share is not None and summary["estimated"] else "")
-            + ". Exposed (above the never-trained null's 99th percentile and above the reference): "
-              f"{summary['exposed']}.</p>",
-            _table(values_table(summary)),
-            *[f"<p class='caption'>Null — {e(null_sentence(f))}</p>" for f in summary["formats"]]]
+            + ". Exposed (above the 99th percentile of never-trained values of its format and above the "
+              f"reference): {summary['exposed']}.</p>",
+            _table(values_table(summary, fit=False)),
+            "<p class='caption'>" + " ".join(f"<b>{e(name)}</b>: {e(VALUES_HELP[name])}"
+                                             for name in _EXPLAINED) + "</p>",
+            "<h3>Never-trained values of each format (the control)</h3>",
+            *[f"<p class='caption'>{e(null_sentence(f))}</p>" for f in summary["formats"]]]
+
+
+# the exposure table's columns a reader must interpret, explained under it
+_EXPLAINED = ("exposure (bits)", "reference (bits)", "never-trained 99th pct (bits)", "exposed")
 
 
 def _texts_in_full(top: pd.DataFrame) -> str:

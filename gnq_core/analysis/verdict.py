@@ -111,8 +111,15 @@ COLUMN_HELP: dict[str, str] = {
     "secret_chars_reproduced": "How many of them the audited model wrote at their place.",
     "reference_secret_chars_reproduced": "How many of them the reference model wrote.",
     "secret_exposure": "Bits: log2 of the value's space (its free digits, the format's other characters "
-                       "kept) − log2 of its rank there by likelihood; the text's most exposed value (digits "
-                       "only; the ceiling = more likely than every other value of its space).",
+                       "kept) − log2 of its rank there by likelihood; the text's most exposed value "
+                       "(secret_exposure_value; digits only; the ceiling = more likely than every other "
+                       "value of its space; about 1.4 = a uniformly random rank).",
+    "secret_exposure_value": "The value secret_exposure, secret_exposed and the columns after them are about "
+                             "(exposed first, else the most bits).",
+    "secret_reference_exposure": "That value's exposure under the reference model (bits): what it is worth "
+                                 "without this training.",
+    "secret_exposure_null_p99": "99th percentile of the exposure of never-trained values of that value's "
+                                "format (bits): the threshold for exposed, 1% false alarms.",
     "secret_exposed": "The value's exposure is above the 99th percentile of never-trained values of its "
                       "format (the run's null) and above the reference model's exposure of it.",
     "secret_exposure_estimated": "The rank behind the exposure was estimated from random values, not found "
@@ -127,6 +134,9 @@ COLUMN_HELP: dict[str, str] = {
                   "member; needs no reference model.",
     "min_k_prob": "Mean log-probability of the 20% least likely tokens (nats). Closer to 0 = more likely "
                   "a training member.",
+    "self_influence_last": "K_jj = ‖g_j‖², the text's gradient norm squared at the last checkpoint: how hard "
+                           "the text pulls on the weights. Shown, not used in risk unless this run's ground "
+                           "truth validates it; compare within a run.",
     "loss_last": "Mean next-token loss at the last checkpoint (nats per token); low alone often just means "
                  "an easy text.",
 }
@@ -280,16 +290,39 @@ def _secret_words(row: pd.Series) -> str:
 
 
 def _exposure_clause(row: pd.Series, exposure: object) -> str:
-    """"; exposure 13.3 bits (estimated), above never-trained values" for a measured value."""
+    """"; exposure 13.3 bits (estimated), above never-trained values …" for a measured value; the
+    value named when it is not the one the sentence before is about (another value of the text)."""
     if pd.isna(exposure):
         return ""
     how = " (estimated)" if _true(row.get("secret_exposure_estimated")) else ""
-    said = f"; exposure {float(exposure):.1f} bits over the values of its format{how}"
+    which = exposed_value_words(row)
+    which += ":" if which else ""
+    said = f"; exposure{which} {float(exposure):.1f} bits over the values of its format{how}"
     exposed = row.get("secret_exposed")
     if pd.notna(exposed):
         said += (", above never-trained values of its format and the reference model" if _true(exposed)
                  else ", within what never-trained values or the reference model reach")
+        said += exposure_bounds(row)
     return said
+
+
+def exposed_value_words(row: pd.Series) -> str:
+    """" of the card number 4400 2978 7534 7783" when the text's most exposed value (the one its
+    exposure is about) is not the value its other columns show; "" when it is."""
+    value, kind = row.get("secret_exposure_value"), row.get("secret_exposure_kind")
+    if not isinstance(value, str) or value == row.get("secret_value"):
+        return ""
+    words = _SECRET_WORDS.get(str(kind), "the value").replace("a ", "the ", 1).replace("an ", "the ", 1)
+    return f" of {words} {value}"
+
+
+def exposure_bounds(row: pd.Series) -> str:
+    """" (never-trained 99th percentile 6.6 bits, reference model 1.9)": the two numbers an exposure
+    must pass to be exposed, beside it ("" when neither was stored)."""
+    p99, ref = row.get("secret_exposure_null_p99"), row.get("secret_reference_exposure")
+    parts = ([f"never-trained 99th percentile {float(p99):.1f} bits"] if pd.notna(p99) else []) + (
+        [f"reference model {float(ref):.1f}"] if pd.notna(ref) else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _secret_attack(row: pd.Series) -> str:

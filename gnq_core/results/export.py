@@ -108,7 +108,8 @@ EXTRACTION_COLUMNS = ["extracted", "extraction_match", "reference_match", "extra
                       "secret_values_leaked", "secret_values_partly", "secret_kind", "secret_value",
                       "secret_chars",
                       "secret_chars_reproduced", "reference_secret_chars_reproduced", "secret_exposure",
-                      "secret_exposure_estimated", "secret_exposed", "secret_generated"]
+                      "secret_exposure_estimated", "secret_exposed", "secret_exposure_value",
+                      "secret_reference_exposure", "secret_exposure_null_p99", "secret_generated"]
 
 
 def export_frame(ranked: pd.DataFrame, with_extraction: bool) -> pd.DataFrame:

@@ -282,11 +282,17 @@ secret_attack AS (  -- per text: how many of its values leaked, and the most exp
            CAST(count(*) AS INTEGER) AS secret_values_attacked,
            CAST(count(*) FILTER (WHERE extracted) AS INTEGER) AS secret_values_leaked,
            CAST(count(*) FILTER (WHERE partly) AS INTEGER) AS secret_values_partly,
-           max(exposure) AS secret_exposure,
-           bool_or(exposed) AS secret_exposed,
-           bool_or(exposure_method = 'estimated') AS secret_exposure_estimated,
            string_agg(generated, ' | ' ORDER BY secret_start) AS secret_generated
     FROM secret_rows GROUP BY example_id),
+secret_exposure AS (  -- per text its most exposed measured value (exposed first, then the most bits):
+    -- its exposure, estimated or not, threshold and reference come from that one value, named
+    SELECT example_id, kind AS secret_exposure_kind, value AS secret_exposure_value,
+           exposure AS secret_exposure, exposed AS secret_exposed,
+           exposure_method = 'estimated' AS secret_exposure_estimated,
+           reference_exposure AS secret_reference_exposure, exposure_null_p99 AS secret_exposure_null_p99
+    FROM secret_rows WHERE exposure IS NOT NULL
+    QUALIFY row_number() OVER (PARTITION BY example_id
+                               ORDER BY coalesce(exposed, FALSE) DESC, exposure DESC, secret_start) = 1),
 secret_shown AS (  -- the text's most exposed value (leaked, else partly, else the most characters)
     SELECT example_id, kind AS secret_kind, value AS secret_value, generated AS secret_value_generated,
            chars AS secret_chars,
@@ -316,7 +322,9 @@ totals AS (
            CAST(ss.secret_chars AS INTEGER) AS secret_chars,
            CAST(ss.secret_chars_reproduced AS INTEGER) AS secret_chars_reproduced,
            CAST(ss.reference_secret_chars_reproduced AS INTEGER) AS reference_secret_chars_reproduced,
-           sa.secret_exposure, sa.secret_exposed, sa.secret_exposure_estimated, sa.secret_generated,
+           se.secret_exposure, se.secret_exposed, se.secret_exposure_estimated, se.secret_exposure_kind,
+           se.secret_exposure_value, se.secret_reference_exposure, se.secret_exposure_null_p99,
+           sa.secret_generated,
            """ + ", ".join(f"m.{m}" for m in MEMBERSHIP_METRICS) + """
     FROM examples e
     LEFT JOIN agg a USING (example_id)
@@ -325,5 +333,6 @@ totals AS (
     LEFT JOIN membership m USING (example_id)
     LEFT JOIN secret_attack sa USING (example_id)
     LEFT JOIN secret_shown ss USING (example_id)
+    LEFT JOIN secret_exposure se USING (example_id)
     WHERE e.run_id = $run)
 """
