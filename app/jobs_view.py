@@ -58,9 +58,15 @@ def progress_bar(progress: dict | None) -> None:
     done, total = int(progress.get("done") or 0), int(progress.get("total") or 0)
     planned, stage = progress.get("planned_stages"), progress.get("stage") or 0
     left = seconds_left(progress)
-    text = (f"{state.plain(progress.get('label') or '')}: {done}/{total} examples"
-            + (f" · stage {stage} of {planned}" if planned else "")
-            + (f" · about {duration(left)} left" if left is not None else " · estimating time left…"))
+    unit = state.plain(progress.get("unit") or "texts")  # what this stage counts, in its own word
+    if done >= total:
+        when = " · finishing this stage…"
+    elif left is None:
+        when = " · measuring this stage's rate…"
+    else:
+        when = f" · about {duration(left)} left in this stage"
+    text = (f"{state.plain(progress.get('label') or '')}: {done}/{total} {unit}"
+            + (f" · stage {stage} of {planned}" if planned else "") + when)
     fraction = (stage - 1 + (done / total if total else 0)) / planned if planned and stage else (
         done / total if total else 0.0)
     st.progress(min(max(fraction, 0.0), 1.0), text=text)
