@@ -8,7 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import state
-from gnq_core.pipelines import cancel_job, list_jobs, seconds_left
+from gnq_core.pipelines import cancel_job, duration, list_jobs, seconds_left
 
 
 def job_panel(db: Path, only_alive: bool = False) -> None:
@@ -70,16 +70,6 @@ def progress_bar(progress: dict | None) -> None:
     fraction = (stage - 1 + (done / total if total else 0)) / planned if planned and stage else (
         done / total if total else 0.0)
     st.progress(min(max(fraction, 0.0), 1.0), text=text)
-
-
-def duration(seconds: float) -> str:
-    """42 s, 3 min 05 s, 1 h 02 min."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 def results_link(run: str, key: str) -> None:

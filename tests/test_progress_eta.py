@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from gnq_core.progress import SECRET_VALUES, TEXTS, ProgressFile, Reporter, StageRate, read_progress, seconds_left
+from gnq_core.progress import (
+    SECRET_VALUES,
+    TEXTS,
+    ProgressFile,
+    Reporter,
+    StageRate,
+    read_progress,
+    seconds_left,
+)
 
 
 def _feed(path, steps, total=100, label="epoch-1", unit=TEXTS, planned=None):

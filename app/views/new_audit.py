@@ -79,6 +79,23 @@ COMPANIONS_NOTE = (
     "which companion set a run used.")
 
 
+def start_blocked(upload_ckpt: bool, checkpoints: Path | None, refs: list, upload_data: bool,
+                  dataset: object | None) -> str | None:
+    """Why Start audit is off, in one line (None: it is on).  An upload still in progress reads
+    as no value yet (the browser sends the folder when every file has arrived), so the line
+    names that case instead of leaving a greyed-out button."""
+    missing = []
+    if checkpoints is None:
+        missing.append("the checkpoint folder has finished uploading (a spinner on a file: still arriving)"
+                       if upload_ckpt else "a checkpoint folder is given in 1.")
+    elif not refs:
+        missing.append("the checkpoint folder in 1. holds a checkpoint that can be audited (see above)")
+    if dataset is None:
+        missing.append("the dataset has finished uploading and reads (see 2.)" if upload_data
+                       else "a dataset file is given in 2.")
+    return ("Start audit is off until " + " and ".join(missing) + ".") if missing else None
+
+
 def companion_choice(companions: int | str | None) -> str:
     """The form's choice for an ``AuditSettings.companions`` value."""
     return "batch" if companions is None else "all" if companions == "all" else "n"
@@ -360,8 +377,11 @@ with st.form("settings"):
                                    "cores idle when the page opened; 1 is best when other jobs share the "
                                    "cores (docs/performance.md: competing threads can slow a step 10×).")
     c1, c2 = st.columns([1, 4], vertical_alignment="center")
-    submitted = c1.form_submit_button("Start audit", type="primary",
-                                      disabled=not (refs and dataset is not None))
+    blocked = start_blocked(ckpt_mode == "Upload a folder", checkpoints, refs, data_mode == "Upload a file",
+                            dataset)
+    submitted = c1.form_submit_button("Start audit", type="primary", disabled=blocked is not None)
+    if blocked:
+        c2.caption(f"**{blocked}**")
     size = parameters_of(str(model_dirs[0]), model_dirs[0].stat().st_mtime) if model_dirs else None
     if size and dataset is not None and len(dataset):
         mean_chars = sum(len(t) for t in dataset.texts) / len(dataset)
