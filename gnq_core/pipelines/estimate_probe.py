@@ -82,6 +82,7 @@ class Probe:
     exposure_s: float | None  # one never-trained value's exposure (None: no secret value to try)
     threads: int
     model: str  # what was measured, said in the basis
+    audit_fixed_s: float = 0.0  # once per checkpoint's audit (its hooks and buffers), besides its batches
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,9 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
     """One line per stage the job runs (the attack's only with ``work.attack``)."""
     batches = math.ceil(work.texts / max(1, work.batch_size))
     lines = [Line("audit", "gradient audit", work.texts * work.checkpoints, TEXTS,
-                  work.checkpoints * (probe.load_s + batches * probe.audit_batch_s),
-                  f"{work.checkpoints} checkpoint(s) × ({probe.load_s:.1f} s to load + {batches} batch(es) × "
-                  f"{probe.audit_batch_s:.2f} s measured)")]
+                  work.checkpoints * (probe.load_s + probe.audit_fixed_s + batches * probe.audit_batch_s),
+                  f"{work.checkpoints} checkpoint(s) × ({probe.load_s + probe.audit_fixed_s:.1f} s to load "
+                  f"and set up + {batches} batch(es) × {probe.audit_batch_s:.2f} s measured)")]
     if not work.attack:
         return lines
     per = max(1, work.attack_batch)
@@ -133,9 +134,9 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
         lines.append(Line("exposure", "secret values' exposure (with the null)", values, SECRET_VALUES,
                           values * each,
                           f"{work.distinct_values} distinct value(s) × {models} model(s) + {work.formats} "
-                          f"format(s) × {NULL_VALUES} never-trained values, each {each:.2f} s as the "
-                          "never-trained value measured (a memorised value is ranked faster; a value whose "
-                          "search resumes to the full node budget, slower)"))
+                          f"format(s) × {NULL_VALUES} never-trained values, each {each:.2f} s, the mean of a "
+                          "never-trained value measured per format (a memorised value is ranked faster; "
+                          "a value whose search resumes to the full node budget, slower)"))
     return lines
 
 
@@ -181,7 +182,7 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     from gnq_core.pipelines.attacks.decode import greedy_decode
     from gnq_core.pipelines.attacks.forward import evaluating
     from gnq_core.pipelines.audit import _prepare_for_audit, audit_batches
-    from gnq_core.pipelines.exposure import ValueSpace, exposure, value_space
+    from gnq_core.pipelines.exposure import value_space
     from gnq_core.pipelines.secret_attack import format_places_of, secret_targets
     from gnq_core.pipelines.text_labels import dataset_labels
     from gnq_core.sources.checkpoints.load import load_checkpoint
@@ -223,11 +224,19 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
         _prepare_for_audit(model_audit, torch.float32)
         partition = seeded_partition(len(texts), batch_size, seed)
 
-        def audit_once() -> None:
-            audit_batches(model_audit, stream_batches(tok, texts, partition, [0], max_length), lam,
-                          torch.device("cpu"), None, indices=[0], capacity=batch_size)
+        def audit(batches: list[int]) -> float:
+            t0 = time.perf_counter()
+            audit_batches(model_audit, stream_batches(tok, texts, partition, batches, max_length), lam,
+                          torch.device("cpu"), None, indices=batches, capacity=batch_size * len(batches))
+            return time.perf_counter() - t0
 
-        audit_batch_s = _timed(audit_once)
+        # A call's fixed cost (hooks, buffers) is paid once per checkpoint: on a quick model, where
+        # it matters, one batch and two batches are timed to tell it from a batch's own cost.
+        audit_batch_s, audit_fixed_s = audit([0]), 0.0
+        if audit_batch_s < 2.0 and len(partition) > 1:
+            one, two = audit([0]), audit([0, 1])
+            audit_batch_s = max(two - one, 1e-6)
+            audit_fixed_s = max(0.0, one - audit_batch_s)
         decode_s = forward_s = 0.0
         exposure_s = None
         if attack:
@@ -239,17 +248,8 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                 batch = torch.full((min(attack_batch, max(1, len(ids))), width), pad)
                 forward_s = _timed(lambda: model(input_ids=batch, attention_mask=torch.ones_like(batch)))
             if spaces and secret_candidates > 1:
-                t, space = next(iter(spaces.values()))
-                rng = random.Random(seed)
-                other = next((v for v in (space.random(rng) for _ in range(100)) if v != space.value),
-                             space.value)
-                never = ValueSpace(other, space.free, space.check)
-                between = texts[t.example_id][t.prompt_chars: t.value_start]
-                with evaluating(model):
-                    t0 = time.perf_counter()
-                    exposure(model, tok, t.prompt_ids, between, never, budget=exposure_nodes,
-                             n_candidates=secret_candidates, seed=seed, batch_size=attack_batch, device=None)
-                    exposure_s = time.perf_counter() - t0
+                exposure_s = _exposure_seconds(model, tok, texts, spaces, seed=seed, budget=exposure_nodes,
+                                               n_candidates=secret_candidates, batch_size=attack_batch)
     attackable = sum(1 for x in ids if len(x) >= prefix + (suffix or 0))
     work = Work(texts=n, checkpoints=checkpoints, batch_size=batch_size, attackable=round(attackable * scale),
                 attack=attack, reference=reference, suffix=suffix, attack_batch=attack_batch,
@@ -258,7 +258,39 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                 mean_tokens=sum(map(len, ids)) / max(1, len(ids)))
     what = (f"{checkpoint} at {threads} thread(s), {len(picked):,} of {n:,} texts counted"
             + (" (a seeded sample, scaled)" if len(picked) < n else ""))
-    return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what)
+    return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what, audit_fixed_s)
+
+
+EXPOSURE_FORMATS = 3  # formats whose never-trained value is timed (their mean is used)
+EXPOSURE_PROBE_S = 20.0  # no further format is timed once the probe's exposures took this long
+
+
+def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: int, budget: int,
+                      n_candidates: int, batch_size: int) -> float:
+    """Mean seconds of a never-trained value's exposure, one per format (up to EXPOSURE_FORMATS,
+    within EXPOSURE_PROBE_S), after the vocabulary's strings are built (once per tokenizer, not
+    per value: the first call would otherwise count it)."""
+    from gnq_core.pipelines.attacks.forward import evaluating
+    from gnq_core.pipelines.exposure import ValueSpace, exposure, token_strings
+
+    token_strings(tok)
+    per_format = {}
+    for t, space in spaces.values():
+        per_format.setdefault(space.template, (t, space))
+    rng = random.Random(seed)
+    times: list[float] = []
+    with evaluating(model):
+        for t, space in list(per_format.values())[:EXPOSURE_FORMATS]:
+            if sum(times) > EXPOSURE_PROBE_S:
+                break
+            drawn = (space.random(rng) for _ in range(100))
+            other = next((v for v in drawn if v != space.value), space.value)
+            t0 = time.perf_counter()
+            exposure(model, tok, t.prompt_ids, texts[t.example_id][t.prompt_chars: t.value_start],
+                     ValueSpace(other, space.free, space.check), budget=budget, n_candidates=n_candidates,
+                     seed=seed, batch_size=batch_size, device=None)
+            times.append(time.perf_counter() - t0)
+    return sum(times) / len(times)
 
 
 def describe(lines: Sequence[Line], probe: Probe) -> str:
