@@ -134,9 +134,9 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
         lines.append(Line("exposure", "secret values' exposure (with the null)", values, SECRET_VALUES,
                           values * each,
                           f"{work.distinct_values} distinct value(s) × {models} model(s) + {work.formats} "
-                          f"format(s) × {NULL_VALUES} never-trained values, each {each:.2f} s, the mean of a "
-                          "never-trained value measured per format (a memorised value is ranked faster; "
-                          "a value whose search resumes to the full node budget, slower)"))
+                          f"format(s) × {NULL_VALUES} never-trained values, each {each:.2f} s, the mean of "
+                          "never-trained values measured in turn per format (a memorised value is ranked "
+                          "faster; a value whose search resumes to the full node budget, slower)"))
     return lines
 
 
@@ -261,35 +261,45 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what, audit_fixed_s)
 
 
-EXPOSURE_FORMATS = 3  # formats whose never-trained value is timed (their mean is used)
-EXPOSURE_PROBE_S = 20.0  # no further format is timed once the probe's exposures took this long
+EXPOSURE_VALUES = 16  # never-trained values timed at most, cycling over the formats (their mean is used)
+EXPOSURE_PROBE_S = 10.0  # no further value is timed once the probe's exposures took this long
+WARM_UP_S = 2.0  # a first call quicker than this is timed again (it paid one-time costs)
 
 
 def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: int, budget: int,
                       n_candidates: int, batch_size: int) -> float:
-    """Mean seconds of a never-trained value's exposure, one per format (up to EXPOSURE_FORMATS,
-    within EXPOSURE_PROBE_S), after the vocabulary's strings are built (once per tokenizer, not
-    per value: the first call would otherwise count it)."""
+    """Mean seconds of a never-trained value's exposure: values drawn in turn from each format's
+    space after one of its values' prompts, up to EXPOSURE_VALUES within EXPOSURE_PROBE_S (one at
+    least), after the vocabulary's strings are built (once per tokenizer, not per value).  A
+    value's cost varies several-fold with how far its search goes, hence several."""
     from gnq_core.pipelines.attacks.forward import evaluating
     from gnq_core.pipelines.exposure import ValueSpace, exposure, token_strings
 
     token_strings(tok)
-    per_format = {}
+    per_format: dict[str, list] = {}
     for t, space in spaces.values():
-        per_format.setdefault(space.template, (t, space))
+        per_format.setdefault(space.template, []).append((t, space))
+    order = [members[i % len(members)] for i in range(EXPOSURE_VALUES) for members in per_format.values()]
     rng = random.Random(seed)
+
+    def once(t, space) -> float:
+        drawn = (space.random(rng) for _ in range(100))
+        other = next((v for v in drawn if v != space.value), space.value)
+        t0 = time.perf_counter()
+        exposure(model, tok, t.prompt_ids, texts[t.example_id][t.prompt_chars: t.value_start],
+                 ValueSpace(other, space.free, space.check), budget=budget, n_candidates=n_candidates,
+                 seed=seed, batch_size=batch_size, device=None)
+        return time.perf_counter() - t0
+
     times: list[float] = []
     with evaluating(model):
-        for t, space in list(per_format.values())[:EXPOSURE_FORMATS]:
-            if sum(times) > EXPOSURE_PROBE_S:
+        first = once(*order[0])
+        if first >= WARM_UP_S:
+            times.append(first)
+        for t, space in order[len(times):EXPOSURE_VALUES]:
+            if times and sum(times) > EXPOSURE_PROBE_S:
                 break
-            drawn = (space.random(rng) for _ in range(100))
-            other = next((v for v in drawn if v != space.value), space.value)
-            t0 = time.perf_counter()
-            exposure(model, tok, t.prompt_ids, texts[t.example_id][t.prompt_chars: t.value_start],
-                     ValueSpace(other, space.free, space.check), budget=budget, n_candidates=n_candidates,
-                     seed=seed, batch_size=batch_size, device=None)
-            times.append(time.perf_counter() - t0)
+            times.append(once(t, space))
     return sum(times) / len(times)
 
 
