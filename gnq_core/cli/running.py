@@ -170,6 +170,7 @@ def estimate(
     secret_candidates: int = typer.Option(ExtractJob.secret_candidates, help="As for gnq extract."),
     exposure_nodes: int = typer.Option(ExtractJob.exposure_nodes, help="As for gnq extract."),
     threads: int = CpuThreadsOption,
+    device: str = DeviceOption,
     tokenizer: Path = typer.Option(None, help="As for gnq audit."),
 ) -> None:
     """How long gnq audit and gnq extract will take here: a short probe times each kind of work once
@@ -189,7 +190,8 @@ def estimate(
                                    seed=seed, threads=threads or torch.get_num_threads(), attack=attack,
                                    reference=calibrated, prefix=prefix_tokens, suffix=suffix_tokens,
                                    secret_candidates=secret_candidates, exposure_nodes=exposure_nodes,
-                                   checkpoints=len(refs), tokenizer=str(tokenizer) if tokenizer else None)
+                                   checkpoints=len(refs), tokenizer=str(tokenizer) if tokenizer else None,
+                                   device=device)
     console.print(describe(estimate_lines(work, probe), probe), markup=False, highlight=False, soft_wrap=True)
 
 

@@ -156,16 +156,26 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _timed(fn) -> float:
+def _sync(device) -> None:
+    """Wait for the GPU's queued work, so a timer measures it (nothing on the CPU)."""
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device=None) -> float:
     """Seconds of ``fn()``; run again when the first was quick (the first call pays one-time
     costs: allocations, kernel choices) and the second kept."""
     t0 = time.perf_counter()
     fn()
+    _sync(device)
     first = time.perf_counter() - t0
     if first > 2.0:
         return first
     t0 = time.perf_counter()
     fn()
+    _sync(device)
     return time.perf_counter() - t0
 
 
@@ -174,9 +184,10 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
             prefix: int = DEFAULT_PREFIX, suffix: int | None = DEFAULT_SUFFIX,
             attack_batch: int = DEFAULT_ATTACK_BATCH, secret_candidates: int = DEFAULT_SECRET_CANDIDATES,
             exposure_nodes: int = DEFAULT_EXPOSURE_NODES, checkpoints: int = 1, lam: float = 1e-3,
-            tokenizer: str | None = None) -> tuple[Work, Probe]:
+            tokenizer: str | None = None, device: str = "auto") -> tuple[Work, Probe]:
     """Count the job's work in ``dataset`` (a TextDataset, its secret patterns set) and time its
-    unit costs on ``checkpoint`` at ``threads`` torch threads (module docstring)."""
+    unit costs on ``checkpoint`` at ``threads`` torch threads on ``device`` (the job's: "auto" is
+    a GPU where there is one) (module docstring)."""
     import torch
 
     from gnq_core.pipelines.attacks.decode import greedy_decode
@@ -185,9 +196,11 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     from gnq_core.pipelines.exposure import value_space
     from gnq_core.pipelines.secret_attack import format_places_of, secret_targets
     from gnq_core.pipelines.text_labels import dataset_labels
+    from gnq_core.runtime import resolve_device
     from gnq_core.sources.checkpoints.load import load_checkpoint
     from gnq_core.sources.tokens import encode_texts, pad_id, seeded_partition, stream_batches
 
+    dev = resolve_device(device)
     n = len(dataset)
     picked = (sorted(random.Random(seed).sample(range(n), SAMPLE_TEXTS)) if n > SAMPLE_TEXTS
               else list(range(n)))
@@ -195,7 +208,7 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     texts = [dataset.texts[i] for i in picked]
     with _threads(threads):
         t0 = time.perf_counter()
-        model, tok = load_checkpoint(checkpoint, tokenizer=tokenizer)
+        model, tok = load_checkpoint(checkpoint, device=dev, tokenizer=tokenizer)
         load_s = time.perf_counter() - t0
         ids = encode_texts(tok, texts, max_length)
         pad = pad_id(tok)
@@ -227,15 +240,16 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
         def audit(batches: list[int]) -> float:
             t0 = time.perf_counter()
             audit_batches(model_audit, stream_batches(tok, texts, partition, batches, max_length), lam,
-                          torch.device("cpu"), None, indices=batches, capacity=batch_size * len(batches))
+                          dev, None, indices=batches, capacity=batch_size * len(batches))
+            _sync(dev)
             return time.perf_counter() - t0
 
         # A call's fixed cost (hooks, buffers) is paid once per checkpoint: on a quick model, where
-        # it matters, one batch and two batches are timed to tell it from a batch's own cost.
+        # it matters, one batch and three batches are timed to tell it from a batch's own cost.
         audit_batch_s, audit_fixed_s = audit([0]), 0.0
-        if audit_batch_s < 2.0 and len(partition) > 1:
-            one, two = audit([0]), audit([0, 1])
-            audit_batch_s = max(two - one, 1e-6)
+        if audit_batch_s < 2.0 and len(partition) > 2:
+            one, three = audit([0]), audit([0, 1, 2])
+            audit_batch_s = max((three - one) / 2, three / 6)  # a noisy difference: at least half the mean
             audit_fixed_s = max(0.0, one - audit_batch_s)
         decode_s = forward_s = 0.0
         exposure_s = None
@@ -243,20 +257,22 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
             long_enough = [x for x in ids if len(x) >= prefix + (suffix or DEFAULT_SUFFIX)]
             prompts = [x[:prefix] for x in (long_enough or ids)[:attack_batch]] or [[pad]]
             with evaluating(model), torch.no_grad():
-                decode_s = _timed(lambda: greedy_decode(model, prompts, suffix or DEFAULT_SUFFIX, pad, None))
+                decode_s = _timed(lambda: greedy_decode(model, prompts, suffix or DEFAULT_SUFFIX, pad, dev),
+                                  dev)
                 width = max(len(x) for x in ids[:attack_batch]) if ids else 1
-                batch = torch.full((min(attack_batch, max(1, len(ids))), width), pad)
-                forward_s = _timed(lambda: model(input_ids=batch, attention_mask=torch.ones_like(batch)))
+                batch = torch.full((min(attack_batch, max(1, len(ids))), width), pad, device=dev)
+                forward_s = _timed(lambda: model(input_ids=batch, attention_mask=torch.ones_like(batch)), dev)
             if spaces and secret_candidates > 1:
                 exposure_s = _exposure_seconds(model, tok, texts, spaces, seed=seed, budget=exposure_nodes,
-                                               n_candidates=secret_candidates, batch_size=attack_batch)
+                                               n_candidates=secret_candidates, batch_size=attack_batch,
+                                               device=dev)
     attackable = sum(1 for x in ids if len(x) >= prefix + (suffix or 0))
     work = Work(texts=n, checkpoints=checkpoints, batch_size=batch_size, attackable=round(attackable * scale),
                 attack=attack, reference=reference, suffix=suffix, attack_batch=attack_batch,
                 secret_values=round(len(targets) * scale), distinct_values=round(len(spaces) * scale),
                 formats=len(formats), secret_candidates=secret_candidates,
                 mean_tokens=sum(map(len, ids)) / max(1, len(ids)))
-    what = (f"{checkpoint} at {threads} thread(s), {len(picked):,} of {n:,} texts counted"
+    what = (f"{checkpoint} on {dev} at {threads} thread(s), {len(picked):,} of {n:,} texts counted"
             + (" (a seeded sample, scaled)" if len(picked) < n else ""))
     return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what, audit_fixed_s)
 
@@ -267,7 +283,7 @@ WARM_UP_S = 2.0  # a first call quicker than this is timed again (it paid one-ti
 
 
 def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: int, budget: int,
-                      n_candidates: int, batch_size: int) -> float:
+                      n_candidates: int, batch_size: int, device=None) -> float:
     """Mean seconds of a never-trained value's exposure: values drawn in turn from each format's
     space after one of its values' prompts, up to EXPOSURE_VALUES within EXPOSURE_PROBE_S (one at
     least), after the vocabulary's strings are built (once per tokenizer, not per value).  A
@@ -288,7 +304,8 @@ def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: i
         t0 = time.perf_counter()
         exposure(model, tok, t.prompt_ids, texts[t.example_id][t.prompt_chars: t.value_start],
                  ValueSpace(other, space.free, space.check), budget=budget, n_candidates=n_candidates,
-                 seed=seed, batch_size=batch_size, device=None)
+                 seed=seed, batch_size=batch_size, device=device)
+        _sync(device)
         return time.perf_counter() - t0
 
     times: list[float] = []
