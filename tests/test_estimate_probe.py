@@ -85,3 +85,17 @@ def test_each_line_is_its_unit_cost_times_its_count():
     uncalibrated = {x.stage for x in estimate_lines(bare, probe)}
     assert uncalibrated == {"audit", "attack", "secret decode", "exposure"}
     assert all(x.assumed for x in lines.values())  # each line says what it assumed
+
+
+def test_gnq_estimate_prints_the_total_and_every_stage(job):
+    from cli_helpers import gnq
+
+    out = gnq("estimate", "--checkpoints", job / "run", "--data", job / "data.csv", "--batch-size", 4,
+              "--max-length", 48, "--threads", 1, "--secret-candidates", 20, "--exposure-nodes", 16)
+    assert out.startswith("Estimated time: about ") and "at 1 thread(s), 16 of 16 texts counted" in out
+    for what in ("gradient audit: ", "for 32 texts", "text windows, reference model", "membership scores",
+                 "discoverable", "secret values decoded", "secret values' exposure", "measured"):
+        assert what in out, what
+    alone = gnq("estimate", "--checkpoints", job / "run", "--data", job / "data.csv", "--batch-size", 4,
+                "--max-length", 48, "--threads", 1, "--no-attack")
+    assert "gradient audit" in alone and "text windows" not in alone and "secret" not in alone
