@@ -35,7 +35,9 @@ TEXTS, SECRET_VALUES, BATCHES = "texts", "secret values", "batches"
 class Reporter:
     """Forwards progress to an optional rich bar and an optional sink (e.g. the store), throttled."""
 
-    def __init__(self, *, quiet: bool = True, sink: Callable[[int, int, str], None] | None = None) -> None:
+    def __init__(self, *, quiet: bool = True,
+                 sink: Callable[[int, int, str, str], None] | None = None) -> None:
+        """``sink(done, total, label, unit)``: where the stage's progress goes besides the bar."""
         self.quiet = quiet
         self.sink = sink
         self.sink_interval = 1.0  # seconds between the sink's writes (stage changes always go through)

@@ -180,11 +180,12 @@ def _timed(fn, device=None) -> float:
 
 
 def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: int, seed: int = 0,
-            threads: int = 1, attack: bool = True, reference: bool = True,
-            prefix: int = DEFAULT_PREFIX, suffix: int | None = DEFAULT_SUFFIX,
-            attack_batch: int = DEFAULT_ATTACK_BATCH, secret_candidates: int = DEFAULT_SECRET_CANDIDATES,
-            exposure_nodes: int = DEFAULT_EXPOSURE_NODES, checkpoints: int = 1, lam: float = 1e-3,
-            tokenizer: str | None = None, device: str = "auto") -> tuple[Work, Probe]:
+                     threads: int = 1, attack: bool = True, reference: bool = True,
+                     prefix: int = DEFAULT_PREFIX, suffix: int | None = DEFAULT_SUFFIX,
+                     attack_batch: int = DEFAULT_ATTACK_BATCH,
+                     secret_candidates: int = DEFAULT_SECRET_CANDIDATES,
+                     exposure_nodes: int = DEFAULT_EXPOSURE_NODES, checkpoints: int = 1, lam: float = 1e-3,
+                     tokenizer: str | None = None, device: str = "auto") -> tuple[Work, Probe]:
     """Count the job's work in ``dataset`` (a TextDataset, its secret patterns set) and time its
     unit costs on ``checkpoint`` at ``threads`` torch threads on ``device`` (the job's: "auto" is
     a GPU where there is one) (module docstring)."""
