@@ -193,7 +193,7 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
 
     from gnq_core.pipelines.attacks.decode import greedy_decode
     from gnq_core.pipelines.attacks.forward import evaluating
-    from gnq_core.pipelines.audit import _prepare_for_audit, audit_batches
+    from gnq_core.pipelines.audit import audit_batches, prepare_for_audit
     from gnq_core.pipelines.exposure import value_space
     from gnq_core.pipelines.secret_attack import format_places_of, secret_targets
     from gnq_core.pipelines.text_labels import dataset_labels
@@ -234,13 +234,12 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
         formats = {(k, s.template) for (k, _), (_, s) in spaces.items()}
 
         # one audit batch, drawn as the audit draws its batches
-        model_audit = model
-        _prepare_for_audit(model_audit, torch.float32)
+        prepare_for_audit(model, torch.float32)
         partition = seeded_partition(len(texts), batch_size, seed)
 
         def audit(batches: list[int]) -> float:
             t0 = time.perf_counter()
-            audit_batches(model_audit, stream_batches(tok, texts, partition, batches, max_length), lam,
+            audit_batches(model, stream_batches(tok, texts, partition, batches, max_length), lam,
                           dev, None, indices=batches, capacity=batch_size * len(batches))
             _sync(dev)
             return time.perf_counter() - t0
