@@ -8,7 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import state
-from gnq_core.pipelines import cancel_job, duration, list_jobs, seconds_left
+from gnq_core.pipelines import cancel_job, duration, job_seconds_left, list_jobs, seconds_left
 
 
 def job_panel(db: Path, only_alive: bool = False) -> None:
@@ -65,6 +65,8 @@ def progress_bar(progress: dict | None) -> None:
         when = " · measuring this stage's rate…"
     else:
         when = f" · about {duration(left)} left in this stage"
+        if (whole := job_seconds_left(progress)) is not None and whole > left:
+            when += f", about {duration(whole)} in all"
     text = (f"{state.plain(progress.get('label') or '')}: {done}/{total} {unit}"
             + (f" · stage {stage} of {planned}" if planned else "") + when)
     fraction = (stage - 1 + (done / total if total else 0)) / planned if planned and stage else (

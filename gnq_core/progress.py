@@ -231,9 +231,24 @@ def seconds_left(state: dict[str, Any], now: float | None = None) -> float | Non
     now = time.time() if now is None else now
     done, total, stage = state.get("done") or 0, state.get("total") or 0, state.get("stage") or 0
     planned, rate = state.get("planned_stages"), state.get("rate")
+    if "rate" not in state and done > 0:  # written by an older job: the stage's average rate so far
+        spent = state.get("updated", now) - state.get("stage_started", now)
+        rate = done / spent if spent > 0 else None
     if done >= total:
         return 0.0 if not planned or stage >= planned else None
     if not rate or rate <= 0:
         return None
     since = max(0.0, now - state.get("updated", now))
     return max(1.0, (total - done) / rate - since)
+
+
+def job_seconds_left(state: dict[str, Any], now: float | None = None) -> float | None:
+    """Estimated seconds until the whole job ends: the current stage's (``seconds_left``) plus
+    each planned stage still to come taken as long as the finished ones were on average; None
+    without planned stages, before one has finished, or without the current stage's estimate."""
+    stage, planned = state.get("stage") or 0, state.get("planned_stages")
+    left = seconds_left(state, now)
+    if not planned or stage < 2 or left is None:
+        return None
+    per_stage = (state.get("stage_started", 0.0) - state.get("started", 0.0)) / (stage - 1)
+    return left + max(0, planned - stage) * max(0.0, per_stage)

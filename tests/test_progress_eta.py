@@ -85,3 +85,20 @@ def test_each_stage_reports_its_own_noun(tmp_path):
     file = ProgressFile(tmp_path / "p.json")
     file(3, 28, "secret values decoded by the audited model", SECRET_VALUES)
     assert read_progress(tmp_path / "p.json")["unit"] == "secret values"
+
+
+def test_a_progress_file_of_an_older_job_falls_back_to_the_stage_average():
+    state = {"label": "epoch-1", "done": 30, "total": 90, "stage": 1, "stage_started": 100.0,
+             "updated": 110.0}
+    assert seconds_left(state, now=110.0) == pytest.approx(20.0)  # 3 a second, 60 to go
+    assert seconds_left(dict(state, rate=None), now=110.0) is None  # a new job with no rate yet: none
+
+
+def test_the_whole_job_adds_the_stages_to_come_at_the_finished_stages_pace():
+    from gnq_core.progress import job_seconds_left
+
+    state = {"label": "epoch 3/12", "done": 32, "total": 64, "stage": 3, "planned_stages": 26,
+             "started": 0.0, "stage_started": 35.0, "updated": 40.0, "rate": 32 / 5}
+    assert job_seconds_left(state, now=40.0) == pytest.approx(5.0 + 23 * 17.5)
+    assert job_seconds_left(dict(state, stage=1), now=40.0) is None  # no finished stage to go by
+    assert job_seconds_left(dict(state, planned_stages=None), now=40.0) is None

@@ -23,6 +23,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".train": ("run_training",),
     ".uploads": ("abandoned_uploads", "check_upload_tree", "safe_relative_path", "save_uploads",
                  "touch_staging", "uploads_dir"),
-    "gnq_core.progress": ("JobProgress", "Reporter", "seconds_left"),
+    "gnq_core.progress": ("JobProgress", "Reporter", "job_seconds_left", "seconds_left"),
     "gnq_core.runtime": ("default_threads",),
 })
