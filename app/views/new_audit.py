@@ -417,7 +417,7 @@ with st.form("settings"):
     if probed is not None:
         lines = estimate_lines(*probed)
         c2.caption(f"**Estimated time: about {duration(total_seconds(lines))}**, measured on this machine "
-                   f"({probed[1].model}); each stage below.")
+                   f"({state.plain(probed[1].model)}); each stage below.")
     elif size and dataset is not None and len(dataset):
         mean_chars = sum(len(t) for t in dataset.texts) / len(dataset)
         guess = estimate_audit(parameters=size, texts=len(dataset), checkpoints=len(refs),
