@@ -8,7 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import state
-from gnq_core.pipelines import cancel_job, list_jobs, seconds_left
+from gnq_core.pipelines import cancel_job, duration, job_seconds_left, list_jobs, seconds_left
 
 
 def job_panel(db: Path, only_alive: bool = False) -> None:
@@ -58,22 +58,20 @@ def progress_bar(progress: dict | None) -> None:
     done, total = int(progress.get("done") or 0), int(progress.get("total") or 0)
     planned, stage = progress.get("planned_stages"), progress.get("stage") or 0
     left = seconds_left(progress)
-    text = (f"{state.plain(progress.get('label') or '')}: {done}/{total} examples"
-            + (f" · stage {stage} of {planned}" if planned else "")
-            + (f" · about {duration(left)} left" if left is not None else " · estimating time left…"))
+    unit = state.plain(progress.get("unit") or "texts")  # what this stage counts, in its own word
+    if done >= total:
+        when = " · finishing this stage…"
+    elif left is None:
+        when = " · measuring this stage's rate…"
+    else:
+        when = f" · about {duration(left)} left in this stage"
+        if (whole := job_seconds_left(progress)) is not None and whole > left:
+            when += f", about {duration(whole)} in all"
+    text = (f"{state.plain(progress.get('label') or '')}: {done}/{total} {unit}"
+            + (f" · stage {stage} of {planned}" if planned else "") + when)
     fraction = (stage - 1 + (done / total if total else 0)) / planned if planned and stage else (
         done / total if total else 0.0)
     st.progress(min(max(fraction, 0.0), 1.0), text=text)
-
-
-def duration(seconds: float) -> str:
-    """42 s, 3 min 05 s, 1 h 02 min."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 def results_link(run: str, key: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -27,11 +28,16 @@ from rich.progress import (
 from gnq_core.atomic import write_text_atomic
 from gnq_core.terminal import markup_safe, terminal_safe
 
+# What a stage counts, in its own word (the progress bar and the dashboard say "12/92 texts").
+TEXTS, SECRET_VALUES, BATCHES = "texts", "secret values", "batches"
+
 
 class Reporter:
     """Forwards progress to an optional rich bar and an optional sink (e.g. the store), throttled."""
 
-    def __init__(self, *, quiet: bool = True, sink: Callable[[int, int, str], None] | None = None) -> None:
+    def __init__(self, *, quiet: bool = True,
+                 sink: Callable[[int, int, str, str], None] | None = None) -> None:
+        """``sink(done, total, label, unit)``: where the stage's progress goes besides the bar."""
         self.quiet = quiet
         self.sink = sink
         self.sink_interval = 1.0  # seconds between the sink's writes (stage changes always go through)
@@ -40,6 +46,7 @@ class Reporter:
         self._done = 0
         self._total = 0
         self._label = ""
+        self._unit = TEXTS
         self._last_sink = 0.0
         self._started = False  # nothing reaches the sink before the first stage (a job that fails
         # while loading writes nothing to the store)
@@ -47,7 +54,8 @@ class Reporter:
     def __enter__(self) -> Reporter:
         if not self.quiet:
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+                                 TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                 TimeRemainingColumn())
             self._bar.start()
         return self
 
@@ -57,15 +65,17 @@ class Reporter:
             self._bar.stop()
             self._bar = None
 
-    def stage(self, label: str, total: int) -> None:
-        """Start a new stage (one checkpoint, one epoch, the attack) with ``total`` units."""
+    def stage(self, label: str, total: int, unit: str = TEXTS) -> None:
+        """Start a new stage (one checkpoint, one epoch, the attack) of ``total`` things it works
+        on, counted in their own word ``unit`` (TEXTS, SECRET_VALUES, ...)."""
         self._flush(force=True)
         self._started = True
-        self._label, self._done, self._total = label, 0, total
+        self._label, self._done, self._total, self._unit = label, 0, total, unit
         if self._bar is not None:
             if self._task is not None:
                 self._bar.update(self._task, visible=False)
-            self._task = self._bar.add_task(markup_safe(label), total=total)  # folder names: untrusted
+            # folder names: untrusted
+            self._task = self._bar.add_task(markup_safe(label), total=total, unit=markup_safe(unit))
         self._flush(force=True)
 
     def advance(self, n: int = 1) -> None:
@@ -86,7 +96,7 @@ class Reporter:
         now = time.monotonic()
         if force or now - self._last_sink >= self.sink_interval:
             self._last_sink = now
-            self.sink(self._done, self._total, self._label)
+            self.sink(self._done, self._total, self._label, self._unit)
 
 
 class ProgressFile:
@@ -100,14 +110,17 @@ class ProgressFile:
         self.planned_stages = planned_stages
         self.started = time.time()
         self._stage, self._label, self._stage_started = 0, None, self.started
+        self._rate = StageRate(self.started)
 
-    def __call__(self, done: int, total: int, label: str) -> None:
+    def __call__(self, done: int, total: int, label: str, unit: str = TEXTS) -> None:
         now = time.time()
         if label != self._label:
             self._stage, self._label, self._stage_started = self._stage + 1, label, now
-        state = {"label": label, "done": done, "total": total, "stage": self._stage,
+            self._rate = StageRate(now)
+        rate = self._rate.update(done, now)
+        state = {"label": label, "done": done, "total": total, "unit": unit, "stage": self._stage,
                  "planned_stages": self.planned_stages, "started": self.started,
-                 "stage_started": self._stage_started, "updated": now}
+                 "stage_started": self._stage_started, "updated": now, "rate": rate}
         with contextlib.suppress(OSError):  # progress is a courtesy: never fail the job over it
             write_text_atomic(self.path, json.dumps(state))
 
@@ -163,11 +176,11 @@ class JobProgress:
         created the run."""
         run_id = run_ref(self.store, run) if run is not None and self.store is not None else None
 
-        def sink(done: int, total: int, label: str) -> None:
+        def sink(done: int, total: int, label: str, unit: str = TEXTS) -> None:
             if run_id is not None and self.store is not None and (found := run_id()) is not None:
                 self.store.set_progress(found, done, total, label)
             if self.file is not None:
-                self.file(done, total, label)
+                self.file(done, total, label, unit)
 
         return Reporter(quiet=self.quiet, sink=sink if run is not None or self.file is not None else None)
 
@@ -181,18 +194,61 @@ def read_progress(path: str | Path) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
+class StageRate:
+    """A stage's own measured rate (units a second), smoothed: an exponential moving average of
+    the rates between updates, each weighted by the time it covers (``1 − e^(−dt/tau)``), so a
+    steady rate gives a steady estimate and a slower stretch moves it within about ``tau``.
+    Units counted without work (too-short texts skipped at once) move the baseline, not the
+    rate: an update less than ``MIN_INTERVAL`` after the previous one is no measurement."""
+
+    MIN_INTERVAL = 0.5  # seconds
+
+    def __init__(self, started: float, tau: float = 60.0) -> None:
+        self.tau = tau
+        self._done, self._at = 0, started
+        self.rate: float | None = None
+
+    def update(self, done: int, now: float) -> float | None:
+        """The smoothed rate after ``done`` units at time ``now`` (None until one is measured)."""
+        dt = now - self._at
+        if done <= self._done:
+            return self.rate
+        if dt < self.MIN_INTERVAL:
+            self._done, self._at = done, now
+            return self.rate
+        measured = (done - self._done) / dt
+        weight = 1.0 - math.exp(-dt / self.tau)
+        self.rate = measured if self.rate is None else weight * measured + (1 - weight) * self.rate
+        self._done, self._at = done, now
+        return self.rate
+
+
 def seconds_left(state: dict[str, Any], now: float | None = None) -> float | None:
-    """Estimated seconds until the job ends (all planned stages), else until the current stage ends,
-    from the rate so far; None before there is a rate to go by."""
+    """Estimated seconds until the current stage ends, from that stage's own smoothed rate
+    (StageRate), counted down since the last update; never below a second while its work
+    remains.  0 when the last planned stage has counted all its work; None while there is no
+    rate to go by, or when a stage has counted all its work and more stages follow."""
     now = time.time() if now is None else now
     done, total, stage = state.get("done") or 0, state.get("total") or 0, state.get("stage") or 0
-    planned = state.get("planned_stages")
-    in_stage = done / total if total else 0.0
-    if planned and stage:
-        fraction = min(1.0, (stage - 1 + in_stage) / planned)
-        elapsed = now - state["started"]
-    else:
-        fraction, elapsed = in_stage, now - state.get("stage_started", now)
-    if fraction <= 0.01:
+    planned, rate = state.get("planned_stages"), state.get("rate")
+    if "rate" not in state and done > 0:  # written by an older job: the stage's average rate so far
+        spent = state.get("updated", now) - state.get("stage_started", now)
+        rate = done / spent if spent > 0 else None
+    if done >= total:
+        return 0.0 if not planned or stage >= planned else None
+    if not rate or rate <= 0:
         return None
-    return max(0.0, elapsed * (1 - fraction) / fraction)
+    since = max(0.0, now - state.get("updated", now))
+    return max(1.0, (total - done) / rate - since)
+
+
+def job_seconds_left(state: dict[str, Any], now: float | None = None) -> float | None:
+    """Estimated seconds until the whole job ends: the current stage's (``seconds_left``) plus
+    each planned stage still to come taken as long as the finished ones were on average; None
+    without planned stages, before one has finished, or without the current stage's estimate."""
+    stage, planned = state.get("stage") or 0, state.get("planned_stages")
+    left = seconds_left(state, now)
+    if not planned or stage < 2 or left is None:
+        return None
+    per_stage = (state.get("stage_started", 0.0) - state.get("started", 0.0)) / (stage - 1)
+    return left + max(0, planned - stage) * max(0.0, per_stage)

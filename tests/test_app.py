@@ -254,8 +254,34 @@ def test_new_audit_keeps_typed_values_when_checkpoints_and_data_arrive(store_pat
     assert fields["Max length (tokens)"].value == 16 and fields["Max length (tokens)"].max == 24
     assert fields["Batch size"].value == 4
     shown = texts_of(at)
-    assert "Estimated time: about" in shown and "an estimate:" in shown
+    assert "Estimated time: about" in shown and "rough estimate:" in shown
     assert "32 texts × 2 checkpoint(s)" in shown and "docs/performance.md" in shown
+    # measured on the model itself: the total beside Start, each stage with its count and noun
+    at.button(key="measure_estimate").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    shown = texts_of(at)
+    assert "measured on this machine" in shown and "rough estimate" not in shown
+    assert "**gradient audit**" in shown and "for 64 texts" in shown  # 32 texts × 2 checkpoints
+
+
+def test_a_disabled_start_says_why(store_path, monkeypatch):
+    """Start audit is off until checkpoints and a dataset are there, and the caption beside it says
+    which is missing (an upload in progress reads as not there yet)."""
+    at = page("new_audit", store_path, monkeypatch)
+    start = next(b for b in at.button if b.label == "Start audit")
+    assert start.disabled
+    shown = texts_of(at)
+    assert "Start audit is off until the checkpoint folder has finished uploading" in shown
+    assert "the dataset has finished uploading" in shown
+    at.radio(key="ckpt_mode").set_value("Local path").run()
+    at.text_input(key="ckpt_path").set_value(str(store_path.parent / "run")).run()
+    at.radio(key="data_mode").set_value("Local path").run()
+    shown = texts_of(at)
+    assert "checkpoint folder" not in shown.split("Start audit is off until")[1].split("\n")[0]
+    assert "Start audit is off until a dataset file is given in 2." in shown
+    at.text_input(key="data_path_input").set_value(str(store_path.parent / "texts.csv")).run()
+    assert "Start audit is off" not in texts_of(at)
+    assert not next(b for b in at.button if b.label == "Start audit").disabled
 
 def test_regression_page_outlier_is_outside_the_ellipse(tmp_path, monkeypatch):
     at = page("regression", tmp_path / "none.duckdb", monkeypatch)

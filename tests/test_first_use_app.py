@@ -168,8 +168,9 @@ def test_the_landing_page_shows_the_demo_build_at_once_while_the_store_is_busy(t
         holder.wait()
     assert seconds < 2.0, seconds
     bar = at.get("progress")[0].proto
-    assert "epoch 3/12: 32/64 examples" in bar.text and "stage 3 of 26" in bar.text and "left" in bar.text
-    assert "about 6 min" in bar.text  # 2.5 of 26 stages in 40 s: 376 s to go
+    assert "epoch 3/12: 32/64 texts" in bar.text and "stage 3 of 26" in bar.text and "left" in bar.text
+    # this stage: 32 in 5 s, 32 to go; 23 stages after it as long as the first two were (35 s)
+    assert "about 5 s left in this stage, about 6 min 47 s in all" in bar.text
     assert os.path.exists(db)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import state
-from app.jobs_view import duration, job_panel
+from app.jobs_view import job_panel
 from gnq_core import one_line
 from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
@@ -30,13 +30,17 @@ from gnq_core.pipelines import (
     check_companion_memory,
     check_upload_tree,
     default_threads,
+    duration,
     estimate_audit,
+    estimate_lines,
     list_jobs,
+    measure_estimate,
     new_job_id,
     safe_relative_path,
     save_uploads,
     start_job,
     tokens_per_text,
+    total_seconds,
     touch_staging,
     uploads_dir,
 )
@@ -77,6 +81,23 @@ COMPANIONS_NOTE = (
     ".json and sketch_error-smollm2-cpu.json; at the defaults a "
     "test holds it to Spearman ≥ 0.99 and median relative error ≤ 5%). The Runs page and the report say "
     "which companion set a run used.")
+
+
+def start_blocked(upload_ckpt: bool, checkpoints: Path | None, refs: list, upload_data: bool,
+                  dataset: object | None) -> str | None:
+    """Why Start audit is off, in one line (None: it is on).  An upload still in progress reads
+    as no value yet (the browser sends the folder when every file has arrived), so the line
+    names that case instead of leaving a greyed-out button."""
+    missing = []
+    if checkpoints is None:
+        missing.append("the checkpoint folder has finished uploading (a spinner on a file: still arriving)"
+                       if upload_ckpt else "a checkpoint folder is given in 1.")
+    elif not refs:
+        missing.append("the checkpoint folder in 1. holds a checkpoint that can be audited (see above)")
+    if dataset is None:
+        missing.append("the dataset has finished uploading and reads (see 2.)" if upload_data
+                       else "a dataset file is given in 2.")
+    return ("Start audit is off until " + " and ".join(missing) + ".") if missing else None
 
 
 def companion_choice(companions: int | str | None) -> str:
@@ -165,6 +186,24 @@ def positions_of(path: str, mtime: float) -> int | None:  # noqa: ARG001 (cache 
 @st.cache_data(ttl=300, show_spinner=False, max_entries=64)
 def parameters_of(path: str, mtime: float) -> int | None:  # noqa: ARG001 (cache key)
     return parameter_count(path)
+
+
+@st.cache_data(ttl=3600, show_spinner=False, max_entries=16)
+def measured(model: str, mtime: float, data: str, data_mtime: float,  # noqa: ARG001 (cache key)
+             columns: tuple[str | None, str | None, str | None], patterns: tuple[str, ...],
+             batch_size: int, max_length: int, seed: int, threads: int, attack: bool, calibrated: bool,
+             prefix: int, suffix: int, candidates: int, checkpoints: int, tokenizer: str | None):
+    """The job's counted work and its unit costs measured on its first checkpoint (a probe of a few
+    seconds to a minute: the model loaded and run once per kind of work)."""
+    import dataclasses
+
+    text_column, secret_column, public_column = columns
+    texts = dataclasses.replace(load_texts(data, text_column=text_column, secret_column=secret_column,
+                                           public_column=public_column), secret_patterns=patterns)
+    return measure_estimate(model, texts, batch_size=batch_size, max_length=max_length, seed=seed,
+                            threads=threads, attack=attack, reference=calibrated, prefix=prefix,
+                            suffix=suffix, secret_candidates=candidates, checkpoints=checkpoints,
+                            tokenizer=tokenizer)
 
 
 st.subheader("1. Checkpoints")
@@ -360,18 +399,50 @@ with st.form("settings"):
                                    "cores idle when the page opened; 1 is best when other jobs share the "
                                    "cores (docs/performance.md: competing threads can slow a step 10×).")
     c1, c2 = st.columns([1, 4], vertical_alignment="center")
-    submitted = c1.form_submit_button("Start audit", type="primary",
-                                      disabled=not (refs and dataset is not None))
+    blocked = start_blocked(ckpt_mode == "Upload a folder", checkpoints, refs, data_mode == "Upload a file",
+                            dataset)
+    submitted = c1.form_submit_button("Start audit", type="primary", disabled=blocked is not None)
+    if blocked:
+        c2.caption(f"**{blocked}**")
     size = parameters_of(str(model_dirs[0]), model_dirs[0].stat().st_mtime) if model_dirs else None
-    if size and dataset is not None and len(dataset):
+    probe_key = None
+    if refs and dataset is not None and len(dataset) and base_dir is None:
+        probe_key = (str(refs[0].path), refs[0].path.stat().st_mtime, str(data_path),
+                     data_path.stat().st_mtime, (text_column, secret_column, public_column),
+                     tuple(p.strip() for p in patterns.splitlines() if p.strip()), int(batch_size),
+                     int(max_length), int(seed), int(threads), bool(attack),
+                     bool(attack) and (bool(reference.strip()) or len(refs) > 1), int(prefix), int(suffix),
+                     int(candidates), len(refs), str(tokenizer_dir) if tokenizer_dir else None)
+    probed = st.session_state.get("probed", {}).get(probe_key) if probe_key else None
+    if probed is not None:
+        lines = estimate_lines(*probed)
+        c2.caption(f"**Estimated time: about {duration(total_seconds(lines))}**, measured on this machine "
+                   f"({state.plain(probed[1].model)}); each stage below.")
+    elif size and dataset is not None and len(dataset):
         mean_chars = sum(len(t) for t in dataset.texts) / len(dataset)
         guess = estimate_audit(parameters=size, texts=len(dataset), checkpoints=len(refs),
                                tokens=tokens_per_text(mean_chars, int(max_length)), attack=bool(attack),
                                prefix=int(prefix), suffix=int(suffix), threads=int(threads))
-        c2.caption(f"**Estimated time: about {duration(guess.total_s)}** (an estimate: "
-                   f"{guess.basis}).")
+        c2.caption(f"**Estimated time: about {duration(guess.total_s)}** (a rough estimate: "
+                   f"{guess.basis}). Measure it on this model below for every stage.")
     elif refs and dataset is not None:
         c2.caption("No time estimate: the model's size could not be read from its weight files.")
+if probe_key is not None:
+    if probed is not None:
+        with st.expander("The estimate, stage by stage", key="estimate_lines"):
+            st.markdown("\n".join(f"- **{state.plain(x.what)}**: {duration(x.seconds)} for {x.count:,} "
+                                   f"{x.noun} ({state.plain(x.assumed)})" for x in estimate_lines(*probed)))
+    elif st.button("Measure the time this audit will take", key="measure_estimate",
+                   help="Loads the first checkpoint and runs each kind of work once with these settings "
+                        "(an audit batch, a decoding batch, a secret value's exposure): seconds on a small "
+                        "model, about a minute on a 135M one."):
+        with st.spinner("Measuring on this model…"):
+            try:
+                st.session_state.setdefault("probed", {})[probe_key] = measured(*probe_key)
+            except (ValueError, OSError, RuntimeError) as exc:
+                st.error(f"Could not measure: {state.plain(one_line(exc))}")
+            else:
+                st.rerun()
 if token_limit:
     st.caption(f"The model has {token_limit} positions: Max length can be at most {token_limit} tokens.")
 

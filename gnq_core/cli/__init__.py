@@ -14,8 +14,8 @@ from gnq_core.cli import results, running, studies, tools  # noqa: F401  (regist
 from gnq_core.cli._base import app
 
 # `gnq --help` lists the commands in the order a user meets them, not the modules' import order.
-ORDER = ("train", "audit", "extract", "export", "report", "dashboard", "runs", "demo", "job", "ingest",
-         "selfcheck")
+ORDER = ("train", "estimate", "audit", "extract", "export", "report", "dashboard", "runs", "demo", "job",
+         "ingest", "selfcheck")
 app.registered_commands.sort(key=lambda c: ORDER.index(c.callback.__name__))
 app.registered_groups.sort(key=lambda g: ("model", "study").index(g.name))
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import typer
@@ -144,6 +145,54 @@ def audit(
                       non_members=str(non_members) if non_members else None, reference=reference,
                       base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter,
                       threads=threads), db, quiet)
+
+
+@app.command()
+@user_errors
+def estimate(
+    checkpoints: Path = typer.Option(..., help="The checkpoints to audit, as for gnq audit."),
+    data: Path = typer.Option(..., help="The texts to audit, as for gnq audit."),
+    batch_size: int = typer.Option(AuditSettings.batch_size,
+                                   help="Examples per GNQ batch, as for gnq audit."),
+    max_length: int = MaxLengthOption,
+    seed: int = typer.Option(AuditSettings.seed, help="Seed of the batch partition, as for gnq audit."),
+    text_column: str = TextColumnOption,
+    secret_column: str = SecretColumnOption,
+    secret_pattern: list[str] = SecretPatternOption,
+    public_column: str = PublicColumnOption,
+    attack: bool = typer.Option(True, "--attack/--no-attack",
+                                help="Include gnq extract's stages (text windows, secret values, exposure)."),
+    reference: str = typer.Option(ExtractJob.reference,
+                                  help="As for gnq extract: 'first', a model folder, or 'none' (no reference "
+                                       "model stages)."),
+    prefix_tokens: int = typer.Option(ExtractJob.prefix_tokens, help="As for gnq extract (p)."),
+    suffix_tokens: int = typer.Option(ExtractJob.suffix_tokens, help="As for gnq extract (s)."),
+    secret_candidates: int = typer.Option(ExtractJob.secret_candidates, help="As for gnq extract."),
+    exposure_nodes: int = typer.Option(ExtractJob.exposure_nodes, help="As for gnq extract."),
+    threads: int = CpuThreadsOption,
+    device: str = DeviceOption,
+    tokenizer: Path = typer.Option(None, help="As for gnq audit."),
+) -> None:
+    """How long gnq audit and gnq extract will take here: a short probe times each kind of work once
+    on the first checkpoint (an audit batch, a decoding batch, a scoring pass, a secret value's
+    exposure) and multiplies by each stage's count, every assumption stated."""
+    import torch
+
+    from gnq_core.pipelines.estimate_probe import describe, estimate_lines, measure_estimate
+    from gnq_core.sources import find_checkpoints, load_texts
+
+    refs = find_checkpoints(checkpoints)
+    dataset = load_texts(data, text_column=text_column, secret_column=secret_column,
+                         public_column=public_column)
+    dataset = dataclasses.replace(dataset, secret_patterns=tuple(secret_pattern or ()))
+    calibrated = reference != "none" and (reference != "first" or len(refs) > 1)
+    work, probe = measure_estimate(str(refs[0].path), dataset, batch_size=batch_size, max_length=max_length,
+                                   seed=seed, threads=threads or torch.get_num_threads(), attack=attack,
+                                   reference=calibrated, prefix=prefix_tokens, suffix=suffix_tokens,
+                                   secret_candidates=secret_candidates, exposure_nodes=exposure_nodes,
+                                   checkpoints=len(refs), tokenizer=str(tokenizer) if tokenizer else None,
+                                   device=device)
+    console.print(describe(estimate_lines(work, probe), probe), markup=False, highlight=False, soft_wrap=True)
 
 
 def _companions(value: str | None) -> int | str | None:

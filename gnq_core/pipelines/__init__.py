@@ -10,7 +10,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
                          "MAX_SECRET_CANDIDATES", "MIN_SECRET_CANDIDATES"),
     ".audit": ("run_audit",),
     ".companion_plan": ("check_companion_memory",),
-    ".estimate": ("Estimate", "estimate_audit", "tokens_per_text"),
+    ".estimate": ("Estimate", "duration", "estimate_audit", "tokens_per_text"),
+    ".estimate_probe": ("estimate_lines", "measure_estimate", "total_seconds"),
     ".attacks.run": ("run_extraction",),
     ".extraction": ("AttackRule",),
     ".hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
@@ -22,6 +23,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".train": ("run_training",),
     ".uploads": ("abandoned_uploads", "check_upload_tree", "safe_relative_path", "save_uploads",
                  "touch_staging", "uploads_dir"),
-    "gnq_core.progress": ("JobProgress", "Reporter", "seconds_left"),
+    "gnq_core.progress": ("JobProgress", "Reporter", "job_seconds_left", "seconds_left"),
     "gnq_core.runtime": ("default_threads",),
 })

@@ -135,7 +135,7 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
                                                  tokenizer=tokenizer_dir)
         else:
             model, tok = load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer_dir)
-        _prepare_for_audit(model, dtype)
+        prepare_for_audit(model, dtype)
         hash_of = checkpoint_hash if adapters is None else adapter_hash
         return model, tok, hash_of(path) if ranks.lead else None
 
@@ -211,7 +211,7 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
     return run, [i for i in range(len(refs)) if i not in done], partition
 
 
-def _prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
+def prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """No key/value or recurrent cache: an audit never decodes, and a cache updated in place
     (RWKV's state) breaks the backward.  Mixture-of-experts layers as per-expert loops in float64:
     transformers' grouped-matmul kernels take float32/bf16/fp16 only."""

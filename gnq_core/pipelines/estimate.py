@@ -73,6 +73,16 @@ class Estimate:
         return self.audit_s + self.attack_s
 
 
+def duration(seconds: float) -> str:
+    """42 s, 3 min 05 s, 1 h 02 min."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 def _count(n: int) -> str:
     """135.0M, 1.7B, 370,432."""
     return f"{n / 1e9:,.1f}B" if n >= 1e9 else f"{n / 1e6:,.1f}M" if n >= 1e6 else f"{n:,}"

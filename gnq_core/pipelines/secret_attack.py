@@ -48,6 +48,7 @@ from gnq_core.pipelines.attacks.decode import greedy_decode
 from gnq_core.pipelines.attacks.forward import evaluating
 from gnq_core.pipelines.exposure import DEFAULT_SEARCH_NODES
 from gnq_core.pipelines.secret_exposure import NULL_COLUMNS, NULL_VALUES, Occurrence, Settings, run_exposures
+from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
 from gnq_core.sources.secrets import find_secrets, values_from_json
 from gnq_core.sources.tokens import pad_id
@@ -200,11 +201,11 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
                    n_candidates: int = DEFAULT_CANDIDATES, search_nodes: int = DEFAULT_SEARCH_NODES,
                    seed: int = 0, batch_size: int = 32, device=None, rule: str = "",
                    max_length: int = 1024, stored_values: Sequence[object] | None = None,
-                   progress: Callable[[str, int], None] | None = None,
+                   progress: Callable[[str, int, str], None] | None = None,
                    advance: Callable[[int], None] | None = None) -> SecretAttack:
     """One row per attackable secret-like value (``SECRET_ATTACK_COLUMNS``), in text order, and
-    the run's exposure null.  ``progress(label, total)`` opens a stage and ``advance(n)`` moves
-    it: decoding counts value batches, exposure counts values.  ``n_candidates`` ≤ 1: no
+    the run's exposure null.  ``progress(label, total, unit)`` opens a stage and ``advance(n)``
+    moves it: both decoding and exposure count secret values.  ``n_candidates`` ≤ 1: no
     exposure."""
     pad = pad_id(tokenizer)
     targets = secret_targets(tokenizer, texts, example_ids, token_ids, stored_values)
@@ -219,7 +220,7 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
 
     def decode_all(m, label: str) -> list[str]:
         if progress is not None:
-            progress(f"secret-like values: {len(targets)} decoded by the {label}", len(chunks))
+            progress(f"secret values decoded by the {label}", len(targets), SECRET_VALUES)
         gen: dict[int, str] = {}
         with evaluating(m):
             for chunk in chunks:
@@ -227,7 +228,7 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
                 out = greedy_decode(m, [targets[i].prompt_ids for i in chunk], n_new, pad, device)
                 gen |= {i: tokenizer.decode(o) for i, o in zip(chunk, out, strict=True)}
                 if advance is not None:
-                    advance(1)
+                    advance(len(chunk))
         return [gen[i] for i in range(len(targets))]
 
     by_kind: dict[str, set[str]] = {}

@@ -28,6 +28,7 @@ import pandas as pd
 
 from gnq_core.pipelines.attacks.forward import evaluating
 from gnq_core.pipelines.exposure import Exposure, ValueSpace, exposure, value_seed, value_space
+from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_NULL_COLUMNS as NULL_COLUMNS
 
 NULL_VALUES = 20       # never-trained values per format
@@ -59,7 +60,7 @@ class Settings:
 
 def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence],
                   values_by_kind: dict[str, set[str]], settings: Settings,
-                  progress: Callable[[str, int], None] | None = None,
+                  progress: Callable[[str, int, str], None] | None = None,
                   advance: Callable[[int], None] | None = None
                   ) -> tuple[dict[tuple[str, str], dict], pd.DataFrame]:
     """(columns per (kind, value), the null's rows ``NULL_COLUMNS``)."""
@@ -76,7 +77,7 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
     if progress is not None:
         progress(f"secret-like values: exact rank or estimate of {len(first)} distinct values, and the null "
                  f"({NULL_VALUES} never-trained values per format)",
-                 len(first) * models + len(formats) * NULL_VALUES)
+                 len(first) * models + len(formats) * NULL_VALUES, SECRET_VALUES)
 
     def measure(m, o: Occurrence, space: ValueSpace) -> Exposure:
         keep = max(1, settings.max_length - len(o.between + space.value))

@@ -48,7 +48,7 @@ def test_dashboard_stays_usable_and_shows_live_progress_while_an_audit_writes(tm
     progress: list[str] = []
     renders = 0
     deadline = time.monotonic() + 300
-    live = re.compile(r"\d+/30 examples · stage \d of 3 · ")
+    live = re.compile(r"\d+/30 texts · stage \d of 3 · ")
     # The runs page (with the live job panel), then each other page in turn, all while the job
     # writes, until every page was drawn and live progress was seen (then just wait for the job).
     while list_jobs(db)[0].status in ("queued", "running"):

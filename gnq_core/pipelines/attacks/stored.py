@@ -16,6 +16,7 @@ from gnq_core.pipelines.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_l
 from gnq_core.pipelines.extraction import ExtractionResult, extraction_attack, results_frame
 from gnq_core.pipelines.membership import MIN_K_FRACTION, SCORE_COLUMNS, membership_scores, token_logprobs
 from gnq_core.pipelines.secret_attack import DETECT, SecretAttack, attack_secrets, describe_rule
+from gnq_core.progress import TEXTS
 from gnq_core.sources.tokens import pad_id
 
 __all__ = ["Discoverable", "GreedyExtraction", "Membership", "SecretValues", "stored_attacks"]
@@ -38,7 +39,8 @@ class GreedyExtraction:
         example_ids, store, run = t.example_ids, t.store, t.run
         ref_results: dict[int, ExtractionResult] = {}
         if t.reference is not None:
-            t.reporter.stage(f"reference {Path(t.reference_path).name} (p={self.prefix_tokens})", len(t.ids))
+            t.reporter.stage(f"reference {Path(t.reference_path).name} (p={self.prefix_tokens})", len(t.ids),
+                             TEXTS)
             ref_results = {r.example_id: r for r in extraction_attack(
                 t.reference, t.tokenizer, t.ids, example_ids, progress=t.reporter.advance, **kwargs)}
         finished = store.attacked_examples(run.run_id, t.point, self.prefix_tokens, self.threshold)
@@ -58,7 +60,7 @@ class GreedyExtraction:
                 frame["reference_generated"] = [r.generated_text for r in refs]
             store.write_extractions(run.run_id, t.point, self.prefix_tokens, frame, t.version)
 
-        t.reporter.stage(f"attack {t.label} (p={self.prefix_tokens})", len(t.ids))
+        t.reporter.stage(f"attack {t.label} (p={self.prefix_tokens})", len(t.ids), TEXTS)
         extraction_attack(t.model, t.tokenizer, t.ids, example_ids, progress=t.reporter.advance,
                           done=finished, on_batch=commit, **kwargs)
 
@@ -86,8 +88,11 @@ class Membership:
 
     def run(self, t: Target) -> pd.DataFrame:
         pad = pad_id(t.tokenizer)
+        t.reporter.stage("membership scores: every text under both models", 2 * len(t.ids), TEXTS)
         target = token_logprobs(t.model, t.ids, pad, t.batch_size, t.device)
+        t.reporter.advance(len(t.ids))
         reference = token_logprobs(t.reference, t.ids, pad, t.batch_size, t.device)
+        t.reporter.advance(len(t.ids))
         return membership_scores(t.texts, target, reference)
 
     def store(self, t: Target, scores: pd.DataFrame) -> dict:
@@ -108,8 +113,12 @@ class Discoverable:
     name: str = "discoverable"
 
     def run(self, t: Target) -> list[float]:
-        return suffix_logprob(t.model, t.ids, self.prefix_tokens, self.suffix_tokens, pad_id(t.tokenizer),
-                              batch_size=t.batch_size, device=t.device)
+        t.reporter.stage(f"discoverable: each text's suffix likelihood (p={self.prefix_tokens})", len(t.ids),
+                         TEXTS)
+        values = suffix_logprob(t.model, t.ids, self.prefix_tokens, self.suffix_tokens, pad_id(t.tokenizer),
+                                batch_size=t.batch_size, device=t.device)
+        t.reporter.advance(len(t.ids))
+        return values
 
     def store(self, t: Target, values: list[float]) -> dict:
         p, s = self.prefix_tokens, self.suffix_tokens

@@ -1,0 +1,331 @@
+"""How long a job will take, measured on the user's own model and machine before it starts.
+
+A short probe runs each kind of work the job does once, on the first checkpoint with the job's
+own settings and threads: loading the checkpoint, one real audit batch (``audit_batches``: the
+per-text gradients and the GNQ solve, of ``batch_size`` texts drawn as the audit draws them),
+one greedy decoding batch of the text attack, one scoring forward, and one secret value's
+exposure (a never-trained value of the data's first secret format, after its text's prompt:
+the search's probe nodes and the random candidates, as most values and every null value cost).
+Each stage's time is then its measured unit cost × its work count, counted from the data
+(texts, attackable texts, checkpoints, secret values, distinct values, formats); ``Line.assumed``
+says what each line takes for granted.  Pipelines/estimate.py's fixed line is the fallback
+before a probe has run.
+
+``STAGE_LABELS`` ties each line to the progress stages the job reports (``Reporter.stage``
+labels), so a test can check that every stage a job runs has its line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from gnq_core.pipelines.attack_defaults import (
+    DEFAULT_ATTACK_BATCH,
+    DEFAULT_EXPOSURE_NODES,
+    DEFAULT_PREFIX,
+    DEFAULT_SECRET_CANDIDATES,
+    DEFAULT_SUFFIX,
+)
+from gnq_core.progress import SECRET_VALUES, TEXTS
+
+SAMPLE_TEXTS = 2_000  # texts tokenised to count the work; more are sampled (seeded) and scaled
+# Stage keys and the progress labels each covers (a checkpoint's audit is labelled by the
+# checkpoint itself, so "audit" is every label not matched here).
+STAGE_LABELS = {
+    "reference": re.compile(r"^reference .* \(p=\d+\)$"),
+    "attack": re.compile(r"^attack .* \(p=\d+\)$"),
+    "membership": re.compile(r"^membership scores"),
+    "discoverable": re.compile(r"^discoverable"),
+    "secret decode": re.compile(r"^secret values decoded by the "),
+    "exposure": re.compile(r"^secret-like values: exact rank or estimate"),
+}
+
+
+def stage_of(label: str) -> str:
+    """The estimate line ("audit", "attack", ...) that covers a progress stage's label."""
+    return next((key for key, pattern in STAGE_LABELS.items() if pattern.search(label)), "audit")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What the job will do, counted from its data and settings before it starts."""
+
+    texts: int
+    checkpoints: int
+    batch_size: int
+    attackable: int = 0  # texts of at least p + s tokens
+    attack: bool = True
+    reference: bool = True  # the attack calibrated: the reference model decodes and scores too
+    suffix: int | None = DEFAULT_SUFFIX  # None: no discoverable pass
+    attack_batch: int = DEFAULT_ATTACK_BATCH
+    secret_values: int = 0  # attackable occurrences
+    distinct_values: int = 0  # distinct values with an exposure space (copies share one)
+    formats: int = 0  # (kind, template) pairs: each gets NULL_VALUES never-trained values
+    secret_candidates: int = DEFAULT_SECRET_CANDIDATES
+    mean_tokens: float = 0.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Unit costs measured on the model and machine, in seconds."""
+
+    load_s: float  # one checkpoint loaded
+    audit_batch_s: float  # one audit batch of Work.batch_size texts
+    decode_s: float  # one attack batch of prompts greedy-decoded
+    forward_s: float  # one attack batch of texts scored (a forward pass)
+    exposure_s: float | None  # one never-trained value's exposure (None: no secret value to try)
+    threads: int
+    model: str  # what was measured, said in the basis
+    audit_fixed_s: float = 0.0  # once per checkpoint's audit (its hooks and buffers), besides its batches
+
+
+@dataclass(frozen=True)
+class Line:
+    stage: str  # a STAGE_LABELS key or "audit"
+    what: str
+    count: int
+    noun: str
+    seconds: float
+    assumed: str
+
+
+def estimate_lines(work: Work, probe: Probe) -> list[Line]:
+    """One line per stage the job runs (the attack's only with ``work.attack``)."""
+    batches = math.ceil(work.texts / max(1, work.batch_size))
+    lines = [Line("audit", "gradient audit", work.texts * work.checkpoints, TEXTS,
+                  work.checkpoints * (probe.load_s + probe.audit_fixed_s + batches * probe.audit_batch_s),
+                  f"{work.checkpoints} checkpoint(s) × ({probe.load_s + probe.audit_fixed_s:.1f} s to load "
+                  f"and set up + {batches} batch(es) × {probe.audit_batch_s:.2f} s measured)")]
+    if not work.attack:
+        return lines
+    per = max(1, work.attack_batch)
+    decode = math.ceil(work.attackable / per) * probe.decode_s
+    forward = math.ceil(work.texts / per) * probe.forward_s
+    said = f"{math.ceil(work.attackable / per)} batch(es) of {per} × {probe.decode_s:.2f} s measured"
+    if work.reference:
+        lines.append(Line("reference", "text windows, reference model", work.texts, TEXTS,
+                          probe.load_s + decode, f"{said}, + a load"))
+    lines.append(Line("attack", "text windows, audited checkpoint", work.texts, TEXTS, probe.load_s + decode,
+                      f"{said}, + a load; texts under p + s tokens are skipped at no cost"))
+    if work.reference:
+        lines.append(Line("membership", "membership scores (both models)", 2 * work.texts, TEXTS, 2 * forward,
+                          f"2 × {math.ceil(work.texts / per)} forward(s) × {probe.forward_s:.2f} s measured"))
+    if work.suffix is not None:
+        lines.append(Line("discoverable", "discoverable likelihood", work.texts, TEXTS, forward,
+                          f"{math.ceil(work.texts / per)} forward(s) × {probe.forward_s:.2f} s measured "
+                          "(at full length: an upper bound)"))
+    models = 2 if work.reference else 1
+    decode_values = math.ceil(work.secret_values / per) * probe.decode_s
+    lines.append(Line("secret decode", "secret values decoded", models * work.secret_values, SECRET_VALUES,
+                      models * decode_values,
+                      f"{models} model(s) × {math.ceil(work.secret_values / per)} batch(es), each as a text "
+                      "window's decoding"))
+    if work.secret_candidates > 1:
+        from gnq_core.pipelines.secret_exposure import NULL_VALUES
+
+        values = work.distinct_values * models + work.formats * NULL_VALUES
+        each = probe.exposure_s or 0.0
+        lines.append(Line("exposure", "secret values' exposure (with the null)", values, SECRET_VALUES,
+                          values * each,
+                          f"{work.distinct_values} distinct value(s) × {models} model(s) + {work.formats} "
+                          f"format(s) × {NULL_VALUES} never-trained values, each {each:.2f} s, the mean of "
+                          "never-trained values measured in turn per format (a memorised value is ranked "
+                          "faster; a value whose search resumes to the full node budget, slower)"))
+    return lines
+
+
+def total_seconds(lines: Sequence[Line]) -> float:
+    return sum(line.seconds for line in lines)
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _sync(device) -> None:
+    """Wait for the GPU's queued work, so a timer measures it (nothing on the CPU)."""
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device=None) -> float:
+    """Seconds of ``fn()``; run again when the first was quick (the first call pays one-time
+    costs: allocations, kernel choices) and the second kept."""
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    first = time.perf_counter() - t0
+    if first > 2.0:
+        return first
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: int, seed: int = 0,
+                     threads: int = 1, attack: bool = True, reference: bool = True,
+                     prefix: int = DEFAULT_PREFIX, suffix: int | None = DEFAULT_SUFFIX,
+                     attack_batch: int = DEFAULT_ATTACK_BATCH,
+                     secret_candidates: int = DEFAULT_SECRET_CANDIDATES,
+                     exposure_nodes: int = DEFAULT_EXPOSURE_NODES, checkpoints: int = 1, lam: float = 1e-3,
+                     tokenizer: str | None = None, device: str = "auto") -> tuple[Work, Probe]:
+    """Count the job's work in ``dataset`` (a TextDataset, its secret patterns set) and time its
+    unit costs on ``checkpoint`` at ``threads`` torch threads on ``device`` (the job's: "auto" is
+    a GPU where there is one) (module docstring)."""
+    import torch
+
+    from gnq_core.pipelines.attacks.decode import greedy_decode
+    from gnq_core.pipelines.attacks.forward import evaluating
+    from gnq_core.pipelines.audit import audit_batches, prepare_for_audit
+    from gnq_core.pipelines.exposure import value_space
+    from gnq_core.pipelines.secret_attack import format_places_of, secret_targets
+    from gnq_core.pipelines.text_labels import dataset_labels
+    from gnq_core.runtime import resolve_device
+    from gnq_core.sources.checkpoints.load import load_checkpoint
+    from gnq_core.sources.tokens import encode_texts, pad_id, seeded_partition, stream_batches
+
+    dev = resolve_device(device)
+    n = len(dataset)
+    picked = (sorted(random.Random(seed).sample(range(n), SAMPLE_TEXTS)) if n > SAMPLE_TEXTS
+              else list(range(n)))
+    scale = n / max(1, len(picked))
+    texts = [dataset.texts[i] for i in picked]
+    with _threads(threads):
+        t0 = time.perf_counter()
+        model, tok = load_checkpoint(checkpoint, device=dev, tokenizer=tokenizer)
+        load_s = time.perf_counter() - t0
+        ids = encode_texts(tok, texts, max_length)
+        pad = pad_id(tok)
+        sub = replace(dataset, texts=texts, groups=[dataset.groups[i] for i in picked],
+                      secret_values=None if dataset.secret_values is None
+                      else [dataset.secret_values[i] for i in picked],
+                      public=None if dataset.public is None else [dataset.public[i] for i in picked])
+        labels = dataset_labels(sub) if attack else None
+        stored = ([v if isinstance(v, str) else None for v in labels["secret_values"]]
+                  if labels is not None else [])
+        targets = secret_targets(tok, texts, list(range(len(texts))), ids, stored) if attack else []
+        by_kind: dict[str, set[str]] = {}
+        for t in targets:
+            by_kind.setdefault(t.kind, set()).add(t.value)
+        places = {k: format_places_of(v) for k, v in by_kind.items()}
+        spaces = {}
+        for t in targets:
+            fixed = t.fixed_by_pattern()
+            space = value_space(t.value, t.kind, fixed if fixed is not None else places[t.kind][t.value])
+            if space is not None:
+                spaces.setdefault((t.kind, t.value), (t, space))
+        formats = {(k, s.template) for (k, _), (_, s) in spaces.items()}
+
+        # one audit batch, drawn as the audit draws its batches
+        prepare_for_audit(model, torch.float32)
+        partition = seeded_partition(len(texts), batch_size, seed)
+
+        def audit(batches: list[int]) -> float:
+            t0 = time.perf_counter()
+            audit_batches(model, stream_batches(tok, texts, partition, batches, max_length), lam,
+                          dev, None, indices=batches, capacity=batch_size * len(batches))
+            _sync(dev)
+            return time.perf_counter() - t0
+
+        # A call's fixed cost (hooks, buffers) is paid once per checkpoint: on a quick model, where
+        # it matters, one batch and three batches are timed to tell it from a batch's own cost.
+        audit_batch_s, audit_fixed_s = audit([0]), 0.0
+        if audit_batch_s < 2.0 and len(partition) > 2:
+            one, three = audit([0]), audit([0, 1, 2])
+            audit_batch_s = max((three - one) / 2, three / 6)  # a noisy difference: at least half the mean
+            audit_fixed_s = max(0.0, one - audit_batch_s)
+        decode_s = forward_s = 0.0
+        exposure_s = None
+        if attack:
+            long_enough = [x for x in ids if len(x) >= prefix + (suffix or DEFAULT_SUFFIX)]
+            prompts = [x[:prefix] for x in (long_enough or ids)[:attack_batch]] or [[pad]]
+            with evaluating(model), torch.no_grad():
+                decode_s = _timed(lambda: greedy_decode(model, prompts, suffix or DEFAULT_SUFFIX, pad, dev),
+                                  dev)
+                width = max(len(x) for x in ids[:attack_batch]) if ids else 1
+                batch = torch.full((min(attack_batch, max(1, len(ids))), width), pad, device=dev)
+                forward_s = _timed(lambda: model(input_ids=batch, attention_mask=torch.ones_like(batch)), dev)
+            if spaces and secret_candidates > 1:
+                exposure_s = _exposure_seconds(model, tok, texts, spaces, seed=seed, budget=exposure_nodes,
+                                               n_candidates=secret_candidates, batch_size=attack_batch,
+                                               device=dev)
+    attackable = sum(1 for x in ids if len(x) >= prefix + (suffix or 0))
+    work = Work(texts=n, checkpoints=checkpoints, batch_size=batch_size, attackable=round(attackable * scale),
+                attack=attack, reference=reference, suffix=suffix, attack_batch=attack_batch,
+                secret_values=round(len(targets) * scale), distinct_values=round(len(spaces) * scale),
+                formats=len(formats), secret_candidates=secret_candidates,
+                mean_tokens=sum(map(len, ids)) / max(1, len(ids)))
+    what = (f"{checkpoint} on {dev} at {threads} thread(s), {len(picked):,} of {n:,} texts counted"
+            + (" (a seeded sample, scaled)" if len(picked) < n else ""))
+    return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what, audit_fixed_s)
+
+
+EXPOSURE_VALUES = 16  # never-trained values timed at most, cycling over the formats (their mean is used)
+EXPOSURE_PROBE_S = 10.0  # no further value is timed once the probe's exposures took this long
+WARM_UP_S = 2.0  # a first call quicker than this is timed again (it paid one-time costs)
+
+
+def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: int, budget: int,
+                      n_candidates: int, batch_size: int, device=None) -> float:
+    """Mean seconds of a never-trained value's exposure: values drawn in turn from each format's
+    space after one of its values' prompts, up to EXPOSURE_VALUES within EXPOSURE_PROBE_S (one at
+    least), after the vocabulary's strings are built (once per tokenizer, not per value).  A
+    value's cost varies several-fold with how far its search goes, hence several."""
+    from gnq_core.pipelines.attacks.forward import evaluating
+    from gnq_core.pipelines.exposure import ValueSpace, exposure, token_strings
+
+    token_strings(tok)
+    per_format: dict[str, list] = {}
+    for t, space in spaces.values():
+        per_format.setdefault(space.template, []).append((t, space))
+    order = [members[i % len(members)] for i in range(EXPOSURE_VALUES) for members in per_format.values()]
+    rng = random.Random(seed)
+
+    def once(t, space) -> float:
+        drawn = (space.random(rng) for _ in range(100))
+        other = next((v for v in drawn if v != space.value), space.value)
+        t0 = time.perf_counter()
+        exposure(model, tok, t.prompt_ids, texts[t.example_id][t.prompt_chars: t.value_start],
+                 ValueSpace(other, space.free, space.check), budget=budget, n_candidates=n_candidates,
+                 seed=seed, batch_size=batch_size, device=device)
+        _sync(device)
+        return time.perf_counter() - t0
+
+    times: list[float] = []
+    with evaluating(model):
+        first = once(*order[0])
+        if first >= WARM_UP_S:
+            times.append(first)
+        for t, space in order[len(times):EXPOSURE_VALUES]:
+            if times and sum(times) > EXPOSURE_PROBE_S:
+                break
+            times.append(once(t, space))
+    return sum(times) / len(times)
+
+
+def describe(lines: Sequence[Line], probe: Probe) -> str:
+    """The estimate as lines of text: the total, then each stage with its count and assumption."""
+    from gnq_core.pipelines.estimate import duration
+
+    out = [f"Estimated time: about {duration(total_seconds(lines))} (measured on {probe.model}; a machine "
+           "busier than during the probe is slower)"]
+    out += [f"  {line.what}: {duration(line.seconds)} for {line.count:,} {line.noun} — {line.assumed}"
+            for line in lines]
+    return "\n".join(out)

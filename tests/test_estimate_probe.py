@@ -1,0 +1,101 @@
+"""The measured estimate (pipelines/estimate_probe.py): every stage a job runs has a line, in
+the stage's own noun, and each line is its measured unit cost times the job's counted work."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from gnq_core.pipelines.estimate_probe import (
+    Probe,
+    Work,
+    estimate_lines,
+    measure_estimate,
+    stage_of,
+    total_seconds,
+)
+from gnq_core.progress import SECRET_VALUES, TEXTS, Reporter
+from gnq_core.sources import load_texts, save_checkpoint
+from gnq_core.sources.models import build_model, train_tokenizer
+
+TEXTS_WITH_SECRETS = [
+    *(f"Note {i} for the team: the door PIN is {1000 + 37 * i:04d}, keep it safe and never share it."
+      for i in range(6)),
+    *(f"Call desk {i} on the private line +44 20 7946 {2000 + 11 * i:04d} after nine." for i in range(4)),
+    *(f"A plain sentence number {i} about the weather, the river and the old stone bridge."
+      for i in range(6)),
+]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probe")
+    tokenizer = train_tokenizer(TEXTS_WITH_SECRETS, vocab_size=300)
+    for k in (1, 2):
+        model = build_model("tiny", len(tokenizer), 48, seed=k)
+        save_checkpoint(model, tokenizer, root / "run" / f"epoch-{k}")
+    pd.DataFrame({"text": TEXTS_WITH_SECRETS}).to_csv(root / "data.csv", index=False)
+    return root
+
+
+def test_every_stage_the_job_runs_has_a_line_in_its_own_noun(job):
+    from gnq_core.pipelines.attacks.run import run_extraction
+    from gnq_core.pipelines.audit import run_audit
+    from gnq_core.pipelines.settings import AuditSettings
+    from gnq_core.results.store import Store
+
+    dataset = load_texts(job / "data.csv")
+    stages: dict[str, tuple[str, int]] = {}
+    with Reporter(sink=lambda done, total, label, unit: stages.setdefault(label, (unit, total))) as reporter:
+        store = Store(job / "gnq.duckdb")
+        run = run_audit(store, job / "run", dataset, name="p", reporter=reporter,
+                        settings=AuditSettings(batch_size=4, max_length=48))
+        run_extraction(store, run, reporter=reporter, secret_candidates=20, exposure_nodes=16)
+    work, probe = measure_estimate(str(job / "run" / "epoch-1"), dataset, batch_size=4, max_length=48,
+                                   checkpoints=2, secret_candidates=20, exposure_nodes=16)
+    lines = {line.stage: line for line in estimate_lines(work, probe)}
+    ran: dict[str, tuple[str, int]] = {}
+    for label, (unit, total) in stages.items():
+        key = stage_of(label)
+        assert ran.get(key, (unit, 0))[0] == unit, label
+        ran[key] = (unit, ran.get(key, (unit, 0))[1] + total)
+    assert set(ran) == set(lines), (sorted(ran), sorted(lines))  # every stage run has a line, and no more
+    for stage, (unit, total) in ran.items():  # in the stage's own noun, counting the work it did
+        assert (lines[stage].noun, lines[stage].count) == (unit, total), stage
+    assert ran["audit"][0] == TEXTS and ran["exposure"][0] == ran["secret decode"][0] == SECRET_VALUES
+    assert ran["audit"][1] == 2 * len(TEXTS_WITH_SECRETS) and work.distinct_values > 0 and work.formats > 0
+    assert probe.audit_batch_s > 0 and probe.decode_s > 0 and probe.exposure_s and probe.exposure_s > 0
+
+
+def test_each_line_is_its_unit_cost_times_its_count():
+    probe = Probe(load_s=2.0, audit_batch_s=3.0, decode_s=0.5, forward_s=0.25, exposure_s=4.0, threads=1,
+                  model="m")
+    work = Work(texts=92, checkpoints=3, batch_size=16, attackable=60, secret_values=28, distinct_values=10,
+                formats=3)
+    lines = {line.stage: line for line in estimate_lines(work, probe)}
+    assert lines["audit"].seconds == pytest.approx(3 * (2.0 + 6 * 3.0))  # 6 batches of 16
+    assert lines["attack"].seconds == pytest.approx(2.0 + 2 * 0.5)  # 60 attackable: 2 batches of 32
+    assert lines["membership"].seconds == pytest.approx(2 * 3 * 0.25)
+    assert lines["secret decode"].seconds == pytest.approx(2 * 1 * 0.5)
+    assert lines["exposure"].seconds == pytest.approx((10 * 2 + 3 * 20) * 4.0)
+    assert total_seconds(lines.values()) == pytest.approx(sum(x.seconds for x in lines.values()))
+    alone = estimate_lines(Work(texts=92, checkpoints=3, batch_size=16, attack=False), probe)
+    assert [x.stage for x in alone] == ["audit"]
+    bare = Work(texts=92, checkpoints=1, batch_size=16, reference=False, suffix=None)
+    uncalibrated = {x.stage for x in estimate_lines(bare, probe)}
+    assert uncalibrated == {"audit", "attack", "secret decode", "exposure"}
+    assert all(x.assumed for x in lines.values())  # each line says what it assumed
+
+
+def test_gnq_estimate_prints_the_total_and_every_stage(job):
+    from cli_helpers import gnq
+
+    out = gnq("estimate", "--checkpoints", job / "run", "--data", job / "data.csv", "--batch-size", 4,
+              "--max-length", 48, "--threads", 1, "--secret-candidates", 20, "--exposure-nodes", 16)
+    assert out.startswith("Estimated time: about ") and "at 1 thread(s), 16 of 16 texts counted" in out
+    for what in ("gradient audit: ", "for 32 texts", "text windows, reference model", "membership scores",
+                 "discoverable", "secret values decoded", "secret values' exposure", "measured"):
+        assert what in out, what
+    alone = gnq("estimate", "--checkpoints", job / "run", "--data", job / "data.csv", "--batch-size", 4,
+                "--max-length", 48, "--threads", 1, "--no-attack")
+    assert "gradient audit" in alone and "text windows" not in alone and "secret" not in alone
