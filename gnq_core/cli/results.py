@@ -163,8 +163,9 @@ def runs(
                   caption=f"{', '.join(left_out)}: left out to fit {console.width} columns "
                           "(a wider terminal or --json shows them)" if left_out else None)
     for i in keep:
-        # A run name is what the other commands take: shown whole, never cut to "demo-aud…"
-        table.add_column(RUN_COLUMNS[i], no_wrap=RUN_COLUMNS[i] == "name")
+        # A run name is what the other commands take: shown whole, never cut to "demo-aud…"; where
+        # even the columns kept do not fit (a long name), the others fold onto a second line, not "20…"
+        table.add_column(RUN_COLUMNS[i], no_wrap=RUN_COLUMNS[i] == "name", overflow="fold")
     for row in rows:
         table.add_row(*(Text(row[i]) for i in keep))
     console.print(table)
