@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import TOL, rel_err
 from lm_fixtures import PAD_ID, lm_batch, texts, tiny_gpt2, tokenizer
+from test_hf_trainer import RecordingTrainer
 from transformers import Trainer, TrainingArguments
 
 from gnq_core import GNQAuditor, per_example_lm_loss
@@ -35,18 +36,6 @@ def args(tmp_path, **kw) -> TrainingArguments:
 def stock_collator(batch):  # the stock Trainer drops example_id (not a forward argument)
     b = collate([r["input_ids"] for r in batch], range(len(batch)), PAD_ID)
     return {"input_ids": b.input_ids, "attention_mask": b.attention_mask, "labels": b.labels}
-
-
-class Recording(GNQTrainer):
-    """Keeps each micro-batch and the weights it was audited at."""
-
-    seen: list
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if model.training:
-            self.seen.append(({k: v.clone() for k, v in inputs.items()},
-                              {n: p.detach().clone() for n, p in self.model.named_parameters()}))
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
 def test_per_example_smoothed_loss_is_the_label_smoother_and_its_gnq_is_exact():
@@ -84,68 +73,58 @@ def test_label_smoothing_updates_match_the_stock_trainer_and_gnq_is_of_the_smoot
     """label_smoothing_factor=0.1: the weights after training equal the stock Trainer's (SGD, so a
     dropped term shows: it moved them by 6.8e-3), and each micro-batch's GNQ equals the direct
     auditor's on the smoothed per-example losses."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        torch.manual_seed(0)
-        model = tiny_gpt2()
-        init = {n: p.detach().clone() for n, p in model.named_parameters()}
-        trainer = Recording(model=model, args=args(tmp_path, label_smoothing_factor=EPS),
-                            train_dataset=rows(), data_collator=lm_collator(PAD_ID),
-                            gnq=GNQConfig(out=tmp_path / "shards", lam=LAM, gnq_batch="micro-batch"))
-        trainer.seen = []
-        trainer.train()
-        stock = tiny_gpt2()
-        stock.load_state_dict(init, strict=False)
-        Trainer(model=stock, args=args(tmp_path / "stock", label_smoothing_factor=EPS), train_dataset=rows(),
-                data_collator=stock_collator).train()
-        audited = dict(trainer.model.named_parameters())
-        for n, p in stock.named_parameters():
-            theirs, ours = p.detach() - init[n], audited[n].detach() - init[n]
-            # the stock smoother sums −log p over the vocabulary in float32: agreement to its rounding
-            assert (theirs - ours).abs().max() <= 1e-6 * theirs.abs().max(), n
-        results = pd.DataFrame(trainer.gnq.results)
-        for index, (batch, params) in enumerate(trainer.seen):
-            m = tiny_gpt2()
-            m.load_state_dict(params, strict=False)
-            with GNQAuditor(m, lam=LAM) as auditor:
-                out = m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-                losses = per_example_lm_loss(out.logits, batch["labels"], label_smoothing=EPS)
-                losses.sum().backward()
-                ref = auditor.compute()
-            got = results[results["batch_index"] == index]
-            assert rel_err(torch.tensor(got["gnq"].tolist()), ref.gnq) <= TOL
-            assert rel_err(torch.tensor(got["loss"].tolist()), losses.detach()) <= TOL
-    finally:
-        torch.set_default_dtype(previous)
+    torch.manual_seed(0)
+    model = tiny_gpt2()
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = RecordingTrainer(model=model, args=args(tmp_path, label_smoothing_factor=EPS),
+                        train_dataset=rows(), data_collator=lm_collator(PAD_ID),
+                        gnq=GNQConfig(out=tmp_path / "shards", lam=LAM, gnq_batch="micro-batch"))
+    trainer.seen = []
+    trainer.train()
+    stock = tiny_gpt2()
+    stock.load_state_dict(init, strict=False)
+    Trainer(model=stock, args=args(tmp_path / "stock", label_smoothing_factor=EPS), train_dataset=rows(),
+            data_collator=stock_collator).train()
+    audited = dict(trainer.model.named_parameters())
+    for n, p in stock.named_parameters():
+        theirs, ours = p.detach() - init[n], audited[n].detach() - init[n]
+        # the stock smoother sums −log p over the vocabulary in float32: agreement to its rounding
+        assert (theirs - ours).abs().max() <= 1e-6 * theirs.abs().max(), n
+    results = pd.DataFrame(trainer.gnq.results)
+    for index, (batch, params) in enumerate(trainer.seen):
+        m = tiny_gpt2()
+        m.load_state_dict(params, strict=False)
+        with GNQAuditor(m, lam=LAM) as auditor:
+            out = m(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            losses = per_example_lm_loss(out.logits, batch["labels"], label_smoothing=EPS)
+            losses.sum().backward()
+            ref = auditor.compute()
+        got = results[results["batch_index"] == index]
+        assert rel_err(torch.tensor(got["gnq"].tolist()), ref.gnq) <= TOL
+        assert rel_err(torch.tensor(got["loss"].tolist()), losses.detach()) <= TOL
 
 
 @pytest.mark.parametrize("accepts", [True, False])
 def test_the_trainers_own_target_count_and_accumulation_scaling(tmp_path, accepts):
     """A model whose forward takes no loss kwargs gets no N from the Trainer: the stock loss is
     each micro-batch's token mean divided by the accumulation steps, and GNQTrainer's is too."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        torch.manual_seed(0)
-        model = tiny_gpt2()
-        init = {n: p.detach().clone() for n, p in model.named_parameters()}
-        trainer = GNQTrainer(model=model, args=args(tmp_path), train_dataset=rows(),
-                             data_collator=lm_collator(PAD_ID),
-                             gnq=GNQConfig(out=tmp_path / "shards", lam=LAM, gnq_batch="micro-batch"))
-        stock = tiny_gpt2()
-        stock.load_state_dict(init, strict=False)
-        reference = Trainer(model=stock, args=args(tmp_path / "stock"), train_dataset=rows(),
-                            data_collator=stock_collator)
-        trainer.model_accepts_loss_kwargs = reference.model_accepts_loss_kwargs = accepts
-        trainer.train()
-        reference.train()
-        audited = dict(trainer.model.named_parameters())
-        for n, p in stock.named_parameters():
-            theirs, ours = p.detach() - init[n], audited[n].detach() - init[n]
-            assert (theirs - ours).abs().max() <= 1e-5 * theirs.abs().max(), n  # the model's fp32 loss
-    finally:
-        torch.set_default_dtype(previous)
+    torch.manual_seed(0)
+    model = tiny_gpt2()
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = GNQTrainer(model=model, args=args(tmp_path), train_dataset=rows(),
+                         data_collator=lm_collator(PAD_ID),
+                         gnq=GNQConfig(out=tmp_path / "shards", lam=LAM, gnq_batch="micro-batch"))
+    stock = tiny_gpt2()
+    stock.load_state_dict(init, strict=False)
+    reference = Trainer(model=stock, args=args(tmp_path / "stock"), train_dataset=rows(),
+                        data_collator=stock_collator)
+    trainer.model_accepts_loss_kwargs = reference.model_accepts_loss_kwargs = accepts
+    trainer.train()
+    reference.train()
+    audited = dict(trainer.model.named_parameters())
+    for n, p in stock.named_parameters():
+        theirs, ours = p.detach() - init[n], audited[n].detach() - init[n]
+        assert (theirs - ours).abs().max() <= 1e-5 * theirs.abs().max(), n  # the model's fp32 loss
 
 
 def test_compute_loss_func_is_refused_in_one_line(tmp_path):
@@ -180,26 +159,21 @@ def test_sft_label_smoothing_matches_trl_and_dft_is_refused(tmp_path):
     trl, tok, data, args = _sft(tmp_path, label_smoothing_factor=EPS)
     from gnq_core.pipelines.trl_gnq import GNQSFTTrainer
 
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        torch.manual_seed(0)
-        model = tiny_gpt2(vocab_size=len(tok))
-        model.config.pad_token_id = tok.pad_token_id
-        init = {n: p.detach().clone() for n, p in model.named_parameters()}
-        stock = copy_of(model, init, tok)
-        with warnings.catch_warnings():  # TRL's note that the user's option is deprecated there
-            warnings.filterwarnings("ignore", message=".*label_smoothing_factor.*")
-            GNQSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
-                          gnq=GNQConfig(out=tmp_path / "shards", lam=LAM)).train()
-            trl.SFTTrainer(model=stock, args=_sft(tmp_path / "stock", label_smoothing_factor=EPS)[3],
-                           train_dataset=data.remove_columns("example_id"), processing_class=tok).train()
-        ours = dict(model.named_parameters())
-        for n, p in stock.named_parameters():
-            theirs, mine = p.detach() - init[n], ours[n].detach() - init[n]
-            assert (theirs - mine).abs().max() <= 1e-5 * theirs.abs().max(), n
-    finally:
-        torch.set_default_dtype(previous)
+    torch.manual_seed(0)
+    model = tiny_gpt2(vocab_size=len(tok))
+    model.config.pad_token_id = tok.pad_token_id
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    stock = copy_of(model, init, tok)
+    with warnings.catch_warnings():  # TRL's note that the user's option is deprecated there
+        warnings.filterwarnings("ignore", message=".*label_smoothing_factor.*")
+        GNQSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
+                      gnq=GNQConfig(out=tmp_path / "shards", lam=LAM)).train()
+        trl.SFTTrainer(model=stock, args=_sft(tmp_path / "stock", label_smoothing_factor=EPS)[3],
+                       train_dataset=data.remove_columns("example_id"), processing_class=tok).train()
+    ours = dict(model.named_parameters())
+    for n, p in stock.named_parameters():
+        theirs, mine = p.detach() - init[n], ours[n].detach() - init[n]
+        assert (theirs - mine).abs().max() <= 1e-5 * theirs.abs().max(), n
     with pytest.raises(ValueError, match="loss_type='dft'") as info:
         GNQSFTTrainer(model=tiny_gpt2(vocab_size=len(tok)), args=_sft(tmp_path / "dft", loss_type="dft")[3],
                       train_dataset=data, processing_class=tok, gnq=GNQConfig(out=tmp_path / "dft-shards"))
