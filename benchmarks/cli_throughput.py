@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from gnq_core.pipelines.attacks.run import run_extraction
+from gnq_core.attacks.run import run_extraction
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.results.store import Store

@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from gnq_core.pipelines.attacks.run import run_extraction
+    from gnq_core.attacks.run import run_extraction
     from gnq_core.pipelines.audit import run_audit
     from gnq_core.pipelines.settings import AuditSettings
     from gnq_core.results.store import Store

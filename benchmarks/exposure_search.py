@@ -7,7 +7,7 @@ non-memorised 6-digit value, and the exact-rank share of a run's values.
 one record holding a 6-digit vault code until greedy decoding writes it (the memorised value);
 the non-memorised value is another 6-digit code after the same prompt.  ``tiny``: a tiny GPT-2
 trained from scratch on the same record among filler texts.  Each value's exposure is measured
-as ``gnq extract`` measures it (pipelines/exposure.py) with the default node budget and with a
+as ``gnq extract`` measures it (attacks/exposure.py) with the default node budget and with a
 larger one, timed; ``--store``: the exact share of the run's distinct values
 (``analysis.exposures``).
 """
@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from gnq_core.pipelines.attack_defaults import DEFAULT_EXPOSURE_NODES, DEFAULT_SECRET_CANDIDATES
-from gnq_core.pipelines.exposure import exposure, token_strings, value_space
+from gnq_core.attacks.defaults import DEFAULT_EXPOSURE_NODES, DEFAULT_SECRET_CANDIDATES
+from gnq_core.attacks.exposure import exposure, token_strings, value_space
 
 from .common import write
 

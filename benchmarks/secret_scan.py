@@ -27,7 +27,7 @@ def _text(piece: str, n: int) -> str:
 
 
 def main() -> None:
-    from gnq_core.pipelines.secret_attack import format_places, format_places_of
+    from gnq_core.attacks.secret_attack import format_places, format_places_of
     from gnq_core.sources.secrets import _emails, find_secrets
 
     scan = {}

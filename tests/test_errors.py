@@ -13,7 +13,7 @@ from gnq_core.errors import GNQError, one_line, user_errors
 
 # Internal signals, never shown to a user: the solver's failure is caught and the batch stored as
 # non-finite; a non-finite likelihood is caught by exposure() and the value stored without one.
-INTERNAL = {"gnq_core.engine.solve.GNQNumericalError", "gnq_core.pipelines.exposure.NonFinite"}
+INTERNAL = {"gnq_core.engine.solve.GNQNumericalError", "gnq_core.attacks.exposure.NonFinite"}
 
 
 def _error_classes() -> dict[str, type[BaseException]]:
@@ -28,7 +28,7 @@ def _error_classes() -> dict[str, type[BaseException]]:
 
 def test_every_error_class_is_a_gnq_error():
     classes = _error_classes()
-    for name in ("pipelines.protected_paths.OverwriteError", "sources.checkpoints.series.SeriesError",
+    for name in ("results.protected_paths.OverwriteError", "sources.checkpoints.series.SeriesError",
                  "sources.tokenizer_panics.TokenizerFailure", "pipelines.finite_share.NumericalFailureError",
                  "engine.kernels.base.UnsupportedModuleError"):
         assert f"gnq_core.{name}" in classes

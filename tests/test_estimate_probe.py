@@ -39,7 +39,7 @@ def job(tmp_path_factory):
 
 
 def test_every_stage_the_job_runs_has_a_line_in_its_own_noun(job):
-    from gnq_core.pipelines.attacks.run import run_extraction
+    from gnq_core.attacks.run import run_extraction
     from gnq_core.pipelines.audit import run_audit
     from gnq_core.pipelines.settings import AuditSettings
     from gnq_core.results.store import Store

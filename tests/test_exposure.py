@@ -1,4 +1,4 @@
-"""Exposure over a secret's own randomness (pipelines/exposure.py, pipelines/secret_exposure.py).
+"""Exposure over a secret's own randomness (attacks/exposure.py, attacks/secret_exposure.py).
 
 A tiny GPT-2 is trained on records holding 4-digit PINs in one template at 1, 4 and 16 copies;
 the audited texts add PINs in the same template it never saw.  The exact search's rank is checked
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from gnq_core.analysis.exposures import exposure_summary, false_alarm
-from gnq_core.pipelines.exposure import (
+from gnq_core.attacks.exposure import (
     ESTIMATED,
     EXACT,
     PromptScorer,
@@ -28,8 +28,8 @@ from gnq_core.pipelines.exposure import (
     search_rank,
     value_space,
 )
-from gnq_core.pipelines.secret_attack import attack_secrets, format_places
-from gnq_core.pipelines.secret_exposure import NULL_VALUES, null_threshold
+from gnq_core.attacks.secret_attack import attack_secrets, format_places
+from gnq_core.attacks.secret_exposure import NULL_VALUES, null_threshold
 from gnq_core.sources.models import build_model, train_tokenizer
 
 TEMPLATE = "Account of {}: the door PIN is {}, keep it safe."
@@ -294,7 +294,7 @@ def test_a_user_patterns_free_group_is_the_space_exposure_ranks_in():
     """A pattern naming its ``free`` group says which characters vary: the rest of the value is
     its format, kept in every candidate (here the account's branch, 7731, which no run-wide
     format check could find from one value), and stored so that a later attack sees it too."""
-    from gnq_core.pipelines.secret_attack import secret_targets
+    from gnq_core.attacks.secret_attack import secret_targets
     from gnq_core.sources.secrets import compile_patterns, find_secrets, values_from_json, values_json
 
     people = (("Anna Berg", "4821"), ("Tom Okafor", "0377"))

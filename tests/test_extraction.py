@@ -11,8 +11,8 @@ from lm_fixtures import texts, tiny_gpt2, tiny_llama, tokenizer
 from tokenizers import Tokenizer, decoders
 from transformers import PreTrainedTokenizerFast
 
-from gnq_core.pipelines.attacks.decode import greedy_decode
-from gnq_core.pipelines.extraction import ExtractionResult, extraction_attack
+from gnq_core.attacks.decode import greedy_decode
+from gnq_core.attacks.extraction import ExtractionResult, extraction_attack
 from gnq_core.sources.tokens import encode_texts, pad_id
 
 
@@ -199,7 +199,7 @@ def test_training_mode_is_restored():
 
 # ------------------------------------------------------------ the attacks' entrance
 def test_forward_batches_follow_the_order_match_one_forward_each_and_restore_train_mode():
-    from gnq_core.pipelines.attacks.forward import forward_batches
+    from gnq_core.attacks.forward import forward_batches
 
     torch.manual_seed(3)
     model = tiny_gpt2()
@@ -218,7 +218,7 @@ def test_forward_batches_follow_the_order_match_one_forward_each_and_restore_tra
 
 
 def test_run_attacks_runs_and_stores_each_attack_in_order_and_merges_their_counts():
-    from gnq_core.pipelines.attacks.contract import run_attacks
+    from gnq_core.attacks.contract import run_attacks
 
     calls = []
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from gnq_core.attacks.membership import min_k_prob, token_signals
+from gnq_core.attacks.non_members import FRAME_SIGNALS, membership_frame
 from gnq_core.cli import app
-from gnq_core.pipelines.membership import min_k_prob, token_signals
-from gnq_core.pipelines.non_members import FRAME_SIGNALS, membership_frame
 from gnq_core.results.store import Store
 from gnq_core.sources import real_models
 from gnq_core.sources.checkpoints.load import load_checkpoint
@@ -264,9 +264,9 @@ def test_suffix_logprob_equals_an_explicit_sampler_and_greedy_at_k_1():
     decoding reproduces the suffix."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from gnq_core.pipelines.attacks.decode import greedy_decode
-    from gnq_core.pipelines.discoverable import discoverable, suffix_logprob
-    from gnq_core.pipelines.extraction import extraction_attack
+    from gnq_core.attacks.decode import greedy_decode
+    from gnq_core.attacks.discoverable import discoverable, suffix_logprob
+    from gnq_core.attacks.extraction import extraction_attack
 
     seed = int(torch.randint(0, 2**31, ()))
     torch.manual_seed(seed)

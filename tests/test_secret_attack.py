@@ -1,4 +1,4 @@
-"""The secret-targeted attack (pipelines/secret_attack.py): the model is prompted with a text up
+"""The secret-targeted attack (attacks/secret_attack.py): the model is prompted with a text up
 to its secret-like value and must write the value itself.
 
 Scenario, through the real ``gnq`` command: a tiny GPT-2 is trained from scratch until it writes
@@ -21,7 +21,7 @@ from cli_helpers import gnq
 from scenario_data import card, scenario
 
 from gnq_core.analysis.verdict import rank_texts
-from gnq_core.pipelines.secret_attack import chars_reproduced, secret_targets
+from gnq_core.attacks.secret_attack import chars_reproduced, secret_targets
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.secrets import find_secrets
@@ -184,7 +184,7 @@ def test_a_text_window_without_the_secret_is_not_a_leak():
 def test_characters_the_format_explains_are_not_a_partial_leak():
     """"+44 20 7946" that every phone number of a data set shares is the format: a model that
     writes it has learned the format, not the secret (partly leaked)."""
-    from gnq_core.pipelines.secret_attack import format_places, matched_chars
+    from gnq_core.attacks.secret_attack import format_places, matched_chars
     from gnq_core.results.store_schema import partly_leaked
 
     others = ["+44 20 7946 9240", "+44 20 7946 3931", "+44 20 7946 0012"]
@@ -204,7 +204,7 @@ def test_characters_the_format_explains_are_not_a_partial_leak():
 def test_a_tie_between_characters_is_the_format_for_both():
     """Half the others with one character and half with another: either is the format, whatever the
     hash seed (it decided before: 6 of the demo's 168 secret-attack rows changed between runs)."""
-    from gnq_core.pipelines.secret_attack import format_places
+    from gnq_core.attacks.secret_attack import format_places
 
     others = ["12", "21"]
     assert format_places("11", others) == {0, 1}

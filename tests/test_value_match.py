@@ -8,7 +8,7 @@ import pandas as pd
 
 from gnq_core.analysis.findings import action, summary
 from gnq_core.analysis.verdict import PARTLY, rank_texts
-from gnq_core.pipelines.secret_attack import chars_reproduced
+from gnq_core.attacks.secret_attack import chars_reproduced
 from gnq_core.sources.value_match import compare, written_in_place
 
 

@@ -4,7 +4,7 @@ the same numbers).
 
 Texts are counted as rows of the verdict (each example once, copies included); ``distinct``
 counts collapse copies into one, as the text-first table does (×N).  Values are the secret-like
-values the secret attack probed (pipelines/secret_attack.py), each counted once.
+values the secret attack probed (attacks/secret_attack.py), each counted once.
 """
 
 from __future__ import annotations

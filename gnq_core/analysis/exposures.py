@@ -1,5 +1,5 @@
 """What a run's secret exposures say, for the report (HTML and JSON), the Runs page and the
-Flagged texts' detail: one row per distinct value (pipelines/secret_exposure.py) and, per format,
+Flagged texts' detail: one row per distinct value (attacks/secret_exposure.py) and, per format,
 the null of never-trained values with the threshold's false-alarm rate on it."""
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def _extraction_truth(totals: pd.DataFrame, parts: dict[str, pd.Series]) -> _Tru
 
 
 def _membership_truth(totals: pd.DataFrame, membership: pd.DataFrame | None) -> _Truth | None:
-    """Members against never-trained texts (``pipelines.non_members.membership_frame``): each
+    """Members against never-trained texts (``attacks.non_members.membership_frame``): each
     member gets its copies, copy cluster and GNQ's copy count from the run's own rows."""
     if membership is None or membership.empty or "member" not in membership.columns:
         return None
@@ -256,7 +256,7 @@ def risk_components(totals: pd.DataFrame, membership: pd.DataFrame | None = None
     """Per text (index of ``totals``): every component, ``risk``, ``gnq_percentile_valid``,
     ``gnq_sign`` (+1 / −1: GNQ entered risk in that direction, 0: not used) and ``risk_basis`` /
     ``risk_label`` (``RiskBasis``: words, label); ``attrs["risk"]`` holds ``RiskBasis.to_dict()``.
-    ``membership``: members and never-trained texts (``pipelines.non_members.membership_frame``),
+    ``membership``: members and never-trained texts (``attacks.non_members.membership_frame``),
     ground truth when the extraction outcome has too few records."""
     parts = components(totals)
     default, basis = _default(totals, parts)

@@ -155,7 +155,7 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
           seed: int = 0, cv: bool = True, membership: pd.DataFrame | None = None) -> RunReport:
     """The run's report data.  ``totals``: the verdict-ranked frame (default: ``rank_texts`` of the
     run's totals, so its risk is scored with the rest).  ``membership``: members and non-members
-    at one checkpoint (``pipelines.non_members.membership_frame``, both sides measured the same
+    at one checkpoint (``attacks.non_members.membership_frame``, both sides measured the same
     way), scored as the membership outcome beside the run's own rows (``with_membership``)."""
     if totals is None:
         totals = rank_texts(store.example_totals(run.run_id), membership)

@@ -145,7 +145,7 @@ COLUMN_HELP: dict[str, str] = {
 def rank_texts(totals: pd.DataFrame, membership: pd.DataFrame | None = None) -> pd.DataFrame:
     """``totals`` (Store.example_totals) plus rank, percentile, status, reason, risk and
     verdict_score, ordered by rank (ties by example_id).  ``membership``: the run's texts and
-    never-trained ones (``pipelines.non_members.membership_frame``), ground truth for the risk's
+    never-trained ones (``attacks.non_members.membership_frame``), ground truth for the risk's
     components.  ``attrs``: ``risk_basis`` (words), ``risk_label`` (a few words) and ``risk``
     (analysis.risk.RiskBasis.to_dict())."""
     frame = totals.copy()

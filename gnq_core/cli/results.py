@@ -40,9 +40,9 @@ def export(
     """Write the flagged texts in the verdict order (rank, percentile, status, reason) with GNQ, copies,
     secret-like content, the calibrated attack and membership scores."""
     from gnq_core.analysis.verdict import STATUSES, flag, rank_texts
-    from gnq_core.pipelines.protected_paths import refuse_overwrite
-    from gnq_core.pipelines.text_labels import ensure_text_labels
     from gnq_core.results.export import FORMATS, FORMULA_GUARD_NOTE, export_frame, guarded_cells, write_table
+    from gnq_core.results.protected_paths import refuse_overwrite
+    from gnq_core.results.text_labels import ensure_text_labels
 
     if format is None:
         format = out.suffix.lstrip(".").lower()
@@ -58,7 +58,7 @@ def export(
     info = store.run(run)
     refuse_overwrite([out], store)  # never onto the store, its WAL, a dataset or a checkpoint
     ensure_text_labels(store, info)
-    from gnq_core.pipelines.non_members import ground_truth_of
+    from gnq_core.attacks.non_members import ground_truth_of
 
     ranked = rank_texts(store.example_totals(info.run_id), ground_truth_of(store, info))
     flagged = flag(ranked, top=top, min_percentile=min_percentile,
@@ -94,7 +94,7 @@ def report(
     (--out) and/or JSON (--json)."""
     from gnq_core.analysis import run_report
     from gnq_core.analysis.html_report import build_report, check_writable, write_report
-    from gnq_core.pipelines.protected_paths import refuse_overwrite
+    from gnq_core.results.protected_paths import refuse_overwrite
     from gnq_core.results.store_schema import StoreError
 
     if out is None and json_out is None:
@@ -120,7 +120,7 @@ def report(
                                     reference=info.settings.get("attack", {}).get("reference")):
             _done(quiet, line)
         info = store.run(info.run_id)  # its settings now name the non-member run
-    from gnq_core.pipelines.non_members import membership_of
+    from gnq_core.attacks.non_members import membership_of
 
     data = run_report.build(store, info, resamples=resamples, seed=seed,
                             membership=membership_of(store, info))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from gnq_core.attacks.defaults import MAX_SECRET_CANDIDATES, MIN_SECRET_CANDIDATES, PROTOCOL_PRESETS
 from gnq_core.cli._base import (
     CpuThreadsOption,
     DbOption,
@@ -27,7 +28,6 @@ from gnq_core.cli._base import (
     console,
     user_errors,
 )
-from gnq_core.pipelines.attack_defaults import MAX_SECRET_CANDIDATES, MIN_SECRET_CANDIDATES, PROTOCOL_PRESETS
 from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
 
 

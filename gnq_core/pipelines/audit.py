@@ -21,23 +21,23 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gnq_core.attacks.membership import TOKEN_SIGNALS
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.conventions import LAM_ABSOLUTE, TOKEN_MEAN
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.companion_plan import check_companion_memory, sketch_spec
 from gnq_core.pipelines.companions import audit_companions, companion_sets
 from gnq_core.pipelines.finite_share import check_mostly_finite
-from gnq_core.pipelines.membership import TOKEN_SIGNALS
 from gnq_core.pipelines.prefetch import Prefetch
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_pass
 from gnq_core.pipelines.settings import COMPANIONS_ALL, AuditSettings
-from gnq_core.pipelines.text_labels import cluster_ids, dataset_labels, secret_settings
 from gnq_core.progress import Reporter
 from gnq_core.results.layout import companions_root
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
+from gnq_core.results.text_labels import cluster_ids, dataset_labels, secret_settings
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype
 from gnq_core.sources.adapters import Adapters, adapter_hash, check_adapter, load_adapter_checkpoint
 from gnq_core.sources.checkpoints.checks import check_checkpoint

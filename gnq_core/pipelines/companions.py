@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from gnq_core.atomic import atomic_path
+from gnq_core.attacks.membership import TOKEN_SIGNALS, token_signals
 from gnq_core.engine.companions import (
     SketchFactor,
     SketchRows,
@@ -42,7 +43,6 @@ from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import WindowAuditor
 from gnq_core.pipelines.companion_plan import sketch_spec
-from gnq_core.pipelines.membership import TOKEN_SIGNALS, token_signals
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.pipelines.settings import AuditSettings

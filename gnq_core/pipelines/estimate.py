@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gnq_core.pipelines.attack_defaults import DEFAULT_PREFIX, DEFAULT_SUFFIX
+from gnq_core.attacks.defaults import DEFAULT_PREFIX, DEFAULT_SUFFIX
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from gnq_core.pipelines.attack_defaults import (
+from gnq_core.attacks.defaults import (
     DEFAULT_ATTACK_BATCH,
     DEFAULT_EXPOSURE_NODES,
     DEFAULT_PREFIX,
@@ -127,7 +127,7 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
                       f"{models} model(s) × {math.ceil(work.secret_values / per)} batch(es), each as a text "
                       "window's decoding"))
     if work.secret_candidates > 1:
-        from gnq_core.pipelines.secret_exposure import NULL_VALUES
+        from gnq_core.attacks.secret_exposure import NULL_VALUES
 
         values = work.distinct_values * models + work.formats * NULL_VALUES
         each = probe.exposure_s or 0.0
@@ -191,12 +191,12 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     a GPU where there is one) (module docstring)."""
     import torch
 
-    from gnq_core.pipelines.attacks.decode import greedy_decode
-    from gnq_core.pipelines.attacks.forward import evaluating
+    from gnq_core.attacks.decode import greedy_decode
+    from gnq_core.attacks.exposure import value_space
+    from gnq_core.attacks.forward import evaluating
+    from gnq_core.attacks.secret_attack import format_places_of, secret_targets
     from gnq_core.pipelines.audit import audit_batches, prepare_for_audit
-    from gnq_core.pipelines.exposure import value_space
-    from gnq_core.pipelines.secret_attack import format_places_of, secret_targets
-    from gnq_core.pipelines.text_labels import dataset_labels
+    from gnq_core.results.text_labels import dataset_labels
     from gnq_core.runtime import resolve_device
     from gnq_core.sources.checkpoints.load import load_checkpoint
     from gnq_core.sources.tokens import encode_texts, pad_id, seeded_partition, stream_batches
@@ -288,8 +288,8 @@ def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: i
     space after one of its values' prompts, up to EXPOSURE_VALUES within EXPOSURE_PROBE_S (one at
     least), after the vocabulary's strings are built (once per tokenizer, not per value).  A
     value's cost varies several-fold with how far its search goes, hence several."""
-    from gnq_core.pipelines.attacks.forward import evaluating
-    from gnq_core.pipelines.exposure import ValueSpace, exposure, token_strings
+    from gnq_core.attacks.exposure import ValueSpace, exposure, token_strings
+    from gnq_core.attacks.forward import evaluating
 
     token_strings(tok)
     per_format: dict[str, list] = {}

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
+from gnq_core.attacks.membership import token_signals
 from gnq_core.engine.compiled import check_no_compile_setting, check_not_compiled
 from gnq_core.engine.distributed import DistributedGNQAuditor, Scope, Strategy
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
@@ -37,7 +38,6 @@ from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import DEFAULT_WINDOW_BUDGET, WINDOW_MODES, WindowAuditor
 from gnq_core.engine.window_ddp import DistributedWindowAuditor
-from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.results.precision import observed_precision, precision_note, trainer_precision
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, RunSpec, ScoreColumns, check_gnq_settings

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, JobSettings, TrainJob
-from gnq_core.progress import JobProgress
+from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, JobSettings, TrainJob
+from gnq_core.progress import JobProgress, Reporter
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
+from gnq_core.sources.checkpoints.files import CheckpointRef
 from gnq_core.sources.datasets import TextDataset
 
 
@@ -96,7 +97,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     name = job.name or Path(job.checkpoints).resolve().name
     outside = None
     if job.non_members:
-        from gnq_core.pipelines.non_members import check_disjoint
+        from gnq_core.attacks.non_members import check_disjoint
         from gnq_core.sources.datasets import load_texts
 
         if ranks.world > 1:
@@ -119,7 +120,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     said = [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(store.points(run.run_id))} "
             f"checkpoints in {time.perf_counter() - t0:.1f} s; store {store.path}"]
     if outside is not None:
-        from gnq_core.pipelines.non_members import SUFFIX, audit_non_members
+        from gnq_core.attacks.non_members import SUFFIX
 
         t0 = time.perf_counter()
         with progress.reporter(name + SUFFIX) as reporter:
@@ -131,8 +132,8 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
 
 
 def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
-    from gnq_core.pipelines.attacks.run import run_extraction
-    from gnq_core.pipelines.text_labels import ensure_text_labels
+    from gnq_core.attacks.run import run_extraction
+    from gnq_core.results.text_labels import ensure_text_labels
 
     info = store.require_existing().run(job.run)
     outside = _non_members_of(store, info, job.non_members) if job.non_members else None
@@ -156,7 +157,7 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
 
 def _non_members_of(store: Store, info, path: str) -> TextDataset:
     """The non-member texts of a stored run, checked before anything is written."""
-    from gnq_core.pipelines.non_members import check_run_takes_non_members
+    from gnq_core.attacks.non_members import check_run_takes_non_members
     from gnq_core.sources.datasets import load_texts
 
     outside = load_texts(Path(path))
@@ -168,7 +169,7 @@ def add_non_members(store: Store, info, outside: TextDataset | str, progress: Jo
                     device: str = "auto", reference: str | None = None) -> list[str]:
     """Audit ``outside`` (texts or their file) as the stored audit run's non-members, unless the
     same file content already was (``gnq extract``/``gnq report --non-members``)."""
-    from gnq_core.pipelines.non_members import SUFFIX, non_members_of_audit
+    from gnq_core.attacks.non_members import SUFFIX
 
     if not isinstance(outside, TextDataset):
         outside = _non_members_of(store, info, outside)
@@ -179,6 +180,46 @@ def add_non_members(store: Store, info, outside: TextDataset | str, progress: Jo
         other = non_members_of_audit(store, info, outside, device=device, reporter=reporter,
                                      reference=reference)
     return [f"non-members: run {other.name!r}, {len(outside)} texts in {time.perf_counter() - t0:.1f} s"]
+
+
+def audit_non_members(store: Store, member: Run, checkpoints: str | list[CheckpointRef], dataset: TextDataset,
+                      settings: AuditSettings, reporter: Reporter | None = None,
+                      reference: str | None = None) -> Run:
+    """Audit ``dataset`` over ``checkpoints`` into ``member``'s linked non-member run (resumes);
+    with ``reference`` (a checkpoint folder, or "first": the series' first checkpoint) the
+    reference model's loss of every member and non-member text is stored too."""
+    from gnq_core.attacks.non_members import SUFFIX, check_disjoint, store_reference_loss
+    from gnq_core.pipelines.audit import run_audit
+    from gnq_core.sources.checkpoints.series import find_checkpoints
+
+    check_disjoint(list(store.examples(member.run_id)["text"]), dataset)
+    refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
+    name = member.name + SUFFIX
+    run = run_audit(store, refs, dataset, name=name, settings=settings, reporter=reporter)
+    store.update_settings(run.run_id, {"non_members_of": member.name})
+    store.update_settings(member.run_id, {"non_members_run": name, "non_members_path": str(dataset.path),
+                                          "non_members_hash": dataset.sha256})
+    if reference is not None:
+        path = refs[0].path if reference == "first" else Path(reference).resolve()
+        store.update_settings(member.run_id, {"reference": str(path)})  # absolute: protected from outputs
+        for target in (member, run):
+            store_reference_loss(store, target, path, max_length=settings.max_length,
+                                 batch_size=settings.batch_size)
+    return store.run(run.run_id)
+
+
+def non_members_of_audit(store: Store, run: Run, dataset: TextDataset, *, device: str = "auto",
+                         reporter: Reporter | None = None, reference: str | None = None) -> Run:
+    """``audit_non_members`` for a stored audit run, with its own settings and checkpoints (what
+    ``gnq extract --non-members`` does), after ``check_run_takes_non_members``."""
+    from gnq_core.attacks.non_members import check_run_takes_non_members
+
+    check_run_takes_non_members(store, run, dataset)
+    settings = AuditSettings(lam=run.lam, batch_size=run.batch_size, max_length=run.max_length, seed=run.seed,
+                             device=device, dtype=run.dtype or "float32",
+                             loss=run.settings.get("loss", "token_mean"),
+                             lam_mode=run.settings.get("lam_mode", "absolute"))
+    return audit_non_members(store, run, run.model_path, dataset, settings, reporter, reference)
 
 
 def _demo(job: DemoJob, store: Store, progress: JobProgress) -> list[str]:

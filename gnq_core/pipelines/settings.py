@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from gnq_core.pipelines import attack_defaults as attack
+from gnq_core.attacks import defaults as attack
 from gnq_core.values import finite as _finite
 from gnq_core.values import require as _require
 from gnq_core.values import whole as _whole
@@ -158,7 +158,7 @@ class ExtractJob:
     threshold: float = attack.DEFAULT_THRESHOLD
     batch_size: int = attack.DEFAULT_ATTACK_BATCH
     device: str = "auto"
-    suffix_tokens: int = attack.DEFAULT_SUFFIX  # exactly s tokens must follow (pipelines/extraction.py)
+    suffix_tokens: int = attack.DEFAULT_SUFFIX  # exactly s tokens must follow (attacks/extraction.py)
     reference: str | None = attack.DEFAULT_REFERENCE  # "first", a model folder, or None: no calibration
     non_members: str | None = None  # texts never seen: audited over the run's checkpoints (audit runs)
     threads: int | None = None

@@ -215,7 +215,7 @@ class StoreQueries:
         return self._rows_of("secret_attacks", run_id, None, "example_id, secret_start")
 
     def secret_exposure_null(self, run_id: int) -> pd.DataFrame:
-        """The run's exposure null (pipelines/secret_exposure.py): never-trained values per format."""
+        """The run's exposure null (attacks/secret_exposure.py): never-trained values per format."""
         return self._rows_of("secret_exposure_null", run_id, None, "kind, template, value")
 
     def secret_values(self, run_id: int) -> pd.DataFrame:
@@ -246,7 +246,7 @@ class StoreQueries:
 
 
 # Per-example aggregates over finished points.  Parameter: $run.
-# Calibrated membership scores the attack writes to example_metrics (pipelines/membership.py).
+# Calibrated membership scores the attack writes to example_metrics (attacks/membership.py).
 MEMBERSHIP_METRICS = ["attack_loss", "reference_loss", "loss_ratio", "zlib_ratio", "min_k_prob"]
 _TOTALS_SQL = """
 WITH done AS (SELECT point FROM points WHERE run_id = $run AND status = 'done'),
@@ -272,7 +272,7 @@ latest_attack AS (
     SELECT * FROM extractions WHERE run_id = $run
     QUALIFY row_number() OVER (PARTITION BY example_id ORDER BY created_at DESC, point DESC,
                                                          prefix_tokens DESC) = 1),
-secret_rows AS (  -- each attacked value, partly = PARTLY_LEAKED_SQL (pipelines/secret_attack.py)
+secret_rows AS (  -- each attacked value, partly = PARTLY_LEAKED_SQL (attacks/secret_attack.py)
     SELECT *, NOT extracted AND """ + PARTLY_LEAKED_SQL + """ AS partly,
            2.0 * CAST(extracted AS INTEGER) + CAST(NOT extracted AND """ + PARTLY_LEAKED_SQL + """ AS INTEGER)
                + chars_reproduced / greatest(chars, 1) AS severity

@@ -200,7 +200,7 @@ class StoreWrites:
 
     def write_secret_attacks(self, run_id: int, point: int, rows: pd.DataFrame, code_version: str,
                              null: pd.DataFrame | None = None, rule: str = "") -> None:
-        """The secret-targeted attack's rows (pipelines/secret_attack.py) and its exposure null
+        """The secret-targeted attack's rows (attacks/secret_attack.py) and its exposure null
         at one point, replacing the run's earlier ones (the latest attack is the one shown), in
         one transaction."""
         now = _now()
@@ -275,8 +275,8 @@ def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
          os.getpid(), socket.gethostname(), now]).fetchone()[0]
 
 
-# The secret attack's columns (pipelines/secret_attack.py; migrations 0009, 0011, 0013), as the attack
-# writes them, and its exposure null's (pipelines/secret_exposure.py; migration 0013).
+# The secret attack's columns (attacks/secret_attack.py; migrations 0009, 0011, 0013), as the attack
+# writes them, and its exposure null's (attacks/secret_exposure.py; migration 0013).
 SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
                          "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",
                          "reference_generated", "reference_chars_reproduced", "extracted", "exposure",

@@ -218,8 +218,8 @@ def attack_last_point(ctx: StudyContext, run, prefix_tokens: int, threshold: flo
                       suffix_tokens: int | None = None) -> pd.Series:
     """Prefix-completion attack (uncalibrated) on the run's last finished point, unless that attack
     (same p and threshold) is already stored; returns the point's row.  ``suffix_tokens``: the
-    fixed-length rule of ``pipelines.extraction`` (None: the rest of the text)."""
-    from gnq_core.pipelines.attacks.run import run_extraction
+    fixed-length rule of ``attacks.extraction`` (None: the rest of the text)."""
+    from gnq_core.attacks.run import run_extraction
 
     points = ctx.store.points(run.run_id)
     done = points[points["status"] == "done"]

@@ -31,8 +31,8 @@ import pandas as pd
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
-from gnq_core.pipelines.attacks.run import run_extraction
-from gnq_core.pipelines.membership import forward_signals
+from gnq_core.attacks.membership import forward_signals
+from gnq_core.attacks.run import run_extraction
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.runtime import resolve_device

@@ -19,7 +19,7 @@ set (the Schur complement above); "all": every member against all other members.
 drawn like any text, so a copied record may have its own copies among its companions (the
 paper's Definition 1 over the training set).
 
-Extraction is the rule of ``gnq extract`` (``pipelines.extraction``): given the first p tokens,
+Extraction is the rule of ``gnq extract`` (``attacks.extraction``): given the first p tokens,
 greedy decoding reproduces exactly the next s, and the base model (before fine-tuning) does not.
 Every interval resamples copy clusters (``analysis.clusters``); a number resting on fewer than
 ``MIN_RECORDS`` independent positive or negative records is "too few".
@@ -44,12 +44,12 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis.length_control import cv_gain
 from gnq_core.analysis.predictive import RESAMPLES, within_length_auc
 from gnq_core.atomic import write_text_atomic
+from gnq_core.attacks.extraction import extraction_attack
 from gnq_core.engine.companions import SketchRows, kernel_gnq, sketch_gram
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.solve import gnq_from_kernel
 from gnq_core.engine.window import WindowAuditor
-from gnq_core.pipelines.extraction import extraction_attack
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 from gnq_core.studies import report as rep
 from gnq_core.studies.base import StudyContext, Timings, ag_news, machine

@@ -15,9 +15,9 @@ import pandas as pd
 import torch
 
 from gnq_core.atomic import write_text_atomic
+from gnq_core.attacks.forward import forward_batches
 from gnq_core.engine.conventions import IGNORE_INDEX
 from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.pipelines.attacks.forward import forward_batches
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.training_loop import adamw, seeded_batches, train
 from gnq_core.results.store_queries import Run

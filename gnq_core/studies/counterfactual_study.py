@@ -45,10 +45,10 @@ from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.length_control import cv_gain
 from gnq_core.analysis.partial import partial_rank_correlation
 from gnq_core.atomic import write_text_atomic
+from gnq_core.attacks.compression import zlib_bits
+from gnq_core.attacks.membership import forward_signals
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.pipelines.compression import zlib_bits
-from gnq_core.pipelines.membership import forward_signals
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 from gnq_core.studies import report as rep
@@ -200,9 +200,9 @@ def exposure_hook(model, tok, frame: pd.DataFrame, ids: list[list[int]], cfg: Co
     """Exposure (bits) of each planted record's value over its own space (every digit free: the
     values are drawn at random), the rank exact by the pruned search where it finishes within the
     attack's node budget, else estimated from ``cfg.exposure_candidates`` random values
-    (``pipelines.exposure``, as the audit's secret attack measures it); NaN for base texts."""
-    from gnq_core.pipelines.exposure import exposure, value_seed, value_space
-    from gnq_core.pipelines.secret_attack import secret_targets
+    (``attacks.exposure``, as the audit's secret attack measures it); NaN for base texts."""
+    from gnq_core.attacks.exposure import exposure, value_seed, value_space
+    from gnq_core.attacks.secret_attack import secret_targets
 
     out = np.full(len(frame), np.nan)
     if cfg.exposure_candidates < 2:
@@ -482,7 +482,7 @@ micro-batch (exact, post hoc at the final weights, λ = {cfg.lam:g}) and K_jj av
 record's copies, loss, loss ratio to the base model (none for a tiny model), Min-K%++, zlib
 ratio, copies, length. Exposure of each planted value over its own space (every digit free), after
 the same prompt: the rank exact by the pruned search where it finishes, else estimated from
-{cfg.exposure_candidates} random values (`pipelines.exposure`, as the audit's secret attack).
+{cfg.exposure_candidates} random values (`attacks.exposure`, as the audit's secret attack).
 Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
     r.table(by_copies, {"mean": ".4f", "median": ".4f", "mean exposure (bits)": ".2f"},
             caption="Counterfactual memorisation (loss out − loss in, nats per token) and the planted "

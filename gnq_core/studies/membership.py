@@ -16,7 +16,7 @@ non-member of the other half.
   epoch, Min-K%++ and Min-K% at the last epoch, zlib ratio, copies.  Spearman ρ with a 95%
   interval over records (near copies resampled together).  No signal sees the out-models.
 * **Canaries** (``--canaries K``, off by default): K canaries per repetition count 1, 2, 4, 8
-  are added to every model's training half (``pipelines.canaries``); each one's exposure among
+  are added to every model's training half (``attacks.canaries``); each one's exposure among
   1,000 random candidates at the last epoch, beside its in-run GNQ and K_jj.
 """
 
@@ -35,9 +35,9 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.partial import partial_rank_correlation
 from gnq_core.atomic import write_text_atomic
-from gnq_core.pipelines.canaries import Canary, exposure, inserted, make_canaries
-from gnq_core.pipelines.compression import zlib_bits
-from gnq_core.pipelines.membership import forward_signals
+from gnq_core.attacks.canaries import Canary, exposure, inserted, make_canaries
+from gnq_core.attacks.compression import zlib_bits
+from gnq_core.attacks.membership import forward_signals
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
 from gnq_core.runtime import resolve_device

@@ -17,7 +17,7 @@ import pandas as pd
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
-from gnq_core.pipelines.non_members import membership_frame
+from gnq_core.attacks.non_members import membership_frame
 from gnq_core.results.store import Store
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.real_models import PROVENANCE

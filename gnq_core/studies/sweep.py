@@ -15,7 +15,7 @@ import pandas as pd
 
 from gnq_core.analysis import predictive as pr
 from gnq_core.atomic import write_text_atomic
-from gnq_core.pipelines.extraction import extraction_attack
+from gnq_core.attacks.extraction import extraction_attack
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint

@@ -15,7 +15,7 @@ import pytest
 import torch
 from lm_fixtures import texts, tiny_gpt2, tiny_llama
 
-from gnq_core.pipelines.attacks.decode import cache_argument, greedy_decode
+from gnq_core.attacks.decode import cache_argument, greedy_decode
 
 ROOT = Path(__file__).resolve().parents[2]
 

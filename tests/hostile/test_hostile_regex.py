@@ -54,7 +54,7 @@ def test_the_scans_find_what_the_regexes_found():
 def test_the_format_of_many_values_is_counted_once():
     """``format_places`` for each of 4,000 values of one kind took 39 s (each against all the others);
     counted once for all: milliseconds, the same places."""
-    from gnq_core.pipelines.secret_attack import format_places, format_places_of
+    from gnq_core.attacks.secret_attack import format_places, format_places_of
 
     rng = random.Random(1)
     values = {f"+44 20 7946 {rng.randrange(10_000):04d}" for _ in range(4000)}

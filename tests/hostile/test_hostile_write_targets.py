@@ -93,7 +93,7 @@ def test_exports_and_reports_never_replace_what_a_run_recorded(store, target, wh
 
 
 def test_a_reference_is_recorded_absolute(store, monkeypatch):
-    from gnq_core.pipelines.attacks.run import _reference_path
+    from gnq_core.attacks.run import _reference_path
 
     root, db = store
     monkeypatch.chdir(root)

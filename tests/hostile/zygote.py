@@ -20,7 +20,7 @@ from pathlib import Path
 # missing after a rename is imported by the child itself, as a fresh process would).
 PRELOAD = ["torch", "transformers", "transformers.models.gpt2.modeling_gpt2", "gnq_core.cli",
            "gnq_core.pipelines.run", "gnq_core.pipelines.train", "gnq_core.pipelines.audit",
-           "gnq_core.pipelines.attacks.run", "gnq_core.engine.auditor", "gnq_core.sources.checkpoints",
+           "gnq_core.attacks.run", "gnq_core.engine.auditor", "gnq_core.sources.checkpoints",
            "gnq_core.sources.models"]
 
 ZYGOTE = r"""

@@ -8,7 +8,7 @@ ALTER TABLE examples ADD COLUMN secret VARCHAR;
 ALTER TABLE examples ADD COLUMN secret_start INTEGER;
 ALTER TABLE examples ADD COLUMN secret_end INTEGER;
 ALTER TABLE examples ADD COLUMN secret_match VARCHAR;
--- The calibrated attack (pipelines/extraction.py): exactly suffix_tokens tokens compared after
+-- The calibrated attack (attacks/extraction.py): exactly suffix_tokens tokens compared after
 -- the prefix (NULL: the rest of the text, as attacks before this version did), and the
 -- reference model's match fraction on the same prefix and suffix (NULL: no reference).
 ALTER TABLE extractions ADD COLUMN suffix_tokens INTEGER;

@@ -1,4 +1,4 @@
--- Schema version 9: the secret-targeted attack (pipelines/secret_attack.py).  One row per
+-- Schema version 9: the secret-targeted attack (attacks/secret_attack.py).  One row per
 -- secret-like value of a text attacked at one checkpoint: the value's character span, how many
 -- of its letters and digits the audited model (and the reference) wrote when prompted with the
 -- text up to it, and its exposure among random values of its format (NULL: not digits only).

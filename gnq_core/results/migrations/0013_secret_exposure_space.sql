@@ -1,5 +1,5 @@
--- Schema version 13: exposure over each secret value's own randomness (pipelines/exposure.py,
--- pipelines/secret_exposure.py).  exposure_rank is now the value's rank among ALL values of its
+-- Schema version 13: exposure over each secret value's own randomness (attacks/exposure.py,
+-- attacks/secret_exposure.py).  exposure_rank is now the value's rank among ALL values of its
 -- space (its free digits redrawn, the run's template kept; NULL when estimated), and
 -- exposure_candidates the random values behind an estimate (NULL when exact).  Rows attacked
 -- before this version have exposure_method NULL: their exposure ranked the value among N random

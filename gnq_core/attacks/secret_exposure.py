@@ -1,4 +1,4 @@
-"""A run's exposures (``pipelines.exposure``): one per distinct secret value, under the audited
+"""A run's exposures (``attacks.exposure``): one per distinct secret value, under the audited
 and the reference model, and the run's null, which decides which values are *exposed*.
 
 * One number per distinct value (kind and value): its copies share one computation, made after
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gnq_core.pipelines.attacks.forward import evaluating
-from gnq_core.pipelines.exposure import Exposure, ValueSpace, exposure, value_seed, value_space
+from gnq_core.attacks.exposure import Exposure, ValueSpace, exposure, value_seed, value_space
+from gnq_core.attacks.forward import evaluating
 from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_NULL_COLUMNS as NULL_COLUMNS
 

@@ -12,7 +12,7 @@ DEFAULT_ATTACK_BATCH = 32  # texts decoded together
 # memorisation studies, Carlini et al.'s extraction benchmark.
 PROTOCOL_PRESETS = {"12/8": (DEFAULT_PREFIX, DEFAULT_SUFFIX), "32/32": (32, 32), "50/50": (50, 50)}
 # N: random values of a secret's space scored beside it when its exact rank is out of reach; the
-# exposure estimate is fitted to their likelihoods (pipelines/exposure.py), --secret-candidates.
+# exposure estimate is fitted to their likelihoods (attacks/exposure.py), --secret-candidates.
 # 1 turns exposure off; fewer than MIN cannot fit an estimate; more than MAX is refused (a space
 # smaller than N is scored whole instead).
 DEFAULT_SECRET_CANDIDATES = 128

@@ -1,7 +1,7 @@
 """The attacks ``gnq extract`` stores, each an ``Attack`` (``contract``): greedy prefix
-extraction (pipelines/extraction.py), calibrated membership scores (pipelines/membership.py),
-(n, p)-discoverable extraction (pipelines/discoverable.py) and the secret-targeted attack
-(pipelines/secret_attack.py); ``stored_attacks`` lists those a rule asks for, in order."""
+extraction (attacks/extraction.py), calibrated membership scores (attacks/membership.py),
+(n, p)-discoverable extraction (attacks/discoverable.py) and the secret-targeted attack
+(attacks/secret_attack.py); ``stored_attacks`` lists those a rule asks for, in order."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from gnq_core.pipelines.attack_defaults import DEFAULT_EXPOSURE_NODES
-from gnq_core.pipelines.attacks.contract import Attack, Target
-from gnq_core.pipelines.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_logprob
-from gnq_core.pipelines.extraction import ExtractionResult, extraction_attack, results_frame
-from gnq_core.pipelines.membership import MIN_K_FRACTION, SCORE_COLUMNS, membership_scores, token_logprobs
-from gnq_core.pipelines.secret_attack import DETECT, SecretAttack, attack_secrets, describe_rule
+from gnq_core.attacks.contract import Attack, Target
+from gnq_core.attacks.defaults import DEFAULT_EXPOSURE_NODES
+from gnq_core.attacks.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_logprob
+from gnq_core.attacks.extraction import ExtractionResult, extraction_attack, results_frame
+from gnq_core.attacks.membership import MIN_K_FRACTION, SCORE_COLUMNS, membership_scores, token_logprobs
+from gnq_core.attacks.secret_attack import DETECT, SecretAttack, attack_secrets, describe_rule
 from gnq_core.progress import TEXTS
 from gnq_core.sources.tokens import pad_id
 

@@ -16,7 +16,7 @@ value's first character and greedy-decodes as many tokens as the value spans in 
 * ``novel_chars_reproduced`` — of the characters reproduced, those the value's format does not
   explain (``format_places``: where the run's other values of its kind mostly have another
   character); "partly leaked" needs 3 of them (results.store_schema.PARTLY_LEAKED_SQL).
-* ``exposure`` (Carlini et al. 2019, "The secret sharer"; ``pipelines.exposure``) for values
+* ``exposure`` (Carlini et al. 2019, "The secret sharer"; ``attacks.exposure``) for values
   made only of digits and separators (PIN, phone, card, SSN, account numbers, any labelled or
   declared digit value), over the value's own randomness: its space is the values that redraw
   its free digits (those the run's format does not fix, ``format_places``; a valid card number's
@@ -43,11 +43,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from gnq_core.pipelines.attack_defaults import DEFAULT_SECRET_CANDIDATES as DEFAULT_CANDIDATES
-from gnq_core.pipelines.attacks.decode import greedy_decode
-from gnq_core.pipelines.attacks.forward import evaluating
-from gnq_core.pipelines.exposure import DEFAULT_SEARCH_NODES
-from gnq_core.pipelines.secret_exposure import NULL_COLUMNS, NULL_VALUES, Occurrence, Settings, run_exposures
+from gnq_core.attacks.decode import greedy_decode
+from gnq_core.attacks.defaults import DEFAULT_SECRET_CANDIDATES as DEFAULT_CANDIDATES
+from gnq_core.attacks.exposure import DEFAULT_SEARCH_NODES
+from gnq_core.attacks.forward import evaluating
+from gnq_core.attacks.secret_exposure import NULL_COLUMNS, NULL_VALUES, Occurrence, Settings, run_exposures
 from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
 from gnq_core.sources.secrets import find_secrets, values_from_json

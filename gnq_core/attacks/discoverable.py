@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from gnq_core.pipelines.attacks.forward import forward_batches
+from gnq_core.attacks.forward import forward_batches
 
 TOP_K, TEMPERATURE = 40, 1.0  # the sampler stored by ``gnq extract`` (one of Hayes et al.'s settings)
 METRIC = "suffix_logprob"

@@ -2,16 +2,16 @@
 and the reference model once (refusing a reference that reads the texts as other tokens before
 anything is written), runs the stored attacks (``stored``) through ``run_attacks`` and records
 the rule and its counts in the run's settings.  The calibration rule itself is in
-pipelines/extraction.py's docstring."""
+attacks/extraction.py's docstring."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gnq_core.pipelines import attack_defaults as attack
-from gnq_core.pipelines.attacks.contract import Target, run_attacks
-from gnq_core.pipelines.attacks.stored import stored_attacks
-from gnq_core.pipelines.extraction import AttackRule
+from gnq_core.attacks import defaults as attack
+from gnq_core.attacks.contract import Target, run_attacks
+from gnq_core.attacks.extraction import AttackRule
+from gnq_core.attacks.stored import stored_attacks
 
 __all__ = ["run_extraction"]
 
@@ -27,7 +27,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     ``checkpoint`` is a point label (e.g. 'epoch-3'); default: the run's last finished point.
     ``suffix_tokens`` / ``reference``: the calibrated rule (see the module docstring; ``gnq
     extract`` defaults to s = 8 and the first checkpoint); ``reference`` is ``"first"`` or a
-    checkpoint folder.  With a reference, the membership scores (pipelines/membership.py) are
+    checkpoint folder.  With a reference, the membership scores (attacks/membership.py) are
     stored per text, and the rule with both models' match rates in the run's settings.  A
     reference that tokenizes the texts differently is refused before anything is written.
     Each batch's rows are committed as soon as they are decoded, so an interrupted attack resumes
@@ -35,8 +35,8 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     text with the same companions, the same batch size); rerunning a finished attack, or one with
     another threshold, replaces it.  Never duplicates rows.
     """
-    from gnq_core.pipelines.text_labels import ensure_text_labels
     from gnq_core.progress import Reporter
+    from gnq_core.results.text_labels import ensure_text_labels
     from gnq_core.runtime import code_version, resolve_device
     from gnq_core.sources.adapters import load_model_at
     from gnq_core.sources.checkpoints.files import TOKENIZER_FILES
@@ -77,7 +77,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
 
 
 def _attacked_point(store, run, checkpoint: str | None):
-    from gnq_core.pipelines.protected_paths import verify_checkpoint
+    from gnq_core.results.protected_paths import verify_checkpoint
     from gnq_core.results.store_schema import StoreError
 
     points = store.points(run.run_id)
@@ -110,7 +110,7 @@ def _reference_path(store, run, target, reference: str | None) -> str | None:
         return None
     if reference != attack.FIRST_CHECKPOINT:
         return str(Path(reference).resolve())  # recorded absolute: outputs elsewhere must not replace it
-    from gnq_core.pipelines.protected_paths import verify_checkpoint
+    from gnq_core.results.protected_paths import verify_checkpoint
 
     points = store.points(run.run_id)
     first = points[(points["status"] == "done") & points["path"].notna()]

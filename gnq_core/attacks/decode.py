@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from gnq_core.pipelines.attacks.forward import model_device
+from gnq_core.attacks.forward import model_device
 
 __all__ = ["cache_argument", "greedy_decode", "returned_cache"]
 

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gnq_core.pipelines.attack_defaults import DEFAULT_EXPOSURE_NODES as DEFAULT_SEARCH_NODES
-from gnq_core.pipelines.attack_defaults import MIN_SECRET_CANDIDATES as MIN_CANDIDATES
-from gnq_core.pipelines.attacks.decode import cache_argument, returned_cache
+from gnq_core.attacks.decode import cache_argument, returned_cache
+from gnq_core.attacks.defaults import DEFAULT_EXPOSURE_NODES as DEFAULT_SEARCH_NODES
+from gnq_core.attacks.defaults import MIN_SECRET_CANDIDATES as MIN_CANDIDATES
 from gnq_core.sources.secrets import luhn_ok
 
 EXACT, ESTIMATED = "exact", "estimated"

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gnq_core.pipelines import attack_defaults as attack
-from gnq_core.pipelines.attacks.decode import greedy_decode
-from gnq_core.pipelines.attacks.forward import evaluating, model_device
+from gnq_core.attacks import defaults as attack
+from gnq_core.attacks.decode import greedy_decode
+from gnq_core.attacks.forward import evaluating, model_device
 from gnq_core.sources.tokenizer_panics import panics_as_one_line
 from gnq_core.sources.tokens import pad_id
 

@@ -35,9 +35,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gnq_core.attacks.compression import zlib_bits
+from gnq_core.attacks.forward import forward_batches
 from gnq_core.engine.conventions import IGNORE_INDEX
-from gnq_core.pipelines.attacks.forward import forward_batches
-from gnq_core.pipelines.compression import zlib_bits
 
 MIN_K_FRACTION = 0.2
 TOKEN_SIGNALS = ("min_k", "min_k_plus")  # scores columns token_signals fills, per text and point

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gnq_core.pipelines.membership import token_logprobs
+from gnq_core.attacks.membership import token_logprobs
 from gnq_core.sources.tokens import encode_texts, pad_id
 
 TEMPLATE = "The access code for locker {} is {}."

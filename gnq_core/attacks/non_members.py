@@ -2,7 +2,8 @@
 
 ``gnq audit --non-members FILE`` audits the FILE's texts over the same checkpoints, with the same
 λ, batch size, loss convention and partition seed, into a linked run ``NAME.non-members``
-(``Run.settings["non_members_run"]`` names it; the linked run's ``non_members_of`` names back).
+(``Run.settings["non_members_run"]`` names it; the linked run's ``non_members_of`` names back;
+``run_job`` runs that audit, pipelines/run.py).
 
 What each signal means for a non-member (DESIGN.md "Membership ground truth"): loss, Min-K%,
 Min-K%++, zlib ratio and the reference loss ratio are forward quantities and mean the same for
@@ -22,19 +23,15 @@ True for a member and False for a non-member.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from gnq_core.attacks.compression import zlib_bits
 from gnq_core.engine.conventions import TOKEN_SUM
-from gnq_core.pipelines.compression import zlib_bits
-from gnq_core.pipelines.settings import AuditSettings
-from gnq_core.progress import Reporter
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import StoreError
-from gnq_core.sources.checkpoints.files import CheckpointRef
 from gnq_core.sources.datasets import DatasetError, TextDataset
 
 SUFFIX = ".non-members"
@@ -55,30 +52,6 @@ def check_disjoint(members: list[str], non_members: TextDataset) -> None:
                                              "texts the model never saw")
 
 
-def audit_non_members(store: Store, member: Run, checkpoints: str | list[CheckpointRef], dataset: TextDataset,
-                      settings: AuditSettings, reporter: Reporter | None = None,
-                      reference: str | None = None) -> Run:
-    """Audit ``dataset`` over ``checkpoints`` into ``member``'s linked non-member run (resumes);
-    with ``reference`` (a checkpoint folder, or "first": the series' first checkpoint) the
-    reference model's loss of every member and non-member text is stored too."""
-    from gnq_core.pipelines.audit import run_audit  # here: the membership frame reads without torch
-    from gnq_core.sources.checkpoints.series import find_checkpoints
-
-    check_disjoint(list(store.examples(member.run_id)["text"]), dataset)
-    refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
-    name = member.name + SUFFIX
-    run = run_audit(store, refs, dataset, name=name, settings=settings, reporter=reporter)
-    store.update_settings(run.run_id, {"non_members_of": member.name})
-    store.update_settings(member.run_id, {"non_members_run": name, "non_members_path": str(dataset.path),
-                                          "non_members_hash": dataset.sha256})
-    if reference is not None:
-        path = refs[0].path if reference == "first" else Path(reference).resolve()
-        store.update_settings(member.run_id, {"reference": str(path)})  # absolute: protected from outputs
-        for target in (member, run):
-            store_reference_loss(store, target, path, settings)
-    return store.run(run.run_id)
-
-
 def check_run_takes_non_members(store: Store, run: Run, dataset: TextDataset) -> None:
     """The checks before a stored run gets non-members, before anything is written: an audit
     run (a training run's in-run numbers are measured mid-epoch, before each update: not
@@ -90,28 +63,16 @@ def check_run_takes_non_members(store: Store, run: Run, dataset: TextDataset) ->
     check_disjoint(list(store.examples(run.run_id)["text"]), dataset)
 
 
-def non_members_of_audit(store: Store, run: Run, dataset: TextDataset, *, device: str = "auto",
-                         reporter: Reporter | None = None, reference: str | None = None) -> Run:
-    """``audit_non_members`` for a stored audit run, with its own settings and checkpoints (what
-    ``gnq extract --non-members`` does), after ``check_run_takes_non_members``."""
-    check_run_takes_non_members(store, run, dataset)
-    settings = AuditSettings(lam=run.lam, batch_size=run.batch_size, max_length=run.max_length, seed=run.seed,
-                             device=device, dtype=run.dtype or "float32",
-                             loss=run.settings.get("loss", "token_mean"),
-                             lam_mode=run.settings.get("lam_mode", "absolute"))
-    return audit_non_members(store, run, run.model_path, dataset, settings, reporter, reference)
-
-
-def store_reference_loss(store: Store, run: Run, reference: str, settings: AuditSettings) -> None:
+def store_reference_loss(store: Store, run: Run, reference: str, *, max_length: int, batch_size: int) -> None:
     """Each text's mean next-token loss under the reference model (``reference_loss`` metric)."""
-    from gnq_core.pipelines.membership import token_logprobs
+    from gnq_core.attacks.membership import token_logprobs
     from gnq_core.sources.checkpoints.load import load_checkpoint
     from gnq_core.sources.tokens import encode_texts, pad_id
 
     model, tokenizer = load_checkpoint(reference)
     texts = list(store.examples(run.run_id)["text"])
-    ids = encode_texts(tokenizer, texts, settings.max_length)
-    logprobs = token_logprobs(model, ids, pad_id(tokenizer), batch_size=settings.batch_size)
+    ids = encode_texts(tokenizer, texts, max_length)
+    logprobs = token_logprobs(model, ids, pad_id(tokenizer), batch_size=batch_size)
     values = [float(-lp.mean()) if len(lp) else math.nan for lp in logprobs]
     store.write_metric(run.run_id, REFERENCE_METRIC,
                        pd.DataFrame({"example_id": np.arange(len(texts)), "value": values}),
