@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,6 @@ from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.pipelines.companion_plan import check_companion_memory, sketch_spec
 from gnq_core.pipelines.companions import audit_companions, companion_sets
 from gnq_core.pipelines.finite_share import check_mostly_finite
-from gnq_core.pipelines.prefetch import Prefetch
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_pass
 from gnq_core.pipelines.settings import COMPANIONS_ALL, AuditSettings
@@ -271,3 +271,32 @@ def _companion_settings(settings: AuditSettings) -> dict[str, Any]:
         return {}
     return {"companions": settings.companions, "sketch": sketch_spec(settings).describe(),
             "gnq_batch": f"{settings.companions} companions per text (sketched)"}
+
+
+# The next checkpoint is loaded while this one is audited, in a daemon thread: an interrupted audit
+# exits at once (a ThreadPoolExecutor's worker is joined at exit, and once pinned the process for
+# 15 minutes waiting on a load blocked on the import lock).
+class Prefetch:
+    """``fn(arg)`` started in a daemon thread; ``result()`` waits for it (interruptibly) and returns
+    its value or raises its exception."""
+
+    def __init__(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn, arg), name="gnq-checkpoint-loader", daemon=True).start()
+
+    def _run(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        try:
+            self._value = fn(arg)
+        except BaseException as exc:  # handed to the main thread by result()
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> Any:
+        while not self._done.wait(0.2):  # short waits: a signal reaches the main thread at once
+            pass
+        if self._error is not None:
+            raise self._error
+        return self._value
