@@ -214,11 +214,11 @@ def test_the_cached_real_model_signals_on_one_sentence():
 def test_stores_before_the_signal_columns_open(tmp_path):
     import duckdb
 
-    from gnq_core.results.store_schema import _apply_migrations
+    from gnq_core.results.store_schema import apply_migrations
 
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))
-    _apply_migrations(con, 0, target=7)
+    apply_migrations(con, 0, target=7)
     con.close()
     store = Store(path)
     assert store.schema_version() >= 8

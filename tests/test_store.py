@@ -14,7 +14,7 @@ import pytest
 from gnq_core.analysis.verdict import flag, rank_texts
 from gnq_core.results.records import RunSpec, ScoreColumns, batch_results
 from gnq_core.results.store import Store, default_db_path
-from gnq_core.results.store_schema import SCHEMA_VERSION, StoreError, _apply_migrations
+from gnq_core.results.store_schema import SCHEMA_VERSION, StoreError, apply_migrations
 
 EXAMPLES = pd.DataFrame({"example_id": [0, 1, 2, 3], "text": ["a b", "c d e", "f", "g h"],
                          "grp": ["common", "surprising", None, "common"], "n_tokens": [2, 3, 1, 2]})
@@ -49,7 +49,7 @@ def test_fresh_store_is_at_latest_schema_and_reads_empty_without_creating(tmp_pa
 def test_migration_from_version_1_keeps_data(tmp_path):
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))
-    _apply_migrations(con, 0, target=1)
+    apply_migrations(con, 0, target=1)
     con.execute("""INSERT INTO runs (name, kind, status, created_at, updated_at, lam, loss_convention,
                    batch_size, seed, max_length, model_path, dataset_path, dataset_hash, n_examples,
                    code_version) VALUES ('old', 'audit', 'done', now(), now(), 0.1, 'x', 4, 1, 32, 'm', 'd',
@@ -168,7 +168,7 @@ def test_a_second_writer_waits_for_the_first(store):
 def test_reading_an_older_store_migrates_it_first(tmp_path):
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))
-    _apply_migrations(con, 0, target=1)
+    apply_migrations(con, 0, target=1)
     con.close()
     frame = Store(path).extractions(1)  # a query that needs the newest columns
     assert "target_tokens" in frame.columns

@@ -31,9 +31,9 @@ from gnq_core.analysis.verdict import (
     PUBLIC,
     REPRODUCED,
     SECRET,
-    _secret_words,
     exposed_value_words,
     exposure_bounds,
+    secret_words,
     written_part,
 )
 
@@ -46,7 +46,7 @@ def action(row: pd.Series) -> str:
     status = row.get("status")
     copies = int(row["copies"]) if pd.notna(row.get("copies")) else 1
     has_secret = isinstance(row.get("secret"), str)  # the kinds found, "card number, pin"
-    what = _secret_words(row) if has_secret else ""
+    what = secret_words(row) if has_secret else ""
     value = row.get("secret_value") if isinstance(row.get("secret_value"), str) else row.get("secret_match")
     span = f" ({value})" if isinstance(value, str) else ""
     exposure = row.get("secret_exposure")

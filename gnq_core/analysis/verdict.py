@@ -282,7 +282,7 @@ def _reason(row: pd.Series, parts: pd.Series, status: str = "") -> str:
     return "; ".join(c for c in clauses if c)
 
 
-def _secret_words(row: pd.Series) -> str:
+def secret_words(row: pd.Series) -> str:
     """The text's most exposed value's kind in words ("the PIN"), else its first kind's."""
     kind = row.get("secret_kind")
     first = kind if isinstance(kind, str) else str(row.get("secret") or "").split(",")[0].strip()
@@ -331,7 +331,7 @@ def _secret_attack(row: pd.Series) -> str:
     if pd.isna(row.get("secret_reproduced")) or pd.isna(row.get("secret_chars")):
         return ""
     n, hits = int(row["secret_chars"]), int(row["secret_chars_reproduced"])
-    what = _secret_words(row)
+    what = secret_words(row)
     ref_hits = row.get("reference_secret_chars_reproduced")
     exposure = row.get("secret_exposure")
     exp = _exposure_clause(row, exposure)
@@ -383,7 +383,7 @@ def written_part(row: pd.Series, its: bool = False) -> str:
     complete other value "7399, not the PIN 7319: a different value, 3 of its 4 characters in
     place" (``its``: "3 of its 4 characters", for a sentence about the value)."""
     n, hits = int(row["secret_chars"]), int(row["secret_chars_reproduced"])
-    what, match = _secret_words(row), value_written(row)
+    what, match = secret_words(row), value_written(row)
     if match is not None and match.different:
         return (f"{match.written_text}, not {what} {row['secret_value']}: a different value, {hits} of its "
                 f"{n} characters in place")

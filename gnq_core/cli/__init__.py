@@ -2,7 +2,7 @@
 
 Every command reads and writes one DuckDB store (``--db``, else ``$GNQ_DB``, else
 data/gnq.duckdb).  User mistakes (a bad file, an unknown run, a busy store) end with one line
-on stderr and exit code 1, never a traceback.  The commands only parse options: ``_base`` holds
+on stderr and exit code 1, never a traceback.  The commands only parse options: ``command`` holds
 the Typer app, the shared options and the one-line error handling; ``running`` the job commands
 (train, audit, extract, demo, job); ``results`` export, report, runs, ingest; ``tools`` dashboard,
 selfcheck, model; ``studies`` the ``gnq study`` group.
@@ -11,7 +11,7 @@ selfcheck, model; ``studies`` the ``gnq study`` group.
 from __future__ import annotations
 
 from gnq_core.cli import results, running, studies, tools  # noqa: F401  (registers the commands)
-from gnq_core.cli._base import app
+from gnq_core.cli.command import app
 
 # `gnq --help` lists the commands in the order a user meets them, not the modules' import order.
 ORDER = ("train", "estimate", "audit", "extract", "export", "report", "dashboard", "runs", "demo", "job",

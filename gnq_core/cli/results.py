@@ -11,7 +11,7 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
-from gnq_core.cli._base import DbOption, QuietOption, _done, _store, _warn, app, console, user_errors
+from gnq_core.cli.command import DbOption, QuietOption, app, console, open_store, say, user_errors, warn
 from gnq_core.terminal import markup_safe, terminal_safe
 
 
@@ -54,7 +54,7 @@ def export(
     unknown = [s for s in status or () if s not in STATUSES]
     if unknown:
         raise ValueError(f"--status {unknown[0]!r} is not a status ({', '.join(STATUSES)})")
-    store = _store(db, create=False)
+    store = open_store(db, create=False)
     info = store.run(run)
     refuse_overwrite([out], store)  # never onto the store, its WAL, a dataset or a checkpoint
     ensure_text_labels(store, info)
@@ -66,10 +66,10 @@ def export(
     has_attack = not store.extractions(info.run_id).empty
     table = export_frame(flagged, has_attack)
     write_table(table, out, format, neutralise=not exact_csv)
-    _done(quiet, f"{len(flagged)} texts of run {info.name!r} written to {out}")
+    say(quiet, f"{len(flagged)} texts of run {info.name!r} written to {out}")
     guarded = guarded_cells(table) if format == "csv" and not exact_csv else 0
     if guarded:  # the ' a spreadsheet user sees before "+351 …" is explained where it appears
-        _done(quiet, f"{guarded} cell(s) begin with ': in the CSV, {FORMULA_GUARD_NOTE}.")
+        say(quiet, f"{guarded} cell(s) begin with ': in the CSV, {FORMULA_GUARD_NOTE}.")
 
 
 @app.command()
@@ -99,7 +99,7 @@ def report(
 
     if out is None and json_out is None:
         raise ValueError("give --out FILE.html and/or --json FILE.json")
-    store = _store(db)
+    store = open_store(db)
     if not store.path.is_file():
         raise StoreError(f"{store.path}: no store here (build one with gnq train/audit/demo, or pass --db)")
     info = store.run(run)
@@ -115,10 +115,10 @@ def report(
         from gnq_core.pipelines.run import add_non_members
         from gnq_core.progress import JobProgress
 
-        progress = JobProgress(store, quiet=quiet, warn=_warn)
+        progress = JobProgress(store, quiet=quiet, warn=warn)
         for line in add_non_members(store, info, str(non_members), progress,
                                     reference=info.settings.get("attack", {}).get("reference")):
-            _done(quiet, line)
+            say(quiet, line)
         info = store.run(info.run_id)  # its settings now name the non-member run
     from gnq_core.attacks.non_members import membership_of
 
@@ -126,12 +126,12 @@ def report(
                             membership=membership_of(store, info))
     if json_out is not None:
         run_report.write_json(data, json_out)
-        _done(quiet, f"tables of run {info.name!r} written to {json_out}")
+        say(quiet, f"tables of run {info.name!r} written to {json_out}")
     if out is not None:
         text = build_report(store, info, top=top, resamples=resamples, seed=seed,
                             command=" ".join(["gnq", *sys.argv[1:]]), data=data)
         write_report(text, out)
-        _done(quiet, f"report of run {info.name!r} written to {out} ({len(text) / 1e6:.1f} MB)")
+        say(quiet, f"report of run {info.name!r} written to {out} ({len(text) / 1e6:.1f} MB)")
 
 
 @app.command()
@@ -141,7 +141,7 @@ def runs(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """The runs in the store with their settings and status."""
-    store = _store(db, create=False)
+    store = open_store(db, create=False)
     frame = store.runs()
     if as_json:
         records = json.loads(frame.to_json(orient="records", date_format="iso"))
@@ -211,7 +211,7 @@ def ingest(
     duplicates)."""
     from gnq_core.results.shards import ingest as ingest_shards
 
-    store = _store(db)
+    store = open_store(db)
     run, counts = ingest_shards(store, shards)
-    _done(quiet, f"run {run.name!r} (id {run.run_id}, {run.status}): {counts['scores']} scores, "
+    say(quiet, f"run {run.name!r} (id {run.run_id}, {run.status}): {counts['scores']} scores, "
                  f"{counts['batches']} batches, {counts['points']} points from {shards}; store {store.path}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from gnq_core.attacks.defaults import MAX_SECRET_CANDIDATES, MIN_SECRET_CANDIDATES, PROTOCOL_PRESETS
-from gnq_core.cli._base import (
+from gnq_core.cli.command import (
     CpuThreadsOption,
     DbOption,
     DeviceOption,
@@ -22,10 +22,10 @@ from gnq_core.cli._base import (
     SecretColumnOption,
     SecretPatternOption,
     TextColumnOption,
-    _run_job,
-    _store,
     app,
     console,
+    open_store,
+    run_and_tell,
     user_errors,
 )
 from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
@@ -69,10 +69,10 @@ def train(
     settings = TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr, lam=lam, max_length=max_length,
                              seed=seed, preset=preset, vocab_size=vocab_size, device=device, dtype=dtype,
                              loss=loss, lam_mode=lam_mode)
-    _run_job(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
-                        text_column=text_column, group_column=group_column, settings=settings,
-                        secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
-                        public_column=public_column, threads=threads), db, quiet)
+    run_and_tell(TrainJob(data=str(data), out=str(out), init=str(init) if init else None, name=name,
+                            text_column=text_column, group_column=group_column, settings=settings,
+                            secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
+                            public_column=public_column, threads=threads), db, quiet)
 
 
 @app.command()
@@ -137,14 +137,14 @@ def audit(
                              companions=_companions(companions), sketch_k=sketch_k, sketch_total=sketch_total)
     if reference is not None and non_members is None:
         raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
-    _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
-                      group_column=group_column, settings=settings,
-                      secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
-                      public_column=public_column,
-                      tokenizer=str(tokenizer) if tokenizer else None,
-                      non_members=str(non_members) if non_members else None, reference=reference,
-                      base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter,
-                      threads=threads), db, quiet)
+    run_and_tell(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
+                          group_column=group_column, settings=settings,
+                          secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
+                          public_column=public_column,
+                          tokenizer=str(tokenizer) if tokenizer else None,
+                          non_members=str(non_members) if non_members else None, reference=reference,
+                          base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter,
+                          threads=threads), db, quiet)
 
 
 @app.command()
@@ -250,12 +250,12 @@ def extract(
         if preset not in PROTOCOL_PRESETS:
             raise ValueError(f"--preset must be one of {', '.join(PROTOCOL_PRESETS)}, not {preset!r}")
         prefix_tokens, suffix_tokens = PROTOCOL_PRESETS[preset]
-    _run_job(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
-                        batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
-                        reference=None if reference == "none" else reference,
-                        non_members=str(non_members) if non_members else None,
-                        secret_candidates=secret_candidates, exposure_nodes=exposure_nodes, threads=threads),
-             db, quiet)
+    run_and_tell(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
+                            batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
+                            reference=None if reference == "none" else reference,
+                            non_members=str(non_members) if non_members else None,
+                            secret_candidates=secret_candidates, exposure_nodes=exposure_nodes,
+                            threads=threads), db, quiet)
 
 
 @app.command()
@@ -281,9 +281,9 @@ def demo(
     if background:
         from gnq_core.pipelines.demo_job import start_demo_job
 
-        console.print(start_demo_job(_store(db), job), soft_wrap=True, highlight=False)
+        console.print(start_demo_job(open_store(db), job), soft_wrap=True, highlight=False)
         return
-    _run_job(job, db, quiet)
+    run_and_tell(job, db, quiet)
 
 
 @app.command()
@@ -297,4 +297,4 @@ def job(
     """Run one step of a dashboard job: its settings are read from the job file, not a command line."""
     from gnq_core.pipelines.jobs import Job
 
-    _run_job(Job.load(file).settings(step), db, quiet)
+    run_and_tell(Job.load(file).settings(step), db, quiet)

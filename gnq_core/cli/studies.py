@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from gnq_core.cli._base import DbOption, DeviceOption, QuietOption, _done, _store, _warn, app, user_errors
+from gnq_core.cli.command import DbOption, DeviceOption, QuietOption, app, open_store, say, user_errors, warn
 
 # ----------------------------------------------------------------------------------------- gnq study
 study_app = typer.Typer(
@@ -57,7 +57,7 @@ def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, da
     if scale not in SCALES:
         raise ValueError(f"--scale must be {', '.join(SCALES[:-1])} or {SCALES[-1]}, not {scale!r}")
     torch.set_num_threads(threads)
-    store = _store(db)
+    store = open_store(db)
     flags = [f"--db {store.path}"] + (["--quick"] if quick else []) + (
         [f"--scale {scale}"] if scale != "full" else [])
     defaults = {"data_dir": None, "reports": Path("reports"), "work": None, "tag": None, "seed": 0,
@@ -69,10 +69,10 @@ def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, da
     ctx = StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
                        reports_root=reports, data_dir=data_dir, tag=tag,
                        command=" ".join(["gnq study", name, *flags]),
-                       reporter_factory=JobProgress(store, quiet=quiet, warn=_warn).reporter)
+                       reporter_factory=JobProgress(store, quiet=quiet, warn=warn).reporter)
     t0 = time.perf_counter()
     path = run(ctx, **options)
-    _done(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
+    say(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
 
 
 @study_app.command("common-knowledge")

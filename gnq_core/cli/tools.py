@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from gnq_core.cli._base import QuietOption, app, console, err_console, user_errors
+from gnq_core.cli.command import QuietOption, app, console, err_console, user_errors
 
 
 @app.command()

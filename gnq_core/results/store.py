@@ -29,12 +29,12 @@ from gnq_core.results.store_queries import StoreQueries
 from gnq_core.results.store_schema import (
     SCHEMA_VERSION,
     StoreError,
-    _apply_migrations,
-    _atomically,
-    _current_version,
+    apply_migrations,
+    atomically,
     check_tables,
+    current_version,
 )
-from gnq_core.results.store_writes import StoreWrites, _insert_examples, _insert_run, shard_select
+from gnq_core.results.store_writes import StoreWrites, insert_examples, insert_run, shard_select
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -81,7 +81,7 @@ class Store(StoreQueries, StoreWrites):
             # Nothing written yet: read from an empty in-memory store with the same schema.
             con = duckdb.connect(":memory:")
             try:
-                _apply_migrations(con, 0)
+                apply_migrations(con, 0)
                 yield con
             finally:
                 con.close()
@@ -90,7 +90,7 @@ class Store(StoreQueries, StoreWrites):
         if read_only and not self._ready:
             # Refuse foreign or newer files on reads too; an older store is migrated first, so
             # every query sees the current schema.
-            if _current_version(con, self.path) < SCHEMA_VERSION:
+            if current_version(con, self.path) < SCHEMA_VERSION:
                 con.close()
                 self._ensure_schema()
                 con = self._open(read_only)
@@ -111,7 +111,7 @@ class Store(StoreQueries, StoreWrites):
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A write connection inside BEGIN/COMMIT; rolled back on any exception."""
-        with self.connect() as con, _atomically(con):
+        with self.connect() as con, atomically(con):
             yield con
 
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
@@ -150,10 +150,10 @@ class Store(StoreQueries, StoreWrites):
             raise StoreError(f"{self.path}: cannot create its folder ({exc.strerror or exc})") from None
         con = self._open(read_only=False)
         try:
-            version = _current_version(con, self.path)
+            version = current_version(con, self.path)
             if version < SCHEMA_VERSION:
                 check_tables(con, self.path, version)
-                _apply_migrations(con, version)
+                apply_migrations(con, version)
         except _IO_ERRORS as exc:
             raise StoreError(f"{self.path}: cannot write the store ({one_line(exc)})") from None
         except duckdb.Error as exc:  # a damaged older store: the one transaction was rolled back
@@ -181,7 +181,7 @@ class Store(StoreQueries, StoreWrites):
         if not self.path.exists():
             return 0
         with self.connect(read_only=True) as con:
-            return _current_version(con, self.path)
+            return current_version(con, self.path)
 
 
 @contextlib.contextmanager
@@ -193,10 +193,10 @@ def shard_view(spec: RunSpec, status: str, examples: pd.DataFrame, points: pd.Da
     label, kind, status; ``files``: scores / batches -> Parquet files."""
     con = duckdb.connect(":memory:")
     try:
-        _apply_migrations(con, 0)
-        run_id = _insert_run(con, spec)
+        apply_migrations(con, 0)
+        run_id = insert_run(con, spec)
         con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run_id])
-        _insert_examples(con, run_id, examples)
+        insert_examples(con, run_id, examples)
         con.register("shard_points", points.assign(run_id=run_id)[["run_id", "point", "label", "kind",
                                                                    "status"]])
         con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")

@@ -53,7 +53,8 @@ def migrations() -> list[tuple[int, Path]]:
 SCHEMA_VERSION = migrations()[-1][0]
 
 
-def _now() -> datetime:
+def timestamp() -> datetime:
+    """The time the store records (created, updated, heartbeat), to the second."""
     return datetime.now().replace(microsecond=0)
 
 
@@ -61,7 +62,7 @@ def _tables(con: duckdb.DuckDBPyConnection) -> frozenset[str]:
     return frozenset(r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall())
 
 
-def _current_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
+def current_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
     tables = _tables(con)
     if "schema_version" not in tables:
         if tables:
@@ -75,19 +76,19 @@ def _current_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
     return int(version)
 
 
-def _apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int | None = None) -> None:
+def apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int | None = None) -> None:
     """Apply every pending migration, recording each in schema_version, in one transaction: a
     migration that fails (a damaged store missing a table it alters) leaves the store as it was."""
     pending = [(v, p) for v, p in migrations() if v > current and (target is None or v <= target)]
     if not pending:
         return
-    with _atomically(con):
+    with atomically(con):
         for version, path in pending:
             if version == 1:
                 con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, "
                             "applied_at TIMESTAMP NOT NULL)")
             con.execute(path.read_text(encoding="utf-8"))
-            con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
+            con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, timestamp()])
 
 
 @functools.cache
@@ -95,7 +96,7 @@ def tables_at(version: int) -> frozenset[str]:
     """The tables a store at schema ``version`` has (its migrations applied to an empty database)."""
     con = duckdb.connect(":memory:")
     try:
-        _apply_migrations(con, 0, version)
+        apply_migrations(con, 0, version)
         return _tables(con)
     finally:
         con.close()
@@ -109,7 +110,7 @@ def check_tables(con: duckdb.DuckDBPyConnection, path: Path, version: int) -> No
 
 
 @contextlib.contextmanager
-def _atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+def atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
     con.execute("BEGIN TRANSACTION")
     try:
         yield con

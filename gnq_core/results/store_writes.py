@@ -28,7 +28,7 @@ from gnq_core.results.records import (
     resume_mismatches,
 )
 from gnq_core.results.store_queries import Run
-from gnq_core.results.store_schema import TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError, _now
+from gnq_core.results.store_schema import TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError, timestamp
 
 # The runs table's loss_convention column: the engine's conventions (engine/losses.py) in words.
 LOSS_IN_WORDS = {TOKEN_MEAN: "per-example mean next-token NLL over the example's own tokens",
@@ -48,8 +48,8 @@ class StoreWrites:
         with self.transaction() as con:
             if con.execute("SELECT 1 FROM runs WHERE name = ?", [spec.name]).fetchone():
                 raise StoreError(f"{self.path}: a run named {spec.name!r} already exists")
-            run_id = _insert_run(con, spec)
-            _insert_examples(con, run_id, examples)
+            run_id = insert_run(con, spec)
+            insert_examples(con, run_id, examples)
         return self.run(run_id)
 
     def resumable_run(self, spec: RunSpec) -> Run | None:
@@ -80,7 +80,7 @@ class StoreWrites:
         with self.transaction() as con:
             row = con.execute("SELECT run_id, settings FROM runs WHERE name = ?", [spec.name]).fetchone()
             if row is None:
-                run_id = _insert_run(con, spec)
+                run_id = insert_run(con, spec)
             else:
                 run_id, settings = row
                 if not shard_id or json.loads(settings or "{}").get("shard_id") != shard_id:
@@ -88,7 +88,7 @@ class StoreWrites:
                                      "not ingested from these shards")
                 for table in ("examples", "points", "scores", "batches"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            _insert_examples(con, run_id, examples)
+            insert_examples(con, run_id, examples)
             _insert_frame(con, "points",
                           points.assign(run_id=run_id)[["run_id", "point", "label", "kind", "status"]])
             if score_files:
@@ -96,7 +96,7 @@ class StoreWrites:
             if batch_files:
                 con.execute(f"INSERT INTO batches BY NAME {shard_select('batches', batch_files, run_id)}")
             con.execute("UPDATE runs SET status = ?, updated_at = ?, settings = ? WHERE run_id = ?",
-                        [status, _now(), json.dumps(spec.settings), run_id])
+                        [status, timestamp(), json.dumps(spec.settings), run_id])
         return self.run(run_id)
 
     def set_status(self, run: int | str, status: str, message: str | None = None) -> None:
@@ -105,7 +105,8 @@ class StoreWrites:
         with self.transaction() as con:
             con.execute("""UPDATE runs SET status = ?, message = ?, updated_at = ?, pid = ?, host = ?,
                            heartbeat_at = ? WHERE run_id = ?""",
-                        [status, message, _now(), os.getpid(), socket.gethostname(), _now(), run_id])
+                        [status, message, timestamp(), os.getpid(), socket.gethostname(), timestamp(),
+                         run_id])
 
     @contextlib.contextmanager
     def tracking(self, run_id: int) -> Iterator[None]:
@@ -131,7 +132,8 @@ class StoreWrites:
         with self.transaction() as con:
             con.execute("""UPDATE runs SET progress_done = ?, progress_total = ?, progress_note = ?,
                            updated_at = ?, pid = ?, host = ?, heartbeat_at = ? WHERE run_id = ?""",
-                        [done, total, note, _now(), os.getpid(), socket.gethostname(), _now(), run_id])
+                        [done, total, note, timestamp(), os.getpid(), socket.gethostname(), timestamp(),
+                         run_id])
 
     def add_points(self, run_id: int, points: Sequence[dict[str, Any]]) -> None:
         """Register trajectory points (label, kind, path, model_hash) as pending; existing ones are kept."""
@@ -154,13 +156,13 @@ class StoreWrites:
             con.execute("""UPDATE points SET status = 'done', seconds = ?, finished_at = ?,
                            path = coalesce(?, path), model_hash = coalesce(?, model_hash)
                            WHERE run_id = ? AND point = ?""",
-                        [seconds, _now(), path, model_hash, run_id, point])
+                        [seconds, timestamp(), path, model_hash, run_id, point])
             # The run's model: for an audit (or a training from scratch) the latest checkpoint's
             # weights; a fine-tune keeps its base model's hash.
             con.execute("""UPDATE runs SET updated_at = ?, model_hash = CASE
                                WHEN kind = 'audit' OR json_extract_string(settings, '$.init') IS NULL
                                THEN coalesce(?, model_hash) ELSE model_hash END
-                           WHERE run_id = ?""", [_now(), model_hash, run_id])
+                           WHERE run_id = ?""", [timestamp(), model_hash, run_id])
 
     def set_point_paths(self, run_id: int, paths: dict[int, str | None]) -> None:
         """Where points' checkpoint folders are now (None: deleted), in one transaction."""
@@ -183,7 +185,7 @@ class StoreWrites:
         prefix length), in one transaction: an attack is committed batch by batch."""
         with self.transaction() as con:
             frame = rows.assign(run_id=run_id, point=point, prefix_tokens=prefix_tokens,
-                                code_version=code_version, created_at=_now())
+                                code_version=code_version, created_at=timestamp())
             for column in _CALIBRATION_COLUMNS:  # absent: an uncalibrated attack over the rest of the text
                 if column not in frame.columns:
                     frame[column] = None
@@ -203,7 +205,7 @@ class StoreWrites:
         """The secret-targeted attack's rows (attacks/secret_attack.py) and its exposure null
         at one point, replacing the run's earlier ones (the latest attack is the one shown), in
         one transaction."""
-        now = _now()
+        now = timestamp()
         frame = rows.reindex(columns=SECRET_ATTACK_COLUMNS).assign(
             run_id=run_id, point=point, code_version=code_version, created_at=now)
         nulls = (null if null is not None else pd.DataFrame(columns=SECRET_NULL_COLUMNS)).reindex(
@@ -227,7 +229,7 @@ class StoreWrites:
         with self.transaction() as con:
             con.execute("DELETE FROM example_metrics WHERE run_id = ? AND metric = ?", [run_id, metric])
             frame = values.assign(run_id=run_id, metric=metric, settings=json.dumps(settings or {}),
-                                  created_at=_now())
+                                  created_at=timestamp())
             _insert_frame(con, "example_metrics",
                           frame[["run_id", "example_id", "metric", "value", "settings", "created_at"]])
 
@@ -251,7 +253,7 @@ class StoreWrites:
                 raise RunNotFoundError(f"{self.path}: no run {run_id}")
             settings = json.loads(row[0] or "{}") | entries
             con.execute("UPDATE runs SET settings = ?, updated_at = ? WHERE run_id = ?",
-                        [json.dumps(settings), _now(), run_id])
+                        [json.dumps(settings), timestamp(), run_id])
 
     def delete_run(self, run: int | str) -> None:
         run_id = self.run(run).run_id
@@ -261,8 +263,8 @@ class StoreWrites:
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
 
-def _insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
-    now = _now()
+def insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
+    now = timestamp()
     return con.execute(
         """INSERT INTO runs (name, kind, status, created_at, updated_at, lam, loss_convention,
                batch_size, seed, max_length, model_path, model_hash, dataset_path, dataset_hash,
@@ -288,7 +290,7 @@ SECRET_NULL_COLUMNS = ["kind", "template", "value", "prompt_example_id", "exposu
                        "exposure_rank", "exposure_nodes", "exposure_fit"]
 
 
-def _insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:
+def insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:
     """Insert a run's examples; the text-label columns are NULL unless the frame has them."""
     if examples is not None and len(examples):
         labels = [c for c in TEXT_LABEL_COLUMNS if c in examples.columns]

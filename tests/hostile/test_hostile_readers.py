@@ -16,7 +16,7 @@ import pytest
 from hostile_helpers import make_series
 
 from gnq_core.results.store import Store
-from gnq_core.results.store_schema import StoreError, _apply_migrations
+from gnq_core.results.store_schema import StoreError, apply_migrations
 from gnq_core.sources.datasets import DatasetError, load_texts
 
 
@@ -51,7 +51,7 @@ def test_a_5000_digit_integer_in_any_jsonl_field_is_one_line_naming_the_file(tmp
 def _schema7_store_without(tmp_path, table: str):
     db = tmp_path / "gnq.duckdb"
     con = duckdb.connect(str(db))
-    _apply_migrations(con, 0, 7)
+    apply_migrations(con, 0, 7)
     con.execute(f"DROP TABLE {table}")
     con.close()
     return db
@@ -70,7 +70,7 @@ def test_a_migration_that_fails_half_way_leaves_the_store_as_it_was(tmp_path):
     are one transaction, so schema 6 stays schema 6 (not 7 with 8 failed)."""
     db = tmp_path / "gnq.duckdb"
     con = duckdb.connect(str(db))
-    _apply_migrations(con, 0, 6)
+    apply_migrations(con, 0, 6)
     con.execute("ALTER TABLE scores ADD COLUMN min_k DOUBLE")  # migration 8 adds it
     con.close()
     before = hashlib.sha256(db.read_bytes()).hexdigest()

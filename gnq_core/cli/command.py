@@ -81,26 +81,26 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _store(db: Path | None, *, create: bool = True):
+def open_store(db: Path | None, *, create: bool = True):
     """The store; ``create=False`` (reading commands) refuses one that does not exist yet."""
     from gnq_core.results.store import Store
 
-    store = Store(db, on_wait=_warn)
+    store = Store(db, on_wait=warn)
     return store if create else store.require_existing()
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     err_console.print(terminal_safe(message), soft_wrap=True, highlight=False, markup=False)
 
 
-def _run_job(settings: JobSettings, db: Path | None, quiet: bool) -> None:
+def run_and_tell(settings: JobSettings, db: Path | None, quiet: bool) -> None:
     """Run the job (pipelines/run.py) with a progress bar unless ``quiet``; print what it says."""
     from gnq_core.pipelines.run import run_job
     from gnq_core.progress import JobProgress
 
-    store = _store(db)
-    for line in run_job(settings, store, JobProgress(store, quiet=quiet, warn=_warn)):
-        _done(quiet, line)
+    store = open_store(db)
+    for line in run_job(settings, store, JobProgress(store, quiet=quiet, warn=warn)):
+        say(quiet, line)
 
 
 @app.callback()
@@ -116,6 +116,6 @@ def main() -> None:
     interrupts.install()
 
 
-def _done(quiet: bool, message: str) -> None:
+def say(quiet: bool, message: str) -> None:
     if not quiet:
         console.print(markup_safe(message), highlight=False)
