@@ -59,7 +59,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gnq_core app tests tools
+	$(VENV)/bin/ruff check gnq_core app research tests tools
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache site

@@ -11,9 +11,9 @@ import pandas as pd
 
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import length_control as lc
-from gnq_core.studies import common_knowledge as ck
-from gnq_core.studies import report as rep
-from gnq_core.studies.real_model_report import MEMBERSHIP_SIGNALS, membership_table
+from research.studies import common_knowledge as ck
+from research.studies import report as rep
+from research.studies.real_model_report import MEMBERSHIP_SIGNALS, membership_table
 
 
 def _copied(records: int, copies: int, negatives: int, seed: int = 0):

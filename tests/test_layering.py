@@ -1,9 +1,10 @@
 """The layers of docs/DESIGN.md §5, enforced on every import statement (also those inside functions):
-engine < sources < results < attacks < pipelines < analysis < studies, cli < app.  Every package is covered;
+engine < sources < results < attacks < pipelines < analysis < cli < app.  Every package is covered;
 nothing below the CLI runs the CLI as a program; the app imports only the packages' facades, whose
-``__all__`` names exist.  Inside a package, module-level imports form no cycle, and neither new cycles
-through imports inside functions nor new private names imported across modules appear (the
-existing ones are listed, each by name)."""
+``__all__`` names exist.  The studies (research/, not installed) import gnq_core's public names, and
+nothing in gnq_core imports them (``gnq study`` finds them by name, cli/studies.py).  Inside a
+package, module-level imports form no cycle, and neither new cycles through imports inside
+functions nor private names imported across modules appear."""
 
 from __future__ import annotations
 
@@ -16,19 +17,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = {  # package -> what it must not import
-    "gnq_core.engine": ("sources", "results", "attacks", "pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.sources": ("results", "attacks", "pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.results": ("attacks", "pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.attacks": ("pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.pipelines": ("analysis", "studies", "cli", "app"),
-    "gnq_core.analysis": ("attacks", "pipelines", "studies", "cli", "app"),  # pure frame/figure functions
-    "gnq_core.studies": ("cli", "app"),
+    "gnq_core.engine": ("sources", "results", "attacks", "pipelines", "analysis", "cli", "app"),
+    "gnq_core.sources": ("results", "attacks", "pipelines", "analysis", "cli", "app"),
+    "gnq_core.results": ("attacks", "pipelines", "analysis", "cli", "app"),
+    "gnq_core.attacks": ("pipelines", "analysis", "cli", "app"),
+    "gnq_core.pipelines": ("analysis", "cli", "app"),
+    "gnq_core.analysis": ("attacks", "pipelines", "cli", "app"),  # pure frame/figure functions
     "gnq_core.cli": ("app",),
     "gnq_core": ("app",),
 }
 # What the app may import from gnq_core: the facades (each package's public API) and access.py.
 FACADES = ("gnq_core", "gnq_core.engine", "gnq_core.sources", "gnq_core.results", "gnq_core.attacks",
-           "gnq_core.pipelines", "gnq_core.analysis", "gnq_core.studies", "gnq_core.access")
+           "gnq_core.pipelines", "gnq_core.analysis", "gnq_core.access")
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
@@ -62,6 +62,29 @@ def test_no_layer_imports_a_layer_above_it(package):
                 target = above if above == "app" else f"gnq_core.{above}"
                 if module == target or module.startswith(target + "."):
                     bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_installed_imports_the_research():
+    """research/ is not installed: an import of it from gnq_core or the app would fail on a user's
+    machine.  ``gnq study`` imports its study by name (cli/studies.py's ``study_module``), the one
+    place that names it, and says in one line where the studies are when they are not there."""
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+           for top in ("gnq_core", "app") for path in sorted((ROOT / top).rglob("*.py"))
+           for module, _, line in imports(path) if module.split(".")[0] == "research"]
+    assert not bad, "\n".join(bad)
+    naming = sorted(str(p.relative_to(ROOT)) for top in ("gnq_core", "app")
+                    for p in (ROOT / top).rglob("*.py") if "research.studies" in p.read_text())
+    assert naming == ["gnq_core/cli/studies.py"]
+
+
+def test_the_research_uses_only_public_names_of_gnq_core():
+    bad = []
+    for path in sorted((ROOT / "research").rglob("*.py")):
+        for module, names, line in imports(path):
+            private = [p for p in module.split(".") + names if p.startswith("_")]
+            if module.split(".")[0] == "gnq_core" and private:
+                bad.append(f"{path.relative_to(ROOT)}:{line} uses {module}: {', '.join(private)}")
     assert not bad, "\n".join(bad)
 
 
@@ -209,7 +232,7 @@ def module_graph(files: dict[str, Path], module_level: bool = True
 
 
 def package_of(module: str) -> str:
-    """gnq_core.<package> (its subpackages included), gnq_core's own modules, or app."""
+    """gnq_core.<package> (its subpackages included), gnq_core's own modules, app or research."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "gnq_core" and len(parts) > 2 else parts[0]
 
@@ -246,7 +269,7 @@ def cycles_inside_packages(edges: dict[str, set[str]]) -> list[frozenset[str]]:
 
 
 def source_files(root: Path = ROOT) -> dict[str, Path]:
-    return {module_name(p, root): p for top in ("gnq_core", "app")
+    return {module_name(p, root): p for top in ("gnq_core", "app", "research")
             for p in sorted((root / top).rglob("*.py"))}
 
 
@@ -322,7 +345,7 @@ def test_the_cycle_and_private_checks_see_a_violation(tmp_path):
         frozenset({"gnq_core.p.a", "gnq_core.p.d"})]
 
 
-def gnq_imports(roots: tuple[str, ...] = ("gnq_core", "app", "benchmarks", "examples")
+def gnq_imports(roots: tuple[str, ...] = ("gnq_core", "app", "research", "benchmarks", "examples")
                 ) -> list[tuple[Path, int, str, list[str]]]:
     """(file, line, module, names) for every import of a gnq_core module, inside functions too."""
     return [(p, line, module, names) for top in roots for p in sorted((ROOT / top).rglob("*.py"))

@@ -19,10 +19,10 @@ from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, targeted_rows
 from gnq_core.cli import app
 from gnq_core.results.store import Store
-from gnq_core.studies.base import wikitext_chunks
-from gnq_core.studies.counterfactual import CF_METRIC, cf_subset, counterfactual_memorization
-from gnq_core.studies.report import auc_cell, auc_interval, ci_column, fmt, markdown_table
-from gnq_core.studies.trajectories import audit_epochs
+from research.studies.base import wikitext_chunks
+from research.studies.counterfactual import CF_METRIC, cf_subset, counterfactual_memorization
+from research.studies.report import auc_cell, auc_interval, ci_column, fmt, markdown_table
+from research.studies.trajectories import audit_epochs
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,7 +250,7 @@ def test_clear_errors(tmp_path):
 def test_paraphrased_facts_are_audited_in_new_words_and_claims_were_never_seen():
     import re
 
-    from gnq_core.studies.paraphrases import PRETRAIN_WORDINGS, bank, load_facts
+    from research.studies.paraphrases import PRETRAIN_WORDINGS, bank, load_facts
 
     words = bank(None, seed=0)
     facts = load_facts()
@@ -270,7 +270,7 @@ def test_paraphrased_facts_are_audited_in_new_words_and_claims_were_never_seen()
 
 
 def test_regime_is_the_point_inside_the_band_closest_to_its_middle():
-    from gnq_core.studies.sweep import choose_regime
+    from research.studies.sweep import choose_regime
 
     rates = pd.DataFrame({"lr": [1e-3, 1e-3, 2e-3, 2e-3], "epoch": [10, 20, 10, 20],
                           "rate": [0.05, 0.35, 0.55, 0.9]})
@@ -353,9 +353,9 @@ def test_wikitext_chunks_are_bounded_sentences():
 
 def test_paper_scale_is_the_papers_setup(tmp_path):
     from gnq_core.sources.models import PRESETS
-    from gnq_core.studies import common_knowledge as ck
-    from gnq_core.studies import trajectories as tr
-    from gnq_core.studies.base import StudyContext
+    from research.studies import common_knowledge as ck
+    from research.studies import trajectories as tr
+    from research.studies.base import StudyContext
 
     ctx = StudyContext(store=Store(tmp_path / "gnq.duckdb"), scale="paper")
     assert ctx.label("trajectories") == "trajectories-paper" and ctx.pick(1, 2, 3) == 3
@@ -366,7 +366,7 @@ def test_paper_scale_is_the_papers_setup(tmp_path):
     assert PRESETS[cfg.train.preset] == PRESETS[ck.PAPER.pretrain.preset] == {"n_layer": 12, "n_embd": 768,
                                                                              "n_head": 12}
     if HAS_DATA:
-        from gnq_core.studies.base import ag_news
+        from research.studies.base import ag_news
 
         assert sum(len(t.split()) >= cfg.min_words for t, _ in ag_news(SHARED_DATA)) >= cfg.examples
     with pytest.raises(ValueError, match="scale"):
@@ -380,7 +380,7 @@ def test_pretrain_keeps_the_schedules_checkpoints_and_the_latest_optimizer_state
     from gnq_core.pipelines.settings import TrainSettings
     from gnq_core.progress import Reporter
     from gnq_core.sources.datasets import load_texts
-    from gnq_core.studies.common_knowledge import pretrain
+    from research.studies.common_knowledge import pretrain
 
     (tmp_path / "t.txt").write_text("\n".join(texts(8)) + "\n")
     settings = TrainSettings(epochs=3, batch_size=4, max_length=16, vocab_size=300, device="cpu")
@@ -399,7 +399,7 @@ def test_pretrain_stopped_after_an_epoch_then_rerun_equals_an_uninterrupted_pret
     from gnq_core.pipelines.settings import TrainSettings
     from gnq_core.progress import Reporter
     from gnq_core.sources.datasets import load_texts
-    from gnq_core.studies.common_knowledge import pretrain
+    from research.studies.common_knowledge import pretrain
 
     class StopAtEpoch2(Reporter):
         def stage(self, label, total):
@@ -426,10 +426,10 @@ def test_real_scale_fine_tunes_the_given_model_and_reports_each_claim(tmp_path, 
 
     from gnq_core.sources.checkpoints.save import save_checkpoint
     from gnq_core.sources.models import build_model, train_tokenizer
-    from gnq_core.studies import common_knowledge as ck
-    from gnq_core.studies import common_knowledge_real as real
-    from gnq_core.studies import paraphrases
-    from gnq_core.studies.base import StudyContext
+    from research.studies import common_knowledge as ck
+    from research.studies import common_knowledge_real as real
+    from research.studies import paraphrases
+    from research.studies.base import StudyContext
 
     words = paraphrases.bank(8, 0)
     tok = train_tokenizer(words.pretrain + words.facts + words.claims + words.seen_claims, vocab_size=300)

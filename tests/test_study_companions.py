@@ -17,7 +17,7 @@ from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.solve import gnq_from_kernel
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
-from gnq_core.studies import companions as co
+from research.studies import companions as co
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import length_control as lc
 from gnq_core.analysis.partial import partial_rank_correlation
 from gnq_core.cli import app
-from gnq_core.studies import counterfactual_study as cs
+from research.studies import counterfactual_study as cs
 
 
 def test_quick_study_counterfactual_memorisation_grows_with_copies(tmp_path):

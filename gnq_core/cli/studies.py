@@ -1,15 +1,21 @@
-"""``gnq study NAME``: the paper's studies (gnq_core/studies/), each a set of runs plus a report."""
+"""``gnq study NAME``: the paper's studies, each a set of runs plus a report.  The studies live in the
+repository's research/ folder, which the installed package does not include: each command imports
+its study from there (``study_module``) and, without it, says so in one line."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import typer
 
 from gnq_core.cli.command import DbOption, DeviceOption, QuietOption, app, open_store, say, user_errors, warn
+from gnq_core.usage_errors import fail
 
 # ----------------------------------------------------------------------------------------- gnq study
 study_app = typer.Typer(
@@ -43,6 +49,23 @@ ThreadsOption = typer.Option(1, min=1, help="torch CPU threads. The studies' sma
                                           "from more, and lose much when other jobs share the cores.")
 
 
+def study_module(name: str) -> ModuleType:
+    """``research.studies.NAME``, from the research/ folder of the repository gnq_core runs from (a
+    clone, an editable install) or of the current folder; one line and exit code 1 without one."""
+    try:
+        return importlib.import_module(f"research.studies.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("research", "research.studies"):
+            raise
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (root / "research" / "studies" / "__init__.py").is_file():
+            sys.path.insert(0, str(root))
+            sys.modules.pop("research", None)  # another package of that name, imported above
+            return importlib.import_module(f"research.studies.{name}")
+    fail("gnq study: the studies live in the repository's research/ folder, which an installed gnq-audit "
+         "does not include; clone the repository and run gnq study from it")
+
+
 def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, data_dir: Path | None,
            reports: Path, work: Path | None, tag: str | None, seed: int, device: str, quiet: bool,
            threads: int, scale: str, options: dict[str, Any], shown: dict[str, Any] | None = None) -> None:
@@ -51,11 +74,10 @@ def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, da
     import torch
 
     from gnq_core.progress import JobProgress
-    from gnq_core.studies import StudyContext
-    from gnq_core.studies.base import SCALES
 
-    if scale not in SCALES:
-        raise ValueError(f"--scale must be {', '.join(SCALES[:-1])} or {SCALES[-1]}, not {scale!r}")
+    base = study_module("base")
+    if scale not in base.SCALES:
+        raise ValueError(f"--scale must be {', '.join(base.SCALES[:-1])} or {base.SCALES[-1]}, not {scale!r}")
     torch.set_num_threads(threads)
     store = open_store(db)
     flags = [f"--db {store.path}"] + (["--quick"] if quick else []) + (
@@ -66,10 +88,10 @@ def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, da
                  threads=threads) | (options if shown is None else shown)
     flags += [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
               if v is not None and v != defaults.get(k)]
-    ctx = StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
-                       reports_root=reports, data_dir=data_dir, tag=tag,
-                       command=" ".join(["gnq study", name, *flags]),
-                       reporter_factory=JobProgress(store, quiet=quiet, warn=warn).reporter)
+    ctx = base.StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
+                            reports_root=reports, data_dir=data_dir, tag=tag,
+                            command=" ".join(["gnq study", name, *flags]),
+                            reporter_factory=JobProgress(store, quiet=quiet, warn=warn).reporter)
     t0 = time.perf_counter()
     path = run(ctx, **options)
     say(quiet, f"report {path} ({time.perf_counter() - t0:.0f} s); store {ctx.store.path}")
@@ -85,7 +107,7 @@ def study_common_knowledge(
     threads: int = ThreadsOption, quiet: bool = QuietOption,
 ) -> None:
     """Facts the model knows vs. surprising false claims: GNQ, loss, K_jj, counterfactual memorization."""
-    from gnq_core.studies import common_knowledge
+    common_knowledge = study_module("common_knowledge")
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models)
     _study("common-knowledge", common_knowledge.run, db, quick, data_dir, reports, work, tag, seed, device,
@@ -108,7 +130,7 @@ def study_extraction(
     quiet: bool = QuietOption,
 ) -> None:
     """Targeted prefix attack on the common-knowledge model: top-k by GNQ, counterfactual, loss, random."""
-    from gnq_core.studies import extraction
+    extraction = study_module("extraction")
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
                    prefix_tokens=prefix_tokens, threshold=threshold)
@@ -131,7 +153,7 @@ def study_trajectories(
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ over checkpoints of a long AG News training; attack success per GNQ_total quantile bin."""
-    from gnq_core.studies import trajectories
+    trajectories = study_module("trajectories")
 
     options = dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
     _study("trajectories", trajectories.run, db, quick, data_dir, reports, work, tag, seed, device, quiet,
@@ -153,7 +175,7 @@ def study_membership(
 ) -> None:
     """Leave-half-out membership: per-model membership AUC of each signal, and which signal predicts
     how far a text's in-model and out-model losses separate."""
-    from gnq_core.studies import membership
+    membership = study_module("membership")
 
     options = dict(models=models, canaries=canaries)
     _study("membership", membership.run, db, quick, data_dir, reports, work, tag, seed, device, quiet,
@@ -185,7 +207,7 @@ def study_companions(
 ) -> None:
     """GNQ against 16 … all training texts through gradient sketches (SmolLM2 fine-tuned on CPU): the
     share of each gradient its companions explain, and membership and extraction AUC."""
-    from gnq_core.studies import companions
+    companions = study_module("companions")
 
     try:
         seed_list = [int(s) for s in seeds.split(",")] if seeds else None
@@ -218,7 +240,7 @@ def study_counterfactual(
 ) -> None:
     """Counterfactual memorisation on half-trained models, and what each signal of one model trained on
     everything (GNQ, K_jj, loss, Min-K%++, zlib, copies, length) says about it beyond the others."""
-    from gnq_core.studies import counterfactual_study
+    counterfactual_study = study_module("counterfactual_study")
 
     try:
         seed_list = [int(s) for s in seeds.split(",")] if seeds else None

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gnq_core.studies.base import DEFAULT_DATA_DIR, ag_news
+from research.studies.base import DEFAULT_DATA_DIR, ag_news
 
 work, n = Path(sys.argv[1]), int(sys.argv[2])
 data = Path(sys.argv[3]) if sys.argv[3] else DEFAULT_DATA_DIR
@@ -42,6 +42,6 @@ T2=$(date +%s)
 $PY -m gnq_core.cli extract --run real-ft --reference "$MODEL" --prefix-tokens 12 --suffix-tokens 8 \
     --db "$DB" --threads 1 --quiet
 T3=$(date +%s)
-$PY -m gnq_core.studies.real_model_report "$DB" reports/real-model \
+$PY -m research.studies.real_model_report "$DB" reports/real-model \
     --model "$MODEL" --seconds "train=$((T1-T0)),audit=$((T2-T1)),extract=$((T3-T2)),total=$((T3-START))" \
     --command "MEMBERS=$MEMBERS EPOCHS=$EPOCHS LR=$LR MAXLEN=$MAXLEN reports/real-model/run.sh"

@@ -45,9 +45,9 @@ from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.tokens import encode_texts, pad_id
-from gnq_core.studies import report as rep
-from gnq_core.studies.base import StudyContext, Timings, ag_news, same_settings_or_tag, write_dataset
-from gnq_core.studies.counterfactual import cf_subset
+from research.studies import report as rep
+from research.studies.base import StudyContext, Timings, ag_news, same_settings_or_tag, write_dataset
+from research.studies.counterfactual import cf_subset
 
 STUDY = "membership"
 

@@ -51,10 +51,10 @@ from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
-from gnq_core.studies import report as rep
-from gnq_core.studies.base import StudyContext, Timings, ag_news, machine
-from gnq_core.studies.companions import DEMO_DATA, FIRST, LAST, TOWNS, fine_tune, load_model
-from gnq_core.studies.counterfactual import cf_subset, counterfactual_memorization
+from research.studies import report as rep
+from research.studies.base import StudyContext, Timings, ag_news, machine
+from research.studies.companions import DEMO_DATA, FIRST, LAST, TOWNS, fine_tune, load_model
+from research.studies.counterfactual import cf_subset, counterfactual_memorization
 
 STUDY = "counterfactual"
 CF = "cf_memorisation"

@@ -40,10 +40,10 @@ from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.real_models import PROVENANCE, cached_model
 from gnq_core.sources.tokens import encode_texts, pad_id
-from gnq_core.studies import counterfactual as cf
-from gnq_core.studies import paraphrases
-from gnq_core.studies import report as rep
-from gnq_core.studies.base import StudyContext, Timings, same_settings_or_tag, write_dataset
+from research.studies import counterfactual as cf
+from research.studies import paraphrases
+from research.studies import report as rep
+from research.studies.base import StudyContext, Timings, same_settings_or_tag, write_dataset
 
 STUDY = "common-knowledge"
 POSITIVE, NEGATIVE = "surprising", "common"

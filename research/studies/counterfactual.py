@@ -26,7 +26,7 @@ from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.tokens import encode_texts, pad_id
-from gnq_core.studies.base import StudyContext
+from research.studies.base import StudyContext
 
 CF_METRIC = "counterfactual_memorization"
 

@@ -34,8 +34,8 @@ from gnq_core.analysis.summaries import log_trajectory_matrix, quantile_bins
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.sources.datasets import load_texts
-from gnq_core.studies import report as rep
-from gnq_core.studies.base import (
+from research.studies import report as rep
+from research.studies.base import (
     StudyContext,
     Timings,
     ag_news,
@@ -44,7 +44,7 @@ from gnq_core.studies.base import (
     same_settings_or_tag,
     write_dataset,
 )
-from gnq_core.studies.sweep import Rule, choose_regime, lr_folder, run_sweep
+from research.studies.sweep import Rule, choose_regime, lr_folder, run_sweep
 
 STUDY = "trajectories"
 BAND = (0.2, 0.6)  # the share of texts extracted that can tell the signals apart

@@ -51,8 +51,8 @@ from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.solve import gnq_from_kernel
 from gnq_core.engine.window import WindowAuditor
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
-from gnq_core.studies import report as rep
-from gnq_core.studies.base import StudyContext, Timings, ag_news, machine
+from research.studies import report as rep
+from research.studies.base import StudyContext, Timings, ag_news, machine
 
 STUDY = "companions"
 ALL = "all"

@@ -44,9 +44,9 @@ from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
 from gnq_core.sources.tokens import encode_texts, pad_id
-from gnq_core.studies import paraphrases
-from gnq_core.studies import report as rep
-from gnq_core.studies.base import (
+from research.studies import paraphrases
+from research.studies import report as rep
+from research.studies.base import (
     StudyContext,
     Timings,
     ag_news,
@@ -55,7 +55,7 @@ from gnq_core.studies.base import (
     wikitext_chunks,
     write_dataset,
 )
-from gnq_core.studies.counterfactual import CF_METRIC, counterfactual
+from research.studies.counterfactual import CF_METRIC, counterfactual
 
 STUDY = "common-knowledge"
 POSITIVE, NEGATIVE = "surprising", "common"  # AUC > 0.5: surprising claims score higher
@@ -309,7 +309,7 @@ def with_auc_intervals(per_point: pd.DataFrame, both: pd.DataFrame, seed: int,
 def run(ctx: StudyContext, facts: Path | None = None, claims: Path | None = None,
         cf_models: int | None = None) -> Path:
     if ctx.preset == "real":  # a pretrained model instead of our own pretraining
-        from gnq_core.studies import common_knowledge_real
+        from research.studies import common_knowledge_real
 
         if facts is not None or claims is not None or cf_models is not None:
             raise ValueError("--scale real uses data/knowledge.csv and no counterfactual models: "

@@ -21,7 +21,7 @@ from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.tokens import encode_texts
-from gnq_core.studies.common_knowledge import pretrain
+from research.studies.common_knowledge import pretrain
 
 SWEEP_FILE = "sweep.json"
 

@@ -1,7 +1,7 @@
 """The real-model report (reports/real-model/run.sh): membership and extraction tables of a
 fine-tuned SmolLM2-135M, read back from the store, with intervals, model hash, machine and time.
 
-``python -m gnq_core.studies.real_model_report DB FOLDER --model PATH --seconds k=v,...``
+``python -m research.studies.real_model_report DB FOLDER --model PATH --seconds k=v,...``
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from gnq_core.attacks.non_members import membership_frame
 from gnq_core.results.store import Store
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.real_models import PROVENANCE
-from gnq_core.studies import report as rep
-from gnq_core.studies.base import machine
+from research.studies import report as rep
+from research.studies.base import machine
 
 # (column, label, higher means member): fixed by each signal's meaning before any outcome is read;
 # GNQ and K_jj follow the project's convention (higher = more at risk), which may point the wrong

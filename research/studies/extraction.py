@@ -19,10 +19,10 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, quantile_bins, targeted_rows
-from gnq_core.studies import common_knowledge as ck
-from gnq_core.studies import report as rep
-from gnq_core.studies.base import StudyContext, Timings, attack_last_point, attacked_totals
-from gnq_core.studies.counterfactual import CF_METRIC
+from research.studies import common_knowledge as ck
+from research.studies import report as rep
+from research.studies.base import StudyContext, Timings, attack_last_point, attacked_totals
+from research.studies.counterfactual import CF_METRIC
 
 STUDY = "extraction"
 FRACTIONS = (0.05, 0.10, 0.20)

@@ -20,7 +20,7 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.runtime import resolve_device
-from gnq_core.studies.base import StudyContext, Timings, machine
+from research.studies.base import StudyContext, Timings, machine
 
 Format = str | Callable[[Any], str]
 GROUP_COLOURS = {"common": "tab:orange", "surprising": "tab:blue"}  # as in the paper's Fig. 3–4

@@ -14,6 +14,6 @@ PNG figures to ``reports/NAME/``:
 * ``real_model_report`` — the report of reports/real-model/run.sh (SmolLM2-135M fine-tuned on CPU).
 """
 
-from gnq_core.studies.base import StudyContext
+from research.studies.base import StudyContext
 
 __all__ = ["StudyContext"]
