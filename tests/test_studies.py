@@ -246,6 +246,29 @@ def test_clear_errors(tmp_path):
     assert not db.exists() or counts(Store(db))["runs"] == 0
 
 
+def test_without_the_research_folder_gnq_study_says_where_the_studies_are(tmp_path, monkeypatch):
+    """From a clone the studies are found beside gnq_core even when research is not on sys.path
+    (the `gnq` script of an editable install); an installed gnq-audit has no research/ (it is not
+    in the wheel): one line, exit code 1, nothing written."""
+    import sys
+
+    from gnq_core.cli import studies
+
+    def not_importable() -> None:  # as in a fresh process run from elsewhere
+        monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != ROOT])
+        for name in [m for m in sys.modules if m.split(".")[0] == "research"]:
+            monkeypatch.delitem(sys.modules, name)
+
+    monkeypatch.chdir(tmp_path)
+    not_importable()
+    assert studies.study_module("base").SCALES
+    not_importable()
+    monkeypatch.setattr(studies, "__file__", str(tmp_path / "site-packages" / "gnq_core" / "cli" / "x.py"))
+    out = fails("study", "membership", "--quick", "--db", tmp_path / "gnq.duckdb")
+    assert "research/ folder" in out and "clone the repository" in out
+    assert not (tmp_path / "gnq.duckdb").exists()
+
+
 # ----------------------------------------------------------------------------------------- helpers
 def test_paraphrased_facts_are_audited_in_new_words_and_claims_were_never_seen():
     import re
