@@ -40,7 +40,7 @@ def test_a_typo_in_the_store_path_is_refused_not_created(name, tmp_path, monkeyp
 
 def test_a_finished_job_links_to_its_results_with_start_and_duration(tmp_path, monkeypatch):
     from app import state
-    from gnq_core.pipelines.jobs import Job
+    from gnq_core.jobs.jobs import Job
 
     db = tmp_path / "gnq.duckdb"
     monkeypatch.setenv("GNQ_DB", str(db))
@@ -143,7 +143,7 @@ def test_the_landing_page_shows_the_demo_build_at_once_while_the_store_is_busy(t
 
     import duckdb
 
-    from gnq_core.pipelines.jobs import Job
+    from gnq_core.jobs.jobs import Job
 
     db = tmp_path / "gnq.duckdb"
     duckdb.connect(str(db)).close()
@@ -304,7 +304,7 @@ def test_the_compare_top_k_is_in_the_address(scored_store, monkeypatch):
 
 def _filled_form(series, tmp_path, monkeypatch):
     """New audit with checkpoints and texts given; starting a job records its steps instead."""
-    from gnq_core.pipelines import jobs
+    from gnq_core.jobs import jobs
 
     monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
     data = tmp_path / "texts.txt"

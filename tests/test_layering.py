@@ -1,5 +1,5 @@
 """The layers of docs/DESIGN.md §5, enforced on every import statement (also those inside functions):
-engine < sources < results < pipelines < analysis < studies, cli < app.  Every package is covered;
+engine < sources < results < pipelines < jobs, analysis < studies, cli < app.  Every package is covered;
 nothing below the CLI runs the CLI as a program; the app imports only the packages' facades, whose
 ``__all__`` names exist.  Inside a package, module-level imports form no cycle, and neither new cycles
 through imports inside functions nor new private names imported across modules appear (the
@@ -16,18 +16,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = {  # package -> what it must not import
-    "gnq_core.engine": ("sources", "results", "pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.sources": ("results", "pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.results": ("pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.pipelines": ("analysis", "studies", "cli", "app"),
-    "gnq_core.analysis": ("pipelines", "studies", "cli", "app"),  # pure frame/figure functions
+    "gnq_core.engine": ("sources", "results", "pipelines", "jobs", "analysis", "studies", "cli", "app"),
+    "gnq_core.sources": ("results", "pipelines", "jobs", "analysis", "studies", "cli", "app"),
+    "gnq_core.results": ("pipelines", "jobs", "analysis", "studies", "cli", "app"),
+    "gnq_core.pipelines": ("jobs", "analysis", "studies", "cli", "app"),
+    "gnq_core.jobs": ("analysis", "studies", "cli", "app"),  # the background jobs the CLI starts too
+    "gnq_core.analysis": ("pipelines", "jobs", "studies", "cli", "app"),  # pure frame/figure functions
     "gnq_core.studies": ("cli", "app"),
     "gnq_core.cli": ("app",),
     "gnq_core": ("app",),
 }
 # What the app may import from gnq_core: the facades (each package's public API) and access.py.
 FACADES = ("gnq_core", "gnq_core.engine", "gnq_core.sources", "gnq_core.results", "gnq_core.pipelines",
-           "gnq_core.analysis", "gnq_core.studies", "gnq_core.access")
+           "gnq_core.jobs", "gnq_core.analysis", "gnq_core.studies", "gnq_core.access")
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.pipelines.jobs import Job
+from gnq_core.jobs.jobs import Job
 from gnq_core.pipelines.settings import (
     AuditJob,
     AuditSettings,
@@ -87,7 +87,7 @@ def test_gnq_job_runs_a_step_of_a_job_file_and_refuses_a_bad_one(tmp_path):
 def test_the_new_audit_page_starts_a_job_with_validated_settings(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from gnq_core.pipelines import jobs
+    from gnq_core.jobs import jobs
     from tests.hostile.hostile_helpers import make_series, write_texts_csv
 
     series, data = make_series(tmp_path / "series", 2), write_texts_csv(tmp_path / "texts.csv", 12)

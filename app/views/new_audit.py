@@ -1,6 +1,6 @@
 """New audit: point at checkpoints and a dataset (upload or local path), set λ and friends, start.
 
-The audit runs as a background job (gnq_core.pipelines.jobs) given validated settings: the page
+The audit runs as a background job (gnq_core.jobs) given validated settings: the page
 never freezes, the job survives a reload, shows progress per checkpoint and can be cancelled.
 """
 
@@ -16,6 +16,17 @@ from app.jobs_view import job_panel
 from gnq_core import one_line
 from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
+from gnq_core.jobs import (
+    abandoned_uploads,
+    check_upload_tree,
+    list_jobs,
+    new_job_id,
+    safe_relative_path,
+    save_uploads,
+    start_job,
+    touch_staging,
+    uploads_dir,
+)
 from gnq_core.pipelines import (
     DEFAULT_PREFIX,
     DEFAULT_SECRET_CANDIDATES,
@@ -26,23 +37,14 @@ from gnq_core.pipelines import (
     AuditJob,
     AuditSettings,
     ExtractJob,
-    abandoned_uploads,
     check_companion_memory,
-    check_upload_tree,
     default_threads,
     duration,
     estimate_audit,
     estimate_lines,
-    list_jobs,
     measure_estimate,
-    new_job_id,
-    safe_relative_path,
-    save_uploads,
-    start_job,
     tokens_per_text,
     total_seconds,
-    touch_staging,
-    uploads_dir,
 )
 from gnq_core.results import MIN_BATCH_SIZE, uploads_root
 from gnq_core.sources import (

@@ -18,7 +18,8 @@ from gnq_core.analysis import (
     summary,
     values_table,
 )
-from gnq_core.pipelines import DemoJob, list_jobs, start_job
+from gnq_core.jobs import list_jobs, start_job
+from gnq_core.pipelines import DemoJob
 
 LEAKED_STATUSES = (LEAKED, PARTLY)
 

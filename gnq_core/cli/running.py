@@ -279,7 +279,7 @@ def demo(
     epochs = epochs if epochs is not None else (DemoJob.epochs if model is None else 2)
     job = DemoJob(out=str(out) if out else None, epochs=epochs, device=device, model=model)
     if background:
-        from gnq_core.pipelines.demo_job import start_demo_job
+        from gnq_core.jobs.demo_job import start_demo_job
 
         console.print(start_demo_job(_store(db), job), soft_wrap=True, highlight=False)
         return
@@ -289,12 +289,12 @@ def demo(
 @app.command()
 @user_errors
 def job(
-    file: Path = typer.Argument(..., help="A job file written by the dashboard (gnq_core.pipelines.jobs)."),
+    file: Path = typer.Argument(..., help="A job file written by the dashboard (gnq_core.jobs)."),
     step: int = typer.Option(0, min=0, help="Which of its steps to run."),
     db: Path = DbOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Run one step of a dashboard job: its settings are read from the job file, not a command line."""
-    from gnq_core.pipelines.jobs import Job
+    from gnq_core.jobs.jobs import Job
 
     _run_job(Job.load(file).settings(step), db, quiet)
