@@ -351,7 +351,7 @@ def test_the_runs_page_and_report_state_the_companion_set(tiny, monkeypatch, tmp
     assert result.exit_code == 0, result.output
     monkeypatch.setenv("GNQ_DB", str(db))
     root = Path(__file__).resolve().parents[1]
-    at = AppTest.from_file(str(root / "app" / "views" / "runs.py"), default_timeout=60)
+    at = AppTest.from_file(str(root / "gnq_core" / "dashboard" / "views" / "runs.py"), default_timeout=60)
     at.session_state["run_name"] = "page"
     at.run()
     assert not at.exception, [e.message for e in at.exception]

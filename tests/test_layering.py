@@ -1,6 +1,7 @@
 """The layers of docs/DESIGN.md §5, enforced on every import statement (also those inside functions):
-engine < sources < results < pipelines < jobs, analysis < studies, cli < app.  Every package is covered;
-nothing below the CLI runs the CLI as a program; the app imports only the packages' facades, whose
+engine < sources < results < pipelines < jobs, analysis < studies, cli < dashboard.  Every package is
+covered; nothing below the CLI runs the CLI as a program; nothing in gnq_core imports the dashboard
+(``gnq dashboard`` starts it by file path); the dashboard imports only the packages' facades, whose
 ``__all__`` names exist.  Inside a package, module-level imports form no cycle, and neither new cycles
 through imports inside functions nor new private names imported across modules appear (the
 existing ones are listed, each by name)."""
@@ -16,17 +17,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = {  # package -> what it must not import
-    "gnq_core.engine": ("sources", "results", "pipelines", "jobs", "analysis", "studies", "cli", "app"),
-    "gnq_core.sources": ("results", "pipelines", "jobs", "analysis", "studies", "cli", "app"),
-    "gnq_core.results": ("pipelines", "jobs", "analysis", "studies", "cli", "app"),
-    "gnq_core.pipelines": ("jobs", "analysis", "studies", "cli", "app"),
-    "gnq_core.jobs": ("analysis", "studies", "cli", "app"),  # the background jobs the CLI starts too
-    "gnq_core.analysis": ("pipelines", "jobs", "studies", "cli", "app"),  # pure frame/figure functions
-    "gnq_core.studies": ("cli", "app"),
-    "gnq_core.cli": ("app",),
-    "gnq_core": ("app",),
+    "gnq_core.engine": ("sources", "results", "pipelines", "jobs", "analysis", "studies", "cli", "dashboard"),
+    "gnq_core.sources": ("results", "pipelines", "jobs", "analysis", "studies", "cli", "dashboard"),
+    "gnq_core.results": ("pipelines", "jobs", "analysis", "studies", "cli", "dashboard"),
+    "gnq_core.pipelines": ("jobs", "analysis", "studies", "cli", "dashboard"),
+    "gnq_core.jobs": ("analysis", "studies", "cli", "dashboard"),  # the background jobs the CLI starts too
+    "gnq_core.analysis": ("pipelines", "jobs", "studies", "cli", "dashboard"),  # pure frame/figure functions
+    "gnq_core.studies": ("cli", "dashboard"),
+    "gnq_core.cli": ("dashboard",),  # `gnq dashboard` starts it by file path, never by import
+    "gnq_core.dashboard": (),  # the top layer
+    "gnq_core": ("dashboard",),
 }
-# What the app may import from gnq_core: the facades (each package's public API) and access.py.
+# The dashboard: the package and the checkout's entry file (app/main.py).
+DASHBOARD = ("gnq_core/dashboard", "app")
+# What the dashboard may import from the rest of gnq_core: the facades (public APIs) and access.py.
 FACADES = ("gnq_core", "gnq_core.engine", "gnq_core.sources", "gnq_core.results", "gnq_core.pipelines",
            "gnq_core.jobs", "gnq_core.analysis", "gnq_core.studies", "gnq_core.access")
 
@@ -57,10 +61,12 @@ def test_no_layer_imports_a_layer_above_it(package):
     folder = ROOT.joinpath(*package.split("."))
     bad = []
     for path in sorted(folder.rglob("*.py")):
+        own = module_name(path)
         for module, _, line in imports(path):
             for above in ABOVE[package]:
-                target = above if above == "app" else f"gnq_core.{above}"
-                if module == target or module.startswith(target + "."):
+                target = f"gnq_core.{above}"
+                inside = own == target or own.startswith(target + ".")  # gnq_core's folder holds them all
+                if not inside and (module == target or module.startswith(target + ".")):
                     bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not bad, "\n".join(bad)
 
@@ -90,11 +96,20 @@ def test_nothing_below_the_cli_runs_the_cli():
     assert not bad, "\n".join(bad)
 
 
-def test_app_uses_only_public_names_of_gnq_core():
+def dashboard_files() -> list[Path]:
+    return sorted(p for folder in DASHBOARD for p in (ROOT / folder).rglob("*.py"))
+
+
+def outside_dashboard(module: str) -> bool:
+    """A gnq_core module that is not the dashboard's own."""
+    return module.split(".")[0] == "gnq_core" and not module.startswith("gnq_core.dashboard")
+
+
+def test_dashboard_uses_only_public_names_of_gnq_core():
     bad = []
-    for path in sorted((ROOT / "app").rglob("*.py")):
+    for path in dashboard_files():
         for module, names, line in imports(path):
-            if module.split(".")[0] != "gnq_core":
+            if not outside_dashboard(module):
                 continue
             private = [p for p in module.split(".") + names if p.startswith("_")]
             if private:
@@ -102,10 +117,10 @@ def test_app_uses_only_public_names_of_gnq_core():
     assert not bad, "\n".join(bad)
 
 
-def test_app_imports_only_facades():
+def test_dashboard_imports_only_facades():
     bad = [f"{path.relative_to(ROOT)}:{line} imports {module}, not a facade"
-           for path in sorted((ROOT / "app").rglob("*.py")) for module, _, line in imports(path)
-           if module.split(".")[0] == "gnq_core" and module not in FACADES]
+           for path in dashboard_files() for module, _, line in imports(path)
+           if outside_dashboard(module) and module not in FACADES]
     assert not bad, "\n".join(bad)
 
 

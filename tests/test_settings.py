@@ -94,7 +94,7 @@ def test_the_new_audit_page_starts_a_job_with_validated_settings(tmp_path, monke
     monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
     started = []
     monkeypatch.setattr(jobs, "start_job", lambda run, db, steps, **kw: started.append((run, steps)))
-    page = Path(__file__).resolve().parents[1] / "app" / "views" / "new_audit.py"
+    page = Path(__file__).resolve().parents[1] / "gnq_core" / "dashboard" / "views" / "new_audit.py"
     at = AppTest.from_file(str(page), default_timeout=120).run()
     at.radio(key="ckpt_mode").set_value("Local path").run()
     at.text_input(key="ckpt_path").set_value(str(series)).run()

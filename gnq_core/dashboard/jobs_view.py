@@ -7,7 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import state
+from gnq_core.dashboard import state
 from gnq_core.jobs import cancel_job, list_jobs
 from gnq_core.pipelines import duration, job_seconds_left, seconds_left
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import state
-from app.jobs_view import job_panel
 from gnq_core import one_line
 from gnq_core.access import OutsideRootsError, local_path
+from gnq_core.dashboard import state
+from gnq_core.dashboard.jobs_view import job_panel
 from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
 from gnq_core.jobs import (
     abandoned_uploads,
