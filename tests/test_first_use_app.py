@@ -378,7 +378,7 @@ def test_the_form_offers_the_companion_set_of_the_cli(series, tmp_path, monkeypa
     start()
     assert not at.exception and not at.error, [e.value for e in at.error]
     settings = started[-1][0].settings
-    assert (settings.companions, settings.sketch_k, settings.companion_set_size) == (5, 256, 6)
+    assert (settings.companions, settings.sketch_k) == (5, 256)
     at.selectbox(key="form_companions").set_value("all")
     start()
     assert started[-1][0].settings.companions == "all"

@@ -28,7 +28,8 @@ from gnq_core.cli._base import (
     user_errors,
 )
 from gnq_core.pipelines.attack_defaults import MAX_SECRET_CANDIDATES, MIN_SECRET_CANDIDATES, PROTOCOL_PRESETS
-from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
+from gnq_core.pipelines.options import audit_job
+from gnq_core.pipelines.settings import AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
 
 
 @app.command()
@@ -132,19 +133,13 @@ def audit(
 
     Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
     batches and rank 0 writes the rows (the same rows as one process)."""
-    settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
-                             device=device, dtype=dtype, loss=loss, lam_mode=lam_mode,
-                             companions=_companions(companions), sketch_k=sketch_k, sketch_total=sketch_total)
-    if reference is not None and non_members is None:
-        raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
-    _run_job(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
-                      group_column=group_column, settings=settings,
-                      secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
-                      public_column=public_column,
-                      tokenizer=str(tokenizer) if tokenizer else None,
-                      non_members=str(non_members) if non_members else None, reference=reference,
-                      base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter,
-                      threads=threads), db, quiet)
+    _run_job(audit_job(checkpoints=checkpoints, data=data, name=name, lam=lam, lam_mode=lam_mode, loss=loss,
+                       batch_size=batch_size, max_length=max_length, seed=seed, device=device, dtype=dtype,
+                       companions=companions, sketch_k=sketch_k, sketch_total=sketch_total,
+                       text_column=text_column, group_column=group_column, secret_column=secret_column,
+                       secret_patterns=secret_pattern, public_column=public_column, threads=threads,
+                       tokenizer=tokenizer, base_model=base_model, merge_adapter=merge_adapter,
+                       non_members=non_members, reference=reference), db, quiet)
 
 
 @app.command()
@@ -193,16 +188,6 @@ def estimate(
                                    checkpoints=len(refs), tokenizer=str(tokenizer) if tokenizer else None,
                                    device=device)
     console.print(describe(estimate_lines(work, probe), probe), markup=False, highlight=False, soft_wrap=True)
-
-
-def _companions(value: str | None) -> int | str | None:
-    """--companions N or 'all' (the settings check the value)."""
-    if value is None or value.strip().lower() == "all":
-        return None if value is None else "all"
-    try:
-        return int(value)
-    except ValueError:
-        return value
 
 
 @app.command()

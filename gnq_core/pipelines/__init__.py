@@ -16,6 +16,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".extraction": ("AttackRule",),
     ".hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
     ".non_members": ("ground_truth_of", "membership_frame", "membership_of"),
+    ".options": ("COMPANION_CHOICES", "audit_job", "companion_choice", "companions_option"),
     ".run": ("run_job",),
     ".settings": ("AuditJob", "AuditSettings", "DemoJob", "ExtractJob", "JobSettings", "TrainJob",
                   "TrainSettings", "job_dict", "job_from_dict"),

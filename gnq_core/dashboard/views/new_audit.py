@@ -28,16 +28,19 @@ from gnq_core.jobs import (
     uploads_dir,
 )
 from gnq_core.pipelines import (
+    COMPANION_CHOICES,
     DEFAULT_PREFIX,
     DEFAULT_SECRET_CANDIDATES,
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
     MAX_SECRET_CANDIDATES,
     MIN_SECRET_CANDIDATES,
-    AuditJob,
     AuditSettings,
     ExtractJob,
+    audit_job,
     check_companion_memory,
+    companion_choice,
+    companions_option,
     default_threads,
     duration,
     estimate_audit,
@@ -67,10 +70,10 @@ from gnq_core.sources import (
 LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
 DEFAULT = AuditSettings  # the form starts at the settings type's defaults (its fields' class attributes)
 LAM_MODE_LABELS = {LAM_ABSOLUTE: "absolute (default)", LAM_RELATIVE: "relative to the batch's mean K_jj"}
-# The companion set (the CLI's --companions N|all): None, N or "all", as AuditSettings.companions takes.
-COMPANION_LABELS = {"batch": "the other texts of its batch (exact; default)",
-                    "n": "N other texts of the data (sketched)",
-                    "all": "every other text of the data (sketched)"}
+# The companion set (the CLI's --companions N|all), one label for each of options.COMPANION_CHOICES.
+COMPANION_LABELS = dict(zip(COMPANION_CHOICES, ("the other texts of its batch (exact; default)",
+                                                "N other texts of the data (sketched)",
+                                                "every other text of the data (sketched)"), strict=True))
 COMPANIONS_N = 1024  # the N offered first: --companions has no default N (without it: the batch)
 COMPANIONS_NOTE = (
     "**Companion set**: the texts each text's GNQ is measured against (the others whose gradients may "
@@ -101,10 +104,6 @@ def start_blocked(upload_ckpt: bool, checkpoints: Path | None, refs: list, uploa
                        else "a dataset file is given in 2.")
     return ("Start audit is off until " + " and ".join(missing) + ".") if missing else None
 
-
-def companion_choice(companions: int | str | None) -> str:
-    """The form's choice for an ``AuditSettings.companions`` value."""
-    return "batch" if companions is None else "all" if companions == "all" else "n"
 
 st.title("New audit")
 state.sidebar(creates=True)
@@ -355,9 +354,8 @@ with st.form("settings"):
                             help="Relative: λ × the batch's mean ‖g_j‖², so GNQ does not change with the "
                                  "gradients' overall scale (compare checkpoints whose gradients shrink).")
     c1, c2, c3 = st.columns([2, 1, 1])
-    choices = list(COMPANION_LABELS)
-    companion_set = c1.selectbox("Companions (what GNQ measures each text against)", choices,
-                                 index=choices.index(companion_choice(DEFAULT.companions)),
+    companion_set = c1.selectbox("Companions (what GNQ measures each text against)", COMPANION_CHOICES,
+                                 index=COMPANION_CHOICES.index(companion_choice(DEFAULT.companions)),
                                  format_func=COMPANION_LABELS.get, key="form_companions",
                                  help="The CLI's --companions N|all (default: its batch).")
     companions_n = c2.number_input(
@@ -411,7 +409,7 @@ with st.form("settings"):
     if refs and dataset is not None and len(dataset) and base_dir is None:
         probe_key = (str(refs[0].path), refs[0].path.stat().st_mtime, str(data_path),
                      data_path.stat().st_mtime, (text_column, secret_column, public_column),
-                     tuple(p.strip() for p in patterns.splitlines() if p.strip()), int(batch_size),
+                     tuple(p.strip() for p in patterns.splitlines() if p.strip()), batch_size,
                      int(max_length), int(seed), int(threads), bool(attack),
                      bool(attack) and (bool(reference.strip()) or len(refs) > 1), int(prefix), int(suffix),
                      int(candidates), len(refs), str(tokenizer_dir) if tokenizer_dir else None)
@@ -463,17 +461,16 @@ if submitted:
     if reference.strip() and (reference_path is None or problem):
         submitted = False  # the attack's reference is refused on the page, not as a failed job
     try:  # validated here, so a bad value is refused on the page rather than as a failed job
-        companions = {"batch": None, "n": int(companions_n), "all": "all"}[companion_set]
-        audit = AuditSettings(lam=lam, batch_size=int(batch_size), max_length=int(max_length), seed=int(seed),
-                              loss=loss, lam_mode=lam_mode, companions=companions, sketch_k=int(sketch_k))
-        check_companion_memory(len(dataset) if dataset is not None else 0, audit)  # sets beyond memory
-        steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
-                          text_column=text_column, group_column=group_column, settings=audit,
+        audit = audit_job(checkpoints=checkpoints, data=data_path, name=name, lam=lam, lam_mode=lam_mode,
+                          loss=loss, batch_size=batch_size, max_length=int(max_length), seed=int(seed),
+                          companions=companions_option(companion_set, int(companions_n)),
+                          sketch_k=int(sketch_k), text_column=text_column, group_column=group_column,
                           secret_column=secret_column, public_column=public_column,
-                          secret_patterns=tuple(p.strip() for p in patterns.splitlines() if p.strip()),
-                          threads=int(threads), tokenizer=str(tokenizer_dir) if tokenizer_dir else None,
-                          base_model=str(base_dir) if base_dir is not None else None,
-                          merge_adapter=bool(merge_adapter))]
+                          secret_patterns=[p.strip() for p in patterns.splitlines() if p.strip()],
+                          threads=int(threads), tokenizer=tokenizer_dir, base_model=base_dir,
+                          merge_adapter=bool(merge_adapter))
+        check_companion_memory(len(dataset) if dataset is not None else 0, audit.settings)  # beyond memory
+        steps = [audit]
         steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
                              threshold=threshold, threads=int(threads), secret_candidates=int(candidates),
                              reference=str(reference_path) if reference_path else "first")] if attack else []
