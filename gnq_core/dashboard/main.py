@@ -1,10 +1,6 @@
-"""GNQ Audit dashboard: navigation only; each page lives in views/.
-
-Run as the main script (``streamlit run app/main.py``, whose two lines call ``main``, or
-server.py behind the HTTP gate).  The pages are given by absolute path: Streamlit resolves a
-relative one against the main script's folder, which is app/ for the entry file.  (Not pages/:
-Streamlit auto-routes a folder of that name and deep links would skip this file.)
-"""
+"""GNQ Audit dashboard: navigation only; each page lives in views/, given by absolute path (the main
+script may be app/main.py, which calls ``main``).  Not pages/: Streamlit auto-routes a folder of
+that name and deep links would skip this file."""
 
 from __future__ import annotations
 
@@ -61,5 +57,5 @@ def main() -> None:
         st.error(one_line(exc))
 
 
-if __name__ == "__main__":  # the script server.py serves (Streamlit runs it as __main__)
+if __name__ == "__main__":  # the script server.py serves
     main()

@@ -1,7 +1,5 @@
-"""The dashboard's background jobs: a job file of validated settings run by ``run_job`` in a
-process of its own (``jobs``), the uploads it audits (``uploads``), the checkpoint it keeps
-(``kept``) and the demo as a job (``demo_job``).  Above the pipelines and below the CLI and the
-dashboard, which both start jobs: nothing here imports streamlit."""
+"""Background jobs (settings run by ``run_job`` in a process of their own), their uploads and kept
+checkpoint, the demo as one: started by the dashboard and the CLI both, so no streamlit here."""
 
 from gnq_core._lazy import lazy_exports
 

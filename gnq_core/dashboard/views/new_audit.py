@@ -11,22 +11,11 @@ from pathlib import Path
 
 import streamlit as st
 
-from gnq_core import one_line
+from gnq_core import jobs, one_line
 from gnq_core.access import OutsideRootsError, local_path
 from gnq_core.dashboard import state
 from gnq_core.dashboard.jobs_view import job_panel
 from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
-from gnq_core.jobs import (
-    abandoned_uploads,
-    check_upload_tree,
-    list_jobs,
-    new_job_id,
-    safe_relative_path,
-    save_uploads,
-    start_job,
-    touch_staging,
-    uploads_dir,
-)
 from gnq_core.pipelines import (
     COMPANION_CHOICES,
     DEFAULT_PREFIX,
@@ -110,9 +99,9 @@ state.sidebar(creates=True)
 db = state.db_path()
 
 if "staging" not in st.session_state:
-    st.session_state["staging"] = new_job_id()
+    st.session_state["staging"] = jobs.new_job_id()
 staging_id = st.session_state["staging"]
-touch_staging(uploads_root(db) / staging_id)  # in use: another session's clean-up keeps it
+jobs.touch_staging(uploads_root(db) / staging_id)  # in use: another session's clean-up keeps it
 
 
 def _local(typed: str) -> Path | None:
@@ -129,7 +118,7 @@ def _local(typed: str) -> Path | None:
 def staging() -> Path:
     path = uploads_root(db) / staging_id
     if not path.exists():
-        uploads_dir(db, staging_id)
+        jobs.uploads_dir(db, staging_id)
     return path
 
 
@@ -137,8 +126,8 @@ def uploaded_folder(files: list, name: str) -> Path | None:
     """The uploaded folder, saved as ``name`` in the staging folder; refused: shown, None."""
     try:
         target = staging() / name
-        save_uploads(files, target)
-        check_upload_tree(staging())
+        jobs.save_uploads(files, target)
+        jobs.check_upload_tree(staging())
         # The browser names files by their path under the picked folder's parent
         # ("run/epoch-1/config.json"): step into that single top folder.
         entries = list(target.iterdir())
@@ -274,8 +263,8 @@ if data_mode == "Upload a file":
     if upload is not None:
         try:
             folder = staging() / "data"
-            save_uploads([upload], folder)
-            data_path = folder / safe_relative_path(upload.name)
+            jobs.save_uploads([upload], folder)
+            data_path = folder / jobs.safe_relative_path(upload.name)
         except (ValueError, OSError) as exc:
             st.error(state.plain(one_line(exc)))
 else:
@@ -478,7 +467,7 @@ if submitted:
         st.error(state.plain(exc))
 if submitted and steps:
     uploaded = uploads_root(db) / staging_id
-    start_job(name, db, steps, cleanup=[uploaded] if uploaded.exists() else [], job_id=staging_id)
+    jobs.start_job(name, db, steps, cleanup=[uploaded] if uploaded.exists() else [], job_id=staging_id)
     st.session_state.pop("staging")  # the next audit gets a fresh upload folder
     st.session_state[state.RUN_KEY] = name
     st.success(f"Started {state.plain(repr(name))}. Progress below; the other pages fill in as checkpoints "
@@ -487,8 +476,8 @@ if submitted and steps:
 job_panel(db)
 
 with st.expander("Clean up abandoned uploads", key="cleanup_uploads"):  # one element across reruns
-    busy = {j.job_id for j in list_jobs(db) if j.alive()} | {staging_id}
-    leftovers = abandoned_uploads(db, busy)
+    busy = {j.job_id for j in jobs.list_jobs(db) if j.alive()} | {staging_id}
+    leftovers = jobs.abandoned_uploads(db, busy)
     st.caption(f"{len(leftovers)} upload folder(s) not used by a running job nor touched by a session for "
                "a day.")
     if leftovers and st.button("Delete them"):
