@@ -1,52 +1,6 @@
-"""GNQ Audit dashboard: navigation only; each page lives in app/views/.
+"""`streamlit run app/main.py`: the dashboard (gnq_core/dashboard/), started from the checkout.
+`gnq dashboard` serves the same behind its HTTP gate; .streamlit/ here links to the package's config."""
 
-(Not app/pages/: Streamlit auto-routes a folder of that name and deep links would skip this file.)
-"""
+from gnq_core.dashboard.main import main
 
-from __future__ import annotations
-
-import os
-
-import streamlit as st
-
-from app import state
-from gnq_core import one_line
-from gnq_core.access import COOKIE_NAME, GATE_ENV, TOKEN_ENV, cookie_ok, token_ok
-from gnq_core.results import StoreError
-
-st.set_page_config(page_title="GNQ Audit", page_icon=":material/policy:", layout="wide")
-
-# Served remotely (`gnq dashboard --address 0.0.0.0`), the dashboard asks for the token it printed.
-# Its HTTP gate (app/gate.py) has already refused any request without it; this check is the second.
-if not st.session_state.get("authorised"):
-    if os.environ.get(TOKEN_ENV) and not os.environ.get(GATE_ENV):
-        st.error("This dashboard has a token but runs without its HTTP gate (uploads and downloads "
-                 "would be open): start it with `gnq dashboard` or `streamlit run app/server.py`.")
-        st.stop()
-    if not (token_ok(st.query_params.get("token")) or cookie_ok(st.context.cookies.get(COOKIE_NAME))):
-        st.error("This dashboard needs its access token: open the address `gnq dashboard` printed "
-                 "(it ends in ?token=…).")
-        st.stop()
-    st.session_state["authorised"] = True
-# The gate's cookie carries the session from here: the token leaves the address, so an address
-# copied to share a view never holds it.
-if "token" in st.query_params:
-    del st.query_params["token"]
-
-PAGES = [
-    st.Page("views/runs.py", title="Runs", icon=":material/table_rows:", default=True),
-    st.Page("views/new_audit.py", title="New audit", icon=":material/add_circle:"),
-    st.Page("views/trajectories.py", title="Trajectories", icon=":material/show_chart:"),
-    st.Page("views/extraction.py", title="Extraction vs GNQ", icon=":material/target:"),
-    st.Page("views/groups.py", title="Groups", icon=":material/category:"),
-    st.Page("views/drilldown.py", title="Text drill-down", icon=":material/search:"),
-    st.Page("views/flagged.py", title="Flagged texts", icon=":material/flag:"),
-    st.Page("views/dataset_map.py", title="Dataset map", icon=":material/scatter_plot:"),
-    st.Page("views/compare.py", title="Compare runs", icon=":material/compare_arrows:"),
-    st.Page("views/regression.py", title="GNQ explained: 2D regression", icon=":material/function:"),
-]
-state.PAGES.update({p.title: p for p in PAGES})
-try:
-    st.navigation(PAGES).run()
-except StoreError as exc:  # e.g. a job has held the store for too long: one line, no traceback
-    st.error(one_line(exc))
+main()

@@ -11,7 +11,7 @@ import sys
 
 from gnq_core._lazy import lazy_exports
 
-_ENTRY_MODULES = ("gnq_core.cli", "gnq_core.pipelines.jobs")
+_ENTRY_MODULES = ("gnq_core.cli", "gnq_core.jobs.jobs")
 if sys.argv[:1] == ["-m"] and any(m in sys.orig_argv for m in _ENTRY_MODULES):
     # ``python -m gnq_core.cli`` (or the dashboard's job process) is starting and Python imports this
     # package first: a Ctrl-C during the heavy imports that follow is one line, not a traceback.

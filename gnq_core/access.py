@@ -22,7 +22,7 @@ __all__ = ["ADDRESS_ENV", "COOKIE_NAME", "GATE_ENV", "HOSTS_ENV", "LOCAL_ADDRESS
 
 TOKEN_ENV = "GNQ_DASHBOARD_TOKEN"
 ROOTS_ENV = "GNQ_DATA_ROOTS"
-GATE_ENV = "GNQ_HTTP_GATE"  # set in the server process by the HTTP gate (app/gate.py)
+GATE_ENV = "GNQ_HTTP_GATE"  # set in the server process by the HTTP gate (dashboard/gate.py)
 COOKIE_NAME = "gnq_auth"
 ADDRESS_ENV = "GNQ_DASHBOARD_ADDRESS"  # the address the dashboard listens on (the gate's Host check)
 HOSTS_ENV = "GNQ_DASHBOARD_HOSTS"  # further host names it answers for, separated by commas

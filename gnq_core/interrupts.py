@@ -6,7 +6,7 @@ a DuckDB query, as ``Query interrupted``).  Ctrl-C twice 5 ms apart gives one st
 Before that, while Python imports typer, rich and torch (up to seconds), ``guard_startup`` makes a
 signal end the process at once with one line and exit code 130: nothing has been written yet.
 The entry points install it before importing anything heavy (``gnq_core.launcher``, and
-``gnq_core/__init__`` for ``python -m gnq_core.cli`` / ``-m gnq_core.pipelines.jobs``); only
+``gnq_core/__init__`` for ``python -m gnq_core.cli`` / ``-m gnq_core.jobs.jobs``); only
 Python's own start-up (its ``site`` module, the first tens of milliseconds) comes before it.
 """
 

@@ -44,7 +44,7 @@ def store_path(tmp_path_factory) -> Path:
 
 def page(name: str, db: Path, monkeypatch, **state) -> AppTest:
     monkeypatch.setenv("GNQ_DB", str(db))
-    at = AppTest.from_file(str(ROOT / "app" / "views" / f"{name}.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / f"{name}.py"), default_timeout=60)
     for key, value in state.items():
         at.session_state[key] = value
     at.run()
@@ -293,7 +293,8 @@ def test_regression_page_outlier_is_outside_the_ellipse(tmp_path, monkeypatch):
 
 def test_dataset_map_colour_is_in_the_address(store_path, monkeypatch):
     monkeypatch.setenv("GNQ_DB", str(store_path))
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "dataset_map.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "dataset_map.py"),
+                           default_timeout=60)
     at.query_params["run"] = "audited"
     at.query_params["colour"] = "attack verdict"
     at.run()
@@ -308,7 +309,7 @@ def test_dataset_map_colour_is_in_the_address(store_path, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- accessibility
-VIEWS = sorted(p.stem for p in (ROOT / "app" / "views").glob("*.py"))
+VIEWS = sorted(p.stem for p in (ROOT / "gnq_core" / "dashboard" / "views").glob("*.py"))
 VARIANTS = [(name, {}) for name in VIEWS] + [
     ("flagged", {"flagged_mode": "percentile"}), ("flagged", {"flagged_mode": "GNQ threshold"}),
     ("new_audit", {"ckpt_mode": "Local path", "data_mode": "Local path"})]

@@ -1,4 +1,4 @@
-"""app.charts: each builder on small frames — traces, axis types, customdata ids, escaped text."""
+"""Dashboard charts: each builder on small frames — traces, axis types, customdata ids, escaped text."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import plotly.io as pio
 import pytest
 import streamlit  # noqa: F401 (registers its plotly template as the default, as in the dashboard)
 
-from app import charts
-from app.charts import base
 from gnq_core.analysis.summaries import quantile_bins
+from gnq_core.dashboard import charts
+from gnq_core.dashboard.charts import base
 
 EVIL = "<script>alert('x')</script> & <b>bold</b> " + "long " * 40
 
@@ -332,7 +332,7 @@ def test_all_builders_json_roundtrip():
 
 
 # --------------------------------------------------------------------------- light and dark
-CONFIG = Path(__file__).resolve().parents[1] / "app" / ".streamlit" / "config.toml"
+CONFIG = Path(__file__).resolve().parents[1] / "gnq_core" / "dashboard" / ".streamlit" / "config.toml"
 THEMES = tomllib.loads(CONFIG.read_text())
 NAMED = {"white": (255, 255, 255), "black": (0, 0, 0), "grey": (128, 128, 128), "gray": (128, 128, 128)}
 

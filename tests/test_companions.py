@@ -112,11 +112,15 @@ def test_the_streamed_system_refuses_what_it_cannot_solve():
 
 
 def test_the_settings_refuse_bad_companions():
-    assert AuditSettings(companions=16).companion_set_size == 17
-    assert AuditSettings(companions="all").companion_set_size == 0
-    for bad in (0, "some", 1.5):
+    from gnq_core.pipelines.options import companion_set_size, parse_companions
+
+    assert companion_set_size(AuditSettings(companions=16), 100) == 17
+    assert companion_set_size(AuditSettings(companions=16), 10) == 10  # fewer texts than a set
+    assert companion_set_size(AuditSettings(companions="all"), 100) == 100
+    assert companion_set_size(AuditSettings(), 100) is None
+    for bad in (0, "some", 1.5, "-3", " 2x"):
         with pytest.raises(ValueError, match="--companions"):
-            AuditSettings(companions=bad)
+            AuditSettings(companions=parse_companions(bad))
     with pytest.raises(ValueError, match="post hoc"):
         TrainSettings(companions=4)
 
@@ -351,7 +355,7 @@ def test_the_runs_page_and_report_state_the_companion_set(tiny, monkeypatch, tmp
     assert result.exit_code == 0, result.output
     monkeypatch.setenv("GNQ_DB", str(db))
     root = Path(__file__).resolve().parents[1]
-    at = AppTest.from_file(str(root / "app" / "views" / "runs.py"), default_timeout=60)
+    at = AppTest.from_file(str(root / "gnq_core" / "dashboard" / "views" / "runs.py"), default_timeout=60)
     at.session_state["run_name"] = "page"
     at.run()
     assert not at.exception, [e.message for e in at.exception]

@@ -190,7 +190,7 @@ def _stop_jobs(db: Path) -> None:
     """A job still running when the test ends (it failed half-way) is cancelled, not left behind."""
     if not (db.parent / "jobs").exists():
         return
-    from gnq_core.pipelines.jobs import cancel_job, list_jobs
+    from gnq_core.jobs.jobs import cancel_job, list_jobs
     for job in list_jobs(db):
         if job.alive():
             cancel_job(job)
@@ -341,7 +341,7 @@ def half_word(data: Path) -> str:
 
 def wait_for_store(server: Server, timeout: float) -> dict:
     """Poll the store (ground truth) until the run is done and attacked; fail fast on a failed job."""
-    from gnq_core.pipelines.jobs import list_jobs
+    from gnq_core.jobs.jobs import list_jobs
     from gnq_core.results.store import Store
 
     deadline = time.monotonic() + timeout

@@ -430,7 +430,7 @@ def test_the_drilldown_explains_each_values_exposure(tmp_path, monkeypatch):
 
     store, run, _ = _stored_exposures(tmp_path, estimated=True)
     monkeypatch.setenv("GNQ_DB", str(store.path))
-    app = Path(__file__).resolve().parents[1] / "app" / "views" / "drilldown.py"
+    app = Path(__file__).resolve().parents[1] / "gnq_core" / "dashboard" / "views" / "drilldown.py"
     at = AppTest.from_file(str(app), default_timeout=60)
     at.session_state["run_name"], at.session_state["example_id"] = run.name, 3
     at.run()

@@ -39,8 +39,8 @@ def test_a_typo_in_the_store_path_is_refused_not_created(name, tmp_path, monkeyp
 
 
 def test_a_finished_job_links_to_its_results_with_start_and_duration(tmp_path, monkeypatch):
-    from app import state
-    from gnq_core.pipelines.jobs import Job
+    from gnq_core.dashboard import state
+    from gnq_core.jobs.jobs import Job
 
     db = tmp_path / "gnq.duckdb"
     monkeypatch.setenv("GNQ_DB", str(db))
@@ -119,7 +119,7 @@ def test_the_band_is_grey_as_the_caption_says_and_the_legend_clears_the_colour_b
 
     import pandas as pd
 
-    from app import charts
+    from gnq_core.dashboard import charts
 
     band = pd.DataFrame({"point": [0, 1], "label": ["a", "b"], "q10": [1, 1], "q50": [2, 2], "q90": [3, 3]})
     fig = charts.trajectories(pd.DataFrame(), band=band)
@@ -143,7 +143,7 @@ def test_the_landing_page_shows_the_demo_build_at_once_while_the_store_is_busy(t
 
     import duckdb
 
-    from gnq_core.pipelines.jobs import Job
+    from gnq_core.jobs.jobs import Job
 
     db = tmp_path / "gnq.duckdb"
     duckdb.connect(str(db)).close()
@@ -208,7 +208,8 @@ def test_compare_two_runs_and_share_the_view_by_its_address(scored_store, monkey
 
 def test_a_shared_address_opens_the_same_text(scored_store, monkeypatch):
     monkeypatch.setenv("GNQ_DB", str(scored_store))
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "drilldown.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "drilldown.py"),
+                           default_timeout=60)
     at.query_params["run"] = "made-up-2"
     at.query_params["text"] = "7"
     at.run()
@@ -247,7 +248,7 @@ def test_the_flagged_view_is_in_its_address_and_opens_from_it(scored_store, monk
     store = Store(scored_store)
     ranked = rank_texts(store.example_totals(store.run("made-up-2").run_id))
     # a shared address: run, order, flag by top-k with k = 6, one group
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "flagged.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "flagged.py"), default_timeout=60)
     for key, value in {"run": "made-up-2", "order": "GNQ_total alone", "flag": "top-k", "k": "6",
                        "group": "common"}.items():
         at.query_params[key] = value
@@ -265,7 +266,8 @@ def test_the_flagged_view_is_in_its_address_and_opens_from_it(scored_store, monk
     assert params["k"] in ("9", ["9"]) and params["q"] in ("number 1", ["number 1"])
     rows = _flagged_rows(at)
     # that address, opened in a fresh session, shows exactly the same rows
-    fresh = AppTest.from_file(str(ROOT / "app" / "views" / "flagged.py"), default_timeout=60)
+    fresh = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "flagged.py"),
+                              default_timeout=60)
     for key, value in params.items():
         fresh.query_params[key] = value
     fresh.run()
@@ -279,7 +281,7 @@ def test_the_flagged_view_is_in_its_address_and_opens_from_it(scored_store, monk
 
 def test_an_address_value_the_page_does_not_offer_is_named_and_ignored(scored_store, monkeypatch):
     monkeypatch.setenv("GNQ_DB", str(scored_store))
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "flagged.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "flagged.py"), default_timeout=60)
     at.query_params["k"] = "many"
     at.query_params["group"] = "nonexistent"
     at.run()
@@ -290,7 +292,7 @@ def test_an_address_value_the_page_does_not_offer_is_named_and_ignored(scored_st
 
 def test_the_compare_top_k_is_in_the_address(scored_store, monkeypatch):
     monkeypatch.setenv("GNQ_DB", str(scored_store))
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "compare.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "compare.py"), default_timeout=60)
     at.query_params["top"] = "4"
     at.run()
     assert not at.exception, [e.message for e in at.exception]
@@ -304,7 +306,7 @@ def test_the_compare_top_k_is_in_the_address(scored_store, monkeypatch):
 
 def _filled_form(series, tmp_path, monkeypatch):
     """New audit with checkpoints and texts given; starting a job records its steps instead."""
-    from gnq_core.pipelines import jobs
+    from gnq_core.jobs import jobs
 
     monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
     data = tmp_path / "texts.txt"
@@ -376,7 +378,7 @@ def test_the_form_offers_the_companion_set_of_the_cli(series, tmp_path, monkeypa
     start()
     assert not at.exception and not at.error, [e.value for e in at.error]
     settings = started[-1][0].settings
-    assert (settings.companions, settings.sketch_k, settings.companion_set_size) == (5, 256, 6)
+    assert (settings.companions, settings.sketch_k) == (5, 256)
     at.selectbox(key="form_companions").set_value("all")
     start()
     assert started[-1][0].settings.companions == "all"

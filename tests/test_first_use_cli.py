@@ -99,8 +99,8 @@ def test_an_audit_of_uploaded_checkpoints_can_be_attacked_after_the_job(audited,
     attack, the others are recorded as gone and an attack on one says so in one line."""
     import time
 
-    from gnq_core.pipelines.jobs import list_jobs, start_job
-    from gnq_core.pipelines.uploads import uploads_dir
+    from gnq_core.jobs.jobs import list_jobs, start_job
+    from gnq_core.jobs.uploads import uploads_dir
 
     _, series, data, _ = audited
     db = tmp_path / "gnq.duckdb"
@@ -129,7 +129,7 @@ def test_a_job_step_writes_its_progress_where_the_dashboard_reads_it(audited, tm
     progress channel fills the file the page reads."""
     import signal
 
-    from gnq_core.pipelines.jobs import Job, run_steps
+    from gnq_core.jobs.jobs import Job, run_steps
     from gnq_core.pipelines.settings import AuditJob, AuditSettings, job_dict
     from gnq_core.progress import seconds_left
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from test_verdict import totals
 
-from app.flagged_filters import Filters
-from app.flagged_filters import flagged as page_flagged
 from gnq_core.analysis import TextFilter, flagged
 from gnq_core.analysis.verdict import flag, rank_texts
+from gnq_core.dashboard.flagged_filters import Filters
+from gnq_core.dashboard.flagged_filters import flagged as page_flagged
 
 
 @pytest.mark.parametrize(("export", "page"), [

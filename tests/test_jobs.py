@@ -9,8 +9,9 @@ import time
 import pytest
 from hostile.hostile_helpers import make_series, write_texts_csv
 
-from gnq_core.pipelines import AuditJob, AuditSettings, Job, cancel_job, job_dict, list_jobs, start_job
-from gnq_core.pipelines.jobs import run_steps
+from gnq_core.jobs import Job, cancel_job, list_jobs, start_job
+from gnq_core.jobs.jobs import run_steps
+from gnq_core.pipelines import AuditJob, AuditSettings, job_dict
 from gnq_core.results import Store
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,7 @@
 """The layers of docs/DESIGN.md §5, enforced on every import statement (also those inside functions):
-engine < sources < results < attacks < pipelines < analysis < cli < app.  Every package is covered;
-nothing below the CLI runs the CLI as a program; the app imports only the packages' facades, whose
+engine < sources < results < attacks < pipelines < jobs, analysis < cli < dashboard.  Every package is
+covered; nothing below the CLI runs the CLI as a program; nothing in gnq_core imports the dashboard
+(``gnq dashboard`` starts it by file path); the dashboard imports only the packages' facades, whose
 ``__all__`` names exist.  The studies (research/, not installed) import gnq_core's public names, and
 nothing in gnq_core imports them (``gnq study`` finds them by name, cli/studies.py).  Inside a
 package, module-level imports form no cycle, and neither new cycles through imports inside
@@ -17,18 +18,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = {  # package -> what it must not import
-    "gnq_core.engine": ("sources", "results", "attacks", "pipelines", "analysis", "cli", "app"),
-    "gnq_core.sources": ("results", "attacks", "pipelines", "analysis", "cli", "app"),
-    "gnq_core.results": ("attacks", "pipelines", "analysis", "cli", "app"),
-    "gnq_core.attacks": ("pipelines", "analysis", "cli", "app"),
-    "gnq_core.pipelines": ("analysis", "cli", "app"),
-    "gnq_core.analysis": ("attacks", "pipelines", "cli", "app"),  # pure frame/figure functions
-    "gnq_core.cli": ("app",),
-    "gnq_core": ("app",),
+    "gnq_core.engine": ("sources", "results", "attacks", "pipelines", "jobs", "analysis", "cli", "dashboard"),
+    "gnq_core.sources": ("results", "attacks", "pipelines", "jobs", "analysis", "cli", "dashboard"),
+    "gnq_core.results": ("attacks", "pipelines", "jobs", "analysis", "cli", "dashboard"),
+    "gnq_core.attacks": ("pipelines", "jobs", "analysis", "cli", "dashboard"),
+    "gnq_core.pipelines": ("jobs", "analysis", "cli", "dashboard"),
+    "gnq_core.jobs": ("analysis", "cli", "dashboard"),  # the background jobs the CLI starts too
+    "gnq_core.analysis": ("attacks", "pipelines", "jobs", "cli", "dashboard"),  # pure frame/figure functions
+    "gnq_core.cli": ("dashboard",),  # `gnq dashboard` starts it by file path, never by import
+    "gnq_core.dashboard": (),  # the top layer
+    "gnq_core": ("dashboard",),
 }
-# What the app may import from gnq_core: the facades (each package's public API) and access.py.
+# The dashboard: the package and the checkout's entry file (app/main.py).
+DASHBOARD = ("gnq_core/dashboard", "app")
+# What the dashboard may import from the rest of gnq_core: the facades (public APIs) and access.py.
 FACADES = ("gnq_core", "gnq_core.engine", "gnq_core.sources", "gnq_core.results", "gnq_core.attacks",
-           "gnq_core.pipelines", "gnq_core.analysis", "gnq_core.access")
+           "gnq_core.pipelines", "gnq_core.jobs", "gnq_core.analysis", "gnq_core.access")
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
@@ -57,10 +62,12 @@ def test_no_layer_imports_a_layer_above_it(package):
     folder = ROOT.joinpath(*package.split("."))
     bad = []
     for path in sorted(folder.rglob("*.py")):
+        own = module_name(path)
         for module, _, line in imports(path):
             for above in ABOVE[package]:
-                target = above if above == "app" else f"gnq_core.{above}"
-                if module == target or module.startswith(target + "."):
+                target = f"gnq_core.{above}"
+                inside = own == target or own.startswith(target + ".")  # gnq_core's folder holds them all
+                if not inside and (module == target or module.startswith(target + ".")):
                     bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not bad, "\n".join(bad)
 
@@ -113,11 +120,20 @@ def test_nothing_below_the_cli_runs_the_cli():
     assert not bad, "\n".join(bad)
 
 
-def test_app_uses_only_public_names_of_gnq_core():
+def dashboard_files() -> list[Path]:
+    return sorted(p for folder in DASHBOARD for p in (ROOT / folder).rglob("*.py"))
+
+
+def outside_dashboard(module: str) -> bool:
+    """A gnq_core module that is not the dashboard's own."""
+    return module.split(".")[0] == "gnq_core" and not module.startswith("gnq_core.dashboard")
+
+
+def test_dashboard_uses_only_public_names_of_gnq_core():
     bad = []
-    for path in sorted((ROOT / "app").rglob("*.py")):
+    for path in dashboard_files():
         for module, names, line in imports(path):
-            if module.split(".")[0] != "gnq_core":
+            if not outside_dashboard(module):
                 continue
             private = [p for p in module.split(".") + names if p.startswith("_")]
             if private:
@@ -125,10 +141,10 @@ def test_app_uses_only_public_names_of_gnq_core():
     assert not bad, "\n".join(bad)
 
 
-def test_app_imports_only_facades():
+def test_dashboard_imports_only_facades():
     bad = [f"{path.relative_to(ROOT)}:{line} imports {module}, not a facade"
-           for path in sorted((ROOT / "app").rglob("*.py")) for module, _, line in imports(path)
-           if module.split(".")[0] == "gnq_core" and module not in FACADES]
+           for path in dashboard_files() for module, _, line in imports(path)
+           if outside_dashboard(module) and module not in FACADES]
     assert not bad, "\n".join(bad)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gnq_core.pipelines.jobs import cancel_job, list_jobs
+from gnq_core.jobs.jobs import cancel_job, list_jobs
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -174,7 +174,8 @@ def test_new_audit_page_names_the_base_of_adapter_checkpoints(lora_run, tmp_path
 
     tmp, _, tok, _ = lora_run
     monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "new_audit.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "new_audit.py"),
+                           default_timeout=60)
     at.run()
     at.radio(key="ckpt_mode").set_value("Local path").run()
     at.text_input(key="ckpt_path").set_value(str(tmp / "out")).run()

@@ -169,7 +169,7 @@ def test_every_surface_states_the_same_numbers(audited, monkeypatch):
 
     # the dashboard: the Runs page's headline and tile, the Flagged texts status filter
     monkeypatch.setenv("GNQ_DB", str(db))
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "runs.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "runs.py"), default_timeout=120)
     at.session_state["run_name"] = "audit"
     at.run()
     assert not at.exception, [e.message for e in at.exception]
@@ -178,7 +178,8 @@ def test_every_surface_states_the_same_numbers(audited, monkeypatch):
     assert tile.value == f"{counts.status(LEAKED)} / {counts.texts}"
     partly_tile = next(m for m in at.metric if m.label == "Partly leaked")
     assert partly_tile.value == f"{counts.status(PARTLY)} / {counts.texts}"
-    flagged = AppTest.from_file(str(ROOT / "app" / "views" / "flagged.py"), default_timeout=120)
+    flagged = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "flagged.py"),
+                                default_timeout=120)
     flagged.session_state["run_name"] = "audit"
     flagged.run()
     for status in (LEAKED, PARTLY, REPRODUCED, PUBLIC):

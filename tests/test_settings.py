@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.pipelines.jobs import Job
+from gnq_core.jobs.jobs import Job
 from gnq_core.pipelines.settings import (
     AuditJob,
     AuditSettings,
@@ -87,14 +87,14 @@ def test_gnq_job_runs_a_step_of_a_job_file_and_refuses_a_bad_one(tmp_path):
 def test_the_new_audit_page_starts_a_job_with_validated_settings(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from gnq_core.pipelines import jobs
+    from gnq_core.jobs import jobs
     from tests.hostile.hostile_helpers import make_series, write_texts_csv
 
     series, data = make_series(tmp_path / "series", 2), write_texts_csv(tmp_path / "texts.csv", 12)
     monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
     started = []
     monkeypatch.setattr(jobs, "start_job", lambda run, db, steps, **kw: started.append((run, steps)))
-    page = Path(__file__).resolve().parents[1] / "app" / "views" / "new_audit.py"
+    page = Path(__file__).resolve().parents[1] / "gnq_core" / "dashboard" / "views" / "new_audit.py"
     at = AppTest.from_file(str(page), default_timeout=120).run()
     at.radio(key="ckpt_mode").set_value("Local path").run()
     at.text_input(key="ckpt_path").set_value(str(series)).run()
@@ -131,3 +131,31 @@ def test_the_settings_types_import_without_torch():
 
     code = "import sys, gnq_core.cli; sys.exit('torch' in sys.modules or 'pandas' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_the_cli_and_the_form_map_the_same_options_to_the_same_job(tmp_path):
+    """options.py is the one parsing of --companions and --batch-size and the one mapping to an
+    AuditJob: the CLI's texts and the form's choices give equal jobs, and what neither is refused."""
+    from gnq_core.pipelines.options import (
+        COMPANION_CHOICES,
+        audit_job,
+        companion_choice,
+        companions_option,
+        parse_batch_size,
+        parse_companions,
+    )
+
+    where = dict(checkpoints=tmp_path / "run", data=tmp_path / "t.csv")
+    for typed, choice, n in ((None, "batch", 7), ("7", "n", 7), (" ALL ", "all", 7)):
+        cli = audit_job(**where, companions=typed, batch_size=8, secret_patterns=["A-(\\d+)"])
+        form = audit_job(**where, companions=companions_option(choice, n), batch_size=8.0,
+                         secret_patterns=("A-(\\d+)",))
+        assert cli == form and companion_choice(cli.settings.companions) == choice in COMPANION_CHOICES
+        assert job_from_dict(json.loads(json.dumps(job_dict(cli)))) == cli  # as a job file reads it back
+    assert audit_job(**where, companions="7").settings.companions == 7
+    assert (parse_companions("12"), parse_companions("all"), parse_companions(None)) == (12, "all", None)
+    assert parse_batch_size(16.0) == 16 and parse_batch_size("16") == 16
+    for bad in (dict(companions="0"), dict(companions="some"), dict(companions="1.5"), dict(batch_size=16.5),
+                dict(batch_size=1), dict(batch_size="x"), dict(reference="first")):
+        with pytest.raises(ValueError):
+            audit_job(**where, **bad)

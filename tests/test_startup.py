@@ -93,13 +93,16 @@ def test_the_check_sees_torch_when_it_is_imported(db):
     assert imported_heavy(textwrap.dedent(gnq("runs", "--db", db)) + "import torch\n") == ["torch"]
 
 
+VIEWS = ROOT / "gnq_core" / "dashboard" / "views"
+
+
 def test_the_dashboards_reading_pages_import_neither_torch_nor_transformers(db):
     code = f"""
         import os
         from streamlit.testing.v1 import AppTest
         os.environ["GNQ_DB"] = {str(db)!r}
         for name in {READING_PAGES!r}:
-            at = AppTest.from_file(os.path.join({str(ROOT)!r}, "app", "views", name + ".py"),
+            at = AppTest.from_file(os.path.join({str(VIEWS)!r}, name + ".py"),
                                    default_timeout=120)
             at.run()
             assert not at.exception, (name, [e.message for e in at.exception])

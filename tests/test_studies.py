@@ -200,7 +200,7 @@ def test_rerun_resumes_without_duplicates(built):
                                        ("extraction", "trajectories-quick.audit")])
 def test_dashboard_pages_show_the_study_runs(built, view, run, monkeypatch):
     monkeypatch.setenv("GNQ_DB", str(built.store.path))
-    at = AppTest.from_file(str(ROOT / "app" / "views" / f"{view}.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / f"{view}.py"), default_timeout=60)
     at.session_state["run_name"] = run
     at.run()
     assert not at.exception, [e.message for e in at.exception]

@@ -28,7 +28,8 @@ from gnq_core.cli.command import (
     run_and_tell,
     user_errors,
 )
-from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
+from gnq_core.pipelines.options import audit_job
+from gnq_core.pipelines.settings import AuditSettings, DemoJob, ExtractJob, TrainJob, TrainSettings
 
 
 @app.command()
@@ -132,19 +133,14 @@ def audit(
 
     Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
     batches and rank 0 writes the rows (the same rows as one process)."""
-    settings = AuditSettings(lam=lam, batch_size=batch_size, max_length=max_length, seed=seed,
-                             device=device, dtype=dtype, loss=loss, lam_mode=lam_mode,
-                             companions=_companions(companions), sketch_k=sketch_k, sketch_total=sketch_total)
-    if reference is not None and non_members is None:
-        raise ValueError("--reference calibrates the membership signals: give --non-members FILE with it")
-    run_and_tell(AuditJob(checkpoints=str(checkpoints), data=str(data), name=name, text_column=text_column,
-                          group_column=group_column, settings=settings,
-                          secret_column=secret_column, secret_patterns=tuple(secret_pattern or ()),
-                          public_column=public_column,
-                          tokenizer=str(tokenizer) if tokenizer else None,
-                          non_members=str(non_members) if non_members else None, reference=reference,
-                          base_model=str(base_model) if base_model else None, merge_adapter=merge_adapter,
-                          threads=threads), db, quiet)
+    job = audit_job(checkpoints=checkpoints, data=data, name=name, lam=lam, lam_mode=lam_mode, loss=loss,
+                    batch_size=batch_size, max_length=max_length, seed=seed, device=device, dtype=dtype,
+                    companions=companions, sketch_k=sketch_k, sketch_total=sketch_total,
+                    text_column=text_column, group_column=group_column, secret_column=secret_column,
+                    secret_patterns=secret_pattern, public_column=public_column, threads=threads,
+                    tokenizer=tokenizer, base_model=base_model, merge_adapter=merge_adapter,
+                    non_members=non_members, reference=reference)
+    run_and_tell(job, db, quiet)
 
 
 @app.command()
@@ -193,16 +189,6 @@ def estimate(
                                    checkpoints=len(refs), tokenizer=str(tokenizer) if tokenizer else None,
                                    device=device)
     console.print(describe(estimate_lines(work, probe), probe), markup=False, highlight=False, soft_wrap=True)
-
-
-def _companions(value: str | None) -> int | str | None:
-    """--companions N or 'all' (the settings check the value)."""
-    if value is None or value.strip().lower() == "all":
-        return None if value is None else "all"
-    try:
-        return int(value)
-    except ValueError:
-        return value
 
 
 @app.command()
@@ -279,7 +265,7 @@ def demo(
     epochs = epochs if epochs is not None else (DemoJob.epochs if model is None else 2)
     job = DemoJob(out=str(out) if out else None, epochs=epochs, device=device, model=model)
     if background:
-        from gnq_core.pipelines.demo_job import start_demo_job
+        from gnq_core.jobs.demo_job import start_demo_job
 
         console.print(start_demo_job(open_store(db), job), soft_wrap=True, highlight=False)
         return
@@ -289,12 +275,12 @@ def demo(
 @app.command()
 @user_errors
 def job(
-    file: Path = typer.Argument(..., help="A job file written by the dashboard (gnq_core.pipelines.jobs)."),
+    file: Path = typer.Argument(..., help="A job file written by the dashboard (gnq_core.jobs)."),
     step: int = typer.Option(0, min=0, help="Which of its steps to run."),
     db: Path = DbOption,
     quiet: bool = QuietOption,
 ) -> None:
     """Run one step of a dashboard job: its settings are read from the job file, not a command line."""
-    from gnq_core.pipelines.jobs import Job
+    from gnq_core.jobs.jobs import Job
 
     run_and_tell(Job.load(file).settings(step), db, quiet)

@@ -25,7 +25,7 @@ def dashboard(
 
     from gnq_core.access import dashboard_command
 
-    app_file = Path(__file__).resolve().parents[2] / "app" / "server.py"  # main.py behind its HTTP gate
+    app_file = Path(__file__).resolve().parents[1] / "dashboard" / "server.py"  # main.py behind its HTTP gate
     argv, env, made = dashboard_command(app_file, address, port, token)
     if made:
         console.print(f"Open http://{address}:{port}/?token={made}", soft_wrap=True, highlight=False)

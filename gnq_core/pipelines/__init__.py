@@ -1,6 +1,6 @@
 """Pipelines: the jobs (train with in-run GNQ, audit checkpoints, the attacks of
-``gnq_core.attacks``, the demo), one way in (``run_job``), the dashboard's background jobs and
-uploads, and the Hugging Face Trainer integration."""
+``gnq_core.attacks``, the demo), one way in (``run_job``) and the Hugging Face Trainer integration; the
+background jobs that run them for the dashboard are ``gnq_core.jobs``."""
 
 from gnq_core._lazy import lazy_exports
 
@@ -15,14 +15,12 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "gnq_core.attacks.run": ("run_extraction",),
     "gnq_core.attacks.extraction": ("AttackRule",),
     ".hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
-    ".jobs": ("Job", "cancel_job", "list_jobs", "new_job_id", "start_job"),
     "gnq_core.attacks.non_members": ("ground_truth_of", "membership_frame", "membership_of"),
+    ".options": ("COMPANION_CHOICES", "audit_job", "companion_choice", "companions_option"),
     ".run": ("run_job",),
     ".settings": ("AuditJob", "AuditSettings", "DemoJob", "ExtractJob", "JobSettings", "TrainJob",
                   "TrainSettings", "job_dict", "job_from_dict"),
     ".train": ("run_training",),
-    ".uploads": ("abandoned_uploads", "check_upload_tree", "safe_relative_path", "save_uploads",
-                 "touch_staging", "uploads_dir"),
     "gnq_core.progress": ("JobProgress", "Reporter", "job_seconds_left", "seconds_left"),
     "gnq_core.runtime": ("default_threads",),
 })

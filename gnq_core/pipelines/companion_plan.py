@@ -8,6 +8,7 @@ import torch
 
 from gnq_core.engine.companions import held_bytes, streamed_bytes
 from gnq_core.engine.sketch import SketchSpec
+from gnq_core.pipelines.options import companion_set_size
 from gnq_core.pipelines.settings import COMPANIONS_ALL, AuditSettings
 from gnq_core.results.records import MIN_BATCH_SIZE
 from gnq_core.runtime import resolve_dtype
@@ -33,10 +34,9 @@ def companion_memory(n: int, m: int, itemsize: int, solve: str = "auto") -> int:
 def check_companion_memory(n_texts: int, settings: AuditSettings) -> None:
     """Refuse, before the audit, companion sets that need more memory than there is (one line
     naming the need, the room and the largest N that fits): their size is known in advance."""
-    size = settings.companion_set_size
-    if size is None or n_texts < MIN_BATCH_SIZE:
+    n = companion_set_size(settings, n_texts)
+    if n is None or n_texts < MIN_BATCH_SIZE:
         return
-    n = min(size or n_texts, n_texts)
     spec = sketch_spec(settings)
     m = spec.shared or spec.k  # side by side: at least one matrix's k (a lower bound)
     itemsize = 8 if resolve_dtype(settings.dtype) == torch.float64 else 4

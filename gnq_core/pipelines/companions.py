@@ -43,6 +43,7 @@ from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import WindowAuditor
 from gnq_core.pipelines.companion_plan import sketch_spec
+from gnq_core.pipelines.options import companion_set_size
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.pipelines.settings import AuditSettings
@@ -58,10 +59,10 @@ def companion_sets(n_texts: int, settings: AuditSettings, clusters: Sequence[int
                    ) -> Partition:
     """The seeded companion sets of an audit with ``settings.companions``: N + 1 texts each (the
     last the remainder), or one set of every text."""
-    size = settings.companion_set_size
+    size = companion_set_size(settings, n_texts)
     if size is None:
         raise ValueError("companion_sets needs settings.companions")
-    return seeded_partition(n_texts, size or max(n_texts, 1), settings.seed, clusters)
+    return seeded_partition(n_texts, max(size, 1), settings.seed, clusters)
 
 
 def choose_solve(n: int, spec: SketchSpec, settings: AuditSettings, ranks: Ranks) -> tuple[str, str]:

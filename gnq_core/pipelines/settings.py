@@ -16,7 +16,7 @@ from gnq_core.values import require as _require
 from gnq_core.values import whole as _whole
 
 FULL_PRECISION = ("float32", "float64")
-COMPANIONS_ALL = "all"  # what --dtype takes (its --help says so)
+COMPANIONS_ALL = "all"  # --companions all: every other text of the data
 COMPANION_SOLVES = ("auto", "texts", "sketch")  # the cheaper; the held n × n path; the streamed m × m one
 
 
@@ -66,13 +66,6 @@ class AuditSettings:
                  f"got {self.companions_solve!r}")
         if self.companions is not None and self.companions != COMPANIONS_ALL:
             _whole(self.companions, "--companions (or 'all')", 1)
-
-    @property
-    def companion_set_size(self) -> int | None:
-        """Texts per companion set (N + 1; 0: all the texts), None without ``companions``."""
-        if self.companions is None:
-            return None
-        return 0 if self.companions == COMPANIONS_ALL else int(self.companions) + 1
 
 
 @dataclass(frozen=True)

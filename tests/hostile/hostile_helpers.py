@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from gnq_core.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "gnq_core" / "dashboard"
 TABLES = ("runs", "examples", "points", "batches", "scores", "extractions", "example_metrics")
 
 
@@ -174,7 +175,7 @@ def make_series(folder: Path, n: int, max_length: int = 32) -> Path:
 
 def app_page(name: str, **state) -> AppTest:
     """One dashboard page run headless (the store comes from $GNQ_DB)."""
-    path = ROOT / "app" / ("main.py" if name == "main" else f"views/{name}.py")
+    path = ROOT / "app" / "main.py" if name == "main" else DASHBOARD / "views" / f"{name}.py"
     at = AppTest.from_file(str(path), default_timeout=120)
     for key, value in state.items():
         at.session_state[key] = value

@@ -150,7 +150,8 @@ def test_a_page_answers_within_2_s_while_another_session_checks_an_adapter(adapt
     monkeypatch.setenv("GNQ_REGEX_SECONDS", "5")  # the check runs long enough to be measured beside
     folder = _lora_with(root, tmp_path, target_modules=BACKTRACKS)
     app_page("runs")  # the other session's page, once before: its imports are not what is measured
-    checker = AppTest.from_file(str(ROOT / "app" / "views" / "new_audit.py"), default_timeout=120)
+    checker = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "new_audit.py"),
+                                default_timeout=120)
     checker.run()
     checker.radio(key="base_mode").set_value("Local path").run()
     checker.text_input(key="base_path").set_value(str(root / "base")).run()

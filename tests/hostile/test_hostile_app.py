@@ -83,7 +83,8 @@ def test_an_odd_linked_text_is_ignored_not_a_traceback(hostile_store, monkeypatc
     """`/drilldown?text=²` raised ValueError ("²".isdigit() is True, int("²") fails)."""
     db, run, _ = hostile_store
     monkeypatch.setenv("GNQ_DB", str(db))
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "drilldown.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "drilldown.py"),
+                           default_timeout=120)
     at.session_state["run_name"] = run
     at.query_params["text"] = text
     at.run()

@@ -27,7 +27,7 @@ from transformers import BertConfig
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.pipelines.jobs import list_jobs, start_job
+from gnq_core.jobs.jobs import list_jobs, start_job
 from gnq_core.pipelines.settings import AuditJob, AuditSettings
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints.checks import check_checkpoint

@@ -16,7 +16,7 @@ from hostile_helpers import app_page, gnq_cmd, make_series, write_texts_csv
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.pipelines.jobs import list_jobs, start_job
+from gnq_core.jobs.jobs import list_jobs, start_job
 from gnq_core.pipelines.settings import AuditJob, AuditSettings
 from gnq_core.results.store import Store
 

@@ -55,7 +55,8 @@ def _websocket_status(port: int, cookie: str | None = None) -> int:
 def server(tmp_path_factory) -> Iterator[int]:
     """`gnq dashboard --token` as it is started (same argv and environment), on a free port."""
     port = _free_port()
-    argv, env, token = dashboard_command(ROOT / "app" / "server.py", "127.0.0.1", port, token=True)
+    argv, env, token = dashboard_command(ROOT / "gnq_core" / "dashboard" / "server.py",
+                                         "127.0.0.1", port, token=True)
     env["GNQ_DASHBOARD_TOKEN"] = TOKEN
     env["GNQ_DB"] = str(tmp_path_factory.mktemp("gate") / "gnq.duckdb")
     proc = subprocess.Popen(argv, env=env, cwd=tmp_path_factory.getbasetemp(), stdout=subprocess.DEVNULL,
@@ -108,16 +109,16 @@ def test_the_token_opens_everything_by_cookie(server):
 
 def test_a_non_local_address_without_a_token_is_refused():
     with pytest.raises(ValueError, match="without a token"):
-        dashboard_command(ROOT / "app" / "server.py", "0.0.0.0", 8600, token=False)
+        dashboard_command(ROOT / "gnq_core" / "dashboard" / "server.py", "0.0.0.0", 8600, token=False)
     result = CliRunner().invoke(app, ["dashboard", "--address", "0.0.0.0", "--no-token", "--port", "1"])
     assert result.exit_code == 1 and result.output.count("\n") == 1 and "without a token" in result.output
 
 
 def test_tracebacks_never_reach_the_browser():
-    argv, _, _ = dashboard_command(ROOT / "app" / "server.py", "127.0.0.1", 8600)
+    argv, _, _ = dashboard_command(ROOT / "gnq_core" / "dashboard" / "server.py", "127.0.0.1", 8600)
     assert argv[argv.index("--client.showErrorDetails") + 1] == "none"
     assert argv[argv.index("run") + 1].endswith("server.py")  # the gated app, not main.py bare
-    config = tomllib.loads((ROOT / "app" / ".streamlit" / "config.toml").read_text())
+    config = tomllib.loads((ROOT / "gnq_core" / "dashboard" / ".streamlit" / "config.toml").read_text())
     assert config["client"]["showErrorDetails"] == "none"
 
 

@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from app.gate import TokenGate
 from gnq_core.access import ADDRESS_ENV, HOSTS_ENV, TOKEN_ENV, cookie_value, dashboard_command
+from gnq_core.dashboard.gate import TokenGate
 
 TOKEN = "s3cret-token"
 HOST = "127.0.0.1:8501"
@@ -119,5 +119,5 @@ def test_a_wildcard_address_serves_any_host_unless_hosts_are_listed(monkeypatch)
 def test_the_dashboard_tells_the_gate_its_address():
     from hostile_helpers import ROOT
 
-    _, env, _ = dashboard_command(ROOT / "app" / "server.py", "0.0.0.0", 8600, token=True)
+    _, env, _ = dashboard_command(ROOT / "gnq_core" / "dashboard" / "server.py", "0.0.0.0", 8600, token=True)
     assert env[ADDRESS_ENV] == "0.0.0.0"

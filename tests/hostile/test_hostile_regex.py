@@ -80,7 +80,8 @@ def test_a_page_answers_within_2_s_while_another_session_counts_values(tmp_path,
     data.write_text("".join(f"PIN 48{i:02d} " + "ab-" * 50_000 + "\n" for i in range(4)), encoding="utf-8")
     monkeypatch.setenv("GNQ_DB", str(tmp_path / "gnq.duckdb"))
     app_page("runs")  # the other session's page, once before: its imports are not what is measured
-    counting = AppTest.from_file(str(ROOT / "app" / "views" / "new_audit.py"), default_timeout=300)
+    counting = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "new_audit.py"),
+                                 default_timeout=300)
     counting.run()
     counting.radio(key="data_mode").set_value("Local path").run()
     field = counting.text_input(key="data_path_input")

@@ -13,7 +13,8 @@ from gnq_core.results import uploads_root
 
 
 def _page(staging: str) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app" / "views" / "new_audit.py"), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / "gnq_core" / "dashboard" / "views" / "new_audit.py"),
+                           default_timeout=60)
     at.session_state["staging"] = staging
     return at.run()
 

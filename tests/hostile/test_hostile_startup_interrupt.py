@@ -60,8 +60,8 @@ def test_ctrl_c_during_start_up_is_one_line(entry):
 
 @pytest.mark.slow
 def test_ctrl_c_while_a_dashboard_job_starts(tmp_path):
-    """The job process (`python -m gnq_core.pipelines.jobs JOBFILE`) imports the pipelines first."""
-    rc, err = _interrupted([sys.executable, "-m", "gnq_core.pipelines.jobs", str(tmp_path / "job.json")],
+    """The job process (`python -m gnq_core.jobs.jobs JOBFILE`) imports the pipelines first."""
+    rc, err = _interrupted([sys.executable, "-m", "gnq_core.jobs.jobs", str(tmp_path / "job.json")],
                            _interpreter_up() + 0.05)
     assert "Traceback" not in err, err[-2000:]
     assert err.strip() == "interrupted" and rc == 130, (rc, err)

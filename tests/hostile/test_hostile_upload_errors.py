@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_hostile_uploads import Uploaded
 
-from gnq_core.pipelines import jobs
-from gnq_core.pipelines.uploads import save_uploads
+from gnq_core.jobs import jobs
+from gnq_core.jobs.uploads import save_uploads
 
 
 def one_line(files: list[Uploaded], into: Path, match: str) -> str:

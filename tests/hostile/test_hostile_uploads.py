@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gnq_core.pipelines.jobs import Job, list_jobs, start_job
+from gnq_core.jobs.jobs import Job, list_jobs, start_job
+from gnq_core.jobs.uploads import check_upload_tree, save_uploads, uploads_dir
 from gnq_core.pipelines.settings import DemoJob, ExtractJob, TrainJob, TrainSettings, job_dict
-from gnq_core.pipelines.uploads import check_upload_tree, save_uploads, uploads_dir
 
 
 @dataclass

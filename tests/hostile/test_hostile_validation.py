@@ -207,7 +207,7 @@ def test_the_pickle_refusal_is_not_preceded_by_a_torch_warning(tmp_path):
 
 
 def test_an_upload_name_2000_folders_deep_is_one_line():
-    from gnq_core.pipelines.uploads import safe_relative_path
+    from gnq_core.jobs.uploads import safe_relative_path
 
     with pytest.raises(ValueError, match="2000 folders deep"):
         safe_relative_path("a/" * 2000 + "texts.csv")

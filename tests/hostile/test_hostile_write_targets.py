@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from gnq_core.atomic import TargetError, atomic_path, write_text_atomic
 from gnq_core.cli import app
-from gnq_core.pipelines.uploads import safe_relative_path, save_uploads
+from gnq_core.jobs.uploads import safe_relative_path, save_uploads
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Store
 

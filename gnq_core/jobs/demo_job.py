@@ -4,13 +4,13 @@ goes through ``jobs``, whose job process runs ``run_job``, which builds the demo
 
 from __future__ import annotations
 
+from gnq_core.jobs.jobs import list_jobs, start_job
 from gnq_core.pipelines.demo import AUDIT_RUN, TRAIN_RUN
-from gnq_core.pipelines.jobs import list_jobs, start_job
 from gnq_core.results.store import Store
 
 
 def start_demo_job(store: Store, job) -> str:
-    """Start the demo as a detached dashboard job (pipelines/jobs.py) unless it is built or being
+    """Start the demo as a detached dashboard job (jobs/jobs.py) unless it is built or being
     built; one line saying which.  ``make app`` calls this so the dashboard answers at once."""
     built = store.find_run(AUDIT_RUN) is not None and store.find_run(TRAIN_RUN) is not None
     if built and all(store.run(n).status == "done" for n in (AUDIT_RUN, TRAIN_RUN)) and not any(

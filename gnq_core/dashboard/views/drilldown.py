@@ -8,8 +8,6 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import charts, show, state
-from app.columns import column_config, secret_attack_config
 from gnq_core.analysis import (
     COLUMN_HELP,
     EXPOSURE_SHOWN,
@@ -19,6 +17,8 @@ from gnq_core.analysis import (
     value_exposure_sentence,
     value_outcome,
 )
+from gnq_core.dashboard import charts, show, state
+from gnq_core.dashboard.columns import column_config, secret_attack_config
 
 # The record's numbers after its rank: (label, column, format); help from COLUMN_HELP where it has one.
 METRICS = (("Risk", "risk", ".2f"), ("GNQ_total", "gnq_total", ".3g"),

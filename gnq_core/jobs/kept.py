@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from gnq_core.pipelines.uploads import inside
+from gnq_core.jobs.uploads import inside
 from gnq_core.results.layout import kept_root
 from gnq_core.results.store import Store
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import address, charts, show, state
-from app.columns import column_config
+from gnq_core.dashboard import address, charts, show, state
+from gnq_core.dashboard.columns import column_config
 
 st.title("Dataset map")
 run = state.require_run()

@@ -2,7 +2,7 @@
 
 A job is a JSON file in ``<store folder>/jobs/`` (results/layout.py) listing the settings of its
 steps in order (e.g. an audit, then the attack; ``gnq_core.pipelines.settings``) and folders to
-delete at the end (uploads).  ``start_job`` launches ``python -m gnq_core.pipelines.jobs JOBFILE``
+delete at the end (uploads).  ``start_job`` launches ``python -m gnq_core.jobs.jobs JOBFILE``
 in a new session, so the job outlives a page reload or the Streamlit script; that process runs
 each step with ``run_job`` (pipelines/run.py), the very function the ``gnq`` commands call.  The
 page polls the job file and the job's progress file.  Cancelling sends SIGTERM to the job's
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from gnq_core.atomic import write_text_atomic
-from gnq_core.pipelines.kept import keep_last_checkpoint
+from gnq_core.jobs.kept import keep_last_checkpoint
+from gnq_core.jobs.uploads import inside, remove_uploads
 from gnq_core.pipelines.settings import JobSettings, job_dict, job_from_dict
-from gnq_core.pipelines.uploads import inside, remove_uploads
 from gnq_core.progress import read_progress
 from gnq_core.results.layout import jobs_dir
 
@@ -132,7 +132,7 @@ def start_job(run: str, db: str | Path, steps: Sequence[JobSettings], cleanup: S
     job.log = str(job.path.with_suffix(".log"))
     job.save()
     with open(job.log, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "gnq_core.pipelines.jobs", str(job.path)], stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "gnq_core.jobs.jobs", str(job.path)], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     job.pid = proc.pid
     job.status = "running"

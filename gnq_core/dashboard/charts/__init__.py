@@ -15,12 +15,12 @@ empty input (it answers a figure saying "no data").  Conventions shared by all b
   one group → colour map (``group_colors``) for all figures.
 """
 
-from app.charts.compare import run_comparison
-from app.charts.extraction import extraction_vs_quantile
-from app.charts.groups import group_distributions
-from app.charts.regression import gradient_space, ranking_comparison, regression_data
-from app.charts.runs import gnq_histogram, gnq_vs_loss
-from app.charts.trajectories import example_trajectory, trajectories
+from gnq_core.dashboard.charts.compare import run_comparison
+from gnq_core.dashboard.charts.extraction import extraction_vs_quantile
+from gnq_core.dashboard.charts.groups import group_distributions
+from gnq_core.dashboard.charts.regression import gradient_space, ranking_comparison, regression_data
+from gnq_core.dashboard.charts.runs import gnq_histogram, gnq_vs_loss
+from gnq_core.dashboard.charts.trajectories import example_trajectory, trajectories
 
 __all__ = ["example_trajectory", "extraction_vs_quantile", "gnq_histogram", "gnq_vs_loss", "gradient_space",
            "group_distributions", "ranking_comparison", "regression_data", "run_comparison", "trajectories"]

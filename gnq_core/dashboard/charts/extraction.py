@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.charts import base
+from gnq_core.dashboard.charts import base
 
 
 def extraction_vs_quantile(bins_frame: pd.DataFrame, *, texts: Mapping[int, str] | None = None,

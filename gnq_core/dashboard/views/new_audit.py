@@ -1,6 +1,6 @@
 """New audit: point at checkpoints and a dataset (upload or local path), set λ and friends, start.
 
-The audit runs as a background job (gnq_core.pipelines.jobs) given validated settings: the page
+The audit runs as a background job (gnq_core.jobs) given validated settings: the page
 never freezes, the job survives a reload, shows progress per checkpoint and can be cancelled.
 """
 
@@ -11,38 +11,32 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import state
-from app.jobs_view import job_panel
-from gnq_core import one_line
+from gnq_core import jobs, one_line
 from gnq_core.access import OutsideRootsError, local_path
+from gnq_core.dashboard import state
+from gnq_core.dashboard.jobs_view import job_panel
 from gnq_core.engine import LAM_ABSOLUTE, LAM_RELATIVE, TOKEN_MEAN, TOKEN_SUM
 from gnq_core.pipelines import (
+    COMPANION_CHOICES,
     DEFAULT_PREFIX,
     DEFAULT_SECRET_CANDIDATES,
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
     MAX_SECRET_CANDIDATES,
     MIN_SECRET_CANDIDATES,
-    AuditJob,
     AuditSettings,
     ExtractJob,
-    abandoned_uploads,
+    audit_job,
     check_companion_memory,
-    check_upload_tree,
+    companion_choice,
+    companions_option,
     default_threads,
     duration,
     estimate_audit,
     estimate_lines,
-    list_jobs,
     measure_estimate,
-    new_job_id,
-    safe_relative_path,
-    save_uploads,
-    start_job,
     tokens_per_text,
     total_seconds,
-    touch_staging,
-    uploads_dir,
 )
 from gnq_core.results import MIN_BATCH_SIZE, uploads_root
 from gnq_core.sources import (
@@ -65,10 +59,10 @@ from gnq_core.sources import (
 LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
 DEFAULT = AuditSettings  # the form starts at the settings type's defaults (its fields' class attributes)
 LAM_MODE_LABELS = {LAM_ABSOLUTE: "absolute (default)", LAM_RELATIVE: "relative to the batch's mean K_jj"}
-# The companion set (the CLI's --companions N|all): None, N or "all", as AuditSettings.companions takes.
-COMPANION_LABELS = {"batch": "the other texts of its batch (exact; default)",
-                    "n": "N other texts of the data (sketched)",
-                    "all": "every other text of the data (sketched)"}
+# The companion set (the CLI's --companions N|all), one label for each of options.COMPANION_CHOICES.
+COMPANION_LABELS = dict(zip(COMPANION_CHOICES, ("the other texts of its batch (exact; default)",
+                                                "N other texts of the data (sketched)",
+                                                "every other text of the data (sketched)"), strict=True))
 COMPANIONS_N = 1024  # the N offered first: --companions has no default N (without it: the batch)
 COMPANIONS_NOTE = (
     "**Companion set**: the texts each text's GNQ is measured against (the others whose gradients may "
@@ -100,18 +94,14 @@ def start_blocked(upload_ckpt: bool, checkpoints: Path | None, refs: list, uploa
     return ("Start audit is off until " + " and ".join(missing) + ".") if missing else None
 
 
-def companion_choice(companions: int | str | None) -> str:
-    """The form's choice for an ``AuditSettings.companions`` value."""
-    return "batch" if companions is None else "all" if companions == "all" else "n"
-
 st.title("New audit")
 state.sidebar(creates=True)
 db = state.db_path()
 
 if "staging" not in st.session_state:
-    st.session_state["staging"] = new_job_id()
+    st.session_state["staging"] = jobs.new_job_id()
 staging_id = st.session_state["staging"]
-touch_staging(uploads_root(db) / staging_id)  # in use: another session's clean-up keeps it
+jobs.touch_staging(uploads_root(db) / staging_id)  # in use: another session's clean-up keeps it
 
 
 def _local(typed: str) -> Path | None:
@@ -128,7 +118,7 @@ def _local(typed: str) -> Path | None:
 def staging() -> Path:
     path = uploads_root(db) / staging_id
     if not path.exists():
-        uploads_dir(db, staging_id)
+        jobs.uploads_dir(db, staging_id)
     return path
 
 
@@ -136,8 +126,8 @@ def uploaded_folder(files: list, name: str) -> Path | None:
     """The uploaded folder, saved as ``name`` in the staging folder; refused: shown, None."""
     try:
         target = staging() / name
-        save_uploads(files, target)
-        check_upload_tree(staging())
+        jobs.save_uploads(files, target)
+        jobs.check_upload_tree(staging())
         # The browser names files by their path under the picked folder's parent
         # ("run/epoch-1/config.json"): step into that single top folder.
         entries = list(target.iterdir())
@@ -273,8 +263,8 @@ if data_mode == "Upload a file":
     if upload is not None:
         try:
             folder = staging() / "data"
-            save_uploads([upload], folder)
-            data_path = folder / safe_relative_path(upload.name)
+            jobs.save_uploads([upload], folder)
+            data_path = folder / jobs.safe_relative_path(upload.name)
         except (ValueError, OSError) as exc:
             st.error(state.plain(one_line(exc)))
 else:
@@ -353,9 +343,8 @@ with st.form("settings"):
                             help="Relative: λ × the batch's mean ‖g_j‖², so GNQ does not change with the "
                                  "gradients' overall scale (compare checkpoints whose gradients shrink).")
     c1, c2, c3 = st.columns([2, 1, 1])
-    choices = list(COMPANION_LABELS)
-    companion_set = c1.selectbox("Companions (what GNQ measures each text against)", choices,
-                                 index=choices.index(companion_choice(DEFAULT.companions)),
+    companion_set = c1.selectbox("Companions (what GNQ measures each text against)", COMPANION_CHOICES,
+                                 index=COMPANION_CHOICES.index(companion_choice(DEFAULT.companions)),
                                  format_func=COMPANION_LABELS.get, key="form_companions",
                                  help="The CLI's --companions N|all (default: its batch).")
     companions_n = c2.number_input(
@@ -409,7 +398,7 @@ with st.form("settings"):
     if refs and dataset is not None and len(dataset) and base_dir is None:
         probe_key = (str(refs[0].path), refs[0].path.stat().st_mtime, str(data_path),
                      data_path.stat().st_mtime, (text_column, secret_column, public_column),
-                     tuple(p.strip() for p in patterns.splitlines() if p.strip()), int(batch_size),
+                     tuple(p.strip() for p in patterns.splitlines() if p.strip()), batch_size,
                      int(max_length), int(seed), int(threads), bool(attack),
                      bool(attack) and (bool(reference.strip()) or len(refs) > 1), int(prefix), int(suffix),
                      int(candidates), len(refs), str(tokenizer_dir) if tokenizer_dir else None)
@@ -461,17 +450,16 @@ if submitted:
     if reference.strip() and (reference_path is None or problem):
         submitted = False  # the attack's reference is refused on the page, not as a failed job
     try:  # validated here, so a bad value is refused on the page rather than as a failed job
-        companions = {"batch": None, "n": int(companions_n), "all": "all"}[companion_set]
-        audit = AuditSettings(lam=lam, batch_size=int(batch_size), max_length=int(max_length), seed=int(seed),
-                              loss=loss, lam_mode=lam_mode, companions=companions, sketch_k=int(sketch_k))
-        check_companion_memory(len(dataset) if dataset is not None else 0, audit)  # sets beyond memory
-        steps = [AuditJob(checkpoints=str(checkpoints), data=str(data_path), name=name,
-                          text_column=text_column, group_column=group_column, settings=audit,
+        audit = audit_job(checkpoints=checkpoints, data=data_path, name=name, lam=lam, lam_mode=lam_mode,
+                          loss=loss, batch_size=batch_size, max_length=int(max_length), seed=int(seed),
+                          companions=companions_option(companion_set, int(companions_n)),
+                          sketch_k=int(sketch_k), text_column=text_column, group_column=group_column,
                           secret_column=secret_column, public_column=public_column,
-                          secret_patterns=tuple(p.strip() for p in patterns.splitlines() if p.strip()),
-                          threads=int(threads), tokenizer=str(tokenizer_dir) if tokenizer_dir else None,
-                          base_model=str(base_dir) if base_dir is not None else None,
-                          merge_adapter=bool(merge_adapter))]
+                          secret_patterns=[p.strip() for p in patterns.splitlines() if p.strip()],
+                          threads=int(threads), tokenizer=tokenizer_dir, base_model=base_dir,
+                          merge_adapter=bool(merge_adapter))
+        check_companion_memory(len(dataset) if dataset is not None else 0, audit.settings)  # beyond memory
+        steps = [audit]
         steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
                              threshold=threshold, threads=int(threads), secret_candidates=int(candidates),
                              reference=str(reference_path) if reference_path else "first")] if attack else []
@@ -479,7 +467,7 @@ if submitted:
         st.error(state.plain(exc))
 if submitted and steps:
     uploaded = uploads_root(db) / staging_id
-    start_job(name, db, steps, cleanup=[uploaded] if uploaded.exists() else [], job_id=staging_id)
+    jobs.start_job(name, db, steps, cleanup=[uploaded] if uploaded.exists() else [], job_id=staging_id)
     st.session_state.pop("staging")  # the next audit gets a fresh upload folder
     st.session_state[state.RUN_KEY] = name
     st.success(f"Started {state.plain(repr(name))}. Progress below; the other pages fill in as checkpoints "
@@ -488,8 +476,8 @@ if submitted and steps:
 job_panel(db)
 
 with st.expander("Clean up abandoned uploads", key="cleanup_uploads"):  # one element across reruns
-    busy = {j.job_id for j in list_jobs(db) if j.alive()} | {staging_id}
-    leftovers = abandoned_uploads(db, busy)
+    busy = {j.job_id for j in jobs.list_jobs(db) if j.alive()} | {staging_id}
+    leftovers = jobs.abandoned_uploads(db, busy)
     st.caption(f"{len(leftovers)} upload folder(s) not used by a running job nor touched by a session for "
                "a day.")
     if leftovers and st.button("Delete them"):

@@ -1,5 +1,5 @@
 """The Flagged texts page's filters as one value, drawn and kept in the address by the page
-(app/views/flagged.py); applied as gnq_core's TextFilter, the filter type ``gnq export`` uses."""
+(dashboard/views/flagged.py); applied as gnq_core's TextFilter, the filter type ``gnq export`` uses."""
 
 from __future__ import annotations
 

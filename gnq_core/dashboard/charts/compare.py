@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.charts import base
+from gnq_core.dashboard.charts import base
 
 
 def run_comparison(pairs: pd.DataFrame, name_a: str, name_b: str, top: int) -> go.Figure:

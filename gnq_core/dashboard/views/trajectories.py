@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, show, state
 from gnq_core.analysis import top_bottom
+from gnq_core.dashboard import charts, show, state
 
 MAX_LINES = 300  # above this, the rest of the run is drawn as a quantile band
 

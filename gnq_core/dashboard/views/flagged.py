@@ -1,14 +1,14 @@
 """Flagged texts: the verdict order (leaked first, then secret-like content, then memorisation
 risk) with a reason per text, or GNQ alone; filter, and download exactly the filtered view.
-Every filter is in the address (app/address.py): a copied link opens the same rows."""
+Every filter is in the address (dashboard/address.py): a copied link opens the same rows."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app import address, show, state
-from app.flagged_filters import EXTRACTION, MODES, ORDERS, STATUS_CHOICES, Filters, flagged
 from gnq_core.analysis import grouped
+from gnq_core.dashboard import address, show, state
+from gnq_core.dashboard.flagged_filters import EXTRACTION, MODES, ORDERS, STATUS_CHOICES, Filters, flagged
 from gnq_core.results import FORMULA_GUARD_NOTE, export_frame, to_bytes
 
 TEXT_ROWS = 50

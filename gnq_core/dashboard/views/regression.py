@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import charts, show
 from gnq_core.analysis import regression2d as r2d
+from gnq_core.dashboard import charts, show
 
 st.title("GNQ explained: 2D regression")
 st.markdown(

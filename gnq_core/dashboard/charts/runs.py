@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.charts import base
+from gnq_core.dashboard.charts import base
 
 
 def gnq_histogram(totals: pd.DataFrame, column: str = "gnq_total", log_x: bool | None = None,

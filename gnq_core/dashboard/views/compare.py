@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import address, charts, show, state
 from gnq_core.analysis import compare_runs
+from gnq_core.dashboard import address, charts, show, state
 
 st.title("Compare runs")
 run = state.require_run()

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import state
-from gnq_core.pipelines import cancel_job, duration, job_seconds_left, list_jobs, seconds_left
+from gnq_core.dashboard import state
+from gnq_core.jobs import cancel_job, list_jobs
+from gnq_core.pipelines import duration, job_seconds_left, seconds_left
 
 
 def job_panel(db: Path, only_alive: bool = False) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.charts import base
+from gnq_core.dashboard.charts import base
 
 
 def group_distributions(traj: pd.DataFrame, groups: list[str] | None = None, *,

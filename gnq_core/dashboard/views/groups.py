@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, show, state
 from gnq_core.analysis import group_separation
+from gnq_core.dashboard import charts, show, state
 
 st.title("Groups")
 run = state.require_run()

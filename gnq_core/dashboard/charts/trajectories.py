@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.charts import base
+from gnq_core.dashboard.charts import base
 
 
 def _role_of(ids: Sequence[int], top: Sequence[int], bottom: Sequence[int],

@@ -9,10 +9,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.charts.base import describe
-from app.columns import column_config
-from app.state import open_example, plain
 from gnq_core.analysis import RiskBasis, grouped, texts_table_html
+from gnq_core.dashboard.charts.base import describe
+from gnq_core.dashboard.columns import column_config
+from gnq_core.dashboard.state import open_example, plain
 
 
 def chart(fig: go.Figure, where: Any = None, note: str = "", **kwargs: Any) -> Any:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, show, state
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import quantile_bins, roc_figure, targeted_attack_table
+from gnq_core.dashboard import charts, show, state
 
 st.title("Extraction vs GNQ")
 run = state.require_run()

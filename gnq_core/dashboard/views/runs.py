@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import charts, show, state
-from app.jobs_view import job_panel
 from gnq_core.analysis import (
     LEAKED,
     PARTLY,
@@ -18,7 +16,10 @@ from gnq_core.analysis import (
     summary,
     values_table,
 )
-from gnq_core.pipelines import DemoJob, list_jobs, start_job
+from gnq_core.dashboard import charts, show, state
+from gnq_core.dashboard.jobs_view import job_panel
+from gnq_core.jobs import list_jobs, start_job
+from gnq_core.pipelines import DemoJob
 
 LEAKED_STATUSES = (LEAKED, PARTLY)
 

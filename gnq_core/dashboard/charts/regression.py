@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.charts import base
+from gnq_core.dashboard.charts import base
 
 
 def _as_array(values: Any, dims: int = 1) -> np.ndarray:
