@@ -2,7 +2,7 @@
 accumulation window on every rank (B_eff = micro × accumulation × world; DESIGN.md §9).
 
     model = DDP(model)
-    with DistributedWindowAuditor(model, lam=1e-2, mode="sketch") as auditor:
+    with GNQAuditor(model, lam=1e-2, batch="step", scope="global", mode="sketch") as auditor:
         for part in window:                                  # this rank's micro-batches
             (w * per_example_lm_loss(model(**part).logits, part["labels"])).sum().backward()
             auditor.add_micro_batch(w)
