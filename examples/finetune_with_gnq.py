@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import TrainingArguments
 
-from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator  # GNQ
+from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator  # GNQ
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.models import build_model, train_tokenizer

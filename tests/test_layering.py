@@ -1,9 +1,9 @@
 """The layers of docs/DESIGN.md §5, enforced on every import statement (also those inside functions):
-engine < sources < results < pipelines < analysis < studies, cli < app.  Every package is covered;
-nothing below the CLI runs the CLI as a program; the app imports only the packages' facades, whose
-``__all__`` names exist.  Inside a package, module-level imports form no cycle, and neither new cycles
-through imports inside functions nor new private names imported across modules appear (the
-existing ones are listed, each by name)."""
+engine < sources < results < pipelines < integrations, analysis < studies, cli < app.  Every package
+is covered; nothing below the CLI runs the CLI as a program; the app imports only the packages'
+facades, whose ``__all__`` names exist.  Inside a package, module-level imports form no cycle, and
+neither new cycles through imports inside functions nor new private names imported across modules
+appear (the existing ones are listed, each by name)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = {  # package -> what it must not import
-    "gnq_core.engine": ("sources", "results", "pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.sources": ("results", "pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.results": ("pipelines", "analysis", "studies", "cli", "app"),
-    "gnq_core.pipelines": ("analysis", "studies", "cli", "app"),
+    "gnq_core.engine": ("sources", "results", "pipelines", "integrations", "analysis", "studies", "cli",
+                        "app"),
+    "gnq_core.sources": ("results", "pipelines", "integrations", "analysis", "studies", "cli", "app"),
+    "gnq_core.results": ("pipelines", "integrations", "analysis", "studies", "cli", "app"),
+    "gnq_core.pipelines": ("integrations", "analysis", "studies", "cli", "app"),
+    "gnq_core.integrations": ("analysis", "studies", "cli", "app"),  # the trainers, on the pipelines
     "gnq_core.analysis": ("pipelines", "studies", "cli", "app"),  # pure frame/figure functions
     "gnq_core.studies": ("cli", "app"),
     "gnq_core.cli": ("app",),

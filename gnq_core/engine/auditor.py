@@ -44,7 +44,7 @@ STEP_ONLY = ("mode", "sketch", "window_budget", "keep_exact")
 GLOBAL_ONLY = ("strategy", "group")
 
 
-class GNQAuditor(abc.ABC):
+class GNQAuditor(abc.ABC):  # noqa: B024 (an ABC for register(): the door has no methods of its own)
     """Exact per-example GNQ for any PyTorch / Hugging Face model, inside its training loop.
 
     Args:

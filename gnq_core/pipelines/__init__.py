@@ -1,6 +1,6 @@
 """Pipelines: the jobs (train with in-run GNQ, audit checkpoints, the extraction attack, the
-demo), one way in (``run_job``), the dashboard's background jobs and uploads, and the Hugging
-Face Trainer integration."""
+demo), one way in (``run_job``), the dashboard's background jobs and uploads.  The Hugging Face
+and TRL trainers are ``gnq_core.integrations``."""
 
 from gnq_core._lazy import lazy_exports
 
@@ -14,7 +14,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".estimate_probe": ("estimate_lines", "measure_estimate", "total_seconds"),
     ".attacks.run": ("run_extraction",),
     ".extraction": ("AttackRule",),
-    ".hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
     ".jobs": ("Job", "cancel_job", "list_jobs", "new_job_id", "start_job"),
     ".non_members": ("ground_truth_of", "membership_frame", "membership_of"),
     ".run": ("run_job",),

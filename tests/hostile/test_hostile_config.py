@@ -14,7 +14,7 @@ from lm_fixtures import tiny_gpt2
 from gnq_core import GNQAuditor
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.window import WindowAuditor
-from gnq_core.pipelines.hf_callback import GNQConfig
+from gnq_core.integrations.hf import GNQConfig
 
 BAD_CONFIG = [
     ("flush_every", 0, "flush_every"), ("flush_every", -1, "flush_every"),
@@ -77,7 +77,7 @@ def test_flush_every_zero_no_longer_fails_after_the_first_step(tmp_path):
     ZeroDivisionError left a shards folder that refuses reuse; now nothing is built or written."""
     from transformers import TrainingArguments
 
-    from gnq_core.pipelines.hf_callback import GNQTrainer, lm_collator
+    from gnq_core.integrations.hf import GNQTrainer, lm_collator
 
     args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, max_steps=1,
                              per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True)

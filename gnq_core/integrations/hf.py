@@ -1,6 +1,6 @@
 """Hugging Face Trainer integration: GNQ of every example of every micro-batch, as Parquet shards.
 
-    from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
+    from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 
     trainer = GNQTrainer(model=model, args=args, train_dataset=rows,      # rows: input_ids, example_id
                          data_collator=lm_collator(pad_id),
@@ -41,7 +41,7 @@ from gnq_core.pipelines.membership import token_signals
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.results.precision import observed_precision, precision_note, trainer_precision
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, RunSpec, ScoreColumns, check_gnq_settings
-from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
+from gnq_core.results.shard_files import ShardWriter, new_shard_folder, write_run_file
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
 from gnq_core.values import finite, flag, one_of, require, whole
@@ -295,7 +295,7 @@ class GNQCallback(TrainerCallback):
     def before_forward(self, example_ids: torch.Tensor | None) -> None:
         if example_ids is None:
             raise ValueError(f"GNQTrainer: the batch has no '{EXAMPLE_ID}'; add it to every training "
-                             "row and use gnq_core.pipelines.hf_callback.lm_collator"
+                             "row and use gnq_core.integrations.hf.lm_collator"
                              " (or a collator that keeps it)")
         self._current, self._weights = {"ids": example_ids.detach().cpu(), "t0": time.perf_counter()}, None
 
@@ -499,7 +499,7 @@ class _TrainerObjective:
 
 
 class GNQTrainerSteps:
-    """What every GNQ trainer adds to a Trainer's step and log (GNQTrainer, trl_gnq.GNQSFTTrainer):
+    """What every GNQ trainer adds to a Trainer's step and log (GNQTrainer, integrations.trl.GNQSFTTrainer):
     the pass closed after each backward, and GNQ's summaries in every training log."""
 
     gnq: GNQCallback
@@ -551,7 +551,7 @@ class GNQTrainer(GNQTrainerSteps, Trainer):
         if model.training and torch.is_grad_enabled():
             if "labels" not in inputs:  # the Trainer would take the model's own loss: no ℓ_j to audit
                 raise ValueError("GNQTrainer: the batch has no 'labels'; use "
-                                 "gnq_core.pipelines.hf_callback.lm_collator (or a collator that sets them)")
+                                 "gnq_core.integrations.hf.lm_collator (or a collator that sets them)")
             self.gnq.before_forward(ids)
             self.label_smoother.gnq = self.gnq
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
