@@ -13,7 +13,6 @@ from lm_fixtures import tiny_gpt2
 
 from gnq_core import GNQAuditor
 from gnq_core.engine.sketch import SketchSpec
-from gnq_core.engine.window import WindowAuditor
 from gnq_core.integrations.hf import GNQConfig
 
 BAD_CONFIG = [
@@ -62,7 +61,7 @@ def test_the_auditor_checks_its_settings_before_any_hook(kwargs, named):
 def test_the_window_auditor_checks_its_budget_at_construction(kwargs, named):
     model = tiny_gpt2()
     with pytest.raises(ValueError, match=named):
-        WindowAuditor(model, 1e-2, **kwargs)
+        GNQAuditor(model, 1e-2, batch="step", **kwargs)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
