@@ -29,8 +29,10 @@ import torch.distributed as dist
 from torch import nn
 
 from gnq_core.engine.batch import BatchDimensionError
+from gnq_core.engine.conventions import LAM_ABSOLUTE
 from gnq_core.engine.distributed import DistributedGNQAuditor, unwrap_model
 from gnq_core.engine.micro import GNQResult, MicroAuditor
+from gnq_core.engine.representations import DEFAULT_MEMORY_BUDGET
 from gnq_core.engine.window import WindowAuditor
 from gnq_core.engine.window_ddp import DistributedWindowAuditor
 from gnq_core.values import one_of
@@ -47,45 +49,52 @@ GLOBAL_ONLY = ("strategy", "group")
 class GNQAuditor(abc.ABC):  # noqa: B024 (an ABC for register(): the door has no methods of its own)
     """Exact per-example GNQ for any PyTorch / Hugging Face model, inside its training loop.
 
-    Args:
-        model: the model being trained (wrapped in DDP / FSDP or not: hooks go on the inner
-            module); every trainable parameter gets covered, or this raises
-            ``UncoveredParametersError`` naming those that cannot be.
-        lam: λ > 0, the ridge of S_{-j} = Σ_{k≠j} g_k g_kᵀ + λI, in the units of ‖g‖².
-        batch: "micro" (default): the examples of each forward/backward; ``compute(weights)``
-            after each backward gives a ``GNQResult``.  "step": every micro-batch of one
-            optimizer step's accumulation window; ``add_micro_batch(weights)`` after each
-            backward, ``finish_window()`` at the step gives a ``WindowResult``.  Its options:
-            ``mode`` ("auto": exact while the kept factors fit ``window_budget`` bytes, then
-            sketched; "exact"; "sketch"), ``sketch`` (a ``SketchSpec``), ``window_budget``,
-            ``keep_exact``.
-        scope: "rank" (default): this process's examples.  "global": every rank's, in rank
-            order, over the initialised torch.distributed process group; every rank constructs
-            the auditor and gets the same numbers (``res.local_gnq``: its own rows).  Its
-            options: ``strategy`` (what is gathered per layer: "auto", "factors",
-            "gradients") and ``group`` (the process group; default all ranks).
-        lam_mode: "absolute" (λ = lam) or "relative": λ_eff = lam · mean_j K_jj of each batch,
-            scale-free; the result's ``lam`` is the λ each batch used.
-        path: "auto" picks ghost or materialise per layer by the cost model; "ghost" /
-            "materialize" force one (for tests and benchmarks).
-        memory_budget: bytes allowed for one Gram intermediate (chunks beyond it).
-        check_uses: probe the first batch once more, hooks off, to follow it through the
-            forward and cover modules that do not see batch-first tensors (one extra forward).
-        fused: for Linear-like layers where materialising per-example gradients is cheaper,
-            return their sum as the weight gradient, so autograd's own weight-gradient matmul is
-            skipped (``param.grad`` then matches autograd's to float rounding, not bitwise).
-            Default: on for ``batch="micro", scope="rank"``; a global scope and a window need
-            every layer's factors after autograd, so they run without.
-
     The auditor returned also has ``backward(loss)`` (the backward a post-hoc audit needs, no
     ``.grad``), ``paused()`` (a block whose passes are ignored), ``coverage`` and ``close()``
     (every hook removed; it is a context manager too).
     """
 
     def __new__(cls, model: nn.Module, lam: float = 1e-2, *, batch: str = "micro", scope: str = "rank",
-                **options: Any) -> GNQAuditor:
-        implementation, fixed = _implementation(batch, scope, options)
-        return implementation(unwrap_model(model), lam, **fixed, **options)
+                lam_mode: str = LAM_ABSOLUTE, path: str = "auto", memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                check_uses: bool = True, fused: bool | None = None, **options: Any) -> GNQAuditor:
+        """The auditor for ``batch`` × ``scope`` (the module doc's table).
+
+        Args:
+            model: the model being trained (wrapped in DDP / FSDP or not: hooks go on the inner
+                module); every trainable parameter gets covered, or this raises
+                ``UncoveredParametersError`` naming those that cannot be.
+            lam: λ > 0, the ridge of S_{-j} = Σ_{k≠j} g_k g_kᵀ + λI, in the units of ‖g‖².
+            batch: "micro" (default): the examples of each forward/backward; ``compute(weights)``
+                after each backward gives a ``GNQResult``.  "step": every micro-batch of one
+                optimizer step's accumulation window; ``add_micro_batch(weights)`` after each
+                backward, ``finish_window()`` at the step gives a ``WindowResult``.  Its options:
+                ``mode`` ("auto": exact while the kept factors fit ``window_budget`` bytes, then
+                sketched; "exact"; "sketch"), ``sketch`` (a ``SketchSpec``), ``window_budget``,
+                ``keep_exact``.
+            scope: "rank" (default): this process's examples.  "global": every rank's, in rank
+                order, over the initialised torch.distributed process group; every rank constructs
+                the auditor and gets the same numbers (``res.local_gnq``: its own rows).  Its
+                options: ``strategy`` (what is gathered per layer: "auto", "factors",
+                "gradients") and ``group`` (the process group; default all ranks).
+            lam_mode: "absolute" (λ = lam) or "relative": λ_eff = lam · mean_j K_jj of each batch,
+                scale-free; the result's ``lam`` is the λ each batch used.
+            path: "auto" picks ghost or materialise per layer by the cost model; "ghost" /
+                "materialize" force one (for tests and benchmarks).
+            memory_budget: bytes allowed for one Gram intermediate (chunks beyond it).
+            check_uses: probe the first batch once more, hooks off, to follow it through the
+                forward and cover modules that do not see batch-first tensors (one extra forward).
+            fused: for Linear-like layers where materialising per-example gradients is cheaper,
+                return their sum as the weight gradient, so autograd's own weight-gradient matmul is
+                skipped (``param.grad`` then matches autograd's to float rounding, not bitwise).
+                Default: on for ``batch="micro", scope="rank"``; a global scope and a window need
+                every layer's factors after autograd, so they run without.
+        """
+        settings = {"lam_mode": lam_mode, "path": path, "memory_budget": memory_budget,
+                    "check_uses": check_uses}
+        if fused is not None:  # None: the implementation's own default
+            settings["fused"] = fused
+        implementation, fixed = _implementation(batch, scope, options | settings)
+        return implementation(unwrap_model(model), lam, **fixed, **options, **settings)
 
 
 # Each implementation is a GNQAuditor for isinstance / issubclass (the classes built on it too).

@@ -15,6 +15,7 @@ batch of the GNQ is and what the shard rows mean: DESIGN.md §7.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 import sys
 import time
@@ -112,6 +113,9 @@ class GNQConfig:
             whole(self.max_length, name("max_length"), 1)
         require(self.db is None or (isinstance(self.db, str | PathLike) and str(self.db) != ""),
                 f"{name('db')} must be a store path or None, got {self.db!r}")
+        require(self.db is None or importlib.util.find_spec("duckdb") is not None,
+                f"{name('db')}: the store needs the dashboard extra (duckdb): pip install "
+                "'gnq-audit[dashboard]', or leave db unset and load the shards later with gnq ingest")
         flag(self.check_uses, name("check_uses")), flag(self.fused, name("fused"))
         if self.flag_gnq is not None:
             finite(self.flag_gnq, name("flag_gnq"), -math.inf)
