@@ -297,7 +297,7 @@ def exchange_layout(comm: Comm, rep: Rep) -> tuple[list[torch.Tensor], tuple, li
     meta = torch.tensor(_meta(parts, structure, rep), dtype=torch.long)
     metas = [m.tolist() for m in comm.gather(meta.to(parts[0].device), "meta")]
     if any(_signature(m) != _signature(metas[0]) for m in metas):
-        raise RuntimeError("DistributedGNQAuditor: the ranks reached different layers (or layers of "
+        raise RuntimeError("GNQAuditor(scope='global'): the ranks reached different layers (or layers of "
                            "different widths) at the same point of the backward; every rank must "
                            "run the same model on a batch of the same structure")
     return parts, structure, metas
