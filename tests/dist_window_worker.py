@@ -1,7 +1,7 @@
 """One rank of tests/test_distributed_window.py (started by torchrun, gloo on CPU, float64).
 
 Each rank runs one accumulation window of 2 micro-batches of its own texts through a DDP tiny
-GPT-2 (tied head) with ``DistributedWindowAuditor`` and saves the window's result: sketched,
+GPT-2 (tied head) with ``GNQAuditor(batch="step", scope="global")`` and saves the window's result: sketched,
 exact, ``auto`` with a budget only rank 1 outgrows (so every rank must sketch), and a window that
 fails on one rank only.
 """
@@ -16,9 +16,8 @@ import torch.distributed as dist
 from lm_fixtures import lm_batch, tiny_gpt2
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gnq_core import per_example_lm_loss
+from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
-from gnq_core.engine.window_ddp import DistributedWindowAuditor
 
 LAM = 1e-3
 # token lengths of each rank's micro-batches (uneven: 4 texts on rank 0, 3 on rank 1)
@@ -60,7 +59,7 @@ def window(init_state, parts, **audit) -> dict:
     model = tiny_gpt2()
     model.load_state_dict(init_state)
     ddp = DDP(model)
-    r = audit_window(DistributedWindowAuditor(ddp, LAM, **audit), ddp, parts)
+    r = audit_window(GNQAuditor(ddp, LAM, batch="step", scope="global", **audit), ddp, parts)
     return {"gnq": r.gnq, "kernel": r.kernel, "mode": r.mode, "k": r.k, "seed": r.seed,
             "batch_size": r.batch_size, "micro_batches": r.micro_batches, "sizes": r.sizes,
             "offset": r.offset, "local_size": r.local_size, "local_gnq": r.local_gnq,
@@ -76,7 +75,7 @@ def failing_then_fine(init_state, parts, rank: int) -> dict:
     model.load_state_dict(init_state)
     ddp = DDP(model)
     raised = []
-    with DistributedWindowAuditor(ddp, LAM, mode="exact") as auditor:
+    with GNQAuditor(ddp, LAM, batch="step", scope="global", mode="exact") as auditor:
         for poisoned in (True, False):
             for i, part in enumerate(parts):
                 w = torch.full((part["input_ids"].shape[0],), 0.25)

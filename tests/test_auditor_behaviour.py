@@ -8,13 +8,8 @@ import torch.nn.functional as F
 from conftest import PATHS, TOL, kernel_err, rel_err
 from torch import nn
 
-from gnq_core import (
-    BatchDimensionError,
-    GNQAuditor,
-    UncoveredParametersError,
-    UnsupportedModuleError,
-    exact_gnq,
-)
+from gnq_core import GNQAuditor, UnsupportedModuleError, exact_gnq
+from gnq_core.engine import BatchDimensionError, UncoveredParametersError
 
 
 def ce_losses(model, batch):

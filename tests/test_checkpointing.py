@@ -16,7 +16,7 @@ from lm_fixtures import PAD_ID, lm_batch, texts, tiny_gpt2, tiny_llama, tokenize
 from transformers import TrainingArguments
 
 from gnq_core import GNQAuditor, exact_gnq, per_example_lm_loss
-from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
+from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 
 MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama}
 

@@ -9,6 +9,7 @@ concatenated global batch (scope "global"), float64, rel. error ≤ 1e-9.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from torch import nn
 
 from gnq_core import GNQAuditor
 from gnq_core.engine.distributed import DistributedGNQAuditor
+from gnq_core.engine.micro import MicroAuditor
+from gnq_core.engine.window import WindowAuditor
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["rank", "global", "global-factors", "global-gradients"]
@@ -169,6 +172,41 @@ def test_without_process_group_global_scope_is_the_plain_auditor():
     ref = single_process(model, mlp_losses, (x, y))
     assert res.world_size == 1 and res.comm.bytes_sent == 0
     assert rel_err(res.gnq, ref.gnq) <= TOL
+
+
+def test_the_door_builds_the_implementation_for_batch_and_scope():
+    """GNQAuditor(batch=, scope=) returns the class for the pair, each a GNQAuditor; what one
+    process cannot do, or an option of the other batch or scope, is one line at construction."""
+    model = nn.Linear(3, 2)
+    for batch, cls in (("micro", MicroAuditor), ("step", WindowAuditor)):
+        with GNQAuditor(model, LAM, batch=batch) as auditor:
+            assert type(auditor) is cls and isinstance(auditor, GNQAuditor)
+    for kwargs, says in [({"scope": "global"}, "none is initialised"),
+                         ({"batch": "step", "scope": "global"}, "none is initialised"),
+                         ({"mode": "sketch"}, "mode= applies only to batch='step'"),
+                         ({"strategy": "factors"}, "strategy= applies only to scope='global'"),
+                         ({"batch": "step", "fused": True}, "fused=True applies only to batch='micro'"),
+                         ({"batch": "epoch"}, "batch must be one of 'micro', 'step'"),
+                         ({"scope": "world"}, "scope must be one of 'rank', 'global'")]:
+        with pytest.raises(ValueError, match=re.escape(says)) as err:
+            GNQAuditor(model, LAM, **kwargs)
+        assert "\n" not in str(err.value)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_the_door_unwraps_a_ddp_model_for_scope_rank():
+    """A DDP-wrapped model under scope='rank': hooks on the inner model, the plain auditor's GNQ."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 8), nn.Tanh(), nn.Linear(8, 4))
+    x, y = torch.randn(6, 20), torch.randint(0, 4, (6,))
+    wrapper = type("DistributedDataParallel", (nn.Module,), {"forward": lambda self, *a: self.module(*a)})()
+    wrapper.module = model
+    with GNQAuditor(wrapper, lam=LAM) as auditor:
+        mlp_losses(wrapper, (x, y)).sum().backward()
+        res = auditor.compute()
+    assert auditor.model is model
+    model.zero_grad()
+    assert rel_err(res.gnq, single_process(model, mlp_losses, (x, y)).gnq) <= TOL
 
 
 def test_fused_global_is_refused():

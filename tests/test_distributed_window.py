@@ -16,8 +16,8 @@ from dist_window_worker import LAM, SPEC, audit_window, lm_losses
 from lm_fixtures import tiny_gpt2
 from test_distributed import concat_lm, free_port, torchrun_ranks
 
+from gnq_core import GNQAuditor
 from gnq_core.engine.reference import exact_gnq
-from gnq_core.engine.window import WindowAuditor
 from gnq_core.engine.window_ddp import DistributedWindowAuditor
 
 HERE = Path(__file__).resolve().parent
@@ -32,7 +32,7 @@ def one_process_window(ranks: list[dict], parts: list[dict], **audit):
     """The same micro-batches, in rank order, as one window of one process."""
     model = tiny_gpt2()
     model.load_state_dict(ranks[0]["init"])
-    return audit_window(WindowAuditor(model, LAM, **audit), model, parts)
+    return audit_window(GNQAuditor(model, LAM, batch="step", **audit), model, parts)
 
 
 def every_part(ranks: list[dict]) -> list[dict]:

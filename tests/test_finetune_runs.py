@@ -17,7 +17,7 @@ from transformers import TrainingArguments
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
+from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 from gnq_core.results.precision import precision_note
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """The layers of docs/DESIGN.md §5, enforced on every import statement (also those inside functions):
-engine < sources < results < attacks < pipelines < jobs, analysis < cli < dashboard.  Every package is
-covered; nothing below the CLI runs the CLI as a program; nothing in gnq_core imports the dashboard
+engine < sources < results < attacks < pipelines < integrations, jobs, analysis < cli < dashboard.  Every
+package is covered; nothing below the CLI runs the CLI as a program; nothing in gnq_core imports the dashboard
 (``gnq dashboard`` starts it by file path); the dashboard imports only the packages' facades, whose
 ``__all__`` names exist.  The studies (research/, not installed) import gnq_core's public names, and
 nothing in gnq_core imports them (``gnq study`` finds them by name, cli/studies.py).  Inside a
@@ -18,13 +18,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = {  # package -> what it must not import
-    "gnq_core.engine": ("sources", "results", "attacks", "pipelines", "jobs", "analysis", "cli", "dashboard"),
-    "gnq_core.sources": ("results", "attacks", "pipelines", "jobs", "analysis", "cli", "dashboard"),
-    "gnq_core.results": ("attacks", "pipelines", "jobs", "analysis", "cli", "dashboard"),
-    "gnq_core.attacks": ("pipelines", "jobs", "analysis", "cli", "dashboard"),
-    "gnq_core.pipelines": ("jobs", "analysis", "cli", "dashboard"),
-    "gnq_core.jobs": ("analysis", "cli", "dashboard"),  # the background jobs the CLI starts too
-    "gnq_core.analysis": ("attacks", "pipelines", "jobs", "cli", "dashboard"),  # pure frame/figure functions
+    "gnq_core.engine": ("sources", "results", "attacks", "pipelines", "integrations", "jobs", "analysis",
+                        "cli", "dashboard"),
+    "gnq_core.sources": ("results", "attacks", "pipelines", "integrations", "jobs", "analysis", "cli",
+                         "dashboard"),
+    "gnq_core.results": ("attacks", "pipelines", "integrations", "jobs", "analysis", "cli", "dashboard"),
+    "gnq_core.attacks": ("pipelines", "integrations", "jobs", "analysis", "cli", "dashboard"),
+    "gnq_core.pipelines": ("integrations", "jobs", "analysis", "cli", "dashboard"),
+    "gnq_core.integrations": ("jobs", "analysis", "cli", "dashboard"),  # the trainers, on the pipelines
+    "gnq_core.jobs": ("integrations", "analysis", "cli", "dashboard"),  # background jobs (the CLI's too)
+    "gnq_core.analysis": ("attacks", "pipelines", "integrations", "jobs", "cli", "dashboard"),  # pure frames
     "gnq_core.cli": ("dashboard",),  # `gnq dashboard` starts it by file path, never by import
     "gnq_core.dashboard": (),  # the top layer
     "gnq_core": ("dashboard",),

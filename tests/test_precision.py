@@ -10,7 +10,8 @@ import torch
 from conftest import rel_err
 from lm_fixtures import lm_batch, tiny_gpt2, tiny_llama
 
-from gnq_core import GNQAuditor, exact_gnq, gnq_from_kernel, per_example_lm_loss
+from gnq_core import GNQAuditor, exact_gnq, per_example_lm_loss
+from gnq_core.engine import gnq_from_kernel
 from gnq_core.engine.reference import per_example_gradients
 
 MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama}

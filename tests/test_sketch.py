@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from gnq_core import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.representations import DenseFactor, DenseRep, OneHotFactor, OuterRep
 from gnq_core.engine.sketch import Projection, Sketcher, SketchSpec, sketched_gnq, weight_matrices
 from gnq_core.engine.solve import gnq_from_kernel
-from gnq_core.engine.window import WindowAuditor
 from tests.conftest import TOL, kernel_err
 from tests.lm_fixtures import lm_batch, tiny_gpt2, tiny_llama
 
@@ -132,7 +132,7 @@ def test_shape_change_is_refused():
 
 def audit_sketch(model, batch, spec: SketchSpec, lam: float = 1e-3):
     """(exact K, sketches) of one batch from one pass."""
-    with WindowAuditor(model, lam, mode="sketch", sketch=spec, keep_exact=True) as auditor:
+    with GNQAuditor(model, lam, batch="step", mode="sketch", sketch=spec, keep_exact=True) as auditor:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         per_example_lm_loss(out.logits, batch["labels"]).sum().backward()
         result = auditor.add_micro_batch()
@@ -202,7 +202,7 @@ def envelope(family: str, specs: list[SketchSpec], B: int = 64, T: int = 16) -> 
     name, _, depth = family.partition("-")
     model = wide_model(name, layers=12 if depth == "deep" else 2)
     batch = random_batch(B, T, model.config.vocab_size)
-    with WindowAuditor(model, 1.0, mode="exact") as auditor:
+    with GNQAuditor(model, 1.0, batch="step", mode="exact") as auditor:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         per_example_lm_loss(out.logits, batch["labels"]).sum().backward()
         K = auditor.add_micro_batch().kernel

@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import TOL, rel_err
 
-from gnq_core import GNQNumericalError, gnq_from_kernel
+from gnq_core import GNQNumericalError
+from gnq_core.engine import gnq_from_kernel
 from gnq_core.engine.reference import loo_gnq, naive_gnq
 from gnq_core.engine.solve import unweight_kernel
 

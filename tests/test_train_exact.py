@@ -13,6 +13,7 @@ from lm_fixtures import texts
 
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.engine.micro import MicroAuditor
 from gnq_core.engine.reference import loo_gnq, per_example_gradients
 from gnq_core.pipelines import train as train_module
 from gnq_core.pipelines.settings import TrainSettings
@@ -46,8 +47,8 @@ def _unfused_auditor(model, lam, fused, **options):  # options: lam_mode
 
 def test_first_step_gnq_equals_explicit_per_example_gradients(tmp_path, monkeypatch):
     fused_calls = []
-    real = GNQAuditor._fused_call
-    monkeypatch.setattr(GNQAuditor, "_fused_call", lambda self, *a: fused_calls.append(1) or real(self, *a))
+    real = MicroAuditor._fused_call  # the class GNQAuditor builds for a training step
+    monkeypatch.setattr(MicroAuditor, "_fused_call", lambda self, *a: fused_calls.append(1) or real(self, *a))
     dataset, run, scores, _ = _train(tmp_path, "fused")
     assert fused_calls  # the steps really went the fused way
     seed_everything(SETTINGS.seed)  # the model the run started from, built as the run built it

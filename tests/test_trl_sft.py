@@ -15,14 +15,15 @@ import torch
 from conftest import TOL, rel_err
 from lm_fixtures import texts, tiny_gpt2
 
-from gnq_core import gnq_from_kernel, per_example_lm_loss
+from gnq_core import per_example_lm_loss
+from gnq_core.engine import gnq_from_kernel
 from gnq_core.engine.reference import per_example_gradients
-from gnq_core.pipelines.hf_callback import GNQConfig
+from gnq_core.integrations.hf import GNQConfig
 from gnq_core.sources.models import train_tokenizer
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
-from gnq_core.pipelines.trl_gnq import GNQSFTTrainer  # noqa: E402  (needs trl)
+from gnq_core.integrations.trl import GNQSFTTrainer  # noqa: E402  (needs trl)
 
 LAM, N_ROWS = 1e-2, 9
 

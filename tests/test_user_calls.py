@@ -21,7 +21,7 @@ from gnq_core import GNQAuditor, UnsupportedModuleError
 from gnq_core.engine.batch import BatchDimensionError
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.reference import loo_gnq, per_example_gradients
-from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
+from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 
 TASK = {"opt": "causal", "t5": "seq2seq"}
 

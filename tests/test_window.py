@@ -12,7 +12,7 @@ from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.engine.reference import exact_gnq
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.solve import GNQNumericalError
-from gnq_core.engine.window import WindowAuditor, WindowBudgetError
+from gnq_core.engine.window import WindowBudgetError
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from tests.conftest import TOL, kernel_err, rel_err
 from tests.lm_fixtures import lm_batch, tiny_gpt2, tiny_llama
@@ -25,7 +25,7 @@ def lm_losses(model, batch):
     return per_example_lm_loss(out.logits, batch["labels"])
 
 
-def run_window(auditor: WindowAuditor, model, batch, micro: int):
+def run_window(auditor: GNQAuditor, model, batch, micro: int):
     """Accumulate over micro-batches of ``micro`` texts (mean over the window, as a Trainer's
     accumulation does), then finish the window."""
     B = batch["input_ids"].shape[0]
@@ -46,7 +46,7 @@ def test_window_equals_one_batch(build, micro):
     model = build().double()
     batch = lm_batch([int(n) for n in torch.randint(3, 12, (4 * micro,))], seed=int(torch.randint(0, 99, ())))
     ref = exact_gnq(model, lm_losses, batch, LAM)
-    with WindowAuditor(model, LAM, mode="exact") as auditor:
+    with GNQAuditor(model, LAM, batch="step", mode="exact") as auditor:
         res = run_window(auditor, model, batch, micro)
     assert res.batch_size == 4 * micro and res.micro_batches == 4 and res.mode == "exact"
     assert kernel_err(res.kernel, ref.kernel) <= TOL
@@ -58,7 +58,7 @@ def test_window_is_not_the_micro_batches():
     torch.manual_seed(0)
     model = tiny_gpt2().double()
     batch = lm_batch([6, 8, 5, 9, 7, 4, 10, 6], seed=3)
-    with WindowAuditor(model, LAM, mode="exact") as auditor:
+    with GNQAuditor(model, LAM, batch="step", mode="exact") as auditor:
         micro = []
         for start in range(0, 8, 2):
             part = {k: v[start:start + 2] for k, v in batch.items()}
@@ -72,7 +72,7 @@ def test_window_is_not_the_micro_batches():
 def test_window_of_one_text_has_no_gnq():
     model = tiny_llama().double()
     batch = lm_batch([7], seed=1)
-    with WindowAuditor(model, LAM, mode="exact") as auditor:
+    with GNQAuditor(model, LAM, batch="step", mode="exact") as auditor:
         lm_losses(model, batch).sum().backward()
         auditor.add_micro_batch()
         res = auditor.finish_window()
@@ -83,7 +83,7 @@ def test_window_of_one_text_has_no_gnq():
 def test_exact_window_budget():
     model = tiny_gpt2().double()
     batch = lm_batch([6, 8, 5, 9], seed=2)
-    with (WindowAuditor(model, LAM, mode="exact", window_budget=10_000),
+    with (GNQAuditor(model, LAM, batch="step", mode="exact", window_budget=10_000),
           pytest.raises(WindowBudgetError, match="use mode='sketch'")):
         lm_losses(model, batch).sum().backward()
 
@@ -96,7 +96,7 @@ def test_auto_window_turns_to_sketch_past_its_budget():
     batch = lm_batch([6, 8, 5, 9, 7, 4], seed=2)
     ref = exact_gnq(model, lm_losses, batch, LAM)
     spec = SketchSpec(k=10**6, vocab_rows=10**6)
-    with WindowAuditor(model, LAM, mode="auto", sketch=spec) as auditor:
+    with GNQAuditor(model, LAM, batch="step", mode="auto", sketch=spec) as auditor:
         small = run_window(auditor, model, {k: v[:2] for k, v in batch.items()}, 1)
         auditor.window_budget = 150_000  # fits one micro-batch of 2, not three
         res = run_window(auditor, model, batch, 2)
@@ -108,7 +108,7 @@ def test_sketch_window_records_its_settings():
     model = tiny_gpt2().double()
     batch = lm_batch([6, 8, 5, 9], seed=2)
     spec = SketchSpec(k=64, seed=7, vocab_rows=128)
-    with WindowAuditor(model, LAM, mode="sketch", sketch=spec) as auditor:
+    with GNQAuditor(model, LAM, batch="step", mode="sketch", sketch=spec) as auditor:
         res = run_window(auditor, model, batch, 1)
     assert (res.mode, res.k, res.seed, res.batch_size, res.micro_batches) == ("sketch", 64, 7, 4, 4)
     assert res.gnq is not None and torch.isfinite(res.gnq).all()
@@ -120,7 +120,7 @@ def test_sketch_window_holds_one_shared_vector_per_text():
     the Gram of those vectors is the window's K."""
     model = tiny_llama().float()
     batch = lm_batch([6, 8, 5, 9, 7, 4], seed=3)
-    with WindowAuditor(model, LAM, mode="sketch") as auditor:
+    with GNQAuditor(model, LAM, batch="step", mode="sketch") as auditor:
         for start in range(0, 6, 2):
             part = {k: v[start:start + 2] for k, v in batch.items()}
             lm_losses(model, part).sum().backward()
@@ -133,7 +133,7 @@ def test_sketch_window_holds_one_shared_vector_per_text():
 
 def test_bad_mode():
     with pytest.raises(ValueError, match="window mode"):
-        WindowAuditor(tiny_gpt2(), LAM, mode="approximate")
+        GNQAuditor(tiny_gpt2(), LAM, batch="step", mode="approximate")
 
 
 def test_a_batch_of_one_text_is_scored_null_not_its_norm():
@@ -155,7 +155,7 @@ def test_a_batch_of_one_text_is_scored_null_not_its_norm():
 def test_a_nan_micro_batch_fails_its_window_only(mode):
     model = tiny_gpt2().double()
     batch = lm_batch([6, 8, 5, 9], seed=2)
-    with WindowAuditor(model, LAM, mode=mode) as auditor:
+    with GNQAuditor(model, LAM, batch="step", mode=mode) as auditor:
         losses = lm_losses(model, {k: v[:2] for k, v in batch.items()})
         (losses * float("nan")).sum().backward()
         auditor.add_micro_batch()

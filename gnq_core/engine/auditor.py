@@ -1,214 +1,124 @@
-"""In-run GNQ: hooks on the user's own forward/backward, a B×B kernel, no extra pass.
+"""``GNQAuditor``: the one public door to in-run GNQ.
 
     with GNQAuditor(model, lam=1e-2) as auditor:
         losses = per_example_loss(model, batch)      # [B], each example's own loss
         losses.sum().backward()                      # the training backward
         res = auditor.compute()                      # res.gnq: float64 [B]
 
-This module is the auditor's core: its settings, ``backward`` and ``compute``.  The engine's
-parts, by job: the hooks and the passes they open (``engine.hooks``), the steps a subclass
-overrides to change what the batch is (``engine.extension_points``), one pass's bookkeeping
-(``engine.pass_state``; shared parameters' cross terms ``engine.tied``), the fused Linear-like
-and LayerNorm layers (``engine.fused``, reporting through ``engine.fused_sink``; norm layers'
-factors kept for ``compute()``: ``engine.deferred``), the kernels (``engine.kernels``, assigned
-by ``engine.assignment``) and the first batch's checks (``engine.first_batch``).
+Two questions choose the implementation: what the batch of the GNQ is (``batch``) and whose
+examples form it (``scope``).  The constructor builds, and returns, the one for the pair:
+
+    batch    scope     the batch of the GNQ                          built from
+    "micro"  "rank"    each forward/backward of this process         engine.micro
+    "micro"  "global"  that micro-batch on every rank, concatenated  engine.distributed
+    "step"   "rank"    every micro-batch of one optimizer step       engine.window
+    "step"   "global"  the step's micro-batches on every rank        engine.window_ddp
+
+Every one is a ``GNQAuditor`` (``isinstance`` holds) and gives the numbers the class it is
+built from gives: the door only chooses.  An option that belongs to the other batch or scope,
+or ``scope="global"`` with no initialised process group, is refused in one line at once rather
+than ignored.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from typing import Literal
+import abc
+from typing import Any
 
-import torch
+import torch.distributed as dist
 from torch import nn
 
-from gnq_core.engine.batch import BatchDimensionError, module_label
-from gnq_core.engine.compiled import check_not_compiled
-from gnq_core.engine.coverage import Coverage
-from gnq_core.engine.frontier import backward_targets
-from gnq_core.engine.hooks import AuditHooks
-from gnq_core.engine.kernels import UnsupportedModuleError
+from gnq_core.engine.batch import BatchDimensionError
+from gnq_core.engine.conventions import LAM_ABSOLUTE
+from gnq_core.engine.distributed import DistributedGNQAuditor, unwrap_model
+from gnq_core.engine.micro import GNQResult, MicroAuditor
 from gnq_core.engine.representations import DEFAULT_MEMORY_BUDGET
-from gnq_core.engine.solve import (
-    LAM_ABSOLUTE,
-    WEIGHTS_MESSAGE,
-    GNQNumericalError,
-    check_lam_mode,
-    effective_lam,
-    gnq_from_kernel,
-    weights_valid,
-)
-from gnq_core.values import finite, flag, whole
+from gnq_core.engine.window import WindowAuditor
+from gnq_core.engine.window_ddp import DistributedWindowAuditor
+from gnq_core.values import one_of
 
-__all__ = ["GNQAuditor", "GNQResult", "BatchDimensionError"]
+__all__ = ["BATCHES", "SCOPES", "BatchDimensionError", "GNQAuditor", "GNQResult"]
 
-
-@dataclass
-class GNQResult:
-    gnq: torch.Tensor  # float64 [B]
-    kernel: torch.Tensor  # float64 [B, B]: K_jk = ⟨g_j, g_k⟩ for the per-example losses ℓ_j
-    coverage: Coverage
-    lam: float
-    condition: float  # condition number of K + λI
-    batch_size: int
-
-    @property
-    def self_influence(self) -> torch.Tensor:
-        """K_jj = ‖g_j‖² (TraceIn-style self-influence), float64 [B]."""
-        return self.kernel.diagonal().clone()
+BATCHES = ("micro", "step")
+SCOPES = ("rank", "global")
+# options that only one batch or scope has: given with the other, they would be silently ignored
+STEP_ONLY = ("mode", "sketch", "window_budget", "keep_exact")
+GLOBAL_ONLY = ("strategy", "group")
 
 
-class GNQAuditor(AuditHooks):
+class GNQAuditor(abc.ABC):  # noqa: B024 (an ABC for register(): the door has no methods of its own)
     """Exact per-example GNQ for any PyTorch / Hugging Face model, inside its training loop.
 
-    Args:
-        model: the model being trained; every trainable parameter gets covered, or this raises
-            ``UncoveredParametersError`` naming those that cannot be.
-        lam: λ > 0, the ridge of S_{-j} = Σ_{k≠j} g_k g_kᵀ + λI, in the units of ‖g‖².
-        lam_mode: "absolute" (λ = lam) or "relative": λ_eff = lam · mean_j K_jj of each batch,
-            scale-free (``solve.effective_lam``); ``GNQResult.lam`` is the λ each batch used.
-        path: "auto" picks ghost or materialise per layer by the cost model; "ghost" /
-            "materialize" force one (for tests and benchmarks).
-        memory_budget: bytes allowed for one Gram intermediate (chunks beyond it), and for the
-            norm layers' factors kept for ``compute()`` (``gnq_core.engine.deferred``; beyond
-            it a layer's per-example gradients are formed at once).
-        check_uses: probe the first batch once more, hooks off (``gnq_core.engine.planning``):
-            follow the batch through the forward by provenance and cover modules that do not
-            see batch-first tensors, or whose parameters another module uses, by the generic
-            kernel on the innermost enclosing module that does (one extra forward; turn off only
-            for a model already checked: then shapes are trusted).
-        fused: (default) for Linear / HF Conv1D layers where materialising per-example gradients
-            is cheaper, return their sum as the weight gradient so autograd's own weight-gradient
-            matmul is skipped, and for LayerNorm keep the forward's statistics for one batched
-            computation at ``compute()`` (``gnq_core.engine.fused``).  ``param.grad`` then
-            matches autograd's to float rounding instead of bitwise; ``fused=False`` keeps
-            autograd's own weight gradients (bitwise) and adds only hooks.  For a post-hoc
-            audit (``backward()``, no weight gradients wanted) ``fused=False`` is the cheaper.
+    The auditor returned also has ``backward(loss)`` (the backward a post-hoc audit needs, no
+    ``.grad``), ``paused()`` (a block whose passes are ignored), ``coverage`` and ``close()``
+    (every hook removed; it is a context manager too).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        lam: float = 1e-2,
-        *,
-        path: Literal["auto", "ghost", "materialize"] = "auto",
-        memory_budget: int = DEFAULT_MEMORY_BUDGET,
-        check_uses: bool = True,
-        fused: bool = True,
-        lam_mode: str = LAM_ABSOLUTE,
-    ) -> None:
-        check_lam_mode(lam_mode)
-        check_not_compiled(model)  # hooks and probes need eager modules: refused before any is added
-        finite(lam, "lam", 0.0, above=True)
-        whole(memory_budget, "memory_budget (bytes)", 1, sys.maxsize)
-        flag(check_uses, "check_uses"), flag(fused, "fused")
-        if path not in ("auto", "ghost", "materialize"):
-            raise ValueError(f"path must be 'auto', 'ghost' or 'materialize', got {path!r}")
-        self.lam = float(lam)
-        self.lam_mode = lam_mode
-        super().__init__(model, None if path == "auto" else path, memory_budget, fused, check_uses)
+    def __new__(cls, model: nn.Module, lam: float = 1e-2, *, batch: str = "micro", scope: str = "rank",
+                lam_mode: str = LAM_ABSOLUTE, path: str = "auto", memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                check_uses: bool = True, fused: bool | None = None, **options: Any) -> GNQAuditor:
+        """The auditor for ``batch`` × ``scope`` (the module doc's table).
 
-    @property
-    def coverage(self) -> Coverage:
-        """Which module covers which parameters, with which kernel (paths filled per batch)."""
-        return self._static_coverage
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """The backward a post-hoc audit needs: every covered module's output gradient, no ``.grad``.
-
-        Differentiates only w.r.t. the outputs of the modules at the input end of the graph
-        (those whose inputs need no gradient, e.g. embeddings), so autograd skips every
-        weight-gradient matmul — about half of a training backward — while every module's
-        output gradient, all the kernels use, is still formed.  ``param.grad`` is left alone.
+        Args:
+            model: the model being trained (wrapped in DDP / FSDP or not: hooks go on the inner
+                module); every trainable parameter gets covered, or this raises
+                ``UncoveredParametersError`` naming those that cannot be.
+            lam: λ > 0, the ridge of S_{-j} = Σ_{k≠j} g_k g_kᵀ + λI, in the units of ‖g‖².
+            batch: "micro" (default): the examples of each forward/backward; ``compute(weights)``
+                after each backward gives a ``GNQResult``.  "step": every micro-batch of one
+                optimizer step's accumulation window; ``add_micro_batch(weights)`` after each
+                backward, ``finish_window()`` at the step gives a ``WindowResult``.  Its options:
+                ``mode`` ("auto": exact while the kept factors fit ``window_budget`` bytes, then
+                sketched; "exact"; "sketch"), ``sketch`` (a ``SketchSpec``), ``window_budget``,
+                ``keep_exact``.
+            scope: "rank" (default): this process's examples.  "global": every rank's, in rank
+                order, over the initialised torch.distributed process group; every rank constructs
+                the auditor and gets the same numbers (``res.local_gnq``: its own rows).  Its
+                options: ``strategy`` (what is gathered per layer: "auto", "factors",
+                "gradients") and ``group`` (the process group; default all ranks).
+            lam_mode: "absolute" (λ = lam) or "relative": λ_eff = lam · mean_j K_jj of each batch,
+                scale-free; the result's ``lam`` is the λ each batch used.
+            path: "auto" picks ghost or materialise per layer by the cost model; "ghost" /
+                "materialize" force one (for tests and benchmarks).
+            memory_budget: bytes allowed for one Gram intermediate (chunks beyond it).
+            check_uses: probe the first batch once more, hooks off, to follow it through the
+                forward and cover modules that do not see batch-first tensors (one extra forward).
+            fused: for Linear-like layers where materialising per-example gradients is cheaper,
+                return their sum as the weight gradient, so autograd's own weight-gradient matmul is
+                skipped (``param.grad`` then matches autograd's to float rounding, not bitwise).
+                Default: on for ``batch="micro", scope="rank"``; a global scope and a window need
+                every layer's factors after autograd, so they run without.
         """
-        p = self._pass
-        # a fused call reports from its own backward, which runs only if its weight is a target
-        fused = {} if p is None else {
-            id(w): w for c in p.calls if c.hooked.kernel.fusable and not c.out_meta
-            for w in [c.hooked.module.get_parameter(n) for n in c.hooked.params]}
-        if p is None or not (p.frontier or fused):
-            loss.backward()
-            return
-        torch.autograd.grad(loss, [*backward_targets(p.frontier), *fused.values()], allow_unused=True)
-        p.frontier.clear()
+        settings = {"lam_mode": lam_mode, "path": path, "memory_budget": memory_budget,
+                    "check_uses": check_uses}
+        if fused is not None:  # None: the implementation's own default
+            settings["fused"] = fused
+        implementation, fixed = _implementation(batch, scope, options | settings)
+        return implementation(unwrap_model(model), lam, **fixed, **options, **settings)
 
-    def compute(self, weights: torch.Tensor | None = None) -> GNQResult:
-        """GNQ of every example of the last backward pass.
 
-        ``weights``: the objective was Σ_j w_j ℓ_j (e.g. w_j = 1/B for a batch mean); the
-        kernel is rescaled to the per-example losses ℓ_j.  Default: the plain sum (w_j = 1).
-        """
-        p = self._pass
-        if p is None or not p.fired:
-            if self._computed_last:
-                raise RuntimeError("compute() was already called for this backward pass; run the "
-                                   "next forward and backward first")
-            raise RuntimeError("compute() called before a backward pass: run the forward, then "
-                               "backward() on the (weighted) sum of per-example losses")
-        if p.repeated:
-            self._pass = None
-            raise RuntimeError("backward ran more than once through one forward pass "
-                               "(retain_graph=True); GNQ is defined per backward of a batch")
-        for call in p.calls:  # outputs of which only some received a gradient
-            if not call.done and call.received and call.saved is not None:
-                self._process(p, call)
-        p.flush_norms()
-        p.flush_deferred()
-        p.fold_accumulators()
-        K, B = self.batch_kernel(p.kernel, p.batch_size, weights)
-        extra = [] if weights is None else [(weights_valid(weights.detach().to(K.device)), WEIGHTS_MESSAGE)]
-        extra += self._replay_checks(K.device)
-        lam = effective_lam(K, self.lam, self.lam_mode)
-        solution = gnq_from_kernel(K, lam, check=False)
-        try:
-            condition = solution.check(extra)  # the step's one device-to-host read
-        except (GNQNumericalError, UnsupportedModuleError):
-            # this pass is spent (a NaN batch, a failed re-run): the next one starts without a warning
-            self._pass = None
-            raise
-        coverage = replace(self._static_coverage, entries=[
-            replace(e, paths=set(p.paths.get(e.module, set())), calls=p.call_counts[e.module])
-            for e in self._static_coverage.entries])
-        self._pass = None
-        self._computed_last = True
-        return GNQResult(gnq=solution.gnq, kernel=K, coverage=coverage, lam=lam,
-                         condition=condition, batch_size=B)
+# Each implementation is a GNQAuditor for isinstance / issubclass (the classes built on it too).
+GNQAuditor.register(MicroAuditor)
 
-    def _replay_checks(self, device: torch.device) -> list[tuple[torch.Tensor, str, type]]:
-        """Generic re-runs of this pass that must have reproduced the batch's outputs."""
-        checks = []
-        for h in self._hooked:
-            check = h.kernel.take_check() if hasattr(h.kernel, "take_check") else None
-            if check is not None:
-                why = f"{module_label(self.model, h.name, h.module)}: {check[1]}"
-                checks.append((check[0].to(device), why, UnsupportedModuleError))
-        return checks
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Forward/backward passes inside this block are ignored by the auditor."""
-        previous = self._enabled
-        self._enabled = False
-        try:
-            yield
-        finally:
-            self._enabled = previous
-
-    def close(self) -> None:
-        """Remove every hook; the model is left exactly as it was."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self._remove_module_hooks()
-        self._scratch.clear()
-        self._first.close()
-        self._pass = None
-
-    def __enter__(self) -> GNQAuditor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def _implementation(batch: str, scope: str, options: dict[str, Any]) -> tuple[type, dict[str, Any]]:
+    """The class for ``batch`` × ``scope`` and the arguments the pair fixes; a contradictory or
+    unsupported request is one line."""
+    one_of(batch, "GNQAuditor batch", BATCHES)
+    one_of(scope, "GNQAuditor scope", SCOPES)
+    for names, option, chosen, needed in ((STEP_ONLY, "batch", batch, "step"),
+                                          (GLOBAL_ONLY, "scope", scope, "global")):
+        given = [name for name in names if name in options]
+        if given and chosen != needed:
+            raise ValueError(f"GNQAuditor {given[0]}= applies only to {option}={needed!r}, "
+                             f"not {option}={chosen!r}")
+    if batch == "step" and options.get("fused"):
+        raise ValueError("GNQAuditor fused=True applies only to batch='micro': a window needs every layer's "
+                         "factors, which a fused layer does not keep")
+    if scope == "global" and not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("GNQAuditor scope='global' pools the examples of every rank of a torch.distributed "
+                         "process group and none is initialised: call torch.distributed.init_process_group "
+                         "first, or use scope='rank'")
+    if batch == "micro":
+        return (MicroAuditor, {}) if scope == "rank" else (DistributedGNQAuditor, {"scope": "global"})
+    return (WindowAuditor, {}) if scope == "rank" else (DistributedWindowAuditor, {})

@@ -2,7 +2,7 @@
 global batch of all ranks.
 
     model = DDP(model)                                   # or FSDP: see docs/fsdp.md
-    with DistributedGNQAuditor(model, lam=1e-2, scope="global") as auditor:
+    with GNQAuditor(model, lam=1e-2, scope="global") as auditor:   # DistributedGNQAuditor
         losses = per_example_lm_loss(model(**batch).logits, batch["labels"])
         losses.mean().backward()                         # DDP all-reduces gradients as usual
         res = auditor.compute(weights=torch.full((B,), 1 / B))   # this rank's own weights
@@ -54,9 +54,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gnq_core.engine.auditor import GNQAuditor, GNQResult
 from gnq_core.engine.batch import BatchDimensionError
 from gnq_core.engine.compiled import check_not_compiled
+from gnq_core.engine.micro import GNQResult, MicroAuditor
 from gnq_core.engine.representations import (
     DEFAULT_MEMORY_BUDGET,
     DenseFactor,
@@ -67,7 +67,7 @@ from gnq_core.engine.representations import (
     compute_dtype,
     dense_values,
 )
-from gnq_core.engine.solve import unweight_kernel
+from gnq_core.engine.solve import LAM_ABSOLUTE, unweight_kernel
 
 __all__ = ["Comm", "CommStats", "DistributedGNQAuditor", "DistributedGNQResult", "OwnComm", "RankRows",
            "Scope", "Strategy", "exchange_layout", "gather_factors", "unwrap_model"]
@@ -150,7 +150,7 @@ class DistributedGNQResult(RankRows, GNQResult):
     scope: str = "rank"
 
 
-class DistributedGNQAuditor(OwnComm, GNQAuditor):
+class DistributedGNQAuditor(OwnComm, MicroAuditor):
     """``GNQAuditor`` for a model trained with torch.distributed (see the module doc).
 
     Other arguments as ``GNQAuditor``.
@@ -168,7 +168,7 @@ class DistributedGNQAuditor(OwnComm, GNQAuditor):
                  strategy: Strategy = "auto", group: Any = None,
                  path: Literal["auto", "ghost", "materialize"] = "auto",
                  memory_budget: int = DEFAULT_MEMORY_BUDGET, check_uses: bool = True,
-                 fused: bool | None = None) -> None:
+                 fused: bool | None = None, lam_mode: str = LAM_ABSOLUTE) -> None:
         if scope not in ("rank", "global"):
             raise ValueError(f"scope must be 'rank' or 'global', got {scope!r}")
         if strategy not in ("auto", "factors", "gradients"):
@@ -184,7 +184,7 @@ class DistributedGNQAuditor(OwnComm, GNQAuditor):
         self._comm = Comm.create(group) if scope == "global" else Comm.single()
         self._sizes: list[int] = []
         super().__init__(unwrap_model(model), lam, path=path, memory_budget=memory_budget,
-                         check_uses=check_uses, fused=fused)
+                         check_uses=check_uses, fused=fused, lam_mode=lam_mode)
 
     @property
     def _global(self) -> bool:
@@ -297,7 +297,7 @@ def exchange_layout(comm: Comm, rep: Rep) -> tuple[list[torch.Tensor], tuple, li
     meta = torch.tensor(_meta(parts, structure, rep), dtype=torch.long)
     metas = [m.tolist() for m in comm.gather(meta.to(parts[0].device), "meta")]
     if any(_signature(m) != _signature(metas[0]) for m in metas):
-        raise RuntimeError("DistributedGNQAuditor: the ranks reached different layers (or layers of "
+        raise RuntimeError("GNQAuditor(scope='global'): the ranks reached different layers (or layers of "
                            "different widths) at the same point of the backward; every rank must "
                            "run the same model on a batch of the same structure")
     return parts, structure, metas

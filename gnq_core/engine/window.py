@@ -1,7 +1,8 @@
 """GNQ over the batch of one optimizer step: all micro-batches of an accumulation window (DESIGN.md §9).
 
-``WindowAuditor`` is a ``GNQAuditor`` that also hands every contribution (parameter key,
-representation of its per-example gradients) to the window, for each micro-batch:
+``WindowAuditor`` (``GNQAuditor(..., batch="step")``) is the per-micro-batch auditor that also
+hands every contribution (parameter key, representation of its per-example gradients) to the
+window, for each micro-batch:
 
 * ``mode="exact"``: the window keeps the representations (ghost factors or per-example
   gradients) of its micro-batches while they fit ``window_budget`` bytes; at the end K's
@@ -16,7 +17,7 @@ representation of its per-example gradients) to the window, for each micro-batch
   that outgrows it sketches what it kept and goes on sketching (its result says "sketch").
 
 All run the auditor's hook path (``fused=False``: a fused layer reports only its Gram, so the
-representations come from ``GNQAuditor.on_contributions``).
+representations come from ``MicroAuditor.on_contributions``).
 A window of fewer than 2 texts gets no GNQ (``WindowResult.gnq`` is None), never K_jj/λ; a
 window with a non-finite micro-batch raises ``GNQNumericalError`` at ``finish_window()`` (and is
 then over: the next micro-batch starts a new one).
@@ -31,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnq_core.engine.auditor import GNQAuditor, GNQResult
 from gnq_core.engine.kernels import Contribution
+from gnq_core.engine.micro import GNQResult, MicroAuditor
 from gnq_core.engine.pass_state import Hooked
 from gnq_core.engine.representations import DenseRep, OuterRep, Rep, factor_tensor
 from gnq_core.engine.sketch import SketchBatch, Sketcher, SketchSpec, vocab_keys, weight_matrices
@@ -87,7 +88,7 @@ def _loss_sketches(m: _Micro, widths: dict[str, int]) -> torch.Tensor:
     return S if m.weights is None else S / m.weights.to(S.device).reshape(-1, 1)
 
 
-class WindowAuditor(GNQAuditor):
+class WindowAuditor(MicroAuditor):
     """GNQ over accumulation windows.  Per micro-batch: forward, backward of Σ_j w_j ℓ_j, then
     ``add_micro_batch(weights)``; at the optimizer step ``finish_window()``.
 

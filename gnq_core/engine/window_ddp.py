@@ -2,7 +2,7 @@
 accumulation window on every rank (B_eff = micro × accumulation × world; DESIGN.md §9).
 
     model = DDP(model)
-    with DistributedWindowAuditor(model, lam=1e-2, mode="sketch") as auditor:
+    with GNQAuditor(model, lam=1e-2, batch="step", scope="global", mode="sketch") as auditor:
         for part in window:                                  # this rank's micro-batches
             (w * per_example_lm_loss(model(**part).logits, part["labels"])).sum().backward()
             auditor.add_micro_batch(w)
@@ -111,9 +111,9 @@ class DistributedWindowAuditor(OwnComm, WindowAuditor):
             dims = torch.tensor(list(S.shape), dtype=torch.long, device=self._device)
             shapes = [tuple(int(x) for x in d) for d in self._comm.gather(dims, "meta")]
             if len({s[1] for s in shapes}) != 1:
-                raise RuntimeError(f"DistributedWindowAuditor: the ranks' sketches have different widths "
-                                   f"({sorted({s[1] for s in shapes})}); every rank must run the same model "
-                                   "with the same SketchSpec")
+                raise RuntimeError("GNQAuditor(batch='step', scope='global'): the ranks' sketches have "
+                                   f"different widths ({sorted({s[1] for s in shapes})}); every rank must "
+                                   "run the same model with the same SketchSpec")
             S = torch.cat([t.to(S.device) for t in self._comm.gather(S.to(self._device), "sketches", shapes)])
         S = S.to(torch.float64)
         return S @ S.T
@@ -158,9 +158,9 @@ class DistributedWindowAuditor(OwnComm, WindowAuditor):
                                   *(sum(len(v) for v in m.reps.values()) for m in window)],
                                  dtype=torch.long, device=self._device)
         if any(not torch.equal(s, structure) for s in self._comm.gather(structure, "meta")):
-            raise RuntimeError("DistributedWindowAuditor: the ranks' windows differ in micro-batches or "
-                               "parameters; every rank must run the same model for the same number of "
-                               "micro-batches per optimizer step")
+            raise RuntimeError("GNQAuditor(batch='step', scope='global'): the ranks' windows differ in "
+                               "micro-batches or parameters; every rank must run the same model for the "
+                               "same number of micro-batches per optimizer step")
         sizes = torch.tensor([m.batch_size for m in window], dtype=torch.long, device=self._device)
         starts = [[0, *torch.cumsum(s, 0)[:-1].tolist()] for s in self._comm.gather(sizes, "meta")]
         weights: list[list[torch.Tensor | None]] = [[] for _ in range(self.world_size)]

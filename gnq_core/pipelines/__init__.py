@@ -1,6 +1,6 @@
 """Pipelines: the jobs (train with in-run GNQ, audit checkpoints, the attacks of
-``gnq_core.attacks``, the demo), one way in (``run_job``) and the Hugging Face Trainer integration; the
-background jobs that run them for the dashboard are ``gnq_core.jobs``."""
+``gnq_core.attacks``, the demo) and one way in (``run_job``); the background jobs that run them for the
+dashboard are ``gnq_core.jobs``, the Hugging Face and TRL trainers ``gnq_core.integrations``."""
 
 from gnq_core._lazy import lazy_exports
 
@@ -14,7 +14,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".estimate_probe": ("estimate_lines", "measure_estimate", "total_seconds"),
     "gnq_core.attacks.run": ("run_extraction",),
     "gnq_core.attacks.extraction": ("AttackRule",),
-    ".hf_callback": ("GNQConfig", "GNQTrainer", "lm_collator"),
     "gnq_core.attacks.non_members": ("ground_truth_of", "membership_frame", "membership_of"),
     ".options": ("COMPANION_CHOICES", "audit_job", "companion_choice", "companions_option"),
     ".run": ("run_job",),

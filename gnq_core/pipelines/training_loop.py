@@ -4,7 +4,7 @@ studies' pretraining and counterfactual models (without ``GNQScores``) all train
 Each batch: the forward, the per-example losses ℓ_j (losses.py), the backward of their batch
 mean, the optimizer step.  Callbacks see four events, in the order they are given:
 ``epoch_begin``, ``after_backward`` (``step.skip = True`` vetoes the update), ``step_end`` and
-``epoch_end``.  The Trainer integration is the HF Trainer's own loop (hf_callback.py); both
+``epoch_end``.  The Trainer integration is the HF Trainer's own loop (gnq_core.integrations.hf); both
 score a batch with ``scoring.score_batch``.
 """
 

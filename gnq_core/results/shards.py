@@ -21,9 +21,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,80 +30,28 @@ import duckdb
 import pandas as pd
 import pyarrow.parquet as pq
 
-from gnq_core.atomic import atomic_path, write_text_atomic
 from gnq_core.errors import one_line
-from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns, batch_frame
+from gnq_core.results.records import RunSpec
+from gnq_core.results.shard_files import (  # the writing side, named here too for the readers' users
+    EXAMPLES_FILE,
+    FORMAT,
+    RUN_FILE,
+    ShardError,
+    ShardWriter,
+    new_shard_folder,
+    write_run_file,
+)
 from gnq_core.results.store import Store, shard_view
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import StoreError
 from gnq_core.results.store_writes import SHARD_COLUMNS
 
-RUN_FILE = "run.json"
-EXAMPLES_FILE = "examples.parquet"
-FORMAT = "gnq-shards/1"
+__all__ = ["ShardError", "ShardSet", "ShardStore", "ShardWriter", "ingest", "is_shard_folder",
+           "new_shard_folder", "open_store", "read_shards", "write_run_file"]
+
 _NAME = re.compile(r"rank-(\d{5})\.steps-(\d{8})-(\d{8})\.parquet")
 _RUN_FIELDS = ("name", "kind", "lam", "batch_size", "seed", "max_length", "model_path", "dataset_path",
                "dataset_hash", "n_examples", "code_version")
-
-
-class ShardError(StoreError):
-    """A shards folder that cannot be read or is incomplete."""
-
-
-# ---------------------------------------------------------------------- writing (every rank)
-class ShardWriter:
-    """Buffers one rank's records and writes them as one Parquet pair per step range."""
-
-    def __init__(self, root: str | Path, rank: int = 0, world_size: int = 1) -> None:
-        self.root = Path(root)
-        self.rank, self.world_size = rank, world_size
-        self._frames: dict[str, list[pd.DataFrame]] = {"scores": [], "batches": []}
-        self._first_step: int | None = None
-        self._last_step: int | None = None
-
-    def add(self, step: int, point: int, texts: ScoreColumns, batches: Sequence[BatchResult]) -> None:
-        """The records of one optimizer step at ``point`` (the epoch)."""
-        self._frames["scores"].append(texts.frame(point))
-        self._frames["batches"].append(batch_frame(batches, point))
-        self._first_step = step if self._first_step is None else self._first_step
-        self._last_step = step
-
-    def flush(self) -> list[Path]:
-        """Write what is buffered (every rank flushes at the same steps, even with no rows)."""
-        if self._first_step is None:
-            return []
-        written = []
-        for table, frames in self._frames.items():
-            name = f"rank-{self.rank:05d}.steps-{self._first_step:08d}-{self._last_step:08d}.parquet"
-            frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
-            written.append(_write_parquet(frame, self.root / table / name))
-            frames.clear()
-        self._first_step = self._last_step = None
-        return written
-
-
-def _write_parquet(frame: pd.DataFrame, path: Path) -> Path:
-    with atomic_path(path) as tmp:
-        frame.to_parquet(tmp, index=False)
-    return path
-
-
-def new_shard_folder(root: str | Path, run: RunSpec, examples: pd.DataFrame | None,
-                     world_size: int) -> dict[str, Any]:
-    """Rank 0 at the start of training: run.json (+ examples.parquet).  Refuses a used folder."""
-    root = Path(root)
-    if (root / RUN_FILE).exists():
-        raise ShardError(f"{root}: already holds the shards of a run; give each training its own folder")
-    meta = {"format": FORMAT, "world_size": world_size, "status": "running", "points": [],
-            "run": asdict(run) | {"settings": run.settings | {"shard_id": uuid.uuid4().hex}}}
-    if examples is not None:
-        _write_parquet(examples[["example_id", "text", "grp", "n_tokens"]], root / EXAMPLES_FILE)
-    write_run_file(root, meta)
-    return meta
-
-
-def write_run_file(root: str | Path, meta: dict[str, Any]) -> None:
-    write_text_atomic(Path(root) / RUN_FILE, json.dumps(meta, indent=2, default=str) + "\n")
 
 
 # ---------------------------------------------------------------------- reading

@@ -8,10 +8,12 @@ import functools
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from gnq_core.errors import GNQError
+
+if TYPE_CHECKING:  # duckdb is imported where a function uses it: StoreError and the shard writer
+    import duckdb  # (results.shard_files, the library's Trainer) must not need the store's engine
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
@@ -94,6 +96,8 @@ def apply_migrations(con: duckdb.DuckDBPyConnection, current: int, target: int |
 @functools.cache
 def tables_at(version: int) -> frozenset[str]:
     """The tables a store at schema ``version`` has (its migrations applied to an empty database)."""
+    import duckdb
+
     con = duckdb.connect(":memory:")
     try:
         apply_migrations(con, 0, version)
@@ -111,6 +115,8 @@ def check_tables(con: duckdb.DuckDBPyConnection, path: Path, version: int) -> No
 
 @contextlib.contextmanager
 def atomically(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    import duckdb
+
     con.execute("BEGIN TRANSACTION")
     try:
         yield con

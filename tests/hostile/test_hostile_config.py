@@ -13,8 +13,7 @@ from lm_fixtures import tiny_gpt2
 
 from gnq_core import GNQAuditor
 from gnq_core.engine.sketch import SketchSpec
-from gnq_core.engine.window import WindowAuditor
-from gnq_core.pipelines.hf_callback import GNQConfig
+from gnq_core.integrations.hf import GNQConfig
 
 BAD_CONFIG = [
     ("flush_every", 0, "flush_every"), ("flush_every", -1, "flush_every"),
@@ -62,7 +61,7 @@ def test_the_auditor_checks_its_settings_before_any_hook(kwargs, named):
 def test_the_window_auditor_checks_its_budget_at_construction(kwargs, named):
     model = tiny_gpt2()
     with pytest.raises(ValueError, match=named):
-        WindowAuditor(model, 1e-2, **kwargs)
+        GNQAuditor(model, 1e-2, batch="step", **kwargs)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
@@ -77,7 +76,7 @@ def test_flush_every_zero_no_longer_fails_after_the_first_step(tmp_path):
     ZeroDivisionError left a shards folder that refuses reuse; now nothing is built or written."""
     from transformers import TrainingArguments
 
-    from gnq_core.pipelines.hf_callback import GNQTrainer, lm_collator
+    from gnq_core.integrations.hf import GNQTrainer, lm_collator
 
     args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, max_steps=1,
                              per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True)

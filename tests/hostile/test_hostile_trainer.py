@@ -14,7 +14,7 @@ from transformers import Trainer, TrainingArguments
 
 from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.engine.reference import exact_gnq
-from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
+from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 from gnq_core.sources.tokens import collate
 
 LAM, EPS, N_ROWS = 1e-2, 0.1, 12
@@ -157,7 +157,7 @@ def test_sft_label_smoothing_matches_trl_and_dft_is_refused(tmp_path):
     import warnings
 
     trl, tok, data, args = _sft(tmp_path, label_smoothing_factor=EPS)
-    from gnq_core.pipelines.trl_gnq import GNQSFTTrainer
+    from gnq_core.integrations.trl import GNQSFTTrainer
 
     torch.manual_seed(0)
     model = tiny_gpt2(vocab_size=len(tok))

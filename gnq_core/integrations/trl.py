@@ -1,7 +1,6 @@
 """TRL's ``SFTTrainer`` with in-run GNQ on every micro-batch: ``GNQSFTTrainer``.
 
-    from gnq_core.pipelines.trl_gnq import GNQSFTTrainer
-    from gnq_core.pipelines.hf_callback import GNQConfig
+    from gnq_core.integrations import GNQConfig, GNQSFTTrainer
 
     # dataset: a datasets.Dataset with an integer "example_id" column beside TRL's own columns
     # ("text", or "prompt" + "completion": completion-only loss, TRL's default for them)
@@ -39,7 +38,7 @@ import pandas as pd
 import torch
 from trl import SFTTrainer, pack_dataset
 
-from gnq_core.pipelines.hf_callback import (
+from gnq_core.integrations.hf import (
     EXAMPLE_ID,
     GNQCallback,
     GNQConfig,

@@ -1,6 +1,6 @@
 """Hugging Face Trainer integration: GNQ of every example of every micro-batch, as Parquet shards.
 
-    from gnq_core.pipelines.hf_callback import GNQConfig, GNQTrainer, lm_collator
+    from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 
     trainer = GNQTrainer(model=model, args=args, train_dataset=rows,      # rows: input_ids, example_id
                          data_collator=lm_collator(pad_id),
@@ -15,6 +15,7 @@ batch of the GNQ is and what the shard rows mean: DESIGN.md §7.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 import sys
 import time
@@ -41,7 +42,7 @@ from gnq_core.engine.window_ddp import DistributedWindowAuditor
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.results.precision import observed_precision, precision_note, trainer_precision
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, RunSpec, ScoreColumns, check_gnq_settings
-from gnq_core.results.shards import ShardWriter, new_shard_folder, write_run_file
+from gnq_core.results.shard_files import ShardWriter, new_shard_folder, write_run_file
 from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
 from gnq_core.values import finite, flag, one_of, require, whole
@@ -112,6 +113,9 @@ class GNQConfig:
             whole(self.max_length, name("max_length"), 1)
         require(self.db is None or (isinstance(self.db, str | PathLike) and str(self.db) != ""),
                 f"{name('db')} must be a store path or None, got {self.db!r}")
+        require(self.db is None or importlib.util.find_spec("duckdb") is not None,
+                f"{name('db')}: the store needs the dashboard extra (duckdb): pip install "
+                "'gnq-audit[dashboard]', or leave db unset and load the shards later with gnq ingest")
         flag(self.check_uses, name("check_uses")), flag(self.fused, name("fused"))
         if self.flag_gnq is not None:
             finite(self.flag_gnq, name("flag_gnq"), -math.inf)
@@ -295,7 +299,7 @@ class GNQCallback(TrainerCallback):
     def before_forward(self, example_ids: torch.Tensor | None) -> None:
         if example_ids is None:
             raise ValueError(f"GNQTrainer: the batch has no '{EXAMPLE_ID}'; add it to every training "
-                             "row and use gnq_core.pipelines.hf_callback.lm_collator"
+                             "row and use gnq_core.integrations.hf.lm_collator"
                              " (or a collator that keeps it)")
         self._current, self._weights = {"ids": example_ids.detach().cpu(), "t0": time.perf_counter()}, None
 
@@ -499,7 +503,7 @@ class _TrainerObjective:
 
 
 class GNQTrainerSteps:
-    """What every GNQ trainer adds to a Trainer's step and log (GNQTrainer, trl_gnq.GNQSFTTrainer):
+    """What every GNQ trainer adds to a Trainer's step and log (GNQTrainer, integrations.trl.GNQSFTTrainer):
     the pass closed after each backward, and GNQ's summaries in every training log."""
 
     gnq: GNQCallback
@@ -551,7 +555,7 @@ class GNQTrainer(GNQTrainerSteps, Trainer):
         if model.training and torch.is_grad_enabled():
             if "labels" not in inputs:  # the Trainer would take the model's own loss: no ℓ_j to audit
                 raise ValueError("GNQTrainer: the batch has no 'labels'; use "
-                                 "gnq_core.pipelines.hf_callback.lm_collator (or a collator that sets them)")
+                                 "gnq_core.integrations.hf.lm_collator (or a collator that sets them)")
             self.gnq.before_forward(ids)
             self.label_smoother.gnq = self.gnq
         return super().compute_loss(model, inputs, return_outputs=return_outputs,
