@@ -35,7 +35,8 @@ def _alone(model, prompt: list[int], n_new: int) -> list[int]:
     ids = list(prompt)
     with torch.inference_mode():
         for _ in range(n_new):
-            out = model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            x = torch.tensor([ids])
+            out = model(input_ids=x, attention_mask=torch.ones_like(x))
             ids.append(int(out.logits[0, -1].argmax()))
     return ids[len(prompt):]
 
