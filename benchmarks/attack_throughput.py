@@ -19,6 +19,7 @@ The load average before and after is recorded: the machine may be shared.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -140,16 +141,143 @@ def run(work: Path, name: str, threads: int) -> None:
     print(write(name, payload))
 
 
+def stages(work: Path, name: str, threads: int, nulls: int, audit: bool) -> None:
+    """Each attack stage once, in CPU seconds of this process (steady on a shared machine, where
+    the whole run's wall time is not), on the last checkpoint with the base model as reference:
+    the text windows, membership and discoverable passes, the secret values' decoding, and the
+    exposures of one value of each kind (all its copies) with ``nulls`` never-trained values per
+    format; then the whole attack stage projected from the per-value costs (each distinct digit
+    value under both models, every format's 20 never-trained values).  With ``audit``, one
+    checkpoint's gradient audit and the measured estimate too (that code is the same before and
+    after)."""
+    import inspect
+
+    torch.set_num_threads(threads)
+    import gnq_core.pipelines.secret_exposure as se
+    from gnq_core.pipelines.discoverable import suffix_logprob
+    from gnq_core.pipelines.exposure import value_space
+    from gnq_core.pipelines.extraction import extraction_attack
+    from gnq_core.pipelines.membership import token_logprobs
+    from gnq_core.pipelines.secret_attack import attack_secrets, format_places_of, secret_targets
+    from gnq_core.sources import find_checkpoints, load_texts
+    from gnq_core.sources.checkpoints.load import load_checkpoint
+    from gnq_core.sources.tokens import encode_texts, pad_id
+
+    refs = find_checkpoints(work / "checkpoints")
+    dataset = load_texts(work / "texts.csv")
+    texts = list(dataset.texts)
+    model, tok = load_checkpoint(str(refs[-1].path))
+    reference, _ = load_checkpoint(str(BASE))
+    model.eval(), reference.eval()
+    ids = encode_texts(tok, texts, LENGTH)
+    pad, eids = pad_id(tok), list(range(len(texts)))
+    cpu: dict[str, float] = {}
+
+    def timed(key: str, fn):
+        t0 = time.process_time()
+        out = fn()
+        cpu[key] = time.process_time() - t0
+        return out
+
+    kw = dict(prefix_tokens=12, suffix_tokens=8, batch_size=32)
+    if "reference" in inspect.signature(extraction_attack).parameters:
+        timed("text windows", lambda: extraction_attack(model, tok, ids, eids, reference=reference, **kw))
+    else:
+        timed("text windows", lambda: [extraction_attack(m, tok, ids, eids, **kw)
+                                       for m in (reference, model)])
+    timed("membership", lambda: [token_logprobs(m, ids, pad, 32) for m in (model, reference)])
+    timed("discoverable", lambda: suffix_logprob(model, ids, 12, 8, pad, batch_size=32))
+    timed("secret decode", lambda: attack_secrets(model, tok, texts, eids, ids, reference=reference,
+                                                  n_candidates=1, max_length=LENGTH))
+
+    # the exposures: one value of each kind (its copies), templates from all the run's values
+    targets = secret_targets(tok, texts, eids, ids)
+    by_kind: dict[str, set[str]] = {}
+    for t in targets:
+        by_kind.setdefault(t.kind, set()).add(t.value)
+    places = {k: format_places_of(v) for k, v in by_kind.items()}
+    spaces = {(t.kind, t.value): value_space(t.value, t.kind, places[t.kind][t.value]) for t in targets}
+    digit_values = [k for k, s in spaces.items() if s is not None]
+    formats = {(k[0], s.template) for k, s in spaces.items() if s is not None}
+    picked = {kind: min(v for k, v in digit_values if k == kind) for kind, _ in digit_values}
+    chosen = [t for t in targets if picked.get(t.kind) == t.value]
+    occurrences = [se.Occurrence(t.example_id, t.value_start, t.kind, t.value, tuple(t.prompt_ids),
+                                 texts[t.example_id][t.prompt_chars: t.value_start],
+                                 frozenset(places[t.kind][t.value])) for t in chosen]
+    calls: list[dict] = []
+    real = se.exposure
+
+    def counted(m, *args, **kwargs):
+        t0, w0 = time.process_time(), time.perf_counter()
+        out = real(m, *args, **kwargs)
+        calls.append({"model": "audited" if m is model else "reference", "value": args[3].value,
+                      "kind": kind_of.get(args[3].template),
+                      "cpu_s": time.process_time() - t0, "wall_s": time.perf_counter() - w0,
+                      "method": out.method, "nodes": out.nodes})
+        return out
+
+    kind_of = {template: kind for kind, template in formats}
+    se.exposure, se.NULL_VALUES = counted, nulls
+    values_by_kind = {k: set(v) for k, v in by_kind.items()}
+    settings = se.Settings(128, 1024, 0, 32, LENGTH)
+    t0 = time.process_time()
+    se.run_exposures(model, reference, tok, occurrences, values_by_kind, settings)
+    cpu["exposure (measured subset)"] = time.process_time() - t0
+    n_first = 2 * len(picked)
+    first, null = calls[:n_first], calls[n_first:]
+    def mean(xs: list[dict], kind: str) -> float:
+        xs = [x["cpu_s"] for x in xs if x["kind"] == kind]
+        return sum(xs) / len(xs)
+
+    kinds = sorted(picked)
+    projected = {"distinct digit values": len(digit_values), "formats": len(formats),
+                 "per value (own prompt) cpu_s": {k: mean(first, k) for k in kinds},
+                 "per never-trained value cpu_s": {k: mean(null, k) for k in kinds},
+                 "exposure cpu_s": sum(2 * sum(1 for kk, _ in digit_values if kk == k) * mean(first, k)
+                                       + 20 * sum(1 for kk, _ in formats if kk == k) * mean(null, k)
+                                       for k in kinds)}
+    projected["attack stage cpu_s"] = projected["exposure cpu_s"] + sum(
+        v for k, v in cpu.items() if not k.startswith("exposure"))
+    payload = {"what": "attack stages in CPU seconds of one process (one thread), the exposure projected",
+               "threads": threads, "nulls_measured_per_format": nulls, "cpu_s": cpu,
+               "exposure_calls": calls, "projected": projected}
+    if audit:
+        from gnq_core.pipelines.audit import run_audit
+        from gnq_core.pipelines.estimate_probe import estimate_lines, measure_estimate
+        from gnq_core.pipelines.settings import AuditSettings
+        from gnq_core.results.store import Store
+
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Store(Path(tmp) / "gnq.duckdb")
+            t0 = time.process_time()
+            run_audit(store, [refs[0]], dataset, name="one", settings=AuditSettings(batch_size=BATCH,
+                                                                                    max_length=LENGTH))
+            payload["audit one checkpoint cpu_s"] = time.process_time() - t0
+        t0 = time.process_time()
+        est_work, probe = measure_estimate(str(refs[0].path), dataset, batch_size=BATCH, max_length=LENGTH,
+                                           threads=threads, checkpoints=len(refs), reference=True)
+        payload["probe cpu_s"] = time.process_time() - t0
+        payload["estimate"] = [{"stage": x.stage, "seconds": x.seconds, "count": x.count,
+                                "assumed": x.assumed} for x in estimate_lines(est_work, probe)]
+    payload["load_average_after"] = os.getloadavg()
+    print(json.dumps({"cpu_s": cpu, "projected": projected}, indent=1))
+    print(write(name, payload))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("step", choices=["prepare", "run"])
+    parser.add_argument("step", choices=["prepare", "run", "stages"])
     parser.add_argument("--work", required=True, type=Path)
     parser.add_argument("--name", default="attack_throughput")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--nulls", type=int, default=4, help="stages: never-trained values per format")
+    parser.add_argument("--audit", action="store_true", help="stages: one audit and the estimate")
     args = parser.parse_args()
     if args.step == "prepare":
         torch.set_num_threads(args.threads)
         prepare(args.work)
+    elif args.step == "stages":
+        stages(args.work, args.name, args.threads, args.nulls, args.audit)
     else:
         run(args.work, args.name, args.threads)
 
