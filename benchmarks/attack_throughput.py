@@ -146,10 +146,10 @@ def stages(work: Path, name: str, threads: int, nulls: int, audit: bool) -> None
     the whole run's wall time is not), on the last checkpoint with the base model as reference:
     the text windows, membership and discoverable passes, the secret values' decoding, and the
     exposures of one value of each kind (all its copies) with ``nulls`` never-trained values per
-    format; then the whole attack stage projected from the per-value costs (each distinct digit
-    value under both models, every format's 20 never-trained values).  With ``audit``, one
-    checkpoint's gradient audit and the measured estimate too (that code is the same before and
-    after)."""
+    format, under the audited model; then the whole attack stage projected from the per-value
+    costs (each distinct digit value under both models, every format's 20 never-trained values).
+    With ``audit``, one checkpoint's gradient audit and the measured estimate too (that code is the
+    same before and after)."""
     import inspect
 
     torch.set_num_threads(threads)
@@ -221,9 +221,11 @@ def stages(work: Path, name: str, threads: int, nulls: int, audit: bool) -> None
     values_by_kind = {k: set(v) for k, v in by_kind.items()}
     settings = se.Settings(128, 1024, 0, 32, LENGTH)
     t0 = time.process_time()
-    se.run_exposures(model, reference, tok, occurrences, values_by_kind, settings)
+    # the reference's exposures cost as the audited model's (a value after a prompt of its own each):
+    # on a loaded machine they are projected from those, not measured
+    se.run_exposures(model, None, tok, occurrences, values_by_kind, settings)
     cpu["exposure (measured subset)"] = time.process_time() - t0
-    n_first = 2 * len(picked)
+    n_first = len(picked)
     first, null = calls[:n_first], calls[n_first:]
     def mean(xs: list[dict], kind: str) -> float:
         xs = [x["cpu_s"] for x in xs if x["kind"] == kind]
