@@ -3,6 +3,8 @@ the stage's own noun, and each line is its measured unit cost times the job's co
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -65,6 +67,7 @@ def test_every_stage_the_job_runs_has_a_line_in_its_own_noun(job):
     assert ran["audit"][0] == TEXTS and ran["exposure"][0] == ran["secret decode"][0] == SECRET_VALUES
     assert ran["audit"][1] == 2 * len(TEXTS_WITH_SECRETS) and work.distinct_values > 0 and work.formats > 0
     assert probe.audit_batch_s > 0 and probe.decode_s > 0 and probe.exposure_s and probe.exposure_s > 0
+    assert probe.exposure_shared_s and probe.exposure_shared_s > 0
 
 
 def test_each_line_is_its_unit_cost_times_its_count():
@@ -74,10 +77,13 @@ def test_each_line_is_its_unit_cost_times_its_count():
                 formats=3)
     lines = {line.stage: line for line in estimate_lines(work, probe)}
     assert lines["audit"].seconds == pytest.approx(3 * (2.0 + 6 * 3.0))  # 6 batches of 16
-    assert lines["attack"].seconds == pytest.approx(2.0 + 2 * 0.5)  # 60 attackable: 2 batches of 32
+    assert lines["attack"].seconds == pytest.approx(2 * (2.0 + 2 * 0.5))  # both models; 2 batches of 32
     assert lines["membership"].seconds == pytest.approx(2 * 3 * 0.25)
     assert lines["secret decode"].seconds == pytest.approx(2 * 1 * 0.5)
     assert lines["exposure"].seconds == pytest.approx((10 * 2 + 3 * 20) * 4.0)
+    shared = replace(probe, exposure_shared_s=1.0)  # the null's values after a prompt already searched
+    assert {x.stage: x for x in estimate_lines(work, shared)}["exposure"].seconds == pytest.approx(
+        10 * 2 * 4.0 + 3 * 20 * 1.0)
     assert total_seconds(lines.values()) == pytest.approx(sum(x.seconds for x in lines.values()))
     alone = estimate_lines(Work(texts=92, checkpoints=3, batch_size=16, attack=False), probe)
     assert [x.stage for x in alone] == ["audit"]
@@ -93,8 +99,9 @@ def test_gnq_estimate_prints_the_total_and_every_stage(job):
     out = gnq("estimate", "--checkpoints", job / "run", "--data", job / "data.csv", "--batch-size", 4,
               "--max-length", 48, "--threads", 1, "--secret-candidates", 20, "--exposure-nodes", 16)
     assert out.startswith("Estimated time: about ") and "at 1 thread(s), 16 of 16 texts counted" in out
-    for what in ("gradient audit: ", "for 32 texts", "text windows, reference model", "membership scores",
-                 "discoverable", "secret values decoded", "secret values' exposure", "measured"):
+    for what in ("gradient audit: ", "for 32 texts", "text windows, audited checkpoint and reference model",
+                 "membership scores", "discoverable", "secret values decoded", "secret values' exposure",
+                 "measured"):
         assert what in out, what
     alone = gnq("estimate", "--checkpoints", job / "run", "--data", job / "data.csv", "--batch-size", 4,
                 "--max-length", 48, "--threads", 1, "--no-attack")

@@ -45,6 +45,7 @@ import torch
 from gnq_core.attacks.decode import cache_argument, returned_cache
 from gnq_core.attacks.defaults import DEFAULT_EXPOSURE_NODES as DEFAULT_SEARCH_NODES
 from gnq_core.attacks.defaults import MIN_SECRET_CANDIDATES as MIN_CANDIDATES
+from gnq_core.attacks.generation import last_logprobs
 from gnq_core.sources.secrets import luhn_ok
 
 EXACT, ESTIMATED = "exact", "estimated"
@@ -133,6 +134,9 @@ class PromptScorer:
         self.cache_name = cache_argument(model)  # `cache` on transformers >= 5.24, else `past_key_values`
         self.context = ids.shape[1]
         self.root = torch.log_softmax(out.logits[0, -1].double(), dim=-1)
+        # next-token rows already computed, per kept column set: every value searched after this
+        # prompt (its null values, the copies' one value) walks the same top of the tree
+        self._memo: dict[tuple[int, ...], dict[tuple[int, ...], torch.Tensor]] = {}
 
     def _forward(self, paths: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-softmax over every position, lengths) for right-padded ``paths`` (non-empty)."""
@@ -150,8 +154,11 @@ class PromptScorer:
                              use_cache=True, **{self.cache_name: cache})
         return torch.log_softmax(out.logits.double(), dim=-1), torch.tensor([len(p) for p in paths])
 
-    def next_logprobs(self, paths: Sequence[Sequence[int]]) -> torch.Tensor:
-        """log p(next token | prompt, path) for every path, (len(paths), vocab)."""
+    def next_logprobs(self, paths: Sequence[Sequence[int]], keep: torch.Tensor | None = None) -> torch.Tensor:
+        """log p(next token | prompt, path) for every path, (len(paths), vocab); with ``keep`` (token
+        ids) only those columns, (len(paths), len(keep)), each path computed once per scorer."""
+        if keep is not None:
+            return self._kept_logprobs(paths, keep)
         rows: list[torch.Tensor] = []
         nonempty = [p for p in paths if len(p)]
         got = iter(())
@@ -164,6 +171,16 @@ class PromptScorer:
         for p in paths:
             rows.append(next(got) if len(p) else self.root)
         return torch.stack(rows).cpu()
+
+    def _kept_logprobs(self, paths: Sequence[Sequence[int]], keep: torch.Tensor) -> torch.Tensor:
+        memo = self._memo.setdefault(tuple(keep.tolist()), {})
+        todo = list(dict.fromkeys(tuple(p) for p in paths if len(p) and tuple(p) not in memo))
+        for s in range(0, len(todo), self.batch_size):
+            chunk = todo[s: s + self.batch_size]
+            rows = last_logprobs(self, chunk)[:, keep.to(self.root.device)].cpu()
+            memo.update(zip(chunk, rows, strict=True))
+        root = self.root[keep.to(self.root.device)].cpu()
+        return torch.stack([memo[tuple(p)] if len(p) else root for p in paths])
 
     def scores(self, paths: Sequence[Sequence[int]]) -> np.ndarray:
         """Total log-likelihood of each (non-empty) path after the prompt."""
@@ -238,10 +255,14 @@ def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str
     fitting = [[(i, len(s)) for i, s in pool if fits(s, pos)] for pos in range(len(text))]
     if least_rank - 1 > budget * max(len(f) for f in fitting):
         return Ranked(None, 0, 0, float("nan"))
+    # only the columns of tokens that can spell the tail are kept (and shared between searches)
+    keep = torch.tensor(sorted({i for i, _ in pool} | set(true_ids)), dtype=torch.long)
+    col = {int(t): j for j, t in enumerate(keep.tolist())}
+    options_at = [torch.tensor([col[i] for i, _ in f], dtype=torch.long) for f in fitting]
     # the true value's score, accumulated token by token exactly as the search accumulates it
     prefixes = [true_ids[:k] for k in range(len(true_ids))]
-    steps = scorer.next_logprobs(prefixes)
-    score = float(sum(steps[k, t] for k, t in enumerate(true_ids)))
+    steps = scorer.next_logprobs(prefixes, keep)
+    score = float(sum(steps[k, col[t]] for k, t in enumerate(true_ids)))
     if not math.isfinite(score):
         raise NonFinite("the value's log-likelihood is not finite")
     nodes = len(prefixes)
@@ -253,7 +274,7 @@ def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str
         if nodes + len(batch) > budget:
             return Ranked(None, nodes, found, score)
         nodes += len(batch)
-        nxt = scorer.next_logprobs([b[2] for b in batch])
+        nxt = scorer.next_logprobs([b[2] for b in batch], keep)
         if torch.isnan(nxt).any():
             raise NonFinite("a candidate's log-likelihood is NaN")
         leaves: list[tuple[tuple[int, ...], str]] = []
@@ -261,8 +282,7 @@ def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str
             options = fitting[pos]
             if not options:
                 continue
-            ids = torch.tensor([i for i, _ in options])
-            child = (-neg) + row[ids]
+            child = (-neg) + row[options_at[pos]]
             for (tok, n), sc in zip(options, child.tolist(), strict=True):
                 if not sc >= score:  # pruned: every value below this prefix is less likely
                     continue
@@ -311,11 +331,13 @@ class Exposure:
 
 def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: ValueSpace, *,
              budget: int = DEFAULT_SEARCH_NODES, n_candidates: int = 128, seed: int = 0,
-             batch_size: int = 32, device=None) -> Exposure:
+             batch_size: int = 32, device=None, scorer: PromptScorer | None = None) -> Exposure:
     """``space.value``'s exposure after ``prompt`` (module docstring): exact where the search (or
-    enumerating a space within ``budget``) finishes, else estimated from ``n_candidates``."""
+    enumerating a space within ``budget``) finishes, else estimated from ``n_candidates``.
+    ``scorer``: this model's scorer of this prompt, shared by every value probed after it
+    (attacks.generation.Scorers), else one made for this value."""
     try:
-        scorer = PromptScorer(model, prompt, batch_size, device)
+        scorer = scorer if scorer is not None else PromptScorer(model, prompt, batch_size, device)
         # a memorised value is ranked within a few nodes: no random values needed
         probe = search_rank(scorer, tokenizer, space, between, min(budget, PROBE_NODES))
         if probe is not None and probe.rank is not None:

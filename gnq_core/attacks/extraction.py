@@ -14,21 +14,23 @@ a model the user names, e.g. a fine-tune's base) does not: a continuation any mo
 language produces ("1 2 3 4 5 6") is not a leak. Decoding is greedy and never stops at EOS: each
 example generates exactly as many tokens as its target and is compared position by position.
 
-Decoding is ``attacks.decode.greedy_decode``, a hand-written loop (not ``model.generate``):
+Decoding is ``attacks.generation.generate`` over ``attacks.decode.greedy_decode``, a hand-written
+loop (not ``model.generate``), the reference model decoding the same batches:
 prompts are left-padded, with an attention mask and explicit position ids from that mask so
 padding does not shift positions, and a KV cache feeds one new token per step.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from gnq_core.attacks import defaults as attack
-from gnq_core.attacks.decode import greedy_decode
 from gnq_core.attacks.forward import evaluating, model_device
+from gnq_core.attacks.generation import generate
 from gnq_core.sources.tokenizer_panics import panics_as_one_line
 from gnq_core.sources.tokens import pad_id
 
@@ -45,6 +47,7 @@ class ExtractionResult:
     target_text: str  # decode of the original continuation ids
     generated_ids: list[int]
     target_ids: list[int]
+    reference: ExtractionResult | None = None  # the reference model's result on the same prompt
 
     @property
     def skipped(self) -> bool:
@@ -59,8 +62,11 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
                       progress: Callable[[int], None] | None = None,
                       done: Collection[int] = (),
                       on_batch: Callable[[list[ExtractionResult]], None] | None = None,
+                      reference: torch.nn.Module | None = None,
                       ) -> list[ExtractionResult]:
     """Run the prefix-completion attack on already-encoded examples; results in input order.
+    With a ``reference`` model, each batch is decoded by it too (attacks.generation.generate: the
+    same batches) and each attacked result carries its ``reference`` result.
 
     ``progress(n)`` is called with the number of examples finished by each batch (skipped,
     too-short examples are reported first, in one call), so the calls sum to ``len(token_ids)``.
@@ -114,7 +120,10 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
     # Longest targets first: similar lengths share a batch, so little generation is wasted.
     todo.sort(key=lambda i: len(target_of(i)), reverse=True)
 
-    with evaluating(model):
+    models = [model] if reference is None else [model, reference]
+    with contextlib.ExitStack() as stack:
+        for m in models:
+            stack.enter_context(evaluating(m))
         for start in range(0, len(todo), batch_size):
             chunk = todo[start: start + batch_size]
             if all(int(example_ids[i]) in done for i in chunk):
@@ -123,15 +132,21 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
                 continue
             prefixes = [[int(t) for t in token_ids[i][:prefix_tokens]] for i in chunk]
             targets = [target_of(i) for i in chunk]
-            generated = greedy_decode(model, prefixes, max(len(t) for t in targets), pad, device)
-            for i, prefix, target, gen in zip(chunk, prefixes, targets, generated, strict=True):
-                gen = gen[: len(target)]
+            generated = generate(models, prefixes, [len(t) for t in targets], pad, batch_size=len(chunk),
+                                 device=device, batches=[list(range(len(chunk)))])
+
+            def result(i: int, prefix: list[int], target: list[int], gen: list[int]) -> ExtractionResult:
                 match = sum(g == t for g, t in zip(gen, target, strict=True)) / len(target)
-                results[i] = ExtractionResult(
+                return ExtractionResult(
                     example_id=int(example_ids[i]), n_prefix=len(prefix), n_continuation=len(target),
                     match_fraction=match, success=match >= threshold,
                     prefix_text=tokenizer.decode(prefix), generated_text=tokenizer.decode(gen),
                     target_text=tokenizer.decode(target), generated_ids=gen, target_ids=target)
+
+            for r, (i, prefix, target) in enumerate(zip(chunk, prefixes, targets, strict=True)):
+                results[i] = result(i, prefix, target, generated[0][r])
+                if reference is not None:
+                    results[i].reference = result(i, prefix, target, generated[1][r])
             if on_batch is not None:
                 on_batch([results[i] for i in sorted(chunk)])  # type: ignore[misc]
             if progress is not None:

@@ -37,16 +37,17 @@ ends beyond ``max_length`` tokens is not attackable and gets no row.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
-from gnq_core.attacks.decode import greedy_decode
 from gnq_core.attacks.defaults import DEFAULT_SECRET_CANDIDATES as DEFAULT_CANDIDATES
 from gnq_core.attacks.exposure import DEFAULT_SEARCH_NODES
 from gnq_core.attacks.forward import evaluating
+from gnq_core.attacks.generation import generate
 from gnq_core.attacks.secret_exposure import NULL_COLUMNS, NULL_VALUES, Occurrence, Settings, run_exposures
 from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
@@ -211,25 +212,20 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
     targets = secret_targets(tokenizer, texts, example_ids, token_ids, stored_values)
     text_of = dict(zip((int(e) for e in example_ids), texts, strict=True))
 
-    # Batches of equal value length: a prompt never decodes past its own text's tokens (the
-    # model's positions may end at max_length).
-    by_length: dict[int, list[int]] = {}
-    for i, t in enumerate(targets):
-        by_length.setdefault(len(t.target_ids), []).append(i)
-    chunks = [idx[s: s + batch_size] for idx in by_length.values() for s in range(0, len(idx), batch_size)]
-
-    def decode_all(m, label: str) -> list[str]:
+    def decode_all(models: list) -> list[list[str]]:
+        """Every value's greedy continuation under each model, the models on the same batches
+        (attacks.generation: equal value length per batch, so a prompt never decodes past its own
+        text's tokens, whose positions may end at max_length)."""
         if progress is not None:
-            progress(f"secret values decoded by the {label}", len(targets), SECRET_VALUES)
-        gen: dict[int, str] = {}
-        with evaluating(m):
-            for chunk in chunks:
-                n_new = len(targets[chunk[0]].target_ids)
-                out = greedy_decode(m, [targets[i].prompt_ids for i in chunk], n_new, pad, device)
-                gen |= {i: tokenizer.decode(o) for i, o in zip(chunk, out, strict=True)}
-                if advance is not None:
-                    advance(len(chunk))
-        return [gen[i] for i in range(len(targets))]
+            who = "audited model" + (" and the reference model" if len(models) > 1 else "")
+            progress(f"secret values decoded by the {who}", len(targets) * len(models), SECRET_VALUES)
+        with contextlib.ExitStack() as stack:
+            for m in models:
+                stack.enter_context(evaluating(m))
+            counted = None if advance is None else lambda chunk, _: advance(len(chunk) * len(models))
+            out = generate(models, [t.prompt_ids for t in targets], [len(t.target_ids) for t in targets], pad,
+                           batch_size=batch_size, device=device, on_batch=counted)
+        return [[tokenizer.decode(o) for o in rows] for rows in out]
 
     by_kind: dict[str, set[str]] = {}
     for t in targets:
@@ -237,9 +233,9 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
     places_of = {kind: format_places_of(values) for kind, values in by_kind.items()}
     explained = {(t.kind, t.value): places_of[t.kind][t.value] for t in targets}
     named = {(t.kind, t.value): fixed for t in targets if (fixed := t.fixed_by_pattern()) is not None}
-    generated = decode_all(model, "audited model") if targets else []
-    ref_generated = (decode_all(reference, "reference model") if targets and reference is not None
-                     else [None] * len(targets))
+    decoded = decode_all([model] + ([reference] if reference is not None else [])) if targets else [[]]
+    generated = decoded[0]
+    ref_generated = decoded[1] if reference is not None and targets else [None] * len(targets)
     exposures: dict[tuple[str, str], dict] = {}
     null = pd.DataFrame(columns=NULL_COLUMNS)
     if n_candidates > 1 and targets:

@@ -28,6 +28,7 @@ import pandas as pd
 
 from gnq_core.attacks.exposure import Exposure, ValueSpace, exposure, value_seed, value_space
 from gnq_core.attacks.forward import evaluating
+from gnq_core.attacks.generation import Scorers
 from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_NULL_COLUMNS as NULL_COLUMNS
 
@@ -79,13 +80,16 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
                  f"({NULL_VALUES} never-trained values per format)",
                  len(first) * models + len(formats) * NULL_VALUES, SECRET_VALUES)
 
+    scorers = Scorers(settings.batch_size, settings.device)  # a prompt's cache and rows, kept for the run
+
     def measure(m, o: Occurrence, space: ValueSpace) -> Exposure:
         keep = max(1, settings.max_length - len(o.between + space.value))
+        prompt = list(o.prompt[-keep:])
         with evaluating(m):
-            got = exposure(m, tokenizer, list(o.prompt[-keep:]), o.between, space, budget=settings.budget,
+            got = exposure(m, tokenizer, prompt, o.between, space, budget=settings.budget,
                            n_candidates=settings.n_candidates,
                            seed=value_seed(settings.seed, o.kind, space.value),
-                           batch_size=settings.batch_size, device=settings.device)
+                           batch_size=settings.batch_size, device=settings.device, scorer=scorers(m, prompt))
         if advance is not None:
             advance(1)
         return got

@@ -37,12 +37,6 @@ class GreedyExtraction:
         kwargs = dict(prefix_tokens=self.prefix_tokens, threshold=self.threshold, batch_size=t.batch_size,
                       device=t.device, suffix_tokens=self.suffix_tokens)
         example_ids, store, run = t.example_ids, t.store, t.run
-        ref_results: dict[int, ExtractionResult] = {}
-        if t.reference is not None:
-            t.reporter.stage(f"reference {Path(t.reference_path).name} (p={self.prefix_tokens})", len(t.ids),
-                             TEXTS)
-            ref_results = {r.example_id: r for r in extraction_attack(
-                t.reference, t.tokenizer, t.ids, example_ids, progress=t.reporter.advance, **kwargs)}
         finished = store.attacked_examples(run.run_id, t.point, self.prefix_tokens, self.threshold)
         if finished is None or len(finished) >= len(t.examples):
             store.delete_extractions(run.run_id, t.point, self.prefix_tokens)  # a new attack replaces the old
@@ -54,15 +48,17 @@ class GreedyExtraction:
             frame = results_frame(t.tokenizer, results, self.threshold)
             if self.suffix_tokens is not None:
                 frame["suffix_tokens"] = self.suffix_tokens
-            if ref_results:
-                refs = [ref_results[r.example_id] for r in results]
+            if t.reference is not None:  # a skipped text has no reference result either
+                refs = [r.reference or r for r in results]
                 frame["reference_match"] = [r.match_fraction for r in refs]
                 frame["reference_generated"] = [r.generated_text for r in refs]
             store.write_extractions(run.run_id, t.point, self.prefix_tokens, frame, t.version)
 
-        t.reporter.stage(f"attack {t.label} (p={self.prefix_tokens})", len(t.ids), TEXTS)
+        # the reference decodes the same batches as the checkpoint (attacks.generation)
+        also = f" and reference {Path(t.reference_path).name}" if t.reference is not None else ""
+        t.reporter.stage(f"attack {t.label}{also} (p={self.prefix_tokens})", len(t.ids), TEXTS)
         extraction_attack(t.model, t.tokenizer, t.ids, example_ids, progress=t.reporter.advance,
-                          done=finished, on_batch=commit, **kwargs)
+                          done=finished, on_batch=commit, reference=t.reference, **kwargs)
 
     def store(self, t: Target, result: None) -> dict:
         """Counts and both models' match rates over the attackable texts."""

@@ -3,9 +3,11 @@
 A short probe runs each kind of work the job does once, on the first checkpoint with the job's
 own settings and threads: loading the checkpoint, one real audit batch (``audit_batches``: the
 per-text gradients and the GNQ solve, of ``batch_size`` texts drawn as the audit draws them),
-one greedy decoding batch of the text attack, one scoring forward, and one secret value's
-exposure (a never-trained value of the data's first secret format, after its text's prompt:
-the search's probe nodes and the random candidates, as most values and every null value cost).
+one greedy decoding batch of the text attack, one scoring forward, and pairs of never-trained
+secret values' exposures after one of their format's prompts: the first on a scorer of its own
+(as each distinct value under each model), the second on the scorer the first used (as the null's
+values, which share their format's prompts: the search's nodes already computed, the random
+candidates not).
 Each stage's time is then its measured unit cost × its work count, counted from the data
 (texts, attackable texts, checkpoints, secret values, distinct values, formats); ``Line.assumed``
 says what each line takes for granted.  Pipelines/estimate.py's fixed line is the fallback
@@ -38,8 +40,7 @@ SAMPLE_TEXTS = 2_000  # texts tokenised to count the work; more are sampled (see
 # Stage keys and the progress labels each covers (a checkpoint's audit is labelled by the
 # checkpoint itself, so "audit" is every label not matched here).
 STAGE_LABELS = {
-    "reference": re.compile(r"^reference .* \(p=\d+\)$"),
-    "attack": re.compile(r"^attack .* \(p=\d+\)$"),
+    "attack": re.compile(r"^attack .* \(p=\d+\)$"),  # the reference decodes the same batches
     "membership": re.compile(r"^membership scores"),
     "discoverable": re.compile(r"^discoverable"),
     "secret decode": re.compile(r"^secret values decoded by the "),
@@ -83,6 +84,9 @@ class Probe:
     threads: int
     model: str  # what was measured, said in the basis
     audit_fixed_s: float = 0.0  # once per checkpoint's audit (its hooks and buffers), besides its batches
+    # a later never-trained value after a prompt already searched (the null's values share the
+    # prompt's scorer: attacks.generation.Scorers); None: as ``exposure_s``
+    exposure_shared_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -108,11 +112,12 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
     decode = math.ceil(work.attackable / per) * probe.decode_s
     forward = math.ceil(work.texts / per) * probe.forward_s
     said = f"{math.ceil(work.attackable / per)} batch(es) of {per} × {probe.decode_s:.2f} s measured"
-    if work.reference:
-        lines.append(Line("reference", "text windows, reference model", work.texts, TEXTS,
-                          probe.load_s + decode, f"{said}, + a load"))
-    lines.append(Line("attack", "text windows, audited checkpoint", work.texts, TEXTS, probe.load_s + decode,
-                      f"{said}, + a load; texts under p + s tokens are skipped at no cost"))
+    models = 2 if work.reference else 1
+    lines.append(Line("attack", "text windows, audited checkpoint" + (" and reference model" if work.reference
+                                                                      else ""),
+                      work.texts, TEXTS, models * (probe.load_s + decode),
+                      f"{models} model(s) on the same batches × ({said}, + a load); texts under p + s tokens "
+                      "are skipped at no cost"))
     if work.reference:
         lines.append(Line("membership", "membership scores (both models)", 2 * work.texts, TEXTS, 2 * forward,
                           f"2 × {math.ceil(work.texts / per)} forward(s) × {probe.forward_s:.2f} s measured"))
@@ -120,7 +125,6 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
         lines.append(Line("discoverable", "discoverable likelihood", work.texts, TEXTS, forward,
                           f"{math.ceil(work.texts / per)} forward(s) × {probe.forward_s:.2f} s measured "
                           "(at full length: an upper bound)"))
-    models = 2 if work.reference else 1
     decode_values = math.ceil(work.secret_values / per) * probe.decode_s
     lines.append(Line("secret decode", "secret values decoded", models * work.secret_values, SECRET_VALUES,
                       models * decode_values,
@@ -129,14 +133,18 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
     if work.secret_candidates > 1:
         from gnq_core.attacks.secret_exposure import NULL_VALUES
 
-        values = work.distinct_values * models + work.formats * NULL_VALUES
+        first = work.distinct_values * models
         each = probe.exposure_s or 0.0
-        lines.append(Line("exposure", "secret values' exposure (with the null)", values, SECRET_VALUES,
-                          values * each,
-                          f"{work.distinct_values} distinct value(s) × {models} model(s) + {work.formats} "
-                          f"format(s) × {NULL_VALUES} never-trained values, each {each:.2f} s, the mean of "
-                          "never-trained values measured in turn per format (a memorised value is ranked "
-                          "faster; a value whose search resumes to the full node budget, slower)"))
+        shared = probe.exposure_shared_s if probe.exposure_shared_s is not None else each
+        null = work.formats * NULL_VALUES
+        lines.append(Line("exposure", "secret values' exposure (with the null)", first + null, SECRET_VALUES,
+                          first * each + null * shared,
+                          f"{work.distinct_values} distinct value(s) × {models} model(s), each {each:.2f} s "
+                          f"(a never-trained value after a prompt of its own), + {work.formats} format(s) "
+                          f"× {NULL_VALUES} never-trained values after their format's prompts, each "
+                          f"{shared:.2f} s (the prompt's search already done); measured in turn per format "
+                          "(a memorised value is ranked faster; a value whose search resumes to the full "
+                          "node budget, slower)"))
     return lines
 
 
@@ -252,7 +260,7 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
             audit_batch_s = max((three - one) / 2, three / 6)  # a noisy difference: at least half the mean
             audit_fixed_s = max(0.0, one - audit_batch_s)
         decode_s = forward_s = 0.0
-        exposure_s = None
+        exposure_s = shared_s = None
         if attack:
             long_enough = [x for x in ids if len(x) >= prefix + (suffix or DEFAULT_SUFFIX)]
             prompts = [x[:prefix] for x in (long_enough or ids)[:attack_batch]] or [[pad]]
@@ -263,9 +271,9 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                 batch = torch.full((min(attack_batch, max(1, len(ids))), width), pad, device=dev)
                 forward_s = _timed(lambda: model(input_ids=batch, attention_mask=torch.ones_like(batch)), dev)
             if spaces and secret_candidates > 1:
-                exposure_s = _exposure_seconds(model, tok, texts, spaces, seed=seed, budget=exposure_nodes,
-                                               n_candidates=secret_candidates, batch_size=attack_batch,
-                                               device=dev)
+                exposure_s, shared_s = _exposure_seconds(
+                    model, tok, texts, spaces, seed=seed, budget=exposure_nodes,
+                    n_candidates=secret_candidates, batch_size=attack_batch, device=dev)
     attackable = sum(1 for x in ids if len(x) >= prefix + (suffix or 0))
     work = Work(texts=n, checkpoints=checkpoints, batch_size=batch_size, attackable=round(attackable * scale),
                 attack=attack, reference=reference, suffix=suffix, attack_batch=attack_batch,
@@ -274,7 +282,8 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                 mean_tokens=sum(map(len, ids)) / max(1, len(ids)))
     what = (f"{checkpoint} on {dev} at {threads} thread(s), {len(picked):,} of {n:,} texts counted"
             + (" (a seeded sample, scaled)" if len(picked) < n else ""))
-    return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what, audit_fixed_s)
+    return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what, audit_fixed_s,
+                       shared_s)
 
 
 EXPOSURE_VALUES = 16  # never-trained values timed at most, cycling over the formats (their mean is used)
@@ -283,13 +292,17 @@ WARM_UP_S = 2.0  # a first call quicker than this is timed again (it paid one-ti
 
 
 def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: int, budget: int,
-                      n_candidates: int, batch_size: int, device=None) -> float:
-    """Mean seconds of a never-trained value's exposure: values drawn in turn from each format's
-    space after one of its values' prompts, up to EXPOSURE_VALUES within EXPOSURE_PROBE_S (one at
-    least), after the vocabulary's strings are built (once per tokenizer, not per value).  A
-    value's cost varies several-fold with how far its search goes, hence several."""
+                      n_candidates: int, batch_size: int, device=None) -> tuple[float, float]:
+    """Mean seconds of a never-trained value's exposure after a prompt of its own, and of one
+    after a prompt whose scorer an earlier value already used (as the null's values share their
+    format's prompts, attacks.generation.Scorers): values drawn in pairs, a format's in turn, after
+    one of its values' prompts, up to EXPOSURE_VALUES within EXPOSURE_PROBE_S (one pair at least;
+    a first value quicker than WARM_UP_S is timed again), after the vocabulary's strings are built
+    (once per tokenizer).  A value's
+    cost varies several-fold with how far its search goes, hence several."""
     from gnq_core.attacks.exposure import ValueSpace, exposure, token_strings
     from gnq_core.attacks.forward import evaluating
+    from gnq_core.attacks.generation import Scorers
 
     token_strings(tok)
     per_format: dict[str, list] = {}
@@ -298,26 +311,28 @@ def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: i
     order = [members[i % len(members)] for i in range(EXPOSURE_VALUES) for members in per_format.values()]
     rng = random.Random(seed)
 
-    def once(t, space) -> float:
+    def once(t, space, scorers) -> float:
         drawn = (space.random(rng) for _ in range(100))
         other = next((v for v in drawn if v != space.value), space.value)
         t0 = time.perf_counter()
         exposure(model, tok, t.prompt_ids, texts[t.example_id][t.prompt_chars: t.value_start],
                  ValueSpace(other, space.free, space.check), budget=budget, n_candidates=n_candidates,
-                 seed=seed, batch_size=batch_size, device=device)
+                 seed=seed, batch_size=batch_size, device=device, scorer=scorers(model, t.prompt_ids))
         _sync(device)
         return time.perf_counter() - t0
 
-    times: list[float] = []
+    fresh: list[float] = []
+    shared: list[float] = []
     with evaluating(model):
-        first = once(*order[0])
-        if first >= WARM_UP_S:
-            times.append(first)
-        for t, space in order[len(times):EXPOSURE_VALUES]:
-            if times and sum(times) > EXPOSURE_PROBE_S:
+        if once(*order[0], Scorers(batch_size, device)) >= WARM_UP_S:  # else timed again (one-time costs)
+            order = order[1:]
+        for t, space in order[: EXPOSURE_VALUES // 2]:
+            if fresh and sum(fresh) + sum(shared) > EXPOSURE_PROBE_S:
                 break
-            times.append(once(t, space))
-    return sum(times) / len(times)
+            scorers = Scorers(batch_size, device)
+            fresh.append(once(t, space, scorers))
+            shared.append(once(t, space, scorers))
+    return sum(fresh) / len(fresh), sum(shared) / len(shared)
 
 
 def describe(lines: Sequence[Line], probe: Probe) -> str:
