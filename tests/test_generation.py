@@ -16,9 +16,9 @@ import random
 import pytest
 import torch
 
-from gnq_core.attacks.exposure import PromptScorer, ValueSpace, exposure, value_space
+from gnq_core.attacks.exposure import PromptScorer, Scorers, ValueSpace, exposure, value_space
 from gnq_core.attacks.extraction import extraction_attack
-from gnq_core.attacks.generation import Scorers, generate, last_logprobs, plan_batches
+from gnq_core.attacks.generation import generate, last_logprobs, plan_batches
 from gnq_core.sources.models import build_model, train_tokenizer
 
 TEXTS = [f"Note for {n}: the door PIN is {random.Random(i).randrange(10_000):04d}, keep it safe."

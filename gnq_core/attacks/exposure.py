@@ -335,7 +335,7 @@ def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: Value
     """``space.value``'s exposure after ``prompt`` (module docstring): exact where the search (or
     enumerating a space within ``budget``) finishes, else estimated from ``n_candidates``.
     ``scorer``: this model's scorer of this prompt, shared by every value probed after it
-    (attacks.generation.Scorers), else one made for this value."""
+    (attacks.exposure.Scorers), else one made for this value."""
     try:
         scorer = scorer if scorer is not None else PromptScorer(model, prompt, batch_size, device)
         # a memorised value is ranked within a few nodes: no random values needed
@@ -432,3 +432,18 @@ def skewnorm_moments(x: np.ndarray) -> tuple[float, float, float]:
     delta = math.copysign(math.sqrt(math.pi / 2 * g / (g + ((4 - math.pi) / 2) ** (2 / 3))), gamma)
     scale = sd / math.sqrt(1 - 2 * delta ** 2 / math.pi)
     return delta / math.sqrt(1 - delta ** 2), mean - scale * delta * math.sqrt(2 / math.pi), scale
+
+
+class Scorers:
+    """One ``PromptScorer`` per (model, prompt), made on first use and kept: every value
+    probed after the same prompt by the same model shares its cache and computed rows."""
+
+    def __init__(self, batch_size: int, device: torch.device | None = None):
+        self.batch_size, self.device = batch_size, device
+        self._made: dict[tuple[int, tuple[int, ...]], PromptScorer] = {}
+
+    def __call__(self, model: torch.nn.Module, prompt: Sequence[int]) -> PromptScorer:
+        key = (id(model), tuple(int(t) for t in prompt))
+        if key not in self._made:
+            self._made[key] = PromptScorer(model, key[1], self.batch_size, self.device)
+        return self._made[key]

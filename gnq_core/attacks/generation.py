@@ -27,7 +27,7 @@ import torch
 
 from gnq_core.attacks.decode import greedy_decode
 
-__all__ = ["Scorers", "generate", "last_logprobs", "plan_batches"]
+__all__ = ["generate", "last_logprobs", "plan_batches"]
 
 
 def _parameters(model: torch.nn.Module) -> set[str]:
@@ -104,20 +104,3 @@ def last_logprobs(scorer: Any, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
                     use_cache=True, **{scorer.cache_name: cache}, **extra)
     return torch.log_softmax(out.logits[:, -1].double(), dim=-1)
-
-
-class Scorers:
-    """One ``exposure.PromptScorer`` per (model, prompt), made on first use and kept: every value
-    probed after the same prompt by the same model shares its cache and computed rows."""
-
-    def __init__(self, batch_size: int, device: torch.device | None = None):
-        self.batch_size, self.device = batch_size, device
-        self._made: dict[tuple[int, tuple[int, ...]], Any] = {}
-
-    def __call__(self, model: torch.nn.Module, prompt: Sequence[int]) -> Any:
-        from gnq_core.attacks.exposure import PromptScorer
-
-        key = (id(model), tuple(int(t) for t in prompt))
-        if key not in self._made:
-            self._made[key] = PromptScorer(model, key[1], self.batch_size, self.device)
-        return self._made[key]

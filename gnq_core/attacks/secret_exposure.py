@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gnq_core.attacks.exposure import Exposure, ValueSpace, exposure, value_seed, value_space
+from gnq_core.attacks.exposure import Exposure, Scorers, ValueSpace, exposure, value_seed, value_space
 from gnq_core.attacks.forward import evaluating
-from gnq_core.attacks.generation import Scorers
 from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_NULL_COLUMNS as NULL_COLUMNS
 

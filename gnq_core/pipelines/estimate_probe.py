@@ -85,7 +85,7 @@ class Probe:
     model: str  # what was measured, said in the basis
     audit_fixed_s: float = 0.0  # once per checkpoint's audit (its hooks and buffers), besides its batches
     # a later never-trained value after a prompt already searched (the null's values share the
-    # prompt's scorer: attacks.generation.Scorers); None: as ``exposure_s``
+    # prompt's scorer: attacks.exposure.Scorers); None: as ``exposure_s``
     exposure_shared_s: float | None = None
 
 
@@ -295,14 +295,13 @@ def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: i
                       n_candidates: int, batch_size: int, device=None) -> tuple[float, float]:
     """Mean seconds of a never-trained value's exposure after a prompt of its own, and of one
     after a prompt whose scorer an earlier value already used (as the null's values share their
-    format's prompts, attacks.generation.Scorers): values drawn in pairs, a format's in turn, after
+    format's prompts, attacks.exposure.Scorers): values drawn in pairs, a format's in turn, after
     one of its values' prompts, up to EXPOSURE_VALUES within EXPOSURE_PROBE_S (one pair at least;
     a first value quicker than WARM_UP_S is timed again), after the vocabulary's strings are built
     (once per tokenizer).  A value's
     cost varies several-fold with how far its search goes, hence several."""
-    from gnq_core.attacks.exposure import ValueSpace, exposure, token_strings
+    from gnq_core.attacks.exposure import Scorers, ValueSpace, exposure, token_strings
     from gnq_core.attacks.forward import evaluating
-    from gnq_core.attacks.generation import Scorers
 
     token_strings(tok)
     per_format: dict[str, list] = {}
