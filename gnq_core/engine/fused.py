@@ -188,18 +188,20 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
     if step >= rows:  # one chunk (most layers): no buffer, no slicing
         G = _products(left.transpose(1, 2), right, dtype)
         flat = G.view(B, -1)
-        if upper and cpu_gram_applies(flat):
-            upper_gram_(sink.accumulator(dtype, device, upper=True), flat)
-        else:
-            sink.accumulator(dtype, device).addmm_(flat, flat.t())
+        if upper and cpu_gram_applies(flat):  # Σ_j G_j in the kernel's one pass over G
+            grad_w = torch.zeros(rows, cols, dtype=dtype, device=device)
+            if upper_gram_(sink.accumulator(dtype, device, upper=True), flat, grad_w.view(-1)):
+                return grad_w, kept
+        sink.accumulator(dtype, device).addmm_(flat, flat.t())
         return G.sum(0), kept
     chunks = -(-rows // step)
     step = -(-rows // chunks)  # chunks of equal size: no small last one
-    grad_w = torch.empty(rows, cols, dtype=dtype, device=device)
-    # Σ_j G_j as a ones-row product into grad_w's rows: sum(out=) zero-fills its output first
-    ones = torch.ones(1, B, dtype=dtype, device=device)
     buffer = sink.workspace(B * step * cols, dtype, device)
     kernel = upper and cpu_gram_applies(buffer)  # decided once: the same for every chunk
+    # Σ_j G_j: added by the kernel in its pass over each chunk (into zeros), else as a ones-row
+    # product into grad_w's rows (sum(out=) zero-fills its output first)
+    grad_w = (torch.zeros if kernel else torch.empty)(rows, cols, dtype=dtype, device=device)
+    ones = torch.ones(1, B, dtype=dtype, device=device)
     acc, half = sink.accumulator(dtype, device, upper=upper), B // 2
     top, bottom = acc[:half], acc[half:, half:]
     # the views of one chunk, made once per chunk size (this loop runs ~50 times per layer on
@@ -213,10 +215,10 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
             flat_t, flat_top, flat_bottom = flat.t(), flat[:half], flat[half:]
             flat_bottom_t = flat_bottom.t()
         _products(lhs, right, dtype, out=G)
+        if kernel and upper_gram_(acc, flat, sums.view(-1)):  # one pass: the Gram and Σ_j
+            continue
         torch.mm(ones, flat, out=sums.view(1, -1))
-        if kernel:  # numba's one pass over the chunk
-            upper_gram_(acc, flat)
-        elif upper:  # two products: rows [0, half) against all, rows [half, B) against themselves
+        if upper:  # two products: rows [0, half) against all, rows [half, B) against themselves
             top.addmm_(flat_top, flat_t)
             bottom.addmm_(flat_bottom, flat_bottom_t)
         else:
