@@ -20,6 +20,7 @@ pass: the fused path's weight gradient, which a ones-row product read F a second
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -47,6 +48,24 @@ def upper_gram_(acc: torch.Tensor, flat: torch.Tensor, sums: torch.Tensor | None
     out = (sums if sums is not None else flat.new_empty(0)).view(-1)
     _kernel()(flat.numpy(), acc.numpy(), out.numpy())
     return True
+
+
+def chunk_kernel(acc: torch.Tensor, flat: torch.Tensor, sums: torch.Tensor
+                 ) -> Callable[[int, int], None] | None:
+    """For a loop over equal chunks (the fused path's rows): ``run(start, stop)`` adds the Gram of
+    ``flat`` (refilled by the caller before each call) to ``acc`` and its rows' sum to
+    ``sums[start:stop]`` (rows of a [rows, cols] tensor, flat holding B × (stop - start) × cols).
+    The checks and array views are made once here, not per chunk (2,115 chunks a step on
+    SmolLM2-135M).  None where ``upper_gram_`` would not apply."""
+    if (acc.dtype != flat.dtype or not acc.is_contiguous() or not applies(flat) or sums.dtype != flat.dtype
+            or not sums.is_contiguous() or sums.device.type != "cpu"):
+        return None
+    kernel, F, A, W = _kernel(), flat.numpy(), acc.numpy(), sums.numpy()
+
+    def run(start: int, stop: int) -> None:
+        kernel(F, A, W[start:stop].reshape(-1))
+
+    return run
 
 
 @functools.cache

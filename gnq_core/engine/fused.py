@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from gnq_core.engine.cpu_gram import applies as cpu_gram_applies
-from gnq_core.engine.cpu_gram import upper_gram_
+from gnq_core.engine.cpu_gram import chunk_kernel, upper_gram_
 from gnq_core.engine.deferred import NormRecord
 from gnq_core.engine.representations import DenseRep, as_sequence, compute_dtype
 
@@ -206,7 +206,8 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
     top, bottom = acc[:half], acc[half:, half:]
     # the views of one chunk, made once per chunk size (this loop runs ~50 times per layer on
     # a large head, so each Python-level call in it counts)
-    n = G = flat = flat_t = flat_top = flat_bottom = flat_bottom_t = None
+    n = G = flat = flat_t = flat_top = flat_bottom = flat_bottom_t = run = None
+    start = 0
     for lhs, sums in zip(left.transpose(1, 2).split(step, dim=1), grad_w.split(step), strict=True):
         if lhs.shape[1] != n:
             n = lhs.shape[1]
@@ -214,8 +215,11 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
             flat = G.view(B, -1)
             flat_t, flat_top, flat_bottom = flat.t(), flat[:half], flat[half:]
             flat_bottom_t = flat_bottom.t()
+            run = chunk_kernel(acc, flat, grad_w) if kernel else None
         _products(lhs, right, dtype, out=G)
-        if kernel and upper_gram_(acc, flat, sums.view(-1)):  # one pass: the Gram and Σ_j
+        start += n
+        if run is not None:  # numba's one pass over the chunk: its Gram and Σ_j into its rows
+            run(start - n, start)
             continue
         torch.mm(ones, flat, out=sums.view(1, -1))
         if upper:  # two products: rows [0, half) against all, rows [half, B) against themselves
