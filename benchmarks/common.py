@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -66,3 +67,34 @@ def write(name: str, payload: dict) -> Path:
                "machine": machine(), **payload}
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def ratio_limits(pairs: list[str]) -> dict[str, float]:
+    """``VARIANT=LIMIT`` pairs (``--max-ratio``) as {variant: limit}; a malformed pair stops the run."""
+    limits = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            limits[name] = float(value) if sep else float("nan")
+        except ValueError:
+            limits[name] = float("nan")
+        if not limits[name] > 0:
+            raise SystemExit(f"--max-ratio {pair!r}: expected VARIANT=LIMIT with a positive number")
+    return limits
+
+
+def check_ratios(ratios: dict[str, float], limits: dict[str, float]) -> dict:
+    """Each variant's ratio against its limit: the verdict the results file records.  A variant
+    over its limit (or limited and not measured) fails; ``exit_on_failure`` then stops the run."""
+    failed = {v: ratios.get(v) for v, limit in limits.items() if not ratios.get(v, float("inf")) <= limit}
+    return {"limits": limits, "ratios": {v: ratios.get(v) for v in limits}, "failed": failed}
+
+
+def exit_on_failure(verdict: dict, path: Path) -> None:
+    """A regression stops loudly (exit 1) after the results are written, naming the variant."""
+    for v, ratio in verdict["failed"].items():
+        shown = "not measured" if ratio is None else f"{ratio:.3f}x"
+        print(f"FAIL: {v} {shown} is over its limit {verdict['limits'][v]:.2f}x (results in {path})",
+              file=sys.stderr)
+    if verdict["failed"]:
+        raise SystemExit(1)

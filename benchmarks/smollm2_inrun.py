@@ -2,6 +2,10 @@
 
     OMP_NUM_THREADS=1 python -m benchmarks.smollm2_inrun             # B8 T64, 5 rounds
 
+Exits 1, after writing the results, when a variant's per-round ratio median is over its
+``--max-ratio`` (default ``default=1.10``, the per-micro-batch step's target): a regression of
+the default auditor's step fails loudly instead of sitting in a results file.
+
 The lead's local copy of SmolLM2-135M-Instruct (Llama, 30 layers, tied 49,152-row embedding;
 ``/root/.cache/gnq-audit/models/smollm2-135m-instruct``, or ``--model``).  One torch thread;
 each round runs a plain step, then an audited one (``GNQAuditor``'s default; ``--variants``
@@ -25,7 +29,7 @@ import torch
 
 from gnq_core import GNQAuditor, per_example_lm_loss
 
-from .common import write
+from .common import check_ratios, exit_on_failure, ratio_limits, write
 
 MODEL = Path("/root/.cache/gnq-audit/models/smollm2-135m-instruct")
 VARIANTS = {"default": {}, "fused": {"fused": True}, "unfused": {"fused": False}}
@@ -107,7 +111,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=["default"])
     ap.add_argument("--tag", default="", help="suffix of the results file (e.g. 'before')")
+    ap.add_argument("--max-ratio", nargs="*", default=["default=1.10"], metavar="VARIANT=LIMIT",
+                    help="fail (exit 1) when a variant's per-round ratio median exceeds LIMIT")
     args = ap.parse_args()
+    limits = ratio_limits(args.max_ratio)
     if not (args.model / "config.json").exists():
         raise SystemExit(f"{args.model}: no model there (config.json missing)")
     row = run(args.model, args.batch, args.length, args.rounds, args.variants)
@@ -116,8 +123,10 @@ def main() -> None:
               f"{row[f'{v}_ratio_median']:.3f} (range {row[f'{v}_ratio_range'][0]:.3f}-"
               f"{row[f'{v}_ratio_range'][1]:.3f})")
     print(f"load average before {row['load_average_before']}, after {row['load_average_after']}")
-    path = write("smollm2_inrun" + (f"-{args.tag}" if args.tag else ""), {"rows": [row]})
+    verdict = check_ratios({v: row[f"{v}_ratio_median"] for v in args.variants}, limits)
+    path = write("smollm2_inrun" + (f"-{args.tag}" if args.tag else ""), {"rows": [row], "verdict": verdict})
     print(f"wrote {path}")
+    exit_on_failure(verdict, path)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ CPU seconds (``time.process_time``: a shared machine's load shifts wall time by 
 * ``window_exact``: WindowAuditor(mode="exact"), kept factors and cross-micro-batch Grams.
 Also reported: the bytes each window variant holds at the end of the window, per text, and at
 B_eff = 1,024 (the sketch holds one [B, total] vector per micro-batch: bytes per text × 1,024),
-and the load average before and after.
+and the load average before and after.  Exits 1, after writing the results, when a variant's
+per-round ratio median is over its ``--max-ratio`` (default: the sketched window at most 1.25x
+a plain step on cpu-small, 1.15x on smollm2-135m).
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.window import WindowAuditor
 
-from .common import interleaved_timed, write
+from .common import check_ratios, exit_on_failure, interleaved_timed, ratio_limits, write
 from .inrun_overhead import PRESETS, build
 
 VARIANTS = ("plain", "micro", "window_sketch", "window_exact")
+# the targets a step must meet (per-round ratio median vs the plain step)
+LIMITS = {"cpu-small": ["window_sketch=1.25"], "smollm2-135m": ["window_sketch=1.15"]}
 
 
 def run(preset: str, batch: int, accumulation: int, length: int, repeats: int, budget: int,
@@ -111,13 +115,21 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=4 << 30, help="exact window's budget in bytes")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     ap.add_argument("--tag", default="", help="suffix of the results file")
+    ap.add_argument("--max-ratio", nargs="*", default=None, metavar="VARIANT=LIMIT",
+                    help="fail (exit 1) when a measured variant's per-round ratio median exceeds LIMIT")
     args = ap.parse_args()
+    wanted = LIMITS.get(args.preset, []) if args.max_ratio is None else args.max_ratio
+    limits = {v: x for v, x in ratio_limits(wanted).items() if v in args.variants}
     torch.set_num_threads(1)
     row = run(args.preset, args.batch, args.accumulation, args.length, args.repeats, args.budget,
               tuple(args.variants))
     print({k: v for k, v in row.items() if k != "all_s"})
     name = f"window_inrun-{args.preset}" + (f"-{args.tag}" if args.tag else "")
-    print(write(name, {"threads": 1, "rows": [row]}))
+    verdict = check_ratios({v: row[f"{v}_ratio_per_round_median"] for v in args.variants if v != "plain"},
+                           limits)
+    path = write(name, {"threads": 1, "rows": [row], "verdict": verdict})
+    print(path)
+    exit_on_failure(verdict, path)
 
 
 if __name__ == "__main__":

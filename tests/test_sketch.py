@@ -52,13 +52,21 @@ def test_block_sketch_is_unbiased():
     assert kernel_err(torch.stack(grams).mean(0), G @ G.T) < 0.03
 
 
+@pytest.mark.parametrize("vocab_rows", [8, 64], ids=["count", "identity"])
 @pytest.mark.parametrize("vocab_cols", [None, 8])
-def test_embedding_sketch_is_the_projection_of_the_gradient(vocab_cols):
+def test_embedding_sketch_is_the_projection_of_the_gradient(vocab_cols, vocab_rows):
+    """Tokens' rows added into their buckets (CountSketch or identity rows) or a Gaussian's rows
+    (an embedding outside the vocabulary set: blocks), against the explicit gradient; repeated
+    tokens within a text sum."""
     B, T, V, d = 4, 6, 50, 12
-    rep = OuterRep(OneHotFactor(torch.randint(0, V, (B, T)), V), DenseFactor(torch.randn(B, T, d)))
-    sk = Sketcher(SketchSpec(k=16, vocab_rows=8, vocab_cols=vocab_cols), frozenset({"emb"}))
+    tokens = torch.randint(0, V, (B, T))
+    tokens[:, 1] = tokens[:, 0]
+    rep = OuterRep(OneHotFactor(tokens, V), DenseFactor(torch.randn(B, T, d)))
+    sk = Sketcher(SketchSpec(k=16, vocab_rows=vocab_rows, vocab_cols=vocab_cols), frozenset({"emb"}))
     S = sk.sketch("emb", rep)
     assert kernel_err(S, kron_of_explicit(sk, "emb", rep)) <= TOL
+    other = Sketcher(SketchSpec(k=16, block=2, seed=vocab_rows))  # not vocabulary-sized: Gaussian rows
+    assert kernel_err(other.sketch("emb", rep), kron_of_explicit(other, "emb", rep)) <= TOL
 
 
 def test_dense_sketch_and_narrow_dense_kept_whole():

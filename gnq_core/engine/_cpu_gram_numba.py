@@ -13,8 +13,10 @@ _FLAGS = {"reassoc", "contract"}
 
 
 @njit(cache=True, nogil=True, boundscheck=False, fastmath=_FLAGS)
-def _diagonal8(F, r, out):  # pragma: no cover - compiled
-    """out[i, k] += <F[r[i]], F[r[k]]> for i <= k < 8."""
+def _diagonal8(F, r, out, sums):  # pragma: no cover - compiled
+    """out[i, k] += <F[r[i]], F[r[k]]> for i <= k < 8; with a non-empty ``sums``, also
+    sums[n] += Σ_i F[r[i], n] in the same pass (eight distinct rows only)."""
+    with_sums = sums.shape[0] > 0
     f0 = F[r[0]]
     f1 = F[r[1]]
     f2 = F[r[2]]
@@ -105,6 +107,8 @@ def _diagonal8(F, r, out):  # pragma: no cover - compiled
         a66 += x6 * x6
         a67 += x6 * x7
         a77 += x7 * x7
+        if with_sums:
+            sums[n] += ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
     out[0, 0] += a00
     out[0, 1] += a01
     out[0, 2] += a02
@@ -260,11 +264,13 @@ def _cross4(F, rj, rk, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def upper_gram(F, acc):  # pragma: no cover - compiled
+def upper_gram(F, acc, sums):  # pragma: no cover - compiled
     """acc[j, k] += <F[j], F[k]> for j <= k, in blocks of 8 rows (a last block of 4 rows or
     fewer uses the 4-row kernel).  A short block repeats its last row; the products of the
-    repeats are computed and not added."""
+    repeats are computed and not added.  A non-empty ``sums`` also gets Σ_j F[j] added: full
+    blocks in their Gram's pass (F read once), a short last block's rows after it."""
     B = F.shape[0]
+    none = sums[:0]
     blocks = (B + 7) // 8
     r = np.empty(8, np.int64)
     rj = np.empty(4, np.int64)
@@ -275,10 +281,15 @@ def upper_gram(F, acc):  # pragma: no cover - compiled
         for i in range(width):
             r[i] = min(start + i, B - 1)
         local = np.zeros((8, 8), F.dtype)
+        full = width == 8 and start + 8 <= B
         if width == 4:
             _diagonal4(F, r, local)
         else:
-            _diagonal8(F, r, local)
+            _diagonal8(F, r, local, sums if full else none)
+        if sums.shape[0] > 0 and not full:
+            for j in range(start, B):
+                for n in range(F.shape[1]):
+                    sums[n] += F[j, n]
         for i in range(width):
             for k in range(i, width):
                 if start + k < B:

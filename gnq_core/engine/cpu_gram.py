@@ -12,12 +12,15 @@ any two BLAS builds; NaN and Inf propagate.
 ``upper_gram_(acc, F)`` adds the entries j ≤ k of F Fᵀ to ``acc`` and returns True, or returns
 False when the kernel is not available (numba missing or failing to compile) or does not apply
 (a dtype other than float32/float64, more intra-op threads than it was measured at); the caller
-then uses ``addmm_``.
+then uses ``addmm_``.  ``upper_gram_(acc, F, sums)`` also adds Σ_j F_j to ``sums`` in the same
+pass: the fused path's weight gradient, which a ones-row product read F a second time for
+(SmolLM2-135M: 2,115 chunks a step, 0.26 s of a 4.4 s step at one thread).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -34,12 +37,35 @@ def applies(flat: torch.Tensor) -> bool:
             and torch.get_num_threads() <= MAX_THREADS and _kernel() is not None)
 
 
-def upper_gram_(acc: torch.Tensor, flat: torch.Tensor) -> bool:
-    """acc[j, k] += ⟨flat_j, flat_k⟩ for j ≤ k (acc and flat contiguous, on CPU, same dtype)."""
+def upper_gram_(acc: torch.Tensor, flat: torch.Tensor, sums: torch.Tensor | None = None) -> bool:
+    """acc[j, k] += ⟨flat_j, flat_k⟩ for j ≤ k (acc and flat contiguous, on CPU, same dtype);
+    with ``sums`` (contiguous, flat's width and dtype) also sums += Σ_j flat_j."""
     if acc.dtype != flat.dtype or not acc.is_contiguous() or not applies(flat):
         return False
-    _kernel()(flat.numpy(), acc.numpy())
+    if sums is not None and (sums.dtype != flat.dtype or not sums.is_contiguous()
+                             or sums.numel() != flat.shape[1] or sums.device.type != "cpu"):
+        return False
+    out = (sums if sums is not None else flat.new_empty(0)).view(-1)
+    _kernel()(flat.numpy(), acc.numpy(), out.numpy())
     return True
+
+
+def chunk_kernel(acc: torch.Tensor, flat: torch.Tensor, sums: torch.Tensor
+                 ) -> Callable[[int, int], None] | None:
+    """For a loop over equal chunks (the fused path's rows): ``run(start, stop)`` adds the Gram of
+    ``flat`` (refilled by the caller before each call) to ``acc`` and its rows' sum to
+    ``sums[start:stop]`` (rows of a [rows, cols] tensor, flat holding B × (stop - start) × cols).
+    The checks and array views are made once here, not per chunk (2,115 chunks a step on
+    SmolLM2-135M).  None where ``upper_gram_`` would not apply."""
+    if (acc.dtype != flat.dtype or not acc.is_contiguous() or not applies(flat) or sums.dtype != flat.dtype
+            or not sums.is_contiguous() or sums.device.type != "cpu"):
+        return None
+    kernel, F, A, W = _kernel(), flat.numpy(), acc.numpy(), sums.numpy()
+
+    def run(start: int, stop: int) -> None:
+        kernel(F, A, W[start:stop].reshape(-1))
+
+    return run
 
 
 @functools.cache
@@ -50,8 +76,10 @@ def _kernel():
 
         probe = torch.arange(6.0, dtype=torch.float64).view(2, 3)
         out = torch.zeros(2, 2, dtype=torch.float64)
-        impl.upper_gram(probe.numpy(), out.numpy())  # compiles (or loads the cache) once
-        impl.upper_gram(probe.float().numpy(), out.float().numpy())
+        for dtype in _DTYPES:  # compiles (or loads the cache) once, with and without sums
+            F, acc = probe.to(dtype).numpy(), out.to(dtype).numpy()
+            impl.upper_gram(F, acc, torch.zeros(3, dtype=dtype).numpy())
+            impl.upper_gram(F, acc, torch.zeros(0, dtype=dtype).numpy())
         return impl.upper_gram
     except Exception:  # noqa: BLE001 — any failure means: use the BLAS path
         return None

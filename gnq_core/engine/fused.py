@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from gnq_core.engine.cpu_gram import applies as cpu_gram_applies
-from gnq_core.engine.cpu_gram import upper_gram_
+from gnq_core.engine.cpu_gram import chunk_kernel, upper_gram_
 from gnq_core.engine.deferred import NormRecord
 from gnq_core.engine.representations import DenseRep, as_sequence, compute_dtype
 
@@ -188,23 +188,26 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
     if step >= rows:  # one chunk (most layers): no buffer, no slicing
         G = _products(left.transpose(1, 2), right, dtype)
         flat = G.view(B, -1)
-        if upper and cpu_gram_applies(flat):
-            upper_gram_(sink.accumulator(dtype, device, upper=True), flat)
-        else:
-            sink.accumulator(dtype, device).addmm_(flat, flat.t())
+        if upper and cpu_gram_applies(flat):  # Σ_j G_j in the kernel's one pass over G
+            grad_w = torch.zeros(rows, cols, dtype=dtype, device=device)
+            if upper_gram_(sink.accumulator(dtype, device, upper=True), flat, grad_w.view(-1)):
+                return grad_w, kept
+        sink.accumulator(dtype, device).addmm_(flat, flat.t())
         return G.sum(0), kept
     chunks = -(-rows // step)
     step = -(-rows // chunks)  # chunks of equal size: no small last one
-    grad_w = torch.empty(rows, cols, dtype=dtype, device=device)
-    # Σ_j G_j as a ones-row product into grad_w's rows: sum(out=) zero-fills its output first
-    ones = torch.ones(1, B, dtype=dtype, device=device)
     buffer = sink.workspace(B * step * cols, dtype, device)
     kernel = upper and cpu_gram_applies(buffer)  # decided once: the same for every chunk
+    # Σ_j G_j: added by the kernel in its pass over each chunk (into zeros), else as a ones-row
+    # product into grad_w's rows (sum(out=) zero-fills its output first)
+    grad_w = (torch.zeros if kernel else torch.empty)(rows, cols, dtype=dtype, device=device)
+    ones = torch.ones(1, B, dtype=dtype, device=device)
     acc, half = sink.accumulator(dtype, device, upper=upper), B // 2
     top, bottom = acc[:half], acc[half:, half:]
     # the views of one chunk, made once per chunk size (this loop runs ~50 times per layer on
     # a large head, so each Python-level call in it counts)
-    n = G = flat = flat_t = flat_top = flat_bottom = flat_bottom_t = None
+    n = G = flat = flat_t = flat_top = flat_bottom = flat_bottom_t = run = None
+    start = 0
     for lhs, sums in zip(left.transpose(1, 2).split(step, dim=1), grad_w.split(step), strict=True):
         if lhs.shape[1] != n:
             n = lhs.shape[1]
@@ -212,11 +215,14 @@ def _weight_gram(left: torch.Tensor, right: torch.Tensor, keep_rows: torch.Tenso
             flat = G.view(B, -1)
             flat_t, flat_top, flat_bottom = flat.t(), flat[:half], flat[half:]
             flat_bottom_t = flat_bottom.t()
+            run = chunk_kernel(acc, flat, grad_w) if kernel else None
         _products(lhs, right, dtype, out=G)
+        start += n
+        if run is not None:  # numba's one pass over the chunk: its Gram and Σ_j into its rows
+            run(start - n, start)
+            continue
         torch.mm(ones, flat, out=sums.view(1, -1))
-        if kernel:  # numba's one pass over the chunk
-            upper_gram_(acc, flat)
-        elif upper:  # two products: rows [0, half) against all, rows [half, B) against themselves
+        if upper:  # two products: rows [0, half) against all, rows [half, B) against themselves
             top.addmm_(flat_top, flat_t)
             bottom.addmm_(flat_bottom, flat_bottom_t)
         else:

@@ -253,11 +253,13 @@ class Sketcher:
         if not isinstance(rep.C, DenseFactor):
             raise TypeError("OuterRep.C must be dense to sketch")
         dtype = compute_dtype(rep.C.values)
-        a = _apply(plan.rows, rep.A, dtype)  # [B, T, k0]
         c = rep.C.values.to(dtype)
         if rep.bias:
             c = torch.cat([c, c.new_ones(*c.shape[:-1], 1)], dim=-1)
         c = plan.cols.dense(c)  # [B, T, k1]
+        if isinstance(rep.A, OneHotFactor) and plan.blocks == 1 and plan.rows.kind != "gauss":
+            return _token_rows(plan.rows, rep.A.tokens, c)
+        a = _apply(plan.rows, rep.A, dtype)  # [B, T, k0]
         return _blocks(a, c, plan.blocks)
 
     def fold(self, key: str, sketch: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -319,10 +321,27 @@ def _blocks(a: torch.Tensor, c: torch.Tensor, r: int) -> torch.Tensor:
     """Σ_t over positions of r Kronecker blocks a_tr c_trᵀ, [B, T, r·s] × [B, T, r·s'] -> [B, r·s·s'].
     Each side's entries are N(0, 1/(r·s)), so each block is scaled by √r to keep E‖Πg‖² = ‖g‖²."""
     B, T = a.shape[:2]
-    if r == 1:
-        return torch.einsum("bta,btc->bac", a, c).reshape(B, -1)
+    if r == 1:  # one batched product (einsum copied its operands first: 5.0 -> 3.3 ms on a
+        # 1,024-bucket × 256 head at B8 T64)
+        return torch.bmm(a.transpose(1, 2), c).reshape(B, -1)
     out = torch.einsum("btru,btrv->bruv", a.reshape(B, T, r, -1), c.reshape(B, T, r, -1))
     return out.reshape(B, -1) * math.sqrt(r)
+
+
+def _token_rows(rows: Projection, tokens: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``_blocks`` (r = 1) of an embedding's one-hot factor under a CountSketch or identity R: R's
+    row for token v has one entry (bucket, sign), so Σ_t R[v_t]ᵀ c_t adds each position's signed c_t
+    into its token's bucket: one index_add of B·T rows instead of a [B, T, k] one-hot and a
+    product over it (vocabulary 8,192 → 1,024 buckets × 256 at B8 T64: 4.0 -> 2.0 ms)."""
+    B, T, width = c.shape
+    if rows.kind == "identity":
+        bucket = tokens
+    else:
+        buckets, signs = rows._on(c.dtype, c.device)
+        bucket, c = buckets[tokens], c * signs[tokens].unsqueeze(-1)
+    where = bucket + torch.arange(B, device=c.device).unsqueeze(1) * rows.k
+    out = c.new_zeros(B * rows.k, width)
+    return out.index_add_(0, where.reshape(-1), c.reshape(B * T, width)).view(B, -1)
 
 
 def _side(n: int, k: int | None, kind: str, seed: int, key: str, side: str) -> Projection:
