@@ -129,3 +129,38 @@ def test_a_shared_scorer_gives_every_value_the_exposure_a_scorer_of_its_own_give
                 assert shared.bits == pytest.approx(alone.bits, rel=1e-12, abs=1e-12)
     assert methods == {"exact", "estimated"}  # both ends of the search compared
     assert per_value[0] > 0 and sum(per_value[1:4]) < per_value[0]  # the later values reuse the tree
+
+
+def test_a_formats_random_values_are_scored_once_per_prompt_and_exclude_the_value(tok, monkeypatch):
+    """Every value of one format after one prompt is compared with one random sample of the format
+    (drawn from the seed, not the value): scored once, each value's own entry left out, and its
+    estimate what the old per-value draw would compute from that same sample."""
+    from gnq_core.attacks import exposure as exposure_module
+
+    model = build_model("tiny", len(tok), 64, seed=7).eval()
+    prompt = tok("Note for Tom Okafor: the door PIN is", add_special_tokens=False)["input_ids"]
+    space = value_space("4821", "pin", set())  # 10,000 values
+    scorer = PromptScorer(model, prompt, 16)
+    scored: list[int] = []
+    real = PromptScorer.scores
+    monkeypatch.setattr(PromptScorer, "scores",
+                        lambda self, paths: scored.append(len(paths)) or real(self, paths))
+    rng = random.Random(5)
+    values = [space.random(rng) for _ in range(3)]
+    with torch.inference_mode():
+        samples = [exposure_module._sample(scorer, tok, ValueSpace(v, space.free), " ", 40, seed=9)
+                   for v in values]
+        drawn, all_scores = next(iter(scorer.samples.values()))
+        inside = drawn[3]  # a value that is in the sample: its own entry is the one left out
+        true_in, others_in = exposure_module._sample(scorer, tok, ValueSpace(inside, space.free), " ", 40,
+                                                     seed=9)
+    assert scored == [40, 1, 1, 1, 1]  # the sample once, then each value's own score
+    assert len(scorer.samples) == 1 and len(drawn) == len(set(drawn)) == 40
+    for _, others in samples:
+        assert len(others) == 39 and (others == all_scores[:39]).all()
+    assert true_in == pytest.approx(all_scores[3], rel=1e-12) and len(others_in) == 39
+    assert (others_in == all_scores[[i for i in range(40) if i != 3]]).all()
+    # another seed or another text between prompt and value: a sample of its own
+    with torch.inference_mode():
+        exposure_module._sample(scorer, tok, ValueSpace(values[0], space.free), " ", 40, seed=10)
+    assert len(scorer.samples) == 2

@@ -137,6 +137,9 @@ class PromptScorer:
         # next-token rows already computed, per kept column set: every value searched after this
         # prompt (its null values, the copies' one value) walks the same top of the tree
         self._memo: dict[tuple[int, ...], dict[tuple[int, ...], torch.Tensor]] = {}
+        # random values of a format and their scores, drawn once per (text between, format, seed):
+        # a value's copies and its format's never-trained values share one sample (``_sample``)
+        self.samples: dict[tuple, tuple[list[str], np.ndarray]] = {}
 
     def _forward(self, paths: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-softmax over every position, lengths) for right-padded ``paths`` (non-empty)."""
@@ -381,19 +384,27 @@ def _least_rank(true: float, others: np.ndarray, size: int) -> int:
 
 def _sample(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str, n_candidates: int,
             seed: int) -> tuple[float, np.ndarray]:
-    """(the value's score, those of ``n_candidates`` − 1 distinct random values of its space)."""
-    rng = random.Random(seed)
+    """(the value's score, those of ``n_candidates`` − 1 distinct random values of its space).
+
+    The random values depend on ``seed`` and the format alone, not on the value: every value of a
+    format probed after the same prompt (the null's never-trained values, a value's copies) is
+    compared with one sample, scored once per prompt.  Each is still a uniform sample of the other
+    values: the value itself is left out where it was drawn, else the last one drawn."""
     n = int(min(max(n_candidates, MIN_CANDIDATES), space.size - 1))
-    seen, others = {space.value}, []
-    while len(others) < n - 1:
-        v = space.random(rng)
-        if v not in seen:
-            seen.add(v)
-            others.append(v)
-    scores = scorer.scores([_tail(between, v, tokenizer) for v in [space.value, *others]])
-    if not np.isfinite(scores).all():
+    key = (between, space.template, space.check, n, seed)
+    if key not in scorer.samples:
+        rng = random.Random(seed)
+        drawn: dict[str, None] = {}  # distinct, in the order drawn
+        while len(drawn) < n:
+            drawn[space.random(rng)] = None
+        values = list(drawn)
+        scorer.samples[key] = values, scorer.scores([_tail(between, v, tokenizer) for v in values])
+    values, scores = scorer.samples[key]
+    others = np.delete(scores, values.index(space.value) if space.value in values else n - 1)
+    true = scorer.scores([_tail(between, space.value, tokenizer)])
+    if not (np.isfinite(others).all() and np.isfinite(true).all()):
         raise NonFinite("a log-likelihood is not finite")
-    return float(scores[0]), scores[1:]
+    return float(true[0]), others
 
 
 def estimate_bits(true: float, others: np.ndarray, ceiling: float) -> tuple[float, str]:

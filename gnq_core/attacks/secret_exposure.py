@@ -87,7 +87,7 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
         with evaluating(m):
             got = exposure(m, tokenizer, prompt, o.between, space, budget=settings.budget,
                            n_candidates=settings.n_candidates,
-                           seed=value_seed(settings.seed, o.kind, space.value),
+                           seed=value_seed(settings.seed, o.kind, space.template),  # one sample a format
                            batch_size=settings.batch_size, device=settings.device, scorer=scorers(m, prompt))
         if advance is not None:
             advance(1)
