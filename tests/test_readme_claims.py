@@ -64,6 +64,14 @@ def ck_real(outcome: str, signal: str, scope: str, key: str = "auc") -> str:
     return row_ci(r, key, "+.3f" if key == "gain" else ".2f")
 
 
+def ck_real_excess_kept(outcome: str, signal: str) -> str:
+    """How much of a signal's AUC excess over chance survives holding token length exactly fixed."""
+    rows = report("common-knowledge-real/results.json")["evidence"]
+    auc = {scope: one(rows, outcome=outcome, signal=signal, scope=scope)["auc"]
+           for scope in ("all", "exact length")}
+    return f"keeps {100 * (auc['exact length'] - 0.5) / (auc['all'] - 0.5):.0f}% of its excess over chance"
+
+
 def spearman(path: str, column: str) -> str:
     r = one(report(path)["spearman"], column=column)
     return row_ci(r, "rho")
@@ -73,6 +81,11 @@ def demo(run: str, positive: str, signal: str, scope: str, unit: str, key: str =
     r = one(report(f"demo/{run}.json")["tables"], positive=positive, signal=signal, scope=scope, unit=unit)
     assert not r["too_few"], r.get("note")
     return row_ci(r, key, "+.3f" if key == "cv_auc_gain" else ".2f")
+
+
+def demo_record_gain(positive: str, signal: str) -> str:
+    """A signal's post-hoc CV gain per record (copies collapsed) on the demo's audit run."""
+    return demo("demo-audit", positive, signal, "over length + loss", "records", "cv_auc_gain")
 
 
 def demo_records(run: str, positive: str) -> str:
@@ -149,12 +162,17 @@ CLAIMS: dict[str, Callable[[], str]] = {
     "demo canary records": lambda: f"{demo_count('demo-training', 'group = canary')} canary records",
     "demo common GNQ_last gain per record": lambda: demo("demo-audit", "group = common", "gnq_last",
                                                          "over length + loss", "records", "cv_auc_gain"),
+    "demo common K_jj gain per record": lambda: demo_record_gain("group = common", "self_influence_last"),
+    "demo surprising K_jj gain per record":
+        lambda: demo_record_gain("group = surprising", "self_influence_last"),
     "demo common records": lambda: f"{demo_count('demo-audit', 'group = common')} records",
     "demo surprising GNQ_last gain per record": lambda: demo("demo-audit", "group = surprising", "gnq_last",
                                                             "over length + loss", "records", "cv_auc_gain"),
     "demo surprising records": lambda: f"{demo_count('demo-audit', 'group = surprising')} records",
     "ck-real extraction GNQ_total": lambda: ck_real("extraction", "gnq_total", "all"),
     "ck-real extraction GNQ_total exact length": lambda: ck_real("extraction", "gnq_total", "exact length"),
+    "ck-real extraction GNQ_total excess kept within length":
+        lambda: ck_real_excess_kept("extraction", "gnq_total"),
     "ck-real extraction GNQ_total gain":
         lambda: ck_real("extraction", "gnq_total", "over length + loss", "gain"),
     "ck-real group GNQ_total": lambda: ck_real("group", "gnq_total", "all"),
