@@ -72,6 +72,24 @@ def ck_real_excess_kept(outcome: str, signal: str) -> str:
     return f"keeps {100 * (auc['exact length'] - 0.5) / (auc['all'] - 0.5):.0f}% of its excess over chance"
 
 
+def counterfactual(run: str, column: str, key: str = "partial") -> str:
+    """A signal's partial ρ or CV gain against counterfactual memorisation (``gnq study counterfactual``)."""
+    return row_ci(one(report(f"{run}/results.json")["signals"], column=column), key,
+                  "+.3f" if key == "gain" else ".3f")
+
+
+def counterfactual_verdict(run: str) -> str:
+    """The rule's verdict as the report's first line puts it in bold."""
+    return report(f"{run}/results.json")["verdict"].split("**")[1]
+
+
+def counterfactual_scale(run: str) -> tuple[str, str]:
+    """("N seeds", "P independent positive records") as the evidence page counts them."""
+    d = report(f"{run}/results.json")
+    positives = one(d["signals"], column="gnq")["positive records"]
+    return f"{len(d['seeds'])} seeds", f"{positives} independent positive records"
+
+
 def spearman(path: str, column: str) -> str:
     r = one(report(path)["spearman"], column=column)
     return row_ci(r, "rho")
@@ -182,6 +200,15 @@ CLAIMS: dict[str, Callable[[], str]] = {
     "ck-real group GNQ_last gain": lambda: ck_real("group", "gnq_last", "over length + loss", "gain"),
     "ck-real group loss": lambda: ck_real("group", "loss_last", "all"),
 }
+
+for _run in ("counterfactual-tiny",):
+    CLAIMS[f"{_run} verdict"] = lambda r=_run: f"**{counterfactual_verdict(r)}**"
+    for _column in ("gnq", "k_jj", "log_copies"):
+        CLAIMS[f"{_run} {_column} partial"] = lambda r=_run, c=_column: counterfactual(r, c)
+    for _column in ("gnq", "k_jj"):
+        CLAIMS[f"{_run} {_column} gain"] = lambda r=_run, c=_column: counterfactual(r, c, "gain")
+    CLAIMS[f"{_run} seeds"] = lambda r=_run: counterfactual_scale(r)[0]
+    CLAIMS[f"{_run} positives"] = lambda r=_run: counterfactual_scale(r)[1]
 
 for _c in ("16", "64", "256", "all"):
     CLAIMS[f"companions share c = {_c}"] = lambda c=_c: companions_share(c)
