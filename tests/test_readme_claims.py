@@ -87,7 +87,16 @@ def counterfactual_scale(run: str) -> tuple[str, str]:
     """("N seeds", "P independent positive records") as the evidence page counts them."""
     d = report(f"{run}/results.json")
     positives = one(d["signals"], column="gnq")["positive records"]
-    return f"{len(d['seeds'])} seeds", f"{positives} independent positive records"
+    seeds = len(d["seeds"])
+    return f"{seeds} seed{'s' if seeds > 1 else ''}", f"{positives} independent positive records"
+
+
+def counterfactual_cost(run: str) -> str:
+    """The measured wall time per half-trained model and the full specification's estimate."""
+    c = report(f"{run}/results.json")["cost"]
+    k8, k16 = c["estimated_hours_k8"], c["estimated_hours_k16"]
+    return (f"{c['per_model_seconds']:.0f} s of wall time per half-trained model; the full specification "
+            f"would take about {k8:.0f} hours at K = 8 and {k16:.0f} at K = 16")
 
 
 def spearman(path: str, column: str) -> str:
@@ -201,7 +210,8 @@ CLAIMS: dict[str, Callable[[], str]] = {
     "ck-real group loss": lambda: ck_real("group", "loss_last", "all"),
 }
 
-for _run in ("counterfactual-tiny",):
+CLAIMS["counterfactual cost"] = lambda: counterfactual_cost("counterfactual")
+for _run in ("counterfactual-tiny", "counterfactual"):
     CLAIMS[f"{_run} verdict"] = lambda r=_run: f"**{counterfactual_verdict(r)}**"
     for _column in ("gnq", "k_jj", "log_copies"):
         CLAIMS[f"{_run} {_column} partial"] = lambda r=_run, c=_column: counterfactual(r, c)

@@ -106,7 +106,8 @@ def test_measured_cost_per_model_and_rate():
     cost = cs.full_cost(meta)
     assert cost["seconds_per_token_trained"] == cs.measured_rate(meta)
     assert "this run's 1 seed" in cost["rate_source"] and cost["this_run_cpu_seconds"] == 900.0
-    assert cost["estimated_hours_k16"] > cost["estimated_hours_k8"] > 0
+    assert cost["estimated_hours_k16"] > cost["estimated_hours_k8"] > 0 and cost["cpu_share"] == 0.9
+    assert abs(cost["estimated_cpu_hours_k8"] - 0.9 * cost["estimated_hours_k8"]) < 1e-9
 
 
 def test_unknown_model_is_one_line_and_exit_one(tmp_path):

@@ -429,7 +429,8 @@ def full_cost(meta: list[dict], measured: Path | None = None) -> dict:
     tokens_all = FULL.base_texts * BASE_TOKENS + sum(FULL.records * m * RECORD_TOKENS for m in FULL.copies)
     rate, source = math.nan, "no SmolLM2 measurement found"
     measured = measured or Path(__file__).resolve().parents[2] / "reports" / "companions" / "results.json"
-    if meta and all(m["config"]["model"] == "smollm2" for m in meta):
+    own = bool(meta) and all(m["config"]["model"] == "smollm2" for m in meta)
+    if own:
         rate = measured_rate(meta)
         source = (f"this run's {len(meta)} seed(s) of SmolLM2 half-trained models, median "
                   f"{per_model_seconds(meta):.0f} s a model")
@@ -449,14 +450,19 @@ def full_cost(meta: list[dict], measured: Path | None = None) -> dict:
                     + exposure)
         return len(FULL.seeds) * per_seed * rate / 3600
 
+    # on a shared machine wall time overstates the work: CPU / wall rescales the estimate to one core
+    cpu = sum(m.get("cpu_seconds", math.nan) for m in meta)
+    wall = sum(m["seconds_total"] for m in meta)
+    share = cpu / wall if own and wall > 0 else math.nan
     return {"tokens_records": tokens_records, "tokens_all": tokens_all, "seconds_per_token_trained": rate,
+            "cpu_share": share, "estimated_cpu_hours_k8": hours(8) * share,
+            "estimated_cpu_hours_k16": hours(16) * share,
             "rate_source": source, "estimated_hours_k8": hours(8), "estimated_hours_k16": hours(16),
             "formula": ("seeds × ((K/2 + 1) × epochs × T_all + (K + 2) × T_records / 3 + T_all "
                         "+ planted × candidates × T_record / 3) × s_token"),
             "assumptions": (f"T_all, T_records: {BASE_TOKENS} tokens a base text, {RECORD_TOKENS} a planted "
                             "record"),
-            "this_run_seconds": sum(m["seconds_total"] for m in meta),
-            "this_run_cpu_seconds": sum(m.get("cpu_seconds", math.nan) for m in meta),
+            "this_run_seconds": wall, "this_run_cpu_seconds": cpu,
             "per_model_seconds": per_model_seconds(meta) if meta else math.nan}
 
 
@@ -558,6 +564,9 @@ Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
                     + pr.interval_method(cfg.resamples, 0, pr.LEVEL))
     spent = cost["this_run_cpu_seconds"]
     cpu = f" ({spent:.0f} s of CPU)" if math.isfinite(spent) else ""
+    one_core = (f" Scaled by this run's CPU / wall time ({cost['cpu_share']:.2f}) to one core of its own: "
+                f"{cost['estimated_cpu_hours_k8']:.0f} and {cost['estimated_cpu_hours_k16']:.0f} CPU hours."
+                if math.isfinite(cost["cpu_share"]) else "")
     load = ", ".join(f"{m['load_average']:.1f}" for m in meta if "load_average" in m) or "not recorded"
     r.text(f"""## Compute
 
@@ -569,7 +578,7 @@ a half-trained model (fine-tune and forward pass over every record) took a media
 {FULL.epochs} epochs, {FULL.max_length} tokens, exposure from {FULL.exposure_candidates} values): estimated
 {cost['estimated_hours_k8']:.0f} hours at K = 8 and {cost['estimated_hours_k16']:.0f} at K = 16 on this
 machine, by {cost['formula']} with s_token = {cost['seconds_per_token_trained']:.4f} s ({cost['rate_source']};
-{cost['assumptions']}).""")
+{cost['assumptions']}).{one_core}""")
     results = {"verdict": words, "rule": RULE.format(gain=cfg.min_gain, seeds=cfg.min_seeds,
                                                       records=cfg.min_records),
                "config": asdict(cfg), "seeds": done, "reduced": reduced, "signals": table,
