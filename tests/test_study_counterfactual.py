@@ -92,7 +92,7 @@ def test_a_reduced_run_says_what_it_reduced():
     cut = cs.reductions(replace(cs.FULL, base_texts=145, models=4, max_length=24, exposure_candidates=0,
                                 seeds=(0,)))
     assert cut == ["145 base texts instead of 1000", "24 tokens kept per text instead of 64",
-                   "K = 4 half-trained models instead of at least 8", "1 seed(s) instead of 3",
+                   "K = 4 half-trained models instead of at least 8", "1 seed instead of 3",
                    "no exposure of the planted values"]
     assert cs.reductions(cs.TINY)[0].startswith("model `tiny`") and cs.TINY.models == 8
 

@@ -373,8 +373,9 @@ def signal_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame
 def verdict(gnq: pd.Series, seeds: int, cfg: Config) -> str:
     """The rule (``RULE``) applied to GNQ's row of ``signal_rows``."""
     if seeds < cfg.min_seeds or gnq["positive records"] < cfg.min_records:
-        return (f"**Too few** to judge GNQ: {seeds} seed(s) and {gnq['positive records']} independent "
-                f"positive records (the rule needs {cfg.min_seeds} and {cfg.min_records}).")
+        return (f"**Too few** to judge GNQ: {seeds} seed{'s' if seeds > 1 else ''} and "
+                f"{gnq['positive records']} independent positive records (the rule needs {cfg.min_seeds} "
+                f"and {cfg.min_records}).")
     partial = gnq["partial lo"] > 0
     gain = gnq.get("gain", math.nan) >= cfg.min_gain and gnq.get("gain lo", math.nan) > 0
     if partial or gain:
@@ -471,13 +472,13 @@ def reductions(cfg: Config) -> list[str]:
     seeds, exposure): empty for a run of the full specification."""
     out = [] if cfg.model == "smollm2" else [f"model `{cfg.model}` (trained from scratch), not SmolLM2-135M"]
     for name, spec in (("base_texts", "base texts"), ("records", "planted records per copy count"),
-                       ("epochs", "epochs"), ("max_length", "tokens kept per text")):
+                       ("epochs", "epoch(s)"), ("max_length", "tokens kept per text")):
         if getattr(cfg, name) < getattr(FULL, name):
             out.append(f"{getattr(cfg, name)} {spec} instead of {getattr(FULL, name)}")
     if cfg.models < 8:
         out.append(f"K = {cfg.models} half-trained models instead of at least 8")
     if len(cfg.seeds) < cfg.min_seeds:
-        out.append(f"{len(cfg.seeds)} seed(s) instead of {cfg.min_seeds}")
+        out.append(f"{len(cfg.seeds)} seed{'s' if len(cfg.seeds) > 1 else ''} instead of {cfg.min_seeds}")
     if cfg.exposure_candidates < 2:
         out.append("no exposure of the planted values")
     elif cfg.exposure_candidates < FULL.exposure_candidates:
@@ -534,6 +535,11 @@ def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -
                "what the full specification would cost.")
     r.text("## The rule (fixed before the numbers)\n\n" + RULE.format(gain=cfg.min_gain, seeds=cfg.min_seeds,
                                                                        records=cfg.min_records))
+    exposure_words = ("Exposure of each planted value over its own space (every digit free), after the same "
+                      "prompt: the rank exact by the pruned search where it finishes, else estimated from "
+                      f"{cfg.exposure_candidates} random values (`pipelines.exposure`, as the audit's secret "
+                      "attack)." if cfg.exposure_candidates >= 2
+                      else "No exposure (`--exposure-candidates 0`).")
     n_base, n_planted = int((frames[0]["kind"] == "base").sum()), int((frames[0]["kind"] == "planted").sum())
     r.text(f"""## Setup
 
@@ -541,14 +547,12 @@ Per seed ({len(done)}: {", ".join(map(str, done))}): {n_base} deduplicated base 
 planted records ({cfg.records} at each of {", ".join(map(str, cfg.copies))} copies, each holding a
 random 4–6-digit value); model `{cfg.model}`. {cfg.models} models from the same initial weights, each
 fine-tuned on a random half of the records (copies together; complementary pairs, so each record is
-in {cfg.models // 2}); {cfg.epochs} epochs, batch {cfg.batch_size}, AdamW lr {cfg.lr:g}, max
-{cfg.max_length} tokens. Counterfactual memorisation = mean loss of the models without the record −
-mean loss of those with it. Signals from one more model trained on every record: GNQ per
+in {cfg.models // 2}); {cfg.epochs} epoch{"s" if cfg.epochs > 1 else ""}, batch {cfg.batch_size}, AdamW
+lr {cfg.lr:g}, max {cfg.max_length} tokens. Counterfactual memorisation = mean loss of the models
+without the record − mean loss of those with it. Signals from one more model trained on every record: GNQ per
 micro-batch (exact, post hoc at the final weights, λ = {cfg.lam:g}) and K_jj averaged over a
-record's copies, loss, loss ratio to the base model (none for a tiny model), Min-K%++, zlib
-ratio, copies, length. Exposure of each planted value over its own space (every digit free), after
-the same prompt: the rank exact by the pruned search where it finishes, else estimated from
-{cfg.exposure_candidates} random values (`pipelines.exposure`, as the audit's secret attack).
+record's copies, loss, loss ratio to the base model{" (none: a tiny model's base is random weights)"
+if cfg.model == "tiny" else ""}, Min-K%++, zlib ratio, copies, length. {exposure_words}
 Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
     r.table(by_copies, {"mean": ".4f", "median": ".4f", "mean exposure (bits)": ".2f"},
             caption="Counterfactual memorisation (loss out − loss in, nats per token) and the planted "
