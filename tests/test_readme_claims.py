@@ -214,7 +214,7 @@ CLAIMS: dict[str, Callable[[], str]] = {
 
 CLAIMS["counterfactual cost"] = lambda: counterfactual_cost("counterfactual")
 for _run, _partials, _gains in (("counterfactual-tiny", ("gnq", "k_jj", "log_copies"), ("gnq", "k_jj")),
-                                ("counterfactual", ("gnq", "k_jj", "log_copies"), ())):
+                                ("counterfactual", ("gnq", "k_jj", "log_copies"), ("gnq",))):
     CLAIMS[f"{_run} verdict"] = lambda r=_run: f"**{counterfactual_verdict(r)}**"
     for _column in _partials:
         CLAIMS[f"{_run} {_column} partial"] = lambda r=_run, c=_column: counterfactual(r, c)

@@ -402,20 +402,18 @@ BASE_TOKENS, RECORD_TOKENS = 55, 30  # assumed mean tokens of an AG News row (cu
 
 def per_model_seconds(meta: list[dict]) -> float:
     """Measured wall seconds per half-trained model (its fine-tune and its forward pass over every
-    record), the median over seeds."""
-    return float(np.median([m["seconds"]["half-trained models"] / m["config"]["models"] for m in meta]))
+    record), pooled over the seeds."""
+    return (sum(m["seconds"]["half-trained models"] for m in meta)
+            / sum(m["config"]["models"] for m in meta))
 
 
 def measured_rate(meta: list[dict]) -> float:
     """Seconds per trained token measured on this run's half-trained models: their wall time over
     K × (epochs × training tokens of a half + the records' tokens / 3), a forward token counted as
-    a third of a trained one; the median over seeds."""
-    rates = []
-    for m in meta:
-        c = m["config"]
-        work = c["models"] * (c["epochs"] * m["training_tokens_half"] + m["tokens"] / 3)
-        rates.append(m["seconds"]["half-trained models"] / work)
-    return float(np.median(rates))
+    a third of a trained one; pooled over the seeds (as the CPU / wall share that rescales it)."""
+    work = sum(m["config"]["models"] * (m["config"]["epochs"] * m["training_tokens_half"] + m["tokens"] / 3)
+               for m in meta)
+    return sum(m["seconds"]["half-trained models"] for m in meta) / work
 
 
 def full_cost(meta: list[dict], measured: Path | None = None) -> dict:
@@ -433,7 +431,7 @@ def full_cost(meta: list[dict], measured: Path | None = None) -> dict:
     own = bool(meta) and all(m["config"]["model"] == "smollm2" for m in meta)
     if own:
         rate = measured_rate(meta)
-        source = (f"this run's {len(meta)} seed(s) of SmolLM2 half-trained models, median "
+        source = (f"this run's {len(meta)} seed(s) of SmolLM2 half-trained models, "
                   f"{per_model_seconds(meta):.0f} s a model")
     elif measured.is_file():
         d = json.loads(measured.read_text(encoding="utf-8"))
@@ -576,8 +574,8 @@ Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
 
 This run: {cost['this_run_seconds']:.0f} s of wall time{cpu} on {machine("cpu")}, one torch
 thread on a machine shared with other jobs (load average at each seed's end: {load});
-a half-trained model (fine-tune and forward pass over every record) took a median
-{cost['per_model_seconds']:.0f} s of wall time. The study as specified (SmolLM2-135M,
+a half-trained model (fine-tune and forward pass over every record) took
+{cost['per_model_seconds']:.0f} s of wall time on average. The study as specified (SmolLM2-135M,
 {FULL.base_texts} base texts, {FULL.records * len(FULL.copies)} planted records, {len(FULL.seeds)} seeds,
 {FULL.epochs} epochs, {FULL.max_length} tokens, exposure from {FULL.exposure_candidates} values): estimated
 {cost['estimated_hours_k8']:.0f} hours at K = 8 and {cost['estimated_hours_k16']:.0f} at K = 16 on this
