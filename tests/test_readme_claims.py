@@ -64,6 +64,43 @@ def ck_real(outcome: str, signal: str, scope: str, key: str = "auc") -> str:
     return row_ci(r, key, "+.3f" if key == "gain" else ".2f")
 
 
+def ck_real_excess_kept(outcome: str, signal: str) -> str:
+    """How much of a signal's AUC excess over chance survives holding token length exactly fixed."""
+    rows = report("common-knowledge-real/results.json")["evidence"]
+    auc = {scope: one(rows, outcome=outcome, signal=signal, scope=scope)["auc"]
+           for scope in ("all", "exact length")}
+    return f"keeps {100 * (auc['exact length'] - 0.5) / (auc['all'] - 0.5):.0f}% of its excess over chance"
+
+
+def counterfactual(run: str, column: str, key: str = "partial") -> str:
+    """A signal's partial ρ or CV gain against counterfactual memorisation (``gnq study counterfactual``)."""
+    return row_ci(one(report(f"{run}/results.json")["signals"], column=column), key,
+                  "+.3f" if key == "gain" else ".3f")
+
+
+def counterfactual_verdict(run: str) -> str:
+    """The rule's verdict as the report's first line puts it in bold."""
+    return report(f"{run}/results.json")["verdict"].split("**")[1]
+
+
+def counterfactual_scale(run: str) -> tuple[str, str]:
+    """("N seeds", "P independent positive records") as the evidence page counts them."""
+    d = report(f"{run}/results.json")
+    positives = one(d["signals"], column="gnq")["positive records"]
+    seeds = len(d["seeds"])
+    return f"{seeds} seed{'s' if seeds > 1 else ''}", f"{positives} independent positive records"
+
+
+def counterfactual_cost(run: str) -> str:
+    """The measured wall time per half-trained model and the full specification's estimate."""
+    c = report(f"{run}/results.json")["cost"]
+    k8, k16 = c["estimated_hours_k8"], c["estimated_hours_k16"]
+    cpu8, cpu16 = c["estimated_cpu_hours_k8"], c["estimated_cpu_hours_k16"]
+    return (f"{c['per_model_seconds']:.0f} s of wall time per half-trained model; the full specification "
+            f"would take about {k8:.0f} hours at K = 8 and {k16:.0f} at K = 16 ({cpu8:.0f} and {cpu16:.0f} "
+            "CPU hours")
+
+
 def spearman(path: str, column: str) -> str:
     r = one(report(path)["spearman"], column=column)
     return row_ci(r, "rho")
@@ -73,6 +110,11 @@ def demo(run: str, positive: str, signal: str, scope: str, unit: str, key: str =
     r = one(report(f"demo/{run}.json")["tables"], positive=positive, signal=signal, scope=scope, unit=unit)
     assert not r["too_few"], r.get("note")
     return row_ci(r, key, "+.3f" if key == "cv_auc_gain" else ".2f")
+
+
+def demo_record_gain(positive: str, signal: str) -> str:
+    """A signal's post-hoc CV gain per record (copies collapsed) on the demo's audit run."""
+    return demo("demo-audit", positive, signal, "over length + loss", "records", "cv_auc_gain")
 
 
 def demo_records(run: str, positive: str) -> str:
@@ -149,12 +191,17 @@ CLAIMS: dict[str, Callable[[], str]] = {
     "demo canary records": lambda: f"{demo_count('demo-training', 'group = canary')} canary records",
     "demo common GNQ_last gain per record": lambda: demo("demo-audit", "group = common", "gnq_last",
                                                          "over length + loss", "records", "cv_auc_gain"),
+    "demo common K_jj gain per record": lambda: demo_record_gain("group = common", "self_influence_last"),
+    "demo surprising K_jj gain per record":
+        lambda: demo_record_gain("group = surprising", "self_influence_last"),
     "demo common records": lambda: f"{demo_count('demo-audit', 'group = common')} records",
     "demo surprising GNQ_last gain per record": lambda: demo("demo-audit", "group = surprising", "gnq_last",
                                                             "over length + loss", "records", "cv_auc_gain"),
     "demo surprising records": lambda: f"{demo_count('demo-audit', 'group = surprising')} records",
     "ck-real extraction GNQ_total": lambda: ck_real("extraction", "gnq_total", "all"),
     "ck-real extraction GNQ_total exact length": lambda: ck_real("extraction", "gnq_total", "exact length"),
+    "ck-real extraction GNQ_total excess kept within length":
+        lambda: ck_real_excess_kept("extraction", "gnq_total"),
     "ck-real extraction GNQ_total gain":
         lambda: ck_real("extraction", "gnq_total", "over length + loss", "gain"),
     "ck-real group GNQ_total": lambda: ck_real("group", "gnq_total", "all"),
@@ -164,6 +211,17 @@ CLAIMS: dict[str, Callable[[], str]] = {
     "ck-real group GNQ_last gain": lambda: ck_real("group", "gnq_last", "over length + loss", "gain"),
     "ck-real group loss": lambda: ck_real("group", "loss_last", "all"),
 }
+
+CLAIMS["counterfactual cost"] = lambda: counterfactual_cost("counterfactual")
+for _run, _partials, _gains in (("counterfactual-tiny", ("gnq", "k_jj", "log_copies"), ("gnq", "k_jj")),
+                                ("counterfactual", ("gnq", "k_jj", "log_copies"), ("gnq",))):
+    CLAIMS[f"{_run} verdict"] = lambda r=_run: f"**{counterfactual_verdict(r)}**"
+    for _column in _partials:
+        CLAIMS[f"{_run} {_column} partial"] = lambda r=_run, c=_column: counterfactual(r, c)
+    for _column in _gains:
+        CLAIMS[f"{_run} {_column} gain"] = lambda r=_run, c=_column: counterfactual(r, c, "gain")
+    CLAIMS[f"{_run} seeds"] = lambda r=_run: counterfactual_scale(r)[0]
+    CLAIMS[f"{_run} positives"] = lambda r=_run: counterfactual_scale(r)[1]
 
 for _c in ("16", "64", "256", "all"):
     CLAIMS[f"companions share c = {_c}"] = lambda c=_c: companions_share(c)

@@ -6,6 +6,7 @@ covers 0; the CV gain's base can hold K_jj."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -83,4 +84,34 @@ def test_odd_model_count_is_one_line_and_exit_one(tmp_path):
     result = CliRunner().invoke(app, ["study", "counterfactual", "--quick", "--models", "3",
                                       "--db", str(tmp_path / "s.duckdb"), "--work", str(tmp_path / "w")])
     assert result.exit_code == 1 and "--models must be even" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "w").exists()
+
+
+def test_a_reduced_run_says_what_it_reduced():
+    assert cs.reductions(cs.FULL) == []
+    cut = cs.reductions(replace(cs.FULL, base_texts=145, models=4, max_length=24, exposure_candidates=0,
+                                seeds=(0,)))
+    assert cut == ["145 base texts instead of 1000", "24 tokens kept per text instead of 64",
+                   "K = 4 half-trained models instead of at least 8", "1 seed instead of 3",
+                   "no exposure of the planted values"]
+    assert cs.reductions(cs.TINY)[0].startswith("model `tiny`") and cs.TINY.models == 8
+
+
+def test_measured_cost_per_model_and_rate():
+    meta = [{"config": {"models": 8, "epochs": 1, "model": "smollm2"},
+             "seconds": {"half-trained models": 800.0}, "training_tokens_half": 2000, "tokens": 3000,
+             "seconds_total": 1000.0, "cpu_seconds": 900.0}]
+    assert cs.per_model_seconds(meta) == 100.0
+    assert cs.measured_rate(meta) == 800.0 / (8 * (2000 + 1000))
+    cost = cs.full_cost(meta)
+    assert cost["seconds_per_token_trained"] == cs.measured_rate(meta)
+    assert "this run's 1 seed" in cost["rate_source"] and cost["this_run_cpu_seconds"] == 900.0
+    assert cost["estimated_hours_k16"] > cost["estimated_hours_k8"] > 0 and cost["cpu_share"] == 0.9
+    assert abs(cost["estimated_cpu_hours_k8"] - 0.9 * cost["estimated_hours_k8"]) < 1e-9
+
+
+def test_unknown_model_is_one_line_and_exit_one(tmp_path):
+    result = CliRunner().invoke(app, ["study", "counterfactual", "--model", "gpt9",
+                                      "--db", str(tmp_path / "s.duckdb"), "--work", str(tmp_path / "w")])
+    assert result.exit_code == 1 and "--model must be smollm2 or tiny" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "w").exists()

@@ -235,6 +235,16 @@ def study_counterfactual(
                                      "--quick)."),
     base_texts: int = typer.Option(None, min=2, show_default=False,
                                    help="Deduplicated base texts (default 1000, 40 with --quick)."),
+    epochs: int = typer.Option(None, min=1, show_default=False,
+                               help="Fine-tuning epochs of every model (default 2, 6 with --quick)."),
+    max_length: int = typer.Option(None, min=8, show_default=False,
+                                   help="Tokens kept per text (default 64, 96 with --quick)."),
+    exposure_candidates: int = typer.Option(None, min=0, show_default=False,
+                                            help="Random values each planted value is ranked among; 0 "
+                                                 "skips exposure (default 200, 100 with --quick)."),
+    model: str = typer.Option(None, show_default=False,
+                              help="smollm2 (default: the cached SmolLM2-135M) or tiny (a small Llama "
+                                   "trained from scratch, 8 models; --quick always uses tiny)."),
     data_dir: Path = DataDirOption, reports: Path = ReportsOption, work: Path = WorkOption,
     tag: str = TagOption, device: str = DeviceOption, threads: int = ThreadsOption, quiet: bool = QuietOption,
 ) -> None:
@@ -246,7 +256,8 @@ def study_counterfactual(
         seed_list = [int(s) for s in seeds.split(",")] if seeds else None
     except ValueError:
         raise ValueError(f"--seeds must be whole numbers separated by commas, got {seeds!r}") from None
-    options = dict(seeds=seed_list, models=models, records=records, base_texts=base_texts)
+    options = dict(seeds=seed_list, models=models, records=records, base_texts=base_texts, epochs=epochs,
+                   max_length=max_length, exposure_candidates=exposure_candidates, model=model)
     shown = {k: v for k, v in options.items() if k != "seeds"} | ({"seeds": seeds} if seeds else {})
     log = (lambda _m: None) if quiet else (lambda m: typer.echo(m, err=True))
     _study("counterfactual", counterfactual_study.run, db, quick, data_dir, reports, work, tag, 0, device,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from dataclasses import asdict, dataclass, replace
@@ -103,10 +104,17 @@ QUICK = Config(model="tiny", base_texts=40, records=6, models=4, max_length=96, 
                epochs=6, lam=1e-2, seeds=(0, 1, 2), resamples=200, dtype="float64", exposure_candidates=100)
 FULL = Config(model="smollm2", base_texts=1000, records=25, models=16, max_length=64, batch_size=8, lr=2e-4,
               epochs=2, lam=1e-2)
+# The full sizes on the tiny model trained from scratch (the quick mode's learning rate and epochs):
+# a setting where the rule can be judged on a CPU, not a stand-in for SmolLM2.
+TINY = replace(FULL, model="tiny", models=8, lr=QUICK.lr, epochs=QUICK.epochs)
+MODELS = {"smollm2": FULL, "tiny": TINY}
 
 
-def config(ctx: StudyContext, **overrides) -> Config:
-    cfg = replace(QUICK if ctx.quick else FULL, **{k: v for k, v in overrides.items() if v is not None})
+def config(ctx: StudyContext, model: str | None = None, **overrides) -> Config:
+    if model is not None and model not in MODELS:
+        raise ValueError(f"--model must be {' or '.join(MODELS)}, not {model!r}")
+    preset = QUICK if ctx.quick else MODELS[model or "smollm2"]
+    cfg = replace(preset, **{k: v for k, v in overrides.items() if v is not None})
     if cfg.models < 2 or cfg.models % 2:
         raise ValueError(f"--models must be even and at least 2 (complementary halves), not {cfg.models}")
     return cfg
@@ -241,7 +249,7 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
     if (folder / "meta.json").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    t0, seconds = time.perf_counter(), {}
+    t0, cpu0, seconds = time.perf_counter(), time.process_time(), {}
     frame = study_records(base_corpus(ctx), cfg, seed)
     model, tok = load_model(cfg, frame["text"].tolist(), seed)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -295,7 +303,8 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
         seconds["exposure"] = time.perf_counter() - t
     frame.to_csv(folder / "records.csv", index=False)
     meta = {"seed": seed, "config": asdict(cfg), "seconds": seconds,
-            "seconds_total": time.perf_counter() - t0,
+            "seconds_total": time.perf_counter() - t0, "cpu_seconds": time.process_time() - cpu0,
+            "load_average": os.getloadavg()[0],  # on a shared machine, wall time depends on it
             "training_tokens_half": int(np.mean([sum(len(ids[r]) for r in expanded(s, copies))
                                                  for s in subsets])),
             "training_tokens_all": int(sum(len(ids[r]) for r in everything)),
@@ -364,8 +373,9 @@ def signal_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame
 def verdict(gnq: pd.Series, seeds: int, cfg: Config) -> str:
     """The rule (``RULE``) applied to GNQ's row of ``signal_rows``."""
     if seeds < cfg.min_seeds or gnq["positive records"] < cfg.min_records:
-        return (f"**Too few** to judge GNQ: {seeds} seed(s) and {gnq['positive records']} independent "
-                f"positive records (the rule needs {cfg.min_seeds} and {cfg.min_records}).")
+        return (f"**Too few** to judge GNQ: {seeds} seed{'s' if seeds > 1 else ''} and "
+                f"{gnq['positive records']} independent positive records (the rule needs {cfg.min_seeds} "
+                f"and {cfg.min_records}).")
     partial = gnq["partial lo"] > 0
     gain = gnq.get("gain", math.nan) >= cfg.min_gain and gnq.get("gain lo", math.nan) > 0
     if partial or gain:
@@ -390,18 +400,40 @@ def mean_by_copies(frames: list[pd.DataFrame]) -> pd.DataFrame:
 BASE_TOKENS, RECORD_TOKENS = 55, 30  # assumed mean tokens of an AG News row (cut at 64) and a planted record
 
 
+def per_model_seconds(meta: list[dict]) -> float:
+    """Measured wall seconds per half-trained model (its fine-tune and its forward pass over every
+    record), pooled over the seeds."""
+    return (sum(m["seconds"]["half-trained models"] for m in meta)
+            / sum(m["config"]["models"] for m in meta))
+
+
+def measured_rate(meta: list[dict]) -> float:
+    """Seconds per trained token measured on this run's half-trained models: their wall time over
+    K × (epochs × training tokens of a half + the records' tokens / 3), a forward token counted as
+    a third of a trained one; pooled over the seeds (as the CPU / wall share that rescales it)."""
+    work = sum(m["config"]["models"] * (m["config"]["epochs"] * m["training_tokens_half"] + m["tokens"] / 3)
+               for m in meta)
+    return sum(m["seconds"]["half-trained models"] for m in meta) / work
+
+
 def full_cost(meta: list[dict], measured: Path | None = None) -> dict:
-    """The full configuration's estimated CPU time at K = 8 and 16: per seed, (K/2 + 1) trainings'
-    worth of tokens (K models on half the records, one on all) × epochs at the SmolLM2 fine-tune
-    rate this machine measured (the companions study's results.json: its fine-tune seconds over its
-    training tokens), plus K + 1 forward passes over the records at a third of that rate per token,
-    one exact micro-batch audit at about one training step per token, and the exposure's forward
-    passes over every planted value's candidates."""
+    """The full configuration's estimated time on this machine at K = 8 and 16: per seed, (K/2 + 1)
+    trainings' worth of tokens (K models on half the records, one on all) × epochs, plus K + 2
+    forward passes over the records (the K models, the full one, the base model) at a third of a
+    trained token each, one exact micro-batch audit at about one trained token per token, and the
+    exposure's forward passes over every planted value's candidates.  The seconds per trained
+    token: this run's own half-trained models where they were SmolLM2 (``measured_rate``), else
+    the companions study's SmolLM2 fine-tune (its results.json)."""
     tokens_records = FULL.base_texts * BASE_TOKENS + FULL.records * len(FULL.copies) * RECORD_TOKENS
     tokens_all = FULL.base_texts * BASE_TOKENS + sum(FULL.records * m * RECORD_TOKENS for m in FULL.copies)
     rate, source = math.nan, "no SmolLM2 measurement found"
     measured = measured or Path(__file__).resolve().parents[2] / "reports" / "companions" / "results.json"
-    if measured.is_file():
+    own = bool(meta) and all(m["config"]["model"] == "smollm2" for m in meta)
+    if own:
+        rate = measured_rate(meta)
+        source = (f"this run's {len(meta)} seed(s) of SmolLM2 half-trained models, "
+                  f"{per_model_seconds(meta):.0f} s a model")
+    elif measured.is_file():
         d = json.loads(measured.read_text(encoding="utf-8"))
         c = d["config"]
         trained = (c["members"] + c["records"] * c["copies"]) * c["max_length"] * c["epochs"]
@@ -413,17 +445,43 @@ def full_cost(meta: list[dict], measured: Path | None = None) -> dict:
     exposure = FULL.records * len(FULL.copies) * FULL.exposure_candidates * RECORD_TOKENS / 3
 
     def hours(k: int) -> float:
-        per_seed = ((k / 2 + 1) * FULL.epochs * tokens_all + (k + 1) * tokens_records / 3 + tokens_all
+        per_seed = ((k / 2 + 1) * FULL.epochs * tokens_all + (k + 2) * tokens_records / 3 + tokens_all
                     + exposure)
         return len(FULL.seeds) * per_seed * rate / 3600
 
+    # on a shared machine wall time overstates the work: CPU / wall rescales the estimate to one core
+    cpu = sum(m.get("cpu_seconds", math.nan) for m in meta)
+    wall = sum(m["seconds_total"] for m in meta)
+    share = cpu / wall if own and wall > 0 else math.nan
     return {"tokens_records": tokens_records, "tokens_all": tokens_all, "seconds_per_token_trained": rate,
+            "cpu_share": share, "estimated_cpu_hours_k8": hours(8) * share,
+            "estimated_cpu_hours_k16": hours(16) * share,
             "rate_source": source, "estimated_hours_k8": hours(8), "estimated_hours_k16": hours(16),
-            "formula": ("seeds × ((K/2 + 1) × epochs × T_all + (K + 1) × T_records / 3 + T_all "
+            "formula": ("seeds × ((K/2 + 1) × epochs × T_all + (K + 2) × T_records / 3 + T_all "
                         "+ planted × candidates × T_record / 3) × s_token"),
             "assumptions": (f"T_all, T_records: {BASE_TOKENS} tokens a base text, {RECORD_TOKENS} a planted "
                             "record"),
-            "this_run_seconds": sum(m["seconds_total"] for m in meta)}
+            "this_run_seconds": wall, "this_run_cpu_seconds": cpu,
+            "per_model_seconds": per_model_seconds(meta) if meta else math.nan}
+
+
+def reductions(cfg: Config) -> list[str]:
+    """How this run departs from the study as specified (SmolLM2-135M, FULL's sizes, K ≥ 8, 3
+    seeds, exposure): empty for a run of the full specification."""
+    out = [] if cfg.model == "smollm2" else [f"model `{cfg.model}` (trained from scratch), not SmolLM2-135M"]
+    for name, spec in (("base_texts", "base texts"), ("records", "planted records per copy count"),
+                       ("epochs", "epoch(s)"), ("max_length", "tokens kept per text")):
+        if getattr(cfg, name) < getattr(FULL, name):
+            out.append(f"{getattr(cfg, name)} {spec} instead of {getattr(FULL, name)}")
+    if cfg.models < 8:
+        out.append(f"K = {cfg.models} half-trained models instead of at least 8")
+    if len(cfg.seeds) < cfg.min_seeds:
+        out.append(f"{len(cfg.seeds)} seed{'s' if len(cfg.seeds) > 1 else ''} instead of {cfg.min_seeds}")
+    if cfg.exposure_candidates < 2:
+        out.append("no exposure of the planted values")
+    elif cfg.exposure_candidates < FULL.exposure_candidates:
+        out.append(f"exposure from {cfg.exposure_candidates} random values, not {FULL.exposure_candidates}")
+    return out
 
 
 # ----------------------------------------------------------------------------------------- report
@@ -432,10 +490,13 @@ def finished_seeds(work: Path) -> list[int]:
 
 
 def run(ctx: StudyContext, models: int | None = None, records: int | None = None,
-        base_texts: int | None = None, seeds: list[int] | None = None, log=print) -> Path:
+        base_texts: int | None = None, seeds: list[int] | None = None, epochs: int | None = None,
+        max_length: int | None = None, exposure_candidates: int | None = None, model: str | None = None,
+        log=print) -> Path:
     """Build the seeds not finished yet (each resumes), then write the report from all of them."""
-    cfg = config(ctx, models=models, records=records, base_texts=base_texts,
-                 seeds=tuple(seeds) if seeds else None)
+    cfg = config(ctx, model=model, models=models, records=records, base_texts=base_texts,
+                 seeds=tuple(seeds) if seeds else None, epochs=epochs, max_length=max_length,
+                 exposure_candidates=exposure_candidates)
     work = ctx.work_dir(STUDY)
     timings = Timings(work)
     for seed in cfg.seeds:
@@ -466,8 +527,17 @@ def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -
     timings.data = {f"seed {m['seed']}: {k}": v for m in meta for k, v in m["seconds"].items()}
     r = rep.Report(ctx.report_dir(STUDY), "Counterfactual memorisation: the ground truth for every signal")
     r.text(words)
+    reduced = reductions(replace(cfg, seeds=tuple(done)))
+    if reduced:
+        r.text("**A reduced run, not the study as specified**: " + "; ".join(reduced) + ". See Compute for "
+               "what the full specification would cost.")
     r.text("## The rule (fixed before the numbers)\n\n" + RULE.format(gain=cfg.min_gain, seeds=cfg.min_seeds,
                                                                        records=cfg.min_records))
+    exposure_words = ("Exposure of each planted value over its own space (every digit free), after the same "
+                      "prompt: the rank exact by the pruned search where it finishes, else estimated from "
+                      f"{cfg.exposure_candidates} random values (`attacks.exposure`, as the audit's secret "
+                      "attack)." if cfg.exposure_candidates >= 2
+                      else "No exposure (`--exposure-candidates 0`).")
     n_base, n_planted = int((frames[0]["kind"] == "base").sum()), int((frames[0]["kind"] == "planted").sum())
     r.text(f"""## Setup
 
@@ -475,14 +545,12 @@ Per seed ({len(done)}: {", ".join(map(str, done))}): {n_base} deduplicated base 
 planted records ({cfg.records} at each of {", ".join(map(str, cfg.copies))} copies, each holding a
 random 4–6-digit value); model `{cfg.model}`. {cfg.models} models from the same initial weights, each
 fine-tuned on a random half of the records (copies together; complementary pairs, so each record is
-in {cfg.models // 2}); {cfg.epochs} epochs, batch {cfg.batch_size}, AdamW lr {cfg.lr:g}, max
-{cfg.max_length} tokens. Counterfactual memorisation = mean loss of the models without the record −
-mean loss of those with it. Signals from one more model trained on every record: GNQ per
+in {cfg.models // 2}); {cfg.epochs} epoch{"s" if cfg.epochs > 1 else ""}, batch {cfg.batch_size}, AdamW
+lr {cfg.lr:g}, max {cfg.max_length} tokens. Counterfactual memorisation = mean loss of the models
+without the record − mean loss of those with it. Signals from one more model trained on every record: GNQ per
 micro-batch (exact, post hoc at the final weights, λ = {cfg.lam:g}) and K_jj averaged over a
-record's copies, loss, loss ratio to the base model (none for a tiny model), Min-K%++, zlib
-ratio, copies, length. Exposure of each planted value over its own space (every digit free), after
-the same prompt: the rank exact by the pruned search where it finishes, else estimated from
-{cfg.exposure_candidates} random values (`attacks.exposure`, as the audit's secret attack).
+record's copies, loss, loss ratio to the base model{" (none: a tiny model's base is random weights)"
+if cfg.model == "tiny" else ""}, Min-K%++, zlib ratio, copies, length. {exposure_words}
 Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
     r.table(by_copies, {"mean": ".4f", "median": ".4f", "mean exposure (bits)": ".2f"},
             caption="Counterfactual memorisation (loss out − loss in, nats per token) and the planted "
@@ -496,15 +564,26 @@ Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
                     "copies and K_jj (less the signal itself). CV gain: out-of-fold AUC for the top decile "
                     "over length spline + loss + log copies + K_jj (less the signal itself). "
                     + pr.interval_method(cfg.resamples, 0, pr.LEVEL))
+    spent = cost["this_run_cpu_seconds"]
+    cpu = f" ({spent:.0f} s of CPU)" if math.isfinite(spent) else ""
+    one_core = (f" Scaled by this run's CPU / wall time ({cost['cpu_share']:.2f}) to one core of its own: "
+                f"{cost['estimated_cpu_hours_k8']:.0f} and {cost['estimated_cpu_hours_k16']:.0f} CPU hours."
+                if math.isfinite(cost["cpu_share"]) else "")
+    load = ", ".join(f"{m['load_average']:.1f}" for m in meta if "load_average" in m) or "not recorded"
     r.text(f"""## Compute
 
-This run: {cost['this_run_seconds']:.0f} s on {machine("cpu")}. Full configuration (SmolLM2-135M,
+This run: {cost['this_run_seconds']:.0f} s of wall time{cpu} on {machine("cpu")}, one torch
+thread on a machine shared with other jobs (load average at each seed's end: {load});
+a half-trained model (fine-tune and forward pass over every record) took
+{cost['per_model_seconds']:.0f} s of wall time on average. The study as specified (SmolLM2-135M,
 {FULL.base_texts} base texts, {FULL.records * len(FULL.copies)} planted records, {len(FULL.seeds)} seeds,
-{FULL.epochs} epochs), not run here: estimated {cost['estimated_hours_k8']:.0f} CPU hours at K = 8 and
-{cost['estimated_hours_k16']:.0f} at K = 16 on this machine, by {cost['formula']} with s_token =
-{cost['seconds_per_token_trained']:.4f} s ({cost['rate_source']}; {cost['assumptions']}).""")
+{FULL.epochs} epochs, {FULL.max_length} tokens, exposure from {FULL.exposure_candidates} values): estimated
+{cost['estimated_hours_k8']:.0f} hours at K = 8 and {cost['estimated_hours_k16']:.0f} at K = 16 on this
+machine, by {cost['formula']} with s_token = {cost['seconds_per_token_trained']:.4f} s ({cost['rate_source']};
+{cost['assumptions']}).{one_core}""")
     results = {"verdict": words, "rule": RULE.format(gain=cfg.min_gain, seeds=cfg.min_seeds,
                                                       records=cfg.min_records),
-               "config": asdict(cfg), "seeds": done, "signals": table, "by_copies": by_copies,
+               "config": asdict(cfg), "seeds": done, "reduced": reduced, "signals": table,
+               "by_copies": by_copies,
                "cost": cost, "command": ctx.command, "seed_meta": meta}
     return r.write(results, command=ctx.command, timings=timings, device=ctx.device)
