@@ -80,7 +80,7 @@ class Probe:
     audit_batch_s: float  # one audit batch of Work.batch_size texts
     decode_s: float  # one attack batch of prompts greedy-decoded
     forward_s: float  # one attack batch of texts scored (a forward pass)
-    exposure_s: float | None  # one never-trained value's exposure (None: no secret value to try)
+    exposure_s: float | None  # one of the run's values' exposure (None: no secret value to try)
     threads: int
     model: str  # what was measured, said in the basis
     audit_fixed_s: float = 0.0  # once per checkpoint's audit (its hooks and buffers), besides its batches
@@ -140,7 +140,7 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
         lines.append(Line("exposure", "secret values' exposure (with the null)", first + null, SECRET_VALUES,
                           first * each + null * shared,
                           f"{work.distinct_values} distinct value(s) × {models} model(s), each {each:.2f} s "
-                          f"(a never-trained value after a prompt of its own), + {work.formats} format(s) "
+                          f"(the run's own values, after their prompts), + {work.formats} format(s) "
                           f"× {NULL_VALUES} never-trained values after their format's prompts, each "
                           f"{shared:.2f} s (the prompt's search already done); measured in turn per format "
                           "(a memorised value is ranked faster; a value whose search resumes to the full "
@@ -259,6 +259,10 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
             one, three = audit([0]), audit([0, 1, 2])
             audit_batch_s = max((three - one) / 2, three / 6)  # a noisy difference: at least half the mean
             audit_fixed_s = max(0.0, one - audit_batch_s)
+        elif len(partition) > 1:
+            # the process's first batch also compiles the CPU Gram kernel and sizes the buffers, once
+            # per job and not per batch: the next batch is what each of the others costs
+            audit_batch_s = min(audit_batch_s, audit([1]))
         decode_s = forward_s = 0.0
         exposure_s = shared_s = None
         if attack:
@@ -286,20 +290,22 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                        shared_s)
 
 
-EXPOSURE_VALUES = 16  # never-trained values timed at most, cycling over the formats (their mean is used)
+EXPOSURE_VALUES = 16  # values timed at most, cycling over the formats (their mean is used)
 EXPOSURE_PROBE_S = 10.0  # no further value is timed once the probe's exposures took this long
 WARM_UP_S = 2.0  # a first call quicker than this is timed again (it paid one-time costs)
 
 
 def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: int, budget: int,
                       n_candidates: int, batch_size: int, device=None) -> tuple[float, float]:
-    """Mean seconds of a never-trained value's exposure after a prompt of its own, and of one
-    after a prompt whose scorer an earlier value already used (as the null's values share their
-    format's prompts, attacks.exposure.Scorers): values drawn in pairs, a format's in turn, after
-    one of its values' prompts, up to EXPOSURE_VALUES within EXPOSURE_PROBE_S (one pair at least;
-    a first value quicker than WARM_UP_S is timed again), after the vocabulary's strings are built
-    (once per tokenizer).  A value's
-    cost varies several-fold with how far its search goes, hence several."""
+    """Mean seconds of one of the run's values' exposure after its own prompt, and of a
+    never-trained value's after that prompt once its scorer has been used (as the null's values
+    share their format's prompts, attacks.exposure.Scorers): pairs, a format's in turn, up to
+    EXPOSURE_VALUES within EXPOSURE_PROBE_S (one pair at least; a first value quicker than
+    WARM_UP_S is timed again), after the vocabulary's strings are built (once per tokenizer).  The
+    run's own values, not never-trained ones, come first: a value the model has partly learned is
+    searched deeper before its rank is known or estimated (several times a never-trained value's
+    cost on a fine-tuned model), and a value's cost varies several-fold with how far its search
+    goes, hence several."""
     from gnq_core.attacks.exposure import Scorers, ValueSpace, exposure, token_strings
     from gnq_core.attacks.forward import evaluating
 
@@ -310,12 +316,12 @@ def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: i
     order = [members[i % len(members)] for i in range(EXPOSURE_VALUES) for members in per_format.values()]
     rng = random.Random(seed)
 
-    def once(t, space, scorers) -> float:
+    def once(t, space, scorers, own: bool = False) -> float:
         drawn = (space.random(rng) for _ in range(100))
-        other = next((v for v in drawn if v != space.value), space.value)
+        value = space.value if own else next((v for v in drawn if v != space.value), space.value)
         t0 = time.perf_counter()
         exposure(model, tok, t.prompt_ids, texts[t.example_id][t.prompt_chars: t.value_start],
-                 ValueSpace(other, space.free, space.check), budget=budget, n_candidates=n_candidates,
+                 ValueSpace(value, space.free, space.check), budget=budget, n_candidates=n_candidates,
                  seed=seed, batch_size=batch_size, device=device, scorer=scorers(model, t.prompt_ids))
         _sync(device)
         return time.perf_counter() - t0
@@ -324,12 +330,12 @@ def _exposure_seconds(model, tok, texts: Sequence[str], spaces: dict, *, seed: i
     shared: list[float] = []
     with evaluating(model):
         if once(*order[0], Scorers(batch_size, device)) >= WARM_UP_S:  # else timed again (one-time costs)
-            order = order[1:]
+            order = order[1:] or order
         for t, space in order[: EXPOSURE_VALUES // 2]:
             if fresh and sum(fresh) + sum(shared) > EXPOSURE_PROBE_S:
                 break
             scorers = Scorers(batch_size, device)
-            fresh.append(once(t, space, scorers))
+            fresh.append(once(t, space, scorers, own=True))
             shared.append(once(t, space, scorers))
     return sum(fresh) / len(fresh), sum(shared) / len(shared)
 
