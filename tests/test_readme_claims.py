@@ -162,6 +162,25 @@ def companions_error(k: int) -> str:
     return f"{100 * median:.1f}%"
 
 
+@cache
+def benchmark(name: str) -> dict:
+    return json.loads((ROOT / "benchmarks" / "results" / name).read_text(encoding="utf-8"))
+
+
+def sketch_at_scale(variant: str, c: int | str, key: str | None = None,
+                    result: str = "sketch_error-companions-cpu.json") -> str:
+    """The companions sketch error against exact GNQ at c = 256 and all
+    (``benchmarks/sketch_error_companions.py``): "median% (p95%, Spearman)", or one number
+    (``key``; ``gnq_rel_median``: as a percentage)."""
+    r = one(benchmark(result)["summary"], variant=variant, c=c)
+    assert r["gnq_signed_rel_median"] < 0, "the page says sketched GNQ runs low (the share high)"
+    if key == "gnq_rel_median":
+        return f"{100 * r[key]:.1f}%"
+    if key is not None:
+        return f"{r[key]:.3f}"
+    return f"{100 * r['gnq_rel_median']:.1f}% ({100 * r['gnq_rel_p95']:.1f}%, {r['spearman']:.3f})"
+
+
 CLAIMS: dict[str, Callable[[], str]] = {
     "real-model λ·GNQ/K_jj median":
         lambda: f"{report('real-model/results.json')['gnq_lambda_over_kjj_median']:.2f}",
@@ -228,6 +247,22 @@ for _c in ("16", "64", "256", "all"):
     CLAIMS[f"companions Spearman c = {_c}"] = lambda c=_c: companions_share(c, key="spearman(GNQ, K_jj)")
 CLAIMS["companions record copies share c = 256"] = lambda: companions_share("256", "members: record copies")
 CLAIMS["companions sketch error k = 1024"] = lambda: f"a median {companions_error(1024)}"
+CLAIMS["companions sketch error at scale, exact share"] = lambda: (
+    f"an exact {sketch_at_scale('study', 256, 'share_explained_exact_median')} at c = 256 and "
+    f"{sketch_at_scale('study', 'all', 'share_explained_exact_median')} against all")
+CLAIMS["companions sketch error at scale, study's sketch"] = lambda: (
+    f"GNQ low by a median {sketch_at_scale('study', 256)} at c = 256 and "
+    f"{sketch_at_scale('study', 'all')} against all")
+_SHARE_ERROR = "share_explained_abs_error_median"
+CLAIMS["companions sketch error at scale, share"] = lambda: (
+    f"the share explained high by a median {sketch_at_scale('study', 256, _SHARE_ERROR)} "
+    f"and {sketch_at_scale('study', 'all', _SHARE_ERROR)}")
+CLAIMS["companions sketch error at scale, 3 layers"] = lambda: "GNQ low by {} and {}, so".format(
+    *(sketch_at_scale("study", c, "gnq_rel_median", "sketch_error-companions-layers3-cpu.json")
+      for c in (256, "all")))
+CLAIMS["companions sketch error at scale, audit's sketch"] = lambda: (
+    f"the audit's default sketch by {sketch_at_scale('production', 256)} and "
+    f"{sketch_at_scale('production', 'all')}")
 CLAIMS["companions held-out records passing"] = lambda: "{} of {} held-out records".format(
     *report("companions/results.json")["held_out_records_passing_extraction"])
 CLAIMS["companions extraction pooled"] = lambda: (
