@@ -2,6 +2,8 @@
 
     python -m benchmarks.attack_throughput prepare --work DIR      # data + 3 fine-tuned checkpoints
     python -m benchmarks.attack_throughput run --work DIR --name attack_throughput-after
+    python -m benchmarks.attack_throughput stages --work DIR --audit   # each stage in CPU seconds
+    python -m benchmarks.attack_throughput estimate --work DIR         # the estimate, CPU clock
 
 ``prepare`` writes the 92 texts (tests/scenario_data.py's scenario at seed 0 with 74 ordinary
 lines, 4 unique texts holding a secret and 3 customer records repeated 4 times: 28 secret-like
@@ -266,9 +268,32 @@ def stages(work: Path, name: str, threads: int, nulls: int, audit: bool) -> None
     print(write(name, payload))
 
 
+def estimate(work: Path, name: str, threads: int) -> None:
+    """The measured estimate of the whole run with its clock reading this process's CPU seconds,
+    to set beside ``stages`` (CPU seconds too) on a shared machine, where wall time says how busy
+    the machine was more than what the work costs."""
+    import gnq_core.pipelines.estimate_probe as probe_module
+    from gnq_core.pipelines.estimate_probe import estimate_lines, measure_estimate, total_seconds
+    from gnq_core.sources import find_checkpoints, load_texts
+
+    torch.set_num_threads(threads)
+    probe_module.time.perf_counter = time.process_time
+    refs = find_checkpoints(work / "checkpoints")
+    t0 = time.process_time()
+    w, probe = measure_estimate(str(refs[0].path), load_texts(work / "texts.csv"), batch_size=BATCH,
+                                max_length=LENGTH, threads=threads, checkpoints=len(refs), reference=True)
+    lines = estimate_lines(w, probe)
+    payload = {"what": "the estimate in CPU seconds (the probe's clock patched to process_time)",
+               "probe_cpu_s": time.process_time() - t0, "total_s": total_seconds(lines),
+               "lines": [{"stage": x.stage, "seconds": x.seconds, "assumed": x.assumed} for x in lines],
+               "load_average_after": os.getloadavg()}
+    print(json.dumps(payload, indent=1))
+    print(write(name, payload))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("step", choices=["prepare", "run", "stages"])
+    parser.add_argument("step", choices=["prepare", "run", "stages", "estimate"])
     parser.add_argument("--work", required=True, type=Path)
     parser.add_argument("--name", default="attack_throughput")
     parser.add_argument("--threads", type=int, default=1)
@@ -280,6 +305,8 @@ def main() -> None:
         prepare(args.work)
     elif args.step == "stages":
         stages(args.work, args.name, args.threads, args.nulls, args.audit)
+    elif args.step == "estimate":
+        estimate(args.work, args.name, args.threads)
     else:
         run(args.work, args.name, args.threads)
 
