@@ -58,6 +58,7 @@ from gnq_core.pipelines.companion_plan import sketch_spec
 from gnq_core.pipelines.companions import audit_companions, companion_sets
 from gnq_core.pipelines.settings import COMPANIONS_ALL, AuditSettings
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
+from research.studies.companions import fine_tune
 
 from .common import write
 
@@ -123,25 +124,6 @@ def audited(model: nn.Module) -> dict[str, nn.Linear]:
     if trainable != {id(m.weight) for m in mods.values()} or any(m.bias is not None for m in mods.values()):
         raise ValueError("the exact path covers bias-free Linear weights only")
     return mods
-
-
-def fine_tune(model: nn.Module, ids: list[list[int]], pad: int, lr: float, seed: int) -> list[float]:
-    """One shuffled epoch of AdamW on the texts (the audited matrices only), batches of 8."""
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    order = np.random.default_rng([seed, 1]).permutation(len(ids))
-    model.train()
-    losses = []
-    for s in range(0, len(order), 8):
-        part = order[s:s + 8].tolist()
-        b = collate([ids[i] for i in part], part, pad)
-        loss = per_example_lm_loss(model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits,
-                                   b.labels).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
 
 
 # ----------------------------------------------------------------------------------------- exact
@@ -254,7 +236,7 @@ def run(args) -> dict:
     model, tok = tiny(texts) if args.quick else smollm2(args.layers)
     pad = pad_id(tok)
     ids = encode_texts(tok, texts, args.max_length)
-    losses = fine_tune(model, ids, pad, args.lr, seed=0)
+    losses = fine_tune(model, ids, pad, lr=args.lr, epochs=1, batch_size=8, seed=0)  # the audited matrices
     tuned = time.perf_counter() - t0
     t0 = time.perf_counter()
     K = exact_gram(model, ids, pad)

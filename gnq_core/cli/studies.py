@@ -66,6 +66,19 @@ def study_module(name: str) -> ModuleType:
          "does not include; clone the repository and run gnq study from it")
 
 
+def _seed_list(seeds: str | None) -> list[int] | None:
+    """``--seeds 0,1,2`` as numbers (None: the study's default)."""
+    try:
+        return [int(x) for x in seeds.split(",")] if seeds else None
+    except ValueError:
+        raise ValueError(f"--seeds must be whole numbers separated by commas, got {seeds!r}") from None
+
+
+def _log(quiet: bool) -> Callable[[str], None]:
+    """A study's progress lines on stderr, none with --quiet."""
+    return (lambda _m: None) if quiet else (lambda m: typer.echo(m, err=True))
+
+
 def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, data_dir: Path | None,
            reports: Path, work: Path | None, tag: str | None, seed: int, device: str, quiet: bool,
            threads: int, scale: str, options: dict[str, Any], shown: dict[str, Any] | None = None) -> None:
@@ -209,17 +222,13 @@ def study_companions(
     share of each gradient its companions explain, and membership and extraction AUC."""
     companions = study_module("companions")
 
-    try:
-        seed_list = [int(s) for s in seeds.split(",")] if seeds else None
-    except ValueError:
-        raise ValueError(f"--seeds must be whole numbers separated by commas, got {seeds!r}") from None
-    options = dict(seeds=seed_list, members=members, non_members=non_members, records=records, copies=copies,
-                   sketch_k=sketch_k, vocab_rows=vocab_rows, error_batch=error_batch, report_only=report_only)
+    options = dict(seeds=_seed_list(seeds), members=members, non_members=non_members, records=records,
+                   copies=copies, sketch_k=sketch_k, vocab_rows=vocab_rows, error_batch=error_batch,
+                   report_only=report_only)
     shown = {k: v for k, v in options.items() if k not in ("seeds", "report_only")} | (
         {"seeds": seeds} if seeds else {})
-    log = (lambda _m: None) if quiet else (lambda m: typer.echo(m, err=True))
     _study("companions", companions.run, db, quick, data_dir, reports, work, tag, 0, device, quiet, threads,
-           "full", options | {"log": log}, shown)
+           "full", options | {"log": _log(quiet)}, shown)
 
 
 @study_app.command("counterfactual")
@@ -252,13 +261,8 @@ def study_counterfactual(
     everything (GNQ, K_jj, loss, Min-K%++, zlib, copies, length) says about it beyond the others."""
     counterfactual_study = study_module("counterfactual_study")
 
-    try:
-        seed_list = [int(s) for s in seeds.split(",")] if seeds else None
-    except ValueError:
-        raise ValueError(f"--seeds must be whole numbers separated by commas, got {seeds!r}") from None
-    options = dict(seeds=seed_list, models=models, records=records, base_texts=base_texts, epochs=epochs,
-                   max_length=max_length, exposure_candidates=exposure_candidates, model=model)
+    options = dict(seeds=_seed_list(seeds), models=models, records=records, base_texts=base_texts,
+                   epochs=epochs, max_length=max_length, exposure_candidates=exposure_candidates, model=model)
     shown = {k: v for k, v in options.items() if k != "seeds"} | ({"seeds": seeds} if seeds else {})
-    log = (lambda _m: None) if quiet else (lambda m: typer.echo(m, err=True))
     _study("counterfactual", counterfactual_study.run, db, quick, data_dir, reports, work, tag, 0, device,
-           quiet, threads, "full", options | {"log": log}, shown)
+           quiet, threads, "full", options | {"log": _log(quiet)}, shown)

@@ -202,16 +202,18 @@ def load_model(cfg: Config, texts: list[str], seed: int):
     return LlamaForCausalLM(conf).to(getattr(torch, cfg.dtype)), tok
 
 
-def fine_tune(model, ids: list[list[int]], pad: int, cfg: Config, seed: int) -> list[float]:
-    """AdamW on the member texts (copies included), ``cfg.epochs`` shuffled epochs; the batch losses."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+def fine_tune(model, ids: list[list[int]], pad: int, *, lr: float, epochs: int, batch_size: int,
+              seed: int) -> list[float]:
+    """AdamW on the texts (copies included) over the parameters that require gradients, ``epochs``
+    shuffled epochs; the batch losses."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = np.random.default_rng([seed, 1])
     model.train()
     losses = []
-    for _ in range(cfg.epochs):
+    for _ in range(epochs):
         order = rng.permutation(len(ids))
-        for s in range(0, len(order), cfg.batch_size):
-            part = order[s:s + cfg.batch_size].tolist()
+        for s in range(0, len(order), batch_size):
+            part = order[s:s + batch_size].tolist()
             b = collate([ids[i] for i in part], part, pad)
             logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
             loss = per_example_lm_loss(logits, b.labels).mean()
@@ -343,7 +345,8 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
     member_ids = [ids[u] for u in frame.loc[frame["member"], "unique"]]
     with timings.stage(f"seed {seed}: fine-tune"):
         t = time.perf_counter()
-        batch_losses = fine_tune(model, member_ids, pad, cfg, seed)
+        batch_losses = fine_tune(model, member_ids, pad, lr=cfg.lr, epochs=cfg.epochs,
+                                 batch_size=cfg.batch_size, seed=seed)
         seconds["fine-tune"] = time.perf_counter() - t
     log(f"seed {seed}: fine-tuned on {len(member_ids)} texts in {seconds['fine-tune']:.0f} s")
     with timings.stage(f"seed {seed}: attack fine-tuned model"):

@@ -167,8 +167,8 @@ def study_records(texts: list[str], cfg: Config, seed: int) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------------------- model
 # The model (the cached SmolLM2, or a tiny tied Llama with a tokenizer trained on the texts) and
-# its fine-tune (AdamW, seeded shuffled epochs) are the companions study's: ``load_model`` and
-# ``fine_tune`` read only model, max_length, dtype, lr, epochs and batch_size from a Config.
+# its fine-tune (AdamW, seeded shuffled epochs) are the companions study's: ``load_model`` reads
+# only model, max_length and dtype from a Config, ``fine_tune`` takes lr, epochs and batch size.
 
 
 def expanded(records: list[int], copies: np.ndarray) -> list[int]:
@@ -269,7 +269,8 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
             else:
                 subset = cf_subset(n, m, seed)
                 model.load_state_dict(init)
-                fine_tune(model, [ids[r] for r in expanded(subset, copies)], pad, cfg, seed * 1000 + m)
+                fine_tune(model, [ids[r] for r in expanded(subset, copies)], pad, lr=cfg.lr,
+                          epochs=cfg.epochs, batch_size=cfg.batch_size, seed=seed * 1000 + m)
                 saved = {"subset": subset, "loss": forward_signals(model, ids, pad)["loss"].tolist()}
                 write_text_atomic(path, json.dumps(saved))
             subsets.append(saved["subset"])
@@ -282,7 +283,8 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
         t = time.perf_counter()
         model.load_state_dict(init)
         everything = expanded(list(range(n)), copies)
-        fine_tune(model, [ids[r] for r in everything], pad, cfg, seed * 1000 + cfg.models)
+        fine_tune(model, [ids[r] for r in everything], pad, lr=cfg.lr, epochs=cfg.epochs,
+                  batch_size=cfg.batch_size, seed=seed * 1000 + cfg.models)
         seconds["full model"] = time.perf_counter() - t
         t = time.perf_counter()
         fwd = forward_signals(model, ids, pad)
