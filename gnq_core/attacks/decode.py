@@ -12,10 +12,11 @@ import torch
 
 from gnq_core.attacks.forward import model_device
 
-__all__ = ["cache_argument", "greedy_decode", "returned_cache"]
+__all__ = ["cache_argument", "forward_parameters", "greedy_decode", "returned_cache"]
 
 
-def _forward_parameters(model: torch.nn.Module) -> set[str]:
+def forward_parameters(model: torch.nn.Module) -> set[str]:
+    """The names the model's forward takes (empty where they cannot be read)."""
     try:
         return set(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):
@@ -25,7 +26,7 @@ def _forward_parameters(model: torch.nn.Module) -> set[str]:
 def cache_argument(model: torch.nn.Module) -> str:
     """The forward's name for the KV cache: ``cache`` (transformers ≥ 5.24, where
     ``past_key_values`` is deprecated, to go in 5.40) or ``past_key_values`` (earlier releases)."""
-    return "cache" if "cache" in _forward_parameters(model) else "past_key_values"
+    return "cache" if "cache" in forward_parameters(model) else "past_key_values"
 
 
 def returned_cache(out: Any) -> Any:
@@ -58,7 +59,7 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[Sequence[int]], n_ne
     input_ids, mask = input_ids.to(device), mask.to(device)
     # Positions count real tokens only: the first real token of every row is position 0.
     position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
-    extra = {"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(model) else {}
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in forward_parameters(model) else {}
     cache_name = cache_argument(model)
 
     out_ids = torch.empty((B, n_new), dtype=torch.long, device=device)

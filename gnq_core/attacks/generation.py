@@ -8,10 +8,9 @@ every prompt's next-token scoring (the exposure search) goes through here.
   cache passed as ``cache`` where transformers names it so).  Greedy decoding is deterministic: a
   prompt gets the same tokens batched as alone, exactly in float64; in float32 a batch's padding
   changes the last bits of the logits and may flip a near-tie (tests/test_generation.py).
-* ``Scorers``: one ``exposure.PromptScorer`` per (model, prompt), shared by every value probed
-  after that prompt: a value's copies, and the never-trained values of its format that the null
-  scores after the same prompt, reuse its KV cache and the next-token rows its search already
-  computed (the top of a best-first search is the same tree whatever the value).
+* The exposure search's scorers (``exposure.PromptScorer``, kept per (model, prompt) by
+  ``exposure.Scorers``) compute their next-token rows here: a value's copies and the never-trained
+  values of its format reuse the prompt's KV cache and the rows its search already computed.
 * ``last_logprobs``: the next-token log-probabilities after each of several paths behind one
   prompt's cache, the paths left-padded so only the last position's logits are computed.
 """
@@ -19,22 +18,14 @@ every prompt's next-token scoring (the exposure search) goes through here.
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from gnq_core.attacks.decode import greedy_decode
+from gnq_core.attacks.decode import forward_parameters, greedy_decode
 
 __all__ = ["generate", "last_logprobs", "plan_batches"]
-
-
-def _parameters(model: torch.nn.Module) -> set[str]:
-    try:
-        return set(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        return set()
 
 
 def plan_batches(prompts: Sequence[Sequence[int]], n_new: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -82,7 +73,7 @@ def last_logprobs(scorer: Any, paths: Sequence[Sequence[int]]) -> torch.Tensor:
     the last column and only that column's logits are computed; a model whose forward takes no
     positions is run right-padded and its last real position read."""
     model, n = scorer.model, len(paths)
-    params = _parameters(model)
+    params = forward_parameters(model)
     if "position_ids" not in params:
         logp, lengths = scorer._forward(paths)
         return logp[torch.arange(n), lengths - 1]
