@@ -15,15 +15,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy.stats import spearmanr
 
 from gnq_core.analysis.exposures import exposure_summary, false_alarm
+from gnq_core.attacks import exposure as exposure_module
 from gnq_core.attacks.exposure import (
     ESTIMATED,
     EXACT,
+    PROBE_NODES,
     PromptScorer,
     ValueSpace,
     enumerate_rank,
     estimate_bits,
+    expected_nodes,
     exposure,
     search_rank,
     value_space,
@@ -103,6 +107,36 @@ def test_budget_exhausted_gives_an_estimate_labelled_so():
     assert exact.method == EXACT and exact.rank >= 1 and exact.candidates is None
 
 
+def test_the_search_runs_only_where_the_samples_prefixes_forecast_it_fits_its_budget():
+    """The forecast counts the canonical prefixes at least as likely as the value (the search
+    expands every one of them, and other spellings too where tokens hold several digits, as
+    here): it must track the nodes the unbounded search expands and stay below them."""
+    tok = _tokenizer()
+    model = build_model("tiny", len(tok), 64, seed=3).eval()
+    prompt = _prompt(tok, "Anna Berg")
+    scorer = PromptScorer(model, prompt, 64)
+    rng = random.Random(4)
+    values = [f"{rng.randrange(10 ** 4):04d}" for _ in range(8)]
+    forecast, expanded = [], []
+    with torch.inference_mode():
+        for value in values:
+            space = value_space(value, "pin", set())
+            true, _, sample = exposure_module._sample(scorer, tok, space, " ", 128, 0)
+            forecast.append(expected_nodes(true, sample, space, 1))
+            expanded.append(search_rank(scorer, tok, space, " ", 10 ** 6).nodes)
+    assert spearmanr(forecast, expanded).statistic >= 0.7
+    assert all(f <= 1.5 * e for f, e in zip(forecast, expanded, strict=True))
+    # the gate: a budget under the forecast is not searched past the probe, one over the nodes is
+    i = int(np.argmax(forecast))
+    space = value_space(values[i], "pin", set())
+    under = exposure(model, tok, prompt, " ", space, budget=int(forecast[i]) - 1, n_candidates=128,
+                     scorer=scorer)
+    assert under.method == ESTIMATED and "forecast more nodes than its" in under.fit
+    assert under.nodes <= PROBE_NODES + 128 + 8
+    over = exposure(model, tok, prompt, " ", space, budget=expanded[i] + 64, n_candidates=128, scorer=scorer)
+    assert over.method == EXACT and over.nodes == expanded[i]
+
+
 class _NaN(torch.nn.Module):
     """A model whose every logit is NaN."""
 
@@ -110,8 +144,8 @@ class _NaN(torch.nn.Module):
         super().__init__()
         self.inner = model
 
-    def forward(self, **kwargs):
-        out = self.inner(**kwargs)
+    def forward(self, cache=None, **kwargs):  # named as the inner model's forward names its cache
+        out = self.inner(cache=cache, **kwargs)
         out.logits = torch.full_like(out.logits, float("nan"))
         return out
 

@@ -142,18 +142,19 @@ def test_a_formats_random_values_are_scored_once_per_prompt_and_exclude_the_valu
     space = value_space("4821", "pin", set())  # 10,000 values
     scorer = PromptScorer(model, prompt, 16)
     scored: list[int] = []
-    real = PromptScorer.scores
-    monkeypatch.setattr(PromptScorer, "scores",
+    real = PromptScorer.cumulative
+    monkeypatch.setattr(PromptScorer, "cumulative",
                         lambda self, paths: scored.append(len(paths)) or real(self, paths))
     rng = random.Random(5)
     values = [space.random(rng) for _ in range(3)]
     with torch.inference_mode():
-        samples = [exposure_module._sample(scorer, tok, ValueSpace(v, space.free), " ", 40, seed=9)
+        samples = [exposure_module._sample(scorer, tok, ValueSpace(v, space.free), " ", 40, seed=9)[:2]
                    for v in values]
-        drawn, all_scores = next(iter(scorer.samples.values()))
+        sample = next(iter(scorer.samples.values()))
+        drawn, all_scores = sample.values, sample.scores
         inside = drawn[3]  # a value that is in the sample: its own entry is the one left out
-        true_in, others_in = exposure_module._sample(scorer, tok, ValueSpace(inside, space.free), " ", 40,
-                                                     seed=9)
+        true_in, others_in, _ = exposure_module._sample(scorer, tok, ValueSpace(inside, space.free), " ", 40,
+                                                        seed=9)
     assert scored == [40, 1, 1, 1, 1]  # the sample once, then each value's own score
     assert len(scorer.samples) == 1 and len(drawn) == len(set(drawn)) == 40
     for _, others in samples:

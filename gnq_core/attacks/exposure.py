@@ -17,9 +17,10 @@ number of other values of the space at least as likely, exposure = log2 |space| 
   space fits the budget).  A memorised value is found after few nodes.
 * **Order of work**: the search runs first with ``PROBE_NODES`` (a memorised value is ranked in
   about two nodes per digit); if it does not finish, ``n`` random values of the space are
-  scored, and the search resumes with the whole node budget only when a 99 % lower bound on
-  the rank from that sample is within its reach (a non-memorised 6-digit value would spend the
-  budget and end estimated anyway).
+  scored, and the search resumes with the whole node budget only when the nodes it would
+  expand, forecast from those values' own prefixes (``expected_nodes``), fit the budget: a
+  search that would run out (a non-memorised value, or any value whose prefixes are wide open
+  at six free digits) ends estimated anyway, after up to a minute of a CPU core.
 * **Estimate** otherwise: the random values' sampled share when some beat the value, else a
   skew-normal fitted to their scores (by its moments) gives the share of the space at least as
   likely, capped by what the search already found.  Labelled ``estimated``, with its fit.
@@ -139,7 +140,7 @@ class PromptScorer:
         self._memo: dict[tuple[int, ...], dict[tuple[int, ...], torch.Tensor]] = {}
         # random values of a format and their scores, drawn once per (text between, format, seed):
         # a value's copies and its format's never-trained values share one sample (``_sample``)
-        self.samples: dict[tuple, tuple[list[str], np.ndarray]] = {}
+        self.samples: dict[tuple, Sample] = {}
 
     def _forward(self, paths: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-softmax over every position, lengths) for right-padded ``paths`` (non-empty)."""
@@ -187,17 +188,20 @@ class PromptScorer:
 
     def scores(self, paths: Sequence[Sequence[int]]) -> np.ndarray:
         """Total log-likelihood of each (non-empty) path after the prompt."""
+        return np.array([float(c[-1]) for c in self.cumulative(paths)], dtype=float)
+
+    def cumulative(self, paths: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Each (non-empty) path's log-likelihood after its first 1, 2, ... tokens."""
         out = []
         for s in range(0, len(paths), self.batch_size):
             chunk = paths[s: s + self.batch_size]
             logp, lengths = self._forward(chunk)
             for r, p in enumerate(chunk):
                 ids = torch.tensor(list(p), dtype=torch.long, device=logp.device)
-                first = self.root[ids[0]]
                 steps = torch.arange(len(p) - 1, device=logp.device)
-                rest = logp[r, steps, ids[1:]].sum() if len(p) > 1 else 0.0
-                out.append(float(first + rest))
-        return np.array(out, dtype=float)
+                each = torch.cat([self.root[ids[:1]], logp[r, steps, ids[1:]]])
+                out.append(each.cumsum(0).cpu().numpy())
+        return out
 
 
 def token_strings(tokenizer) -> list[str]:
@@ -230,12 +234,10 @@ def _tail(between: str, value: str, tokenizer) -> list[int]:
 
 
 def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str,
-                budget: int, least_rank: int = 1) -> Ranked | None:
+                budget: int) -> Ranked | None:
     """The true value's exact rank in its space by the pruned best-first search (module
     docstring); None when this tokenizer's tokens do not decode one by one to the tail's
-    characters (the search cannot tell which values a path spells).  ``least_rank``: a lower
-    bound on the rank; when even it needs more nodes than ``budget`` (an expansion completes at
-    most as many values as tokens fit there), nothing is searched (``rank`` None, 0 nodes)."""
+    characters (the search cannot tell which values a path spells)."""
     text = between + space.value
     true_ids = _tail(between, space.value, tokenizer)
     strings = token_strings(tokenizer)
@@ -256,8 +258,6 @@ def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str
     alphabet = set(text) | set(DIGITS)
     pool = [(i, s) for i, s in enumerate(strings) if s and set(s) <= alphabet]
     fitting = [[(i, len(s)) for i, s in pool if fits(s, pos)] for pos in range(len(text))]
-    if least_rank - 1 > budget * max(len(f) for f in fitting):
-        return Ranked(None, 0, 0, float("nan"))
     # only the columns of tokens that can spell the tail are kept (and shared between searches)
     keep = torch.tensor(sorted({i for i, _ in pool} | set(true_ids)), dtype=torch.long)
     col = {int(t): j for j, t in enumerate(keep.tolist())}
@@ -345,12 +345,11 @@ def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: Value
         probe = search_rank(scorer, tokenizer, space, between, min(budget, PROBE_NODES))
         if probe is not None and probe.rank is not None:
             return Exposure(space.bits - math.log2(probe.rank), EXACT, probe.rank, probe.nodes, None, None)
-        true, others = _sample(scorer, tokenizer, space, between, n_candidates, seed)
+        true, others, sample = _sample(scorer, tokenizer, space, between, n_candidates, seed)
         ranked = probe
-        if probe is not None and budget > PROBE_NODES:
-            least = _least_rank(true, others, space.size)
-            ranked = search_rank(scorer, tokenizer, space, between, budget, least)
-            ranked = probe if ranked.nodes == 0 else ranked
+        fits = expected_nodes(true, sample, space, len(between)) <= budget
+        if probe is not None and budget > PROBE_NODES and fits:
+            ranked = search_rank(scorer, tokenizer, space, between, budget)
         if ranked is None and space.size <= budget:
             ranked = enumerate_rank(scorer, tokenizer, space, between)
         if ranked is not None and ranked.rank is not None:
@@ -358,8 +357,8 @@ def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: Value
         bits, fit = estimate_bits(true, others, space.bits)
         if ranked is probe and probe is not None and budget > PROBE_NODES:
             bits = min(bits, space.bits - math.log2(probe.found + 1))
-            fit += (f"; the exact search stopped after {probe.nodes} nodes: the sample puts the rank beyond "
-                    f"what {budget} nodes can reach")
+            fit += (f"; the exact search stopped after {probe.nodes} nodes: the sample's prefixes forecast "
+                    f"more nodes than its {budget}")
         elif ranked is not None:  # the search already saw ``found`` values at least as likely
             bits = min(bits, space.bits - math.log2(ranked.found + 1))
             fit += f"; the exact search ran out of its {budget} nodes"
@@ -371,20 +370,50 @@ def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: Value
         return Exposure(None, None, None, 0, None, None)
 
 
-def _least_rank(true: float, others: np.ndarray, size: int) -> int:
-    """A 99 % lower bound on the value's rank from the share of random values at least as likely
-    (Clopper–Pearson): the search is not started when even this is out of its reach."""
-    from scipy import stats
+@dataclass(frozen=True)
+class Sample:
+    """Random values of a format after one prompt (``_sample``), each scored in full and after each
+    of its tokens: ``depths[i]`` the characters of the tail its first 1, 2, ... tokens cover,
+    ``cumulative[i]`` their log-likelihood there."""
 
-    k, n = int((others >= true).sum()), len(others)
-    if k == 0:
-        return 1
-    return 1 + int(float(stats.beta.ppf(0.01, k, n - k + 1)) * (size - 1))
+    values: list[str]
+    scores: np.ndarray
+    depths: list[np.ndarray]
+    cumulative: list[np.ndarray]
+
+
+def expected_nodes(true: float, sample: Sample, space: ValueSpace, offset: int) -> float:
+    """How many nodes the exact search would expand for ``space.value`` scoring ``true``, forecast
+    from the random values' own prefixes (the search is not started when this is beyond its
+    budget: it would end estimated anyway, after minutes on a long value).
+
+    A value whose canonical tokenisation has a prefix at least as likely as ``true`` ending at
+    character ``c`` (of the text between prompt and value, then the value: ``offset`` characters
+    before the value) puts that prefix among the expanded nodes, and the values sharing one
+    prefix are those sharing its first ``f(c)`` free digits: the nodes ending at ``c`` number
+    about 10^f(c) × the share of the space with such a prefix.  The share is the sample's: of the
+    ``m`` values with a token boundary at ``c``, (k + ½)/(m + 1) have such a prefix (the Jeffreys
+    posterior mean, so a depth where no sampled prefix reached ``true`` still counts the share
+    the sample cannot rule out: 10^6 × ½/129 ≈ 3,900 nodes at six free digits and 128 values)."""
+    free = np.array(space.free) + offset
+    n = len(sample.values)
+    boundaries: dict[int, int] = {}
+    hits: dict[int, int] = {}
+    for value, depths, cumulative in zip(sample.values, sample.depths, sample.cumulative, strict=True):
+        if value == space.value:  # its own prefixes say nothing of the others
+            n -= 1
+            continue
+        for c, above in zip(depths.tolist(), (cumulative >= true).tolist(), strict=True):
+            boundaries[c] = boundaries.get(c, 0) + 1
+            hits[c] = hits.get(c, 0) + int(above)
+    return float(sum(10.0 ** int((free < c).sum()) * (m / max(n, 1)) * (hits[c] + 0.5) / (m + 1)
+                     for c, m in boundaries.items()))
 
 
 def _sample(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str, n_candidates: int,
-            seed: int) -> tuple[float, np.ndarray]:
-    """(the value's score, those of ``n_candidates`` − 1 distinct random values of its space).
+            seed: int) -> tuple[float, np.ndarray, Sample]:
+    """(the value's score, those of ``n_candidates`` − 1 distinct random values of its space, the
+    whole sample with each value's prefixes).
 
     The random values depend on ``seed`` and the format alone, not on the value: every value of a
     format probed after the same prompt (the null's never-trained values, a value's copies) is
@@ -398,13 +427,20 @@ def _sample(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str, n_
         while len(drawn) < n:
             drawn[space.random(rng)] = None
         values = list(drawn)
-        scorer.samples[key] = values, scorer.scores([_tail(between, v, tokenizer) for v in values])
-    values, scores = scorer.samples[key]
+        tails = [_tail(between, v, tokenizer) for v in values]
+        cumulative = scorer.cumulative(tails)
+        strings = token_strings(tokenizer)
+        depths = [np.cumsum([len(strings[t]) for t in tail]) for tail in tails]
+        # internal prefixes only: a whole value is a leaf, never expanded
+        scorer.samples[key] = Sample(values, np.array([float(c[-1]) for c in cumulative]),
+                                     [d[:-1] for d in depths], [c[:-1] for c in cumulative])
+    sample = scorer.samples[key]
+    values, scores = sample.values, sample.scores
     others = np.delete(scores, values.index(space.value) if space.value in values else n - 1)
     true = scorer.scores([_tail(between, space.value, tokenizer)])
     if not (np.isfinite(others).all() and np.isfinite(true).all()):
         raise NonFinite("a log-likelihood is not finite")
-    return float(true[0]), others
+    return float(true[0]), others, sample
 
 
 def estimate_bits(true: float, others: np.ndarray, ceiling: float) -> tuple[float, str]:
