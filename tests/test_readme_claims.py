@@ -59,15 +59,16 @@ def real_model_extraction(signal: str) -> str:
 
 
 def ck_real(outcome: str, signal: str, scope: str, key: str = "auc") -> str:
+    """Per text (copies resampled together), the unit the evidence page cites."""
     r = one(report("common-knowledge-real/results.json")["evidence"], outcome=outcome, signal=signal,
-            scope=scope)
+            scope=scope, unit="texts")
     return row_ci(r, key, "+.3f" if key == "gain" else ".2f")
 
 
 def ck_real_excess_kept(outcome: str, signal: str) -> str:
     """How much of a signal's AUC excess over chance survives holding token length exactly fixed."""
     rows = report("common-knowledge-real/results.json")["evidence"]
-    auc = {scope: one(rows, outcome=outcome, signal=signal, scope=scope)["auc"]
+    auc = {scope: one(rows, outcome=outcome, signal=signal, scope=scope, unit="texts")["auc"]
            for scope in ("all", "exact length")}
     return f"keeps {100 * (auc['exact length'] - 0.5) / (auc['all'] - 0.5):.0f}% of its excess over chance"
 
