@@ -106,3 +106,35 @@ def test_gnq_estimate_prints_the_total_and_every_stage(job):
     alone = gnq("estimate", "--checkpoints", job / "run", "--data", job / "data.csv", "--batch-size", 4,
                 "--max-length", 48, "--threads", 1, "--no-attack")
     assert "gradient audit" in alone and "text windows" not in alone and "secret" not in alone
+
+
+@pytest.mark.parametrize(("plan_s", "batch_s"), [(10.0, 1.0), (0.5, 0.25)])  # a slow model, a quick one
+def test_the_audit_rate_leaves_out_the_once_per_checkpoint_plan(job, monkeypatch, plan_s, batch_s):
+    """Each checkpoint's auditor plans the model once, in its first batch (two more forwards, on
+    SmolLM2 more than a batch's own cost): the probe must count it once per checkpoint, not in
+    every batch.  A fake clock charges the plan and each audited batch their seconds, nothing else."""
+    import types
+
+    import gnq_core.pipelines.audit as audit_module
+    import gnq_core.pipelines.estimate_probe as probe_module
+    from gnq_core.engine.first_batch import FirstBatch
+
+    clock, runs = [0.0], {"plan": 0, "batch": 0}
+    monkeypatch.setattr(probe_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    plan, loss = FirstBatch.plan, audit_module.per_example_lm_loss
+
+    def charged(key, seconds, fn):
+        def run(*args, **kwargs):
+            runs[key] += 1
+            clock[0] += seconds
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(FirstBatch, "plan", charged("plan", plan_s, plan))
+    monkeypatch.setattr(audit_module, "per_example_lm_loss", charged("batch", batch_s, loss))
+    work, probe = measure_estimate(str(job / "run" / "epoch-1"), load_texts(job / "data.csv"), batch_size=4,
+                                   max_length=48, checkpoints=2, attack=False)
+    assert runs["plan"] >= 1 and runs["batch"] >= 2  # the charged code ran
+    assert probe.audit_batch_s == pytest.approx(batch_s) and probe.audit_fixed_s == pytest.approx(plan_s)
+    audit_line = estimate_lines(work, probe)[0]  # 2 checkpoints × (a plan + 4 batches of 4 texts)
+    assert audit_line.seconds == pytest.approx(2 * (plan_s + 4 * batch_s))

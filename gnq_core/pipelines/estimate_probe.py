@@ -1,9 +1,10 @@
 """How long a job will take, measured on the user's own model and machine before it starts.
 
 A short probe runs each kind of work the job does once, on the first checkpoint with the job's
-own settings and threads: loading the checkpoint, one real audit batch (``audit_batches``: the
-per-text gradients and the GNQ solve, of ``batch_size`` texts drawn as the audit draws them),
-one greedy decoding batch of the text attack, one scoring forward, and pairs of never-trained
+own settings and threads: loading the checkpoint, the first real audit batches in one audit call
+(``audit_batches``: the per-text gradients and the GNQ solve, of ``batch_size`` texts drawn as
+the audit draws them; the first batch also pays the auditor's set-up, once per checkpoint), one
+greedy decoding batch of the text attack, one scoring forward, and pairs of never-trained
 secret values' exposures after one of their format's prompts: the first on a scorer of its own
 (as each distinct value under each model), the second on the scorer the first used (as the null's
 values, which share their format's prompts: the search's nodes already computed, the random
@@ -20,6 +21,7 @@ labels), so a test can check that every stage a job runs has its line.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 import re
@@ -83,7 +85,7 @@ class Probe:
     exposure_s: float | None  # one of the run's values' exposure (None: no secret value to try)
     threads: int
     model: str  # what was measured, said in the basis
-    audit_fixed_s: float = 0.0  # once per checkpoint's audit (its hooks and buffers), besides its batches
+    audit_fixed_s: float = 0.0  # once per checkpoint's audit (its first batch's plan), besides its batches
     # a later never-trained value after a prompt already searched (the null's values share the
     # prompt's scorer: attacks.exposure.Scorers); None: as ``exposure_s``
     exposure_shared_s: float | None = None
@@ -104,8 +106,10 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
     batches = math.ceil(work.texts / max(1, work.batch_size))
     lines = [Line("audit", "gradient audit", work.texts * work.checkpoints, TEXTS,
                   work.checkpoints * (probe.load_s + probe.audit_fixed_s + batches * probe.audit_batch_s),
-                  f"{work.checkpoints} checkpoint(s) × ({probe.load_s + probe.audit_fixed_s:.1f} s to load "
-                  f"and set up + {batches} batch(es) × {probe.audit_batch_s:.2f} s measured)")]
+                  f"{work.checkpoints} checkpoint(s) × ({probe.load_s:.1f} s to load + "
+                  f"{probe.audit_fixed_s:.1f} s of the audit's set-up in its first batch + {batches} "
+                  f"batch(es) × {probe.audit_batch_s:.2f} s; measured on the first checkpoint's first "
+                  "batches)")]
     if not work.attack:
         return lines
     per = max(1, work.attack_batch)
@@ -245,24 +249,35 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
         prepare_for_audit(model, torch.float32)
         partition = seeded_partition(len(texts), batch_size, seed)
 
-        def audit(batches: list[int]) -> float:
-            t0 = time.perf_counter()
-            audit_batches(model, stream_batches(tok, texts, partition, batches, max_length), lam,
+        def audit(batches: list[int]) -> list[float]:
+            """Seconds of each of ``batches`` in one audit call, as one checkpoint's audit runs them
+            (one auditor: its first batch also pays the auditor's set-up); a batch is timed from
+            the end of the one before, its tokenising included."""
+            marks = [time.perf_counter()]
+
+            def marked(stream: Iterator) -> Iterator:
+                for k, batch in enumerate(stream):
+                    if k:  # the audit asks for the next batch once it has finished this one
+                        _sync(dev)
+                        marks.append(time.perf_counter())
+                    yield batch
+
+            audit_batches(model, marked(stream_batches(tok, texts, partition, batches, max_length)), lam,
                           dev, None, indices=batches, capacity=batch_size * len(batches))
             _sync(dev)
-            return time.perf_counter() - t0
+            marks.append(time.perf_counter())
+            return [b - a for a, b in itertools.pairwise(marks)]
 
-        # A call's fixed cost (hooks, buffers) is paid once per checkpoint: on a quick model, where
-        # it matters, one batch and three batches are timed to tell it from a batch's own cost.
-        audit_batch_s, audit_fixed_s = audit([0]), 0.0
-        if audit_batch_s < 2.0 and len(partition) > 2:
-            one, three = audit([0]), audit([0, 1, 2])
-            audit_batch_s = max((three - one) / 2, three / 6)  # a noisy difference: at least half the mean
-            audit_fixed_s = max(0.0, one - audit_batch_s)
-        elif len(partition) > 1:
-            # the process's first batch also compiles the CPU Gram kernel and sizes the buffers, once
-            # per job and not per batch: the next batch is what each of the others costs
-            audit_batch_s = min(audit_batch_s, audit([1]))
+        # Each checkpoint's audit pays once, in its first batch, for its auditor's plan of the model
+        # (engine.first_batch: two more forwards, hooks off) and set-up; the batches after it are
+        # what each further batch costs.  So the first and the next batches are timed in one call,
+        # as the audit runs them.  A quick first batch may hold the process's one-time costs
+        # (kernel compilation, first allocations): then three are timed again.
+        times = audit(list(range(min(2, len(partition)))))
+        if times[0] < WARM_UP_S and len(partition) > 2:
+            times = audit([0, 1, 2])
+        audit_batch_s = sum(times[1:]) / len(times[1:]) if len(times) > 1 else times[0]
+        audit_fixed_s = max(0.0, times[0] - audit_batch_s)
         decode_s = forward_s = 0.0
         exposure_s = shared_s = None
         if attack:
