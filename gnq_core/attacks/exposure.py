@@ -141,6 +141,7 @@ class PromptScorer:
         # random values of a format and their scores, drawn once per (text between, format, seed):
         # a value's copies and its format's never-trained values share one sample (``_sample``)
         self.samples: dict[tuple, Sample] = {}
+        self._scored: dict[tuple[int, ...], np.ndarray] = {}  # path -> its cumulative log-likelihoods
 
     def _forward(self, paths: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-softmax over every position, lengths) for right-padded ``paths`` (non-empty)."""
@@ -191,17 +192,18 @@ class PromptScorer:
         return np.array([float(c[-1]) for c in self.cumulative(paths)], dtype=float)
 
     def cumulative(self, paths: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        """Each (non-empty) path's log-likelihood after its first 1, 2, ... tokens."""
-        out = []
-        for s in range(0, len(paths), self.batch_size):
-            chunk = paths[s: s + self.batch_size]
+        """Each (non-empty) path's log-likelihood after its first 1, 2, ... tokens, each path
+        computed once per scorer (a value's search and its sample both need its score)."""
+        todo = list(dict.fromkeys(tuple(p) for p in paths if tuple(p) not in self._scored))
+        for s in range(0, len(todo), self.batch_size):
+            chunk = todo[s: s + self.batch_size]
             logp, lengths = self._forward(chunk)
             for r, p in enumerate(chunk):
                 ids = torch.tensor(list(p), dtype=torch.long, device=logp.device)
                 steps = torch.arange(len(p) - 1, device=logp.device)
                 each = torch.cat([self.root[ids[:1]], logp[r, steps, ids[1:]]])
-                out.append(each.cumsum(0).cpu().numpy())
-        return out
+                self._scored[p] = each.cumsum(0).cpu().numpy()
+        return [self._scored[tuple(p)] for p in paths]
 
 
 def token_strings(tokenizer) -> list[str]:
@@ -233,6 +235,12 @@ def _tail(between: str, value: str, tokenizer) -> list[int]:
     return list(tokenizer(between + value, add_special_tokens=False)["input_ids"])
 
 
+def score_values(scorer: PromptScorer, tokenizer, between: str, values: Sequence[str]) -> np.ndarray:
+    """Each value's log-likelihood after the scorer's prompt and ``between``, in batches (and kept:
+    the exposure of any of them reads its score from there)."""
+    return np.array([float(c[-1]) for c in scorer.cumulative([_tail(between, v, tokenizer) for v in values])])
+
+
 def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str,
                 budget: int) -> Ranked | None:
     """The true value's exact rank in its space by the pruned best-first search (module
@@ -262,13 +270,12 @@ def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str
     keep = torch.tensor(sorted({i for i, _ in pool} | set(true_ids)), dtype=torch.long)
     col = {int(t): j for j, t in enumerate(keep.tolist())}
     options_at = [torch.tensor([col[i] for i, _ in f], dtype=torch.long) for f in fitting]
-    # the true value's score, accumulated token by token exactly as the search accumulates it
-    prefixes = [true_ids[:k] for k in range(len(true_ids))]
-    steps = scorer.next_logprobs(prefixes, keep)
-    score = float(sum(steps[k, col[t]] for k, t in enumerate(true_ids)))
+    # the true value's score from one forward of its whole tail (not one per prefix: L²/2 tokens); the
+    # search's prefixes come from other batchings, equal to it up to float rounding
+    score = float(scorer.cumulative([true_ids])[0][-1])
     if not math.isfinite(score):
         raise NonFinite("the value's log-likelihood is not finite")
-    nodes = len(prefixes)
+    nodes = len(true_ids)  # the value's own prefixes, scored
     heap: list[tuple[float, int, tuple[int, ...], int]] = [(-0.0, 0, (), 0)]
     tie = 1
     found = 0
@@ -437,7 +444,7 @@ def _sample(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str, n_
     sample = scorer.samples[key]
     values, scores = sample.values, sample.scores
     others = np.delete(scores, values.index(space.value) if space.value in values else n - 1)
-    true = scorer.scores([_tail(between, space.value, tokenizer)])
+    true = score_values(scorer, tokenizer, between, [space.value])
     if not (np.isfinite(others).all() and np.isfinite(true).all()):
         raise NonFinite("a log-likelihood is not finite")
     return float(true[0]), others, sample

@@ -26,7 +26,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gnq_core.attacks.exposure import Exposure, Scorers, ValueSpace, exposure, value_seed, value_space
+from gnq_core.attacks.exposure import (
+    Exposure,
+    Scorers,
+    ValueSpace,
+    exposure,
+    score_values,
+    value_seed,
+    value_space,
+)
 from gnq_core.attacks.forward import evaluating
 from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_NULL_COLUMNS as NULL_COLUMNS
@@ -81,9 +89,11 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
 
     scorers = Scorers(settings.batch_size, settings.device)  # a prompt's cache and rows, kept for the run
 
+    def prompt_of(o: Occurrence, space: ValueSpace) -> list[int]:
+        return list(o.prompt[-max(1, settings.max_length - len(o.between + space.value)):])
+
     def measure(m, o: Occurrence, space: ValueSpace) -> Exposure:
-        keep = max(1, settings.max_length - len(o.between + space.value))
-        prompt = list(o.prompt[-keep:])
+        prompt = prompt_of(o, space)
         with evaluating(m):
             got = exposure(m, tokenizer, prompt, o.between, space, budget=settings.budget,
                            n_candidates=settings.n_candidates,
@@ -101,6 +111,10 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
         drawn = _null_values(members[0][1], values_by_kind.get(kind, set()),
                              random.Random(value_seed(settings.seed, "null", kind, template)))
         bits = []
+        with evaluating(model):  # each prompt's never-trained values scored in batches, not one by one
+            for j, (o, space) in enumerate(members):
+                mine = drawn[j::len(members)]  # the values measured after this member's prompt below
+                score_values(scorers(model, prompt_of(o, space)), tokenizer, o.between, mine)
         for i, v in enumerate(drawn):
             o, space = members[i % len(members)]
             e = measure(model, o, ValueSpace(v, space.free, space.check))
