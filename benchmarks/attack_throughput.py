@@ -71,10 +71,14 @@ def prepare(work: Path) -> None:
 
 def run(work: Path, name: str, threads: int) -> None:
     torch.set_num_threads(threads)
+    import importlib
+
+    # the same file measures an older release too (copied into a worktree of it), where the
+    # attacks lived under pipelines (d77ec85) and no estimate probe existed
     try:
-        from gnq_core.attacks.run import run_extraction
-    except ImportError:  # the release the issue measured: attacks under pipelines, no estimate probe
-        from gnq_core.pipelines.attacks.run import run_extraction
+        run_extraction = importlib.import_module("gnq_core.attacks.run").run_extraction
+    except ImportError:
+        run_extraction = importlib.import_module("gnq_core.pipelines.attacks.run").run_extraction
     from gnq_core.pipelines.audit import run_audit
     from gnq_core.pipelines.settings import AuditSettings
     from gnq_core.progress import Reporter
