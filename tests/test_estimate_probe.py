@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pandas as pd
 import pytest
+import torch
 
 from gnq_core.pipelines.estimate_probe import (
     Probe,
@@ -68,6 +69,26 @@ def test_every_stage_the_job_runs_has_a_line_in_its_own_noun(job):
     assert ran["audit"][1] == 2 * len(TEXTS_WITH_SECRETS) and work.distinct_values > 0 and work.formats > 0
     assert probe.audit_batch_s > 0 and probe.decode_s > 0 and probe.exposure_s and probe.exposure_s > 0
     assert probe.exposure_shared_s and probe.exposure_shared_s > 0
+    assert probe.secret_decode_s and probe.secret_decode_s > 0
+
+
+def test_secret_decoding_is_timed_on_one_batch_and_spread_by_its_token_forwards(monkeypatch):
+    """The attack's first batch of secret values (its longest) is timed; every batch costs its
+    rows × (padded prompt + new tokens) at that rate."""
+    import types
+
+    import gnq_core.attacks.generation as generation
+    from gnq_core.pipelines import estimate_probe
+
+    timed: list[list[int]] = []
+    monkeypatch.setattr(generation, "generate", lambda models, prompts, n_new, pad, **kw: timed.append(n_new))
+    monkeypatch.setattr(estimate_probe, "_timed", lambda fn, device=None: fn() or 6.0)
+    targets = [types.SimpleNamespace(prompt_ids=[1] * p, target_ids=[2] * n)
+               for p, n in [(10, 4), (20, 4), (30, 8), (10, 8), (50, 19)]]
+    per_value = estimate_probe._secret_decode_seconds(torch.nn.Linear(1, 1), targets, 0, 2, None)
+    assert timed == [[19]]  # the first batch: the longest value alone in its length
+    # batches (batch size 2): [50+19] → 69, [30, 10 | 8 new] → 2 × 38, [20, 10 | 4 new] → 2 × 24
+    assert per_value == pytest.approx(6.0 * (69 + 76 + 48) / 69 / 5)
 
 
 def test_each_line_is_its_unit_cost_times_its_count():
@@ -80,6 +101,8 @@ def test_each_line_is_its_unit_cost_times_its_count():
     assert lines["attack"].seconds == pytest.approx(2 * (2.0 + 2 * 0.5))  # both models; 2 batches of 32
     assert lines["membership"].seconds == pytest.approx(2 * 3 * 0.25)
     assert lines["secret decode"].seconds == pytest.approx(2 * 1 * 0.5)
+    measured = {x.stage: x for x in estimate_lines(work, replace(probe, secret_decode_s=0.1))}
+    assert measured["secret decode"].seconds == pytest.approx(2 * 28 * 0.1)  # both models, each value
     assert lines["exposure"].seconds == pytest.approx((10 * 2 + 3 * 20) * 4.0)
     shared = replace(probe, exposure_shared_s=1.0)  # the null's values after a prompt already searched
     assert {x.stage: x for x in estimate_lines(work, shared)}["exposure"].seconds == pytest.approx(

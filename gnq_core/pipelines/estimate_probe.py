@@ -89,6 +89,9 @@ class Probe:
     # a later never-trained value after a prompt already searched (the null's values share the
     # prompt's scorer: attacks.exposure.Scorers); None: as ``exposure_s``
     exposure_shared_s: float | None = None
+    # one secret value greedy-decoded by one model, from one batch of the run's own secret prompts
+    # as the attack batches them (longer prompts than a text window's); None: as a text window's
+    secret_decode_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,11 +132,16 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
         lines.append(Line("discoverable", "discoverable likelihood", work.texts, TEXTS, forward,
                           f"{math.ceil(work.texts / per)} forward(s) × {probe.forward_s:.2f} s measured "
                           "(at full length: an upper bound)"))
-    decode_values = math.ceil(work.secret_values / per) * probe.decode_s
+    if probe.secret_decode_s is not None:
+        decode_values = work.secret_values * probe.secret_decode_s
+        said = (f"{models} model(s) × {work.secret_values} value(s) × {probe.secret_decode_s:.3f} s each, "
+                "measured on a batch of the run's own secret prompts")
+    else:
+        decode_values = math.ceil(work.secret_values / per) * probe.decode_s
+        said = (f"{models} model(s) × {math.ceil(work.secret_values / per)} batch(es), each as a text "
+                "window's decoding")
     lines.append(Line("secret decode", "secret values decoded", models * work.secret_values, SECRET_VALUES,
-                      models * decode_values,
-                      f"{models} model(s) × {math.ceil(work.secret_values / per)} batch(es), each as a text "
-                      "window's decoding"))
+                      models * decode_values, said))
     if work.secret_candidates > 1:
         from gnq_core.attacks.secret_exposure import NULL_VALUES
 
@@ -279,7 +287,7 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
         audit_batch_s = sum(times[1:]) / len(times[1:]) if len(times) > 1 else times[0]
         audit_fixed_s = max(0.0, times[0] - audit_batch_s)
         decode_s = forward_s = 0.0
-        exposure_s = shared_s = None
+        exposure_s = shared_s = secret_decode_s = None
         if attack:
             long_enough = [x for x in ids if len(x) >= prefix + (suffix or DEFAULT_SUFFIX)]
             prompts = [x[:prefix] for x in (long_enough or ids)[:attack_batch]] or [[pad]]
@@ -289,6 +297,8 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                 width = max(len(x) for x in ids[:attack_batch]) if ids else 1
                 batch = torch.full((min(attack_batch, max(1, len(ids))), width), pad, device=dev)
                 forward_s = _timed(lambda: model(input_ids=batch, attention_mask=torch.ones_like(batch)), dev)
+            if targets:
+                secret_decode_s = _secret_decode_seconds(model, targets, pad, attack_batch, dev)
             if spaces and secret_candidates > 1:
                 exposure_s, shared_s = _exposure_seconds(
                     model, tok, texts, spaces, seed=seed, budget=exposure_nodes,
@@ -302,7 +312,29 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     what = (f"{checkpoint} on {dev} at {threads} thread(s), {len(picked):,} of {n:,} texts counted"
             + (" (a seeded sample, scaled)" if len(picked) < n else ""))
     return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what, audit_fixed_s,
-                       shared_s)
+                       shared_s, secret_decode_s)
+
+
+def _secret_decode_seconds(model, targets: Sequence, pad: int, batch_size: int, device) -> float:
+    """Seconds to greedy-decode one secret value: the attack's first batch of them (its longest
+    values, ``attacks.generation.plan_batches``) timed, and spread over every batch by its
+    token-forwards (rows × (padded prompt + new tokens))."""
+    from gnq_core.attacks.forward import evaluating
+    from gnq_core.attacks.generation import generate, plan_batches
+
+    prompts = [t.prompt_ids for t in targets]
+    n_new = [len(t.target_ids) for t in targets]
+    batches = plan_batches(prompts, n_new, batch_size)
+
+    def work(b: list[int]) -> int:
+        return len(b) * (max(len(prompts[i]) for i in b) + n_new[b[0]])
+
+    first = batches[0]
+    asked, wanted = [prompts[i] for i in first], [n_new[i] for i in first]
+    with evaluating(model):
+        seconds = _timed(lambda: generate([model], asked, wanted, pad, batch_size=batch_size, device=device),
+                         device)
+    return seconds * sum(map(work, batches)) / work(first) / len(targets)
 
 
 EXPOSURE_VALUES = 16  # values timed at most, cycling over the formats (their mean is used)
