@@ -70,6 +70,7 @@ def test_every_stage_the_job_runs_has_a_line_in_its_own_noun(job):
     assert probe.audit_batch_s > 0 and probe.decode_s > 0 and probe.exposure_s and probe.exposure_s > 0
     assert probe.exposure_shared_s and probe.exposure_shared_s > 0
     assert probe.secret_decode_s and probe.secret_decode_s > 0
+    assert probe.suffix_forward_s and probe.suffix_forward_s > 0
 
 
 def test_secret_decoding_is_timed_on_one_batch_and_spread_by_its_token_forwards(monkeypatch):
@@ -101,8 +102,10 @@ def test_each_line_is_its_unit_cost_times_its_count():
     assert lines["attack"].seconds == pytest.approx(2 * (2.0 + 2 * 0.5))  # both models; 2 batches of 32
     assert lines["membership"].seconds == pytest.approx(2 * 3 * 0.25)
     assert lines["secret decode"].seconds == pytest.approx(2 * 1 * 0.5)
-    measured = {x.stage: x for x in estimate_lines(work, replace(probe, secret_decode_s=0.1))}
+    measured = {x.stage: x
+                for x in estimate_lines(work, replace(probe, secret_decode_s=0.1, suffix_forward_s=0.05))}
     assert measured["secret decode"].seconds == pytest.approx(2 * 28 * 0.1)  # both models, each value
+    assert measured["discoverable"].seconds == pytest.approx(2 * 0.05)  # the 60 attackable texts, cut
     assert lines["exposure"].seconds == pytest.approx((10 * 2 + 3 * 20) * 4.0)
     shared = replace(probe, exposure_shared_s=1.0)  # the null's values after a prompt already searched
     assert {x.stage: x for x in estimate_lines(work, shared)}["exposure"].seconds == pytest.approx(

@@ -92,6 +92,8 @@ class Probe:
     # one secret value greedy-decoded by one model, from one batch of the run's own secret prompts
     # as the attack batches them (longer prompts than a text window's); None: as a text window's
     secret_decode_s: float | None = None
+    # one attack batch of texts cut to p + s tokens scored (the discoverable pass); None: forward_s
+    suffix_forward_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,16 @@ def estimate_lines(work: Work, probe: Probe) -> list[Line]:
         lines.append(Line("membership", "membership scores (both models)", 2 * work.texts, TEXTS, 2 * forward,
                           f"2 × {math.ceil(work.texts / per)} forward(s) × {probe.forward_s:.2f} s measured"))
     if work.suffix is not None:
-        lines.append(Line("discoverable", "discoverable likelihood", work.texts, TEXTS, forward,
-                          f"{math.ceil(work.texts / per)} forward(s) × {probe.forward_s:.2f} s measured "
-                          "(at full length: an upper bound)"))
+        if probe.suffix_forward_s is not None:  # only the texts of p + s tokens, cut there
+            n_cut = math.ceil(work.attackable / per)
+            lines.append(Line("discoverable", "discoverable likelihood", work.texts, TEXTS,
+                              n_cut * probe.suffix_forward_s,
+                              f"{n_cut} forward(s) of texts cut to p + s tokens × "
+                              f"{probe.suffix_forward_s:.2f} s measured"))
+        else:
+            lines.append(Line("discoverable", "discoverable likelihood", work.texts, TEXTS, forward,
+                              f"{math.ceil(work.texts / per)} forward(s) × {probe.forward_s:.2f} s measured "
+                              "(at full length: an upper bound)"))
     if probe.secret_decode_s is not None:
         decode_values = work.secret_values * probe.secret_decode_s
         said = (f"{models} model(s) × {work.secret_values} value(s) × {probe.secret_decode_s:.3f} s each, "
@@ -287,7 +296,7 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
         audit_batch_s = sum(times[1:]) / len(times[1:]) if len(times) > 1 else times[0]
         audit_fixed_s = max(0.0, times[0] - audit_batch_s)
         decode_s = forward_s = 0.0
-        exposure_s = shared_s = secret_decode_s = None
+        exposure_s = shared_s = secret_decode_s = suffix_forward_s = None
         if attack:
             long_enough = [x for x in ids if len(x) >= prefix + (suffix or DEFAULT_SUFFIX)]
             prompts = [x[:prefix] for x in (long_enough or ids)[:attack_batch]] or [[pad]]
@@ -297,6 +306,10 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                 width = max(len(x) for x in ids[:attack_batch]) if ids else 1
                 batch = torch.full((min(attack_batch, max(1, len(ids))), width), pad, device=dev)
                 forward_s = _timed(lambda: model(input_ids=batch, attention_mask=torch.ones_like(batch)), dev)
+                if suffix is not None:
+                    cut = batch[:, : prefix + suffix]
+                    suffix_forward_s = _timed(
+                        lambda: model(input_ids=cut, attention_mask=torch.ones_like(cut)), dev)
             if targets:
                 secret_decode_s = _secret_decode_seconds(model, targets, pad, attack_batch, dev)
             if spaces and secret_candidates > 1:
@@ -312,7 +325,7 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     what = (f"{checkpoint} on {dev} at {threads} thread(s), {len(picked):,} of {n:,} texts counted"
             + (" (a seeded sample, scaled)" if len(picked) < n else ""))
     return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what, audit_fixed_s,
-                       shared_s, secret_decode_s)
+                       shared_s, secret_decode_s, suffix_forward_s)
 
 
 def _secret_decode_seconds(model, targets: Sequence, pad: int, batch_size: int, device) -> float:
