@@ -123,3 +123,12 @@ def test_records_unit_leaves_out_records_whose_copies_disagree_on_a_group_and_sa
     assert pd.isna(extraction["note"])
     texts = rows.loc[("group", cl.UNIT_TEXTS)]  # texts keep every copy, resampled together
     assert (texts["n"], texts["positives"]) == (n, claim.sum())
+
+
+def test_non_members_from_another_set_never_join_a_members_copy_cluster():
+    from gnq_core.analysis import evidence as ev
+
+    members = pd.DataFrame({"example_id": [0, 1, 2], "cluster_id": [0, 0, np.nan], "loss_last": 1.0})
+    frame = ev.with_non_members(members, members.copy())  # same ids in their own set: not the same texts
+    out = cl.collapse(frame)
+    assert out["member"].tolist() == [True, True, False, False] and out["copies"].tolist() == [2, 1, 2, 1]

@@ -86,9 +86,13 @@ def outcomes_in(frame: pd.DataFrame) -> list[Outcome]:
 def with_non_members(members: pd.DataFrame, non_members: pd.DataFrame) -> pd.DataFrame:
     """One evidence frame from a run's texts (``member`` True) and texts the model never saw
     (``member`` False, no extraction outcome): the membership outcome's input.  Non-member ids
-    are offset past the members' so ``example_id`` stays unique."""
+    are offset past the members' so ``example_id`` stays unique, and so are their copy clusters
+    (``cluster_id`` is an example id of their own set): a non-member never joins a member's record,
+    which any copy would make a member."""
     offset = int(members["example_id"].max()) + 1 if len(members) else 0
     extra = non_members.assign(member=False, example_id=non_members["example_id"] + offset)
+    if cl.CLUSTER in extra.columns:
+        extra[cl.CLUSTER] = extra[cl.CLUSTER] + offset
     if "extracted" in extra.columns:
         extra = extra.assign(extracted=pd.NA)
     frame = pd.concat([members.assign(member=True), extra], ignore_index=True)
