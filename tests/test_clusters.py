@@ -85,3 +85,50 @@ def test_rates_get_wilson_intervals_over_effective_records_never_zero_width():
         lo, hi = pr.metric_interval(key, value, boot[key], s, y, groups)
         alone = pr.metric_interval(key, value, boot[key], s, y, None)
         assert lo <= value <= hi and hi > lo and (hi - lo) > (alone[1] - alone[0])  # copies count once
+
+
+def test_collapse_leaves_a_label_unknown_where_copies_disagree_but_an_event_positive():
+    frame = pd.DataFrame({"example_id": [0, 1, 2, 3, 4], "cluster_id": [0, 0, 2, 2, np.nan],
+                          "extracted": pd.array([True, False, False, False, True], dtype="boolean"),
+                          "claim": pd.array([True, False, True, True, pd.NA], dtype="boolean")})
+    out = cl.collapse(frame, outcomes=("extracted",), properties=("claim",))
+    assert out["extracted"].tolist() == [True, False, True]  # leaked if any copy leaked
+    assert out["claim"].isna().tolist() == [True, False, True] and out["claim"].iloc[1]
+    assert cl.mixed_records(frame["claim"], cl.groups_of(frame)) == 1
+    assert cl.collapse(frame)["copies"].tolist() == [2, 2, 1]
+
+
+def test_records_unit_leaves_out_records_whose_copies_disagree_on_a_group_and_says_how_many():
+    from gnq_core.analysis import evidence as ev
+
+    rng = np.random.default_rng(4)
+    singles, pairs = 40, 12  # each pair: a fact and its made-up claim, near copies of each other
+    n = singles + 2 * pairs
+    cluster = np.r_[np.full(singles, np.nan), np.repeat(singles + np.arange(pairs), 2)]
+    claim = np.r_[np.arange(singles) % 2 == 0, np.tile([True, False], pairs)]
+    extracted = np.r_[np.arange(singles) % 3 == 0, np.tile([False, True], pairs)]
+    frame = pd.DataFrame({"example_id": range(n), "cluster_id": cluster, "n_tokens": rng.integers(5, 9, n),
+                          "loss_last": rng.random(n), "gnq_total": rng.random(n), "extracted": extracted,
+                          "group": np.where(claim, "claims", "facts")})
+    table = ev.evidence_table(frame, resamples=30, cv=False, min_records=5)
+    gnq = table[(table["scope"] == ev.SCOPE_ALL) & (table["signal"] == "gnq_total")]
+    rows = gnq.set_index(["outcome", "unit"])
+    group = rows.loc[("group", cl.UNIT_RECORDS)]
+    assert (group["n"], group["records"], group["negative records"]) == (singles, singles // 2, singles // 2)
+    assert f"{pairs} records left out: copies disagree" in group["note"] and pd.notna(group["auc"])
+    assert (table.loc[table["outcome"] == "group", "note"].str.contains("left out")
+            == (table.loc[table["outcome"] == "group", "unit"] == cl.UNIT_RECORDS)).all()
+    extraction = rows.loc[("extraction", cl.UNIT_RECORDS)]  # an event: the pair leaked through one copy
+    assert (extraction["n"], extraction["records"]) == (singles + pairs, (singles + 2) // 3 + pairs)
+    assert pd.isna(extraction["note"])
+    texts = rows.loc[("group", cl.UNIT_TEXTS)]  # texts keep every copy, resampled together
+    assert (texts["n"], texts["positives"]) == (n, claim.sum())
+
+
+def test_non_members_from_another_set_never_join_a_members_copy_cluster():
+    from gnq_core.analysis import evidence as ev
+
+    members = pd.DataFrame({"example_id": [0, 1, 2], "cluster_id": [0, 0, np.nan], "loss_last": 1.0})
+    frame = ev.with_non_members(members, members.copy())  # same ids in their own set: not the same texts
+    out = cl.collapse(frame)
+    assert out["member"].tolist() == [True, True, False, False] and out["copies"].tolist() == [2, 1, 2, 1]

@@ -21,7 +21,8 @@ exclude 0.5 in 45% of null samples shaped like the demo.  So:
 * **Too few** (``too_few``): with fewer than ``MIN_RECORDS`` independent positive (or negative)
   records no interval is honest; the number is reported as "too few", not as a result.
 * **Records** (``collapse``): one row per copy cluster (numbers averaged over the copies, an
-  outcome positive when any copy's is): the record-level view beside the text-level one.
+  event outcome positive when any copy's is, a per-text label NA where the copies disagree): the
+  record-level view beside the text-level one.
 """
 
 from __future__ import annotations
@@ -155,26 +156,46 @@ def expanded_level(level: float, k: float) -> float:
     return float(1 - 2 * norm.sf(z))
 
 
-def collapse(frame: pd.DataFrame, outcomes: tuple[str, ...] = ("extracted", "member")) -> pd.DataFrame:
+def _disagree(labels: pd.Series, key: pd.Series) -> pd.Series:
+    """Per copy cluster (``key``): whether its known copies hold both a True and a False label."""
+    col = labels.astype("boolean")
+    hit = col.fillna(False).astype(bool).groupby(key, sort=False).any()
+    miss = (~col.fillna(True).astype(bool)).groupby(key, sort=False).any()
+    return hit & miss
+
+
+def mixed_records(labels: pd.Series, groups: np.ndarray) -> int:
+    """How many copy clusters (``groups``, one id per row) hold both a True and a False label."""
+    return int(_disagree(labels, pd.Series(groups, index=labels.index)).sum())
+
+
+def collapse(frame: pd.DataFrame, outcomes: tuple[str, ...] = ("extracted", "member"),
+             properties: tuple[str, ...] = ()) -> pd.DataFrame:
     """One row per copy cluster (a text without copies stays as it is): numeric columns averaged
-    over the copies, ``outcomes`` (nullable booleans) True when any copy's is (NA when none is
-    known), other columns the first copy's; ``copies`` the number of texts collapsed, and
-    ``example_id`` / ``cluster_id`` the first copy's."""
+    over the copies, ``outcomes`` (nullable booleans; events) True when any copy's is,
+    ``properties`` (nullable booleans; a label each text has of its own) the copies' common value
+    and NA where they disagree (``mixed_records`` counts those); both NA when no copy's is known.
+    Other columns the first copy's; ``copies`` the number of texts collapsed, and ``example_id`` /
+    ``cluster_id`` the first copy's."""
     if frame.empty:
         return frame.copy()
     key = pd.Series(groups_of(frame), index=frame.index, name="_record")
     grouped = frame.groupby(key, sort=False)
     first = grouped.first()
-    numeric = [c for c in frame.columns if c not in outcomes and c not in ("example_id", CLUSTER, "copies")
+    labels = (*outcomes, *properties)
+    numeric = [c for c in frame.columns if c not in labels and c not in ("example_id", CLUSTER, "copies")
                and pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])]
     out = first.copy()
     if numeric:
         out[numeric] = grouped[numeric].mean()
-    for c in outcomes:
+    for c in labels:
         if c in frame.columns:
             col = frame[c].astype("boolean")
             anyk = col.notna().groupby(key, sort=False).any()
             hit = col.fillna(False).astype(bool).groupby(key, sort=False).any()
-            out[c] = hit.astype("boolean").where(anyk, pd.NA)
+            value = hit.astype("boolean").where(anyk, pd.NA)
+            if c in properties:  # a copy's own label, not an event: disagreeing copies give no answer
+                value = value.where(~_disagree(col, key), pd.NA)
+            out[c] = value
     out["copies"] = grouped.size()
     return out.reset_index(drop=True)

@@ -49,6 +49,21 @@ class Outcome:
     labels: pd.Series  # nullable boolean per row of the frame
 
 
+# How copies of one record combine in the "records" unit.  An event happens to the record when it
+# happens to any copy: the record leaked if any copy was extracted, and its content is in the
+# training data if any copy was trained on (a near copy of a training text is no clean non-member:
+# the model saw its content, which is why membership benchmarks drop such non-members).  Any other
+# outcome (a group) is a label each text has of its own: near copies can disagree (a true fact and
+# its made-up claim differ only in the object), and such a record has no label, not the positive one.
+EVENTS = ("extraction", "membership")
+
+
+def any_copy(outcome: Outcome) -> bool:
+    """Whether a record is positive when any of its copies is (an event), rather than only when its
+    copies agree (a per-text label; EVENTS says why)."""
+    return outcome.name in EVENTS
+
+
 def outcomes_in(frame: pd.DataFrame) -> list[Outcome]:
     """The outcomes the frame can score (each needs both values among its rows)."""
     found: list[Outcome] = []
@@ -71,9 +86,13 @@ def outcomes_in(frame: pd.DataFrame) -> list[Outcome]:
 def with_non_members(members: pd.DataFrame, non_members: pd.DataFrame) -> pd.DataFrame:
     """One evidence frame from a run's texts (``member`` True) and texts the model never saw
     (``member`` False, no extraction outcome): the membership outcome's input.  Non-member ids
-    are offset past the members' so ``example_id`` stays unique."""
+    are offset past the members' so ``example_id`` stays unique, and so are their copy clusters
+    (``cluster_id`` is an example id of their own set): a non-member never joins a member's record,
+    which any copy would make a member."""
     offset = int(members["example_id"].max()) + 1 if len(members) else 0
     extra = non_members.assign(member=False, example_id=non_members["example_id"] + offset)
+    if cl.CLUSTER in extra.columns:
+        extra[cl.CLUSTER] = extra[cl.CLUSTER] + offset
     if "extracted" in extra.columns:
         extra = extra.assign(extracted=pd.NA)
     frame = pd.concat([members.assign(member=True), extra], ignore_index=True)
@@ -153,26 +172,41 @@ def evidence_table(frame: pd.DataFrame, *, resamples: int = pr.RESAMPLES, seed: 
                    units: Sequence[str] = cl.UNITS, min_records: int = cl.MIN_RECORDS) -> pd.DataFrame:
     """One row per outcome × unit × signal × scope (``COLUMNS``; NaN where a number does not
     apply).  Unit "texts": every text, copies (``cluster_id``) resampled and folded together;
-    "records": copies collapsed to one record (``clusters.collapse``), each outcome positive when
-    any copy's is.  ``cv=False`` skips the
-    cross-validated gain (scikit-learn; the slowest part).  Fewer than ``min_records``
-    independent positive or negative records: the row's numbers are NaN and its note says
-    "too few"."""
+    "records": copies collapsed to one record (``clusters.collapse``), an event outcome
+    (``EVENTS``) positive when any copy's is, any other outcome left out for a record whose copies
+    disagree (the note counts them).  ``cv=False`` skips the cross-validated gain (scikit-learn;
+    the slowest part).  Fewer than ``min_records`` independent positive or negative records: the
+    row's numbers are NaN and its note says "too few"."""
     rows = []
     on_texts = list(outcomes) if outcomes is not None else outcomes_in(frame)
     for unit in units:
-        f, found = frame, on_texts
-        if unit == cl.UNIT_RECORDS:  # each outcome collapsed with the copies: positive when any copy is
+        f, found = frame, [(o, 0) for o in on_texts]  # (outcome, records left out: copies disagree)
+        if unit == cl.UNIT_RECORDS:  # each outcome collapsed with the copies (EVENTS: any, else agree)
             cols = {f"_outcome{i}": o.labels.astype("boolean") for i, o in enumerate(on_texts)}
-            f = cl.collapse(frame.assign(**cols), outcomes=("extracted", "member", *cols))
-            found = [Outcome(o.name, o.positive, f[c]) for o, c in zip(on_texts, cols, strict=True)]
-            found = [o for o in found if 0 < o.labels.dropna().sum() < o.labels.notna().sum()]
-        for outcome in found:
+            events = tuple(c for c, o in zip(cols, on_texts, strict=True) if any_copy(o))
+            f = cl.collapse(frame.assign(**cols), outcomes=("extracted", "member", *events),
+                            properties=tuple(c for c in cols if c not in events))
+            groups = cl.groups_of(frame)
+            found = [(Outcome(o.name, o.positive, f[c]),
+                      0 if c in events else cl.mixed_records(o.labels, groups))
+                     for o, c in zip(on_texts, cols, strict=True)]
+            found = [(o, k) for o, k in found if 0 < o.labels.dropna().sum() < o.labels.notna().sum()]
+        for outcome, left_out in found:
             scored, cache = f[outcome.labels.notna()], {}
             for signal in signals if signals is not None else pr.signals_in(scored):
-                rows.extend(_rows(f, outcome, signal, resamples=resamples, seed=seed, level=level, cv=cv,
-                                  cache=cache, unit=unit, min_records=min_records))
+                for row in _rows(f, outcome, signal, resamples=resamples, seed=seed, level=level, cv=cv,
+                                 cache=cache, unit=unit, min_records=min_records):
+                    rows.append(_with_left_out(row, left_out))
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _with_left_out(row: dict, mixed: int) -> dict:
+    """The row, its note saying how many records were left out for copies that disagree."""
+    if not mixed:
+        return row
+    said = f"{mixed} record{'s' if mixed != 1 else ''} left out: copies disagree on this label"
+    note = row.get("note")
+    return row | {"note": f"{note}; {said}" if isinstance(note, str) and note else said}
 
 
 def display(table: pd.DataFrame, outcome: str, positive: str | None = None, digits: int = 2,
@@ -238,7 +272,8 @@ def gain_sentence(table: pd.DataFrame, outcome: str = "extraction", unit: str = 
 def method(resamples: int, seed: int, level: float) -> str:
     """How the evidence table was made, in one paragraph."""
     return (f"Each table states its unit: texts (copies of one record kept, and resampled and folded "
-            f"together) or records (copies collapsed to one: numbers averaged, positive when any copy is); "
+            f"together) or records (copies collapsed to one: numbers averaged; extracted or member when any "
+            f"copy is; a group label, a property of each text, left out where copies disagree); "
             f"'independent positives' counts records. "
             f"AUC: P(a positive text scores higher than a negative one, ties ½) in the signal's stated "
             f"direction. TPR at x% FPR: largest share of positives caught while flagging at most x% of "
