@@ -5,8 +5,9 @@
 On ``attack_throughput prepare``'s data and checkpoints (DIR: texts.csv, checkpoints/): ``run_audit``
 over every checkpoint twice in one process, one thread, CPU seconds (the machine may be shared):
 first with the plan kept across checkpoints (engine.plan_reuse; it also pays the process's
-warm-up), then with every checkpoint probed anew (as before the plan was reused).  Per checkpoint: its first batch's and its other batches'
-CPU seconds; the probes counted; the stored scores compared.
+warm-up), then with every checkpoint probed anew (as before the plan was reused).  Per
+checkpoint: its first batch's and its other batches' CPU seconds; the probes counted; the stored
+scores compared.
 """
 
 from __future__ import annotations
@@ -65,9 +66,9 @@ def main() -> None:
             return None
 
     audit_module.audit_batches, first_batch.probe = timed, counted
-    out: dict = {"what": "run_audit over every checkpoint, plan probed per checkpoint vs reused, CPU seconds, "
-                         "one process, one thread", "threads": 1, "batch_size": BATCH, "max_length": LENGTH,
-                 "checkpoints": len(refs), "texts": len(dataset)}
+    out: dict = {"what": "run_audit over every checkpoint, plan probed per checkpoint vs reused, "
+                         "CPU seconds, one process, one thread", "threads": 1, "batch_size": BATCH,
+                 "max_length": LENGTH, "checkpoints": len(refs), "texts": len(dataset)}
     scores = {}
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "gnq.duckdb")
@@ -81,9 +82,10 @@ def main() -> None:
             total = time.process_time() - t0
             firsts = [c[0] for c in calls]
             rest = [sum(c[1:]) / max(1, len(c) - 1) for c in calls]
+            extra = [round(f - r, 2) for f, r in zip(firsts, rest, strict=True)]
             out[name] = {"audit_cpu_s": round(total, 1), "probes": probes[0],
                          "first_batch_cpu_s": firsts, "later_batch_mean_cpu_s": [round(r, 2) for r in rest],
-                         "first_batch_extra_cpu_s": [round(f - r, 2) for f, r in zip(firsts, rest, strict=True)],
+                         "first_batch_extra_cpu_s": extra,
                          "batch_cpu_s_per_checkpoint": [list(c) for c in calls]}
             scores[name] = store.scores(run.run_id).sort_values(["point", "example_id"])
             print(name, out[name]["audit_cpu_s"], "s;", out[name]["first_batch_extra_cpu_s"], flush=True)
