@@ -139,9 +139,11 @@ def test_a_forward_that_takes_another_path_at_new_weights_is_planned_anew(probes
     assert (probes[0], plans.reused) == (2, 1)
 
 
-def test_run_audit_plans_once_per_run_and_scores_as_planning_each_checkpoint(tmp_path, probes, monkeypatch):
+@pytest.mark.parametrize("companions", [None, "all"])
+def test_run_audit_plans_once_per_run_and_scores_as_planning_each_checkpoint(tmp_path, probes, monkeypatch,
+                                                                             companions):
     """Three saved checkpoints of one series: one probe for the run, the stored scores identical
-    (float64) to a run that plans every checkpoint anew."""
+    (float64) to a run that plans every checkpoint anew; in batches or against companions."""
     import gnq_core.pipelines.audit as audit_module
     from gnq_core.pipelines.settings import AuditSettings
     from gnq_core.results.store import Store
@@ -157,7 +159,8 @@ def test_run_audit_plans_once_per_run_and_scores_as_planning_each_checkpoint(tmp
                             eos_token_id=tok.eos_token_id)
         save_checkpoint(model, tok, tmp_path / "run" / f"epoch-{step + 1}")
     data = load_texts(tmp_path / "t.txt")
-    settings = AuditSettings(batch_size=4, max_length=20, device="cpu", dtype="float64")
+    settings = AuditSettings(batch_size=4, max_length=20, device="cpu", dtype="float64",
+                             companions=companions)
     store = Store(tmp_path / "gnq.duckdb")
     reused = audit_module.run_audit(store, tmp_path / "run", data, name="reused", settings=settings)
     assert probes[0] == 1

@@ -246,7 +246,7 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
         return audit_companions(model, tokenizer, dataset.texts, partition,
                                 range(len(partition)) if every else mine, settings, device, reporter,
                                 trainable_only=trainable_only, ranks=ranks, saved=saved,
-                                checkpoint=str(ref.path))
+                                checkpoint=str(ref.path), plans=plans)
     batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length)
     rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
                          loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only,
