@@ -119,16 +119,33 @@ class Routed(nn.Module):
         return self.head(torch.tanh(inner(x)) * self.router)
 
 
-def test_a_forward_that_takes_another_path_at_new_weights_is_planned_anew(probes):
+class Picked(nn.Module):
+    """The same calls of the same shapes whatever the weights; which row of a table every example
+    reads is the router's choice (an integer tensor's values)."""
+
+    def __init__(self, sign: float):
+        super().__init__()
+        self.router = nn.Parameter(torch.tensor([sign, 0.0]))
+        self.table = nn.Embedding(2, 4)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        choice = self.router.detach().argmax().expand(x.shape[0])
+        return self.head(torch.tanh(self.table(choice) * x) * self.router.sum())
+
+
+@pytest.mark.parametrize("build", [Routed, Picked])
+def test_a_forward_that_takes_another_path_at_new_weights_is_planned_anew(build, probes):
     """The structure and the batch are the same; the router's weight changed sign, so the checking
-    forward calls another module and the plan is made again; the same path reuses it."""
+    forward calls another module, or one with other token ids, and the plan is made again; the
+    same path reuses it."""
     from gnq_core import GNQAuditor
 
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
     plans = PlanCache()
     for sign in (1.0, 2.0, -1.0):
         torch.manual_seed(1)
-        model = Routed(sign)
+        model = build(sign)
         with GNQAuditor(model, lam=LAM) as auditor:
             auditor.reuse_plans(plans)
             out = model(x).squeeze(1) ** 2

@@ -20,6 +20,7 @@ and why.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,11 +88,20 @@ class _Recorder:
 
 
 def _call_shape(tree: Any) -> tuple:
-    """A call's structure: its pytree spec, each tensor's shape, dtype, device and requires_grad,
+    """A call's structure: its pytree spec, each tensor's shape, dtype, device and requires_grad
+    (an integer or boolean tensor's values too, by digest: token ids, masks, a router's choices),
     numbers and strings by value, other objects by type."""
     flat, spec = tree_flatten(tree)
-    return spec, tuple((tuple(x.shape), x.dtype, x.device, x.requires_grad) if isinstance(x, torch.Tensor)
+    return spec, tuple(_tensor_shape(x) if isinstance(x, torch.Tensor)
                        else x if isinstance(x, _SCALARS) else type(x).__qualname__ for x in flat)
+
+
+def _tensor_shape(x: torch.Tensor) -> tuple:
+    digest = None
+    if not x.is_floating_point() and not x.is_complex():
+        data = x.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy()
+        digest = hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest()
+    return tuple(x.shape), x.dtype, x.device, x.requires_grad, digest
 
 
 class _Calls:
