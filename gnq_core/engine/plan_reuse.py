@@ -2,16 +2,20 @@
 
 A plan (``engine.planning``) is what one forward of the first batch showed: which module calls
 see batch-first tensors and which parameters are used where.  It is made from the model's code
-and structure and the batch, the way one plan already serves every later batch of a checkpoint
-and, in training, every later step as the weights change.  Weights enter only through the
-forward's path (which modules a router calls, a branch on a value) and through the probe's
-comparisons of values.  So a plan is reused only when everything it was made from is provably
-the same: the model's class, config, modules, parameters (names, shapes, dtypes, devices,
-requires_grad, which are tied), buffers, hooks and the auditor's kernel assignment, the first
-batch tensor for tensor, and the module calls of one checking forward of that batch at the new
-weights (the probe's own forward: every call's name, order, tensor shapes and numbers).  Anything
-else is planned anew.  The checking forward costs one forward instead of the probe's two (one
-on B+1 examples, recording a copy of every module call's tensors).
+and structure and the batch.  Weights enter in two ways.  Through the forward's path: which
+modules run, with what (a router's choice, a branch on a value); this is checked.  And through
+the probe's comparison of each call's float tensors between its two batches, which tells whether
+a call's rows are its own examples': a call whose rows mix the examples looks batch-first only
+where the mixing term vanishes at those very weights, which is the assumption one plan already
+makes for every later batch of a checkpoint and, in training, every later step as the weights
+change (a difference of rounding alone is batch-first either way, and both kernels are exact).
+So a plan is reused only when the model's class, config, modules, parameters (names, shapes,
+dtypes, devices, requires_grad, which are tied), buffers, hooks and the auditor's kernel
+assignment are the same, the first batch is the same tensor for tensor, and one checking forward
+of that batch at the new weights makes the same module calls as the probe's did (name, order,
+tensor shapes, integer and boolean tensors' values, numbers).  Anything else is planned anew.
+The check costs one forward, where the probe costs two (one on B+1 examples, copying every module
+call's tensors) and their comparisons.
 """
 
 from __future__ import annotations
