@@ -3,11 +3,11 @@
     python -m benchmarks.plan_reuse --work DIR
 
 On ``attack_throughput prepare``'s data and checkpoints (DIR: texts.csv, checkpoints/): ``run_audit``
-over every checkpoint twice in one process, one thread, CPU seconds (the machine may be shared):
-first with the plan kept across checkpoints (engine.plan_reuse; it also pays the process's
-warm-up), then with every checkpoint probed anew (as before the plan was reused).  Per
-checkpoint: its first batch's and its other batches' CPU seconds; the probes counted; the stored
-scores compared.
+over every checkpoint in one process, one thread, CPU seconds (the machine may be shared), with
+every checkpoint probed anew (as before the plan was reused) and with the plan kept across
+checkpoints (engine.plan_reuse), in the order anew, reused, reused, anew (the process's warm-up
+and any drift on both sides).  Per run and checkpoint: its first batch's and its other batches'
+CPU seconds; the probes counted; the stored scores compared.
 """
 
 from __future__ import annotations
@@ -72,12 +72,12 @@ def main() -> None:
     scores = {}
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "gnq.duckdb")
-        for name, cache in (("reused", PlanCache), ("anew", Never)):  # warm-up on the reused side
-            audit_module.PlanCache = cache
+        for k, name in enumerate(("anew", "reused", "reused-2", "anew-2")):
+            audit_module.PlanCache = Never if name.startswith("anew") else PlanCache
             calls.clear()
             probes[0] = 0
             t0 = time.process_time()
-            run = audit_module.run_audit(store, refs, dataset, name=name,
+            run = audit_module.run_audit(store, refs, dataset, name=f"{name}-{k}",
                                          settings=AuditSettings(batch_size=BATCH, max_length=LENGTH))
             total = time.process_time() - t0
             firsts = [c[0] for c in calls]
@@ -89,11 +89,17 @@ def main() -> None:
                          "batch_cpu_s_per_checkpoint": [list(c) for c in calls]}
             scores[name] = store.scores(run.run_id).sort_values(["point", "example_id"])
             print(name, out[name]["audit_cpu_s"], "s;", out[name]["first_batch_extra_cpu_s"], flush=True)
+    for side in ("anew", "reused"):
+        runs = [out[side], out[f"{side}-2"]]
+        out[f"{side}_mean"] = {key: round(sum(r[key] for r in runs) / 2, 2) for key in ("audit_cpu_s",)}
+        out[f"{side}_mean"]["first_batch_extra_cpu_s_sum"] = round(
+            sum(sum(r["first_batch_extra_cpu_s"]) for r in runs) / 2, 2)
     a, b = scores["anew"], scores["reused"]
     out["gnq_max_rel_diff"] = float(np.nanmax(np.abs(a["gnq"].to_numpy() - b["gnq"].to_numpy())
                                               / np.abs(a["gnq"].to_numpy())))
     out["gnq_identical"] = bool(np.array_equal(a["gnq"].to_numpy(), b["gnq"].to_numpy(), equal_nan=True))
-    out["reused_over_anew"] = out["reused"]["audit_cpu_s"] / out["anew"]["audit_cpu_s"]
+    out["reused_over_anew"] = out["reused_mean"]["audit_cpu_s"] / out["anew_mean"]["audit_cpu_s"]
+    out["saved_cpu_s"] = round(out["anew_mean"]["audit_cpu_s"] - out["reused_mean"]["audit_cpu_s"], 1)
     print(write(args.name, out))
 
 
