@@ -73,10 +73,10 @@ def structure(model: nn.Module, hooked: list[Hooked]) -> tuple:
     config = getattr(model, "config", None)
     settings: Any = None
     if config is not None:
-        to_dict = getattr(config, "to_dict", None)
-        settings = repr(sorted((k, repr(v)) for k, v in (to_dict() if to_dict else vars(config)).items()
-                               if k not in _WHERE_FROM))
-        settings = (settings, getattr(config, "_attn_implementation", None),
+        to_dict = getattr(config, "to_dict", None)  # a transformers config; else its repr decides
+        entries = (repr(sorted((k, repr(v)) for k, v in to_dict().items() if k not in _WHERE_FROM))
+                   if callable(to_dict) else repr(config))
+        settings = (entries, getattr(config, "_attn_implementation", None),
                     getattr(config, "_experts_implementation", None))
     first: dict[int, str] = {}
     params = tuple((name, tuple(p.shape), p.dtype, p.device, p.requires_grad, first.setdefault(id(p), name))
