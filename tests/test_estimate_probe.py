@@ -99,6 +99,8 @@ def test_each_line_is_its_unit_cost_times_its_count():
                 formats=3)
     lines = {line.stage: line for line in estimate_lines(work, probe)}
     assert lines["audit"].seconds == pytest.approx(3 * (2.0 + 6 * 3.0))  # 6 batches of 16
+    planned = replace(probe, audit_fixed_s=5.0, audit_reuse_s=1.0)  # one plan, 2 later checkpoints check it
+    assert estimate_lines(work, planned)[0].seconds == pytest.approx(3 * (2.0 + 6 * 3.0) + 5.0 + 2 * 1.0)
     assert lines["attack"].seconds == pytest.approx(2 * (2.0 + 2 * 0.5))  # both models; 2 batches of 32
     assert lines["membership"].seconds == pytest.approx(2 * 3 * 0.25)
     assert lines["secret decode"].seconds == pytest.approx(2 * 1 * 0.5)
@@ -134,20 +136,23 @@ def test_gnq_estimate_prints_the_total_and_every_stage(job):
     assert "gradient audit" in alone and "text windows" not in alone and "secret" not in alone
 
 
-@pytest.mark.parametrize(("plan_s", "batch_s"), [(10.0, 1.0), (0.5, 0.25)])  # a slow model, a quick one
-def test_the_audit_rate_leaves_out_the_once_per_checkpoint_plan(job, monkeypatch, plan_s, batch_s):
-    """Each checkpoint's auditor plans the model once, in its first batch (two more forwards, on
-    SmolLM2 more than a batch's own cost): the probe must count it once per checkpoint, not in
-    every batch.  A fake clock charges the plan and each audited batch their seconds, nothing else."""
+@pytest.mark.parametrize(("plan_s", "check_s", "batch_s"), [(10.0, 2.0, 1.0), (0.5, 0.1, 0.25)])
+def test_the_audit_rate_counts_the_plan_once_per_audit_and_its_check_per_later_checkpoint(
+        job, monkeypatch, plan_s, check_s, batch_s):
+    """The audit plans the model once, in the first checkpoint's first batch (two more forwards,
+    on SmolLM2 more than a batch's own cost); each later checkpoint's first batch checks the kept
+    plan (one forward): the probe must count the plan once per audit, the check once per later
+    checkpoint, and neither in every batch.  A fake clock charges the probe, the check and each
+    audited batch their seconds, nothing else."""
     import types
 
+    import gnq_core.engine.first_batch as first_batch
+    import gnq_core.engine.plan_reuse as plan_reuse
     import gnq_core.pipelines.audit as audit_module
     import gnq_core.pipelines.estimate_probe as probe_module
-    from gnq_core.engine.first_batch import FirstBatch
 
-    clock, runs = [0.0], {"plan": 0, "batch": 0}
+    clock, runs = [0.0], {"plan": 0, "check": 0, "batch": 0}
     monkeypatch.setattr(probe_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    plan, loss = FirstBatch.plan, audit_module.per_example_lm_loss
 
     def charged(key, seconds, fn):
         def run(*args, **kwargs):
@@ -156,11 +161,15 @@ def test_the_audit_rate_leaves_out_the_once_per_checkpoint_plan(job, monkeypatch
             return fn(*args, **kwargs)
         return run
 
-    monkeypatch.setattr(FirstBatch, "plan", charged("plan", plan_s, plan))
-    monkeypatch.setattr(audit_module, "per_example_lm_loss", charged("batch", batch_s, loss))
+    monkeypatch.setattr(first_batch, "probe", charged("plan", plan_s, first_batch.probe))
+    monkeypatch.setattr(plan_reuse, "calls_of", charged("check", check_s, plan_reuse.calls_of))
+    monkeypatch.setattr(audit_module, "per_example_lm_loss", charged("batch", batch_s,
+                                                                     audit_module.per_example_lm_loss))
     work, probe = measure_estimate(str(job / "run" / "epoch-1"), load_texts(job / "data.csv"), batch_size=4,
-                                   max_length=48, checkpoints=2, attack=False)
-    assert runs["plan"] >= 1 and runs["batch"] >= 2  # the charged code ran
+                                   max_length=48, checkpoints=3, attack=False)
+    assert runs["plan"] >= 1 and runs["check"] == 1 and runs["batch"] >= 3  # the charged code ran
     assert probe.audit_batch_s == pytest.approx(batch_s) and probe.audit_fixed_s == pytest.approx(plan_s)
-    audit_line = estimate_lines(work, probe)[0]  # 2 checkpoints × (a plan + 4 batches of 4 texts)
-    assert audit_line.seconds == pytest.approx(2 * (plan_s + 4 * batch_s))
+    assert probe.audit_reuse_s == pytest.approx(check_s)
+    audit_line = estimate_lines(work, probe)[0]  # 3 checkpoints × 4 batches of 4 texts, a plan, 2 checks
+    assert audit_line.seconds == pytest.approx(3 * 4 * batch_s + plan_s + 2 * check_s)
+    assert "once to plan the model" in audit_line.assumed and "2 later checkpoint(s)" in audit_line.assumed

@@ -13,6 +13,7 @@ from gnq_core.engine.assignment import owners
 from gnq_core.engine.batch import BatchDimensionError, leading_dim, module_label
 from gnq_core.engine.coverage import UncoveredParametersError, UseChecker
 from gnq_core.engine.pass_state import Hooked
+from gnq_core.engine.plan_reuse import PlanCache
 from gnq_core.engine.planning import Plan, probe, probeable
 
 
@@ -24,6 +25,7 @@ class FirstBatch:
         self.checker: UseChecker | None = None
         self.active = False
         self.planned = not check_uses  # check_uses: plan from a probe of the first batch
+        self.plans: PlanCache | None = None  # an earlier checkpoint's plan, reused where provably valid
         if check_uses:
             self.checker = UseChecker(model, owners(model, hooked))
 
@@ -46,6 +48,9 @@ class FirstBatch:
         B = leading_dim(args, kwargs)
         if B is None:
             return None
+        plan = self.plans.reuse(self.model, hooked, args, kwargs) if self.plans is not None else None
+        if plan is not None:  # made from the same structure and batch, and it passed then
+            return plan
         covered = {h.name: [id(h.module.get_parameter(n)) for n in h.params] for h in hooked}
         plan = probe(self.model, args, kwargs, B, covered, owners(self.model, hooked, covered))
         if plan.violations:
@@ -56,6 +61,8 @@ class FirstBatch:
                 f"{module_label(self.model, name, self.model.get_submodule(name))} {why}, and no "
                 "enclosing module sees batch-first tensors, so its per-example gradients cannot be "
                 "attributed")
+        if self.plans is not None:
+            self.plans.keep(self.model, hooked, args, kwargs, plan)
         return plan
 
     def watch(self) -> None:

@@ -31,6 +31,7 @@ from gnq_core.engine.fused_sink import FusedSink
 from gnq_core.engine.kernels import UnsupportedModuleError, can_fuse
 from gnq_core.engine.kernels.base import hooks_are_suspended
 from gnq_core.engine.pass_state import Call, Hooked, PassState
+from gnq_core.engine.plan_reuse import PlanCache
 from gnq_core.engine.recompute import in_backward, is_duplicate, note_forward_call, shared_before
 
 
@@ -76,6 +77,11 @@ class AuditHooks(ExtensionPoints):
         for module in self._fused_modules:
             del module.forward  # back to the class's own forward
         self._fused_modules.clear()
+
+    def reuse_plans(self, plans: PlanCache) -> None:
+        """Take the first batch's plan from ``plans`` where it provably holds for this model
+        (``engine.plan_reuse``: an audit's next checkpoint), and keep this one's there."""
+        self._first.plans = plans
 
     def _plan(self, args: tuple, kwargs: dict) -> None:
         """Probe the first batch (gnq_core.engine.planning) and re-assign kernels by its plan."""

@@ -20,6 +20,7 @@ and why.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,9 @@ class Plan:
     in_dims: dict[str, list[int | None]] = field(default_factory=dict)  # per flat input leaf
     refused: dict[str, str] = field(default_factory=dict)  # module -> why nothing can cover it
     violations: dict[str, str] = field(default_factory=dict)  # parameter -> where it is used
+    # every module call of the probed forward, in order (``calls_of``): a later model's forward on
+    # the same batch must make the same calls for this plan to be reused (engine/plan_reuse.py)
+    calls: list[tuple] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass
@@ -76,6 +80,41 @@ class _Recorder:
         self._handles = [m.register_forward_hook(
             lambda mod, args, kwargs, out, name=name: self.calls.setdefault(name, []).append(
                 (_leaves((args, kwargs)), _leaves(out))), with_kwargs=True)
+            for name, m in model.named_modules()]
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def _call_shape(tree: Any) -> tuple:
+    """A call's structure: its pytree spec, each tensor's shape, dtype, device and requires_grad
+    (an integer or boolean tensor's values too, by digest: token ids, masks, a router's choices),
+    numbers and strings by value, other objects by type."""
+    flat, spec = tree_flatten(tree)
+    return spec, tuple(_tensor_shape(x) if isinstance(x, torch.Tensor)
+                       else x if isinstance(x, _SCALARS) else type(x).__qualname__ for x in flat)
+
+
+def _tensor_shape(x: torch.Tensor) -> tuple:
+    digest: object = None
+    if not x.is_floating_point() and not x.is_complex():
+        try:
+            data = x.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy()
+            digest = hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest()
+        except (RuntimeError, TypeError, NotImplementedError):  # unreadable (meta, sparse): equal to nothing
+            digest = object()
+    return tuple(x.shape), x.dtype, x.device, x.requires_grad, digest
+
+
+class _Calls:
+    """Every module call of a forward, in order: its name, its inputs' and its output's structure."""
+
+    def __init__(self, model: nn.Module):
+        self.calls: list[tuple] = []
+        self._handles = [m.register_forward_hook(
+            lambda mod, args, kwargs, out, name=name: self.calls.append(
+                (name, _call_shape((args, kwargs)), _call_shape(out))), with_kwargs=True)
             for name, m in model.named_modules()]
 
     def remove_hooks(self) -> None:
@@ -233,12 +272,29 @@ def probe(model: nn.Module, args: tuple, kwargs: dict, batch_size: int,
             reference = recorder.calls
         torch.random.set_rng_state(start)
         tracker = _Tracker(model, owners, reference, index)
+        calls = _Calls(model)
         try:
             with tracker, _NoDropout():
                 model(*args, **kwargs)
         finally:
             tracker.remove_hooks()
-    return _decide(model, tracker, covered)
+            calls.remove_hooks()
+    plan = _decide(model, tracker, covered)
+    plan.calls = calls.calls
+    return plan
+
+
+def calls_of(model: nn.Module, args: tuple, kwargs: dict) -> list[tuple]:
+    """The module calls of one forward of the batch, run as ``probe`` runs its batch (hooks
+    suspended, autograd on, dropout off, no side effects), for ``Plan.calls`` to compare with."""
+    with _no_side_effects(model):
+        calls = _Calls(model)
+        try:
+            with _NoDropout():
+                model(*args, **kwargs)
+        finally:
+            calls.remove_hooks()
+    return calls.calls
 
 
 def _ancestors(name: str) -> Iterator[str]:

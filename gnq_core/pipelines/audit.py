@@ -26,6 +26,7 @@ from gnq_core.attacks.membership import TOKEN_SIGNALS
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.conventions import LAM_ABSOLUTE, TOKEN_MEAN
 from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.engine.plan_reuse import PlanCache
 from gnq_core.pipelines.companion_plan import check_companion_memory, sketch_spec
 from gnq_core.pipelines.companions import audit_companions, companion_sets
 from gnq_core.pipelines.finite_share import check_mostly_finite
@@ -54,7 +55,8 @@ COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partit
 def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float, device: torch.device,
                   reporter: Reporter | None = None, indices: Iterable[int] | None = None,
                   capacity: int = 1024, *, loss: str = TOKEN_MEAN, lam_mode: str = LAM_ABSOLUTE,
-                  trainable_only: bool = False) -> tuple[ScoreColumns, list[BatchResult]]:
+                  trainable_only: bool = False, plans: PlanCache | None = None
+                  ) -> tuple[ScoreColumns, list[BatchResult]]:
     """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights,
     and the forward signals Min-K% / Min-K%++ (``membership.token_signals``) from the same logits.
 
@@ -63,7 +65,8 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
     ``indices``: the batches' numbers in the audit's partition (default 0, 1, ...); ``loss``:
     the per-example loss convention; ``lam_mode``: λ absolute or relative to the batch's mean K_jj;
     ``trainable_only``: GNQ over the parameters that already require gradients (a PEFT adapter's),
-    else over all of them."""
+    else over all of them; ``plans``: the first batch's plan of an earlier checkpoint of the same
+    audit, reused where it provably holds (``engine.plan_reuse``), and this one's kept there."""
     texts, results = ScoreColumns(capacity, TOKEN_SIGNALS), []
     indices = itertools.count() if indices is None else indices
     model.eval()  # the gradient at a checkpoint, without dropout noise
@@ -71,6 +74,8 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
         for p in model.parameters():
             p.requires_grad_(True)
     with GNQAuditor(model, lam=lam, lam_mode=lam_mode, fused=False) as auditor:  # post hoc: no weight grads
+        if plans is not None:
+            auditor.reuse_plans(plans)
         for index, batch in zip(indices, batches, strict=False):  # indices may be endless
             t0 = time.perf_counter()
             b = batch.to(device)
@@ -140,6 +145,9 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
         return model, tok, hash_of(path) if ranks.lead else None
 
     tracking = store.tracking(run.run_id) if run is not None else contextlib.nullcontext()
+    # The checkpoints of a series share their model's structure and the first batch, so the first
+    # checkpoint's plan of the model serves the others (checked for each: engine.plan_reuse).
+    plans = PlanCache()
     with tracking:
         upcoming = None
         for n, point in enumerate(todo):
@@ -152,7 +160,7 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
             saved = companions_root(store.path) / f"run-{run.run_id}-point-{point}.pt" if run else None
             texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
                                           reporter, ranks, saved, trainable_only=adapters is not None
-                                          and not adapters.merged)
+                                          and not adapters.merged, plans=plans)
             del model
             if run is not None:
                 store.write_point(run.run_id, point, texts, results, time.perf_counter() - t0,
@@ -225,8 +233,8 @@ def prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
 
 def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, partition: Partition,
                  ref: CheckpointRef, settings: AuditSettings, device: torch.device, reporter: Reporter,
-                 ranks: Ranks, saved: Path | None = None, trainable_only: bool = False
-                 ) -> tuple[ScoreColumns, list[BatchResult]]:
+                 ranks: Ranks, saved: Path | None = None, trainable_only: bool = False,
+                 plans: PlanCache | None = None) -> tuple[ScoreColumns, list[BatchResult]]:
     """This rank's batches of one checkpoint, tokenised batch by batch; on the lead, every rank's
     records in batch order.  Companions against all the texts: every rank takes part in the one
     set (its share of the texts); ``saved``: where that set's first pass is kept."""
@@ -238,10 +246,11 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
         return audit_companions(model, tokenizer, dataset.texts, partition,
                                 range(len(partition)) if every else mine, settings, device, reporter,
                                 trainable_only=trainable_only, ranks=ranks, saved=saved,
-                                checkpoint=str(ref.path))
+                                checkpoint=str(ref.path), plans=plans)
     batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length)
     rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
-                         loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only)
+                         loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only,
+                         plans=plans)
     parts = ranks.gather(rows)
     if not ranks.lead or len(parts) == 1:
         return rows

@@ -39,6 +39,7 @@ from gnq_core.engine.companions import (
     streamed_bytes,
 )
 from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
+from gnq_core.engine.plan_reuse import PlanCache
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.engine.solve import GNQNumericalError
 from gnq_core.engine.window import WindowAuditor
@@ -92,15 +93,16 @@ def _micro_batches(texts: list[int], batch_size: int) -> Partition:
 def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], sets: Partition,
                      indices: Sequence[int], settings: AuditSettings, device: torch.device,
                      reporter: Reporter | None = None, *, trainable_only: bool = False,
-                     ranks: Ranks | None = None, saved: Path | None = None, checkpoint: str = ""
-                     ) -> tuple[ScoreColumns, list[BatchResult]]:
+                     ranks: Ranks | None = None, saved: Path | None = None, checkpoint: str = "",
+                     plans: PlanCache | None = None) -> tuple[ScoreColumns, list[BatchResult]]:
     """GNQ, loss, sketched self-influence and the forward signals of every text of the companion
     sets ``indices`` at the model's current weights; one ``BatchResult`` per set.
 
     Each set takes the cheaper solve (``choose_solve``; logged).  Streamed: ``saved`` is where the
     first pass's A is kept until the set is scored (a rerun that finds it, formed from the same
     ``checkpoint``, texts and sketch, skips that pass); under ``ranks`` every rank calls this with
-    the same sets, and the lead gets the rows (the others get none)."""
+    the same sets, and the lead gets the rows (the others get none).  ``plans``: as for
+    ``audit.audit_batches``."""
     spec = sketch_spec(settings)
     ranks = ranks or Ranks()
     capacity = sum(sets.size(k) for k in indices)
@@ -113,6 +115,8 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
     hold = torch.float64 if dtype == torch.float64 else torch.float32  # the sketches as computed
     reporter = reporter or Reporter()
     with WindowAuditor(model, lam=settings.lam, mode="sketch", sketch=spec, keep_exact=False) as auditor:
+        if plans is not None:
+            auditor.reuse_plans(plans)
         passes = _Passes(model, auditor, tokenizer, texts, settings, device, hold, reporter)
         for index in indices:
             t0 = time.perf_counter()

@@ -3,7 +3,8 @@
 A short probe runs each kind of work the job does once, on the first checkpoint with the job's
 own settings and threads: loading the checkpoint, the first real audit batches in one audit call
 (``audit_batches``: the per-text gradients and the GNQ solve, of ``batch_size`` texts drawn as
-the audit draws them; the first batch also pays the auditor's set-up, once per checkpoint), one
+the audit draws them; the first batch also pays the plan of the model, once per audit, and each
+later checkpoint's first batch the check that the plan still holds), one
 greedy decoding batch of the text attack, one scoring forward, and pairs of never-trained
 secret values' exposures after one of their format's prompts: the first on a scorer of its own
 (as each distinct value under each model), the second on the scorer the first used (as the null's
@@ -85,7 +86,9 @@ class Probe:
     exposure_s: float | None  # one of the run's values' exposure (None: no secret value to try)
     threads: int
     model: str  # what was measured, said in the basis
-    audit_fixed_s: float = 0.0  # once per checkpoint's audit (its first batch's plan), besides its batches
+    audit_fixed_s: float = 0.0  # once per audit (its first batch's plan of the model), besides its batches
+    # each later checkpoint's first batch: the kept plan checked (engine.plan_reuse), besides its batches
+    audit_reuse_s: float = 0.0
     # a later never-trained value after a prompt already searched (the null's values share the
     # prompt's scorer: attacks.exposure.Scorers); None: as ``exposure_s``
     exposure_shared_s: float | None = None
@@ -109,12 +112,14 @@ class Line:
 def estimate_lines(work: Work, probe: Probe) -> list[Line]:
     """One line per stage the job runs (the attack's only with ``work.attack``)."""
     batches = math.ceil(work.texts / max(1, work.batch_size))
+    later = max(0, work.checkpoints - 1)
     lines = [Line("audit", "gradient audit", work.texts * work.checkpoints, TEXTS,
-                  work.checkpoints * (probe.load_s + probe.audit_fixed_s + batches * probe.audit_batch_s),
-                  f"{work.checkpoints} checkpoint(s) × ({probe.load_s:.1f} s to load + "
-                  f"{probe.audit_fixed_s:.1f} s of the audit's set-up in its first batch + {batches} "
-                  f"batch(es) × {probe.audit_batch_s:.2f} s; measured on the first checkpoint's first "
-                  "batches)")]
+                  work.checkpoints * (probe.load_s + batches * probe.audit_batch_s) + probe.audit_fixed_s
+                  + later * probe.audit_reuse_s,
+                  f"{work.checkpoints} checkpoint(s) × ({probe.load_s:.1f} s to load + {batches} batch(es) "
+                  f"× {probe.audit_batch_s:.2f} s) + {probe.audit_fixed_s:.1f} s once to plan the model in "
+                  f"the first batch + {later} later checkpoint(s) × {probe.audit_reuse_s:.1f} s to check "
+                  "the plan still holds; measured on the first checkpoint's first batches")]
     if not work.attack:
         return lines
     per = max(1, work.attack_batch)
@@ -224,6 +229,7 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     from gnq_core.attacks.exposure import value_space
     from gnq_core.attacks.forward import evaluating
     from gnq_core.attacks.secret_attack import format_places_of, secret_targets
+    from gnq_core.engine.plan_reuse import PlanCache
     from gnq_core.pipelines.audit import audit_batches, prepare_for_audit
     from gnq_core.results.text_labels import dataset_labels
     from gnq_core.runtime import resolve_device
@@ -266,10 +272,10 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
         prepare_for_audit(model, torch.float32)
         partition = seeded_partition(len(texts), batch_size, seed)
 
-        def audit(batches: list[int]) -> list[float]:
+        def audit(batches: list[int], plans: PlanCache) -> list[float]:
             """Seconds of each of ``batches`` in one audit call, as one checkpoint's audit runs them
-            (one auditor: its first batch also pays the auditor's set-up); a batch is timed from
-            the end of the one before, its tokenising included."""
+            (one auditor: its first batch also pays its plan, or its check of ``plans``' plan); a
+            batch is timed from the end of the one before, its tokenising included."""
             marks = [time.perf_counter()]
 
             def marked(stream: Iterator) -> Iterator:
@@ -280,21 +286,26 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                     yield batch
 
             audit_batches(model, marked(stream_batches(tok, texts, partition, batches, max_length)), lam,
-                          dev, None, indices=batches, capacity=batch_size * len(batches))
+                          dev, None, indices=batches, capacity=batch_size * len(batches), plans=plans)
             _sync(dev)
             marks.append(time.perf_counter())
             return [b - a for a, b in itertools.pairwise(marks)]
 
-        # Each checkpoint's audit pays once, in its first batch, for its auditor's plan of the model
-        # (engine.first_batch: two more forwards, hooks off) and set-up; the batches after it are
-        # what each further batch costs.  So the first and the next batches are timed in one call,
-        # as the audit runs them.  A quick first batch may hold the process's one-time costs
-        # (kernel compilation, first allocations): then three are timed again.
-        times = audit(list(range(min(2, len(partition)))))
+        # The audit pays once, in its first batch, for the auditor's plan of the model
+        # (engine.first_batch: two more forwards, hooks off); each later checkpoint's first batch
+        # checks that the kept plan still holds (engine.plan_reuse: one forward) instead; the
+        # batches after it are what each further batch costs.  So the first and the next batches
+        # are timed in one call, as the audit runs them.  A quick first batch may hold the
+        # process's one-time costs (kernel compilation, first allocations): then three are timed
+        # again, planned anew.  Then, for a series, the first batch again on the kept plan.
+        plans = PlanCache()
+        times = audit(list(range(min(2, len(partition)))), plans)
         if times[0] < WARM_UP_S and len(partition) > 2:
-            times = audit([0, 1, 2])
+            plans = PlanCache()
+            times = audit([0, 1, 2], plans)
         audit_batch_s = sum(times[1:]) / len(times[1:]) if len(times) > 1 else times[0]
         audit_fixed_s = max(0.0, times[0] - audit_batch_s)
+        audit_reuse_s = max(0.0, audit([0], plans)[0] - audit_batch_s) if checkpoints > 1 else 0.0
         decode_s = forward_s = 0.0
         exposure_s = shared_s = secret_decode_s = suffix_forward_s = None
         if attack:
@@ -324,8 +335,9 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                 mean_tokens=sum(map(len, ids)) / max(1, len(ids)))
     what = (f"{checkpoint} on {dev} at {threads} thread(s), {len(picked):,} of {n:,} texts counted"
             + (" (a seeded sample, scaled)" if len(picked) < n else ""))
-    return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what, audit_fixed_s,
-                       shared_s, secret_decode_s, suffix_forward_s)
+    return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what,
+                       audit_fixed_s=audit_fixed_s, audit_reuse_s=audit_reuse_s, exposure_shared_s=shared_s,
+                       secret_decode_s=secret_decode_s, suffix_forward_s=suffix_forward_s)
 
 
 def _secret_decode_seconds(model, targets: Sequence, pad: int, batch_size: int, device) -> float:
