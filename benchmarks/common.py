@@ -98,3 +98,22 @@ def exit_on_failure(verdict: dict, path: Path) -> None:
               file=sys.stderr)
     if verdict["failed"]:
         raise SystemExit(1)
+
+
+def batch_cpu_timer(audit_batches: Callable, calls: list[list[float]]) -> Callable:
+    """``audit_batches`` that appends each call's per-batch CPU seconds to ``calls`` (a batch timed
+    from the audit's asking for it to its asking for the next: its tokenising included)."""
+    def timed(model, batches, *rest, **kwargs):
+        marks = []
+
+        def marked():
+            for batch in batches:
+                marks.append(time.process_time())
+                yield batch
+
+        result = audit_batches(model, marked(), *rest, **kwargs)
+        marks.append(time.process_time())
+        calls.append([round(b - a, 2) for a, b in zip(marks, marks[1:], strict=False)])
+        return result
+
+    return timed

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .common import write
+from .common import batch_cpu_timer, write
 
 BATCH, LENGTH = 16, 128
 
@@ -68,21 +68,7 @@ def main() -> None:
 
     calls: list[list[float]] = []  # each audit call's batches, CPU seconds
     audit_batches = audit_module.audit_batches
-
-    def timed(model, batches, *rest, **kwargs):
-        marks = []
-
-        def marked():
-            for batch in batches:
-                marks.append(time.process_time())
-                yield batch
-
-        result = audit_batches(model, marked(), *rest, **kwargs)
-        marks.append(time.process_time())
-        calls.append([round(b - a, 2) for a, b in zip(marks, marks[1:], strict=False)])
-        return result
-
-    audit_module.audit_batches = timed
+    audit_module.audit_batches = batch_cpu_timer(audit_batches, calls)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.process_time()
         audit_module.run_audit(Store(Path(tmp) / "gnq.duckdb"), refs, dataset, name="real",

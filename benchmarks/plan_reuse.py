@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import write
+from .common import batch_cpu_timer, write
 
 BATCH, LENGTH = 16, 128
 
@@ -44,18 +44,7 @@ def main() -> None:
     probes = [0]
     audit_batches, probe = audit_module.audit_batches, first_batch.probe
 
-    def timed(model, batches, *rest, **kwargs):
-        marks = []
-
-        def marked():
-            for batch in batches:
-                marks.append(time.process_time())
-                yield batch
-
-        result = audit_batches(model, marked(), *rest, **kwargs)
-        marks.append(time.process_time())
-        calls.append([round(b - a, 2) for a, b in zip(marks, marks[1:], strict=False)])
-        return result
+    timed = batch_cpu_timer(audit_batches, calls)
 
     def counted(*a, **k):
         probes[0] += 1
