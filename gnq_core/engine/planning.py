@@ -102,7 +102,8 @@ def _tensor_shape(x: torch.Tensor) -> tuple:
         try:
             data = x.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy()
             digest = hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest()
-        except (RuntimeError, TypeError, NotImplementedError):  # unreadable (meta, sparse): equal to nothing
+        except (RuntimeError, TypeError, NotImplementedError):
+            # unreadable (meta, sparse): a fresh object equals no other, so a reused plan never matches
             digest = object()
     return tuple(x.shape), x.dtype, x.device, x.requires_grad, digest
 
