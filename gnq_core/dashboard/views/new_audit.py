@@ -317,7 +317,9 @@ default_name = (refs[0].path.parent.name if len(refs) > 1 else (refs[0].label if
 # Every form field has a key: its identity is then the key alone, so a rerun (an upload, a path typed
 # above) that changes a default, a limit or a placeholder keeps what was typed instead of making a
 # new field at its default. The run name's default is a placeholder, so it can follow the checkpoints.
-with st.form("settings"):
+# Enter in a field only commits its value: an audit can run for hours, so only the button starts one
+# (a user confirming "4" in Batch size with Enter must not start the audit at the old 16).
+with st.form("settings", enter_to_submit=False):
     name = st.text_input("Run name", key="form_name", placeholder=f"{default_name} (left empty: this name)",
                          help="Empty: named after the checkpoint folder.").strip() or default_name
     c1, c2, c3, c4 = st.columns(4)
