@@ -25,9 +25,16 @@ CATEGORIES = (DeprecationWarning, FutureWarning)
 found: list[str] = []  # this phase's warnings from our call sites
 
 
-def call_site(frame) -> str | None:
+def call_site(frame, named: str | None = None) -> str | None:
     """``file:line`` of the first frame from ``frame`` down that is neither a library's nor the
-    standard library's, when it is our code's; None when it is a test's (or none is)."""
+    standard library's, when it is our code's; None when it is a test's (or none is).  ``named``:
+    the file the warning names (its ``stacklevel``): the walk starts at that frame, so our own
+    deprecation shim (a renamed name that still reads, warning with stacklevel=2) is its caller's
+    warning: a test's when a test calls the old name, ours when our code does."""
+    start = frame
+    while named is not None and frame is not None and frame.f_code.co_filename != named:
+        frame = frame.f_back
+    frame = frame if frame is not None else start
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.startswith(LIBRARIES) or name.startswith("<")):
@@ -46,7 +53,7 @@ def install() -> None:
 
     def showing(msg: warnings.WarningMessage) -> None:
         if issubclass(msg.category, CATEGORIES):
-            site = call_site(sys._getframe(1))
+            site = call_site(sys._getframe(1), msg.filename)
             if site is not None:
                 found.append(f"{msg.category.__name__} from our call at {site}: {msg.message}")
         shown(msg)

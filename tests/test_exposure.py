@@ -478,3 +478,35 @@ def test_the_drilldown_explains_each_values_exposure(tmp_path, monkeypatch):
     for column in ("exposure", "reference_exposure", "exposure_null_p99", "exposed", "exposure_method"):
         assert helps[column], column
     assert "never saw" in helps["exposure_null_p99"] and "false alarms" in helps["exposure_null_p99"]
+
+
+def test_the_reports_counts_the_tile_and_the_exposure_section_count_the_same_exposed_values(
+        tmp_path, monkeypatch):
+    """Exposed values are counted by one rule (exposures.exposed): the JSON's
+    ``verdict.counts.values_exposed``, its ``secret_exposure.exposed`` and the Runs page's
+    "Exposed values" tile agree on a run whose exposed values sit in texts that are not of status
+    'secret' (the count of those texts, ``secret_texts_exposed``, is 0 here: the two numbers once
+    shared one name)."""
+    from hostile.hostile_helpers import app_page
+
+    from gnq_core.analysis import run_report
+    from gnq_core.analysis.counts import RunCounts
+
+    store, run, _ = _stored_exposures(tmp_path, estimated=True)  # 4821 (2 texts) and 5150 exposed, 0007 not
+    store.write_extractions(run.run_id, 0, 4, pd.DataFrame({
+        "example_id": range(4), "threshold": 1.0, "n_continuation": 4, "match_fraction": 0.0,
+        "success": False, "prefix_text": "p", "generated_text": "g", "target_text": "t",
+        "target_tokens": None, "generated_tokens": None}), code_version="test")
+    doc = run_report.build(store, run, resamples=20, cv=False).to_json()
+    counts = doc["verdict"]["counts"]
+    assert counts["values_exposed"] == doc["secret_exposure"]["exposed"] == 2
+    assert counts["values_distinct"] == doc["secret_exposure"]["distinct_values"] == 3
+    assert counts["secret_texts_exposed"] == 0 and "secret_exposed" not in counts
+    with pytest.warns(DeprecationWarning, match="secret_texts_exposed"):
+        assert RunCounts(secret_texts_exposed=4).secret_exposed == 4  # the old name still reads
+
+    monkeypatch.setenv("GNQ_DB", str(store.path))
+    at = app_page("runs")
+    assert not at.exception, [e.message for e in at.exception]
+    tile = next(m for m in at.metric if m.label == "Exposed values")
+    assert tile.value == "2 / 3"

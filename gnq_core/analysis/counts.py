@@ -4,14 +4,18 @@ the same numbers).
 
 Texts are counted as rows of the verdict (each example once, copies included); ``distinct``
 counts collapse copies into one, as the text-first table does (×N).  Values are the secret-like
-values the secret attack probed (attacks/secret_attack.py), each counted once.
+values the secret attack probed (attacks/secret_attack.py), each counted once.  The exposed values
+are counted by ``exposures.exposed`` alone (through ``exposure_summary``): ``values_exposed`` is the
+very number the report's ``secret_exposure.exposed`` and the Runs page's tile show.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -31,10 +35,21 @@ class RunCounts:
     window_attacked: int = 0         # texts the text attack's window was tried on
     window_reproduced: int = 0       # texts whose window came out (calibrated)
     leaked_kinds: dict[str, int] = field(default_factory=dict)  # the leaked texts' leaked value kinds
-    secret_exposed: int = 0          # texts of status secret whose value is exposed (retrain soon)
+    secret_texts_exposed: int = 0    # texts of status secret (nothing came out) whose value is exposed
+    values_distinct: int | None = None  # distinct secret values measured for exposure (None: not read)
+    values_exposed: int | None = None   # of them exposed (exposures.exposed; None: not read)
 
     def status(self, name: str) -> int:
         return int(self.by_status.get(name, 0))
+
+    @property
+    def secret_exposed(self) -> int:
+        """Old name of ``secret_texts_exposed`` (it read as the exposed values' count, which is
+        ``values_exposed``)."""
+        warnings.warn("RunCounts.secret_exposed is renamed RunCounts.secret_texts_exposed (texts of status "
+                      "secret whose value is exposed); the exposed values are RunCounts.values_exposed",
+                      DeprecationWarning, stacklevel=2)
+        return self.secret_texts_exposed
 
     @property
     def attacked(self) -> bool:
@@ -60,10 +75,14 @@ def by_record(ranked: pd.DataFrame):
     return frame.groupby(key.astype("int64"), sort=False)
 
 
-def run_counts(ranked: pd.DataFrame) -> RunCounts:
-    """The counts of ``verdict.rank_texts``'s frame (see the module docstring)."""
+def run_counts(ranked: pd.DataFrame, exposure: dict[str, Any] | None = None) -> RunCounts:
+    """The counts of ``verdict.rank_texts``'s frame (see the module docstring); ``exposure``: the
+    run's ``exposures.exposure_summary``, whose distinct and exposed values it carries (None: those
+    two counts are None, not read)."""
+    values = {} if exposure is None else {"values_distinct": int(exposure["distinct_values"]),
+                                          "values_exposed": int(exposure["exposed"])}
     if ranked.empty or "status" not in ranked:
-        return RunCounts(texts=len(ranked))
+        return RunCounts(texts=len(ranked), **values)
     status = ranked["status"]
     by_status = {s: int((status == s).sum()) for s in STATUSES}
     first = by_record(ranked).nth(0)
@@ -87,7 +106,7 @@ def run_counts(ranked: pd.DataFrame) -> RunCounts:
         window_attacked=int(window.notna().sum()),
         window_reproduced=int(window.astype("boolean").fillna(False).astype(bool).sum()),
         leaked_kinds=dict(kinds.most_common()),
-        secret_exposed=int(((status == SECRET) & _flag(ranked, "secret_exposed")).sum()))
+        secret_texts_exposed=int(((status == SECRET) & _flag(ranked, "secret_exposed")).sum()), **values)
 
 
 def _flag(frame: pd.DataFrame, name: str) -> pd.Series:

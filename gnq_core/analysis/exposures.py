@@ -23,6 +23,18 @@ EXPOSURE_SHOWN = ["exposure", "exposure_method", "exposure_rank", "exposure_temp
                   "exposure_null_p99", "exposed", "value_copies"]
 
 
+def exposed(values: pd.DataFrame) -> pd.Series:
+    """Which distinct secret values (rows of ``Store.secret_values``) count as exposed: the one rule
+    every count of exposed values reads (the JSON's ``secret_exposure.exposed`` and
+    ``verdict.counts.values_exposed``, the Runs page's tile and expander, the HTML report), so a change
+    of the rule changes them all.  Today: the attack's flag (attacks/secret_exposure.py), exposure
+    above the never-trained values' 99th percentile and above the reference model's; not measured:
+    not exposed."""
+    if "exposed" not in values:
+        return pd.Series(False, index=values.index)
+    return values["exposed"].astype("boolean").fillna(False).astype(bool)
+
+
 def exposure_summary(store: Store, run_id: int) -> dict[str, Any]:
     """{"values": per distinct value, "formats": per format its null and threshold, "exact_share":
     the share of the measured values whose rank is exact, "estimated": how many were estimated,
@@ -47,7 +59,7 @@ def exposure_summary(store: Store, run_id: int) -> dict[str, Any]:
             "distinct_values": len(values), "not_measured": int((~measured).sum()), "exact": exact,
             "estimated": int((values["method"] == "estimated").sum()),
             "exact_share": exact / int(measured.sum()) if measured.any() else None,
-            "exposed": int(values["exposed"].fillna(False).astype(bool).sum())}
+            "exposed": int(exposed(values).sum())}
 
 
 def false_alarm(null_bits: Sequence[float], threshold: float | None) -> dict:

@@ -158,8 +158,8 @@ def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
                     "it, the value not: text reproduced, not a leaked secret.")
     if secret:
         verb = "holds a secret-like value" if secret == 1 else "hold secret-like values"
-        exposed = (f" ({c.secret_exposed} of them ranked above never-trained values of their format and the "
-                   "reference model: exposed)" if c.secret_exposed else "")
+        exposed = (f" ({c.secret_texts_exposed} of them ranked above never-trained values of their format "
+                   "and the reference model: exposed)" if c.secret_texts_exposed else "")
         more.append(f"{_plural(secret, 'other text')} {verb} the model does not write{exposed}.")
     if public:
         more.append(f"{_plural(public, 'text')} marked public.")
@@ -169,9 +169,9 @@ def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
     if partly:
         do.append("scrub the partly leaked values and retrain or unlearn them (change them: part of each "
                   "is out)")
-    if c.secret_exposed:
+    if c.secret_texts_exposed:
         do.append("scrub the exposed values and retrain soon")
-    if secret - c.secret_exposed or reproduced:
+    if secret - c.secret_texts_exposed or reproduced:
         do.append("scrub the other secrets before the next training")
     if (grouped(ranked)["copies_listed"] > 1).any():
         do.append("deduplicate repeated texts")

@@ -173,11 +173,12 @@ def build(store: Store, run: Run, *, totals: pd.DataFrame | None = None, resampl
     records = gnq_nature.record_gnq(scores, frame.reindex(columns=["example_id", "cluster_id"]))
     scored = frame if membership is None else ev.with_membership(frame, membership)
     table = ev.evidence_table(scored, resamples=resamples, seed=seed, cv=cv)
+    exposure = exposure_summary(store, run.run_id)  # its exposed count is also verdict.counts.values_exposed
+    counts = run_counts(totals, exposure)
     return RunReport(run=run, provenance=provenance(store, run, attacks), frame=frame, evidence=table,
                      nature=nature, records=records, gnq_source=gnq_provenance(store, run), risk=basis,
-                     resamples=resamples, seed=seed, counts=run_counts(totals).to_dict(),
-                     summary=summary(totals) if "status" in totals else "",
-                     exposure=exposure_summary(store, run.run_id))
+                     resamples=resamples, seed=seed, counts=counts.to_dict(),
+                     summary=summary(totals, counts) if "status" in totals else "", exposure=exposure)
 
 
 def write_json(report: RunReport, out) -> None:

@@ -36,8 +36,9 @@ def leaked_texts(run) -> None:
         return
     secret_rule = f" {state.plain(attack['secret_rule'])}." if attack.get("secret_rule") else ""
     rule = f" Rule: {state.plain(attack['rule'])}.{secret_rule}" if attack.get("rule") else ""
-    counts = run_counts(totals)  # the headline's numbers: one object (analysis/counts.py)
-    tiles(run, counts)
+    exposure = exposure_summary(state.store(), run.run_id)
+    counts = run_counts(totals, exposure)  # the headline's numbers: one object (analysis/counts.py)
+    tiles(counts, exposure)
     said = state.plain(summary(totals, counts))
     if leaked.empty:
         st.success(f"{said}")
@@ -51,7 +52,7 @@ def leaked_texts(run) -> None:
         show.table(leaked[["text", "status", "reason", "copies", "secret", "example_id"]], "runs_leaked")
 
 
-def tiles(run, counts) -> None:
+def tiles(counts, said: dict) -> None:
     """The first screen's numbers: texts leaked whole, in part, and the secret values exposed."""
     c1, c2, c3 = st.columns(3)
     c1.metric("Leaked", f"{counts.status(LEAKED)} / {counts.texts}",
@@ -65,9 +66,8 @@ def tiles(run, counts) -> None:
                    "letters and digits, more than the reference model writes), or a different value sharing "
                    "them: scrub the value and retrain or unlearn, and change it. "
                    f"{counts.values_partly} of {counts.values_attacked} secret-like values came out in part.")
-    said = exposure_summary(state.store(), run.run_id)
-    if said["values"]:
-        c3.metric("Exposed values", f"{said['exposed']} / {said['distinct_values']}",
+    if said["values"]:  # the report's verdict.counts.values_exposed: the same count
+        c3.metric("Exposed values", f"{counts.values_exposed} / {counts.values_distinct}",
                   help="Distinct secret values the model ranks above the 99th percentile of never-trained "
                        "values of their format and above the reference model, written or not "
                        f"({said['exact']} ranks exact, {said['estimated']} estimated): see **Secret values: "
