@@ -1,4 +1,8 @@
-"""The live job list (progress per checkpoint, cancel), shared by the Runs and New audit pages."""
+"""The live job list (progress per checkpoint, cancel), shared by the Runs and New audit pages.
+
+Drawn from the store's job files alone (gnq_core.jobs), nothing in the session: any session, a
+reload or another browser, lists every job and can cancel a running one.  Each job is one line of
+the run's history: its outcome and the reason (jobs.history.outcome)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pathlib import Path
 import streamlit as st
 
 from gnq_core.dashboard import state
-from gnq_core.jobs import cancel_job, list_jobs
+from gnq_core.jobs import cancel_job, list_jobs, outcome
 from gnq_core.pipelines import duration, job_seconds_left, seconds_left
 
 
@@ -22,21 +26,20 @@ def job_panel(db: Path, only_alive: bool = False) -> None:
         for job in jobs[:10]:
             with st.container(border=True):
                 head, button = st.columns([5, 1])
-                step = (f" · step {job.step + 1}/{len(job.steps)} (`{state.plain(job.step_kind())}`)"
-                        if job.steps else "")
-                head.markdown(f"**{state.plain(job.run)}** · {job.status}{step}  \n"
-                              f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.started))}"
-                              f" · {'took' if job.finished else 'running for'} "
-                              f"{duration((job.finished or time.time()) - job.started)}")
-                if job.alive() and button.button("Cancel", key=f"cancel-{job.job_id}"):
+                said = state.plain(outcome(job))
+                line = said if job.status != "failed" else "failed"  # the reason: the red box below
+                head.markdown(f"**{state.plain(job.run)}** · {line}  \n"
+                              f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(job.started))}")
+                alive = job.alive()
+                if alive and job.cancel_requested() is not None:
+                    button.caption("Cancelling: it stops at its next batch…")
+                elif alive and button.button("Cancel", key=f"cancel-{job.job_id}"):
                     cancel_job(job)
                     st.rerun()
                 if job.status == "running":
                     progress_bar(job.progress())
                 if job.status == "failed":
-                    error = job.error_line()
-                    st.error(f"Job failed: {state.plain(error.removeprefix('error: '))}" if error
-                             else f"Job failed (exit code {job.returncode}).")
+                    st.error(f"Job {said}")
                     st.code(job.log_tail(), language=None)
                 if job.status == "done" and not only_alive:
                     results_link(job.run, key=f"open-{job.job_id}")

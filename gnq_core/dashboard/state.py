@@ -21,10 +21,14 @@ RUN_KEY, EXAMPLE_KEY = "run_name", "example_id"
 PAGES = {}  # filled by main.py: title -> st.Page, so pages can link to each other
 
 
+STORE_PARAM = "store"  # the address's name for a store typed in the sidebar
+
+
 def db_path() -> Path:
     """The store typed in the sidebar (refused outside the data roots when they apply), else the
-    one the dashboard was started with ($GNQ_DB)."""
-    typed = st.session_state.get("db_path")
+    one in the address (a reload, a new tab: the typed store and its running jobs stay in view),
+    else the one the dashboard was started with ($GNQ_DB)."""
+    typed = st.session_state.get("db_path") or st.query_params.get(STORE_PARAM)
     if typed and str(typed) != str(default_db_path()):
         try:
             return local_path(typed)
@@ -132,6 +136,10 @@ def sidebar(creates: bool = False) -> Run | None:
                       help="Also set by the GNQ_DB environment variable. A shards folder of a "
                            "distributed run is read in place (read-only).")
         path = db_path()
+        if path != default_db_path():  # kept in the address, so a reload opens the same store
+            st.query_params[STORE_PARAM] = str(st.session_state["db_path"])
+        elif STORE_PARAM in st.query_params:
+            del st.query_params[STORE_PARAM]
         if not path.exists() and path != default_db_path():
             if creates:
                 st.caption(f"No store at {plain(path)} yet: starting an audit creates it.")

@@ -5,7 +5,9 @@ from gnq_core._lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".demo_job": ("start_demo_job",),
-    ".jobs": ("Job", "cancel_job", "list_jobs", "new_job_id", "run_steps", "start_job"),
+    ".history": ("outcome",),
+    ".jobs": ("Job", "JobConflict", "cancel_job", "list_jobs", "live_job", "new_job_id", "run_steps",
+              "start_job"),
     ".uploads": ("abandoned_uploads", "check_upload_tree", "safe_relative_path", "save_uploads",
                  "touch_staging", "uploads_dir"),
 })

@@ -5,9 +5,12 @@ steps in order (e.g. an audit, then the attack; ``gnq_core.pipelines.settings``)
 delete at the end (uploads).  ``start_job`` launches ``python -m gnq_core.jobs.jobs JOBFILE``
 in a new session, so the job outlives a page reload or the Streamlit script; that process runs
 each step with ``run_job`` (pipelines/run.py), the very function the ``gnq`` commands call.  The
-page polls the job file and the job's progress file.  Cancelling sends SIGTERM to the job's
-process group, handled like Ctrl-C: the run is marked 'cancelled', finished checkpoints are kept,
-a rerun resumes.
+page polls the job file and the job's progress file.  Cancelling writes ``JOB.cancel`` (who asked,
+when: the history says so) and sends SIGTERM to the job's process group, handled like Ctrl-C: the
+run is marked 'cancelled', finished checkpoints are kept, a rerun resumes.  Any session lists and
+cancels every job of the store from these files alone (none of it lives in a session).  A run
+is written by one job at a time: a second start of a run whose job is alive is refused
+(``JobConflict``), so two starts never race on one run and the history holds one row per attempt.
 """
 
 from __future__ import annotations
@@ -72,9 +75,12 @@ class Job:
     def alive(self) -> bool:
         if self.pid is None or self.status not in ("queued", "running"):
             return False
-        # started by this process (the dashboard): reap it if it died, or it lingers as a zombie
+        # started by this process (the dashboard): reap it if it died, or it lingers as a zombie;
+        # its wait status is the one record of how it ended when it could not write its own (a kill)
         with contextlib.suppress(ChildProcessError):
-            if os.waitpid(self.pid, os.WNOHANG)[0] == self.pid:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                _ended_unrecorded(self, os.waitstatus_to_exitcode(status))
                 return False
         try:
             os.kill(self.pid, 0)
@@ -102,6 +108,17 @@ class Job:
         except OSError:
             return ""
 
+    @property
+    def cancel_path(self) -> Path:
+        return self.path.with_suffix(".cancel")
+
+    def cancel_requested(self) -> float | None:
+        """When Cancel was pressed for this job (in any session), None if it never was."""
+        try:
+            return float(json.loads(self.cancel_path.read_text(encoding="utf-8"))["at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def error_line(self) -> str | None:
         """The one-line error the failed step printed (``error: ...``), if any."""
         found = [line for line in self.log_tail(200).splitlines() if line.startswith("error: ")]
@@ -119,13 +136,41 @@ def _finish_uploads(job: Job) -> None:
     remove_uploads(job.db, job.cleanup)
 
 
+def _ended_unrecorded(job: Job, returncode: int | None) -> None:
+    """A job whose process is gone while its file still says queued or running: it was killed
+    (kill -9, the out-of-memory killer) or died before it could write its outcome.  Marked failed
+    with ``returncode`` (-N: killed by signal N; None: not known, the process was not ours to
+    reap), and its uploads cleaned up.  A job that wrote its own outcome is left as it is."""
+    fresh = Job.load(job.path)  # it may have just finished and written its status
+    if fresh.status in ("queued", "running"):
+        fresh.status, fresh.finished, fresh.returncode = "failed", time.time(), returncode
+        fresh.save()
+        _finish_uploads(fresh)
+
+
+class JobConflict(ValueError):
+    """A start refused: a live job is already writing that run."""
+
+
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
+def live_job(db: str | Path, run: str) -> Job | None:
+    """The job that is writing ``run`` in this store now, if one is."""
+    return next((j for j in list_jobs(db) if j.run == run and j.alive()), None)
+
+
 def start_job(run: str, db: str | Path, steps: Sequence[JobSettings], cleanup: Sequence[str | Path] = (),
               job_id: str | None = None) -> Job:
-    """Write the job file and launch its process in a new session (detached from Streamlit)."""
+    """Write the job file and launch its process in a new session (detached from Streamlit).
+    Refused (``JobConflict``) while another job of this store is writing ``run``: the two would
+    audit the same checkpoints into one run at once."""
+    if (busy := live_job(db, run)) is not None:
+        raise JobConflict(f"run {run!r} is being written by the job started at "
+                          f"{time.strftime('%H:%M:%S', time.localtime(busy.started))} (still {busy.status}): "
+                          "cancel it first (its finished checkpoints are kept; starting again resumes), "
+                          "or give this audit another name")
     job = Job(job_id=job_id or new_job_id(), run=run, db=str(Path(db).resolve()),
               steps=[json.loads(json.dumps(job_dict(s), default=str)) for s in steps],
               cleanup=[str(c) for c in cleanup])
@@ -141,9 +186,10 @@ def start_job(run: str, db: str | Path, steps: Sequence[JobSettings], cleanup: S
 
 
 def list_jobs(db: str | Path) -> list[Job]:
-    """Jobs of this store, newest first; a job whose process died without a word is marked failed."""
+    """Jobs of this store, the latest started first (a job's id is when its page was opened, not
+    when it started); a job whose process died without a word is marked failed."""
     jobs = []
-    for path in sorted(jobs_dir(db, create=False).glob("*.json"), reverse=True):  # none: no folder made
+    for path in jobs_dir(db, create=False).glob("*.json"):  # none: no folder made
         if path.name.endswith(".progress.json"):
             continue
         try:
@@ -151,17 +197,18 @@ def list_jobs(db: str | Path) -> list[Job]:
         except (OSError, ValueError, TypeError):
             continue
         if job.status in ("queued", "running") and job.pid is not None and not job.alive():
-            job = Job.load(path)  # it may have just finished and written its status
-            if job.status in ("queued", "running"):  # killed (kill -9, a crash): tidy up after it
-                job.status, job.finished = "failed", time.time()
-                job.save()
-                _finish_uploads(job)
+            _ended_unrecorded(job, None)  # killed (kill -9, a crash) and not reaped here: tidy up after it
+            job = Job.load(path)
         jobs.append(job)
-    return jobs
+    return sorted(jobs, key=lambda j: (j.started, j.job_id), reverse=True)
 
 
 def cancel_job(job: Job) -> None:
+    """Ask the job to stop (SIGTERM to its process group, handled like Ctrl-C), noting that Cancel
+    was pressed, so its history reads "cancelled from the dashboard" rather than by a signal."""
     if job.pid is not None and job.alive():
+        if job.cancel_requested() is None:
+            write_text_atomic(job.cancel_path, json.dumps({"at": time.time()}))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGTERM)
 

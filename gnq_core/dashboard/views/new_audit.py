@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 from gnq_core import jobs, one_line
@@ -468,12 +469,23 @@ if submitted:
     except ValueError as exc:
         st.error(state.plain(exc))
 if submitted and steps:
+    runs = state.runs()
+    writing = runs[(runs["name"] == name) & (runs["status"] == "running")] if not runs.empty else runs
     uploaded = uploads_root(db) / staging_id
-    jobs.start_job(name, db, steps, cleanup=[uploaded] if uploaded.exists() else [], job_id=staging_id)
-    st.session_state.pop("staging")  # the next audit gets a fresh upload folder
-    st.session_state[state.RUN_KEY] = name
-    st.success(f"Started {state.plain(repr(name))}. Progress below; the other pages fill in as checkpoints "
-               "finish.")
+    try:
+        if not writing.empty and jobs.live_job(db, name) is None:  # a `gnq audit` in a terminal, say
+            pid = writing.iloc[0].get("pid")
+            raise jobs.JobConflict(f"run {name!r} is being written by a process outside the dashboard"
+                                   + (f" (pid {int(pid)})" if pd.notna(pid) else "")
+                                   + ": stop it where it runs (Ctrl-C), or give this audit another name")
+        jobs.start_job(name, db, steps, cleanup=[uploaded] if uploaded.exists() else [], job_id=staging_id)
+    except jobs.JobConflict as exc:  # one run, one job at a time: a second start would race the first
+        st.error(f"Not started: {state.plain(exc)}.")
+    else:
+        st.session_state.pop("staging")  # the next audit gets a fresh upload folder
+        st.session_state[state.RUN_KEY] = name
+        st.success(f"Started {state.plain(repr(name))}. Progress below; the other pages fill in as "
+                   "checkpoints finish.")
 
 job_panel(db)
 

@@ -94,12 +94,13 @@ def secret_exposure(run) -> None:
 
 
 st.title("Runs")
+# The running jobs first, from their own files: their progress and Cancel show at once, before
+# anything waits for the store a job is writing (in any session, after a reload too).
+job_panel(state.db_path(), only_alive=True)
 if any(j.run == "demo" and j.alive() for j in list_jobs(state.db_path())):
-    # The demo job is writing the store: show its progress from the job's own file, without
-    # waiting for the store in between its writes (the page answers at once on a busy machine).
+    # The demo job is writing the store: the page answers at once on a busy machine.
     st.info("Building the demo: a tiny GPT-2 trained with in-run GNQ, its checkpoints audited, then "
             "attacked. This page fills in when it is done.")
-    job_panel(state.db_path(), only_alive=True)
     st.stop()
 run = state.sidebar()
 frame = state.runs()
@@ -115,7 +116,6 @@ if frame.empty:
     if st.button("Build the demo run", type="primary"):  # a demo already building stopped the page above
         start_job("demo", state.db_path(), [DemoJob()])
         st.rerun()
-    job_panel(state.db_path(), only_alive=True)
     st.stop()
 
 cols = ["run_id", "name", "kind", "status", "n_examples", "points_done", "points_total", "lam", "batch_size",
@@ -124,7 +124,6 @@ st.dataframe(frame[cols], hide_index=True, width="stretch",
              column_config={"run_id": "id", "n_examples": "examples", "points_done": "points done",
                             "points_total": "points", "lam": st.column_config.NumberColumn("λ", format="%g"),
                             "batch_size": "B", "max_length": "max len", "extraction_rows": "attacked"})
-job_panel(state.db_path(), only_alive=True)
 if run is None:
     st.stop()
 
