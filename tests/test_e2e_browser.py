@@ -16,6 +16,7 @@ Needs /usr/bin/chromium: skipped when it is missing, unless GNQ_REQUIRE_BROWSER=
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -148,8 +149,14 @@ class Server:
 
 @pytest.fixture
 def server(tmp_path: Path, demo_store: Path):
+    with serving(tmp_path, demo_store) as srv:
+        yield srv
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, db: Path):
+    """`streamlit run app/main.py` on a free port with GNQ_DB = ``db``, until the block ends."""
     port = _free_port()
-    db = demo_store
     log = tmp_path / "streamlit.log"
     env = {**os.environ, "GNQ_DB": str(db), "PYTHONUNBUFFERED": "1",
            "GNQ_DATA_ROOTS": str(tmp_path)}  # the reference model is a local path under tmp_path
@@ -653,3 +660,72 @@ def test_upload_audit_and_browse_every_page(audit_inputs, server, browser, tmp_p
         raise
     finally:
         page.close()
+
+
+def test_enter_never_starts_an_audit_and_any_session_sees_and_cancels_the_one_job(tmp_path, browser):
+    """What a newcomer met on New audit: Enter in a settings field (confirming a batch size) only
+    commits the value; Start audit starts one job, a second Start of the same run while it runs is
+    refused in one line; after a reload (a new session) the running job is listed with its Cancel,
+    and the cancelled job then reads as one line saying who cancelled it and what is kept."""
+    from hostile.hostile_helpers import make_series, write_texts_csv
+
+    from gnq_core.jobs.jobs import list_jobs
+
+    series = make_series(tmp_path / "series", 3, max_length=32)
+    data = write_texts_csv(tmp_path / "texts.csv", 1200)  # minutes of audit: it is still running below
+    db = tmp_path / "gnq.duckdb"
+    shots = Path(os.environ.get("GNQ_SCREENSHOTS") or tmp_path / "shots")
+
+    def jobs() -> list:
+        return list_jobs(db) if (tmp_path / "jobs").exists() else []
+
+    with serving(tmp_path, db) as server:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            page.goto(f"{server.url}/new_audit")
+            page.get_by_role("heading", name="New audit").first.wait_for(timeout=60_000)
+            settle(page)
+            for group, label, path in (("Checkpoints", "Checkpoint folder on this machine", series),
+                                       ("Dataset", "Dataset file on this machine", data)):
+                page.get_by_role("radiogroup", name=group, exact=True).get_by_text("Local path",
+                                                                                   exact=True).click()
+                settle(page)
+                box = page.get_by_label(label, exact=True)
+                box.fill(str(path))
+                box.press("Enter")  # outside the form: Enter commits the path
+                settle(page)
+            wait_for_text_or_error(page, "3 checkpoint(s)", 30)
+            set_form_value(page, "Run name", "enter-test")
+            batch = page.get_by_label("Batch size", exact=True)
+            batch.fill("3")
+            batch.press("Enter")
+            settle(page)
+            page.wait_for_timeout(1500)
+            assert jobs() == [], "Enter in Batch size started an audit"
+            assert batch.input_value() == "3"
+
+            page.get_by_role("button", name="Start audit").click()
+            wait_for_text_or_error(page, "Started 'enter-test'", 60)
+            page.get_by_role("button", name="Start audit").click()  # a second start, the same run
+            page.get_by_text("Not started: run 'enter-test' is being written by the job started at").first \
+                .wait_for(timeout=30_000)
+            assert len(jobs()) == 1 and jobs()[0].status == "running"
+
+            page.reload()  # a new session: nothing of the first one's state
+            page.get_by_role("heading", name="New audit").first.wait_for(timeout=60_000)
+            settle(page)
+            page.get_by_role("button", name="Cancel").first.click()
+            page.get_by_text("cancelled from the dashboard at").first.wait_for(timeout=120_000)
+            settle(page)
+            full_screenshot(page, shots / "13-new-audit-cancelled.png")
+            (job,) = jobs()
+            assert job.status == "cancelled" and job.returncode == 130, server.report()
+            assert "what it finished is kept; starting it again resumes" in body_text(page)
+        except BaseException:
+            print(server.report())
+            with contextlib.suppress(Exception):
+                full_screenshot(page, tmp_path / "failure.png")
+                print(f"screenshot of the failure: {tmp_path / 'failure.png'}")
+            raise
+        finally:
+            page.close()

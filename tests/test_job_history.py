@@ -112,8 +112,8 @@ def test_cancel_from_any_session_is_recorded_and_read_back(tmp_path, sleeper):
                status="cancelled", step=1, started=STARTED, finished=STARTED + 53)
     said = outcome(done)  # no request file for this one: cancelled from outside
     assert said == ("cancelled by a signal from outside the dashboard (Ctrl-C or kill), after 53 s during "
-                    "step 2 of 2 (extract), after the audit finished: finished checkpoints are kept, "
-                    "starting it again resumes")
+                    "step 2 of 2 (extract), after the audit finished: what it finished is kept; starting "
+                    "it again resumes")
     done.cancel_path.write_text(f'{{"at": {STARTED + 50}}}')
     assert outcome(done).startswith(f"cancelled from the dashboard at "
                                     f"{time.strftime('%H:%M:%S', time.localtime(STARTED + 50))}, after 53 s")
@@ -147,7 +147,8 @@ def test_a_new_session_lists_the_running_job_with_cancel_and_cancels_it(page, tm
     cancel.click().run()
     assert not at.exception, [e.message for e in at.exception]
     job = _gone(db)  # the page (this process) reaps the stand-in, which could not write its outcome
-    assert job.returncode == -signal.SIGTERM and job.cancel_requested() is not None
+    assert (job.status, job.returncode) == ("cancelled", -signal.SIGTERM)
+    assert outcome(job).startswith("cancelled from the dashboard at ")
 
 
 def test_the_store_typed_in_the_sidebar_survives_a_reload(tmp_path, monkeypatch):
@@ -181,3 +182,15 @@ def test_a_job_still_stopping_says_so_instead_of_offering_cancel_again(tmp_path,
     finally:
         os.killpg(stubborn.pid, signal.SIGKILL)
         stubborn.wait()
+
+
+def test_a_job_stopped_inside_an_import_reads_as_cancelled_not_failed(tmp_path):
+    """A signal while the job imports torch ends it at once with exit code 130 (interrupts.py),
+    before it can write 'cancelled': the history says cancelled all the same, never "failed"."""
+    db = tmp_path / "gnq.duckdb"
+    proc = subprocess.Popen(["sh", "-c", "trap 'exit 130' TERM; sleep 60 & wait"], start_new_session=True)
+    _job(db, proc)
+    os.killpg(proc.pid, signal.SIGTERM)  # from outside the dashboard: no Cancel pressed
+    job = _gone(db)
+    assert (job.status, job.returncode) == ("cancelled", 130)
+    assert outcome(job).startswith("cancelled by a signal from outside the dashboard")

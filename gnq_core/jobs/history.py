@@ -32,7 +32,7 @@ def _clock(seconds: float) -> str:
 def outcome(job: Job, now: float | None = None) -> str:
     """One line: the status, how long, where it stopped and why; e.g. "cancelled from the
     dashboard at 20:35:42, after 53 s during step 2 of 2 (extract), after the audit finished:
-    finished checkpoints are kept, starting it again resumes"."""
+    what it finished is kept; starting it again resumes"."""
     took = duration((job.finished or now or time.time()) - job.started)
     if job.status in ("queued", "running"):
         return f"{job.status} for {took}" + (f", {_step(job).removeprefix(' during ')}" if job.steps else "")
@@ -43,7 +43,7 @@ def outcome(job: Job, now: float | None = None) -> str:
         asked = job.cancel_requested()
         who = (f"from the dashboard at {_clock(asked)}" if asked is not None
                else "by a signal from outside the dashboard (Ctrl-C or kill)")
-        return f"cancelled {who}, {where}: finished checkpoints are kept, starting it again resumes"
+        return f"cancelled {who}, {where}: what it finished is kept; starting it again resumes"
     if job.status == "failed":
         if error := job.error_line():
             return f"failed {where}: {error.removeprefix('error: ')}"

@@ -136,14 +136,21 @@ def _finish_uploads(job: Job) -> None:
     remove_uploads(job.db, job.cleanup)
 
 
+INTERRUPTED = 130  # the exit code of a job stopped by SIGTERM/SIGINT before it could record it
+
+
 def _ended_unrecorded(job: Job, returncode: int | None) -> None:
     """A job whose process is gone while its file still says queued or running: it was killed
-    (kill -9, the out-of-memory killer) or died before it could write its outcome.  Marked failed
-    with ``returncode`` (-N: killed by signal N; None: not known, the process was not ours to
-    reap), and its uploads cleaned up.  A job that wrote its own outcome is left as it is."""
+    (kill -9, the out-of-memory killer), stopped inside an import (interrupts.py: a signal there
+    ends the process at once, exit code 130) or died before it could write its outcome.  Marked
+    'cancelled' when Cancel was pressed or it exited as interrupted (what was asked happened),
+    else 'failed', with ``returncode`` (-N: killed by signal N; None: not known, the process was
+    not ours to reap), and its uploads cleaned up.  A job that wrote its own outcome is left as it is."""
     fresh = Job.load(job.path)  # it may have just finished and written its status
     if fresh.status in ("queued", "running"):
-        fresh.status, fresh.finished, fresh.returncode = "failed", time.time(), returncode
+        stopped = fresh.cancel_requested() is not None or returncode == INTERRUPTED
+        fresh.status = "cancelled" if stopped else "failed"
+        fresh.finished, fresh.returncode = time.time(), returncode
         fresh.save()
         _finish_uploads(fresh)
 
@@ -246,7 +253,7 @@ def run_steps(job_path: Path) -> int:
                 rc = 1
                 break
     except KeyboardInterrupt:
-        cancelled, rc = True, 130
+        cancelled, rc = True, INTERRUPTED
     finally:
         _finish_uploads(job)
     job = Job.load(job_path)
