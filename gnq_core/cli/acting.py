@@ -70,3 +70,62 @@ def remediate(
     done = remediate_run(store, info, ranked_texts(store, info), out, options, data=data,
                          manifest_out=manifest)
     say(quiet, f"run {info.name!r}: {done.summary()}")
+
+
+@app.command()
+@user_errors
+def compare(
+    run: str = typer.Option(..., help="The first run (name or id): the one whose values were acted on."),
+    with_run: str = typer.Option(..., "--with", help="The second run over the same texts: the original data "
+                                                    "audited against the retrained model's checkpoints."),
+    json_out: Path = typer.Option(None, "--json", show_default=False,
+                                  help="Also write the table as JSON (values masked, with their SHA-256)."),
+    db: Path = DbOption,
+    quiet: bool = QuietOption,
+) -> None:
+    """Per secret value of the first run: its status and exposure there and in the second run, every
+    value the second model still writes flagged. Values are shown masked (all but two characters)."""
+    import hashlib
+    import json
+
+    from rich.table import Table
+
+    from gnq_core.analysis.value_compare import STILL, changes_summary, value_changes
+    from gnq_core.atomic import write_text_atomic
+    from gnq_core.cli.command import console
+    from gnq_core.results.protected_paths import refuse_overwrite
+
+    store = open_store(db, create=False)
+    first, second = store.run(run), store.run(with_run)
+    if first.run_id == second.run_id:
+        raise ValueError(f"--with {with_run!r}: the same run as --run; give the run to compare with")
+    if json_out is not None:
+        refuse_overwrite([json_out], store, option="--json")
+    frame = value_changes(store.value_outcomes(first.run_id), store.value_outcomes(second.run_id))
+    if json_out is not None:
+        records = [{**{k: (None if pd_isna(v) else v) for k, v in row.items() if k != "value"},
+                    "value_sha256": hashlib.sha256(str(row["value"]).encode("utf-8")).hexdigest()}
+                   for row in frame.to_dict("records")]
+        write_text_atomic(json_out, json.dumps({"schema": "gnq-value-compare/1", "first": first.name,
+                                                "second": second.name, "values": records}, indent=2) + "\n")
+    if quiet:
+        return
+    if not frame.empty:
+        table = Table(title=f"Secret values of {first.name!r}, before and after ({second.name!r})")
+        for col in ("", "text", "kind", "value", "before", "bits", "after", "bits ", "verdict"):
+            table.add_column(col)
+        for r in frame.itertuples():
+            table.add_row("!" if r.verdict == STILL else "", str(r.text_id), r.kind, r.shown, r.status_before,
+                          _bits(r.exposure_before), r.status_after, _bits(r.exposure_after), r.verdict)
+        console.print(table)
+    say(quiet, changes_summary(frame))
+
+
+def pd_isna(value: object) -> bool:
+    import pandas as pd
+
+    return bool(pd.api.types.is_scalar(value) and pd.isna(value))
+
+
+def _bits(value: object) -> str:
+    return "" if pd_isna(value) or value is None else f"{float(value):.1f}"
