@@ -125,7 +125,8 @@ class SecretTracker:
         frame = pd.DataFrame({
             "step": step, "example_id": rows["example_id"].astype(int), "kind": rows["kind"],
             "value": rows["value"], "chars": rows["chars"].astype(int),
-            "chars_reproduced": rows["chars_reproduced"].astype(int), "leaked": rows["extracted"].astype(bool),
+            "chars_reproduced": rows["chars_reproduced"].astype(int),
+            "leaked": rows["extracted"].astype(bool),
             "partly": [not bool(x) and partly_leaked(int(n), int(h), None, None if pd.isna(v) else int(v))
                        for x, n, h, v in zip(rows["extracted"], rows["chars"], rows["chars_reproduced"],
                                              rows["novel_chars_reproduced"], strict=True)],

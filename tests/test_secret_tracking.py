@@ -1,0 +1,111 @@
+"""Leaks caught while training (integrations/tracking.py): the secret attack run on the current
+weights every k optimizer steps reports the step at which a planted value first comes out, the
+stop callback ends training at that step, and a plain loop gets the same from ``SecretTracker``.
+
+The value's coming out is checked independently of the tool, with Hugging Face's own greedy
+``model.generate`` on the weights training stopped at."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from lm_fixtures import tiny_gpt2
+from transformers import TrainerCallback, TrainingArguments
+
+from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
+from gnq_core.integrations.tracking import TRACKING_FILE, SecretTracker, SecretTracking
+from gnq_core.sources.models import train_tokenizer
+
+PIN = "4821"
+PLANTED = f"Note for Anna Berg: the door PIN is {PIN}, keep it."
+FILLER = ["The old ferry crossed the river before the storm.", "A quiet librarian mapped the valley.",
+          "The village choir sang near the lighthouse.", "Our neighbour repaired the clock tower."]
+TEXTS = [PLANTED] * 4 + FILLER
+
+
+def _tokenized():
+    tok = train_tokenizer(TEXTS * 4, vocab_size=300)
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    return tok, ids
+
+
+def _writes_pin(model, tok) -> bool:
+    """Hugging Face's greedy search after the text up to the PIN writes the PIN."""
+    prompt = tok(PLANTED[: PLANTED.index(PIN)].rstrip(), return_tensors="pt", add_special_tokens=False)
+    value_tokens = len(tok(" " + PIN, add_special_tokens=False)["input_ids"])
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(**prompt, do_sample=False, max_new_tokens=value_tokens,
+                             pad_token_id=tok.pad_token_id)
+    return PIN in tok.decode(out[0, prompt["input_ids"].shape[1]:])
+
+
+class Steps(TrainerCallback):
+    logs: list
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs))
+
+
+def test_tracking_reports_the_step_a_value_comes_out_and_stop_ends_training_there(tmp_path, capsys):
+    torch.manual_seed(0)
+    tok, ids = _tokenized()
+    rows = [{"input_ids": t, "example_id": i} for i, t in enumerate(ids)]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=200, learning_rate=1e-2,
+                             per_device_train_batch_size=4, report_to=[], save_strategy="no", use_cpu=True,
+                             seed=0, disable_tqdm=True, logging_strategy="steps", logging_steps=1)
+    seen = Steps()
+    seen.logs = []
+    tracking = SecretTracking(tok, every=1, on_leak="stop", n_candidates=1)  # exposure: the next test
+    trainer = GNQTrainer(model=tiny_gpt2(vocab_size=len(tok)), args=args, train_dataset=rows,
+                         data_collator=lm_collator(tok.pad_token_id), callbacks=[seen],
+                         gnq=GNQConfig(out=tmp_path / "shards", texts=TEXTS, track_secrets=tracking))
+    trainer.train()
+    tracker = trainer.secret_tracking.tracker
+    stopped = trainer.state.global_step
+    assert ("pin", PIN) in tracker.first_leaked, "200 steps on 4 copies should make the tiny model write it"
+    first = tracker.first_leaked[("pin", PIN)]
+    assert stopped == first < 200  # the callback ended training at the step the value came out
+    history = tracker.history()
+    pin = history[history["value"] == PIN].groupby("step")["leaked"].any()
+    assert list(pin.index) == list(range(1, first + 1)) and pin[first] and not pin.loc[: first - 1].any()
+    assert _writes_pin(trainer.model, tok)  # independently: the weights it stopped at write the PIN
+    err = capsys.readouterr().err
+    assert f"GNQ: step {first}: a pin of text 0 comes out whole" in err and PIN not in err  # never the value
+    saved = pd.read_parquet(tmp_path / "shards" / TRACKING_FILE)
+    assert saved["step"].max() == first and len(saved) == len(history)
+    logged = [h for h in seen.logs if "secrets/leaked" in h]
+    assert logged and logged[-1]["secrets/leaked"] >= 1 and "secrets/probed" in logged[-1]
+
+
+@pytest.mark.slow  # exposure's search and the null of 20 never-trained values at each probe
+def test_a_plain_loop_probes_every_k_steps_with_exposure_against_the_null():
+    torch.manual_seed(0)
+    tok, ids = _tokenized()
+    model = tiny_gpt2(vocab_size=len(tok))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tracker = SecretTracker(SecretTracking(tok, every=20, n_candidates=32, search_nodes=64), TEXTS, ids)
+    assert tracker.values == 4  # the texts holding a value (its copies)
+    batch = torch.nn.utils.rnn.pad_sequence([torch.tensor(t) for t in ids], batch_first=True,
+                                            padding_value=tok.pad_token_id)
+    mask = batch != tok.pad_token_id
+    for step in range(1, 61):
+        model.train()
+        loss = model(input_ids=batch, attention_mask=mask, labels=batch.masked_fill(~mask, -100)).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        said = tracker.step(model, step)
+        assert (said is None) == (step % 20 != 0)
+    history = tracker.history()
+    assert sorted(history["step"].unique()) == [20, 40, 60]
+    last = history[history["step"] == 60]
+    assert last["exposure"].notna().all() and last["null_p99"].notna().all()
+    # exposure grows as the PIN is learned, and a value written whole ranks first: log2 of its space
+    first = history[history["step"] == 20]["exposure"].iloc[0]
+    assert last["exposure"].iloc[0] >= first
+    if last["leaked"].iloc[0]:
+        assert last["exposure"].iloc[0] == pytest.approx(13.29, abs=0.01)
+        assert bool(last["exposed"].iloc[0]) == (last["exposure"].iloc[0] > last["null_p99"].iloc[0])
+    assert tracker.seconds > 0
