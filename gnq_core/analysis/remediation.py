@@ -53,7 +53,7 @@ class RemediationError(ValueError):
 
 
 @dataclass(frozen=True)
-class Options:
+class RemediationOptions:
     act_on: tuple[str, ...] = DEFAULT_ACT_ON
     surrogate: bool = False
     seed: int = 0
@@ -128,7 +128,7 @@ def _as_text(value: Any) -> str | None:
 
 
 def plan(examples: pd.DataFrame, ranked: pd.DataFrame, outcomes: pd.DataFrame,
-         segments: Sequence[Sequence[Segment]], options: Options) -> Plan:
+         segments: Sequence[Sequence[Segment]], options: RemediationOptions) -> Plan:
     """The changes for one run: ``examples`` (Store.examples: text, labels), ``ranked``
     (verdict.rank_texts: status per text), ``outcomes`` (Store.value_outcomes: per attacked value),
     ``segments`` per example (``text_segments``)."""
@@ -242,7 +242,7 @@ def _replace(eid: int, segments: Sequence[Segment], start: int, end: int, kind: 
 
 
 def _drops(result: Plan, examples: pd.DataFrame, segments: Sequence[Sequence[Segment]], acted: set[int],
-           options: Options) -> None:
+           options: RemediationOptions) -> None:
     """Copies of acted-on texts (all but the cluster's first) and the texts the user named."""
     why: dict[int, str] = {}
     frame = examples.set_index("example_id")
@@ -272,7 +272,7 @@ def _drops(result: Plan, examples: pd.DataFrame, segments: Sequence[Sequence[Seg
 
 # ------------------------------------------------------------------------------------- the files
 def manifest(plan_: Plan, *, run: Any, source: Path, source_sha256: str, out: Path, out_sha256: str,
-             options: Options, code_version: str) -> dict[str, Any]:
+             options: RemediationOptions, code_version: str) -> dict[str, Any]:
     """The manifest's JSON: what was written from what, how, and every change."""
     return {"schema": MANIFEST_SCHEMA, "run": run.name, "run_id": int(run.run_id),
             "source": str(source), "source_sha256": source_sha256, "out": str(out), "out_sha256": out_sha256,
@@ -311,7 +311,7 @@ class Remediation:
                    "were: drop those that are private with --remove IDS" if c["leaked_texts_kept"] else ""))
 
 
-def remediate_run(store: Any, run: Any, ranked: pd.DataFrame, out: str | Path, options: Options, *,
+def remediate_run(store: Any, run: Any, ranked: pd.DataFrame, out: str | Path, options: RemediationOptions, *,
                   data: str | Path | None = None, manifest_out: str | Path | None = None) -> Remediation:
     """Write ``run``'s training data (its recorded dataset, or ``data`` with the same SHA-256) to
     ``out`` in its own format, cleaned as ``options`` says, and the manifest beside it; both are

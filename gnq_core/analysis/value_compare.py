@@ -20,7 +20,7 @@ STILL, FIXED, UNPROBED = "still reproduced", "fixed", "not verified"
 STILL_EXPOSED, NEITHER = "still exposed", "not leaked in either"
 VALUE_COLUMNS = ["kind", "value", "shown", "text_id", "status_before", "exposure_before", "status_after",
                  "exposure_after", "null_p99_after", "still_reproduced", "verdict"]
-VALUE_HELP = {
+VALUE_CHANGE_HELP = {
     "status_before": "The value's status in the first run: leaked (written whole, calibrated), partly "
                      "leaked, exposed (above never-trained values of its format and the reference), not "
                      "leaked.",

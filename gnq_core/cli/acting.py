@@ -61,10 +61,10 @@ def remediate(
     replaced, copy clusters reduced to one text and texts to remove dropped, and a manifest (JSON)
     of every change: text, span, kind, SHA-256 of the old value, new value, reason. No value is
     printed."""
-    from gnq_core.analysis.remediation import Options, remediate_run
+    from gnq_core.analysis.remediation import RemediationOptions, remediate_run
 
-    options = Options(act_on=tuple(s.strip() for s in act_on.split(",") if s.strip()), surrogate=surrogate,
-                      seed=seed, keep_copies=keep_copies, remove=_ids(remove))
+    options = RemediationOptions(act_on=tuple(s.strip() for s in act_on.split(",") if s.strip()),
+                                 surrogate=surrogate, seed=seed, keep_copies=keep_copies, remove=_ids(remove))
     store = open_store(db, create=False)
     info = store.run(run)
     done = remediate_run(store, info, ranked_texts(store, info), out, options, data=data,
