@@ -7,6 +7,8 @@ The value's coming out is checked independently of the tool, with Hugging Face's
 
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 import pytest
 import torch
@@ -57,7 +59,8 @@ def test_tracking_reports_the_step_a_value_comes_out_and_stop_ends_training_ther
                              seed=0, disable_tqdm=True, logging_strategy="steps", logging_steps=1)
     seen = Steps()
     seen.logs = []
-    tracking = SecretTracking(tok, every=1, on_leak="stop", n_candidates=1)  # exposure: the next test
+    # every step, whatever it costs (exposure: the next test)
+    tracking = SecretTracking(tok, every=1, on_leak="stop", n_candidates=1, max_overhead=None)
     trainer = GNQTrainer(model=tiny_gpt2(vocab_size=len(tok)), args=args, train_dataset=rows,
                          data_collator=lm_collator(tok.pad_token_id), callbacks=[seen],
                          gnq=GNQConfig(out=tmp_path / "shards", texts=TEXTS, track_secrets=tracking))
@@ -72,7 +75,8 @@ def test_tracking_reports_the_step_a_value_comes_out_and_stop_ends_training_ther
     assert list(pin.index) == list(range(1, first + 1)) and pin[first] and not pin.loc[: first - 1].any()
     assert _writes_pin(trainer.model, tok)  # independently: the weights it stopped at write the PIN
     err = capsys.readouterr().err
-    assert f"GNQ: step {first}: a pin of text 0 comes out whole" in err and PIN not in err  # never the value
+    assert f"GNQ: step {first}: the pin of text 0 comes out whole" in err
+    assert PIN not in err  # never the value
     saved = pd.read_parquet(tmp_path / "shards" / TRACKING_FILE)
     assert saved["step"].max() == first and len(saved) == len(history)
     logged = [h for h in seen.logs if "secrets/leaked" in h]
@@ -85,7 +89,8 @@ def test_a_plain_loop_probes_every_k_steps_with_exposure_against_the_null():
     tok, ids = _tokenized()
     model = tiny_gpt2(vocab_size=len(tok))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    tracker = SecretTracker(SecretTracking(tok, every=20, n_candidates=32, search_nodes=64), TEXTS, ids)
+    settings = SecretTracking(tok, every=20, n_candidates=32, search_nodes=64, max_overhead=None)
+    tracker = SecretTracker(settings, TEXTS, ids)
     assert tracker.values == 4  # the texts holding a value (its copies)
     batch = torch.nn.utils.rnn.pad_sequence([torch.tensor(t) for t in ids], batch_first=True,
                                             padding_value=tok.pad_token_id)
@@ -109,3 +114,29 @@ def test_a_plain_loop_probes_every_k_steps_with_exposure_against_the_null():
         assert last["exposure"].iloc[0] == pytest.approx(13.29, abs=0.01)
         assert bool(last["exposed"].iloc[0]) == (last["exposure"].iloc[0] > last["null_p99"].iloc[0])
     assert tracker.seconds > 0
+
+
+def test_probes_are_put_off_while_they_would_cost_more_than_max_overhead_of_training(monkeypatch):
+    """A probe that costs 1 s against near-zero training time: the first due step probes, every
+    later one is put off (listed in ``deferred``) until training time covers 10 times its cost."""
+    tok, ids = _tokenized()
+    tracker = SecretTracker(SecretTracking(tok, every=2), TEXTS, ids)
+    probed = []
+
+    def probe(model, step):
+        probed.append(step)
+        tracker.rows.append(pd.DataFrame({"step": [step]}))
+        tracker.seconds += 1.0
+        tracker._last_cost = 1.0
+        return {}
+
+    monkeypatch.setattr(tracker, "probe", probe)
+    clock = iter(range(0, 10_000))  # one second of training between two step() calls
+    monkeypatch.setattr("gnq_core.integrations.tracking.time.perf_counter", lambda: float(next(clock)))
+    for step in range(1, 61):
+        tracker.step(None, step)
+    # training time at step s: (s - 1) s minus the probes' seconds; a probe needs
+    # probes + 1 <= 0.1 x training: at most one per 10 s of training, on even steps
+    assert probed[0] == 2 and all(b - a >= 10 for a, b in itertools.pairwise(probed))
+    assert tracker.deferred and all(s % 2 == 0 for s in tracker.deferred)
+    assert tracker.seconds <= 0.1 * (60 - len(probed)) + 1.0

@@ -16,7 +16,10 @@ optimizer step, and stop when ``tracker.should_stop``.
 What is measured at a step is what the attack measures on a checkpoint: *leaked* = the model
 writes every letter and digit of the value; *exposed* = its exposure is above the 99th percentile
 of never-trained values of its format (no reference model during training: the null alone, said
-so in the rows' rule).  ``on_leak`` — "warn" (one line on stderr naming the step, the value's
+so in the rows' rule).  The probes' cost is held to ``max_overhead`` (default 10%) of the
+training time they watch: a due probe is put off to a later multiple of ``every`` while it would
+exceed that (``deferred`` lists those steps; ``max_overhead=None`` probes every ``every`` steps
+whatever it costs).  ``on_leak`` — "warn" (one line on stderr naming the step, the value's
 kind and its text id, never the value) or "stop" (the Trainer's ``should_training_stop``, at the
 step it came out) — acts when a value comes out whole or, with ``act_on_exposed``, crosses the
 null's threshold.  The rows go to ``secret_tracking.parquet`` in the shards folder (step, text
@@ -43,9 +46,11 @@ from gnq_core.results.store_schema import partly_leaked
 from gnq_core.sources.secrets import find_secrets
 from gnq_core.values import finite, one_of, require, whole
 
-__all__ = ["DEFAULT_EVERY", "TRACKING_FILE", "SecretTracker", "SecretTracking", "SecretTrackingCallback"]
+__all__ = ["DEFAULT_EVERY", "DEFAULT_MAX_OVERHEAD", "TRACKING_FILE", "SecretTracker", "SecretTracking",
+           "SecretTrackingCallback", "check_tracking"]
 
 DEFAULT_EVERY = 50  # optimizer steps between two probes
+DEFAULT_MAX_OVERHEAD = 0.10  # probes' seconds / training's seconds (benchmarks/secret_tracking.py)
 TRACKING_FILE = "secret_tracking.parquet"
 TRACK_COLUMNS = ["step", "example_id", "kind", "value", "chars", "chars_reproduced", "leaked", "partly",
                  "exposure", "exposure_method", "null_p99", "exposed", "seconds"]
@@ -64,6 +69,10 @@ class SecretTracking:
     batch_size: int = 32
     seed: int = 0
     texts: Sequence[str] | None = None  # by example_id; default: GNQConfig.texts
+    # The most the probes may cost, as a share of the training time they watch (wall-clock seconds):
+    # a due probe is put off to a later multiple of ``every`` while it would take the share above
+    # this (its cost estimated by the last probe's); None: every ``every`` steps whatever it costs.
+    max_overhead: float | None = DEFAULT_MAX_OVERHEAD
 
     def __post_init__(self) -> None:
         whole(self.every, "SecretTracking every (optimizer steps between probes)", 1)
@@ -72,6 +81,9 @@ class SecretTracking:
         whole(self.search_nodes, "SecretTracking search_nodes", 1)
         whole(self.batch_size, "SecretTracking batch_size", 1)
         require(self.tokenizer is not None, "SecretTracking tokenizer: give the model's tokenizer")
+        if self.max_overhead is not None:
+            finite(self.max_overhead, "SecretTracking max_overhead (share of the training time)", 0.0,
+                   above=True)
 
 
 @dataclass
@@ -90,6 +102,7 @@ class SecretTracker:
     first_exposed: dict[tuple[str, str], int] = field(default_factory=dict)
     should_stop: bool = False
     seconds: float = 0.0  # spent probing, all probes
+    deferred: list[int] = field(default_factory=list)  # due steps put off to keep within max_overhead
 
     def __post_init__(self) -> None:
         ids = list(self.example_ids) if self.example_ids is not None else list(range(len(self.texts)))
@@ -98,6 +111,8 @@ class SecretTracker:
         self._ids = [int(ids[i]) for i in keep]
         self._tokens = [list(self.token_ids[i]) for i in keep]
         self._last: dict[str, float] = {}
+        self._started: float | None = None  # the first step() call: training time is counted from it
+        self._last_cost = 0.0
 
     @property
     def values(self) -> int:
@@ -105,10 +120,26 @@ class SecretTracker:
         return len(self._texts)
 
     def step(self, model: Any, step: int) -> dict[str, float] | None:
-        """Probe when ``step`` is a multiple of ``every``; the step's numbers, else None."""
+        """Probe when ``step`` is a multiple of ``every`` and the probes stay within
+        ``max_overhead`` of the training time so far; the step's numbers, else None."""
+        now = time.perf_counter()
+        if self._started is None:
+            self._started = now
         if step % self.settings.every or not self._texts:
             return None
+        limit = self.settings.max_overhead
+        training = (now - self._started) - self.seconds
+        if limit is not None and self.rows and self.seconds + self._last_cost > limit * training:
+            self.deferred.append(step)
+            return None
         return self.probe(model, step)
+
+    def overhead(self) -> float:
+        """The probes' seconds over the training's seconds since the first step (NaN before)."""
+        if self._started is None:
+            return float("nan")
+        training = (time.perf_counter() - self._started) - self.seconds
+        return self.seconds / training if training > 0 else float("nan")
 
     def probe(self, model: Any, step: int) -> dict[str, float]:
         """Every value under the current weights, now (the attack restores the model's mode)."""
@@ -121,6 +152,7 @@ class SecretTracker:
                                 rule=f"tracked at step {step}: no reference model, exposed = above the null")
         seconds = time.perf_counter() - t0
         self.seconds += seconds
+        self._last_cost = seconds
         rows = attack.rows
         frame = pd.DataFrame({
             "step": step, "example_id": rows["example_id"].astype(int), "kind": rows["kind"],
@@ -146,7 +178,7 @@ class SecretTracker:
                     newly.append((r, f"crosses the null's threshold ({r.exposure:.1f} bits, never-trained "
                                      f"99th percentile {r.null_p99:.1f})"))
         for r, what in newly:  # the kind and the text, never the value
-            print(f"GNQ: step {step}: a {r.kind} of text {r.example_id} {what} under the current weights",
+            print(f"GNQ: step {step}: the {r.kind} of text {r.example_id} {what} under the current weights",
                   file=sys.stderr)
         if newly and s.on_leak == "stop":
             self.should_stop = True
@@ -155,7 +187,7 @@ class SecretTracker:
                       "secrets/partly": float(sum(frame["partly"])),
                       "secrets/exposed": float(frame["exposed"].fillna(False).sum()),
                       "secrets/max_exposure": float(exposure.max()) if len(exposure) else float("nan"),
-                      "secrets/seconds": seconds}
+                      "secrets/seconds": seconds, "secrets/overhead": self.overhead()}
         return dict(self._last)
 
     def summaries(self) -> dict[str, float]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from gnq_core.sources.datasets import SUFFIXES, DatasetError
 
-__all__ = ["FieldEdit", "field_values", "rewrite_dataset"]
+__all__ = ["FieldEdit", "FieldPath", "field_values", "rewrite_dataset"]
 
 FieldPath = tuple[str | int, ...]
 
