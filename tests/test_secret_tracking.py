@@ -15,8 +15,10 @@ import torch
 from lm_fixtures import tiny_gpt2
 from transformers import TrainerCallback, TrainingArguments
 
+from gnq_core.dashboard import charts
 from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 from gnq_core.integrations.tracking import TRACKING_FILE, SecretTracker, SecretTracking
+from gnq_core.results.store import Store
 from gnq_core.sources.models import train_tokenizer
 
 PIN = "4821"
@@ -63,7 +65,8 @@ def test_tracking_reports_the_step_a_value_comes_out_and_stop_ends_training_ther
     tracking = SecretTracking(tok, every=1, on_leak="stop", n_candidates=1, max_overhead=None)
     trainer = GNQTrainer(model=tiny_gpt2(vocab_size=len(tok)), args=args, train_dataset=rows,
                          data_collator=lm_collator(tok.pad_token_id), callbacks=[seen],
-                         gnq=GNQConfig(out=tmp_path / "shards", texts=TEXTS, track_secrets=tracking))
+                         gnq=GNQConfig(out=tmp_path / "shards", texts=TEXTS, track_secrets=tracking,
+                                       db=tmp_path / "gnq.duckdb"))
     trainer.train()
     tracker = trainer.secret_tracking.tracker
     stopped = trainer.state.global_step
@@ -79,6 +82,11 @@ def test_tracking_reports_the_step_a_value_comes_out_and_stop_ends_training_ther
     assert PIN not in err  # never the value
     saved = pd.read_parquet(tmp_path / "shards" / TRACKING_FILE)
     assert saved["step"].max() == first and len(saved) == len(history)
+    store = Store(tmp_path / "gnq.duckdb")  # ingested with the shards at the end of training
+    stored = store.secret_tracking(store.run("shards").run_id)
+    assert len(stored) == len(history) and stored[stored["leaked"]]["step"].min() == first
+    figure = charts.secret_tracking(stored.assign(exposure=stored["chars_reproduced"].astype(float)))
+    assert len(figure.data) == 1 and list(figure.data[0].x) == list(range(1, first + 1))
     logged = [h for h in seen.logs if "secrets/leaked" in h]
     assert logged and logged[-1]["secrets/leaked"] >= 1 and "secrets/probed" in logged[-1]
 

@@ -19,7 +19,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".signals": ("gnq_provenance", "signal_frame"),
     ".summaries": ("group_auc", "group_separation", "nearest_by_trajectory", "quantile_bins",
                    "targeted_attack_table", "token_alignment", "top_bottom"),
-    ".value_compare": ("VALUE_CHANGE_HELP", "changes_summary", "value_changes"),
+    ".value_compare": ("VALUE_CHANGE_HELP", "changes_summary", "masked", "value_changes"),
     ".verdict": ("COLUMN_HELP", "LEAKED", "PARTLY", "STATUSES", "VERDICT_COLUMNS", "flag", "rank_texts",
                  "value_outcome"),
 })

@@ -125,9 +125,10 @@ class GNQConfig:
         require(self.sketch is None or isinstance(self.sketch, SketchSpec),
                 f"{name('sketch')} must be a SketchSpec or None, got {type(self.sketch).__name__}")
         whole(self.window_budget, name("window_budget (bytes)"), 1, sys.maxsize)
-        from gnq_core.integrations.tracking import check_tracking
+        if self.track_secrets is not None:  # imported only then: the attack needs the store's engine
+            from gnq_core.integrations.tracking import check_tracking
 
-        check_tracking(self.track_secrets)
+            check_tracking(self.track_secrets)
         if self.scope is None:
             self.scope = "global" if self.gnq_batch == "step" else "rank"
 

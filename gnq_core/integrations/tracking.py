@@ -42,6 +42,7 @@ from transformers import TrainerCallback
 from gnq_core.attacks.defaults import DEFAULT_SECRET_CANDIDATES
 from gnq_core.attacks.exposure import DEFAULT_SEARCH_NODES
 from gnq_core.attacks.secret_attack import attack_secrets
+from gnq_core.results.shard_files import SECRET_TRACKING_COLUMNS, TRACKING_FILE
 from gnq_core.results.store_schema import partly_leaked
 from gnq_core.sources.secrets import find_secrets
 from gnq_core.values import finite, one_of, require, whole
@@ -51,9 +52,7 @@ __all__ = ["DEFAULT_EVERY", "DEFAULT_MAX_OVERHEAD", "TRACKING_FILE", "SecretTrac
 
 DEFAULT_EVERY = 50  # optimizer steps between two probes
 DEFAULT_MAX_OVERHEAD = 0.10  # probes' seconds / training's seconds (benchmarks/secret_tracking.py)
-TRACKING_FILE = "secret_tracking.parquet"
-TRACK_COLUMNS = ["step", "example_id", "kind", "value", "chars", "chars_reproduced", "leaked", "partly",
-                 "exposure", "exposure_method", "null_p99", "exposed", "seconds"]
+TRACK_COLUMNS = SECRET_TRACKING_COLUMNS
 
 
 @dataclass
@@ -236,14 +235,10 @@ class SecretTrackingCallback(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.tracker is None:
             return
-        if self.tracker.step(model, state.global_step) is not None and self.tracker.should_stop:
-            control.should_training_stop = True
+        if self.tracker.step(model, state.global_step) is not None:
+            self.tracker.write(self.out)  # after each probe: there for gnq ingest at the end of training
         if self.tracker.should_stop:
             control.should_training_stop = True
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.tracker is not None and self.tracker.rows:
-            self.tracker.write(self.out)
 
     def summaries(self) -> dict[str, float]:
         return self.tracker.summaries() if self.tracker is not None else {}

@@ -24,6 +24,12 @@ RUN_FILE = "run.json"
 EXAMPLES_FILE = "examples.parquet"
 FORMAT = "gnq-shards/1"
 
+# Secret values probed while training (integrations/tracking.py): the file beside the shards that
+# gnq ingest loads into secret_tracking (migration 0014), and its columns after run_id.
+TRACKING_FILE = "secret_tracking.parquet"
+SECRET_TRACKING_COLUMNS = ["step", "example_id", "kind", "value", "chars", "chars_reproduced", "leaked",
+                           "partly", "exposure", "exposure_method", "null_p99", "exposed", "seconds"]
+
 
 class ShardError(StoreError):
     """A shards folder that cannot be read or is incomplete."""

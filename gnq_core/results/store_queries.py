@@ -253,6 +253,13 @@ class StoreQueries:
             FROM secret_attacks WHERE run_id = ?
             GROUP BY kind, value ORDER BY first_example, kind, value""", [run_id])
 
+    def secret_tracking(self, run_id: int) -> pd.DataFrame:
+        """The secret values probed while the run trained (integrations/tracking.py), per value and
+        step: step, example_id, kind, value, chars, chars_reproduced, leaked, partly, exposure,
+        exposure_method, null_p99, exposed, seconds."""
+        return self._query("SELECT * EXCLUDE (run_id) FROM secret_tracking WHERE run_id = ? "
+                           "ORDER BY kind, value, example_id, step", [run_id])
+
     def attacked_examples(self, run_id: int, point: int, prefix_tokens: int,
                           threshold: float) -> set[int] | None:
         """Examples with a stored attack at this point and prefix length; None when some were
