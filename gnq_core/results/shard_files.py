@@ -17,8 +17,8 @@ from gnq_core.atomic import atomic_path, write_text_atomic
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns, batch_frame
 from gnq_core.results.store_schema import StoreError
 
-__all__ = ["EXAMPLES_FILE", "FORMAT", "RUN_FILE", "ShardError", "ShardWriter", "new_shard_folder",
-           "write_parquet", "write_run_file"]
+__all__ = ["EXAMPLES_FILE", "FORMAT", "RUN_FILE", "SECRET_TRACKING_COLUMNS", "TRACKING_FILE", "ShardError",
+           "ShardWriter", "new_shard_folder", "write_parquet", "write_run_file"]
 
 RUN_FILE = "run.json"
 EXAMPLES_FILE = "examples.parquet"
