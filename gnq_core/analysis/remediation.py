@@ -163,8 +163,9 @@ def plan(examples: pd.DataFrame, ranked: pd.DataFrame, outcomes: pd.DataFrame,
                               if options.surrogate else placeholder(kind))
         result.values[word] = result.values.get(word, 0) + 1
     acted_texts: set[int] = set()
+    anywhere = _anywhere(reasons)
     for eid in texts.index:
-        spans = _occurrences(texts[eid], found.get(int(eid), []), reasons)
+        spans = _occurrences(texts[eid], found.get(int(eid), []), reasons, anywhere)
         for start, end, value, kind, detected in spans:
             _, word, why = reasons[value]
             where = "" if detected else " (found again here as the same string)"
@@ -211,16 +212,25 @@ def _true(value: object) -> bool:
     return bool(pd.notna(value) and value)
 
 
-def _occurrences(text: str, matches: Sequence, reasons: dict[str, tuple[str, str, str]]
-                 ) -> list[tuple[int, int, str, str, bool]]:
+def _anywhere(reasons: dict[str, tuple[str, str, str]]) -> re.Pattern[str] | None:
+    """One pattern for every value acted on standing alone (not inside a longer run of letters or
+    digits), longest first: one scan of each text, however many values."""
+    if not reasons:
+        return None
+    values = sorted(reasons, key=len, reverse=True)
+    return re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(re.escape(v) for v in values) + r")(?![A-Za-z0-9])")
+
+
+def _occurrences(text: str, matches: Sequence, reasons: dict[str, tuple[str, str, str]],
+                 anywhere: re.Pattern[str] | None) -> list[tuple[int, int, str, str, bool]]:
     """(start, end, value, kind, detected) of every occurrence of a value acted on in ``text``:
     where the detector found it, and anywhere else the same string stands alone (not inside a
     longer run of letters or digits); overlaps resolved for the earlier, then the longer."""
     spans = [(m.value_start, m.value_end, m.value, reasons[m.value][0], True)
              for m in matches if m.value in reasons]
-    for value, (kind, _, _) in reasons.items():
-        pattern = re.compile(r"(?<![A-Za-z0-9])" + re.escape(value) + r"(?![A-Za-z0-9])")
-        spans += [(m.start(), m.end(), value, kind, False) for m in pattern.finditer(text)]
+    if anywhere is not None:
+        spans += [(m.start(), m.end(), m.group(), reasons[m.group()][0], False)
+                  for m in anywhere.finditer(text)]
     kept: list[tuple[int, int, str, str, bool]] = []
     for s in sorted(spans, key=lambda s: (s[0], -(s[1] - s[0]), not s[4])):
         if not kept or s[0] >= kept[-1][1]:
