@@ -249,3 +249,30 @@ def test_value_changes_say_per_value_what_the_second_run_shows():
     assert said.startswith("1 of 5 value(s) fixed") and "1 still reproduced" in said
     assert got["exposure_after"].iloc[0] == 1.0 and pd.isna(got["exposure_after"].iloc[2])
     assert masked(CARD) == "•••• •••• •••• ••67" and masked(PIN) == "••••"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_structured_field_is_edited_in_place_by_its_path(tmp_path, fmt):
+    """A chat record's message, addressed by its field path: only that string's span changes."""
+    from gnq_core.sources.rewrite import FieldEdit, field_values, rewrite_dataset
+
+    records = [{"id": 1, "messages": [{"role": "user", "content": "My PIN is 4821."},
+                                      {"role": "assistant", "content": "Noted: 4821 — «gardé»."}]},
+               {"id": 2, "messages": [{"role": "user", "content": "Hello"}]}]
+    source, out = tmp_path / f"chat.{fmt}", tmp_path / f"clean.{fmt}"
+    if fmt == "jsonl":
+        source.write_text("\n".join(json.dumps(r) for r in records) + "\n", encoding="utf-8")
+    else:
+        pq.write_table(pa.Table.from_pylist(records), source)
+    path = ("messages", 1, "content")
+    assert field_values(source, path) == ["Noted: 4821 — «gardé».", None]
+    rewrite_dataset(source, out, [FieldEdit(0, path, 7, 11, "[REDACTED_PIN]"),
+                                  FieldEdit(0, ("messages", 0, "content"), 10, 14, "[REDACTED_PIN]")])
+    assert field_values(out, path) == ["Noted: [REDACTED_PIN] — «gardé».", None]
+    assert field_values(out, ("messages", 0, "content"))[0] == "My PIN is [REDACTED_PIN]."
+    if fmt == "jsonl":  # the escapes json.dumps wrote (\u2014, \u00ab) are kept where not edited
+        before, after = source.read_text().splitlines(), out.read_text().splitlines()
+        assert after[1] == before[1]
+        assert after[0] == before[0].replace("4821", "[REDACTED_PIN]")
+    else:
+        assert pq.read_table(out).to_pylist()[1] == records[1]
