@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from gnq_core import per_example_lm_loss
+from gnq_core.attacks.defaults import DEFAULT_SECRET_CANDIDATES
 from gnq_core.integrations.tracking import DEFAULT_EVERY, DEFAULT_MAX_OVERHEAD, SecretTracker, SecretTracking
 from gnq_core.sources.models import build_model, train_tokenizer
 
@@ -37,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def run(steps: int, every: int, batch: int, length: int, preset: str, seed: int,
-        max_overhead: float | None) -> dict:
+        max_overhead: float | None, n_candidates: int = DEFAULT_SECRET_CANDIDATES) -> dict:
     from scenario_data import scenario
 
     torch.set_num_threads(1)
@@ -48,8 +49,8 @@ def run(steps: int, every: int, batch: int, length: int, preset: str, seed: int,
     model = build_model(preset, vocab_size=len(tok), max_length=length, seed=seed,
                         eos_token_id=tok.eos_token_id)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tracker = SecretTracker(SecretTracking(tok, every=every, max_overhead=max_overhead), texts, ids,
-                            max_length=length)
+    tracker = SecretTracker(SecretTracking(tok, every=every, max_overhead=max_overhead,
+                                           n_candidates=n_candidates), texts, ids, max_length=length)
     gen = torch.Generator().manual_seed(seed)
     train_s: list[float] = []
     probe_s: list[float] = []
@@ -104,11 +105,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-overhead", default=str(DEFAULT_MAX_OVERHEAD),
                         help="SecretTracking max_overhead, or 'none' (probe every k steps whatever it costs)")
+    parser.add_argument("--n-candidates", type=int, default=DEFAULT_SECRET_CANDIDATES,
+                        help="exposure's random values (1: no exposure, greedy continuation alone)")
     parser.add_argument("--max-ratio", type=float, default=0.10)
     parser.add_argument("--tag", default="")
     a = parser.parse_args()
     limit = None if a.max_overhead.lower() == "none" else float(a.max_overhead)
-    result = run(a.steps, a.every, a.batch, a.length, a.preset, a.seed, limit)
+    result = run(a.steps, a.every, a.batch, a.length, a.preset, a.seed, limit, a.n_candidates)
     result["max_ratio"] = a.max_ratio
     result["within_target"] = result["probe_over_training"] <= a.max_ratio
     path = write("secret_tracking" + (f"-{a.tag}" if a.tag else ""), result)

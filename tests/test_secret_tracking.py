@@ -125,17 +125,21 @@ def test_a_plain_loop_probes_every_k_steps_with_exposure_against_the_null():
 
 
 def test_probes_are_put_off_while_they_would_cost_more_than_max_overhead_of_training(monkeypatch):
-    """A probe that costs 1 s against near-zero training time: the first due step probes, every
-    later one is put off (listed in ``deferred``) until training time covers 10 times its cost."""
+    """A probe with exposure costs 1 s, without 0.1 s, training 1 s per step: the first probe has
+    exposure, later ones only while the probes' total stays within 10% of the training time, the
+    rest are greedy alone, and a greedy probe that would pass the bound is put off."""
     tok, ids = _tokenized()
     tracker = SecretTracker(SecretTracking(tok, every=2), TEXTS, ids)
     probed = []
 
-    def probe(model, step):
-        probed.append(step)
+    def probe(model, step, exposure=True):
+        probed.append((step, exposure))
         tracker.rows.append(pd.DataFrame({"step": [step]}))
-        tracker.seconds += 1.0
-        tracker._last_cost = 1.0
+        tracker.seconds += 1.0 if exposure else 0.1
+        if exposure:
+            tracker._exposure_cost = 1.0
+        else:
+            tracker._last_cost = 0.1
         return {}
 
     monkeypatch.setattr(tracker, "probe", probe)
@@ -143,8 +147,11 @@ def test_probes_are_put_off_while_they_would_cost_more_than_max_overhead_of_trai
     monkeypatch.setattr("gnq_core.integrations.tracking.time.perf_counter", lambda: float(next(clock)))
     for step in range(1, 61):
         tracker.step(None, step)
-    # training time at step s: (s - 1) s minus the probes' seconds; a probe needs
-    # probes + 1 <= 0.1 x training: at most one per 10 s of training, on even steps
-    assert probed[0] == 2 and all(b - a >= 10 for a, b in itertools.pairwise(probed))
-    assert tracker.deferred and all(s % 2 == 0 for s in tracker.deferred)
-    assert tracker.seconds <= 0.1 * (60 - len(probed)) + 1.0
+    # training time at step s: (s - 1) s minus the probes' seconds (the fake clock counts calls)
+    assert probed[0] == (2, True)
+    full = [s for s, e in probed if e]
+    assert len(full) >= 2 and all(b - a >= 10 for a, b in itertools.pairwise(full))
+    assert [s for s, e in probed if not e] == tracker.without_exposure and tracker.without_exposure
+    assert all(s % 2 == 0 for s in tracker.deferred + [s for s, _ in probed])
+    assert set(tracker.deferred).isdisjoint(s for s, _ in probed)
+    assert tracker.seconds <= 0.1 * 59 + 1.0  # within the bound, but for the first probe's cost

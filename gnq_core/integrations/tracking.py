@@ -17,9 +17,12 @@ What is measured at a step is what the attack measures on a checkpoint: *leaked*
 writes every letter and digit of the value; *exposed* = its exposure is above the 99th percentile
 of never-trained values of its format (no reference model during training: the null alone, said
 so in the rows' rule).  The probes' cost is held to ``max_overhead`` (default 10%) of the
-training time they watch: a due probe is put off to a later multiple of ``every`` while it would
-exceed that (``deferred`` lists those steps; ``max_overhead=None`` probes every ``every`` steps
-whatever it costs).  ``on_leak`` — "warn" (one line on stderr naming the step, the value's
+training time they watch (wall-clock): the greedy continuation runs every ``every`` steps, and the
+exposure (the post-hoc budget: 97% of a probe's cost on the benchmark) is added to a probe when
+the share stays within the bound (the first probe measures it; ``without_exposure`` lists the
+probes made without); a due probe whose greedy part alone would exceed the bound is put off
+(``deferred``).  ``max_overhead=None``: both at every ``every`` steps, whatever it costs.
+``on_leak`` — "warn" (one line on stderr naming the step, the value's
 kind and its text id, never the value) or "stop" (the Trainer's ``should_training_stop``, at the
 step it came out) — acts when a value comes out whole or, with ``act_on_exposed``, crosses the
 null's threshold.  The rows go to ``secret_tracking.parquet`` in the shards folder (step, text
@@ -29,6 +32,7 @@ Trainer's log (``secrets/leaked``, ``secrets/exposed``, ``secrets/max_exposure``
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -69,8 +73,8 @@ class SecretTracking:
     seed: int = 0
     texts: Sequence[str] | None = None  # by example_id; default: GNQConfig.texts
     # The most the probes may cost, as a share of the training time they watch (wall-clock seconds):
-    # a due probe is put off to a later multiple of ``every`` while it would take the share above
-    # this (its cost estimated by the last probe's); None: every ``every`` steps whatever it costs.
+    # exposure is left out of a probe, or the whole probe put off, while it would take the share
+    # above this (its cost estimated by the last one's); None: everything every ``every`` steps.
     max_overhead: float | None = DEFAULT_MAX_OVERHEAD
 
     def __post_init__(self) -> None:
@@ -102,6 +106,7 @@ class SecretTracker:
     should_stop: bool = False
     seconds: float = 0.0  # spent probing, all probes
     deferred: list[int] = field(default_factory=list)  # due steps put off to keep within max_overhead
+    without_exposure: list[int] = field(default_factory=list)  # probed greedily alone, for the same
 
     def __post_init__(self) -> None:
         ids = list(self.example_ids) if self.example_ids is not None else list(range(len(self.texts)))
@@ -111,7 +116,8 @@ class SecretTracker:
         self._tokens = [list(self.token_ids[i]) for i in keep]
         self._last: dict[str, float] = {}
         self._started: float | None = None  # the first step() call: training time is counted from it
-        self._last_cost = 0.0
+        self._last_cost = 0.0  # the last probe's seconds without exposure
+        self._exposure_cost: float | None = None  # the last probe's seconds with it
 
     @property
     def values(self) -> int:
@@ -127,11 +133,16 @@ class SecretTracker:
         if step % self.settings.every or not self._texts:
             return None
         limit = self.settings.max_overhead
-        training = (now - self._started) - self.seconds
-        if limit is not None and self.rows and self.seconds + self._last_cost > limit * training:
-            self.deferred.append(step)
+        budget = math.inf if limit is None else limit * ((now - self._started) - self.seconds)
+        if self.rows and self.seconds + self._last_cost > budget:
+            self.deferred.append(step)  # even the greedy continuation would cost too much now
             return None
-        return self.probe(model, step)
+        # exposure (97% of a probe's cost on the benchmark) when it fits; the first probe measures it
+        exposure = self.settings.n_candidates > 1 and (
+            self._exposure_cost is None or self.seconds + self._exposure_cost <= budget)
+        if not exposure and self.settings.n_candidates > 1:
+            self.without_exposure.append(step)
+        return self.probe(model, step, exposure=exposure)
 
     def overhead(self) -> float:
         """The probes' seconds over the training's seconds since the first step (NaN before)."""
@@ -140,18 +151,23 @@ class SecretTracker:
         training = (time.perf_counter() - self._started) - self.seconds
         return self.seconds / training if training > 0 else float("nan")
 
-    def probe(self, model: Any, step: int) -> dict[str, float]:
-        """Every value under the current weights, now (the attack restores the model's mode)."""
+    def probe(self, model: Any, step: int, exposure: bool = True) -> dict[str, float]:
+        """Every value under the current weights, now (the attack restores the model's mode);
+        ``exposure`` False: the greedy continuation alone."""
         s = self.settings
         t0 = time.perf_counter()
         device = next(model.parameters()).device
         attack = attack_secrets(model, s.tokenizer, self._texts, self._ids, self._tokens, reference=None,
-                                n_candidates=s.n_candidates, search_nodes=s.search_nodes, seed=s.seed,
+                                n_candidates=s.n_candidates if exposure else 1, search_nodes=s.search_nodes,
+                                seed=s.seed,
                                 batch_size=s.batch_size, device=device, max_length=self.max_length,
                                 rule=f"tracked at step {step}: no reference model, exposed = above the null")
         seconds = time.perf_counter() - t0
         self.seconds += seconds
-        self._last_cost = seconds
+        if exposure and s.n_candidates > 1:
+            self._exposure_cost = seconds
+        else:
+            self._last_cost = seconds
         rows = attack.rows
         frame = pd.DataFrame({
             "step": step, "example_id": rows["example_id"].astype(int), "kind": rows["kind"],
