@@ -140,6 +140,7 @@ def test_probes_are_put_off_while_they_would_cost_more_than_max_overhead_of_trai
             tracker._exposure_cost = 1.0
         else:
             tracker._last_cost = 0.1
+            tracker._greedy_seconds += 0.1
         return {}
 
     monkeypatch.setattr(tracker, "probe", probe)

@@ -17,11 +17,11 @@ What is measured at a step is what the attack measures on a checkpoint: *leaked*
 writes every letter and digit of the value; *exposed* = its exposure is above the 99th percentile
 of never-trained values of its format (no reference model during training: the null alone, said
 so in the rows' rule).  The probes' cost is held to ``max_overhead`` (default 10%) of the
-training time they watch (wall-clock): the greedy continuation runs every ``every`` steps, and the
-exposure (the post-hoc budget: 97% of a probe's cost on the benchmark) is added to a probe when
-the share stays within the bound (the first probe measures it; ``without_exposure`` lists the
-probes made without); a due probe whose greedy part alone would exceed the bound is put off
-(``deferred``).  ``max_overhead=None``: both at every ``every`` steps, whatever it costs.
+training time they watch (wall-clock): the greedy continuation runs every ``every`` steps (put
+off, ``deferred``, only while its own share would pass the bound), and the exposure (the post-hoc
+budget: 97% of a probe's cost on the benchmark) is added to a probe when all the probes' share
+stays within the bound (the first probe measures it; ``without_exposure`` lists the probes made
+without it).  ``max_overhead=None``: both at every ``every`` steps, whatever it costs.
 ``on_leak`` — "warn" (one line on stderr naming the step, the value's
 kind and its text id, never the value) or "stop" (the Trainer's ``should_training_stop``, at the
 step it came out) — acts when a value comes out whole or, with ``act_on_exposed``, crosses the
@@ -117,6 +117,7 @@ class SecretTracker:
         self._last: dict[str, float] = {}
         self._started: float | None = None  # the first step() call: training time is counted from it
         self._last_cost = 0.0  # the last probe's seconds without exposure
+        self._greedy_seconds = 0.0  # all of those
         self._exposure_cost: float | None = None  # the last probe's seconds with it
 
     @property
@@ -134,8 +135,10 @@ class SecretTracker:
             return None
         limit = self.settings.max_overhead
         budget = math.inf if limit is None else limit * ((now - self._started) - self.seconds)
-        if self.rows and self.seconds + self._last_cost > budget:
-            self.deferred.append(step)  # even the greedy continuation would cost too much now
+        # the greedy continuation (the leak detector, cheap) is held to the bound on its own, so a
+        # costly exposure never stops it; exposure takes what the whole bound leaves
+        if self._greedy_seconds + self._last_cost > budget:
+            self.deferred.append(step)
             return None
         # exposure (97% of a probe's cost on the benchmark) when it fits; the first probe measures it
         exposure = self.settings.n_candidates > 1 and (
@@ -168,6 +171,7 @@ class SecretTracker:
             self._exposure_cost = seconds
         else:
             self._last_cost = seconds
+            self._greedy_seconds += seconds
         rows = attack.rows
         frame = pd.DataFrame({
             "step": step, "example_id": rows["example_id"].astype(int), "kind": rows["kind"],
