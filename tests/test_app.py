@@ -353,3 +353,24 @@ def test_every_widget_has_a_label_and_every_chart_a_text_alternative(store_path,
             f"chart {charts_seen} of {name} has no caption saying what it shows"
     if name in ("runs", "trajectories", "extraction", "groups", "drilldown", "dataset_map", "regression"):
         assert charts_seen, f"{name} shows no chart (the check above saw nothing)"
+
+
+def test_runs_page_writes_the_cleaned_training_data_with_the_cli_function(store_path, monkeypatch, tmp_path):
+    out = tmp_path / "clean.csv"
+    at = page("runs", store_path, monkeypatch, run_name="audited", remediate_out=str(out),
+              remediate_act_on=["leaked", "secret"])
+    at.button(key="remediate_go").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.success and "every change listed in" in at.success[-1].value
+    assert out.is_file() and (tmp_path / "clean.csv.manifest.json").is_file()
+    manifest = json.loads((tmp_path / "clean.csv.manifest.json").read_text())
+    assert manifest["run"] == "audited" and manifest["act_on"] == ["leaked", "secret"]
+    at = page("runs", store_path, monkeypatch, run_name="audited", remediate_out=str(tmp_path / "c.json"))
+    at.button(key="remediate_go").click().run()
+    assert at.error and "keeps the data's format" in at.error[-1].value  # one line, nothing written
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_compare_page_shows_each_secret_value_before_and_after(store_path, monkeypatch):
+    at = page("compare", store_path, monkeypatch, run_name="audited", compare_vs="run")
+    assert "Secret values, before and after" in [h.value for h in at.subheader]

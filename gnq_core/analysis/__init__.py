@@ -13,10 +13,13 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".flagging": ("GNQ_ORDER", "VERDICT_ORDER", "TextFilter", "flagged"),
     ".html_report": ("build_report", "check_writable", "write_report"),
     ".predictive_figures": ("roc_figure",),
+    ".remediation": ("ACT_ON", "DEFAULT_ACT_ON", "Remediation", "RemediationError", "RemediationOptions",
+                     "remediate_run"),
     ".risk": ("RiskBasis", "risk_components"),
     ".signals": ("gnq_provenance", "signal_frame"),
     ".summaries": ("group_auc", "group_separation", "nearest_by_trajectory", "quantile_bins",
                    "targeted_attack_table", "token_alignment", "top_bottom"),
+    ".value_compare": ("VALUE_CHANGE_HELP", "changes_summary", "masked", "value_changes"),
     ".verdict": ("COLUMN_HELP", "LEAKED", "PARTLY", "STATUSES", "VERDICT_COLUMNS", "flag", "rank_texts",
                  "value_outcome"),
 })

@@ -86,6 +86,8 @@ class GNQConfig:
     window_mode: str = "auto"  # "step" only: "exact", "sketch" or "auto" (exact while it fits)
     sketch: SketchSpec | None = None  # "step" with a sketch: its settings (default SketchSpec())
     window_budget: int = DEFAULT_WINDOW_BUDGET  # bytes of factors an exact window may keep
+    # Probe the training set's secret-like values every k optimizer steps (integrations/tracking.py)
+    track_secrets: Any = None  # a tracking.SecretTracking, or None
 
     def __post_init__(self) -> None:
         """Every value checked here, when the config is built: a bad one is one line naming it,
@@ -123,6 +125,10 @@ class GNQConfig:
         require(self.sketch is None or isinstance(self.sketch, SketchSpec),
                 f"{name('sketch')} must be a SketchSpec or None, got {type(self.sketch).__name__}")
         whole(self.window_budget, name("window_budget (bytes)"), 1, sys.maxsize)
+        if self.track_secrets is not None:  # imported only then: the attack needs the store's engine
+            from gnq_core.integrations.tracking import check_tracking
+
+            check_tracking(self.track_secrets)
         if self.scope is None:
             self.scope = "global" if self.gnq_batch == "step" else "rank"
 
@@ -522,6 +528,13 @@ class GNQTrainerSteps:
         check_not_compiled(self.model)
         self.gnq = callback
         self.add_callback(callback)
+        self.secret_tracking = None
+        if callback.config.track_secrets is not None:  # its own callback: integrations/tracking.py
+            from gnq_core.integrations.tracking import SecretTrackingCallback
+
+            c = callback.config
+            self.secret_tracking = SecretTrackingCallback(c.track_secrets, self, c.texts, c.out, c.max_length)
+            self.add_callback(self.secret_tracking)
 
     def _set_signature_columns_if_needed(self) -> None:
         super()._set_signature_columns_if_needed()
@@ -532,6 +545,8 @@ class GNQTrainerSteps:
         (not an evaluation's), so every ``report_to`` integration shows them beside the loss."""
         if "loss" in logs or "train_loss" in logs:
             logs = {**logs, **self.gnq.summaries()}
+            if self.secret_tracking is not None:
+                logs |= self.secret_tracking.summaries()
         super().log(logs, *args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):

@@ -17,12 +17,18 @@ from gnq_core.atomic import atomic_path, write_text_atomic
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns, batch_frame
 from gnq_core.results.store_schema import StoreError
 
-__all__ = ["EXAMPLES_FILE", "FORMAT", "RUN_FILE", "ShardError", "ShardWriter", "new_shard_folder",
-           "write_parquet", "write_run_file"]
+__all__ = ["EXAMPLES_FILE", "FORMAT", "RUN_FILE", "SECRET_TRACKING_COLUMNS", "TRACKING_FILE", "ShardError",
+           "ShardWriter", "new_shard_folder", "write_parquet", "write_run_file"]
 
 RUN_FILE = "run.json"
 EXAMPLES_FILE = "examples.parquet"
 FORMAT = "gnq-shards/1"
+
+# Secret values probed while training (integrations/tracking.py): the file beside the shards that
+# gnq ingest loads into secret_tracking (migration 0014), and its columns after run_id.
+TRACKING_FILE = "secret_tracking.parquet"
+SECRET_TRACKING_COLUMNS = ["step", "example_id", "kind", "value", "chars", "chars_reproduced", "leaked",
+                           "partly", "exposure", "exposure_method", "null_p99", "exposed", "seconds"]
 
 
 class ShardError(StoreError):

@@ -36,6 +36,7 @@ from gnq_core.results.shard_files import (  # the writing side, named here too f
     EXAMPLES_FILE,
     FORMAT,
     RUN_FILE,
+    TRACKING_FILE,
     ShardError,
     ShardWriter,
     new_shard_folder,
@@ -171,10 +172,12 @@ def _points_in(paths) -> list[int]:
 def ingest(store: Store, root: str | Path) -> tuple[Run, dict[str, int]]:
     """Load a shards folder into the store (one transaction; a rerun replaces, never duplicates)."""
     shards = read_shards(root)
+    tracked = Path(root) / TRACKING_FILE  # secret values probed while training (integrations/tracking.py)
     try:
+        tracking = pd.read_parquet(tracked) if tracked.is_file() else None
         run = store.import_run(shards.run, shards.examples, shards.points, shards.files["scores"],
-                               shards.files["batches"], status=shards.status)
-    except duckdb.Error as exc:  # a Parquet file damaged past its footer
+                               shards.files["batches"], status=shards.status, tracking=tracking)
+    except (duckdb.Error, OSError, ValueError) as exc:  # a Parquet file damaged past its footer
         raise ShardError(f"{shards.root}: cannot read the shards ({one_line(exc)})") from None
     return run, store.row_counts(run.run_id)
 

@@ -234,6 +234,32 @@ class StoreQueries:
             QUALIFY row_number() OVER (PARTITION BY kind, value ORDER BY example_id, secret_start) = 1
             ORDER BY exposure DESC NULLS LAST, kind, value""", [run_id])
 
+    def value_outcomes(self, run_id: int) -> pd.DataFrame:
+        """One row per distinct attacked secret value (kind, value) of a run, over every occurrence
+        the secret attack probed: ``leaked`` (some occurrence written whole, calibrated),
+        ``partly`` (not whole, but PARTLY_LEAKED_SQL), ``exposed`` (above the null's 99th
+        percentile and the reference), the most exposed occurrence's exposure and its bounds, the
+        most characters written, and how many occurrences were probed (gnq remediate, gnq compare)."""
+        return self._query(f"""
+            SELECT kind, value, bool_or(extracted) AS leaked,
+                   bool_or(NOT extracted AND {PARTLY_LEAKED_SQL}) AS partly,
+                   bool_or(coalesce(exposed, FALSE)) AS exposed,
+                   max(exposure) AS exposure, bool_or(exposure_method = 'estimated') AS exposure_estimated,
+                   max(exposure_null_p99) AS null_p99, max(reference_exposure) AS reference_exposure,
+                   max(chars) AS chars, max(chars_reproduced) AS chars_reproduced,
+                   max(reference_chars_reproduced) AS reference_chars_reproduced,
+                   CAST(count(*) AS INTEGER) AS occurrences_probed, min(example_id) AS first_example,
+                   max(point) AS point
+            FROM secret_attacks WHERE run_id = ?
+            GROUP BY kind, value ORDER BY first_example, kind, value""", [run_id])
+
+    def secret_tracking(self, run_id: int) -> pd.DataFrame:
+        """The secret values probed while the run trained (integrations/tracking.py), per value and
+        step: step, example_id, kind, value, chars, chars_reproduced, leaked, partly, exposure,
+        exposure_method, null_p99, exposed, seconds."""
+        return self._query("SELECT * EXCLUDE (run_id) FROM secret_tracking WHERE run_id = ? "
+                           "ORDER BY kind, value, example_id, step", [run_id])
+
     def attacked_examples(self, run_id: int, point: int, prefix_tokens: int,
                           threshold: float) -> set[int] | None:
         """Examples with a stored attack at this point and prefix length; None when some were

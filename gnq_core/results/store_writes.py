@@ -27,6 +27,7 @@ from gnq_core.results.records import (
     batch_frame,
     resume_mismatches,
 )
+from gnq_core.results.shard_files import SECRET_TRACKING_COLUMNS
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError, timestamp
 
@@ -68,13 +69,15 @@ class StoreWrites:
         return run
 
     def import_run(self, spec: RunSpec, examples: pd.DataFrame, points: pd.DataFrame,
-                   score_files: Sequence[str], batch_files: Sequence[str], *, status: str) -> Run:
+                   score_files: Sequence[str], batch_files: Sequence[str], *, status: str,
+                   tracking: pd.DataFrame | None = None) -> Run:
         """A run written elsewhere as Parquet shards (gnq_core.results.shards), in one transaction.
 
         ``spec``: the run, whose ``settings['shard_id']`` names the
         shards; a rerun on the same shards replaces the run's examples, points, scores and
         batches (idempotent; its id and extraction attacks are kept).  ``points``: point, label,
         kind, status.  Scores and batches are read by DuckDB straight from the files.
+        ``tracking``: the secret values probed while training (``SECRET_TRACKING_COLUMNS``).
         """
         shard_id = spec.settings.get("shard_id")
         with self.transaction() as con:
@@ -86,7 +89,7 @@ class StoreWrites:
                 if not shard_id or json.loads(settings or "{}").get("shard_id") != shard_id:
                     raise StoreError(f"{self.path}: a run named {spec.name!r} already exists and was "
                                      "not ingested from these shards")
-                for table in ("examples", "points", "scores", "batches"):
+                for table in ("examples", "points", "scores", "batches", "secret_tracking"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             insert_examples(con, run_id, examples)
             _insert_frame(con, "points",
@@ -95,6 +98,10 @@ class StoreWrites:
                 con.execute(f"INSERT INTO scores BY NAME {shard_select('scores', score_files, run_id)}")
             if batch_files:
                 con.execute(f"INSERT INTO batches BY NAME {shard_select('batches', batch_files, run_id)}")
+            if tracking is not None and len(tracking):
+                _insert_frame(con, "secret_tracking",
+                              tracking.reindex(columns=SECRET_TRACKING_COLUMNS).assign(run_id=run_id)[
+                                  ["run_id", *SECRET_TRACKING_COLUMNS]])
             con.execute("UPDATE runs SET status = ?, updated_at = ?, settings = ? WHERE run_id = ?",
                         [status, timestamp(), json.dumps(spec.settings), run_id])
         return self.run(run_id)
@@ -259,7 +266,7 @@ class StoreWrites:
         run_id = self.run(run).run_id
         with self.transaction() as con:
             for table in ("example_metrics", "extractions", "secret_attacks", "secret_exposure_null",
-                          "scores", "batches", "points", "examples", "runs"):
+                          "secret_tracking", "scores", "batches", "points", "examples", "runs"):
                 con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 
 

@@ -20,7 +20,8 @@ from gnq_core.dashboard.charts.extraction import extraction_vs_quantile
 from gnq_core.dashboard.charts.groups import group_distributions
 from gnq_core.dashboard.charts.regression import gradient_space, ranking_comparison, regression_data
 from gnq_core.dashboard.charts.runs import gnq_histogram, gnq_vs_loss
-from gnq_core.dashboard.charts.trajectories import example_trajectory, trajectories
+from gnq_core.dashboard.charts.trajectories import example_trajectory, secret_tracking, trajectories
 
 __all__ = ["example_trajectory", "extraction_vs_quantile", "gnq_histogram", "gnq_vs_loss", "gradient_space",
-           "group_distributions", "ranking_comparison", "regression_data", "run_comparison", "trajectories"]
+           "group_distributions", "ranking_comparison", "regression_data", "run_comparison",
+           "secret_tracking", "trajectories"]

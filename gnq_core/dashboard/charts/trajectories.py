@@ -177,3 +177,31 @@ def example_trajectory(traj_one: pd.DataFrame, *, text: str | None = None,
     fig.update_yaxes(title_text="GNQ", type="log" if log_y else "linear", secondary_y=False)
     base.point_axis(fig, labels.index.tolist(), labels.tolist())
     return fig
+
+
+def secret_tracking(rows: pd.DataFrame, names: Mapping[tuple[str, str], str] | None = None) -> go.Figure:
+    """Each secret value's exposure at the steps it was probed while training (integrations/
+    tracking.py), one line per value (its first text), a filled marker where it came out whole,
+    the null's 99th percentile dotted.  ``names``: (kind, value) -> the line's label (a masked
+    value; default its kind and text).  ``customdata[0]``: the text's example id."""
+    measured = rows[rows["exposure"].notna()] if "exposure" in rows else rows.iloc[0:0]
+    if measured.empty:
+        return base.empty_figure("Secret values while training", "no exposure measured while training")
+    fig = go.Figure()
+    for (kind, value), part in measured.groupby(["kind", "value"], sort=False):
+        first = part[part["example_id"] == part["example_id"].min()].sort_values("step")
+        eid = int(first["example_id"].iloc[0])
+        name = (names or {}).get((kind, value), f"{kind}, text {eid}")
+        leaked = first["leaked"].astype(bool).to_numpy()
+        fig.add_trace(go.Scatter(
+            x=first["step"], y=first["exposure"].astype(float), mode="lines+markers", name=base.escape(name),
+            marker={"symbol": np.where(leaked, "circle", "circle-open"), "size": np.where(leaked, 10, 6)},
+            customdata=np.array([[eid, "yes" if x else "no"] for x in leaked], dtype=object),
+            hovertemplate=f"{base.escape(name)}<br>step %{{x}}<br>exposure %{{y:.1f}} bits<br>"
+                          "written whole: %{customdata[1]}<extra></extra>"))
+    p99 = measured.groupby("step")["null_p99"].max().dropna()
+    if len(p99):
+        fig.add_trace(go.Scatter(x=p99.index, y=p99.to_numpy(dtype=float), mode="lines",
+                                 line={"dash": "dot", "color": base.NEUTRAL},
+                                 name="never-trained values, 99th percentile", hoverinfo="skip"))
+    return base.layout(fig, "Secret values while training", "optimizer step", "exposure (bits)")

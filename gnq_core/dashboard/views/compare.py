@@ -1,11 +1,11 @@
-"""Compare two runs over the same texts: GNQ_total in each, rank changes, and the texts that
-entered or left the top k."""
+"""Compare two runs over the same texts: each secret value's status and exposure in both (was the
+fix verified?), GNQ_total in each, rank changes, and the texts that entered or left the top k."""
 
 from __future__ import annotations
 
 import streamlit as st
 
-from gnq_core.analysis import compare_runs
+from gnq_core.analysis import VALUE_CHANGE_HELP, changes_summary, compare_runs, value_changes
 from gnq_core.dashboard import address, charts, show, state
 
 st.title("Compare runs")
@@ -23,6 +23,27 @@ address.restore("compare_top", "top", 20, address.number(1, 1000, int))
 top = int(st.number_input("Top k", min_value=1, max_value=1000, key="compare_top"))
 address.record("top", top, 20)
 other_run = state.store().run(other)
+
+st.subheader("Secret values, before and after")
+store = state.store()
+values = value_changes(store.value_outcomes(run.run_id), store.value_outcomes(other_run.run_id))
+said = state.plain(changes_summary(values))
+(st.error if values["still_reproduced"].any() else st.info)(said)
+if not values.empty:
+    st.dataframe(values[["text_id", "kind", "value", "status_before", "exposure_before", "status_after",
+                         "exposure_after", "verdict"]], hide_index=True, width="stretch",
+                 column_config={"text_id": "text", "status_before": st.column_config.TextColumn(
+                     f"in {run.name}", help=VALUE_CHANGE_HELP["status_before"]),
+                     "exposure_before": st.column_config.NumberColumn(
+                         "bits before", format="%.1f", help=VALUE_CHANGE_HELP["exposure_before"]),
+                     "status_after": st.column_config.TextColumn(f"in {other}",
+                                                                 help=VALUE_CHANGE_HELP["status_after"]),
+                     "exposure_after": st.column_config.NumberColumn("bits after", format="%.1f"),
+                     "verdict": st.column_config.TextColumn("verdict", help=VALUE_CHANGE_HELP["verdict"])})
+st.caption("The second run should be the original data audited against the model retrained on the cleaned "
+           "file (`gnq audit --checkpoints RETRAINED --data ORIGINAL`, then `gnq extract`): a run over the "
+           "cleaned file does not hold the values, so it cannot say whether they still come out.")
+st.subheader("GNQ, before and after")
 a = state.totals(db, run.run_id, state.version(run.run_id))
 b = state.totals(db, other_run.run_id, state.version(other_run.run_id))
 result = compare_runs(a, b, top=top)

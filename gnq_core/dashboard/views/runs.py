@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import streamlit as st
 
+from gnq_core import one_line
 from gnq_core.analysis import (
+    ACT_ON,
+    DEFAULT_ACT_ON,
     LEAKED,
     PARTLY,
     VALUES_HELP,
+    RemediationOptions,
     exposure_summary,
     gnq_nature,
     null_sentence,
+    remediate_run,
     run_counts,
     summary,
     values_table,
@@ -93,6 +98,37 @@ def secret_exposure(run) -> None:
             st.caption(state.plain(null_sentence(fmt)))
 
 
+def act_on_verdict(run) -> None:
+    """The cleaned training data, written by the function ``gnq remediate`` calls."""
+    from pathlib import Path
+
+    with st.expander("Act on the verdict: write the cleaned training data"):
+        source = Path(run.dataset_path)
+        st.caption("The training data in its own format with every value of the chosen statuses replaced, "
+                   "each acted-on copy cluster reduced to one text, and a manifest (JSON) of every change "
+                   "beside it: text, span, kind, SHA-256 of the old value, new value, reason. The same as "
+                   "`gnq remediate`.")
+        act = st.multiselect("Act on", ACT_ON, default=list(DEFAULT_ACT_ON), key="remediate_act_on",
+                             help="leaked / partly-leaked / exposed: per value, wherever it occurs; secret: "
+                                  "every secret-like value; text-reproduced: the values of texts whose "
+                                  "window comes out; at-risk: repeated texts in the top 20% of risk.")
+        surrogate = st.checkbox("Surrogates instead of placeholders", key="remediate_surrogate",
+                                help="A random value of the same kind and format (checksum-valid), never a "
+                                     "value of the data, instead of [REDACTED_CARD] and the like.")
+        keep = st.checkbox("Keep every copy", key="remediate_keep_copies")
+        out = st.text_input("Write to", str(source.with_name(f"{source.stem}.clean{source.suffix}")),
+                            key="remediate_out")
+        if st.button("Write the cleaned training data", key="remediate_go"):
+            totals = state.totals(str(state.db_path()), run.run_id, state.version(run.run_id))
+            try:
+                options = RemediationOptions(act_on=tuple(act), surrogate=surrogate, keep_copies=keep)
+                done = remediate_run(state.store(), run, totals, out, options)
+            except (ValueError, OSError) as exc:
+                st.error(state.plain(one_line(exc)))
+            else:
+                st.success(state.plain(done.summary()))
+
+
 st.title("Runs")
 # The running jobs first, from their own files: their progress and Cancel show at once, before
 # anything waits for the store a job is writing (in any session, after a reload too).
@@ -107,6 +143,7 @@ frame = state.runs()
 if run is not None:
     leaked_texts(run)
     secret_exposure(run)
+    act_on_verdict(run)
 
 if frame.empty:
     st.markdown("This store has no runs yet. The **demo** trains a tiny GPT-2 on the project's own "

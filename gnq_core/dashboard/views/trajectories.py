@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from gnq_core.analysis import top_bottom
+from gnq_core.analysis import masked, top_bottom
 from gnq_core.dashboard import charts, show, state
 
 MAX_LINES = 300  # above this, the rest of the run is drawn as a quantile band
@@ -46,3 +46,16 @@ for title, frame in (("Highest", high), ("Lowest", low)):
     st.markdown(f"**{title}**")
     show.table(frame[["example_id", "gnq_rank", "gnq_total", "copies", "group", "extracted", "text"]],
                f"tb_{title}")
+
+tracked = state.store().secret_tracking(run.run_id)
+if len(tracked):
+    st.subheader("Secret values while training")
+    names = {(k, v): f"{k} {masked(v)}, text {int(e)}"
+             for (k, v), e in tracked.groupby(["kind", "value"])["example_id"].min().items()}
+    show.chart(charts.secret_tracking(tracked, names), width="stretch", key="traj_secrets")
+    out = tracked[tracked["leaked"]].groupby(["kind", "value"])["step"].min()
+    st.caption(f"{tracked.groupby(['kind', 'value']).ngroups} value(s) probed at {tracked['step'].nunique()} "
+               f"step(s) under the weights of that step (GNQConfig track_secrets); {len(out)} came out whole"
+               + (f", the first at step {int(out.min())}" if len(out) else "")
+               + ". Exposure: log2 of the value's space − log2 of its rank by the model's likelihood; "
+                 "dotted: the 99th percentile of never-trained values of its format (exposed above it).")
