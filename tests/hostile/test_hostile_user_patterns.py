@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 
 from gnq_core.cli import app
 from gnq_core.pipelines.settings import AuditJob
-from gnq_core.sources.user_patterns import bounded_patterns, compile_user_patterns
 
 BACKTRACKS = r"(a+)+$"  # on a run of a's that ends in another character: 2^n paths
 HOSTILE_TEXT = "a" * 28 + "!"  # about a minute in re: hours at 40
@@ -51,6 +50,8 @@ def one_line(args: list) -> str:
 
 @pytest.mark.parametrize("pattern", list(UNCOMPILABLE))
 def test_every_compile_error_is_one_line_naming_the_pattern(pattern):
+    from gnq_core.sources.user_patterns import compile_user_patterns
+
     with pytest.raises(ValueError, match="--secret-pattern") as caught:
         compile_user_patterns([pattern])
     assert UNCOMPILABLE[pattern] in str(caught.value) and "\n" not in str(caught.value)
@@ -69,6 +70,8 @@ def test_a_pattern_past_the_engines_limits_is_one_line_in_audit_and_estimate(com
 
 
 def test_a_backtracking_pattern_is_refused_in_one_line_naming_it_and_the_file(data):
+    from gnq_core.sources.user_patterns import bounded_patterns
+
     start = time.monotonic()
     with pytest.raises(ValueError) as caught:
         bounded_patterns(["PIN (\\d{4})", BACKTRACKS], data.read_text(encoding="utf-8").splitlines(),
