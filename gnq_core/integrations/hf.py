@@ -48,7 +48,8 @@ from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
 from gnq_core.values import finite, flag, one_of, require, whole
 
-__all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "GNQTrainerSteps", "lm_collator",
+__all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "GNQTrainerSteps", "checked_examples",
+           "example_id", "lm_collator",
            "token_mean_objective"]
 
 EXAMPLE_ID = "example_id"
