@@ -20,7 +20,7 @@ import math
 import operator
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -407,7 +407,9 @@ class GNQCallback(TrainerCallback):
         for i in range(len(ds)):
             row = ds[i]
             eid = example_id(row[EXAMPLE_ID], self.trainer_name)
-            if c.texts is not None and not 0 <= eid < len(c.texts):
+            # a list of texts is indexed by the id (a negative one would read a text from the end)
+            listed = c.texts is not None and not isinstance(c.texts, Mapping)
+            if listed and not 0 <= eid < len(c.texts):
                 raise ValueError(f"{self.trainer_name}: '{EXAMPLE_ID}' {eid} is not an index of "
                                  f"GNQConfig.texts ({len(c.texts)} texts: 0 to {len(c.texts) - 1})")
             text = c.texts[eid] if c.texts is not None else str(row.get("text", ""))

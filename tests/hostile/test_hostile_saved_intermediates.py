@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import pickle
 import shutil
+import struct
 from pathlib import Path
 
 import pandas as pd
@@ -185,3 +186,40 @@ def test_a_full_disk_while_saving_the_pass_loses_only_the_resumption(tiny, clean
     folder = tmp_path / "companions"
     assert not folder.exists() or not any(folder.iterdir())  # no half-written file left
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _shards(tmp_path: Path) -> Path:
+    from gnq_core.results.records import RunSpec, batch_results
+    from gnq_core.results.shards import ShardWriter, new_shard_folder
+
+    examples = pd.DataFrame({"example_id": [0, 1], "text": ["a b", "c d"], "grp": [None, None],
+                             "n_tokens": [2, 2]})
+    spec = RunSpec(name="sharded", kind="train", lam=0.01, batch_size=2, seed=0, max_length=8, model_path="m",
+                   dataset_path="d", dataset_hash="h", n_examples=2, code_version="t")
+    new_shard_folder(tmp_path / "s", spec, examples, world_size=1)
+    texts, batch = batch_results(range(2), [1.0, 2.0], [0.5, 0.25], [1.0, 1.0], batch_index=0, step=1,
+                                 condition=2.0, finite=True, seconds=0.1)
+    writer = ShardWriter(tmp_path / "s")
+    writer.add(1, 0, texts, [batch])
+    writer.flush()
+    return tmp_path / "s"
+
+
+@pytest.mark.parametrize("damage", ["cut", "altered"])
+def test_a_shard_altered_or_cut_short_after_it_was_written_is_refused(tmp_path, damage):
+    from gnq_core.results.shards import ShardError, read_shards
+
+    root = _shards(tmp_path)
+    read_shards(root)  # as written: read
+    shard = next((root / "scores").glob("*.parquet"))
+    data = bytearray(shard.read_bytes())
+    if damage == "cut":
+        del data[len(data) // 2:]
+    else:  # one GNQ value changed in its data page: Parquet itself reads that without a word
+        at = bytes(data).find(struct.pack("<d", 0.25))
+        assert at > 0
+        data[at + 6] ^= 0x01
+    shard.write_bytes(bytes(data))
+    said = "not a readable Parquet file" if damage == "cut" else "altered or cut short since it was written"
+    with pytest.raises(ShardError, match=said):
+        read_shards(root)
