@@ -6,9 +6,12 @@ A shards folder (one training run)::
     SHARDS/examples.parquet                           example_id, text, grp, n_tokens (rank 0)
     SHARDS/scores/rank-00001.steps-00000051-00000100.parquet
     SHARDS/batches/rank-00001.steps-00000051-00000100.parquet
+    SHARDS/scores/.rank-00001.steps-00000051-00000100.parquet.sha256   each file's digest, beside it
 
 Scores and batches shards have the store's columns (``store_writes.SHARD_COLUMNS``: all but run_id);
-each rank writes one pair per step range, each file atomically (``gnq_core.atomic``).
+each rank writes one pair per step range, each file atomically (``gnq_core.atomic``), then its
+sha256: a reader refuses a file whose bytes changed since (a folder from before the digests is
+read as it was).
 ``gnq ingest SHARDS --db DB`` loads a folder into the DuckDB store in one transaction,
 idempotently; ``ShardStore`` answers every ``Store`` query straight from the
 files through DuckDB's Parquet reader (the dashboard can open a shards folder as a store).
