@@ -18,10 +18,10 @@ it.  Waiting on the worker releases the interpreter lock, so a dashboard session
 such a pattern never stops another's.  A pattern that passed took less than the limit on these
 very texts, so this process's own matching of them afterwards is bounded the same way.
 
-Why not a linear-time engine (RE2; ``google-re2`` installs as a wheel on Linux x86-64): users' value patterns use what RE2 lacks (look-behind such as
-``(?<=PIN )\\d{4}``, back-references), and RE2's ``\\d``, ``\\w`` and ``\\b`` are ASCII where
-Python's are Unicode, so the values found would change with the engine; one engine, bounded, keeps
-every pattern's meaning.
+Why not a linear-time engine (RE2; ``google-re2`` installs as a wheel on Linux x86-64): users'
+value patterns use what RE2 lacks (look-behind such as ``(?<=PIN )\\d{4}``, back-references), and
+RE2's ``\\d``, ``\\w`` and ``\\b`` are ASCII where Python's are Unicode, so the values found would
+change with the engine; one engine, bounded, keeps every pattern's meaning.
 """
 
 from __future__ import annotations
