@@ -58,12 +58,14 @@ def test_ids_that_are_not_one_whole_number_a_text_are_refused_before_anything_is
     assert not (tmp_path / "shards").exists()
 
 
+@pytest.mark.slow
 def test_a_nan_weight_stores_gnq_as_missing(tmp_path, tok):
     rows = train(tmp_path, tok, change=lambda m: m.transformer.h[0].mlp.c_fc.weight.data.__setitem__(
         (0, 0), float("nan")))
     assert len(rows) == 6 and rows["gnq"].isna().all()
 
 
+@pytest.mark.slow
 def test_frozen_and_unused_parameters_are_left_out_and_nothing_to_train_is_refused(tmp_path, tok):
     def frozen(model):
         model.register_parameter("unused", torch.nn.Parameter(torch.zeros(3)))  # gets no gradient
