@@ -261,7 +261,7 @@ def test_a_rerun_reuses_the_first_pass_of_an_interrupted_streamed_set(tiny, tmp_
     with pytest.raises(KeyboardInterrupt):
         _all_companions(tiny, db, "r", sketch_total=256, companions_solve="sketch")
     kept = list((tmp_path / "companions").iterdir())
-    assert len(kept) == 1 and kept[0].name == "run-1-point-0.pt"
+    assert len(kept) == 1 and kept[0].name == "gnq-run-1-point-0.pt"
     assert torch.load(kept[0], weights_only=True)["provenance"]["texts"] == 24
     monkeypatch.setattr(SketchFactor, "gnq", gnq)
     first_passes.clear()

@@ -52,8 +52,8 @@ def test_settings_round_trip_through_json():
         job_from_dict(job_dict(jobs[0]) | {"settings": {"lam": 0}})
 
 
-@pytest.mark.parametrize("option, value, message", [("--lam", "0", "λ (--lam) must be"),
-                                                    ("--batch-size", "1", "batch size must be")])
+@pytest.mark.parametrize("option, value, message", [
+    ("--lam", "0", "λ (--lam) must be"), ("--batch-size", "1", "--batch-size must be a whole number")])
 def test_cli_refuses_bad_settings_before_writing(tmp_path, option, value, message):
     db = tmp_path / "gnq.duckdb"
     for command in (["audit", "--checkpoints", str(tmp_path)],

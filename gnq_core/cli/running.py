@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import typer
@@ -148,46 +147,84 @@ def audit(
 def estimate(
     checkpoints: Path = typer.Option(..., help="The checkpoints to audit, as for gnq audit."),
     data: Path = typer.Option(..., help="The texts to audit, as for gnq audit."),
+    name: str = typer.Option(None, help="As for gnq audit."),
+    lam: float = typer.Option(AuditSettings.lam, help="As for gnq audit."),
+    lam_mode: str = LamModeOption,
+    loss: str = LossOption,
     batch_size: int = typer.Option(AuditSettings.batch_size,
                                    help="Examples per GNQ batch, as for gnq audit."),
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(AuditSettings.seed, help="Seed of the batch partition, as for gnq audit."),
     text_column: str = TextColumnOption,
+    group_column: str = GroupColumnOption,
     secret_column: str = SecretColumnOption,
     secret_pattern: list[str] = SecretPatternOption,
     public_column: str = PublicColumnOption,
+    dtype: str = typer.Option(AuditSettings.dtype, help="As for gnq audit."),
+    non_members: Path = typer.Option(None, "--non-members", show_default=False, help="As for gnq audit."),
+    tokenizer: Path = typer.Option(None, help="As for gnq audit."),
+    base_model: Path = typer.Option(None, "--base-model", show_default=False,
+                                    help="As for gnq audit: the checkpoints are PEFT adapters of this "
+                                         "model."),
+    merge_adapter: bool = typer.Option(False, "--merge-adapter", help="As for gnq audit."),
+    companions: str = typer.Option(None, "--companions", show_default=False, metavar="N|all",
+                                   help="As for gnq audit (its memory is checked; its time is not estimated "
+                                        "yet)."),
+    sketch_k: int = typer.Option(AuditSettings.sketch_k, "--sketch-k", help="As for gnq audit."),
+    sketch_total: int = typer.Option(AuditSettings.sketch_total, "--sketch-total", min=1, show_default=False,
+                                     help="As for gnq audit."),
     attack: bool = typer.Option(True, "--attack/--no-attack",
                                 help="Include gnq extract's stages (text windows, secret values, exposure)."),
     reference: str = typer.Option(ExtractJob.reference,
                                   help="As for gnq extract: 'first', a model folder, or 'none' (no reference "
-                                       "model stages)."),
+                                       "model stages); with --non-members, as for gnq audit."),
     prefix_tokens: int = typer.Option(ExtractJob.prefix_tokens, help="As for gnq extract (p)."),
     suffix_tokens: int = typer.Option(ExtractJob.suffix_tokens, help="As for gnq extract (s)."),
+    threshold: float = typer.Option(ExtractJob.threshold, help="As for gnq extract."),
+    attack_batch_size: int = typer.Option(ExtractJob.batch_size, "--attack-batch-size",
+                                          help="gnq extract's --batch-size: texts decoded together."),
     secret_candidates: int = typer.Option(ExtractJob.secret_candidates, help="As for gnq extract."),
     exposure_nodes: int = typer.Option(ExtractJob.exposure_nodes, help="As for gnq extract."),
+    preset: str = typer.Option(None, show_default=False, help="As for gnq extract."),
     threads: int = CpuThreadsOption,
     device: str = DeviceOption,
-    tokenizer: Path = typer.Option(None, help="As for gnq audit."),
 ) -> None:
     """How long gnq audit and gnq extract will take here: a short probe times each kind of work once
     on the first checkpoint (an audit batch, a decoding batch, a scoring pass, a secret value's
-    exposure) and multiplies by each stage's count, every assumption stated."""
+    exposure) and multiplies by each stage's count, every assumption stated.  It takes every option
+    gnq audit takes and gnq extract's, and refuses what they refuse (pipelines/preflight.py)."""
     import torch
 
     from gnq_core.pipelines.estimate_probe import describe, estimate_lines, measure_estimate
-    from gnq_core.sources import find_checkpoints, load_texts
+    from gnq_core.pipelines.preflight import audit_inputs, extract_options
 
-    refs = find_checkpoints(checkpoints)
-    dataset = load_texts(data, text_column=text_column, secret_column=secret_column,
-                         public_column=public_column)
-    dataset = dataclasses.replace(dataset, secret_patterns=tuple(secret_pattern or ()))
-    calibrated = reference != "none" and (reference != "first" or len(refs) > 1)
-    work, probe = measure_estimate(str(refs[0].path), dataset, batch_size=batch_size, max_length=max_length,
-                                   seed=seed, threads=threads or torch.get_num_threads(), attack=attack,
-                                   reference=calibrated, prefix=prefix_tokens, suffix=suffix_tokens,
-                                   secret_candidates=secret_candidates, exposure_nodes=exposure_nodes,
-                                   checkpoints=len(refs), tokenizer=str(tokenizer) if tokenizer else None,
-                                   device=device)
+    if preset is not None:
+        if preset not in PROTOCOL_PRESETS:
+            raise ValueError(f"--preset must be one of {', '.join(PROTOCOL_PRESETS)}, not {preset!r}")
+        prefix_tokens, suffix_tokens = PROTOCOL_PRESETS[preset]
+    job = audit_job(checkpoints=checkpoints, data=data, name=name, lam=lam, lam_mode=lam_mode, loss=loss,
+                    batch_size=batch_size, max_length=max_length, seed=seed, device=device, dtype=dtype,
+                    companions=companions, sketch_k=sketch_k, sketch_total=sketch_total,
+                    text_column=text_column, group_column=group_column, secret_column=secret_column,
+                    secret_patterns=secret_pattern, public_column=public_column, threads=threads,
+                    tokenizer=tokenizer, base_model=base_model, merge_adapter=merge_adapter,
+                    non_members=non_members, reference=reference if non_members else None)
+    attack_job = extract_options(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens,
+                                 threshold=threshold, batch_size=attack_batch_size,
+                                 device=device, reference=reference,
+                                 secret_candidates=secret_candidates, exposure_nodes=exposure_nodes,
+                                 threads=threads)
+    inputs = audit_inputs(job)
+    refs = inputs.refs
+    calibrated = attack_job.reference is not None and (attack_job.reference != "first" or len(refs) > 1)
+    work, probe = measure_estimate(str(refs[0].path), inputs.dataset, batch_size=job.settings.batch_size,
+                                   max_length=job.settings.max_length, seed=job.settings.seed,
+                                   threads=threads or torch.get_num_threads(), attack=attack,
+                                   reference=calibrated, prefix=attack_job.prefix_tokens,
+                                   suffix=attack_job.suffix_tokens, attack_batch=attack_job.batch_size,
+                                   secret_candidates=attack_job.secret_candidates,
+                                   exposure_nodes=attack_job.exposure_nodes, checkpoints=len(refs),
+                                   tokenizer=job.tokenizer, device=device, adapters=inputs.adapters)
     console.print(describe(estimate_lines(work, probe), probe), markup=False, highlight=False, soft_wrap=True)
 
 
@@ -236,12 +273,14 @@ def extract(
         if preset not in PROTOCOL_PRESETS:
             raise ValueError(f"--preset must be one of {', '.join(PROTOCOL_PRESETS)}, not {preset!r}")
         prefix_tokens, suffix_tokens = PROTOCOL_PRESETS[preset]
-    run_and_tell(ExtractJob(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens, threshold=threshold,
-                            batch_size=batch_size, device=device, suffix_tokens=suffix_tokens,
-                            reference=None if reference == "none" else reference,
-                            non_members=str(non_members) if non_members else None,
-                            secret_candidates=secret_candidates, exposure_nodes=exposure_nodes,
-                            threads=threads), db, quiet)
+    from gnq_core.pipelines.preflight import extract_options
+
+    run_and_tell(extract_options(run=run, checkpoint=checkpoint, prefix_tokens=prefix_tokens,
+                                 threshold=threshold, batch_size=batch_size, device=device,
+                                 suffix_tokens=suffix_tokens, reference=reference,
+                                 non_members=str(non_members) if non_members else None,
+                                 secret_candidates=secret_candidates, exposure_nodes=exposure_nodes,
+                                 threads=threads), db, quiet)
 
 
 @app.command()

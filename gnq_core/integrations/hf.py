@@ -17,9 +17,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import math
+import operator
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -47,7 +48,8 @@ from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
 from gnq_core.values import finite, flag, one_of, require, whole
 
-__all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "GNQTrainerSteps", "lm_collator",
+__all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "GNQTrainerSteps", "checked_examples",
+           "example_id", "lm_collator",
            "token_mean_objective"]
 
 EXAMPLE_ID = "example_id"
@@ -133,6 +135,34 @@ class GNQConfig:
             self.scope = "global" if self.gnq_batch == "step" else "rank"
 
 
+def example_id(value: Any, trainer: str = "GNQTrainer") -> int:
+    """A row's ``example_id`` as an int: a whole number (an int, numpy's, or a float with no
+    fraction), else ValueError in one line (``int()`` made 0.5 and 0.9 both 0, two texts one id,
+    and a text id a traceback)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, float | np.floating):
+            if not float(value).is_integer():
+                raise TypeError
+            return int(value)
+        return operator.index(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{trainer}: '{EXAMPLE_ID}' must hold whole numbers (each text's id), got "
+                         f"{value!r}") from None
+
+
+def checked_examples(examples: pd.DataFrame, trainer: str) -> pd.DataFrame:
+    """The run's examples table, refused in one line when two rows share an id (their GNQ rows
+    would be one text's)."""
+    ids = examples["example_id"]
+    if ids.duplicated().any():
+        twice = ids[ids.duplicated()].iloc[0]
+        raise ValueError(f"{trainer}: '{EXAMPLE_ID}' {twice} is given to {int((ids == twice).sum())} rows of "
+                         "the training dataset; each text needs its own id (its GNQ rows are keyed by it)")
+    return examples
+
+
 def lm_collator(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
     """Right-pad rows {input_ids, example_id} into input_ids, attention_mask, labels (−100 on
     padding) and example_id, the convention of ``per_example_lm_loss``."""
@@ -142,7 +172,7 @@ def lm_collator(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, torch
         if missing:
             raise ValueError(f"GNQTrainer needs an '{EXAMPLE_ID}' in every training row (row {missing[0]} "
                              "has none)")
-        ids = [int(r[EXAMPLE_ID]) for r in rows]
+        ids = [example_id(r[EXAMPLE_ID]) for r in rows]
         b = collate([list(r["input_ids"]) for r in rows], ids, pad_id)
         return {"input_ids": b.input_ids, "attention_mask": b.attention_mask, "labels": b.labels,
                 EXAMPLE_ID: torch.tensor(ids, dtype=torch.long)}
@@ -227,7 +257,7 @@ class GNQCallback(TrainerCallback):
         self.precision = trainer_precision(args, model)
         self._watch_head(model)
         if self.rank == 0:
-            examples = self._examples_frame()
+            examples = checked_examples(self._examples_frame(), self.trainer_name)
             self.meta = new_shard_folder(c.out, self._run_spec(args, state, model, examples), examples,
                                          self.world)
 
@@ -382,7 +412,12 @@ class GNQCallback(TrainerCallback):
         rows = []
         for i in range(len(ds)):
             row = ds[i]
-            eid = int(row[EXAMPLE_ID])
+            eid = example_id(row[EXAMPLE_ID], self.trainer_name)
+            # a list of texts is indexed by the id (a negative one would read a text from the end)
+            listed = c.texts is not None and not isinstance(c.texts, Mapping)
+            if listed and not 0 <= eid < len(c.texts):
+                raise ValueError(f"{self.trainer_name}: '{EXAMPLE_ID}' {eid} is not an index of "
+                                 f"GNQConfig.texts ({len(c.texts)} texts: 0 to {len(c.texts) - 1})")
             text = c.texts[eid] if c.texts is not None else str(row.get("text", ""))
             group = c.groups[eid] if c.groups is not None else row.get("group")
             rows.append((eid, text, group, len(row["input_ids"])))

@@ -43,6 +43,8 @@ from gnq_core.integrations.hf import (
     GNQCallback,
     GNQConfig,
     GNQTrainerSteps,
+    checked_examples,
+    example_id,
     token_mean_objective,
 )
 from gnq_core.sources.tokens import collate as right_pad
@@ -111,7 +113,7 @@ def with_example_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]]
         if missing:
             raise ValueError(f"GNQSFTTrainer needs an '{EXAMPLE_ID}' column in the training dataset (row "
                              f"{missing[0]} of the batch has none)")
-        ids = torch.tensor([int(r[EXAMPLE_ID]) for r in rows], dtype=torch.long)
+        ids = torch.tensor([example_id(r[EXAMPLE_ID], "GNQSFTTrainer") for r in rows], dtype=torch.long)
         batch = collate([{k: v for k, v in r.items() if k != EXAMPLE_ID} for r in rows])
         batch[EXAMPLE_ID] = ids
         return batch
@@ -158,6 +160,8 @@ class GNQSFTTrainer(GNQTrainerSteps, SFTTrainer):
             return prepared
         if EXAMPLE_ID not in prepared.column_names:
             raise ValueError(f"GNQSFTTrainer needs an '{EXAMPLE_ID}' column in the {dataset_name} dataset")
+        checked_examples(pd.DataFrame({"example_id": [example_id(v, "GNQSFTTrainer")
+                                                      for v in prepared[EXAMPLE_ID]]}), "GNQSFTTrainer")
         prepared = prepared.map(lambda row: {TOKEN_IDS: [int(row[EXAMPLE_ID])] * len(row["input_ids"])})
         prepared = prepared.select_columns(["input_ids", "labels", TOKEN_IDS])
         return pack_dataset(prepared, args.max_length, "bfd")

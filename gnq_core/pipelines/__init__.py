@@ -16,6 +16,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "gnq_core.attacks.extraction": ("AttackRule",),
     "gnq_core.attacks.non_members": ("ground_truth_of", "membership_frame", "membership_of"),
     ".options": ("COMPANION_CHOICES", "audit_job", "companion_choice", "companions_option"),
+    ".preflight": ("AuditInputs", "audit_inputs", "extract_options"),
     ".run": ("run_job",),
     ".settings": ("AuditJob", "AuditSettings", "DemoJob", "ExtractJob", "JobSettings", "TrainJob",
                   "TrainSettings", "job_dict", "job_from_dict"),

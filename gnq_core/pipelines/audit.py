@@ -157,10 +157,15 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
             model, tokenizer, model_hash = upcoming.result() if upcoming is not None else load(point)
             upcoming = Prefetch(load, todo[n + 1]) if n + 1 < len(todo) else None
             ref = refs[point]
-            saved = companions_root(store.path) / f"run-{run.run_id}-point-{point}.pt" if run else None
+            # Named by the store and keyed by what it is formed from: another store in this folder
+            # (or one made again under the same name) never takes up this one's first pass.
+            stem = Path(store.path).stem if run else ""
+            saved = companions_root(store.path) / f"{stem}-run-{run.run_id}-point-{point}.pt" if run else None
+            key = ({"store": str(Path(store.path).resolve()), "run": run.run_id, "model_hash": model_hash}
+                   if run else None)
             texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
                                           reporter, ranks, saved, trainable_only=adapters is not None
-                                          and not adapters.merged, plans=plans)
+                                          and not adapters.merged, plans=plans, key=key)
             del model
             if run is not None:
                 store.write_point(run.run_id, point, texts, results, time.perf_counter() - t0,
@@ -234,7 +239,8 @@ def prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
 def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, partition: Partition,
                  ref: CheckpointRef, settings: AuditSettings, device: torch.device, reporter: Reporter,
                  ranks: Ranks, saved: Path | None = None, trainable_only: bool = False,
-                 plans: PlanCache | None = None) -> tuple[ScoreColumns, list[BatchResult]]:
+                 plans: PlanCache | None = None, key: dict | None = None
+                 ) -> tuple[ScoreColumns, list[BatchResult]]:
     """This rank's batches of one checkpoint, tokenised batch by batch; on the lead, every rank's
     records in batch order.  Companions against all the texts: every rank takes part in the one
     set (its share of the texts); ``saved``: where that set's first pass is kept."""
@@ -246,7 +252,7 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
         return audit_companions(model, tokenizer, dataset.texts, partition,
                                 range(len(partition)) if every else mine, settings, device, reporter,
                                 trainable_only=trainable_only, ranks=ranks, saved=saved,
-                                checkpoint=str(ref.path), plans=plans)
+                                checkpoint=str(ref.path), plans=plans, key=key)
     batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length)
     rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
                          loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only,

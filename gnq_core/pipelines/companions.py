@@ -11,13 +11,18 @@ measured against size − 1 others), sketch_k and sketch_seed.
 A set the held n × n path would need more memory for than one m × m matrix (a training set:
 ``all``) is streamed instead: a first pass adds each micro-batch's sketches into A = SᵀS and lets
 them go, A + λI is factored once, and a second pass recomputes each text's sketch and its GNQ
-(``engine.companions.SketchSystem``).  A is saved beside the store after the first pass, with what
-it was formed from, and a rerun that finds it skips that pass.  Under torchrun every rank adds its
+(``engine.companions.SketchSystem``).  A is saved beside the store after the first pass, keyed by
+what it was formed from (the store, the run, the checkpoint's digest, the texts' digest, the
+settings) and by a digest of A itself; a rerun that finds it and where every key matches skips that
+pass.  Another store's file in the same folder, one whose texts or checkpoint changed, a truncated or
+altered one: the pass runs again and the log says why.  A full disk while saving loses only the
+resumption (the log says so).  Under torchrun every rank adds its
 share of the texts and A is all-reduced; each rank then scores its share and the lead writes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import zlib
@@ -94,13 +99,15 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
                      indices: Sequence[int], settings: AuditSettings, device: torch.device,
                      reporter: Reporter | None = None, *, trainable_only: bool = False,
                      ranks: Ranks | None = None, saved: Path | None = None, checkpoint: str = "",
-                     plans: PlanCache | None = None) -> tuple[ScoreColumns, list[BatchResult]]:
+                     plans: PlanCache | None = None, key: dict[str, Any] | None = None
+                     ) -> tuple[ScoreColumns, list[BatchResult]]:
     """GNQ, loss, sketched self-influence and the forward signals of every text of the companion
     sets ``indices`` at the model's current weights; one ``BatchResult`` per set.
 
     Each set takes the cheaper solve (``choose_solve``; logged).  Streamed: ``saved`` is where the
     first pass's A is kept until the set is scored (a rerun that finds it, formed from the same
-    ``checkpoint``, texts and sketch, skips that pass); under ``ranks`` every rank calls this with
+    ``checkpoint``, texts and sketch and under the same ``key`` (the caller's identity of the store,
+    run and checkpoint digest), skips that pass); under ``ranks`` every rank calls this with
     the same sets, and the lead gets the rows (the others get none).  ``plans``: as for
     ``audit.audit_batches``."""
     spec = sketch_spec(settings)
@@ -124,7 +131,8 @@ def audit_companions(model: torch.nn.Module, tokenizer, texts: Sequence[str], se
             solve, why = choose_solve(len(members), spec, settings, ranks)
             if solve == "sketch" and len(members) >= MIN_BATCH_SIZE:
                 reporter.log(f"companion set of {len(members):,} texts: {why}")
-                found = _streamed(passes, members, spec, settings, ranks, saved, checkpoint, t0, int(index))
+                found = _streamed(passes, members, spec, settings, ranks, saved, checkpoint, t0, int(index),
+                                  key or {})
                 if found is not None:
                     columns.add(found[0])
                     results.append(found[1])
@@ -194,15 +202,16 @@ class _Passes:
 
 
 def _streamed(passes: _Passes, members: list[int], spec: SketchSpec, settings: AuditSettings, ranks: Ranks,
-              saved: Path | None, checkpoint: str, t0: float, index: int
+              saved: Path | None, checkpoint: str, t0: float, index: int, key: dict[str, Any]
               ) -> tuple[ScoreColumns, BatchResult] | None:
     """One companion set by the streamed m × m system (two passes); the lead's rows, None elsewhere."""
     m = spec.shared
     assert m is not None
     n = len(members)
     share = members[ranks.rank * n // ranks.world:(ranks.rank + 1) * n // ranks.world]  # in order
-    provenance = _provenance(passes.model, checkpoint, members, spec, settings) if ranks.lead else None
-    system = _saved_system(saved, provenance, m, ranks)
+    provenance = (_provenance(passes.model, checkpoint, members, passes.texts, spec, settings) | key
+                  if ranks.lead else None)
+    system = _saved_system(saved, provenance, m, ranks, passes.reporter)
     if system is None:  # pass 1: A = SᵀS, each rank over its share
         passes.reporter.stage(f"{checkpoint or 'companions'}: pass 1 of 2, the m × m system", len(share))
         system, finite = SketchSystem(m, passes.device), True
@@ -217,7 +226,7 @@ def _streamed(passes: _Passes, members: list[int], spec: SketchSpec, settings: A
         if ranks.world > 1:
             system.all_reduce()
         if ranks.lead and saved is not None:
-            _save_system(saved, system, provenance)
+            _save_system(saved, system, provenance, passes.reporter)
     lam = system.lam(settings.lam, settings.lam_mode)
     factor: SketchFactor | None
     try:
@@ -284,32 +293,79 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
 
-def _provenance(model: torch.nn.Module, checkpoint: str, members: list[int], spec: SketchSpec,
-                settings: AuditSettings) -> dict[str, Any]:
+def texts_digest(texts: Sequence[str], members: Sequence[int]) -> str:
+    """sha256 of the ``members``' texts in order, each as its length and its UTF-8 bytes: two
+    datasets of as many texts are told apart by what they say, not by how many they are."""
+    digest = hashlib.sha256()
+    for j in members:
+        data = str(texts[j]).encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+def _matrix_digest(A: torch.Tensor) -> str:
+    """sha256 of A's bytes (read in place): a saved A altered or cut short is told from the one saved."""
+    array = A.detach().cpu().contiguous().numpy()
+    return hashlib.sha256(memoryview(array).cast("B")).hexdigest()
+
+
+def _provenance(model: torch.nn.Module, checkpoint: str, members: list[int], texts: Sequence[str],
+                spec: SketchSpec, settings: AuditSettings) -> dict[str, Any]:
     """What a saved A was formed from: a rerun reuses it only when all of it is the same.  The
-    weights enter by two sums (a checkpoint rewritten at the same path is not mistaken for it)."""
+    weights enter by two sums (a checkpoint rewritten at the same path is not mistaken for it),
+    the texts by their digest (another dataset of as many texts is not mistaken for them)."""
     with torch.no_grad():
         weights = [float(sum(p.double().sum() for p in model.parameters())),
                    float(sum(p.double().abs().sum() for p in model.parameters()))]
     return {"what": "A = sum of s_j s_j^T over a companion set's sketches", "checkpoint": checkpoint,
             "weights": weights, "texts": len(members),
             "members_crc32": zlib.crc32(np.asarray(members, dtype=np.int64).tobytes()),
+            "texts_sha256": texts_digest(texts, members),
             "sketch": spec.describe(), "m": spec.shared, "loss": settings.loss,
-            "max_length": settings.max_length, "dtype": settings.dtype, "code_version": code_version()}
+            "max_length": settings.max_length, "batch_size": settings.batch_size, "dtype": settings.dtype,
+            "code_version": code_version()}
 
 
-def _saved_system(saved: Path | None, provenance: dict[str, Any] | None, m: int, ranks: Ranks
-                  ) -> SketchSystem | None:
-    """The lead's saved A when it was formed from the same ``provenance`` (every rank gets it),
-    else None (pass 1 runs)."""
+# How a provenance's keys read in the line that says why a saved A is not used.
+_KEY_WORDS = {"store": "store", "run": "run", "model_hash": "checkpoint digest", "checkpoint": "checkpoint",
+              "weights": "weights", "texts_sha256": "texts", "members_crc32": "texts", "texts": "texts"}
+
+
+def _mismatch(kept: Any, provenance: dict[str, Any], m: int) -> str | None:
+    """Why a loaded file is not the first pass of ``provenance`` (None: it is), in words."""
+    if not isinstance(kept, dict) or not isinstance(kept.get("provenance"), dict):
+        return "it is not a saved first pass"
+    A = kept.get("A")
+    if not isinstance(A, torch.Tensor) or A.shape != (m, m) or not isinstance(kept.get("n"), int):
+        return "its matrix is not the m × m system of this sketch"
+    wanted, found = json.loads(json.dumps(provenance)), kept["provenance"]
+    differ = [k for k in dict.fromkeys([*wanted, *found]) if wanted.get(k) != found.get(k)]
+    if differ:
+        words = list(dict.fromkeys(_KEY_WORDS.get(k, "settings") for k in differ))
+        return f"it was formed for another audit (its {', '.join(words)} differ from this one's)"
+    if kept.get("A_sha256") != _matrix_digest(A):
+        return "it was altered after it was saved (its digest differs)"
+    return None
+
+
+def _saved_system(saved: Path | None, provenance: dict[str, Any] | None, m: int, ranks: Ranks,
+                  reporter: Reporter | None = None) -> SketchSystem | None:
+    """The lead's saved A when it was formed from the same ``provenance`` and is the matrix that
+    was saved (every rank gets it), else None (pass 1 runs; the log says why a file found there
+    is not used)."""
     system = None
     if ranks.lead and saved is not None and saved.is_file():
         try:
-            kept = torch.load(saved, weights_only=True, map_location="cpu")
-            if kept.get("provenance") == json.loads(json.dumps(provenance)) and kept["A"].shape == (m, m):
+            kept = torch.load(saved, weights_only=True, map_location="cpu")  # never unpickles code
+        except Exception as exc:  # noqa: BLE001 (cut short, not a torch file, code inside: never used)
+            why = f"it cannot be read ({type(exc).__name__}: truncated or not a saved first pass)"
+        else:
+            why = _mismatch(kept, provenance or {}, m)
+            if why is None:
                 system = SketchSystem(m, A=kept["A"], n=int(kept["n"]))
-        except (OSError, RuntimeError, KeyError, AttributeError, ValueError):
-            system = None  # unreadable: formed again
+        if why is not None and reporter is not None:
+            reporter.log(f"{saved}: the saved first pass of this companion set is not used: {why}; "
+                         "pass 1 runs again")
     found = ranks.broadcast(None if system is None else system.n)
     if found is None:
         return None
@@ -322,7 +378,18 @@ def _saved_system(saved: Path | None, provenance: dict[str, Any] | None, m: int,
     return system
 
 
-def _save_system(path: Path, system: SketchSystem, provenance: dict[str, Any] | None) -> None:
-    """A and its provenance, written whole or not at all."""
-    with atomic_path(path) as tmp:
-        torch.save({"provenance": json.loads(json.dumps(provenance)), "A": system.A, "n": system.n}, tmp)
+def _save_system(path: Path, system: SketchSystem, provenance: dict[str, Any] | None,
+                 reporter: Reporter | None = None) -> None:
+    """A, its digest and its provenance, written whole or not at all.  Saving only serves a rerun:
+    a disk that is full (or any write error) loses that, never the audit; the log says so."""
+    record = {"provenance": json.loads(json.dumps(provenance)), "A": system.A, "n": system.n,
+              "A_sha256": _matrix_digest(system.A)}
+    try:
+        with atomic_path(path) as tmp:
+            torch.save(record, tmp)
+    except (OSError, RuntimeError) as exc:  # torch's writer reports a short write as RuntimeError
+        path.unlink(missing_ok=True)
+        if reporter is not None:
+            why = getattr(exc, "strerror", None) or exc
+            reporter.log(f"{path}: the first pass could not be kept for a rerun ({why}); "
+                         "the audit goes on, and a rerun after an interruption forms it again")

@@ -219,10 +219,12 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                      attack_batch: int = DEFAULT_ATTACK_BATCH,
                      secret_candidates: int = DEFAULT_SECRET_CANDIDATES,
                      exposure_nodes: int = DEFAULT_EXPOSURE_NODES, checkpoints: int = 1, lam: float = 1e-3,
-                     tokenizer: str | None = None, device: str = "auto") -> tuple[Work, Probe]:
+                     tokenizer: str | None = None, device: str = "auto", adapters=None) -> tuple[Work, Probe]:
     """Count the job's work in ``dataset`` (a TextDataset, its secret patterns set) and time its
     unit costs on ``checkpoint`` at ``threads`` torch threads on ``device`` (the job's: "auto" is
-    a GPU where there is one) (module docstring)."""
+    a GPU where there is one) (module docstring).  ``adapters`` (sources.adapters.Adapters): the
+    checkpoint is a PEFT adapter of that base, loaded and audited as ``gnq audit --base-model``
+    does (GNQ over the adapter's parameters unless merged)."""
     import torch
 
     from gnq_core.attacks.decode import greedy_decode
@@ -244,7 +246,13 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     texts = [dataset.texts[i] for i in picked]
     with _threads(threads):
         t0 = time.perf_counter()
-        model, tok = load_checkpoint(checkpoint, device=dev, tokenizer=tokenizer)
+        if adapters is not None:
+            from gnq_core.sources.adapters import load_adapter_checkpoint
+
+            model, tok = load_adapter_checkpoint(checkpoint, adapters, device=dev,
+                                                 tokenizer=tokenizer or str(adapters.base))
+        else:
+            model, tok = load_checkpoint(checkpoint, device=dev, tokenizer=tokenizer)
         load_s = time.perf_counter() - t0
         ids = encode_texts(tok, texts, max_length)
         pad = pad_id(tok)
@@ -286,7 +294,8 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
                     yield batch
 
             audit_batches(model, marked(stream_batches(tok, texts, partition, batches, max_length)), lam,
-                          dev, None, indices=batches, capacity=batch_size * len(batches), plans=plans)
+                          dev, None, indices=batches, capacity=batch_size * len(batches), plans=plans,
+                          trainable_only=adapters is not None and not adapters.merged)
             _sync(dev)
             marks.append(time.perf_counter())
             return [b - a for a, b in itertools.pairwise(marks)]

@@ -81,19 +81,13 @@ def _train(job: TrainJob, store: Store, progress: JobProgress) -> list[str]:
 
 def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[str]:
     from gnq_core.pipelines.audit import run_audit
+    from gnq_core.pipelines.preflight import audit_inputs
     from gnq_core.pipelines.ranks import Ranks
-    from gnq_core.sources.checkpoints.series import find_checkpoints
 
     ranks = Ranks.from_env()
-    dataset = _texts(job, progress)
-    adapters = None
-    if job.base_model is not None:
-        from gnq_core.sources.adapters import Adapters, find_adapter_checkpoints
-
-        adapters = Adapters(Path(job.base_model), merged=job.merge_adapter)
-        refs = find_adapter_checkpoints(job.checkpoints)
-    else:
-        refs = find_checkpoints(job.checkpoints)
+    # the checks every door makes (pipelines/preflight.py), before anything is written
+    inputs = audit_inputs(job, texts=_texts(job, progress))
+    dataset, adapters, refs = inputs.dataset, inputs.adapters, inputs.refs
     name = job.name or Path(job.checkpoints).resolve().name
     outside = None
     if job.non_members:

@@ -48,9 +48,9 @@ class AuditSettings:
         from gnq_core.results.records import check_gnq_settings
         from gnq_core.runtime import resolve_device, resolve_dtype
 
+        _whole(self.batch_size, "--batch-size", 2)  # first: a bad integer's message names its option
         check_gnq_settings(self.lam, self.batch_size)
         _whole(self.seed, "--seed", 0)
-        _whole(self.batch_size, "--batch-size", 2)
         _whole(self.max_length, "--max-length", 2)
         check_loss_convention(self.loss), check_lam_mode(self.lam_mode)
         _require(self.dtype in FULL_PRECISION, f"--dtype must be {' or '.join(FULL_PRECISION)}, got "

@@ -4,6 +4,7 @@ writes, with pandas and pyarrow only, so the library's Trainer runs without the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns, batch_f
 from gnq_core.results.store_schema import StoreError
 
 __all__ = ["EXAMPLES_FILE", "FORMAT", "RUN_FILE", "SECRET_TRACKING_COLUMNS", "TRACKING_FILE", "ShardError",
-           "ShardWriter", "new_shard_folder", "write_parquet", "write_run_file"]
+           "ShardWriter", "digest_path", "file_digest", "new_shard_folder", "write_parquet", "write_run_file"]
 
 RUN_FILE = "run.json"
 EXAMPLES_FILE = "examples.parquet"
@@ -29,6 +30,13 @@ FORMAT = "gnq-shards/1"
 TRACKING_FILE = "secret_tracking.parquet"
 SECRET_TRACKING_COLUMNS = ["step", "example_id", "kind", "value", "chars", "chars_reproduced", "leaked",
                            "partly", "exposure", "exposure_method", "null_p99", "exposed", "seconds"]
+
+
+def digest_path(path: Path) -> Path:
+    """Where the sha256 of a Parquet file's bytes is kept: beside it, hidden (``.NAME.sha256``), so
+    no ``*.parquet`` or ``rank-*`` glob takes it for a shard.  The reader refuses a file whose bytes
+    changed since; a folder written before the digests is read as it was."""
+    return path.with_name(f".{path.name}.sha256")
 
 
 class ShardError(StoreError):
@@ -66,9 +74,20 @@ class ShardWriter:
         return written
 
 
+def file_digest(path: Path) -> str:
+    """sha256 (hex) of a file's bytes, read 1 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def write_parquet(frame: pd.DataFrame, path: Path) -> Path:
+    """The frame as a Parquet file, then its digest beside it (each written whole or not at all)."""
     with atomic_path(path) as tmp:
         frame.to_parquet(tmp, index=False)
+    write_text_atomic(digest_path(path), file_digest(path) + "\n")
     return path
 
 

@@ -6,9 +6,12 @@ A shards folder (one training run)::
     SHARDS/examples.parquet                           example_id, text, grp, n_tokens (rank 0)
     SHARDS/scores/rank-00001.steps-00000051-00000100.parquet
     SHARDS/batches/rank-00001.steps-00000051-00000100.parquet
+    SHARDS/scores/.rank-00001.steps-00000051-00000100.parquet.sha256   each file's digest, beside it
 
 Scores and batches shards have the store's columns (``store_writes.SHARD_COLUMNS``: all but run_id);
-each rank writes one pair per step range, each file atomically (``gnq_core.atomic``).
+each rank writes one pair per step range, each file atomically (``gnq_core.atomic``), then its
+sha256: a reader refuses a file whose bytes changed since (a folder from before the digests is
+read as it was).
 ``gnq ingest SHARDS --db DB`` loads a folder into the DuckDB store in one transaction,
 idempotently; ``ShardStore`` answers every ``Store`` query straight from the
 files through DuckDB's Parquet reader (the dashboard can open a shards folder as a store).
@@ -39,6 +42,8 @@ from gnq_core.results.shard_files import (  # the writing side, named here too f
     TRACKING_FILE,
     ShardError,
     ShardWriter,
+    digest_path,
+    file_digest,
     new_shard_folder,
     write_run_file,
 )
@@ -134,11 +139,31 @@ def _table_files(root: Path, table: str, world: int) -> dict[tuple[int, int, int
     return found
 
 
+def _check_digest(path: Path) -> None:
+    """Refuse a shard whose bytes are not those its writer recorded beside it (no record: a folder
+    written before the digests, read as it was)."""
+    record = digest_path(path)
+    try:
+        wanted = record.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ShardError(f"{record}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        found = file_digest(path)
+    except OSError as exc:
+        raise ShardError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if found != wanted:
+        raise ShardError(f"{path}: altered or cut short since it was written (its sha256 is not the one "
+                         f"recorded in {record.name}); refused")
+
+
 def _check_schema(path: Path, table: str) -> None:
     try:
         names = set(pq.read_schema(path).names)
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise ShardError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
+    _check_digest(path)  # readable, but are these the bytes written?
     lacking = [c for c in SHARD_COLUMNS[table] if c not in names]
     if lacking:
         raise ShardError(f"{path}: lacks the column(s) {', '.join(lacking)}")
@@ -152,6 +177,7 @@ def _read_examples(root: Path) -> pd.DataFrame:
         frame = pd.read_parquet(path)
     except Exception as exc:
         raise ShardError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
+    _check_digest(path)
     lacking = [c for c in ("example_id", "text", "grp", "n_tokens") if c not in frame.columns]
     if lacking:
         raise ShardError(f"{path}: lacks the column(s) {', '.join(lacking)}")

@@ -13,7 +13,8 @@ from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.datasets import TextDataset
-from gnq_core.sources.secrets import compile_patterns, secret_labels
+from gnq_core.sources.secrets import MAX_VALUES_PER_TEXT, secret_labels
+from gnq_core.sources.user_patterns import bounded_patterns
 
 
 def text_labels(texts: Sequence[str], extra_patterns: Sequence[re.Pattern[str]] = (),
@@ -30,9 +31,12 @@ def text_labels(texts: Sequence[str], extra_patterns: Sequence[re.Pattern[str]] 
 
 
 def dataset_labels(dataset: TextDataset) -> pd.DataFrame:
-    """``text_labels`` of a dataset with its secret column, secret patterns and public column."""
-    return text_labels(dataset.texts, compile_patterns(dataset.secret_patterns), dataset.secret_values,
-                       dataset.public)
+    """``text_labels`` of a dataset with its secret column, secret patterns and public column; the
+    patterns are first matched over its texts in a worker with a time limit (one too slow is
+    refused in one line naming it and the file)."""
+    patterns = bounded_patterns(dataset.secret_patterns, dataset.texts, dataset.public,
+                                most=MAX_VALUES_PER_TEXT, where=str(dataset.path))
+    return text_labels(dataset.texts, patterns, dataset.secret_values, dataset.public)
 
 
 def secret_settings(dataset: TextDataset) -> dict[str, object]:
@@ -59,6 +63,8 @@ def cluster_ids(store: Store, run: Run) -> np.ndarray:
 def _label_if_missing(store: Store, run: Run) -> None:
     if store.text_labels_missing(run.run_id):
         examples = store.examples(run.run_id)
-        patterns = compile_patterns(run.settings.get("secret_patterns") or [])
-        labels = text_labels(examples["text"].tolist(), patterns)
+        texts = examples["text"].tolist()
+        patterns = bounded_patterns(run.settings.get("secret_patterns") or [], texts,
+                                    most=MAX_VALUES_PER_TEXT, where=f"run {run.name!r}")
+        labels = text_labels(texts, patterns)
         store.write_text_labels(run.run_id, labels.assign(example_id=examples["example_id"].to_numpy()))

@@ -257,6 +257,22 @@ def _lines(shown: str, path: Path) -> Iterator[str]:
         yield pending.decode("utf-8").removesuffix("\r")
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice: ``json`` would keep the last
+    value without a word (CSV and Parquet refuse a duplicate column too)."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
 def _read_jsonl(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str], _Rows]:
     values: dict[str, list[Any]] = {c: [] for c in wanted}
     columns: dict[str, None] = {}  # ordered set: keys in order of first appearance
@@ -265,7 +281,10 @@ def _read_jsonl(shown: str, path: Path, wanted: Sequence[str]) -> tuple[list[str
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as e:
+            raise DatasetError(shown, f"line {lineno}: the key {e.key!r} is given twice in one object (JSON "
+                                      "keeps the last silently); keep one") from None
         except json.JSONDecodeError as e:
             raise DatasetError(shown, f"line {lineno}: invalid JSON ({e.msg} at column {e.colno})") from e
         except RecursionError as e:

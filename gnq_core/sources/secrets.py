@@ -260,14 +260,11 @@ def _labelled(text: str, cutoff: _Cutoff) -> list[SecretMatch]:
 
 
 def compile_patterns(patterns: Iterable[str]) -> list[re.Pattern[str]]:
-    """The user's ``--secret-pattern`` regexes, compiled; a bad one raises ``ValueError`` naming it."""
-    out = []
-    for p in patterns:
-        try:
-            out.append(re.compile(p))
-        except re.error as err:
-            raise ValueError(f"--secret-pattern {p!r} is not a valid regular expression: {err}") from None
-    return out
+    """The user's ``--secret-pattern`` regexes, compiled under the bound of sources/user_patterns.py;
+    a bad one (any compile error, or too slow to compile) raises ``ValueError`` naming it."""
+    from gnq_core.sources.user_patterns import compile_user_patterns
+
+    return compile_user_patterns(list(patterns))
 
 
 def _value_group(pattern: re.Pattern[str]) -> int | str:

@@ -26,15 +26,15 @@ from gnq_core.pipelines import (
     MAX_SECRET_CANDIDATES,
     MIN_SECRET_CANDIDATES,
     AuditSettings,
-    ExtractJob,
+    audit_inputs,
     audit_job,
-    check_companion_memory,
     companion_choice,
     companions_option,
     default_threads,
     duration,
     estimate_audit,
     estimate_lines,
+    extract_options,
     measure_estimate,
     tokens_per_text,
     total_seconds,
@@ -419,6 +419,27 @@ with st.form("settings", enter_to_submit=False):
                    f"{guess.basis}). Measure it on this model below for every stage.")
     elif refs and dataset is not None:
         c2.caption("No time estimate: the model's size could not be read from its weight files.")
+
+
+def form_jobs(reference_path: Path | None) -> list:
+    """The audit (and attack) the form's values ask for, checked by the one preflight every door
+    uses (pipelines/preflight.py: the CLI's bounds and messages, the inputs found and read);
+    ValueError (one line) when something is refused."""
+    audit = audit_job(checkpoints=checkpoints, data=data_path, name=name, lam=lam, lam_mode=lam_mode,
+                      loss=loss, batch_size=batch_size, max_length=int(max_length), seed=int(seed),
+                      companions=companions_option(companion_set, int(companions_n)),
+                      sketch_k=int(sketch_k), text_column=text_column, group_column=group_column,
+                      secret_column=secret_column, public_column=public_column,
+                      secret_patterns=[p.strip() for p in patterns.splitlines() if p.strip()],
+                      threads=int(threads), tokenizer=tokenizer_dir, base_model=base_dir,
+                      merge_adapter=bool(merge_adapter))
+    extract = extract_options(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
+                              threshold=threshold, threads=int(threads), secret_candidates=int(candidates),
+                              reference=str(reference_path) if reference_path else "first")
+    audit_inputs(audit, texts=dataset)  # the checkpoints, the texts, their patterns, lengths, memory
+    return [audit] + ([extract] if attack else [])
+
+
 if probe_key is not None:
     if probed is not None:
         with st.expander("The estimate, stage by stage", key="estimate_lines"):
@@ -430,6 +451,7 @@ if probe_key is not None:
                         "model, about a minute on a 135M one."):
         with st.spinner("Measuring on this model…"):
             try:
+                form_jobs(None)  # what the audit would refuse is refused here too, before a measurement
                 st.session_state.setdefault("probed", {})[probe_key] = measured(*probe_key)
             except (ValueError, OSError, RuntimeError) as exc:
                 st.error(f"Could not measure: {state.plain(one_line(exc))}")
@@ -453,21 +475,10 @@ if submitted:
     if reference.strip() and (reference_path is None or problem):
         submitted = False  # the attack's reference is refused on the page, not as a failed job
     try:  # validated here, so a bad value is refused on the page rather than as a failed job
-        audit = audit_job(checkpoints=checkpoints, data=data_path, name=name, lam=lam, lam_mode=lam_mode,
-                          loss=loss, batch_size=batch_size, max_length=int(max_length), seed=int(seed),
-                          companions=companions_option(companion_set, int(companions_n)),
-                          sketch_k=int(sketch_k), text_column=text_column, group_column=group_column,
-                          secret_column=secret_column, public_column=public_column,
-                          secret_patterns=[p.strip() for p in patterns.splitlines() if p.strip()],
-                          threads=int(threads), tokenizer=tokenizer_dir, base_model=base_dir,
-                          merge_adapter=bool(merge_adapter))
-        check_companion_memory(len(dataset) if dataset is not None else 0, audit.settings)  # beyond memory
-        steps = [audit]
-        steps += [ExtractJob(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
-                             threshold=threshold, threads=int(threads), secret_candidates=int(candidates),
-                             reference=str(reference_path) if reference_path else "first")] if attack else []
-    except ValueError as exc:
-        st.error(state.plain(exc))
+        steps = form_jobs(reference_path)
+    except (ValueError, OSError) as exc:
+        steps = []
+        st.error(state.plain(one_line(exc)))
 if submitted and steps:
     runs = state.runs()
     writing = runs[(runs["name"] == name) & (runs["status"] == "running")] if not runs.empty else runs
