@@ -100,8 +100,9 @@ class SecretKind:
 
     def alphabet_of(self, c: str) -> str:
         """The characters a free character ``c`` of a value of this kind may be: the kind's
-        alphabet, else those of its own class (a digit for a digit, a capital for a capital)."""
-        if self.alphabet is not None:
+        alphabet where it holds ``c``, else those of its own class (a digit for a digit, a capital
+        for a capital: a letter of an account number's prefix is no digit)."""
+        if self.alphabet is not None and c in self.alphabet:
             return self.alphabet
         return DIGITS if c.isdigit() else string.ascii_uppercase if c.isupper() else string.ascii_lowercase
 
