@@ -192,3 +192,46 @@ def test_kind_entries_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         catalog.KINDS[0].remedy = "x"  # type: ignore[misc]
     assert all(re.compile(d.pattern.pattern) for k in catalog.KINDS for d in k.detectors if d.pattern)
+
+
+def test_a_chats_private_values_are_found():
+    """A support chat of the shape the issue's check uses (16 private values: two keys of a vendor
+    format no pattern lists, two addresses, a name with its date of birth, three e-mails, eight
+    digit values): every one is found, each as its own kind."""
+    key_a, key_b = f"sk-{_run(24)}", f"sk-{_run(24)}"
+    turns = [
+        f"user: my deploy fails, here is my key {key_a} can you check?",
+        f"assistant: Please never share keys. Revoke {key_b} too if you pasted it elsewhere.",
+        "user: ship the card to 742 Evergreen Terrace, Springfield, OR 97403 please",
+        "user: or to my office at 221B Baker Street, London NW1 6XE.",
+        "user: the policy is for Jane Smith, born 14 March 1987.",
+        "user: mail me at anna.berg@example.com or a.berg@work.example.org, cc tom@example.net",
+        "user: my PIN is 4821 and my phone is +44 20 7946 0958",
+        "user: card 4111 1111 1111 1111, IBAN DE89 3704 0044 0532 0130 00",
+        "user: SSN 078-05-1120, customer number 71938204, call (212) 621-1630",
+    ]
+    planted = {("api key", key_a), ("api key", key_b),
+               ("address", "742 Evergreen Terrace, Springfield, OR 97403"),
+               ("address", "221B Baker Street, London NW1 6XE"), ("name", "Jane Smith"),
+               ("date of birth", "14 March 1987"), ("email", "anna.berg@example.com"),
+               ("email", "a.berg@work.example.org"), ("email", "tom@example.net"), ("pin", "4821"),
+               ("phone", "+44 20 7946 0958"), ("card number", "4111 1111 1111 1111"),
+               ("iban", "DE89 3704 0044 0532 0130 00"), ("ssn", "078-05-1120"),
+               ("account number", "71938204"), ("phone", "(212) 621-1630")}
+    assert len(planted) == 16
+    got = set().union(*(found(t) for t in turns))
+    assert planted <= got, planted - got
+
+
+@pytest.mark.parametrize("piece", ["Ab Cd ", "1 Ab Cd Street, ", "Name: Ab Cd ", "key token ",
+                                   "sk-a1B2c3D4e5F6g7H8i9J0k1L2 ", "Hauptstraße 5, ", "Regards,\nAb Cd\n",
+                                   "Ab Cd, born 1 May 1990 "])
+def test_the_new_detectors_stay_linear_on_hostile_text(piece):
+    """Runs of what the new rules look for: 100 KB in seconds (0.1-0.2 s on a quiet 2-core CPU; a
+    rule that retried each start over the run would take minutes)."""
+    import time
+
+    text = (piece * (100_000 // len(piece) + 1))[:100_000]
+    start = time.process_time()
+    find_secrets(text)
+    assert time.process_time() - start < 20

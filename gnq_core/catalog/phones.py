@@ -6,8 +6,6 @@ product code, a fictional 555 number) is not one."""
 
 from __future__ import annotations
 
-import phonenumbers
-
 # The plans a number without a country code is tried in: the countries whose national formats the
 # project's users' data mostly holds (one valid reading is enough).
 NATIONAL_REGIONS = ("US", "GB", "DE", "FR", "ES", "IT", "NL", "IN", "CA", "AU", "IE", "CH", "AT", "BR", "MX")
@@ -15,6 +13,8 @@ NATIONAL_REGIONS = ("US", "GB", "DE", "FR", "ES", "IT", "NL", "IN", "CA", "AU", 
 
 def plan_valid(found: str) -> bool:
     """Whether ``found`` is a valid number of a real numbering plan (module docstring)."""
+    import phonenumbers  # on first use: its metadata loads per region as numbers are parsed
+
     text = found.strip()
     regions = (None,) if text.startswith("+") else NATIONAL_REGIONS
     for region in regions:
