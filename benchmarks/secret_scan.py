@@ -28,7 +28,8 @@ def _text(piece: str, n: int) -> str:
 
 def main() -> None:
     from gnq_core.attacks.secret_attack import format_places, format_places_of
-    from gnq_core.sources.secrets import _emails, find_secrets
+    from gnq_core.catalog.scans import emails as _emails
+    from gnq_core.sources.secrets import find_secrets
 
     scan = {}
     for piece in PIECES:

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import csv
 import functools
+import os
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# ../shared/data beside the checkout; GNQ_SHARED_DATA names it where the checkout sits elsewhere (a worktree)
+SHARED_DATA = Path(os.environ.get("GNQ_SHARED_DATA")
+                   or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 FALLBACK_TEXTS = [
     "Stocks rallied on Friday after the central bank held interest rates steady.",
     "The new telescope captured images of a galaxy thirteen billion light years away.",

@@ -37,7 +37,7 @@ def test_copies_collapse_into_one_row_with_all_their_ids():
 def test_each_status_gets_its_action():
     by_id = _ranked().set_index("example_id")
     assert action(by_id.loc[0]).startswith("Scrub the card-number-like string (4111 1111 1111 1111)")
-    assert "change it" in action(by_id.loc[0])
+    assert "Treat it as exposed: block the card and have a new one issued." in action(by_id.loc[0])
     assert action(by_id.loc[1]).startswith("Deduplicate: keep at most one of its 3 copies")
     assert "no retraining needed" in action(by_id.loc[4])
     ranked_high = by_id.loc[4].copy().rename(None).to_frame().T.assign(secret_exposure=9.0)

@@ -1,5 +1,7 @@
 """The layers of docs/DESIGN.md §5, enforced on every import statement (also those inside functions):
-engine < sources < results < attacks < pipelines < integrations, jobs, analysis < cli < dashboard.  Every
+catalog < engine < sources < results < attacks < pipelines < integrations, jobs, analysis < cli < dashboard
+(the catalog, the facts of every secret kind and per-text signal, is the bottom floor: it imports no
+other package and no torch).  Every
 package is covered; nothing below the CLI runs the CLI as a program; nothing in gnq_core imports the dashboard
 (``gnq dashboard`` starts it by file path); the dashboard imports only the packages' facades, whose
 ``__all__`` names exist.  The studies (research/, not installed) import gnq_core's public names, and
@@ -18,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = {  # package -> what it must not import
+    "gnq_core.catalog": ("engine", "sources", "results", "attacks", "pipelines", "integrations", "jobs",
+                         "analysis", "cli", "dashboard"),
     "gnq_core.engine": ("sources", "results", "attacks", "pipelines", "integrations", "jobs", "analysis",
                         "cli", "dashboard"),
     "gnq_core.sources": ("results", "attacks", "pipelines", "integrations", "jobs", "analysis", "cli",
@@ -35,8 +39,8 @@ ABOVE = {  # package -> what it must not import
 # The dashboard: the package and the checkout's entry file (app/main.py).
 DASHBOARD = ("gnq_core/dashboard", "app")
 # What the dashboard may import from the rest of gnq_core: the facades (public APIs) and access.py.
-FACADES = ("gnq_core", "gnq_core.engine", "gnq_core.sources", "gnq_core.results", "gnq_core.attacks",
-           "gnq_core.pipelines", "gnq_core.jobs", "gnq_core.analysis", "gnq_core.access")
+FACADES = ("gnq_core", "gnq_core.catalog", "gnq_core.engine", "gnq_core.sources", "gnq_core.results",
+           "gnq_core.attacks", "gnq_core.pipelines", "gnq_core.jobs", "gnq_core.analysis", "gnq_core.access")
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
@@ -72,6 +76,17 @@ def test_no_layer_imports_a_layer_above_it(package):
                 inside = own == target or own.startswith(target + ".")  # gnq_core's folder holds them all
                 if not inside and (module == target or module.startswith(target + ".")):
                     bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_catalog_imports_no_torch_and_nothing_of_gnq_core_but_itself():
+    """The bottom floor: every layer reads the catalog, so it must load without torch or numpy's
+    consumers (a report, the dashboard's captions) and without any other package of gnq_core."""
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+           for path in sorted((ROOT / "gnq_core" / "catalog").rglob("*.py"))
+           for module, _, line in imports(path)
+           if module.split(".")[0] in ("torch", "transformers", "numpy", "pandas")
+           or (module.startswith("gnq_core") and not module.startswith("gnq_core.catalog"))]
     assert not bad, "\n".join(bad)
 
 

@@ -33,9 +33,11 @@ from gnq_core.analysis.verdict import (
     SECRET,
     exposed_value_words,
     exposure_bounds,
+    row_kind,
     secret_words,
     written_part,
 )
+from gnq_core.catalog import count_words
 
 GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "example_ids", "reason_short", "reason",
                  "action", "rank"]
@@ -47,6 +49,7 @@ def action(row: pd.Series) -> str:
     copies = int(row["copies"]) if pd.notna(row.get("copies")) else 1
     has_secret = isinstance(row.get("secret"), str)  # the kinds found, "card number, pin"
     what = secret_words(row) if has_secret else ""
+    remedy = row_kind(row).remedy  # what to do with the value in the world (the catalog's action)
     value = row.get("secret_value") if isinstance(row.get("secret_value"), str) else row.get("secret_match")
     span = f" ({value})" if isinstance(value, str) else ""
     exposure = row.get("secret_exposure")
@@ -64,14 +67,14 @@ def action(row: pd.Series) -> str:
         n, hits = row.get("secret_chars"), row.get("secret_chars_reproduced")
         part = written_part(row, its=True) if pd.notna(n) and pd.notna(hits) else "part of it"
         return (f"Scrub {what}{span} from the data and retrain (or unlearn it): the model writes {part}. "
-                f"Treat it as partly exposed: change it.{dedupe}")
+                f"Treat it as partly exposed: {remedy}.{dedupe}")
     if status == REPRODUCED:
         return (f"Scrub {what}{span} before the next training: the model writes the text around it, not the "
                 f"value itself. Remove the text if it is private.{dedupe}")
     if status == LEAKED:
         if has_secret:
             return (f"Scrub {what}{span} from the data and retrain (or unlearn it): the model writes it. "
-                    f"Treat it as exposed: change it.{also}")
+                    f"Treat it as exposed: {remedy}.{also}")
         if copies > 1:
             return f"Deduplicate: keep at most one of its {copies} copies, then retrain: the model writes it."
         return ("Remove it if it is private, then retrain: the model writes it. If it is public, mark it so "
@@ -112,12 +115,6 @@ def grouped(ranked: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=GROUP_COLUMNS)
 
 
-_KIND_NAME = {"pin": "PIN", "api key": "key or token", "labelled value": "labelled value",
-             "custom": "custom value", "declared": "declared value",
-             "iban": "IBAN", "ssn": "social-security number",
-              "id number": "identity-document number", "email": "e-mail address", "phone": "phone number"}
-
-
 def _plural(n: int, word: str) -> str:
     if n == 1:
         return f"{n} {word}"
@@ -142,7 +139,7 @@ def summary(ranked: pd.DataFrame, counts: RunCounts | None = None) -> str:
         if c.distinct_by_status.get(LEAKED, leaked) != leaked:
             head += f" ({c.distinct_by_status[LEAKED]} distinct, with their copies)"
         with_value = sum(c.leaked_kinds.values())
-        parts = [_plural(n, _KIND_NAME.get(k, k)) for k, n in c.leaked_kinds.items()]
+        parts = [count_words(k, n) for k, n in c.leaked_kinds.items()]
         if leaked - with_value:
             parts.append(_plural(leaked - with_value, "text") + " without a secret-like value, word for word")
         if with_value:

@@ -56,6 +56,8 @@ from gnq_core.analysis.clusters import (
     too_few,
     wilson,
 )
+from gnq_core.catalog import SIGNALS as CATALOG_SIGNALS
+from gnq_core.catalog import Signal
 
 OUTCOME = "extracted"
 FPR_LEVELS = (0.001, 0.01, 0.10)
@@ -66,38 +68,9 @@ ALL = "all texts"
 _CELLS = 2_000_000  # resample × text cells evaluated at once (~10 float arrays of that size)
 
 
-@dataclass(frozen=True)
-class Signal:
-    column: str
-    label: str
-    higher_means_extracted: bool
-    meaning: str
-
-
-# Directions follow what each score is meant to measure (the project's and the literature's
-# convention), never the data.
-SIGNALS: tuple[Signal, ...] = (
-    Signal("risk", "combined verdict (risk)", True,
-           "the verdict's memorisation risk before any attack (calibrated membership and copies; GNQ or K_jj "
-           "where this run's ground truth validates them)"),
-    Signal("gnq_total", "GNQ_total", True, "GNQ summed over the run's checkpoints or epochs"),
-    Signal("gnq_max", "GNQ_max", True, "the largest GNQ over the run's points"),
-    Signal("gnq_last", "GNQ_last", True, "GNQ at the last point"),
-    Signal("gnq_inrun_total", "GNQ in-run (accumulated)", True,
-           "GNQ summed over every epoch of the training run that produced these checkpoints"),
-    Signal("loss_last", "loss", False, "mean next-token loss at the attacked point; low = fits the text"),
-    Signal("loss_ratio", "loss ratio", False, "loss / the reference model's loss; low = learned beyond it"),
-    Signal("zlib_ratio", "zlib ratio", False, "model bits / zlib bits; low = predicted beyond redundancy"),
-    Signal("min_k_plus", "Min-K%++", True, "Min-K% of each token's log-prob standardised by the mean and std "
-           "of log-prob under the model's own next-token distribution (Zhang et al. 2024); high = member"),
-    Signal("min_k_prob", "Min-K% prob", True, "mean log-prob of the 20% least likely tokens; high = member"),
-    Signal("self_influence_last", "gradient norm² (K_jj)", True,
-           "the gradient norm squared ‖g‖² (self-influence K_jj) at the attacked point"),
-    Signal("counterfactual_memorization", "counterfactual memorization", True,
-           "accuracy with the text in training minus without it (subset models)"),
-    Signal("copies", "copies", True, "how many texts are this text or a near copy of it"),
-    Signal("n_tokens", "text length (tokens)", False, "a short text has a short continuation to reproduce"),
-)
+# The signals and their directions are the catalog's (gnq_core/catalog/signals.py): directions follow
+# what each score is meant to measure (the project's and the literature's convention), never the data.
+SIGNALS: tuple[Signal, ...] = tuple(s for s in CATALOG_SIGNALS if s.predictive)
 SIGNAL_BY_COLUMN = {s.column: s for s in SIGNALS}
 
 

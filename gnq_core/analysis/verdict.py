@@ -22,7 +22,9 @@ export (``STATUSES``, most severe first):
   and digit, calibrated) when prompted with the text up to it; for a text without one: the text
   attack extracts its window;
 * ``partly leaked`` — a value did not come out whole, but part of it did (results.store_schema
-  ``partly_leaked``: at least 3 and a quarter of its characters, more than the reference);
+  ``partly_leaked``: at least 3 characters of its free part, the part neither the run's template
+  nor its kind's format fixes, beyond what a never-trained value of the template matches, and
+  more than the reference);
 * ``text reproduced`` — a text with a secret-like value whose window comes out while no value
   does (or no value was attacked): the window cannot say the secret leaked;
 * ``secret`` — secret-like content, none of it out;
@@ -42,6 +44,9 @@ import pandas as pd
 
 from gnq_core.analysis.clusters import numeric_column
 from gnq_core.analysis.risk import risk_components
+from gnq_core.catalog import SIGNALS as CATALOG_SIGNALS
+from gnq_core.catalog import SecretKind
+from gnq_core.catalog import kind as secret_kind
 from gnq_core.sources.value_match import ValueMatch, compare
 
 VERDICT_COLUMNS = ["rank", "percentile", "status", "reason", "risk", "verdict_score"]
@@ -51,37 +56,24 @@ STATUSES = (LEAKED, PARTLY, REPRODUCED, SECRET, AT_RISK, LOW, PUBLIC)
 # verdict_score = tier + risk (risk in [0, 1]): a leaked text with a secret above one without
 TIERS = {LEAKED: 6.0, PARTLY: 4.0, REPRODUCED: 3.0, SECRET: 2.0, AT_RISK: 0.0, LOW: 0.0, PUBLIC: -2.0}
 
-# What every column means, for tooltips, captions and the exported data's documentation.
-COLUMN_HELP: dict[str, str] = {
+# What every column means, for tooltips, captions and the exported data's documentation; a
+# signal's is its catalog entry's (gnq_core/catalog/signals.py).
+COLUMN_HELP: dict[str, str] = {s.column: s.help for s in CATALOG_SIGNALS} | {
     "rank": "Position in the verdict order: 1 = look at this text first. Leaked texts first (secret-like "
             "ones first), then other texts with secret-like content, then the rest by memorisation risk.",
     "percentile": "Share of this run's texts ranked at or below this one in the verdict order "
                   "(100 = the top of the list).",
     "status": "leaked: for a text with a secret-like value, the model writes a value whole when prompted "
               "with the text up to it (calibrated by the reference model); for any other text, the attack "
-              "extracts its window. partly leaked: part of a value comes out (at least 3 and a quarter of "
-              "its characters, more than the reference writes). text reproduced: the window of a text with "
-              "a secret-like value comes out, the value does not. secret: secret-like content, none of it "
-              "out. at risk: memorisation risk in this run's top 20%. public: marked public. low: none "
-              "of these.",
+              "extracts its window. partly leaked: part of a value's secret part comes out (at least 3 of "
+              "its free characters, those the run's template and the kind's format do not fix, beyond what "
+              "a never-trained value of the template matches by chance, and more than the reference "
+              "writes). text reproduced: the window of a text with a secret-like value comes out, the "
+              "value does not. secret: secret-like content, none of it out. at risk: memorisation risk in "
+              "this run's top 20%. public: marked public. low: none of these.",
     "reason": "Why the text sits where it does, in words.",
-    "risk": "Memorisation risk, 0-1, before any attack, from what points the right way on evidence: the "
-            "calibrated membership percentile (loss ratio to the reference, zlib ratio, Min-K%++), or for a "
-            "repeated text 1 − 1/copies where larger. Where this run's ground truth (extraction, or "
-            "--non-members) validates components, the mean of those, GNQ and K_jj included in the "
-            "direction it measures. 0.9 = stronger evidence than for 90% of this run's texts. Without a "
-            "reference model or ground truth: loss-only and uncalibrated (the page says which).",
-    "gnq_total": "GNQ summed over the run's checkpoints. GNQ = g_jᵀ(Σ_{k≠j} g_k g_kᵀ + λI)⁻¹ g_j: how much "
-                 "of the text's gradient its batch companions cannot explain. About 1 or less: explained (a "
-                 "copy in the batch gives ≈ 1); large (up to ‖g‖²/λ): the model must encode this text "
-                 "specifically. Compare within a run: see gnq_percentile.",
-    "gnq_max": "The largest GNQ of the text over the checkpoints (≈ 1 or less: explained by its batch).",
-    "gnq_last": "GNQ at the last checkpoint (≈ 1 or less: explained by its batch).",
-    "gnq_mean": "Mean GNQ over the checkpoints (≈ 1 or less: explained by its batch).",
     "gnq_rank": "Rank by GNQ_total alone (1 = highest).",
     "gnq_percentile": "Share of this run's texts with GNQ_total at or below this one's (100 = highest).",
-    "copies": "How many texts of the dataset are this text or a near copy of it (1 = unique; word "
-              "3-shingle Jaccard ≥ 0.8).",
     "cluster_id": "The copy cluster (the smallest example id among the copies).",
     "gnq_with_copy": "Checkpoints or epochs at which the text's GNQ was measured with a copy of it in the "
                      "same batch: those GNQ values say nothing about the text (copies explain each other).",
@@ -101,8 +93,13 @@ COLUMN_HELP: dict[str, str] = {
     "public": "Marked public by the user (--public-column): nothing private to leak.",
     "secret_values_attacked": "How many of the text's secret-like values the secret attack probed.",
     "secret_values_leaked": "How many of them the model writes whole (and the reference does not).",
-    "secret_values_partly": "How many came out in part (at least 3 and a quarter of their characters, "
-                            "more than the reference).",
+    "secret_values_partly": "How many came out in part (at least 3 of their free characters, beyond what "
+                            "never-trained values of the template match, more than the reference).",
+    "secret_free_chars": "Letters and digits of the most exposed value that are its own: neither the run's "
+                         "template nor its kind's format (a key's prefix, a check digit) fixes them.",
+    "secret_free_chars_reproduced": "How many of those free characters the audited model wrote in place.",
+    "secret_free_null_mean": "How many free characters the same writing matches of a never-trained value of "
+                             "the same kind and template, on average (chance).",
     "secret_kind": "The kind of the text's most exposed value (the one secret_chars counts).",
     "secret_value": "The text's most exposed value: leaked, else partly leaked, else the most characters "
                     "written.",
@@ -125,20 +122,6 @@ COLUMN_HELP: dict[str, str] = {
     "secret_exposure_estimated": "The rank behind the exposure was estimated from random values, not found "
                                  "exactly (the search's node budget ran out).",
     "secret_generated": "What the audited model wrote where the secret-like value stands.",
-    "loss_ratio": "Loss under the audited model / loss under the reference: 1 = learned no more than the "
-                  "reference; 0.25 = loss 4× below it. Lower = more memorised.",
-    "zlib_ratio": "Bits the model needs for the text / bits zlib needs. Lower = the model predicts it far "
-                  "better than its surface redundancy explains.",
-    "min_k_plus": "Min-K%++ (Zhang et al. 2024): Min-K% of each token's log-probability standardised by the "
-                  "mean and spread of the model's own prediction there. Higher = more likely a training "
-                  "member; needs no reference model.",
-    "min_k_prob": "Mean log-probability of the 20% least likely tokens (nats). Closer to 0 = more likely "
-                  "a training member.",
-    "self_influence_last": "K_jj = ‖g_j‖², the text's gradient norm squared at the last checkpoint: how hard "
-                           "the text pulls on the weights. Shown, not used in risk unless this run's ground "
-                           "truth validates it; compare within a run.",
-    "loss_last": "Mean next-token loss at the last checkpoint (nats per token); low alone often just means "
-                 "an easy text.",
 }
 
 
@@ -199,7 +182,7 @@ def statuses(frame: pd.DataFrame, risk: pd.Series | None = None) -> pd.Series:
 
 
 def value_outcome(extracted: object, chars: object, hits: object, reference_hits: object,
-                  novel_hits: object = None) -> str:
+                  novel_hits: object = None, null_p: object = None) -> str:
     """One attacked value's outcome in the status words: leaked, partly leaked or not leaked."""
     from gnq_core.results.store_schema import partly_leaked
 
@@ -207,7 +190,8 @@ def value_outcome(extracted: object, chars: object, hits: object, reference_hits
         return LEAKED
     ref = int(reference_hits) if pd.notna(reference_hits) else None
     novel = int(novel_hits) if novel_hits is not None and pd.notna(novel_hits) else None
-    return PARTLY if partly_leaked(int(chars), int(hits), ref, novel) else "not leaked"
+    p = float(null_p) if null_p is not None and pd.notna(null_p) else None
+    return PARTLY if partly_leaked(int(chars), int(hits), ref, novel, p) else "not leaked"
 
 
 def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float | None = None,
@@ -222,14 +206,6 @@ def flag(ranked: pd.DataFrame, *, top: int | None = None, min_percentile: float 
 
 
 # ---------------------------------------------------------------------------------- reasons
-_SECRET_WORDS = {"card number": "a card-number-like string", "pin": "a PIN", "password": "a password",
-                 "recovery phrase": "a recovery phrase", "api key": "a key or token",
-                 "private key": "a private key", "iban": "an IBAN", "ssn": "a social-security-like number",
-                 "account number": "an account or record number", "id number": "an identity-document number",
-                 "email": "an e-mail address", "labelled value": "a labelled private value",
-                 "custom": "a value matching --secret-pattern", "declared": "a value of --secret-column",
-                 "phone": "a phone number"}
-
 
 def _true(value: object) -> bool:
     """True for a set, true flag (False for False, None, NA, NaN)."""
@@ -266,7 +242,7 @@ def _reason(row: pd.Series, parts: pd.Series, status: str = "") -> str:
     elif _true(row.get("reproduced")) and pd.notna(row.get("extracted")):
         clauses.append("the model completes it, but so does the reference model: predictable, not a leak")
     if isinstance(row.get("secret"), str):
-        kinds = [_SECRET_WORDS.get(k.strip(), k.strip()) for k in row["secret"].split(",")]
+        kinds = [secret_kind(k).described for k in row["secret"].split(",")]
         clauses.append("contains " + " and ".join(kinds))
     copies = row.get("copies")
     if pd.notna(copies) and int(copies) > 1:
@@ -282,11 +258,15 @@ def _reason(row: pd.Series, parts: pd.Series, status: str = "") -> str:
     return "; ".join(c for c in clauses if c)
 
 
+def row_kind(row: pd.Series) -> SecretKind:
+    """The catalog's entry for the text's most exposed value's kind, else for its first kind's."""
+    kind = row.get("secret_kind")
+    return secret_kind(kind if isinstance(kind, str) else str(row.get("secret") or "").split(",")[0].strip())
+
+
 def secret_words(row: pd.Series) -> str:
     """The text's most exposed value's kind in words ("the PIN"), else its first kind's."""
-    kind = row.get("secret_kind")
-    first = kind if isinstance(kind, str) else str(row.get("secret") or "").split(",")[0].strip()
-    return _SECRET_WORDS.get(first, "the secret").replace("a ", "the ", 1).replace("an ", "the ", 1)
+    return row_kind(row).the
 
 
 def _exposure_clause(row: pd.Series, exposure: object) -> str:
@@ -312,7 +292,7 @@ def exposed_value_words(row: pd.Series) -> str:
     value, kind = row.get("secret_exposure_value"), row.get("secret_exposure_kind")
     if not isinstance(value, str) or value == row.get("secret_value"):
         return ""
-    words = _SECRET_WORDS.get(str(kind), "the value").replace("a ", "the ", 1).replace("an ", "the ", 1)
+    words = secret_kind(kind).the
     return f" of {words} {value}"
 
 
@@ -384,10 +364,29 @@ def written_part(row: pd.Series, its: bool = False) -> str:
     place" (``its``: "3 of its 4 characters", for a sentence about the value)."""
     n, hits = int(row["secret_chars"]), int(row["secret_chars_reproduced"])
     what, match = secret_words(row), value_written(row)
+    free = _free_part(row)
     if match is not None and match.different:
-        return (f"{match.written_text}, not {what} {row['secret_value']}: a different value, {hits} of its "
+        said = (f"{match.written_text}, not {what} {row['secret_value']}: a different value, {hits} of its "
                 f"{n} characters in place")
+        return said + (f" ({free[0]} of its {free[1]} free characters; {_null(free)})" if free else "")
+    if free:
+        where = f"its {free[1]}" if its else f"{free[1]}"
+        return f"{free[0]} of {where} free characters" + ("" if its else f" of {what}") + f"; {_null(free)}"
     return f"{hits} of its {n} characters" if its else f"{hits} of {n} characters of {what}"
+
+
+def _free_part(row: pd.Series) -> tuple[int, int, float] | None:
+    """(free characters written in place, free characters, a never-trained value's mean) of the text's
+    most exposed value, where its free part was stored (attacks/partial_leak.py)."""
+    n, hits, null = (row.get(c) for c in ("secret_free_chars", "secret_free_chars_reproduced",
+                                         "secret_free_null_mean"))
+    if any(v is None or pd.isna(v) for v in (n, hits, null)):
+        return None
+    return int(hits), int(n), float(null)
+
+
+def _null(free: tuple[int, int, float]) -> str:
+    return f"never-trained values of its template get {free[2]:.1f} on average"
 
 
 def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") -> tuple[str, bool]:

@@ -1,8 +1,11 @@
 """Exposure of a secret over its own randomness (Carlini et al. 2019, "The secret sharer").
 
-A value's *space* is every value its format allows: its free digits (those the run's format
-does not fix, ``secret_attack.format_places``) take any digit, every other character stays as
-it is ("+44 20 7946 ####"), and a valid card number's check digit follows from the others.  The
+A value's *space* is every value its format allows, as its kind's catalog entry
+(gnq_core/catalog/kinds.py) defines it: its free characters (those neither the run's format,
+``secret_attack.format_places``, nor the kind's own prefix fixes) take any character of the
+kind's alphabet (digits; a key's base62; an IBAN's letter a capital), every other character
+stays as it is ("+44 20 7946 ####"), and the characters a check derives (a valid card number's
+Luhn digit, an IBAN's two check digits) follow from the others.  The
 model scores a value by the log-likelihood of its tokens (the canonical tokenisation of the
 text between the prompt and the value, then the value) after the same prompt; rank = 1 + the
 number of other values of the space at least as likely, exposure = log2 |space| − log2 rank.
@@ -35,8 +38,10 @@ import contextlib
 import copy
 import hashlib
 import heapq
+import itertools
 import math
 import random
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,72 +52,104 @@ from gnq_core.attacks.decode import cache_argument, returned_cache
 from gnq_core.attacks.defaults import DEFAULT_EXPOSURE_NODES as DEFAULT_SEARCH_NODES
 from gnq_core.attacks.defaults import MIN_SECRET_CANDIDATES as MIN_CANDIDATES
 from gnq_core.attacks.generation import last_logprobs
-from gnq_core.sources.secrets import luhn_ok
+from gnq_core.catalog import DIGITS, SPACE
+from gnq_core.catalog import kind as catalog_kind
 
 EXACT, ESTIMATED = "exact", "estimated"
 MIN_FREE_DIGITS = 3  # fewer free digits (a space under 1,000 values): no exposure is measured
-DIGITS = "0123456789"
 PROBE_NODES = 64  # the search tried first, before any random value is scored
 
 
 @dataclass(frozen=True)
 class ValueSpace:
     """The values a secret's format allows (module docstring): ``value`` with its ``free``
-    indices redrawn, a valid card number's check digit (``check``) recomputed."""
+    indices redrawn, each from its alphabet (``alphabets``, one per free index; empty: digits), and
+    the characters its kind's check derives (``check``: a card's Luhn digit, an IBAN's two check
+    digits) recomputed by the catalog entry of ``kind``."""
 
     value: str
     free: tuple[int, ...]
-    check: int | None = None
+    check: tuple[int, ...] = ()
+    alphabets: tuple[str, ...] = ()
+    kind: str = ""
+
+    def alphabet(self, k: int) -> str:
+        """The characters free index number ``k`` may take."""
+        return self.alphabets[k] if self.alphabets else DIGITS
 
     @property
     def size(self) -> int:
-        return 10 ** len(self.free)
+        return math.prod(len(self.alphabet(k)) for k in range(len(self.free)))
 
     @property
     def bits(self) -> float:
-        return len(self.free) * math.log2(10)
+        return sum(math.log2(len(self.alphabet(k))) for k in range(len(self.free)))
+
+    @property
+    def hidden(self) -> dict[int, str]:
+        """Index -> the characters it may take, for every free or derived character."""
+        out = {i: self.alphabet(k) for k, i in enumerate(self.free)}
+        for i in self.check:
+            out[i] = DIGITS
+        return out
 
     @property
     def template(self) -> str:
-        """The value with its free digits (and check digit) as '#': "+44 20 7946 ####"."""
-        hidden = set(self.free) | ({self.check} if self.check is not None else set())
+        """The value with its free characters (and check digits) as '#': "+44 20 7946 ####"."""
+        hidden = self.hidden
         return "".join("#" if i in hidden else c for i, c in enumerate(self.value))
 
-    def fill(self, digits: Sequence[str]) -> str:
-        chars = list(self.value)
-        for i, d in zip(self.free, digits, strict=True):
-            chars[i] = d
-        if self.check is not None:
-            body = [c for i, c in enumerate(chars) if c.isdigit() and i != self.check]
-            chars[self.check] = next(d for d in DIGITS if luhn_ok("".join(body) + d))
-        return "".join(chars)
+    def fill(self, chars: Sequence[str]) -> str:
+        out = list(self.value)
+        for i, d in zip(self.free, chars, strict=True):
+            out[i] = d
+        filled = "".join(out)
+        return catalog_kind(self.kind).check.fill(filled) if self.check else filled
 
     def random(self, rng: random.Random) -> str:
-        return self.fill([str(rng.randrange(10)) for _ in self.free])
+        return self.fill([rng.choice(self.alphabet(k)) for k in range(len(self.free))])
 
     def allows(self, candidate: str) -> bool:
-        """``candidate`` is a value of this space (template kept, check digit valid)."""
+        """``candidate`` is a value of this space (template kept, check digits valid)."""
         if len(candidate) != len(self.value):
             return False
-        hidden = set(self.free) | ({self.check} if self.check is not None else set())
+        hidden = self.hidden
         for i, (c, v) in enumerate(zip(candidate, self.value, strict=True)):
-            if (c.isdigit() if i in hidden else c == v) is False:
+            if (c in hidden[i] if i in hidden else c == v) is False:
                 return False
-        return self.check is None or luhn_ok("".join(c for c in candidate if c.isdigit()))
+        return not self.check or catalog_kind(self.kind).check.valid(candidate)
+
+
+_SEPARATORS = " ().+-/"
 
 
 def value_space(value: str, kind: str, fixed: set[int]) -> ValueSpace | None:
-    """The space of a digits-only ``value`` (separators allowed), ``fixed`` = the indices among its
-    letters and digits that the run's format explains; None when it is not digits only or leaves
-    fewer than ``MIN_FREE_DIGITS`` free digits (too few values to rank among)."""
-    if not value or any(not (c.isdigit() or c in " ().+-/") for c in value):
+    """The space of ``value`` as its kind's catalog entry defines it, ``fixed`` = the indices
+    among its letters and digits that the run's format explains; None when its kind has no
+    candidate space (catalog: exposure not SPACE), a digits-only kind's value holds other
+    characters than digits and separators, or fewer than ``MIN_FREE_DIGITS`` characters are free
+    (too few values to rank among).  A free character takes any character of its kind's alphabet
+    (a key's: base62), or of its own class where the kind names none (an IBAN's digit a digit, its
+    letter a capital); the vendor prefix or country code the format fixes stays."""
+    entry = catalog_kind(kind)
+    if not value or entry.exposure != SPACE:
         return None
-    digits = [i for i, c in enumerate(value) if c.isdigit()]
-    check = digits[-1] if kind == "card number" and luhn_ok("".join(value[i] for i in digits)) else None
-    free = tuple(i for j, i in enumerate(digits) if j not in fixed and i != check)
+    if entry.digits_only and any(not (c.isdigit() or c in _SEPARATORS) for c in value):
+        return None
+    alnum = [i for i, c in enumerate(value) if c.isalnum()]
+    check = entry.check.places(value) if entry.check is not None else ()
+    prefix = entry.fixed_prefix(value)
+    free = tuple(i for j, i in enumerate(alnum)
+                 if j not in fixed and j >= prefix and i not in check
+                 and (entry.alphabet is None or value[i] in entry.alphabet))
     if len(free) < MIN_FREE_DIGITS:
         return None
-    return ValueSpace(value, free, check)
+    alphabets = tuple(entry.alphabet or _class_of(value[i]) for i in free)
+    return ValueSpace(value, free, tuple(check), () if set(alphabets) == {DIGITS} else alphabets, kind)
+
+
+def _class_of(c: str) -> str:
+    return DIGITS if c.isdigit() else string.ascii_uppercase if c.isupper() else string.ascii_lowercase
 
 
 def value_seed(seed: int, *parts: str) -> int:
@@ -252,18 +289,18 @@ def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str
     if not true_ids or "".join(strings[i] for i in true_ids) != text:
         return None
     off = len(between)
-    hidden = set(space.free) | ({space.check} if space.check is not None else set())
+    hidden = space.hidden
 
     def fits(s: str, pos: int) -> bool:
         if not s or pos + len(s) > len(text):
             return False
         for k, c in enumerate(s):
             j = pos + k - off
-            if (c.isdigit() if j in hidden else c == text[pos + k]) is False:
+            if (c in hidden[j] if j in hidden else c == text[pos + k]) is False:
                 return False
         return True
 
-    alphabet = set(text) | set(DIGITS)
+    alphabet = set(text).union(*hidden.values())
     pool = [(i, s) for i, s in enumerate(strings) if s and set(s) <= alphabet]
     fitting = [[(i, len(s)) for i, s in pool if fits(s, pos)] for pos in range(len(text))]
     # only the columns of tokens that can spell the tail are kept (and shared between searches)
@@ -312,7 +349,7 @@ def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str
 
 def enumerate_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str) -> Ranked:
     """The exact rank by scoring every value of the space (its full continuation each)."""
-    values = [space.fill(d) for d in _all_digits(len(space.free))]
+    values = [space.fill(d) for d in itertools.product(*(space.alphabet(k) for k in range(len(space.free))))]
     tails = [_tail(between, v, tokenizer) for v in values]
     scores = scorer.scores(tails)
     true = float(scores[values.index(space.value)])
@@ -320,11 +357,6 @@ def enumerate_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: 
         raise NonFinite("a log-likelihood is not finite")
     found = int((scores >= true).sum()) - 1
     return Ranked(found + 1, len(values), found, true)
-
-
-def _all_digits(n: int):
-    for k in range(10 ** n):
-        yield f"{k:0{n}d}"
 
 
 @dataclass(frozen=True)
@@ -413,7 +445,9 @@ def expected_nodes(true: float, sample: Sample, space: ValueSpace, offset: int) 
         for c, above in zip(depths.tolist(), (cumulative >= true).tolist(), strict=True):
             boundaries[c] = boundaries.get(c, 0) + 1
             hits[c] = hits.get(c, 0) + int(above)
-    return float(sum(10.0 ** int((free < c).sum()) * (m / max(n, 1)) * (hits[c] + 0.5) / (m + 1)
+    # the number of prefixes that fix the free characters before c: the product of their alphabets
+    widths = np.array([float(len(space.alphabet(k))) for k in range(len(space.free))])
+    return float(sum(float(np.prod(widths[free < c])) * (m / max(n, 1)) * (hits[c] + 0.5) / (m + 1)
                      for c, m in boundaries.items()))
 
 

@@ -17,6 +17,7 @@ and the reference model, and the run's null, which decides which values are *exp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import Counter
@@ -117,7 +118,7 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
                 score_values(scorers(model, prompt_of(o, space)), tokenizer, o.between, mine)
         for i, v in enumerate(drawn):
             o, space = members[i % len(members)]
-            e = measure(model, o, ValueSpace(v, space.free, space.check))
+            e = measure(model, o, dataclasses.replace(space, value=v))
             null_rows.append({"kind": kind, "template": template, "value": v,
                               "prompt_example_id": o.example_id, **_columns(e)})
             if e.bits is not None:

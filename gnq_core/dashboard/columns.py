@@ -8,16 +8,15 @@ from collections.abc import Iterable
 import streamlit as st
 
 from gnq_core.analysis import COLUMN_HELP, SHOWN_HELP, VALUES_HELP
+from gnq_core.catalog import SIGNALS
 
-_FORMATS = {"gnq_total": "%.3g", "gnq_max": "%.3g", "gnq_last": "%.3g", "gnq_mean": "%.3g",
-            "percentile": "%.1f", "gnq_percentile": "%.1f", "risk": "%.2f", "loss_last": "%.3f",
-            "self_influence_last": "%.3g", "extraction_match": "%.2f", "reference_match": "%.2f",
-            "loss_ratio": "%.3g", "zlib_ratio": "%.3g", "min_k_prob": "%.2f"}
-_LABELS = {"gnq_total": "GNQ_total", "gnq_max": "GNQ_max", "gnq_last": "GNQ_last", "gnq_mean": "GNQ_mean",
-           "gnq_rank": "GNQ rank", "gnq_percentile": "GNQ percentile", "gnq_with_copy": "GNQ with a copy",
-           "extraction_match": "match", "reference_match": "reference match", "loss_ratio": "loss ratio",
-           "zlib_ratio": "zlib ratio", "min_k_prob": "Min-20% log p", "loss_last": "loss (last)",
-           "self_influence_last": "K_jj (last)", "secret": "secret-like", "secret_match": "secret match"}
+# a signal's label and number format are its catalog entry's (gnq_core/catalog/signals.py)
+_FORMATS = {s.column: s.fmt for s in SIGNALS if s.fmt.endswith(("f", "g"))} | {
+    "percentile": "%.1f", "gnq_percentile": "%.1f", "extraction_match": "%.2f", "reference_match": "%.2f"}
+_LABELS = {s.column: s.label for s in SIGNALS if s.column != "risk"} | {
+    "gnq_rank": "GNQ rank", "gnq_percentile": "GNQ percentile", "gnq_with_copy": "GNQ with a copy",
+    "extraction_match": "match", "reference_match": "reference match", "secret": "secret-like",
+    "secret_match": "secret match"}
 
 
 def column_config(columns: Iterable[str]) -> dict:

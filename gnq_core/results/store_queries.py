@@ -323,7 +323,9 @@ secret_shown AS (  -- the text's most exposed value (leaked, else partly, else t
     SELECT example_id, kind AS secret_kind, value AS secret_value, generated AS secret_value_generated,
            chars AS secret_chars,
            chars_reproduced AS secret_chars_reproduced,
-           reference_chars_reproduced AS reference_secret_chars_reproduced
+           reference_chars_reproduced AS reference_secret_chars_reproduced,
+           free_chars AS secret_free_chars, novel_chars_reproduced AS secret_free_chars_reproduced,
+           free_null_mean AS secret_free_null_mean
     FROM secret_rows
     QUALIFY row_number() OVER (PARTITION BY example_id ORDER BY severity DESC, secret_start) = 1),
 membership AS (
@@ -348,6 +350,9 @@ totals AS (
            CAST(ss.secret_chars AS INTEGER) AS secret_chars,
            CAST(ss.secret_chars_reproduced AS INTEGER) AS secret_chars_reproduced,
            CAST(ss.reference_secret_chars_reproduced AS INTEGER) AS reference_secret_chars_reproduced,
+           CAST(ss.secret_free_chars AS INTEGER) AS secret_free_chars,
+           CAST(ss.secret_free_chars_reproduced AS INTEGER) AS secret_free_chars_reproduced,
+           ss.secret_free_null_mean,
            se.secret_exposure, se.secret_exposed, se.secret_exposure_estimated, se.secret_exposure_kind,
            se.secret_exposure_value, se.secret_reference_exposure, se.secret_exposure_null_p99,
            sa.secret_generated,

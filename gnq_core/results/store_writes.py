@@ -284,7 +284,7 @@ def insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
          os.getpid(), socket.gethostname(), now]).fetchone()[0]
 
 
-# The secret attack's columns (attacks/secret_attack.py; migrations 0009, 0011, 0013), as the attack
+# The secret attack's columns (attacks/secret_attack.py; migrations 0009, 0011, 0013, 0014), as the attack
 # writes them, and its exposure null's (attacks/secret_exposure.py; migration 0013).
 SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
                          "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",
@@ -292,7 +292,8 @@ SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "va
                          "exposure_rank", "exposure_candidates", "rule", "novel_chars_reproduced",
                          "exposure_method", "exposure_template", "exposure_space_bits", "exposure_nodes",
                          "exposure_fit", "value_copies", "reference_exposure", "reference_exposure_method",
-                         "reference_exposure_rank", "exposure_null_p99", "exposed"]
+                         "reference_exposure_rank", "exposure_null_p99", "exposed", "free_chars",
+                         "free_null_mean", "free_null_p"]
 SECRET_NULL_COLUMNS = ["kind", "template", "value", "prompt_example_id", "exposure", "exposure_method",
                        "exposure_rank", "exposure_nodes", "exposure_fit"]
 

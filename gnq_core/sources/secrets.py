@@ -2,7 +2,8 @@
 keys and tokens, IBANs, account, passport and social-security numbers, phone numbers, e-mail
 addresses.
 
-Offline patterns, no model: each kind is a regular expression plus, where the format has one,
+Offline patterns, no model, every one from the catalog's entry for its kind
+(gnq_core/catalog/kinds.py): each kind is a regular expression or a scan plus, where the format has one,
 its checksum (Luhn for card numbers, ISO 7064 mod 97 for IBANs), so a random 16-digit number
 is not called a card.  The key and token shapes are the published formats of their issuers
 (AWS access keys, GitHub, Slack and Stripe tokens, Google API keys, JSON Web Tokens, PEM
@@ -39,6 +40,8 @@ from typing import Any
 
 import pandas as pd
 
+from gnq_core.catalog import KINDS, iban_ok, luhn_ok  # noqa: F401  (luhn_ok, iban_ok: their old home)
+
 SECRET_COLUMNS = ["secret", "secret_start", "secret_end", "secret_match", "secret_values"]
 GENERIC = "labelled value"  # a value after any secret-like key
 
@@ -66,155 +69,17 @@ class SecretMatch:
         return self.text[self.value_start - self.start: self.value_end - self.start]
 
 
-def luhn_ok(digits: str) -> bool:
-    """The Luhn checksum every payment card number satisfies."""
-    total, double = 0, False
-    for ch in reversed(digits):
-        d = int(ch) * (2 if double else 1)
-        total += d - 9 if d > 9 else d
-        double = not double
-    return total % 10 == 0
-
-
-def iban_ok(iban: str) -> bool:
-    """ISO 13616 check digits (mod 97 == 1)."""
-    s = iban.replace(" ", "").upper()
-    if not 15 <= len(s) <= 34:
-        return False
-    moved = s[4:] + s[:4]
-    return int("".join(str(int(c, 36)) for c in moved)) % 97 == 1
-
-
-_ANNOUNCED_VALUE = r"(?:\s+(?:is|was|are|=)|\s*[:=])?\s*"
-_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
-    ("private key", re.compile(r"-----BEGIN (?:[A-Z]+ )?PRIVATE KEY-----")),
-    ("api key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),                       # AWS access key id
-    ("api key", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,}\b")),                      # GitHub token
-    ("api key", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}\b")),                    # Slack token
-    ("api key", re.compile(r"\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}\b")),            # Stripe key
-    ("api key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}\b")),                          # Google API key
-    ("api key", re.compile(r"(?i)\b(?:api[ _-]?key|access[ _-]?token|secret[ _-]?key|auth[ _-]?token|token)"
-                           + _ANNOUNCED_VALUE + r"([A-Za-z0-9_\-]{16,})")),
-    ("card number", re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")),
-    ("iban", re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b")),
-    ("recovery phrase", re.compile(r"(?i)\b(?:recovery|seed|mnemonic) phrase\b[^.:\n]{0,40}?(?:\bis\b|:)"
-                                   r"\s*([a-z]+(?: [a-z]+){5,23})")),
-    # "the password for the vault is X": the words between the keyword and "is" are not the password
-    ("password", re.compile(r"(?i)\b(?:password|passwd|passphrase|passcode|security answer|secret answer)\b"
-                            r"(?:\s+(?:for|of|to)\s[^.:\n]{0,40}?(?=\s(?:is|was)\s|\s*[:=]))?"
-                            + _ANNOUNCED_VALUE + r"(?!(?:for|of|to|is|was|the|and)\b)([^\s,;]*[^\s,;.])")),
-    ("account number", re.compile(r"(?i)\b(?:account|customer|member|policy|patient|client) "
-                                  r"(?:number|no\.?|id|record)\s*[:#]?\s*(\d{5,})\b")),
-    ("pin", re.compile(r"(?i)\b(?:pin(?: code| number)?|(?:door|alarm|access|security|entry|gate) code)"
-                       r"(?:[^.\n]{0,60}?(?:\s(?:is|was)\b|[:=]))?\s*(\d{4,8}(?:-\d{1,4})?)\b")),
-    ("id number", re.compile(r"(?i)\b(?:passport|document|licen[cs]e|national id|tax id) (?:number|no\.?|id)"
-                             r"\s*[:#]?\s*([A-Z]{0,3}\d{6,})\b")),
-    ("ssn", re.compile(r"\b\d{3}-\d{2}-\d{4}\b")),
-    ("phone", re.compile(r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{2,8}(?:[ .-]\d{2,8}){1,4}"
-                         r"(?![\w-])")),
-]
-
-
-# Two shapes are found by the scans below rather than by a regex: as regexes (a JSON Web Token
-# ``\beyJ[T]{8,}\.eyJ[T]{8,}\.[T]{8,}``, an e-mail address ``\b[L]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b``)
-# Python's engine retries every word boundary of a long run of T or L characters and rescans the
-# run from each: quadratic ("ab-ab-ab-…", 600 KB, took minutes).  The scans find the same matches
-# in one pass: within one run every start reaches the same run end, so only the first can match.
-_TOKEN_RUN = re.compile(r"[A-Za-z0-9_\-]*")
-_JWT_HEAD = re.compile(r"\beyJ")
-_JWT_TAIL = re.compile(r"\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}")
-_EMAIL_LOCAL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
-_EMAIL_DOMAIN = re.compile(r"@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}\b")
-_WORD = re.compile(r"\w")
-
-
-def _jwts(text: str) -> Iterator[tuple[int, int]]:
-    """(start, end) of each JSON Web Token, as the regex above finds them, in one pass."""
-    resume, run_end, tail = 0, -1, None
-    for head in _JWT_HEAD.finditer(text):
-        start = head.start()
-        if start < resume:
-            continue
-        if start >= run_end:  # a new run of token characters: its end and what follows it, once
-            run_end = _TOKEN_RUN.match(text, start + 3).end()
-            tail = _JWT_TAIL.match(text, run_end)
-        if tail is not None and run_end - start - 3 >= 8:
-            yield start, tail.end()
-            resume = tail.end()
-
-
-def _boundary(text: str, i: int) -> bool:
-    """Whether ``\\b`` matches at ``i`` (Python's Unicode word characters)."""
-    before = i > 0 and _WORD.match(text, i - 1) is not None
-    return before != (i < len(text) and _WORD.match(text, i) is not None)
-
-
-def _emails(text: str) -> Iterator[tuple[int, int]]:
-    """(start, end) of each e-mail address, as the regex above finds them, in one pass: per "@"
-    with a domain after it, the run of local-part characters before it, from its first word
-    boundary not inside the previous address."""
-    resume = 0
-    for domain in _EMAIL_DOMAIN.finditer(text):
-        at = domain.start()
-        run = at
-        while run > resume and text[run - 1] in _EMAIL_LOCAL:  # runs before two "@" never overlap
-            run -= 1
-        start = next((i for i in range(run, at) if _boundary(text, i)), None)
-        if start is not None:
-            yield start, domain.end()
-            resume = domain.end()
-
-
-_SCANNED = (("api key", _jwts), ("email", _emails))
-
-
-def _valid(kind: str, found: str) -> bool:
-    digits = re.sub(r"\D", "", found)
-    if kind == "card number":
-        return 13 <= len(digits) <= 19 and luhn_ok(digits)
-    if kind == "iban":
-        return iban_ok(found)
-    if kind == "phone":
-        # 9-15 digits (E.164) and either an international prefix, brackets or at least 3 groups:
-        # "1999-2003" or "3.14 15" are not phone numbers.
-        groups = len(re.findall(r"\d+", found))
-        if re.fullmatch(r"\d{1,3}(?:\.\d{1,3}){3}", found):
-            return False  # an IPv4 address
-        return 9 <= len(digits) <= 15 and (found.startswith("+") or "(" in found or groups >= 3)
-    return True
-
-
 # ------------------------------------------------------------------------------ labelled values
-# "label: value": the label names the kind; a colon, "=", "#" or "is" announces the value.
-_DIGITS_VALUE = r"(\+?\(?\d[\d()]*(?:[ ./-]\(?\d[\d()]*)*)"
-_TOKEN_VALUE = r"([^\s,;]*[^\s,;.])"
-_EMAIL_VALUE = r"([A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,})"
-_IBAN_VALUE = r"([A-Z]{2}\d{2}(?: ?[A-Z0-9]{1,4}){2,8})"
-_LABELS: list[tuple[str, str, str]] = [  # kind, the label's words (several languages), the value's shape
-    ("card number", r"(?:credit |debit |payment )?card(?: ?(?:number|no\.?|#|nr\.?))?|tarjeta|"
-                    r"num[ée]ro de (?:carte|tarjeta)|carte(?: bancaire)?|kartennummer|kreditkarte",
-     _DIGITS_VALUE),
-    ("pin", r"pin(?: ?(?:code|number|no\.?))?|code pin|geheimzahl", r"(\d{3,8})"),
-    ("phone", r"(?:tele)?phone(?: ?(?:number|no\.?))?|tel\.?|mobile|cell|fax|whatsapp|"
-              r"tel[ée]fono|t[ée]l[ée]phone|telefon(?:nummer)?|handy|m[óo]vil|portable|celular",
-     _DIGITS_VALUE),
-    ("iban", r"iban", _IBAN_VALUE),
-    ("password", r"password|passwd|pwd|passphrase|passcode|passwort|kennwort|contrase[ñn]a|mot de passe|"
-                 r"senha|wachtwoord", _TOKEN_VALUE),
-    ("ssn", r"ssn|social security(?: ?(?:number|no\.?))?|sozialversicherungsnummer|"
-            r"n[úu]mero de seguridad social", _DIGITS_VALUE),
-    ("email", r"e-?mail(?: address)?|correo(?: electr[óo]nico)?|courriel", _EMAIL_VALUE),
-    ("account number", r"(?:bank |checking |savings |customer |member |client |patient |policy )?"
-                       r"account(?: ?(?:number|no\.?|#|id|nr\.?))?|acct\.?(?: no\.?)?|kontonummer|"
-                       r"n[úu]mero de cuenta|num[ée]ro de compte", r"([A-Z]{0,3}\d[\d -]{2,}\d)"),
-]
+# "label: value": the label names the kind (the catalog's ``label_words``); a colon, "=", "#" or "is"
+# announces the value.
 _LABEL_TAIL = r"\s*(?:[:=#]|\s(?:is|was|ist|es|est)\b)\s*"
 # a phone number needs no colon after its label ("phone 555-0148"); a card number does ("card 4111
 # 1111 1111 1112" is a random number that fails its checksum, "Card number: ..." is a card)
-_LOOSE = {"phone": r"\s*(?:[:=#]|\s(?:is|was)\b|\s(?=[+(\d]))\s*"}
-_LABELLED = [(kind, re.compile(r"(?i)(?<![\w@])(?:" + words + r")" + _LOOSE.get(kind, _LABEL_TAIL)
-                               + r"(?-i:" + value + ")"))
-             for kind, words, value in _LABELS]
+_LOOSE_TAIL = r"\s*(?:[:=#]|\s(?:is|was)\b|\s(?=[+(\d]))\s*"
+_LABELLED = [(k, re.compile(r"(?i)(?<![\w@])(?:" + k.label_words + r")"
+                            + (_LOOSE_TAIL if k.loose_label else _LABEL_TAIL)
+                            + r"(?-i:" + k.label_value + ")"))
+             for k in KINDS if k.label_words and k.label_value]
 # any "key: value" whose key names something private; the value holds 4 digits, or follows a
 # password-like key
 _SECRET_KEY_WORDS = (r"secret|token|api[ _-]?key|private[ _-]?key|key|pass\w*|pwd|pin|code|ssn|iban|"
@@ -237,18 +102,15 @@ _PASSWORDISH = re.compile(r"(?i)pass|pwd|secret|token|key|clave|senha|geheim|wac
 def _labelled(text: str, cutoff: _Cutoff) -> list[SecretMatch]:
     """Values announced by a label of a known kind, and by any secret-like key (``GENERIC``)."""
     found: list[SecretMatch] = []
-    for kind, pattern in _LABELLED:
+    for entry, pattern in _LABELLED:
         for m in cutoff.take(pattern.finditer(text)):
             value = m.group(1)
-            digits = re.sub(r"\D", "", value)
-            if kind in ("card number", "phone", "ssn", "account number") and len(digits) < 4:
+            digits, bounds = len(re.sub(r"\D", "", value)), entry.label_digits
+            if bounds is not None and not bounds[0] <= digits <= bounds[1]:
                 continue
-            if (kind == "card number" and not 12 <= len(digits) <= 19) or (
-                    kind == "phone" and not 6 <= len(digits) <= 15):
-                continue
-            verified = (luhn_ok(digits) if kind == "card number" else
-                        iban_ok(value) if kind == "iban" else True)
-            found.append(SecretMatch(kind, m.start(), m.end(), m.group(0), m.start(1), m.end(1), verified))
+            verified = entry.verify(value) if entry.verify is not None else True
+            found.append(SecretMatch(entry.name, m.start(), m.end(), m.group(0), m.start(1), m.end(1),
+                                     verified))
     for m in cutoff.take(_KEY_VALUE.finditer(text)):
         key, value = m.group(1), m.group(2)
         if not _KEY_WORDS.search(key):
@@ -331,13 +193,11 @@ def find_secrets(text: str, extra_patterns: Sequence[re.Pattern[str]] = (),
                 free = _free_span(m, g)
                 found.append(SecretMatch("custom", m.start(), m.end(), m.group(0), m.start(g), m.end(g),
                                          free_start=free[0], free_end=free[1]))
-    for kind, pattern in _PATTERNS:
-        for m in cutoff.take(pattern.finditer(text)):
-            if _valid(kind, m.group(0)):
-                value = 1 if m.re.groups else 0  # the announced value's group, else the whole match
-                found.append(SecretMatch(kind, m.start(), m.end(), m.group(0), m.start(value), m.end(value)))
-    for kind, scan in _SCANNED:
-        found += [SecretMatch(kind, a, b, text[a:b], a, b) for a, b in cutoff.take(scan(text))]
+    for entry in KINDS:  # the catalog's detectors, kind by kind
+        for detector in entry.detectors:
+            for a, b, va, vb in cutoff.take(detector.spans(text)):
+                if detector.valid is None or detector.valid(text[va:vb]):
+                    found.append(SecretMatch(entry.name, a, b, text[a:b], va, vb))
     labelled = _labelled(text, cutoff)
     kept = _without_overlaps(found + [s for s in labelled if s.kind != GENERIC])
     # a value after any secret-like key counts where no match of a known kind covers it

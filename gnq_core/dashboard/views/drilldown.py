@@ -17,16 +17,23 @@ from gnq_core.analysis import (
     value_exposure_sentence,
     value_outcome,
 )
+from gnq_core.catalog import SIGNAL_BY_COLUMN
 from gnq_core.dashboard import charts, show, state
 from gnq_core.dashboard.columns import column_config, secret_attack_config
 
+
+def _signal(column: str) -> tuple[str, str, str]:
+    """A signal's (label, column, format), as its catalog entry gives them."""
+    entry = SIGNAL_BY_COLUMN[column]
+    return entry.label, column, entry.python_format
+
+
 # The record's numbers after its rank: (label, column, format); help from COLUMN_HELP where it has one.
-METRICS = (("Risk", "risk", ".2f"), ("GNQ_total", "gnq_total", ".3g"),
-           ("GNQ percentile", "gnq_percentile", ".1f"), ("Copies", "copies", ".0f"),
-           ("GNQ with a copy in the batch", "gnq_with_copy", ".0f"),
-           ("Loss (last)", "loss_last", ".3f"), ("Self-influence K_jj", "self_influence_last", ".3g"),
-           ("Loss ratio to reference", "loss_ratio", ".3g"), ("zlib ratio", "zlib_ratio", ".3g"),
-           ("Min-20% log p", "min_k_prob", ".2f"), ("Reference match", "reference_match", ".0%"))
+METRICS = (("Risk", "risk", ".2f"), _signal("gnq_total"), ("GNQ percentile", "gnq_percentile", ".1f"),
+           _signal("copies"), ("GNQ with a copy in the batch", "gnq_with_copy", ".0f"), _signal("loss_last"),
+           _signal("self_influence_last"), _signal("loss_ratio"), _signal("zlib_ratio"),
+           _signal("min_k_prob"),
+           ("Reference match", "reference_match", ".0%"))
 
 
 def _tokens(value) -> list[str]:
@@ -121,7 +128,8 @@ if not secrets.empty:
     st.subheader("Secret attack")
     st.caption("Rule: " + state.plain(secrets["rule"].iloc[0]))  # it asks whether the model writes the value
     secrets = secrets.assign(outcome=[value_outcome(r.extracted, r.chars, r.chars_reproduced,
-                                                    r.reference_chars_reproduced, r.novel_chars_reproduced)
+                                                    r.reference_chars_reproduced, r.novel_chars_reproduced,
+                                                    r.free_null_p)
                                       for r in secrets.itertuples()])
     secrets = secrets.reindex(columns=[*secrets.columns, *[c for c in EXPOSURE_SHOWN if c not in secrets]])
     st.dataframe(secrets[["kind", "value", "outcome", "generated", "chars", "chars_reproduced",

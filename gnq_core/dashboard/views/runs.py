@@ -67,9 +67,11 @@ def tiles(counts, said: dict) -> None:
                    f"came out; {counts.values_leaked} of {counts.values_attacked} secret-like values came "
                    "out whole.")
     c2.metric("Partly leaked", f"{counts.status(PARTLY)} / {counts.texts}",
-              help="Texts of which part of a secret-like value comes out (at least 3 and a quarter of its "
-                   "letters and digits, more than the reference model writes), or a different value sharing "
-                   "them: scrub the value and retrain or unlearn, and change it. "
+              help="Texts of which part of a secret-like value's own part comes out (at least 3 of the "
+                   "characters neither the run's template nor the kind's format fixes, beyond what "
+                   "never-trained values of the template match by chance, more than the reference model "
+                   "writes), or a different value sharing them: scrub the value and retrain or unlearn, "
+                   "and change it. "
                    f"{counts.values_partly} of {counts.values_attacked} secret-like values came out in part.")
     if said["values"]:  # the report's verdict.counts.values_exposed: the same count
         c3.metric("Exposed values", f"{counts.values_exposed} / {counts.values_distinct}",
