@@ -26,7 +26,7 @@ TEXT_LABEL_COLUMNS = ["copies", "cluster_id", "secret", "secret_start", "secret_
 # template, as "+44 20 7946" of every phone number of a data set, nor its kind's format fixes), more
 # than a never-trained value of the same kind and template matches of the same writing
 # (free_null_p <= PARTLY_NULL_P: attacks/partial_leak.py), and more characters than the reference
-# model wrote.  Rows attacked before schema 14 (free_null_p NULL) keep the rule they were stored
+# model wrote.  Rows attacked before schema 15 (free_null_p NULL) keep the rule they were stored
 # under: at least a quarter of the characters too.
 PARTLY_MIN_CHARS, PARTLY_MIN_SHARE, PARTLY_NULL_P = 3, 0.25, 0.01
 PARTLY_LEAKED_SQL = (f"(coalesce(novel_chars_reproduced, chars_reproduced) >= {PARTLY_MIN_CHARS} AND "

@@ -284,7 +284,7 @@ def insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
          os.getpid(), socket.gethostname(), now]).fetchone()[0]
 
 
-# The secret attack's columns (attacks/secret_attack.py; migrations 0009, 0011, 0013, 0014), as the attack
+# The secret attack's columns (attacks/secret_attack.py; migrations 0009, 0011, 0013, 0015), as the attack
 # writes them, and its exposure null's (attacks/secret_exposure.py; migration 0013).
 SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
                          "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",

@@ -1,4 +1,4 @@
--- Schema version 14: a partial leak measured on the value's free part (attacks/partial_leak.py):
+-- Schema version 15: a partial leak measured on the value's free part (attacks/partial_leak.py):
 -- what neither the run's template nor the kind's format fixes.  novel_chars_reproduced now counts
 -- the free characters written in place (the kind's prefix and check digits no longer count);
 -- free_chars how many there are; free_null_mean what a never-trained value of the same kind and
