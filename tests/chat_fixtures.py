@@ -3,6 +3,8 @@ each format TRL reads, for the chat tests."""
 
 from __future__ import annotations
 
+import random
+
 from lm_fixtures import texts
 
 from gnq_core.sources.models import train_tokenizer
@@ -43,10 +45,16 @@ def chat_tokenizer(template: str, vocab_size: int = 400):
     return tok
 
 
+def sentence(seed: int, words: int = 10) -> str:
+    """A seeded sentence of AG News words: distinct texts for any number of conversations."""
+    vocab = sorted({w.strip(".,").lower() for t in texts(40) for w in t.split() if w.isalpha()})
+    rng = random.Random(seed)
+    return " ".join(rng.choice(vocab) for _ in range(words)).capitalize() + "."
+
+
 def conversations(n: int = 6) -> list[list[dict[str, str]]]:
-    pool = texts(2 * n)
-    return [[{"role": "user", "content": f"Question {i}: what happened? {pool[2 * i][:40]}"},
-             {"role": "assistant", "content": pool[2 * i + 1][:60]}] for i in range(n)]
+    return [[{"role": "user", "content": f"Question {i}: what happened? {sentence(2 * i, 6)}"},
+             {"role": "assistant", "content": sentence(2 * i + 1)}] for i in range(n)]
 
 
 def records(fmt: str, n: int = 6, system: str | None = None) -> list[dict]:

@@ -11,6 +11,7 @@ import typer
 from gnq_core.attacks.defaults import MAX_SECRET_CANDIDATES, MIN_SECRET_CANDIDATES, PROTOCOL_PRESETS
 from gnq_core.cli.command import (
     CpuThreadsOption,
+    DataFormatOption,
     DbOption,
     DeviceOption,
     GroupColumnOption,
@@ -22,6 +23,7 @@ from gnq_core.cli.command import (
     SecretColumnOption,
     SecretPatternOption,
     TextColumnOption,
+    TrainOnOption,
     app,
     console,
     open_store,
@@ -92,6 +94,8 @@ def audit(
     seed: int = typer.Option(AuditSettings.seed,
                              help="Seed of the batch partition (the same for every checkpoint)."),
     text_column: str = TextColumnOption,
+    data_format: str = DataFormatOption,
+    train_on: str = TrainOnOption,
     group_column: str = GroupColumnOption,
     secret_column: str = SecretColumnOption,
     secret_pattern: list[str] = SecretPatternOption,
@@ -138,7 +142,8 @@ def audit(
                     companions=companions, sketch_k=sketch_k, sketch_total=sketch_total,
                     text_column=text_column, group_column=group_column, secret_column=secret_column,
                     secret_patterns=secret_pattern, public_column=public_column, threads=threads,
-                    tokenizer=tokenizer, base_model=base_model, merge_adapter=merge_adapter,
+                    data_format=data_format, train_on=train_on, tokenizer=tokenizer, base_model=base_model,
+                    merge_adapter=merge_adapter,
                     non_members=non_members, reference=reference)
     run_and_tell(job, db, quiet)
 
@@ -153,6 +158,8 @@ def estimate(
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(AuditSettings.seed, help="Seed of the batch partition, as for gnq audit."),
     text_column: str = TextColumnOption,
+    data_format: str = DataFormatOption,
+    train_on: str = TrainOnOption,
     secret_column: str = SecretColumnOption,
     secret_pattern: list[str] = SecretPatternOption,
     public_column: str = PublicColumnOption,
@@ -175,11 +182,14 @@ def estimate(
     import torch
 
     from gnq_core.pipelines.estimate_probe import describe, estimate_lines, measure_estimate
-    from gnq_core.sources import find_checkpoints, load_texts
+    from gnq_core.sources import find_checkpoints
+    from gnq_core.sources.chat import load_data
+    from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
 
     refs = find_checkpoints(checkpoints)
-    dataset = load_texts(data, text_column=text_column, secret_column=secret_column,
-                         public_column=public_column)
+    dataset = load_data(data, lambda: load_tokenizer(refs[0].path, str(tokenizer) if tokenizer else None),
+                        data_format=data_format, train_on=train_on, text_column=text_column,
+                        secret_column=secret_column, public_column=public_column)
     dataset = dataclasses.replace(dataset, secret_patterns=tuple(secret_pattern or ()))
     calibrated = reference != "none" and (reference != "first" or len(refs) > 1)
     work, probe = measure_estimate(str(refs[0].path), dataset, batch_size=batch_size, max_length=max_length,

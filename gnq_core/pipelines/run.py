@@ -35,13 +35,30 @@ def run_job(settings: JobSettings, store: Store | None, progress: JobProgress | 
     return runners[settings.kind](settings, store, progress)
 
 
-def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
-    """The texts, with a notice of how many rows were skipped for a missing or empty text."""
-    from gnq_core.sources.datasets import load_texts  # looked up at each job (tests replace it)
+def _texts(job: TrainJob | AuditJob, progress: JobProgress, model: str | Path | None = None) -> TextDataset:
+    """The texts, with a notice of how many rows were skipped for a missing or empty text.  Chat
+    data (sources/chat.py) are rendered with the tokenizer of ``model`` (the first checkpoint, or
+    the base model of adapters; ``--tokenizer`` when given), and the one line of what was found is
+    said."""
+    from gnq_core.sources.chat import ChatDataset, load_data
 
-    dataset = load_texts(Path(job.data), text_column=job.text_column, group_column=job.group_column,
-                         secret_column=job.secret_column, public_column=job.public_column)
+    def tokenizer():
+        from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
+
+        if model is None:
+            from gnq_core.sources.datasets import DatasetError
+
+            raise DatasetError(job.data, "gnq train trains on plain texts: train on chat data with TRL's "
+                                         "SFTTrainer (GNQSFTTrainer gives in-run GNQ) and audit it with gnq "
+                                         "audit, or pass --data-format text")
+        return load_tokenizer(model, getattr(job, "tokenizer", None))
+
+    dataset = load_data(Path(job.data), tokenizer, data_format=job.data_format, train_on=job.train_on,
+                        text_column=job.text_column, group_column=job.group_column,
+                        secret_column=job.secret_column, public_column=job.public_column)
     dataset = replace(dataset, secret_patterns=tuple(job.secret_patterns))
+    if isinstance(dataset, ChatDataset):
+        progress.warn(dataset.found)
     if dataset.dropped:
         progress.warn(f"{job.data}: skipped {dataset.dropped} row(s) whose text is missing, NaN or empty; "
                       f"{len(dataset)} texts remain")
@@ -85,7 +102,6 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     from gnq_core.sources.checkpoints.series import find_checkpoints
 
     ranks = Ranks.from_env()
-    dataset = _texts(job, progress)
     adapters = None
     if job.base_model is not None:
         from gnq_core.sources.adapters import Adapters, find_adapter_checkpoints
@@ -94,6 +110,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
         refs = find_adapter_checkpoints(job.checkpoints)
     else:
         refs = find_checkpoints(job.checkpoints)
+    dataset = _texts(job, progress, job.base_model or refs[0].path)  # an adapter: its base's template
     name = job.name or Path(job.checkpoints).resolve().name
     outside = None
     if job.non_members:

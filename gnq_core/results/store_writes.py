@@ -28,7 +28,13 @@ from gnq_core.results.records import (
     resume_mismatches,
 )
 from gnq_core.results.store_queries import Run
-from gnq_core.results.store_schema import TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError, timestamp
+from gnq_core.results.store_schema import (
+    TEXT_LABEL_COLUMNS,
+    TURNS_COLUMN,
+    RunNotFoundError,
+    StoreError,
+    timestamp,
+)
 
 # The runs table's loss_convention column: the engine's conventions (engine/losses.py) in words.
 LOSS_IN_WORDS = {TOKEN_MEAN: "per-example mean next-token NLL over the example's own tokens",
@@ -293,7 +299,7 @@ SECRET_NULL_COLUMNS = ["kind", "template", "value", "prompt_example_id", "exposu
 def insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:
     """Insert a run's examples; the text-label columns are NULL unless the frame has them."""
     if examples is not None and len(examples):
-        labels = [c for c in TEXT_LABEL_COLUMNS if c in examples.columns]
+        labels = [c for c in (*TEXT_LABEL_COLUMNS, TURNS_COLUMN) if c in examples.columns]
         _insert_frame(con, "examples", examples.assign(run_id=run_id)[["run_id", "example_id", "text", "grp",
                                                                         "n_tokens", *labels]])
 

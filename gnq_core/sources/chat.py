@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from typing import Any
 from gnq_core.sources.datasets import DatasetError, TextDataset, file_sha256
 
 __all__ = ["DATA_FORMATS", "TRAIN_ON", "ChatDataset", "ChatLayout", "Turn", "detect_format", "load_chat",
-           "read_records", "render_example", "trained_default"]
+           "load_data", "read_records", "render_example", "trained_default"]
 
 DATA_FORMATS = ("auto", "text", "messages", "sharegpt", "prompt-completion", "alpaca")
 TRAIN_ON = ("all", "assistant", "completion")
@@ -399,6 +399,17 @@ def training_template(tokenizer, train_on: str, where: str) -> str | None:
 # A whole dataset.
 
 
+def chat_settings(dataset: TextDataset) -> dict[str, Any]:
+    """What a run records of how its chat data were read (nothing for plain texts, so runs of plain
+    texts made before chat data still match on resume)."""
+    if not isinstance(dataset, ChatDataset):
+        return {}
+    return {"data_format": dataset.data_format, "train_on": dataset.train_on,
+            "trained_tokens": f"{dataset.train_on} tokens of each conversation rendered with the chat "
+                              "template, as TRL's SFTTrainer trains them (losses, GNQ and membership "
+                              "signals over those tokens)"}
+
+
 def load_chat(path: str | Path, tokenizer, *, data_format: str = "auto", train_on: str | None = None,
               secret_column: str | None = None, public_column: str | None = None) -> ChatDataset | None:
     """The conversations of ``path`` rendered with ``tokenizer``'s chat template; None when the data
@@ -473,3 +484,60 @@ def _folder_sha(p: Path) -> str:
     for f in sorted(x for x in p.rglob("*") if x.is_file()):
         digest.update(f"{f.relative_to(p)}\0{file_sha256(f)}\n".encode())
     return digest.hexdigest()
+
+
+def load_data(path: str | Path, tokenizer: Callable[[], Any] | None = None, *, data_format: str = "auto",
+              train_on: str | None = None, text_column: str | None = None, group_column: str | None = None,
+              secret_column: str | None = None, public_column: str | None = None) -> TextDataset:
+    """The one way a job reads its data: chat records rendered with the tokenizer ``tokenizer()``
+    loads (called only for chat data: the checkpoint's, or its base model's for adapters), else the
+    plain texts of ``load_texts``.  A --text-column names plain texts, so auto looks no further."""
+    from gnq_core.sources.datasets import load_texts
+
+    if _looks_like_chat(Path(path), data_format, text_column):
+        if tokenizer is None:
+            raise DatasetError(str(path), "chat data are rendered with the model's chat template: "
+                                          "this command has no tokenizer to render them with")
+        found = load_chat(path, tokenizer(), data_format=data_format, train_on=train_on,
+                          secret_column=secret_column, public_column=public_column)
+        if found is not None:
+            if group_column is not None:
+                raise DatasetError(str(path), "--group-column applies to plain texts, not chat data")
+            return found
+    if train_on is not None:
+        raise DatasetError(str(path), "--train-on applies to chat data; these are plain texts (every token "
+                                      "trained)")
+    return load_texts(path, text_column=text_column, group_column=group_column, secret_column=secret_column,
+                      public_column=public_column)
+
+
+def _looks_like_chat(p: Path, data_format: str, text_column: str | None) -> bool:
+    """Whether to read ``p`` as chat records: a chat format named, or auto on a .jsonl / .parquet
+    file (or a saved folder) whose first record has chat columns."""
+    if data_format == "text" or (data_format == "auto" and text_column is not None):
+        return False
+    if data_format != "auto" or p.is_dir():
+        return True
+    if p.suffix.lower() not in (".jsonl", ".parquet") or not p.is_file():
+        return False
+    return detect_format(columns_of(_first_records(p))) != "text"
+
+
+def _first_records(p: Path) -> list[dict[str, Any]]:
+    """The first record of a .jsonl or .parquet file (for auto's look at the columns)."""
+    if p.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return [dict.fromkeys(pq.ParquetFile(p).schema_arrow.names)]
+        except Exception:  # noqa: BLE001  (load_texts gives the one-line error)
+            return [{"text": None}]
+    try:
+        with open(p, encoding="utf-8-sig") as f:
+            for line in f:
+                if line.strip():
+                    obj = json.loads(line)
+                    return [obj] if isinstance(obj, dict) else [{"text": None}]
+    except (OSError, ValueError, UnicodeDecodeError):
+        pass
+    return [{"text": None}]  # unreadable: load_texts says why in one line
