@@ -48,6 +48,11 @@ class GreedyExtraction:
             frame = results_frame(t.tokenizer, results, self.threshold)
             if self.suffix_tokens is not None:
                 frame["suffix_tokens"] = self.suffix_tokens
+            if t.windows is not None:  # the turn each window is in, and whether it was trained
+                where = {int(e): w for e, w in zip(example_ids, t.windows, strict=True)}
+                frame["turn"] = [getattr(where[int(e)], "turn", None) for e in frame["example_id"]]
+                frame["turn_trained"] = pd.array([getattr(where[int(e)], "trained", None)
+                                                  for e in frame["example_id"]], dtype="boolean")
             if t.reference is not None:  # a skipped text has no reference result either
                 refs = [r.reference or r for r in results]
                 frame["reference_match"] = [r.match_fraction for r in refs]
@@ -58,7 +63,7 @@ class GreedyExtraction:
         also = f" and reference {Path(t.reference_path).name}" if t.reference is not None else ""
         t.reporter.stage(f"attack {t.label}{also} (p={self.prefix_tokens})", len(t.ids), TEXTS)
         extraction_attack(t.model, t.tokenizer, t.ids, example_ids, progress=t.reporter.advance,
-                          done=finished, on_batch=commit, reference=t.reference, **kwargs)
+                          done=finished, on_batch=commit, reference=t.reference, starts=t.starts, **kwargs)
 
     def store(self, t: Target, result: None) -> dict:
         """Counts and both models' match rates over the attackable texts."""
@@ -112,7 +117,7 @@ class Discoverable:
         t.reporter.stage(f"discoverable: each text's suffix likelihood (p={self.prefix_tokens})", len(t.ids),
                          TEXTS)
         values = suffix_logprob(t.model, t.ids, self.prefix_tokens, self.suffix_tokens, pad_id(t.tokenizer),
-                                batch_size=t.batch_size, device=t.device)
+                                batch_size=t.batch_size, device=t.device, starts=t.starts)
         t.reporter.advance(len(t.ids))
         return values
 

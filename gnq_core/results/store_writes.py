@@ -41,6 +41,7 @@ LOSS_IN_WORDS = {TOKEN_MEAN: "per-example mean next-token NLL over the example's
                  TOKEN_SUM: "per-example summed next-token NLL over the example's own tokens"}
 
 
+_TURN_COLUMNS = ("turn", "turn_trained")  # the chat turn a window was in (attacks/windows.py)
 _CALIBRATION_COLUMNS = ["suffix_tokens", "reference_match", "reference_generated"]
 
 
@@ -192,14 +193,16 @@ class StoreWrites:
         with self.transaction() as con:
             frame = rows.assign(run_id=run_id, point=point, prefix_tokens=prefix_tokens,
                                 code_version=code_version, created_at=timestamp())
-            for column in _CALIBRATION_COLUMNS:  # absent: an uncalibrated attack over the rest of the text
+            # absent: an uncalibrated attack over the rest of the text; a plain text's window (no turn)
+            for column in (*_CALIBRATION_COLUMNS, *_TURN_COLUMNS):
                 if column not in frame.columns:
                     frame[column] = None
             frame = frame[["run_id", "point", "example_id", "prefix_tokens", "threshold", "n_continuation",
                            "match_fraction", "success", "prefix_text", "generated_text", "target_text",
                            "code_version", "created_at", "target_tokens", "generated_tokens",
-                           *_CALIBRATION_COLUMNS]]
-            frame = frame.astype({"suffix_tokens": "Int64", "reference_match": "Float64"})
+                           *_CALIBRATION_COLUMNS, *_TURN_COLUMNS]]
+            frame = frame.astype({"suffix_tokens": "Int64", "reference_match": "Float64", "turn": "string",
+                                  "turn_trained": "boolean"})
             con.register("new_extractions", frame)
             con.execute("""DELETE FROM extractions WHERE run_id = ? AND point = ? AND prefix_tokens = ?
                            AND example_id IN (SELECT example_id FROM new_extractions)""",
