@@ -47,8 +47,8 @@ from typing import Any
 
 from gnq_core.sources.datasets import DatasetError, TextDataset, file_sha256
 
-__all__ = ["DATA_FORMATS", "TRAIN_ON", "ChatDataset", "ChatLayout", "Turn", "detect_format", "load_chat",
-           "load_data", "read_records", "render_example", "trained_default"]
+__all__ = ["DATA_FORMATS", "TRAIN_ON", "ChatDataset", "ChatLayout", "Turn", "chat_settings", "detect_format",
+           "load_chat", "load_data", "read_records", "render_example", "trained_default"]
 
 DATA_FORMATS = ("auto", "text", "messages", "sharegpt", "prompt-completion", "alpaca")
 TRAIN_ON = ("all", "assistant", "completion")
@@ -132,11 +132,14 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         return _read_saved(shown, p)
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
-        from gnq_core.sources.datasets import _lines, _max_text_bytes, _scan
-
-        _scan(shown, p, _max_text_bytes(), text=True)
+        try:
+            lines = p.read_text(encoding="utf-8-sig").split("\n")
+        except UnicodeDecodeError as e:
+            raise DatasetError(shown, f"not valid UTF-8: byte offset {e.start}") from e
+        except OSError as e:
+            raise DatasetError(shown, f"cannot read file ({e.strerror or e})") from e
         records = []
-        for lineno, line in enumerate(_lines(shown, p), start=1):
+        for lineno, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
@@ -447,8 +450,6 @@ def load_chat(path: str | Path, tokenizer, *, data_format: str = "auto", train_o
     texts, layouts, contents = [], [], []
     secrets: list[list[str]] = []
     public: list[bool] = []
-    from gnq_core.sources.datasets import _as_flag, _as_values
-
     for i, record in enumerate(records):
         rendered = render_example(tokenizer, example_of(record, fmt, shown, i), train_on,
                                   chat_template=template, where=shown)
@@ -474,6 +475,27 @@ def load_chat(path: str | Path, tokenizer, *, data_format: str = "auto", train_o
                        public=public if public_column is not None else None,
                        secret_column=secret_column, public_column=public_column,
                        layouts=layouts, data_format=fmt, train_on=train_on, found=found, contents=contents)
+
+
+def _as_values(value: Any) -> list[str]:
+    """A --secret-column cell as its values (a list, or a string of them separated by ';')."""
+    if value is None or (isinstance(value, float) and value != value):
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else str(value).split(";")
+    return [str(v).strip() for v in items if v is not None and str(v).strip()]
+
+
+def _as_flag(shown: str, value: Any, column: str, row: int) -> bool:
+    """A --public-column cell: true/yes/1/public or false/no/0/private/empty (as load_texts reads it)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    word = str(value).strip().lower()
+    if word in ("true", "yes", "y", "1", "public", "t"):
+        return True
+    if word in ("false", "no", "n", "0", "private", "f", ""):
+        return False
+    raise DatasetError(shown, f"row {row + 1}: column {column!r} is {value!r}; --public-column takes "
+                              "true/false, yes/no, 1/0 or public/private")
 
 
 def _folder_sha(p: Path) -> str:
