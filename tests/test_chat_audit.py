@@ -40,12 +40,12 @@ def audit(tmp_path, ckpt, rows, **options):
 
     store = Store(tmp_path / "gnq.duckdb")
     job = AuditJob(checkpoints=str(ckpt), data=str(data), name="chat",
-                   settings=AuditSettings(batch_size=4, max_length=256, device="cpu"), **options)
+                   settings=AuditSettings(batch_size=4, max_length=256, device="cpu"), threads=1, **options)
     run_job(job, store, JobProgress(store, warn=said.append))
     return store, store.find_run("chat"), said
 
 
-@pytest.mark.parametrize("train_on", [pytest.param(None, marks=pytest.mark.slow), "assistant"])
+@pytest.mark.parametrize("train_on", [None, "assistant"])
 def test_chat_audit_losses_are_over_the_trained_tokens(tmp_path, chat_checkpoint, train_on):
     path, tok, model = chat_checkpoint
     rows = records("messages", 8, system=SYSTEM)

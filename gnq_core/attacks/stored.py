@@ -5,6 +5,7 @@ extraction (attacks/extraction.py), calibrated membership scores (attacks/member
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from gnq_core.attacks.secret_attack import DETECT, SecretAttack, attack_secrets,
 from gnq_core.progress import TEXTS
 from gnq_core.sources.tokens import pad_id
 
-__all__ = ["Discoverable", "GreedyExtraction", "Membership", "SecretValues", "stored_attacks"]
+__all__ = ["Discoverable", "GreedyExtraction", "Membership", "SecretValues", "SharedPassages",
+           "stored_attacks"]
 
 
 @dataclass
@@ -165,6 +167,56 @@ class SecretValues:
                 "secrets_extracted": int(rows["extracted"].sum())}
 
 
+@dataclass
+class SharedPassages:
+    """The template's and the data set's shared passages (attacks/windows.py), each probed once:
+    given its first p tokens (after the text before it), does greedy decoding reproduce the next s,
+    and does the reference?  Reported once, as the data set's, never as a text's leak."""
+
+    prefix_tokens: int
+    suffix_tokens: int
+    name: str = "shared passages"
+
+    def run(self, t: Target) -> list[dict]:
+        from gnq_core.attacks.forward import evaluating
+        from gnq_core.attacks.generation import generate
+        from gnq_core.attacks.windows import shared_passages
+
+        layouts = t.examples["turns"].tolist() if "turns" in t.examples else None
+        found = shared_passages(t.tokenizer, t.texts, layouts, t.ids, t.example_ids)
+        where = {e: k for k, e in enumerate(t.example_ids)}
+        probes, rows = [], []
+        for passage in found:
+            tokens = t.ids[where[passage.example_id]]
+            at = passage.start + self.prefix_tokens
+            n = len(t.tokenizer(passage.text, add_special_tokens=False)["input_ids"])
+            if n >= self.prefix_tokens + self.suffix_tokens and at + self.suffix_tokens <= len(tokens):
+                probes.append((passage, tokens[:at], tokens[at: at + self.suffix_tokens]))
+        if not probes:
+            return rows
+        models = [t.model] if t.reference is None else [t.model, t.reference]
+        with contextlib.ExitStack() as stack:
+            for m in models:
+                stack.enter_context(evaluating(m))
+            out = generate(models, [p for _, p, _ in probes], [len(g) for _, _, g in probes],
+                           pad_id(t.tokenizer), batch_size=t.batch_size, device=t.device)
+        for k, (passage, _, target) in enumerate(probes):
+            rows.append({"passage": passage.text[:200], "texts": passage.texts,
+                         "reproduced": out[0][k] == list(target),
+                         "reference_reproduced": out[1][k] == list(target) if len(models) > 1 else None})
+        return rows
+
+    def store(self, t: Target, rows: list[dict]) -> dict:
+        if not rows:  # nothing most texts share: the run's settings stay as they were
+            return {}
+        return {"shared_passages": rows,
+                "shared_passages_rule": "template / boilerplate the model reproduces: passages at least "
+                                        "half the texts hold verbatim; given "
+                                        f"{self.prefix_tokens} of their tokens, greedy decoding gives the "
+                                        f"next {self.suffix_tokens}. They belong to no text: no text's "
+                                        "window falls in them"}
+
+
 def stored_attacks(prefix_tokens: int, threshold: float, suffix_tokens: int | None, calibrated: bool,
                    secret_candidates: int, exposure_nodes: int = DEFAULT_EXPOSURE_NODES) -> list[Attack]:
     """The attacks ``gnq extract`` runs, in order: membership scores only with a reference, the
@@ -174,4 +226,5 @@ def stored_attacks(prefix_tokens: int, threshold: float, suffix_tokens: int | No
         attacks.append(Membership())
     if suffix_tokens is not None:
         attacks.append(Discoverable(prefix_tokens, suffix_tokens))
-    return [*attacks, SecretValues(secret_candidates, exposure_nodes)]
+    attacks.append(SecretValues(secret_candidates, exposure_nodes))
+    return [*attacks, SharedPassages(prefix_tokens, suffix_tokens or 1)]

@@ -64,3 +64,39 @@ def content_windows(tokenizer, texts: Sequence[str], layouts: Sequence[str | Non
                 break
         windows.append(chosen)
     return windows
+
+
+@dataclass(frozen=True)
+class SharedPassage:
+    """A passage most texts hold verbatim (the template's or the data set's), probed once."""
+
+    text: str
+    texts: int  # how many texts hold it
+    example_id: int  # the text it was probed in
+    start: int  # its first token in that text
+
+
+def shared_passages(tokenizer, texts: Sequence[str], layouts: Sequence[str | None] | None,
+                    ids: Sequence[Sequence[int]], example_ids: Sequence[int], share: float = 0.5,
+                    limit: int = 5) -> list[SharedPassage]:
+    """The excluded passages (template and boilerplate) at least ``share`` of the texts hold, most
+    common first (at most ``limit``), each located in the first text holding it."""
+    excluded = excluded_spans(texts, layouts)
+    counts: dict[str, int] = {}
+    first: dict[str, tuple[int, int]] = {}
+    for i, (text, spans) in enumerate(zip(texts, excluded, strict=True)):
+        for s, e in spans:
+            passage = text[s:e]
+            if passage.strip():
+                counts[passage] = counts.get(passage, 0) + 1
+                first.setdefault(passage, (i, s))
+    common = sorted((p for p, n in counts.items() if n >= max(2, share * len(texts))),
+                    key=lambda p: (-counts[p], -len(p)))[:limit]
+    out = []
+    for passage in common:
+        i, char = first[passage]
+        offsets = tokenizer(texts[i], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        start = next((k for k, (a, _) in enumerate(offsets[: len(ids[i])]) if a >= char), None)
+        if start is not None:
+            out.append(SharedPassage(passage, counts[passage], int(example_ids[i]), start))
+    return out
