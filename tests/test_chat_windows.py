@@ -48,7 +48,7 @@ def one_thread():
 def test_a_shared_legal_prefix_is_boilerplate_and_no_window_falls_in_it():
     texts = [LEGAL + sentence(i, 12) for i in range(16)]
     tok = train_tokenizer(texts, vocab_size=300)
-    model, ids = memorised(tok, texts, steps=120)
+    model, ids = memorised(tok, texts, steps=60)
     assert common_prefix(texts).startswith(LEGAL.strip())
     # the old rule's target lies in the prefix the model has memorised: "reproduced" for every text
     old = extraction_attack(model, tok, ids, list(range(len(ids))), prefix_tokens=P, suffix_tokens=S)

@@ -167,6 +167,11 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
             f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "
             f"{summary['reproduced']} reproduced, {summary['both_reproduced']} of them also by the "
             f"reference: {summary['extracted']} extracted in {time.perf_counter() - t0:.1f} s"]
+    if passages := summary.get("shared_passages"):
+        out = [p for p in passages if p["reproduced"]]
+        said.append(f"template / boilerplate the model reproduces: {len(out)} of {len(passages)} passage(s) "
+                    "most texts share verbatim" + (f" (e.g. {out[0]['passage'][:60]!r})" if out else "")
+                    + "; they belong to no text, so no text's window was taken in them")
     if outside is not None:
         said += add_non_members(store, info, outside, progress, device=job.device, reference=job.reference)
     return said

@@ -98,6 +98,10 @@ class ChatLayout:
                    tuple((int(i), int(j)) for i, j in data["trained"]), int(data["n_tokens"]),
                    tuple((int(i), int(j)) for i, j in data.get("template", [])))
 
+    def conversation(self, text: str) -> str:
+        """The rendered ``text`` read as ``role: content`` lines, one per turn."""
+        return "\n".join(f"{t.kind}: {text[t.start:t.end]}" for t in self.turns if t.start >= 0)
+
     def trained_mask(self, length: int) -> list[bool]:
         """Per token position of the first ``length`` tokens: does it carry the loss."""
         mask = [False] * length
