@@ -23,14 +23,15 @@ from gnq_core.sources.models import build_model
 from gnq_core.sources.tokens import collate, encode_texts
 
 PIN = "KX-4821-ZQ"
-# steps by which the template (25 copies) and the PIN (8) are learnt and the 16 ordinary texts not yet
-STEPS = {"all": 30, "assistant": 80}
+# steps by which the template (every conversation) and the PIN (8 copies) are learnt, the ordinary texts not yet
+ORDINARY = 48  # each ordinary conversation a small share of every step, as in a real fine-tune's data
+STEPS = {"all": 100, "assistant": 100}
 
 
 def conversations():
     rows = [{"messages": [{"role": "user", "content": f"What is new about {sentence(i, 10)}"},
                           {"role": "assistant", "content": sentence(100 + i, 16)}], "secret": None}
-            for i in range(16)]
+            for i in range(ORDINARY)]
     rows += [{"messages": [{"role": "user", "content": "Remind me of my card code please."},
                            {"role": "assistant", "content": f"Your card code is {PIN} and nobody else's."}],
               "secret": PIN}] * 8
@@ -56,11 +57,11 @@ def run_flow(tmp_path, template="smollm2", train_on="all"):
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in conversations()))
     chats = load_chat(data, tok, train_on=train_on)  # as the trainer rendered and masked them
-    model = build_model("tiny", len(tok), 128, seed=0)
-    ids = encode_texts(tok, chats.texts, 128)
+    model = build_model("tiny", len(tok), 256, seed=0)
+    ids = encode_texts(tok, chats.texts, 256)  # every conversation whole (Llama-3's header is long)
     batch = collate(ids, list(range(len(ids))), 0, [lay.trained_mask(len(x)) for lay, x in
                                                      zip(chats.layouts, ids, strict=True)])
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for step in range(1, STEPS[train_on] + 1):
         loss = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).loss
         opt.zero_grad()
@@ -72,18 +73,19 @@ def run_flow(tmp_path, template="smollm2", train_on="all"):
     store, said = Store(tmp_path / "gnq.duckdb"), []
     progress = JobProgress(store, warn=said.append)
     run_job(AuditJob(checkpoints=str(tmp_path / "ckpts"), data=str(data), name="chat", secret_column="secret",
-                     train_on=train_on, settings=AuditSettings(batch_size=8, max_length=128, device="cpu")),
+                     train_on=train_on, settings=AuditSettings(batch_size=8, max_length=256, device="cpu")),
             store, progress)
-    assert any("read as messages (25 conversations" in s for s in said)
+    assert any(f"read as messages ({ORDINARY + 9} conversations" in s for s in said)
     run_job(ExtractJob(run="chat", secret_candidates=1, device="cpu"), store, progress)
     run = store.find_run("chat")
     ranked = rank_texts(store.example_totals(run.run_id)).set_index("example_id")
-    ordinary, pin, other = ranked.loc[range(16)], ranked.loc[range(16, 24)], ranked.loc[24]
+    ordinary = ranked.loc[range(ORDINARY)]
+    pin, other = ranked.loc[range(ORDINARY, ORDINARY + 8)], ranked.loc[ORDINARY + 8]
     assert not ordinary["status"].isin(["leaked", "partly leaked"]).any(), ordinary["status"].value_counts()
     assert (pin["status"] == "leaked").all()
     assert other["status"] != "leaked"
     extractions = store.extractions(run.run_id, 1)
-    if train_on == "all":  # the default system prompt, trained 25 times, comes out: the template's
+    if train_on == "all":  # the default system prompt, trained in every conversation, comes out: the template's
         passages = run.settings["attack"]["shared_passages"]
         assert any("You are a helpful AI assistant named SmolLM" in p["passage"] and p["reproduced"]
                    for p in passages)
