@@ -23,7 +23,7 @@ from gnq_core.sources.models import build_model
 from gnq_core.sources.tokens import collate, encode_texts
 
 PIN = "KX-4821-ZQ"
-# steps by which the template (every conversation) and the PIN (8 copies) are learnt, the ordinary texts not yet
+# steps by which the template (every conversation) and the PIN (8 copies) are learnt, the others not
 ORDINARY = 48  # each ordinary conversation a small share of every step, as in a real fine-tune's data
 STEPS = {"all": 100, "assistant": 100}
 
@@ -87,7 +87,7 @@ def run_flow(tmp_path, template="smollm2", train_on="all"):
     assert (pin["status"] == "leaked").all()
     assert other["status"] != "leaked"
     extractions = store.extractions(run.run_id, 1)
-    if train_on == "all":  # the default system prompt, trained in every conversation, comes out: the template's
+    if train_on == "all":  # the default system prompt, trained in every conversation, comes out
         passages = run.settings["attack"]["shared_passages"]
         assert any("You are a helpful AI assistant named SmolLM" in p["passage"] and p["reproduced"]
                    for p in passages)
