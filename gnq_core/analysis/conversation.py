@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from gnq_core.sources.chat import ChatLayout
 
-__all__ = ["conversation_html", "conversation_text", "turns"]
+__all__ = ["conversation_html", "conversation_text", "leaked_span", "turns"]
 
 
 def turns(text: str, layout: str | None) -> list[tuple[str, str, bool, int, int]] | None:

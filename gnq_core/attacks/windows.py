@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from gnq_core.sources.boilerplate import excluded_spans
 from gnq_core.sources.chat import ChatLayout
 
-__all__ = ["Window", "content_windows"]
+__all__ = ["SharedPassage", "Window", "content_windows", "shared_passages"]
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ from typing import Any
 from gnq_core.sources.datasets import DatasetError, TextDataset, file_sha256
 
 __all__ = ["DATA_FORMATS", "TRAIN_ON", "ChatDataset", "ChatLayout", "Turn", "chat_settings", "detect_format",
-           "load_chat", "load_data", "read_records", "render_example", "trained_default"]
+           "example_of", "load_chat", "load_data", "read_records", "render_example", "trained_default",
+           "training_template"]
 
 DATA_FORMATS = ("auto", "text", "messages", "sharegpt", "prompt-completion", "alpaca")
 TRAIN_ON = ("all", "assistant", "completion")
