@@ -130,3 +130,62 @@ def test_what_splits_or_merges_texts_without_ids_is_refused_at_setup(tmp_path, c
         GNQSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
                       gnq=GNQConfig(out=tmp_path / "shards", lam=LAM))
     assert len(str(err.value).splitlines()) == 1 and not (tmp_path / "shards").exists()
+
+
+def chat_setup(tmp_path, **config):
+    """A ChatML tokenizer (with {% generation %}), a tiny GPT-2 and `messages` rows with ids."""
+    from chat_fixtures import chat_tokenizer, sentence
+
+    tok = chat_tokenizer("chatml")
+    torch.manual_seed(0)
+    model = tiny_gpt2(vocab_size=len(tok))
+    model.config.pad_token_id = tok.pad_token_id
+    rows = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Q{i}?"},
+                          {"role": "assistant", "content": sentence(i, 5)}], "example_id": 200 + i}
+            for i in range(6)]  # short enough for the tiny model's 64 positions: nothing truncated
+    settings = dict(per_device_train_batch_size=3, max_steps=2, max_length=64) | config
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), learning_rate=1e-2, optim="sgd", report_to=[],
+                         save_strategy="no", logging_strategy="no", use_cpu=True, bf16=False, seed=0,
+                         disable_tqdm=True, dataset_num_proc=None, **settings)
+    return model, tok, datasets.Dataset.from_list(rows), args
+
+
+@pytest.mark.parametrize("assistant_only", [False, True])
+def test_sft_trainer_on_messages_is_exact_and_stores_the_conversations(tmp_path, assistant_only):
+    """messages data with TRL's defaults (every token) and assistant_only_loss=True: GNQ equals
+    explicit per-example gradients; the labels are the trained tokens the post-hoc reading
+    (sources/chat.py) marks; the shards' examples hold the rendered text and its turns, as gnq audit
+    stores them, and ingest into the store."""
+    from gnq_core.results.shards import ingest
+    from gnq_core.results.store import Store
+    from gnq_core.sources.chat import ChatLayout
+
+    model, tok, data, args = chat_setup(tmp_path, assistant_only_loss=assistant_only)
+    trainer = Recording(model=model, args=args, train_dataset=data, processing_class=tok,
+                        gnq=GNQConfig(out=tmp_path / "shards", lam=LAM))
+    trainer.seen = []
+    trainer.train()
+    results = pd.DataFrame(trainer.gnq.results)
+    reference = tiny_gpt2(vocab_size=len(tok))
+    layouts = {e: r.layout for e, r in trainer.gnq.chat.items()}
+    for step, (inputs, weights) in enumerate(trainer.seen, start=1):
+        labels, ids = inputs["labels"], inputs["example_id"].tolist()
+        for row, eid in enumerate(ids):
+            n = int(inputs["attention_mask"][row].sum())
+            mask = layouts[eid].trained_mask(n)
+            tokens = inputs["input_ids"][row, :n].tolist()
+            want = [t if m else -100 for t, m in zip(tokens, mask, strict=True)]
+            assert labels[row, :n].tolist() == want
+        reference.load_state_dict(weights, strict=False)
+        reference.train()
+        logits = reference(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+        G = per_example_gradients(per_example_lm_loss(logits, labels), list(reference.parameters()))
+        expected = gnq_from_kernel(G @ G.T, LAM).gnq
+        got = results[results["step"] == step].set_index("example_id").loc[ids, "gnq"]
+        assert rel_err(torch.tensor(got.to_numpy()), expected) <= TOL, step
+    store = Store(tmp_path / "gnq.duckdb")
+    run, _ = ingest(store, tmp_path / "shards")
+    examples = store.examples(run.run_id)
+    layout = ChatLayout.from_json(examples["turns"].iloc[0])
+    assert examples["text"].iloc[0].startswith("<|im_start|>system\nBe brief.")
+    assert [t.trained for t in layout.turns] == ([False, False, True] if assistant_only else [True] * 3)

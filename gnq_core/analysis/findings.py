@@ -40,7 +40,7 @@ from gnq_core.analysis.verdict import (
 from gnq_core.catalog import count_words
 
 GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "example_ids", "reason_short", "reason",
-                 "action", "rank"]
+                 "action", "rank", "turns", "extracted", "extraction_target"]
 
 
 def action(row: pd.Series) -> str:
@@ -111,7 +111,9 @@ def grouped(ranked: pd.DataFrame) -> pd.DataFrame:
                      "status": first.get("status"), "copies_listed": len(members),
                      "example_ids": [int(i) for i in members["example_id"]],
                      "reason_short": reason.split("; ")[0], "reason": reason, "action": action(first),
-                     "rank": first.get("rank")})
+                     "rank": first.get("rank"), "turns": first.get("turns"),
+                     "extracted": first.get("extracted"),
+                     "extraction_target": first.get("extraction_target")})
     return pd.DataFrame(rows, columns=GROUP_COLUMNS)
 
 
@@ -188,6 +190,18 @@ TABLE_STYLE = """
 """
 
 
+def _text_cell(row: pd.Series) -> str:
+    """A text as it reads: a conversation's turns with what came out marked in its turn (the raw
+    template tokens behind "as tokenised"); a plain text escaped."""
+    from gnq_core.analysis.conversation import conversation_html, leaked_span
+
+    text, layout = str(row["text"]), row.get("turns")
+    if not isinstance(layout, str):
+        return html.escape(text)
+    span = leaked_span(text, row.get("extraction_target")) if _yes(row.get("extracted")) else None
+    return conversation_html(text, layout, [span] if span else [])
+
+
 def texts_table_html(ranked: pd.DataFrame, *, limit: int | None = None) -> str:
     """The text-first table: text (wrapped), a status tag with ×N for copies, the one-line reason
     (the whole reason and the copies' ids expand below) and the action.  Fits any width: no
@@ -207,7 +221,7 @@ def texts_table_html(ranked: pd.DataFrame, *, limit: int | None = None) -> str:
         more = [f"<div>{e(r['reason'])}</div>"] if r["reason"] != r["reason_short"] else []
         ids = ", ".join(str(i) for i in r["example_ids"])
         more.append(f"<div>example {ids}</div>" if n == 1 else f"<div>{n} copies: examples {ids}</div>")
-        body.append(f"<tr><td class='t'>{e(str(r['text']))}</td><td class='s'>{tag}</td>"
+        body.append(f"<tr><td class='t'>{_text_cell(r)}</td><td class='s'>{tag}</td>"
                     f"<td><span class='why'>{e(r['reason_short'])}</span>"
                     f"<details><summary>more</summary>{''.join(more)}</details></td>"
                     f"<td>{e(r['action'])}</td></tr>")

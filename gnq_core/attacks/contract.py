@@ -31,6 +31,12 @@ class Target:
     reporter: Any  # progress.Reporter
     reference: torch.nn.Module | None = None  # the calibration model, or None
     reference_path: str | None = None
+    # each text's window (attacks/windows.py), None: the plain rule (tokens[p:p+s]) for every text
+    windows: list[Any] | None = None
+
+    @property
+    def starts(self) -> list[int | None] | None:
+        return None if self.windows is None else [w.start if w is not None else None for w in self.windows]
 
     @property
     def texts(self) -> list[str]:

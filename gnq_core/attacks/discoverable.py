@@ -32,8 +32,14 @@ METRIC = "suffix_logprob"
 def suffix_logprob(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], prefix_tokens: int,
                    suffix_tokens: int, pad: int, *, temperature: float = TEMPERATURE,
                    top_k: int | None = TOP_K, batch_size: int = 32,
-                   device: torch.device | None = None) -> list[float]:
-    """log q(suffix | prefix) under the sampler, per text (NaN when shorter than p + s)."""
+                   device: torch.device | None = None, starts: Sequence[int | None] | None = None
+                   ) -> list[float]:
+    """log q(suffix | prefix) under the sampler, per text (NaN when shorter than p + s).
+    ``starts``: each text's window start (attacks/windows.py; None: no window, NaN), the prefix
+    being every token before it."""
+    if starts is not None:
+        return _windowed_logprob(model, token_ids, starts, suffix_tokens, pad, temperature, top_k,
+                                 batch_size, device)
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if top_k is not None and top_k < 1:
@@ -51,6 +57,23 @@ def suffix_logprob(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], p
         logq = torch.log_softmax(step, dim=-1).gather(-1, b.input_ids[:, prefix_tokens:need, None])
         for i, value in zip(chunk, logq.squeeze(-1).sum(-1).cpu().tolist(), strict=True):
             out[i] = value
+    return out
+
+
+def _windowed_logprob(model, token_ids, starts, suffix_tokens, pad, temperature, top_k, batch_size, device):
+    out = [math.nan] * len(token_ids)
+    todo = [i for i, (ids, at) in enumerate(zip(token_ids, starts, strict=True))
+            if at is not None and len(ids) >= at + suffix_tokens]
+    cut = [list(ids[: (at or 0) + suffix_tokens]) for ids, at in zip(token_ids, starts, strict=True)]
+    for chunk, b, logits in forward_batches(model, cut, pad, batch_size, device, order=todo):
+        for row, i in enumerate(chunk):
+            at = starts[i]
+            step = logits[row, at - 1: at + suffix_tokens - 1].double() / temperature
+            if top_k is not None and top_k < step.shape[-1]:
+                kth = step.topk(top_k, dim=-1).values[..., -1:]
+                step = step.masked_fill(step < kth, -math.inf)
+            target = b.input_ids[row, at: at + suffix_tokens, None]
+            out[i] = float(torch.log_softmax(step, dim=-1).gather(-1, target).sum())
     return out
 
 

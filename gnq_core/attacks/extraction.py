@@ -63,6 +63,7 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
                       done: Collection[int] = (),
                       on_batch: Callable[[list[ExtractionResult]], None] | None = None,
                       reference: torch.nn.Module | None = None,
+                      starts: Sequence[int | None] | None = None,
                       ) -> list[ExtractionResult]:
     """Run the prefix-completion attack on already-encoded examples; results in input order.
     With a ``reference`` model, each batch is decoded by it too (attacks.generation.generate: the
@@ -76,6 +77,9 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
     example ids as ``done`` skips every batch made only of those.  Batches are formed from all
     examples, done or not, so each example is decoded with the same companions (and padding)
     as in an uninterrupted attack.  The results returned are those computed by this call.
+
+    ``starts`` (attacks/windows.py): per text, where its target starts (its prompt: every token
+    before it), None when it has no window; without it the target is ``tokens[p:p+s]``.
     """
     if len(token_ids) != len(example_ids):
         raise ValueError(f"{len(token_ids)} token lists but {len(example_ids)} example ids")
@@ -96,14 +100,17 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
     done = set(done)
     results: list[ExtractionResult | None] = [None] * len(token_ids)
     todo: list[int] = []
+    begin = [prefix_tokens] * len(token_ids) if starts is None else list(starts)
     for i, (ids, eid) in enumerate(zip(token_ids, example_ids, strict=True)):
         ids = [int(t) for t in ids]
-        if len(ids) >= needed:
+        at = begin[i]
+        if (starts is None and len(ids) >= needed) or (at is not None and starts is not None
+                                                       and len(ids) >= at + (suffix_tokens or 1)):
             todo.append(i)
             continue
         if int(eid) in done:
             continue
-        prefix = ids[:prefix_tokens]
+        prefix = ids[:prefix_tokens if at is None else at]
         results[i] = ExtractionResult(int(eid), len(prefix), 0, None, None, tokenizer.decode(prefix),
                                       "", "", [], [])
     n_skipped = len(token_ids) - len(todo)
@@ -114,7 +121,7 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
         progress(n_skipped)
 
     def target_of(i: int) -> list[int]:
-        tgt = [int(t) for t in token_ids[i][prefix_tokens:]]
+        tgt = [int(t) for t in token_ids[i][begin[i]:]]
         return tgt if max_new_tokens is None else tgt[:max_new_tokens]
 
     # Longest targets first: similar lengths share a batch, so little generation is wasted.
@@ -130,7 +137,7 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
                 if progress is not None:
                     progress(len(chunk))
                 continue
-            prefixes = [[int(t) for t in token_ids[i][:prefix_tokens]] for i in chunk]
+            prefixes = [[int(t) for t in token_ids[i][:begin[i]]] for i in chunk]
             targets = [target_of(i) for i in chunk]
             generated = generate(models, prefixes, [len(t) for t in targets], pad, batch_size=len(chunk),
                                  device=device, batches=[list(range(len(chunk)))])

@@ -63,8 +63,12 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
                                                  tokenizer=None if own else tokenizer_dir)
         _check_same_tokens(ref_path, ref_tokenizer, tokenizer, texts, run.max_length, ids)
     version = code_version()
+    from gnq_core.attacks.windows import content_windows
+
+    layouts = examples["turns"].tolist() if "turns" in examples else None
+    windows = content_windows(tokenizer, texts, layouts, ids, prefix_tokens, suffix_tokens or 1)
     target = Target(store, run, point, row["label"], model, tokenizer, examples, ids, dev, batch_size,
-                    version, reporter, ref_model, ref_path)
+                    version, reporter, ref_model, ref_path, windows)
     summary = run_attacks(stored_attacks(prefix_tokens, threshold, suffix_tokens, ref_model is not None,
                                          secret_candidates, exposure_nodes), target)
     summary["label"] = row["label"]

@@ -5,6 +5,7 @@ extraction (attacks/extraction.py), calibrated membership scores (attacks/member
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from gnq_core.attacks.secret_attack import DETECT, SecretAttack, attack_secrets,
 from gnq_core.progress import TEXTS
 from gnq_core.sources.tokens import pad_id
 
-__all__ = ["Discoverable", "GreedyExtraction", "Membership", "SecretValues", "stored_attacks"]
+__all__ = ["Discoverable", "GreedyExtraction", "Membership", "SecretValues", "SharedPassages",
+           "stored_attacks"]
 
 
 @dataclass
@@ -48,6 +50,11 @@ class GreedyExtraction:
             frame = results_frame(t.tokenizer, results, self.threshold)
             if self.suffix_tokens is not None:
                 frame["suffix_tokens"] = self.suffix_tokens
+            if t.windows is not None:  # the turn each window is in, and whether it was trained
+                where = {int(e): w for e, w in zip(example_ids, t.windows, strict=True)}
+                frame["turn"] = [getattr(where[int(e)], "turn", None) for e in frame["example_id"]]
+                frame["turn_trained"] = pd.array([getattr(where[int(e)], "trained", None)
+                                                  for e in frame["example_id"]], dtype="boolean")
             if t.reference is not None:  # a skipped text has no reference result either
                 refs = [r.reference or r for r in results]
                 frame["reference_match"] = [r.match_fraction for r in refs]
@@ -58,7 +65,7 @@ class GreedyExtraction:
         also = f" and reference {Path(t.reference_path).name}" if t.reference is not None else ""
         t.reporter.stage(f"attack {t.label}{also} (p={self.prefix_tokens})", len(t.ids), TEXTS)
         extraction_attack(t.model, t.tokenizer, t.ids, example_ids, progress=t.reporter.advance,
-                          done=finished, on_batch=commit, reference=t.reference, **kwargs)
+                          done=finished, on_batch=commit, reference=t.reference, starts=t.starts, **kwargs)
 
     def store(self, t: Target, result: None) -> dict:
         """Counts and both models' match rates over the attackable texts."""
@@ -112,7 +119,7 @@ class Discoverable:
         t.reporter.stage(f"discoverable: each text's suffix likelihood (p={self.prefix_tokens})", len(t.ids),
                          TEXTS)
         values = suffix_logprob(t.model, t.ids, self.prefix_tokens, self.suffix_tokens, pad_id(t.tokenizer),
-                                batch_size=t.batch_size, device=t.device)
+                                batch_size=t.batch_size, device=t.device, starts=t.starts)
         t.reporter.advance(len(t.ids))
         return values
 
@@ -160,6 +167,56 @@ class SecretValues:
                 "secrets_extracted": int(rows["extracted"].sum())}
 
 
+@dataclass
+class SharedPassages:
+    """The template's and the data set's shared passages (attacks/windows.py), each probed once:
+    given its first p tokens (after the text before it), does greedy decoding reproduce the next s,
+    and does the reference?  Reported once, as the data set's, never as a text's leak."""
+
+    prefix_tokens: int
+    suffix_tokens: int
+    name: str = "shared passages"
+
+    def run(self, t: Target) -> list[dict]:
+        from gnq_core.attacks.forward import evaluating
+        from gnq_core.attacks.generation import generate
+        from gnq_core.attacks.windows import shared_passages
+
+        layouts = t.examples["turns"].tolist() if "turns" in t.examples else None
+        found = shared_passages(t.tokenizer, t.texts, layouts, t.ids, t.example_ids)
+        where = {e: k for k, e in enumerate(t.example_ids)}
+        probes, rows = [], []
+        for passage in found:
+            tokens = t.ids[where[passage.example_id]]
+            at = passage.start + self.prefix_tokens
+            n = len(t.tokenizer(passage.text, add_special_tokens=False)["input_ids"])
+            if n >= self.prefix_tokens + self.suffix_tokens and at + self.suffix_tokens <= len(tokens):
+                probes.append((passage, tokens[:at], tokens[at: at + self.suffix_tokens]))
+        if not probes:
+            return rows
+        models = [t.model] if t.reference is None else [t.model, t.reference]
+        with contextlib.ExitStack() as stack:
+            for m in models:
+                stack.enter_context(evaluating(m))
+            out = generate(models, [p for _, p, _ in probes], [len(g) for _, _, g in probes],
+                           pad_id(t.tokenizer), batch_size=t.batch_size, device=t.device)
+        for k, (passage, _, target) in enumerate(probes):
+            rows.append({"passage": passage.text[:200], "texts": passage.texts,
+                         "reproduced": out[0][k] == list(target),
+                         "reference_reproduced": out[1][k] == list(target) if len(models) > 1 else None})
+        return rows
+
+    def store(self, t: Target, rows: list[dict]) -> dict:
+        if not rows:  # nothing most texts share: the run's settings stay as they were
+            return {}
+        return {"shared_passages": rows,
+                "shared_passages_rule": "template / boilerplate the model reproduces: passages at least "
+                                        "half the texts hold verbatim; given "
+                                        f"{self.prefix_tokens} of their tokens, greedy decoding gives the "
+                                        f"next {self.suffix_tokens}. They belong to no text: no text's "
+                                        "window falls in them"}
+
+
 def stored_attacks(prefix_tokens: int, threshold: float, suffix_tokens: int | None, calibrated: bool,
                    secret_candidates: int, exposure_nodes: int = DEFAULT_EXPOSURE_NODES) -> list[Attack]:
     """The attacks ``gnq extract`` runs, in order: membership scores only with a reference, the
@@ -169,4 +226,5 @@ def stored_attacks(prefix_tokens: int, threshold: float, suffix_tokens: int | No
         attacks.append(Membership())
     if suffix_tokens is not None:
         attacks.append(Discoverable(prefix_tokens, suffix_tokens))
-    return [*attacks, SecretValues(secret_candidates, exposure_nodes)]
+    attacks.append(SecretValues(secret_candidates, exposure_nodes))
+    return [*attacks, SharedPassages(prefix_tokens, suffix_tokens or 1)]

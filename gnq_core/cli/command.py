@@ -41,6 +41,15 @@ CpuThreadsOption = typer.Option(None, "--threads", min=1,
                                 help="torch CPU threads (default: torch's choice). Use 1 when other jobs "
                                      "share the cores: competing OpenMP threads can slow a step 10x.")
 TextColumnOption = typer.Option(None, help="Column holding the text (default: 'text').")
+DataFormatOption = typer.Option("auto", "--data-format",
+                                help="auto, text, messages, sharegpt, prompt-completion or alpaca: chat "
+                                     "records are rendered with the checkpoint's chat template (the base "
+                                     "model's for adapters) as TRL's SFTTrainer renders them; auto reads "
+                                     "the columns and says what it found.")
+TrainOnOption = typer.Option(None, "--train-on", show_default=False,
+                             help="Chat data: the tokens the fine-tune was trained on, all, assistant or "
+                                  "completion (default: TRL's for the format: all for messages/ShareGPT, "
+                                  "completion for prompt-completion/Alpaca). Losses and GNQ are over them.")
 GroupColumnOption = typer.Option(None, help="Column with a group label (default: 'group' if present).")
 SecretColumnOption = typer.Option(None, "--secret-column", show_default=False,
                                   help="Column holding each row's private value(s) (';'-separated, or a "

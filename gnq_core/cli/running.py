@@ -10,6 +10,7 @@ import typer
 from gnq_core.attacks.defaults import MAX_SECRET_CANDIDATES, MIN_SECRET_CANDIDATES, PROTOCOL_PRESETS
 from gnq_core.cli.command import (
     CpuThreadsOption,
+    DataFormatOption,
     DbOption,
     DeviceOption,
     GroupColumnOption,
@@ -21,6 +22,7 @@ from gnq_core.cli.command import (
     SecretColumnOption,
     SecretPatternOption,
     TextColumnOption,
+    TrainOnOption,
     app,
     console,
     open_store,
@@ -91,6 +93,8 @@ def audit(
     seed: int = typer.Option(AuditSettings.seed,
                              help="Seed of the batch partition (the same for every checkpoint)."),
     text_column: str = TextColumnOption,
+    data_format: str = DataFormatOption,
+    train_on: str = TrainOnOption,
     group_column: str = GroupColumnOption,
     secret_column: str = SecretColumnOption,
     secret_pattern: list[str] = SecretPatternOption,
@@ -137,7 +141,8 @@ def audit(
                     companions=companions, sketch_k=sketch_k, sketch_total=sketch_total,
                     text_column=text_column, group_column=group_column, secret_column=secret_column,
                     secret_patterns=secret_pattern, public_column=public_column, threads=threads,
-                    tokenizer=tokenizer, base_model=base_model, merge_adapter=merge_adapter,
+                    data_format=data_format, train_on=train_on, tokenizer=tokenizer, base_model=base_model,
+                    merge_adapter=merge_adapter,
                     non_members=non_members, reference=reference)
     run_and_tell(job, db, quiet)
 
@@ -157,6 +162,8 @@ def estimate(
     seed: int = typer.Option(AuditSettings.seed, help="Seed of the batch partition, as for gnq audit."),
     text_column: str = TextColumnOption,
     group_column: str = GroupColumnOption,
+    data_format: str = DataFormatOption,
+    train_on: str = TrainOnOption,
     secret_column: str = SecretColumnOption,
     secret_pattern: list[str] = SecretPatternOption,
     public_column: str = PublicColumnOption,
@@ -208,7 +215,8 @@ def estimate(
                     text_column=text_column, group_column=group_column, secret_column=secret_column,
                     secret_patterns=secret_pattern, public_column=public_column, threads=threads,
                     tokenizer=tokenizer, base_model=base_model, merge_adapter=merge_adapter,
-                    non_members=non_members, reference=reference if non_members else None)
+                    non_members=non_members, reference=reference if non_members else None,
+                    data_format=data_format, train_on=train_on)
     attack_job = extract_options(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens,
                                  threshold=threshold, batch_size=attack_batch_size,
                                  device=device, reference=reference,

@@ -88,9 +88,21 @@ def unpacked_collator(pad: int) -> Callable[[list[dict[str, Any]]], dict[str, An
 
 
 class _SFTCallback(GNQCallback):
-    """The run's examples table from TRL's prepared dataset, packed or not."""
+    """The run's examples table from TRL's prepared dataset, packed or not; conversations as the
+    post-hoc audit stores them (the rendered text, its turns and trained tokens: sources/chat.py)."""
+
+    chat: dict[int, Any] | None = None  # example id -> its Rendered conversation
 
     def _examples_frame(self) -> pd.DataFrame:
+        frame = self._plain_frame()
+        if self.chat:
+            frame["text"] = [self.chat[int(e)].text if int(e) in self.chat else t
+                             for e, t in zip(frame["example_id"], frame["text"], strict=True)]
+            frame["turns"] = [self.chat[int(e)].layout.to_json() if int(e) in self.chat else None
+                              for e in frame["example_id"]]
+        return frame
+
+    def _plain_frame(self) -> pd.DataFrame:
         ds, c = self.trainer.train_dataset, self.config
         if TOKEN_IDS not in ds.column_names:
             return super()._examples_frame()
@@ -102,6 +114,26 @@ class _SFTCallback(GNQCallback):
         groups = [c.groups[e] if c.groups is not None else None for e in seen]
         return pd.DataFrame({"example_id": list(seen), "text": texts, "grp": groups,
                              "n_tokens": list(seen.values())})
+
+
+def rendered_conversations(dataset: Any, tokenizer: Any, args: Any, completion_only: bool | None
+                           ) -> dict[int, Any] | None:
+    """A conversational dataset's rows rendered as TRL trains them (sources/chat.py: the same
+    tokens, the trained ones marked), by example id, for the store's examples table; None for
+    text data."""
+    from gnq_core.sources.chat import detect_format, example_of, render_example, training_template
+
+    if dataset is None or not hasattr(dataset, "column_names") or EXAMPLE_ID not in dataset.column_names:
+        return None
+    fmt = detect_format(dataset.column_names)
+    if fmt == "text" or (fmt == "prompt-completion" and isinstance(dataset[0]["prompt"], str)):
+        return None  # plain texts: the row's text is what the store keeps
+    train_on = ("assistant" if getattr(args, "assistant_only_loss", False)
+                else "completion" if fmt == "prompt-completion" and completion_only is not False else "all")
+    template = training_template(tokenizer, train_on, "the training dataset")
+    return {int(row[EXAMPLE_ID]): render_example(tokenizer, example_of(row, fmt, "the training dataset", i),
+                                                 train_on, chat_template=template)
+            for i, row in enumerate(dataset)}
 
 
 def with_example_ids(collate: Callable[[list[dict[str, Any]]], dict[str, Any]]
@@ -149,6 +181,9 @@ class GNQSFTTrainer(GNQTrainerSteps, SFTTrainer):
             self.data_collator = with_example_ids(self.data_collator)
         callback = _SFTCallback(gnq, self)
         callback.trainer_name = "trl.SFTTrainer (GNQSFTTrainer)"
+        given = kwargs.get("train_dataset", args[2] if len(args) > 2 else None)  # as the user gave it
+        callback.chat = rendered_conversations(given, self.processing_class, self.args,
+                                               self.completion_only_loss)
         self._start_gnq(callback)
 
     def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):

@@ -38,9 +38,11 @@ from gnq_core.results.layout import companions_root
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
+from gnq_core.results.store_schema import TURNS_COLUMN
 from gnq_core.results.text_labels import cluster_ids, dataset_labels, secret_settings
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype
 from gnq_core.sources.adapters import Adapters, adapter_hash, check_adapter, load_adapter_checkpoint
+from gnq_core.sources.chat import ChatDataset, chat_settings
 from gnq_core.sources.checkpoints.checks import check_checkpoint
 from gnq_core.sources.checkpoints.files import CheckpointRef, checkpoint_hash
 from gnq_core.sources.checkpoints.load import load_checkpoint
@@ -182,6 +184,9 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
     """The run (created or resumed), the checkpoints still to audit and the batch partition,
     after every check."""
     check_companion_memory(len(dataset), settings)  # known before any pass: refused before any write
+    if isinstance(dataset, ChatDataset) and settings.companions is not None:
+        raise ValueError("--companions does not take chat data yet (its sketches are over every token): "
+                         "audit chat data against their batch")
     spec = _run_spec(refs, dataset, name, settings, device)
     if adapters is not None:
         spec = replace(spec, settings=spec.settings | {"base_model": str(adapters.base.resolve()),
@@ -205,6 +210,8 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
         n_tokens = token_counts(load_tokenizer(model_path, tokenizer), dataset.texts, settings.max_length)
         examples = pd.DataFrame({"example_id": np.arange(len(dataset), dtype=np.int64), "text": dataset.texts,
                                  "grp": dataset.groups, "n_tokens": n_tokens})
+        if isinstance(dataset, ChatDataset):
+            examples[TURNS_COLUMN] = [layout.to_json() for layout in dataset.layouts]
         run = store.create_run(spec, pd.concat([examples, dataset_labels(dataset)], axis=1))
     else:
         store.set_status(run.run_id, "running")
@@ -253,7 +260,8 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
                                 range(len(partition)) if every else mine, settings, device, reporter,
                                 trainable_only=trainable_only, ranks=ranks, saved=saved,
                                 checkpoint=str(ref.path), plans=plans, key=key)
-    batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length)
+    batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length,
+                             trained_masks(dataset))
     rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
                          loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only,
                          plans=plans)
@@ -262,6 +270,14 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
         return rows
     results = sorted((r for p in parts for r in p[1]), key=lambda r: r.batch_index)
     return ScoreColumns.joined([p[0] for p in parts]), results
+
+
+def trained_masks(dataset: TextDataset):
+    """A chat dataset's trained-token masks (``tokens.stream_batches``' ``trained``); None: plain
+    texts, every token trained."""
+    if not isinstance(dataset, ChatDataset):
+        return None
+    return lambda i, n: dataset.layouts[i].trained_mask(n)
 
 
 def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settings: AuditSettings,
@@ -276,7 +292,8 @@ def _run_spec(refs: list[CheckpointRef], dataset: TextDataset, name: str, settin
         code_version=code_version(), device=str(device), dtype=settings.dtype, loss=settings.loss,
         settings={"checkpoints": [r.label for r in refs], "text_column": dataset.text_column,
                   "group_column": dataset.group_column, "partition": COPIES_APART, **secret_settings(dataset),
-                  "loss": settings.loss, "lam_mode": settings.lam_mode, **_companion_settings(settings)})
+                  "loss": settings.loss, "lam_mode": settings.lam_mode, **_companion_settings(settings),
+                  **chat_settings(dataset)})
 
 
 def _companion_settings(settings: AuditSettings) -> dict[str, Any]:

@@ -53,9 +53,10 @@ def audit_inputs(job: AuditJob, *, texts: Any | None = None) -> AuditInputs:
     docstring lists the checks); ``texts``: the job's dataset already read (the form reads it to
     show its columns), else it is read here.  Raises the one-line error of the first problem."""
     from gnq_core.pipelines.companion_plan import check_companion_memory
+    from gnq_core.sources.chat import load_data
     from gnq_core.sources.checkpoints.config import max_positions
     from gnq_core.sources.checkpoints.series import find_checkpoints
-    from gnq_core.sources.datasets import load_texts
+    from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
     from gnq_core.sources.user_patterns import bounded_patterns
 
     adapters = None
@@ -68,9 +69,15 @@ def audit_inputs(job: AuditJob, *, texts: Any | None = None) -> AuditInputs:
     else:
         refs = find_checkpoints(job.checkpoints)
         model_path = Path(refs[0].path)
-    dataset = texts if texts is not None else load_texts(
-        Path(job.data), text_column=job.text_column, group_column=job.group_column,
-        secret_column=job.secret_column, public_column=job.public_column)
+    if callable(texts):  # the caller reads them (the job's notices) once the model is known
+        dataset = texts(model_path)
+    elif texts is not None:
+        dataset = texts
+    else:  # chat records are rendered with the template of the model they were trained on
+        dataset = load_data(Path(job.data), lambda: load_tokenizer(model_path, job.tokenizer),
+                            data_format=job.data_format, train_on=job.train_on, text_column=job.text_column,
+                            group_column=job.group_column, secret_column=job.secret_column,
+                            public_column=job.public_column)
     dataset = replace(dataset, secret_patterns=tuple(job.secret_patterns))
     positions = max_positions(model_path)
     if positions is not None and job.settings.max_length > positions:

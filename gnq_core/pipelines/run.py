@@ -35,13 +35,30 @@ def run_job(settings: JobSettings, store: Store | None, progress: JobProgress | 
     return runners[settings.kind](settings, store, progress)
 
 
-def _texts(job: TrainJob | AuditJob, progress: JobProgress) -> TextDataset:
-    """The texts, with a notice of how many rows were skipped for a missing or empty text."""
-    from gnq_core.sources.datasets import load_texts  # looked up at each job (tests replace it)
+def _texts(job: TrainJob | AuditJob, progress: JobProgress, model: str | Path | None = None) -> TextDataset:
+    """The texts, with a notice of how many rows were skipped for a missing or empty text.  Chat
+    data (sources/chat.py) are rendered with the tokenizer of ``model`` (the first checkpoint, or
+    the base model of adapters; ``--tokenizer`` when given), and the one line of what was found is
+    said."""
+    from gnq_core.sources.chat import ChatDataset, load_data
 
-    dataset = load_texts(Path(job.data), text_column=job.text_column, group_column=job.group_column,
-                         secret_column=job.secret_column, public_column=job.public_column)
+    def tokenizer():
+        from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
+
+        if model is None:
+            from gnq_core.sources.datasets import DatasetError
+
+            raise DatasetError(job.data, "gnq train trains on plain texts: train on chat data with TRL's "
+                                         "SFTTrainer (GNQSFTTrainer gives in-run GNQ) and audit it with gnq "
+                                         "audit, or pass --data-format text")
+        return load_tokenizer(model, getattr(job, "tokenizer", None))
+
+    dataset = load_data(Path(job.data), tokenizer, data_format=job.data_format, train_on=job.train_on,
+                        text_column=job.text_column, group_column=job.group_column,
+                        secret_column=job.secret_column, public_column=job.public_column)
     dataset = replace(dataset, secret_patterns=tuple(job.secret_patterns))
+    if isinstance(dataset, ChatDataset):
+        progress.warn(dataset.found)
     if dataset.dropped:
         progress.warn(f"{job.data}: skipped {dataset.dropped} row(s) whose text is missing, NaN or empty; "
                       f"{len(dataset)} texts remain")
@@ -85,8 +102,9 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     from gnq_core.pipelines.ranks import Ranks
 
     ranks = Ranks.from_env()
-    # the checks every door makes (pipelines/preflight.py), before anything is written
-    inputs = audit_inputs(job, texts=_texts(job, progress))
+    # the checks every door makes (pipelines/preflight.py), before anything is written; chat data
+    # are rendered with the template of the model it reads (an adapter: its base's)
+    inputs = audit_inputs(job, texts=lambda model: _texts(job, progress, model))
     dataset, adapters, refs = inputs.dataset, inputs.adapters, inputs.refs
     name = job.name or Path(job.checkpoints).resolve().name
     outside = None
@@ -144,6 +162,11 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
             f"({summary['skipped']} shorter than {job.prefix_tokens} + {job.suffix_tokens} tokens), "
             f"{summary['reproduced']} reproduced, {summary['both_reproduced']} of them also by the "
             f"reference: {summary['extracted']} extracted in {time.perf_counter() - t0:.1f} s"]
+    if passages := summary.get("shared_passages"):
+        out = [p for p in passages if p["reproduced"]]
+        said.append(f"template / boilerplate the model reproduces: {len(out)} of {len(passages)} passage(s) "
+                    "most texts share verbatim" + (f" (e.g. {out[0]['passage'][:60]!r})" if out else "")
+                    + "; they belong to no text, so no text's window was taken in them")
     if outside is not None:
         said += add_non_members(store, info, outside, progress, device=job.device, reference=job.reference)
     return said

@@ -99,11 +99,21 @@ class _TextsJob:
     secret_patterns: tuple[str, ...] = ()  # regexes of values to treat as secret (group 1: the value)
     public_column: str | None = None  # true: the text is public, nothing private in it
     threads: int | None = None  # torch CPU threads (the CLI's --threads); None: torch's choice
+    # chat data (sources/chat.py): auto finds conversations by their columns; text: plain texts
+    data_format: str = "auto"
+    train_on: str | None = None  # all / assistant / completion; None: what TRL trains on for the format
 
     def __post_init__(self) -> None:
+        from gnq_core.sources.chat import DATA_FORMATS, TRAIN_ON
         from gnq_core.sources.secrets import compile_patterns
 
         _require(self.threads is None or self.threads >= 1, f"--threads: at least 1, not {self.threads}")
+        _require(self.data_format in DATA_FORMATS, f"--data-format must be one of {', '.join(DATA_FORMATS)}, "
+                                                   f"not {self.data_format!r}")
+        _require(self.train_on is None or self.train_on in TRAIN_ON,
+                 f"--train-on must be one of {', '.join(TRAIN_ON)}, not {self.train_on!r}")
+        _require(self.train_on is None or self.data_format != "text",
+                 "--train-on applies to chat data: every token of a plain text is trained")
         object.__setattr__(self, "secret_patterns", tuple(self.secret_patterns or ()))
         compile_patterns(self.secret_patterns)
 

@@ -116,4 +116,15 @@ def export_frame(ranked: pd.DataFrame, with_extraction: bool) -> pd.DataFrame:
     """The exported columns, in a stable order (``ranked``: analysis.verdict.rank_texts's frame;
     ``rank`` and ``percentile`` are the verdict's, GNQ's own are ``gnq_rank`` / ``gnq_percentile``)."""
     cols = EXPORT_COLUMNS + (EXTRACTION_COLUMNS if with_extraction else [])
-    return ranked[[c for c in cols if c in ranked.columns]].reset_index(drop=True)
+    out = ranked[[c for c in cols if c in ranked.columns]].reset_index(drop=True)
+    if "turns" in ranked.columns and ranked["turns"].notna().any():  # chat data: the turns, readable
+        from gnq_core.sources.chat import ChatLayout
+
+        out.insert(2, "conversation", [ChatLayout.from_json(lay).conversation(text) if isinstance(lay, str)
+                                       else text for text, lay in zip(ranked["text"], ranked["turns"],
+                                                                      strict=True)])
+        if with_extraction:
+            for c in ("attack_turn", "attack_turn_trained"):
+                if c in ranked.columns:
+                    out[c] = ranked[c].to_numpy()
+    return out

@@ -100,7 +100,8 @@ def new_shard_folder(root: str | Path, run: RunSpec, examples: pd.DataFrame | No
     meta = {"format": FORMAT, "world_size": world_size, "status": "running", "points": [],
             "run": asdict(run) | {"settings": run.settings | {"shard_id": uuid.uuid4().hex}}}
     if examples is not None:
-        write_parquet(examples[["example_id", "text", "grp", "n_tokens"]], root / EXAMPLES_FILE)
+        turns = ["turns"] if "turns" in examples.columns else []  # a chat text's layout (sources/chat.py)
+        write_parquet(examples[["example_id", "text", "grp", "n_tokens", *turns]], root / EXAMPLES_FILE)
     write_run_file(root, meta)
     return meta
 

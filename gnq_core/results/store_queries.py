@@ -15,7 +15,13 @@ import pandas as pd
 
 from gnq_core.results.liveness import with_liveness
 from gnq_core.results.records import RunSpec
-from gnq_core.results.store_schema import PARTLY_LEAKED_SQL, TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError
+from gnq_core.results.store_schema import (
+    PARTLY_LEAKED_SQL,
+    TEXT_LABEL_COLUMNS,
+    TURNS_COLUMN,
+    RunNotFoundError,
+    StoreError,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +96,8 @@ class StoreQueries:
         return self._query("SELECT * FROM points WHERE run_id = ? ORDER BY point", [run_id])
 
     def examples(self, run_id: int) -> pd.DataFrame:
-        return self._query(f"SELECT example_id, text, grp, n_tokens, {', '.join(TEXT_LABEL_COLUMNS)} "
+        return self._query(f"SELECT example_id, text, grp, n_tokens, {', '.join(TEXT_LABEL_COLUMNS)}, "
+                           f"{TURNS_COLUMN} "
                            "FROM examples WHERE run_id = ? ORDER BY example_id", [run_id])
 
     def too_short_to_score(self, run_id: int) -> int:
@@ -344,7 +351,9 @@ totals AS (
            x.success AS reproduced,
            x.success AND NOT coalesce(x.reference_match >= x.threshold, FALSE) AS extracted,
            x.generated_text AS extraction_generated, x.prefix_tokens AS attack_prefix_tokens,
-           x.suffix_tokens AS attack_suffix_tokens,
+           x.suffix_tokens AS attack_suffix_tokens, x.turn AS attack_turn,
+           x.turn_trained AS attack_turn_trained,
+           x.target_text AS extraction_target, e.turns,
            sa.secret_reproduced, sa.secret_values_attacked, sa.secret_values_leaked, sa.secret_values_partly,
            ss.secret_kind, ss.secret_value, ss.secret_value_generated,
            CAST(ss.secret_chars AS INTEGER) AS secret_chars,

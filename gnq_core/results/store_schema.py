@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # duckdb is imported where a function uses it: StoreError and
     import duckdb  # (results.shard_files, the library's Trainer) must not need the store's engine
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+# A chat text's layout (sources/chat.py ChatLayout.to_json: turns, trained tokens, template spans)
+TURNS_COLUMN = "turns"
 
 # Per-text properties of the text within its dataset (sources/copies.py, sources/secrets.py).
 TEXT_LABEL_COLUMNS = ["copies", "cluster_id", "secret", "secret_start", "secret_end", "secret_match",

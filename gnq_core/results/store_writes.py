@@ -29,13 +29,20 @@ from gnq_core.results.records import (
 )
 from gnq_core.results.shard_files import SECRET_TRACKING_COLUMNS
 from gnq_core.results.store_queries import Run
-from gnq_core.results.store_schema import TEXT_LABEL_COLUMNS, RunNotFoundError, StoreError, timestamp
+from gnq_core.results.store_schema import (
+    TEXT_LABEL_COLUMNS,
+    TURNS_COLUMN,
+    RunNotFoundError,
+    StoreError,
+    timestamp,
+)
 
 # The runs table's loss_convention column: the engine's conventions (engine/losses.py) in words.
 LOSS_IN_WORDS = {TOKEN_MEAN: "per-example mean next-token NLL over the example's own tokens",
                  TOKEN_SUM: "per-example summed next-token NLL over the example's own tokens"}
 
 
+_TURN_COLUMNS = ("turn", "turn_trained")  # the chat turn a window was in (attacks/windows.py)
 _CALIBRATION_COLUMNS = ["suffix_tokens", "reference_match", "reference_generated"]
 
 
@@ -193,14 +200,16 @@ class StoreWrites:
         with self.transaction() as con:
             frame = rows.assign(run_id=run_id, point=point, prefix_tokens=prefix_tokens,
                                 code_version=code_version, created_at=timestamp())
-            for column in _CALIBRATION_COLUMNS:  # absent: an uncalibrated attack over the rest of the text
+            # absent: an uncalibrated attack over the rest of the text; a plain text's window (no turn)
+            for column in (*_CALIBRATION_COLUMNS, *_TURN_COLUMNS):
                 if column not in frame.columns:
                     frame[column] = None
             frame = frame[["run_id", "point", "example_id", "prefix_tokens", "threshold", "n_continuation",
                            "match_fraction", "success", "prefix_text", "generated_text", "target_text",
                            "code_version", "created_at", "target_tokens", "generated_tokens",
-                           *_CALIBRATION_COLUMNS]]
-            frame = frame.astype({"suffix_tokens": "Int64", "reference_match": "Float64"})
+                           *_CALIBRATION_COLUMNS, *_TURN_COLUMNS]]
+            frame = frame.astype({"suffix_tokens": "Int64", "reference_match": "Float64", "turn": "string",
+                                  "turn_trained": "boolean"})
             con.register("new_extractions", frame)
             con.execute("""DELETE FROM extractions WHERE run_id = ? AND point = ? AND prefix_tokens = ?
                            AND example_id IN (SELECT example_id FROM new_extractions)""",
@@ -301,7 +310,7 @@ SECRET_NULL_COLUMNS = ["kind", "template", "value", "prompt_example_id", "exposu
 def insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:
     """Insert a run's examples; the text-label columns are NULL unless the frame has them."""
     if examples is not None and len(examples):
-        labels = [c for c in TEXT_LABEL_COLUMNS if c in examples.columns]
+        labels = [c for c in (*TEXT_LABEL_COLUMNS, TURNS_COLUMN) if c in examples.columns]
         _insert_frame(con, "examples", examples.assign(run_id=run_id)[["run_id", "example_id", "text", "grp",
                                                                         "n_tokens", *labels]])
 

@@ -11,6 +11,8 @@ import pandas as pd
 
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
+from gnq_core.sources.boilerplate import own_contents
+from gnq_core.sources.chat import ChatDataset
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.secrets import MAX_VALUES_PER_TEXT, secret_labels
@@ -19,24 +21,30 @@ from gnq_core.sources.user_patterns import bounded_patterns
 
 def text_labels(texts: Sequence[str], extra_patterns: Sequence[re.Pattern[str]] = (),
                 declared: Sequence[Iterable[str]] | None = None,
-                public: Sequence[bool] | None = None) -> pd.DataFrame:
+                public: Sequence[bool] | None = None,
+                layouts: Sequence[str | None] | None = None) -> pd.DataFrame:
     """copies, cluster_id, secret, secret_start, secret_end, secret_match, secret_values and
     public per text (input order); ``extra_patterns``, ``declared`` and ``public`` as
     sources.secrets.secret_labels takes them (``--secret-pattern``, ``--secret-column``,
-    ``--public-column``)."""
+    ``--public-column``).  Copies are found in each text's own content: what the chat template
+    wrote (``layouts``: chat texts' stored layouts) and boilerplate most texts share
+    (sources/boilerplate.py) belong to no text, so 120 conversations under one system prompt are
+    not one cluster."""
     flags = pd.Series([bool(p) for p in public] if public is not None else [False] * len(texts),
                       name="public", dtype="boolean")
     secrets = secret_labels(texts, extra_patterns, declared, public)
-    return pd.concat([find_copies(texts), secrets, flags], axis=1)
+    return pd.concat([find_copies(own_contents(texts, layouts)), secrets, flags], axis=1)
 
 
 def dataset_labels(dataset: TextDataset) -> pd.DataFrame:
     """``text_labels`` of a dataset with its secret column, secret patterns and public column; the
     patterns are first matched over its texts in a worker with a time limit (one too slow is
-    refused in one line naming it and the file)."""
+    refused in one line naming it and the file).  Chat data: each text's turns and template spans
+    (its layout), so the template is never a text's content."""
     patterns = bounded_patterns(dataset.secret_patterns, dataset.texts, dataset.public,
                                 most=MAX_VALUES_PER_TEXT, where=str(dataset.path))
-    return text_labels(dataset.texts, patterns, dataset.secret_values, dataset.public)
+    layouts = [lay.to_json() for lay in dataset.layouts] if isinstance(dataset, ChatDataset) else None
+    return text_labels(dataset.texts, patterns, dataset.secret_values, dataset.public, layouts)
 
 
 def secret_settings(dataset: TextDataset) -> dict[str, object]:
@@ -66,5 +74,6 @@ def _label_if_missing(store: Store, run: Run) -> None:
         texts = examples["text"].tolist()
         patterns = bounded_patterns(run.settings.get("secret_patterns") or [], texts,
                                     most=MAX_VALUES_PER_TEXT, where=f"run {run.name!r}")
-        labels = text_labels(texts, patterns)
+        layouts = examples["turns"].tolist() if "turns" in examples else None
+        labels = text_labels(texts, patterns, layouts=layouts)
         store.write_text_labels(run.run_id, labels.assign(example_id=examples["example_id"].to_numpy()))

@@ -12,6 +12,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".checkpoints.load": ("load_checkpoint",),
     ".checkpoints.save": ("save_checkpoint",),
     ".checkpoints.series": ("find_checkpoints",),
+    ".chat": ("DATA_FORMATS", "TRAIN_ON", "ChatDataset", "ChatLayout", "detect_format", "load_chat",
+              "load_data", "trained_default"),
     ".copies": ("find_copies",),
     ".datasets": ("SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "load_texts"),
     ".limits": ("LimitError",),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,8 +93,11 @@ class LMBatch:
                        self.labels.to(device))
 
 
-def collate(ids: Sequence[Sequence[int]], example_ids: Sequence[int], pad: int) -> LMBatch:
-    """Right-pad token lists into one batch."""
+def collate(ids: Sequence[Sequence[int]], example_ids: Sequence[int], pad: int,
+            trained: Sequence[Sequence[bool]] | None = None) -> LMBatch:
+    """Right-pad token lists into one batch.  ``trained``: per example, which token positions carry
+    the loss (a chat fine-tune's assistant or completion tokens, sources/chat.py); the labels are
+    −100 on the others, as the trainer's were."""
     width = max(1, max(len(x) for x in ids))
     input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
     mask = torch.zeros((len(ids), width), dtype=torch.long)
@@ -102,6 +105,10 @@ def collate(ids: Sequence[Sequence[int]], example_ids: Sequence[int], pad: int) 
         input_ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
         mask[i, : len(x)] = 1
     labels = input_ids.masked_fill(mask == 0, IGNORE_INDEX)
+    if trained is not None:
+        for i, (x, m) in enumerate(zip(ids, trained, strict=True)):
+            keep = torch.tensor(list(m[: len(x)]) + [False] * (width - min(len(m), len(x))), dtype=torch.bool)
+            labels[i] = labels[i].masked_fill(~keep, IGNORE_INDEX)
     return LMBatch(list(example_ids), input_ids, mask, labels)
 
 
@@ -141,12 +148,16 @@ class Partition:
 
 
 def stream_batches(tokenizer, texts: Sequence[str], partition: Partition, indices: Iterable[int],
-                   max_length: int) -> Iterator[LMBatch]:
-    """The batches ``indices`` of ``partition``, tokenised one batch at a time as they are consumed."""
+                   max_length: int, trained: Callable[[int, int], Sequence[bool]] | None = None
+                   ) -> Iterator[LMBatch]:
+    """The batches ``indices`` of ``partition``, tokenised one batch at a time as they are consumed.
+    ``trained(i, n)``: text i's trained-token mask over its first n tokens (None: every token)."""
     pad = pad_id(tokenizer)
     for k in indices:
         part = partition.batch(k)
-        yield collate(encode_texts(tokenizer, [texts[i] for i in part], max_length), part, pad)
+        ids = encode_texts(tokenizer, [texts[i] for i in part], max_length)
+        masks = None if trained is None else [trained(i, len(x)) for i, x in zip(part, ids, strict=True)]
+        yield collate(ids, part, pad, masks)
 
 
 def batch_partition(n_examples: int, batch_size: int, seed: int,

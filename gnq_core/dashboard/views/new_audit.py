@@ -41,7 +41,9 @@ from gnq_core.pipelines import (
 )
 from gnq_core.results import MIN_BATCH_SIZE, uploads_root
 from gnq_core.sources import (
+    DATA_FORMATS,
     SUFFIXES,
+    TRAIN_ON,
     CheckpointError,
     DatasetError,
     LinkError,
@@ -49,12 +51,14 @@ from gnq_core.sources import (
     check_checkpoint,
     check_link,
     dataset_columns,
+    detect_format,
     find_adapter_checkpoints,
     find_checkpoints,
     load_texts,
     max_positions,
     parameter_count,
     secret_labels,
+    trained_default,
 )
 
 LOSS_LABELS = {TOKEN_MEAN: "token mean (default)", TOKEN_SUM: "token sum"}
@@ -274,10 +278,26 @@ else:
 
 text_column = group_column = secret_column = public_column = None
 dataset = None
+data_format, train_on = "auto", None
 if data_path is not None:
     try:
         check_link(data_path)  # a typed path that is a link out of its folder (to /etc/passwd, say)
         columns = dataset_columns(data_path)
+        chat_format = detect_format(columns)
+        if chat_format != "text":  # conversations: rendered with the checkpoint's template at the audit
+            c1, c2 = st.columns(2)
+            chat_formats = list(DATA_FORMATS[2:])
+            data_format = c1.selectbox("Data format", chat_formats, index=chat_formats.index(chat_format),
+                                       help="Chat records are rendered with the checkpoint's chat template "
+                                            "(the base model's for adapters) as TRL's SFTTrainer does "
+                                            "(--data-format).")
+            train_on = c2.selectbox("Trained tokens", [None, *TRAIN_ON],
+                                    format_func=lambda t: f"TRL's default ({trained_default(data_format)})"
+                                    if t is None else t,
+                                    help="The tokens the fine-tune was trained on; loss and GNQ are over "
+                                         "them (--train-on).")
+            st.caption(f"read as {data_format}: columns {', '.join(columns)}")
+            columns = []  # no text column to pick
         if columns:
             c1, c2 = st.columns(2)
             text_column = c1.selectbox("Text column", columns,
@@ -293,19 +313,21 @@ if data_path is not None:
             public_column = c2.selectbox("Public column (optional)", options, key="public_column", **optional,
                                          help="true/false, yes/no, 1/0: a public text is not searched for "
                                               "secrets and never 'at risk' (--public-column).")
-        dataset = load_texts(data_path, text_column=text_column, group_column=group_column,
-                             secret_column=secret_column, public_column=public_column)
-        groups = sorted({g for g in dataset.groups if g is not None})
-        st.caption(f"{len(dataset):,} texts"
-                   + (f", groups: {', '.join(state.plain(g) for g in groups[:8])}" if groups else "")
-                   + (f" ({dataset.dropped} rows with a missing or empty text skipped)" if dataset.dropped
-                      else ""))
-        n_values, n_holding = secret_values_in(str(data_path), data_path.stat().st_mtime, text_column,
-                                               secret_column, public_column)
-        st.caption(f"{n_values:,} secret-like values in {n_holding:,} texts (patterns below add more): "
-                   "with the attack, each is probed — the model prompted with its text up to the value, "
-                   "then scored against the secret candidates' likelihoods for its exposure — and its "
-                   "progress shown value by value.")
+        dataset = None if data_format != "auto" else load_texts(
+            data_path, text_column=text_column, group_column=group_column, secret_column=secret_column,
+            public_column=public_column)
+        if dataset is not None:  # chat data are counted when rendered, at the audit
+            groups = sorted({g for g in dataset.groups if g is not None})
+            st.caption(f"{len(dataset):,} texts"
+                       + (f", groups: {', '.join(state.plain(g) for g in groups[:8])}" if groups else "")
+                       + (f" ({dataset.dropped} rows with a missing or empty text skipped)" if dataset.dropped
+                          else ""))
+            n_values, n_holding = secret_values_in(str(data_path), data_path.stat().st_mtime, text_column,
+                                                   secret_column, public_column)
+            st.caption(f"{n_values:,} secret-like values in {n_holding:,} texts (patterns below add more): "
+                       "with the attack, each is probed — the model prompted with its text up to the value, "
+                       "then scored against the secret candidates' likelihoods for its exposure — and its "
+                       "progress shown value by value.")
     except (DatasetError, LinkError) as exc:
         st.error(state.plain(exc))
 
