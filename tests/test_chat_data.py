@@ -22,7 +22,9 @@ FORMATS = ["messages", "sharegpt", "prompt-completion", "prompt-completion-text"
 
 def trl_rows(tok, rows, tmp_path, **config):
     """TRL's own preparation of ``rows``: (input_ids, labels) each."""
-    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, bf16=False,
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"),
+                         activation_checkpointing=True,  # TRL's default, named as transformers 5 asks
+                         report_to=[], use_cpu=True, bf16=False,
                          dataset_num_proc=None, max_length=None, **config)
     trainer = trl.SFTTrainer(model=tiny_gpt2(vocab_size=len(tok)), args=args,
                              train_dataset=datasets.Dataset.from_list(rows), processing_class=tok)

@@ -50,7 +50,9 @@ def setup(tmp_path, **config):
                                        "completion": [" " + t[30:60] for t in pool[:N_ROWS]],
                                        "example_id": list(range(100, 100 + N_ROWS))})
     settings = dict(per_device_train_batch_size=3, max_steps=3, max_length=32) | config
-    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), learning_rate=1e-2, optim="sgd", report_to=[],
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"),
+                         activation_checkpointing=True,  # TRL's default, named as transformers 5 asks
+                         learning_rate=1e-2, optim="sgd", report_to=[],
                          save_strategy="no", logging_strategy="no", use_cpu=True, bf16=False, seed=0,
                          disable_tqdm=True, dataset_num_proc=None, **settings)
     return model, tok, data, args
@@ -144,7 +146,9 @@ def chat_setup(tmp_path, **config):
                           {"role": "assistant", "content": sentence(i, 5)}], "example_id": 200 + i}
             for i in range(6)]  # short enough for the tiny model's 64 positions: nothing truncated
     settings = dict(per_device_train_batch_size=3, max_steps=2, max_length=64) | config
-    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), learning_rate=1e-2, optim="sgd", report_to=[],
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"),
+                         activation_checkpointing=True,  # TRL's default, named as transformers 5 asks
+                         learning_rate=1e-2, optim="sgd", report_to=[],
                          save_strategy="no", logging_strategy="no", use_cpu=True, bf16=False, seed=0,
                          disable_tqdm=True, dataset_num_proc=None, **settings)
     return model, tok, datasets.Dataset.from_list(rows), args

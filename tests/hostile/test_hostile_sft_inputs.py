@@ -36,7 +36,9 @@ def train(tmp_path, tok, ids=None, change=None, **config):
     data = datasets.Dataset.from_dict({"prompt": [t[:30] for t in POOL[:6]],
                                        "completion": [" " + t[30:60] for t in POOL[:6]],
                                        "example_id": ids if ids is not None else list(range(6))})
-    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), learning_rate=1e-2, optim="sgd", report_to=[],
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"),
+                         activation_checkpointing=True,  # TRL's default, named as transformers 5 asks
+                         learning_rate=1e-2, optim="sgd", report_to=[],
                          save_strategy="no", logging_strategy="no", use_cpu=True, bf16=False, seed=0,
                          disable_tqdm=True, dataset_num_proc=None, per_device_train_batch_size=3, max_steps=2,
                          max_length=32, **config)

@@ -147,7 +147,9 @@ def _sft(tmp_path, **config):
                                        "completion": [" " + t[30:60] for t in pool[:9]],
                                        "example_id": list(range(100, 109))})
     settings = {"per_device_train_batch_size": 3, "max_steps": 3, "max_length": 32} | config
-    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), learning_rate=1e-2, optim="sgd", report_to=[],
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"),
+                         activation_checkpointing=True,  # TRL's default, named as transformers 5 asks
+                         learning_rate=1e-2, optim="sgd", report_to=[],
                          save_strategy="no", logging_strategy="no", use_cpu=True, bf16=False, seed=0,
                          disable_tqdm=True, dataset_num_proc=None, **settings)
     return trl, tok, data, args
