@@ -86,8 +86,10 @@ def audit(
     lam: float = typer.Option(AuditSettings.lam, help="GNQ regulariser λ (> 0)."),
     lam_mode: str = LamModeOption,
     loss: str = LossOption,
-    batch_size: int = typer.Option(AuditSettings.batch_size,
-                                   help="Examples per GNQ batch (≥ 2; GNQ is relative to the batch)."),
+    batch_size: int = typer.Option(AuditSettings.batch_size, show_default=False,
+                                   help="Examples per GNQ batch (≥ 2; GNQ is relative to the batch). "
+                                        "Default: the largest up to 16 that the memory plan fits on the "
+                                        "device."),
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(AuditSettings.seed,
                              help="Seed of the batch partition (the same for every checkpoint)."),
@@ -98,7 +100,10 @@ def audit(
     public_column: str = PublicColumnOption,
     db: Path = DbOption,
     device: str = DeviceOption,
-    dtype: str = typer.Option(AuditSettings.dtype, help="float32 or float64 (exact to float64 rounding)."),
+    dtype: str = typer.Option(AuditSettings.dtype,
+                              help="auto (as the weights are stored: a bf16 checkpoint computed in bf16 as "
+                                   "trained, its Grams in float32, approximate), float32 or float64 (exact "
+                                   "to float64 rounding; upcasts bf16/fp16 weights), bfloat16 or float16."),
     non_members: Path = typer.Option(None, "--non-members", show_default=False,
                                      help="Texts the model never saw: audited over the same checkpoints into "
                                           "run NAME.non-members (membership ground truth)."),
@@ -148,8 +153,9 @@ def audit(
 def estimate(
     checkpoints: Path = typer.Option(..., help="The checkpoints to audit, as for gnq audit."),
     data: Path = typer.Option(..., help="The texts to audit, as for gnq audit."),
-    batch_size: int = typer.Option(AuditSettings.batch_size,
-                                   help="Examples per GNQ batch, as for gnq audit."),
+    batch_size: int = typer.Option(AuditSettings.batch_size, show_default=False,
+                                   help="Examples per GNQ batch, as for gnq audit (default: the memory "
+                                        "plan's)."),
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(AuditSettings.seed, help="Seed of the batch partition, as for gnq audit."),
     text_column: str = TextColumnOption,
@@ -167,6 +173,7 @@ def estimate(
     exposure_nodes: int = typer.Option(ExtractJob.exposure_nodes, help="As for gnq extract."),
     threads: int = CpuThreadsOption,
     device: str = DeviceOption,
+    dtype: str = typer.Option(AuditSettings.dtype, help="As for gnq audit."),
     tokenizer: Path = typer.Option(None, help="As for gnq audit."),
 ) -> None:
     """How long gnq audit and gnq extract will take here: a short probe times each kind of work once
@@ -187,7 +194,7 @@ def estimate(
                                    reference=calibrated, prefix=prefix_tokens, suffix=suffix_tokens,
                                    secret_candidates=secret_candidates, exposure_nodes=exposure_nodes,
                                    checkpoints=len(refs), tokenizer=str(tokenizer) if tokenizer else None,
-                                   device=device)
+                                   device=device, dtype=AuditSettings(dtype=dtype).dtype)
     console.print(describe(estimate_lines(work, probe), probe), markup=False, highlight=False, soft_wrap=True)
 
 
