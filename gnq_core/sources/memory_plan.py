@@ -96,9 +96,14 @@ class MemoryPlan:
     def fits(self) -> bool:
         return self.peak - self.already <= self.room
 
+    def parts(self) -> str:
+        """The terms, largest first: "weights 0.5 GB, working set 0.3 GB, ..."."""
+        terms = sorted((t for t in self.terms if t.bytes), key=lambda t: -t.bytes)
+        return ", ".join(f"{t.name} {limits.format_bytes(t.bytes)}" for t in terms)
+
     def describe(self) -> str:
         """One line: the peak, its terms, and the room it is compared with."""
-        parts = ", ".join(f"{t.name} {limits.format_bytes(t.bytes)}" for t in self.terms if t.bytes)
+        parts = self.parts()
         verdict = "fits" if self.fits else "does not fit"
         return (f"peak memory ≈ {limits.format_bytes(self.peak)} on {self.device} ({parts}) at batch "
                 f"{self.batch_size} × {self.max_length} tokens in {self.dtype}; {self.room_source} is "
@@ -220,7 +225,7 @@ def largest_batch(plan_at: Any, upto: int) -> int | None:
 def _changes(shape: Shape, plan: MemoryPlan) -> str:
     """What would make a plan that does not fit at batch MIN_BATCH fit."""
     ideas = []
-    if plan.max_length > 32:
+    if plan.max_length > 16:
         ideas.append(f"a smaller --max-length (now {plan.max_length})")
     if plan.dtype in ("float32", "float64") and shape.stored_dtype in ("bfloat16", "float16"):
         ideas.append(f"--dtype {shape.stored_dtype} (the weights as stored)")
@@ -253,8 +258,9 @@ def check_plan(folder: str | Path, *, batch_size: int | None, max_length: int, d
     if best is None:
         smallest = at(MIN_BATCH)
         raise MemoryError_(f"{name}: the audit needs {limits.format_bytes(smallest.peak)} of memory even at "
-                           f"--batch-size {MIN_BATCH} ({smallest.describe()}); refused before loading: "
-                           f"try {_changes(shape, smallest)}")
+                           f"--batch-size {MIN_BATCH} ({smallest.parts()}) but {source} is "
+                           f"{limits.format_bytes(room + already)}; refused before loading: try "
+                           f"{_changes(shape, smallest)}")
     if batch_size is not None and best < batch_size:
         wanted = at(batch_size)
         raise MemoryError_(f"{name}: --batch-size {batch_size} needs {limits.format_bytes(wanted.peak)} of "
