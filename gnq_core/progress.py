@@ -92,6 +92,8 @@ class Reporter:
         self._run_done = 0
         self._run_rate: StageRate | None = None
         self._ticker: threading.Event | None = None
+        self._stage_end: float | None = None
+        self._run_end: float | None = None
 
     def __enter__(self) -> Reporter:
         self._entered = time.time()
@@ -129,7 +131,7 @@ class Reporter:
             if self._task is not None:
                 self._bar.update(self._task, visible=False)
             self._task = self._bar.add_task(markup_safe(f"{label} …"), total=None, unit="", eta_at=None,
-                                            run_eta_at=self._run_eta_at())
+                                            run_eta_at=self._run_end)
 
     def stage(self, label: str, total: int, unit: str = TEXTS) -> None:
         """Start a new stage (one checkpoint, one epoch, the attack) of ``total`` things it works
@@ -140,12 +142,13 @@ class Reporter:
         self._label, self._done, self._total, self._unit = label, 0, total, unit
         self._stage_started = time.time()
         self._rate = StageRate(self._stage_started)
+        self._stage_end = None
         if self._bar is not None:
             if self._task is not None:
                 self._bar.update(self._task, visible=False)
             # folder names: untrusted
             self._task = self._bar.add_task(markup_safe(label), total=total, unit=markup_safe(unit),
-                                            eta_at=None, run_eta_at=self._run_eta_at())
+                                            eta_at=None, run_eta_at=self._run_end)
         self._flush(force=True)
 
     def advance(self, n: int = 1) -> None:
@@ -155,9 +158,10 @@ class Reporter:
         if self._run_rate is not None:
             self._run_done += n
             self._run_rate.update(self._run_done, now)
+        # when the stage and the run will end, as of this update: counted down until the next one
+        self._stage_end, self._run_end = self._eta_at(now), self._run_eta_at(now)
         if self._bar is not None and self._task is not None:
-            self._bar.update(self._task, advance=n, eta_at=self._eta_at(now),
-                             run_eta_at=self._run_eta_at(now))
+            self._bar.update(self._task, advance=n, eta_at=self._stage_end, run_eta_at=self._run_end)
         self._flush()
 
     def _eta_at(self, now: float | None = None) -> float | None:
@@ -181,9 +185,9 @@ class Reporter:
         else:
             what = f"{self._label}: {self._done}/{self._total} {self._unit}"
         parts = [terminal_safe(what), f"elapsed {_clock(now - self._entered)}"]
-        if self._phase is None and self._started and (at := self._eta_at(now)) is not None:
+        if self._phase is None and self._started and (at := self._stage_end) is not None:
             parts.append(f"ETA {_clock(max(1.0, at - now))}")
-        if (run_at := self._run_eta_at(now)) is not None:
+        if (run_at := self._run_end) is not None:
             parts.append(f"run ETA {_clock(max(1.0, run_at - now))}")
         return ", ".join(parts)
 
