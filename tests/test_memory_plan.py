@@ -184,3 +184,23 @@ def test_a_bf16_checkpoint_is_audited_as_stored_within_its_stated_error(series, 
     b = store.scores(exact.run_id).sort_values("example_id")["gnq"].to_numpy()
     assert np.isfinite(a).all() and not np.allclose(a, b, rtol=1e-7, atol=0)  # really computed in bf16
     assert np.abs(a - b).max() / np.abs(b).max() <= HALF_AUDIT_ERROR
+
+
+def test_under_a_ulimit_v_below_the_need_the_audit_is_refused_before_loading(series, data, tmp_path,
+                                                                              monkeypatch):
+    """The room under ``ulimit -v`` (RLIMIT_AS) is what the address space has left: 1 MB here."""
+    import resource
+
+    import psutil
+
+    from gnq_core.sources import limits
+
+    soft = psutil.Process().memory_info().vms + 2**20
+    monkeypatch.setattr(limits.resource, "getrlimit",
+                        lambda which: (soft, resource.RLIM_INFINITY) if which == resource.RLIMIT_AS
+                        else resource.getrlimit(which))
+    db = tmp_path / "gnq.duckdb"
+    out = CliRunner().invoke(app, _argv(series, data, db))
+    assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1, out.output
+    assert "room under ulimit -v" in out.output and "refused before loading" in out.output
+    assert not db.exists() or Store(db).find_run("series") is None
