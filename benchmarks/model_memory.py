@@ -109,6 +109,40 @@ def plan_for(series: Path, batch: int, length: int, dtype: str | None, checkpoin
             "terms": {t.name: t.bytes for t in plan.terms}}
 
 
+def llama_parameters(hidden: int, layers: int, intermediate: int, heads: int, kv_heads: int,
+                     vocab: int) -> int:
+    """A Llama's parameters (untied head, no biases), as its safetensors headers count them."""
+    kv = hidden // heads * kv_heads
+    return 2 * vocab * hidden + layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * intermediate
+                                          + 2 * hidden) + hidden
+
+
+def replan(path: Path) -> None:
+    """The stored points' plans made again by this code (the measured peaks kept): a change of the
+    plan's constants is checked against every measurement at once."""
+    from gnq_core.sources.memory_plan import Shape, plan_for_batch
+
+    payload = json.loads(path.read_text())
+    for p in payload["points"]:
+        if p.get("exit") != 0:
+            continue
+        d = p["llama"]
+        n = llama_parameters(**d)
+        shape = Shape(parameters=n, file_bytes=2 * n, stored_dtype="bfloat16", hidden=d["hidden"],
+                      layers=d["layers"], intermediate=d["intermediate"],
+                      kv_width=d["hidden"] // d["heads"] * d["kv_heads"], heads=d["heads"], vocab=d["vocab"])
+        # "before": the code then audited in float32 whatever the checkpoints' dtype
+        dtype = p.get("dtype") or ("float32" if p["label"] == "before" else "bfloat16")
+        plan = plan_for_batch(shape, batch_size=p["batch"], max_length=p["max_length"], dtype=dtype,
+                              checkpoints=p["checkpoints"], device="cpu", room=2**62, room_source="-",
+                              prefetch=True)
+        p |= {"compute_dtype": dtype, "planned_peak_bytes": plan.peak,
+              "terms": {t.name: t.bytes for t in plan.terms},
+              "planned_over_measured": round(plan.peak / p["peak_rss_bytes"], 3)}
+        print(p["label"], p["shape"], dtype, p["batch"], p["planned_over_measured"])
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="mid", choices=sorted(SHAPES))
@@ -119,7 +153,11 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="--dtype for gnq audit (default: the audit's)")
     parser.add_argument("--label", default="after")
     parser.add_argument("--no-plan", action="store_true", help="measure only (code without the plan)")
+    parser.add_argument("--replan", action="store_true", help="plan the stored points again, measure nothing")
     args = parser.parse_args()
+    if args.replan:
+        replan(RESULTS / "model_memory-cpu.json")
+        return
 
     path = RESULTS / "model_memory-cpu.json"
     old = json.loads(path.read_text()) if path.exists() else {}

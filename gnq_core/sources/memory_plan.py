@@ -36,15 +36,19 @@ MIN_BATCH = 2  # GNQ of a text against at least one other
 # makes each (B·T)² ghost Gram bigger.
 DEFAULT_BATCH_CAP = 16
 
-# Calibrated on the CPU (benchmarks/results/model_memory-cpu.json): bytes of the process before
-# any model loads (Python, torch, transformers, DuckDB, the tokenizer), activations kept per token
-# and layer in units of the compute dtype's size times the layer's widths, and copies of the
-# B × T × vocabulary logits alive at once.
+# Counted from the layers, then calibrated on the CPU against the measured peak RSS of `gnq audit`
+# (benchmarks/results/model_memory-cpu.json: a 0.13B Llama saved in bf16, 2 checkpoints, T 128,
+# B 4 and 16, audited in float32 and in bf16; within 0.9-1.12x of all four): bytes of the process
+# before any model loads (Python, torch, transformers, DuckDB, the tokenizer), activations and
+# output gradients kept per token and layer in units of the compute dtype's size times the
+# layer's widths, copies of the B × T × vocabulary logits alive at once, and the float32
+# (B·T)² factor Grams of the ghost path kept per layer (the term that grows as B²).
 RUNTIME_BYTES = 900 * 2**20
-HIDDEN_COPIES = 14.0      # per token and layer: × hidden size (norms, q/o, residuals, their gradients)
+HIDDEN_COPIES = 32.0      # per token and layer: × hidden size (norms, q/o, residuals, their gradients)
 INTERMEDIATE_COPIES = 6.0  # per token and layer: × MLP width (gate, up, activation, their gradients)
 KV_COPIES = 6.0           # per token and layer: × key/value width (k, v, rotary copies, gradients)
 LOGIT_COPIES = 5.0        # logits, their gradient, the loss's log-softmax, the signals' softmax, one more
+GRAM_COPIES = 5.0         # per layer: (B·T)² float32 factor Grams alive at the peak
 GRAM_BUDGET = 256 * 2**20  # engine.representations.DEFAULT_MEMORY_BUDGET: the largest Gram block at once
 
 
@@ -177,15 +181,17 @@ def plan_for_batch(shape: Shape, *, batch_size: int, max_length: int, dtype: str
     tokens = batch_size * max_length
     per_token = size * shape.layers * (HIDDEN_COPIES * shape.hidden + INTERMEDIATE_COPIES * shape.intermediate
                                        + KV_COPIES * shape.kv_width)
-    grams = min(GRAM_BUDGET, 2 * tokens * tokens * max(size, 4))  # one layer's (B·T)² ghost factors, float32
+    # the ghost path's (B·T)² factor Grams, float32 (float64 models: float64), each at most the budget
+    grams = int(GRAM_COPIES * shape.layers * min(GRAM_BUDGET, tokens * tokens * max(size, 4)))
     logits = int(LOGIT_COPIES * tokens * shape.vocab * size)
     terms = [Term("runtime", 0 if on_gpu else RUNTIME_BYTES, "Python, torch, transformers, DuckDB"),
              Term("weights", weights, f"{shape.parameters:,} parameters × {size} bytes ({dtype})"),
              Term("loading", loading, "the weight files' pages while they are converted")]
     if reference:
         terms.append(Term("reference model", weights, "the attacks' reference model, held besides"))
-    working = [Term("working set", int(tokens * per_token + grams),
+    working = [Term("working set", int(tokens * per_token),
                     f"activations and output gradients of {batch_size} × {max_length} tokens"),
+               Term("Grams", grams, f"the (B·T)² factor Grams of {shape.layers} layers (B·T = {tokens})"),
                Term("logits", logits, f"{batch_size} × {max_length} × {shape.vocab:,} vocabulary, "
                                       f"×{LOGIT_COPIES:g} copies (gradient, log-softmax, signals)")]
     base = MemoryPlan(tuple(terms + working), room, room_source, device, batch_size, max_length, dtype,
