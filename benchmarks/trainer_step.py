@@ -125,6 +125,8 @@ def main() -> None:
                   report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
                   dataloader_num_workers=0, disable_tqdm=True, seed=0, remove_unused_columns=False)
     load = [os.getloadavg()[0]]
+    result: dict = {}
+    path = None
     steps: dict[str, list[float]] = {v: [] for v in args.variants}
     ratios: dict[str, list[float]] = {v: [] for v in args.variants if v != "plain"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,15 +140,15 @@ def main() -> None:
             for v in ratios:
                 ratios[v].append(medians[v] / medians["plain"])
             print(f"round {r + 1}: " + ", ".join(f"{v} {s:.2f} s" for v, s in medians.items()), flush=True)
-    load.append(os.getloadavg()[0])
-    result = {"model": what, "batch": args.batch, "length": args.length, "rounds": args.rounds,
-              "steps_per_round": args.steps, "clock": "process_time, one torch thread",
-              "load_average": load,
-              "median_step_s": {v: statistics.median(t) for v, t in steps.items()},
-              "all_step_s": steps,
-              "median_ratio_to_plain": {v: statistics.median(x) for v, x in ratios.items()},
-              "ratios_by_round": ratios}
-    path = write(f"trainer_step-{args.label}", result)
+            # written after every round: a run cut short keeps the rounds it finished
+            result = {"model": what, "batch": args.batch, "length": args.length, "rounds": r + 1,
+                      "steps_per_round": args.steps, "clock": "process_time, one torch thread",
+                      "load_average": [*load, os.getloadavg()[0]],
+                      "median_step_s": {v: statistics.median(t) for v, t in steps.items()},
+                      "all_step_s": steps,
+                      "median_ratio_to_plain": {v: statistics.median(x) for v, x in ratios.items()},
+                      "ratios_by_round": ratios}
+            path = write(f"trainer_step-{args.label}", result)
     print({k: result[k] for k in ("median_step_s", "median_ratio_to_plain")}, "->", path)
 
 
