@@ -38,7 +38,8 @@ DEFAULT_BATCH_CAP = 16
 
 # Counted from the layers, then calibrated on the CPU against the measured peak RSS of `gnq audit`
 # (benchmarks/results/model_memory-cpu.json: a 0.13B Llama saved in bf16, 2 checkpoints, T 128,
-# B 4 and 16, audited in float32 and in bf16; within 0.9-1.12x of all four): bytes of the process
+# B 4 and 16, audited in float32 and in bf16: 1.01-1.12x of all four; B 8 in bf16, measured after
+# the fit: 1.06x): bytes of the process
 # before any model loads (Python, torch, transformers, DuckDB, the tokenizer), activations and
 # output gradients kept per token and layer in units of the compute dtype's size times the
 # layer's widths, copies of the B × T × vocabulary logits alive at once, and the float32
