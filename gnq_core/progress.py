@@ -11,19 +11,23 @@ import copy
 import json
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from rich import get_console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
+from rich.text import Text
 
 from gnq_core.atomic import write_text_atomic
 from gnq_core.terminal import markup_safe, terminal_safe
@@ -32,8 +36,38 @@ from gnq_core.terminal import markup_safe, terminal_safe
 TEXTS, SECRET_VALUES, BATCHES = "texts", "secret values", "batches"
 
 
+def _clock(seconds: float) -> str:
+    """0:42, 3:05, 1:02:09."""
+    s = max(0, round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class _EtaColumn(ProgressColumn):
+    """The time left, from the Reporter's own smoothed rates (``StageRate``), counting down between
+    updates: rich's own column goes blank when no update came within its 30 s window (a batch of a
+    0.5B model on a CPU takes longer).  ``field``: the stage's ("eta_at") or the whole run's."""
+
+    def __init__(self, field: str, word: str) -> None:
+        super().__init__()
+        self.field, self.word = field, word
+
+    def render(self, task: Task) -> Text:
+        at = task.fields.get(self.field)
+        if at is None:
+            return Text(f"{self.word} -:--", style="progress.remaining")
+        return Text(f"{self.word} {_clock(max(1.0, at - time.time()))}", style="progress.remaining")
+
+
 class Reporter:
-    """Forwards progress to an optional rich bar and an optional sink (e.g. the store), throttled."""
+    """Forwards progress to an optional rich bar and an optional sink (e.g. the store), throttled.
+
+    On a terminal the bar shows the stage's ETA and, once the job has said how much work the
+    whole run holds (``expect``), the whole run's; without a terminal (output to a file, a pipe)
+    a plain line says the same at least every ``PLAIN_INTERVAL`` seconds, from a timer thread so
+    a long batch or load does not silence it.  ``phase`` labels work that counts nothing yet
+    (loading a checkpoint, planning)."""
+
+    PLAIN_INTERVAL = 20.0  # seconds between the plain lines (a log file hears something every 30 s)
 
     def __init__(self, *, quiet: bool = True,
                  sink: Callable[[int, int, str, str], None] | None = None) -> None:
@@ -50,39 +84,116 @@ class Reporter:
         self._last_sink = 0.0
         self._started = False  # nothing reaches the sink before the first stage (a job that fails
         # while loading writes nothing to the store)
+        self._entered = time.time()
+        self._stage_started = self._entered
+        self._phase: str | None = None
+        self._rate = StageRate(self._entered)
+        self._run_total: int | None = None  # units of the whole run (every stage), once expected
+        self._run_done = 0
+        self._run_rate: StageRate | None = None
+        self._ticker: threading.Event | None = None
+        self._stage_end: float | None = None
+        self._run_end: float | None = None
 
     def __enter__(self) -> Reporter:
-        if not self.quiet:
+        self._entered = time.time()
+        if not self.quiet and get_console().is_terminal:
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[unit]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                 TimeRemainingColumn())
+                                 TextColumn("{task.fields[unit]}"), TimeElapsedColumn(),
+                                 _EtaColumn("eta_at", "ETA"), _EtaColumn("run_eta_at", "run ETA"))
             self._bar.start()
+        elif not self.quiet:
+            self._ticker = threading.Event()
+            threading.Thread(target=self._tick, args=(self._ticker,), name="gnq-progress-lines",
+                             daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._flush(force=True)
+        if self._ticker is not None:
+            self._ticker.set()
+            self._ticker = None
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+    def expect(self, total: int, unit: str = TEXTS) -> None:
+        """The whole run holds ``total`` units (of ``unit``, every stage's together): the run's ETA
+        is measured over them, loads and stage changes between them included."""
+        self._run_total, self._run_done = total, 0
+        self._run_rate = StageRate(time.time(), tau=300.0)
+
+    def phase(self, label: str) -> None:
+        """Work that counts nothing yet (planning, loading a checkpoint), shown by its label until
+        the next stage starts."""
+        self._phase = label
+        if self._bar is not None:
+            if self._task is not None:
+                self._bar.update(self._task, visible=False)
+            self._task = self._bar.add_task(markup_safe(f"{label} …"), total=None, unit="", eta_at=None,
+                                            run_eta_at=self._run_end)
 
     def stage(self, label: str, total: int, unit: str = TEXTS) -> None:
         """Start a new stage (one checkpoint, one epoch, the attack) of ``total`` things it works
         on, counted in their own word ``unit`` (TEXTS, SECRET_VALUES, ...)."""
         self._flush(force=True)
         self._started = True
+        self._phase = None
         self._label, self._done, self._total, self._unit = label, 0, total, unit
+        self._stage_started = time.time()
+        self._rate = StageRate(self._stage_started)
+        self._stage_end = None
         if self._bar is not None:
             if self._task is not None:
                 self._bar.update(self._task, visible=False)
             # folder names: untrusted
-            self._task = self._bar.add_task(markup_safe(label), total=total, unit=markup_safe(unit))
+            self._task = self._bar.add_task(markup_safe(label), total=total, unit=markup_safe(unit),
+                                            eta_at=None, run_eta_at=self._run_end)
         self._flush(force=True)
 
     def advance(self, n: int = 1) -> None:
+        now = time.time()
         self._done += n
+        self._rate.update(self._done, now)
+        if self._run_rate is not None:
+            self._run_done += n
+            self._run_rate.update(self._run_done, now)
+        # when the stage and the run will end, as of this update: counted down until the next one
+        self._stage_end, self._run_end = self._eta_at(now), self._run_eta_at(now)
         if self._bar is not None and self._task is not None:
-            self._bar.advance(self._task, n)
+            self._bar.update(self._task, advance=n, eta_at=self._stage_end, run_eta_at=self._run_end)
         self._flush()
+
+    def _eta_at(self, now: float | None = None) -> float | None:
+        """When the stage will end, by its smoothed rate (None before one is measured)."""
+        now = time.time() if now is None else now
+        rate = self._rate.rate
+        return None if not rate else now + max(0, self._total - self._done) / rate
+
+    def _run_eta_at(self, now: float | None = None) -> float | None:
+        """When the whole run will end, by its smoothed rate over every stage (None before one)."""
+        now = time.time() if now is None else now
+        if self._run_rate is None or self._run_total is None or not self._run_rate.rate:
+            return None
+        return now + max(0, self._run_total - self._run_done) / self._run_rate.rate
+
+    def status_line(self, now: float | None = None) -> str:
+        """The plain progress line: what runs, how far, for how long, and the ETAs known."""
+        now = time.time() if now is None else now
+        if self._phase is not None or not self._started:
+            what = f"{self._phase or 'starting'} …"
+        else:
+            what = f"{self._label}: {self._done}/{self._total} {self._unit}"
+        parts = [terminal_safe(what), f"elapsed {_clock(now - self._entered)}"]
+        if self._phase is None and self._started and (at := self._stage_end) is not None:
+            parts.append(f"ETA {_clock(max(1.0, at - now))}")
+        if (run_at := self._run_end) is not None:
+            parts.append(f"run ETA {_clock(max(1.0, run_at - now))}")
+        return ", ".join(parts)
+
+    def _tick(self, stop: threading.Event) -> None:
+        while not stop.wait(self.PLAIN_INTERVAL):
+            print(self.status_line(), file=sys.stderr, flush=True)
 
     def log(self, message: str) -> None:
         if self._bar is not None:

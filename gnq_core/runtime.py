@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
 
 
 def resolve_device(name: str = "auto") -> torch.device:

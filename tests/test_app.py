@@ -256,6 +256,7 @@ def test_new_audit_keeps_typed_values_when_checkpoints_and_data_arrive(store_pat
     shown = texts_of(at)
     assert "Estimated time: about" in shown and "rough estimate:" in shown
     assert "32 texts × 2 checkpoint(s)" in shown and "docs/performance.md" in shown
+    assert "**Memory:** peak memory ≈" in shown and "at batch 4 × 16 tokens" in shown  # beside the time
     # measured on the model itself: the total beside Start, each stage with its count and noun
     at.button(key="measure_estimate").click().run()
     assert not at.exception, [e.message for e in at.exception]

@@ -102,7 +102,7 @@ def test_gnq_per_micro_batch_equals_direct_auditor(trained):
 
 
 @pytest.mark.parametrize(("micro", "accumulation", "mode"),
-                         [(2, 2, "exact"), (1, 3, "exact"), (2, 2, "sketch")])
+                         [(2, 2, "exact"), (1, 3, "exact"), (2, 2, "sketch"), (4, 1, "auto")])
 def test_gnq_per_optimizer_step_is_the_windows_batch(tmp_path, micro, accumulation, mode):
     """The default batch of the GNQ is the optimizer step: each window's GNQ equals the exact GNQ
     of its micro × accumulation texts audited as one batch (exact mode, ≤ 1e-9; micro-batches of
@@ -140,12 +140,16 @@ def test_gnq_per_optimizer_step_is_the_windows_batch(tmp_path, micro, accumulati
             assert rel_err(torch.tensor(got["self_influence"].tolist()), ref.self_influence) <= TOL
         frame = open_store(tmp_path / "shards").batches(1)
         assert frame["size"].tolist() == [B_eff] * (N_ROWS // B_eff)
-        assert set(frame["gnq_mode"]) == {mode}
+        assert set(frame["gnq_mode"]) == {"exact" if mode == "auto" else mode}
         assert set(frame["sketch_k"].dropna()) == ({10**6} if mode == "sketch" else set())
         meta = json.loads((tmp_path / "shards" / "run.json").read_text())
         run = meta["run"]
         assert run["batch_size"] == B_eff and run["settings"]["b_eff"] == B_eff
         assert run["settings"]["gnq_mode"] == mode and "optimizer step" in run["settings"]["gnq_batch"]
+        # a window of one micro-batch (no accumulation, one process) is audited as that batch, fused
+        one = accumulation == 1
+        assert (run["settings"]["weight_gradients"] == "fused") == one
+        assert ("gnq_path" in run["settings"]) == one
     finally:
         torch.set_default_dtype(previous)
 

@@ -102,3 +102,38 @@ def test_the_whole_job_adds_the_stages_to_come_at_the_finished_stages_pace():
     assert job_seconds_left(state, now=40.0) == pytest.approx(5.0 + 23 * 17.5)
     assert job_seconds_left(dict(state, stage=1), now=40.0) is None  # no finished stage to go by
     assert job_seconds_left(dict(state, planned_stages=None), now=40.0) is None
+
+
+def test_a_batch_slower_than_30_s_still_has_both_etas(monkeypatch):
+    """rich's own ETA went blank without an update in its 30 s window; the Reporter's rates do not."""
+    import gnq_core.progress as progress
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(progress.time, "time", lambda: clock["now"])
+    reporter = Reporter()
+    reporter.expect(64)  # two checkpoints of 32 texts
+    reporter.phase("loading checkpoint-1")
+    assert reporter.status_line().startswith("loading checkpoint-1 …")
+    reporter.stage("checkpoint-1", 32)
+    assert "ETA" not in reporter.status_line()  # nothing measured yet
+    clock["now"] += 45.0  # one batch of 16 texts took 45 s
+    reporter.advance(16)
+    line = reporter.status_line()
+    assert "checkpoint-1: 16/32 texts" in line and "ETA 0:45" in line and "run ETA 2:15" in line
+    clock["now"] += 30.0  # counting down between updates
+    assert "ETA 0:15" in reporter.status_line() and "run ETA 1:45" in reporter.status_line()
+
+
+def test_without_a_terminal_a_plain_line_comes_at_least_every_interval(monkeypatch, capsys):
+    import time
+
+    monkeypatch.setattr(Reporter, "PLAIN_INTERVAL", 0.05)
+    with Reporter(quiet=False) as reporter:  # pytest's captured output is no terminal
+        reporter.phase("planning memory")
+        time.sleep(0.3)
+        reporter.stage("checkpoint-1", 10)
+        time.sleep(0.3)
+    err = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("planning memory …, elapsed") for line in err)
+    assert any(line.startswith("checkpoint-1: 0/10 texts, elapsed") for line in err)
+    assert Reporter.PLAIN_INTERVAL < 30

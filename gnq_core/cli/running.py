@@ -87,8 +87,10 @@ def audit(
     lam: float = typer.Option(AuditSettings.lam, help="GNQ regulariser λ (> 0)."),
     lam_mode: str = LamModeOption,
     loss: str = LossOption,
-    batch_size: int = typer.Option(AuditSettings.batch_size,
-                                   help="Examples per GNQ batch (≥ 2; GNQ is relative to the batch)."),
+    batch_size: int = typer.Option(AuditSettings.batch_size, show_default=False,
+                                   help="Examples per GNQ batch (≥ 2; GNQ is relative to the batch). "
+                                        "Default: the largest up to 16 that the memory plan fits on the "
+                                        "device."),
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(AuditSettings.seed,
                              help="Seed of the batch partition (the same for every checkpoint)."),
@@ -101,7 +103,10 @@ def audit(
     public_column: str = PublicColumnOption,
     db: Path = DbOption,
     device: str = DeviceOption,
-    dtype: str = typer.Option(AuditSettings.dtype, help="float32 or float64 (exact to float64 rounding)."),
+    dtype: str = typer.Option(AuditSettings.dtype,
+                              help="auto (as the weights are stored: a bf16 checkpoint computed in bf16 as "
+                                   "trained, its Grams in float32, approximate), float32 or float64 (exact "
+                                   "to float64 rounding; upcasts bf16/fp16 weights), bfloat16 or float16."),
     non_members: Path = typer.Option(None, "--non-members", show_default=False,
                                      help="Texts the model never saw: audited over the same checkpoints into "
                                           "run NAME.non-members (membership ground truth)."),
@@ -156,8 +161,9 @@ def estimate(
     lam: float = typer.Option(AuditSettings.lam, help="As for gnq audit."),
     lam_mode: str = LamModeOption,
     loss: str = LossOption,
-    batch_size: int = typer.Option(AuditSettings.batch_size,
-                                   help="Examples per GNQ batch, as for gnq audit."),
+    batch_size: int = typer.Option(AuditSettings.batch_size, show_default=False,
+                                   help="Examples per GNQ batch, as for gnq audit (default: the memory "
+                                        "plan's)."),
     max_length: int = MaxLengthOption,
     seed: int = typer.Option(AuditSettings.seed, help="Seed of the batch partition, as for gnq audit."),
     text_column: str = TextColumnOption,
@@ -232,7 +238,8 @@ def estimate(
                                    suffix=attack_job.suffix_tokens, attack_batch=attack_job.batch_size,
                                    secret_candidates=attack_job.secret_candidates,
                                    exposure_nodes=attack_job.exposure_nodes, checkpoints=len(refs),
-                                   tokenizer=job.tokenizer, device=device, adapters=inputs.adapters)
+                                   tokenizer=job.tokenizer, device=device, adapters=inputs.adapters,
+                                   dtype=job.settings.dtype)
     console.print(describe(estimate_lines(work, probe), probe), markup=False, highlight=False, soft_wrap=True)
 
 

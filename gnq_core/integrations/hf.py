@@ -200,6 +200,10 @@ class GNQCallback(TrainerCallback):
         self.windows_without_gnq = 0  # windows of < 2 texts: no companions, GNQ NULL
         self.precision: dict[str, str] = {}  # compute_dtype, mixed_precision (results/precision.py)
         self.trainer_name = "transformers.Trainer (GNQTrainer)"  # recorded with the run
+        # gnq_batch="step" whose window is one micro-batch on one process (no accumulation): the
+        # step's texts are that micro-batch's, audited as such (fused weight gradient), the same GNQ
+        # as the window auditor's exact path at a step's cost (benchmarks/trainer_step.py)
+        self._one_micro = False
         self._watch_precision: Any = None  # a forward hook on the output head until the first step
 
     def summaries(self) -> dict[str, float]:
@@ -246,12 +250,15 @@ class GNQCallback(TrainerCallback):
         if self._windowed:
             self.batch_size *= args.gradient_accumulation_steps
         check_gnq_settings(c.lam, self.batch_size)  # on every rank, before anything is written
-        if self._windowed:
+        self._one_micro = (self._windowed and c.window_mode != "sketch" and self.world == 1
+                           and args.gradient_accumulation_steps == 1)
+        if self._pooled:
             window = DistributedWindowAuditor if self._global else WindowAuditor
             self.auditor = window(model, c.lam, mode=c.window_mode, sketch=self._spec,
                                   window_budget=c.window_budget, check_uses=c.check_uses)
         else:
-            self.auditor = DistributedGNQAuditor(model, lam=c.lam, scope=c.scope, strategy=c.strategy,
+            scope = "rank" if self._one_micro else c.scope  # one process: its batch is the step's
+            self.auditor = DistributedGNQAuditor(model, lam=c.lam, scope=scope, strategy=c.strategy,
                                                  check_uses=c.check_uses, fused=self._fused)
         self.writer = ShardWriter(c.out, self.rank, self.world)
         self.precision = trainer_precision(args, model)
@@ -295,7 +302,7 @@ class GNQCallback(TrainerCallback):
         self.point, self.micro = self.point + 1, 0
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._windowed:
+        if self._pooled:
             self._finish_window(state.global_step)
         if state.global_step % self.config.flush_every == 0:
             self.writer.flush()
@@ -355,7 +362,7 @@ class GNQCallback(TrainerCallback):
     def after_backward(self, state) -> None:
         if self.auditor is None or self._weights is None:
             return
-        if self._windowed:  # pooled with the window's other micro-batches at the optimizer step
+        if self._pooled:  # pooled with the window's other micro-batches at the optimizer step
             self.auditor.add_micro_batch(self._weights)
             self._pending.append(self._current)
             self._weights = None
@@ -364,6 +371,8 @@ class GNQCallback(TrainerCallback):
         def compute() -> Scores:
             res = self.auditor.compute(weights=self._weights)
             gnq = res.local_gnq if res.batch_size >= MIN_BATCH_SIZE else None  # no companions
+            if gnq is None and self._one_micro:
+                self.windows_without_gnq += 1  # the step's window: one text
             return gnq, res.kernel.diagonal()[res.local], res.condition, res.batch_size
 
         m = self._current
@@ -450,11 +459,18 @@ class GNQCallback(TrainerCallback):
                       **steps,
                       "flush_every": c.flush_every, **self.precision,
                       "weights_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-                      "weight_gradients": "fused" if self._fused else "autograd"})
+                      "weight_gradients": "fused" if self._fused else "autograd",
+                      **({"gnq_path": "the step's one micro-batch audited as a batch (exact)"}
+                         if self._one_micro else {})})
 
     @property
     def _fused(self) -> bool:
-        return self.config.fused and not self._global and not self._windowed
+        return self.config.fused and ((not self._global and not self._windowed) or self._one_micro)
+
+    @property
+    def _pooled(self) -> bool:
+        """Micro-batches pooled into their optimizer step's window by a window auditor."""
+        return self._windowed and not self._one_micro
 
     @property
     def _global(self) -> bool:

@@ -32,9 +32,10 @@ from gnq_core.pipelines.companions import audit_companions, companion_sets
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_pass
-from gnq_core.pipelines.settings import COMPANIONS_ALL, AuditSettings
+from gnq_core.pipelines.settings import COMPANIONS_ALL, DTYPE_AUTO, AuditSettings
 from gnq_core.progress import Reporter
 from gnq_core.results.layout import companions_root
+from gnq_core.results.precision import audit_precision
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
@@ -49,6 +50,14 @@ from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.checkpoints.series import check_one_series, find_checkpoints
 from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
 from gnq_core.sources.datasets import TextDataset
+from gnq_core.sources.memory_plan import (
+    MemoryError_,
+    MemoryPlan,
+    check_plan,
+    is_out_of_memory,
+    model_shape,
+    oom_message,
+)
 from gnq_core.sources.tokens import LMBatch, Partition, seeded_partition, stream_batches, token_counts
 
 COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partition"] of new audits
@@ -121,19 +130,24 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
         tokenizer_dir = str(adapters.base)  # the base's tokenizer
     refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
     device = ranks.device(resolve_device(settings.device))
-    dtype = resolve_dtype(settings.dtype)
-    run = None
+    run, plan = None, None
     if ranks.lead:
         assert store is not None, "the lead rank writes the rows: it needs the store"
         try:
+            reporter.phase("planning memory")
+            settings, plan = _plan_memory(store, refs, name, settings, device, reporter, adapters)
             run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter, tokenizer,
                                             adapters)
         except Exception as exc:
             ranks.broadcast(exc)  # the other ranks stop with the same one-line error
             raise
-        ranks.broadcast((todo, partition))
+        ranks.broadcast((todo, partition, settings))
     else:
-        todo, partition = ranks.broadcast(None)
+        todo, partition, settings = ranks.broadcast(None)
+    dtype = resolve_dtype(settings.dtype)
+    prefetch = plan.prefetch if plan is not None else True
+    if settings.companions is None:  # the whole run's ETA: every checkpoint's share of the texts
+        reporter.expect(len(todo) * sum(partition.size(k) for k in ranks.share(len(partition))))
 
     def load(point: int) -> tuple[torch.nn.Module, Any, str | None]:
         path = refs[point].path
@@ -156,18 +170,27 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
             t0 = time.perf_counter()
             # The first checkpoint loads here, so transformers' model modules are imported before
             # the loader thread starts (an interrupt then cannot leave it waiting on the import lock).
-            model, tokenizer, model_hash = upcoming.result() if upcoming is not None else load(point)
-            upcoming = Prefetch(load, todo[n + 1]) if n + 1 < len(todo) else None
             ref = refs[point]
+            if upcoming is None:
+                reporter.phase(f"loading {ref.label}")
             # Named by the store and keyed by what it is formed from: another store in this folder
             # (or one made again under the same name) never takes up this one's first pass.
             stem = Path(store.path).stem if run else ""
             saved = companions_root(store.path) / f"{stem}-run-{run.run_id}-point-{point}.pt" if run else None
-            key = ({"store": str(Path(store.path).resolve()), "run": run.run_id, "model_hash": model_hash}
-                   if run else None)
-            texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
-                                          reporter, ranks, saved, trainable_only=adapters is not None
-                                          and not adapters.merged, plans=plans, key=key)
+            try:
+                model, tokenizer, model_hash = upcoming.result() if upcoming is not None else load(point)
+                # the next checkpoint loads while this one is audited, when the plan has room for two
+                upcoming = Prefetch(load, todo[n + 1]) if n + 1 < len(todo) and prefetch else None
+                key = ({"store": str(Path(store.path).resolve()), "run": run.run_id, "model_hash": model_hash}
+                       if run else None)
+                texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
+                                              reporter, ranks, saved, trainable_only=adapters is not None
+                                              and not adapters.merged, plans=plans, key=key)
+            except Exception as exc:
+                if is_out_of_memory(exc) or is_out_of_memory(exc.__cause__):
+                    # one line naming the fix; the run stays resumable (failed, finished points kept)
+                    raise MemoryError_(oom_message(ref.label, settings.batch_size, plan)) from exc
+                raise
             del model
             if run is not None:
                 store.write_point(run.run_id, point, texts, results, time.perf_counter() - t0,
@@ -175,6 +198,28 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
         if run is not None:  # inside tracking: a numerical failure marks the run 'failed'
             check_mostly_finite(store, run)
     return store.run(run.run_id) if run is not None else None
+
+
+def _plan_memory(store: Store, refs: list[CheckpointRef], name: str, settings: AuditSettings,
+                 device: torch.device, reporter: Reporter, adapters: Adapters | None = None,
+                 ) -> tuple[AuditSettings, MemoryPlan]:
+    """The settings the audit runs with (the batch size chosen when none was given, the dtype the
+    weights are stored in for "auto") and its memory plan (sources.memory_plan), before anything
+    loads or is written; a plan that does not fit is refused in one line naming what to change.
+    A rerun of an existing run keeps that run's batch size."""
+    folder = adapters.base if adapters is not None else refs[0].path
+    existing = store.find_run(name)
+    if settings.dtype == DTYPE_AUTO:
+        kept = existing.dtype if existing is not None and existing.dtype else None
+        settings = replace(settings, dtype=kept or model_shape(folder).stored_dtype or "float32")
+    batch = settings.batch_size
+    if batch is None and existing is not None:
+        batch = existing.batch_size
+    plan, note = check_plan(folder, batch_size=batch, max_length=settings.max_length, dtype=settings.dtype,
+                            checkpoints=len(refs), device=str(device))
+    if note:
+        reporter.log(note)
+    return replace(settings, batch_size=plan.batch_size), plan
 
 
 def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name: str,
@@ -188,6 +233,8 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
         raise ValueError("--companions does not take chat data yet (its sketches are over every token): "
                          "audit chat data against their batch")
     spec = _run_spec(refs, dataset, name, settings, device)
+    stored = model_shape(adapters.base if adapters is not None else refs[0].path).stored_dtype
+    spec = replace(spec, settings=spec.settings | audit_precision(stored, settings.dtype))
     if adapters is not None:
         spec = replace(spec, settings=spec.settings | {"base_model": str(adapters.base.resolve()),
                                                        "parameters": adapters.parameters})

@@ -4,14 +4,11 @@ and the memory of its largest set, checked against the room before anything is w
 
 from __future__ import annotations
 
-import torch
-
 from gnq_core.engine.companions import held_bytes, streamed_bytes
 from gnq_core.engine.sketch import SketchSpec
 from gnq_core.pipelines.options import companion_set_size
 from gnq_core.pipelines.settings import COMPANIONS_ALL, AuditSettings
 from gnq_core.results.records import MIN_BATCH_SIZE
-from gnq_core.runtime import resolve_dtype
 from gnq_core.sources.limits import LimitError, available_memory, format_bytes
 
 __all__ = ["TRAINING_SET_TOTAL", "check_companion_memory", "companion_memory", "sketch_spec"]
@@ -39,7 +36,8 @@ def check_companion_memory(n_texts: int, settings: AuditSettings) -> None:
         return
     spec = sketch_spec(settings)
     m = spec.shared or spec.k  # side by side: at least one matrix's k (a lower bound)
-    itemsize = 8 if resolve_dtype(settings.dtype) == torch.float64 else 4
+    # sketches and Grams are float64 for float64 models, else float32 ("auto" and bf16 included)
+    itemsize = 8 if settings.dtype == "float64" else 4
     solve = settings.companions_solve
     need = companion_memory(n, m, itemsize, solve)
     room, source = available_memory()

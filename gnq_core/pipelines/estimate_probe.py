@@ -29,6 +29,7 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from gnq_core.attacks.defaults import (
     DEFAULT_ATTACK_BATCH,
@@ -97,6 +98,10 @@ class Probe:
     secret_decode_s: float | None = None
     # one attack batch of texts cut to p + s tokens scored (the discoverable pass); None: forward_s
     suffix_forward_s: float | None = None
+    # the audit's memory plan (sources.memory_plan.MemoryPlan), and the attack's (the reference
+    # model held besides); None: not planned
+    memory: Any = None
+    attack_memory: Any = None
 
 
 @dataclass(frozen=True)
@@ -213,18 +218,22 @@ def _timed(fn, device=None) -> float:
     return time.perf_counter() - t0
 
 
-def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: int, seed: int = 0,
+def measure_estimate(checkpoint: str, dataset, *, batch_size: int | None, max_length: int, seed: int = 0,
                      threads: int = 1, attack: bool = True, reference: bool = True,
                      prefix: int = DEFAULT_PREFIX, suffix: int | None = DEFAULT_SUFFIX,
                      attack_batch: int = DEFAULT_ATTACK_BATCH,
                      secret_candidates: int = DEFAULT_SECRET_CANDIDATES,
                      exposure_nodes: int = DEFAULT_EXPOSURE_NODES, checkpoints: int = 1, lam: float = 1e-3,
-                     tokenizer: str | None = None, device: str = "auto", adapters=None) -> tuple[Work, Probe]:
+                     tokenizer: str | None = None, device: str = "auto", adapters=None, dtype: str = "auto",
+                     ) -> tuple[Work, Probe]:
     """Count the job's work in ``dataset`` (a TextDataset, its secret patterns set) and time its
     unit costs on ``checkpoint`` at ``threads`` torch threads on ``device`` (the job's: "auto" is
     a GPU where there is one) (module docstring).  ``adapters`` (sources.adapters.Adapters): the
     checkpoint is a PEFT adapter of that base, loaded and audited as ``gnq audit --base-model``
-    does (GNQ over the adapter's parameters unless merged)."""
+    does (GNQ over the adapter's parameters unless merged).  The checkpoint is loaded as the audit
+    loads it (in ``dtype``; "auto": as stored), after the audit's memory plan
+    (``sources.memory_plan``, of the base for adapters): a plan that does not fit is refused as the
+    audit would refuse it, before loading; ``batch_size`` None: the plan's."""
     import torch
 
     from gnq_core.attacks.decode import greedy_decode
@@ -234,11 +243,21 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
     from gnq_core.engine.plan_reuse import PlanCache
     from gnq_core.pipelines.audit import audit_batches, prepare_for_audit
     from gnq_core.results.text_labels import dataset_labels
-    from gnq_core.runtime import resolve_device
+    from gnq_core.runtime import resolve_device, resolve_dtype
     from gnq_core.sources.checkpoints.load import load_checkpoint
+    from gnq_core.sources.memory_plan import check_plan, model_shape, plan_audit
     from gnq_core.sources.tokens import encode_texts, pad_id, seeded_partition, stream_batches
 
     dev = resolve_device(device)
+    model_path = str(adapters.base) if adapters is not None else checkpoint  # an adapter's shape: its base's
+    if dtype == "auto":
+        dtype = model_shape(model_path).stored_dtype or "float32"
+    plan, _ = check_plan(model_path, batch_size=batch_size, max_length=max_length, dtype=dtype,
+                         checkpoints=checkpoints, device=str(dev))
+    batch_size = plan.batch_size
+    window = prefix + (suffix or DEFAULT_SUFFIX)
+    attack_plan = (plan_audit(model_path, batch_size=attack_batch, max_length=window, dtype=dtype,
+                              checkpoints=1, device=str(dev), reference=reference) if attack else None)
     n = len(dataset)
     picked = (sorted(random.Random(seed).sample(range(n), SAMPLE_TEXTS)) if n > SAMPLE_TEXTS
               else list(range(n)))
@@ -249,10 +268,11 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
         if adapters is not None:
             from gnq_core.sources.adapters import load_adapter_checkpoint
 
-            model, tok = load_adapter_checkpoint(checkpoint, adapters, device=dev,
+            model, tok = load_adapter_checkpoint(checkpoint, adapters, device=dev, dtype=resolve_dtype(dtype),
                                                  tokenizer=tokenizer or str(adapters.base))
         else:
-            model, tok = load_checkpoint(checkpoint, device=dev, tokenizer=tokenizer)
+            model, tok = load_checkpoint(checkpoint, device=dev, dtype=resolve_dtype(dtype),
+                                         tokenizer=tokenizer)
         load_s = time.perf_counter() - t0
         ids = encode_texts(tok, texts, max_length)
         pad = pad_id(tok)
@@ -277,7 +297,7 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
         formats = {(k, s.template) for (k, _), (_, s) in spaces.items()}
 
         # one audit batch, drawn as the audit draws its batches
-        prepare_for_audit(model, torch.float32)
+        prepare_for_audit(model, resolve_dtype(dtype))
         partition = seeded_partition(len(texts), batch_size, seed)
 
         def audit(batches: list[int], plans: PlanCache) -> list[float]:
@@ -346,7 +366,8 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int, max_length: i
             + (" (a seeded sample, scaled)" if len(picked) < n else ""))
     return work, Probe(load_s, audit_batch_s, decode_s, forward_s, exposure_s, threads, what,
                        audit_fixed_s=audit_fixed_s, audit_reuse_s=audit_reuse_s, exposure_shared_s=shared_s,
-                       secret_decode_s=secret_decode_s, suffix_forward_s=suffix_forward_s)
+                       secret_decode_s=secret_decode_s, suffix_forward_s=suffix_forward_s,
+                       memory=plan, attack_memory=attack_plan)
 
 
 def _secret_decode_seconds(model, targets: Sequence, pad: int, batch_size: int, device) -> float:
@@ -429,4 +450,9 @@ def describe(lines: Sequence[Line], probe: Probe) -> str:
            "busier than during the probe is slower)"]
     out += [f"  {line.what}: {duration(line.seconds)} for {line.count:,} {line.noun} — {line.assumed}"
             for line in lines]
+    if probe.memory is not None:
+        out.append(f"Audit {probe.memory.describe()}"
+                   + ("" if probe.memory.prefetch else "; no prefetch of the next checkpoint"))
+    if probe.attack_memory is not None:
+        out.append(f"Attack {probe.attack_memory.describe()}")
     return "\n".join(out)

@@ -211,6 +211,8 @@ def audit_non_members(store: Store, member: Run, checkpoints: str | list[Checkpo
 
     check_disjoint(list(store.examples(member.run_id)["text"]), dataset)
     refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
+    # the members' batch size and dtype (the memory plan's when none was given): GNQ alike
+    settings = replace(settings, batch_size=member.batch_size, dtype=member.dtype or settings.dtype)
     name = member.name + SUFFIX
     run = run_audit(store, refs, dataset, name=name, settings=settings, reporter=reporter)
     store.update_settings(run.run_id, {"non_members_of": member.name})
@@ -221,7 +223,7 @@ def audit_non_members(store: Store, member: Run, checkpoints: str | list[Checkpo
         store.update_settings(member.run_id, {"reference": str(path)})  # absolute: protected from outputs
         for target in (member, run):
             store_reference_loss(store, target, path, max_length=settings.max_length,
-                                 batch_size=settings.batch_size)
+                                 batch_size=member.batch_size)
     return store.run(run.run_id)
 
 

@@ -16,6 +16,11 @@ from gnq_core.values import require as _require
 from gnq_core.values import whole as _whole
 
 FULL_PRECISION = ("float32", "float64")
+# An audit's --dtype: "auto" computes in the dtype the weights are stored in (a bf16 checkpoint in
+# bf16, as trained, its Grams and solve in float32/float64: approximate, its error stated with the
+# run); float32/float64 upcast them, by the user's choice.
+DTYPE_AUTO = "auto"
+AUDIT_DTYPES = (DTYPE_AUTO, "float32", "float64", "bfloat16", "float16")
 COMPANIONS_ALL = "all"  # --companions all: every other text of the data
 COMPANION_SOLVES = ("auto", "texts", "sketch")  # the cheaper; the held n × n path; the streamed m × m one
 
@@ -24,12 +29,16 @@ COMPANION_SOLVES = ("auto", "texts", "sketch")  # the cheaper; the held n × n p
 class AuditSettings:
     """How GNQ is measured (also the part of ``TrainSettings`` that says it)."""
 
+    dtypes: ClassVar[tuple[str, ...]] = AUDIT_DTYPES
+
     lam: float = 1e-2
-    batch_size: int = 16
+    # None: the largest batch up to 16 whose memory plan fits (sources.memory_plan), chosen when the
+    # audit starts and recorded with the run
+    batch_size: int | None = None
     max_length: int = 128
     seed: int = 0
     device: str = "auto"
-    dtype: str = "float32"
+    dtype: str = DTYPE_AUTO
     loss: str = "token_mean"       # ℓ_j: the token mean or the token sum (engine/losses.py)
     lam_mode: str = "absolute"     # λ = lam, or "relative": lam · the batch's mean K_jj (engine/solve.py)
     # post hoc only: GNQ of each text against N others of the data ("all": every other text) through
@@ -48,15 +57,20 @@ class AuditSettings:
         from gnq_core.results.records import check_gnq_settings
         from gnq_core.runtime import resolve_device, resolve_dtype
 
-        _whole(self.batch_size, "--batch-size", 2)  # first: a bad integer's message names its option
-        check_gnq_settings(self.lam, self.batch_size)
+        if self.batch_size is not None:  # None: the memory plan's (sources/memory_plan.py)
+            _whole(self.batch_size, "--batch-size", 2)  # first: a bad integer's message names its option
+            check_gnq_settings(self.lam, self.batch_size)
+        else:
+            check_gnq_settings(self.lam, 2)
         _whole(self.seed, "--seed", 0)
         _whole(self.max_length, "--max-length", 2)
         check_loss_convention(self.loss), check_lam_mode(self.lam_mode)
-        _require(self.dtype in FULL_PRECISION, f"--dtype must be {' or '.join(FULL_PRECISION)}, got "
-                                               f"{self.dtype!r} (checkpoints saved in bf16/fp16 are read "
-                                               "into it)")
-        resolve_device(self.device), resolve_dtype(self.dtype)  # the rules the run will use, now
+        _require(self.dtype in self.dtypes, f"--dtype must be one of {', '.join(self.dtypes)}, got "
+                                            f"{self.dtype!r}" + (" (auto: as the weights are stored)"
+                                                                  if DTYPE_AUTO in self.dtypes else ""))
+        resolve_device(self.device)  # the rule the run will use, now
+        if self.dtype != DTYPE_AUTO:
+            resolve_dtype(self.dtype)
         _whole(self.sketch_k, "--sketch-k", 1)
         _whole(self.sketch_vocab_rows, "the sketch's vocabulary rows", 1)
         if self.sketch_total is not None:
@@ -70,6 +84,9 @@ class AuditSettings:
 
 @dataclass(frozen=True)
 class TrainSettings(AuditSettings):
+    dtypes: ClassVar[tuple[str, ...]] = FULL_PRECISION  # training keeps float32/float64 weights
+    batch_size: int = 16  # type: ignore[assignment]  # in-run: the optimizer step's batch
+    dtype: str = "float32"
     epochs: int = 3
     lr: float = 1e-3
     weight_decay: float = 0.0

@@ -18,6 +18,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".datasets": ("SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "load_texts"),
     ".limits": ("LimitError",),
     ".links": ("LinkError", "check_link"),
+    ".memory_plan": ("DEFAULT_BATCH_CAP", "MemoryPlan", "check_plan", "default_batch_size"),
     ".models": ("PRESETS", "build_model", "train_tokenizer"),
     ".secrets": ("find_secrets", "secret_labels"),
 })

@@ -214,6 +214,20 @@ def weights_elements(files: Iterable[Path]) -> int:
     return sum(elements for file in files for _, elements in _safetensors_tensors(file))
 
 
+_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def stored_float_dtype(files: Iterable[Path]) -> str | None:
+    """The floating dtype most of the weights' elements are stored in ("bfloat16", "float32", ...),
+    from the safetensors headers; None when there is none of the four (an 8-bit checkpoint)."""
+    counts: dict[str, int] = {}
+    for file in files:
+        for dtype, elements in _safetensors_tensors(file):
+            if dtype in _DTYPE_NAMES:
+                counts[_DTYPE_NAMES[dtype]] = counts.get(_DTYPE_NAMES[dtype], 0) + elements
+    return max(counts, key=lambda k: counts[k]) if counts else None
+
+
 def _cgroup_room() -> int | None:
     """Memory this process's cgroup may still take (v2, else v1), or None without a limit."""
     for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),

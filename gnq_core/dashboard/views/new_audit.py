@@ -42,6 +42,7 @@ from gnq_core.pipelines import (
 from gnq_core.results import MIN_BATCH_SIZE, uploads_root
 from gnq_core.sources import (
     DATA_FORMATS,
+    DEFAULT_BATCH_CAP,
     SUFFIXES,
     TRAIN_ON,
     CheckpointError,
@@ -50,6 +51,7 @@ from gnq_core.sources import (
     check_adapter,
     check_checkpoint,
     check_link,
+    check_plan,
     dataset_columns,
     detect_format,
     find_adapter_checkpoints,
@@ -181,6 +183,19 @@ def positions_of(path: str, mtime: float) -> int | None:  # noqa: ARG001 (cache 
 @st.cache_data(ttl=300, show_spinner=False, max_entries=64)
 def parameters_of(path: str, mtime: float) -> int | None:  # noqa: ARG001 (cache key)
     return parameter_count(path)
+
+
+@st.cache_data(ttl=60, show_spinner=False, max_entries=64)
+def memory_plan_of(path: str, mtime: float, batch_size: int | None, max_length: int,  # noqa: ARG001 (key)
+                   checkpoints: int) -> tuple[int | None, str]:
+    """The audit's memory plan for these settings (sources.memory_plan, nothing loaded): the
+    batch it takes (None: none fits) and its one line."""
+    try:
+        plan, _ = check_plan(path, batch_size=batch_size, max_length=max_length, dtype=None,
+                             checkpoints=checkpoints, device="cpu")
+    except (ValueError, OSError) as exc:
+        return None, one_line(exc)
+    return plan.batch_size, plan.describe()
 
 
 @st.cache_data(ttl=3600, show_spinner=False, max_entries=16)
@@ -348,9 +363,13 @@ with st.form("settings", enter_to_submit=False):
     c1, c2, c3, c4 = st.columns(4)
     lam = c1.number_input("λ", min_value=1e-12, value=DEFAULT.lam, format="%g", key="form_lam",
                           help="Regulariser of the GNQ solve; see the 2D regression page.")
-    batch_size = c2.number_input("Batch size", min_value=MIN_BATCH_SIZE, value=DEFAULT.batch_size, step=1,
-                                 key="form_batch",
-                                 help="GNQ measures each text against the others of its batch.")
+    # the default batch: the largest up to 16 the memory plan fits (sources.memory_plan)
+    planned_batch = (memory_plan_of(str(model_dirs[0]), model_dirs[0].stat().st_mtime, None,
+                                    DEFAULT.max_length, max(1, len(refs)))[0] if model_dirs else None)
+    batch_size = c2.number_input("Batch size", min_value=MIN_BATCH_SIZE, step=1, key="form_batch",
+                                 value=planned_batch or DEFAULT_BATCH_CAP,
+                                 help="GNQ measures each text against the others of its batch. Its default "
+                                      "is the largest up to 16 whose memory plan fits this machine.")
     max_length = c3.number_input(
         "Max length (tokens)", min_value=2, max_value=token_limit,
         value=min(DEFAULT.max_length, token_limit or DEFAULT.max_length), step=8, key="form_max_length",
@@ -441,6 +460,10 @@ with st.form("settings", enter_to_submit=False):
                    f"{guess.basis}). Measure it on this model below for every stage.")
     elif refs and dataset is not None:
         c2.caption("No time estimate: the model's size could not be read from its weight files.")
+    if model_dirs:  # the memory beside the time, for the settings as they stand
+        _, memory_line = memory_plan_of(str(model_dirs[0]), model_dirs[0].stat().st_mtime, int(batch_size),
+                                        int(max_length), max(1, len(refs)))
+        c2.caption(f"**Memory:** {state.plain(memory_line)}")
 
 
 def form_jobs(reference_path: Path | None) -> list:
@@ -454,7 +477,7 @@ def form_jobs(reference_path: Path | None) -> list:
                       secret_column=secret_column, public_column=public_column,
                       secret_patterns=[p.strip() for p in patterns.splitlines() if p.strip()],
                       threads=int(threads), tokenizer=tokenizer_dir, base_model=base_dir,
-                      merge_adapter=bool(merge_adapter))
+                      merge_adapter=bool(merge_adapter), data_format=data_format, train_on=train_on)
     extract = extract_options(run=name, prefix_tokens=int(prefix), suffix_tokens=int(suffix),
                               threshold=threshold, threads=int(threads), secret_candidates=int(candidates),
                               reference=str(reference_path) if reference_path else "first")
