@@ -44,7 +44,7 @@ AUDIT_AND_ESTIMATE = [(["--batch-size", 1], "--batch-size must be"),
                       (["--seed", -1], "--seed must be"),
                       (["--companions", 0], "--companions"),
                       (["--lam", 0], "--lam"),
-                      (["--dtype", "bfloat16"], "--dtype"),
+                      (["--dtype", "float8"], "--dtype"),
                       (["--secret-pattern", "a{4294967296}"], "--secret-pattern"),
                       (["--merge-adapter"], "--base-model")]
 
