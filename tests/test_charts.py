@@ -422,8 +422,10 @@ def test_a_reference_line_is_described_as_a_line_not_as_points():
 
 
 def test_a_lone_ungrouped_series_is_not_named_and_log_ticks_show_whole_values():
-    """No caption "series: (none)"; a log axis labels 200, 500, 1000 (not "2, 5, 1000")."""
+    """No caption "series: (none)"; a log axis labels its powers of ten as whole values (10, 100,
+    1000), never Plotly's small "2" and "5" between them, which read as "2 1000 5" down the axis."""
     points = go.Scatter(x=[1, 10, 1000], y=[1, 2, 3], mode="markers", name=base.NO_GROUP)
     fig = base.layout(go.Figure([points]), "GNQ", "GNQ_total", "loss", log_x=True)
     assert "series" not in base.describe(fig) and "(none)" not in base.describe(fig)
     assert fig.layout.xaxis.tickformat == "~g" and fig.layout.yaxis.tickformat is None
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.yaxis.dtick is None
