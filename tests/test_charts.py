@@ -191,6 +191,10 @@ def test_example_trajectory():
     assert ids_in(fig.data[0]) == {5}
     assert_escaped(fig)
     assert no_data(charts.example_trajectory(one.iloc[0:0]))
+    # GNQ over three decades (the demo's drill-down): a log axis labelled at powers of ten alone
+    wide = one.assign(gnq=[10.0 ** (3 * i / max(len(one) - 1, 1)) for i in range(len(one))])
+    log = charts.example_trajectory(wide)
+    assert log.layout.yaxis.type == "log" and log.layout.yaxis.dtick == 1
 
 
 # --------------------------------------------------------------------------- extraction
