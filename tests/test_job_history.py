@@ -194,3 +194,32 @@ def test_a_job_stopped_inside_an_import_reads_as_cancelled_not_failed(tmp_path):
     job = _gone(db)
     assert (job.status, job.returncode) == ("cancelled", 130)
     assert outcome(job).startswith("cancelled by a signal from outside the dashboard")
+
+
+def test_a_run_a_gnq_command_is_writing_is_not_started_again_from_the_page(tmp_path, monkeypatch):
+    """A run that `gnq audit` in a terminal is writing (its row 'running', its process alive) is
+    refused on New audit in one line naming the process, and no job starts."""
+    from hostile.hostile_helpers import make_series
+    from test_store import _run
+
+    from gnq_core.jobs import jobs as jobs_module
+    from gnq_core.results.store import Store
+
+    db = tmp_path / "gnq.duckdb"
+    monkeypatch.setenv("GNQ_DB", str(db))
+    store = Store(db)
+    run = _run(store, name="busy")
+    store.set_status(run.run_id, "running")  # owned by this (live) process, as a terminal's gnq would be
+    series = make_series(tmp_path / "series", 2, max_length=24)
+    data = tmp_path / "texts.txt"
+    data.write_text("\n".join(f"text number {i} of the form test" for i in range(8)) + "\n")
+    started = []
+    monkeypatch.setattr(jobs_module, "start_job", lambda *a, **kw: started.append(a))
+    at = app_page("new_audit", ckpt_mode="Local path", ckpt_path=str(series), data_mode="Local path",
+                  data_path_input=str(data), form_name="busy")
+    next(b for b in at.button if b.label == "Start audit").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not started
+    said = [rendered(e.value) for e in at.error]
+    assert any(f"Not started: run 'busy' is being written by a process outside the dashboard (pid "
+               f"{os.getpid()}): stop it where it runs (Ctrl-C)" in e for e in said), said
