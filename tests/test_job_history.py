@@ -196,6 +196,7 @@ def test_a_job_stopped_inside_an_import_reads_as_cancelled_not_failed(tmp_path):
     assert outcome(job).startswith("cancelled by a signal from outside the dashboard")
 
 
+@pytest.mark.slow  # builds two checkpoints and runs the whole New audit page
 def test_a_run_a_gnq_command_is_writing_is_not_started_again_from_the_page(tmp_path, monkeypatch):
     """A run that `gnq audit` in a terminal is writing (its row 'running', its process alive) is
     refused on New audit in one line naming the process, and no job starts."""
