@@ -9,6 +9,7 @@ browser's is tests/test_e2e_browser.py's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -23,6 +24,15 @@ from gnq_core.jobs import Job, JobConflict, cancel_job, list_jobs, outcome, star
 from gnq_core.pipelines import AuditJob
 
 STARTED = 1_700_000_000.0
+
+
+def _shell(script: str) -> subprocess.Popen:
+    """A stand-in job process running ``script`` in a session of its own, returned once its traps
+    are set (a signal before them would end it as a plain kill)."""
+    proc = subprocess.Popen(["sh", "-c", f"{script}"], start_new_session=True, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
 
 
 def _sleeper() -> subprocess.Popen:
@@ -171,7 +181,7 @@ def test_a_job_still_stopping_says_so_instead_of_offering_cancel_again(tmp_path,
     cancelling, in every session, rather than a Cancel that seems to do nothing."""
     db = tmp_path / "gnq.duckdb"
     monkeypatch.setenv("GNQ_DB", str(db))
-    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"], start_new_session=True)
+    stubborn = _shell("trap '' TERM; echo ready; sleep 60")
     try:
         _job(db, stubborn, started=time.time())
         cancel_job(list_jobs(db)[0])
@@ -180,7 +190,8 @@ def test_a_job_still_stopping_says_so_instead_of_offering_cancel_again(tmp_path,
         assert list_jobs(db)[0].alive() and not [b for b in at.button if b.label == "Cancel"]
         assert any("Cancelling" in c.value for c in at.caption)
     finally:
-        os.killpg(stubborn.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(stubborn.pid, signal.SIGKILL)
         stubborn.wait()
 
 
@@ -188,7 +199,7 @@ def test_a_job_stopped_inside_an_import_reads_as_cancelled_not_failed(tmp_path):
     """A signal while the job imports torch ends it at once with exit code 130 (interrupts.py),
     before it can write 'cancelled': the history says cancelled all the same, never "failed"."""
     db = tmp_path / "gnq.duckdb"
-    proc = subprocess.Popen(["sh", "-c", "trap 'exit 130' TERM; sleep 60 & wait"], start_new_session=True)
+    proc = _shell("trap 'exit 130' TERM; echo ready; sleep 60 & wait")
     _job(db, proc)
     os.killpg(proc.pid, signal.SIGTERM)  # from outside the dashboard: no Cancel pressed
     job = _gone(db)
