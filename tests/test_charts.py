@@ -191,6 +191,10 @@ def test_example_trajectory():
     assert ids_in(fig.data[0]) == {5}
     assert_escaped(fig)
     assert no_data(charts.example_trajectory(one.iloc[0:0]))
+    # GNQ over three decades (the demo's drill-down): a log axis labelled at powers of ten alone
+    wide = one.assign(gnq=[10.0 ** (3 * i / max(len(one) - 1, 1)) for i in range(len(one))])
+    log = charts.example_trajectory(wide)
+    assert log.layout.yaxis.type == "log" and log.layout.yaxis.dtick == 1
 
 
 # --------------------------------------------------------------------------- extraction
@@ -422,8 +426,10 @@ def test_a_reference_line_is_described_as_a_line_not_as_points():
 
 
 def test_a_lone_ungrouped_series_is_not_named_and_log_ticks_show_whole_values():
-    """No caption "series: (none)"; a log axis labels 200, 500, 1000 (not "2, 5, 1000")."""
+    """No caption "series: (none)"; a log axis labels its powers of ten as whole values (10, 100,
+    1000), never Plotly's small "2" and "5" between them, which read as "2 1000 5" down the axis."""
     points = go.Scatter(x=[1, 10, 1000], y=[1, 2, 3], mode="markers", name=base.NO_GROUP)
     fig = base.layout(go.Figure([points]), "GNQ", "GNQ_total", "loss", log_x=True)
     assert "series" not in base.describe(fig) and "(none)" not in base.describe(fig)
     assert fig.layout.xaxis.tickformat == "~g" and fig.layout.yaxis.tickformat is None
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.yaxis.dtick is None

@@ -99,3 +99,27 @@ def test_the_table_escapes_and_wraps():
     assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
     assert "×3" in page and "3 copies: examples 1, 2, 3" in page
     assert "table-layout:fixed" in page and "overflow-wrap:anywhere" in page
+
+
+def test_a_secret_never_attacked_is_not_said_to_stay_unwritten():
+    """Before any attack (a training run, an audit without --attack) nothing is known about what
+    the model writes: the action says so and how to learn it, never "the model does not write it"."""
+    row = _ranked().set_index("example_id").loc[4].copy()
+    row["extracted"] = None
+    said = action(row)
+    assert "No attack is stored for this run yet: run gnq extract" in said
+    assert "does not write it" not in said and "no retraining needed" not in said
+    row["secret_values_attacked"] = 1  # the secret attack probed its value
+    assert "no retraining needed for it now: the model does not write it" in action(row)
+
+
+def test_a_list_of_top_texts_counts_a_records_copies_in_the_whole_data():
+    """The Runs page's top 20 may hold one of a record's 4 copies: its tag says ×4, as its action
+    ("Deduplicate its 4 copies") does, and its detail says how many of them the list holds."""
+    ranked = _ranked()
+    ranked.loc[4, "copies"] = 4  # one copy listed here, 4 in the data
+    html_ = texts_table_html(ranked)
+    row = html_.split("Her PIN is 4821")[1].split("</tr>")[0]
+    assert "×4" in row and "4 copies, 1 in this list: example 4" in row and "its 4 copies" in row
+    record = html_.split("Record 7 of Anna")[1].split("</tr>")[0]
+    assert "×3" in record and "3 copies: examples 1, 2, 3" in record

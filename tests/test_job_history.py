@@ -9,6 +9,7 @@ browser's is tests/test_e2e_browser.py's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -23,6 +24,15 @@ from gnq_core.jobs import Job, JobConflict, cancel_job, list_jobs, outcome, star
 from gnq_core.pipelines import AuditJob
 
 STARTED = 1_700_000_000.0
+
+
+def _shell(script: str) -> subprocess.Popen:
+    """A stand-in job process running ``script`` in a session of its own, returned once its traps
+    are set (a signal before them would end it as a plain kill)."""
+    proc = subprocess.Popen(["sh", "-c", f"{script}"], start_new_session=True, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
 
 
 def _sleeper() -> subprocess.Popen:
@@ -171,7 +181,7 @@ def test_a_job_still_stopping_says_so_instead_of_offering_cancel_again(tmp_path,
     cancelling, in every session, rather than a Cancel that seems to do nothing."""
     db = tmp_path / "gnq.duckdb"
     monkeypatch.setenv("GNQ_DB", str(db))
-    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"], start_new_session=True)
+    stubborn = _shell("trap '' TERM; echo ready; sleep 60")
     try:
         _job(db, stubborn, started=time.time())
         cancel_job(list_jobs(db)[0])
@@ -180,7 +190,8 @@ def test_a_job_still_stopping_says_so_instead_of_offering_cancel_again(tmp_path,
         assert list_jobs(db)[0].alive() and not [b for b in at.button if b.label == "Cancel"]
         assert any("Cancelling" in c.value for c in at.caption)
     finally:
-        os.killpg(stubborn.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(stubborn.pid, signal.SIGKILL)
         stubborn.wait()
 
 
@@ -188,9 +199,39 @@ def test_a_job_stopped_inside_an_import_reads_as_cancelled_not_failed(tmp_path):
     """A signal while the job imports torch ends it at once with exit code 130 (interrupts.py),
     before it can write 'cancelled': the history says cancelled all the same, never "failed"."""
     db = tmp_path / "gnq.duckdb"
-    proc = subprocess.Popen(["sh", "-c", "trap 'exit 130' TERM; sleep 60 & wait"], start_new_session=True)
+    proc = _shell("trap 'exit 130' TERM; echo ready; sleep 60 & wait")
     _job(db, proc)
     os.killpg(proc.pid, signal.SIGTERM)  # from outside the dashboard: no Cancel pressed
     job = _gone(db)
     assert (job.status, job.returncode) == ("cancelled", 130)
     assert outcome(job).startswith("cancelled by a signal from outside the dashboard")
+
+
+@pytest.mark.slow  # builds two checkpoints and runs the whole New audit page
+def test_a_run_a_gnq_command_is_writing_is_not_started_again_from_the_page(tmp_path, monkeypatch):
+    """A run that `gnq audit` in a terminal is writing (its row 'running', its process alive) is
+    refused on New audit in one line naming the process, and no job starts."""
+    from hostile.hostile_helpers import make_series
+    from test_store import _run
+
+    from gnq_core.jobs import jobs as jobs_module
+    from gnq_core.results.store import Store
+
+    db = tmp_path / "gnq.duckdb"
+    monkeypatch.setenv("GNQ_DB", str(db))
+    store = Store(db)
+    run = _run(store, name="busy")
+    store.set_status(run.run_id, "running")  # owned by this (live) process, as a terminal's gnq would be
+    series = make_series(tmp_path / "series", 2, max_length=24)
+    data = tmp_path / "texts.txt"
+    data.write_text("\n".join(f"text number {i} of the form test" for i in range(8)) + "\n")
+    started = []
+    monkeypatch.setattr(jobs_module, "start_job", lambda *a, **kw: started.append(a))
+    at = app_page("new_audit", ckpt_mode="Local path", ckpt_path=str(series), data_mode="Local path",
+                  data_path_input=str(data), form_name="busy")
+    next(b for b in at.button if b.label == "Start audit").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not started
+    said = [rendered(e.value) for e in at.error]
+    assert any(f"Not started: run 'busy' is being written by a process outside the dashboard (pid "
+               f"{os.getpid()}): stop it where it runs (Ctrl-C)" in e for e in said), said

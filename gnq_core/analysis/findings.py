@@ -39,8 +39,8 @@ from gnq_core.analysis.verdict import (
 )
 from gnq_core.catalog import count_words
 
-GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "example_ids", "reason_short", "reason",
-                 "action", "rank", "turns", "extracted", "extraction_target"]
+GROUP_COLUMNS = ["example_id", "text", "status", "copies_listed", "copies", "example_ids", "reason_short",
+                 "reason", "action", "rank", "turns", "extracted", "extraction_target"]
 
 
 def action(row: pd.Series) -> str:
@@ -87,6 +87,9 @@ def action(row: pd.Series) -> str:
             return (f"Scrub {what}{span} and retrain soon: the model does not write it yet, but ranks it "
                     f"above most values of its format (exposure {float(exposure):.1f} bits{how}), beyond "
                     f"never-trained values and the reference model{exposure_bounds(row)}.{dedupe}")
+        if not _attacked(row):  # no attack stored: whether the model writes it is not known yet
+            return (f"Scrub {what}{span} before the next training. No attack is stored for this run yet: "
+                    f"run gnq extract to learn whether the model writes it.{dedupe}")
         return (f"Scrub {what}{span} before the next training; no retraining needed for it now: the model "
                 f"does not write it.{dedupe}")
     if status == "at risk" and copies > 1:
@@ -98,6 +101,11 @@ def _yes(value: object) -> bool:
     return bool(pd.notna(value) and bool(value))
 
 
+def _attacked(row: pd.Series) -> bool:
+    """Whether an attack was stored for this text (its secret values probed, or its window)."""
+    return any(pd.notna(row.get(c)) for c in ("secret_values_attacked", "extraction_match", "extracted"))
+
+
 def grouped(ranked: pd.DataFrame) -> pd.DataFrame:
     """One row per text, copies collapsed into the best-ranked one (``copies_listed`` of them,
     ``example_ids`` all), in verdict order, with a one-line reason and the action."""
@@ -107,8 +115,10 @@ def grouped(ranked: pd.DataFrame) -> pd.DataFrame:
     for _, members in by_record(ranked):
         first = members.iloc[0]
         reason = str(first.get("reason") or "")
+        copies = first.get("copies")  # in the whole data: a list of the top texts may hold fewer
         rows.append({"example_id": int(first["example_id"]), "text": first["text"],
                      "status": first.get("status"), "copies_listed": len(members),
+                     "copies": max(len(members), int(copies) if pd.notna(copies) else 1),
                      "example_ids": [int(i) for i in members["example_id"]],
                      "reason_short": reason.split("; ")[0], "reason": reason, "action": action(first),
                      "rank": first.get("rank"), "turns": first.get("turns"),
@@ -214,13 +224,15 @@ def texts_table_html(ranked: pd.DataFrame, *, limit: int | None = None) -> str:
         return "<p>No texts.</p>"
     body = []
     for _, r in rows.iterrows():
-        n = int(r["copies_listed"])
+        n, listed = int(r["copies"]), int(r["copies_listed"])  # ×N: the data's copies, as the action says
         colour = _TAG.get(r["status"], "#878787")
         tag = (f"<span class='tag' style='background:{colour}'>{e(str(r['status']))}</span>"
                + (f" ×{n}" if n > 1 else ""))
         more = [f"<div>{e(r['reason'])}</div>"] if r["reason"] != r["reason_short"] else []
         ids = ", ".join(str(i) for i in r["example_ids"])
-        more.append(f"<div>example {ids}</div>" if n == 1 else f"<div>{n} copies: examples {ids}</div>")
+        more.append(f"<div>example {ids}</div>" if n == 1 else
+                    f"<div>{n} copies: examples {ids}</div>" if listed == n else
+                    f"<div>{n} copies, {listed} in this list: example{'s' if listed > 1 else ''} {ids}</div>")
         body.append(f"<tr><td class='t'>{_text_cell(r)}</td><td class='s'>{tag}</td>"
                     f"<td><span class='why'>{e(r['reason_short'])}</span>"
                     f"<details><summary>more</summary>{''.join(more)}</details></td>"

@@ -23,7 +23,9 @@ NEUTRAL = "#888888"        # reference lines and outlines: mid grey, seen on whi
 OTHER_COLOR = "rgba(150, 150, 150, 0.35)"
 BAND_COLOR = "rgba(150, 150, 150, 0.25)"  # grey, as the pages say
 NO_GROUP = "(none)"
-LOG_TICKS = {"tickformat": "~g"}
+# A log axis (only past LOG_SPAN, so at least two decades) labels its powers of ten alone: Plotly's
+# own choice over a few decades adds small "2" and "5" labels that read as "2 1000 5" down the axis.
+LOG_TICKS = {"tickformat": "~g", "dtick": 1}
 TEXT_LIMIT = 80
 LOG_SPAN = 100.0
 GL_THRESHOLD = 2000        # above this many markers a scatter uses WebGL

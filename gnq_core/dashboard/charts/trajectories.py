@@ -170,11 +170,13 @@ def example_trajectory(traj_one: pd.DataFrame, *, text: str | None = None,
                                  hovertemplate=("#%{customdata[0]} %{customdata[2]} (step %{customdata[3]}): "
                                                 "loss %{y:.4g}<extra></extra>")),
                       secondary_y=True)
-        fig.update_yaxes(title_text="loss", type="log" if base.use_log(loss) else "linear", secondary_y=True,
-                         showgrid=False)
+        log_loss = base.use_log(loss)
+        fig.update_yaxes(title_text="loss", type="log" if log_loss else "linear", secondary_y=True,
+                         showgrid=False, **base.LOG_TICKS if log_loss else {})
     fig.update_layout(title=title, hovermode="closest")
     fig.update_xaxes(title_text="point")
-    fig.update_yaxes(title_text="GNQ", type="log" if log_y else "linear", secondary_y=False)
+    fig.update_yaxes(title_text="GNQ", type="log" if log_y else "linear", secondary_y=False,
+                     **base.LOG_TICKS if log_y else {})
     base.point_axis(fig, labels.index.tolist(), labels.tolist())
     return fig
 
