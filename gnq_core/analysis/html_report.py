@@ -94,7 +94,7 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              f"<p class='caption'>Ordered by {e(order_name)}; copies of a text share one row (×N). "
              f"The first {min(top, len(ranked))} of {len(ranked)} texts.</p>",
              f"<p class='{'sentence' if data.risk.loss_only else 'caption'}'><b>Memorisation risk: "
-             f"{e(data.risk.label)}.</b> {e(data.risk.sentence)}</p>",
+             f"{e(data.risk.shown)}.</b> {e(data.risk.sentence)}</p>",
              texts_table_html(ranked.head(top)) if "status" in ranked else _verdict_table(ranked.head(top)),
              "<h2>Which signal predicts extraction?</h2>", _predictive(data, attacks),
              _other_outcomes(data, plotly_loaded=_scorable(frame, attacks)),
