@@ -401,7 +401,7 @@ def test_the_values_table_says_which_rank_is_estimated_and_explains_each_number(
     assert "fit" not in values_table(summary, fit=False)
     (fmt,) = summary["formats"]
     said = null_sentence(fmt)
-    assert "99th percentile, 6.6 bits" in said and "false-alarm rate" in said and "0 of these 2 (0%)" in said
+    assert "99th percentile, 6.6 bits" in said and "0 of these 2 (0%)" in said
     report = " ".join(_exposure(summary))
     assert "(estimated)" in report and "never-trained 99th pct (bits)</b>: 99th percentile" in report
     assert "reference (bits)</b>: The same exposure under the reference model" in report
@@ -477,4 +477,4 @@ def test_the_drilldown_explains_each_values_exposure(tmp_path, monkeypatch):
     helps = {c: v.get("help", "") for c, v in json.loads(table.proto.columns).items()}
     for column in ("exposure", "reference_exposure", "exposure_null_p99", "exposed", "exposure_method"):
         assert helps[column], column
-    assert "never saw" in helps["exposure_null_p99"] and "false alarms" in helps["exposure_null_p99"]
+    assert "never saw" in helps["exposure_null_p99"] and "Benjamini" in helps["exposed"]

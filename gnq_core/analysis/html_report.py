@@ -28,7 +28,7 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import run_report
-from gnq_core.analysis.exposures import VALUES_HELP, null_sentence, values_table
+from gnq_core.analysis.exposures import VALUES_HELP, fdr_sentence, null_sentence, values_table
 from gnq_core.analysis.findings import summary, texts_table_html
 from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.analysis.predictive_figures import roc_figure
@@ -265,10 +265,9 @@ def _exposure(summary: dict) -> list[str]:
             "value's space (its free digits, the format's other characters kept) − log2 of its rank there "
             "by the audited model's likelihood; the reference model's beside it. "
             f"{summary['exact']} of {summary['exact'] + summary['estimated']} ranks exact"
-            + (f" ({share:.0%}); the others estimated from random values (their fit in the JSON)"
+            + (f" ({share:.0%}); the others estimated by sampling from the model (their fit in the JSON)"
                if share is not None and summary["estimated"] else "")
-            + ". Exposed (above the 99th percentile of never-trained values of its format and above the "
-              f"reference): {summary['exposed']}.</p>",
+            + f". {e(fdr_sentence(summary))}</p>",
             _table(values_table(summary, fit=False)),
             "<p class='caption'>" + " ".join(f"<b>{e(name)}</b>: {e(VALUES_HELP[name])}"
                                              for name in _EXPLAINED) + "</p>",
@@ -277,7 +276,8 @@ def _exposure(summary: dict) -> list[str]:
 
 
 # the exposure table's columns a reader must interpret, explained under it
-_EXPLAINED = ("exposure (bits)", "reference (bits)", "never-trained 99th pct (bits)", "exposed")
+_EXPLAINED = ("exposure (bits)", "reference (bits)", "p-value", "reference LR p", "exposed",
+              "never-trained 99th pct (bits)")
 
 
 def _texts_in_full(top: pd.DataFrame) -> str:

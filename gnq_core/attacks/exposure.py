@@ -337,6 +337,7 @@ class Exposure:
     nodes: int           # candidate prefixes / values the model scored
     candidates: int | None  # random values behind an estimate
     fit: str | None      # how the estimate was made
+    p_value: float | None = None  # an estimate's p-value (upper bound); None: 2^−bits (exact)
 
 
 def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: ValueSpace, *,

@@ -10,6 +10,7 @@ from gnq_core.analysis import (
     PARTLY,
     VALUES_HELP,
     exposure_summary,
+    fdr_sentence,
     gnq_nature,
     null_sentence,
     run_counts,
@@ -68,10 +69,10 @@ def tiles(run, counts) -> None:
     said = exposure_summary(state.store(), run.run_id)
     if said["values"]:
         c3.metric("Exposed values", f"{said['exposed']} / {said['distinct_values']}",
-                  help="Distinct secret values the model ranks above the 99th percentile of never-trained "
-                       "values of their format and above the reference model, written or not "
-                       f"({said['exact']} ranks exact, {said['estimated']} estimated): see **Secret values: "
-                       "exposure** below.")
+                  help="Distinct secret values the model ranks higher than a never-trained value would, "
+                       "written or not, at a stated false-alarm rate: " + fdr_sentence(said)
+                       + f" ({said['exact']} ranks exact, {said['estimated']} estimated): see **Secret "
+                       "values: exposure** below.")
 
 
 def secret_exposure(run) -> None:
@@ -83,8 +84,8 @@ def secret_exposure(run) -> None:
     with st.expander(f"Secret values: exposure ({said['distinct_values']} distinct, {said['exact']} exact"
                      f"{estimated}; {said['exposed']} exposed)"):
         st.caption("Exposure = log2 of the value's space (its free digits) − log2 of its rank there by the "
-                   "model's likelihood; exposed = above the never-trained values' 99th percentile and above "
-                   "the reference model. Hover a column's name for what it means.")
+                   "model's likelihood. " + state.plain(fdr_sentence(said))
+                   + " Hover a column's name for what it means.")
         table = values_table(said)
         st.dataframe(table, hide_index=True, width="stretch",
                      column_config={c: st.column_config.Column(c, help=VALUES_HELP.get(c)) for c in table})
