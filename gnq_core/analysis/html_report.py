@@ -104,7 +104,9 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              "<h2>What GNQ is on this run</h2>", _nature(data),
              f"<p class='caption'>{e(data.gnq_source)} GNQ = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: "
              "how much of a text's gradient its batch companions cannot explain; about 1 or less: explained "
-             "(a copy in the same batch gives ≈ 1), large: the model must encode this text specifically. "
+             "(a copy in the same batch gives ≈ 1), large: its batch does not explain its gradient — on "
+             "the runs measured, not a mark of memorisation beyond length, loss, copies and K_jj "
+             "(docs/evidence.md). "
              "Compare values within a run.</p>",
              "<h2>Provenance</h2>", _provenance(data.provenance),
              "</body></html>"]

@@ -73,8 +73,9 @@ COLUMN_HELP: dict[str, str] = {
             "reference model or ground truth: loss-only and uncalibrated (the page says which).",
     "gnq_total": "GNQ summed over the run's checkpoints. GNQ = g_jᵀ(Σ_{k≠j} g_k g_kᵀ + λI)⁻¹ g_j: how much "
                  "of the text's gradient its batch companions cannot explain. About 1 or less: explained (a "
-                 "copy in the batch gives ≈ 1); large (up to ‖g‖²/λ): the model must encode this text "
-                 "specifically. Compare within a run: see gnq_percentile.",
+                 "copy in the batch gives ≈ 1); large (up to ‖g‖²/λ): its batch does not explain its "
+                 "gradient, which on the runs measured did not mark what a model memorised beyond length, "
+                 "loss, copies and K_jj. Compare within a run: see gnq_percentile.",
     "gnq_max": "The largest GNQ of the text over the checkpoints (≈ 1 or less: explained by its batch).",
     "gnq_last": "GNQ at the last checkpoint (≈ 1 or less: explained by its batch).",
     "gnq_mean": "Mean GNQ over the checkpoints (≈ 1 or less: explained by its batch).",
@@ -415,7 +416,7 @@ def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") 
             return f"{text}, but memorisation risk overall below this run's top 20%", False
         return (f"no strong sign of memorisation: {text}" if text else ""), False
     if unique and strong:
-        return f"unique and encoded: {text}", True
+        return f"unique, strong evidence: {text}", True
     if not text or strong or status:
         return text, strong
     return f"no strong sign of memorisation: {text}", False
