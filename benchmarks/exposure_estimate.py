@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--values", type=int, default=100)
     parser.add_argument("--candidates", default=f"32,{DEFAULT_SECRET_CANDIDATES},512")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--tag", default="", help="appended to the results file's name")
     args = parser.parse_args()
     torch.manual_seed(0)
     model, tok = _tiny() if args.model == "tiny" else _smollm2()
@@ -111,7 +112,10 @@ def main() -> None:
             draw_s[n] = round(time.perf_counter() - t, 2)
             for which, out in ((picked, errors), (top, top_errors)):
                 for i in which:
-                    bits, _, _ = exposure_sampling.estimate(draws, values[i], float(scores[i]), space.bits)
+                    others = scores[uniform_sample[uniform_sample != i]][: DEFAULT_SECRET_CANDIDATES - 1]
+                    bits, _, _ = exposure_sampling.estimate(  # as gnq extract: with its uniform sample
+                        draws, values[i], float(scores[i]), space.bits,
+                        beaten=int((others >= scores[i]).sum()), uniform=len(others))
                     out[f"importance_{n}"].append(bits - (space.bits - math.log2(exact_rank[i])))
         for which, out in ((picked, errors), (top, top_errors)):
             for i in which:
@@ -131,7 +135,7 @@ def main() -> None:
                "error": "estimated - exact exposure (bits)", "result": result,
                "passes": bool(judged and judged["median_abs_error_bits"] <= 0.5 and judged["share_over_2_bits"] <= 0.1)}
     print(result)
-    print(write(f"exposure_estimate-{args.model}", payload))
+    print(write(f"exposure_estimate-{args.model}{args.tag}", payload))
 
 
 if __name__ == "__main__":

@@ -376,7 +376,9 @@ def exposure(model, tokenizer, prompt: Sequence[int], between: str, space: Value
                                                        token_strings(tokenizer))
         draws, p_value = scorer.draws[key], None
         if draws is not None:
-            bits, p_value, fit = exposure_sampling.estimate(draws, space.value, true, space.bits, found)
+            bits, p_value, fit = exposure_sampling.estimate(draws, space.value, true, space.bits, found,
+                                                            beaten=int((others >= true).sum()),
+                                                            uniform=len(others))
         else:
             bits, fit = estimate_bits(true, others, space.bits)
             bits = min(bits, space.bits - math.log2(found + 1))

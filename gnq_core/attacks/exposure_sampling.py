@@ -112,17 +112,27 @@ def draw(scorer, tokenizer, space, between: str, n: int, seed: int, strings: Seq
 
 
 def estimate(draws: Draws, value: str, score: float, space_bits: float, found: int = 0,
-             z: float = 1.645) -> tuple[float, float, str]:
+             z: float = 1.645, beaten: int = 0, uniform: int = 0) -> tuple[float, float, str]:
     """(exposure, p-value at the rank's upper bound, how) of ``value`` scoring ``score`` from the
     proposal's ``draws``; ``found``: values an exact search already saw at least as likely (the
-    rank is at least found + 1)."""
+    rank is at least found + 1); ``beaten`` of ``uniform`` values drawn uniformly from the space
+    at least as likely: the rank is at least the one-sided 95% Clopper–Pearson lower bound of that
+    share times the space (where few draws of the model can be read as values, e.g. a tokenizer
+    whose merges make most sampled paths non-canonical, the importance estimate is heavy-tailed
+    and its typical value too small: the uniform sample keeps it from claiming a rank it refutes)."""
+    from scipy.stats import beta
+
     rank, se = draws.rank(value, score)
-    rank = max(rank, found + 1.0)
     size = 2.0 ** space_bits
+    floor = (1.0 + (size - 1.0) * float(beta.ppf(0.05, beaten, uniform - beaten + 1))
+             if beaten and uniform else 1.0)
+    rank = max(rank, found + 1.0, floor)
     rank = min(rank, size)
     upper = min(size, rank + z * se)
     usable = sum(v is not None for v in draws.values)
     how = (f"importance sampling: {len(draws.values)} values drawn from the model's own distribution over "
-           f"the free characters ({usable} usable), rank ≈ {rank:,.1f} ± {se:,.1f} (standard error); "
+           f"the free characters ({usable} usable), rank ≈ {rank:,.1f} ± {se:,.1f} (standard error"
+           + (f"; at least {floor:,.1f}: {beaten} of {uniform} uniform values beat it" if floor > 1 else "")
+           + "); "
            f"p-value at its upper 95% bound, {upper:,.1f} of 2^{space_bits:.1f}")
     return float(max(0.0, space_bits - math.log2(rank))), float(min(1.0, upper / size)), how
