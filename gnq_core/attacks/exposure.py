@@ -50,6 +50,7 @@ from gnq_core.attacks import exposure_sampling
 from gnq_core.attacks.decode import cache_argument, returned_cache
 from gnq_core.attacks.defaults import DEFAULT_EXPOSURE_NODES as DEFAULT_SEARCH_NODES
 from gnq_core.attacks.defaults import MIN_SECRET_CANDIDATES as MIN_CANDIDATES
+from gnq_core.attacks.exposure_sampling import NonFinite
 from gnq_core.attacks.generation import last_logprobs
 from gnq_core.sources.secrets import luhn_ok
 
@@ -231,10 +232,6 @@ class Ranked:
     nodes: int
     found: int
     score: float
-
-
-class NonFinite(ValueError):
-    """A score is NaN or infinite: no rank can be read from it."""
 
 
 def _tail(between: str, value: str, tokenizer) -> list[int]:

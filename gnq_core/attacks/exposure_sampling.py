@@ -29,6 +29,10 @@ import torch
 UNIFORM = 0.1   # share of the proposal that is uniform over the fitting tokens (bounds every weight)
 
 
+class NonFinite(ValueError):
+    """A score is NaN or infinite: no rank can be read from it (also ``attacks.exposure.NonFinite``)."""
+
+
 @dataclass(frozen=True)
 class Draws:
     """n draws of the proposal after one prompt: each draw's log p (the model's log-likelihood of
@@ -90,8 +94,6 @@ def draw(scorer, tokenizer, space, between: str, n: int, seed: int, strings: Seq
         for i, row in zip(active, rows, strict=True):
             lp = row[options_at[pos[i]]]
             if torch.isnan(lp).any() or not torch.isfinite(lp).any():
-                from gnq_core.attacks.exposure import NonFinite  # exposure imports this module
-
                 raise NonFinite("a candidate's log-likelihood is not finite")
             model_q = torch.softmax(lp, dim=0)
             q = (1 - UNIFORM) * model_q + UNIFORM / len(lp)
