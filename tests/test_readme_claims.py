@@ -225,6 +225,7 @@ CLAIMS: dict[str, Callable[[], str]] = {
     "ck-real extraction GNQ_total gain":
         lambda: ck_real("extraction", "gnq_total", "over length + loss", "gain"),
     "ck-real group GNQ_total": lambda: ck_real("group", "gnq_total", "all"),
+    "ck-real group counterfactual": lambda: ck_real("group", "counterfactual_memorization", "all"),
     "ck-real group GNQ_total exact length": lambda: ck_real("group", "gnq_total", "exact length"),
     "ck-real group GNQ_last exact length": lambda: ck_real("group", "gnq_last", "exact length"),
     "ck-real group GNQ_total gain": lambda: ck_real("group", "gnq_total", "over length + loss", "gain"),
@@ -292,6 +293,15 @@ for _s in map(str, report("companions/results.json")["seeds"]):
 def test_readme_cites_the_reports_number(claim):
     expected = CLAIMS[claim]().replace("−", "-")
     assert expected in section(), f"docs/evidence.md should cite {claim} as {expected!r}"
+
+
+def test_every_interval_the_page_cites_is_read_from_a_report():
+    """Each "value [lo, hi]" on the page is one some claim above computes from a report's JSON: a
+    number typed in by hand, or left behind by a rerun, fails here."""
+    cited = re.findall(r"[-+]?\d+\.\d+ \[[-+]?\d+\.\d+, [-+]?\d+\.\d+\]", section())
+    made = " | ".join(claim().replace("−", "-") for claim in CLAIMS.values())
+    assert len(cited) > 40, len(cited)  # the pattern still reads the page
+    assert [c for c in cited if c not in made] == []
 
 
 def test_every_cited_report_exists_and_every_claim_states_its_records_and_seeds():

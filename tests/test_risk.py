@@ -70,7 +70,13 @@ def test_a_direction_the_ground_truth_validates_enters_in_that_direction():
     frame["gnq_total"] = 1.0 / frame["gnq_total"]
     y = frame["truth"]
     validated = risk_components(frame.assign(extracted=pd.array(y, dtype="boolean")))
-    assert "gnq" in basis_of(validated).components and (validated["gnq_sign"] == 1).all()
+    basis = basis_of(validated)
+    assert "gnq" in basis.components and (validated["gnq_sign"] == 1).all()
+    # the out-of-fold AUC stands beside "validated", with its interval, and survives the JSON round trip
+    lo, hi = basis.auc_interval
+    assert 0.5 < lo < basis.auc < hi <= 1 and "out-of-fold AUC" in basis.shown
+    assert f"Out-of-fold AUC of this ranking: {basis.auc:.2f}" in basis.words
+    assert RiskBasis.from_dict(basis.to_dict()) == basis
     assert stats.spearmanr(validated["risk"], frame["gnq_total"]).statistic > 0
 
 

@@ -40,6 +40,9 @@ def test_quick_study_counterfactual_memorisation_grows_with_copies(tmp_path):
         assert exposure["planted"] == 1 and exposure["base"] == 0  # every planted value, nothing else
         assert np.isfinite(f[["gnq", "k_jj", "loss", "min_k_plus", "zlib_ratio"]].to_numpy()).all()
     signals = pd.DataFrame(doc["signals"]).set_index("column")
+    reliability = pd.DataFrame(doc["reliability"])  # the outcome's split-half reliability, per seed
+    assert set(reliability["seed"]) == {0, 1} and set(reliability["scope"]) == {"all records", "base texts"}
+    assert set(pd.DataFrame(doc["per_seed"])["seed"]) == {0, 1} and "Split-half reliability" in text
     assert "gnq" in signals.index and "loss_ratio" not in signals.index  # a tiny model has no base model
     records = tmp_path / "work" / "counterfactual-quick" / "seed-0" / "records.csv"
     before = records.stat().st_mtime_ns
@@ -115,3 +118,27 @@ def test_unknown_model_is_one_line_and_exit_one(tmp_path):
                                       "--db", str(tmp_path / "s.duckdb"), "--work", str(tmp_path / "w")])
     assert result.exit_code == 1 and "--model must be smollm2 or tiny" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "w").exists()
+
+
+def test_split_half_reliability_tells_a_real_outcome_from_noise():
+    """Each half of the model pairs measures counterfactual memorisation alone: where records
+    truly differ the halves agree (Spearman–Brown near 1), where they do not it is about 0."""
+    from research.studies.counterfactual import cf_subset, split_half_reliability, split_halves
+
+    rng = np.random.default_rng(0)
+    n, models = 200, 8
+    subsets = [cf_subset(n, m, seed=3) for m in range(models)]
+    for effect, reliable in ((rng.exponential(1.0, n), True), (np.zeros(n), False)):
+        scores = []
+        for subset in subsets:
+            member = np.zeros(n, dtype=bool)
+            member[subset] = True
+            scores.append((effect * member + rng.normal(0, 0.3, n)).tolist())
+        a, b = split_halves(n, subsets, scores)
+        got = split_half_reliability(a, b)
+        assert got["records"] == n
+        if reliable:
+            assert got["spearman_brown"] > 0.9 and got["top_agreement"] > 0.6
+        else:
+            assert abs(got["spearman_halves"]) < 0.2 and got["top_agreement"] < 0.35
+    assert np.isnan(split_halves(n, subsets[:2], scores[:2])[0]).all()  # one pair: no halves

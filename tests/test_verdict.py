@@ -56,7 +56,7 @@ def test_reasons_say_why_in_words():
     assert "repeated 4×: copies explain each other, so GNQ cannot see it" in reasons[3]
     assert reasons[1].startswith("contains a PIN")
     # "encoded" on the loss ratio's word; GNQ is said, not counted (no ground truth here validates it)
-    assert reasons[2] == "unique and encoded: GNQ in the top 1% and loss 5× below the reference"
+    assert reasons[2] == "unique, strong evidence: GNQ in the top 1% and loss 5× below the reference"
     assert reasons[4].startswith("the model completes it, but so does the reference model")
     assert "no strong sign of memorisation" in reasons[5]
 
@@ -162,7 +162,7 @@ def test_status_and_reason_never_contradict():
     assert not at_risk["reason"].str.contains("no strong sign").any()
     assert at_risk["reason"].str.contains("top").all()  # top 20% by risk, or GNQ / loss in words
     low = ranked[ranked["status"] == "low"]
-    assert not low["reason"].str.contains("unique and encoded").any()
+    assert not low["reason"].str.contains("unique, strong evidence").any()
     assert not low["reason"].str.contains("memorisation risk in this run's top").any()
 
 

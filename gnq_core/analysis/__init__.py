@@ -9,7 +9,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".findings": ("action", "grouped", "summary", "texts_table_html"),
     ".counts": ("RunCounts", "run_counts"),
     ".exposures": ("EXPOSURE_SHOWN", "SHOWN_HELP", "VALUES_HELP", "exposed", "exposure_summary",
-                   "null_sentence", "value_exposure_sentence", "values_table"),
+                   "fdr_sentence", "null_sentence", "value_exposure_sentence", "values_table"),
     ".flagging": ("GNQ_ORDER", "VERDICT_ORDER", "TextFilter", "flagged"),
     ".html_report": ("build_report", "check_writable", "write_report"),
     ".predictive_figures": ("roc_figure",),

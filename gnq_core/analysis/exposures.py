@@ -15,7 +15,7 @@ from gnq_core.results.store import Store
 
 VALUE_COLUMNS = ["kind", "value", "template", "copies", "exposure", "method", "rank", "space_bits", "nodes",
                  "candidates", "fit", "reference_exposure", "reference_method", "reference_rank", "null_p99",
-                 "exposed", "leaked"]
+                 "exposed", "leaked", "p_value", "log_ratio", "reference_ratio_p", "fdr_q"]
 
 
 # a value's exposure columns as the Flagged texts' detail shows them (secret_attacks' names)
@@ -28,8 +28,10 @@ def exposed(values: pd.DataFrame) -> pd.Series:
     every count of exposed values reads (the JSON's ``secret_exposure.exposed`` and
     ``verdict.counts.values_exposed``, the Runs page's tile and expander, the HTML report), so a change
     of the rule changes them all.  Today: the attack's flag (attacks/secret_exposure.py), exposure
-    above the never-trained values' 99th percentile and above the reference model's; not measured:
-    not exposed."""
+    its p-value survives Benjamini–Hochberg at the run's q (and, with a reference model, its
+    likelihood ratio beats never-trained values'; attacks/exposure_fdr.py), or on rows attacked before
+    that, above the never-trained values' 99th percentile and the reference's; not measured: not
+    exposed."""
     if "exposed" not in values:
         return pd.Series(False, index=values.index)
     return values["exposed"].astype("boolean").fillna(False).astype(bool)
@@ -55,11 +57,40 @@ def exposure_summary(store: Store, run_id: int) -> dict[str, Any]:
     measured = values["method"].notna()
     exact = int((values["method"] == "exact").sum())
     values["rank_estimate"] = [estimated_rank(r) for r in values.to_dict(orient="records")]
+    n_exposed = int(exposed(values).sum())
+    q = values["fdr_q"].dropna()
+    fdr = float(q.iloc[0]) if len(q) else None  # None: decided before "exposed" had a false-discovery rate
     return {"values": values.to_dict(orient="records"), "formats": formats,
             "distinct_values": len(values), "not_measured": int((~measured).sum()), "exact": exact,
             "estimated": int((values["method"] == "estimated").sum()),
             "exact_share": exact / int(measured.sum()) if measured.any() else None,
-            "exposed": int(exposed(values).sum())}
+            "exposed": n_exposed, "fdr_q": fdr, "tested": int(values["p_value"].notna().sum()),
+            "expected_false": expected_false(n_exposed, fdr) if fdr is not None else None,
+            "reference_test": bool(values["reference_ratio_p"].notna().any())}
+
+
+def expected_false(exposed: int, q: float) -> float:
+    """At most how many of ``exposed`` values called exposed at false-discovery rate ``q`` are
+    expected to be false alarms: q × exposed (the Benjamini–Hochberg guarantee, E[false / exposed]
+    ≤ q; attacks/exposure_fdr.py)."""
+    return q * exposed
+
+
+def fdr_sentence(summary: dict[str, Any]) -> str:
+    """How "exposed" was decided on this run and how many of its calls are expected false."""
+    if summary.get("fdr_q") is None:
+        return ("Exposed = above the 99th percentile of never-trained values of its format and above the "
+                "reference model's exposure (the rule before false-discovery control: no false-alarm rate "
+                "across the run's values; attack again for one).")
+    q, n, tested = summary["fdr_q"], summary["exposed"], summary["tested"]
+    said = (f"Exposed = its p-value (the chance a never-trained value ranks as high: 2^−exposure for an "
+            f"exact rank, an estimate's upper 95% bound) survives Benjamini–Hochberg at q = {q:g} across the "
+            f"run's {tested} measured values")
+    if summary.get("reference_test"):
+        said += (", and its log-likelihood ratio audited/reference beats never-trained values of its format "
+                 f"(likelihood-ratio p ≤ {q:g})")
+    return said + (f". {n} exposed: at most {expected_false(n, q):.2f} of them expected to be false alarms "
+                   f"(q × {n})." if n else ". None exposed: no false alarm among them.")
 
 
 def false_alarm(null_bits: Sequence[float], threshold: float | None) -> dict:
@@ -119,8 +150,14 @@ VALUES_HELP: dict[str, str] = {
                         "checkpoint): what the value is worth without this training.",
     "reference rank": "The reference model's rank of the value, exact or estimated.",
     "never-trained 99th pct (bits)": "99th percentile of the exposure of values of the same format the "
-                                     "model never saw (the run's control): above it, 1% false alarms.",
-    "exposed": "yes: exposure above the never-trained 99th percentile and above the reference model's.",
+                                     "model never saw (the run's control: how far such values reach, "
+                                     "estimates included; no longer the threshold).",
+    "p-value": "The chance that a value the model never trained on ranks at least this high: rank / size "
+               "of its format = 2^−exposure (an estimated rank: at its upper 95% bound).",
+    "reference LR p": "Likelihood-ratio test against the reference model: the share of never-trained values "
+                      "of its format whose log-likelihood gained as much from audited over reference.",
+    "exposed": "yes: its p-value survives Benjamini–Hochberg at the run's q (false-discovery rate) across "
+               "the run's values and, with a reference model, its reference LR p is at most q.",
     "leaked": "yes: the model writes the value whole when prompted with its text (and the reference does "
               "not).",
     "fit": "How an estimated rank was found: the distribution fitted to random values' likelihoods.",
@@ -138,14 +175,20 @@ def values_table(summary: dict[str, Any], fit: bool = True) -> pd.DataFrame:
         "kind": rows["kind"], "value": rows["value"],
         "exposure (bits)": rows["exposure"].astype(float).round(2),
         "reference (bits)": rows["reference_exposure"].astype(float).round(2),
-        "never-trained 99th pct (bits)": rows["null_p99"].astype(float).round(2),
+        "p-value": rows["p_value"].astype(float).map(_p_words),
+        "reference LR p": rows["reference_ratio_p"].astype(float).map(_p_words),
         "exposed": [_yes_no(v) for v in rows["exposed"]], "leaked": [_yes_no(v) for v in rows["leaked"]],
+        "never-trained 99th pct (bits)": rows["null_p99"].astype(float).round(2),
         "rank": [rank_words(r) for r in records],
         "reference rank": [rank_words(r, "reference_") for r in records],
         "format": rows["template"], "copies": rows["copies"]})
     if fit:
         table["fit"] = rows["fit"].where(rows["fit"].notna(), "")
     return table
+
+
+def _p_words(p: float) -> str:
+    return "" if not math.isfinite(p) else (f"{p:.2g}" if p >= 1e-4 else f"2^{math.log2(p):.1f}")
 
 
 def _yes_no(value: object) -> str:
@@ -163,9 +206,9 @@ def null_sentence(fmt: dict[str, Any]) -> str:
         said += f" ({fmt['null_estimated']} of them estimated)"
     if fmt["threshold"] is not None:
         over = round(fmt["false_alarm_null"] * fmt["null_values"])
-        said += (f". Exposed = above their 99th percentile, {fmt['threshold']:.1f} bits; false-alarm rate "
-                 f"of that threshold: {over} of these {fmt['null_values']} ({fmt['false_alarm_null']:.0%}) "
-                 f"exceed it, a uniformly random rank would {fmt['false_alarm_uniform']:.1%} of the time")
+        said += (f"; {over} of these {fmt['null_values']} ({fmt['false_alarm_null']:.0%}) exceed their 99th "
+                 f"percentile, {fmt['threshold']:.1f} bits, which a uniformly random rank would "
+                 f"{fmt['false_alarm_uniform']:.1%} of the time")
     return said + "."
 
 
@@ -195,7 +238,13 @@ def value_exposure_sentence(row: pd.Series | dict) -> str:
     if _finite(row.get("exposure_null_p99")):
         p99 = float(row["exposure_null_p99"])
         said += f"; values of its format the model never saw: 99th percentile {p99:.1f} bits"
+    if _finite(row.get("exposure_p")):
+        said += f"; p-value {_p_words(float(row['exposure_p']))}"
+        if _finite(row.get("reference_ratio_p")):
+            said += f", reference likelihood-ratio p {_p_words(float(row['reference_ratio_p']))}"
     exposed = row.get("exposed")
     if exposed is not None and not pd.isna(exposed):
         said += " → exposed" if bool(exposed) else " → not exposed"
+        if _finite(row.get("exposure_fdr_q")):
+            said += f" (Benjamini–Hochberg at q = {float(row['exposure_fdr_q']):g} across the run's values)"
     return said + "."

@@ -28,7 +28,7 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis import run_report
-from gnq_core.analysis.exposures import VALUES_HELP, null_sentence, values_table
+from gnq_core.analysis.exposures import VALUES_HELP, fdr_sentence, null_sentence, values_table
 from gnq_core.analysis.findings import summary, texts_table_html
 from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.analysis.predictive_figures import roc_figure
@@ -94,7 +94,7 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              f"<p class='caption'>Ordered by {e(order_name)}; copies of a text share one row (×N). "
              f"The first {min(top, len(ranked))} of {len(ranked)} texts.</p>",
              f"<p class='{'sentence' if data.risk.loss_only else 'caption'}'><b>Memorisation risk: "
-             f"{e(data.risk.label)}.</b> {e(data.risk.sentence)}</p>",
+             f"{e(data.risk.shown)}.</b> {e(data.risk.sentence)}</p>",
              texts_table_html(ranked.head(top)) if "status" in ranked else _verdict_table(ranked.head(top)),
              "<h2>Which signal predicts extraction?</h2>", _predictive(data, attacks),
              _other_outcomes(data, plotly_loaded=_scorable(frame, attacks)),
@@ -104,7 +104,9 @@ def build_report(store: Store, run: Run, *, totals: pd.DataFrame | None = None, 
              "<h2>What GNQ is on this run</h2>", _nature(data),
              f"<p class='caption'>{e(data.gnq_source)} GNQ = g_jᵀ(Σ_{{k≠j}} g_k g_kᵀ + λI)⁻¹ g_j: "
              "how much of a text's gradient its batch companions cannot explain; about 1 or less: explained "
-             "(a copy in the same batch gives ≈ 1), large: the model must encode this text specifically. "
+             "(a copy in the same batch gives ≈ 1), large: its batch does not explain its gradient — on "
+             "the runs measured, not a mark of memorisation beyond length, loss, copies and K_jj "
+             "(docs/evidence.md). "
              "Compare values within a run.</p>",
              "<h2>Provenance</h2>", _provenance(data.provenance),
              "</body></html>"]
@@ -265,10 +267,9 @@ def _exposure(summary: dict) -> list[str]:
             "value's space (its free digits, the format's other characters kept) − log2 of its rank there "
             "by the audited model's likelihood; the reference model's beside it. "
             f"{summary['exact']} of {summary['exact'] + summary['estimated']} ranks exact"
-            + (f" ({share:.0%}); the others estimated from random values (their fit in the JSON)"
+            + (f" ({share:.0%}); the others estimated by sampling from the model (their fit in the JSON)"
                if share is not None and summary["estimated"] else "")
-            + ". Exposed (above the 99th percentile of never-trained values of its format and above the "
-              f"reference): {summary['exposed']}.</p>",
+            + f". {e(fdr_sentence(summary))}</p>",
             _table(values_table(summary, fit=False)),
             "<p class='caption'>" + " ".join(f"<b>{e(name)}</b>: {e(VALUES_HELP[name])}"
                                              for name in _EXPLAINED) + "</p>",
@@ -277,7 +278,8 @@ def _exposure(summary: dict) -> list[str]:
 
 
 # the exposure table's columns a reader must interpret, explained under it
-_EXPLAINED = ("exposure (bits)", "reference (bits)", "never-trained 99th pct (bits)", "exposed")
+_EXPLAINED = ("exposure (bits)", "reference (bits)", "p-value", "reference LR p", "exposed",
+              "never-trained 99th pct (bits)")
 
 
 def _texts_in_full(top: pd.DataFrame) -> str:

@@ -94,7 +94,8 @@ class Predictive:
         return (f"Outcome: `{self.outcome}` of the run's latest attack (texts not attackable are left out). "
                 f"AUC: P(an extracted text scores higher than a kept one, ties ½) in the stated direction. "
                 f"TPR at x% FPR: largest share of extracted texts caught while flagging at most x% of the "
-                f"kept ones. Precision at top q: share extracted among the round(q·n) highest-scoring texts "
+                f"kept ones (n/a with fewer than 1/x kept records, which cannot resolve that rate). "
+                f"Precision at top q: share extracted among the round(q·n) highest-scoring texts "
                 f"(ties at the cut shared in expectation). Unit: {self.unit}"
                 + (" (copies collapsed to one record)" if self.unit == UNIT_RECORDS else
                    " (copies of one record resampled together)")
@@ -254,11 +255,22 @@ def metrics_with_intervals(scores: np.ndarray, labels: np.ndarray, groups: np.nd
     interval by ``metric_interval``), and the cluster-bootstrap samples behind them."""
     boot = bootstrap(scores, labels, resamples, seed, groups, **kwargs)
     row: dict[str, float] = {}
+    negatives = records(labels, groups)[1]
     for key, value in metrics_matrix(scores, labels, **kwargs).items():
+        if key.startswith("tpr@") and not resolves(float(key[4:]), negatives):
+            row[key] = row[f"{key} lo"] = row[f"{key} hi"] = math.nan  # shown "n/a": see ``resolves``
+            continue
         row[key] = float(value[0])
         row[f"{key} lo"], row[f"{key} hi"] = metric_interval(key, row[key], boot[key], scores, labels,
                                                              groups, level)
     return row, boot
+
+
+def resolves(fpr: float, negatives: int) -> bool:
+    """Whether ``negatives`` independent negative records can resolve a false-positive rate of
+    ``fpr``: at least 1 / fpr of them (with 74, a "0.1% FPR" allows no false positive at all, the
+    same cut as 1%, and says nothing of 0.1%)."""
+    return negatives >= math.ceil(1.0 / fpr - 1e-9)
 
 
 def rate_interval(outcomes: Sequence[bool] | np.ndarray, resamples: int | None = None,

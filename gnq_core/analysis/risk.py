@@ -24,13 +24,23 @@ the membership scores are the model's own (Min-K%++; the loss when even that is 
 ranking is then *loss-only and uncalibrated*, and the basis says so.
 
 **Validated** (the run has ground truth: an extraction outcome, or ``--non-members``, with at
-least ``MIN_PER_OUTCOME`` independent records on each side, copies counted once): each text's
-risk is the mean of the components that validate on the *other* folds (``FOLDS`` folds grouped
-by copy cluster, so neither a text's own outcome nor a copy's chooses its components): AUC above
-``VALID_AUC`` in the component's own direction, and for GNQ and K_jj also below 1 − ``VALID_AUC``,
-then reversed.  The extraction outcome is used when it has enough records (it is the event the
-risk predicts); else the members against the never-trained texts.  ``risk`` never reads the
-outcome of its own text, so it can be scored against it.
+least ``MIN_PER_OUTCOME`` independent records on each side, copies counted once): a component
+enters only on evidence that survives the null.  Every direction tried is one hypothesis (the
+membership scores, repetition and loss in their stated direction; GNQ and K_jj in both, so two
+each), and on the rows of each fold's *other* folds (``FOLDS`` folds grouped by copy cluster) each
+gets a one-sided p-value that its AUC exceeds 0.5: the cluster bootstrap's standard error over
+records (copies drawn whole, ``RESAMPLES`` resamples), read on a t with the effective records'
+degrees of freedom (the small-sample widening ``clusters.expanded_level`` uses); Holm's step-down
+over all the hypotheses keeps the chance that any noise component enters at most ``ALPHA``.  A
+component enters when *every* fold chose it, in one sign; then each text's risk is the mean of
+those components.  The ranking's out-of-fold AUC (each fold's texts ranked by what the other folds
+chose) with its cluster-bootstrap interval stands beside "validated".  Nothing passes: the default
+stands, and the basis says why.  The extraction outcome is used when it has enough records (it is
+the event the risk predicts); else the members against the never-trained texts.
+
+On null data (no component informative, 10 or 50 positive records) GNQ or K_jj enters, and a run
+is called validated, in under 5% of runs (tests/test_risk_null.py); the rule it replaced (AUC >
+0.55 on the training folds, any fold) did so in 86-100%.
 """
 
 from __future__ import annotations
@@ -40,12 +50,20 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from gnq_core.analysis.clusters import MIN_RECORDS, groups_of, numeric_column, records
-from gnq_core.analysis.predictive import rank_auc
+from gnq_core.analysis.clusters import (
+    MIN_RECORDS,
+    cluster_weights,
+    effective_records,
+    groups_of,
+    numeric_column,
+    records,
+)
+from gnq_core.analysis.predictive import interval, metrics_matrix
 
 FOLDS = 5
 MIN_PER_OUTCOME = MIN_RECORDS  # independent records on each side for the run's own ground truth to choose
-VALID_AUC = 0.55               # a component validates when it beats chance by this margin on the other folds
+ALPHA = 0.05      # chance that any component without signal enters risk (Holm over the directions tried)
+RESAMPLES = 400   # cluster-bootstrap resamples behind each standard error (a p of a few % needs no more)
 EVIDENCE = ("membership", "repetition", "loss")  # enter only in their stated direction
 FREE = ("gnq", "kjj")                             # enter in the direction the ground truth measures
 # the calibrated membership scores: (column, higher is stronger, name)
@@ -67,6 +85,16 @@ class RiskBasis:
     components: tuple[str, ...] = ()   # e.g. ("membership", "repetition", "gnq reversed")
     ground_truth: str | None = None    # "extraction", "membership" or None
     calibrated: bool = False           # a reference model's loss ratio is among the scores
+    auc: float | None = None           # validated: the ranking's out-of-fold AUC on the ground truth
+    auc_interval: tuple[float, float] | None = None  # its 95% cluster-bootstrap interval
+
+    @property
+    def shown(self) -> str:
+        """The label with the out-of-fold AUC beside "validated" (what the pages and reports show)."""
+        if self.auc is None:
+            return self.label
+        lo, hi = self.auc_interval or (float("nan"), float("nan"))
+        return f"{self.label} (out-of-fold AUC {self.auc:.2f} [{lo:.2f}, {hi:.2f}])"
 
     @property
     def sentence(self) -> str:
@@ -80,11 +108,15 @@ class RiskBasis:
     def to_dict(self) -> dict:
         """JSON-safe (a frame's ``attrs`` travel to Arrow and Parquet as JSON)."""
         return {"label": self.label, "words": self.words, "components": list(self.components),
-                "ground_truth": self.ground_truth, "calibrated": self.calibrated}
+                "ground_truth": self.ground_truth, "calibrated": self.calibrated, "auc": self.auc,
+                "auc_interval": list(self.auc_interval) if self.auc_interval else None}
 
     @classmethod
     def from_dict(cls, d: dict) -> RiskBasis:
-        return cls(d["label"], d["words"], tuple(d["components"]), d["ground_truth"], d["calibrated"])
+        """Also a basis written before the AUC was kept (no ``auc``: none shown)."""
+        band = d.get("auc_interval")
+        return cls(d["label"], d["words"], tuple(d["components"]), d["ground_truth"], d["calibrated"],
+                   d.get("auc"), tuple(band) if band else None)
 
 
 def _pct(values: pd.Series, higher_is_stronger: bool = True) -> pd.Series:
@@ -133,9 +165,11 @@ def _default(frame: pd.DataFrame, parts: dict[str, pd.Series]) -> tuple[pd.Serie
     calibrated = bool(numeric_column(frame, "loss_ratio").notna().any())
     said = " or ".join(_membership_words(frame) if n == "membership" else WORDS[n] for n in names)
     said = f"the larger of {said}" if len(names) > 1 else said
-    unused = ("GNQ and K_jj are shown, not used: on every run measured, the texts a model learned had "
-              f"smaller GNQ, so they enter risk only where this run's ground truth ({GROUND_TRUTH}) "
-              "validates them, in the direction it measures")
+    unused = ("this default orders what the model was trained on (membership evidence), not what could "
+              "leak. GNQ and K_jj are shown, not used by default: on the membership runs measured a learned "
+              "text had smaller GNQ and K_jj, on the counterfactual and extraction studies a memorised one "
+              "larger (docs/verdict.md: for could-it-leak the studies favour K_jj), so they enter risk only "
+              f"where this run's ground truth ({GROUND_TRUTH}) validates them, in the direction it measures")
     if not names:
         return risk, RiskBasis("no evidence", "no evidence: no membership score, loss or copies measured, so "
                                "every text's risk is 0. " + unused + ".")
@@ -155,15 +189,50 @@ def _oriented(parts: dict[str, pd.Series], chosen: list[tuple[str, int]], rows: 
     return pd.concat(values, axis=1).mean(axis=1)
 
 
-def _choose(parts: dict[str, pd.Series], y: pd.Series, rows: pd.Index) -> list[tuple[str, int]]:
-    """The components (and their sign) that validate on ``rows``."""
+def hypotheses(names: list[str]) -> list[tuple[str, int]]:
+    """Every (component, sign) tried: a stated direction once, GNQ and K_jj both ways."""
+    return [(n, sign) for n in names for sign in ((1, -1) if n in FREE else (1,))]
+
+
+def direction_tests(parts: dict[str, pd.Series], y: pd.Series, groups: pd.Series, rows: pd.Index,
+                    tried: list[tuple[str, int]], seed: int = 0,
+                    ) -> dict[tuple[str, int], tuple[float, float]]:
+    """(AUC in that direction, one-sided p-value that it exceeds 0.5) per hypothesis on ``rows``
+    (module docstring): one cluster bootstrap shared by every component, vectorised."""
+    from scipy import stats
+
+    labels, g = y[rows].to_numpy(dtype=bool), groups[rows].to_numpy()
+    weights = cluster_weights(labels, g, RESAMPLES, seed)
+    out: dict[tuple[str, int], tuple[float, float]] = {}
+    for name in dict.fromkeys(n for n, _ in tried):
+        v = parts[name][rows].to_numpy(dtype=float)
+        ok = np.isfinite(v)
+        lab = labels[ok]
+        k = effective_records(lab, g[ok]) if lab.any() and (~lab).any() else 0.0
+        if k < 2:
+            out |= {(name, s): (float("nan"), 1.0) for n, s in tried if n == name}
+            continue
+        auc = float(metrics_matrix(v[ok], lab, None, (), ())["auc"][0])
+        boot = metrics_matrix(v[ok], lab, weights[:, ok], (), ())["auc"]
+        se = float(np.nanstd(boot, ddof=1))
+        for n, sign in tried:
+            if n != name:
+                continue
+            directed = auc if sign > 0 else 1.0 - auc
+            z = (directed - 0.5) / se if se > 0 else (np.inf if directed > 0.5 else -np.inf)
+            out[(name, sign)] = (directed, float(stats.t.sf(z * np.sqrt((k - 1) / k), k - 1)))
+    return out
+
+
+def holm(p_values: dict[tuple[str, int], float], alpha: float = ALPHA) -> list[tuple[str, int]]:
+    """The hypotheses Holm's step-down rejects at family-wise level ``alpha``, smallest p first."""
+    order = sorted(p_values, key=lambda h: p_values[h])
+    m = len(order)
     chosen = []
-    for name, v in parts.items():
-        auc = rank_auc(v[rows][y[rows]], v[rows][~y[rows]])
-        if auc > VALID_AUC:
-            chosen.append((name, 1))
-        elif name in FREE and auc < 1 - VALID_AUC:
-            chosen.append((name, -1))
+    for i, h in enumerate(order):
+        if p_values[h] > alpha / (m - i):
+            break
+        chosen.append(h)
     return chosen
 
 
@@ -187,7 +256,6 @@ class _Truth:
     y: pd.Series           # the outcome per row of the validation frame
     groups: pd.Series      # copy cluster per row of the validation frame
     parts: dict            # the components per row of the validation frame
-    fold_key: pd.Series    # per row of the run: the key of its row in the validation frame (NaN: none)
 
 
 def _extraction_truth(totals: pd.DataFrame, parts: dict[str, pd.Series]) -> _Truth | None:
@@ -197,9 +265,8 @@ def _extraction_truth(totals: pd.DataFrame, parts: dict[str, pd.Series]) -> _Tru
     known = outcome.notna().to_numpy()
     y = outcome[known].astype(bool)
     groups = pd.Series(groups_of(totals), index=totals.index)[y.index]
-    key = pd.Series(totals.index, index=totals.index).where(known)
     return _Truth("extraction", "this run's extraction outcome", y, groups,
-                  {k: v[y.index] for k, v in parts.items()}, key)
+                  {k: v[y.index] for k, v in parts.items()})
 
 
 def _membership_truth(totals: pd.DataFrame, membership: pd.DataFrame | None) -> _Truth | None:
@@ -217,30 +284,44 @@ def _membership_truth(totals: pd.DataFrame, membership: pd.DataFrame | None) -> 
         frame = pd.concat([frame, joined], axis=1)
     y = member
     groups = pd.Series(groups_of(frame), index=frame.index)
-    position = pd.Series(frame.index[member], index=frame.loc[member, "example_id"].to_numpy())
-    key = totals["example_id"].map(position[~position.index.duplicated()])
     return _Truth("membership", "this run's texts against never-trained texts (--non-members)", y, groups,
-                  components(frame), key)
+                  components(frame))
 
 
-def _validated(totals: pd.DataFrame, parts: dict[str, pd.Series], truth: _Truth,
-               seed: int = 0) -> tuple[pd.Series, list[tuple[str, int]]]:
-    """Each run text's risk from the components chosen on the folds its own row is not in."""
+@dataclass(frozen=True)
+class _Validation:
+    used: list[tuple[str, int]]        # the components every fold chose, in one sign
+    per_fold: list[list[tuple[str, int]]]
+    tried: list[tuple[str, int]]
+    auc: float                         # the out-of-fold ranking's AUC on the ground truth
+    auc_interval: tuple[float, float]
+
+
+def _validated(truth: _Truth, seed: int = 0) -> _Validation:
+    """Holm-tested components on each fold's other folds (module docstring); a component is used
+    when every fold chose it.  The out-of-fold AUC ranks each fold's rows by its own fold's choice
+    (½ where that fold chose nothing)."""
     candidates = [k for k, v in truth.parts.items() if v.notna().any() and v.nunique() > 1]
-    vparts = {k: truth.parts[k] for k in candidates}
+    tried = hypotheses(candidates)
     folds = grouped_folds(truth.y, truth.groups, seed)
-    fold_of_run = truth.fold_key.map(folds).fillna(-1).astype(int)  # -1: no row of its own
-    risk = pd.Series(np.nan, index=totals.index)
-    used: list[tuple[str, int]] = []
-    for f in [*range(FOLDS), -1]:
-        rows = fold_of_run.index[fold_of_run == f]
-        if f >= 0 and not len(rows):
-            continue
-        chosen = _choose(vparts, truth.y, folds.index[folds != f])
-        used += [c for c in chosen if c not in used]
-        if chosen:
-            risk[rows] = _oriented(parts, chosen, rows)
-    return risk, used
+    per_fold: list[list[tuple[str, int]]] = []
+    for f in range(FOLDS):
+        rows = folds.index[folds != f]
+        tests = direction_tests(truth.parts, truth.y, truth.groups, rows, tried, seed + f)
+        per_fold.append(holm({h: p for h, (_, p) in tests.items()}))
+        if not per_fold[-1]:  # no fold without it can use it: the rest need not be tested
+            break
+    used = [h for h in per_fold[0] if all(h in chosen for chosen in per_fold)] if per_fold else []
+    oof = pd.Series(0.5, index=truth.y.index)
+    for f, chosen in enumerate(per_fold):
+        rows = folds.index[folds == f]
+        if chosen and len(rows):
+            oof[rows] = _oriented(truth.parts, chosen, rows).fillna(0.5)
+    labels, groups = truth.y.to_numpy(dtype=bool), truth.groups.to_numpy()
+    score = oof.to_numpy(dtype=float)
+    auc = float(metrics_matrix(score, labels, None, (), ())["auc"][0])
+    boot = metrics_matrix(score, labels, cluster_weights(labels, groups, 1000, seed), (), ())["auc"]
+    return _Validation(used, per_fold, tried, auc, interval(boot, records=effective_records(labels, groups)))
 
 
 def _words(name: str, sign: int, frame: pd.DataFrame) -> str:
@@ -269,20 +350,27 @@ def risk_components(totals: pd.DataFrame, membership: pd.DataFrame | None = None
         if min(pos, neg) < MIN_PER_OUTCOME:
             few.append(f"{truth.name}: {pos} positive and {neg} negative records, copies counted once")
             continue
-        chosen_risk, used = _validated(totals, parts, truth, seed)
-        if not used:
-            few.append(f"{truth.name}: no component beat AUC {VALID_AUC} on the cross-validation folds")
+        v = _validated(truth, seed)
+        if not v.used:
+            few.append(f"{truth.name}: no component's AUC was above 0.5 on every fold's other folds with "
+                       f"{1 - ALPHA:.0%} confidence after Holm's correction for the {len(v.tried)} "
+                       "directions tried")
             continue
-        risk = chosen_risk.fillna(default)  # a fold where nothing validated: the default components
+        used = v.used
+        risk = _oriented(parts, used, totals.index).fillna(default)
         gnq_sign = next((s for n, s in used if n == "gnq"), 0)
         said = ", ".join(_words(n, s, totals) for n, s in used)
+        lo, hi = v.auc_interval
         basis = RiskBasis(
             f"validated on {'extraction' if truth.name == 'extraction' else 'non-members'}",
-            f"validated on {truth.words} (cross-validated, {FOLDS} folds grouped by copy cluster, so copies "
-            f"of a text never choose each other's components): the mean of {said} — the components with "
-            f"AUC > {VALID_AUC} on the other folds (GNQ and K_jj also below {1 - VALID_AUC:.2f}, then "
-            "reversed)", tuple(n if s > 0 else f"{n} reversed" for n, s in used), truth.name,
-            bool(numeric_column(totals, "loss_ratio").notna().any()))
+            f"validated on {truth.words}: the mean of {said} — the components whose AUC beat 0.5 on the "
+            f"other folds of every one of {FOLDS} folds (grouped by copy cluster, so copies of a text never "
+            f"choose each other's components), each with a one-sided cluster-bootstrap p-value under "
+            f"Holm's correction for the {len(v.tried)} directions tried (family-wise {ALPHA:.0%}; GNQ and "
+            f"K_jj tried both ways). Out-of-fold AUC of this ranking: {v.auc:.2f} [{lo:.2f}, {hi:.2f}] "
+            "(95%, records resampled, copies together)",
+            tuple(n if s > 0 else f"{n} reversed" for n, s in used), truth.name,
+            bool(numeric_column(totals, "loss_ratio").notna().any()), v.auc, v.auc_interval)
         break
     else:
         if few:

@@ -71,6 +71,8 @@ class RunReport:
             "verdict": {"risk_basis": self.risk.words, "risk_label": self.risk.label,
                         "risk_components": list(self.risk.components),
                         "risk_ground_truth": self.risk.ground_truth, "risk_calibrated": self.risk.calibrated,
+                        "risk_auc": self.risk.auc,
+                        "risk_auc_interval": list(self.risk.auc_interval) if self.risk.auc_interval else None,
                         "summary": self.summary, "counts": self.counts},
             "record_gnq": self.records.to_dict(orient="records"),
             "secret_exposure": self.exposure,

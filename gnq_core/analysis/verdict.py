@@ -280,8 +280,9 @@ def _exposure_clause(row: pd.Series, exposure: object) -> str:
     said = f"; exposure{which} {float(exposure):.1f} bits over the values of its format{how}"
     exposed = row.get("secret_exposed")
     if pd.notna(exposed):
-        said += (", above never-trained values of its format and the reference model" if _true(exposed)
-                 else ", within what never-trained values or the reference model reach")
+        said += (", exposed: ranked higher than never-trained values of its format at the run's false-"
+                 "discovery rate, and not by the reference model as well" if _true(exposed)
+                 else ", not exposed: within what never-trained values or the reference model reach")
         said += exposure_bounds(row)
     return said
 
@@ -413,7 +414,7 @@ def _evidence(row: pd.Series, parts: pd.Series, unique: bool, status: str = "") 
             return f"{text}, but memorisation risk overall below this run's top 20%", False
         return (f"no strong sign of memorisation: {text}" if text else ""), False
     if unique and strong:
-        return f"unique and encoded: {text}", True
+        return f"unique, strong evidence: {text}", True
     if not text or strong or status:
         return text, strong
     return f"no strong sign of memorisation: {text}", False

@@ -49,6 +49,9 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     if reference is not None and ref_path is None:
         reporter.log(f"run {run.name!r}: the checkpoint attacked ({row['label']}) is its first, so the "
                      "attack is not calibrated; name a reference with --reference (a fine-tune: its base)")
+    first_of_scratch = not_a_non_member_reference(run, reference, ref_path)
+    if first_of_scratch:
+        reporter.log(f"run {run.name!r}: {FIRST_OF_SCRATCH}")
     point, dev = int(row["point"]), resolve_device(device)
     tokenizer_dir = run.settings.get("tokenizer")  # checkpoints saved without one (gnq audit --tokenizer)
     base = run.settings.get("base_model")  # an audit of PEFT adapter checkpoints: merged into it here
@@ -73,7 +76,9 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
                                          secret_candidates, exposure_nodes), target)
     summary["label"] = row["label"]
     store.update_settings(run.run_id, {"attack": {
-        "rule": rule.describe(Path(ref_path).name if ref_path else None),
+        "rule": rule.describe(Path(ref_path).name + (f" — {FIRST_OF_SCRATCH}" if first_of_scratch else "")
+                              if ref_path else None),
+        "reference_is_non_member": None if ref_path is None else not first_of_scratch,
         "prefix_tokens": prefix_tokens, "suffix_tokens": suffix_tokens, "threshold": threshold,
         "checkpoint": row["label"], "reference": str(ref_path) if ref_path else None,
         "code_version": version} | {k: v for k, v in summary.items() if k != "label"}})
@@ -105,6 +110,18 @@ def _attacked_point(store, run, checkpoint: str | None):
                          "there (moved or deleted since the audit)")
     verify_checkpoint(row["path"], row.get("model_hash"), f"checkpoint {row['label']!r} of run {run.name!r}")
     return row
+
+
+FIRST_OF_SCRATCH = ("the reference is this from-scratch run's first checkpoint, already trained on these "
+                    "same texts: not a non-member reference ('the reference does not' means 'not yet by "
+                    "the first checkpoint'); name a model that never saw them with --reference for one")
+
+
+def not_a_non_member_reference(run, reference: str | None, ref_path: str | None) -> bool:
+    """Whether the reference is the first checkpoint of a run trained from scratch (``gnq train``
+    without ``--init``): a model already trained on the run's texts, not one that never saw them."""
+    return (reference == attack.FIRST_CHECKPOINT and ref_path is not None
+            and bool((run.settings or {}).get("from_scratch")))
 
 
 def _reference_path(store, run, target, reference: str | None) -> str | None:

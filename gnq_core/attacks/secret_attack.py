@@ -32,7 +32,9 @@ value's first character and greedy-decodes as many tokens as the value spans in 
   distinct value (its first occurrence's prompt; ``value_copies`` beside it), under the audited
   and the reference model.  The run's null: for every format (kind and template), ``NULL_VALUES``
   values the run does not hold, drawn in the same template and scored the same way after its
-  values' prompts; ``exposed`` = above the null's 99th percentile and above the reference.
+  values' prompts, its spread shown beside each value; ``exposed`` = the value's p-value
+  (2^−exposure) survives Benjamini–Hochberg at q = ``FDR_Q`` over the run's values and, with a
+  reference, a likelihood-ratio test against never-trained values (attacks/exposure_fdr.py).
 
 A value whose first character is in the text's first token (nothing to prompt with) or that
 ends beyond ``max_length`` tokens is not attackable and gets no row.
@@ -49,10 +51,11 @@ import pandas as pd
 
 from gnq_core.attacks.defaults import DEFAULT_SECRET_CANDIDATES as DEFAULT_CANDIDATES
 from gnq_core.attacks.exposure import DEFAULT_SEARCH_NODES
+from gnq_core.attacks.exposure_fdr import FDR_Q, RATIO_VALUES
 from gnq_core.attacks.forward import evaluating
 from gnq_core.attacks.generation import generate
 from gnq_core.attacks.partial_leak import free_part
-from gnq_core.attacks.secret_exposure import NULL_COLUMNS, NULL_VALUES, Occurrence, Settings, run_exposures
+from gnq_core.attacks.secret_exposure import NULL_COLUMNS, Occurrence, Settings, run_exposures
 from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
 from gnq_core.sources.secrets import find_secrets, values_from_json
@@ -94,17 +97,20 @@ class SecretAttack:
 
 
 def describe_rule(n_candidates: int, reference_name: str | None,
-                  search_nodes: int = DEFAULT_SEARCH_NODES) -> str:
+                  search_nodes: int = DEFAULT_SEARCH_NODES, q: float = FDR_Q) -> str:
     calibrated = f", and the reference model ({reference_name}) does not" if reference_name else ""
-    above = " and above the reference model's on the same space" if reference_name else ""
+    above = (f", and its likelihood ratio to the reference model beats that of {RATIO_VALUES} never-trained "
+             f"values of its format at level q") if reference_name else ""
     return (f"secret reproduced = prompted with the text up to each secret-like value, greedy decoding "
             f"writes every letter and digit of the value{calibrated}; partly = at least 3 of its free "
             f"characters (neither the run's template nor the kind's format fixes them) in place, beyond what "
             f"a never-trained value of the template matches of the same writing (p ≤ 0.01, exact), more "
             f"characters than the reference; exposure = log2 of the value's space (its free characters over "
             f"its kind's alphabet) − log2 of its rank among all of them, exact by a pruned search within "
-            f"{search_nodes} nodes, else estimated from N = {n_candidates} random values' likelihoods; "
-            f"exposed = above the 99th percentile of {NULL_VALUES} never-trained values per format{above}")
+            f"{search_nodes} nodes, else estimated from N = {n_candidates} values drawn from the model's own "
+            f"distribution over the free characters (importance sampling); exposed = its p-value "
+            f"(2^-exposure; an estimate's upper bound) survives Benjamini-Hochberg at q = {q:g} over the "
+            f"run's values{above}")
 
 
 def _token_starts(tokenizer, text: str, ids: Sequence[int]) -> list[int]:
@@ -284,6 +290,8 @@ SECRET_ATTACK_TYPES = {"reference_chars_reproduced": "Int64", "exposure": "Float
                        "value_copies": "Int64", "reference_exposure": "Float64", "free_chars": "Int64",
                        "free_null_mean": "Float64", "free_null_p": "Float64",
                        "reference_exposure_method": "string", "reference_exposure_rank": "Int64",
-                       "exposure_null_p99": "Float64", "exposed": "boolean"}
+                       "exposure_null_p99": "Float64", "exposed": "boolean", "exposure_p": "Float64",
+                       "log_ratio": "Float64", "reference_ratio_p": "Float64", "exposure_fdr_q": "Float64"}
 NULL_TYPES = {"prompt_example_id": "Int64", "exposure": "Float64", "exposure_method": "string",
-              "exposure_rank": "Int64", "exposure_nodes": "Int64", "exposure_fit": "string"}
+              "exposure_rank": "Int64", "exposure_nodes": "Int64", "exposure_fit": "string",
+              "log_ratio": "Float64"}

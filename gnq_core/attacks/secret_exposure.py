@@ -10,9 +10,11 @@ and the reference model, and the run's null, which decides which values are *exp
   of the format's values in turn.  Under an exact rank a never-trained value's rank is uniform
   over its space, so its exposure exceeds t bits with probability 2^−t (median 1 bit); the
   null shows what the method gives such values in this run, estimates included.
-* ``exposed``: above the null's 99th percentile (``null_threshold``) and above the reference
-  model's exposure of the same value on the same space (without a reference model: above the
-  null only).
+* ``exposed`` (attacks/exposure_fdr.py): the value's p-value (2^−exposure for an exact rank)
+  survives Benjamini–Hochberg at the run's q across all its values and, with a reference model,
+  its likelihood ratio audited/reference beats that of never-trained values of its format (a
+  likelihood-ratio test, not two exposures compared).  The null's 99th percentile is kept beside
+  it as the control's spread, no longer a threshold.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from gnq_core.attacks.exposure import (
     value_seed,
     value_space,
 )
+from gnq_core.attacks.exposure_fdr import FDR_Q, RATIO_VALUES, decide, rank_p, ratio_p
 from gnq_core.attacks.forward import evaluating
 from gnq_core.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_NULL_COLUMNS as NULL_COLUMNS
@@ -65,6 +68,7 @@ class Settings:
     batch_size: int
     max_length: int
     device: object = None
+    fdr_q: float = FDR_Q  # the false-discovery rate "exposed" is controlled at
 
 
 def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence],
@@ -107,35 +111,58 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
     audited = {key: measure(model, o, space) for key, (o, space) in first.items()}
     referenced = ({key: measure(reference, o, space) for key, (o, space) in first.items()}
                   if reference is not None else {})
-    null_rows, thresholds = [], {}
+    def ratios(o: Occurrence, space: ValueSpace, values: Sequence[str]) -> np.ndarray:
+        """log-likelihood audited − reference of ``values`` after ``o``'s prompt (batched, kept)."""
+        prompt = prompt_of(o, space)
+        with evaluating(model), evaluating(reference):
+            return (score_values(scorers(model, prompt), tokenizer, o.between, values)
+                    - score_values(scorers(reference, prompt), tokenizer, o.between, values))
+
+    null_rows, thresholds, ratio_null = [], {}, {}
     for (kind, template), members in formats.items():
+        # the first NULL_VALUES are ranked (the null); all of them, scored, are the reference test's null
         drawn = _null_values(members[0][1], values_by_kind.get(kind, set()),
-                             random.Random(value_seed(settings.seed, "null", kind, template)))
-        bits = []
+                             random.Random(value_seed(settings.seed, "null", kind, template)),
+                             RATIO_VALUES if reference is not None else NULL_VALUES)
+        ranked = drawn[:NULL_VALUES]
+        bits, log_ratio = [], {}
+        if reference is not None:
+            for j, (o, space) in enumerate(members):
+                mine = drawn[j::len(members)]  # drawn[i] is measured after members[i % len(members)]'s prompt
+                log_ratio |= dict(zip(mine, ratios(o, space, mine).tolist(), strict=True)) if mine else {}
+            ratio_null[(kind, template)] = list(log_ratio.values())
         with evaluating(model):  # each prompt's never-trained values scored in batches, not one by one
             for j, (o, space) in enumerate(members):
-                mine = drawn[j::len(members)]  # the values measured after this member's prompt below
+                mine = ranked[j::len(members)]  # the values measured after this member's prompt below
                 score_values(scorers(model, prompt_of(o, space)), tokenizer, o.between, mine)
-        for i, v in enumerate(drawn):
+        for i, v in enumerate(ranked):
             o, space = members[i % len(members)]
             e = measure(model, o, dataclasses.replace(space, value=v))
             null_rows.append({"kind": kind, "template": template, "value": v,
-                              "prompt_example_id": o.example_id, **_columns(e)})
+                              "prompt_example_id": o.example_id, **_columns(e),
+                              "log_ratio": log_ratio.get(v)})
             if e.bits is not None:
                 bits.append(e.bits)
         thresholds[(kind, template)] = null_threshold(bits)
+    keys = list(first)
+    p_values = [_p(audited[k], first[k][1]) for k in keys]
+    value_ratio = ({k: float(ratios(o, space, [space.value])[0]) for k, (o, space) in first.items()}
+                   if reference is not None else {})
+    reference_p = ([ratio_p(value_ratio[k], ratio_null[(k[0], first[k][1].template)]) for k in keys]
+                   if reference is not None else None)
+    exposed_of = dict(zip(keys, decide(p_values, reference_p, settings.fdr_q), strict=True))
     out = {}
-    for key, (o, space) in first.items():
+    for i, (key, (o, space)) in enumerate(first.items()):
         e, ref = audited[key], referenced.get(key)
         p99 = thresholds[(o.kind, space.template)]
-        above_ref = reference is None or (ref is not None and ref.bits is not None and e.bits is not None
-                                          and e.bits > ref.bits)
-        exposed = None if e.bits is None or p99 is None else bool(e.bits > p99 and above_ref)
         out[key] = {**_columns(e), "exposure_template": space.template, "exposure_space_bits": space.bits,
-                    "value_copies": copies[key], "exposure_null_p99": p99, "exposed": exposed,
+                    "value_copies": copies[key], "exposure_null_p99": p99, "exposed": exposed_of[key],
                     "reference_exposure": ref.bits if ref else None,
                     "reference_exposure_method": ref.method if ref else None,
-                    "reference_exposure_rank": ref.rank if ref else None}
+                    "reference_exposure_rank": ref.rank if ref else None,
+                    "exposure_p": p_values[i], "log_ratio": value_ratio.get(key),
+                    "reference_ratio_p": reference_p[i] if reference_p is not None else None,
+                    "exposure_fdr_q": settings.fdr_q}
     return out, pd.DataFrame(null_rows, columns=NULL_COLUMNS)
 
 
@@ -149,17 +176,26 @@ def null_threshold(bits: Sequence[float]) -> float | None:
     return max(float(np.quantile(bits, NULL_QUANTILE)), -math.log2(1.0 - NULL_QUANTILE))
 
 
+def _p(e: Exposure, space: ValueSpace) -> float | None:
+    """The value's p-value: its estimate's own (an upper bound) where estimated, else 2^−exposure."""
+    if e.bits is None:
+        return None
+    return e.p_value if e.p_value is not None else rank_p(e.bits, space.bits)
+
+
 def _columns(e: Exposure) -> dict:
     return {"exposure": e.bits, "exposure_method": e.method, "exposure_rank": e.rank,
             "exposure_nodes": e.nodes, "exposure_candidates": e.candidates, "exposure_fit": e.fit}
 
 
-def _null_values(space: ValueSpace, taken: set[str], rng: random.Random) -> list[str]:
-    """Up to ``NULL_VALUES`` distinct values of ``space`` that the run does not hold."""
+def _null_values(space: ValueSpace, taken: set[str], rng: random.Random,
+                 count: int = NULL_VALUES) -> list[str]:
+    """Up to ``count`` distinct values of ``space`` that the run does not hold (the first
+    ``NULL_VALUES`` are the same whatever ``count``: one seeded sequence)."""
     out: list[str] = []
     room = space.size - sum(1 for v in taken if space.allows(v))
-    for _ in range(100 * NULL_VALUES):
-        if len(out) >= min(NULL_VALUES, room):
+    for _ in range(100 * count):
+        if len(out) >= min(count, room):
             break
         v = space.random(rng)
         if v not in taken and v not in out:

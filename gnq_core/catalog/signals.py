@@ -36,7 +36,8 @@ class Signal:
 
 _GNQ = ("GNQ = g_jᵀ(Σ_{k≠j} g_k g_kᵀ + λI)⁻¹ g_j: how much of the text's gradient its batch companions "
         "cannot explain. About 1 or less: explained (a copy in the batch gives ≈ 1); large (up to ‖g‖²/λ): "
-        "the model must encode this text specifically.")
+        "its batch does not explain its gradient, which on the runs measured did not mark what a model "
+        "memorised beyond length, loss, copies and K_jj.")
 SIGNALS: tuple[Signal, ...] = (
     Signal("risk", "combined verdict (risk)", True,
            "the verdict's memorisation risk before any attack (calibrated membership and copies; GNQ or K_jj "

@@ -60,5 +60,5 @@ def risk_basis(ranked: pd.DataFrame, warn: bool = True) -> None:
     if "risk" not in ranked.attrs:
         return
     basis = RiskBasis.from_dict(ranked.attrs["risk"])
-    said = f"**Memorisation risk: {plain(basis.label)}.** {plain(basis.sentence)}"
+    said = f"**Memorisation risk: {plain(basis.shown)}.** {plain(basis.sentence)}"
     (st.warning if basis.loss_only and warn else st.caption)(said)

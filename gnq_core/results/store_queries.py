@@ -236,6 +236,7 @@ class StoreQueries:
                    exposure_nodes AS nodes, exposure_candidates AS candidates, exposure_fit AS fit,
                    reference_exposure, reference_exposure_method AS reference_method,
                    reference_exposure_rank AS reference_rank, exposure_null_p99 AS null_p99, exposed,
+                   exposure_p AS p_value, log_ratio, reference_ratio_p, exposure_fdr_q AS fdr_q,
                    bool_or(extracted) OVER (PARTITION BY kind, value) AS leaked
             FROM secret_attacks WHERE run_id = ? AND exposure_template IS NOT NULL
             QUALIFY row_number() OVER (PARTITION BY kind, value ORDER BY example_id, secret_start) = 1

@@ -293,8 +293,8 @@ def insert_run(con: duckdb.DuckDBPyConnection, spec: RunSpec) -> int:
          os.getpid(), socket.gethostname(), now]).fetchone()[0]
 
 
-# The secret attack's columns (attacks/secret_attack.py; migrations 0009, 0011, 0013, 0015), as the attack
-# writes them, and its exposure null's (attacks/secret_exposure.py; migration 0013).
+# The secret attack's columns (attacks/secret_attack.py; migrations 0009, 0011, 0013, 0015, 0017), as the
+# attack writes them, and its exposure null's (attacks/secret_exposure.py; migrations 0013, 0017).
 SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "value", "prompt_tokens",
                          "value_tokens", "generated", "chars", "chars_reproduced", "reproduced",
                          "reference_generated", "reference_chars_reproduced", "extracted", "exposure",
@@ -302,9 +302,10 @@ SECRET_ATTACK_COLUMNS = ["example_id", "secret_start", "secret_end", "kind", "va
                          "exposure_method", "exposure_template", "exposure_space_bits", "exposure_nodes",
                          "exposure_fit", "value_copies", "reference_exposure", "reference_exposure_method",
                          "reference_exposure_rank", "exposure_null_p99", "exposed", "free_chars",
-                         "free_null_mean", "free_null_p"]
+                         "free_null_mean", "free_null_p", "exposure_p", "log_ratio", "reference_ratio_p",
+                         "exposure_fdr_q"]
 SECRET_NULL_COLUMNS = ["kind", "template", "value", "prompt_example_id", "exposure", "exposure_method",
-                       "exposure_rank", "exposure_nodes", "exposure_fit"]
+                       "exposure_rank", "exposure_nodes", "exposure_fit", "log_ratio"]
 
 
 def insert_examples(con: duckdb.DuckDBPyConnection, run_id: int, examples: pd.DataFrame | None) -> None:

@@ -7,6 +7,7 @@ stored as the metric ``CF_METRIC`` on the fine-tune's run (``counterfactual``). 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -54,6 +55,41 @@ def counterfactual_memorization(n: int, subsets: list[list[int]], scores: list[l
         mean_out = np.where(~member, s, 0).sum(0) / n_out
     return pd.DataFrame({"example_id": np.arange(n), "value": mean_in - mean_out, "mean_in": mean_in,
                          "mean_out": mean_out, "n_in": n_in, "n_out": n_out})
+
+
+def split_halves(n: int, subsets: list[list[int]],
+                 scores: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Counterfactual memorisation from two disjoint halves of the models, each a set of whole
+    complementary pairs (pairs 0, 2, 4, … and 1, 3, 5, …), so every record is in and out in both:
+    two independent measurements of the same outcome (NaN for both with fewer than 2 pairs)."""
+    pairs = len(subsets) // 2
+    if pairs < 2:
+        return np.full(n, np.nan), np.full(n, np.nan)
+    halves = []
+    for parity in (0, 1):
+        models = [m for m in range(2 * pairs) if (m // 2) % 2 == parity]
+        halves.append(counterfactual_memorization(n, [subsets[m] for m in models],
+                                                  [scores[m] for m in models])["value"].to_numpy())
+    return halves[0], halves[1]
+
+
+def split_half_reliability(a: np.ndarray, b: np.ndarray, top: float = 0.1) -> dict:
+    """How reliable an outcome measured twice is: the halves' Spearman ρ, its Spearman–Brown step-up
+    to the whole set of models, 2ρ / (1 + ρ), and the share of one half's top ``top`` that is in the
+    other's (chance: ``top``)."""
+    from scipy.stats import spearmanr
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    ok = np.isfinite(a) & np.isfinite(b)
+    if ok.sum() < 3:
+        return {"records": int(ok.sum()), "spearman_halves": math.nan, "spearman_brown": math.nan,
+                "top_agreement": math.nan}
+    rho = float(spearmanr(a[ok], b[ok]).statistic)
+    k = max(1, int(round(top * ok.sum())))
+    top_a, top_b = (set(np.argsort(-x[ok], kind="stable")[:k]) for x in (a, b))
+    return {"records": int(ok.sum()), "spearman_halves": rho,
+            "spearman_brown": 2 * rho / (1 + rho) if rho > -1 else math.nan,
+            "top_agreement": len(top_a & top_b) / k}
 
 
 def counterfactual(ctx: StudyContext, run: Run, init: Path, dataset: TextDataset, settings: TrainSettings,

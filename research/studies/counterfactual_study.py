@@ -55,7 +55,12 @@ from gnq_core.sources.tokens import collate, encode_texts, pad_id
 from research.studies import report as rep
 from research.studies.base import StudyContext, Timings, ag_news, machine
 from research.studies.companions import DEMO_DATA, FIRST, LAST, TOWNS, fine_tune, load_model
-from research.studies.counterfactual import cf_subset, counterfactual_memorization
+from research.studies.counterfactual import (
+    cf_subset,
+    counterfactual_memorization,
+    split_half_reliability,
+    split_halves,
+)
 
 STUDY = "counterfactual"
 CF = "cf_memorisation"
@@ -293,6 +298,8 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
     frame["n_tokens"] = [len(x) for x in ids]
     frame["log_copies"] = np.log(copies)
     frame[CF] = mem["value"].to_numpy()
+    # the outcome measured twice, by disjoint halves of the model pairs: its reliability (report)
+    frame["cf_half_a"], frame["cf_half_b"] = split_halves(n, subsets, [[-v for v in r] for r in losses])
     frame["loss_in"], frame["loss_out"] = -mem["mean_in"].to_numpy(), -mem["mean_out"].to_numpy()
     frame["loss"], frame["min_k_plus"] = fwd["loss"].to_numpy(), fwd["min_k_plus"].to_numpy()
     frame["loss_ratio"] = frame["loss"] / reference
@@ -386,6 +393,19 @@ def verdict(gnq: pd.Series, seeds: int, cfg: Config) -> str:
         return f"**GNQ adds value beyond length, loss, copies and K_jj**: {why}."
     return ("**GNQ does not add value beyond length, loss, copies and K_jj** on this study: neither its "
             "partial correlation's interval lies above 0 nor its CV gain reaches the threshold.")
+
+
+def reliability_rows(frames: list[pd.DataFrame], top: float) -> pd.DataFrame:
+    """Per seed, and among base texts only, the outcome's split-half reliability
+    (``counterfactual.split_half_reliability``); empty for seeds run without the halves."""
+    rows = []
+    for f in frames:
+        if "cf_half_a" not in f.columns:
+            continue
+        for scope, part in (("all records", f), ("base texts", f[f["kind"] == "base"])):
+            rows.append({"seed": int(f["seed"].iloc[0]), "scope": scope,
+                         **split_half_reliability(part["cf_half_a"], part["cf_half_b"], top)})
+    return pd.DataFrame(rows)
 
 
 def mean_by_copies(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -554,6 +574,22 @@ micro-batch (exact, post hoc at the final weights, λ = {cfg.lam:g}) and K_jj av
 record's copies, loss, loss ratio to the base model{" (none: a tiny model's base is random weights)"
 if cfg.model == "tiny" else ""}, Min-K%++, zlib ratio, copies, length. {exposure_words}
 Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
+    reliability = reliability_rows(frames, cfg.top)
+    if reliability.empty:
+        r.text("Reliability of the outcome: not recorded (these seeds were run before the study kept "
+               "each half of the models' counterfactual memorisation; rerun a seed to measure it).")
+    else:
+        r.table(reliability, {"spearman_halves": ".3f", "spearman_brown": ".3f", "top_agreement": ".2f"},
+                caption="Split-half reliability of counterfactual memorisation: each half of the model pairs "
+                        "measures it alone; spearman_halves = their rank correlation, spearman_brown = the "
+                        "reliability of all the models together, 2ρ/(1+ρ); top_agreement = the share of one "
+                        f"half's top {cfg.top:.0%} in the other's (chance {cfg.top:.2f}). An outcome that is "
+                        "not reliable cannot validate any signal.")
+    per_seed = pd.concat([signal_rows(pooled([f], cfg.top), cfg).assign(seed=int(f["seed"].iloc[0]))
+                          for f in frames], ignore_index=True)
+    r.table(per_seed.assign(**{"AUC top decile [95%]": _cells(per_seed, "auc", ".3f")})[
+        ["seed", "signal", "records", "positive records", "spearman", "AUC top decile [95%]"]],
+        caption="Each seed alone (the pooled table below ranks within seeds and pools them).")
     r.table(by_copies, {"mean": ".4f", "median": ".4f", "mean exposure (bits)": ".2f"},
             caption="Counterfactual memorisation (loss out − loss in, nats per token) and the planted "
                     "values' exposure under the fully trained model, by how often a record was repeated.")
@@ -586,6 +622,6 @@ machine, by {cost['formula']} with s_token = {cost['seconds_per_token_trained']:
     results = {"verdict": words, "rule": RULE.format(gain=cfg.min_gain, seeds=cfg.min_seeds,
                                                       records=cfg.min_records),
                "config": asdict(cfg), "seeds": done, "reduced": reduced, "signals": table,
-               "by_copies": by_copies,
+               "by_copies": by_copies, "reliability": reliability, "per_seed": per_seed,
                "cost": cost, "command": ctx.command, "seed_meta": meta}
     return r.write(results, command=ctx.command, timings=timings, device=ctx.device)

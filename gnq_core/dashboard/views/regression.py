@@ -18,7 +18,9 @@ st.markdown(
     "Each training point pulls the model with its gradient. **GNQ asks whether that pull could be "
     "explained by the other points' pulls**: it measures g_j against the ellipse "
     "{g : gᵀ S₋ⱼ⁻¹ g = 1} of the others (S₋ⱼ = Σ_{k≠j} g_k g_kᵀ + λI). Outside the ellipse (GNQ > 1), "
-    "the update discloses something only this point carries. A loss threshold τ instead flags every "
+    "the others' pulls do not explain this one: a direction only this point pushes, in this toy model "
+    "(on language models' runs a large GNQ did not mark what was memorised beyond length, loss, copies "
+    "and the gradient norm). A loss threshold τ instead flags every "
     "point whose residual is large — the horizontal strip |∂ℓ/∂b| ≤ √(2τ) in gradient space.")
 
 default_text = "\n".join(f"{x:g}, {y:g}" for x, y in zip(r2d.DEFAULT_X, r2d.DEFAULT_Y, strict=True))

@@ -14,6 +14,7 @@ from gnq_core.analysis import (
     VALUES_HELP,
     RemediationOptions,
     exposure_summary,
+    fdr_sentence,
     gnq_nature,
     null_sentence,
     remediate_run,
@@ -75,10 +76,10 @@ def tiles(counts, said: dict) -> None:
                    f"{counts.values_partly} of {counts.values_attacked} secret-like values came out in part.")
     if said["values"]:  # the report's verdict.counts.values_exposed: the same count
         c3.metric("Exposed values", f"{counts.values_exposed} / {counts.values_distinct}",
-                  help="Distinct secret values the model ranks above the 99th percentile of never-trained "
-                       "values of their format and above the reference model, written or not "
-                       f"({said['exact']} ranks exact, {said['estimated']} estimated): see **Secret values: "
-                       "exposure** below.")
+                  help="Distinct secret values the model ranks higher than a never-trained value would, "
+                       "written or not, at a stated false-alarm rate: " + fdr_sentence(said)
+                       + f" ({said['exact']} ranks exact, {said['estimated']} estimated): see **Secret "
+                       "values: exposure** below.")
 
 
 def secret_exposure(run) -> None:
@@ -90,8 +91,8 @@ def secret_exposure(run) -> None:
     with st.expander(f"Secret values: exposure ({said['distinct_values']} distinct, {said['exact']} exact"
                      f"{estimated}; {said['exposed']} exposed)"):
         st.caption("Exposure = log2 of the value's space (its free digits) − log2 of its rank there by the "
-                   "model's likelihood; exposed = above the never-trained values' 99th percentile and above "
-                   "the reference model. Hover a column's name for what it means.")
+                   "model's likelihood. " + state.plain(fdr_sentence(said))
+                   + " Hover a column's name for what it means.")
         table = values_table(said)
         st.dataframe(table, hide_index=True, width="stretch",
                      column_config={c: st.column_config.Column(c, help=VALUES_HELP.get(c)) for c in table})
