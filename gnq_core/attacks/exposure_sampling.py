@@ -50,11 +50,6 @@ class Draws:
         return 1.0 + float(w.mean()), float(w.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
 
 
-def _hidden_ok(space, c: str) -> bool:
-    """Whether ``c`` can stand at a hidden (free or check) place of ``space``."""
-    return c in getattr(space, "alphabet", "0123456789")
-
-
 def draw(scorer, tokenizer, space, between: str, n: int, seed: int, strings: Sequence[str]) -> Draws | None:
     """``n`` paths from the proposal (module docstring) after ``scorer``'s prompt; None when this
     tokenizer's tokens do not decode one by one to the tail's characters (a path's string is then
@@ -64,18 +59,18 @@ def draw(scorer, tokenizer, space, between: str, n: int, seed: int, strings: Seq
     if not true_ids or "".join(strings[i] for i in true_ids) != text:
         return None
     off = len(between)
-    hidden = set(space.free) | ({space.check} if space.check is not None else set())
+    hidden = space.hidden  # index -> the characters a free or check place may take (its kind's alphabet)
 
     def fits(s: str, pos: int) -> bool:
         if not s or pos + len(s) > len(text):
             return False
         for k, c in enumerate(s):
             j = pos + k - off
-            if not (_hidden_ok(space, c) if j in hidden else c == text[pos + k]):
+            if not (c in hidden[j] if j in hidden else c == text[pos + k]):
                 return False
         return True
 
-    alphabet = set(text) | set(getattr(space, "alphabet", "0123456789"))
+    alphabet = set(text).union(*hidden.values())
     pool = [(i, s) for i, s in enumerate(strings) if s and set(s) <= alphabet]
     fitting = [[(i, len(s)) for i, s in pool if fits(s, pos)] for pos in range(len(text))]
     if any(not f for f in fitting):
