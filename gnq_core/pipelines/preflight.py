@@ -51,39 +51,56 @@ def extract_options(**options: Any) -> ExtractJob:
 def audit_inputs(job: AuditJob, *, texts: Any | None = None) -> AuditInputs:
     """Find and check what ``job`` points at, before anything is written or measured (the module
     docstring lists the checks); ``texts``: the job's dataset already read (the form reads it to
-    show its columns), else it is read here.  Raises the one-line error of the first problem."""
+    show its columns), a function of the model folder (whose tokenizer renders chat data; called
+    with a function returning it, so the checkpoints are found only when a chat template needs
+    them, or after the texts are read), or None: read here.  Raises the one-line error of the first
+    problem."""
     from gnq_core.pipelines.companion_plan import check_companion_memory
     from gnq_core.sources.chat import load_data
     from gnq_core.sources.checkpoints.config import max_positions
     from gnq_core.sources.checkpoints.series import find_checkpoints
     from gnq_core.sources.checkpoints.tokenizer import load_tokenizer
+    from gnq_core.sources.library_logs import library_logs_held
     from gnq_core.sources.user_patterns import bounded_patterns
 
-    adapters = None
-    if job.base_model is not None:
-        from gnq_core.sources.adapters import Adapters, find_adapter_checkpoints
+    found: dict[str, Any] = {}
 
-        adapters = Adapters(Path(job.base_model), merged=job.merge_adapter)
-        refs = find_adapter_checkpoints(job.checkpoints)
-        model_path = Path(job.base_model)
-    else:
-        refs = find_checkpoints(job.checkpoints)
-        model_path = Path(refs[0].path)
-    if callable(texts):  # the caller reads them (the job's notices) once the model is known
-        dataset = texts(model_path)
-    elif texts is not None:
-        dataset = texts
-    else:  # chat records are rendered with the template of the model they were trained on
-        dataset = load_data(Path(job.data), lambda: load_tokenizer(model_path, job.tokenizer),
-                            data_format=job.data_format, train_on=job.train_on, text_column=job.text_column,
-                            group_column=job.group_column, secret_column=job.secret_column,
-                            public_column=job.public_column)
-    dataset = replace(dataset, secret_patterns=tuple(job.secret_patterns))
-    positions = max_positions(model_path)
-    if positions is not None and job.settings.max_length > positions:
-        raise ValueError(f"--max-length {job.settings.max_length} is more than the {positions} positions the "
-                         f"model has (max_position_embeddings in {model_path / 'config.json'}); use "
-                         f"--max-length {positions} or less")
-    check_companion_memory(len(dataset), job.settings)
-    bounded_patterns(dataset.secret_patterns, dataset.texts, dataset.public, where=str(job.data))
-    return AuditInputs(refs=refs, dataset=dataset, adapters=adapters, model_path=model_path)
+    def locate() -> dict[str, Any]:  # once, when first needed: the texts are read first
+        if not found:
+            if job.base_model is not None:
+                from gnq_core.sources.adapters import Adapters, find_adapter_checkpoints
+
+                found.update(adapters=Adapters(Path(job.base_model), merged=job.merge_adapter),
+                             refs=find_adapter_checkpoints(job.checkpoints), model_path=Path(job.base_model))
+            else:
+                refs = find_checkpoints(job.checkpoints)
+                found.update(adapters=None, refs=refs, model_path=Path(refs[0].path))
+        return found
+
+    def model_path() -> Path:
+        return locate()["model_path"]
+
+    # transformers' log lines about a config it reads here are shown only when nothing is refused
+    with library_logs_held():
+        # The texts first, so a dataset's problem is named whatever the checkpoints are; chat records
+        # are rendered with the template of the model they were trained on (found only then).
+        if callable(texts):  # the caller reads them (the job's notices)
+            dataset = texts(model_path)
+        elif texts is not None:
+            dataset = texts
+        else:
+            dataset = load_data(Path(job.data), lambda: load_tokenizer(model_path(), job.tokenizer),
+                                data_format=job.data_format, train_on=job.train_on,
+                                text_column=job.text_column, group_column=job.group_column,
+                                secret_column=job.secret_column, public_column=job.public_column)
+        dataset = replace(dataset, secret_patterns=tuple(job.secret_patterns))
+        where = locate()
+        refs, adapters, folder = where["refs"], where["adapters"], where["model_path"]
+        positions = max_positions(folder)
+        if positions is not None and job.settings.max_length > positions:
+            raise ValueError(f"--max-length {job.settings.max_length} is more than the {positions} positions "
+                             f"the model has (max_position_embeddings in {folder / 'config.json'}); use "
+                             f"--max-length {positions} or less")
+        check_companion_memory(len(dataset), job.settings)
+        bounded_patterns(dataset.secret_patterns, dataset.texts, dataset.public, where=str(job.data))
+    return AuditInputs(refs=refs, dataset=dataset, adapters=adapters, model_path=folder)

@@ -35,7 +35,8 @@ def run_job(settings: JobSettings, store: Store | None, progress: JobProgress | 
     return runners[settings.kind](settings, store, progress)
 
 
-def _texts(job: TrainJob | AuditJob, progress: JobProgress, model: str | Path | None = None) -> TextDataset:
+def _texts(job: TrainJob | AuditJob, progress: JobProgress,
+           model: str | Path | Callable[[], Path] | None = None) -> TextDataset:
     """The texts, with a notice of how many rows were skipped for a missing or empty text.  Chat
     data (sources/chat.py) are rendered with the tokenizer of ``model`` (the first checkpoint, or
     the base model of adapters; ``--tokenizer`` when given), and the one line of what was found is
@@ -51,7 +52,7 @@ def _texts(job: TrainJob | AuditJob, progress: JobProgress, model: str | Path | 
             raise DatasetError(job.data, "gnq train trains on plain texts: train on chat data with TRL's "
                                          "SFTTrainer (GNQSFTTrainer gives in-run GNQ) and audit it with gnq "
                                          "audit, or pass --data-format text")
-        return load_tokenizer(model, getattr(job, "tokenizer", None))
+        return load_tokenizer(model() if callable(model) else model, getattr(job, "tokenizer", None))
 
     dataset = load_data(Path(job.data), tokenizer, data_format=job.data_format, train_on=job.train_on,
                         text_column=job.text_column, group_column=job.group_column,

@@ -20,6 +20,7 @@ refused naming the largest that fits (``check_plan``).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -133,9 +134,17 @@ def model_shape(folder: str | Path) -> Shape:
     config = load_config(folder).get_text_config()
     kind, files = weight_files(folder)
     if kind == "safetensors":
-        parameters = limits.weights_elements(files)
-        file_bytes = limits.weights_bytes(kind, files)
-        stored = limits.stored_float_dtype(files)
+        try:
+            parameters = limits.weights_elements(files)
+            file_bytes = limits.weights_bytes(kind, files)
+            stored = limits.stored_float_dtype(files)
+        except (OSError, ValueError, struct.error) as exc:  # a cut or altered header (json's error is one)
+            # the checkpoint's own checks name the file and its problem as the audit's would
+            from gnq_core.sources.checkpoints.checks import check_checkpoint
+            from gnq_core.sources.checkpoints.errors import folder_error, reason
+
+            check_checkpoint(folder)
+            raise folder_error(folder, f"cannot read its weight files' headers ({reason(exc)})") from exc
     else:
         file_bytes = sum(f.stat().st_size for f in files)
         parameters, stored = file_bytes // 4, None
