@@ -143,7 +143,7 @@ def test_drilldown_page_shows_one_example(store_path, monkeypatch):
     assert any("What to do:" in v for v in verdict)
     helps = {m.label: m.proto.help for m in at.metric}
     assert "1 = look at this text first" in helps["Rank"] and "1 = unique" in helps["Copies"]
-    assert "reference" in helps["Loss ratio to reference"]
+    assert "reference" in helps["Loss ratio"]
 
 
 def _column_help(element) -> dict[str, str]:

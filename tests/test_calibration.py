@@ -187,6 +187,9 @@ def test_the_verdicts_component_choice_does_not_leak_through_copies(monkeypatch)
     def per_text(y: pd.Series, groups: pd.Series, seed: int = 0) -> pd.Series:  # the old folds
         return pd.Series(np.random.default_rng(seed).permutation(len(y)) % vd.FOLDS, index=y.index)
 
+    # With per-text folds a copy's twin sits in the other folds; the entry rule (a cluster-bootstrap
+    # bound above 0.5 on the other folds, Holm-corrected, one sign in every fold) now refuses that
+    # noise too, so neither fold scheme lets chance into the risk.
     monkeypatch.setattr(vd, "grouped_folds", per_text)
     leaky = mean_auc(150)
-    assert leaky > 0.54 and leaky > grouped + 0.03, (leaky, grouped)
+    assert leaky < 0.54, (leaky, grouped)

@@ -39,7 +39,9 @@ def test_the_scans_find_what_the_regexes_found():
     for _ in range(3000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 20)))
         every = [(s.kind, s.start, s.end) for s in find_secrets(text)]
-        found = {t for t in every if t[0] in seen}
+        # the JWT-shaped keys and the e-mails: the generic key rule (a prefix or keyword before a
+        # random-looking run) reports keys of other shapes too, tested in test_secret_kinds.py
+        found = {t for t in every if t[0] == "email" or (t[0] == "api key" and text.startswith("eyJ", t[1]))}
         expected = {("api key", m.start(), m.end()) for m in JWT.finditer(text)} | {
             ("email", m.start(), m.end()) for m in EMAIL.finditer(text)}
         # what survived the overlaps is a regex match, and a regex match no other match overlaps survived

@@ -25,7 +25,7 @@ from gnq_core.dashboard.columns import column_config, secret_attack_config
 def _signal(column: str) -> tuple[str, str, str]:
     """A signal's (label, column, format), as its catalog entry gives them."""
     entry = SIGNAL_BY_COLUMN[column]
-    return entry.label, column, entry.python_format
+    return entry.label[:1].upper() + entry.label[1:], column, entry.python_format  # a tile's title
 
 
 # The record's numbers after its rank: (label, column, format); help from COLUMN_HELP where it has one.
