@@ -17,6 +17,7 @@ from gnq_core.analysis import (
     value_exposure_sentence,
     value_outcome,
 )
+from gnq_core.analysis.conversation import conversation_line, leaked_marks, turns_html
 from gnq_core.catalog import SIGNAL_BY_COLUMN
 from gnq_core.dashboard import charts, show, state
 from gnq_core.dashboard.columns import column_config, secret_attack_config
@@ -58,9 +59,10 @@ if (linked and linked.isascii() and linked.isdigit()  # "²" is a digit to str.i
     current = int(linked)
 index = ids.index(current) if current in ids else 0
 by_id = totals.set_index("example_id")
+layouts = by_id["turns"].to_dict() if "turns" in by_id else {}  # a chat text's turns, for its label
 example_id = st.selectbox("Example", ids, index=index,
-                          format_func=lambda i: f"#{i} · rank {by_id.at[i, 'rank']} · "
-                                                f"{state.short(by_id.at[i, 'text'], 70)}")
+                          format_func=lambda i: f"#{i} · rank {by_id.at[i, 'rank']} · " + conversation_line(
+                              str(by_id.at[i, 'text']), layouts.get(i), 70))
 st.session_state[state.EXAMPLE_KEY] = example_id
 st.query_params["text"] = st.session_state["_linked_text"] = str(example_id)  # the address shows it
 record = state.store().example_record(run.run_id, example_id)
@@ -71,7 +73,18 @@ def _num(value, fmt: str) -> str:
     return format(value, fmt) if value is not None and value == value else "–"
 
 
-st.code(row["text"], language=None, wrap_lines=True)  # shown as text, never as Markdown; readable
+secrets = state.store().secret_attacks(run.run_id)
+secrets = secrets[secrets["example_id"] == example_id]
+if not isinstance(row.get("turns"), str):  # a plain text
+    st.code(row["text"], language=None, wrap_lines=True)  # shown as text, never as Markdown; readable
+else:  # a conversation: each turn on its own, what came out marked in its turn
+    marks = leaked_marks(str(row["text"]), row, secrets)
+    st.html(turns_html(str(row["text"]), row["turns"], marks))
+    st.caption("Each turn as the conversation reads; marked: the characters the model gave back (the text "
+               "attack's window when it came out, a secret value written whole). A turn not trained had no "
+               "loss on it.")
+    if st.toggle("as tokenised", key="drill_tokenised", help=show.TOKENISED_HELP):
+        st.code(row["text"], language=None, wrap_lines=True)
 reason = str(row["reason"]).removeprefix(f"{row['status']}: ")  # not "leaked: leaked: ..."
 verdict_line = f"**{state.plain(row['status'])}**: {state.plain(reason)}  \n**What to do:** " \
                f"{state.plain(action(pd.Series(row)))}"
@@ -122,8 +135,6 @@ else:
                 axis=1)
             st.dataframe(styled, hide_index=True, width="stretch")
 
-secrets = state.store().secret_attacks(run.run_id)
-secrets = secrets[secrets["example_id"] == example_id]
 if not secrets.empty:
     st.subheader("Secret attack")
     st.caption("Rule: " + state.plain(secrets["rule"].iloc[0]))  # it asks whether the model writes the value
@@ -144,7 +155,9 @@ near = nearest_by_trajectory(traj, example_id, k=5)
 if near.empty:
     st.caption("Not enough checkpoints to compare trajectories.")
 else:
-    near = near.merge(totals[["example_id", "rank", "gnq_total", "copies", "group", "text"]], on="example_id")
+    near = near.merge(totals[["example_id", "rank", "gnq_total", "copies", "group", "text",
+                              *show.layout_column(totals)]], on="example_id")
+    near = show.readable(near, st.session_state.get("drill_tokenised", False))
     # log10 units: 4e-13 is float rounding of an identical trajectory, shown as 0
     near["distance"] = near["distance"].round(4)
     show.table(near, "near", {**column_config(near), "distance": st.column_config.NumberColumn(
