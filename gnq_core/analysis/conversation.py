@@ -11,7 +11,8 @@ import pandas as pd
 
 from gnq_core.sources.chat import ChatLayout
 
-__all__ = ["TURN_STYLE", "conversation_html", "conversation_line", "conversation_text", "is_chat",
+__all__ = ["TURN_STYLE", "conversation_html", "conversation_line", "conversation_text", "conversation_upto",
+           "is_chat",
            "leaked_marks", "leaked_span", "marked_html", "turn_html", "turns", "turns_html"]
 
 # A turn on a page: its role and whether it was trained above the content; untrained turns greyed
@@ -50,6 +51,17 @@ def conversation_line(text: str, layout: str | None, n: int | None = None) -> st
     lines = [text] if found is None else [f"{role}: {content}" for role, content, *_ in found]
     said = " │ ".join(" ".join(line.split()) for line in lines)
     return said if n is None or len(said) <= n else said[: n - 1] + "…"
+
+
+def conversation_upto(text: str, layout: str | None, prefix: str) -> str:
+    """What an attack prompted with, read as turns: ``prefix`` (a start of the rendered ``text``)
+    as ``role: content`` lines, the last turn cut where the prefix ends; ``prefix`` itself for a
+    plain text or one it does not start."""
+    found = turns(text, layout)
+    if found is None or not text.startswith(prefix):
+        return prefix
+    end = len(prefix)
+    return "\n".join(f"{role}: {text[s:min(t, end)]}" for role, _, _, s, t in found if s < end)
 
 
 def leaked_span(text: str, leaked: str | None) -> tuple[int, int] | None:

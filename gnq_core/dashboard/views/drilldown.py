@@ -17,7 +17,7 @@ from gnq_core.analysis import (
     value_exposure_sentence,
     value_outcome,
 )
-from gnq_core.analysis.conversation import conversation_line, leaked_marks, turns_html
+from gnq_core.analysis.conversation import conversation_line, conversation_upto, leaked_marks, turns_html
 from gnq_core.catalog import SIGNAL_BY_COLUMN
 from gnq_core.dashboard import charts, show, state
 from gnq_core.dashboard.columns import column_config, secret_attack_config
@@ -75,7 +75,8 @@ def _num(value, fmt: str) -> str:
 
 secrets = state.store().secret_attacks(run.run_id)
 secrets = secrets[secrets["example_id"] == example_id]
-if not isinstance(row.get("turns"), str):  # a plain text
+tokenised = not isinstance(row.get("turns"), str)  # a plain text: as it always was
+if tokenised:
     st.code(row["text"], language=None, wrap_lines=True)  # shown as text, never as Markdown; readable
 else:  # a conversation: each turn on its own, what came out marked in its turn
     marks = leaked_marks(str(row["text"]), row, secrets)
@@ -83,7 +84,7 @@ else:  # a conversation: each turn on its own, what came out marked in its turn
     st.caption("Each turn as the conversation reads; marked: the characters the model gave back (the text "
                "attack's window when it came out, a secret value written whole). A turn not trained had no "
                "loss on it.")
-    if st.toggle("as tokenised", key="drill_tokenised", help=show.TOKENISED_HELP):
+    if tokenised := st.toggle("as tokenised", key="drill_tokenised", help=show.TOKENISED_HELP):
         st.code(row["text"], language=None, wrap_lines=True)
 reason = str(row["reason"]).removeprefix(f"{row['status']}: ")  # not "leaked: leaked: ..."
 verdict_line = f"**{state.plain(row['status'])}**: {state.plain(reason)}  \n**What to do:** " \
@@ -123,7 +124,9 @@ else:
                     f"{a['n_continuation']} continuation tokens{ref_note} → **{verdict}** "
                     f"(threshold {a['threshold']:g}).")
         c1, c2, c3 = st.columns(3)
-        for col, label, value in ((c1, "Prefix given to the model", a["prefix_text"]),
+        prefix = a["prefix_text"] if tokenised else conversation_upto(str(row["text"]), row["turns"],
+                                                                       str(a["prefix_text"]))
+        for col, label, value in ((c1, "Prefix given to the model", prefix),
                                   (c2, "Model's continuation", a["generated_text"]),
                                   (c3, "Original continuation", a["target_text"])):
             col.caption(label)
@@ -157,7 +160,7 @@ if near.empty:
 else:
     near = near.merge(totals[["example_id", "rank", "gnq_total", "copies", "group", "text",
                               *show.layout_column(totals)]], on="example_id")
-    near = show.readable(near, st.session_state.get("drill_tokenised", False))
+    near = show.readable(near, tokenised)
     # log10 units: 4e-13 is float rounding of an identical trajectory, shown as 0
     near["distance"] = near["distance"].round(4)
     show.table(near, "near", {**column_config(near), "distance": st.column_config.NumberColumn(
