@@ -9,8 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from gnq_core.analysis import RiskBasis, grouped, texts_table_html
-from gnq_core.analysis.conversation import conversation_line, is_chat
+from gnq_core.analysis import RiskBasis, conversation_line, grouped, is_chat, texts_table_html
 from gnq_core.dashboard.charts.base import describe
 from gnq_core.dashboard.columns import column_config
 from gnq_core.dashboard.state import open_example, plain

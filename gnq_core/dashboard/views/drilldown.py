@@ -12,12 +12,15 @@ from gnq_core.analysis import (
     COLUMN_HELP,
     EXPOSURE_SHOWN,
     action,
+    conversation_line,
+    conversation_upto,
+    leaked_marks,
     nearest_by_trajectory,
     token_alignment,
+    turns_html,
     value_exposure_sentence,
     value_outcome,
 )
-from gnq_core.analysis.conversation import conversation_line, conversation_upto, leaked_marks, turns_html
 from gnq_core.catalog import SIGNAL_BY_COLUMN
 from gnq_core.dashboard import charts, show, state
 from gnq_core.dashboard.columns import column_config, secret_attack_config
