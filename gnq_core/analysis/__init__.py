@@ -6,6 +6,7 @@ from gnq_core._lazy import lazy_exports
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "": ("evidence", "gnq_nature", "length_control", "predictive", "regression2d", "run_report"),
     ".compare": ("compare_runs",),
+    ".conversation": ("conversation_line", "conversation_upto", "is_chat", "leaked_marks", "turns_html"),
     ".findings": ("action", "grouped", "summary", "texts_table_html"),
     ".counts": ("RunCounts", "run_counts"),
     ".exposures": ("EXPOSURE_SHOWN", "SHOWN_HELP", "VALUES_HELP", "exposed", "exposure_summary",

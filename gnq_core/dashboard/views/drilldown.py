@@ -12,8 +12,12 @@ from gnq_core.analysis import (
     COLUMN_HELP,
     EXPOSURE_SHOWN,
     action,
+    conversation_line,
+    conversation_upto,
+    leaked_marks,
     nearest_by_trajectory,
     token_alignment,
+    turns_html,
     value_exposure_sentence,
     value_outcome,
 )
@@ -58,9 +62,10 @@ if (linked and linked.isascii() and linked.isdigit()  # "²" is a digit to str.i
     current = int(linked)
 index = ids.index(current) if current in ids else 0
 by_id = totals.set_index("example_id")
+layouts = by_id["turns"].to_dict() if "turns" in by_id else {}  # a chat text's turns, for its label
 example_id = st.selectbox("Example", ids, index=index,
-                          format_func=lambda i: f"#{i} · rank {by_id.at[i, 'rank']} · "
-                                                f"{state.short(by_id.at[i, 'text'], 70)}")
+                          format_func=lambda i: f"#{i} · rank {by_id.at[i, 'rank']} · " + conversation_line(
+                              str(by_id.at[i, 'text']), layouts.get(i), 70))
 st.session_state[state.EXAMPLE_KEY] = example_id
 st.query_params["text"] = st.session_state["_linked_text"] = str(example_id)  # the address shows it
 record = state.store().example_record(run.run_id, example_id)
@@ -71,7 +76,19 @@ def _num(value, fmt: str) -> str:
     return format(value, fmt) if value is not None and value == value else "–"
 
 
-st.code(row["text"], language=None, wrap_lines=True)  # shown as text, never as Markdown; readable
+secrets = state.store().secret_attacks(run.run_id)
+secrets = secrets[secrets["example_id"] == example_id]
+tokenised = not isinstance(row.get("turns"), str)  # a plain text: as it always was
+if tokenised:
+    st.code(row["text"], language=None, wrap_lines=True)  # shown as text, never as Markdown; readable
+else:  # a conversation: each turn on its own, what came out marked in its turn
+    marks = leaked_marks(str(row["text"]), row, secrets)
+    st.html(turns_html(str(row["text"]), row["turns"], marks))
+    st.caption("Each turn as the conversation reads; marked: the characters the model gave back (the text "
+               "attack's window when it came out, a secret value written whole). A turn not trained had no "
+               "loss on it.")
+    if tokenised := st.toggle("as tokenised", key="drill_tokenised", help=show.TOKENISED_HELP):
+        st.code(row["text"], language=None, wrap_lines=True)
 reason = str(row["reason"]).removeprefix(f"{row['status']}: ")  # not "leaked: leaked: ..."
 verdict_line = f"**{state.plain(row['status'])}**: {state.plain(reason)}  \n**What to do:** " \
                f"{state.plain(action(pd.Series(row)))}"
@@ -110,7 +127,9 @@ else:
                     f"{a['n_continuation']} continuation tokens{ref_note} → **{verdict}** "
                     f"(threshold {a['threshold']:g}).")
         c1, c2, c3 = st.columns(3)
-        for col, label, value in ((c1, "Prefix given to the model", a["prefix_text"]),
+        prefix = a["prefix_text"] if tokenised else conversation_upto(str(row["text"]), row["turns"],
+                                                                       str(a["prefix_text"]))
+        for col, label, value in ((c1, "Prefix given to the model", prefix),
                                   (c2, "Model's continuation", a["generated_text"]),
                                   (c3, "Original continuation", a["target_text"])):
             col.caption(label)
@@ -122,8 +141,6 @@ else:
                 axis=1)
             st.dataframe(styled, hide_index=True, width="stretch")
 
-secrets = state.store().secret_attacks(run.run_id)
-secrets = secrets[secrets["example_id"] == example_id]
 if not secrets.empty:
     st.subheader("Secret attack")
     st.caption("Rule: " + state.plain(secrets["rule"].iloc[0]))  # it asks whether the model writes the value
@@ -144,7 +161,9 @@ near = nearest_by_trajectory(traj, example_id, k=5)
 if near.empty:
     st.caption("Not enough checkpoints to compare trajectories.")
 else:
-    near = near.merge(totals[["example_id", "rank", "gnq_total", "copies", "group", "text"]], on="example_id")
+    near = near.merge(totals[["example_id", "rank", "gnq_total", "copies", "group", "text",
+                              *show.layout_column(totals)]], on="example_id")
+    near = show.readable(near, tokenised)
     # log10 units: 4e-13 is float rounding of an identical trajectory, shown as 0
     near["distance"] = near["distance"].round(4)
     show.table(near, "near", {**column_config(near), "distance": st.column_config.NumberColumn(

@@ -84,7 +84,10 @@ if len(grouped(picked_rows)) > TEXT_ROWS:
     st.caption(f"The first {TEXT_ROWS} texts (copies share a row); all of them are in the table below"
                " and the downloads.")
 with st.expander("All columns, as downloaded (select a row to open its drill-down)"):
-    show.table(out, "flagged_table")
+    tokenised = show.tokenised_toggle(picked_rows, "flagged_tokenised")
+    # a conversation reads as its turns on one line here; the downloads keep `text` and `conversation`
+    shown = out.assign(turns=picked_rows["turns"].to_numpy()) if "turns" in picked_rows else out
+    show.table(show.readable(shown, tokenised), "flagged_table")
 if out.empty:
     st.caption("Nothing to export: no text matches these filters.")
 st.caption(f"In the CSV, {FORMULA_GUARD_NOTE}. JSONL and Parquet are always exact.")

@@ -55,7 +55,9 @@ def leaked_texts(run) -> None:
     if leaked.empty:
         return
     with st.expander("All columns (select a row to open its drill-down)"):
-        show.table(leaked[["text", "status", "reason", "copies", "secret", "example_id"]], "runs_leaked")
+        tokenised = show.tokenised_toggle(leaked, "runs_leaked_tokenised")
+        cols = ["text", "status", "reason", "copies", "secret", "example_id", *show.layout_column(leaked)]
+        show.table(show.readable(leaked[cols], tokenised), "runs_leaked")
 
 
 def tiles(counts, said: dict) -> None:
@@ -199,6 +201,8 @@ st.caption("The verdict order: leaked texts first, then secret-like content, the
            "copies of a text share one row (×N). Sort by GNQ alone on **Flagged texts**.")
 show.risk_basis(totals)
 with st.expander("All columns (select a row to open its drill-down)"):
+    tokenised = show.tokenised_toggle(scored, "runs_top_tokenised")
     top = scored.nsmallest(20, "rank")[["text", "status", "reason", "example_id", "rank", "copies", "secret",
-                                        "gnq_total", "risk", "extracted", "group"]]
-    show.table(top, "runs_top")
+                                        "gnq_total", "risk", "extracted", "group",
+                                        *show.layout_column(scored)]]
+    show.table(show.readable(top, tokenised), "runs_top")
