@@ -39,6 +39,7 @@ from typing import Any
 import pandas as pd
 
 from gnq_core.analysis.verdict import AT_RISK, LEAKED, REPRODUCED
+from gnq_core.errors import GNQError
 from gnq_core.sources.rewrite import FieldEdit, FieldPath, field_values
 from gnq_core.sources.secrets import values_from_json
 from gnq_core.sources.surrogates import placeholder, surrogate
@@ -48,7 +49,7 @@ DEFAULT_ACT_ON = ("leaked", "partly-leaked", "exposed")
 MANIFEST_SCHEMA = "gnq-remediation/1"
 
 
-class RemediationError(ValueError):
+class RemediationError(GNQError, ValueError):
     """Input the cleaning cannot act on; the message is one line naming what."""
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gnq_core.atomic import write_text_atomic
+from gnq_core.errors import GNQError
 from gnq_core.jobs.kept import keep_last_checkpoint
 from gnq_core.jobs.uploads import inside, remove_uploads
 from gnq_core.pipelines.settings import JobSettings, job_dict, job_from_dict
@@ -155,7 +156,7 @@ def _ended_unrecorded(job: Job, returncode: int | None) -> None:
         _finish_uploads(fresh)
 
 
-class JobConflict(ValueError):
+class JobConflict(GNQError, ValueError):
     """A start refused: a live job is already writing that run."""
 
 

@@ -18,6 +18,7 @@ import re
 import string
 from collections.abc import Collection
 
+from gnq_core.errors import GNQError
 from gnq_core.sources.secrets import luhn_ok
 
 # The kinds the detector reports (sources/secrets.py): its patterns' kinds, the label-only ones and
@@ -44,7 +45,7 @@ def placeholder(kind: str) -> str:
     return f"[REDACTED_{tag}]"
 
 
-class SurrogateError(ValueError):
+class SurrogateError(GNQError, ValueError):
     """No surrogate of a value's format could be drawn that differs from every value to avoid."""
 
 
