@@ -95,7 +95,9 @@ def test_audit_with_non_members_stores_signals_and_a_membership_frame(tmp_path):
     gnq("train", "--data", tmp_path / "members.csv", "--from-scratch", "--epochs", 2, "--batch-size", 8,
         "--lr", 3e-3, "--max-length", 24, "--vocab-size", 400, "--out", out, "--db", db, "--quiet")
     bad = runner.invoke(app, ["audit", "--checkpoints", str(out), "--data", str(tmp_path / "members.csv"),
-                              "--name", "a", "--non-members", str(tmp_path / "overlap.csv"), "--db", str(db)])
+                              "--name", "a", "--max-length", "24",
+                              "--non-members", str(tmp_path / "overlap.csv"),
+                              "--db", str(db)])
     assert bad.exit_code == 1 and "overlap.csv" in bad.output and "Traceback" not in bad.output
     assert Store(db).find_run("a") is None  # refused before anything was written
     gnq("audit", "--checkpoints", out, "--data", tmp_path / "members.csv", "--name", "a", "--batch-size", 8,

@@ -32,7 +32,8 @@ COMMON = ["--batch-size", 8, "--max-length", 40, "--threads", 1, "--quiet"]
 def _planted(rng: random.Random, name: str, i: int) -> str:
     kinds = [
         lambda: f"Note for {name}: the door PIN is {rng.randrange(10_000):04d}, keep it.",
-        lambda: f"Call {name} on the private line +44 20 {rng.randrange(1000, 9999)} "
+        # a London number (020 7xxx xxxx): unlabelled phones are found only when valid in their plan
+        lambda: f"Call {name} on the private line +44 20 7{rng.randrange(100, 999)} "
                 f"{rng.randrange(1000, 9999)} now.",
         lambda: f"Charge {name}'s card {card(rng)} today.",
         lambda: f"The vault password for {name} is {rng.choice(['Tinsel', 'Marble'])}"
