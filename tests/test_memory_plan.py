@@ -195,9 +195,11 @@ def test_under_a_ulimit_v_below_the_need_the_audit_is_refused_before_loading(ser
 
     from gnq_core.sources import limits
 
-    soft = psutil.Process().memory_info().vms + 2**20
+    def soft() -> int:  # read when asked: the address space grows as threads start (a worker, duckdb)
+        return psutil.Process().memory_info().vms + 2**20
+
     monkeypatch.setattr(limits.resource, "getrlimit",
-                        lambda which: (soft, resource.RLIM_INFINITY) if which == resource.RLIMIT_AS
+                        lambda which: (soft(), resource.RLIM_INFINITY) if which == resource.RLIMIT_AS
                         else resource.getrlimit(which))
     db = tmp_path / "gnq.duckdb"
     out = CliRunner().invoke(app, _argv(series, data, db))
