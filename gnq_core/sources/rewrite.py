@@ -22,7 +22,8 @@ import copy
 import csv
 import io
 import json
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,16 +77,33 @@ def _spliced(value: str, edits: list[FieldEdit]) -> list[tuple[int, int, str]]:
 
 
 # ------------------------------------------------------------------------------------------ records
-class _Record:
+class _Record(ABC):
+    @abstractmethod
     def value(self, field: FieldPath) -> Any:
-        raise NotImplementedError
+        """The record's value at ``field``."""
 
 
-class _Document:
+class _Document(ABC):
     records: list[_Record]
+    path: Path
 
+    @abstractmethod
     def write(self, target: Path, edits: dict[int, list[FieldEdit]], drop: set[int]) -> None:
-        raise NotImplementedError
+        """The file again at ``target``: records in ``drop`` left out, those in ``edits`` edited."""
+
+    def _kept(self, edits: dict[int, list[FieldEdit]], drop: set[int],
+              original: Callable[[int, Any], Any]) -> Iterator[Any]:
+        """Each kept record's piece of the output: edited, or ``original(i, record)`` as it stood."""
+        for i, record in enumerate(self.records):
+            if i in drop:
+                continue
+            if i not in edits:
+                yield original(i, record)
+                continue
+            try:
+                yield record.edited(edits[i])
+            except ValueError as e:
+                raise DatasetError(str(self.path), f"record {i + 1}: {e}") from e
 
 
 def _document(path: Path) -> _Document:
@@ -153,16 +171,7 @@ class _LinesDocument(_Document):
 
     def write(self, target: Path, edits: dict[int, list[FieldEdit]], drop: set[int]) -> None:
         with open(target, "wb") as f:
-            for i, (line, record) in enumerate(zip(self.raw, self.records, strict=True)):
-                if i in drop:
-                    continue
-                if i in edits:
-                    try:
-                        f.write(record.edited(edits[i]))
-                    except ValueError as e:
-                        raise DatasetError(str(self.path), f"record {i + 1}: {e}") from e
-                else:
-                    f.write(line)
+            f.writelines(self._kept(edits, drop, lambda i, _: self.raw[i]))
 
 
 class _TextDocument(_LinesDocument):
@@ -412,18 +421,8 @@ class _CsvDocument(_Document):
                                                "(an unusual CSV dialect)")
 
     def write(self, target: Path, edits: dict[int, list[FieldEdit]], drop: set[int]) -> None:
-        out = [self.text[: self.head_end]]
-        for i, record in enumerate(self.records):
-            assert isinstance(record, _CsvRecord)
-            if i in drop:
-                continue
-            if i in edits:
-                try:
-                    out.append(record.edited(edits[i]))
-                except ValueError as e:
-                    raise DatasetError(str(self.path), f"record {i + 1}: {e}") from e
-            else:
-                out.append(self.text[record.start:record.next_start])
+        out = [self.text[: self.head_end],
+               *self._kept(edits, drop, lambda _, record: self.text[record.start:record.next_start])]
         Path(target).write_bytes(self.bom + "".join(out).encode("utf-8"))
 
 
