@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gnq_core import GNQAuditor, per_example_lm_loss
-from gnq_core.engine import cpu_gram
+from gnq_core.engine.math import cpu_gram
 
 from .common import write
 
@@ -41,7 +41,7 @@ class OpCounter(TorchDispatchMode):
 
 
 def count(layers: int, width: int, vocab: int, batch: int, length: int, device: str = "cpu") -> dict:
-    # the count stands for a GPU's launches: the CPU-only Gram kernel (engine/cpu_gram.py, not an
+    # the count stands for a GPU's launches: the CPU-only Gram kernel (engine/math/cpu_gram.py, not an
     # aten op) is off, so each fused layer's Gram is one addmm_ here as it is on a GPU
     saved, cpu_gram.MAX_THREADS = cpu_gram.MAX_THREADS, -1
     try:

@@ -81,7 +81,7 @@ def run(work: Path, name: str, threads: int) -> None:
         run_extraction = importlib.import_module("gnq_core.pipelines.attacks.run").run_extraction
     from gnq_core.pipelines.audit import run_audit
     from gnq_core.pipelines.settings import AuditSettings
-    from gnq_core.progress import Reporter
+    from gnq_core.common.progress import Reporter
     from gnq_core.results.store import Store
     from gnq_core.sources import find_checkpoints, load_texts
 

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gnq_core import per_example_lm_loss
-from gnq_core.engine.distributed import DistributedGNQAuditor
+from gnq_core.engine.passes.distributed import DistributedGNQAuditor
 
 from .common import interleaved, write
 

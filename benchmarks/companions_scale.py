@@ -54,7 +54,7 @@ def load_texts(n: int) -> list[str]:
 
 def one(n: int, threads: int = 1, split: bool = True) -> dict:
     torch.set_num_threads(threads)
-    from gnq_core.engine.sketch import SketchSpec
+    from gnq_core.engine.sketch.projection import SketchSpec
     from gnq_core.pipelines import companions
     from gnq_core.pipelines.settings import AuditSettings
     from gnq_core.sources.models import build_model, train_tokenizer
@@ -94,7 +94,7 @@ def one(n: int, threads: int = 1, split: bool = True) -> dict:
 
 
 def factor_split(n: int, solve_cpu_s: float) -> dict:
-    from gnq_core.engine.companions import kernel_gnq
+    from gnq_core.engine.sketch.companions import kernel_gnq
 
     X = torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     K = X @ X.T / n

@@ -57,10 +57,10 @@ def load_texts(n: int) -> list[str]:
 
 def one(n: int, solve: str, dtype: str, out: Path | None) -> dict:
     torch.set_num_threads(1)
-    from gnq_core.engine import companions as engine
+    from gnq_core.engine.sketch import companions as engine
     from gnq_core.pipelines import companions
     from gnq_core.pipelines.settings import AuditSettings
-    from gnq_core.progress import Reporter
+    from gnq_core.common.progress import Reporter
     from gnq_core.sources.models import build_model, train_tokenizer
     from gnq_core.sources.tokens import Partition
 

@@ -15,9 +15,9 @@ import argparse
 
 import torch
 
-from gnq_core.engine.cost_model import choose_path
-from gnq_core.engine.grams import inner
-from gnq_core.engine.representations import DenseFactor, OuterRep
+from gnq_core.engine.math.cost_model import choose_path
+from gnq_core.engine.math.grams import inner
+from gnq_core.engine.math.representations import DenseFactor, OuterRep
 
 from .common import interleaved, write
 

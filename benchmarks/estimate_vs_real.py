@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from gnq_core.pipelines.estimate_probe import estimate_lines, measure_estimate, stage_of, total_seconds
-from gnq_core.progress import Reporter
+from gnq_core.common.progress import Reporter
 
 from .common import write
 

@@ -10,7 +10,7 @@ The fused path's extra time per element of the B per-example gradients is conver
 the layer's own plain step (6·B·T·d_in·d_out FLOPs in ``plain_s``): that is what the cost model
 charges per element (``cost_model.fused_flops``: 2B for the Gram plus ``FUSED_ELEMENT_FLOPS``).
 Also the Gram of one 2 MiB chunk: one product, its upper block triangle as two, and the numba
-kernel (``engine/cpu_gram.py``) that the fused path uses on CPU.
+kernel (``engine/math/cpu_gram.py``) that the fused path uses on CPU.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import statistics
 
 import torch
 
-from gnq_core.engine.cost_model import fused_is_cheaper
-from gnq_core.engine.cpu_gram import upper_gram_
-from gnq_core.engine.fused import FusedLinearFunction
-from gnq_core.engine.grams import ghost_inner
-from gnq_core.engine.representations import DenseFactor, OuterRep
+from gnq_core.engine.math.cost_model import fused_is_cheaper
+from gnq_core.engine.math.cpu_gram import upper_gram_
+from gnq_core.engine.kernels.fused import FusedLinearFunction
+from gnq_core.engine.math.grams import ghost_inner
+from gnq_core.engine.math.representations import DenseFactor, OuterRep
 
 from .common import interleaved, write
 

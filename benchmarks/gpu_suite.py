@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.engine.math.losses import per_example_lm_loss
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints.save import save_checkpoint
 from gnq_core.sources.models import train_tokenizer

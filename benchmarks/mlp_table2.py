@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from gnq_core import GNQAuditor, exact_gnq
-from gnq_core.engine.reference import naive_gnq, per_example_gradients_func
+from gnq_core.engine.math.reference import naive_gnq, per_example_gradients_func
 
 from .common import interleaved, write
 

@@ -5,7 +5,7 @@
 On ``attack_throughput prepare``'s data and checkpoints (DIR: texts.csv, checkpoints/): ``run_audit``
 over every checkpoint in one process, one thread, CPU seconds (the machine may be shared), with
 every checkpoint probed anew (as before the plan was reused) and with the plan kept across
-checkpoints (engine.plan_reuse), in the order anew, reused, reused, anew (the process's warm-up
+checkpoints (engine.plan.plan_reuse), in the order anew, reused, reused, anew (the process's warm-up
 and any drift on both sides).  Per run and checkpoint: its first batch's and its other batches'
 CPU seconds; the probes counted; the stored scores compared.
 """
@@ -31,9 +31,9 @@ def main() -> None:
     parser.add_argument("--name", default="plan_reuse")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    import gnq_core.engine.first_batch as first_batch
+    import gnq_core.engine.passes.first_batch as first_batch
     import gnq_core.pipelines.audit as audit_module
-    from gnq_core.engine.plan_reuse import PlanCache
+    from gnq_core.engine.plan.plan_reuse import PlanCache
     from gnq_core.pipelines.settings import AuditSettings
     from gnq_core.results.store import Store
     from gnq_core.sources import find_checkpoints, load_texts

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gnq_core import GNQAuditor, per_example_lm_loss
-from gnq_core.engine.solve import gnq_from_kernel, unweight_kernel
+from gnq_core.engine.math.solve import gnq_from_kernel, unweight_kernel
 from gnq_core.sources.models import train_tokenizer
 from gnq_core.sources.tokens import collate, encode_texts
 

@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.sketch import Sketcher, SketchSpec
-from gnq_core.engine.solve import gnq_from_kernel
-from gnq_core.engine.window import WindowAuditor
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.sketch.projection import Sketcher, SketchSpec
+from gnq_core.engine.math.solve import gnq_from_kernel
+from gnq_core.engine.passes.window import WindowAuditor
 from gnq_core.sources.models import train_tokenizer
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 

@@ -34,7 +34,7 @@ Sketches, per row of the table:
 
 ``--quick`` checks the comparison itself: a tiny float64 Llama whose every matrix is kept whole
 (an identity-sized sketch) must give exact GNQ through the production path (relative error about
-1e-12), and the exact Gram must equal ``engine.reference``'s torch.func gradients' Gram.
+1e-12), and the exact Gram must equal ``engine.math.reference``'s torch.func gradients' Gram.
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ import torch
 from scipy.stats import spearmanr
 from torch import nn
 
-from gnq_core.engine.companions import kernel_gnq
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.reference import per_example_gradients_func
-from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.sketch.companions import kernel_gnq
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.reference import per_example_gradients_func
+from gnq_core.engine.sketch.projection import SketchSpec
 from gnq_core.pipelines.companion_plan import sketch_spec
 from gnq_core.pipelines.companions import audit_companions, companion_sets
 from gnq_core.pipelines.settings import COMPANIONS_ALL, AuditSettings
@@ -175,7 +175,7 @@ def exact_gram(model: nn.Module, ids: list[list[int]], pad: int, batch: int = 16
 
 def check_exact(model: nn.Module, ids: list[list[int]], pad: int, K: torch.Tensor, texts: int) -> float:
     """Largest |K − K_ref| / max |K_ref| over the first ``texts`` texts, K_ref the Gram of
-    ``engine.reference``'s torch.func per-example gradients (one text at a time)."""
+    ``engine.math.reference``'s torch.func per-example gradients (one text at a time)."""
     b = collate(ids[:texts], list(range(texts)), pad)
 
     def loss_fn(m, batch):

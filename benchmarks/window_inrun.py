@@ -28,8 +28,8 @@ import time
 import torch
 
 from gnq_core import GNQAuditor, per_example_lm_loss
-from gnq_core.engine.sketch import SketchSpec
-from gnq_core.engine.window import WindowAuditor
+from gnq_core.engine.sketch.projection import SketchSpec
+from gnq_core.engine.passes.window import WindowAuditor
 
 from .common import check_ratios, exit_on_failure, interleaved_timed, ratio_limits, write
 from .inrun_overhead import PRESETS, build

@@ -20,13 +20,16 @@ Names are imported on first use, so ``import gnq_core`` does not import torch.
 
 import sys
 
+from gnq_core import _moved
 from gnq_core._lazy import lazy_exports
+
+_moved.install()  # modules that moved stay importable by their old paths for a release
 
 _ENTRY_MODULES = ("gnq_core.cli", "gnq_core.jobs.jobs")
 if sys.argv[:1] == ["-m"] and any(m in sys.orig_argv for m in _ENTRY_MODULES):
     # ``python -m gnq_core.cli`` (or the dashboard's job process) is starting and Python imports this
     # package first: a Ctrl-C during the heavy imports that follow is one line, not a traceback.
-    from gnq_core import interrupts
+    from gnq_core.common import interrupts
 
     interrupts.guard_startup()
 
@@ -35,10 +38,10 @@ __version__ = "0.1.0"
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "gnq_core.engine.auditor": ("GNQAuditor", "GNQResult"),
     "gnq_core.engine.kernels": ("UnsupportedModuleError", "register"),
-    "gnq_core.engine.losses": ("lm_token_mean_weights", "per_example_lm_loss"),
-    "gnq_core.engine.reference": ("exact_gnq",),
-    "gnq_core.engine.sketch": ("SketchSpec",),
-    "gnq_core.engine.solve": ("GNQNumericalError",),
-    "gnq_core.engine.window": ("WindowResult",),
+    "gnq_core.engine.math.losses": ("lm_token_mean_weights", "per_example_lm_loss"),
+    "gnq_core.engine.math.reference": ("exact_gnq",),
+    "gnq_core.engine.sketch.projection": ("SketchSpec",),
+    "gnq_core.engine.math.solve": ("GNQNumericalError",),
+    "gnq_core.engine.passes.window": ("WindowResult",),
     "gnq_core.errors": ("GNQError", "one_line"),
 })

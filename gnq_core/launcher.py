@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from gnq_core import interrupts
+from gnq_core.common import interrupts
 
 # what the command line imports beyond the library: typer/rich for the command, duckdb for the store
 COMMAND_NEEDS = ("typer", "rich", "duckdb")

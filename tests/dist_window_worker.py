@@ -17,7 +17,7 @@ from lm_fixtures import lm_batch, tiny_gpt2
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gnq_core import GNQAuditor, per_example_lm_loss
-from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.sketch.projection import SketchSpec
 
 LAM = 1e-3
 # token lengths of each rank's micro-batches (uneven: 4 texts on rank 0, 3 on rank 1)
@@ -69,7 +69,7 @@ def window(init_state, parts, **audit) -> dict:
 def failing_then_fine(init_state, parts, rank: int) -> dict:
     """Rank 1's second micro-batch has a NaN loss: the window fails on every rank (none waits on
     a gather that never comes), and the next window is scored normally."""
-    from gnq_core.engine.solve import GNQNumericalError
+    from gnq_core.engine.math.solve import GNQNumericalError
 
     model = tiny_gpt2()
     model.load_state_dict(init_state)

@@ -20,7 +20,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gnq_core import GNQAuditor, per_example_lm_loss
-from gnq_core.engine.distributed import DistributedGNQAuditor
+from gnq_core.engine.passes.distributed import DistributedGNQAuditor
 
 LAM = 1e-2
 LM_SIZES = [[9, 5, 12], [7, 10, 4, 6]]  # token lengths of each rank's examples

@@ -34,8 +34,8 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
 )
 
-from gnq_core.engine.reference import loo_gnq, per_example_gradients
-from gnq_core.engine.tolerance import exactness, kernel_noise, rounding_sensitivity
+from gnq_core.engine.math.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.math.tolerance import exactness, kernel_noise, rounding_sensitivity
 
 VOCAB, WIDTH, B, T = 64, 32, 3, 5
 PATHS = ("unfused", "fused", "posthoc")
@@ -213,7 +213,7 @@ def losses(model: torch.nn.Module, task: str, inputs: dict[str, torch.Tensor]) -
 class Cell:
     family: str
     path: str
-    exact: bool  # within the derived bound (gnq_core.engine.tolerance)
+    exact: bool  # within the derived bound (gnq_core.engine.math.tolerance)
     error: float | None = None  # largest relative error (kernel or GNQ) against the reference
     refusal: str | None = None  # "ExceptionType: message" when the auditor refused
     detail: str = ""  # the errors and their bounds
@@ -224,7 +224,7 @@ def check(model: torch.nn.Module, family: str, task: str, lam: float = 1e-2,
     """One batch on every path against explicit per-example gradients (float64) from the same
     forward: the reference and every audited forward start from one random-number seed, so they
     draw the same dropout masks.  Exact means within the bound derived from the problem
-    (gnq_core.engine.tolerance: the Gram's length P, the solve's conditioning and, when that a
+    (gnq_core.engine.math.tolerance: the Gram's length P, the solve's conditioning and, when that a
     priori bound is exceeded, the model's own rounding measured by ``reference_noise``);
     ``floor``: a stated lower bound (a family that computes in float32 on purpose)."""
     cond = condition(family) if cond is None else cond
@@ -252,7 +252,7 @@ def check(model: torch.nn.Module, family: str, task: str, lam: float = 1e-2,
 
 def reference_noise(model: torch.nn.Module, task: str, inputs: dict[str, torch.Tensor],
                     params: list[torch.Tensor], seed: int = 0) -> float:
-    """The model's own rounding, as this machine does it (gnq_core.engine.tolerance): the larger
+    """The model's own rounding, as this machine does it (gnq_core.engine.math.tolerance): the larger
     of how far two honest references differ (per-example gradients from the batch's forward and
     from each example's own forward, eval mode: no dropout to tell them apart) and how far the
     reference moves when the parameters are perturbed at their rounding (the model's mode, the

@@ -12,7 +12,7 @@ from conftest import TOL, kernel_err
 from torch import nn
 
 from gnq_core import GNQAuditor
-from gnq_core.engine.reference import per_example_gradients
+from gnq_core.engine.math.reference import per_example_gradients
 
 T, D, H = 5, 6, 2  # sequence length, hidden size, heads
 

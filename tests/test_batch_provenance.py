@@ -9,7 +9,7 @@ from conftest import TOL, kernel_err
 from families import batch, build, losses
 
 from gnq_core import GNQAuditor
-from gnq_core.engine.reference import per_example_gradients
+from gnq_core.engine.math.reference import per_example_gradients
 
 
 @pytest.mark.parametrize("family, task", [("t5", "seq2seq"), ("opt", "causal"), ("mixtral", "causal")])

@@ -154,7 +154,7 @@ def test_audited_step_dispatches_at_most_115_percent_of_a_plain_steps_ops(monkey
     """GPT-2 small's structure (12 blocks, tied head, LayerNorms) at a tiny width and batch:
     forward, backward, compute() and a foreach AdamW step (benchmarks/aten_ops.py: B16 T128).
     The count stands for a GPU's launches, so the CPU-only Gram kernel is off."""
-    from gnq_core.engine import cpu_gram
+    from gnq_core.engine.math import cpu_gram
 
     monkeypatch.setattr(cpu_gram, "MAX_THREADS", -1)
     torch.set_default_dtype(torch.float32)
@@ -186,7 +186,7 @@ def test_audited_step_dispatches_at_most_115_percent_of_a_plain_steps_ops(monkey
 def test_ghost_self_grams_from_the_upper_block_triangle_exact(monkeypatch):
     """A large ghost factor Gram with itself (a big-vocabulary head's ΔΔᵀ) is formed from its
     example blocks k ≥ j only and mirrored: the same kernel as the reference, in float64."""
-    from gnq_core.engine import grams
+    from gnq_core.engine.math import grams
 
     used = []
     upper = grams._self_gram_upper

@@ -13,9 +13,9 @@ from chat_fixtures import chat_tokenizer, records
 from streamlit.testing.v1 import AppTest
 
 from gnq_core.analysis.conversation import conversation_line, conversation_upto, leaked_marks, turns_html
+from gnq_core.common.progress import JobProgress
 from gnq_core.pipelines.run import run_job
 from gnq_core.pipelines.settings import AuditJob, AuditSettings, ExtractJob
-from gnq_core.progress import JobProgress
 from gnq_core.results.store import Store
 from gnq_core.sources.chat import example_of, render_example
 from gnq_core.sources.models import build_model

@@ -36,7 +36,7 @@ def audit(tmp_path, ckpt, rows, **options):
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     said = []
-    from gnq_core.progress import JobProgress
+    from gnq_core.common.progress import JobProgress
 
     store = Store(tmp_path / "gnq.duckdb")
     job = AuditJob(checkpoints=str(ckpt), data=str(data), name="chat",

@@ -14,9 +14,9 @@ import torch
 from chat_fixtures import chat_tokenizer, sentence
 
 from gnq_core.analysis.verdict import rank_texts
+from gnq_core.common.progress import JobProgress
 from gnq_core.pipelines.run import run_job
 from gnq_core.pipelines.settings import AuditJob, AuditSettings, ExtractJob
-from gnq_core.progress import JobProgress
 from gnq_core.results.store import Store
 from gnq_core.sources.chat import load_chat
 from gnq_core.sources.models import build_model

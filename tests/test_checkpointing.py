@@ -1,5 +1,5 @@
 """Activation (gradient) checkpointing is exact.  torch.utils.checkpoint recomputes a
-region's forward inside the backward; the auditor recognises the recomputation (engine/recompute.py)
+region's forward inside the backward; the auditor recognises the recomputation (engine/passes/recompute.py)
 and uses each call's capture once: GNQ equals explicit per-example gradients (float64) for both
 reentrant settings, fused or not, and the weight gradients equal those of the same model without
 checkpointing.  Trainer(gradient_checkpointing=True) gives the GNQ of the run without it."""

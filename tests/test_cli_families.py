@@ -24,8 +24,8 @@ from transformers import (
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.reference import loo_gnq, per_example_gradients
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.models import train_tokenizer

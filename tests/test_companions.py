@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.cli import app
-from gnq_core.engine.companions import SketchSystem, companion_gnq, sketch_gram, sketch_space_gnq
-from gnq_core.engine.solve import GNQNumericalError, gnq_from_kernel
+from gnq_core.engine.math.solve import GNQNumericalError, gnq_from_kernel
+from gnq_core.engine.sketch.companions import SketchSystem, companion_gnq, sketch_gram, sketch_space_gnq
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.results.store import Store
@@ -86,7 +86,7 @@ def test_the_streamed_system_equals_the_leave_one_out_solve(n, m):
 def test_the_streamed_systems_large_condition_is_a_power_estimate(monkeypatch):
     """Above ``EXACT_CONDITION`` rows, λ_max(A) by power iterations on A's lower triangle (syrk
     fills only that one) over λ."""
-    from gnq_core.engine import companions
+    from gnq_core.engine.sketch import companions
 
     monkeypatch.setattr(companions, "EXACT_CONDITION", 4)
     S = torch.randn(60, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -167,7 +167,7 @@ def test_the_sketches_are_let_go_before_the_n_by_n_solve(tiny, monkeypatch):
     before the solve's K, L and M exist (at 20,000 texts they are 5 GB of the peak)."""
     import weakref
 
-    from gnq_core.engine import companions
+    from gnq_core.engine.sketch import companions
 
     taken, alive_at_solve = [], []
     take, solve = companions.SketchRows.take, companions.kernel_gnq
@@ -202,7 +202,7 @@ def _all_companions(tiny, db: Path, name: str, **settings) -> tuple[pd.DataFrame
 def test_the_streamed_training_set_path_equals_the_n_by_n_path(tiny, tmp_path, monkeypatch):
     """The same sketches, solved both ways: the held n × n Gram and the m × m system streamed in two
     passes (A formed in the first, each text's sketch again in the second) give the same rows."""
-    from gnq_core.engine.companions import SketchFactor
+    from gnq_core.engine.sketch.companions import SketchFactor
 
     scored, gnq = [], SketchFactor.gnq
     monkeypatch.setattr(SketchFactor, "gnq", lambda self, rows: scored.append(len(rows)) or gnq(self, rows))
@@ -242,7 +242,7 @@ def test_the_cheaper_solve_is_chosen_and_says_why():
 def test_a_rerun_reuses_the_first_pass_of_an_interrupted_streamed_set(tiny, tmp_path, monkeypatch):
     """A is saved (whole or not at all) after the first pass with what it was formed from; a run
     stopped in the second pass resumes from it, and the set's rows equal an uninterrupted run's."""
-    from gnq_core.engine.companions import SketchFactor
+    from gnq_core.engine.sketch.companions import SketchFactor
     from gnq_core.pipelines import companions
 
     db = tmp_path / "gnq.duckdb"
@@ -297,7 +297,7 @@ def test_identity_sized_sketch_gives_the_exact_gnq_of_one_batch(tiny, tmp_path):
 
 
 def test_the_lean_kernel_solve_matches_gnq_from_kernel_and_estimates_large_conditions(monkeypatch):
-    from gnq_core.engine import companions
+    from gnq_core.engine.sketch import companions
 
     gen = torch.Generator().manual_seed(5)
     S = torch.randn(60, 20, dtype=torch.float64, generator=gen)
@@ -314,8 +314,8 @@ def test_the_lean_kernel_solve_matches_gnq_from_kernel_and_estimates_large_condi
 def test_sketch_widths_are_the_widths_of_the_sketches():
     """``Sketcher.widths()`` (used to zero-fill a key a batch never used) for blocked plans, side
     by side; folded into a shared vector, one width for every key."""
-    from gnq_core.engine.representations import DenseFactor, OuterRep
-    from gnq_core.engine.sketch import SHARED, Sketcher, SketchSpec
+    from gnq_core.engine.math.representations import DenseFactor, OuterRep
+    from gnq_core.engine.sketch.projection import SHARED, Sketcher, SketchSpec
 
     sketcher = Sketcher(SketchSpec(k=256, block=4, total=None))
     rep = OuterRep(DenseFactor(torch.randn(3, 5, 40)), DenseFactor(torch.randn(3, 5, 30)))
@@ -333,7 +333,7 @@ def test_the_companion_sentence_names_the_set():
 
 
 def test_sketch_rows_widen_for_a_parameter_first_used_later():
-    from gnq_core.engine.companions import SketchRows
+    from gnq_core.engine.sketch.companions import SketchRows
 
     rows = SketchRows(3)
     rows.put(torch.tensor([[1.0, 2.0, 3.0]]), {"a": 1, "c": 2})

@@ -1,4 +1,4 @@
-"""The CPU Gram kernel (engine/cpu_gram.py): the upper triangle of F Fᵀ, exact in float64."""
+"""The CPU Gram kernel (engine/math/cpu_gram.py): the upper triangle of F Fᵀ, exact in float64."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import contextlib
 import pytest
 import torch
 
-from gnq_core.engine import cpu_gram
-from gnq_core.engine.cpu_gram import upper_gram_
+from gnq_core.engine.math import cpu_gram
+from gnq_core.engine.math.cpu_gram import upper_gram_
 
 
 @contextlib.contextmanager

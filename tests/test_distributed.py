@@ -23,9 +23,9 @@ from lm_fixtures import PAD_ID, tiny_gpt2
 from torch import nn
 
 from gnq_core import GNQAuditor
-from gnq_core.engine.distributed import DistributedGNQAuditor
-from gnq_core.engine.micro import MicroAuditor
-from gnq_core.engine.window import WindowAuditor
+from gnq_core.engine.passes.distributed import DistributedGNQAuditor
+from gnq_core.engine.passes.micro import MicroAuditor
+from gnq_core.engine.passes.window import WindowAuditor
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["rank", "global", "global-factors", "global-gradients"]

@@ -1,4 +1,4 @@
-"""GNQ over an accumulation window pooled across DDP ranks (engine/window_ddp.py): 2 processes
+"""GNQ over an accumulation window pooled across DDP ranks (engine/passes/window_ddp.py): 2 processes
 under torchrun (gloo, CPU, float64), each with a window of 2 micro-batches, compared with one
 process auditing the same texts as one window (B_eff = micro × accumulation × world)."""
 
@@ -17,8 +17,8 @@ from lm_fixtures import tiny_gpt2
 from test_distributed import concat_lm, free_port, torchrun_ranks
 
 from gnq_core import GNQAuditor
-from gnq_core.engine.reference import exact_gnq
-from gnq_core.engine.window_ddp import DistributedWindowAuditor
+from gnq_core.engine.math.reference import exact_gnq
+from gnq_core.engine.passes.window_ddp import DistributedWindowAuditor
 
 HERE = Path(__file__).resolve().parent
 

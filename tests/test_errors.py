@@ -13,7 +13,7 @@ from gnq_core.errors import GNQError, one_line, user_errors
 
 # Internal signals, never shown to a user: the solver's failure is caught and the batch stored as
 # non-finite; a non-finite likelihood is caught by exposure() and the value stored without one.
-INTERNAL = {"gnq_core.engine.solve.GNQNumericalError", "gnq_core.attacks.exposure_sampling.NonFinite",
+INTERNAL = {"gnq_core.engine.math.solve.GNQNumericalError", "gnq_core.attacks.exposure_sampling.NonFinite",
             "gnq_core.sources.datasets._DuplicateKey"}  # caught inside their modules, never shown
 
 

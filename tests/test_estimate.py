@@ -93,7 +93,7 @@ def test_parameter_count_of_pickled_weights_is_their_float32_size(tmp_path):
 
 
 def test_the_thread_default_is_the_idle_cores():
-    from gnq_core.runtime import default_threads, idle_cores
+    from gnq_core.common.runtime import default_threads, idle_cores
 
     assert idle_cores(16, 0.2) == 16 and idle_cores(16, 5.6) == 10
     assert idle_cores(2, 7.0) == 1 and idle_cores(4, -1.0) == 4  # at least 1, at most the cores

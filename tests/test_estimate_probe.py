@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from gnq_core.common.progress import SECRET_VALUES, TEXTS, Reporter
 from gnq_core.pipelines.estimate_probe import (
     Probe,
     Work,
@@ -17,7 +18,6 @@ from gnq_core.pipelines.estimate_probe import (
     stage_of,
     total_seconds,
 )
-from gnq_core.progress import SECRET_VALUES, TEXTS, Reporter
 from gnq_core.sources import load_texts, save_checkpoint
 from gnq_core.sources.models import build_model, train_tokenizer
 
@@ -146,8 +146,8 @@ def test_the_audit_rate_counts_the_plan_once_per_audit_and_its_check_per_later_c
     audited batch their seconds, nothing else."""
     import types
 
-    import gnq_core.engine.first_batch as first_batch
-    import gnq_core.engine.plan_reuse as plan_reuse
+    import gnq_core.engine.passes.first_batch as first_batch
+    import gnq_core.engine.plan.plan_reuse as plan_reuse
     import gnq_core.pipelines.audit as audit_module
     import gnq_core.pipelines.estimate_probe as probe_module
 

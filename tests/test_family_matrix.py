@@ -21,7 +21,7 @@ from families import TABLE_END, TABLE_PAGE, TABLE_START, NotBuildable, build, ch
 
 # Exact on every path: kernel and GNQ within the bound derived from the problem (the Gram's length,
 # the solve's conditioning, the model's own rounding measured on this machine:
-# gnq_core.engine.tolerance), never below TOLERANCE's stated floor.
+# gnq_core.engine.math.tolerance), never below TOLERANCE's stated floor.
 EXACT: dict[str, str] = {
     "afmoe": "causal", "albert": "masked", "apertus": "causal", "apertus1p5_text": "causal",
     "arcee": "causal", "aria_text": "causal", "axk1": "causal", "axk2": "causal", "bailing_hybrid": "causal",

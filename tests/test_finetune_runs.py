@@ -122,8 +122,8 @@ def compiled_layer(model):
 def test_torch_compile_is_refused_at_setup(how, tmp_path):
     """Not a crash in planning after minutes of compiling — one line before anything runs."""
     from gnq_core.engine.auditor import GNQAuditor
-    from gnq_core.engine.compiled import CompiledModelError
-    from gnq_core.engine.distributed import DistributedGNQAuditor
+    from gnq_core.engine.passes.distributed import DistributedGNQAuditor
+    from gnq_core.engine.plan.compiled import CompiledModelError
 
     with pytest.raises(CompiledModelError, match="torch.compile'd model .* compiled\\): train the audited"):
         DistributedGNQAuditor(how(tiny_gpt2()), scope="rank")
@@ -138,7 +138,7 @@ def test_torch_compile_is_refused_at_setup(how, tmp_path):
 
 
 def test_trainer_torch_compile_is_refused_at_setup(tmp_path):
-    from gnq_core.engine.compiled import CompiledModelError
+    from gnq_core.engine.plan.compiled import CompiledModelError
 
     args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, report_to=[],
                              use_cpu=True, torch_compile=True)

@@ -129,9 +129,9 @@ def test_a_job_step_writes_its_progress_where_the_dashboard_reads_it(audited, tm
     progress channel fills the file the page reads."""
     import signal
 
+    from gnq_core.common.progress import seconds_left
     from gnq_core.jobs.jobs import Job, run_steps
     from gnq_core.pipelines.settings import AuditJob, AuditSettings, job_dict
-    from gnq_core.progress import seconds_left
 
     _, series, data, _ = audited
     step = AuditJob(checkpoints=str(series), data=str(data), name="p", settings=AuditSettings(batch_size=4,

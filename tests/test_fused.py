@@ -47,7 +47,7 @@ CASES = {
 
 @pytest.fixture(params=[1, 3], ids=["1-thread", "3-threads"])
 def threads(request):
-    """One thread: the CPU Gram kernel (engine/cpu_gram.py); three: MKL's products."""
+    """One thread: the CPU Gram kernel (engine/math/cpu_gram.py); three: MKL's products."""
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
     yield request.param

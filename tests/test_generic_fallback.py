@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.math.reference import loo_gnq, per_example_gradients
 
 
 class _ScaleBySquare(torch.autograd.Function):

@@ -10,7 +10,7 @@ from conftest import PATHS, TOL, kernel_err, rel_err
 from lm_fixtures import lm_batch, tiny_gpt2, tiny_llama
 
 from gnq_core import GNQAuditor, exact_gnq, lm_token_mean_weights, per_example_lm_loss
-from gnq_core.engine.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.math.reference import loo_gnq, per_example_gradients
 
 
 def lm_losses(model, batch):

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from gnq_core import GNQAuditor, per_example_lm_loss
 from gnq_core.cli import app
-from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.sketch.projection import SketchSpec
 from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 from gnq_core.results.records import RunSpec, batch_results
 from gnq_core.results.shards import ShardStore, ShardWriter, new_shard_folder, open_store

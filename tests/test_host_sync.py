@@ -18,8 +18,8 @@ from sync_guard import HostSyncError, no_host_sync
 from test_fused import CASES
 
 from gnq_core import GNQAuditor, GNQNumericalError, exact_gnq
-from gnq_core.engine import fused as fused_module
 from gnq_core.engine import gnq_from_kernel
+from gnq_core.engine.kernels import fused as fused_module
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -51,8 +51,8 @@ DASHBOARD_ONLY = ("streamlit", "duckdb", "plotly")
 # belongs to an extra, and the library runs without it.
 OPTIONAL_IMPORTS = {
     "duckdb": "the store (results/store_schema's functions): [dashboard]",
-    "scipy": "the post-hoc audit's companion solves (engine/companions.py): [dashboard]",
-    "numba": "the faster CPU Gram (engine/cpu_gram.py falls back to the matmul): [dashboard]",
+    "scipy": "the post-hoc audit's companion solves (engine/sketch/companions.py): [dashboard]",
+    "numba": "the faster CPU Gram (engine/math/cpu_gram.py falls back to the matmul): [dashboard]",
 }
 # Declared, though the library never imports them itself: what it runs needs them.
 INDIRECT = {

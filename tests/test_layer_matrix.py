@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.utils import parametrizations
 
 from gnq_core import GNQAuditor, UnsupportedModuleError, exact_gnq
-from gnq_core.engine.reference import per_example_gradients
+from gnq_core.engine.math.reference import per_example_gradients
 
 B, T, D = 4, 5, 6
 

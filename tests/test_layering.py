@@ -1,7 +1,9 @@
-"""The layers of docs/DESIGN.md §5, enforced on every import statement (also those inside functions):
-catalog < engine < sources < results < attacks < pipelines < integrations, jobs, analysis < cli < dashboard
-(the catalog, the facts of every secret kind and per-text signal, is the bottom floor: it imports no
-other package and no torch).  Every
+"""The layers of docs/DESIGN.md §5, enforced on every import statement (also those inside
+functions): common, catalog < engine < sources < results < attacks < pipelines < integrations, jobs,
+analysis < cli < dashboard (the catalog, the facts of every secret kind and per-text signal, is a
+bottom floor: it imports no other package and no torch; common, what every layer shares, imports
+only gnq_core.errors).  Inside the engine, its wings: math < sketch < kernels < plan < passes <
+the auditor.  Every
 package is covered; nothing below the CLI runs the CLI as a program; nothing in gnq_core imports the dashboard
 (``gnq dashboard`` starts it by file path); the dashboard imports only the packages' facades, whose
 ``__all__`` names exist.  The studies (research/, not installed) import gnq_core's public names, and
@@ -20,6 +22,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ABOVE = {  # package -> what it must not import
+    "gnq_core.common": ("catalog", "engine", "sources", "results", "attacks", "pipelines", "integrations",
+                        "jobs", "analysis", "cli", "dashboard"),
     "gnq_core.catalog": ("engine", "sources", "results", "attacks", "pipelines", "integrations", "jobs",
                          "analysis", "cli", "dashboard"),
     "gnq_core.engine": ("sources", "results", "attacks", "pipelines", "integrations", "jobs", "analysis",
@@ -405,3 +409,78 @@ def test_every_import_of_gnq_core_resolves():
     assert unresolved("gnq_core.sources.checkpoint_io", ["load_checkpoint"]) == [
         "gnq_core.sources.checkpoint_io"]
     assert unresolved("gnq_core.errors", ["one_line", "no_such_name"]) == ["gnq_core.errors.no_such_name"]
+
+
+# ---------------------------------------------------------------- the engine's wings
+# From the bottom up: what a wing may import is the wings below it (and itself).  The auditor and
+# the self-check sit on top, in the engine's own folder.
+WINGS = ("math", "sketch", "kernels", "plan", "passes")
+MAX_FLAT_MODULES = 8  # modules at the top of gnq_core (a maintainer finds the rest by package)
+
+
+def wing_of(module: str) -> int:
+    """A module's floor in the engine: its wing's place in WINGS, or len(WINGS) for the top."""
+    parts = module.split(".")
+    return WINGS.index(parts[2]) if len(parts) > 2 and parts[2] in WINGS else len(WINGS)
+
+
+def engine_edges() -> dict[str, set[str]]:
+    """module -> the engine modules it imports: every import, inside functions and under ``if
+    TYPE_CHECKING:`` too (an annotation that runs back up is a loop a reader must untangle)."""
+    files = {m: p for m, p in source_files().items() if m.startswith("gnq_core.engine")}
+    edges = {}
+    for module, path in files.items():
+        found = set()
+        for target, names, _ in imports(path):
+            found |= {f"{target}.{n}" for n in names if f"{target}.{n}" in files}
+            submodules = any(f"{target}.{n}" in files for n in names)
+            if target in files and not target.endswith("engine") and not submodules:
+                found.add(target)
+        edges[module] = found - {module}
+    return edges
+
+
+def test_the_engine_is_in_wings_and_no_wing_imports_one_above_it():
+    engine = ROOT / "gnq_core" / "engine"
+    flat = sorted(p.name for p in engine.glob("*.py"))
+    assert flat == ["__init__.py", "auditor.py", "selfcheck.py"], flat
+    assert sorted(p.name for p in engine.iterdir() if (p / "__init__.py").exists()) == sorted(WINGS)
+    bad = [f"{m} imports {t}" for m, targets in engine_edges().items() for t in sorted(targets)
+           if wing_of(t) > wing_of(m) and not m.endswith(".engine")]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_loop_in_the_engine_even_through_annotations():
+    edges = engine_edges()
+    edges = {m: {t for t in ts if not t.endswith(".engine")} for m, ts in edges.items()}
+    found = cycles_inside_packages(edges)
+    assert not found, "import loops: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
+
+
+def test_at_most_eight_modules_flat_at_the_top_of_gnq_core():
+    flat = sorted(p.name for p in (ROOT / "gnq_core").glob("*.py"))
+    assert len(flat) <= MAX_FLAT_MODULES, flat
+
+
+def test_every_moved_module_is_importable_by_its_old_path_with_a_warning_naming_the_new():
+    import subprocess
+    import sys
+
+    from gnq_core import _moved
+
+    for old, new in _moved.MOVED.items():
+        assert importlib.util.find_spec(new), f"{old} moved to {new}, which does not exist"
+        assert not (ROOT / (old.replace(".", "/") + ".py")).exists(), f"{old} is still there"
+    program = ("import warnings, importlib, sys\n"
+               "warnings.simplefilter('error')\n"
+               "from gnq_core import _moved\n"
+               "for old, new in _moved.MOVED.items():\n"
+               "    try:\n        importlib.import_module(old)\n"
+               "    except DeprecationWarning as w:\n        assert new in str(w), w\n"
+               "    else:\n        raise SystemExit(f'no warning for {old}')\n"
+               "    sys.modules.pop(old, None)\n"
+               "warnings.simplefilter('ignore')\n"
+               "for old, new in _moved.MOVED.items():\n"
+               "    assert importlib.import_module(old) is importlib.import_module(new), old\n")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr

@@ -10,9 +10,9 @@ from conftest import TOL, kernel_err, rel_err
 from lm_fixtures import lm_batch, tiny_gpt2
 
 from gnq_core import GNQAuditor, exact_gnq, per_example_lm_loss
-from gnq_core.engine.losses import batch_mean_weights, lm_target_counts
-from gnq_core.engine.reference import loo_gnq
-from gnq_core.engine.solve import effective_lam
+from gnq_core.engine.math.losses import batch_mean_weights, lm_target_counts
+from gnq_core.engine.math.reference import loo_gnq
+from gnq_core.engine.math.solve import effective_lam
 from gnq_core.pipelines.settings import AuditSettings
 
 LENGTHS = [14, 9, 5, 12, 3, 14]

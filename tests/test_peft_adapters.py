@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from gnq_core import per_example_lm_loss
 from gnq_core.cli import app
 from gnq_core.engine import gnq_from_kernel
-from gnq_core.engine.reference import per_example_gradients
+from gnq_core.engine.math.reference import per_example_gradients
 from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 from gnq_core.results.store import Store
 from gnq_core.sources.adapters import Adapters, load_adapter_checkpoint

@@ -11,9 +11,9 @@ from conftest import TOL, rel_err
 from lm_fixtures import lm_batch, texts, tiny_gpt2, tiny_llama
 from torch import nn
 
-import gnq_core.engine.first_batch as first_batch
+import gnq_core.engine.passes.first_batch as first_batch
 from gnq_core import exact_gnq, per_example_lm_loss
-from gnq_core.engine.plan_reuse import PlanCache
+from gnq_core.engine.plan.plan_reuse import PlanCache
 from gnq_core.pipelines.audit import audit_batches
 from gnq_core.sources.tokens import LMBatch
 

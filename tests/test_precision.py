@@ -12,7 +12,7 @@ from lm_fixtures import lm_batch, tiny_gpt2, tiny_llama
 
 from gnq_core import GNQAuditor, exact_gnq, per_example_lm_loss
 from gnq_core.engine import gnq_from_kernel
-from gnq_core.engine.reference import per_example_gradients
+from gnq_core.engine.math.reference import per_example_gradients
 
 MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama}
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

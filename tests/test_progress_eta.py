@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gnq_core.progress import (
+from gnq_core.common.progress import (
     SECRET_VALUES,
     TEXTS,
     ProgressFile,
@@ -19,7 +19,7 @@ from gnq_core.progress import (
 def _feed(path, steps, total=100, label="epoch-1", unit=TEXTS, planned=None):
     """A ProgressFile fed (done, seconds since start) pairs at a fake clock; the states it wrote."""
     clock = {"now": 1000.0}
-    import gnq_core.progress as progress
+    import gnq_core.common.progress as progress
 
     real = progress.time.time
     progress.time.time = lambda: clock["now"]
@@ -95,7 +95,7 @@ def test_a_progress_file_of_an_older_job_falls_back_to_the_stage_average():
 
 
 def test_the_whole_job_adds_the_stages_to_come_at_the_finished_stages_pace():
-    from gnq_core.progress import job_seconds_left
+    from gnq_core.common.progress import job_seconds_left
 
     state = {"label": "epoch 3/12", "done": 32, "total": 64, "stage": 3, "planned_stages": 26,
              "started": 0.0, "stage_started": 35.0, "updated": 40.0, "rate": 32 / 5}
@@ -106,7 +106,7 @@ def test_the_whole_job_adds_the_stages_to_come_at_the_finished_stages_pace():
 
 def test_a_batch_slower_than_30_s_still_has_both_etas(monkeypatch):
     """rich's own ETA went blank without an update in its 30 s window; the Reporter's rates do not."""
-    import gnq_core.progress as progress
+    import gnq_core.common.progress as progress
 
     clock = {"now": 1000.0}
     monkeypatch.setattr(progress.time, "time", lambda: clock["now"])

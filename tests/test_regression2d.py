@@ -15,7 +15,7 @@ from conftest import PATHS, TOL, kernel_err, rel_err
 from torch import nn
 
 from gnq_core import GNQAuditor, exact_gnq
-from gnq_core.engine.reference import loo_gnq, naive_gnq
+from gnq_core.engine.math.reference import loo_gnq, naive_gnq
 
 # Six points scattered around y = 2x + 1, and point 7 (index 6) far above the line, with an
 # x in the middle of the range: its *direction* [x, 1] is unremarkable, only its residual is.

@@ -1,4 +1,4 @@
-"""Sketched per-example gradients (engine/sketch.py): each representation's sketch is the seeded
+"""Sketched per-example gradients (engine/sketch/projection.py): each representation's sketch is the seeded
 projection of its explicit gradient; with identity projections the Gram of the sketches is the
 exact K; a text's sketch does not depend on its batch; the default sketch stays within the
 envelope (Spearman ≥ 0.99, median GNQ relative error ≤ 5%) on fresh random inputs."""
@@ -10,10 +10,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from gnq_core import GNQAuditor
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.representations import DenseFactor, DenseRep, OneHotFactor, OuterRep
-from gnq_core.engine.sketch import Projection, Sketcher, SketchSpec, sketched_gnq, weight_matrices
-from gnq_core.engine.solve import gnq_from_kernel
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.representations import DenseFactor, DenseRep, OneHotFactor, OuterRep
+from gnq_core.engine.math.solve import gnq_from_kernel
+from gnq_core.engine.sketch.projection import Projection, Sketcher, SketchSpec, sketched_gnq, weight_matrices
 from tests.conftest import TOL, kernel_err
 from tests.lm_fixtures import lm_batch, tiny_gpt2, tiny_llama
 

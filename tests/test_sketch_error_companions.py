@@ -1,6 +1,6 @@
 """The companions sketch-error benchmark compares the same quantity on both sides: with an
 identity-sized sketch the production path (``audit_companions``) must give the exact GNQ of its
-companion sets, and the exact Gram must be ``engine.reference``'s torch.func gradients' Gram."""
+companion sets, and the exact Gram must be ``engine.math.reference``'s torch.func gradients' Gram."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ import torch
 from conftest import TOL, kernel_err, rel_err
 
 from gnq_core import GNQAuditor
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.reference import loo_gnq, per_example_gradients
 
 MODEL = Path("/root/.cache/gnq-audit/models/smollm2-135m-instruct")
 TEXTS = ["The capital of France is Paris, a city on the Seine.",

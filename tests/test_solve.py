@@ -8,8 +8,8 @@ from conftest import TOL, rel_err
 
 from gnq_core import GNQNumericalError
 from gnq_core.engine import gnq_from_kernel
-from gnq_core.engine.reference import loo_gnq, naive_gnq
-from gnq_core.engine.solve import unweight_kernel
+from gnq_core.engine.math.reference import loo_gnq, naive_gnq
+from gnq_core.engine.math.solve import unweight_kernel
 
 
 @pytest.mark.parametrize("lam", [1e-4, 1e-2, 1.0, 1e2])

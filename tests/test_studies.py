@@ -399,9 +399,9 @@ def test_paper_scale_is_the_papers_setup(tmp_path):
 def test_pretrain_keeps_the_schedules_checkpoints_and_the_latest_optimizer_state(tmp_path):
     from lm_fixtures import texts
 
+    from gnq_core.common.progress import Reporter
     from gnq_core.pipelines.resume import TRAINER_STATE
     from gnq_core.pipelines.settings import TrainSettings
-    from gnq_core.progress import Reporter
     from gnq_core.sources.datasets import load_texts
     from research.studies.common_knowledge import pretrain
 
@@ -419,8 +419,8 @@ def test_pretrain_stopped_after_an_epoch_then_rerun_equals_an_uninterrupted_pret
     from lm_fixtures import texts
     from safetensors.torch import load_file
 
+    from gnq_core.common.progress import Reporter
     from gnq_core.pipelines.settings import TrainSettings
-    from gnq_core.progress import Reporter
     from gnq_core.sources.datasets import load_texts
     from research.studies.common_knowledge import pretrain
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from gnq_core.cli import app
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.solve import gnq_from_kernel
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.solve import gnq_from_kernel
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 from research.studies import companions as co
 

@@ -1,4 +1,4 @@
-"""Exactness tolerances derived from the problem (gnq_core.engine.tolerance), not fixed: an honest
+"""Exactness tolerances derived from the problem (gnq_core.engine.math.tolerance), not fixed: an honest
 difference passes on any machine, a real error (a dropped or mis-scaled term) fails.
 
 A fixed 1e-9 failed `kolibri1` on another CPU (2.66e-9): that family computes its norms, softmax
@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from gnq_core import GNQAuditor
-from gnq_core.engine.reference import loo_gnq, per_example_gradients
-from gnq_core.engine.solve import gnq_from_kernel
-from gnq_core.engine.tolerance import exactness, gamma, kernel_bound, kernel_noise, unit_roundoff
+from gnq_core.engine.math.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.math.solve import gnq_from_kernel
+from gnq_core.engine.math.tolerance import exactness, gamma, kernel_bound, kernel_noise, unit_roundoff
 
 LAM = 1e-2
 

@@ -11,15 +11,15 @@ import torch
 from conftest import rel_err
 from lm_fixtures import texts
 
+from gnq_core.common.runtime import seed_everything
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.micro import MicroAuditor
-from gnq_core.engine.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.passes.micro import MicroAuditor
 from gnq_core.pipelines import train as train_module
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.training_loop import Callback, seeded_batches, train
 from gnq_core.results.store import Store
-from gnq_core.runtime import seed_everything
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.models import build_model

@@ -17,7 +17,7 @@ from lm_fixtures import texts, tiny_gpt2
 
 from gnq_core import per_example_lm_loss
 from gnq_core.engine import gnq_from_kernel
-from gnq_core.engine.reference import per_example_gradients
+from gnq_core.engine.math.reference import per_example_gradients
 from gnq_core.integrations.hf import GNQConfig
 from gnq_core.sources.models import train_tokenizer
 

@@ -18,9 +18,9 @@ from torch import nn
 from transformers import TrainingArguments
 
 from gnq_core import GNQAuditor, UnsupportedModuleError
-from gnq_core.engine.batch import BatchDimensionError
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.reference import loo_gnq, per_example_gradients
+from gnq_core.engine.plan.batch import BatchDimensionError
 from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 
 TASK = {"opt": "causal", "t5": "seq2seq"}

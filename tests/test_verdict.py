@@ -15,7 +15,7 @@ from lm_fixtures import tiny_gpt2
 from gnq_core.analysis.risk import RiskBasis
 from gnq_core.analysis.verdict import COLUMN_HELP, VERDICT_COLUMNS, flag, rank_texts, risk_components
 from gnq_core.attacks.membership import membership_scores, min_k_prob, token_logprobs
-from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.engine.math.losses import per_example_lm_loss
 from gnq_core.sources.tokens import collate
 
 

@@ -1,4 +1,4 @@
-"""GNQ over an accumulation window (engine/window.py): exact mode equals one batch of the same
+"""GNQ over an accumulation window (engine/passes/window.py): exact mode equals one batch of the same
 texts; micro-batches of 1; a window of < 2 texts gets no GNQ; the exact window's memory budget."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.reference import exact_gnq
-from gnq_core.engine.sketch import SketchSpec
-from gnq_core.engine.solve import GNQNumericalError
-from gnq_core.engine.window import WindowBudgetError
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.reference import exact_gnq
+from gnq_core.engine.math.solve import GNQNumericalError
+from gnq_core.engine.passes.window import WindowBudgetError
+from gnq_core.engine.sketch.projection import SketchSpec
 from gnq_core.pipelines.scoring import score_batch, scores_of
 from tests.conftest import TOL, kernel_err, rel_err
 from tests.lm_fixtures import lm_batch, tiny_gpt2, tiny_llama

@@ -64,7 +64,7 @@ for family in new:
     inexact = [f"{c.path}: {c.detail}" for c in cells if not c.refusal and not c.exact]
     if refusals:
         out["new"][family] = {"task": found[family], "verdict": "refused", "why": refusals[0][:300]}
-    elif inexact:  # beyond the bound derived from the problem (gnq_core.engine.tolerance)
+    elif inexact:  # beyond the bound derived from the problem (gnq_core.engine.math.tolerance)
         out["new"][family] = {"task": found[family], "verdict": "inexact", "why": inexact[0][:300]}
     else:
         out["new"][family] = {"task": found[family], "verdict": "exact",

@@ -33,7 +33,7 @@ from gnq_core.analysis.findings import summary, texts_table_html
 from gnq_core.analysis.gnq_nature import companion_sentence
 from gnq_core.analysis.predictive_figures import roc_figure
 from gnq_core.analysis.verdict import rank_texts
-from gnq_core.atomic import check_target, write_text_atomic
+from gnq_core.common.atomic import check_target, write_text_atomic
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 

@@ -30,7 +30,7 @@ from gnq_core.analysis.findings import summary
 from gnq_core.analysis.risk import RiskBasis, risk_components
 from gnq_core.analysis.signals import gnq_provenance, signal_frame
 from gnq_core.analysis.verdict import rank_texts
-from gnq_core.atomic import write_text_atomic
+from gnq_core.common.atomic import write_text_atomic
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 

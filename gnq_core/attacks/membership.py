@@ -37,7 +37,7 @@ import torch
 
 from gnq_core.attacks.compression import zlib_bits
 from gnq_core.attacks.forward import forward_batches
-from gnq_core.engine.conventions import IGNORE_INDEX
+from gnq_core.engine.math.conventions import IGNORE_INDEX
 
 MIN_K_FRACTION = 0.2
 TOKEN_SIGNALS = ("min_k", "min_k_plus")  # scores columns token_signals fills, per text and point
@@ -113,7 +113,7 @@ def forward_signals(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], 
                     batch_size: int = 32, device: torch.device | None = None) -> pd.DataFrame:
     """Per text at the model's current weights, forward only: ``loss`` (mean next-token NLL),
     ``min_k``, ``min_k_plus`` (``token_signals``) — the columns an audit stores, without GNQ."""
-    from gnq_core.engine.losses import per_example_lm_loss
+    from gnq_core.engine.math.losses import per_example_lm_loss
 
     rows: dict[str, list[float]] = {"loss": [], "min_k": [], "min_k_plus": []}
     for _, b, logits in forward_batches(model, token_ids, pad, batch_size, device):

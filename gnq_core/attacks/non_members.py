@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from gnq_core.attacks.compression import zlib_bits
-from gnq_core.engine.conventions import TOKEN_SUM
+from gnq_core.engine.math.conventions import TOKEN_SUM
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import StoreError

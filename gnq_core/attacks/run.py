@@ -35,9 +35,9 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     text with the same companions, the same batch size); rerunning a finished attack, or one with
     another threshold, replaces it.  Never duplicates rows.
     """
-    from gnq_core.progress import Reporter
+    from gnq_core.common.progress import Reporter
+    from gnq_core.common.runtime import code_version, resolve_device
     from gnq_core.results.text_labels import ensure_text_labels
-    from gnq_core.runtime import code_version, resolve_device
     from gnq_core.sources.adapters import load_model_at
     from gnq_core.sources.checkpoints.files import TOKENIZER_FILES
     from gnq_core.sources.tokens import encode_texts

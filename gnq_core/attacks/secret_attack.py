@@ -56,7 +56,7 @@ from gnq_core.attacks.forward import evaluating
 from gnq_core.attacks.generation import generate
 from gnq_core.attacks.partial_leak import free_part
 from gnq_core.attacks.secret_exposure import NULL_COLUMNS, Occurrence, Settings, run_exposures
-from gnq_core.progress import SECRET_VALUES
+from gnq_core.common.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_ATTACK_COLUMNS
 from gnq_core.sources.secrets import find_secrets, values_from_json
 from gnq_core.sources.tokens import pad_id

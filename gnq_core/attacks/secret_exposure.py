@@ -40,7 +40,7 @@ from gnq_core.attacks.exposure import (
 )
 from gnq_core.attacks.exposure_fdr import FDR_Q, RATIO_VALUES, decide, rank_p, ratio_p
 from gnq_core.attacks.forward import evaluating
-from gnq_core.progress import SECRET_VALUES
+from gnq_core.common.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_NULL_COLUMNS as NULL_COLUMNS
 
 NULL_VALUES = 20       # never-trained values per format

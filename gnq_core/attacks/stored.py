@@ -17,7 +17,7 @@ from gnq_core.attacks.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_log
 from gnq_core.attacks.extraction import ExtractionResult, extraction_attack, results_frame
 from gnq_core.attacks.membership import MIN_K_FRACTION, SCORE_COLUMNS, membership_scores, token_logprobs
 from gnq_core.attacks.secret_attack import DETECT, SecretAttack, attack_secrets, describe_rule
-from gnq_core.progress import TEXTS
+from gnq_core.common.progress import TEXTS
 from gnq_core.sources.tokens import pad_id
 
 __all__ = ["Discoverable", "GreedyExtraction", "Membership", "SecretValues", "SharedPassages",

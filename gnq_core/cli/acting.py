@@ -91,8 +91,8 @@ def compare(
     from rich.table import Table
 
     from gnq_core.analysis.value_compare import STILL, changes_summary, value_changes
-    from gnq_core.atomic import write_text_atomic
     from gnq_core.cli.command import console
+    from gnq_core.common.atomic import write_text_atomic
     from gnq_core.results.protected_paths import refuse_overwrite
 
     store = open_store(db, create=False)

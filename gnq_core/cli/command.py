@@ -11,12 +11,12 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from gnq_core import interrupts
+from gnq_core.cli.usage_errors import OneLineValueErrors, fail
+from gnq_core.common import interrupts
+from gnq_core.common.terminal import encodable_streams, markup_safe, terminal_safe
 
 # The options' defaults are the settings types' (pipelines/settings.py: light, no torch).
 from gnq_core.pipelines.settings import AuditSettings, JobSettings
-from gnq_core.terminal import encodable_streams, markup_safe, terminal_safe
-from gnq_core.usage_errors import OneLineValueErrors, fail
 
 interrupts.quiet_interrupt_at_exit()  # Ctrl-C before a command starts: one line, no traceback
 encodable_streams()  # the C locale's ASCII: "×" in a message is escaped, not a crash
@@ -104,8 +104,8 @@ def warn(message: str) -> None:
 
 def run_and_tell(settings: JobSettings, db: Path | None, quiet: bool) -> None:
     """Run the job (pipelines/run.py) with a progress bar unless ``quiet``; print what it says."""
+    from gnq_core.common.progress import JobProgress
     from gnq_core.pipelines.run import run_job
-    from gnq_core.progress import JobProgress
 
     store = open_store(db)
     for line in run_job(settings, store, JobProgress(store, quiet=quiet, warn=warn)):

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gnq_core.cli.command import DbOption, QuietOption, app, console, open_store, say, user_errors, warn
-from gnq_core.terminal import markup_safe, terminal_safe
+from gnq_core.common.terminal import markup_safe, terminal_safe
 
 
 @app.command()
@@ -112,8 +112,8 @@ def report(
     if out is not None and json_out is not None and Path(out).resolve() == Path(json_out).resolve():
         raise ValueError(f"{out}: given as both --out and --json; give two files")
     if non_members is not None:
+        from gnq_core.common.progress import JobProgress
         from gnq_core.pipelines.run import add_non_members
-        from gnq_core.progress import JobProgress
 
         progress = JobProgress(store, quiet=quiet, warn=warn)
         for line in add_non_members(store, info, str(non_members), progress,

@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from gnq_core.cli.command import DbOption, DeviceOption, QuietOption, app, open_store, say, user_errors, warn
-from gnq_core.usage_errors import fail
+from gnq_core.cli.usage_errors import fail
 
 # ----------------------------------------------------------------------------------------- gnq study
 study_app = typer.Typer(
@@ -86,7 +86,7 @@ def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, da
     (default: the options)."""
     import torch
 
-    from gnq_core.progress import JobProgress
+    from gnq_core.common.progress import JobProgress
 
     base = study_module("base")
     if scale not in base.SCALES:

@@ -9,10 +9,10 @@ Two questions choose the implementation: what the batch of the GNQ is (``batch``
 examples form it (``scope``).  The constructor builds, and returns, the one for the pair:
 
     batch    scope     the batch of the GNQ                          built from
-    "micro"  "rank"    each forward/backward of this process         engine.micro
-    "micro"  "global"  that micro-batch on every rank, concatenated  engine.distributed
-    "step"   "rank"    every micro-batch of one optimizer step       engine.window
-    "step"   "global"  the step's micro-batches on every rank        engine.window_ddp
+    "micro"  "rank"    each forward/backward of this process         engine.passes.micro
+    "micro"  "global"  that micro-batch on every rank, concatenated  engine.passes.distributed
+    "step"   "rank"    every micro-batch of one optimizer step       engine.passes.window
+    "step"   "global"  the step's micro-batches on every rank        engine.passes.window_ddp
 
 Every one is a ``GNQAuditor`` (``isinstance`` holds) and gives the numbers the class it is
 built from gives: the door only chooses.  An option that belongs to the other batch or scope,
@@ -28,14 +28,14 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from gnq_core.engine.batch import BatchDimensionError
-from gnq_core.engine.conventions import LAM_ABSOLUTE
-from gnq_core.engine.distributed import DistributedGNQAuditor, unwrap_model
-from gnq_core.engine.micro import GNQResult, MicroAuditor
-from gnq_core.engine.representations import DEFAULT_MEMORY_BUDGET
-from gnq_core.engine.window import WindowAuditor
-from gnq_core.engine.window_ddp import DistributedWindowAuditor
-from gnq_core.values import one_of
+from gnq_core.common.values import one_of
+from gnq_core.engine.math.conventions import LAM_ABSOLUTE
+from gnq_core.engine.math.representations import DEFAULT_MEMORY_BUDGET
+from gnq_core.engine.passes.distributed import DistributedGNQAuditor, unwrap_model
+from gnq_core.engine.passes.micro import GNQResult, MicroAuditor
+from gnq_core.engine.passes.window import WindowAuditor
+from gnq_core.engine.passes.window_ddp import DistributedWindowAuditor
+from gnq_core.engine.plan.batch import BatchDimensionError
 
 __all__ = ["BATCHES", "SCOPES", "BatchDimensionError", "GNQAuditor", "GNQResult"]
 

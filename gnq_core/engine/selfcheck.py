@@ -3,7 +3,7 @@
 Run by ``gnq selfcheck`` (and ``make app`` until the dashboard lands).  Each case builds a
 small model from config with a fresh random seed, audits one batch in float64 and compares
 with ``exact_gnq``, within the bound derived from the case (the Gram's length, the solve's
-conditioning: gnq_core.engine.tolerance), so an honest difference passes on any CPU.
+conditioning: gnq_core.engine.math.tolerance), so an honest difference passes on any CPU.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.reference import exact_gnq
-from gnq_core.engine.tolerance import exactness
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.reference import exact_gnq
+from gnq_core.engine.math.tolerance import exactness
 
 
 @dataclass
@@ -30,7 +30,7 @@ class CheckResult:
     rel_error: float  # the largest relative error, kernel or GNQ
     seconds: float
     paths: str
-    ok: bool = False  # within the bound derived from the case (gnq_core.engine.tolerance)
+    ok: bool = False  # within the bound derived from the case (gnq_core.engine.math.tolerance)
     detail: str = ""  # the errors and their bounds
 
 

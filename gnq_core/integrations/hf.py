@@ -33,20 +33,20 @@ import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
 from gnq_core.attacks.membership import token_signals
-from gnq_core.engine.compiled import check_no_compile_setting, check_not_compiled
-from gnq_core.engine.distributed import DistributedGNQAuditor, Scope, Strategy
-from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
-from gnq_core.engine.sketch import SketchSpec
-from gnq_core.engine.solve import GNQNumericalError
-from gnq_core.engine.window import DEFAULT_WINDOW_BUDGET, WINDOW_MODES, WindowAuditor
-from gnq_core.engine.window_ddp import DistributedWindowAuditor
+from gnq_core.common.runtime import code_version
+from gnq_core.common.values import finite, flag, one_of, require, whole
+from gnq_core.engine.math.losses import lm_target_counts, per_example_lm_loss
+from gnq_core.engine.math.solve import GNQNumericalError
+from gnq_core.engine.passes.distributed import DistributedGNQAuditor, Scope, Strategy
+from gnq_core.engine.passes.window import DEFAULT_WINDOW_BUDGET, WINDOW_MODES, WindowAuditor
+from gnq_core.engine.passes.window_ddp import DistributedWindowAuditor
+from gnq_core.engine.plan.compiled import check_no_compile_setting, check_not_compiled
+from gnq_core.engine.sketch.projection import SketchSpec
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.results.precision import observed_precision, precision_note, trainer_precision
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, RunSpec, ScoreColumns, check_gnq_settings
 from gnq_core.results.shard_files import ShardWriter, new_shard_folder, write_run_file
-from gnq_core.runtime import code_version
 from gnq_core.sources.tokens import collate
-from gnq_core.values import finite, flag, one_of, require, whole
 
 __all__ = ["EXAMPLE_ID", "GNQCallback", "GNQConfig", "GNQTrainer", "GNQTrainerSteps", "checked_examples",
            "example_id", "lm_collator",
@@ -72,7 +72,7 @@ class GNQConfig:
     max_length: int | None = None  # recorded; default: the model's max_position_embeddings
     db: str | Path | None = None  # ingest the shards into this store when training ends (rank 0)
     check_uses: bool = True
-    # Sum the per-example gradients the audit forms into the weight gradient (gnq_core.engine.fused);
+    # Sum the per-example gradients the audit forms into the weight gradient (gnq_core.engine.kernels.fused);
     # only with scope="rank": a global scope forms its Gram across ranks, after autograd; and only
     # with gnq_batch="micro-batch": a window needs each layer's factors, which a fused layer skips.
     fused: bool = True
@@ -82,7 +82,7 @@ class GNQConfig:
     log_top: int = 3  # ids of the highest-GNQ texts since the last log, as gnq/top{k}_example_id
     # The batch of the GNQ: "step" (default), every micro-batch of one optimizer step's
     # accumulation window on every process (B_eff = per_device_train_batch_size ×
-    # gradient_accumulation_steps × world_size; engine.window_ddp; with scope="rank" this
+    # gradient_accumulation_steps × world_size; engine.passes.window_ddp; with scope="rank" this
     # process's window alone), or "micro-batch" (each on its own, as before).
     gnq_batch: str = "step"
     window_mode: str = "auto"  # "step" only: "exact", "sketch" or "auto" (exact while it fits)
@@ -526,7 +526,7 @@ def token_mean_objective(gnq: GNQCallback | None, logits: torch.Tensor, labels: 
     """Σ_j n_j ℓ_j / N: the token-mean loss, from per-example losses (ℓ_j and the forward's
     signals handed to ``gnq``, unless None: an evaluation; N: the Trainer's target count over the
     accumulation window, or this batch's when the Trainer gives none).  ``label_smoothing`` ε
-    smooths each target's loss as transformers' ``LabelSmoother`` does (engine/losses.py), so
+    smooths each target's loss as transformers' ``LabelSmoother`` does (engine/math/losses.py), so
     ℓ_j is the per-example loss of the objective stepped on and its GNQ is exact for it."""
     losses = per_example_lm_loss(logits, labels, label_smoothing=label_smoothing, shift=shift)
     counts = lm_target_counts(labels, shift=shift)

@@ -46,10 +46,10 @@ from transformers import TrainerCallback
 from gnq_core.attacks.defaults import DEFAULT_SECRET_CANDIDATES
 from gnq_core.attacks.exposure import DEFAULT_SEARCH_NODES
 from gnq_core.attacks.secret_attack import attack_secrets
+from gnq_core.common.values import finite, one_of, require, whole
 from gnq_core.results.shard_files import SECRET_TRACKING_COLUMNS, TRACKING_FILE
 from gnq_core.results.store_schema import partly_leaked
 from gnq_core.sources.secrets import find_secrets
-from gnq_core.values import finite, one_of, require, whole
 
 __all__ = ["DEFAULT_EVERY", "DEFAULT_MAX_OVERHEAD", "TRACKING_FILE", "SecretTracker", "SecretTracking",
            "SecretTrackingCallback", "check_tracking"]
@@ -221,7 +221,7 @@ class SecretTracker:
 
     def write(self, folder: str | Path) -> Path:
         """The history as ``secret_tracking.parquet`` in ``folder`` (replaced atomically)."""
-        from gnq_core.atomic import atomic_path
+        from gnq_core.common.atomic import atomic_path
 
         path = Path(folder) / TRACKING_FILE
         with atomic_path(path) as tmp:

@@ -26,7 +26,7 @@ document boundary — with each document attending to itself only, as padding-fr
 document-aware attention (FlashAttention's varlen path) computes it.  Strategies that split a
 text over rows ("bfd_split", "wrapped") and padding-free batches without packing are refused at
 setup in one line.  Gradient checkpointing (on by default in ``SFTConfig``) is exact
-(engine/recompute.py).
+(engine/passes/recompute.py).
 """
 
 from __future__ import annotations

@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gnq_core.atomic import write_text_atomic
+from gnq_core.common.atomic import write_text_atomic
+from gnq_core.common.progress import read_progress
 from gnq_core.errors import GNQError
 from gnq_core.jobs.kept import keep_last_checkpoint
 from gnq_core.jobs.uploads import inside, remove_uploads
 from gnq_core.pipelines.settings import JobSettings, job_dict, job_from_dict
-from gnq_core.progress import read_progress
 from gnq_core.results.layout import jobs_dir
 
 
@@ -96,7 +96,7 @@ class Job:
         return self.path.with_suffix(".progress.json")
 
     def progress(self) -> dict | None:
-        """The running step's progress (gnq_core.progress.ProgressFile), read without the store."""
+        """The running step's progress (gnq_core.common.progress.ProgressFile), read without the store."""
         return read_progress(self.progress_path)
 
     def log_tail(self, lines: int = 20) -> str:
@@ -224,10 +224,10 @@ def cancel_job(job: Job) -> None:
 def run_steps(job_path: Path) -> int:
     """The job process: run each step with ``run_job``, record the outcome, clean up uploads.
     A step's user error ends the job with one ``error: ...`` line in its log (exit code 1)."""
-    from gnq_core import interrupts
+    from gnq_core.common import interrupts
+    from gnq_core.common.progress import JobProgress, ProgressFile
     from gnq_core.errors import one_line, user_errors
     from gnq_core.pipelines.run import run_job
-    from gnq_core.progress import JobProgress, ProgressFile
     from gnq_core.results.store import Store
 
     job = Job.load(job_path)
@@ -265,7 +265,7 @@ def run_steps(job_path: Path) -> int:
 
 
 if __name__ == "__main__":
-    from gnq_core.terminal import encodable_streams
+    from gnq_core.common.terminal import encodable_streams
 
     encodable_streams()  # the job's log under the C locale: escapes, not an encoding error
     sys.exit(run_steps(Path(sys.argv[1])))

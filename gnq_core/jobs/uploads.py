@@ -13,10 +13,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from gnq_core.atomic import check_target
+from gnq_core.common.atomic import check_target
+from gnq_core.common.terminal import terminal_safe
 from gnq_core.results.layout import uploads_root
 from gnq_core.sources.limits import env_int
-from gnq_core.terminal import terminal_safe
 
 DEFAULT_MAX_UPLOAD_BYTES = 16 * 2**30
 

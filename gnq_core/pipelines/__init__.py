@@ -21,6 +21,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".settings": ("AuditJob", "AuditSettings", "DemoJob", "ExtractJob", "JobSettings", "TrainJob",
                   "TrainSettings", "job_dict", "job_from_dict"),
     ".train": ("run_training",),
-    "gnq_core.progress": ("JobProgress", "Reporter", "job_seconds_left", "seconds_left"),
-    "gnq_core.runtime": ("default_threads",),
+    "gnq_core.common.progress": ("JobProgress", "Reporter", "job_seconds_left", "seconds_left"),
+    "gnq_core.common.runtime": ("default_threads",),
 })

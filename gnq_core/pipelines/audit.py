@@ -23,17 +23,18 @@ import pandas as pd
 import torch
 
 from gnq_core.attacks.membership import TOKEN_SIGNALS
+from gnq_core.common.progress import Reporter
+from gnq_core.common.runtime import code_version, resolve_device, resolve_dtype
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.conventions import LAM_ABSOLUTE, TOKEN_MEAN
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.plan_reuse import PlanCache
+from gnq_core.engine.math.conventions import LAM_ABSOLUTE, TOKEN_MEAN
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.plan.plan_reuse import PlanCache
 from gnq_core.pipelines.companion_plan import check_companion_memory, sketch_spec
 from gnq_core.pipelines.companions import audit_companions, companion_sets
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_pass
 from gnq_core.pipelines.settings import COMPANIONS_ALL, DTYPE_AUTO, AuditSettings
-from gnq_core.progress import Reporter
 from gnq_core.results.layout import companions_root
 from gnq_core.results.precision import audit_precision
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
@@ -41,7 +42,6 @@ from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import TURNS_COLUMN
 from gnq_core.results.text_labels import cluster_ids, dataset_labels, secret_settings
-from gnq_core.runtime import code_version, resolve_device, resolve_dtype
 from gnq_core.sources.adapters import Adapters, adapter_hash, check_adapter, load_adapter_checkpoint
 from gnq_core.sources.chat import ChatDataset, chat_settings
 from gnq_core.sources.checkpoints.checks import check_checkpoint
@@ -77,7 +77,7 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
     the per-example loss convention; ``lam_mode``: λ absolute or relative to the batch's mean K_jj;
     ``trainable_only``: GNQ over the parameters that already require gradients (a PEFT adapter's),
     else over all of them; ``plans``: the first batch's plan of an earlier checkpoint of the same
-    audit, reused where it provably holds (``engine.plan_reuse``), and this one's kept there."""
+    audit, reused where it provably holds (``engine.plan.plan_reuse``), and this one's kept there."""
     texts, results = ScoreColumns(capacity, TOKEN_SIGNALS), []
     indices = itertools.count() if indices is None else indices
     model.eval()  # the gradient at a checkpoint, without dropout noise
@@ -162,7 +162,7 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
 
     tracking = store.tracking(run.run_id) if run is not None else contextlib.nullcontext()
     # The checkpoints of a series share their model's structure and the first batch, so the first
-    # checkpoint's plan of the model serves the others (checked for each: engine.plan_reuse).
+    # checkpoint's plan of the model serves the others (checked for each: engine.plan.plan_reuse).
     plans = PlanCache()
     with tracking:
         upcoming = None

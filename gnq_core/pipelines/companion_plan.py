@@ -4,8 +4,8 @@ and the memory of its largest set, checked against the room before anything is w
 
 from __future__ import annotations
 
-from gnq_core.engine.companions import held_bytes, streamed_bytes
-from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.sketch.companions import held_bytes, streamed_bytes
+from gnq_core.engine.sketch.projection import SketchSpec
 from gnq_core.pipelines.options import companion_set_size
 from gnq_core.pipelines.settings import COMPANIONS_ALL, AuditSettings
 from gnq_core.results.records import MIN_BATCH_SIZE

@@ -4,14 +4,14 @@ The texts are cut into seeded companion sets of N + 1 texts (copies of a text in
 whenever the data allow it, as for batches; ``all``: one set of every text).  For each set, one
 pass in micro-batches of ``batch_size`` reduces every text's gradient to its sketch
 (``WindowAuditor`` in sketch mode: output gradients only, no weight gradients), and GNQ of each
-text against the set's other texts comes from the sketches (``engine.companions``).  The set is
+text against the set's other texts comes from the sketches (``engine.sketch.companions``).  The set is
 the rows' GNQ batch: its ``batches`` row has gnq_mode 'companions', size N + 1 (each text is
 measured against size − 1 others), sketch_k and sketch_seed.
 
 A set the held n × n path would need more memory for than one m × m matrix (a training set:
 ``all``) is streamed instead: a first pass adds each micro-batch's sketches into A = SᵀS and lets
 them go, A + λI is factored once, and a second pass recomputes each text's sketch and its GNQ
-(``engine.companions.SketchSystem``).  A is saved beside the store after the first pass, keyed by
+(``engine.sketch.companions.SketchSystem``).  A is saved beside the store after the first pass, keyed by
 what it was formed from (the store, the run, the checkpoint's digest, the texts' digest, the
 settings) and by a digest of A itself; a rerun that finds it and where every key matches skips that
 pass.  Another store's file in the same folder, one whose texts or checkpoint changed, a truncated or
@@ -33,9 +33,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from gnq_core.atomic import atomic_path
 from gnq_core.attacks.membership import TOKEN_SIGNALS, token_signals
-from gnq_core.engine.companions import (
+from gnq_core.common.atomic import atomic_path
+from gnq_core.common.progress import Reporter
+from gnq_core.common.runtime import code_version, release_freed_memory
+from gnq_core.engine.math.losses import lm_target_counts, per_example_lm_loss
+from gnq_core.engine.math.solve import GNQNumericalError
+from gnq_core.engine.passes.window import WindowAuditor
+from gnq_core.engine.plan.plan_reuse import PlanCache
+from gnq_core.engine.sketch.companions import (
     SketchFactor,
     SketchRows,
     SketchSystem,
@@ -43,19 +49,13 @@ from gnq_core.engine.companions import (
     held_bytes,
     streamed_bytes,
 )
-from gnq_core.engine.losses import lm_target_counts, per_example_lm_loss
-from gnq_core.engine.plan_reuse import PlanCache
-from gnq_core.engine.sketch import SketchSpec
-from gnq_core.engine.solve import GNQNumericalError
-from gnq_core.engine.window import WindowAuditor
+from gnq_core.engine.sketch.projection import SketchSpec
 from gnq_core.pipelines.companion_plan import sketch_spec
 from gnq_core.pipelines.options import companion_set_size
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import Scores, score_batch
 from gnq_core.pipelines.settings import AuditSettings
-from gnq_core.progress import Reporter
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, ScoreColumns
-from gnq_core.runtime import code_version, release_freed_memory
 from gnq_core.sources.tokens import LMBatch, Partition, seeded_partition, stream_batches
 
 COMPANIONS_MODE = "companions"  # batches.gnq_mode of a companion set

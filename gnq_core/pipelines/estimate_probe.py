@@ -38,7 +38,7 @@ from gnq_core.attacks.defaults import (
     DEFAULT_SECRET_CANDIDATES,
     DEFAULT_SUFFIX,
 )
-from gnq_core.progress import SECRET_VALUES, TEXTS
+from gnq_core.common.progress import SECRET_VALUES, TEXTS
 
 SAMPLE_TEXTS = 2_000  # texts tokenised to count the work; more are sampled (seeded) and scaled
 # Stage keys and the progress labels each covers (a checkpoint's audit is labelled by the
@@ -88,7 +88,7 @@ class Probe:
     threads: int
     model: str  # what was measured, said in the basis
     audit_fixed_s: float = 0.0  # once per audit (its first batch's plan of the model), besides its batches
-    # each later checkpoint's first batch: the kept plan checked (engine.plan_reuse), besides its batches
+    # each later checkpoint's first batch: the kept plan checked (engine.plan.plan_reuse), besides its batches
     audit_reuse_s: float = 0.0
     # a later never-trained value after a prompt already searched (the null's values share the
     # prompt's scorer: attacks.exposure.Scorers); None: as ``exposure_s``
@@ -240,10 +240,10 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int | None, max_le
     from gnq_core.attacks.exposure import value_space
     from gnq_core.attacks.forward import evaluating
     from gnq_core.attacks.secret_attack import format_places_of, secret_targets
-    from gnq_core.engine.plan_reuse import PlanCache
+    from gnq_core.common.runtime import resolve_device, resolve_dtype
+    from gnq_core.engine.plan.plan_reuse import PlanCache
     from gnq_core.pipelines.audit import audit_batches, prepare_for_audit
     from gnq_core.results.text_labels import dataset_labels
-    from gnq_core.runtime import resolve_device, resolve_dtype
     from gnq_core.sources.checkpoints.load import load_checkpoint
     from gnq_core.sources.memory_plan import check_plan, model_shape, plan_audit
     from gnq_core.sources.tokens import encode_texts, pad_id, seeded_partition, stream_batches
@@ -321,8 +321,8 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int | None, max_le
             return [b - a for a, b in itertools.pairwise(marks)]
 
         # The audit pays once, in its first batch, for the auditor's plan of the model
-        # (engine.first_batch: two more forwards, hooks off); each later checkpoint's first batch
-        # checks that the kept plan still holds (engine.plan_reuse: one forward) instead; the
+        # (engine.passes.first_batch: two more forwards, hooks off); each later checkpoint's first batch
+        # checks that the kept plan still holds (engine.plan.plan_reuse: one forward) instead; the
         # batches after it are what each further batch costs.  So the first and the next batches
         # are timed in one call, as the audit runs them.  A quick first batch may hold the
         # process's one-time costs (kernel compilation, first allocations): then three are timed

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gnq_core.atomic import atomic_path
+from gnq_core.common.atomic import atomic_path
 from gnq_core.results.store_schema import StoreError
 from gnq_core.sources.checkpoints.load import load_checkpoint
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from gnq_core.common.progress import JobProgress, Reporter
 from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, JobSettings, TrainJob
-from gnq_core.progress import JobProgress, Reporter
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 from gnq_core.sources.checkpoints.files import CheckpointRef

@@ -9,8 +9,8 @@ import torch
 
 from gnq_core.attacks.membership import token_signals
 from gnq_core.engine.auditor import GNQAuditor, GNQResult
-from gnq_core.engine.losses import lm_target_counts
-from gnq_core.engine.solve import GNQNumericalError
+from gnq_core.engine.math.losses import lm_target_counts
+from gnq_core.engine.math.solve import GNQNumericalError
 from gnq_core.results.records import MIN_BATCH_SIZE, BatchResult, ScoreColumns, batch_results
 
 Values = Sequence[float] | torch.Tensor  # per text; tensors go to the columns without a list between

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from gnq_core.attacks import defaults as attack
-from gnq_core.values import finite as _finite
-from gnq_core.values import require as _require
-from gnq_core.values import whole as _whole
+from gnq_core.common.values import finite as _finite
+from gnq_core.common.values import require as _require
+from gnq_core.common.values import whole as _whole
 
 FULL_PRECISION = ("float32", "float64")
 # An audit's --dtype: "auto" computes in the dtype the weights are stored in (a bf16 checkpoint in
@@ -39,12 +39,12 @@ class AuditSettings:
     seed: int = 0
     device: str = "auto"
     dtype: str = DTYPE_AUTO
-    loss: str = "token_mean"       # ℓ_j: the token mean or the token sum (engine/losses.py)
-    lam_mode: str = "absolute"     # λ = lam, or "relative": lam · the batch's mean K_jj (engine/solve.py)
+    loss: str = "token_mean"       # ℓ_j: the token mean or the token sum (engine/math/losses.py)
+    lam_mode: str = "absolute"     # λ = lam, or "relative": lam · the batch's mean K_jj (math/solve.py)
     # post hoc only: GNQ of each text against N others of the data ("all": every other text) through
-    # sketches (engine/companions.py); None: against the others of its batch, exactly
+    # sketches (engine/sketch/companions.py); None: against the others of its batch, exactly
     companions: int | str | None = None
-    sketch_k: int = 4096           # sketch dimensions per weight matrix (engine/sketch.py DEFAULT_K)
+    sketch_k: int = 4096           # sketch dimensions per weight matrix (sketch/projection.py DEFAULT_K)
     sketch_vocab_rows: int = 1024  # buckets of a vocabulary-sized parameter's vocabulary side
     # m, the shared vector's dimensions; None: 16,384 against all the texts (an m × m system of
     # 2 GiB streams a training set), else 65,536 (pipelines/companions.py)
@@ -53,9 +53,9 @@ class AuditSettings:
 
     def __post_init__(self) -> None:
         # here, not at the top: the CLI reads these types' defaults for its --help without torch
-        from gnq_core.engine.conventions import check_lam_mode, check_loss_convention
+        from gnq_core.common.runtime import resolve_device, resolve_dtype
+        from gnq_core.engine.math.conventions import check_lam_mode, check_loss_convention
         from gnq_core.results.records import check_gnq_settings
-        from gnq_core.runtime import resolve_device, resolve_dtype
 
         if self.batch_size is not None:  # None: the memory plan's (sources/memory_plan.py)
             _whole(self.batch_size, "--batch-size", 2)  # first: a bad integer's message names its option
@@ -195,7 +195,7 @@ class ExtractJob:
         _whole(self.prefix_tokens, "--prefix-tokens", 1), _whole(self.suffix_tokens, "--suffix-tokens", 1)
         _whole(self.batch_size, "--batch-size", 1)
         _require(0.0 <= self.threshold <= 1.0, f"--threshold is a fraction in [0, 1], not {self.threshold}")
-        from gnq_core.runtime import resolve_device
+        from gnq_core.common.runtime import resolve_device
 
         resolve_device(self.device)
 
@@ -215,7 +215,7 @@ class DemoJob:
         _require(self.model in (None, "smollm2"), f"unknown demo model {self.model!r} (known: smollm2)")
         _require(self.epochs >= 2, f"the demo needs at least 2 epochs (a trajectory), got {self.epochs}")
         _whole(self.epochs, "--epochs", 2)
-        from gnq_core.runtime import resolve_device
+        from gnq_core.common.runtime import resolve_device
 
         resolve_device(self.device)
 

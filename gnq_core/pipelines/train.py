@@ -19,19 +19,19 @@ import pandas as pd
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gnq_core.atomic import check_folder_target
+from gnq_core.common.atomic import check_folder_target
+from gnq_core.common.progress import Reporter
+from gnq_core.common.runtime import code_version, resolve_device, resolve_dtype, seed_everything
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.resume import resume_from
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.training_loop import Checkpoints, GNQScores, Progress, adamw, seeded_batches, train
-from gnq_core.progress import Reporter
 from gnq_core.results.protected_paths import OverwriteError, refuse_overwrite, verify_checkpoint
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 from gnq_core.results.text_labels import dataset_labels, secret_settings
-from gnq_core.runtime import code_version, resolve_device, resolve_dtype, seed_everything
 from gnq_core.sources.checkpoints.checks import check_checkpoint
 from gnq_core.sources.checkpoints.files import checkpoint_hash
 from gnq_core.sources.checkpoints.load import load_checkpoint
@@ -39,7 +39,7 @@ from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.models import build_model, train_tokenizer
 from gnq_core.sources.tokens import encode_texts, pad_id
 
-# How the weight gradient is formed, recorded in the run settings (gnq_core.engine.fused).
+# How the weight gradient is formed, recorded in the run settings (gnq_core.engine.kernels.fused).
 WEIGHT_GRADIENTS = "fused: the sum of the per-example gradients the audit forms"
 
 

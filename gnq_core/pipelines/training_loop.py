@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 
 from gnq_core.attacks.membership import TOKEN_SIGNALS
+from gnq_core.common.progress import Reporter
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.conventions import TOKEN_MEAN
-from gnq_core.engine.losses import batch_mean_weights, per_example_lm_loss
+from gnq_core.engine.math.conventions import TOKEN_MEAN
+from gnq_core.engine.math.losses import batch_mean_weights, per_example_lm_loss
 from gnq_core.pipelines.resume import save_trainer_state
 from gnq_core.pipelines.scoring import score_pass
 from gnq_core.pipelines.settings import TrainSettings
-from gnq_core.progress import Reporter
 from gnq_core.results.records import BatchResult, ScoreColumns
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints.files import checkpoint_hash

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gnq_core.atomic import TargetError, atomic_path, check_target
+from gnq_core.common.atomic import TargetError, atomic_path, check_target
 from gnq_core.errors import GNQError
 
 FORMATS = ("csv", "jsonl", "parquet")

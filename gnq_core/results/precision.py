@@ -48,7 +48,7 @@ def observed_precision(output: torch.Tensor, autocast: bool, recorded: Mapping[s
 
 
 # A post-hoc audit of half-precision weights computed as stored: the forward and backward in bf16/fp16,
-# the Gram blocks and the solve in float32 (engine.representations.compute_dtype, engine.solve).
+# the Gram blocks and the solve in float32 (engine.math.representations.compute_dtype, engine.math.solve).
 # Measured against the same weights audited in float64 (tests/test_half_precision_audit.py: a tiny
 # Llama, batch 8 × 48 tokens): GNQ within 5e-3 of the largest GNQ, the loss within 1e-4.
 HALF_AUDIT_ERROR = 5e-3

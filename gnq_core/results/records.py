@@ -200,7 +200,7 @@ class RunSpec:
     device: str | None = None
     dtype: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
-    loss: str = "token_mean"  # ℓ_j's convention (engine/losses.py); the runs row states it in words
+    loss: str = "token_mean"  # ℓ_j's convention (engine/math/losses.py); the runs row states it in words
 
     def __post_init__(self) -> None:
         check_gnq_settings(self.lam, self.batch_size)  # max_length is only recorded here (0: unknown)

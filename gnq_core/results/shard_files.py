@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from gnq_core.atomic import atomic_path, write_text_atomic
+from gnq_core.common.atomic import atomic_path, write_text_atomic
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns, batch_frame
 from gnq_core.results.store_schema import StoreError
 

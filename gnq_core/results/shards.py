@@ -9,7 +9,7 @@ A shards folder (one training run)::
     SHARDS/scores/.rank-00001.steps-00000051-00000100.parquet.sha256   each file's digest, beside it
 
 Scores and batches shards have the store's columns (``store_writes.SHARD_COLUMNS``: all but run_id);
-each rank writes one pair per step range, each file atomically (``gnq_core.atomic``), then its
+each rank writes one pair per step range, each file atomically (``gnq_core.common.atomic``), then its
 sha256: a reader refuses a file whose bytes changed since (a folder from before the digests is
 read as it was).
 ``gnq ingest SHARDS --db DB`` loads a folder into the DuckDB store in one transaction,

@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from gnq_core.engine.conventions import TOKEN_MEAN, TOKEN_SUM
+from gnq_core.engine.math.conventions import TOKEN_MEAN, TOKEN_SUM
 from gnq_core.errors import one_line
 from gnq_core.results.literal_paths import duckdb_literal
 from gnq_core.results.records import (
@@ -37,7 +37,7 @@ from gnq_core.results.store_schema import (
     timestamp,
 )
 
-# The runs table's loss_convention column: the engine's conventions (engine/losses.py) in words.
+# The runs table's loss_convention column: the engine's conventions (engine/math/losses.py) in words.
 LOSS_IN_WORDS = {TOKEN_MEAN: "per-example mean next-token NLL over the example's own tokens",
                  TOKEN_SUM: "per-example summed next-token NLL over the example's own tokens"}
 

@@ -51,7 +51,7 @@ INTERMEDIATE_COPIES = 6.0  # per token and layer: × MLP width (gate, up, activa
 KV_COPIES = 6.0           # per token and layer: × key/value width (k, v, rotary copies, gradients)
 LOGIT_COPIES = 5.0        # logits, their gradient, the loss's log-softmax, the signals' softmax, one more
 GRAM_COPIES = 5.0         # per layer: (B·T)² float32 factor Grams alive at the peak
-GRAM_BUDGET = 256 * 2**20  # engine.representations.DEFAULT_MEMORY_BUDGET: the largest Gram block at once
+GRAM_BUDGET = 256 * 2**20  # engine.math.representations.DEFAULT_MEMORY_BUDGET: the largest Gram block at once
 
 
 class MemoryError_(limits.LimitError):  # noqa: N801 (not the builtin MemoryError: a user's error, one line)

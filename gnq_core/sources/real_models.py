@@ -189,8 +189,8 @@ def _write_provenance(folder: Path, spec: RealModel, wheel_sha: str | None, mode
                       note: str | None = None) -> None:
     import transformers
 
-    from gnq_core.atomic import write_text_atomic
-    from gnq_core.runtime import code_version
+    from gnq_core.common.atomic import write_text_atomic
+    from gnq_core.common.runtime import code_version
 
     record = {"model": spec.description, "package": f"{spec.package}=={spec.version}", "wheel": spec.wheel,
               "wheel_sha256": wheel_sha, "wheel_sha256_pinned": spec.wheel_sha256, "gguf": spec.gguf,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gnq_core.engine.conventions import IGNORE_INDEX
+from gnq_core.engine.math.conventions import IGNORE_INDEX
 from gnq_core.sources.tokenizer_panics import panics_as_one_line
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from gnq_core.atomic import write_text_atomic
-from gnq_core.progress import Reporter
+from gnq_core.common.atomic import write_text_atomic
+from gnq_core.common.progress import Reporter
 from gnq_core.results.layout import studies_root
 from gnq_core.results.store import Store
 from gnq_core.results.store_schema import StoreError

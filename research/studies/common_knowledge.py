@@ -34,13 +34,13 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, group_separation
+from gnq_core.common.runtime import resolve_device
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.resume import TRAINER_STATE
 from gnq_core.pipelines.settings import AuditSettings, TrainSettings
 from gnq_core.pipelines.train import run_training, start_training
 from gnq_core.pipelines.training_loop import Callback, Checkpoints, Epoch, Progress, seeded_batches, train
 from gnq_core.results.store_queries import Run
-from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset, load_texts
 from gnq_core.sources.tokens import encode_texts, pad_id

@@ -33,9 +33,9 @@ from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.attacks.membership import forward_signals
 from gnq_core.attacks.run import run_extraction
+from gnq_core.common.runtime import resolve_device
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
-from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import load_texts
 from gnq_core.sources.real_models import PROVENANCE, cached_model

@@ -9,11 +9,11 @@ Per seed: the model (SmolLM2-135M-Instruct; ``--quick``: a tiny Llama built from
 fine-tuned for one epoch on the members (AG News rows plus planted records, each a fictional
 person's record with a random secret value, inserted ``copies`` times); as many other AG News rows
 and held-out planted records are the non-members.  At the final weights one pass reduces every
-distinct text's gradient to a seeded sketch (``engine.sketch`` through ``engine.window``'s
+distinct text's gradient to a seeded sketch (``engine.sketch`` through ``engine.passes.window``'s
 ``WindowAuditor`` in sketch mode, as ``gnq audit --companions`` does): a text's sketch does not
 depend on its companions, so the Gram K of all sketches (float64) is formed once, and GNQ
 against any companion set is a solve on a sub-Gram.  For each companion size c, the member texts
-are cut into seeded random sets of c + 1 (each member against the c others: ``engine.companions.
+are cut into seeded random sets of c + 1 (each member against the c others: ``engine.sketch.companions.
 kernel_gnq``, the leave-one-out solve) and each non-member is measured against c members of one
 set (the Schur complement above); "all": every member against all other members.  Copies are
 drawn like any text, so a copied record may have its own copies among its companions (the
@@ -43,13 +43,13 @@ from scipy.stats import spearmanr
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis.length_control import cv_gain
 from gnq_core.analysis.predictive import RESAMPLES, within_length_auc
-from gnq_core.atomic import write_text_atomic
 from gnq_core.attacks.extraction import extraction_attack
-from gnq_core.engine.companions import SketchRows, kernel_gnq, sketch_gram
-from gnq_core.engine.losses import per_example_lm_loss
-from gnq_core.engine.sketch import SketchSpec
-from gnq_core.engine.solve import gnq_from_kernel
-from gnq_core.engine.window import WindowAuditor
+from gnq_core.common.atomic import write_text_atomic
+from gnq_core.engine.math.losses import per_example_lm_loss
+from gnq_core.engine.math.solve import gnq_from_kernel
+from gnq_core.engine.passes.window import WindowAuditor
+from gnq_core.engine.sketch.companions import SketchRows, kernel_gnq, sketch_gram
+from gnq_core.engine.sketch.projection import SketchSpec
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 from research.studies import report as rep
 from research.studies.base import StudyContext, Timings, ag_news, machine
@@ -286,7 +286,7 @@ def against(K: np.ndarray, companions: np.ndarray, texts: np.ndarray, lam: float
 
 
 def loo(K: np.ndarray, members: np.ndarray, lam: float) -> np.ndarray:
-    """Leave-one-out GNQ of every text of ``members`` against the others (``engine.companions``)."""
+    """Leave-one-out GNQ of every text of ``members`` against the others (``engine.sketch.companions``)."""
     gnq, _ = kernel_gnq(torch.from_numpy(K[np.ix_(members, members)]).clone(), lam)
     return gnq.numpy()
 

@@ -15,15 +15,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from gnq_core.atomic import write_text_atomic
 from gnq_core.attacks.forward import forward_batches
-from gnq_core.engine.conventions import IGNORE_INDEX
-from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.common.atomic import write_text_atomic
+from gnq_core.common.runtime import resolve_device
+from gnq_core.engine.math.conventions import IGNORE_INDEX
+from gnq_core.engine.math.losses import per_example_lm_loss
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.training_loop import adamw, seeded_batches, train
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import StoreError
-from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.tokens import encode_texts, pad_id

@@ -45,11 +45,11 @@ from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.length_control import cv_gain
 from gnq_core.analysis.partial import partial_rank_correlation
-from gnq_core.atomic import write_text_atomic
 from gnq_core.attacks.compression import zlib_bits
 from gnq_core.attacks.membership import forward_signals
+from gnq_core.common.atomic import write_text_atomic
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.losses import per_example_lm_loss
+from gnq_core.engine.math.losses import per_example_lm_loss
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
 from research.studies import report as rep

@@ -34,13 +34,13 @@ from scipy.stats import spearmanr
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.partial import partial_rank_correlation
-from gnq_core.atomic import write_text_atomic
 from gnq_core.attacks.canaries import Canary, exposure, inserted, make_canaries
 from gnq_core.attacks.compression import zlib_bits
 from gnq_core.attacks.membership import forward_signals
+from gnq_core.common.atomic import write_text_atomic
+from gnq_core.common.runtime import resolve_device
 from gnq_core.pipelines.settings import TrainSettings
 from gnq_core.pipelines.train import run_training
-from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.copies import find_copies
 from gnq_core.sources.datasets import load_texts

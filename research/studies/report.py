@@ -19,7 +19,7 @@ import pandas as pd
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
-from gnq_core.runtime import resolve_device
+from gnq_core.common.runtime import resolve_device
 from research.studies.base import StudyContext, Timings, machine
 
 Format = str | Callable[[Any], str]

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from gnq_core.analysis import predictive as pr
-from gnq_core.atomic import write_text_atomic
 from gnq_core.attacks.extraction import extraction_attack
+from gnq_core.common.atomic import write_text_atomic
+from gnq_core.common.runtime import resolve_device
 from gnq_core.pipelines.settings import TrainSettings
-from gnq_core.runtime import resolve_device
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.tokens import encode_texts

@@ -12,7 +12,7 @@ from lm_fixtures import lm_batch, tiny_gpt2
 from torch import nn
 
 from gnq_core import GNQAuditor, per_example_lm_loss
-from gnq_core.engine.compiled import CompiledModelError, check_not_compiled
+from gnq_core.engine.plan.compiled import CompiledModelError, check_not_compiled
 
 
 def _step(run, batch) -> None:

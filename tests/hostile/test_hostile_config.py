@@ -12,7 +12,7 @@ import pytest
 from lm_fixtures import tiny_gpt2
 
 from gnq_core import GNQAuditor
-from gnq_core.engine.sketch import SketchSpec
+from gnq_core.engine.sketch.projection import SketchSpec
 from gnq_core.integrations.hf import GNQConfig
 
 BAD_CONFIG = [

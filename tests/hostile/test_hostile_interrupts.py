@@ -15,7 +15,7 @@ import pytest
 from hostile_helpers import make_series, run_row, write_texts_csv
 from zygote import Zygote, ZygoteJob
 
-from gnq_core import interrupts
+from gnq_core.common import interrupts
 from gnq_core.pipelines.audit import Prefetch
 from gnq_core.results.store import Store
 

@@ -23,10 +23,10 @@ from conftest import rel_err
 from lm_fixtures import texts, tiny_gpt2, tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from gnq_core.engine.companions import SketchFactor
+from gnq_core.common.progress import Reporter
+from gnq_core.engine.sketch.companions import SketchFactor
 from gnq_core.pipelines.audit import run_audit
 from gnq_core.pipelines.settings import AuditSettings
-from gnq_core.progress import Reporter
 from gnq_core.results.store import Store
 from gnq_core.sources.checkpoints.series import find_checkpoints
 from gnq_core.sources.datasets import load_texts

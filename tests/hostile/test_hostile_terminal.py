@@ -9,8 +9,8 @@ from hostile_helpers import make_series, write_texts_csv
 from typer.testing import CliRunner
 
 from gnq_core.cli import app
-from gnq_core.progress import Reporter
-from gnq_core.terminal import markup_safe, terminal_safe
+from gnq_core.common.progress import Reporter
+from gnq_core.common.terminal import markup_safe, terminal_safe
 
 # window title, clear screen, clipboard write, BEL, C1 CSI, right-to-left override, rich markup
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J\x1b]52;c;aGk=\x07\x9b31m\u202eevil[bold red]x"

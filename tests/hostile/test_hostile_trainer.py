@@ -13,7 +13,7 @@ from test_hf_trainer import RecordingTrainer
 from transformers import Trainer, TrainingArguments
 
 from gnq_core import GNQAuditor, per_example_lm_loss
-from gnq_core.engine.reference import exact_gnq
+from gnq_core.engine.math.reference import exact_gnq
 from gnq_core.integrations.hf import GNQConfig, GNQTrainer, lm_collator
 from gnq_core.sources.tokens import collate
 

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from gnq_core.atomic import TargetError, atomic_path, write_text_atomic
 from gnq_core.cli import app
+from gnq_core.common.atomic import TargetError, atomic_path, write_text_atomic
 from gnq_core.jobs.uploads import safe_relative_path, save_uploads
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Store

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnq_core.engine.fused import FuseRequest
-from gnq_core.engine.representations import DenseRep, Rep
+from gnq_core.engine.kernels.fused import FuseRequest
+from gnq_core.engine.math.representations import DenseRep, Rep
 from gnq_core.errors import GNQError
 
 _state = threading.local()
@@ -58,6 +58,11 @@ class Kernel:
     recurse = False  # True: the kernel also owns its submodules' parameters (they get no hooks)
     fusable = False  # True: ``fused_forward`` can run the module so its backward reports itself
     row_lookup = False  # True: a call's gradient touches only the rows ``rows_touched`` names
+
+    def refusal(self, module: nn.Module) -> str | None:
+        """Why this kernel's module's per-example gradients are not defined, if it knows they are
+        not; asked of every module before the first batch is planned (``registry.refusal``)."""
+        return None
 
     def rows_touched(self, saved: Any) -> torch.Tensor | None:
         """Parameter rows (flat ids) a call's gradient can be non-zero on; None: any row."""

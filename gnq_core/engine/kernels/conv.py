@@ -14,7 +14,7 @@ from torch import nn
 from gnq_core.engine.kernels.base import Contribution, Kernel, batch_first, first_input
 from gnq_core.engine.kernels.linear import linear_contributions
 from gnq_core.engine.kernels.registry import register
-from gnq_core.engine.representations import DenseRep
+from gnq_core.engine.math.representations import DenseRep
 
 
 def _unfold(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tensor:

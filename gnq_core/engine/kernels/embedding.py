@@ -17,7 +17,7 @@ from gnq_core.engine.kernels.base import (
     first_input,
 )
 from gnq_core.engine.kernels.registry import register
-from gnq_core.engine.representations import DenseFactor, OneHotFactor, OuterRep
+from gnq_core.engine.math.representations import DenseFactor, OneHotFactor, OuterRep
 
 
 @register(nn.Embedding)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,10 +24,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gnq_core.engine.kernels.base import Kernel, UnsupportedModuleError, dense_contributions, hooks_suspended
-from gnq_core.engine.kernels.registry import generic_kernel, register, register_generic
-
-if TYPE_CHECKING:
-    from gnq_core.engine.planning import Plan
+from gnq_core.engine.kernels.registry import register, register_generic
 
 # how far a re-run's output may be from the batch's (one example alone rounds differently)
 _REPRODUCE_TOL = {torch.float64: 1e-7, torch.float32: 1e-3}
@@ -296,18 +293,6 @@ class GenericKernel(Kernel):
                 "re-running its forward for one example at a time gave non-finite gradients where "
                 "the batch's are finite")
         return dense_contributions(per_example, split)
-
-
-def planned_kernel(name: str, kernel: Kernel, plan: Plan | None) -> Kernel:
-    """The kernel the first batch's plan gives module ``name`` (``kernel``: its registered one)."""
-    if plan is None:
-        return kernel
-    if name in plan.enclose:
-        base = kernel if isinstance(kernel, GenericKernel) else generic_kernel()
-        return base.bound(plan.in_dims.get(name), enclosing=True)
-    if isinstance(kernel, GenericKernel):
-        return kernel.bound(plan.in_dims.get(name))
-    return kernel
 
 
 @register(nn.MultiheadAttention)

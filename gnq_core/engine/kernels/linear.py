@@ -11,11 +11,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from gnq_core.engine.cost_model import fused_is_cheaper
-from gnq_core.engine.fused import FusedLinearFunction
 from gnq_core.engine.kernels.base import Contribution, Kernel, batch_first, first_input
+from gnq_core.engine.kernels.fused import FusedLinearFunction
 from gnq_core.engine.kernels.registry import register
-from gnq_core.engine.representations import DenseFactor, OuterRep, as_sequence
+from gnq_core.engine.math.cost_model import fused_is_cheaper
+from gnq_core.engine.math.representations import DenseFactor, OuterRep, as_sequence
 
 try:  # transformers is a dependency, but keep the engine importable without it
     from transformers.pytorch_utils import Conv1D as HFConv1D

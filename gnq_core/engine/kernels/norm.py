@@ -9,8 +9,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gnq_core.engine.deferred import NormRecord, NormRep
-from gnq_core.engine.fused import FusedLayerNormFunction
 from gnq_core.engine.kernels.base import (
     Contribution,
     Kernel,
@@ -19,8 +17,10 @@ from gnq_core.engine.kernels.base import (
     dense_contributions,
     first_input,
 )
+from gnq_core.engine.kernels.deferred import NormRecord, NormRep
+from gnq_core.engine.kernels.fused import FusedLayerNormFunction
 from gnq_core.engine.kernels.registry import register
-from gnq_core.engine.representations import compute_dtype
+from gnq_core.engine.math.representations import compute_dtype
 
 
 @register(nn.LayerNorm)
@@ -71,7 +71,7 @@ if LlamaRMSNorm is not None:
     class LlamaRMSNormKernel(Kernel):
         """Llama's RMSNorm, y = w ⊙ (x·rsqrt(mean(x²) + ε) in float32, cast back): ∇w_j =
         Σ_t Δ_jt ⊙ x̂_jt in closed form, formed for all layers of one shape at once at
-        ``compute()`` (``gnq_core.engine.deferred``) instead of a per-example vjp per layer."""
+        ``compute()`` (``gnq_core.engine.kernels.deferred``) instead of a per-example vjp per layer."""
 
         name = "rmsnorm"
 

@@ -55,3 +55,11 @@ def generic_kernel() -> Kernel:
     """The fallback kernel (per-example vjp of a module's forward)."""
     assert _generic is not None, "generic kernel not registered"
     return _generic
+
+
+def refusal(module: nn.Module) -> str | None:
+    """The first reason a registered kernel gives for refusing ``module`` (``Kernel.refusal``): asked
+    of every kernel, not only the module's own, since a subclass with its own forward falls back to
+    the generic kernel but can still couple the examples of a batch (BatchNorm in train mode)."""
+    kernels = [*dict.fromkeys(_KERNELS.values()), *([_generic] if _generic is not None else [])]
+    return next((why for k in kernels if (why := k.refusal(module))), None)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from gnq_core.atomic import check_folder_target
+from gnq_core.common.atomic import check_folder_target
 
 
 def save_checkpoint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> None:
