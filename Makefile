@@ -54,7 +54,7 @@ smollm2: $(STAMP)
 	$(VENV)/bin/gnq model fetch smollm2
 
 # The documentation site (mkdocs.yml), built offline into site/ (open site/index.html); --strict
-# turns a broken link or a page missing from the nav into an error, as in tests/test_docs.py.
+# turns a broken link or a page missing from the nav into an error, as in tests/project/test_docs.py.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# tests/ mirrors gnq_core (tests/engine/, tests/sources/, ..., tests/e2e/, tests/hostile/).  The
+# helpers here (lm_fixtures.py, ...) and a few test modules' own helpers (test_store's rows,
+# test_distributed's torchrun) are imported by plain module name from other folders, so every folder
+# is on sys.path from the start, whichever file is run alone.
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(p) for p in sorted(_HERE.iterdir()) if p.is_dir() and not p.name.startswith((".", "_"))
+                and str(p) not in sys.path]
 
 
 @pytest.fixture(autouse=True)

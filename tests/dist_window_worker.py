@@ -1,4 +1,4 @@
-"""One rank of tests/test_distributed_window.py (started by torchrun, gloo on CPU, float64).
+"""One rank of tests/engine/test_distributed_window.py (started by torchrun, gloo on CPU, float64).
 
 Each rank runs one accumulation window of 2 micro-batches of its own texts through a DDP tiny
 GPT-2 (tied head) with ``GNQAuditor(batch="step", scope="global")`` and saves the window's result: sketched,

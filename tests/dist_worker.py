@@ -1,4 +1,4 @@
-"""One rank of tests/test_distributed.py (started by torchrun, gloo on CPU, float64).
+"""One rank of tests/engine/test_distributed.py (started by torchrun, gloo on CPU, float64).
 
 Every scenario starts from the same initial weights, wraps the model in DDP, runs one forward,
 ``losses.mean().backward()`` and one AdamW step, and saves what the test compares: the GNQ

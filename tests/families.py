@@ -8,7 +8,7 @@ users call a model (`model(input_ids=..., attention_mask=...)`, `use_cache` at i
 train mode with the config's dropout), and compares with explicit per-example gradients taken
 from the same forward (the same dropout masks).  Each family gets one of `CONDITIONS` by a
 deterministic rotation on its name: right- or left-padded, B=3 T=5 or B=T=4.
-Used by tests/test_family_matrix.py and by `python -m tests.families` (writes the family table of
+Used by tests/engine/test_family_matrix.py and by `python -m tests.families` (writes the family table of
 docs/api.md).
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import sys
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -299,7 +300,8 @@ def _one_path(model, family, task, inputs, path, lam, K_ref, gnq_ref, seed=0, no
 
 def render(exact: dict[str, str], expected: dict[str, tuple[str, str]],
            tolerance: dict[str, tuple[float, str]], notes: dict[str, str] | None = None) -> str:
-    """The family table of docs/api.md, from the matrix test's own lists (tests/test_family_matrix.py)."""
+    """The family table of docs/api.md, from the matrix test's own lists
+    (tests/engine/test_family_matrix.py)."""
     notes = notes or {}
     tasks = {"causal": "causal LM", "masked": "masked LM", "seq2seq": "sequence-to-sequence LM"}
     checked = [f for f, _ in exact.items()] + [f for f, (kind, _) in expected.items() if kind == "refused"]
@@ -309,9 +311,9 @@ def render(exact: dict[str, str], expected: dict[str, tuple[str, str]],
              "`use_cache` at its default, train mode with the config's dropout (the reference is "
              "differentiated per example through the same forward, so with the same masks), one batch "
              "per family rotating over right- and left-padded, B=3 T=5 and B=T=4 "
-             f"(tests/test_family_matrix.py; {len(expected) - (len(checked) - len(exact))} more cannot be "
-             "built "
-             "tiny from their config alone or do not run in float64, and are not checked).", ""]
+             f"(tests/engine/test_family_matrix.py; {len(expected) - (len(checked) - len(exact))} more "
+             "cannot be built tiny from their config alone or do not run in float64, and are not "
+             "checked).", ""]
     for task, title in tasks.items():
         names = sorted(f for f, t in exact.items() if t == task)
         lines += [f"**Exact, {title} ({len(names)}):** " + ", ".join(
@@ -329,6 +331,7 @@ def render(exact: dict[str, str], expected: dict[str, tuple[str, str]],
 
 def write_table() -> None:
     """Replace the family section of docs/api.md (between its markers) with ``render``'s table."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "engine"))  # run as `python -m tests.families`
     from test_family_matrix import EXACT, EXPECTED, NOTES, TOLERANCE
 
     path = TABLE_PAGE

@@ -1,7 +1,7 @@
 """Writes docs/cli-reference.md from the ``gnq`` command's own ``--help`` texts.
 
 ``python -m tools.cli_reference`` regenerates the page; ``--check`` exits 1 when the committed page
-differs from what the help says today (tests/test_docs.py runs it), so the reference never drifts
+differs from what the help says today (tests/project/test_docs.py runs it), so the reference never drifts
 from the code.  The help is rendered at a fixed width without colour, so the page does not depend
 on the terminal it was made in.
 """

@@ -198,7 +198,8 @@ def render(report: dict) -> str:
             lines.append(f"pytest exit {tests['exit']} with no failure named: see its output")
         lines.append("")
     lines += ["To move the lock: lift the hold in requirements/hold.txt, `make lock`, list the new families "
-              "in tests/test_family_matrix.py, `cd tests && python -m families` (the table in docs/api.md), "
+              "in tests/engine/test_family_matrix.py, `cd tests && python -m families` (the table in "
+              "docs/api.md), "
               "`make test`.", ""]
     return "\n".join(lines)
 

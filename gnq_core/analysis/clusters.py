@@ -14,7 +14,7 @@ exclude 0.5 in 45% of null samples shaped like the demo.  So:
   is read at the percentiles where a normal quantile equals sqrt(k/(k−1))·t_{k−1} (Hesterberg's
   expanded percentile), k the effective number of records on the rarer side (Kish: (Σ sizes)² /
   Σ sizes², so 4 copies weigh like one record, not four).  Measured on the null simulation of
-  tests/test_calibration.py: 5% exclusions of 0.5 with 10-12 positive records.
+  tests/analysis/test_calibration.py: 5% exclusions of 0.5 with 10-12 positive records.
 * **Rates** (TPR at a low FPR, precision among the top-ranked): Wilson score intervals
   (``wilson``) over the effective number of records the rate is a share of (the positives; the
   top-ranked texts), not a bootstrap: a percentile bootstrap of 0 of n collapses to [0, 0].

@@ -24,7 +24,7 @@ Two controls, shared by the dashboard, ``gnq report`` (HTML and JSON) and the st
   models on the same resample), so it reflects the records, not refitting; the likelihood-ratio
   p compares the two models fitted on records (copies collapsed: the test assumes independent
   observations; χ², one degree of freedom).  Null simulations shaped like the demo
-  (tests/test_calibration.py) keep both the interval's claims and p < 0.05 under 7%.  Positive
+  (tests/analysis/test_calibration.py) keep both the interval's claims and p < 0.05 under 7%.  Positive
   gain with its interval above 0: the signal carries information about the outcome that length,
   loss and the copy count do not.
 

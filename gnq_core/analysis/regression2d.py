@@ -32,7 +32,7 @@ __all__ = [
     "residuals",
 ]
 
-# The seven points of tests/test_regression2d.py: six scattered around y = 2x + 1 and point 7
+# The seven points of tests/engine/test_regression2d.py: six scattered around y = 2x + 1 and point 7
 # (index 6) far above the line with an unremarkable x in the middle of the range.
 DEFAULT_X: np.ndarray = np.array([-2.0, -1.2, -0.5, 0.4, 1.1, 1.9, 0.3])
 DEFAULT_Y: np.ndarray = np.array([-2.9, -1.5, 0.1, 1.7, 3.3, 4.7, 4.6])

@@ -39,7 +39,7 @@ stands, and the basis says why.  The extraction outcome is used when it has enou
 the event the risk predicts); else the members against the never-trained texts.
 
 On null data (no component informative, 10 or 50 positive records) GNQ or K_jj enters, and a run
-is called validated, in under 5% of runs (tests/test_risk_null.py); the rule it replaced (AUC >
+is called validated, in under 5% of runs (tests/analysis/test_risk_null.py); the rule it replaced (AUC >
 0.55 on the training folds, any fold) did so in 86-100%.
 """
 

@@ -1,6 +1,6 @@
 """The one greedy decoder of the attacks: batched, left-padded prompts with a KV cache, exactly
 ``n_new`` tokens each (no EOS stopping).  It gives the same ids as recomputing the full, unpadded
-forward for each example at every step (tests/test_extraction.py checks this)."""
+forward for each example at every step (tests/attacks/test_extraction.py checks this)."""
 
 from __future__ import annotations
 

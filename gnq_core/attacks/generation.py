@@ -7,7 +7,7 @@ every prompt's next-token scoring (the exposure search) goes through here.
   ``decode.greedy_decode`` (left padding, an attention mask, explicit positions, the model's own
   cache passed as ``cache`` where transformers names it so).  Greedy decoding is deterministic: a
   prompt gets the same tokens batched as alone, exactly in float64; in float32 a batch's padding
-  changes the last bits of the logits and may flip a near-tie (tests/test_generation.py).
+  changes the last bits of the logits and may flip a near-tie (tests/attacks/test_generation.py).
 * The exposure search's scorers (``exposure.PromptScorer``, kept per (model, prompt) by
   ``exposure.Scorers``) compute their next-token rows here: a value's copies and the never-trained
   values of its format reuse the prompt's KV cache and the rows its search already computed.

@@ -3,7 +3,7 @@
 GNQ is computed from the gradients the training step itself forms.  Under bf16/fp16 (a Trainer
 with ``bf16=True``/``fp16=True``, a user's ``torch.autocast``, or half-precision weights) those
 gradients are half precision, so GNQ follows the half-precision gradients: within 1e-3 of the
-explicit gradients of the same forward (tests/test_precision.py), but possibly tens of percent
+explicit gradients of the same forward (tests/engine/test_precision.py), but possibly tens of percent
 from the float32/float64 gradients of the same weights.  The run records both facts
 (``settings["compute_dtype"]``, ``settings["mixed_precision"]``) and the result pages say so.
 """
@@ -49,8 +49,9 @@ def observed_precision(output: torch.Tensor, autocast: bool, recorded: Mapping[s
 
 # A post-hoc audit of half-precision weights computed as stored: the forward and backward in bf16/fp16,
 # the Gram blocks and the solve in float32 (engine.math.representations.compute_dtype, engine.math.solve).
-# Measured against the same weights audited in float64 (tests/test_half_precision_audit.py: a tiny
-# Llama, batch 8 × 48 tokens): GNQ within 5e-3 of the largest GNQ, the loss within 1e-4.
+# Measured against the same weights audited in float64 (a tiny Llama, batch 8 × 48 tokens): GNQ within
+# 5e-3 of the largest GNQ, the loss within 1e-4; tests/sources/test_memory_plan.py holds a bf16
+# checkpoint's audit to that bound.
 HALF_AUDIT_ERROR = 5e-3
 
 

@@ -49,7 +49,7 @@ UPPER_GRAM_MIN_BATCH = 4
 
 # On a CUDA device the backward never waits for the device (no nonzero/unique/item), at the
 # price of fixed-shape work; on CPU nothing waits anyway and the data-dependent gather is
-# cheaper.  Tests set this True to run the device code path on CPU (tests/test_host_sync.py).
+# cheaper.  Tests set this True to run the device code path on CPU (tests/engine/test_host_sync.py).
 DEVICE_PATHS_ON_CPU = False
 
 

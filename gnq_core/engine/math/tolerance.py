@@ -28,7 +28,7 @@ With E the total (‖δK‖₂ ≤ B max|δK_jk| for the entrywise terms), GNQ_j
 A_j = K_{−j} + λI, moves by at most E (1 + ‖A_j⁻¹ k_j‖)² / λ to first order (twice that allowed
 for the second): relative to |GNQ_j| the bound grows with the cancellation (GNQ_j ≪ K_jj / λ) and
 the conditioning (small λ against K).  A real error, a dropped or mis-scaled term, moves K by its
-own size, orders of magnitude above these bounds (tests/test_tolerances.py shows both).
+own size, orders of magnitude above these bounds (tests/engine/test_tolerances.py shows both).
 """
 
 from __future__ import annotations
