@@ -24,7 +24,7 @@ from gnq_core.sources.tokens import collate, encode_texts
 
 PIN = "KX-4821-ZQ"
 # steps by which the template (every conversation) and the PIN (8 copies) are learnt, the others not
-ORDINARY = 48  # each ordinary conversation a small share of every step, as in a real fine-tune's data
+ORDINARY = 24  # each ordinary conversation a small share of every step, as in a real fine-tune's data
 STEPS = {"all": 100, "assistant": 100}
 
 
