@@ -78,15 +78,15 @@ def test_secret_decoding_is_timed_on_one_batch_and_spread_by_its_token_forwards(
     rows × (padded prompt + new tokens) at that rate."""
     import types
 
-    import gnq_core.attacks.generation as generation
-    from gnq_core.pipelines import estimate_probe
+    import gnq_core.attacks.secret_attack as secret_attack
+    from gnq_core.attacks.attack_stages import secret_decode_seconds
 
     timed: list[list[int]] = []
-    monkeypatch.setattr(generation, "generate", lambda models, prompts, n_new, pad, **kw: timed.append(n_new))
-    monkeypatch.setattr(estimate_probe, "_timed", lambda fn, device=None: fn() or 6.0)
+    monkeypatch.setattr(secret_attack, "generate", lambda models, prompts, n_new, pad, **kw: timed.append(n_new))
+    clock = types.SimpleNamespace(timed=lambda fn: fn() or 6.0)  # the attack's own decoding, 6 s
     targets = [types.SimpleNamespace(prompt_ids=[1] * p, target_ids=[2] * n)
                for p, n in [(10, 4), (20, 4), (30, 8), (10, 8), (50, 19)]]
-    per_value = estimate_probe._secret_decode_seconds(torch.nn.Linear(1, 1), targets, 0, 2, None)
+    per_value = secret_decode_seconds(torch.nn.Linear(1, 1), targets, 0, 2, None, clock)
     assert timed == [[19]]  # the first batch: the longest value alone in its length
     # batches (batch size 2): [50+19] → 69, [30, 10 | 8 new] → 2 × 38, [20, 10 | 4 new] → 2 × 24
     assert per_value == pytest.approx(6.0 * (69 + 76 + 48) / 69 / 5)
