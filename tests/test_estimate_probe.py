@@ -53,7 +53,7 @@ def test_every_stage_the_job_runs_has_a_line_in_its_own_noun(job):
         store = Store(job / "gnq.duckdb")
         run = run_audit(store, job / "run", dataset, name="p", reporter=reporter,
                         settings=AuditSettings(batch_size=4, max_length=48))
-        run_extraction(store, run, reporter=reporter, secret_candidates=20, exposure_nodes=16)
+        summary = run_extraction(store, run, reporter=reporter, secret_candidates=20, exposure_nodes=16)
     work, probe = measure_estimate(str(job / "run" / "epoch-1"), dataset, batch_size=4, max_length=48,
                                    checkpoints=2, secret_candidates=20, exposure_nodes=16)
     lines = {line.stage: line for line in estimate_lines(work, probe)}
@@ -71,6 +71,8 @@ def test_every_stage_the_job_runs_has_a_line_in_its_own_noun(job):
     assert probe.exposure_shared_s and probe.exposure_shared_s > 0
     assert probe.secret_decode_s and probe.secret_decode_s > 0
     assert probe.suffix_forward_s and probe.suffix_forward_s > 0
+    # the texts and values the attack decoded are those its stages counted (their own selection)
+    assert (work.attackable, work.secret_values) == (summary["attacked"], summary["secrets_attacked"])
 
 
 def test_secret_decoding_is_timed_on_one_batch_and_spread_by_its_token_forwards(monkeypatch):
