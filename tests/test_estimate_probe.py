@@ -84,7 +84,8 @@ def test_secret_decoding_is_timed_on_one_batch_and_spread_by_its_token_forwards(
     from gnq_core.attacks.attack_stages import secret_decode_seconds
 
     timed: list[list[int]] = []
-    monkeypatch.setattr(secret_attack, "generate", lambda models, prompts, n_new, pad, **kw: timed.append(n_new))
+    monkeypatch.setattr(secret_attack, "generate",
+                        lambda models, prompts, n_new, pad, **kw: timed.append(n_new))
     clock = types.SimpleNamespace(timed=lambda fn: fn() or 6.0)  # the attack's own decoding, 6 s
     targets = [types.SimpleNamespace(prompt_ids=[1] * p, target_ids=[2] * n)
                for p, n in [(10, 4), (20, 4), (30, 8), (10, 8), (50, 19)]]

@@ -20,7 +20,8 @@ from gnq_core.sources.models import build_model, train_tokenizer
 TEXTS_OF_THE_PROBE = [
     *(f"Note {i} for the team: the door PIN is {1000 + 37 * i:04d}, keep it safe and never share it."
       for i in range(4)),
-    *(f"A plain sentence number {i} about the weather, the river and the old stone bridge." for i in range(4)),
+    *(f"A plain sentence number {i} about the weather, the river and the old stone bridge."
+      for i in range(4)),
 ]
 
 

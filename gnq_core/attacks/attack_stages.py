@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gnq_core.attacks.contract import Target
-from gnq_core.attacks.stage_cost import Clock, Line, Probe, Work
+from gnq_core.attacks.stage_cost import WARM_UP_S, Clock, Line, Probe, Work
 from gnq_core.progress import SECRET_VALUES, TEXTS
 from gnq_core.sources.tokens import pad_id
 
 EXPOSURE_VALUES = 16  # values timed at most, cycling over the formats (their mean is used)
 EXPOSURE_PROBE_S = 10.0  # no further value is timed once the probe's exposures took this long
-WARM_UP_S = 2.0  # a first call quicker than this is timed again (it paid one-time costs)
 
 
 def _models(work: Work) -> int:

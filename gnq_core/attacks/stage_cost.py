@@ -29,7 +29,9 @@ from gnq_core.attacks.defaults import (
     DEFAULT_SUFFIX,
 )
 
-__all__ = ["Clock", "Line", "Probe", "ProbeRun", "Stage", "Work", "split_named"]
+__all__ = ["WARM_UP_S", "Clock", "Line", "Probe", "ProbeRun", "Stage", "Work", "split_named"]
+
+WARM_UP_S = 2.0  # a first unit quicker than this may hold one-time costs (allocations, kernel choices)
 
 
 @dataclass(frozen=True)

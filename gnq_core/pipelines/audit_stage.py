@@ -12,12 +12,10 @@ from typing import Any
 
 import torch
 
-from gnq_core.attacks.stage_cost import Clock, Line, Probe, Work
+from gnq_core.attacks.stage_cost import WARM_UP_S, Clock, Line, Probe, Work
 from gnq_core.pipelines.settings import AuditSettings
 from gnq_core.progress import TEXTS
 from gnq_core.sources.datasets import TextDataset
-
-WARM_UP_S = 2.0  # a first batch quicker than this may hold the process's one-time costs: timed again
 
 
 @dataclass(frozen=True)

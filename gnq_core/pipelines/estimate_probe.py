@@ -32,13 +32,12 @@ from gnq_core.attacks.defaults import (
     DEFAULT_SUFFIX,
     DEFAULT_THRESHOLD,
 )
-from gnq_core.attacks.stage_cost import Line, Probe, ProbeRun, Work, split_named
+from gnq_core.attacks.stage_cost import WARM_UP_S, Line, Probe, ProbeRun, Work, split_named
 
 __all__ = ["Line", "Probe", "Work", "describe", "estimate_lines", "job_kinds", "job_stages",
            "measure_estimate", "stage_of", "total_seconds"]
 
 SAMPLE_TEXTS = 2_000  # texts tokenised to count the work; more are sampled (seeded) and scaled
-WARM_UP_S = 2.0  # a first call quicker than this is timed again (it paid one-time costs)
 
 
 def job_kinds(work: Work) -> list[tuple[str, list]]:
