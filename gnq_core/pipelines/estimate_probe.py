@@ -161,10 +161,8 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int | None, max_le
     attack_plan = (plan_audit(model_path, batch_size=attack_batch, max_length=window, dtype=dtype,
                               checkpoints=1, device=str(dev), reference=reference) if attack else None)
     n = len(dataset)
-    picked = (sorted(random.Random(seed).sample(range(n), SAMPLE_TEXTS)) if n > SAMPLE_TEXTS
-              else list(range(n)))
-    scale = n / max(1, len(picked))
-    sub = _sample(dataset, picked)
+    sub = _sample(dataset, seed)
+    scale = n / max(1, len(sub))
     work = Work(texts=n, checkpoints=checkpoints, batch_size=plan.batch_size, attack=attack,
                 reference=reference, suffix=suffix, attack_batch=attack_batch,
                 secret_candidates=secret_candidates, prefix=prefix, exposure_nodes=exposure_nodes)
@@ -192,8 +190,8 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int | None, max_le
             costs |= stage.measure(inputs, clock)
     named, extra = split_named(counts, Work)
     work = replace(work, **named, counts=extra, mean_tokens=sum(map(len, ids)) / max(1, len(ids)))
-    what = (f"{checkpoint} on {dev} at {threads} thread(s), {len(picked):,} of {n:,} texts counted"
-            + (" (a seeded sample, scaled)" if len(picked) < n else ""))
+    what = (f"{checkpoint} on {dev} at {threads} thread(s), {len(sub):,} of {n:,} texts counted"
+            + (" (a seeded sample, scaled)" if len(sub) < n else ""))
     named, extra = split_named(costs, Probe)
     unmeasured = {"audit_batch_s": 0.0, "decode_s": 0.0, "forward_s": 0.0, "exposure_s": None}  # no stage
     probe = Probe(**(unmeasured | named), load_s=load_s, threads=threads, model=what, memory=plan,
@@ -201,8 +199,13 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int | None, max_le
     return work, probe
 
 
-def _sample(dataset, picked: list[int]):
-    """The dataset cut to the texts at ``picked``, every per-text column with them."""
+def _sample(dataset, seed: int):
+    """The texts the probe counts on: all of them, or a seeded sample of ``SAMPLE_TEXTS`` (every
+    per-text column cut with them)."""
+    n = len(dataset)
+    if n <= SAMPLE_TEXTS:
+        return dataset
+    picked = sorted(random.Random(seed).sample(range(n), SAMPLE_TEXTS))
     cut = {"texts": [dataset.texts[i] for i in picked], "groups": [dataset.groups[i] for i in picked]}
     for column in ("secret_values", "public", "layouts", "contents"):
         values = getattr(dataset, column, None)
