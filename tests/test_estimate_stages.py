@@ -42,7 +42,8 @@ class Echoes:
     label: re.Pattern[str] = re.compile(r"^echoes of ")
 
     def count(self, t, scale: float) -> dict[str, int]:
-        return {"pin_texts": round(sum("PIN" in text for text in t.texts) * scale)}
+        texts = t.dataset.texts if hasattr(t, "dataset") else t.texts  # the audit's inputs, or a Target
+        return {"pin_texts": round(sum("PIN" in text for text in texts) * scale)}
 
     def measure(self, t, clock) -> dict[str, float | None]:
         return {"echo_s": 0.25 + 0.0 * clock.timed(lambda: None)}
@@ -58,14 +59,20 @@ class EchoAttack:
     stages: tuple = (Echoes(),)
 
 
-@pytest.fixture
-def with_an_echo_attack(monkeypatch):
+@pytest.fixture(params=["extract", "audit"])
+def with_an_echo_attack(request, monkeypatch):
+    """A job kind with one more stage: the attack's (a new stored attack) or the audit's."""
     import gnq_core.attacks.stored as stored
+    import gnq_core.pipelines.audit_stage as audit_stage
 
-    real = stored.stored_attacks
-    monkeypatch.setattr(stored, "stored_attacks", lambda *a, **kw: [*real(*a, **kw), EchoAttack()])
+    if request.param == "extract":
+        real = stored.stored_attacks
+        monkeypatch.setattr(stored, "stored_attacks", lambda *a, **kw: [*real(*a, **kw), EchoAttack()])
+    else:
+        own = audit_stage.audit_stages
+        monkeypatch.setattr(audit_stage, "audit_stages", lambda: [*own(), Echoes()])
     estimate_probe._stage_labels.cache_clear()
-    yield
+    yield request.param
     estimate_probe._stage_labels.cache_clear()
 
 
@@ -107,7 +114,9 @@ def test_a_stage_added_to_a_job_kind_is_counted_timed_and_shown(job, with_an_ech
     assert work.counts == {"pin_texts": 4} and probe.units == {"echo_s": 0.25}
     lines = {x.stage: x for x in estimate_lines(work, probe)}
     assert lines["echoes"].count == 4 and lines["echoes"].seconds == pytest.approx(1.0)
-    assert list(lines) == ["audit", "attack", "discoverable", "secret decode", "echoes"]
+    attack = ["attack", "discoverable", "secret decode"]
+    assert list(lines) == (["audit", *attack, "echoes"] if with_an_echo_attack == "extract"
+                           else ["audit", "echoes", *attack])
 
 
 def test_the_probe_runs_each_stages_own_code(job, monkeypatch):
