@@ -154,8 +154,8 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
     for (kind, template), members in formats.items():
         # the first NULL_VALUES are ranked (the null); all of them, scored, are the reference test's null
         drawn = null_values(members[0][1], values_by_kind.get(kind, set()),
-                             random.Random(value_seed(settings.seed, "null", kind, template)),
-                             RATIO_VALUES if reference is not None else NULL_VALUES)
+                            random.Random(value_seed(settings.seed, "null", kind, template)),
+                            RATIO_VALUES if reference is not None else NULL_VALUES)
         ranked = drawn[:NULL_VALUES]
         bits, log_ratio = [], {}
         if reference is not None:
@@ -221,7 +221,7 @@ def _columns(e: Exposure) -> dict:
 
 
 def null_values(space: ValueSpace, taken: set[str], rng: random.Random,
-                 count: int = NULL_VALUES) -> list[str]:
+                count: int = NULL_VALUES) -> list[str]:
     """Up to ``count`` distinct values of ``space`` that the run does not hold (the first
     ``NULL_VALUES`` are the same whatever ``count``: one seeded sequence)."""
     out: list[str] = []
