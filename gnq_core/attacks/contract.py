@@ -1,6 +1,7 @@
 """What every attack on an audited checkpoint is: an ``Attack`` has a ``name``, ``run``s on a
 ``Target`` (the models, texts and token ids loaded once) and ``store``s its result, returning
-the counts it adds to the attack's summary; ``run_attacks`` runs a list of them in order."""
+the counts it adds to the attack's summary, and lists its ``stages`` for the estimate
+(attacks/stage_cost.py); ``run_attacks`` runs a list of them in order."""
 
 from __future__ import annotations
 
@@ -48,9 +49,14 @@ class Target:
 
 
 class Attack(Protocol):
-    """An attack: ``run`` computes, ``store`` writes what ``run`` returned and gives its counts."""
+    """An attack: ``run`` computes, ``store`` writes what ``run`` returned and gives its counts;
+    ``stages``: what ``run`` does as the estimate times it (attacks/stage_cost.py's ``Stage``, one
+    per progress stage ``run`` opens; none for an attack too small to count)."""
 
     name: str
+
+    @property
+    def stages(self) -> tuple: ...
 
     def run(self, target: Target) -> Any: ...
 

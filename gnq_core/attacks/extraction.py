@@ -93,23 +93,19 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
         if suffix_tokens < 1:
             raise ValueError("suffix_tokens must be at least 1")
         max_new_tokens = suffix_tokens
-    needed = prefix_tokens + (suffix_tokens or 1)
     device = device if device is not None else model_device(model)
     pad = pad_id(tokenizer)
 
     done = set(done)
     results: list[ExtractionResult | None] = [None] * len(token_ids)
-    todo: list[int] = []
+    todo = attackable(token_ids, prefix_tokens, suffix_tokens, starts)
     begin = [prefix_tokens] * len(token_ids) if starts is None else list(starts)
+    attacked = set(todo)
     for i, (ids, eid) in enumerate(zip(token_ids, example_ids, strict=True)):
+        if i in attacked or int(eid) in done:
+            continue
         ids = [int(t) for t in ids]
         at = begin[i]
-        if (starts is None and len(ids) >= needed) or (at is not None and starts is not None
-                                                       and len(ids) >= at + (suffix_tokens or 1)):
-            todo.append(i)
-            continue
-        if int(eid) in done:
-            continue
         prefix = ids[:prefix_tokens if at is None else at]
         results[i] = ExtractionResult(int(eid), len(prefix), 0, None, None, tokenizer.decode(prefix),
                                       "", "", [], [])
@@ -159,6 +155,17 @@ def extraction_attack(model: torch.nn.Module, tokenizer, token_ids: Sequence[Seq
             if progress is not None:
                 progress(len(chunk))
     return [r for r in results if r is not None]
+
+
+def attackable(token_ids: Sequence[Sequence[int]], prefix_tokens: int, suffix_tokens: int | None,
+               starts: Sequence[int | None] | None = None) -> list[int]:
+    """Indices of the texts the attack decodes: at least p + s tokens (p + 1 without a fixed
+    suffix), or, with ``starts`` (attacks/windows.py), a window and s tokens after its start."""
+    if starts is None:
+        needed = prefix_tokens + (suffix_tokens or 1)
+        return [i for i, ids in enumerate(token_ids) if len(ids) >= needed]
+    return [i for i, (ids, at) in enumerate(zip(token_ids, starts, strict=True))
+            if at is not None and len(ids) >= at + (suffix_tokens or 1)]
 
 
 @dataclass(frozen=True)

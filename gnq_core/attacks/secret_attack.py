@@ -210,6 +210,46 @@ def _explained(value: str, columns: list[tuple[Counter[str], int]], own: int) ->
     return places
 
 
+def values_by_kind(targets: Sequence[SecretTarget]) -> dict[str, set[str]]:
+    """The distinct values of each kind among ``targets``."""
+    by_kind: dict[str, set[str]] = {}
+    for t in targets:
+        by_kind.setdefault(t.kind, set()).add(t.value)
+    return by_kind
+
+
+def format_places_by_value(targets: Sequence[SecretTarget]) -> dict[tuple[str, str], set[int]]:
+    """``format_places`` of each (kind, value) among the run's other values of its kind."""
+    places_of = {kind: format_places_of(values) for kind, values in values_by_kind(targets).items()}
+    return {(t.kind, t.value): places_of[t.kind][t.value] for t in targets}
+
+
+def occurrences_of(targets: Sequence[SecretTarget], texts: Sequence[str], example_ids: Sequence[int],
+                   explained: dict[tuple[str, str], set[int]] | None = None) -> list[Occurrence]:
+    """Each target as the exposure stage takes it (secret_exposure.Occurrence): its prompt, the
+    text between prompt and value, and the places its format fixes (the user's pattern's, else
+    the run's template, ``format_places``; ``explained``: ``format_places_by_value``'s, if known)."""
+    text_of = dict(zip((int(e) for e in example_ids), texts, strict=True))
+    explained = explained if explained is not None else format_places_by_value(targets)
+    return [Occurrence(t.example_id, t.value_start, t.kind, t.value, tuple(t.prompt_ids),
+                       str(text_of[t.example_id])[t.prompt_chars: t.value_start],
+                       frozenset(fixed if (fixed := t.fixed_by_pattern()) is not None
+                                 else explained[(t.kind, t.value)]))
+            for t in targets]
+
+
+def decode_values(models: Sequence, targets: Sequence[SecretTarget], pad: int, *, batch_size: int,
+                  device=None, on_batch: Callable | None = None) -> list[list[list[int]]]:
+    """Every value's greedy continuation (token ids) under each model, the models on the same
+    batches (attacks.generation: equal value length per batch, so a prompt never decodes past its
+    own text's tokens, whose positions may end at max_length); ``on_batch`` as ``generate``'s."""
+    with contextlib.ExitStack() as stack:
+        for m in models:
+            stack.enter_context(evaluating(m))
+        return generate(models, [t.prompt_ids for t in targets], [len(t.target_ids) for t in targets], pad,
+                        batch_size=batch_size, device=device, on_batch=on_batch)
+
+
 def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence[int],
                    token_ids: Sequence[Sequence[int]], *, reference=None,
                    n_candidates: int = DEFAULT_CANDIDATES, search_nodes: int = DEFAULT_SEARCH_NODES,
@@ -223,40 +263,26 @@ def attack_secrets(model, tokenizer, texts: Sequence[str], example_ids: Sequence
     exposure."""
     pad = pad_id(tokenizer)
     targets = secret_targets(tokenizer, texts, example_ids, token_ids, stored_values)
-    text_of = dict(zip((int(e) for e in example_ids), texts, strict=True))
 
     def decode_all(models: list) -> list[list[str]]:
-        """Every value's greedy continuation under each model, the models on the same batches
-        (attacks.generation: equal value length per batch, so a prompt never decodes past its own
-        text's tokens, whose positions may end at max_length)."""
         if progress is not None:
             who = "audited model" + (" and the reference model" if len(models) > 1 else "")
             progress(f"secret values decoded by the {who}", len(targets) * len(models), SECRET_VALUES)
-        with contextlib.ExitStack() as stack:
-            for m in models:
-                stack.enter_context(evaluating(m))
-            counted = None if advance is None else lambda chunk, _: advance(len(chunk) * len(models))
-            out = generate(models, [t.prompt_ids for t in targets], [len(t.target_ids) for t in targets], pad,
-                           batch_size=batch_size, device=device, on_batch=counted)
+        counted = None if advance is None else lambda chunk, _: advance(len(chunk) * len(models))
+        out = decode_values(models, targets, pad, batch_size=batch_size, device=device, on_batch=counted)
         return [[tokenizer.decode(o) for o in rows] for rows in out]
 
-    by_kind: dict[str, set[str]] = {}
-    for t in targets:
-        by_kind.setdefault(t.kind, set()).add(t.value)
-    places_of = {kind: format_places_of(values) for kind, values in by_kind.items()}
-    explained = {(t.kind, t.value): places_of[t.kind][t.value] for t in targets}
+    by_kind = values_by_kind(targets)
     named = {(t.kind, t.value): fixed for t in targets if (fixed := t.fixed_by_pattern()) is not None}
+    explained = format_places_by_value(targets)
     decoded = decode_all([model] + ([reference] if reference is not None else [])) if targets else [[]]
     generated = decoded[0]
     ref_generated = decoded[1] if reference is not None and targets else [None] * len(targets)
     exposures: dict[tuple[str, str], dict] = {}
     null = pd.DataFrame(columns=NULL_COLUMNS)
     if n_candidates > 1 and targets:
-        occurrences = [Occurrence(t.example_id, t.value_start, t.kind, t.value, tuple(t.prompt_ids),
-                                  str(text_of[t.example_id])[t.prompt_chars: t.value_start],
-                                  frozenset(named.get((t.kind, t.value), explained[(t.kind, t.value)])))
-                       for t in targets]
-        exposures, null = run_exposures(model, reference, tokenizer, occurrences, by_kind,
+        exposures, null = run_exposures(model, reference, tokenizer,
+                                        occurrences_of(targets, texts, example_ids, explained), by_kind,
                                         Settings(n_candidates, search_nodes, seed, batch_size, max_length,
                                                  device), progress, advance)
     rows = []

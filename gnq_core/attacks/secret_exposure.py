@@ -71,6 +71,51 @@ class Settings:
     fdr_q: float = FDR_Q  # the false-discovery rate "exposed" is controlled at
 
 
+Distinct = dict[tuple[str, str], tuple[Occurrence, ValueSpace]]
+
+
+def first_occurrences(occurrences: Sequence[Occurrence]) -> Distinct:
+    """Per distinct (kind, value) with an exposure space: its first occurrence (lowest text id,
+    then position), where its one exposure is computed, and its space."""
+    first: Distinct = {}
+    for o in sorted(occurrences, key=lambda o: (o.example_id, o.start)):
+        key = (o.kind, o.value)
+        if key not in first and (space := value_space(o.value, o.kind, set(o.fixed))) is not None:
+            first[key] = (o, space)
+    return first
+
+
+def formats_of(first: Distinct) -> dict[tuple[str, str], list[tuple[Occurrence, ValueSpace]]]:
+    """The distinct values of each format (kind, template): each format gets ``NULL_VALUES``
+    never-trained values, measured after its values' prompts in turn."""
+    formats: dict[tuple[str, str], list[tuple[Occurrence, ValueSpace]]] = {}
+    for o, space in first.values():
+        formats.setdefault((o.kind, space.template), []).append((o, space))
+    return formats
+
+
+class Measurer:
+    """One exposure of a value after an occurrence's prompt, as the run measures it: the prompt cut
+    to leave room for the value within ``max_length``, the candidates seeded per format, and the
+    prompt's scorer (its cache and the rows its searches computed) kept for every later value
+    after the same prompt under the same model (``exposure.Scorers``)."""
+
+    def __init__(self, tokenizer, settings: Settings) -> None:
+        self.tokenizer, self.settings = tokenizer, settings
+        self.scorers = Scorers(settings.batch_size, settings.device)
+
+    def prompt_of(self, o: Occurrence, space: ValueSpace) -> list[int]:
+        return list(o.prompt[-max(1, self.settings.max_length - len(o.between + space.value)):])
+
+    def measure(self, model, o: Occurrence, space: ValueSpace) -> Exposure:
+        s, prompt = self.settings, self.prompt_of(o, space)
+        with evaluating(model):
+            return exposure(model, self.tokenizer, prompt, o.between, space, budget=s.budget,
+                            n_candidates=s.n_candidates,
+                            seed=value_seed(s.seed, o.kind, space.template),  # one sample a format
+                            batch_size=s.batch_size, device=s.device, scorer=self.scorers(model, prompt))
+
+
 def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence],
                   values_by_kind: dict[str, set[str]], settings: Settings,
                   progress: Callable[[str, int, str], None] | None = None,
@@ -78,32 +123,19 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
                   ) -> tuple[dict[tuple[str, str], dict], pd.DataFrame]:
     """(columns per (kind, value), the null's rows ``NULL_COLUMNS``)."""
     copies = Counter((o.kind, o.value) for o in occurrences)
-    first: dict[tuple[str, str], tuple[Occurrence, ValueSpace]] = {}
-    for o in sorted(occurrences, key=lambda o: (o.example_id, o.start)):
-        key = (o.kind, o.value)
-        if key not in first and (space := value_space(o.value, o.kind, set(o.fixed))) is not None:
-            first[key] = (o, space)
-    formats: dict[tuple[str, str], list[tuple[Occurrence, ValueSpace]]] = {}
-    for o, space in first.values():
-        formats.setdefault((o.kind, space.template), []).append((o, space))
+    first = first_occurrences(occurrences)
+    formats = formats_of(first)
     models = 2 if reference is not None else 1
     if progress is not None:
         progress(f"secret-like values: exact rank or estimate of {len(first)} distinct values, and the null "
                  f"({NULL_VALUES} never-trained values per format)",
                  len(first) * models + len(formats) * NULL_VALUES, SECRET_VALUES)
 
-    scorers = Scorers(settings.batch_size, settings.device)  # a prompt's cache and rows, kept for the run
-
-    def prompt_of(o: Occurrence, space: ValueSpace) -> list[int]:
-        return list(o.prompt[-max(1, settings.max_length - len(o.between + space.value)):])
+    measurer = Measurer(tokenizer, settings)  # a prompt's cache and rows, kept for the run
+    scorers, prompt_of = measurer.scorers, measurer.prompt_of
 
     def measure(m, o: Occurrence, space: ValueSpace) -> Exposure:
-        prompt = prompt_of(o, space)
-        with evaluating(m):
-            got = exposure(m, tokenizer, prompt, o.between, space, budget=settings.budget,
-                           n_candidates=settings.n_candidates,
-                           seed=value_seed(settings.seed, o.kind, space.template),  # one sample a format
-                           batch_size=settings.batch_size, device=settings.device, scorer=scorers(m, prompt))
+        got = measurer.measure(m, o, space)
         if advance is not None:
             advance(1)
         return got
@@ -121,9 +153,9 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
     null_rows, thresholds, ratio_null = [], {}, {}
     for (kind, template), members in formats.items():
         # the first NULL_VALUES are ranked (the null); all of them, scored, are the reference test's null
-        drawn = _null_values(members[0][1], values_by_kind.get(kind, set()),
-                             random.Random(value_seed(settings.seed, "null", kind, template)),
-                             RATIO_VALUES if reference is not None else NULL_VALUES)
+        drawn = null_values(members[0][1], values_by_kind.get(kind, set()),
+                            random.Random(value_seed(settings.seed, "null", kind, template)),
+                            RATIO_VALUES if reference is not None else NULL_VALUES)
         ranked = drawn[:NULL_VALUES]
         bits, log_ratio = [], {}
         if reference is not None:
@@ -188,8 +220,8 @@ def _columns(e: Exposure) -> dict:
             "exposure_nodes": e.nodes, "exposure_candidates": e.candidates, "exposure_fit": e.fit}
 
 
-def _null_values(space: ValueSpace, taken: set[str], rng: random.Random,
-                 count: int = NULL_VALUES) -> list[str]:
+def null_values(space: ValueSpace, taken: set[str], rng: random.Random,
+                count: int = NULL_VALUES) -> list[str]:
     """Up to ``count`` distinct values of ``space`` that the run does not hold (the first
     ``NULL_VALUES`` are the same whatever ``count``: one seeded sequence)."""
     out: list[str] = []

@@ -6,11 +6,12 @@ extraction (attacks/extraction.py), calibrated membership scores (attacks/member
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from gnq_core.attacks import attack_stages as costs
 from gnq_core.attacks.contract import Attack, Target
 from gnq_core.attacks.defaults import DEFAULT_EXPOSURE_NODES
 from gnq_core.attacks.discoverable import METRIC, TEMPERATURE, TOP_K, suffix_logprob
@@ -34,6 +35,10 @@ class GreedyExtraction:
     threshold: float
     suffix_tokens: int | None
     name: str = "extraction"
+
+    @property
+    def stages(self) -> tuple:
+        return (costs.TextWindows(self.prefix_tokens, self.suffix_tokens),)
 
     def run(self, t: Target) -> None:
         kwargs = dict(prefix_tokens=self.prefix_tokens, threshold=self.threshold, batch_size=t.batch_size,
@@ -88,6 +93,7 @@ class Membership:
     """Calibrated membership scores of every text (needs the reference model), as metrics."""
 
     name: str = "membership"
+    stages: tuple = (costs.MembershipScores(),)
 
     def run(self, t: Target) -> pd.DataFrame:
         pad = pad_id(t.tokenizer)
@@ -114,6 +120,10 @@ class Discoverable:
     prefix_tokens: int
     suffix_tokens: int
     name: str = "discoverable"
+
+    @property
+    def stages(self) -> tuple:
+        return (costs.DiscoverableLikelihood(self.prefix_tokens, self.suffix_tokens),)
 
     def run(self, t: Target) -> list[float]:
         t.reporter.stage(f"discoverable: each text's suffix likelihood (p={self.prefix_tokens})", len(t.ids),
@@ -142,21 +152,53 @@ class SecretValues:
     n_candidates: int
     search_nodes: int = DEFAULT_EXPOSURE_NODES
     name: str = "secrets"
+    _found: dict = field(default_factory=dict, repr=False, compare=False)  # per Target: its values
+
+    @property
+    def stages(self) -> tuple:
+        """Decoding, then (with candidates to rank against) the exposures, as ``attack_secrets``."""
+        return (costs.SecretDecode(self),) + ((costs.SecretExposure(self),) if self.n_candidates > 1 else ())
 
     def rule(self, t: Target) -> str:
         return describe_rule(self.n_candidates, Path(t.reference_path).name if t.reference_path else None,
                              self.search_nodes)
 
-    def run(self, t: Target) -> SecretAttack:
+    def stored_values(self, t: Target) -> list:
+        """Per text, its stored values (sources.secrets.values_json), None (none), or DETECT (a text
+        labelled before values were stored: found again)."""
         ex = t.examples
-        stored = [v if isinstance(v, str) else None if pd.isna(s) else DETECT
-                  for v, s in zip(ex["secret_values"], ex["secret"], strict=True)]
+        return [v if isinstance(v, str) else None if pd.isna(s) else DETECT
+                for v, s in zip(ex["secret_values"], ex["secret"], strict=True)]
+
+    def targets(self, t: Target) -> list:
+        """The values ``run`` attacks (secret_attack.secret_targets), found once per target."""
+        from gnq_core.attacks.secret_attack import secret_targets
+
+        key = id(t)
+        if key not in self._found or self._found[key][0] is not t:
+            self._found[key] = (t, secret_targets(t.tokenizer, t.texts, t.example_ids, t.ids,
+                                                  self.stored_values(t)))
+        return self._found[key][1]
+
+    def occurrences(self, t: Target) -> list:
+        """The targets as the exposure stage takes them (secret_attack.occurrences_of)."""
+        from gnq_core.attacks.secret_attack import occurrences_of
+
+        return occurrences_of(self.targets(t), t.texts, t.example_ids)
+
+    def exposure_settings(self, t: Target):
+        from gnq_core.attacks.secret_exposure import Settings
+
+        return Settings(self.n_candidates, self.search_nodes, int(t.run.seed or 0), t.batch_size,
+                        t.run.max_length, t.device)
+
+    def run(self, t: Target) -> SecretAttack:
         return attack_secrets(t.model, t.tokenizer, t.texts, t.example_ids, t.ids, reference=t.reference,
                               n_candidates=self.n_candidates, search_nodes=self.search_nodes,
                               seed=int(t.run.seed or 0),
                               batch_size=t.batch_size, device=t.device, rule=self.rule(t),
-                              max_length=t.run.max_length, stored_values=stored, progress=t.reporter.stage,
-                              advance=t.reporter.advance)
+                              max_length=t.run.max_length, stored_values=self.stored_values(t),
+                              progress=t.reporter.stage, advance=t.reporter.advance)
 
     def store(self, t: Target, result: SecretAttack) -> dict:
         rows = result.rows
@@ -176,6 +218,9 @@ class SharedPassages:
     prefix_tokens: int
     suffix_tokens: int
     name: str = "shared passages"
+    # Not estimated: a handful of passages (those most texts share) decoded in one batch, and no
+    # progress stage of its own.
+    stages: tuple = ()
 
     def run(self, t: Target) -> list[dict]:
         from gnq_core.attacks.forward import evaluating

@@ -151,12 +151,7 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
 
     def load(point: int) -> tuple[torch.nn.Module, Any, str | None]:
         path = refs[point].path
-        if adapters is not None:
-            model, tok = load_adapter_checkpoint(path, adapters, device=device, dtype=dtype,
-                                                 tokenizer=tokenizer_dir)
-        else:
-            model, tok = load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer_dir)
-        prepare_for_audit(model, dtype)
+        model, tok = load_audited(path, adapters, device=device, dtype=dtype, tokenizer=tokenizer_dir)
         hash_of = checkpoint_hash if adapters is None else adapter_hash
         return model, tok, hash_of(path) if ranks.lead else None
 
@@ -276,6 +271,18 @@ def _prepare(store: Store, refs: list[CheckpointRef], dataset: TextDataset, name
     else:
         partition = seeded_partition(len(dataset), settings.batch_size, settings.seed, clusters)
     return run, [i for i in range(len(refs)) if i not in done], partition
+
+
+def load_audited(path: str | Path, adapters: Adapters | None, *, device: torch.device, dtype: torch.dtype,
+                 tokenizer: str | None) -> tuple[torch.nn.Module, Any]:
+    """A checkpoint (or a PEFT adapter of ``adapters``' base) loaded and prepared as the audit
+    audits it."""
+    if adapters is not None:
+        model, tok = load_adapter_checkpoint(path, adapters, device=device, dtype=dtype, tokenizer=tokenizer)
+    else:
+        model, tok = load_checkpoint(path, device=device, dtype=dtype, tokenizer=tokenizer)
+    prepare_for_audit(model, dtype)
+    return model, tok
 
 
 def prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -53,7 +53,7 @@ def test_every_stage_the_job_runs_has_a_line_in_its_own_noun(job):
         store = Store(job / "gnq.duckdb")
         run = run_audit(store, job / "run", dataset, name="p", reporter=reporter,
                         settings=AuditSettings(batch_size=4, max_length=48))
-        run_extraction(store, run, reporter=reporter, secret_candidates=20, exposure_nodes=16)
+        summary = run_extraction(store, run, reporter=reporter, secret_candidates=20, exposure_nodes=16)
     work, probe = measure_estimate(str(job / "run" / "epoch-1"), dataset, batch_size=4, max_length=48,
                                    checkpoints=2, secret_candidates=20, exposure_nodes=16)
     lines = {line.stage: line for line in estimate_lines(work, probe)}
@@ -71,6 +71,8 @@ def test_every_stage_the_job_runs_has_a_line_in_its_own_noun(job):
     assert probe.exposure_shared_s and probe.exposure_shared_s > 0
     assert probe.secret_decode_s and probe.secret_decode_s > 0
     assert probe.suffix_forward_s and probe.suffix_forward_s > 0
+    # the texts and values the attack decoded are those its stages counted (their own selection)
+    assert (work.attackable, work.secret_values) == (summary["attacked"], summary["secrets_attacked"])
 
 
 def test_secret_decoding_is_timed_on_one_batch_and_spread_by_its_token_forwards(monkeypatch):
@@ -78,15 +80,16 @@ def test_secret_decoding_is_timed_on_one_batch_and_spread_by_its_token_forwards(
     rows × (padded prompt + new tokens) at that rate."""
     import types
 
-    import gnq_core.attacks.generation as generation
-    from gnq_core.pipelines import estimate_probe
+    import gnq_core.attacks.secret_attack as secret_attack
+    from gnq_core.attacks.attack_stages import secret_decode_seconds
 
     timed: list[list[int]] = []
-    monkeypatch.setattr(generation, "generate", lambda models, prompts, n_new, pad, **kw: timed.append(n_new))
-    monkeypatch.setattr(estimate_probe, "_timed", lambda fn, device=None: fn() or 6.0)
+    monkeypatch.setattr(secret_attack, "generate",
+                        lambda models, prompts, n_new, pad, **kw: timed.append(n_new))
+    clock = types.SimpleNamespace(timed=lambda fn: fn() or 6.0)  # the attack's own decoding, 6 s
     targets = [types.SimpleNamespace(prompt_ids=[1] * p, target_ids=[2] * n)
                for p, n in [(10, 4), (20, 4), (30, 8), (10, 8), (50, 19)]]
-    per_value = estimate_probe._secret_decode_seconds(torch.nn.Linear(1, 1), targets, 0, 2, None)
+    per_value = secret_decode_seconds(torch.nn.Linear(1, 1), targets, 0, 2, None, clock)
     assert timed == [[19]]  # the first batch: the longest value alone in its length
     # batches (batch size 2): [50+19] → 69, [30, 10 | 8 new] → 2 × 38, [20, 10 | 4 new] → 2 × 24
     assert per_value == pytest.approx(6.0 * (69 + 76 + 48) / 69 / 5)
