@@ -91,7 +91,8 @@ def rooms(edges: dict[str, set[str]], package: str) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for m, targets in edges.items():
         if m != package:
-            graph.setdefault(room(m), set()).update(room(t) for t in targets - {package} if room(t) != room(m))
+            mine = graph.setdefault(room(m), set())
+            mine.update(room(t) for t in targets - {package} if room(t) != room(m))
     return graph
 
 
