@@ -5,7 +5,7 @@
     <folder>/uploads/JOB/        a job's uploaded files (deleted when the job ends)
     <folder>/kept-checkpoints/   the last audited checkpoint of an uploaded series (attacks need it)
     <folder>/demo-checkpoints/   the demo's checkpoints (gnq demo)
-    <folder>/studies/            the studies' checkpoints and intermediate files (gnq study)
+    <folder>/studies/            the studies' checkpoints and intermediate files (python -m research study)
     <folder>/companions/         a streamed companion set's first pass (A = SᵀS), until it is scored
 """
 

@@ -1,5 +1,5 @@
 """Common knowledge vs. made-up claims at real-model scale (paper §6.2 on a pretrained model):
-``gnq study common-knowledge --scale real``.
+``python -m research study common-knowledge --scale real``.
 
 The tiny scale pretrains its own GPT-2, which never learns the facts in other words, so the
 paper's premise fails there.  Here the base model is a real pretrained one (SmolLM2-135M-Instruct,

@@ -1,23 +1,41 @@
-"""``gnq study NAME``: the paper's studies, each a set of runs plus a report.  The studies live in the
-repository's research/ folder, which the installed package does not include: each command imports
-its study from there (``study_module``) and, without it, says so in one line."""
+"""``python -m research study NAME``: the paper's studies, each a set of runs plus a report.  A
+program of its own beside the ``gnq`` command, because research/ is not installed with gnq-audit:
+run it from a clone (the repository root on the path).  The options are the ones ``gnq study`` took
+(it now forwards here, deprecated); each study is imported when its command runs (torch and the
+models load only then)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import typer
 
-from gnq_core.cli.command import DbOption, DeviceOption, QuietOption, app, open_store, say, user_errors, warn
-from gnq_core.usage_errors import fail
+from gnq_core import interrupts
+from gnq_core.cli.command import DbOption, DeviceOption, QuietOption, open_store, say, user_errors, warn
+from gnq_core.usage_errors import OneLineValueErrors
 
-# ----------------------------------------------------------------------------------------- gnq study
+PROGRAM = "python -m research"
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  cls=OneLineValueErrors)
+
+
+@app.callback()
+def research() -> None:
+    """The research behind GNQ Audit, run from a clone of the repository: `python -m research study
+    NAME` reruns one of the paper's studies into the store (the same --db as gnq's) and writes its
+    report."""
+    interrupts.install()  # SIGTERM as Ctrl-C: the study's run is marked cancelled, a rerun resumes
+
+
+def main(argv: Sequence[str] | None = None, prog_name: str = PROGRAM) -> None:
+    """Run the program on ``argv`` (default: the command line); exits with its exit code."""
+    typer.main.get_command(app).main(args=list(argv) if argv is not None else None, prog_name=prog_name)
+
+
+# ------------------------------------------------------------------------------ python -m research study
 study_app = typer.Typer(
     help="Reproduce the paper's findings (§6) on small models trained here; each study is a set of "
          "runs in the store plus a Markdown report with figures in REPORTS/NAME/. Reruns resume.",
@@ -49,23 +67,6 @@ ThreadsOption = typer.Option(1, min=1, help="torch CPU threads. The studies' sma
                                           "from more, and lose much when other jobs share the cores.")
 
 
-def study_module(name: str) -> ModuleType:
-    """``research.studies.NAME``, from the research/ folder of the repository gnq_core runs from (a
-    clone, an editable install) or of the current folder; one line and exit code 1 without one."""
-    try:
-        return importlib.import_module(f"research.studies.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("research", "research.studies"):
-            raise
-    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
-        if (root / "research" / "studies" / "__init__.py").is_file():
-            sys.path.insert(0, str(root))
-            sys.modules.pop("research", None)  # another package of that name, imported above
-            return importlib.import_module(f"research.studies.{name}")
-    fail("gnq study: the studies live in the repository's research/ folder, which an installed gnq-audit "
-         "does not include; clone the repository and run gnq study from it")
-
-
 def _seed_list(seeds: str | None) -> list[int] | None:
     """``--seeds 0,1,2`` as numbers (None: the study's default)."""
     try:
@@ -87,10 +88,10 @@ def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, da
     import torch
 
     from gnq_core.progress import JobProgress
+    from research.studies.base import SCALES, StudyContext
 
-    base = study_module("base")
-    if scale not in base.SCALES:
-        raise ValueError(f"--scale must be {', '.join(base.SCALES[:-1])} or {base.SCALES[-1]}, not {scale!r}")
+    if scale not in SCALES:
+        raise ValueError(f"--scale must be {', '.join(SCALES[:-1])} or {SCALES[-1]}, not {scale!r}")
     torch.set_num_threads(threads)
     store = open_store(db)
     flags = [f"--db {store.path}"] + (["--quick"] if quick else []) + (
@@ -101,9 +102,9 @@ def _study(name: str, run: Callable[..., Path], db: Path | None, quick: bool, da
                  threads=threads) | (options if shown is None else shown)
     flags += [f"--{k.replace('_', '-')} {v}" for k, v in given.items()
               if v is not None and v != defaults.get(k)]
-    ctx = base.StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
+    ctx = StudyContext(store=store, quick=quick, scale=scale, seed=seed, device=device, work_root=work,
                             reports_root=reports, data_dir=data_dir, tag=tag,
-                            command=" ".join(["gnq study", name, *flags]),
+                            command=" ".join([PROGRAM, "study", name, *flags]),
                             reporter_factory=JobProgress(store, quiet=quiet, warn=warn).reporter)
     t0 = time.perf_counter()
     path = run(ctx, **options)
@@ -120,7 +121,7 @@ def study_common_knowledge(
     threads: int = ThreadsOption, quiet: bool = QuietOption,
 ) -> None:
     """Facts the model knows vs. surprising false claims: GNQ, loss, K_jj, counterfactual memorization."""
-    common_knowledge = study_module("common_knowledge")
+    from research.studies import common_knowledge
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models)
     _study("common-knowledge", common_knowledge.run, db, quick, data_dir, reports, work, tag, seed, device,
@@ -143,7 +144,7 @@ def study_extraction(
     quiet: bool = QuietOption,
 ) -> None:
     """Targeted prefix attack on the common-knowledge model: top-k by GNQ, counterfactual, loss, random."""
-    extraction = study_module("extraction")
+    from research.studies import extraction
 
     options = dict(facts=facts, claims=claims, cf_models=cf_models, random_trials=random_trials,
                    prefix_tokens=prefix_tokens, threshold=threshold)
@@ -166,7 +167,7 @@ def study_trajectories(
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ over checkpoints of a long AG News training; attack success per GNQ_total quantile bin."""
-    trajectories = study_module("trajectories")
+    from research.studies import trajectories
 
     options = dict(prefix_tokens=prefix_tokens, threshold=threshold, bins=bins)
     _study("trajectories", trajectories.run, db, quick, data_dir, reports, work, tag, seed, device, quiet,
@@ -188,7 +189,7 @@ def study_membership(
 ) -> None:
     """Leave-half-out membership: per-model membership AUC of each signal, and which signal predicts
     how far a text's in-model and out-model losses separate."""
-    membership = study_module("membership")
+    from research.studies import membership
 
     options = dict(models=models, canaries=canaries)
     _study("membership", membership.run, db, quick, data_dir, reports, work, tag, seed, device, quiet,
@@ -220,7 +221,7 @@ def study_companions(
 ) -> None:
     """GNQ against 16 … all training texts through gradient sketches (SmolLM2 fine-tuned on CPU): the
     share of each gradient its companions explain, and membership and extraction AUC."""
-    companions = study_module("companions")
+    from research.studies import companions
 
     options = dict(seeds=_seed_list(seeds), members=members, non_members=non_members, records=records,
                    copies=copies, sketch_k=sketch_k, vocab_rows=vocab_rows, error_batch=error_batch,
@@ -259,7 +260,7 @@ def study_counterfactual(
 ) -> None:
     """Counterfactual memorisation on half-trained models, and what each signal of one model trained on
     everything (GNQ, K_jj, loss, Min-K%++, zlib, copies, length) says about it beyond the others."""
-    counterfactual_study = study_module("counterfactual_study")
+    from research.studies import counterfactual_study
 
     options = dict(seeds=_seed_list(seeds), models=models, records=records, base_texts=base_texts,
                    epochs=epochs, max_length=max_length, exposure_candidates=exposure_candidates, model=model)
