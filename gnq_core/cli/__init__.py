@@ -11,12 +11,12 @@ which forwards to ``python -m research study``.
 
 from __future__ import annotations
 
-from gnq_core.cli import acting, results, running, tools  # noqa: F401  (registers the commands)
+from gnq_core.cli import acting, results, running, studies, tools  # noqa: F401  (registers the commands)
 from gnq_core.cli.command import app
 
 # `gnq --help` lists the commands in the order a user meets them, not the modules' import order.
 ORDER = ("train", "estimate", "audit", "extract", "export", "report", "remediate", "compare", "dashboard",
-         "runs", "demo", "job", "ingest", "selfcheck")
+         "runs", "demo", "job", "ingest", "selfcheck", "study")
 app.registered_commands.sort(key=lambda c: ORDER.index(c.callback.__name__))
 
 __all__ = ["app"]
