@@ -301,6 +301,37 @@ def test_without_the_research_folder_gnq_study_says_where_the_studies_are(tmp_pa
 
 
 # ----------------------------------------------------------------------------------------- helpers
+def test_the_reports_length_table_and_roc_figure():
+    """The predictive section's pieces: the length-controlled table beside the raw AUC (best raw
+    AUC first, every interval shown) and the ROC curves on a log false-positive axis."""
+    from research.studies.report import display_stratified, roc_png
+
+    rng = np.random.default_rng(1)
+    y = np.zeros(200, dtype=bool)
+    y[rng.choice(200, 50, replace=False)] = True
+    frame = pd.DataFrame({"extracted": y, "gnq_total": np.where(y, 10.0, 1.0) + rng.random(200),
+                          "zlib_ratio": rng.random(200), "n_tokens": rng.integers(5, 60, 200)})
+    result = pr.evaluate(frame, resamples=100, seed=0)
+    shown = display_stratified(result)
+    assert list(shown.columns) == ["signal", "AUC (all texts)", "AUC within exact length (pair-weighted)",
+                                   "lengths scored", "pairs", "positive records"]
+    assert shown["signal"].iloc[0] == result.stratified.sort_values("auc")["label"].iloc[-1]
+    assert shown["AUC (all texts)"].str.match(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]").all()
+    png = roc_png(pd.DataFrame({"signal": ["a", "a"], "fpr": [0.001, 1.0], "tpr": [0.5, 1.0]}),
+                  pd.DataFrame({"signal": ["a"], "label": ["a"], "auc": [0.7], "auc lo": [0.6],
+                                "auc hi": [0.8]}))
+    assert png.axes[0].get_xscale() == "log" and png.axes[0].get_legend() is not None
+
+
+def test_canaries_are_distinct_and_seeded_at_each_repetition_count():
+    from research.studies.membership import make_canaries
+
+    canaries = make_canaries(3, seed=0)
+    assert sorted(c.repetitions for c in canaries) == [1] * 3 + [2] * 3 + [4] * 3 + [8] * 3
+    assert len({c.locker for c in canaries}) == 12 and all(len(c.secret.split()) == 6 for c in canaries)
+    assert make_canaries(3, seed=0) == canaries and make_canaries(3, seed=1) != canaries
+
+
 def test_paraphrased_facts_are_audited_in_new_words_and_claims_were_never_seen():
     import re
 

@@ -47,7 +47,6 @@ from gnq_core.analysis.length_control import cv_gain
 from gnq_core.analysis.partial import partial_rank_correlation
 from gnq_core.atomic import write_text_atomic
 from gnq_core.attacks.compression import zlib_bits
-from gnq_core.attacks.membership import forward_signals
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.losses import per_example_lm_loss
 from gnq_core.sources.copies import find_copies
@@ -61,6 +60,7 @@ from research.studies.counterfactual import (
     split_half_reliability,
     split_halves,
 )
+from research.studies.signals import forward_signals
 
 STUDY = "counterfactual"
 CF = "cf_memorisation"
