@@ -112,7 +112,7 @@ def report(
     if out is not None and json_out is not None and Path(out).resolve() == Path(json_out).resolve():
         raise ValueError(f"{out}: given as both --out and --json; give two files")
     if non_members is not None:
-        from gnq_core.pipelines.run import add_non_members
+        from gnq_core.pipelines.non_member_audit import add_non_members
         from gnq_core.progress import JobProgress
 
         progress = JobProgress(store, quiet=quiet, warn=warn)
