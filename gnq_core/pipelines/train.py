@@ -30,7 +30,7 @@ from gnq_core.results.protected_paths import OverwriteError, refuse_overwrite, v
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
-from gnq_core.results.text_labels import dataset_labels, secret_settings
+from gnq_core.sources.text_labels import dataset_labels, secret_settings
 from gnq_core.runtime import code_version, resolve_device, resolve_dtype, seed_everything
 from gnq_core.sources.checkpoints.checks import check_checkpoint
 from gnq_core.sources.checkpoints.files import checkpoint_hash
