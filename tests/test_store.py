@@ -234,7 +234,7 @@ def test_a_text_with_several_values_is_counted_by_its_most_exposed_one(store):
 def test_labels_from_before_every_value_was_kept_are_made_again(store):
     """A run labelled before schema 11 (no secret_values, no public flag) is labelled again with
     today's detector the first time its labels are needed: "Card number: ..." failing Luhn counts."""
-    from gnq_core.sources.text_labels import ensure_text_labels
+    from gnq_core.results.text_labels import ensure_text_labels
 
     old = EXAMPLES.assign(text=["Card number: 4929 1830 5527 6614", "c d e", "f", "g h"], copies=1,
                           cluster_id=[0, 1, 2, 3], secret=None)

@@ -331,7 +331,7 @@ def remediate_run(store: Any, run: Any, ranked: pd.DataFrame, out: str | Path, o
 
     from gnq_core.atomic import atomic_path
     from gnq_core.results.protected_paths import refuse_overwrite
-    from gnq_core.sources.text_labels import ensure_text_labels
+    from gnq_core.results.text_labels import ensure_text_labels
     from gnq_core.runtime import code_version
     from gnq_core.sources.datasets import file_sha256
     from gnq_core.sources.rewrite import rewrite_dataset

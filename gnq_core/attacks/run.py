@@ -36,7 +36,7 @@ def run_extraction(store, run, *, checkpoint: str | None = None, prefix_tokens: 
     another threshold, replaces it.  Never duplicates rows.
     """
     from gnq_core.progress import Reporter
-    from gnq_core.sources.text_labels import ensure_text_labels
+    from gnq_core.results.text_labels import ensure_text_labels
     from gnq_core.runtime import code_version, resolve_device
     from gnq_core.sources.adapters import load_model_at
     from gnq_core.sources.checkpoints.files import TOKENIZER_FILES

@@ -14,7 +14,7 @@ def ranked_texts(store, info):
     """The run's texts in the verdict order, with their status (the one ranking of gnq export)."""
     from gnq_core.analysis.verdict import rank_texts
     from gnq_core.attacks.non_members import ground_truth_of
-    from gnq_core.sources.text_labels import ensure_text_labels
+    from gnq_core.results.text_labels import ensure_text_labels
 
     ensure_text_labels(store, info)
     return rank_texts(store.example_totals(info.run_id), ground_truth_of(store, info))

@@ -42,7 +42,7 @@ def export(
     from gnq_core.analysis.verdict import STATUSES, flag, rank_texts
     from gnq_core.results.export import FORMATS, FORMULA_GUARD_NOTE, export_frame, guarded_cells, write_table
     from gnq_core.results.protected_paths import refuse_overwrite
-    from gnq_core.sources.text_labels import ensure_text_labels
+    from gnq_core.results.text_labels import ensure_text_labels
 
     if format is None:
         format = out.suffix.lstrip(".").lower()

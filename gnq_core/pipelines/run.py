@@ -155,7 +155,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
 def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
     from gnq_core.attacks.run import run_extraction
     from gnq_core.pipelines.non_member_audit import add_non_members, non_members_of_run
-    from gnq_core.sources.text_labels import ensure_text_labels
+    from gnq_core.results.text_labels import ensure_text_labels
 
     info = store.require_existing().run(job.run)
     outside = non_members_of_run(store, info, job.non_members) if job.non_members else None

@@ -1,16 +1,15 @@
 """Per-text labels that depend only on the texts: copies (sources/copies.py) and secret-like
-content (sources/secrets.py), computed once per run and kept with its examples."""
+content (sources/secrets.py).  The audit and the training compute them where they run
+(pipelines/audit.py, pipelines/train.py) and hand them to the store with the run's examples; the
+store only keeps them (results/text_labels.py fills in a run stored without them)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 import pandas as pd
 
-from gnq_core.results.store import Store
-from gnq_core.results.store_queries import Run
 from gnq_core.sources.boilerplate import own_contents
 from gnq_core.sources.chat import ChatDataset
 from gnq_core.sources.copies import find_copies
@@ -48,32 +47,15 @@ def dataset_labels(dataset: TextDataset) -> pd.DataFrame:
 
 
 def secret_settings(dataset: TextDataset) -> dict[str, object]:
-    """What a run records of how its texts' secrets were found (``ensure_text_labels`` reuses the
-    patterns when it labels the texts again)."""
+    """What a run records of how its texts' secrets were found (``stored_text_labels`` reuses the
+    patterns when the texts are labelled again)."""
     return {"secret_patterns": list(dataset.secret_patterns), "secret_column": dataset.secret_column,
             "public_column": dataset.public_column}
 
 
-def ensure_text_labels(store: Store, run: Run) -> pd.DataFrame:
-    """The run's examples with their labels, computing and storing them if missing (runs created
-    before the labels existed, or by the Trainer integration)."""
-    _label_if_missing(store, run)
-    return store.examples(run.run_id)
-
-
-def cluster_ids(store: Store, run: Run) -> np.ndarray:
-    """Each example's copy cluster (labelling the texts first if needed), without reading the
-    texts when their labels are stored."""
-    _label_if_missing(store, run)
-    return store.cluster_ids(run.run_id)
-
-
-def _label_if_missing(store: Store, run: Run) -> None:
-    if store.text_labels_missing(run.run_id):
-        examples = store.examples(run.run_id)
-        texts = examples["text"].tolist()
-        patterns = bounded_patterns(run.settings.get("secret_patterns") or [], texts,
-                                    most=MAX_VALUES_PER_TEXT, where=f"run {run.name!r}")
-        layouts = examples["turns"].tolist() if "turns" in examples else None
-        labels = text_labels(texts, patterns, layouts=layouts)
-        store.write_text_labels(run.run_id, labels.assign(example_id=examples["example_id"].to_numpy()))
+def stored_text_labels(texts: Sequence[str], secret_patterns: Sequence[str], *, where: str,
+                       layouts: Sequence[str | None] | None = None) -> pd.DataFrame:
+    """``text_labels`` of texts already stored with a run (its recorded ``secret_patterns``, each
+    matched in a worker with a time limit: one too slow is refused in one line naming ``where``)."""
+    patterns = bounded_patterns(secret_patterns, texts, most=MAX_VALUES_PER_TEXT, where=where)
+    return text_labels(texts, patterns, layouts=layouts)
