@@ -4,9 +4,9 @@
     python -m benchmarks.sketch_error_companions --quick    # tiny Llama, float64, identity check
 
 ``sketch_error.py`` measured the sketch at the base weights on one batch of 32; the companions
-claims (``gnq study companions``, ``gnq audit --companions 256|all``) rest on GNQ of a text
-against hundreds of companions, where the companions explain more of each gradient and the
-solve leans harder on the sketch.  Here the same quantity is computed twice on the same texts:
+claims (``python -m research study companions``, ``gnq audit --companions 256|all``) rest on GNQ
+of a text against hundreds of companions, where the companions explain more of each gradient
+and the solve leans harder on the sketch.  Here the same quantity is computed twice on the same texts:
 
 * sketched, by the production path (``pipelines.companions.audit_companions``, the code behind
   ``gnq audit --companions N|all``), with the audit's seeded companion sets (copies kept apart

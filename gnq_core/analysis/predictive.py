@@ -461,22 +461,6 @@ def stratified_table(attacked: pd.DataFrame, signals: Sequence[Signal], *, outco
     return pd.DataFrame(rows, columns=STRATIFIED_COLUMNS)
 
 
-def display_stratified(result: Predictive, digits: int = 2) -> pd.DataFrame:
-    """``Predictive.stratified`` as "value [lo, hi]" strings, best raw AUC first."""
-    table = result.stratified.sort_values("auc", ascending=False, na_position="last")
-    fmt = f".{digits}f"
-    return pd.DataFrame({
-        "signal": table["label"],
-        "AUC (all texts)": [interval_cell(r, "auc", fmt) for _, r in table.iterrows()],
-        "AUC within exact length (pair-weighted)": [
-            interval_cell(r, "stratified auc", fmt, "stratified lo", "stratified hi")
-            for _, r in table.iterrows()],
-        "lengths scored": [fmt_int(v) for v in table["strata"]],
-        "pairs": [fmt_int(v) for v in table["pairs"]],
-        "positive records": [fmt_int(v) for v in table["records"]],
-    }).reset_index(drop=True)
-
-
 def _is_too_few(row: pd.Series) -> bool:
     note = row.get("note")
     return isinstance(note, str) and note.startswith(TOO_FEW)

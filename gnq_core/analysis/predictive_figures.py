@@ -54,35 +54,3 @@ def roc_figure(points: pd.DataFrame, result: Predictive | pd.DataFrame, *, log_f
         fig.add_annotation(text=f"no signal can be scored (it needs both {positive} and {negative} texts)",
                            showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     return fig
-
-
-def roc_png(points: pd.DataFrame, table: pd.DataFrame, *, log_fpr: bool = True, positive: str = "extracted",
-            negative: str = "kept"):
-    """The same ROC curves as a matplotlib figure (for Markdown reports), log FPR axis by default:
-    ``table`` holds one row per signal with label and AUC with its interval."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 5))
-    scored = table[table["auc"].notna()].sort_values("auc", ascending=False)
-    for i, (_, row) in enumerate(scored.iterrows()):
-        curve = points[points["signal"] == row["signal"]]
-        ax.step(curve["fpr"], curve["tpr"], where="post", linewidth=2.2 if i == 0 else 1.1,
-                label=f"{row['label']} ({row['auc']:.2f} [{row['auc lo']:.2f}, {row['auc hi']:.2f}])")
-    lo = 1e-3 if log_fpr else 0.0
-    ax.plot([lo, 1], [lo, 1], ":", color="grey")
-    if log_fpr:
-        ax.set_xscale("log")
-        ax.set_xlim(1e-3, 1)
-    ax.set_xlabel(f"false-positive rate ({negative} texts flagged)" + (", log scale" if log_fpr else ""))
-    ax.set_ylabel(f"true-positive rate ({positive} texts flagged)")
-    ax.set_title(f"Which signal tells the {positive} texts apart?")
-    if len(scored):
-        ax.legend(fontsize=7, loc="upper left" if log_fpr else "lower right")
-    else:
-        ax.text(0.5, 0.5, f"no signal can be scored:\nit needs {positive} and {negative} texts", ha="center",
-                transform=ax.transAxes)
-    ax.grid(alpha=0.3)
-    return fig

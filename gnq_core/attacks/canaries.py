@@ -34,22 +34,9 @@ class Canary:
         return TEMPLATE.format(self.locker, self.secret)
 
 
-def _secret(rng: np.random.Generator, digits: int) -> str:
+def random_secret(rng: np.random.Generator, digits: int) -> str:
+    """A secret of ``digits`` random digits, spaced as the template writes them ("4 8 1 9 3 6")."""
     return " ".join(str(d) for d in rng.integers(0, 10, digits))
-
-
-def make_canaries(per_level: int, seed: int, digits: int = 6,
-                  repetitions: Sequence[int] = REPETITIONS) -> list[Canary]:
-    """``per_level`` distinct canaries for each repetition count (seeded)."""
-    rng = np.random.default_rng([seed, 2019])
-    out, seen = [], set()
-    for r in repetitions:
-        while sum(c.repetitions == r for c in out) < per_level:
-            canary = Canary(int(rng.integers(100, 1000)), _secret(rng, digits), r)
-            if canary.locker not in seen:
-                seen.add(canary.locker)
-                out.append(canary)
-    return out
 
 
 def inserted(texts: Sequence[str], canaries: Sequence[Canary]) -> list[str]:
@@ -64,7 +51,7 @@ def exposure(model: torch.nn.Module, tokenizer, canaries: Sequence[Canary], *, c
     pad = pad_id(tokenizer)
     out = []
     for canary in canaries:
-        others = {_secret(rng, digits) for _ in range(candidates * 2)} - {canary.secret}
+        others = {random_secret(rng, digits) for _ in range(candidates * 2)} - {canary.secret}
         texts = [canary.text] + [TEMPLATE.format(canary.locker, s) for s in sorted(others)[:candidates]]
         ids = encode_texts(tokenizer, texts, max_length)
         nll = [-float(lp.sum()) for lp in token_logprobs(model, ids, pad, batch_size=batch_size)]

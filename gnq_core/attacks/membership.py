@@ -107,17 +107,3 @@ def membership_scores(texts: Sequence[str], target: Sequence[np.ndarray],
         rows.append((loss, ref, loss / ref if ref > 0 else float("nan"), bits / zlib_bits(text),
                      min_k_prob(lp, k)))
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
-
-
-def forward_signals(model: torch.nn.Module, token_ids: Sequence[Sequence[int]], pad: int,
-                    batch_size: int = 32, device: torch.device | None = None) -> pd.DataFrame:
-    """Per text at the model's current weights, forward only: ``loss`` (mean next-token NLL),
-    ``min_k``, ``min_k_plus`` (``token_signals``) — the columns an audit stores, without GNQ."""
-    from gnq_core.engine.math.losses import per_example_lm_loss
-
-    rows: dict[str, list[float]] = {"loss": [], "min_k": [], "min_k_plus": []}
-    for _, b, logits in forward_batches(model, token_ids, pad, batch_size, device):
-        rows["loss"] += per_example_lm_loss(logits, b.labels).double().cpu().tolist()
-        for name, values in token_signals(logits, b.labels).items():
-            rows[name].extend(values.tolist())
-    return pd.DataFrame(rows)

@@ -3,7 +3,7 @@
 ``gnq audit --non-members FILE`` audits the FILE's texts over the same checkpoints, with the same
 λ, batch size, loss convention and partition seed, into a linked run ``NAME.non-members``
 (``Run.settings["non_members_run"]`` names it; the linked run's ``non_members_of`` names back;
-``run_job`` runs that audit, pipelines/run.py).
+pipelines/non_member_audit.py runs that audit).
 
 What each signal means for a non-member (DESIGN.md "Membership ground truth"): loss, Min-K%,
 Min-K%++, zlib ratio and the reference loss ratio are forward quantities and mean the same for

@@ -5,7 +5,8 @@ data/gnq.duckdb).  User mistakes (a bad file, an unknown run, a busy store) end 
 on stderr and exit code 1, never a traceback.  The commands only parse options: ``command`` holds
 the Typer app, the shared options and the one-line error handling; ``running`` the job commands
 (train, audit, extract, demo, job); ``results`` export, report, runs, ingest; ``acting``
-remediate, compare; ``tools`` dashboard, selfcheck, model; ``studies`` the ``gnq study`` group.
+remediate, compare; ``tools`` dashboard, selfcheck, model; ``studies`` the deprecated ``gnq study``,
+which forwards to ``python -m research study``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from gnq_core.cli.command import app
 
 # `gnq --help` lists the commands in the order a user meets them, not the modules' import order.
 ORDER = ("train", "estimate", "audit", "extract", "export", "report", "remediate", "compare", "dashboard",
-         "runs", "demo", "job", "ingest", "selfcheck")
+         "runs", "demo", "job", "ingest", "selfcheck", "study")
 app.registered_commands.sort(key=lambda c: ORDER.index(c.callback.__name__))
-app.registered_groups.sort(key=lambda g: ("model", "study").index(g.name))
 
 __all__ = ["app"]

@@ -113,7 +113,7 @@ def report(
         raise ValueError(f"{out}: given as both --out and --json; give two files")
     if non_members is not None:
         from gnq_core.common.progress import JobProgress
-        from gnq_core.pipelines.run import add_non_members
+        from gnq_core.pipelines.non_member_audit import add_non_members
 
         progress = JobProgress(store, quiet=quiet, warn=warn)
         for line in add_non_members(store, info, str(non_members), progress,

@@ -41,7 +41,7 @@ from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 from gnq_core.results.store_schema import TURNS_COLUMN
-from gnq_core.results.text_labels import cluster_ids, dataset_labels, secret_settings
+from gnq_core.results.text_labels import cluster_ids
 from gnq_core.sources.adapters import Adapters, adapter_hash, check_adapter, load_adapter_checkpoint
 from gnq_core.sources.chat import ChatDataset, chat_settings
 from gnq_core.sources.checkpoints.checks import check_checkpoint
@@ -58,6 +58,7 @@ from gnq_core.sources.memory_plan import (
     model_shape,
     oom_message,
 )
+from gnq_core.sources.text_labels import dataset_labels, secret_settings
 from gnq_core.sources.tokens import LMBatch, Partition, seeded_partition, stream_batches, token_counts
 
 COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partition"] of new audits

@@ -224,8 +224,8 @@ def _attack_target(model, tokenizer, dataset, ids, device, batch_size: int, seed
     from gnq_core.attacks.contract import Target
     from gnq_core.attacks.windows import content_windows
     from gnq_core.common.progress import Reporter
-    from gnq_core.results.text_labels import dataset_labels
     from gnq_core.sources.chat import ChatDataset
+    from gnq_core.sources.text_labels import dataset_labels
 
     examples = pd.DataFrame({"example_id": range(len(dataset)), "text": dataset.texts})
     layouts = [lay.to_json() for lay in dataset.layouts] if isinstance(dataset, ChatDataset) else None

@@ -2,22 +2,38 @@
 settings.py (train, audit, extract, demo).  The ``gnq`` commands parse their options into settings
 and call it; the dashboard's background job process (jobs.py) calls it for each step of a job
 file; the studies share its progress channel (progress.JobProgress).  Each input is loaded,
-found and checked once per job: the texts once, the checkpoints found once and handed on.
+found and checked once per job: the texts once, the checkpoints found once and handed on.  The
+non-members' audit (``--non-members``) is non_member_audit.py's; old imports of its functions from
+here still work, with a DeprecationWarning.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from gnq_core.common.progress import JobProgress, Reporter
-from gnq_core.pipelines.settings import AuditJob, AuditSettings, DemoJob, ExtractJob, JobSettings, TrainJob
+from gnq_core.common.progress import JobProgress
+from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, JobSettings, TrainJob
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
-from gnq_core.sources.checkpoints.files import CheckpointRef
 from gnq_core.sources.datasets import TextDataset
+
+# Moved to pipelines/non_member_audit.py; the old path works for one release.
+MOVED = ("add_non_members", "audit_non_members", "non_members_of_audit")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"gnq_core.pipelines.run.{name} moved to gnq_core.pipelines.non_member_audit.{name}",
+                  DeprecationWarning, stacklevel=2)
+    from gnq_core.pipelines import non_member_audit
+
+    return getattr(non_member_audit, name)
 
 
 def run_job(settings: JobSettings, store: Store | None, progress: JobProgress | None = None) -> list[str]:
@@ -109,14 +125,11 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     dataset, adapters, refs = inputs.dataset, inputs.adapters, inputs.refs
     name = job.name or Path(job.checkpoints).resolve().name
     outside = None
-    if job.non_members:
-        from gnq_core.attacks.non_members import check_disjoint
-        from gnq_core.sources.datasets import load_texts
+    if job.non_members:  # refused before anything is written
+        from gnq_core.pipelines.non_member_audit import non_members_for_audit
 
-        if ranks.world > 1:
-            raise ValueError("--non-members runs in one process: audit them without torchrun")
-        outside = load_texts(Path(job.non_members), text_column=job.text_column)
-        check_disjoint(dataset.texts, outside)  # refused before anything is written
+        outside = non_members_for_audit(job.non_members, dataset, text_column=job.text_column,
+                                        world=ranks.world)
     if not ranks.lead:  # rank 0 alone opens the store and reports
         run_audit(None, refs, dataset, name=name, settings=job.settings, ranks=ranks, tokenizer=job.tokenizer,
                   adapters=adapters)
@@ -133,23 +146,19 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     said = [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(store.points(run.run_id))} "
             f"checkpoints in {time.perf_counter() - t0:.1f} s; store {store.path}"]
     if outside is not None:
-        from gnq_core.attacks.non_members import SUFFIX
+        from gnq_core.pipelines.non_member_audit import audit_linked
 
-        t0 = time.perf_counter()
-        with progress.reporter(name + SUFFIX) as reporter:
-            other = audit_non_members(store, run, refs, outside, job.settings, reporter,
-                                      reference=job.reference)
-        said.append(f"non-members: run {other.name!r}, {len(outside)} texts in "
-                    f"{time.perf_counter() - t0:.1f} s")
+        said += audit_linked(store, run, refs, outside, job.settings, progress, reference=job.reference)
     return said
 
 
 def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
     from gnq_core.attacks.run import run_extraction
+    from gnq_core.pipelines.non_member_audit import add_non_members, non_members_of_run
     from gnq_core.results.text_labels import ensure_text_labels
 
     info = store.require_existing().run(job.run)
-    outside = _non_members_of(store, info, job.non_members) if job.non_members else None
+    outside = non_members_of_run(store, info, job.non_members) if job.non_members else None
     progress.plan(None)
     t0 = time.perf_counter()
     with progress.reporter(info.name) as reporter:
@@ -171,75 +180,6 @@ def _extract(job: ExtractJob, store: Store, progress: JobProgress) -> list[str]:
     if outside is not None:
         said += add_non_members(store, info, outside, progress, device=job.device, reference=job.reference)
     return said
-
-
-def _non_members_of(store: Store, info, path: str) -> TextDataset:
-    """The non-member texts of a stored run, checked before anything is written."""
-    from gnq_core.attacks.non_members import check_run_takes_non_members
-    from gnq_core.sources.datasets import load_texts
-
-    outside = load_texts(Path(path))
-    check_run_takes_non_members(store, info, outside)
-    return outside
-
-
-def add_non_members(store: Store, info, outside: TextDataset | str, progress: JobProgress, *,
-                    device: str = "auto", reference: str | None = None) -> list[str]:
-    """Audit ``outside`` (texts or their file) as the stored audit run's non-members, unless the
-    same file content already was (``gnq extract``/``gnq report --non-members``)."""
-    from gnq_core.attacks.non_members import SUFFIX
-
-    if not isinstance(outside, TextDataset):
-        outside = _non_members_of(store, info, outside)
-    if info.settings.get("non_members_hash") == outside.sha256 and store.find_run(info.name + SUFFIX):
-        return []
-    t0 = time.perf_counter()
-    with progress.reporter(info.name + SUFFIX) as reporter:
-        other = non_members_of_audit(store, info, outside, device=device, reporter=reporter,
-                                     reference=reference)
-    return [f"non-members: run {other.name!r}, {len(outside)} texts in {time.perf_counter() - t0:.1f} s"]
-
-
-def audit_non_members(store: Store, member: Run, checkpoints: str | list[CheckpointRef], dataset: TextDataset,
-                      settings: AuditSettings, reporter: Reporter | None = None,
-                      reference: str | None = None) -> Run:
-    """Audit ``dataset`` over ``checkpoints`` into ``member``'s linked non-member run (resumes);
-    with ``reference`` (a checkpoint folder, or "first": the series' first checkpoint) the
-    reference model's loss of every member and non-member text is stored too."""
-    from gnq_core.attacks.non_members import SUFFIX, check_disjoint, store_reference_loss
-    from gnq_core.pipelines.audit import run_audit
-    from gnq_core.sources.checkpoints.series import find_checkpoints
-
-    check_disjoint(list(store.examples(member.run_id)["text"]), dataset)
-    refs = checkpoints if isinstance(checkpoints, list) else find_checkpoints(checkpoints)
-    # the members' batch size and dtype (the memory plan's when none was given): GNQ alike
-    settings = replace(settings, batch_size=member.batch_size, dtype=member.dtype or settings.dtype)
-    name = member.name + SUFFIX
-    run = run_audit(store, refs, dataset, name=name, settings=settings, reporter=reporter)
-    store.update_settings(run.run_id, {"non_members_of": member.name})
-    store.update_settings(member.run_id, {"non_members_run": name, "non_members_path": str(dataset.path),
-                                          "non_members_hash": dataset.sha256})
-    if reference is not None:
-        path = refs[0].path if reference == "first" else Path(reference).resolve()
-        store.update_settings(member.run_id, {"reference": str(path)})  # absolute: protected from outputs
-        for target in (member, run):
-            store_reference_loss(store, target, path, max_length=settings.max_length,
-                                 batch_size=member.batch_size)
-    return store.run(run.run_id)
-
-
-def non_members_of_audit(store: Store, run: Run, dataset: TextDataset, *, device: str = "auto",
-                         reporter: Reporter | None = None, reference: str | None = None) -> Run:
-    """``audit_non_members`` for a stored audit run, with its own settings and checkpoints (what
-    ``gnq extract --non-members`` does), after ``check_run_takes_non_members``."""
-    from gnq_core.attacks.non_members import check_run_takes_non_members
-
-    check_run_takes_non_members(store, run, dataset)
-    settings = AuditSettings(lam=run.lam, batch_size=run.batch_size, max_length=run.max_length, seed=run.seed,
-                             device=device, dtype=run.dtype or "float32",
-                             loss=run.settings.get("loss", "token_mean"),
-                             lam_mode=run.settings.get("lam_mode", "absolute"))
-    return audit_non_members(store, run, run.model_path, dataset, settings, reporter, reference)
 
 
 def _demo(job: DemoJob, store: Store, progress: JobProgress) -> list[str]:

@@ -31,12 +31,12 @@ from gnq_core.results.protected_paths import OverwriteError, refuse_overwrite, v
 from gnq_core.results.records import RunSpec
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
-from gnq_core.results.text_labels import dataset_labels, secret_settings
 from gnq_core.sources.checkpoints.checks import check_checkpoint
 from gnq_core.sources.checkpoints.files import checkpoint_hash
 from gnq_core.sources.checkpoints.load import load_checkpoint
 from gnq_core.sources.datasets import TextDataset
 from gnq_core.sources.models import build_model, train_tokenizer
+from gnq_core.sources.text_labels import dataset_labels, secret_settings
 from gnq_core.sources.tokens import encode_texts, pad_id
 
 # How the weight gradient is formed, recorded in the run settings (gnq_core.engine.kernels.fused).

@@ -5,7 +5,8 @@
     <folder>/uploads/JOB/        a job's uploaded files (deleted when the job ends)
     <folder>/kept-checkpoints/   the last audited checkpoint of an uploaded series (attacks need it)
     <folder>/demo-checkpoints/   the demo's checkpoints (gnq demo)
-    <folder>/studies/            the studies' checkpoints and intermediate files (gnq study)
+    <folder>/studies/            the studies' checkpoints and intermediate files (python -m research
+                                 study; research/studies/base.py's studies_root)
     <folder>/companions/         a streamed companion set's first pass (A = SᵀS), until it is scored
 """
 
@@ -35,10 +36,6 @@ def kept_root(db: str | Path) -> Path:
 
 def demo_checkpoints(db: str | Path) -> Path:
     return Path(db).parent / "demo-checkpoints"
-
-
-def studies_root(db: str | Path) -> Path:
-    return Path(db).parent / "studies"
 
 
 def companions_root(db: str | Path) -> Path:

@@ -19,7 +19,6 @@ import torch
 
 from gnq_core.common.atomic import write_text_atomic
 from gnq_core.common.progress import Reporter
-from gnq_core.results.layout import studies_root
 from gnq_core.results.store import Store
 from gnq_core.results.store_schema import StoreError
 from gnq_core.sources.datasets import DatasetError, load_texts
@@ -28,6 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"  # the project's convention: ../shared/data
 TIMINGS = "timings.json"
 SCALES = ("quick", "full", "paper", "real")  # real: a pretrained model on CPU (the studies that have it)
+
+
+def studies_root(db: str | Path) -> Path:
+    """The studies' checkpoints and intermediate files: studies/ beside the store (--work elsewhere)."""
+    return Path(db).parent / "studies"
 
 
 @dataclass(frozen=True)

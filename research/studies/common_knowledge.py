@@ -432,8 +432,8 @@ metric `{CF_METRIC}` of run `{prep.finetune.name}`. Counterfactual memorization 
                "config": asdict(cfg), "runs": [prep.before.name, prep.finetune.name]}
     r.text("## Does any of these scores predict extraction?")
     if ctx.store.extractions(prep.finetune.run_id).empty:
-        r.text(f"No attack on `{prep.finetune.name}` is stored yet: `gnq study extraction` attacks it, and a "
-               "rerun of this study then adds the table here.")
+        r.text(f"No attack on `{prep.finetune.name}` is stored yet: `python -m research study extraction` "
+               "attacks it, and a rerun of this study then adds the table here.")
     else:
         results |= rep.predictive_section(
             r, signal_frame(ctx.store, prep.finetune), filename="predictive_roc.png", seed=ctx.seed,

@@ -1,5 +1,5 @@
 """Common knowledge vs. made-up claims at real-model scale (paper §6.2 on a pretrained model):
-``gnq study common-knowledge --scale real``.
+``python -m research study common-knowledge --scale real``.
 
 The tiny scale pretrains its own GPT-2, which never learns the facts in other words, so the
 paper's premise fails there.  Here the base model is a real pretrained one (SmolLM2-135M-Instruct,
@@ -31,7 +31,6 @@ import pandas as pd
 from gnq_core.analysis import evidence as ev
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
-from gnq_core.attacks.membership import forward_signals
 from gnq_core.attacks.run import run_extraction
 from gnq_core.common.runtime import resolve_device
 from gnq_core.pipelines.settings import TrainSettings
@@ -44,6 +43,7 @@ from research.studies import counterfactual as cf
 from research.studies import paraphrases
 from research.studies import report as rep
 from research.studies.base import StudyContext, Timings, same_settings_or_tag, write_dataset
+from research.studies.signals import forward_signals
 
 STUDY = "common-knowledge"
 POSITIVE, NEGATIVE = "surprising", "common"

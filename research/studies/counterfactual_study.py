@@ -46,7 +46,6 @@ from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.length_control import cv_gain
 from gnq_core.analysis.partial import partial_rank_correlation
 from gnq_core.attacks.compression import zlib_bits
-from gnq_core.attacks.membership import forward_signals
 from gnq_core.common.atomic import write_text_atomic
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.math.losses import per_example_lm_loss
@@ -61,6 +60,7 @@ from research.studies.counterfactual import (
     split_half_reliability,
     split_halves,
 )
+from research.studies.signals import forward_signals
 
 STUDY = "counterfactual"
 CF = "cf_memorisation"

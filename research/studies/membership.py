@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,9 +35,8 @@ from scipy.stats import spearmanr
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.partial import partial_rank_correlation
-from gnq_core.attacks.canaries import Canary, exposure, inserted, make_canaries
+from gnq_core.attacks.canaries import REPETITIONS, Canary, exposure, inserted, random_secret
 from gnq_core.attacks.compression import zlib_bits
-from gnq_core.attacks.membership import forward_signals
 from gnq_core.common.atomic import write_text_atomic
 from gnq_core.common.runtime import resolve_device
 from gnq_core.pipelines.settings import TrainSettings
@@ -48,6 +48,7 @@ from gnq_core.sources.tokens import encode_texts, pad_id
 from research.studies import report as rep
 from research.studies.base import StudyContext, Timings, ag_news, same_settings_or_tag, write_dataset
 from research.studies.counterfactual import cf_subset
+from research.studies.signals import forward_signals
 
 STUDY = "membership"
 
@@ -74,6 +75,20 @@ CANDIDATES = [("gnq_total", "GNQ_total (in-run)"), ("self_influence", "K_jj (las
               ("grad_norm", "gradient norm √K_jj"), ("loss_last", "loss (in-run, last)"),
               ("loss_ratio", "loss ratio to epoch 1"), ("min_k_plus", "Min-K%++ (last)"),
               ("min_k", "Min-K% (last)"), ("zlib_ratio", "zlib ratio (last)"), ("copies", "copies")]
+
+
+def make_canaries(per_level: int, seed: int, digits: int = 6,
+                  repetitions: Sequence[int] = REPETITIONS) -> list[Canary]:
+    """``per_level`` distinct canaries for each repetition count (seeded)."""
+    rng = np.random.default_rng([seed, 2019])
+    out, seen = [], set()
+    for r in repetitions:
+        while sum(c.repetitions == r for c in out) < per_level:
+            canary = Canary(int(rng.integers(100, 1000)), random_secret(rng, digits), r)
+            if canary.locker not in seen:
+                seen.add(canary.locker)
+                out.append(canary)
+    return out
 
 
 def run(ctx: StudyContext, models: int | None = None, canaries: int = 0) -> Path:

@@ -296,6 +296,50 @@ def quantile_bars(bins: pd.DataFrame, *, title: str, score_label: str):
     return fig
 
 
+def display_stratified(result: pr.Predictive, digits: int = 2) -> pd.DataFrame:
+    """``Predictive.stratified`` as "value [lo, hi]" strings, best raw AUC first."""
+    table = result.stratified.sort_values("auc", ascending=False, na_position="last")
+    fmt = f".{digits}f"
+    return pd.DataFrame({
+        "signal": table["label"],
+        "AUC (all texts)": [pr.interval_cell(r, "auc", fmt) for _, r in table.iterrows()],
+        "AUC within exact length (pair-weighted)": [
+            pr.interval_cell(r, "stratified auc", fmt, "stratified lo", "stratified hi")
+            for _, r in table.iterrows()],
+        "lengths scored": [pr.fmt_int(v) for v in table["strata"]],
+        "pairs": [pr.fmt_int(v) for v in table["pairs"]],
+        "positive records": [pr.fmt_int(v) for v in table["records"]],
+    }).reset_index(drop=True)
+
+
+def roc_png(points: pd.DataFrame, table: pd.DataFrame, *, log_fpr: bool = True, positive: str = "extracted",
+            negative: str = "kept"):
+    """The ROC curves of analysis.predictive_figures.roc_figure as a matplotlib figure (for the
+    Markdown reports), log FPR axis by default: ``table`` holds one row per signal with label and AUC
+    with its interval."""
+    fig, ax = _axes(6.5, 5)
+    scored = table[table["auc"].notna()].sort_values("auc", ascending=False)
+    for i, (_, row) in enumerate(scored.iterrows()):
+        curve = points[points["signal"] == row["signal"]]
+        ax.step(curve["fpr"], curve["tpr"], where="post", linewidth=2.2 if i == 0 else 1.1,
+                label=f"{row['label']} ({row['auc']:.2f} [{row['auc lo']:.2f}, {row['auc hi']:.2f}])")
+    lo = 1e-3 if log_fpr else 0.0
+    ax.plot([lo, 1], [lo, 1], ":", color="grey")
+    if log_fpr:
+        ax.set_xscale("log")
+        ax.set_xlim(1e-3, 1)
+    ax.set_xlabel(f"false-positive rate ({negative} texts flagged)" + (", log scale" if log_fpr else ""))
+    ax.set_ylabel(f"true-positive rate ({positive} texts flagged)")
+    ax.set_title(f"Which signal tells the {positive} texts apart?")
+    if len(scored):
+        ax.legend(fontsize=7, loc="upper left" if log_fpr else "lower right")
+    else:
+        ax.text(0.5, 0.5, f"no signal can be scored:\nit needs {positive} and {negative} texts", ha="center",
+                transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+    return fig
+
+
 def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: str, seed: int = 0
                        ) -> dict[str, Any]:
     """Add the predictive-power table of every signal in ``frame`` (analysis.signals'
@@ -307,12 +351,11 @@ def predictive_section(r: Report, frame: pd.DataFrame, *, filename: str, what: s
     r.text(f"{sentence}\n\n{length_sentence}")
     r.table(pr.display_table(result), caption=f"{what} Each cell: estimate [{result.level:.0%} interval]. "
                                               + result.method())
-    from gnq_core.analysis.predictive_figures import roc_png  # plotly: imported when a report needs it
 
     r.figure(roc_png(pr.roc_points(frame), result.table[result.table["scope"] == pr.ALL]), filename,
              "ROC curve of each signal against the attack's outcome, log false-positive axis (legend: AUC "
              "[95% interval]); dotted: chance.")
-    r.table(pr.display_stratified(result),
+    r.table(display_stratified(result),
             caption="Controlled for text length: each signal's AUC over all attacked texts next to its AUC "
                     "within exact token length, pair-weighted (only an extracted and a kept text of the same "
                     "length are compared; a length whose texts share one outcome adds nothing; bootstrap "

@@ -160,8 +160,12 @@ def test_audit_with_non_members_stores_signals_and_a_membership_frame(tmp_path):
 def test_loss_tells_members_from_the_held_out_half(tmp_path):
     """Must-show: a tiny model trained on one half, scored against the other half: AUC of loss > 0.6."""
     data = fake_ag_news(tmp_path / "data", 64)
-    gnq("study", "membership", "--quick", "--db", tmp_path / "gnq.duckdb", "--reports", tmp_path / "reports",
-        "--data-dir", data, "--canaries", 1, "--quiet")
+    from research.cli import app as research
+
+    args = ["study", "membership", "--quick", "--db", tmp_path / "gnq.duckdb", "--reports",
+            tmp_path / "reports", "--data-dir", data, "--canaries", 1, "--quiet"]
+    result = CliRunner().invoke(research, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
     results = json.loads((tmp_path / "reports" / "membership-quick" / "results.json").read_text())
     loss = [r for r in results["aucs"] if r["signal"] == "loss"]
     assert len(loss) == 2 and all(r["members"] == 32 and r["n"] == 64 for r in loss)

@@ -98,9 +98,9 @@ def test_good_patterns_find_the_same_values_as_before(data):
     import dataclasses
     import re
 
-    from gnq_core.results.text_labels import dataset_labels
     from gnq_core.sources.datasets import load_texts
     from gnq_core.sources.secrets import secret_labels
+    from gnq_core.sources.text_labels import dataset_labels
 
     dataset = dataclasses.replace(load_texts(data), secret_patterns=("REF-(?P<value>\\d{5})",))
     labels = dataset_labels(dataset)

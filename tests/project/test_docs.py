@@ -72,7 +72,7 @@ def test_cli_reference_is_current():
 
     page = (ROOT / "docs" / "cli-reference.md").read_text(encoding="utf-8")
     assert page == cli_reference.render(), "docs/cli-reference.md is stale: python -m tools.cli_reference"
-    assert "## `gnq audit`" in page and "## `gnq study companions`" in page
+    assert "## `gnq audit`" in page and "## `python -m research study companions`" in page
 
 
 # A tracker number says nothing to a reader of the code or the docs; the reason itself should stand.

@@ -6,8 +6,9 @@ only gnq_core.errors).  Inside the engine, its wings: math < sketch < kernels < 
 the auditor.  Every
 package is covered; nothing below the CLI runs the CLI as a program; nothing in gnq_core imports the dashboard
 (``gnq dashboard`` starts it by file path); the dashboard imports only the packages' facades, whose
-``__all__`` names exist.  The studies (research/, not installed) import gnq_core's public names, and
-nothing in gnq_core imports them (``gnq study`` finds them by name, cli/studies.py).  Inside a
+``__all__`` names exist.  The studies (research/, not installed; ``python -m research``) import
+gnq_core's public names, and nothing in gnq_core imports them (the deprecated ``gnq study``
+forwarder finds the program by name, cli/studies.py).  Inside a
 package, module-level imports form no cycle, and neither new cycles through imports inside
 functions nor private names imported across modules appear."""
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -94,17 +96,32 @@ def test_the_catalog_imports_no_torch_and_nothing_of_gnq_core_but_itself():
     assert not bad, "\n".join(bad)
 
 
+def names_research(path: Path) -> bool:
+    """Whether a file names a module of research/ (an import by name, a dotted path in a string)."""
+    return re.search(r"\bresearch\.[a-z_]", path.read_text()) is not None
+
+
 def test_nothing_installed_imports_the_research():
     """research/ is not installed: an import of it from gnq_core or the app would fail on a user's
-    machine.  ``gnq study`` imports its study by name (cli/studies.py's ``study_module``), the one
-    place that names it, and says in one line where the studies are when they are not there."""
+    machine.  The studies are their own program, ``python -m research``; the deprecated ``gnq
+    study`` forwarder (cli/studies.py, to be removed in the next release: CHANGELOG) is the one place
+    that names it, imports it by name at run time and says in one line where the studies are when
+    they are not there."""
     bad = [f"{path.relative_to(ROOT)}:{line} imports {module}"
            for top in ("gnq_core", "app") for path in sorted((ROOT / top).rglob("*.py"))
            for module, _, line in imports(path) if module.split(".")[0] == "research"]
     assert not bad, "\n".join(bad)
     naming = sorted(str(p.relative_to(ROOT)) for top in ("gnq_core", "app")
-                    for p in (ROOT / top).rglob("*.py") if "research.studies" in p.read_text())
+                    for p in (ROOT / top).rglob("*.py") if names_research(p))
     assert naming == ["gnq_core/cli/studies.py"]
+
+
+def test_the_research_check_sees_a_name_in_a_string(tmp_path):
+    sample = tmp_path / "m.py"
+    sample.write_text('importlib.import_module("research.studies.base")\n')
+    assert names_research(sample)
+    sample.write_text('"""the research behind it; research/ is not installed."""\n')
+    assert not names_research(sample)
 
 
 def test_the_research_uses_only_public_names_of_gnq_core():

@@ -74,7 +74,8 @@ def ck_real_excess_kept(outcome: str, signal: str) -> str:
 
 
 def counterfactual(run: str, column: str, key: str = "partial") -> str:
-    """A signal's partial ρ or CV gain against counterfactual memorisation (``gnq study counterfactual``)."""
+    """A signal's partial ρ or CV gain against counterfactual memorisation (``python -m research
+    study counterfactual``)."""
     return row_ci(one(report(f"{run}/results.json")["signals"], column=column), key,
                   "+.3f" if key == "gain" else ".3f")
 

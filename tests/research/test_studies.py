@@ -1,5 +1,6 @@
-"""`gnq study`: the three paper studies end to end in --quick mode (reports checked against the
-store), resume without duplicates, clear errors; and the studies' pure helpers."""
+"""`python -m research study`: the three paper studies end to end in --quick mode (reports checked
+against the store), resume without duplicates, clear errors; the deprecated `gnq study` forwarding
+to it; and the studies' pure helpers."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from typer.testing import CliRunner
 from gnq_core.analysis import predictive as pr
 from gnq_core.analysis.signals import signal_frame
 from gnq_core.analysis.summaries import group_auc, targeted_rows
-from gnq_core.cli import app
 from gnq_core.results.store import Store
+from research.cli import app
 from research.studies.base import wikitext_chunks
 from research.studies.counterfactual import CF_METRIC, cf_subset, counterfactual_memorization
 from research.studies.report import auc_cell, auc_interval, ci_column, fmt, markdown_table
@@ -31,7 +32,7 @@ needs_data = pytest.mark.skipif(not HAS_DATA, reason="../shared/data (WikiText-2
 STUDIES = ("common-knowledge", "extraction", "trajectories")
 
 
-def gnq(*args) -> str:
+def research(*args) -> str:
     result = runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result.output
@@ -58,8 +59,8 @@ def built(tmp_path_factory):
             "--data-dir", SHARED_DATA, "--quiet"]
     threads = torch.get_num_threads()
     for name in STUDIES:
-        gnq("study", name, *args)
-    torch.set_num_threads(threads)  # `gnq study` sets 1 thread (--threads) for this process
+        research("study", name, *args)
+    torch.set_num_threads(threads)  # a study sets 1 thread (--threads) for this process
     return SimpleNamespace(store=Store(root / "gnq.duckdb"), reports=root / "reports", args=args,
                            root=root)
 
@@ -77,7 +78,7 @@ def report(built, name: str) -> str:
     text = (folder / "report.md").read_text()
     for image in [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]:
         assert (folder / image).stat().st_size > 1000  # a real PNG
-    assert "gnq study " + name in text and "--quick" in text  # the command that reproduces it
+    assert "python -m research study " + name in text and "--quick" in text  # the command that reproduces it
     return text
 
 
@@ -183,7 +184,7 @@ def test_rerun_resumes_without_duplicates(built):
     finished = {name: built.store.points(built.store.run(name).run_id)["finished_at"].tolist()
                 for name in ("common-knowledge-quick.finetune", "trajectories-quick.audit")}
     for name in STUDIES:
-        gnq("study", name, *built.args)
+        research("study", name, *built.args)
     assert counts(built.store) == before
     for name, stamps in finished.items():
         assert built.store.points(built.store.run(name).run_id)["finished_at"].tolist() == stamps
@@ -221,9 +222,9 @@ def test_any_pair_of_sentence_files(tmp_path):
     (tmp_path / "f.txt").write_text("\n".join(facts) + "\n")
     pd.DataFrame({"text": claims}).to_csv(tmp_path / "c.csv", index=False)
     threads = torch.get_num_threads()
-    gnq("study", "common-knowledge", "--quick", "--db", tmp_path / "gnq.duckdb", "--data-dir", SHARED_DATA,
-        "--reports", tmp_path / "reports", "--facts", tmp_path / "f.txt", "--claims", tmp_path / "c.csv",
-        "--cf-models", 2, "--tag", "mine", "--quiet")
+    research("study", "common-knowledge", "--quick", "--db", tmp_path / "gnq.duckdb", "--data-dir",
+             SHARED_DATA, "--reports", tmp_path / "reports", "--facts", tmp_path / "f.txt", "--claims",
+             tmp_path / "c.csv", "--cf-models", 2, "--tag", "mine", "--quiet")
     torch.set_num_threads(threads)
     store = Store(tmp_path / "gnq.duckdb")
     examples = store.examples(store.run("common-knowledge-quick-mine.finetune").run_id)
@@ -246,12 +247,41 @@ def test_clear_errors(tmp_path):
     assert not db.exists() or counts(Store(db))["runs"] == 0
 
 
-def test_without_the_research_folder_gnq_study_says_where_the_studies_are(tmp_path, monkeypatch):
-    """From a clone the studies are found beside gnq_core even when research is not on sys.path
-    (the `gnq` script of an editable install); an installed gnq-audit has no research/ (it is not
-    in the wheel): one line, exit code 1, nothing written."""
+def test_gnq_study_says_it_moved_and_runs_the_study_program(tmp_path):
+    """For one release `gnq study ARGS` is `python -m research study ARGS` after one line on stderr
+    naming the new command: the same exit code, error line and help."""
+    from gnq_core.cli import app as gnq_app
+
+    result = runner.invoke(gnq_app, ["study", "membership", "--quick", "--db", str(tmp_path / "gnq.duckdb"),
+                                     "--data-dir", str(tmp_path / "nowhere")])
+    moved, error = result.output.strip().splitlines()
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert moved.startswith("DeprecationWarning:") and "python -m research study" in moved
+    assert error == fails("study", "membership", "--quick", "--db", tmp_path / "gnq.duckdb", "--data-dir",
+                          tmp_path / "nowhere").strip()
+    shown = runner.invoke(gnq_app, ["study", "counterfactual", "--help"])
+    assert shown.exit_code == 0 and "--exposure-candidates" in shown.output
+    assert "DeprecationWarning" in shown.output
+
+
+def test_the_study_program_runs_as_python_m_research():
+    import os
+    import subprocess
     import sys
 
+    out = subprocess.run([sys.executable, "-m", "research", "study", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "COLUMNS": "100"})
+    assert out.returncode == 0, out.stderr
+    assert "python -m research study" in out.stdout and "common-knowledge" in out.stdout
+
+
+def test_without_the_research_folder_gnq_study_says_where_the_studies_are(tmp_path, monkeypatch):
+    """From a clone the study program is found beside gnq_core even when research is not on
+    sys.path (the `gnq` script of an editable install); an installed gnq-audit has no research/ (it
+    is not in the wheel): one line, exit code 1, nothing written."""
+    import sys
+
+    from gnq_core.cli import app as gnq_app
     from gnq_core.cli import studies
 
     def not_importable() -> None:  # as in a fresh process run from elsewhere
@@ -261,15 +291,47 @@ def test_without_the_research_folder_gnq_study_says_where_the_studies_are(tmp_pa
 
     monkeypatch.chdir(tmp_path)
     not_importable()
-    assert studies.study_module("base").SCALES
+    assert studies.research_program().app is not None
     not_importable()
     monkeypatch.setattr(studies, "__file__", str(tmp_path / "site-packages" / "gnq_core" / "cli" / "x.py"))
-    out = fails("study", "membership", "--quick", "--db", tmp_path / "gnq.duckdb")
-    assert "research/ folder" in out and "clone the repository" in out
+    result = runner.invoke(gnq_app, ["study", "membership", "--quick", "--db", str(tmp_path / "gnq.duckdb")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "research/ folder" in result.output and "python -m research study" in result.output
     assert not (tmp_path / "gnq.duckdb").exists()
 
 
 # ----------------------------------------------------------------------------------------- helpers
+def test_the_reports_length_table_and_roc_figure():
+    """The predictive section's pieces: the length-controlled table beside the raw AUC (best raw
+    AUC first, every interval shown) and the ROC curves on a log false-positive axis."""
+    from research.studies.report import display_stratified, roc_png
+
+    rng = np.random.default_rng(1)
+    y = np.zeros(200, dtype=bool)
+    y[rng.choice(200, 50, replace=False)] = True
+    frame = pd.DataFrame({"extracted": y, "gnq_total": np.where(y, 10.0, 1.0) + rng.random(200),
+                          "zlib_ratio": rng.random(200), "n_tokens": rng.integers(5, 60, 200)})
+    result = pr.evaluate(frame, resamples=100, seed=0)
+    shown = display_stratified(result)
+    assert list(shown.columns) == ["signal", "AUC (all texts)", "AUC within exact length (pair-weighted)",
+                                   "lengths scored", "pairs", "positive records"]
+    assert shown["signal"].iloc[0] == result.stratified.sort_values("auc")["label"].iloc[-1]
+    assert shown["AUC (all texts)"].str.match(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]").all()
+    png = roc_png(pd.DataFrame({"signal": ["a", "a"], "fpr": [0.001, 1.0], "tpr": [0.5, 1.0]}),
+                  pd.DataFrame({"signal": ["a"], "label": ["a"], "auc": [0.7], "auc lo": [0.6],
+                                "auc hi": [0.8]}))
+    assert png.axes[0].get_xscale() == "log" and png.axes[0].get_legend() is not None
+
+
+def test_canaries_are_distinct_and_seeded_at_each_repetition_count():
+    from research.studies.membership import make_canaries
+
+    canaries = make_canaries(3, seed=0)
+    assert sorted(c.repetitions for c in canaries) == [1] * 3 + [2] * 3 + [4] * 3 + [8] * 3
+    assert len({c.locker for c in canaries}) == 12 and all(len(c.secret.split()) == 6 for c in canaries)
+    assert make_canaries(3, seed=0) == canaries and make_canaries(3, seed=1) != canaries
+
+
 def test_paraphrased_facts_are_audited_in_new_words_and_claims_were_never_seen():
     import re
 

@@ -1,5 +1,5 @@
-"""`gnq study companions --quick`: the report, and GNQ against companions checked against the exact
-GNQ of the engine (an identity-sized sketch on a float64 tiny Llama)."""
+"""`python -m research study companions --quick`: the report, and GNQ against companions checked
+against the exact GNQ of the engine (an identity-sized sketch on a float64 tiny Llama)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from cli_helpers import gnq
 from typer.testing import CliRunner
 
-from gnq_core.cli import app
 from gnq_core.engine.auditor import GNQAuditor
 from gnq_core.engine.math.losses import per_example_lm_loss
 from gnq_core.engine.math.solve import gnq_from_kernel
 from gnq_core.sources.tokens import collate, encode_texts, pad_id
+from research.cli import app
 from research.studies import companions as co
 
 
@@ -24,8 +23,10 @@ from research.studies import companions as co
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("companions")
     threads = torch.get_num_threads()
-    gnq("study", "companions", "--quick", "--db", root / "gnq.duckdb", "--reports", root / "reports",
-        "--work", root / "work", "--quiet")
+    args = ["study", "companions", "--quick", "--db", root / "gnq.duckdb", "--reports", root / "reports",
+            "--work", root / "work", "--quiet"]
+    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
     torch.set_num_threads(threads)
     return SimpleNamespace(root=root, work=root / "work" / "companions-quick",
                            report=root / "reports" / "companions-quick")
@@ -35,7 +36,8 @@ def test_report_states_records_seeds_and_shares(built):
     text = (built.report / "report.md").read_text()
     results = json.loads((built.report / "results.json").read_text())
     assert results["seeds"] == [0, 1] and "Seeds finished: 0, 1 of 0, 1" in text
-    assert "gnq study companions --db" in text and "--quick" in text and "positive_records" in text
+    assert "python -m research study companions --db" in text and "--quick" in text
+    assert "positive_records" in text
     shares = results["shares"]
     assert {r["c"] for r in shares} == {"4", "16", "all"}
     for r in shares:

@@ -1,5 +1,5 @@
-"""`gnq study counterfactual --quick`: counterfactual memorisation on half-trained tiny models
-(a record repeated 8× is memorised more than a unique one), the report and results.json with
+"""`python -m research study counterfactual --quick`: counterfactual memorisation on half-trained
+tiny models (a record repeated 8× is memorised more than a unique one), the report and results.json with
 command, machine, time and seeds; the partial rank correlation's interval for a noise signal
 covers 0; the CV gain's base can hold K_jj."""
 
@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import length_control as lc
 from gnq_core.analysis.partial import partial_rank_correlation
-from gnq_core.cli import app
+from research.cli import app
 from research.studies import counterfactual_study as cs
 
 
@@ -27,7 +27,7 @@ def test_quick_study_counterfactual_memorisation_grows_with_copies(tmp_path):
     assert result.exit_code == 0, result.output
     folder = tmp_path / "reports" / "counterfactual-quick"
     doc = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-    assert doc["seeds"] == [0, 1] and "gnq study counterfactual" in doc["command"]
+    assert doc["seeds"] == [0, 1] and "python -m research study counterfactual" in doc["command"]
     assert "--seeds 0,1" in doc["command"]
     assert doc["machine"] and doc["compute_seconds"] > 0 and doc["cost"]["estimated_hours_k16"] > 0
     text = (folder / "report.md").read_text(encoding="utf-8")
