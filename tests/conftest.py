@@ -26,6 +26,19 @@ def float64_default():
     torch.set_default_dtype(previous)
 
 
+_THREADS = torch.get_num_threads()  # torch's default in a fresh process, as a `gnq` subprocess has
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """An in-process `gnq ... --threads 1` sets torch's threads for the whole process (as a command
+    should).  Set back after every test and its fixtures' teardown, so the next module's fixtures
+    run with torch's default too: an in-process run and a `gnq` subprocess then reduce in the same
+    order and compare bit for bit."""
+    yield
+    torch.set_num_threads(_THREADS)
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max_j |a_j − b_j| / max(|b_j|, tiny): elementwise relative error."""
     a, b = a.to(torch.float64), b.to(torch.float64)
