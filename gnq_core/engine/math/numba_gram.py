@@ -23,14 +23,7 @@ def _diagonal8(F, r, out, sums):  # pragma: no cover - compiled
     a22 = a23 = a24 = a25 = a26 = a27 = a33 = a34 = a35 = a36 = a37 = a44 = a45 = a46 = a47 = z
     a55 = a56 = a57 = a66 = a67 = a77 = z
     for n in range(F.shape[1]):
-        x0 = f0[n]
-        x1 = f1[n]
-        x2 = f2[n]
-        x3 = f3[n]
-        x4 = f4[n]
-        x5 = f5[n]
-        x6 = f6[n]
-        x7 = f7[n]
+        x0, x1, x2, x3, x4, x5, x6, x7 = f0[n], f1[n], f2[n], f3[n], f4[n], f5[n], f6[n], f7[n]
         a00 += x0 * x0
         a01 += x0 * x1
         a02 += x0 * x2
@@ -114,10 +107,7 @@ def _diagonal4(F, r, out):  # pragma: no cover - compiled
     z = out[0, 0] - out[0, 0]
     a00 = a01 = a02 = a03 = a11 = a12 = a13 = a22 = a23 = a33 = z
     for n in range(F.shape[1]):
-        x0 = f0[n]
-        x1 = f1[n]
-        x2 = f2[n]
-        x3 = f3[n]
+        x0, x1, x2, x3 = f0[n], f1[n], f2[n], f3[n]
         a00 += x0 * x0
         a01 += x0 * x1
         a02 += x0 * x2
@@ -149,14 +139,8 @@ def _cross4(F, rj, rk, out):  # pragma: no cover - compiled
     a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = a20 = a21 = a22 = a23 = a30 = a31 = a32 = z
     a33 = z
     for n in range(F.shape[1]):
-        x0 = g0[n]
-        x1 = g1[n]
-        x2 = g2[n]
-        x3 = g3[n]
-        y0 = h0[n]
-        y1 = h1[n]
-        y2 = h2[n]
-        y3 = h3[n]
+        x0, x1, x2, x3 = g0[n], g1[n], g2[n], g3[n]
+        y0, y1, y2, y3 = h0[n], h1[n], h2[n], h3[n]
         a00 += x0 * y0
         a01 += x0 * y1
         a02 += x0 * y2
