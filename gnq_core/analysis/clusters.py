@@ -46,7 +46,7 @@ def numeric_column(frame: pd.DataFrame, name: str) -> pd.Series:
     return pd.to_numeric(frame[name], errors="coerce").astype(float)
 
 
-def flagged(frame: pd.DataFrame, name: str) -> pd.Series:
+def bool_col(frame: pd.DataFrame, name: str) -> pd.Series:
     """A boolean column, False where missing or NA."""
     if name not in frame:
         return pd.Series(False, index=frame.index)

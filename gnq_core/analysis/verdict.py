@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gnq_core.analysis.clusters import flagged, numeric_column
+from gnq_core.analysis.clusters import bool_col, numeric_column
 from gnq_core.analysis.risk import risk_components
 from gnq_core.catalog import SIGNALS as CATALOG_SIGNALS
 from gnq_core.catalog import SecretKind
@@ -160,10 +160,10 @@ def _has_secret(frame: pd.DataFrame) -> pd.Series:
 def statuses(frame: pd.DataFrame, risk: pd.Series | None = None) -> pd.Series:
     """Each text's status (module docstring): the secret decides for a text with a secret-like
     value, the text attack's window for any other; ``risk`` (risk_components) for at risk."""
-    public = flagged(frame, "public")
+    public = bool_col(frame, "public")
     secret = _has_secret(frame) & ~public
-    window = flagged(frame, "extracted")
-    values_leaked = flagged(frame, "secret_reproduced") | (numeric_column(frame, "secret_values_leaked") > 0)
+    window = bool_col(frame, "extracted")
+    values_leaked = bool_col(frame, "secret_reproduced") | (numeric_column(frame, "secret_values_leaked") > 0)
     partly = numeric_column(frame, "secret_values_partly") > 0  # NaN (not attacked) compares False
     risk = risk if risk is not None else risk_components(frame)["risk"]
     # risk 0 is no evidence at all (a run without any score): never "at risk" for that
