@@ -46,7 +46,7 @@ from gnq_core.errors import GNQError, one_line
 from gnq_core.sources.limits import env_int
 
 __all__ = ["MAX_TEXT_BYTES", "SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "file_sha256",
-           "load_texts"]
+           "load_texts", "public_cell_flag", "secret_cell_values"]
 
 SUFFIXES: tuple[str, ...] = (".txt", ".jsonl", ".csv", ".parquet")
 DEFAULT_TEXT_COLUMN = "text"
