@@ -4,6 +4,7 @@ stay cheap (no torch, transformers or duckdb until a name that needs them is use
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -28,3 +29,16 @@ def lazy_exports(package: str, exports: dict[str, tuple[str, ...]]
         return sorted(where)
 
     return sorted(where), __getattr__, __dir__
+
+
+def moved_names(module: str, new: str, names: tuple[str, ...]) -> Callable[[str], Any]:
+    """``__getattr__`` for ``module`` whose ``names`` moved to ``new``: each still given, with a
+    DeprecationWarning naming its new path (for one release)."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(f"{module}.{name} moved to {new}.{name}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(new), name)
+
+    return __getattr__

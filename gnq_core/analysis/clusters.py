@@ -46,6 +46,13 @@ def numeric_column(frame: pd.DataFrame, name: str) -> pd.Series:
     return pd.to_numeric(frame[name], errors="coerce").astype(float)
 
 
+def bool_col(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A boolean column, False where missing or NA."""
+    if name not in frame:
+        return pd.Series(False, index=frame.index)
+    return frame[name].astype("boolean").fillna(False).astype(bool)
+
+
 def groups_of(frame: pd.DataFrame) -> np.ndarray:
     """One record id per row: the row's copy cluster (``cluster_id``), or for a row without one
     (unique text, or no copy detection) an id of its own.  Float ids; compare only for equality."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from gnq_core.analysis.clusters import bool_col
 from gnq_core.analysis.verdict import LEAKED, SECRET, STATUSES
 
 
@@ -106,12 +107,6 @@ def run_counts(ranked: pd.DataFrame, exposure: dict[str, Any] | None = None) -> 
         window_attacked=int(window.notna().sum()),
         window_reproduced=int(window.astype("boolean").fillna(False).astype(bool).sum()),
         leaked_kinds=dict(kinds.most_common()),
-        secret_texts_exposed=int(((status == SECRET) & _flag(ranked, "secret_exposed")).sum()), **values)
-
-
-def _flag(frame: pd.DataFrame, name: str) -> pd.Series:
-    if name not in frame:
-        return pd.Series(False, index=frame.index)
-    return frame[name].astype("boolean").fillna(False).astype(bool)
+        secret_texts_exposed=int(((status == SECRET) & bool_col(ranked, "secret_exposed")).sum()), **values)
 
 

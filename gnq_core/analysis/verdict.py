@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gnq_core.analysis.clusters import numeric_column
+from gnq_core.analysis.clusters import bool_col, numeric_column
 from gnq_core.analysis.risk import risk_components
 from gnq_core.catalog import SIGNALS as CATALOG_SIGNALS
 from gnq_core.catalog import SecretKind
@@ -153,13 +153,6 @@ def rank_texts(totals: pd.DataFrame, membership: pd.DataFrame | None = None) -> 
     return out
 
 
-def _flag(frame: pd.DataFrame, name: str) -> pd.Series:
-    """A boolean column, False where missing or NA."""
-    if name not in frame:
-        return pd.Series(False, index=frame.index)
-    return frame[name].astype("boolean").fillna(False).astype(bool)
-
-
 def _has_secret(frame: pd.DataFrame) -> pd.Series:
     return frame["secret"].notna() if "secret" in frame else pd.Series(False, index=frame.index)
 
@@ -167,10 +160,10 @@ def _has_secret(frame: pd.DataFrame) -> pd.Series:
 def statuses(frame: pd.DataFrame, risk: pd.Series | None = None) -> pd.Series:
     """Each text's status (module docstring): the secret decides for a text with a secret-like
     value, the text attack's window for any other; ``risk`` (risk_components) for at risk."""
-    public = _flag(frame, "public")
+    public = bool_col(frame, "public")
     secret = _has_secret(frame) & ~public
-    window = _flag(frame, "extracted")
-    values_leaked = _flag(frame, "secret_reproduced") | (numeric_column(frame, "secret_values_leaked") > 0)
+    window = bool_col(frame, "extracted")
+    values_leaked = bool_col(frame, "secret_reproduced") | (numeric_column(frame, "secret_values_leaked") > 0)
     partly = numeric_column(frame, "secret_values_partly") > 0  # NaN (not attacked) compares False
     risk = risk if risk is not None else risk_components(frame)["risk"]
     # risk 0 is no evidence at all (a run without any score): never "at risk" for that

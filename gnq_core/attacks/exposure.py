@@ -292,24 +292,8 @@ def search_rank(scorer: PromptScorer, tokenizer, space: ValueSpace, between: str
     if not true_ids or "".join(strings[i] for i in true_ids) != text:
         return None
     off = len(between)
-    hidden = space.hidden
-
-    def fits(s: str, pos: int) -> bool:
-        if not s or pos + len(s) > len(text):
-            return False
-        for k, c in enumerate(s):
-            j = pos + k - off
-            if (c in hidden[j] if j in hidden else c == text[pos + k]) is False:
-                return False
-        return True
-
-    alphabet = set(text).union(*hidden.values())
-    pool = [(i, s) for i, s in enumerate(strings) if s and set(s) <= alphabet]
-    fitting = [[(i, len(s)) for i, s in pool if fits(s, pos)] for pos in range(len(text))]
     # only the columns of tokens that can spell the tail are kept (and shared between searches)
-    keep = torch.tensor(sorted({i for i, _ in pool} | set(true_ids)), dtype=torch.long)
-    col = {int(t): j for j, t in enumerate(keep.tolist())}
-    options_at = [torch.tensor([col[i] for i, _ in f], dtype=torch.long) for f in fitting]
+    fitting, keep, options_at = exposure_sampling.spellings(text, off, space.hidden, strings, true_ids)
     # the true value's score from one forward of its whole tail (not one per prefix: L²/2 tokens); the
     # search's prefixes come from other batchings, equal to it up to float rounding
     score = float(scorer.cumulative([true_ids])[0][-1])

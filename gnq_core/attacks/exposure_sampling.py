@@ -50,16 +50,13 @@ class Draws:
         return 1.0 + float(w.mean()), float(w.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
 
 
-def draw(scorer, tokenizer, space, between: str, n: int, seed: int, strings: Sequence[str]) -> Draws | None:
-    """``n`` paths from the proposal (module docstring) after ``scorer``'s prompt; None when this
-    tokenizer's tokens do not decode one by one to the tail's characters (a path's string is then
-    unknown) or a position has no token that fits."""
-    text = between + space.value
-    true_ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    if not true_ids or "".join(strings[i] for i in true_ids) != text:
-        return None
-    off = len(between)
-    hidden = space.hidden  # index -> the characters a free or check place may take (its kind's alphabet)
+def spellings(text: str, off: int, hidden: dict[int, str], strings: Sequence[str], true_ids: Sequence[int]
+              ) -> tuple[list[list[tuple[int, int]]], torch.Tensor, list[torch.Tensor]]:
+    """The tokens that can spell ``text`` (the text between, then from ``off`` a value of its space;
+    ``hidden``: index -> the characters a free or check place may take, its kind's alphabet):
+    (per character position, each fitting token's (id, characters); ``keep``, the token ids whose
+    columns are kept, the tail's own included (and shared between searches); per position, its
+    fitting tokens' columns in ``keep``)."""
 
     def fits(s: str, pos: int) -> bool:
         if not s or pos + len(s) > len(text):
@@ -73,11 +70,23 @@ def draw(scorer, tokenizer, space, between: str, n: int, seed: int, strings: Seq
     alphabet = set(text).union(*hidden.values())
     pool = [(i, s) for i, s in enumerate(strings) if s and set(s) <= alphabet]
     fitting = [[(i, len(s)) for i, s in pool if fits(s, pos)] for pos in range(len(text))]
-    if any(not f for f in fitting):
-        return None
     keep = torch.tensor(sorted({i for i, _ in pool} | set(true_ids)), dtype=torch.long)
     col = {int(t): j for j, t in enumerate(keep.tolist())}
-    options_at = [torch.tensor([col[i] for i, _ in f], dtype=torch.long) for f in fitting]
+    return fitting, keep, [torch.tensor([col[i] for i, _ in f], dtype=torch.long) for f in fitting]
+
+
+def draw(scorer, tokenizer, space, between: str, n: int, seed: int, strings: Sequence[str]) -> Draws | None:
+    """``n`` paths from the proposal (module docstring) after ``scorer``'s prompt; None when this
+    tokenizer's tokens do not decode one by one to the tail's characters (a path's string is then
+    unknown) or a position has no token that fits."""
+    text = between + space.value
+    true_ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not true_ids or "".join(strings[i] for i in true_ids) != text:
+        return None
+    off = len(between)
+    fitting, keep, options_at = spellings(text, off, space.hidden, strings, true_ids)
+    if any(not f for f in fitting):
+        return None
     gen = torch.Generator().manual_seed(int(seed) % (2 ** 63))
     paths: list[tuple[int, ...]] = [()] * n
     pos = [0] * n

@@ -118,14 +118,13 @@ class _Clock:
     def timed(self, fn: Callable[[], Any]) -> float:
         """Seconds of ``fn()``; run again when the first was quick (the first call pays one-time
         costs: allocations, kernel choices) and the second kept."""
-        t0 = self.now()
-        fn()
-        first = self.now() - t0
-        if first > WARM_UP_S:
-            return first
-        t0 = self.now()
-        fn()
-        return self.now() - t0
+        for _ in range(2):
+            t0 = self.now()
+            fn()
+            seconds = self.now() - t0
+            if seconds > WARM_UP_S:
+                break
+        return seconds
 
 
 def measure_estimate(checkpoint: str, dataset, *, batch_size: int | None, max_length: int, seed: int = 0,
@@ -182,12 +181,8 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int | None, max_le
             if attack else None
         inputs_of = {"audit": audit_inputs, "extract": target}  # what each job kind's stages run on
         stages = [(s, inputs_of[kind]) for kind, kind_stages in job_kinds(work) for s in kind_stages]
-        counts: dict[str, int] = {}
-        for stage, inputs in stages:
-            counts |= stage.count(inputs, scale)
-        costs: dict[str, float | None] = {}
-        for stage, inputs in stages:
-            costs |= stage.measure(inputs, clock)
+        counts = {k: v for stage, inputs in stages for k, v in stage.count(inputs, scale).items()}
+        costs = {k: v for stage, inputs in stages for k, v in stage.measure(inputs, clock).items()}
     named, extra = split_named(counts, Work)
     work = replace(work, **named, counts=extra, mean_tokens=sum(map(len, ids)) / max(1, len(ids)))
     what = (f"{checkpoint} on {dev} at {threads} thread(s), {len(sub):,} of {n:,} texts counted"

@@ -10,12 +10,11 @@ here still work, with a DeprecationWarning.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from gnq_core._lazy import moved_names
 from gnq_core.common.progress import JobProgress
 from gnq_core.pipelines.settings import AuditJob, DemoJob, ExtractJob, JobSettings, TrainJob
 from gnq_core.results.store import Store
@@ -24,16 +23,7 @@ from gnq_core.sources.datasets import TextDataset
 
 # Moved to pipelines/non_member_audit.py; the old path works for one release.
 MOVED = ("add_non_members", "audit_non_members", "non_members_of_audit")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"gnq_core.pipelines.run.{name} moved to gnq_core.pipelines.non_member_audit.{name}",
-                  DeprecationWarning, stacklevel=2)
-    from gnq_core.pipelines import non_member_audit
-
-    return getattr(non_member_audit, name)
+__getattr__ = moved_names(__name__, "gnq_core.pipelines.non_member_audit", MOVED)
 
 
 def run_job(settings: JobSettings, store: Store | None, progress: JobProgress | None = None) -> list[str]:

@@ -8,27 +8,16 @@ old path here still works for one release, with a DeprecationWarning."""
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
+from gnq_core._lazy import moved_names
 from gnq_core.results.store import Store
 from gnq_core.results.store_queries import Run
 from gnq_core.sources.text_labels import stored_text_labels
 
 MOVED = ("dataset_labels", "secret_settings", "text_labels")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"gnq_core.results.text_labels.{name} moved to gnq_core.sources.text_labels.{name}",
-                  DeprecationWarning, stacklevel=2)
-    from gnq_core.sources import text_labels as moved
-
-    return getattr(moved, name)
+__getattr__ = moved_names(__name__, "gnq_core.sources.text_labels", MOVED)
 
 
 def ensure_text_labels(store: Store, run: Run) -> pd.DataFrame:

@@ -45,7 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gnq_core.sources.datasets import DatasetError, TextDataset, file_sha256
+from gnq_core.sources.datasets import (
+    DatasetError,
+    TextDataset,
+    file_sha256,
+    public_cell_flag,
+    secret_cell_values,
+)
 
 __all__ = ["DATA_FORMATS", "TRAIN_ON", "ChatDataset", "ChatLayout", "Turn", "chat_settings", "detect_format",
            "example_of", "load_chat", "load_data", "read_records", "render_example", "trained_default",
@@ -462,9 +468,9 @@ def load_chat(path: str | Path, tokenizer, *, data_format: str = "auto", train_o
         layouts.append(rendered.layout)
         contents.append(rendered.contents)
         if secret_column is not None:
-            secrets.append(_as_values(record.get(secret_column)))
+            secrets.append(secret_cell_values(record.get(secret_column)))
         if public_column is not None:
-            public.append(_as_flag(shown, record.get(public_column), public_column, i))
+            public.append(public_cell_flag(shown, record.get(public_column), public_column, i))
     for what, col in (("--secret-column", secret_column), ("--public-column", public_column)):
         if col is not None and col not in columns:
             raise DatasetError(shown, f"no column {col!r} for {what} (columns: {', '.join(columns)})")
@@ -480,27 +486,6 @@ def load_chat(path: str | Path, tokenizer, *, data_format: str = "auto", train_o
                        public=public if public_column is not None else None,
                        secret_column=secret_column, public_column=public_column,
                        layouts=layouts, data_format=fmt, train_on=train_on, found=found, contents=contents)
-
-
-def _as_values(value: Any) -> list[str]:
-    """A --secret-column cell as its values (a list, or a string of them separated by ';')."""
-    if value is None or (isinstance(value, float) and value != value):
-        return []
-    items = list(value) if isinstance(value, (list, tuple)) else str(value).split(";")
-    return [str(v).strip() for v in items if v is not None and str(v).strip()]
-
-
-def _as_flag(shown: str, value: Any, column: str, row: int) -> bool:
-    """A --public-column cell: true/yes/1/public or false/no/0/private/empty (as load_texts reads it)."""
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    word = str(value).strip().lower()
-    if word in ("true", "yes", "y", "1", "public", "t"):
-        return True
-    if word in ("false", "no", "n", "0", "private", "f", ""):
-        return False
-    raise DatasetError(shown, f"row {row + 1}: column {column!r} is {value!r}; --public-column takes "
-                              "true/false, yes/no, 1/0 or public/private")
 
 
 def _folder_sha(p: Path) -> str:

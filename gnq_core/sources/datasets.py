@@ -46,7 +46,7 @@ from gnq_core.errors import GNQError, one_line
 from gnq_core.sources.limits import env_int
 
 __all__ = ["MAX_TEXT_BYTES", "SUFFIXES", "DatasetError", "TextDataset", "dataset_columns", "file_sha256",
-           "load_texts"]
+           "load_texts", "public_cell_flag", "secret_cell_values"]
 
 SUFFIXES: tuple[str, ...] = (".txt", ".jsonl", ".csv", ".parquet")
 DEFAULT_TEXT_COLUMN = "text"
@@ -181,9 +181,9 @@ def load_texts(
         texts.append(text)
         groups.append((_as_text(shown, group, gcol, i) or None) if gcol is not None else None)
         if secret_column is not None:  # lists only when asked: a million empty ones cost ~56 MB
-            secrets.append(_as_values(secret))
+            secrets.append(secret_cell_values(secret))
         if public_column is not None:
-            public.append(_as_flag(shown, pub, public_column, i))
+            public.append(public_cell_flag(shown, pub, public_column, i))
     if not texts:
         what = f"all {dropped} rows have an empty text" if dropped else "no rows"
         raise DatasetError(shown, f"no examples ({what} in column {tcol!r})")
@@ -194,7 +194,7 @@ def load_texts(
                        secret_column=secret_column, public_column=public_column)
 
 
-def _as_values(value: Any) -> list[str]:
+def secret_cell_values(value: Any) -> list[str]:
     """A --secret-column cell as its values: a list (JSON, Parquet) or a string of them separated
     by ';' ; empty or missing: none."""
     if value is None or (isinstance(value, float) and value != value):
@@ -206,7 +206,7 @@ def _as_values(value: Any) -> list[str]:
 _TRUE, _FALSE = {"true", "yes", "y", "1", "public", "t"}, {"false", "no", "n", "0", "private", "f", ""}
 
 
-def _as_flag(shown: str, value: Any, column: str | None, row: int) -> bool:
+def public_cell_flag(shown: str, value: Any, column: str | None, row: int) -> bool:
     """A --public-column cell: true/yes/1/public or false/no/0/private/empty."""
     if column is None or value is None or (isinstance(value, float) and value != value):
         return False

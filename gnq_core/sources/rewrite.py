@@ -247,21 +247,25 @@ def _json_chars(literal: str) -> list[int]:
     return starts + [i]
 
 
+def _walk(node: Any, keys: FieldPath) -> Any:
+    """The value at ``keys`` below ``node`` (dict keys and list indices), None where the path ends."""
+    for key in keys:
+        if isinstance(key, str) and isinstance(node, dict):
+            node = node.get(key)
+        elif isinstance(key, int) and isinstance(node, list) and -len(node) <= key < len(node):
+            node = node[key]
+        else:
+            return None
+    return node
+
+
 class _JsonLine(_LineRecord):
     def __init__(self, raw: bytes, bom: bytes = b"") -> None:
         super().__init__(raw, bom)
         self.obj = json.loads(self.body) if self.body.strip() else None
 
     def value(self, field: FieldPath) -> Any:
-        node = self.obj
-        for key in field:
-            if isinstance(key, str) and isinstance(node, dict):
-                node = node.get(key)
-            elif isinstance(key, int) and isinstance(node, list) and -len(node) <= key < len(node):
-                node = node[key]
-            else:
-                return None
-        return node
+        return _walk(self.obj, field)
 
     def edited(self, edits: list[FieldEdit]) -> bytes:
         text = self.body
@@ -434,15 +438,7 @@ class _ParquetRow(_Record):
     def value(self, field: FieldPath) -> Any:
         if not field or field[0] not in self.doc.table.column_names:
             return None
-        node = self.doc.column(str(field[0]))[self.index]
-        for key in field[1:]:
-            if isinstance(key, str) and isinstance(node, dict):
-                node = node.get(key)
-            elif isinstance(key, int) and isinstance(node, list) and -len(node) <= key < len(node):
-                node = node[key]
-            else:
-                return None
-        return node
+        return _walk(self.doc.column(str(field[0]))[self.index], field[1:])
 
 
 class _ParquetDocument(_Document):

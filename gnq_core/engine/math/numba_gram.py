@@ -17,60 +17,13 @@ def _diagonal8(F, r, out, sums):  # pragma: no cover - compiled
     """out[i, k] += <F[r[i]], F[r[k]]> for i <= k < 8; with a non-empty ``sums``, also
     sums[n] += Σ_i F[r[i], n] in the same pass (eight distinct rows only)."""
     with_sums = sums.shape[0] > 0
-    f0 = F[r[0]]
-    f1 = F[r[1]]
-    f2 = F[r[2]]
-    f3 = F[r[3]]
-    f4 = F[r[4]]
-    f5 = F[r[5]]
-    f6 = F[r[6]]
-    f7 = F[r[7]]
+    f0, f1, f2, f3, f4, f5, f6, f7 = F[r[0]], F[r[1]], F[r[2]], F[r[3]], F[r[4]], F[r[5]], F[r[6]], F[r[7]]
     z = out[0, 0] - out[0, 0]
-    a00 = z
-    a01 = z
-    a02 = z
-    a03 = z
-    a04 = z
-    a05 = z
-    a06 = z
-    a07 = z
-    a11 = z
-    a12 = z
-    a13 = z
-    a14 = z
-    a15 = z
-    a16 = z
-    a17 = z
-    a22 = z
-    a23 = z
-    a24 = z
-    a25 = z
-    a26 = z
-    a27 = z
-    a33 = z
-    a34 = z
-    a35 = z
-    a36 = z
-    a37 = z
-    a44 = z
-    a45 = z
-    a46 = z
-    a47 = z
-    a55 = z
-    a56 = z
-    a57 = z
-    a66 = z
-    a67 = z
-    a77 = z
+    a00 = a01 = a02 = a03 = a04 = a05 = a06 = a07 = a11 = a12 = a13 = a14 = a15 = a16 = a17 = z
+    a22 = a23 = a24 = a25 = a26 = a27 = a33 = a34 = a35 = a36 = a37 = a44 = a45 = a46 = a47 = z
+    a55 = a56 = a57 = a66 = a67 = a77 = z
     for n in range(F.shape[1]):
-        x0 = f0[n]
-        x1 = f1[n]
-        x2 = f2[n]
-        x3 = f3[n]
-        x4 = f4[n]
-        x5 = f5[n]
-        x6 = f6[n]
-        x7 = f7[n]
+        x0, x1, x2, x3, x4, x5, x6, x7 = f0[n], f1[n], f2[n], f3[n], f4[n], f5[n], f6[n], f7[n]
         a00 += x0 * x0
         a01 += x0 * x1
         a02 += x0 * x2
@@ -150,26 +103,11 @@ def _diagonal8(F, r, out, sums):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, boundscheck=False, fastmath=_FLAGS)
 def _diagonal4(F, r, out):  # pragma: no cover - compiled
     """out[i, k] += <F[r[i]], F[r[k]]> for i <= k < 4."""
-    f0 = F[r[0]]
-    f1 = F[r[1]]
-    f2 = F[r[2]]
-    f3 = F[r[3]]
+    f0, f1, f2, f3 = F[r[0]], F[r[1]], F[r[2]], F[r[3]]
     z = out[0, 0] - out[0, 0]
-    a00 = z
-    a01 = z
-    a02 = z
-    a03 = z
-    a11 = z
-    a12 = z
-    a13 = z
-    a22 = z
-    a23 = z
-    a33 = z
+    a00 = a01 = a02 = a03 = a11 = a12 = a13 = a22 = a23 = a33 = z
     for n in range(F.shape[1]):
-        x0 = f0[n]
-        x1 = f1[n]
-        x2 = f2[n]
-        x3 = f3[n]
+        x0, x1, x2, x3 = f0[n], f1[n], f2[n], f3[n]
         a00 += x0 * x0
         a01 += x0 * x1
         a02 += x0 * x2
@@ -195,40 +133,14 @@ def _diagonal4(F, r, out):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, boundscheck=False, fastmath=_FLAGS)
 def _cross4(F, rj, rk, out):  # pragma: no cover - compiled
     """out[i, k] += <F[rj[i]], F[rk[k]]> for a 4×4 tile."""
-    g0 = F[rj[0]]
-    g1 = F[rj[1]]
-    g2 = F[rj[2]]
-    g3 = F[rj[3]]
-    h0 = F[rk[0]]
-    h1 = F[rk[1]]
-    h2 = F[rk[2]]
-    h3 = F[rk[3]]
+    g0, g1, g2, g3 = F[rj[0]], F[rj[1]], F[rj[2]], F[rj[3]]
+    h0, h1, h2, h3 = F[rk[0]], F[rk[1]], F[rk[2]], F[rk[3]]
     z = out[0, 0] - out[0, 0]
-    a00 = z
-    a01 = z
-    a02 = z
-    a03 = z
-    a10 = z
-    a11 = z
-    a12 = z
-    a13 = z
-    a20 = z
-    a21 = z
-    a22 = z
-    a23 = z
-    a30 = z
-    a31 = z
-    a32 = z
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = a20 = a21 = a22 = a23 = a30 = a31 = a32 = z
     a33 = z
     for n in range(F.shape[1]):
-        x0 = g0[n]
-        x1 = g1[n]
-        x2 = g2[n]
-        x3 = g3[n]
-        y0 = h0[n]
-        y1 = h1[n]
-        y2 = h2[n]
-        y3 = h3[n]
+        x0, x1, x2, x3 = g0[n], g1[n], g2[n], g3[n]
+        y0, y1, y2, y3 = h0[n], h1[n], h2[n], h3[n]
         a00 += x0 * y0
         a01 += x0 * y1
         a02 += x0 * y2
