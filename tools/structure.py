@@ -27,7 +27,7 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {}
     for module, path in files.items():
         found = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Import):
                 found |= {a.name for a in node.names if a.name in files}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -97,10 +97,14 @@ def rooms(edges: dict[str, set[str]], package: str) -> dict[str, set[str]]:
 
 
 def longest_function(path: Path) -> tuple[str, int]:
-    tree = ast.parse(path.read_text(), str(path))
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     spans = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
              if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
     return max(spans, key=lambda s: s[1], default=("-", 0))
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
 
 
 def facts(root: Path) -> dict[str, object]:
@@ -115,8 +119,8 @@ def facts(root: Path) -> dict[str, object]:
         "engine import loops": len(loops(engine)),
         "engine files flat in its folder": len(list((root / "gnq_core" / "engine").glob("*.py"))),
         "modules flat at the top of gnq_core": len(list((root / "gnq_core").glob("*.py"))),
-        "lines in gnq_core": sum(len(p.read_text().splitlines()) for p in (root / "gnq_core").rglob("*.py")),
-        "estimate_probe.py lines": len(estimate.read_text().splitlines()),
+        "lines in gnq_core": sum(_lines(p) for p in (root / "gnq_core").rglob("*.py")),
+        "estimate_probe.py lines": _lines(estimate),
         "its longest function": f"{name}, {length} lines",
     }
 
