@@ -32,11 +32,13 @@ _THREADS = torch.get_num_threads()  # torch's default in a fresh process, as a `
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     """An in-process `gnq ... --threads 1` sets torch's threads for the whole process (as a command
-    should).  Set back after every test and its fixtures' teardown, so the next module's fixtures
-    run with torch's default too: an in-process run and a `gnq` subprocess then reduce in the same
-    order and compare bit for bit."""
+    should).  Set back when a module's last test and its fixtures are torn down, so the next
+    module's fixtures run with torch's default too: an in-process run and a `gnq` subprocess then
+    reduce in the same order and compare bit for bit.  Not between tests of one module: a module
+    may hold one thread for all its tests on purpose (the family matrix)."""
     yield
-    torch.set_num_threads(_THREADS)
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+        torch.set_num_threads(_THREADS)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
