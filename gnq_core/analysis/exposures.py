@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gnq_core.catalog import RELATIVE_TEMPLATE
 from gnq_core.results.store import Store
 
 VALUE_COLUMNS = ["kind", "value", "template", "copies", "exposure", "method", "rank", "space_bits", "nodes",
@@ -126,6 +127,10 @@ def rank_words(row: pd.Series | dict, prefix: str = "") -> str:
     """"1 of 2^13.3 (exact)" or "≈ 430 of 2^46.5 (estimated)" for a value's row; ``prefix``:
     the reference model's columns ("reference_" before method and rank; the space is the same)."""
     method, rank, bits = row.get(f"{prefix}method"), row.get(f"{prefix}rank"), row.get("space_bits")
+    if row.get("template") == RELATIVE_TEMPLATE and method == "estimated":
+        share = 2.0 ** -float(row["exposure"]) if _finite(row.get("exposure")) else None
+        said = f"{share:.2g}" if share is not None else "?"
+        return f"top {said} of what the reference model writes (estimated)"
     size = f"2^{bits:.1f}" if _finite(bits) else "its space"
     if method == "exact" and pd.notna(rank):
         return f"{int(rank):,} of {size} (exact)"
@@ -139,11 +144,16 @@ def rank_words(row: pd.Series | dict, prefix: str = "") -> str:
 # What each column of ``values_table`` means: the Runs page's column help, the report's caption.
 VALUES_HELP: dict[str, str] = {
     "format": "The value's template: # = a free digit (the part ranked), the other characters kept as "
-              "written.",
+              "written; e-mails, names, addresses and dates of birth, whose values are not equally likely, "
+              f"read {RELATIVE_TEMPLATE}: measured against what the reference model writes after the same "
+              "prompt.",
     "copies": "Texts holding this value: its copies share one computation and one number.",
     "exposure (bits)": "log2 of the number of values of its format − log2 of its rank among them by the "
                        "audited model's likelihood. The ceiling (rank 1) = the model prefers it to every "
-                       "other value of its format; about 1.4 = a uniformly random rank.",
+                       "other value of its format; about 1.4 = a uniformly random rank. Relative to the "
+                       "reference model: −log2 of the share of what the reference writes there whose "
+                       "likelihood gained as much from this training (audited/reference), so a common name "
+                       "is not exposed for being common.",
     "rank": "Its rank among all values of its format: exact (a pruned search found it) or estimated from "
             "random values when the search ran out of nodes (the fit is in the last column and the JSON).",
     "reference (bits)": "The same exposure under the reference model (the base model or the run's first "
@@ -225,8 +235,9 @@ def value_exposure_sentence(row: pd.Series | dict) -> str:
     model's, and its format's never-trained 99th percentile."""
     value = row.get("value")
     if not _finite(row.get("exposure")):
-        return f"{value}: exposure not measured (only a value of a format with free digits is ranked)."
-    same = {"space_bits": row.get("exposure_space_bits")}
+        return (f"{value}: exposure not measured (a value is ranked among the values of its format's free "
+                "characters; an e-mail, name, address or date of birth only against a reference model).")
+    same = {"space_bits": row.get("exposure_space_bits"), "template": row.get("exposure_template")}
     mine = rank_words(same | {"method": row.get("exposure_method"), "rank": row.get("exposure_rank"),
                               "exposure": row.get("exposure")})
     said = f"{value}: exposure {float(row['exposure']):.1f} bits, rank {mine}"

@@ -15,10 +15,18 @@ and the reference model, and the run's null, which decides which values are *exp
   its likelihood ratio audited/reference beats that of never-trained values of its format (a
   likelihood-ratio test, not two exposures compared).  The null's 99th percentile is kept beside
   it as the control's spread, no longer a threshold.
+* Kinds with no uniform space (e-mails, names, addresses, dates of birth; catalog: exposure
+  RELATIVE), with a reference model: exposure relative to the reference
+  (attacks/exposure_relative.py: the share of the values the reference would write whose
+  likelihood ratio audited/reference is at least the value's); their null is never-trained
+  values of the kind (surrogates of the run's values, never a value of the data) measured the
+  same way, and the same likelihood-ratio test and Benjamini–Hochberg decide "exposed".  Without a
+  reference they get no exposure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
@@ -39,9 +47,13 @@ from gnq_core.attacks.exposure import (
     value_space,
 )
 from gnq_core.attacks.exposure_fdr import FDR_Q, RATIO_VALUES, decide, rank_p, ratio_p
+from gnq_core.attacks.exposure_relative import MIN_VALUE_CHARS, Relative, measure_kind
 from gnq_core.attacks.forward import evaluating
+from gnq_core.catalog import RELATIVE, RELATIVE_TEMPLATE
+from gnq_core.catalog import kind as catalog_kind
 from gnq_core.common.progress import SECRET_VALUES
 from gnq_core.results.store_writes import SECRET_NULL_COLUMNS as NULL_COLUMNS
+from gnq_core.sources.surrogates import SurrogateError, surrogate
 
 NULL_VALUES = 20       # never-trained values per format
 NULL_QUANTILE = 0.99   # "exposed" lies above this quantile of the null
@@ -105,7 +117,7 @@ class Measurer:
         self.scorers = Scorers(settings.batch_size, settings.device)
 
     def prompt_of(self, o: Occurrence, space: ValueSpace) -> list[int]:
-        return list(o.prompt[-max(1, self.settings.max_length - len(o.between + space.value)):])
+        return prompt_of_value(dataclasses.replace(o, value=space.value), self.settings.max_length)
 
     def measure(self, model, o: Occurrence, space: ValueSpace) -> Exposure:
         s, prompt = self.settings, self.prompt_of(o, space)
@@ -125,11 +137,14 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
     copies = Counter((o.kind, o.value) for o in occurrences)
     first = first_occurrences(occurrences)
     formats = formats_of(first)
+    relative = relative_kinds(occurrences) if reference is not None else {}
     models = 2 if reference is not None else 1
     if progress is not None:
-        progress(f"secret-like values: exact rank or estimate of {len(first)} distinct values, and the null "
-                 f"({NULL_VALUES} never-trained values per format)",
-                 len(first) * models + len(formats) * NULL_VALUES, SECRET_VALUES)
+        n_relative = sum(len(members) for members in relative.values())
+        progress(f"secret-like values: exact rank or estimate of {len(first) + n_relative} distinct values, "
+                 f"and the null ({NULL_VALUES} never-trained values per format)",
+                 len(first) * models + len(formats) * NULL_VALUES + n_relative + len(relative) * NULL_VALUES,
+                 SECRET_VALUES)
 
     measurer = Measurer(tokenizer, settings)  # a prompt's cache and rows, kept for the run
     scorers, prompt_of = measurer.scorers, measurer.prompt_of
@@ -176,11 +191,27 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
             if e.bits is not None:
                 bits.append(e.bits)
         thresholds[(kind, template)] = null_threshold(bits)
-    keys = list(first)
-    p_values = [_p(audited[k], first[k][1]) for k in keys]
+    relatives, relative_rows = {}, {}
+    if relative:
+        with evaluating(model), evaluating(reference):
+            relatives, relative_rows = measure_relative(model, reference, tokenizer, relative, values_by_kind,
+                                                        settings, scorers)
+    for kind in relative:
+        rows = relative_rows[kind]
+        ratio_null[(kind, RELATIVE_TEMPLATE)] = [r["log_ratio"] for r in rows]
+        null_rows += rows[:NULL_VALUES]
+        thresholds[(kind, RELATIVE_TEMPLATE)] = null_threshold([r["exposure"] for r in rows[:NULL_VALUES]
+                                                                if r["exposure"] is not None])
+        if advance is not None:
+            advance(len(relative[kind]) + NULL_VALUES)
+    keys = list(first) + list(relatives)
+    p_values = [_p(audited[k], first[k][1]) for k in first] + [r.exposure.p_value for r in relatives.values()]
     value_ratio = ({k: float(ratios(o, space, [space.value])[0]) for k, (o, space) in first.items()}
                    if reference is not None else {})
-    reference_p = ([ratio_p(value_ratio[k], ratio_null[(k[0], first[k][1].template)]) for k in keys]
+    value_ratio |= {k: r.log_ratio for k, r in relatives.items()}
+    templates = {k: space.template for k, (_, space) in first.items()}
+    templates |= dict.fromkeys(relatives, RELATIVE_TEMPLATE)
+    reference_p = ([ratio_p(value_ratio[k], ratio_null[(k[0], templates[k])]) for k in keys]
                    if reference is not None else None)
     exposed_of = dict(zip(keys, decide(p_values, reference_p, settings.fdr_q), strict=True))
     out = {}
@@ -195,7 +226,65 @@ def run_exposures(model, reference, tokenizer, occurrences: Sequence[Occurrence]
                     "exposure_p": p_values[i], "log_ratio": value_ratio.get(key),
                     "reference_ratio_p": reference_p[i] if reference_p is not None else None,
                     "exposure_fdr_q": settings.fdr_q}
+    for i, (key, r) in enumerate(relatives.items(), start=len(first)):
+        out[key] = {**_columns(r.exposure), "exposure_template": RELATIVE_TEMPLATE,
+                    "exposure_space_bits": None, "value_copies": copies[key],
+                    "exposure_null_p99": thresholds[(key[0], RELATIVE_TEMPLATE)],
+                    "exposed": exposed_of[key], "reference_exposure": None, "reference_exposure_method": None,
+                    "reference_exposure_rank": None, "exposure_p": p_values[i], "log_ratio": r.log_ratio,
+                    "reference_ratio_p": reference_p[i], "exposure_fdr_q": settings.fdr_q}
     return out, pd.DataFrame(null_rows, columns=NULL_COLUMNS)
+
+
+def measure_relative(model, reference, tokenizer, relative: dict[str, list[Occurrence]],
+                     values_by_kind: dict[str, set[str]], settings: Settings, scorers
+                     ) -> tuple[dict[tuple[str, str], Relative], dict[str, list[dict]]]:
+    """Per distinct value of the kinds measured relative to the reference (``relative_kinds``) its
+    ``Relative``, and per kind its ``RATIO_VALUES`` never-trained values as null rows (the first
+    ``NULL_VALUES`` are the null shown; all are the likelihood-ratio test's): surrogates of the
+    kind's values in turn (the i-th after value i mod len's prompt), never a value of the data."""
+    relatives: dict[tuple[str, str], Relative] = {}
+    rows: dict[str, list[dict]] = {}
+    for kind, members in relative.items():
+        rng = random.Random(value_seed(settings.seed, "null", kind, RELATIVE_TEMPLATE))
+        taken = values_by_kind.get(kind, set()) | {o.value for o in members}
+        order: list[tuple[int, str]] = []  # (member, never-trained value), in the null's order
+        for i in range(RATIO_VALUES):
+            with contextlib.suppress(SurrogateError):  # a value too short to redraw: one fewer
+                order.append((i % len(members), surrogate(kind, members[i % len(members)].value, rng, taken)))
+        never = [[v for m, v in order if m == j] for j in range(len(members))]
+        got, null = measure_kind(model, reference, tokenizer, members,
+                                 [prompt_of_value(o, settings.max_length) for o in members], scorers,
+                                 settings.n_candidates, never,
+                                 lambda i, ms=members: value_seed(settings.seed, "relative", ms[i].kind,
+                                                                  ms[i].value))
+        relatives |= {(o.kind, o.value): r for o, r in zip(members, got, strict=True)}
+        measured = {(i, v): r for i, v, r in null}
+        rows[kind] = [{"kind": kind, "template": RELATIVE_TEMPLATE, "value": v,
+                       "prompt_example_id": members[i].example_id, **_columns(measured[(i, v)].exposure),
+                       "log_ratio": measured[(i, v)].log_ratio} for i, v in order if (i, v) in measured]
+    return relatives, rows
+
+
+def relative_kinds(occurrences: Sequence[Occurrence]) -> dict[str, list[Occurrence]]:
+    """Per kind whose values have no uniform space (catalog: exposure RELATIVE), its distinct
+    values' first occurrences (lowest text id, then position), measured relative to the reference
+    (attacks/exposure_relative.py)."""
+    out: dict[str, list[Occurrence]] = {}
+    seen: set[tuple[str, str]] = set()
+    for o in sorted(occurrences, key=lambda o: (o.example_id, o.start)):
+        if (o.kind, o.value) in seen or catalog_kind(o.kind).exposure != RELATIVE:
+            continue
+        if len(o.value.strip()) >= MIN_VALUE_CHARS:
+            seen.add((o.kind, o.value))
+            out.setdefault(o.kind, []).append(o)
+    return out
+
+
+def prompt_of_value(o: Occurrence, max_length: int) -> list[int]:
+    """The occurrence's prompt cut to leave room for the text between it and the value, and the
+    value, within ``max_length`` (as ``Measurer.prompt_of``)."""
+    return list(o.prompt[-max(1, max_length - len(o.between + o.value)):])
 
 
 def null_threshold(bits: Sequence[float]) -> float | None:

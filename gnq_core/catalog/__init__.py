@@ -9,6 +9,7 @@ from gnq_core.catalog.kinds import (
     KIND_BY_NAME,
     KINDS,
     RELATIVE,
+    RELATIVE_TEMPLATE,
     SPACE,
     UNKNOWN,
     Check,
@@ -18,5 +19,6 @@ from gnq_core.catalog.kinds import (
 )
 from gnq_core.catalog.signals import SIGNAL_BY_COLUMN, SIGNALS, Signal, signal
 
-__all__ = ["BASE62", "DIGITS", "KINDS", "KIND_BY_NAME", "RELATIVE", "SIGNALS", "SIGNAL_BY_COLUMN", "SPACE",
-           "UNKNOWN", "Check", "SecretKind", "Signal", "count_words", "iban_ok", "kind", "luhn_ok", "signal"]
+__all__ = ["BASE62", "DIGITS", "KINDS", "KIND_BY_NAME", "RELATIVE", "RELATIVE_TEMPLATE", "SIGNALS",
+           "SIGNAL_BY_COLUMN", "SPACE", "UNKNOWN", "Check", "SecretKind", "Signal", "count_words", "iban_ok",
+           "kind", "luhn_ok", "signal"]

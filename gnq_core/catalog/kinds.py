@@ -28,6 +28,7 @@ BASE62 = string.ascii_letters + DIGITS
 # How a kind's exposure is measured (attacks/exposure.py):
 SPACE = "space"        # a rank among every value its format allows (uniform: exact or estimated)
 RELATIVE = "relative"  # values are not uniform (names, e-mails, addresses): no candidate space
+RELATIVE_TEMPLATE = "(relative to the reference model)"  # such values' format (attacks/exposure_relative.py)
 NONE = None            # no exposure (a password's or phrase's space is not the format's)
 
 
