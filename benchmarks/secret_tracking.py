@@ -2,13 +2,18 @@
 
     OMP_NUM_THREADS=1 python -m benchmarks.secret_tracking              # small GPT-2, k = 50, 2,000 steps
     OMP_NUM_THREADS=1 python -m benchmarks.secret_tracking --steps 200 --max-overhead none --tag raw
+    OMP_NUM_THREADS=1 python -m benchmarks.secret_tracking \
+        --model ~/.cache/gnq-audit/models/smollm2-135m-instruct --steps 200 --lr 1e-4 --tag smollm2
 
 A GPT-2 of the ``small`` preset (4 layers, 256 wide; a local BPE tokenizer of 2,048 tokens) trains
 on the privacy scenario of tests/scenario_data.py (ordinary lines, unique secrets, customer
 records repeated 4×: 188 texts, 36 of them holding a secret-like value) with AdamW, batch 8,
 64 tokens.  Every ``k`` optimizer steps ``SecretTracker`` probes every value under the current
 weights with the post-hoc attack's budget (greedy continuation, exposure with 128 candidates and
-a 1,024-node exact search, the null of 20 never-trained values per format).  One torch thread;
+a 1,024-node exact search, the null of 20 never-trained values per format).  ``--model DIR``: a pretrained
+causal LM from a Hugging Face folder (SmolLM2-135M-Instruct, float32) trains instead, with its own
+tokenizer, on the same texts (``--lr`` its learning rate; the padding is masked by length, since
+its pad token is also its end of text).  One torch thread;
 CPU seconds of this process (``time.process_time``), so the neighbours' load does not count.
 The cost is the probes' seconds over the training steps' seconds of the same run, with the
 tracker's default ``max_overhead`` (0.10: due probes put off while they would cost more) or
@@ -37,18 +42,35 @@ from .common import write
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
+def _model_and_tokenizer(model_dir: Path | None, preset: str, texts: list[str], length: int,
+                         seed: int) -> tuple[torch.nn.Module, object]:
+    """The pretrained model in ``model_dir`` with its tokenizer, or a fresh GPT-2 of ``preset``
+    with a BPE tokenizer trained on the texts."""
+    if model_dir is not None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        return model, tok
+    tok = train_tokenizer(texts, vocab_size=2048)
+    model = build_model(preset, vocab_size=len(tok), max_length=length, seed=seed,
+                        eos_token_id=tok.eos_token_id)
+    return model, tok
+
+
 def run(steps: int, every: int, batch: int, length: int, preset: str, seed: int,
-        max_overhead: float | None, n_candidates: int = DEFAULT_SECRET_CANDIDATES) -> dict:
+        max_overhead: float | None, n_candidates: int = DEFAULT_SECRET_CANDIDATES,
+        model_dir: Path | None = None, lr: float = 1e-3) -> dict:
     from scenario_data import scenario
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     texts = scenario(seed=seed)["text"].tolist()
-    tok = train_tokenizer(texts, vocab_size=2048)
+    model, tok = _model_and_tokenizer(model_dir, preset, texts, length, seed)
     ids = [tok(t, add_special_tokens=False)["input_ids"][:length] for t in texts]
-    model = build_model(preset, vocab_size=len(tok), max_length=length, seed=seed,
-                        eos_token_id=tok.eos_token_id)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     tracker = SecretTracker(SecretTracking(tok, every=every, max_overhead=max_overhead,
                                            n_candidates=n_candidates), texts, ids, max_length=length)
     gen = torch.Generator().manual_seed(seed)
@@ -59,7 +81,9 @@ def run(steps: int, every: int, batch: int, length: int, preset: str, seed: int,
         pick = torch.randint(len(ids), (batch,), generator=gen).tolist()
         x = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids[i]) for i in pick], batch_first=True,
                                             padding_value=tok.pad_token_id)
-        mask = x != tok.pad_token_id
+        # By length, not by the pad id: a real tokenizer's pad token is its end of text.
+        sizes = torch.tensor([len(ids[i]) for i in pick])
+        mask = torch.arange(x.shape[1])[None, :] < sizes[:, None]
         start = time.process_time()
         model.train()
         logits = model(input_ids=x, attention_mask=mask).logits
@@ -75,8 +99,9 @@ def run(steps: int, every: int, batch: int, length: int, preset: str, seed: int,
     history = tracker.history()
     ratio = sum(probe_s) / sum(train_s)
     return {
-        "settings": {"steps": steps, "every": every, "batch": batch, "length": length, "preset": preset,
-                     "seed": seed, "texts": len(texts), "texts_with_values": tracker.values,
+        "settings": {"steps": steps, "every": every, "batch": batch, "length": length,
+                     "model": Path(model_dir).name if model_dir is not None else f"gpt2-{preset}",
+                     "lr": lr, "seed": seed, "texts": len(texts), "texts_with_values": tracker.values,
                      "values_probed": int(history.groupby("step").size().iloc[0]) if len(history) else 0,
                      "n_candidates": tracker.settings.n_candidates,
                      "search_nodes": tracker.settings.search_nodes, "max_overhead": max_overhead,
@@ -102,6 +127,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--preset", default="small")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a Hugging Face causal-LM folder to fine-tune instead of a fresh "
+                             "GPT-2 of --preset")
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-overhead", default=str(DEFAULT_MAX_OVERHEAD),
                         help="SecretTracking max_overhead, or 'none' (probe every k steps whatever it costs)")
@@ -111,7 +140,10 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     a = parser.parse_args()
     limit = None if a.max_overhead.lower() == "none" else float(a.max_overhead)
-    result = run(a.steps, a.every, a.batch, a.length, a.preset, a.seed, limit, a.n_candidates)
+    if a.model is not None and not (a.model / "config.json").is_file():
+        sys.exit(f"{a.model}: no config.json there (a Hugging Face model folder is needed)")
+    result = run(a.steps, a.every, a.batch, a.length, a.preset, a.seed, limit, a.n_candidates,
+                 a.model, a.lr)
     result["max_ratio"] = a.max_ratio
     result["within_target"] = result["probe_over_training"] <= a.max_ratio
     path = write("secret_tracking" + (f"-{a.tag}" if a.tag else ""), result)

@@ -15,7 +15,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     ".html_report": ("build_report", "check_writable", "write_report"),
     ".predictive_figures": ("roc_figure",),
     ".remediation": ("ACT_ON", "DEFAULT_ACT_ON", "Remediation", "RemediationError", "RemediationOptions",
-                     "remediate_run"),
+                     "needs_data", "remediate_run"),
     ".risk": ("RiskBasis", "risk_components"),
     ".signals": ("gnq_provenance", "signal_frame"),
     ".summaries": ("group_auc", "group_separation", "nearest_by_trajectory", "quantile_bins",

@@ -110,16 +110,41 @@ def text_segments(path: str | Path, text_field: FieldPath, texts: Sequence[str])
     values = field_values(path, text_field)
     records = [i for i, v in enumerate(values) if _as_text(v) is not None and _as_text(v).strip()]
     shown = str(path)
+    if not records and text_field:
+        raise RemediationError(f"{shown}: no record has a text in {text_field[0]!r} (the run has "
+                               f"{len(texts)}); name the text column with --text-column")
     if len(records) != len(texts):
-        raise RemediationError(f"{shown}: {len(records)} texts, the run has {len(texts)}; give the run's "
+        raise RemediationError(f"{shown}: holds {len(records)} texts, the run {len(texts)}; give the run's "
                                "own training data (--data)")
     out = []
     for example_id, (record, text) in enumerate(zip(records, texts, strict=True)):
         if _as_text(values[record]) != text:
-            raise RemediationError(f"{shown}: record {record + 1} is not the run's text {example_id}; give "
-                                   "the run's own training data (--data)")
+            raise RemediationError(f"{shown}: text {example_id} differs from the run's (record "
+                                   f"{record + 1}); give the run's own training data (--data)")
         out.append([Segment(0, len(text), record, text_field)])
     return out
+
+
+def trained_in_memory(run: Any) -> bool:
+    """A run the HF Trainer integration recorded (GNQTrainer, GNQSFTTrainer): its texts came from
+    memory, its ``dataset_hash`` is of the texts themselves, not of a file's bytes; a training
+    file is accepted for it when its texts are the run's (``text_segments``)."""
+    return bool((run.settings or {}).get("trainer"))
+
+
+def needs_data(run: Any) -> bool:
+    """Whether remediating ``run`` needs the training file named (``--data``): a Trainer run
+    records no file by default (``dataset_path`` is ``(in memory)``)."""
+    return trained_in_memory(run) and not Path(run.dataset_path).is_file()
+
+
+def _check_ids(run: Any, examples: pd.DataFrame, source: Path) -> None:
+    """The file's i-th text is the run's text i: a Trainer run whose example ids are not 0..n-1
+    has no such order to check the file against."""
+    ids = examples["example_id"].astype(int).tolist()
+    if ids != list(range(len(ids))):
+        raise RemediationError(f"{source}: run {run.name!r} has example ids that are not 0..{len(ids) - 1} "
+                               "in order, so its texts cannot be matched to the file's records")
 
 
 def _as_text(value: Any) -> str | None:
@@ -323,10 +348,16 @@ class Remediation:
 
 
 def remediate_run(store: Any, run: Any, ranked: pd.DataFrame, out: str | Path, options: RemediationOptions, *,
-                  data: str | Path | None = None, manifest_out: str | Path | None = None) -> Remediation:
+                  data: str | Path | None = None, manifest_out: str | Path | None = None,
+                  text_column: str | None = None) -> Remediation:
     """Write ``run``'s training data (its recorded dataset, or ``data`` with the same SHA-256) to
     ``out`` in its own format, cleaned as ``options`` says, and the manifest beside it; both are
-    written to temporary files and renamed at the end (nothing half-written)."""
+    written to temporary files and renamed at the end (nothing half-written).
+
+    A run trained in memory (``trained_in_memory``: the HF Trainer integration) records no file's
+    SHA-256: ``data`` is its training file, accepted when its texts (``text_column``, default
+    ``text``; a ``.txt`` file's non-blank lines) are the run's, same count, same order, equal
+    character for character."""
     import contextlib
 
     from gnq_core.common.atomic import atomic_path
@@ -336,6 +367,11 @@ def remediate_run(store: Any, run: Any, ranked: pd.DataFrame, out: str | Path, o
     from gnq_core.sources.datasets import file_sha256
     from gnq_core.sources.rewrite import rewrite_dataset
 
+    in_memory = trained_in_memory(run)
+    if data is None and needs_data(run):
+        raise RemediationError(f"run {run.name!r} was trained in memory ({run.settings['trainer']}): no "
+                               "training file is recorded; give it with --data (its texts must be the "
+                               "run's, in order)")
     source = Path(data) if data is not None else Path(run.dataset_path)
     out = Path(out)
     man = Path(manifest_out) if manifest_out is not None else manifest_path(out)
@@ -348,11 +384,19 @@ def remediate_run(store: Any, run: Any, ranked: pd.DataFrame, out: str | Path, o
         raise RemediationError(f"--manifest {man}: the same file as --out")
     refuse_overwrite([out, man], store, inputs=[source])
     digest = file_sha256(source)
-    if digest != run.dataset_hash:
+    if not in_memory and digest != run.dataset_hash:
         raise RemediationError(f"{source}: not the data run {run.name!r} was trained or audited on (its "
                                "SHA-256 differs from the one the run recorded)")
+    if text_column is not None and source.suffix.lower() == ".txt":
+        raise RemediationError(f"{source}: a .txt file has no columns; --text-column applies to .csv, "
+                               ".jsonl and .parquet")
     examples = ensure_text_labels(store, run)
-    column = run.settings.get("text_column")
+    if in_memory:
+        _check_ids(run, examples, source)
+        if "turns" in examples and examples["turns"].notna().any():
+            raise RemediationError(f"{source}: run {run.name!r} trained on rendered conversations; "
+                                   "remediating a chat file (its messages' fields) is not supported yet")
+    column = text_column or run.settings.get("text_column")
     text_field: FieldPath = () if source.suffix.lower() == ".txt" else (column or "text",)
     segments = text_segments(source, text_field, examples["text"].astype(str).tolist())
     changes = plan(examples, ranked, store.value_outcomes(run.run_id), segments, options)

@@ -51,7 +51,12 @@ def remediate(
                                help="Text ids to drop besides, comma-separated (the example ids of gnq "
                                     "export)."),
     data: Path = typer.Option(None, "--data", show_default=False,
-                              help="The run's training data, when it moved (must be the same bytes)."),
+                              help="The run's training data: when it moved (must be the same bytes), or "
+                                   "for a run of the HF Trainer integration, which records no file (its "
+                                   "texts must be the run's: same count, same order, equal)."),
+    text_column: str = typer.Option(None, "--text-column", show_default=False,
+                                    help="The --data file's text column (.csv, .jsonl, .parquet; default: "
+                                         "the one the run recorded, else 'text')."),
     manifest: Path = typer.Option(None, "--manifest", show_default=False,
                                   help="The manifest JSON to write (default: OUT.manifest.json)."),
     db: Path = DbOption,
@@ -68,7 +73,7 @@ def remediate(
     store = open_store(db, create=False)
     info = store.run(run)
     done = remediate_run(store, info, ranked_texts(store, info), out, options, data=data,
-                         manifest_out=manifest)
+                         manifest_out=manifest, text_column=text_column)
     say(quiet, f"run {info.name!r}: {done.summary()}")
 
 

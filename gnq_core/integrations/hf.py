@@ -191,6 +191,7 @@ class GNQCallback(TrainerCallback):
         self.meta: dict[str, Any] | None = None
         self.rank, self.world, self.batch_size = 0, 1, 0
         self.point, self.micro = -1, 0
+        self._epoch_end_step = -1  # the optimizer step of the last epoch end (its checkpoint: on_save)
         self._scored: list[tuple[int, ScoreColumns]] = []  # this process's rows by point, also kept in memory
         # this micro-batch: ids, t0, losses ℓ_j, counts (targets) and signals (Min-K% / Min-K%++)
         self._current: dict[str, Any] = {}
@@ -314,6 +315,20 @@ class GNQCallback(TrainerCallback):
         if self.meta is not None:
             self.meta["points"].append({"point": self.point, "label": f"epoch-{self.point + 1}",
                                         "kind": "epoch", "done": True})
+            write_run_file(self.config.out, self.meta)
+        self._epoch_end_step = state.global_step
+
+    def on_save(self, args, state, control, **kwargs):
+        """The checkpoint the Trainer saves at an epoch's end (``save_strategy="epoch"``) is that
+        point's folder, with its weights' hash: ``gnq extract`` attacks it (verified unchanged)."""
+        if self.meta is None or not self.meta["points"] or state.global_step != self._epoch_end_step:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        point = self.meta["points"][-1]
+        if folder.is_dir() and "path" not in point:
+            from gnq_core.sources.checkpoints.files import checkpoint_hash
+
+            point |= {"path": str(folder.resolve()), "model_hash": checkpoint_hash(folder)}
             write_run_file(self.config.out, self.meta)
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -66,7 +66,7 @@ class ShardSet:
     root: Path
     meta: dict[str, Any]
     examples: pd.DataFrame
-    points: pd.DataFrame  # point, label, kind, status
+    points: pd.DataFrame  # point, label, kind, status, path, model_hash
     files: dict[str, list[str]]  # scores / batches -> Parquet files
 
     @property
@@ -106,13 +106,18 @@ def read_shards(root: str | Path) -> ShardSet:
         raise ShardError(f"{root}: incomplete: steps {odd[0]}-{odd[1]} have a scores or a batches shard "
                          "but not both")
     examples = _read_examples(root)
-    points = pd.DataFrame(meta.get("points") or [], columns=["point", "label", "kind", "done"])
+    # path / model_hash: the checkpoint a Trainer saved at that epoch's end, when it saved one
+    points = pd.DataFrame(meta.get("points") or [], columns=["point", "label", "kind", "done", "path",
+                                                              "model_hash"])
     seen = _points_in(files["scores"].values())
     extra = [p for p in seen if p not in set(points["point"])]
     points = pd.concat([points, pd.DataFrame({"point": extra, "label": [f"epoch-{p + 1}" for p in extra],
                                               "kind": "epoch", "done": False})], ignore_index=True)
     points["status"] = ["done" if d else "pending" for d in points["done"]]
-    shards = ShardSet(root, meta, examples, points[["point", "label", "kind", "status"]],
+    points = points.astype({"path": object, "model_hash": object})
+    points = points.where(points.notna(), None)
+    shards = ShardSet(root, meta, examples, points[["point", "label", "kind", "status", "path",
+                                                    "model_hash"]],
                       {t: [str(files[t][k]) for k in sorted(files[t])] for t in files})
     shards.run  # noqa: B018 (refuses an invalid run description now)
     return shards

@@ -34,7 +34,13 @@ from gnq_core.results.store_schema import (
     check_tables,
     current_version,
 )
-from gnq_core.results.store_writes import StoreWrites, insert_examples, insert_run, shard_select
+from gnq_core.results.store_writes import (
+    POINT_COLUMNS,
+    StoreWrites,
+    insert_examples,
+    insert_run,
+    shard_select,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -197,9 +203,9 @@ def shard_view(spec: RunSpec, status: str, examples: pd.DataFrame, points: pd.Da
         run_id = insert_run(con, spec)
         con.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run_id])
         insert_examples(con, run_id, examples)
-        con.register("shard_points", points.assign(run_id=run_id)[["run_id", "point", "label", "kind",
-                                                                   "status"]])
-        con.execute("INSERT INTO points (run_id, point, label, kind, status) SELECT * FROM shard_points")
+        con.register("shard_points", points.reindex(columns=POINT_COLUMNS).assign(run_id=run_id)[
+            ["run_id", *POINT_COLUMNS]])
+        con.execute(f"INSERT INTO points (run_id, {', '.join(POINT_COLUMNS)}) SELECT * FROM shard_points")
         for table, paths in files.items():
             if paths:  # a table without shards yet stays the schema's empty table
                 con.execute(f"DROP TABLE {table}")

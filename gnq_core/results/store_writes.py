@@ -99,8 +99,7 @@ class StoreWrites:
                 for table in ("examples", "points", "scores", "batches", "secret_tracking"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             insert_examples(con, run_id, examples)
-            _insert_frame(con, "points",
-                          points.assign(run_id=run_id)[["run_id", "point", "label", "kind", "status"]])
+            _insert_frame(con, "points", points.reindex(columns=POINT_COLUMNS).assign(run_id=run_id))
             if score_files:
                 con.execute(f"INSERT INTO scores BY NAME {shard_select('scores', score_files, run_id)}")
             if batch_files:
@@ -322,6 +321,9 @@ def _insert_frame(con: duckdb.DuckDBPyConnection, table: str, frame: pd.DataFram
     con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM new_rows")
     con.unregister("new_rows")
 
+
+# A run's points as shards describe them (path / model_hash: None where no checkpoint was saved).
+POINT_COLUMNS = ["point", "label", "kind", "status", "path", "model_hash"]
 
 # Columns of the scores / batches tables that a Parquet shard carries (all but run_id).
 SHARD_COLUMNS = {"scores": ["point", *SCORE_COLUMNS], "batches": ["point", *BATCH_COLUMNS]}

@@ -47,17 +47,25 @@ TEXTS = [
 ]
 
 
-def _store_run(tmp_path, path, name="r", texts=TEXTS, leaked=(CARD,), text_column="text") -> Store:
-    """A run over ``path`` whose secret attack wrote the values of ``leaked`` whole, the others not."""
+def _store_run(tmp_path, path, name="r", texts=TEXTS, leaked=(CARD,), text_column="text",
+               trainer=False) -> Store:
+    """A run over ``path`` whose secret attack wrote the values of ``leaked`` whole, the others not
+    (``trainer``: recorded as the HF Trainer integration records one, from memory, with no file)."""
     store = Store(tmp_path / "gnq.duckdb")
-    dataset = load_texts(path, text_column=None if path.suffix == ".txt" else text_column)
-    assert dataset.texts == list(texts)
     examples = pd.DataFrame({"example_id": range(len(texts)), "text": texts, "grp": None,
                              "n_tokens": [10] * len(texts)})
-    settings = {"text_column": dataset.text_column, "group_column": None}
-    run = store.create_run(RunSpec(name=name, kind="audit", lam=0.01, batch_size=2, seed=0, max_length=64,
-                                   model_path="m", dataset_path=str(dataset.path),
-                                   dataset_hash=dataset.sha256, n_examples=len(texts), code_version="test",
+    if trainer:  # hf.py's _run_spec: the texts' own hash, no file, no text column
+        content = examples[["example_id", "text"]].to_json(orient="values")
+        dataset_path, digest = "(in memory)", hashlib.sha256(content.encode()).hexdigest()
+        settings = {"trainer": "transformers.Trainer (GNQTrainer)"}
+    else:
+        dataset = load_texts(path, text_column=None if path.suffix == ".txt" else text_column)
+        assert dataset.texts == list(texts)
+        dataset_path, digest = str(dataset.path), dataset.sha256
+        settings = {"text_column": dataset.text_column, "group_column": None}
+    run = store.create_run(RunSpec(name=name, kind="train" if trainer else "audit", lam=0.01, batch_size=2,
+                                   seed=0, max_length=64, model_path="m", dataset_path=dataset_path,
+                                   dataset_hash=digest, n_examples=len(texts), code_version="test",
                                    device="cpu", dtype="float32",
                                    settings=settings), examples)
     rows = []
@@ -150,6 +158,51 @@ def test_the_cleaned_file_keeps_its_format_and_every_untouched_byte(tmp_path, fm
         assert c["old_sha256"] == hashlib.sha256(CARD.encode()).hexdigest()
         assert c["kind"] == "card number" and c["new"] == "[REDACTED_CARD]"
         assert c["reason"].startswith("leaked: the model writes it whole")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "txt"])
+def test_a_trainer_run_is_remediated_from_the_file_whose_texts_are_its_own(tmp_path, fmt):
+    source = tmp_path / f"train.{fmt}"
+    _write(fmt, source)
+    store = _store_run(tmp_path, source, trainer=True)
+    out = tmp_path / f"clean.{fmt}"
+    said = _remediate("--run", "r", "--out", out, "--db", store.path)
+    assert said.exit_code == 1 and len(said.output.strip().splitlines()) == 1
+    assert "trained in memory" in said.output and "--data" in said.output and not out.exists()
+    result = _remediate("--run", "r", "--out", out, "--data", source, "--keep-copies", "--db", store.path)
+    assert result.exit_code == 0, result.output
+    cleaned = load_texts(out, text_column=None if fmt == "txt" else "text")
+    assert cleaned.texts == [t.replace(CARD, "[REDACTED_CARD]") for t in TEXTS]
+    before, after = _records(fmt, source), _records(fmt, out)
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert len(before) == len(after) and len(changed) == 2  # every other record byte for byte
+    assert json.loads((tmp_path / f"clean.{fmt}.manifest.json").read_text())["source_sha256"] == \
+        file_sha256(source)
+
+
+def test_a_trainer_run_refuses_a_file_whose_texts_are_not_its_own(tmp_path):
+    source = tmp_path / "train.jsonl"
+    _write("jsonl", source)
+    store = _store_run(tmp_path, source, trainer=True)
+    fewer, changed, other = tmp_path / "fewer.jsonl", tmp_path / "changed.jsonl", tmp_path / "other.jsonl"
+    fewer.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:-1]), encoding="utf-8")
+    edited = [t if i != 3 else t + " " for i, t in enumerate(TEXTS)]  # one trailing space
+    changed.write_text("".join(json.dumps({"text": t}) + "\n" for t in edited), encoding="utf-8")
+    other.write_text("".join(json.dumps({"body": t}) + "\n" for t in TEXTS), encoding="utf-8")
+    cases = [([fewer], f"{fewer}: holds 4 texts, the run 5"),
+             ([changed], f"{changed}: text 3 differs from the run's (record 4)"),
+             ([other], f"{other}: no record has a text in 'text'"),
+             ([other, "--text-column", "body"], None)]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args, said in cases:
+        result = _remediate("--run", "r", "--out", tmp_path / "clean.jsonl", "--data", *args, "--db",
+                            store.path)
+        if said is None:  # the text column named: the same texts, accepted
+            assert result.exit_code == 0, result.output
+            continue
+        assert result.exit_code == 1, (args, result.output)
+        assert said in result.output and len(result.output.strip().splitlines()) == 1, result.output
+        assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
 def test_copies_are_reduced_to_one_and_act_on_chooses_the_statuses(tmp_path):

@@ -16,6 +16,7 @@ from gnq_core.analysis import (
     exposure_summary,
     fdr_sentence,
     gnq_nature,
+    needs_data,
     null_sentence,
     remediate_run,
     run_counts,
@@ -108,7 +109,18 @@ def act_on_verdict(run) -> None:
     from pathlib import Path
 
     with st.expander("Act on the verdict: write the cleaned training data"):
-        source = Path(run.dataset_path)
+        data = None
+        if needs_data(run):  # a Trainer run records no file: the user names it, checked by its texts
+            data = st.text_input("Training file", "", key="remediate_data",
+                                 help="The file this run was trained on (.txt, .jsonl, .csv or .parquet): "
+                                      "its texts must be the run's, same count, same order, equal.")
+            column = st.text_input("Its text column", "text", key="remediate_text_column",
+                                   help="For .csv, .jsonl and .parquet files.")
+            if not data.strip():
+                st.info("This run was trained in memory (the HF Trainer integration) and records no "
+                        "training file: give its path above to write the cleaned copy.")
+                return
+        source = Path(data.strip()) if data else Path(run.dataset_path)
         st.caption("The training data in its own format with every value of the chosen statuses replaced, "
                    "each acted-on copy cluster reduced to one text, and a manifest (JSON) of every change "
                    "beside it: text, span, kind, SHA-256 of the old value, new value, reason. The same as "
@@ -127,7 +139,9 @@ def act_on_verdict(run) -> None:
             totals = state.totals(str(state.db_path()), run.run_id, state.version(run.run_id))
             try:
                 options = RemediationOptions(act_on=tuple(act), surrogate=surrogate, keep_copies=keep)
-                done = remediate_run(state.store(), run, totals, out, options)
+                done = remediate_run(state.store(), run, totals, out, options, data=data,
+                                     text_column=(column.strip() or None) if data and source.suffix != ".txt"
+                                     else None)
             except (ValueError, OSError) as exc:
                 st.error(state.plain(one_line(exc)))
             else:
