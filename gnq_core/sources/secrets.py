@@ -108,7 +108,10 @@ def _labelled(text: str, cutoff: _Cutoff) -> list[SecretMatch]:
             digits, bounds = len(re.sub(r"\D", "", value)), entry.label_digits
             if bounds is not None and not bounds[0] <= digits <= bounds[1]:
                 continue
-            verified = entry.verify(value) if entry.verify is not None else True
+            if entry.label_verify is not None:
+                verified = entry.label_verify(text[m.start():m.start(1)], value)
+            else:
+                verified = entry.verify(value) if entry.verify is not None else True
             found.append(SecretMatch(entry.name, m.start(), m.end(), m.group(0), m.start(1), m.end(1),
                                      verified))
     for m in cutoff.take(_KEY_VALUE.finditer(text)):
