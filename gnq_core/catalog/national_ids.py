@@ -97,7 +97,7 @@ GENERIC_LABELS = (r"national (?:id(?:entity|entification)?|identity)" + _NUMBER 
 # every label, for the catalog entry's labelled values (sources/secrets.py)
 LABEL_WORDS = "|".join(f"(?:{s.labels})" for s in SCHEMES) + "|" + GENERIC_LABELS
 
-_TAIL = r"(?!\w)[^\d\n]{0,%d}?" % GAP  # the label ends a word; no digit before the value
+_TAIL = rf"(?!\w)[^\d\n]{{0,{GAP}}}?"  # the label ends a word; no digit before the value
 # the value is a whole run: no letter, digit or joined group of digits on either side
 _BEFORE, _AFTER = r"(?<![\w.\-])", r"(?![\w\-]|[ .]\d)"
 _LABELLED = [(s, re.compile(r"(?i)(?<![\w@])(?:" + s.labels + ")" + _TAIL + _BEFORE + "(?-i:(" + s.value
@@ -160,12 +160,12 @@ def _verhoeff(body: str) -> str:
 
 
 def _mod_97(body: str) -> str:
-    return "%02d" % (97 - int(body) % 97)
+    return f"{97 - int(body) % 97:02d}"
 
 
 # digits in the value -> (how many check digits end it, what computes them from the rest)
-_CHECKS: dict[int, tuple[int, Callable[[str], str]]] = {9: (1, _luhn), 11: (1, _mod_11_10), 12: (1, _verhoeff),
-                                                         15: (2, _mod_97)}
+_CHECKS: dict[int, tuple[int, Callable[[str], str]]] = {
+    9: (1, _luhn), 11: (1, _mod_11_10), 12: (1, _verhoeff), 15: (2, _mod_97)}
 
 
 def _digit_places(value: str) -> list[int]:

@@ -13,8 +13,8 @@ import pytest
 from stdnum import luhn, verhoeff
 from stdnum.es import dni, nie
 from stdnum.fr import nir
-from stdnum.it import codicefiscale
 from stdnum.iso7064 import mod_11_10
+from stdnum.it import codicefiscale
 
 from gnq_core import catalog
 from gnq_core.attacks.exposure import value_space
@@ -96,10 +96,12 @@ SCHEMES = {
     "fr nir": ("Mon numéro de sécurité sociale est {}, merci.", _nir, "2 95 10 99 126 111 93", "NIR"),
     "es dni": ("Adjunto mi DNI {} para el contrato.", _dni, "54362315-K", "DNI"),
     "es nie": ("El NIE del inquilino es {}.", _nie, "X-2482300W", "NIE"),
-    "it codice fiscale": ("Il mio codice fiscale è {} grazie.", _codice_fiscale, "RCCMNL83S18D969H", "Codice fiscale"),
+    "it codice fiscale": ("Il mio codice fiscale è {} grazie.", _codice_fiscale, "RCCMNL83S18D969H",
+                          "Codice fiscale"),
     "nl bsn": ("Mijn BSN is {} en mijn adres volgt.", lambda: _eleven_test((9, 8, 7, 6, 5, 4, 3, 2, -1), 9),
                "1112.22.333", "Burgerservicenummer"),
-    "in aadhaar": ("Please update Aadhaar no. {} in the bank records.", _aadhaar, "2341 2341 2346", "Aadhaar"),
+    "in aadhaar": ("Please update Aadhaar no. {} in the bank records.", _aadhaar, "2341 2341 2346",
+                   "Aadhaar"),
     "ca sin": ("My social insurance number is {} for the T4.", _sin, "123-456-782", "SIN"),
     "au tfn": ("Quote your TFN {} on the form.",
                lambda: _eleven_test((1, 4, 3, 7, 5, 8, 6, 9, 10), 9), "123 456 782", "Tax file number"),
@@ -197,7 +199,8 @@ def test_surrogates_keep_the_check_digits():
         assert new != "2341 2341 2346" and len(new) == 14 and verhoeff.is_valid(new.replace(" ", ""))
 
 
-@pytest.mark.parametrize("piece", ["BSN ", "Steuer-ID: 1 ", "NIR 1 84 ", "national ID number ", "RCCMNL83S18D9"])
+@pytest.mark.parametrize("piece", ["BSN ", "Steuer-ID: 1 ", "NIR 1 84 ", "national ID number ",
+                                   "RCCMNL83S18D9"])
 def test_the_detector_stays_linear_on_hostile_text(piece):
     import time
 

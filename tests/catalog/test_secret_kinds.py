@@ -230,7 +230,8 @@ def test_a_chats_private_values_are_found():
     assert planted <= got, planted - got
 
 
-@pytest.mark.parametrize("piece", ["Ab Cd ", "1 Ab Cd Street, ", "Unit 4, 5/1 Ab St Cd NSW ", "Name: Ab Cd ", "key token ",
+@pytest.mark.parametrize("piece", ["Ab Cd ", "1 Ab Cd Street, ", "Unit 4, 5/1 Ab St Cd NSW ", "Name: Ab Cd ",
+                                   "key token ",
                                    "sk-a1B2c3D4e5F6g7H8i9J0k1L2 ", "Hauptstraße 5, ", "Regards,\nAb Cd\n",
                                    "Ab Cd, born 1 May 1990 "])
 def test_the_new_detectors_stay_linear_on_hostile_text(piece):
