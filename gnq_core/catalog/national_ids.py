@@ -102,7 +102,11 @@ _TAIL = rf"(?!\w)[^\d\n]{{0,{GAP}}}?"  # the label ends a word; no digit before 
 _BEFORE, _AFTER = r"(?<![\w.\-])", r"(?![\w\-]|[ .]\d)"
 _LABELLED = [(s, re.compile(r"(?i)(?<![\w@])(?:" + s.labels + ")" + _TAIL + _BEFORE + "(?-i:(" + s.value
                             + "))" + _AFTER)) for s in SCHEMES]
-_BARE = [(s, re.compile(_BEFORE + "(" + s.value + ")" + _AFTER)) for s in SCHEMES if s.distinctive]
+# one pass for the distinctive shapes (group k: the k-th distinctive scheme's)
+_DISTINCTIVE = [s for s in SCHEMES if s.distinctive]
+_BARE = re.compile(_BEFORE + "(?:" + "|".join(f"({s.value})" for s in _DISTINCTIVE) + ")" + _AFTER)
+# any label at all: most texts have none, and one pass over them spares the per-scheme patterns
+_ANY_LABEL = re.compile(r"(?i)(?<![\w@])(?:" + LABEL_WORDS + r")(?!\w)")
 _LABEL_OF = [(s, re.compile(r"(?i)(?<![\w@])(?:" + s.labels + r")(?!\w)")) for s in SCHEMES]
 _GENERIC = re.compile(r"(?i)(?<![\w@])(?:" + GENERIC_LABELS + r")(?!\w)")
 _GENERIC_LABELLED = re.compile(r"(?i)(?<![\w@])(?:" + GENERIC_LABELS + ")" + _TAIL + _BEFORE + "(?-i:("
@@ -112,17 +116,18 @@ _GENERIC_LABELLED = re.compile(r"(?i)(?<![\w@])(?:" + GENERIC_LABELS + ")" + _TA
 def national_ids(text: str) -> Iterator[Span]:
     """(start, end, value_start, value_end) of every labelled value valid in its label's scheme,
     and of every distinctive one (module docstring)."""
-    for scheme, pattern in _LABELLED:
-        for m in pattern.finditer(text):
-            if scheme.valid(m.group(1)):
+    if _ANY_LABEL.search(text) is not None:
+        for scheme, pattern in _LABELLED:
+            for m in pattern.finditer(text):
+                if scheme.valid(m.group(1)):
+                    yield m.start(), m.end(), m.start(1), m.end(1)
+        for m in _GENERIC_LABELLED.finditer(text):
+            if id_ok(m.group(1)):
                 yield m.start(), m.end(), m.start(1), m.end(1)
-    for m in _GENERIC_LABELLED.finditer(text):
-        if id_ok(m.group(1)):
-            yield m.start(), m.end(), m.start(1), m.end(1)
-    for scheme, pattern in _BARE:
-        for m in pattern.finditer(text):
-            if scheme.valid(m.group(1)):
-                yield m.start(1), m.end(1), m.start(1), m.end(1)
+    for m in _BARE.finditer(text):
+        k = m.lastindex or 0
+        if _DISTINCTIVE[k - 1].valid(m.group(k)):
+            yield m.start(k), m.end(k), m.start(k), m.end(k)
 
 
 def id_ok(value: str) -> bool:
