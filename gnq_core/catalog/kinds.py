@@ -19,6 +19,15 @@ from gnq_core.catalog.addresses import addresses
 from gnq_core.catalog.checksums import iban_check_digits, iban_ok, luhn_digit, luhn_ok
 from gnq_core.catalog.detectors import Detector, regex, scan
 from gnq_core.catalog.keys import generic_keys
+from gnq_core.catalog.national_ids import (
+    LABEL_WORDS,
+    id_check_fill,
+    id_check_ok,
+    id_check_places,
+    id_ok,
+    labelled_id_ok,
+    national_ids,
+)
 from gnq_core.catalog.people import dates_of_birth, names
 from gnq_core.catalog.phones import plan_valid
 from gnq_core.catalog.scans import emails, jwts
@@ -72,6 +81,7 @@ def _iban_fill(value: str) -> str:
 
 LUHN = Check(_luhn_places, _luhn_fill, lambda v: luhn_ok("".join(c for c in v if c.isdigit())))
 IBAN = Check(_iban_places, _iban_fill, iban_ok)
+NATIONAL_ID = Check(id_check_places, id_check_fill, id_check_ok)  # the digit-only schemes' (national_ids.py)
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,9 @@ class SecretKind:
     remedy: str             # what to do with the value in the world once the model can write it
     detectors: tuple[Detector, ...] = ()
     verify: Callable[[str], bool] | None = None  # a labelled value's checksum (verified=False when it fails)
+    # where the label says which check applies (a national id's "BSN" or "SIN"): (label, value) -> valid;
+    # used instead of ``verify`` on a labelled value
+    label_verify: Callable[[str, str], bool] | None = None
     label_words: str | None = None  # the words that announce a labelled value, several languages
     label_value: str | None = None  # the labelled value's shape (one group)
     label_digits: tuple[int, int] | None = None  # how many digits a labelled value holds
@@ -203,6 +216,12 @@ KINDS: tuple[SecretKind, ...] = (
                (regex(r"(?i)\b(?:pin(?: code| number)?|(?:door|alarm|access|security|entry|gate) code)"
                       r"(?:[^.\n]{0,60}?(?:\s(?:is|was)\b|[:=]))?\s*(\d{4,8}(?:-\d{1,4})?)\b"),),
                label_words=r"pin(?: ?(?:code|number|no\.?))?|code pin|geheimzahl", label_value=r"(\d{3,8})"),
+    # before "id number": a "national ID number" whose check digits hold is this kind, else that one
+    SecretKind("national id", "a national identity or tax number", "national identity or tax number",
+               "national identity or tax numbers", "tell the holder and report the number as exposed",
+               (scan(national_ids),), verify=id_ok, label_verify=labelled_id_ok, label_words=LABEL_WORDS,
+               label_value=r"((?:[A-Z]{1,6}[ -]?)?\d(?:[ .\-]?[\dA-Z]){5,16})(?![\w\-])",
+               label_digits=(6, 16), check=NATIONAL_ID),
     SecretKind("id number", "an identity-document number", "identity-document number",
                "identity-document numbers", "tell the holder and report the document number as exposed",
                (regex(r"(?i)\b(?:passport|document|licen[cs]e|national id|tax id) (?:number|no\.?|id)"

@@ -1,15 +1,16 @@
 """Secret- and PII-like content in a text: card numbers, PINs, passwords and recovery phrases,
-keys and tokens, IBANs, account, passport and social-security numbers, phone numbers, e-mail
-addresses.
+keys and tokens, IBANs, account, passport and social-security numbers, national identity and tax
+numbers, phone numbers, e-mail addresses, street addresses, names and dates of birth.
 
 Offline patterns, no model, every one from the catalog's entry for its kind
-(gnq_core/catalog/kinds.py): each kind is a regular expression or a scan plus, where the format has one,
-its checksum (Luhn for card numbers, ISO 7064 mod 97 for IBANs), so a random 16-digit number
-is not called a card.  The key and token shapes are the published formats of their issuers
-(AWS access keys, GitHub, Slack and Stripe tokens, Google API keys, JSON Web Tokens, PEM
-private keys) as used by detect-secrets and gitleaks; a password, PIN or recovery phrase is
-recognised by the words that announce it ("PIN 4821", "password: ...", "customer number ...").  What a pattern
-cannot know (a name, an address) is not claimed: the label means "looks like a secret".
+(gnq_core/catalog/kinds.py): each kind is a regular expression or a scan plus, where the format
+has one, its checksum (Luhn for card numbers, ISO 7064 mod 97 for IBANs, each national identity
+number's own), so a random 16-digit number is not called a card.  The key and token shapes are
+the published formats of their issuers (AWS access keys, GitHub, Slack and Stripe tokens, Google
+API keys, JSON Web Tokens, PEM private keys) as used by detect-secrets and gitleaks; a password,
+PIN or recovery phrase is recognised by the words that announce it ("PIN 4821", "password: ...",
+"customer number ...").  What a pattern cannot know (a name, an address) is not claimed: the
+label means "looks like a secret".
 
 **Labelled values**: a value after a label and a colon, "=" or "is" ("Card number:
 4929 1830 5527 6614", "Phone: +91 98450 22713", "Passwort: ...", and any "key: value" whose key
@@ -108,7 +109,10 @@ def _labelled(text: str, cutoff: _Cutoff) -> list[SecretMatch]:
             digits, bounds = len(re.sub(r"\D", "", value)), entry.label_digits
             if bounds is not None and not bounds[0] <= digits <= bounds[1]:
                 continue
-            verified = entry.verify(value) if entry.verify is not None else True
+            if entry.label_verify is not None:
+                verified = entry.label_verify(text[m.start():m.start(1)], value)
+            else:
+                verified = entry.verify(value) if entry.verify is not None else True
             found.append(SecretMatch(entry.name, m.start(), m.end(), m.group(0), m.start(1), m.end(1),
                                      verified))
     for m in cutoff.take(_KEY_VALUE.finditer(text)):

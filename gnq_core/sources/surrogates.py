@@ -3,7 +3,8 @@ placeholder (``[REDACTED_CARD]``) or a surrogate, a random value of the same kin
 
 A surrogate keeps the value's shape character by character (digits stay digits, letters keep
 their case, separators and the issuer prefix of a key stay where they are) and its checksum where
-the kind has one: a card number's Luhn check digit, an IBAN's mod-97 check digits.  It is drawn
+the kind has one: a card number's Luhn check digit, an IBAN's mod-97 check digits, a digit-only
+national identity number's check digits (a lettered one's check letter is not kept).  It is drawn
 from a seeded generator, again until it is none of the values to avoid (every value found in the
 data), so a surrogate is never a real value of the data.
 
@@ -18,13 +19,14 @@ import re
 import string
 from collections.abc import Collection
 
+from gnq_core.catalog import kind as catalog_kind
 from gnq_core.errors import GNQError
 from gnq_core.sources.secrets import luhn_ok
 
 # The kinds the detector reports (sources/secrets.py): its patterns' kinds, the label-only ones and
 # the user's (custom: --secret-pattern, declared: --secret-column).
 _KINDS = ("private key", "api key", "card number", "iban", "recovery phrase", "password", "account number",
-          "pin", "id number", "ssn", "phone", "email", "labelled value", "custom", "declared")
+          "pin", "national id", "id number", "ssn", "phone", "email", "labelled value", "custom", "declared")
 # The placeholder's tag per kind ("[REDACTED_CARD]"); a kind not listed gets its name in capitals.
 _TAGS = {"card number": "CARD", "account number": "ACCOUNT", "id number": "ID_NUMBER", "api key": "API_KEY",
          "private key": "PRIVATE_KEY", "recovery phrase": "RECOVERY_PHRASE", "labelled value": "VALUE",
@@ -74,6 +76,10 @@ def _draw(kind: str, value: str, rng: random.Random) -> str:
     drawn = head + _reshape(value[len(head):], rng, first_digit_nonzero=kind in ("ssn", "phone"))
     if kind == "card number":
         return _luhn_fixed(drawn)
+    if kind == "national id":  # a digit-only one keeps check digits valid where the value's were
+        check = catalog_kind(kind).check
+        if check is not None and check.places(value):
+            return check.fill(drawn)
     return drawn
 
 

@@ -1,6 +1,7 @@
 """The catalog's secret kinds, found in real text: recall on planted values of every kind the
 catalog detects offline (keys of any vendor, addresses, names in a record's context with dates
-of birth, phone numbers by numbering plan, IBANs by check digits), precision on ordinary text
+of birth, phone numbers by numbering plan, IBANs by check digits; national identity numbers in
+test_national_ids.py), precision on ordinary text
 (AG News and WikiText from ../shared/data: at most 1 false detection per 1,000 texts per kind),
 and the catalog's own contract (every kind has its words and action; adding one is one entry)."""
 
@@ -67,16 +68,22 @@ def test_a_random_run_is_random_and_words_or_numbers_are_not():
 ADDRESSES = ["742 Evergreen Terrace, Springfield, OR 97403", "221B Baker Street, London NW1 6XE",
              "1600 Pennsylvania Ave NW, Washington, DC 20500", "31 Elm Road, Apt 4, Leeds LS6 2AB",
              "Hauptstraße 5, 10115 Berlin", "12 rue de la Paix, 75002 Paris", "Calle Mayor 10, 28013 Madrid",
-             "88 Harbour Drive, Sydney, NSW 2000"]
+             "88 Harbour Drive, Sydney, NSW 2000", "Unit 4, 17 Smith Street, Parramatta NSW 2150",
+             "12 George St, Sydney NSW 2000", "5/23 King Rd, Fitzroy VIC 3065",
+             "Flat 2/9 Beach Pde, Surfers Paradise QLD 4217", "3 Hay St Perth WA 6000",
+             "Level 12, 1 Martin Place, Sydney NSW 2000", "40 Davey St, Hobart TAS 7000"]
 
 
 @pytest.mark.parametrize("address", ADDRESSES)
 def test_street_addresses_are_found(address):
     hits = {v for k, v in found(f"Please ship it to {address}. Thanks") if k == "address"}
-    if address.endswith("NSW 2000"):  # an Australian state + postcode: not a format the rule knows
-        assert not hits
-        return
     assert hits == {address}
+
+
+def test_an_australian_address_needs_its_state_and_postcode():
+    for text in ("He lives on 12 George St, Sydney, these days.", "12 George St, Sydney XY 2000",
+                 "the 5/23 King Rd match in Fitzroy 3065", "12 George St, Sydney NSW 200"):
+        assert not {k for k, _ in found(text)} & {"address"}, text
 
 
 def test_a_street_without_a_postcode_needs_a_label():
@@ -132,7 +139,7 @@ def _ordinary_texts() -> list[str]:
     return texts + [line for line in lines if line and not line.startswith("=")][:1500]
 
 
-NEW_KINDS = ("api key", "address", "name", "date of birth", "phone", "iban")
+NEW_KINDS = ("api key", "address", "name", "date of birth", "phone", "iban", "national id")
 
 
 @pytest.mark.slow
@@ -223,7 +230,8 @@ def test_a_chats_private_values_are_found():
     assert planted <= got, planted - got
 
 
-@pytest.mark.parametrize("piece", ["Ab Cd ", "1 Ab Cd Street, ", "Name: Ab Cd ", "key token ",
+@pytest.mark.parametrize("piece", ["Ab Cd ", "1 Ab Cd Street, ", "Unit 4, 5/1 Ab St Cd NSW ", "Name: Ab Cd ",
+                                   "key token ",
                                    "sk-a1B2c3D4e5F6g7H8i9J0k1L2 ", "Hauptstraße 5, ", "Regards,\nAb Cd\n",
                                    "Ab Cd, born 1 May 1990 "])
 def test_the_new_detectors_stay_linear_on_hostile_text(piece):
