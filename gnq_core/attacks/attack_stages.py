@@ -7,6 +7,7 @@ has its line."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
@@ -196,19 +197,23 @@ class SecretExposure:
     label: re.Pattern[str] = re.compile(r"^secret-like values: exact rank or estimate")  # run_exposures'
 
     def count(self, t: Target, scale: float) -> dict[str, int]:
-        from gnq_core.attacks.secret_exposure import first_occurrences, formats_of
+        from gnq_core.attacks.secret_exposure import first_occurrences, formats_of, relative_kinds
 
         first = first_occurrences(self.attack.occurrences(t))
-        return {"distinct_values": round(len(first) * scale), "formats": len(formats_of(first))}
+        relative = relative_kinds(self.attack.occurrences(t))
+        return {"distinct_values": round(len(first) * scale), "formats": len(formats_of(first)),
+                "relative_values": round(sum(map(len, relative.values())) * scale),
+                "relative_kinds": len(relative)}
 
     def measure(self, t: Target, clock: Clock) -> dict[str, float | None]:
         from gnq_core.attacks.exposure import token_strings
         from gnq_core.attacks.secret_attack import values_by_kind
         from gnq_core.attacks.secret_exposure import Measurer, first_occurrences, formats_of, null_values
 
+        relative_s = self.relative_seconds(t, clock)
         formats = list(formats_of(first_occurrences(self.attack.occurrences(t))).values())
         if not formats:
-            return {"exposure_s": None, "exposure_shared_s": None}
+            return {"exposure_s": None, "exposure_shared_s": None, "relative_s": relative_s}
         taken = values_by_kind(self.attack.targets(t))
         settings = self.attack.exposure_settings(t)
         token_strings(t.tokenizer)
@@ -234,7 +239,38 @@ class SecretExposure:
             own, other = pair(o, space)
             fresh.append(own)
             shared.append(other)
-        return {"exposure_s": sum(fresh) / len(fresh), "exposure_shared_s": sum(shared) / len(shared)}
+        return {"exposure_s": sum(fresh) / len(fresh), "exposure_shared_s": sum(shared) / len(shared),
+                "relative_s": relative_s}
+
+    def relative_seconds(self, t: Target, clock: Clock) -> float | None:
+        """One value measured relative to the reference (attacks/exposure_relative.py): its
+        reference draws and its share of its kind's never-trained values, on a fresh scorer; the
+        probe's model stands in for both models (the same shapes, the same work).  None: no such
+        value (the line counts it only where the run has a reference)."""
+        from gnq_core.attacks.exposure import Scorers
+        from gnq_core.attacks.exposure_fdr import RATIO_VALUES
+        from gnq_core.attacks.exposure_relative import measure_kind
+        from gnq_core.attacks.forward import evaluating
+        from gnq_core.attacks.secret_exposure import prompt_of_value, relative_kinds
+        from gnq_core.sources.surrogates import SurrogateError, surrogate
+
+        relative = relative_kinds(self.attack.occurrences(t))
+        if not relative:
+            return None
+        settings = self.attack.exposure_settings(t)
+        o = next(iter(relative.values()))[0]
+        share = RATIO_VALUES // max(1, sum(map(len, relative.values())))
+        rng = random.Random(settings.seed)
+        never = []
+        for _ in range(share):
+            with contextlib.suppress(SurrogateError):
+                never.append(surrogate(o.kind, o.value, rng, {o.value}))
+        scorers = Scorers(settings.batch_size, settings.device)
+        with evaluating(t.model):
+            t0 = clock.now()
+            measure_kind(t.model, t.model, t.tokenizer, [o], [prompt_of_value(o, settings.max_length)],
+                         scorers, settings.n_candidates, [never], lambda i: settings.seed)
+            return clock.now() - t0
 
     def line(self, work: Work, probe: Probe) -> Line:
         from gnq_core.attacks.secret_exposure import NULL_VALUES
@@ -243,11 +279,18 @@ class SecretExposure:
         each = probe.exposure_s or 0.0
         shared = probe.exposure_shared_s if probe.exposure_shared_s is not None else each
         null = work.formats * NULL_VALUES
-        return Line(self.key, "secret values' exposure (with the null)", first + null, SECRET_VALUES,
-                    first * each + null * shared,
-                    f"{work.distinct_values} distinct value(s) × {_models(work)} model(s), each {each:.2f} s "
-                    f"(the run's own values, after their prompts), + {work.formats} format(s) "
-                    f"× {NULL_VALUES} never-trained values after their format's prompts, each "
-                    f"{shared:.2f} s (the prompt's search already done); measured in turn per format "
-                    "(a memorised value is ranked faster; a value whose search resumes to the full "
-                    "node budget, slower)")
+        relative = work.get("relative_values") if work.reference else 0
+        relative_s = probe.get("relative_s") or 0.0
+        said = (f"{work.distinct_values} distinct value(s) × {_models(work)} model(s), each {each:.2f} s "
+                f"(the run's own values, after their prompts), + {work.formats} format(s) "
+                f"× {NULL_VALUES} never-trained values after their format's prompts, each "
+                f"{shared:.2f} s (the prompt's search already done); measured in turn per format "
+                "(a memorised value is ranked faster; a value whose search resumes to the full "
+                "node budget, slower)")
+        if relative:
+            said += (f"; + {relative} e-mail, name, address or date-of-birth value(s) measured relative to "
+                     f"the reference, each {relative_s:.2f} s (its reference draws and its share of the "
+                     "kind's never-trained values)")
+        return Line(self.key, "secret values' exposure (with the null)",
+                    first + null + relative + work.get("relative_kinds") * NULL_VALUES * bool(relative),
+                    SECRET_VALUES, first * each + null * shared + relative * relative_s, said)

@@ -4,6 +4,7 @@ of the estimate changing, and the probe runs each stage's own code, not a copy o
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -154,3 +155,30 @@ def test_the_probe_runs_each_stages_own_code(job, monkeypatch):
     # whose every digit the run's template explains has no exposure space): counted, not assumed
     assert 0 < work.attackable < len(dataset) and work.secret_values == 4 and work.formats == 1
     assert probe.exposure_s and probe.exposure_shared_s and probe.suffix_forward_s and probe.decode_s
+
+
+def test_values_measured_relative_to_the_reference_are_counted_timed_and_shown(tmp_path, monkeypatch):
+    """E-mail addresses (no uniform space) are measured against the reference model
+    (attacks/exposure_relative.py): the estimate counts them, times one with its own code
+    (``measure_kind``, spied on) and adds them to the exposure line."""
+    import gnq_core.attacks.exposure_relative as exposure_relative
+
+    texts = [f"Contact {name} at {name.lower()}.{i}@mailbox.org for the keys, not the front desk."
+             for i, name in enumerate(["Anna", "Tom", "Lena", "Ravi"])]
+    texts += [f"A plain sentence number {i} about the weather and the old stone bridge." for i in range(4)]
+    tokenizer = train_tokenizer(texts, vocab_size=300)
+    save_checkpoint(build_model("tiny", len(tokenizer), 48, seed=1), tokenizer, tmp_path / "epoch-1")
+    pd.DataFrame({"text": texts}).to_csv(tmp_path / "data.csv", index=False)
+    called = []
+    real = exposure_relative.measure_kind
+    monkeypatch.setattr(exposure_relative, "measure_kind",
+                        lambda *a, **kw: called.append(1) or real(*a, **kw))
+    work, probe = measure_estimate(str(tmp_path / "epoch-1"), load_texts(tmp_path / "data.csv"), batch_size=4,
+                                   max_length=48, secret_candidates=8, exposure_nodes=8)
+    assert called and work.get("relative_values") == 4 and work.get("relative_kinds") == 1
+    assert probe.get("relative_s") > 0
+    line = {x.stage: x for x in estimate_lines(work, probe)}["exposure"]
+    assert "4 e-mail, name, address or date-of-birth value(s) measured relative" in line.assumed
+    uncalibrated = dataclasses.replace(work, reference=False)
+    alone = {x.stage: x for x in estimate_lines(uncalibrated, probe)}.get("exposure")
+    assert alone is None or "relative to the reference" not in alone.assumed
