@@ -125,6 +125,62 @@ def text_segments(path: str | Path, text_field: FieldPath, texts: Sequence[str])
     return out
 
 
+def chat_segments(path: str | Path, data_format: str | None, texts: Sequence[str],
+                  layouts: Sequence[str | None]) -> list[list[Segment]]:
+    """Each rendered conversation's place in a chat file: per turn the record's fields its content
+    came from (sources.chat.turn_fields: ``("messages", 2, "content")``, Alpaca's instruction and
+    input), so a value found in the rendered text is replaced in its message; the template's own
+    text maps to no field (it is not the data).  ``data_format`` as the run recorded it (None: read
+    from the file's columns, as ``--data-format auto`` does).  Refused when the file's conversations
+    are not the run's, in order."""
+    from gnq_core.sources.chat import (
+        CHAT_FORMATS,
+        RECORD_FIELDS,
+        ChatLayout,
+        detect_format,
+        turn_fields,
+    )
+
+    shown = str(path)
+    if path is not None and Path(path).suffix.lower() not in (".jsonl", ".parquet"):
+        raise RemediationError(f"{shown}: the run trained on conversations; give its .jsonl or .parquet "
+                               "chat file (--data)")
+    keys = sorted({k for fields in RECORD_FIELDS.values() for k in fields})
+    columns = {k: field_values(path, (k,)) for k in keys}
+    fmt = data_format or detect_format([k for k in keys if any(v is not None for v in columns[k])])
+    if fmt not in CHAT_FORMATS:
+        raise RemediationError(f"{shown}: holds no conversations (no messages, conversations, "
+                               "prompt/completion or instruction/output column); give the run's chat file")
+    primary = RECORD_FIELDS[fmt][0]
+    records = [i for i, v in enumerate(columns[primary]) if v is not None]
+    if len(records) != len(texts):
+        raise RemediationError(f"{shown}: holds {len(records)} conversations, the run {len(texts)}; give the "
+                               "run's own training data (--data)")
+    out = []
+    for eid, (record, text, layout) in enumerate(zip(records, texts, layouts, strict=True)):
+        turns = ChatLayout.from_json(layout).turns if layout else ()
+        fields = turn_fields({k: columns[k][record] for k in RECORD_FIELDS[fmt]}, fmt)
+        differs = RemediationError(f"{shown}: conversation {eid} differs from the run's (record "
+                                   f"{record + 1}); give the run's own training data (--data)")
+        if len(fields) != len(turns):
+            raise differs
+        segments = []
+        for turn, (content, pieces) in zip(turns, fields, strict=True):
+            if turn.start < 0:  # the template rewrote this message: no span of the text is its field's
+                continue
+            shown_part = text[turn.start:turn.end]
+            at = content.find(shown_part)  # a template that trims the content shows part of it
+            if at < 0:
+                raise differs
+            for piece in pieces:
+                lo, hi = max(piece.offset, at), min(piece.offset + len(piece.value), at + len(shown_part))
+                if lo < hi:
+                    segments.append(Segment(turn.start + lo - at, turn.start + hi - at, record, piece.path,
+                                            lo - piece.offset))
+        out.append(segments)
+    return out
+
+
 def trained_in_memory(run: Any) -> bool:
     """A run the HF Trainer integration recorded (GNQTrainer, GNQSFTTrainer): its texts came from
     memory, its ``dataset_hash`` is of the texts themselves, not of a file's bytes; a training
@@ -375,6 +431,10 @@ def remediate_run(store: Any, run: Any, ranked: pd.DataFrame, out: str | Path, o
     source = Path(data) if data is not None else Path(run.dataset_path)
     out = Path(out)
     man = Path(manifest_out) if manifest_out is not None else manifest_path(out)
+    if source.is_dir():
+        raise RemediationError(f"{source}: a datasets.save_to_disk folder is not rewritten in place; save "
+                               "it as .jsonl or .parquet (Dataset.to_json / to_parquet), audit that and "
+                               "remediate it")
     if not source.is_file():
         raise RemediationError(f"{source}: the run's training data is not there; give it with --data")
     if out.suffix.lower() != source.suffix.lower():
@@ -393,12 +453,13 @@ def remediate_run(store: Any, run: Any, ranked: pd.DataFrame, out: str | Path, o
     examples = ensure_text_labels(store, run)
     if in_memory:
         _check_ids(run, examples, source)
-        if "turns" in examples and examples["turns"].notna().any():
-            raise RemediationError(f"{source}: run {run.name!r} trained on rendered conversations; "
-                                   "remediating a chat file (its messages' fields) is not supported yet")
-    column = text_column or run.settings.get("text_column")
-    text_field: FieldPath = () if source.suffix.lower() == ".txt" else (column or "text",)
-    segments = text_segments(source, text_field, examples["text"].astype(str).tolist())
+    texts = examples["text"].astype(str).tolist()
+    if "turns" in examples and examples["turns"].notna().any():  # rendered conversations
+        segments = chat_segments(source, run.settings.get("data_format"), texts, examples["turns"].tolist())
+    else:
+        column = text_column or run.settings.get("text_column")
+        text_field: FieldPath = () if source.suffix.lower() == ".txt" else (column or "text",)
+        segments = text_segments(source, text_field, texts)
     changes = plan(examples, ranked, store.value_outcomes(run.run_id), segments, options)
     with contextlib.ExitStack() as stack:
         tmp_out = stack.enter_context(atomic_path(out))

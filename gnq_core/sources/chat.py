@@ -272,6 +272,53 @@ def example_of(record: dict[str, Any], data_format: str, shown: str, row: int) -
     raise ValueError(f"not a chat format: {data_format!r}")
 
 
+# The record's fields a rendered conversation is made of, per format (``turn_fields``)
+RECORD_FIELDS = {"messages": ("messages",), "sharegpt": ("conversations",),
+                 "prompt-completion": ("prompt", "completion"),
+                 "alpaca": ("instruction", "input", "output", "system")}
+
+
+@dataclass(frozen=True)
+class TurnField:
+    """Where a piece of one turn's content comes from in its record: the string at ``path``
+    (``("messages", 2, "content")``, ``("output",)``), from character ``offset`` of the content."""
+
+    path: tuple[str | int, ...]
+    value: str
+    offset: int
+
+
+def turn_fields(record: dict[str, Any], data_format: str) -> list[tuple[str, list[TurnField]]]:
+    """Per message of the conversation ``example_of`` makes of ``record``, in order: its content
+    and the record's fields it is made of (one, except Alpaca's user turn: the instruction, then
+    the input after a blank line) — what maps a span of the rendered text back to the file."""
+    def listed(key: str, content_key: str = "content") -> list[tuple[str, list[TurnField]]]:
+        return [(str(m[content_key]), [TurnField((key, k, content_key), str(m[content_key]), 0)])
+                for k, m in enumerate(record.get(key) or [])]
+
+    if data_format == "messages":
+        return listed("messages")
+    if data_format == "sharegpt":
+        return listed("conversations", "value")
+    if data_format == "prompt-completion":
+        prompt, completion = record.get("prompt"), record.get("completion")
+        if isinstance(prompt, str) and isinstance(completion, str):
+            return [(prompt, [TurnField(("prompt",), prompt, 0)]),
+                    (completion, [TurnField(("completion",), completion, 0)])]
+        return listed("prompt") + listed("completion")
+    if data_format == "alpaca":
+        instruction, given, output, system = (record.get(k) for k in RECORD_FIELDS["alpaca"])
+        out = []
+        if isinstance(system, str) and system.strip():
+            out.append((system, [TurnField(("system",), system, 0)]))
+        user = [TurnField(("instruction",), instruction, 0)]
+        if isinstance(given, str) and given.strip():
+            user.append(TurnField(("input",), given, len(instruction) + 2))
+        out.append((instruction + (f"\n\n{given}" if len(user) > 1 else ""), user))
+        return [*out, (output, [TurnField(("output",), output, 0)])]
+    raise ValueError(f"not a chat format: {data_format!r}")
+
+
 @dataclass(frozen=True)
 class Rendered:
     text: str  # whose tokens without special tokens are ``ids``
