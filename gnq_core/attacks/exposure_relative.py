@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gnq_core.attacks.exposure import ESTIMATED, Exposure, PromptScorer, _tail
+from gnq_core.attacks.exposure import ESTIMATED, Exposure, PromptScorer
 from gnq_core.attacks.exposure_sampling import NonFinite
 
 MIN_VALUE_CHARS = 3  # a shorter value (an initial) has no exposure to speak of
@@ -84,7 +84,7 @@ def _log_ratios(audited: PromptScorer, reference: PromptScorer, paths: Sequence[
 def value_path(tokenizer, between: str, value: str) -> tuple[int, ...]:
     """The value's tokens after the prompt: the canonical tokenisation of the text between prompt
     and value, then the value (as ``attacks.exposure`` scores it)."""
-    return tuple(_tail(between, value, tokenizer))
+    return tuple(tokenizer(between + value, add_special_tokens=False)["input_ids"])
 
 
 def relative_bits(ratio: float, draws: ReferenceDraws) -> tuple[float, float, int]:

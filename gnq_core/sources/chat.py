@@ -53,9 +53,9 @@ from gnq_core.sources.datasets import (
     secret_cell_values,
 )
 
-__all__ = ["DATA_FORMATS", "TRAIN_ON", "ChatDataset", "ChatLayout", "Turn", "chat_settings", "detect_format",
-           "example_of", "load_chat", "load_data", "read_records", "render_example", "trained_default",
-           "training_template"]
+__all__ = ["CHAT_FORMATS", "DATA_FORMATS", "RECORD_FIELDS", "TRAIN_ON", "ChatDataset", "ChatLayout", "Turn",
+           "TurnField", "chat_settings", "detect_format", "example_of", "load_chat", "load_data",
+           "read_records", "render_example", "trained_default", "training_template", "turn_fields"]
 
 DATA_FORMATS = ("auto", "text", "messages", "sharegpt", "prompt-completion", "alpaca")
 TRAIN_ON = ("all", "assistant", "completion")

@@ -125,9 +125,10 @@ def test_a_plain_loop_probes_every_k_steps_with_exposure_against_the_null():
 
 
 def test_probes_are_put_off_while_they_would_cost_more_than_max_overhead_of_training(monkeypatch):
-    """A probe with exposure costs 1 s, without 0.1 s, training 1 s per step: the first probe has
-    exposure, later ones only while the probes' total stays within 10% of the training time, the
-    rest are greedy alone, and a greedy probe that would pass the bound is put off."""
+    """A probe with exposure costs 1 s, without 0.1 s, training 1 s per step: the first probe is
+    greedy and forecasts exposure's cost (1 s), later ones add exposure only while the probes'
+    total stays within 10% of the training time, the rest are greedy alone, and a greedy probe that
+    would pass the bound is put off."""
     tok, ids = _tokenized()
     tracker = SecretTracker(SecretTracking(tok, every=2), TEXTS, ids)
     probed = []
@@ -144,15 +145,41 @@ def test_probes_are_put_off_while_they_would_cost_more_than_max_overhead_of_trai
         return {}
 
     monkeypatch.setattr(tracker, "probe", probe)
+    monkeypatch.setattr(tracker, "forecast_exposure", lambda model: 1.0)
     clock = iter(range(0, 10_000))  # one second of training between two step() calls
     monkeypatch.setattr("gnq_core.integrations.tracking.time.perf_counter", lambda: float(next(clock)))
     for step in range(1, 61):
         tracker.step(None, step)
     # training time at step s: (s - 1) s minus the probes' seconds (the fake clock counts calls)
-    assert probed[0] == (2, True)
+    assert probed[0] == (2, False)
     full = [s for s, e in probed if e]
     assert len(full) >= 2 and all(b - a >= 10 for a, b in itertools.pairwise(full))
     assert [s for s, e in probed if not e] == tracker.without_exposure and tracker.without_exposure
     assert all(s % 2 == 0 for s in tracker.deferred + [s for s, _ in probed])
     assert set(tracker.deferred).isdisjoint(s for s, _ in probed)
-    assert tracker.seconds <= 0.1 * 59 + 1.0  # within the bound, but for the first probe's cost
+    assert tracker.seconds <= 0.1 * 59  # within the bound from the first probe on
+
+
+def test_the_first_probe_forecasts_exposure_from_one_value_not_all_of_them(monkeypatch):
+    """The forecast times one distinct value's exposure and scales it by the measurements a probe
+    with exposure makes (the values with a space and the null per format)."""
+    from gnq_core.attacks import secret_attack, secret_exposure
+
+    tok, ids = _tokenized()
+    tracker = SecretTracker(SecretTracking(tok, every=2, n_candidates=16, search_nodes=32), TEXTS, ids)
+    measured = []
+    real = secret_exposure.Measurer.measure
+    monkeypatch.setattr(secret_exposure.Measurer, "measure",
+                        lambda self, *a, **kw: measured.append(1) or real(self, *a, **kw))
+    model = tiny_gpt2(vocab_size=len(tok)).eval()
+    got = tracker.step(model, 1)  # not due: training time starts counting here
+    assert got is None
+    got = tracker.step(model, 2)
+    assert got is not None and tracker.without_exposure == [2]
+    assert measured == [1]  # one value's exposure, not the probe's
+    first = secret_exposure.first_occurrences(secret_attack.occurrences_of(
+        secret_attack.secret_targets(tok, tracker._texts, tracker._ids, tracker._tokens),
+        tracker._texts, tracker._ids))
+    per_value = tracker._exposure_cost - tracker._last_cost
+    measurements = len(first) + len(secret_exposure.formats_of(first)) * secret_exposure.NULL_VALUES
+    assert len(first) == 1 and measurements == 1 + secret_exposure.NULL_VALUES and per_value > 0
