@@ -146,7 +146,8 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
         assert store is not None, "the lead rank writes the rows: it needs the store"
         try:
             reporter.phase("planning memory")
-            settings, plan = _plan_memory(store, refs, name, settings, device, reporter, adapters)
+            settings, plan = _plan_memory(store, refs, name, settings, device, reporter, adapters,
+                                          shards=ranks.world if shard_model else 1)
             run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter, tokenizer,
                                             adapters)
         except Exception as exc:
@@ -215,7 +216,7 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
 
 def _plan_memory(store: Store, refs: list[CheckpointRef], name: str, settings: AuditSettings,
                  device: torch.device, reporter: Reporter, adapters: Adapters | None = None,
-                 ) -> tuple[AuditSettings, MemoryPlan]:
+                 shards: int = 1) -> tuple[AuditSettings, MemoryPlan]:
     """The settings the audit runs with (the batch size chosen when none was given, the dtype the
     weights are stored in for "auto") and its memory plan (sources.memory_plan), before anything
     loads or is written; a plan that does not fit is refused in one line naming what to change.
@@ -229,7 +230,7 @@ def _plan_memory(store: Store, refs: list[CheckpointRef], name: str, settings: A
     if batch is None and existing is not None:
         batch = existing.batch_size
     plan, note = check_plan(folder, batch_size=batch, max_length=settings.max_length, dtype=settings.dtype,
-                            checkpoints=len(refs), device=str(device))
+                            checkpoints=len(refs), device=str(device), shards=shards)
     if note:
         reporter.log(note)
     return replace(settings, batch_size=plan.batch_size), plan

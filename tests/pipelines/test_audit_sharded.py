@@ -121,3 +121,20 @@ def test_lockstep_runs_as_many_passes_on_every_rank():
         runs = [lockstep(list(range(r, n, world)), n, world) for r in range(world)]
         assert len({len(x) for x in runs}) == 1 and len(runs[0]) == -(-n // world)
         assert all(set(x) <= set(range(n)) for x in runs)
+
+
+def test_the_memory_plan_of_a_sharded_gpu_audit_holds_a_share_of_the_weights(folders):
+    from gnq_core.sources.memory_plan import model_shape, plan_for_batch
+
+    shape = model_shape(folders[0]["llama"])
+
+    def terms(device: str, shards: int) -> dict[str, int]:
+        plan = plan_for_batch(shape, batch_size=4, max_length=24, dtype="float64", checkpoints=2,
+                              device=device, room=1 << 40, room_source="test", shards=shards)
+        return {t.name: t.bytes for t in plan.terms}
+
+    whole, sharded = terms("cuda", 1), terms("cuda", 4)
+    assert whole["weights"] == shape.parameters * 8 and sharded["weights"] == -(-shape.parameters * 8 // 4)
+    assert 0 < sharded["gathered units"] <= whole["weights"]  # two units, never more than the model
+    assert sharded["next checkpoint"] == 0 < whole["next checkpoint"]  # read into host memory when sharded
+    assert terms("cpu", 4) == terms("cpu", 1)  # on CPU every rank reads the whole checkpoint first
