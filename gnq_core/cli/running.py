@@ -144,7 +144,8 @@ def audit(
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
 
     Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
-    batches and rank 0 writes the rows (the same rows as one process)."""
+    batches and rank 0 writes the rows (the same rows as one process); ``--shard-model`` shards
+    each checkpoint over the ranks (FSDP2) so each holds 1/N of it."""
     job = audit_job(checkpoints=checkpoints, data=data, name=name, lam=lam, lam_mode=lam_mode, loss=loss,
                     batch_size=batch_size, max_length=max_length, seed=seed, device=device, dtype=dtype,
                     companions=companions, sketch_k=sketch_k, sketch_total=sketch_total,
