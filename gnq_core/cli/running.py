@@ -135,19 +135,24 @@ def audit(
                                      help="With --companions: m, the dimensions each text's sketch is folded "
                                           "into (default 16,384 with 'all': its m × m system is 2 GiB, and "
                                           "more texts than m are streamed in two passes; else 65,536)."),
+    shard_model: bool = typer.Option(False, "--shard-model",
+                                     help="Under torchrun: shard each checkpoint over the ranks (FSDP2, one "
+                                          "unit per transformer block and the root), so each holds 1/N of "
+                                          "it; the same rows. Per-batch audits of plain checkpoints only."),
     quiet: bool = QuietOption,
 ) -> None:
     """GNQ, loss and self-influence of every text at every checkpoint; reruns resume.
 
     Under ``torchrun --nproc-per-node N gnq audit ...`` the ranks share each checkpoint's
-    batches and rank 0 writes the rows (the same rows as one process)."""
+    batches and rank 0 writes the rows (the same rows as one process); ``--shard-model`` shards
+    each checkpoint over the ranks (FSDP2) so each holds 1/N of it."""
     job = audit_job(checkpoints=checkpoints, data=data, name=name, lam=lam, lam_mode=lam_mode, loss=loss,
                     batch_size=batch_size, max_length=max_length, seed=seed, device=device, dtype=dtype,
                     companions=companions, sketch_k=sketch_k, sketch_total=sketch_total,
                     text_column=text_column, group_column=group_column, secret_column=secret_column,
                     secret_patterns=secret_pattern, public_column=public_column, threads=threads,
                     data_format=data_format, train_on=train_on, tokenizer=tokenizer, base_model=base_model,
-                    merge_adapter=merge_adapter,
+                    merge_adapter=merge_adapter, shard_model=shard_model,
                     non_members=non_members, reference=reference)
     run_and_tell(job, db, quiet)
 

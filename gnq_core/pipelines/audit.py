@@ -35,6 +35,7 @@ from gnq_core.pipelines.finite_share import check_mostly_finite
 from gnq_core.pipelines.ranks import Ranks
 from gnq_core.pipelines.scoring import score_pass
 from gnq_core.pipelines.settings import COMPANIONS_ALL, DTYPE_AUTO, AuditSettings
+from gnq_core.pipelines.sharding import check_shardable, device_mesh, local_numel, lockstep, shard
 from gnq_core.results.layout import companions_root
 from gnq_core.results.precision import audit_precision
 from gnq_core.results.records import BatchResult, RunSpec, ScoreColumns
@@ -67,7 +68,7 @@ COPIES_APART = "seeded shuffle, copies in different batches"  # settings["partit
 def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float, device: torch.device,
                   reporter: Reporter | None = None, indices: Iterable[int] | None = None,
                   capacity: int = 1024, *, loss: str = TOKEN_MEAN, lam_mode: str = LAM_ABSOLUTE,
-                  trainable_only: bool = False, plans: PlanCache | None = None
+                  trainable_only: bool = False, plans: PlanCache | None = None, padding: int = 0
                   ) -> tuple[ScoreColumns, list[BatchResult]]:
     """GNQ, loss and self-influence of every example of ``batches`` at the model's current weights,
     and the forward signals Min-K% / Min-K%++ (``membership.token_signals``) from the same logits.
@@ -78,8 +79,11 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
     the per-example loss convention; ``lam_mode``: λ absolute or relative to the batch's mean K_jj;
     ``trainable_only``: GNQ over the parameters that already require gradients (a PEFT adapter's),
     else over all of them; ``plans``: the first batch's plan of an earlier checkpoint of the same
-    audit, reused where it provably holds (``engine.plan.plan_reuse``), and this one's kept there."""
+    audit, reused where it provably holds (``engine.plan.plan_reuse``), and this one's kept there;
+    ``padding``: the last ``padding`` of ``indices`` (a list then) run only to keep the ranks of a
+    sharded model in lockstep (``sharding.lockstep``): their rows are dropped."""
     texts, results = ScoreColumns(capacity, TOKEN_SIGNALS), []
+    kept = len(indices) - padding if padding else None  # type: ignore[arg-type]
     indices = itertools.count() if indices is None else indices
     model.eval()  # the gradient at a checkpoint, without dropout noise
     if not trainable_only:
@@ -88,7 +92,7 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
     with GNQAuditor(model, lam=lam, lam_mode=lam_mode, fused=False) as auditor:  # post hoc: no weight grads
         if plans is not None:
             auditor.reuse_plans(plans)
-        for index, batch in zip(indices, batches, strict=False):  # indices may be endless
+        for n, (index, batch) in enumerate(zip(indices, batches, strict=False)):  # indices may be endless
             t0 = time.perf_counter()
             b = batch.to(device)
             logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
@@ -97,6 +101,8 @@ def audit_batches(model: torch.nn.Module, batches: Iterable[LMBatch], lam: float
             rows, result = score_pass(auditor, logits, b.labels, losses, batch.example_ids, batch_index=index,
                                       step=None, started=t0)
             model.zero_grad(set_to_none=True)
+            if kept is not None and n >= kept:
+                continue  # a lockstep copy: its batch's rows are another pass's
             texts.add(rows)  # columns to columns: no object per text
             results.append(result)
             if reporter is not None:
@@ -108,7 +114,7 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
               name: str,
               settings: AuditSettings = AuditSettings(), reporter: Reporter | None = None,
               ranks: Ranks | None = None, tokenizer: str | None = None,
-              adapters: Adapters | None = None) -> Run | None:
+              adapters: Adapters | None = None, shard_model: bool = False) -> Run | None:
     """Audit every checkpoint under ``checkpoints`` (a folder, or the checkpoints found there)
     into run ``name``; resumes an unfinished run.
 
@@ -119,10 +125,14 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
     a folder to read the tokenizer from, for checkpoints saved without one (recorded in the run's
     settings, so its attack reads the texts alike).  ``adapters``: the checkpoints are PEFT
     adapters of this base model (sources/adapters.py); GNQ over the adapter's parameters, or over
-    all parameters of the merged model.
+    all parameters of the merged model.  ``shard_model`` (torchrun only): each checkpoint is
+    sharded over the ranks with FSDP2 (pipelines/sharding.py), each rank holding 1/N of it; the
+    rows are the same.
     """
     reporter = reporter or Reporter()
     ranks = ranks or Ranks()
+    if shard_model:
+        check_shardable(ranks.world, companions=settings.companions, adapters=adapters is not None)
     if settings.companions not in (None, COMPANIONS_ALL) and ranks.world > 1:
         raise ValueError("--companions N runs in one process: run it without torchrun (--companions all "
                          "runs under torchrun)")
@@ -136,7 +146,8 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
         assert store is not None, "the lead rank writes the rows: it needs the store"
         try:
             reporter.phase("planning memory")
-            settings, plan = _plan_memory(store, refs, name, settings, device, reporter, adapters)
+            settings, plan = _plan_memory(store, refs, name, settings, device, reporter, adapters,
+                                          shards=ranks.world if shard_model else 1)
             run, todo, partition = _prepare(store, refs, dataset, name, settings, device, reporter, tokenizer,
                                             adapters)
         except Exception as exc:
@@ -150,9 +161,13 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
     if settings.companions is None:  # the whole run's ETA: every checkpoint's share of the texts
         reporter.expect(len(todo) * sum(partition.size(k) for k in ranks.share(len(partition))))
 
+    # sharded: read into host memory, then each block moved to the device as its shard (sharding.shard)
+    load_to = torch.device("cpu") if shard_model else device
+    mesh = device_mesh(ranks, device) if shard_model else None
+
     def load(point: int) -> tuple[torch.nn.Module, Any, str | None]:
         path = refs[point].path
-        model, tok = load_audited(path, adapters, device=device, dtype=dtype, tokenizer=tokenizer_dir)
+        model, tok = load_audited(path, adapters, device=load_to, dtype=dtype, tokenizer=tokenizer_dir)
         hash_of = checkpoint_hash if adapters is None else adapter_hash
         return model, tok, hash_of(path) if ranks.lead else None
 
@@ -177,11 +192,14 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
                 model, tokenizer, model_hash = upcoming.result() if upcoming is not None else load(point)
                 # the next checkpoint loads while this one is audited, when the plan has room for two
                 upcoming = Prefetch(load, todo[n + 1]) if n + 1 < len(todo) and prefetch else None
+                if mesh is not None:  # here, not in the loader thread: every rank shards in step
+                    _shard(model, mesh, ranks, reporter, first=n == 0)
                 key = ({"store": str(Path(store.path).resolve()), "run": run.run_id, "model_hash": model_hash}
                        if run else None)
                 texts, results = _audit_share(model, tokenizer, dataset, partition, ref, settings, device,
                                               reporter, ranks, saved, trainable_only=adapters is not None
-                                              and not adapters.merged, plans=plans, key=key)
+                                              and not adapters.merged, plans=plans, key=key,
+                                              sharded=mesh is not None)
             except Exception as exc:
                 if is_out_of_memory(exc) or is_out_of_memory(exc.__cause__):
                     # one line naming the fix; the run stays resumable (failed, finished points kept)
@@ -198,7 +216,7 @@ def run_audit(store: Store | None, checkpoints: str | Path | list[CheckpointRef]
 
 def _plan_memory(store: Store, refs: list[CheckpointRef], name: str, settings: AuditSettings,
                  device: torch.device, reporter: Reporter, adapters: Adapters | None = None,
-                 ) -> tuple[AuditSettings, MemoryPlan]:
+                 shards: int = 1) -> tuple[AuditSettings, MemoryPlan]:
     """The settings the audit runs with (the batch size chosen when none was given, the dtype the
     weights are stored in for "auto") and its memory plan (sources.memory_plan), before anything
     loads or is written; a plan that does not fit is refused in one line naming what to change.
@@ -212,7 +230,7 @@ def _plan_memory(store: Store, refs: list[CheckpointRef], name: str, settings: A
     if batch is None and existing is not None:
         batch = existing.batch_size
     plan, note = check_plan(folder, batch_size=batch, max_length=settings.max_length, dtype=settings.dtype,
-                            checkpoints=len(refs), device=str(device))
+                            checkpoints=len(refs), device=str(device), shards=shards)
     if note:
         reporter.log(note)
     return replace(settings, batch_size=plan.batch_size), plan
@@ -301,11 +319,12 @@ def prepare_for_audit(model: torch.nn.Module, dtype: torch.dtype) -> None:
 def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, partition: Partition,
                  ref: CheckpointRef, settings: AuditSettings, device: torch.device, reporter: Reporter,
                  ranks: Ranks, saved: Path | None = None, trainable_only: bool = False,
-                 plans: PlanCache | None = None, key: dict | None = None
+                 plans: PlanCache | None = None, key: dict | None = None, sharded: bool = False
                  ) -> tuple[ScoreColumns, list[BatchResult]]:
     """This rank's batches of one checkpoint, tokenised batch by batch; on the lead, every rank's
     records in batch order.  Companions against all the texts: every rank takes part in the one
-    set (its share of the texts); ``saved``: where that set's first pass is kept."""
+    set (its share of the texts); ``saved``: where that set's first pass is kept.  ``sharded``:
+    the model is sharded, so every rank runs as many passes (sharding.lockstep)."""
     mine = ranks.share(len(partition))
     size = sum(partition.size(k) for k in mine)
     reporter.stage(f"{ref.label}", size)
@@ -315,16 +334,28 @@ def _audit_share(model: torch.nn.Module, tokenizer: Any, dataset: TextDataset, p
                                 range(len(partition)) if every else mine, settings, device, reporter,
                                 trainable_only=trainable_only, ranks=ranks, saved=saved,
                                 checkpoint=str(ref.path), plans=plans, key=key)
-    batches = stream_batches(tokenizer, dataset.texts, partition, mine, settings.max_length,
+    runs = lockstep(mine, len(partition), ranks.world) if sharded else mine
+    batches = stream_batches(tokenizer, dataset.texts, partition, runs, settings.max_length,
                              trained_masks(dataset))
-    rows = audit_batches(model, batches, settings.lam, device, reporter, indices=mine, capacity=size,
+    rows = audit_batches(model, batches, settings.lam, device, reporter, indices=runs, capacity=size,
                          loss=settings.loss, lam_mode=settings.lam_mode, trainable_only=trainable_only,
-                         plans=plans)
+                         plans=plans, padding=len(runs) - len(mine))
     parts = ranks.gather(rows)
     if not ranks.lead or len(parts) == 1:
         return rows
     results = sorted((r for p in parts for r in p[1]), key=lambda r: r.batch_index)
     return ScoreColumns.joined([p[0] for p in parts]), results
+
+
+def _shard(model: torch.nn.Module, mesh: Any, ranks: Ranks, reporter: Reporter, first: bool) -> None:
+    """Shard a loaded checkpoint over the ranks; the first time, the lead says what each holds."""
+    blocks = shard(model, mesh)
+    held = ranks.gather(local_numel(model))
+    if first and ranks.lead:
+        total = held[0][1]
+        shares = ", ".join(f"{h / total:.0%}" for h, _ in held)
+        reporter.log(f"model sharded over {ranks.world} ranks (FSDP2: {blocks} blocks and the root): the "
+                     f"ranks hold {shares} of its {total:,} parameters")
 
 
 def trained_masks(dataset: TextDataset):

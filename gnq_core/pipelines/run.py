@@ -109,6 +109,10 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     from gnq_core.pipelines.ranks import Ranks
 
     ranks = Ranks.from_env()
+    if job.shard_model:  # before the texts are read: torchrun is needed whatever they are
+        from gnq_core.pipelines.sharding import check_shardable
+
+        check_shardable(ranks.world)
     # the checks every door makes (pipelines/preflight.py), before anything is written; chat data
     # are rendered with the template of the model it reads (an adapter: its base's)
     inputs = audit_inputs(job, texts=lambda model: _texts(job, progress, model))
@@ -122,7 +126,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
                                         world=ranks.world)
     if not ranks.lead:  # rank 0 alone opens the store and reports
         run_audit(None, refs, dataset, name=name, settings=job.settings, ranks=ranks, tokenizer=job.tokenizer,
-                  adapters=adapters)
+                  adapters=adapters, shard_model=job.shard_model)
         ranks.finish()
         return []
     assert store is not None, "the lead rank writes the rows: it needs the store"
@@ -130,7 +134,7 @@ def _audit(job: AuditJob, store: Store | None, progress: JobProgress) -> list[st
     t0 = time.perf_counter()
     with progress.reporter(name) as reporter:
         run = run_audit(store, refs, dataset, name=name, settings=job.settings, reporter=reporter,
-                        ranks=ranks, tokenizer=job.tokenizer, adapters=adapters)
+                        ranks=ranks, tokenizer=job.tokenizer, adapters=adapters, shard_model=job.shard_model)
     ranks.finish()
     _warn_unscored(store, run, progress)
     said = [f"run {run.name!r} (id {run.run_id}): {len(dataset)} examples × {len(store.points(run.run_id))} "

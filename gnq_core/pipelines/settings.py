@@ -157,9 +157,14 @@ class AuditJob(_TextsJob):
     tokenizer: str | None = None  # a folder with the tokenizer, for checkpoints saved without one
     base_model: str | None = None  # the checkpoints are PEFT adapters of this model (sources/adapters.py)
     merge_adapter: bool = False  # GNQ over all parameters of the merged model, not the adapter's
+    shard_model: bool = False  # torchrun: each checkpoint sharded over the ranks (pipelines/sharding.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.shard_model:  # what the sharded path does not take, refused before anything runs
+            from gnq_core.pipelines.sharding import check_shardable
+
+            check_shardable(companions=self.settings.companions, adapters=self.base_model is not None)
         _require(not self.merge_adapter or self.base_model is not None,
                  "--merge-adapter applies to adapter checkpoints: give their base model with --base-model")
         _require(self.base_model is None or self.non_members is None,

@@ -178,13 +178,19 @@ def _room(device: str) -> tuple[int, str, int]:
 
 def plan_for_batch(shape: Shape, *, batch_size: int, max_length: int, dtype: str, checkpoints: int,
                    device: str, room: int, room_source: str, already: int = 0,
-                   reference: bool = False, prefetch: bool | None = None) -> MemoryPlan:
+                   reference: bool = False, prefetch: bool | None = None, shards: int = 1) -> MemoryPlan:
     """The plan for ``shape`` at ``batch_size`` × ``max_length`` tokens in ``dtype``; ``prefetch``
     None: the next checkpoint is prefetched when there is one and two fit, else not.
-    ``reference``: a second model held besides (the attacks' reference model)."""
+    ``reference``: a second model held besides (the attacks' reference model).  ``shards`` > 1 on
+    a GPU: the model sharded over that many ranks (``gnq audit --shard-model``): each device holds
+    its share of the weights and two units gathered in full (the one running and the next,
+    all-gathered ahead), bounded by a block or the embeddings and head; the checkpoints are read
+    into host memory, the next one too."""
     size = _ITEMSIZE.get(dtype, 4)
     weights = shape.parameters * size
     on_gpu = device.startswith("cuda")
+    sharded = shards > 1 and on_gpu
+    held = -(-weights // shards) if sharded else weights
     # a conversion reads every page of the files (counted in RSS while mapped); on a GPU they
     # are host memory, not the device's
     loading = 0 if on_gpu else (shape.file_bytes if shape.stored_dtype != dtype else 0)
@@ -195,8 +201,14 @@ def plan_for_batch(shape: Shape, *, batch_size: int, max_length: int, dtype: str
     grams = int(GRAM_COPIES * shape.layers * min(GRAM_BUDGET, tokens * tokens * max(size, 4)))
     logits = int(LOGIT_COPIES * tokens * shape.vocab * size)
     terms = [Term("runtime", 0 if on_gpu else RUNTIME_BYTES, "Python, torch, transformers, DuckDB"),
-             Term("weights", weights, f"{shape.parameters:,} parameters × {size} bytes ({dtype})"),
+             Term("weights", held, f"{shape.parameters:,} parameters × {size} bytes ({dtype})"
+                  + (f", 1/{shards} of them on each rank" if sharded else "")),
              Term("loading", loading, "the weight files' pages while they are converted")]
+    if sharded:
+        ends = 2 * shape.vocab * shape.hidden  # the embeddings and an untied head: the root unit
+        block = max(shape.parameters - ends, 0) // max(shape.layers, 1)
+        terms.append(Term("gathered units", min(2 * max(ends, block), shape.parameters) * size,
+                          "two units' full weights while one runs (FSDP2 gathers the next ahead)"))
     if reference:
         terms.append(Term("reference model", weights, "the attacks' reference model, held besides"))
     working = [Term("working set", int(tokens * per_token),
@@ -209,7 +221,8 @@ def plan_for_batch(shape: Shape, *, batch_size: int, max_length: int, dtype: str
     want = checkpoints > 1 if prefetch is None else prefetch and checkpoints > 1
     if not want:
         return base
-    with_next = replace(base, terms=base.terms + (Term("next checkpoint", weights + loading,
+    ahead = 0 if sharded else weights + loading  # sharded: read into host memory, not the device's
+    with_next = replace(base, terms=base.terms + (Term("next checkpoint", ahead,
                                                        "prefetched while this one is audited"),),
                         prefetch=True)
     return with_next if with_next.fits or prefetch else base
@@ -253,7 +266,7 @@ def _changes(shape: Shape, plan: MemoryPlan) -> str:
 
 
 def check_plan(folder: str | Path, *, batch_size: int | None, max_length: int, dtype: str | None,
-               checkpoints: int, device: str = "cpu", where: str | Path | None = None
+               checkpoints: int, device: str = "cpu", where: str | Path | None = None, shards: int = 1
                ) -> tuple[MemoryPlan, str | None]:
     """The plan an audit runs under, and the one line to say about it (None: nothing to say).
 
@@ -267,7 +280,7 @@ def check_plan(folder: str | Path, *, batch_size: int | None, max_length: int, d
     def at(b: int) -> MemoryPlan:
         return plan_for_batch(shape, batch_size=b, max_length=max_length, dtype=dtype,
                               checkpoints=checkpoints, device=device, room=room, room_source=source,
-                              already=already)
+                              already=already, shards=shards)
 
     name = where or folder
     best = largest_batch(at, max(MIN_BATCH, batch_size or DEFAULT_BATCH_CAP))
