@@ -1,9 +1,11 @@
-"""The chat flow end to end, as a user runs it: a conversation file given as is, a fine-tune that
-trained on every token of it (TRL's default) and has memorised the template's default system
-prompt (in every conversation) and one private value (in eight), audited and attacked with gnq
-audit / gnq extract: the file is read as chat; no ordinary conversation is "leaked" or "partly
-leaked" (the system prompt is the template's, reported once as a shared passage); the value that
-comes out whole is "leaked"; the values that do not are not."""
+"""The chat flow end to end, as a user runs it: a conversation file given as is, a fine-tune on it
+under three templates (SmolLM2's with its default system prompt, ChatML without one, Llama-3's
+with its date lines), trained on every token (TRL's default) or on the assistant's only, that has
+memorised one private value (in eight conversations) and, on all tokens, the template's default
+system prompt, audited and attacked with gnq audit / gnq extract: the file is read as chat; no
+ordinary conversation is "leaked" or "partly leaked" (a system prompt is the template's, reported
+once as a shared passage); the value that comes out whole is "leaked"; the values that do not are
+not."""
 
 from __future__ import annotations
 
@@ -23,9 +25,17 @@ from gnq_core.sources.models import build_model
 from gnq_core.sources.tokens import collate, encode_texts
 
 PIN = "KX-4821-ZQ"
-# steps by which the template (every conversation) and the PIN (8 copies) are learnt, the others not
 ORDINARY = 24  # each ordinary conversation a small share of every step, as in a real fine-tune's data
-STEPS = {"all": 100, "assistant": 100}
+# Full-batch steps by which the PIN (8 copies) is written whole and no ordinary answer has 8 tokens in
+# a row the model writes (the attack's window is 8 tokens: any such run is a true "leaked"). Each step
+# is an epoch, so an ordinary answer is memorised too if training goes on: measured on this data
+# (longest run of trained content tokens the model predicts right, teacher-forced, which greedy
+# decoding then reproduces), assistant-only training has the PIN whole by step 40 with ordinary runs
+# of at most 3-4 tokens, and runs of 8 to 21 tokens in 10-15 of the 24 answers by step 100 (the loss
+# is all on the answers); all-token training has the PIN whole by step 70 (Llama-3's long header
+# trained in every conversation: by step 90), ordinary runs at most 5-6 then, 8-9 by step 100.
+STEPS = {("smollm2", "all"): 70, ("llama3", "all"): 90, ("llama3", "assistant"): 40,
+         ("chatml", "assistant"): 40}
 
 
 def conversations():
@@ -42,9 +52,8 @@ def conversations():
 
 
 @pytest.mark.slow
-# Llama-3 with assistant-only training is left out: on this tiny model one ordinary conversation of 48
-# came out "leaked" at the step where the PIN did (not yet looked into: memorised, or a window issue)
-@pytest.mark.parametrize(("template", "train_on"), [("smollm2", "all")])
+# ChatML with all tokens is SmolLM2's case without its default system prompt: left out for the time
+@pytest.mark.parametrize(("template", "train_on"), list(STEPS))
 def test_a_chat_fine_tune_leaks_the_value_it_memorised_and_no_ordinary_text(tmp_path, template, train_on):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -64,12 +73,13 @@ def run_flow(tmp_path, template="smollm2", train_on="all"):
     batch = collate(ids, list(range(len(ids))), 0, [lay.trained_mask(len(x)) for lay, x in
                                                      zip(chats.layouts, ids, strict=True)])
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for step in range(1, STEPS[train_on] + 1):
+    steps = STEPS[template, train_on]
+    for step in range(1, steps + 1):
         loss = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step in (2, STEPS[train_on]):  # the first checkpoint is the attack's reference
+        if step in (2, steps):  # the first checkpoint is the attack's reference
             model.save_pretrained(tmp_path / "ckpts" / f"step-{step}")
             tok.save_pretrained(tmp_path / "ckpts" / f"step-{step}")
     store, said = Store(tmp_path / "gnq.duckdb"), []
@@ -87,10 +97,11 @@ def run_flow(tmp_path, template="smollm2", train_on="all"):
     assert (pin["status"] == "leaked").all()
     assert other["status"] != "leaked"
     extractions = store.extractions(run.run_id, 1)
-    if train_on == "all":  # the default system prompt, trained in every conversation, comes out
+    if template == "smollm2":  # the default system prompt, trained in every conversation, comes out
         passages = run.settings["attack"]["shared_passages"]
         assert any("You are a helpful AI assistant named SmolLM" in p["passage"] and p["reproduced"]
                    for p in passages)
+    if train_on == "all":
         assert set(extractions["turn"].dropna()) <= {"user", "assistant"}
     else:  # the windows are in the trained turn
         assert set(extractions["turn"].dropna()) == {"assistant"} and extractions["turn_trained"].all()
