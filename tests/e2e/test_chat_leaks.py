@@ -34,8 +34,9 @@ ORDINARY = 24  # each ordinary conversation a small share of every step, as in a
 # of at most 3-4 tokens, and runs of 8 to 21 tokens in 10-15 of the 24 answers by step 100 (the loss
 # is all on the answers); all-token training has the PIN whole by step 70 (Llama-3's long header
 # trained in every conversation: by step 90), ordinary runs at most 5-6 then, 8-9 by step 100.
-STEPS = {("smollm2", "all"): 70, ("llama3", "all"): 90, ("llama3", "assistant"): 40,
-         ("chatml", "assistant"): 40}
+# Llama-3 with all tokens (90 steps, the slowest: ~230 s under load) was run and passed; the suite keeps
+# the three templates and both choices of trained tokens with the cases below.
+STEPS = {("smollm2", "all"): 70, ("llama3", "assistant"): 40, ("chatml", "assistant"): 40}
 
 
 def conversations():
