@@ -185,6 +185,9 @@ def estimate(
                                     help="As for gnq audit: the checkpoints are PEFT adapters of this "
                                          "model."),
     merge_adapter: bool = typer.Option(False, "--merge-adapter", help="As for gnq audit."),
+    shard_model: bool = typer.Option(False, "--shard-model",
+                                     help="As for gnq audit (what it refuses with it, refused here); the "
+                                          "probe runs in one process holding the whole model."),
     companions: str = typer.Option(None, "--companions", show_default=False, metavar="N|all",
                                    help="As for gnq audit (its memory is checked; its time is not estimated "
                                         "yet)."),
@@ -226,8 +229,8 @@ def estimate(
                     text_column=text_column, group_column=group_column, secret_column=secret_column,
                     secret_patterns=secret_pattern, public_column=public_column, threads=threads,
                     tokenizer=tokenizer, base_model=base_model, merge_adapter=merge_adapter,
-                    non_members=non_members, reference=reference if non_members else None,
-                    data_format=data_format, train_on=train_on)
+                    shard_model=shard_model, non_members=non_members,
+                    reference=reference if non_members else None, data_format=data_format, train_on=train_on)
     attack_job = extract_options(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens,
                                  threshold=threshold, batch_size=attack_batch_size,
                                  device=device, reference=reference,
