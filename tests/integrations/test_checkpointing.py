@@ -2,7 +2,8 @@
 region's forward inside the backward; the auditor recognises the recomputation (engine/passes/recompute.py)
 and uses each call's capture once: GNQ equals explicit per-example gradients (float64) for both
 reentrant settings, fused or not, and the weight gradients equal those of the same model without
-checkpointing.  Trainer(gradient_checkpointing=True) gives the GNQ of the run without it."""
+checkpointing.  Trainer(activation_checkpointing=True), once gradient_checkpointing, gives the GNQ
+of the run without it."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_checkpointed_model_gnq_and_gradients_are_exact(name, reentrant, fused):
     torch.manual_seed(11 + reentrant + 2 * fused)
     model = MODELS[name]()
     plain = copy.deepcopy(model).train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
     model.train()
     with GNQAuditor(model, lam=1e-2, fused=fused) as auditor:
         for step in range(2):  # the second pass: the counts of the first are not carried over
@@ -79,8 +80,8 @@ def trainer_gnq(tmp_path, lora: bool = False, **kw) -> pd.DataFrame:
 @pytest.mark.parametrize("reentrant", [True, False])
 def test_trainer_gradient_checkpointing_gives_the_gnq_of_the_run_without_it(tmp_path, reentrant, lora):
     plain = trainer_gnq(tmp_path / "plain", lora)
-    checkpointed = trainer_gnq(tmp_path / "ckpt", lora, gradient_checkpointing=True,
-                               gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    checkpointed = trainer_gnq(tmp_path / "ckpt", lora, activation_checkpointing=True,
+                               activation_checkpointing_kwargs={"use_reentrant": reentrant})
     assert len(plain) == len(checkpointed) == 12
     assert plain["example_id"].tolist() == checkpointed["example_id"].tolist()
     assert rel_err(torch.tensor(checkpointed["gnq"].to_numpy()), torch.tensor(plain["gnq"].to_numpy())) <= TOL
