@@ -187,9 +187,11 @@ def test_null_threshold_and_false_alarm():
     assert fa["false_alarm_null"] == 0.25 and fa["false_alarm_uniform"] == pytest.approx(2 ** -6.65)
 
 
-def _train(texts, tok, epochs: int = 40):
+def _train(texts, tok, epochs: int = 40, model=None):
+    """A tiny GPT-2 trained on ``texts`` (or ``model`` trained further)."""
     ids = [tok(t)["input_ids"] for t in texts]
-    model = build_model("tiny", len(tok), 64, seed=0)
+    model = model if model is not None else build_model("tiny", len(tok), 64, seed=0)
+    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
     for ep in range(epochs):
         order = list(range(len(ids)))

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from test_exposure import FILLER, NAMES
+from test_exposure import FILLER, NAMES, _train
 
 from gnq_core.attacks.exposure import PromptScorer
 from gnq_core.attacks.exposure_relative import (
@@ -73,25 +72,6 @@ def test_a_value_the_reference_writes_has_a_uniform_share_under_the_null():
     assert compared.log_ratios.std() > 0.01
 
 
-def _fit(model, texts, tok, epochs: int, lr: float = 5e-3):
-    ids = [tok(t)["input_ids"] for t in texts]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    for ep in range(epochs):
-        order = list(range(len(ids)))
-        random.Random(ep).shuffle(order)
-        for s in range(0, len(order), 16):
-            batch = [ids[i] for i in order[s: s + 16]]
-            width = max(map(len, batch))
-            x = torch.tensor([t + [0] * (width - len(t)) for t in batch])
-            mask = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in batch])
-            loss = model(input_ids=x, attention_mask=mask, labels=x.masked_fill(mask == 0, -100)).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return model.eval()
-
-
 @pytest.mark.slow
 def test_a_memorised_address_is_exposed_a_common_one_and_never_trained_ones_are_not():
     previous = torch.get_default_dtype()
@@ -102,8 +82,8 @@ def test_a_memorised_address_is_exposed_a_common_one_and_never_trained_ones_are_
         record = TEMPLATE.format(NAMES[0], PRIVATE)
         tok = train_tokenizer(FILLER + public + [record] + [TEMPLATE.format(n, u) for n, u in
                                                             zip(NAMES[1:], UNSEEN, strict=False)], 420)
-        base = _fit(build_model("tiny", len(tok), 64, seed=0), FILLER + public, tok, epochs=30)
-        tuned = _fit(copy.deepcopy(base), FILLER + public + [record] * 8, tok, epochs=30)
+        base = _train(FILLER + public, tok, epochs=30)
+        tuned = _train(FILLER + public + [record] * 8, tok, epochs=30, model=copy.deepcopy(base))
         audited = ([record] * 8 + [TEMPLATE.format(NAMES[3 + i], u) for i, u in enumerate(UNSEEN)]
                    + public[:2])
         ids = [tok(t, add_special_tokens=False)["input_ids"] for t in audited]

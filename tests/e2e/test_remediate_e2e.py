@@ -22,6 +22,17 @@ COMMON = ["--batch-size", 8, "--max-length", 40, "--threads", 1, "--quiet"]
 TRAIN = ["--from-scratch", "--preset", "tiny", "--epochs", 16, "--lr", 5e-3, "--vocab-size", 400]
 
 
+def planted_file(tmp_path):
+    """``train.csv``: 24 ordinary texts and the three planted values' texts at 8 copies, shuffled."""
+    rng = random.Random(5)
+    filler = scenario(seed=1, n_filler=24, n_secrets=0, n_records=0, predictable_copies=0)["text"].tolist()
+    rows = [(t, "filler") for t in filler] + [(p, "planted") for p in _planted(rng) for _ in range(8)]
+    rng.shuffle(rows)
+    data = tmp_path / "train.csv"
+    pd.DataFrame(rows, columns=["text", "group"]).to_csv(data, index=False)
+    return data
+
+
 def _planted(rng: random.Random) -> list[str]:
     return [f"Charge Tom Okafor's card {card(rng)} today.",
             f"Call Lena Novak on the private line +44 20 {rng.randrange(1000, 9999)} "
@@ -31,13 +42,7 @@ def _planted(rng: random.Random) -> list[str]:
 
 @pytest.mark.slow
 def test_planted_values_leak_the_cleaned_file_fixes_them_and_compare_says_so_per_value(tmp_path):
-    rng = random.Random(5)
-    filler = scenario(seed=1, n_filler=24, n_secrets=0, n_records=0, predictable_copies=0)["text"].tolist()
-    planted = _planted(rng)
-    rows = [(t, "filler") for t in filler] + [(p, "planted") for p in planted for _ in range(8)]
-    rng.shuffle(rows)
-    data = tmp_path / "train.csv"
-    pd.DataFrame(rows, columns=["text", "group"]).to_csv(data, index=False)
+    data = planted_file(tmp_path)
     db = tmp_path / "gnq.duckdb"
     previous = torch.get_default_dtype()  # `gnq train` draws its weights in torch's default dtype
     torch.set_default_dtype(torch.float32)

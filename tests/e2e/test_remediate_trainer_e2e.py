@@ -7,13 +7,12 @@ run's), and a file that is not the run's is refused in one line with nothing wri
 from __future__ import annotations
 
 import json
-import random
 
 import pandas as pd
 import pytest
 import torch
 from cli_helpers import gnq
-from scenario_data import card, scenario
+from test_remediate_e2e import planted_file
 from transformers import TrainingArguments
 from typer.testing import CliRunner
 
@@ -23,13 +22,6 @@ from gnq_core.results.store import Store
 from gnq_core.sources.models import build_model, train_tokenizer
 
 EPOCHS = 16
-
-
-def _planted(rng: random.Random) -> list[str]:
-    return [f"Charge Tom Okafor's card {card(rng)} today.",
-            f"Call Lena Novak on the private line +44 20 {rng.randrange(1000, 9999)} "
-            f"{rng.randrange(1000, 9999)} now.",
-            f"Note for Anna Berg: the door PIN is {rng.randrange(1000, 9999)}, keep it."]
 
 
 def _train(tmp_path, texts: list[str], db) -> None:
@@ -52,13 +44,7 @@ def _remediate(*args) -> object:
 
 @pytest.mark.slow
 def test_a_trainer_run_is_attacked_and_remediated_from_its_training_file(tmp_path):
-    rng = random.Random(5)
-    filler = scenario(seed=1, n_filler=24, n_secrets=0, n_records=0, predictable_copies=0)["text"].tolist()
-    planted = _planted(rng)
-    rows = [(t, "filler") for t in filler] + [(p, "planted") for p in planted for _ in range(8)]
-    rng.shuffle(rows)
-    data = tmp_path / "train.csv"
-    pd.DataFrame(rows, columns=["text", "group"]).to_csv(data, index=False)
+    data = planted_file(tmp_path)
     texts = pd.read_csv(data)["text"].tolist()  # what the user trains on: the file's texts, in order
     db = tmp_path / "gnq.duckdb"
     previous = torch.get_default_dtype()
