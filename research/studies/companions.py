@@ -32,6 +32,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -203,9 +204,11 @@ def load_model(cfg: Config, texts: list[str], seed: int):
 
 
 def fine_tune(model, ids: list[list[int]], pad: int, *, lr: float, epochs: int, batch_size: int,
-              seed: int) -> list[float]:
+              seed: int, after_backward: Callable[[list[int]], None] | None = None) -> list[float]:
     """AdamW on the texts (copies included) over the parameters that require gradients, ``epochs``
-    shuffled epochs; the batch losses."""
+    shuffled epochs; the batch losses.  ``after_backward(part)``: called with each step's text
+    indices after its backward, before the optimizer step (where an in-run auditor reads the
+    step's per-example gradients); it must leave the gradients as they are."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     rng = np.random.default_rng([seed, 1])
     model.train()
@@ -218,6 +221,8 @@ def fine_tune(model, ids: list[list[int]], pad: int, *, lr: float, epochs: int, 
             logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
             loss = per_example_lm_loss(logits, b.labels).mean()
             loss.backward()
+            if after_backward is not None:
+                after_backward(part)
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))

@@ -12,10 +12,12 @@ minus mean loss over the models that trained on it.  Per seed:
    records (copies stay together; models come in complementary pairs, ``counterfactual.
    cf_subset``, so every record is in exactly half of them); each model's loss on every record.
 3. One model trained on everything, as a user would have: its signals per record (mean over the
-   record's copies) — GNQ per micro-batch (a post-hoc pass at the final weights over the
-   training texts, copies included, in seeded micro-batches: ``GNQAuditor``, exact), the
-   gradient norm² K_jj, loss, loss ratio to the base model (a pretrained model only; a tiny
-   model's base is random weights), Min-K%++, zlib ratio, copy count, length.
+   record's copies) — GNQ in run (each optimizer step's batch, exact: the GNQ_total `gnq train`
+   and GNQTrainer record), GNQ post hoc by the product's audit (``pipelines.audit.run_audit``:
+   seeded batches, copies kept apart, exact) and against the whole set (``--companions all``),
+   the gradient norm² K_jj (in run and post hoc), the product's default risk, loss, loss ratio
+   to the base model (a pretrained model only; a tiny model's base is random weights),
+   Min-K%++, zlib ratio, copy count, length.
 4. Exposure of each planted value under the full model (``exposure_hook``: over the value's own
    space, the rank exact by the pruned search where it finishes, else estimated, as the audit's
    secret attack measures it).
@@ -25,7 +27,9 @@ correlation with counterfactual memorisation given [length, loss, log copies, K_
 cluster-bootstrap interval above 0, or its CV AUC gain for the top decile over the same base is
 ≥ 0.02 with its interval above 0, over at least 3 seeds and 50 independent positive records (top
 decile of counterfactual memorisation); with fewer, the verdict is "too few".  Seeds are pooled
-as within-seed ranks (each seed's models differ, so raw values are not comparable).
+as within-seed ranks (each seed's models differ, so raw values are not comparable).  A positive
+is a top-decile record that each half of the model pairs alone reproduces (``replicated``): the
+outcome among unique texts is mostly the noise of a few models, and noise validates nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from gnq_core.analysis import clusters as cl
 from gnq_core.analysis import predictive as pr
@@ -48,9 +53,8 @@ from gnq_core.analysis.partial import partial_rank_correlation
 from gnq_core.attacks.compression import zlib_bits
 from gnq_core.common.atomic import write_text_atomic
 from gnq_core.engine.auditor import GNQAuditor
-from gnq_core.engine.math.losses import per_example_lm_loss
 from gnq_core.sources.copies import find_copies
-from gnq_core.sources.tokens import collate, encode_texts, pad_id
+from gnq_core.sources.tokens import encode_texts, pad_id
 from research.studies import report as rep
 from research.studies.base import StudyContext, Timings, ag_news, machine
 from research.studies.companions import DEMO_DATA, FIRST, LAST, TOWNS, fine_tune, load_model
@@ -67,13 +71,17 @@ CF = "cf_memorisation"
 EXPOSURE = "exposure"
 GNQ = "gnq"
 BASE = ("n_tokens", "loss", "log_copies", "k_jj")  # the rule's base: what GNQ must add to
+GIVEN_WORDS = {"n_tokens": "length", "loss": "loss", "log_copies": "log copies", "k_jj": "K_jj", "gnq": "GNQ"}
+REPLICATE = 2  # a top record is a positive when each half of the models alone puts it in its top 2 × top
 RULE = ("GNQ adds value where its partial rank correlation with counterfactual memorisation given "
         "[length, loss, log copies, K_jj] has a cluster-bootstrap interval above 0, or its CV AUC gain for "
         "the top decile of counterfactual memorisation over the same base is ≥ {gain} with its interval "
         "above 0; over at least {seeds} seeds and {records} independent positive records (top decile). "
         "With fewer, the verdict is \"too few\". Written before the numbers were read.")
 # (column, label, higher = more memorised): directions fixed by each score's meaning, never the data
-SIGNALS = (("gnq", "GNQ (per micro-batch)", True), ("k_jj", "gradient norm² (K_jj)", True),
+SIGNALS = (("gnq", "GNQ post hoc (the audit's batches)", True), ("k_jj", "gradient norm² (K_jj)", True),
+           ("gnq_in_run", "GNQ in run (GNQ_total)", True), ("gnq_all", "GNQ against the whole set", True),
+           ("k_jj_in_run", "K_jj in run", True), ("risk_default", "default risk (the product's)", True),
            ("loss", "loss", False), ("loss_ratio", "loss ratio to the base model", False),
            ("min_k_plus", "Min-K%++", True), ("zlib_ratio", "zlib ratio", False),
            ("log_copies", "log copies", True), ("n_tokens", "length (tokens)", False))
@@ -181,31 +189,76 @@ def expanded(records: list[int], copies: np.ndarray) -> list[int]:
     return [r for r in records for _ in range(int(copies[r]))]
 
 
-def micro_batch_gnq(model, ids: list[list[int]], texts: list[int], pad: int, cfg: Config,
-                    seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(GNQ, K_jj) per record: a post-hoc exact pass at the model's weights over the training
-    texts ``texts`` (record ids, copies repeated) in seeded micro-batches of ``cfg.batch_size``,
-    each record's values averaged over its copies."""
-    n = len(ids)
-    gnq_sum, kjj_sum, count = np.zeros(n), np.zeros(n), np.zeros(n)
-    order = np.random.default_rng([seed, 2]).permutation(len(texts))
-    for p in model.parameters():
-        p.requires_grad_(True)
-    with GNQAuditor(model, lam=cfg.lam, fused=False) as auditor:
-        for s in range(0, len(order), cfg.batch_size):
-            part = [texts[i] for i in order[s:s + cfg.batch_size]]
+def in_run_fine_tune(model, ids: list[list[int]], texts: list[int], pad: int, cfg: Config,
+                     seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train the model on the training texts ``texts`` (record ids, copies repeated) as
+    ``fine_tune`` does — the same order, batches and steps, so the same model — while GNQ is
+    measured in run, as `gnq train` and GNQTrainer measure it: each optimizer step's batch is the
+    GNQ batch (exact, ``GNQAuditor`` on the step's per-example gradients, weights 1/B of the
+    token-mean objective).  Per record: the GNQ summed over each copy's steps, averaged over its
+    copies (a copy's GNQ_total), and K_jj likewise; NaN for a record never in a batch of two."""
+    n = int(max(texts)) + 1 if texts else 0
+    gnq_sum, kjj_sum, seen = np.zeros(n), np.zeros(n), np.zeros(n)
+    record = np.asarray(texts)
+    dtype = next(model.parameters()).dtype
+    with GNQAuditor(model, lam=cfg.lam) as auditor:
+        def measure(part: list[int]) -> None:
+            res = auditor.compute(weights=torch.full((len(part),), 1.0 / len(part), dtype=dtype))
             if len(part) < 2:  # a batch of one has no companions: no GNQ
-                continue
-            b = collate([ids[r] for r in part], list(range(len(part))), pad)
-            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
-            auditor.backward(per_example_lm_loss(logits, b.labels).sum())
-            res = auditor.compute()
-            np.add.at(gnq_sum, part, res.gnq.numpy())
-            np.add.at(kjj_sum, part, res.self_influence.numpy())
-            np.add.at(count, part, 1)
-            model.zero_grad(set_to_none=True)
+                return
+            np.add.at(gnq_sum, record[part], res.gnq.double().numpy())
+            np.add.at(kjj_sum, record[part], res.self_influence.double().numpy())
+            np.add.at(seen, record[part], 1)
+
+        fine_tune(model, [ids[r] for r in texts], pad, lr=cfg.lr, epochs=cfg.epochs,
+                  batch_size=cfg.batch_size, seed=seed * 1000 + cfg.models, after_backward=measure)
+    copies = np.bincount(record, minlength=n).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return gnq_sum / count, kjj_sum / count
+        return (np.where(seen > 0, gnq_sum / copies, np.nan),
+                np.where(seen > 0, kjj_sum / copies, np.nan))
+
+
+def product_audit(model, tok, ids_texts: list[str], texts: list[int], n: int, cfg: Config, folder: Path,
+                  seed: int) -> dict[str, np.ndarray]:
+    """GNQ as a user's post-hoc audit of the final model gives it (``pipelines.audit.run_audit``,
+    the code behind `gnq audit`): the model saved, the training texts (copies included) audited in
+    the product's batches of ``cfg.batch_size`` (seeded, copies kept apart), and again against
+    the whole set (``--companions all``, sketched).  Per record, each copy's values averaged:
+    ``gnq`` and ``k_jj`` (post hoc, batches), ``gnq_all`` (the whole set).  Resumes: a finished
+    audit in ``folder``'s store is read back, not rerun."""
+    from gnq_core.pipelines.audit import run_audit
+    from gnq_core.pipelines.settings import AuditSettings
+    from gnq_core.results.store import Store
+    from gnq_core.sources.datasets import load_texts
+
+    checkpoint, data = folder / "full-model", folder / "training-texts.jsonl"
+    if not (checkpoint / "config.json").is_file():
+        model.save_pretrained(checkpoint)
+        tok.save_pretrained(checkpoint)
+    if not data.is_file():
+        write_text_atomic(data, "".join(json.dumps({"text": ids_texts[r]}) + "\n" for r in texts))
+    store = Store(folder / "audit.duckdb")
+    settings = AuditSettings(lam=cfg.lam, batch_size=cfg.batch_size, max_length=cfg.max_length, seed=seed,
+                             device="cpu", dtype=cfg.dtype)
+    record = np.asarray(texts)
+    out = {}
+    for name, extra in (("batches", {}), ("all", {"companions": "all"})):
+        run = store.find_run(name)
+        if run is None or run.status != "done":
+            run = run_audit(store, checkpoint, load_texts(data), name=name,
+                            settings=replace(settings, **extra))
+        scores = store.scores(run.run_id).sort_values("example_id")
+        for column, key in (("gnq", "gnq"), ("self_influence", "k_jj")):
+            if name == "all" and key == "k_jj":
+                continue  # the whole-set pass sketches K_jj: the batches' exact one is kept
+            values = scores[column].to_numpy(float)
+            total, count = np.zeros(n), np.zeros(n)
+            ok = np.isfinite(values)
+            np.add.at(total, record[scores["example_id"].to_numpy()[ok]], values[ok])
+            np.add.at(count, record[scores["example_id"].to_numpy()[ok]], 1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[key if name == "batches" else f"{key}_all"] = total / count
+    return out
 
 
 def exposure_hook(model, tok, frame: pd.DataFrame, ids: list[list[int]], cfg: Config,
@@ -240,6 +293,19 @@ def exposure_hook(model, tok, frame: pd.DataFrame, ids: list[list[int]], cfg: Co
         if got.bits is not None:
             out[target.example_id] = got.bits
     return out
+
+
+def default_risk(frame: pd.DataFrame) -> np.ndarray:
+    """The risk the product ranks by when a run has no ground truth of its own
+    (``analysis.risk.risk_components``: calibrated membership, or the loss, or repetition where
+    larger), from this record's signals under the names the store gives them."""
+    from gnq_core.analysis.risk import risk_components
+
+    totals = pd.DataFrame({"loss_ratio": frame["loss_ratio"], "zlib_ratio": frame["zlib_ratio"],
+                           "min_k_plus": frame["min_k_plus"], "copies": frame["copies"],
+                           "loss_last": frame["loss"], "gnq_total": frame[GNQ],
+                           "self_influence_last": frame["k_jj"], "gnq_with_copy": 0.0, "n_points": 1.0})
+    return risk_components(totals)["risk"].to_numpy(float)
 
 
 # ----------------------------------------------------------------------------------------- per seed
@@ -288,12 +354,13 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
         t = time.perf_counter()
         model.load_state_dict(init)
         everything = expanded(list(range(n)), copies)
-        fine_tune(model, [ids[r] for r in everything], pad, lr=cfg.lr, epochs=cfg.epochs,
-                  batch_size=cfg.batch_size, seed=seed * 1000 + cfg.models)
+        gnq_in_run, kjj_in_run = in_run_fine_tune(model, ids, everything, pad, cfg, seed)
         seconds["full model"] = time.perf_counter() - t
         t = time.perf_counter()
         fwd = forward_signals(model, ids, pad)
-        gnq, kjj = micro_batch_gnq(model, ids, everything, pad, cfg, seed)
+        seconds["forward signals"] = time.perf_counter() - t
+        t = time.perf_counter()
+        audited = product_audit(model, tok, frame["text"].tolist(), everything, n, cfg, folder, seed)
         seconds["signals"] = time.perf_counter() - t
     frame["n_tokens"] = [len(x) for x in ids]
     frame["log_copies"] = np.log(copies)
@@ -305,7 +372,9 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
     frame["loss_ratio"] = frame["loss"] / reference
     frame["zlib_ratio"] = (frame["loss"] * (frame["n_tokens"] - 1).clip(lower=1) / math.log(2)
                            / [zlib_bits(t) for t in frame["text"]])
-    frame[GNQ], frame["k_jj"] = gnq, kjj
+    frame[GNQ], frame["k_jj"], frame["gnq_all"] = audited["gnq"], audited["k_jj"], audited["gnq_all"]
+    frame["gnq_in_run"], frame["k_jj_in_run"] = gnq_in_run, kjj_in_run
+    frame["risk_default"] = default_risk(frame)
     with timings.stage(f"seed {seed}: exposure"):
         t = time.perf_counter()
         frame[EXPOSURE] = exposure_hook(model, tok, frame, ids, cfg, seed)
@@ -323,20 +392,76 @@ def run_seed(ctx: StudyContext, cfg: Config, seed: int, work: Path, timings: Tim
 
 
 # ----------------------------------------------------------------------------------------- analysis
+def replicated(f: pd.DataFrame, top: float) -> pd.Series:
+    """Per record: is its counterfactual memorisation reproduced by each half of the model pairs
+    alone — both halves put it in their top ``REPLICATE × top`` — so a top-decile record is a
+    memorised one and not the noise of a few models?  True everywhere for a seed run before the
+    study kept the halves."""
+    if "cf_half_a" not in f.columns or not f["cf_half_a"].notna().any():
+        return pd.Series(True, index=f.index)
+    cut = 1 - REPLICATE * top
+    return (f["cf_half_a"].rank(pct=True) >= cut) & (f["cf_half_b"].rank(pct=True) >= cut)
+
+
 def pooled(frames: list[pd.DataFrame], top: float) -> pd.DataFrame:
     """The seeds' records together: every signal and the outcome as within-seed percentile ranks
     (each seed's models differ), ``positive`` the within-seed top ``top`` of counterfactual
-    memorisation, ``cluster_id`` one per record and seed."""
+    memorisation that both halves of the models reproduce (``replicated``), ``cluster_id`` one
+    per record and seed.  A top record the halves do not reproduce is neither a positive nor a
+    negative: it is left out (``positives`` counts them)."""
     parts = []
     for f in frames:
         f = f.copy()
         for column, _, _ in SIGNALS:
+            if column not in f.columns:  # a seed run before the study measured it
+                f[column] = np.nan
             f[f"{column}_rank"] = f[column].rank(pct=True) if column != "log_copies" else f[column]
         f["cf_rank"] = f[CF].rank(pct=True)
-        f["positive"] = f[CF] >= f[CF].quantile(1 - top)
+        top_records = f[CF] >= f[CF].quantile(1 - top)
+        f["positive"] = top_records & replicated(f, top)
         f[cl.CLUSTER] = f["seed"] * 1_000_000 + np.arange(len(f))
-        parts.append(f)
+        parts.append(f[~(top_records & ~f["positive"])])
     return pd.concat(parts, ignore_index=True)
+
+
+def positives(frames: list[pd.DataFrame], top: float) -> pd.DataFrame:
+    """Per seed and scope (all records, base texts): the top records, how many both halves
+    reproduce (the positives) and how many are left out."""
+    rows = []
+    for f in frames:
+        for scope, part in (("all records", f), ("base texts", f[f["kind"] == "base"])):
+            top_records = part[CF] >= part[CF].quantile(1 - top)
+            kept = top_records & replicated(part, top)
+            rows.append({"seed": int(part["seed"].iloc[0]), "scope": scope, "records": len(part),
+                         "top records": int(top_records.sum()), "positives (reproduced)": int(kept.sum()),
+                         "left out": int((top_records & ~kept).sum()),
+                         "planted among positives": int((kept & (part["kind"] == "planted")).sum())})
+    return pd.DataFrame(rows)
+
+
+def given_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame:
+    """GNQ (each way it is measured) and K_jj, each given the other and without it: the partial
+    rank correlation with counterfactual memorisation given length, loss and log copies, and
+    given those plus the other gradient signal."""
+    y = frame["positive"].to_numpy(bool)
+    groups = cl.groups_of(frame)
+    base = ["n_tokens", "loss", "log_copies"]
+    rows = []
+    for column, label, _ in SIGNALS:
+        if column not in ("gnq", "gnq_in_run", "gnq_all", "k_jj") or not frame[column].notna().any():
+            continue
+        other = "gnq" if column == "k_jj" else "k_jj"
+        for given in (base, base + [other]):
+            keep = frame[[f"{c}_rank" for c in [column, *given]]].notna().all(axis=1).to_numpy()
+            part = partial_rank_correlation(frame[f"{column}_rank"].to_numpy(float)[keep],
+                                            frame["cf_rank"].to_numpy(float)[keep],
+                                            [frame[f"{c}_rank"].to_numpy(float)[keep] for c in given],
+                                            groups=groups[keep], labels=y[keep], resamples=cfg.resamples,
+                                            seed=seed)
+            rows.append({"signal": label, "given": ", ".join(GIVEN_WORDS[c] for c in given),
+                         "records": int(keep.sum()), "partial": part.r, "partial lo": part.lo,
+                         "partial hi": part.hi})
+    return pd.DataFrame(rows)
 
 
 def signal_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame:
@@ -348,7 +473,7 @@ def signal_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame
     pos, neg = cl.records(y, groups)
     rows = []
     for column, label, higher in SIGNALS:
-        if not frame[column].notna().any():  # e.g. the loss ratio without a pretrained base model
+        if frame[column].nunique() < 2:  # the loss ratio without a pretrained base; copies among unique texts
             continue
         sign = 1.0 if higher else -1.0
         score = sign * frame[f"{column}_rank"].to_numpy(float)
@@ -542,6 +667,8 @@ def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -
     meta = [json.loads((seed_dir(work, s) / "meta.json").read_text(encoding="utf-8")) for s in done]
     both = pooled(frames, cfg.top)
     table = signal_rows(both, cfg)
+    given = given_rows(both, cfg)
+    unique = signal_rows(pooled([f[f["kind"] == "base"] for f in frames], cfg.top), cfg)
     gnq = table.set_index("column").loc[GNQ]
     words = verdict(gnq, len(done), cfg)
     by_copies = mean_by_copies(frames)
@@ -561,6 +688,7 @@ def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -
                       "attack)." if cfg.exposure_candidates >= 2
                       else "No exposure (`--exposure-candidates 0`).")
     n_base, n_planted = int((frames[0]["kind"] == "base").sum()), int((frames[0]["kind"] == "planted").sum())
+    no_base = " (none: a tiny model's base is random weights)" if cfg.model == "tiny" else ""
     r.text(f"""## Setup
 
 Per seed ({len(done)}: {", ".join(map(str, done))}): {n_base} deduplicated base texts and {n_planted}
@@ -569,11 +697,22 @@ random 4–6-digit value); model `{cfg.model}`. {cfg.models} models from the sam
 fine-tuned on a random half of the records (copies together; complementary pairs, so each record is
 in {cfg.models // 2}); {cfg.epochs} epoch{"s" if cfg.epochs > 1 else ""}, batch {cfg.batch_size}, AdamW
 lr {cfg.lr:g}, max {cfg.max_length} tokens. Counterfactual memorisation = mean loss of the models
-without the record − mean loss of those with it. Signals from one more model trained on every record: GNQ per
-micro-batch (exact, post hoc at the final weights, λ = {cfg.lam:g}) and K_jj averaged over a
-record's copies, loss, loss ratio to the base model{" (none: a tiny model's base is random weights)"
-if cfg.model == "tiny" else ""}, Min-K%++, zlib ratio, copies, length. {exposure_words}
-Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
+without the record − mean loss of those with it. Signals from one more model trained on every record, each
+averaged over a record's copies, as a user of the tool would have them: GNQ **in run** (each optimizer
+step's batch of {cfg.batch_size}, exact, summed over a copy's steps: its GNQ_total; with {cfg.epochs}
+epoch{"s" if cfg.epochs > 1 else ""} a copy is in {cfg.epochs} step{"s" if cfg.epochs > 1 else ""}) and K_jj
+in run; GNQ **post hoc** at the final weights by the product's audit (`gnq audit`'s code: seeded batches of
+{cfg.batch_size}, copies kept apart, exact, λ = {cfg.lam:g}) and its K_jj; GNQ **against the whole set**
+(`--companions all`, sketched); the product's **default risk** (no ground truth: calibrated membership or
+the loss, or repetition where larger); loss, loss ratio to the base model{no_base}, Min-K%++, zlib ratio,
+copies, length. {exposure_words}
+Seeds pooled as within-seed ranks. Positives: each seed's top {cfg.top:.0%} of counterfactual memorisation
+**that each half of the model pairs alone reproduces** (both halves put it in their top
+{REPLICATE * cfg.top:.0%});
+a top record the halves do not reproduce is noise of a few models and is left out, neither positive nor
+negative (counts below).""")
+    r.table(positives(frames, cfg.top), caption="Positives per seed: the top records, those both halves "
+            "reproduce, and those left out.")
     reliability = reliability_rows(frames, cfg.top)
     if reliability.empty:
         r.text("Reliability of the outcome: not recorded (these seeds were run before the study kept "
@@ -602,6 +741,18 @@ Seeds pooled as within-seed ranks; positives: each seed's top {cfg.top:.0%}.""")
                     "copies and K_jj (less the signal itself). CV gain: out-of-fold AUC for the top decile "
                     "over length spline + loss + log copies + K_jj (less the signal itself). "
                     + pr.interval_method(cfg.resamples, 0, pr.LEVEL))
+    r.table(given.assign(**{"partial ρ [95%]": _cells(given, "partial", ".3f")})[
+        ["signal", "given", "records", "partial ρ [95%]"]],
+        caption="GNQ and K_jj given each other: the partial rank correlation with counterfactual "
+                "memorisation given length, loss and log copies, and given those and the other gradient "
+                "signal.")
+    unique_shown = unique.assign(**{"partial ρ [95%]": _cells(unique, "partial", ".3f"),
+                                    "AUC top decile [95%]": _cells(unique, "auc", ".3f")})
+    r.table(unique_shown[["signal", "records", "positive records", "spearman", "partial ρ [95%]",
+                          "AUC top decile [95%]"]],
+            caption="Unique texts only (the base texts, one copy each): positives are each seed's top "
+                    f"{cfg.top:.0%} among them that both halves reproduce. Where the outcome is not reliable "
+                    "among unique texts (split-half table above), no signal can be validated on them.")
     spent = cost["this_run_cpu_seconds"]
     cpu = f" ({spent:.0f} s of CPU)" if math.isfinite(spent) else ""
     one_core = (f" Scaled by this run's CPU / wall time ({cost['cpu_share']:.2f}) to one core of its own: "
@@ -623,5 +774,6 @@ machine, by {cost['formula']} with s_token = {cost['seconds_per_token_trained']:
                                                       records=cfg.min_records),
                "config": asdict(cfg), "seeds": done, "reduced": reduced, "signals": table,
                "by_copies": by_copies, "reliability": reliability, "per_seed": per_seed,
+               "positives": positives(frames, cfg.top), "given": given, "unique_texts": unique,
                "cost": cost, "command": ctx.command, "seed_meta": meta}
     return r.write(results, command=ctx.command, timings=timings, device=ctx.device)
