@@ -35,6 +35,22 @@ def series_and_data(tmp_path):
     return make_series(tmp_path / "series", 1, max_length=16), write_texts_csv(tmp_path / "texts.csv", 12)
 
 
+@pytest.mark.parametrize(("quant", "said"), [
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes, 4-bit"),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "bitsandbytes, 8-bit"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "gptq, 4-bit"),
+])
+def test_a_quantised_checkpoint_is_refused_in_one_line_naming_why(tmp_path, series_and_data, quant, said):
+    """Quantised weights have no exact gradient: refused before loading, with what they are."""
+    series, data = series_and_data
+    config = series / "epoch-1" / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"quantization_config": quant}))
+    code, output = audit(series, data, tmp_path / "gnq.duckdb")
+    line = one_line(output)
+    assert code == 1 and f"a quantised model ({said})" in line and "config.json" in line
+    assert not (tmp_path / "gnq.duckdb").exists()
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_a_nonfinite_config_value_is_refused_before_the_run(tmp_path, series_and_data, value):
     series, data = series_and_data

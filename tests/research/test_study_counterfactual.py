@@ -38,12 +38,22 @@ def test_quick_study_counterfactual_memorisation_grows_with_copies(tmp_path):
         assert planted[8] > planted[1] and planted[8] > f.loc[f["kind"] == "base", cs.CF].mean()
         exposure = f.groupby("kind")[cs.EXPOSURE].apply(lambda v: v.notna().mean())
         assert exposure["planted"] == 1 and exposure["base"] == 0  # every planted value, nothing else
-        assert np.isfinite(f[["gnq", "k_jj", "loss", "min_k_plus", "zlib_ratio"]].to_numpy()).all()
+        assert np.isfinite(f[["gnq", "k_jj", "loss", "min_k_plus", "zlib_ratio", "gnq_in_run", "k_jj_in_run",
+                              "gnq_all", "risk_default"]].to_numpy()).all()
     signals = pd.DataFrame(doc["signals"]).set_index("column")
     reliability = pd.DataFrame(doc["reliability"])  # the outcome's split-half reliability, per seed
     assert set(reliability["seed"]) == {0, 1} and set(reliability["scope"]) == {"all records", "base texts"}
     assert set(pd.DataFrame(doc["per_seed"])["seed"]) == {0, 1} and "Split-half reliability" in text
     assert "gnq" in signals.index and "loss_ratio" not in signals.index  # a tiny model has no base model
+    assert {"gnq_in_run", "gnq_all", "risk_default"} <= set(signals.index)
+    kept = pd.DataFrame(doc["positives"])  # a top record counts only where both halves reproduce it
+    assert (kept["positives (reproduced)"] + kept["left out"] == kept["top records"]).all()
+    assert int(kept.query("scope == 'all records'")["positives (reproduced)"].sum()) == signals.loc[
+        "gnq", "positive records"]
+    given = pd.DataFrame(doc["given"])
+    assert set(given["given"]) == {"length, loss, log copies", "length, loss, log copies, K_jj",
+                                   "length, loss, log copies, GNQ"}
+    assert "log_copies" not in pd.DataFrame(doc["unique_texts"])["column"].tolist()  # constant there
     records = tmp_path / "work" / "counterfactual-quick" / "seed-0" / "records.csv"
     before = records.stat().st_mtime_ns
     assert CliRunner().invoke(app, args, catch_exceptions=False).exit_code == 0  # resumes: nothing retrained
@@ -142,3 +152,27 @@ def test_split_half_reliability_tells_a_real_outcome_from_noise():
         else:
             assert abs(got["spearman_halves"]) < 0.2 and got["top_agreement"] < 0.35
     assert np.isnan(split_halves(n, subsets[:2], scores[:2])[0]).all()  # one pair: no halves
+
+
+def test_in_run_gnq_trains_the_same_model_as_the_plain_fine_tune():
+    """The in-run auditor reads each step's per-example gradients and leaves training as it was:
+    the model it trains equals ``fine_tune``'s, parameter for parameter up to float64 rounding
+    (the fused layers form the weight gradient in their own matmul), and every record gets a
+    positive GNQ and K_jj."""
+    from research.studies.companions import fine_tune, load_model
+
+    cfg = replace(cs.QUICK, max_length=24, epochs=2)
+    texts = [f"record {i}: the code is {1000 + 37 * i}" for i in range(11)]
+    model, tok = load_model(cfg, texts, seed=3)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = cs.encode_texts(tok, texts, cfg.max_length)
+    everything = cs.expanded(list(range(len(texts))), np.array([1] * 9 + [2, 3]))
+    gnq, kjj = cs.in_run_fine_tune(model, ids, everything, cs.pad_id(tok), cfg, seed=1)
+    audited = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(init)
+    fine_tune(model, [ids[r] for r in everything], cs.pad_id(tok), lr=cfg.lr, epochs=cfg.epochs,
+              batch_size=cfg.batch_size, seed=1000 + cfg.models)
+    moved = max(float((v - init[k]).abs().max()) for k, v in model.state_dict().items())
+    apart = max(float((audited[k] - v).abs().max()) for k, v in model.state_dict().items())
+    assert moved > 1e-2 and apart < 1e-12  # trained, and trained alike
+    assert np.isfinite(gnq).all() and (gnq > 0).all() and (kjj > 0).all()

@@ -37,6 +37,19 @@ _CAUSAL_LM_CLASSES = frozenset(n for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.valu
                                for n in ((v,) if isinstance(v, str) else v))
 
 
+def quantisation(raw: dict[str, Any]) -> str | None:
+    """What a config.json's ``quantization_config`` says the weights are (``"bitsandbytes, 4-bit"``),
+    or None for a float model."""
+    quant = raw.get("quantization_config")
+    if not quant:
+        return None
+    if not isinstance(quant, dict):
+        return "quantization_config present"
+    bits = ("4-bit" if quant.get("load_in_4bit") else "8-bit" if quant.get("load_in_8bit")
+            else f"{quant['bits']}-bit" if isinstance(quant.get("bits"), int) else None)
+    return ", ".join(str(x) for x in (quant.get("quant_method") or "quantization_config", bits) if x)
+
+
 def load_config(folder: Path) -> Any:
     """config.json parsed and turned into a transformers config of a causal LM."""
     config_path = folder / CONFIG_NAME
@@ -56,6 +69,10 @@ def load_config(folder: Path) -> Any:
     limits.check_rope_scaling(raw, config_path)
     if (field := nonfinite_config_field(raw)) is not None:  # e.g. layer_norm_epsilon NaN: every batch NaN
         raise folder_error(config_path, f"{field}: not a finite number")
+    if (quantised := quantisation(raw)) is not None:
+        why = ("GNQ differentiates float weights exactly and quantised ones have no exact gradient; "
+               "audit the model it was quantised from, or a dequantised copy")
+        raise folder_error(config_path, f"a quantised model ({quantised}): {why}")
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise folder_error(config_path, "no 'model_type'")
