@@ -38,6 +38,9 @@ SHAPES = {
     "small": (256, 4, 688, 4, 4, 8192),           # ~8.5M parameters
     "mid": (768, 12, 2048, 12, 12, 32000),        # ~0.13B parameters, untied
     "large": (1024, 16, 2816, 16, 8, 32000),      # ~0.25B parameters, untied
+    # Qwen2.5-0.5B's blocks (width 896, 24 layers, MLP 4864, 14 heads / 2 key-value heads), untied,
+    # a 50,304-row vocabulary: ~0.45B parameters
+    "0.45b": (896, 24, 4864, 14, 2, 50304),
 }
 BOUNDS = (0.67, 1.5)
 
