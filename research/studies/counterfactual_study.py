@@ -71,7 +71,9 @@ CF = "cf_memorisation"
 EXPOSURE = "exposure"
 GNQ = "gnq"
 BASE = ("n_tokens", "loss", "log_copies", "k_jj")  # the rule's base: what GNQ must add to
-GIVEN_WORDS = {"n_tokens": "length", "loss": "loss", "log_copies": "log copies", "k_jj": "K_jj", "gnq": "GNQ"}
+GIVEN_WORDS = {"n_tokens": "length", "loss": "loss", "log_copies": "log copies", "k_jj": "K_jj", "gnq": "GNQ",
+               "k_jj_in_run": "K_jj in run"}
+GNQ_VARIANTS = ("gnq", "gnq_in_run", "gnq_all")  # post hoc (the rule's GNQ), in run, against the whole set
 REPLICATE = 2  # a top record is a positive when each half of the models alone puts it in its top 2 × top
 RULE = ("GNQ adds value where its partial rank correlation with counterfactual memorisation given "
         "[length, loss, log copies, K_jj] has a cluster-bootstrap interval above 0, or its CV AUC gain for "
@@ -424,9 +426,29 @@ def pooled(frames: list[pd.DataFrame], top: float) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def unrelated_keep_rate(part: pd.DataFrame, top: float, draws: int = 200) -> float:
+    """The share of top records the halves would reproduce if they were unrelated: one half's
+    values shuffled across records (``draws`` times, seeded), the outcome recomputed as the two
+    halves' mean.  What the filter keeps beyond this share is what the halves agree on."""
+    if "cf_half_a" not in part.columns or not part["cf_half_a"].notna().any():
+        return math.nan
+    a, b = part["cf_half_a"].to_numpy(float), part["cf_half_b"].to_numpy(float)
+    rng = np.random.default_rng(17)
+    cut = 1 - REPLICATE * top
+    rates = []
+    for _ in range(draws):
+        shuffled = pd.DataFrame({"cf_half_a": a, "cf_half_b": rng.permutation(b)})
+        mean = (a + shuffled["cf_half_b"].to_numpy()) / 2
+        top_records = mean >= np.quantile(mean, 1 - top)
+        kept = ((shuffled["cf_half_a"].rank(pct=True) >= cut) & (shuffled["cf_half_b"].rank(pct=True) >= cut))
+        rates.append(float((top_records & kept.to_numpy()).sum() / max(1, top_records.sum())))
+    return float(np.mean(rates))
+
+
 def positives(frames: list[pd.DataFrame], top: float) -> pd.DataFrame:
     """Per seed and scope (all records, base texts): the top records, how many both halves
-    reproduce (the positives) and how many are left out."""
+    reproduce (the positives), how many are left out, and the share the halves would reproduce
+    if they were unrelated (``unrelated_keep_rate``)."""
     rows = []
     for f in frames:
         for scope, part in (("all records", f), ("base texts", f[f["kind"] == "base"])):
@@ -435,6 +457,8 @@ def positives(frames: list[pd.DataFrame], top: float) -> pd.DataFrame:
             rows.append({"seed": int(part["seed"].iloc[0]), "scope": scope, "records": len(part),
                          "top records": int(top_records.sum()), "positives (reproduced)": int(kept.sum()),
                          "left out": int((top_records & ~kept).sum()),
+                         "share kept": float(kept.sum() / max(1, top_records.sum())),
+                         "share kept if the halves were unrelated": unrelated_keep_rate(part, top),
                          "planted among positives": int((kept & (part["kind"] == "planted")).sum())})
     return pd.DataFrame(rows)
 
@@ -445,13 +469,14 @@ def given_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame:
     given those plus the other gradient signal."""
     y = frame["positive"].to_numpy(bool)
     groups = cl.groups_of(frame)
-    base = ["n_tokens", "loss", "log_copies"]
+    base = [c for c in ("n_tokens", "loss", "log_copies") if frame[c].nunique() > 1]
     rows = []
     for column, label, _ in SIGNALS:
         if column not in ("gnq", "gnq_in_run", "gnq_all", "k_jj") or not frame[column].notna().any():
             continue
-        other = "gnq" if column == "k_jj" else "k_jj"
-        for given in (base, base + [other]):
+        others = (["gnq"] if column == "k_jj" else ["k_jj", "k_jj_in_run"] if column == "gnq_in_run"
+                  else ["k_jj"])  # GNQ in run against K_jj post hoc and in run alike
+        for given in (base, *[base + [o] for o in others if frame[o].notna().any()]):
             keep = frame[[f"{c}_rank" for c in [column, *given]]].notna().all(axis=1).to_numpy()
             part = partial_rank_correlation(frame[f"{column}_rank"].to_numpy(float)[keep],
                                             frame["cf_rank"].to_numpy(float)[keep],
@@ -477,7 +502,8 @@ def signal_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame
             continue
         sign = 1.0 if higher else -1.0
         score = sign * frame[f"{column}_rank"].to_numpy(float)
-        base = [c for c in BASE if c != column]
+        # a constant covariate (copies among unique texts) has nothing to hold fixed
+        base = [c for c in BASE if c != column and frame[c].nunique() > 1]
         part = partial_rank_correlation(score, frame["cf_rank"].to_numpy(float),
                                         [frame[f"{c}_rank"].to_numpy(float) for c in base],
                                         groups=groups, labels=y, resamples=cfg.resamples, seed=seed)
@@ -496,7 +522,8 @@ def signal_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame
         gain = cv_gain(score, y, frame["n_tokens_rank"].to_numpy(float), frame["loss_rank"].to_numpy(float),
                        resamples=cfg.resamples, seed=seed, groups=groups, min_records=cl.MIN_RECORDS,
                        signal_is_loss=column == "loss",
-                       copies=None if column == "log_copies" else frame["copies"].to_numpy(float),
+                       copies=(None if column == "log_copies" or frame["copies"].nunique() < 2
+                               else frame["copies"].to_numpy(float)),
                        covariates=covariates)
         row |= {"auc": cells["auc"], "auc lo": cells["auc lo"], "auc hi": cells["auc hi"], "gain": gain.gain,
                 "gain lo": gain.lo, "gain hi": gain.hi, "gain base": gain.base, "note": gain.note}
@@ -518,6 +545,42 @@ def verdict(gnq: pd.Series, seeds: int, cfg: Config) -> str:
         return f"**GNQ adds value beyond length, loss, copies and K_jj**: {why}."
     return ("**GNQ does not add value beyond length, loss, copies and K_jj** on this study: neither its "
             "partial correlation's interval lies above 0 nor its CV gain reaches the threshold.")
+
+
+def variant_rows(frame: pd.DataFrame, cfg: Config, seed: int = 0) -> pd.DataFrame:
+    """Each way of measuring GNQ (``GNQ_VARIANTS``) judged by the rule's partial-correlation arm —
+    given length, loss, log copies and K_jj — at a level Bonferroni-corrected for the measures
+    tried, so that one of them passing by chance stays below the rule's 5%."""
+    level = 1 - (1 - pr.LEVEL) / len(GNQ_VARIANTS)
+    y = frame["positive"].to_numpy(bool)
+    groups = cl.groups_of(frame)
+    base = [c for c in BASE if frame[c].nunique() > 1]
+    labels = {column: label for column, label, _ in SIGNALS}
+    rows = []
+    for column in GNQ_VARIANTS:
+        if frame[column].nunique() < 2:
+            continue
+        part = partial_rank_correlation(frame[f"{column}_rank"].to_numpy(float),
+                                        frame["cf_rank"].to_numpy(float),
+                                        [frame[f"{c}_rank"].to_numpy(float) for c in base], groups=groups,
+                                        labels=y, resamples=cfg.resamples, seed=seed, level=level)
+        rows.append({"signal": labels[column], "column": column, "level": level, "partial": part.r,
+                     "partial lo": part.lo, "partial hi": part.hi, "adds value": bool(part.lo > 0)})
+    return pd.DataFrame(rows)
+
+
+def variant_words(variants: pd.DataFrame) -> str:
+    """One sentence: which ways of measuring GNQ add to length, loss, copies and K_jj."""
+    if variants.empty:
+        return ""
+    level = variants["level"].iloc[0]
+    cells = "; ".join(f"{r['signal']} {rep.ci(r['partial'], r['partial lo'], r['partial hi'], '.3f')}"
+                      for _, r in variants.iterrows())
+    passed = variants[variants["adds value"]]["signal"].tolist()
+    said = (f"{' and '.join(passed)} add{'s' if len(passed) == 1 else ''} to length, loss, copies and K_jj"
+            if passed else "none adds to length, loss, copies and K_jj")
+    return (f"Each way GNQ is measured, by the rule's partial-correlation arm at a {level:.1%} level "
+            f"(Bonferroni over the {len(variants)} measures tried): {said} — partial ρ {cells}.")
 
 
 def reliability_rows(frames: list[pd.DataFrame], top: float) -> pd.DataFrame:
@@ -676,6 +739,9 @@ def write_report(ctx: StudyContext, cfg: Config, work: Path, timings: Timings) -
     timings.data = {f"seed {m['seed']}: {k}": v for m in meta for k, v in m["seconds"].items()}
     r = rep.Report(ctx.report_dir(STUDY), "Counterfactual memorisation: the ground truth for every signal")
     r.text(words)
+    variants = variant_rows(both, cfg)
+    if len(done) >= cfg.min_seeds and gnq["positive records"] >= cfg.min_records:
+        r.text(variant_words(variants))
     reduced = reductions(replace(cfg, seeds=tuple(done)))
     if reduced:
         r.text("**A reduced run, not the study as specified**: " + "; ".join(reduced) + ". See Compute for "
@@ -709,10 +775,14 @@ copies, length. {exposure_words}
 Seeds pooled as within-seed ranks. Positives: each seed's top {cfg.top:.0%} of counterfactual memorisation
 **that each half of the model pairs alone reproduces** (both halves put it in their top
 {REPLICATE * cfg.top:.0%});
-a top record the halves do not reproduce is noise of a few models and is left out, neither positive nor
-negative (counts below).""")
-    r.table(positives(frames, cfg.top), caption="Positives per seed: the top records, those both halves "
-            "reproduce, and those left out.")
+a top record the halves do not reproduce is taken for the noise of a few models and left out, neither
+positive nor negative (counts below).""")
+    shares = {"share kept": ".2f", "share kept if the halves were unrelated": ".2f"}
+    r.table(positives(frames, cfg.top), shares,
+            caption="Positives per seed: the top records, those both halves reproduce, and those left out. "
+                    "The last share is what the filter would keep if the two halves measured unrelated "
+                    "things (one half shuffled across records, 200 draws): a kept share near it means the "
+                    "positives of that scope are mostly the noise of a few models.")
     reliability = reliability_rows(frames, cfg.top)
     if reliability.empty:
         r.text("Reliability of the outcome: not recorded (these seeds were run before the study kept "
@@ -775,5 +845,6 @@ machine, by {cost['formula']} with s_token = {cost['seconds_per_token_trained']:
                "config": asdict(cfg), "seeds": done, "reduced": reduced, "signals": table,
                "by_copies": by_copies, "reliability": reliability, "per_seed": per_seed,
                "positives": positives(frames, cfg.top), "given": given, "unique_texts": unique,
+               "gnq_variants": variants,
                "cost": cost, "command": ctx.command, "seed_meta": meta}
     return r.write(results, command=ctx.command, timings=timings, device=ctx.device)
