@@ -229,8 +229,10 @@ def _plan_memory(store: Store, refs: list[CheckpointRef], name: str, settings: A
     batch = settings.batch_size
     if batch is None and existing is not None:
         batch = existing.batch_size
+    # unmerged, an adapter's layers add to the base's memory; merged, the model is a base-shaped one
+    adapter = refs[0].path if adapters is not None and not adapters.merged else None
     plan, note = check_plan(folder, batch_size=batch, max_length=settings.max_length, dtype=settings.dtype,
-                            checkpoints=len(refs), device=str(device), shards=shards)
+                            checkpoints=len(refs), device=str(device), shards=shards, adapter=adapter)
     if note:
         reporter.log(note)
     return replace(settings, batch_size=plan.batch_size), plan

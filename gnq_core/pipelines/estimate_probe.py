@@ -154,8 +154,9 @@ def measure_estimate(checkpoint: str, dataset, *, batch_size: int | None, max_le
     model_path = str(adapters.base) if adapters is not None else checkpoint  # an adapter's shape: its base's
     if dtype == "auto":
         dtype = model_shape(model_path).stored_dtype or "float32"
+    adapter = checkpoint if adapters is not None and not adapters.merged else None  # as the audit plans it
     plan, _ = check_plan(model_path, batch_size=batch_size, max_length=max_length, dtype=dtype,
-                         checkpoints=checkpoints, device=str(dev))
+                         checkpoints=checkpoints, device=str(dev), adapter=adapter)
     window = prefix + (suffix or DEFAULT_SUFFIX)
     attack_plan = (plan_audit(model_path, batch_size=attack_batch, max_length=window, dtype=dtype,
                               checkpoints=1, device=str(dev), reference=reference) if attack else None)

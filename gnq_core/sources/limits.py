@@ -22,7 +22,8 @@ from typing import Any
 from gnq_core.errors import GNQError
 
 __all__ = ["BOUNDS", "LimitError", "Bound", "available_memory", "check_config_sizes", "check_memory",
-           "check_token_ids", "check_tokenizer_size", "env_int", "format_bytes", "weights_bytes"]
+           "check_token_ids", "check_tokenizer_size", "env_int", "format_bytes", "tensor_shapes",
+           "weights_bytes"]
 
 
 class LimitError(GNQError, ValueError):
@@ -191,8 +192,8 @@ def weights_bytes(kind: str, files: Iterable[Path], itemsize: int | None = None)
     return total
 
 
-def _safetensors_tensors(file: Path) -> Iterator[tuple[Any, int]]:
-    """(dtype, number of elements) of each tensor a safetensors file's header lists."""
+def _safetensors_entries(file: Path) -> Iterator[tuple[str, Any, list[int]]]:
+    """(name, dtype, shape) of each tensor a safetensors file's header lists."""
     with file.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         if length > _MAX_HEADER_BYTES:
@@ -206,7 +207,18 @@ def _safetensors_tensors(file: Path) -> Iterator[tuple[Any, int]]:
         shape = entry.get("shape")
         if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
             raise ValueError(f"tensor {name!r} has shape {shape!r}")
-        yield entry.get("dtype"), math.prod(shape)
+        yield name, entry.get("dtype"), shape
+
+
+def _safetensors_tensors(file: Path) -> Iterator[tuple[Any, int]]:
+    """(dtype, number of elements) of each tensor a safetensors file's header lists."""
+    for _, dtype, shape in _safetensors_entries(file):
+        yield dtype, math.prod(shape)
+
+
+def tensor_shapes(files: Iterable[Path]) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape by name, from the safetensors files' headers alone (nothing loaded)."""
+    return {name: tuple(shape) for file in files for name, _, shape in _safetensors_entries(file)}
 
 
 def weights_elements(files: Iterable[Path]) -> int:

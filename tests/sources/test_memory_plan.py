@@ -10,6 +10,7 @@ for the suite)."""
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -208,3 +209,112 @@ def test_under_a_ulimit_v_below_the_need_the_audit_is_refused_before_loading(ser
     assert out.exit_code == 1 and len(out.output.strip().splitlines()) == 1, out.output
     assert "room under ulimit -v" in out.output and "refused before loading" in out.output
     assert not db.exists() or Store(db).find_run("series") is None
+
+
+# ------------------------------------------------------------------------------- PEFT adapters
+
+LORA_RANK = 4
+PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def adapters(series) -> Path:
+    """Two LoRA adapters (r 4 on every projection, dropout 0.05: TRL's usual recipe) of the series'
+    first checkpoint, saved by PEFT as a Trainer's checkpoints are."""
+    peft = pytest.importorskip("peft")
+    root = series.parent / "adapters"
+    for i in range(2):
+        torch.manual_seed(10 + i)
+        base = LlamaForCausalLM.from_pretrained(series / "checkpoint-1")
+        config = peft.LoraConfig(r=LORA_RANK, lora_alpha=8, lora_dropout=0.05, target_modules=PROJECTIONS,
+                                 init_lora_weights=False, task_type="CAUSAL_LM")
+        with warnings.catch_warnings():  # PEFT's own use of a name transformers deprecates
+            warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            peft.get_peft_model(base, config).save_pretrained(root / f"checkpoint-{i + 1}")
+    return root
+
+
+def _probe_copies(model: torch.nn.Module, batch: int, length: int, monkeypatch) -> int:
+    """Bytes the first batch's probe keeps of one audited forward (every module call's inputs and
+    outputs of B+1 examples, engine.plan.planning), counted as it makes them."""
+    from gnq_core.engine.auditor import GNQAuditor
+    from gnq_core.engine.plan import planning
+
+    kept = [0]
+    real = planning._leaves
+
+    def leaves(tree):
+        out = real(tree)
+        kept[0] += sum(x.nbytes for x in out if isinstance(x, torch.Tensor))
+        return out
+
+    monkeypatch.setattr(planning, "_leaves", leaves)
+    ids = torch.randint(1, model.config.vocab_size, (batch, length),
+                        generator=torch.Generator().manual_seed(0))
+    with GNQAuditor(model, lam=1e-2, fused=False):
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    monkeypatch.setattr(planning, "_leaves", real)
+    return kept[0]
+
+
+def test_the_plan_of_an_adapter_counts_its_layers_in_the_first_batchs_probe(series, adapters, monkeypatch):
+    """PEFT wraps each adapted Linear: the probe of the first batch copies the wrapper's, its base
+    layer's, the dropout's and LoRA's A and B calls, and the wrappers' logits, beyond what the base
+    audited as a full model copies; the plan's adapter terms count them, from the headers alone."""
+    from gnq_core.sources.adapters import Adapters, load_adapter_checkpoint
+    from gnq_core.sources.checkpoints.load import load_checkpoint
+
+    base, adapter = series / "checkpoint-1", adapters / "checkpoint-1"
+    shape, peft_shape = model_shape(base), memory_plan.adapter_shape(adapter, base)
+    model, _ = load_adapter_checkpoint(adapter, Adapters(base), dtype=torch.bfloat16)
+    linears = {n: m for n, m in model.named_modules() if n.endswith(tuple(PROJECTIONS))}
+    assert len(peft_shape.modules) == len(linears) == 7 * shape.layers
+    assert sorted(peft_shape.modules) == sorted((m.in_features, m.out_features, LORA_RANK)
+                                                for m in linears.values())
+    assert peft_shape.parameters == sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    def terms(batch: int, length: int, with_adapter: bool = True) -> dict[str, int]:
+        plan = plan_for_batch(shape, batch_size=batch, max_length=length, dtype="bfloat16", checkpoints=2,
+                              device="cpu", room=2**62, room_source="-", prefetch=True,
+                              adapter=peft_shape if with_adapter else None)
+        return {t.name: t.bytes for t in plan.terms}
+
+    two, four, plain = terms(2, 16), terms(4, 16), terms(2, 16, with_adapter=False)
+    assert two["adapter"] == peft_shape.parameters * 2  # bf16, as stored
+    assert two["next checkpoint"] == plain["next checkpoint"] + two["adapter"]  # the base loads again
+    assert {k: v for k, v in two.items() if k in plain} == plain | {"next checkpoint": two["next checkpoint"]}
+    # the probe's second batch has B+1 examples; the copies are per token
+    assert four["adapter layers"] * 3 == pytest.approx(two["adapter layers"] * 5, rel=1e-6)
+    assert terms(2, 32)["adapter layers"] == pytest.approx(2 * two["adapter layers"], rel=1e-6)
+
+    # what the probe really copies, the adapter against its base audited as a full model
+    full, _ = load_checkpoint(base, dtype=torch.bfloat16)
+    for p in full.parameters():
+        p.requires_grad_(True)
+    extra = _probe_copies(model, 2, 16, monkeypatch) - _probe_copies(full.eval(), 2, 16, monkeypatch)
+    print(f"probe's copies beyond the base's {extra:,} bytes, planned {two['adapter layers']:,}")
+    assert extra > 0
+    assert extra <= two["adapter layers"] <= 1.5 * extra
+
+
+def test_an_adapter_audit_takes_the_batch_its_plan_fits(series, adapters, data, tmp_path, monkeypatch):
+    """The audit of unmerged adapters plans their layers beside the base's: in room for batch 3 of
+    the adapter's plan (where the base's own plan fits a larger batch) the default batch is 3; a
+    merged adapter is a base-shaped model, planned as one."""
+    from gnq_core.sources.adapters import Adapters, find_adapter_checkpoints
+
+    base, refs = series / "checkpoint-1", find_adapter_checkpoints(adapters)[:1]
+    shape, peft_shape = model_shape(base), memory_plan.adapter_shape(refs[0].path, base)
+    same = dict(max_length=32, dtype="bfloat16", checkpoints=1, device="cpu", room_source="-")
+    room = plan_for_batch(shape, batch_size=3, room=2**62, adapter=peft_shape, **same).peak
+    assert not plan_for_batch(shape, batch_size=4, room=room, adapter=peft_shape, **same).fits
+    assert plan_for_batch(shape, batch_size=4, room=room, **same).fits  # the base alone: more than 3
+    _room(monkeypatch, room)
+    run = run_audit(Store(tmp_path / "gnq.duckdb"), refs, load_texts(data), name="lora",
+                    settings=AuditSettings(max_length=32, device="cpu"), adapters=Adapters(base))
+    assert run.status == "done" and run.batch_size == 3
+    merged = run_audit(Store(tmp_path / "merged.duckdb"), refs, load_texts(data), name="merged",
+                       settings=AuditSettings(max_length=32, device="cpu"),
+                       adapters=Adapters(base, merged=True))
+    assert merged.status == "done" and merged.batch_size >= 4

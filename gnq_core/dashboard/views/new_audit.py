@@ -187,12 +187,13 @@ def parameters_of(path: str, mtime: float) -> int | None:  # noqa: ARG001 (cache
 
 @st.cache_data(ttl=60, show_spinner=False, max_entries=64)
 def memory_plan_of(path: str, mtime: float, batch_size: int | None, max_length: int,  # noqa: ARG001 (key)
-                   checkpoints: int) -> tuple[int | None, str]:
+                   checkpoints: int, adapter: str | None = None) -> tuple[int | None, str]:
     """The audit's memory plan for these settings (sources.memory_plan, nothing loaded): the
-    batch it takes (None: none fits) and its one line."""
+    batch it takes (None: none fits) and its one line; ``adapter``: the checkpoints are PEFT
+    adapters like this one of the base ``path``, audited unmerged."""
     try:
         plan, _ = check_plan(path, batch_size=batch_size, max_length=max_length, dtype=None,
-                             checkpoints=checkpoints, device="cpu")
+                             checkpoints=checkpoints, device="cpu", adapter=adapter)
     except (ValueError, OSError) as exc:
         return None, one_line(exc)
     return plan.batch_size, plan.describe()
@@ -349,6 +350,8 @@ if data_path is not None:
 st.subheader("3. Settings")
 # The model reads at most this many tokens: the form offers no more (the job would fail at once).
 model_dirs = [base_dir] if base_dir is not None and refs else [r.path for r in refs]
+# the memory plan of unmerged adapters counts their layers beside the base's (sources.memory_plan)
+planned_adapter = str(refs[0].path) if base_dir is not None and refs and not merge_adapter else None
 limits = [n for path in model_dirs if (n := positions_of(str(path), path.stat().st_mtime))]
 token_limit = min(limits) if limits else None
 default_name = (refs[0].path.parent.name if len(refs) > 1 else (refs[0].label if refs else "")) or "my-audit"
@@ -365,7 +368,8 @@ with st.form("settings", enter_to_submit=False):
                           help="Regulariser of the GNQ solve; see the 2D regression page.")
     # the default batch: the largest up to 16 the memory plan fits (sources.memory_plan)
     planned_batch = (memory_plan_of(str(model_dirs[0]), model_dirs[0].stat().st_mtime, None,
-                                    DEFAULT.max_length, max(1, len(refs)))[0] if model_dirs else None)
+                                    DEFAULT.max_length, max(1, len(refs)), planned_adapter)[0]
+                     if model_dirs else None)
     batch_size = c2.number_input("Batch size", min_value=MIN_BATCH_SIZE, step=1, key="form_batch",
                                  value=planned_batch or DEFAULT_BATCH_CAP,
                                  help="GNQ measures each text against the others of its batch. Its default "
@@ -462,7 +466,7 @@ with st.form("settings", enter_to_submit=False):
         c2.caption("No time estimate: the model's size could not be read from its weight files.")
     if model_dirs:  # the memory beside the time, for the settings as they stand
         _, memory_line = memory_plan_of(str(model_dirs[0]), model_dirs[0].stat().st_mtime, int(batch_size),
-                                        int(max_length), max(1, len(refs)))
+                                        int(max_length), max(1, len(refs)), planned_adapter)
         c2.caption(f"**Memory:** {state.plain(memory_line)}")
 
 
