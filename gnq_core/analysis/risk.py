@@ -166,9 +166,11 @@ def _default(frame: pd.DataFrame, parts: dict[str, pd.Series]) -> tuple[pd.Serie
     said = " or ".join(_membership_words(frame) if n == "membership" else WORDS[n] for n in names)
     said = f"the larger of {said}" if len(names) > 1 else said
     unused = ("this default orders what the model was trained on (membership evidence), not what could "
-              "leak. GNQ and K_jj are shown, not used by default: on the membership runs measured a learned "
-              "text had smaller GNQ and K_jj, on the counterfactual and extraction studies a memorised one "
-              "larger (docs/verdict.md: for could-it-leak the studies favour K_jj), so they enter risk only "
+              "leak: against counterfactual memorisation on SmolLM2 it ranked the records the model "
+              "memorised below the others (top-decile AUC 0.37, docs/evidence.md). GNQ and K_jj are shown, "
+              "not used by default: on the membership runs measured a learned text had smaller GNQ and K_jj, "
+              "on the counterfactual and extraction studies a memorised one larger (docs/verdict.md: for "
+              "could-it-leak the studies favour K_jj), so they enter risk only "
               f"where this run's ground truth ({GROUND_TRUTH}) validates them, in the direction it measures")
     if not names:
         return risk, RiskBasis("no evidence", "no evidence: no membership score, loss or copies measured, so "

@@ -234,7 +234,35 @@ CLAIMS: dict[str, Callable[[], str]] = {
     "ck-real group loss": lambda: ck_real("group", "loss_last", "all"),
 }
 
+def counterfactual_reliability(run: str, scope: str) -> str:
+    """The outcome's split-half reliability (Spearman–Brown) over the seeds, lowest to highest."""
+    rows = [r for r in report(f"{run}/results.json")["reliability"] if r["scope"] == scope]
+    values = sorted(r["spearman_brown"] for r in rows)
+    return f"{values[0]:.2f} to {values[-1]:.2f}"
+
+
+def counterfactual_kept(run: str, scope: str) -> str:
+    """The share of top records both halves reproduce, against the share unrelated halves would."""
+    rows = [r for r in report(f"{run}/results.json")["positives"] if r["scope"] == scope]
+    kept = sum(r["positives (reproduced)"] for r in rows) / sum(r["top records"] for r in rows)
+    null = sum(r["share kept if the halves were unrelated"] for r in rows) / len(rows)
+    return f"{kept:.0%} of the top records ({null:.0%} if the halves were unrelated)"
+
+
+def counterfactual_variant(run: str, column: str) -> str:
+    """A GNQ measure's partial ρ at the Bonferroni-corrected level of the report's first lines."""
+    return row_ci(one(report(f"{run}/results.json")["gnq_variants"], column=column), "partial", ".3f")
+
+
 CLAIMS["counterfactual cost"] = lambda: counterfactual_cost("counterfactual")
+for _run in ("counterfactual-tiny", "counterfactual"):
+    for _column in ("gnq", "k_jj", "gnq_in_run", "gnq_all", "risk_default"):
+        CLAIMS[f"{_run} {_column} auc"] = lambda r=_run, c=_column: counterfactual(r, c, "auc")
+    for _column in ("gnq", "gnq_in_run", "gnq_all"):
+        CLAIMS[f"{_run} {_column} corrected partial"] = lambda r=_run, c=_column: counterfactual_variant(r, c)
+    for _scope in ("all records", "base texts"):
+        CLAIMS[f"{_run} reliability {_scope}"] = lambda r=_run, s=_scope: counterfactual_reliability(r, s)
+    CLAIMS[f"{_run} positives kept"] = lambda r=_run: counterfactual_kept(r, "all records")
 for _run, _partials, _gains in (("counterfactual-tiny", ("gnq", "k_jj", "log_copies"), ("gnq", "k_jj")),
                                 ("counterfactual", ("gnq", "k_jj", "log_copies"), ("gnq",))):
     CLAIMS[f"{_run} verdict"] = lambda r=_run: f"**{counterfactual_verdict(r)}**"
