@@ -52,7 +52,7 @@ def test_quick_study_counterfactual_memorisation_grows_with_copies(tmp_path):
         "gnq", "positive records"]
     given = pd.DataFrame(doc["given"])
     assert set(given["given"]) == {"length, loss, log copies", "length, loss, log copies, K_jj",
-                                   "length, loss, log copies, GNQ"}
+                                   "length, loss, log copies, GNQ", "length, loss, log copies, K_jj in run"}
     assert "log_copies" not in pd.DataFrame(doc["unique_texts"])["column"].tolist()  # constant there
     records = tmp_path / "work" / "counterfactual-quick" / "seed-0" / "records.csv"
     before = records.stat().st_mtime_ns
