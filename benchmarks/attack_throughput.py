@@ -79,9 +79,9 @@ def run(work: Path, name: str, threads: int) -> None:
         run_extraction = importlib.import_module("gnq_core.attacks.run").run_extraction
     except ImportError:
         run_extraction = importlib.import_module("gnq_core.pipelines.attacks.run").run_extraction
+    from gnq_core.common.progress import Reporter
     from gnq_core.pipelines.audit import run_audit
     from gnq_core.pipelines.settings import AuditSettings
-    from gnq_core.common.progress import Reporter
     from gnq_core.results.store import Store
     from gnq_core.sources import find_checkpoints, load_texts
 
@@ -106,37 +106,41 @@ def run(work: Path, name: str, threads: int) -> None:
 
     spent: dict[str, float] = {}
     labels: dict[str, float] = {}
-    current: list = [None, time.perf_counter()]
+    # CPU seconds beside wall: on a shared machine wall time says how busy it was
+    spent_cpu: dict[str, float] = {}
+    current: list = [None, time.perf_counter(), time.process_time()]
 
-    def close(now: float) -> None:
+    def close(now: float, now_cpu: float) -> None:
         if current[0] is not None:
             key = stage_of(current[0])
             spent[key] = spent.get(key, 0.0) + now - current[1]
             labels[current[0]] = labels.get(current[0], 0.0) + now - current[1]
+            spent_cpu[key] = spent_cpu.get(key, 0.0) + now_cpu - current[2]
 
     def sink(done: int, total: int, label: str, unit: str = "") -> None:
-        now = time.perf_counter()
+        now, now_cpu = time.perf_counter(), time.process_time()
         if label != current[0]:
-            close(now)
-            current[0], current[1] = label, now
+            close(now, now_cpu)
+            current[0], current[1], current[2] = label, now, now_cpu
 
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with Reporter(sink=sink) as reporter:
             store = Store(Path(tmp) / "gnq.duckdb")
             settings = AuditSettings(batch_size=BATCH, max_length=LENGTH)
             info = run_audit(store, refs, dataset, name="real", settings=settings, reporter=reporter)
-            audit_end = time.perf_counter()
+            audit_end, audit_end_cpu = time.perf_counter(), time.process_time()
             summary = run_extraction(store, info, reporter=reporter, reference=str(BASE))
-            end = time.perf_counter()
+            end, end_cpu = time.perf_counter(), time.process_time()
             secrets = store.secret_attacks(info.run_id)
             extractions = store.extractions(info.run_id)
-    close(end)
+    close(end, end_cpu)
     real_s = end - t0
     rows = [{"stage": x.stage, "what": x.what, "count": x.count, "noun": x.noun, "estimated_s": x.seconds,
-             "real_s": spent.get(x.stage)} for x in lines]
+             "real_s": spent.get(x.stage), "cpu_s": spent_cpu.get(x.stage)} for x in lines]
     estimated = total_seconds(lines) if lines else float("nan")
     audit_s, attack_s = audit_end - t0, end - audit_end
+    audit_cpu, attack_cpu = audit_end_cpu - c0, end_cpu - audit_end_cpu
     payload = {
         "what": ("newcomer-shaped audit: SmolLM2-135M-Instruct fine-tuned 3 epochs on 92 texts (28 "
                  "secret-like values, 10 distinct), gnq audit of the 3 checkpoints then gnq extract's "
@@ -144,7 +148,9 @@ def run(work: Path, name: str, threads: int) -> None:
         "checkpoints": len(refs), "texts": len(dataset), "threads": threads, "batch_size": BATCH,
         "max_length": LENGTH, "probe_s": probe_s, "estimated_s": estimated, "real_s": real_s,
         "ratio_real_to_estimate": real_s / estimated, "audit_stage_s": audit_s, "attack_stage_s": attack_s,
-        "attack_to_audit": attack_s / audit_s, "stages": rows, "labels": labels, "cpu_s": time.process_time(),
+        "attack_to_audit": attack_s / audit_s, "audit_stage_cpu_s": audit_cpu,
+        "attack_stage_cpu_s": attack_cpu, "attack_to_audit_cpu": attack_cpu / audit_cpu,
+        "stage_cpu_s": spent_cpu, "stages": rows, "labels": labels, "cpu_s": time.process_time(),
         "summary": {k: v for k, v in summary.items() if not isinstance(v, float) or v == v},
         "results": {"secret_rows": len(secrets), "secrets_reproduced": int(secrets["reproduced"].sum()),
                     "exposures": [None if x != x else round(float(x), 6) for x in secrets["exposure"]],
@@ -152,6 +158,7 @@ def run(work: Path, name: str, threads: int) -> None:
                                            for x in extractions["match_fraction"]]},
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "note": "one process (a dashboard job's steps); imports excluded; the machine is shared"}
+    print(f"CPU: audit {audit_cpu:.1f} s, attacks {attack_cpu:.1f} s ({attack_cpu / audit_cpu:.2f}×)")
     print(f"audit {audit_s:.1f} s, attacks {attack_s:.1f} s ({attack_s / audit_s:.2f}×); estimated "
           f"{estimated:.1f} s, real {real_s:.1f} s (ratio {real_s / estimated:.2f}), probe {probe_s:.1f} s")
     for r in rows:
