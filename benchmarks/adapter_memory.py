@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import RESULTS, machine, write
-from benchmarks.model_memory import BOUNDS, passages
+from benchmarks.model_memory import BOUNDS, passages, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = Path.home() / ".cache" / "gnq-audit" / "models" / "smollm2-135m-instruct"
@@ -74,21 +74,13 @@ def measure(series: Path, base: Path, data: Path, work: Path, batch: int, length
            "--name", "bench", "--batch-size", str(batch), "--max-length", str(length), "--device", "cpu",
            "--threads", "1", "--quiet"]
     env = os.environ | {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    log = work / "audit.log"
-    start = time.perf_counter()
     over = threading.Event()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        watch = threading.Thread(target=_guard, args=(proc, cap, over), daemon=True)
-        watch.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    text = log.read_text(errors="replace")
-    db.unlink(missing_ok=True)
-    return {"exit": code, "wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
-            "peak_rss_bytes": usage.ru_maxrss * 1024, "log_tail": text[-600:]} | (
-                {"killed_over_cap_bytes": cap} if over.is_set() else {})
+
+    def guard(proc) -> None:
+        threading.Thread(target=_guard, args=(proc, cap, over), daemon=True).start()
+
+    result = run_child(cmd, env, work / "audit.log", db, on_start=guard)
+    return result | ({"killed_over_cap_bytes": cap} if over.is_set() else {})
 
 
 def _wait_for_room(need: int, minutes: float = 20) -> None:

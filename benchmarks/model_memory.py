@@ -88,11 +88,18 @@ def measure(series: Path, data: Path, work: Path, batch: int, length: int, dtype
     cmd = [sys.executable, "-m", "gnq_core.cli", "audit", "--checkpoints", str(series), "--data", str(data),
            "--db", str(db), "--name", "bench", "--batch-size", str(batch), "--max-length", str(length),
            "--device", "cpu", "--threads", "1", "--quiet"] + (["--dtype", dtype] if dtype else [])
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    log = work / "audit.log"
+    return run_child(cmd, os.environ | {"PYTHONPATH": str(ROOT)}, work / "audit.log", db)
+
+
+def run_child(cmd: list[str], env: dict, log: Path, db: Path, on_start=None) -> dict:
+    """Run ``cmd`` as a child (output to ``log``), its exit code, wall and CPU seconds and max RSS
+    from ``os.wait4``; ``db`` removed afterwards.  ``on_start(proc)``: called once it runs (e.g. a
+    memory guard)."""
     start = time.perf_counter()
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        if on_start is not None:
+            on_start(proc)
         _, status, usage = os.wait4(proc.pid, 0)
     code = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
